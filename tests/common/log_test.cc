@@ -60,7 +60,9 @@ TEST(Log, TextLinesCarryLevelAndMessage) {
 }
 
 TEST(Log, LevelFilteringAndParse) {
-  ASSERT_TRUE(Init({.level = Level::kWarn}).ok());
+  Options warn_only;
+  warn_only.level = Level::kWarn;
+  ASSERT_TRUE(Init(warn_only).ok());
   EXPECT_FALSE(Enabled(Level::kInfo));
   EXPECT_TRUE(Enabled(Level::kError));
   EXPECT_FALSE(Enabled(Level::kOff));

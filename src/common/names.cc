@@ -73,13 +73,11 @@ std::string DescribeCharAt(std::string_view s, size_t i) {
 // Shared validator of job ids and node ids. `what` is "job id" / "node id",
 // `plural` "job ids" / "node ids", `pattern` the human-readable rule.
 absl::Status ValidateId(std::string_view id, bool allow_upper, size_t max_len,
-                        std::string_view what, std::string_view plural,
-                        std::string_view pattern) {
+                        std::string_view what, std::string_view plural, std::string_view pattern) {
   const auto fail = [&](std::string_view why) {
-    return absl::InvalidArgumentError(absl::StrCat(AV(what), " ", QuoteForMessage(id),
-                                                   " is invalid: ", AV(why), "; ",
-                                                   AV(plural), " must match ", AV(pattern),
-                                                   " and must not contain \"..\""));
+    return absl::InvalidArgumentError(
+        absl::StrCat(AV(what), " ", QuoteForMessage(id), " is invalid: ", AV(why), "; ", AV(plural),
+                     " must match ", AV(pattern), " and must not contain \"..\""));
   };
   const auto alnum = [&](char c) {
     return (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') ||
@@ -87,8 +85,7 @@ absl::Status ValidateId(std::string_view id, bool allow_upper, size_t max_len,
   };
   if (id.empty()) return fail("it is empty");
   if (id.size() > max_len) {
-    return fail(absl::StrFormat("it is %d bytes long, at most %d are allowed", id.size(),
-                                max_len));
+    return fail(absl::StrFormat("it is %d bytes long, at most %d are allowed", id.size(), max_len));
   }
   if (id.find("..") != std::string_view::npos) return fail("it contains \"..\"");
   if (!alnum(id[0])) {
@@ -98,8 +95,8 @@ absl::Status ValidateId(std::string_view id, bool allow_upper, size_t max_len,
   for (size_t i = 1; i < id.size(); ++i) {
     const char c = id[i];
     if (alnum(c) || c == '.' || c == '_' || c == '-') continue;
-    return fail(absl::StrCat("character ", DescribeCharAt(id, i), " at offset ", i,
-                             " is not allowed"));
+    return fail(
+        absl::StrCat("character ", DescribeCharAt(id, i), " at offset ", i, " is not allowed"));
   }
   return absl::OkStatus();
 }
@@ -152,10 +149,10 @@ absl::Status ValidateNodeId(std::string_view node_id) {
 
 absl::Status ValidateItemName(std::string_view name) {
   const auto fail = [&](std::string_view why) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "item name ", QuoteForMessage(name), " is invalid: ", AV(why),
-        "; item names must be 1 to 1024 bytes of well-formed UTF-8 without control "
-        "characters"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("item name ", QuoteForMessage(name), " is invalid: ", AV(why),
+                     "; item names must be 1 to 1024 bytes of well-formed UTF-8 without control "
+                     "characters"));
   };
   if (name.empty()) return fail("it is empty");
   if (name.size() > kMaxItemNameLength) {
@@ -214,9 +211,9 @@ absl::StatusOr<std::string> JoinUnderRootImpl(std::string_view root, const Range
   for (const auto& c : components) {
     const std::string_view component(c);
     if (absl::Status s = ValidatePathComponent(component); !s.ok()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "cannot join under ", QuoteForMessage(root), ": component ", index, " of ",
-          components.size(), ": ", s.message()));
+      return absl::InvalidArgumentError(absl::StrCat("cannot join under ", QuoteForMessage(root),
+                                                     ": component ", index, " of ",
+                                                     components.size(), ": ", s.message()));
     }
     if (path.back() != '/') path += '/';
     path.append(component);
@@ -227,8 +224,8 @@ absl::StatusOr<std::string> JoinUnderRootImpl(std::string_view root, const Range
 
 }  // namespace
 
-absl::StatusOr<std::string> JoinUnderRoot(
-    std::string_view root, std::initializer_list<std::string_view> components) {
+absl::StatusOr<std::string> JoinUnderRoot(std::string_view root,
+                                          std::initializer_list<std::string_view> components) {
   return JoinUnderRootImpl(root, components);
 }
 

@@ -64,8 +64,8 @@ absl::Status ValidatePathComponent(std::string_view component);
 // it must be non-empty and contain no NUL. With no components, returns the
 // normalized root. Fails with InvalidArgument naming the first bad component
 // and its position. Does not touch the file system.
-absl::StatusOr<std::string> JoinUnderRoot(
-    std::string_view root, std::initializer_list<std::string_view> components);
+absl::StatusOr<std::string> JoinUnderRoot(std::string_view root,
+                                          std::initializer_list<std::string_view> components);
 absl::StatusOr<std::string> JoinUnderRoot(std::string_view root,
                                           std::span<const std::string> components);
 

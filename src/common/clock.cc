@@ -63,25 +63,22 @@ bool FakeClock::AwaitWithTimeout(absl::Mutex* mu, const absl::Condition& cond,
                                  absl::Duration timeout) {
   if (cond.Eval()) return true;
   absl::Duration deadline;
-  uint64_t seen;
   {
     absl::MutexLock lock(&mu_);
     deadline = elapsed_ + timeout;
     ++waiters_;
-    seen = generation_;
   }
   bool ok = false;
   while (true) {
+    {
+      absl::MutexLock lock(&mu_);
+      if (elapsed_ >= deadline) break;
+    }
     // Wait on the caller's mutex for its condition, waking up periodically
     // (real time) to notice fake-time advances. The caller's code runs with
     // `mu` held as it would with a real clock.
     ok = mu->AwaitWithTimeout(cond, absl::Milliseconds(1));
     if (ok) break;
-    absl::MutexLock lock(&mu_);
-    if (generation_ != seen) {
-      seen = generation_;
-      if (elapsed_ >= deadline) break;
-    }
   }
   absl::MutexLock lock(&mu_);
   --waiters_;

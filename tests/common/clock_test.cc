@@ -85,6 +85,17 @@ TEST(FakeClock, AwaitWithTimeoutTimesOutOnFakeTime) {
   EXPECT_EQ(result.load(), 0);
 }
 
+TEST(FakeClock, AwaitWithZeroTimeoutChecksOnce) {
+  FakeClock clock;
+  absl::Mutex mu;
+  bool flag = false;
+  absl::MutexLock lock(&mu);
+  EXPECT_FALSE(clock.AwaitWithTimeout(&mu, absl::Condition(&flag), absl::ZeroDuration()));
+  flag = true;
+  EXPECT_TRUE(clock.AwaitWithTimeout(&mu, absl::Condition(&flag), absl::ZeroDuration()));
+  EXPECT_EQ(clock.NumWaiters(), 0);
+}
+
 TEST(RealClock, MonotonicDoesNotGoBackwards) {
   Clock* clock = RealClock();
   const absl::Time a = clock->MonotonicNow();

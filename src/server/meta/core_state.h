@@ -1,0 +1,142 @@
+// Internal to MetaCore (meta_core.cc, meta_recovery.cc): the in-memory state
+// and the transaction helper that records every change for the store. Not a
+// public header.
+#pragma once
+
+#include <map>
+#include <set>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "server/meta/meta_core.h"
+#include "server/meta/records.h"
+#include "server/meta/store/meta_store.h"
+
+namespace ckpt::meta {
+
+// Collects the records one operation changes, deduplicated, and turns them
+// into one WriteBatch.
+class Txn {
+ public:
+  void Node(const meta::Node& n) { batch_.Put(records::NodeKey(n.id), records::EncodeNode(n)); }
+  void DeleteNode(const std::string& id) { batch_.Delete(records::NodeKey(id)); }
+  void Job(const meta::Job& j) { batch_.Put(records::JobKey(j.spec.job_id), records::EncodeJob(j)); }
+  void DeleteJob(const std::string& id) { batch_.Delete(records::JobKey(id)); }
+  void Header(const Version& v) { headers_.insert({v.job_id, v.step}); }
+  void ShardRecord(const Version& v, uint32_t rank) { shards_.insert({{v.job_id, v.step}, rank}); }
+  void Segments(const Version& v) { segments_.insert({v.job_id, v.step}); }
+  void Task(const meta::Task& t) { batch_.Put(records::TaskKey(t.id), records::EncodeTask(t)); }
+  void DeleteTask(const std::string& id) { batch_.Delete(records::TaskKey(id)); }
+  void Raw(std::string key, std::string value) { batch_.Put(std::move(key), std::move(value)); }
+  void Delete(std::string key) { batch_.Delete(std::move(key)); }
+
+  // Encodes the version records marked so far (from `versions`) and submits.
+  // Returns the sequence to await (0 when nothing changed).
+  uint64_t Submit(MetaStore* store,
+                  const std::map<std::string, std::map<uint64_t, Version>>& versions);
+
+ private:
+  WriteBatch batch_;
+  std::set<std::pair<std::string, uint64_t>> headers_;
+  std::set<std::pair<std::pair<std::string, uint64_t>, uint32_t>> shards_;
+  std::set<std::pair<std::string, uint64_t>> segments_;
+};
+
+struct UnknownHolding {
+  Holding holding;
+  int64_t since_ms = 0;
+};
+
+struct MetaCore::State {
+  std::map<std::string, meta::Node> nodes;
+  std::map<std::string, meta::Job> jobs;
+  std::map<std::string, std::map<uint64_t, Version>> versions;
+  std::map<std::string, meta::Task> tasks;
+  // (job, step) -> ids of tasks for that version.
+  std::map<std::pair<std::string, uint64_t>, std::set<std::string>> tasks_by_version;
+  // Job -> node ids of the plan last used, to bump the epoch when it changes.
+  std::map<std::string, std::vector<std::string>> last_plan_nodes;
+  // Holdings agents reported that meta does not know (not persisted).
+  std::map<std::string, std::vector<UnknownHolding>> unknown;
+  uint64_t next_task_id = 1;
+  uint64_t task_generation = 0;
+  MetaCounters counters;
+  // Tasks created during the current operation, for ReportShards' answer.
+  std::vector<std::string> created_tasks;
+};
+
+}  // namespace ckpt::meta
+
+namespace ckpt::meta {
+
+// The operations on State, used by MetaCore's public methods while they hold
+// the lock. Every change goes through `txn`.
+class Engine {
+ public:
+  Engine(MetaCore::State& s, Clock* clock, const MetaOptions& options, Txn& txn)
+      : s_(s), clock_(clock), options_(options), txn_(txn) {}
+
+  int64_t NowMs() { return clock_->NowUnixMillis(); }
+  absl::Time Mono() { return clock_->MonotonicNow(); }
+  MetaCore::State& state() { return s_; }
+  Txn& txn() { return txn_; }
+  const MetaOptions& options() const { return options_; }
+
+  // ---- lookups (meta_core.cc)
+  absl::StatusOr<Job*> FindJob(const std::string& job_id);
+  absl::StatusOr<Version*> FindVersion(const std::string& job_id, uint64_t step);
+  // The node, if `incarnation` is current and it is not DEAD/LEFT.
+  absl::StatusOr<Node*> CheckNode(const std::string& node_id, uint64_t incarnation);
+  // Can serve reads and run tasks: ALIVE, SUSPECT or DRAINING.
+  bool IsUsable(const std::string& node_id) const;
+  // Holdings on it count toward protection: ALIVE or SUSPECT.
+  bool CountsForProtection(const std::string& node_id) const;
+  Endpoint EndpointOf(const std::string& node_id) const;
+  std::vector<PlannerNode> AliveNodes() const;
+  // The job's plan over the alive nodes; bumps and persists the epoch when
+  // the node set changed since the last plan.
+  absl::StatusOr<VersionPlan> CurrentPlan(Job& job);
+
+  // ---- tasks (meta_core.cc)
+  Task& NewTask(const std::string& node_id, TaskKind kind, const std::string& job_id,
+                uint64_t step, int32_t priority);
+  static bool Active(const Task& t) {
+    return t.state == TaskState::kPending || t.state == TaskState::kRunning ||
+           t.state == TaskState::kRetryWait;
+  }
+  std::vector<Task*> ActiveTasks(const std::string& job_id, uint64_t step, TaskKind kind);
+  void CancelTask(Task& t);
+  void CancelVersionTasks(const Version& v);
+  TaskBundle Bundle(const Task& t);
+
+  // ---- state machine (meta_recovery.cc)
+  void SetState(Version& v, VersionState to, const std::string& reason = "");
+  // Re-derives the version's state from its holdings (PROTECTED, DEGRADED,
+  // ABORTED), then plans recovery and flush and applies retention.
+  void Recompute(Version& v);
+  // After the last rank staged: EC layout + encode tasks.
+  void StartErasureCoding(Version& v);
+  // Replication tasks for shards with too few copies, rebuild tasks for lost
+  // EC segments.
+  void PlanRecovery(Version& v);
+  // Flush tasks for planned shards not yet written; commit when all are.
+  void PlanFlush(Version& v);
+  void ApplyRetention(Job& job);
+  // Evicts every memory holding of the version (EvictTask per holder).
+  void EvictVersion(Version& v);
+  // The node's holdings are gone (death) or leaving (drain).
+  void NodeLost(const std::string& node_id, const std::string& reason);
+  void ReplanAll();
+  std::vector<Source> Sources(const Version& v, const Shard& shard,
+                              const std::string& near_node_id) const;
+  bool ShardReadable(const Version& v, const Shard& shard) const;
+
+ private:
+  MetaCore::State& s_;
+  Clock* clock_;
+  const MetaOptions& options_;
+  Txn& txn_;
+};
+
+}  // namespace ckpt::meta

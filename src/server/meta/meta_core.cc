@@ -1,0 +1,1449 @@
+#include "server/meta/meta_core.h"
+
+#include <algorithm>
+#include <random>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "common/log.h"
+#include "common/names.h"
+#include "common/status_macros.h"
+#include "server/meta/core_state.h"
+
+namespace ckpt::meta {
+
+// ---------------------------------------------------------------------------
+// Txn
+
+uint64_t Txn::Submit(MetaStore* store,
+                     const std::map<std::string, std::map<uint64_t, Version>>& versions) {
+  auto find = [&](const std::pair<std::string, uint64_t>& k) -> const Version* {
+    auto j = versions.find(k.first);
+    if (j == versions.end()) return nullptr;
+    auto v = j->second.find(k.second);
+    return v == j->second.end() ? nullptr : &v->second;
+  };
+  for (const auto& k : headers_) {
+    if (const Version* v = find(k)) {
+      batch_.Put(records::VersionKey(k.first, k.second), records::EncodeVersionHeader(*v));
+    }
+  }
+  for (const auto& [k, rank] : shards_) {
+    const Version* v = find(k);
+    if (v == nullptr) continue;
+    auto it = v->shards.find(rank);
+    if (it != v->shards.end()) {
+      batch_.Put(records::ShardKey(k.first, k.second, rank), records::EncodeShard(it->second));
+    }
+  }
+  for (const auto& k : segments_) {
+    if (const Version* v = find(k)) {
+      batch_.Put(records::SegmentsKey(k.first, k.second), records::EncodeSegments(*v));
+    }
+  }
+  if (batch_.empty()) return 0;
+  return store->Submit(std::move(batch_));
+}
+
+// ---------------------------------------------------------------------------
+// Engine: lookups, plans, tasks
+
+absl::StatusOr<Job*> Engine::FindJob(const std::string& job_id) {
+  CKPT_RETURN_IF_ERROR(ValidateJobId(job_id));
+  auto it = s_.jobs.find(job_id);
+  if (it == s_.jobs.end()) {
+    return absl::NotFoundError(absl::StrCat("job \"", job_id, "\" does not exist"));
+  }
+  return &it->second;
+}
+
+absl::StatusOr<Version*> Engine::FindVersion(const std::string& job_id, uint64_t step) {
+  CKPT_RETURN_IF_ERROR(FindJob(job_id).status());
+  auto& by_step = s_.versions[job_id];
+  auto it = by_step.find(step);
+  if (it == by_step.end()) {
+    return absl::NotFoundError(
+        absl::StrCat("job \"", job_id, "\" has no version at step ", step));
+  }
+  return &it->second;
+}
+
+absl::StatusOr<Node*> Engine::CheckNode(const std::string& node_id, uint64_t incarnation) {
+  auto it = s_.nodes.find(node_id);
+  if (it == s_.nodes.end()) {
+    return absl::NotFoundError(
+        absl::StrCat("node \"", node_id, "\" is not registered; call RegisterNode"));
+  }
+  Node& n = it->second;
+  if (incarnation != n.incarnation) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "node \"", node_id, "\" incarnation ", incarnation, " is stale (current is ",
+        n.incarnation, "); re-register"));
+  }
+  if (n.state == NodeState::kDead || n.state == NodeState::kLeft) {
+    return absl::FailedPreconditionError(absl::StrCat("node \"", node_id, "\" is ",
+                                                      NodeStateName(n.state),
+                                                      " (lease expired); re-register"));
+  }
+  return &n;
+}
+
+bool Engine::IsUsable(const std::string& node_id) const {
+  auto it = s_.nodes.find(node_id);
+  if (it == s_.nodes.end()) return false;
+  const NodeState st = it->second.state;
+  return st == NodeState::kAlive || st == NodeState::kSuspect || st == NodeState::kDraining;
+}
+
+bool Engine::CountsForProtection(const std::string& node_id) const {
+  auto it = s_.nodes.find(node_id);
+  if (it == s_.nodes.end()) return false;
+  const NodeState st = it->second.state;
+  return st == NodeState::kAlive || st == NodeState::kSuspect;
+}
+
+Endpoint Engine::EndpointOf(const std::string& node_id) const {
+  Endpoint e;
+  e.node_id = node_id;
+  auto it = s_.nodes.find(node_id);
+  if (it != s_.nodes.end()) {
+    e.incarnation = it->second.incarnation;
+    e.grpc_address = it->second.grpc_address;
+    e.data_address = it->second.data_address;
+  }
+  return e;
+}
+
+std::vector<PlannerNode> Engine::AliveNodes() const {
+  std::vector<PlannerNode> out;
+  for (const auto& [id, n] : s_.nodes) {
+    if (n.state == NodeState::kAlive || n.state == NodeState::kSuspect) {
+      out.push_back({id, n.failure_domain});
+    }
+  }
+  return out;
+}
+
+absl::StatusOr<VersionPlan> PlanToVersionPlan(const PlacementPlan& plan) {
+  VersionPlan vp;
+  vp.policy = plan.policy();
+  for (const auto& n : plan.nodes()) vp.nodes.push_back(n.id);
+  if (plan.policy().kind == ProtectionPolicy::Kind::kReplicate) {
+    for (int i = 0; i < plan.size(); ++i) {
+      std::vector<std::string> targets;
+      for (int p : plan.Protectors(i)) targets.push_back(vp.nodes[p]);
+      vp.protectors[vp.nodes[i]] = std::move(targets);
+    }
+  } else if (plan.policy().kind == ProtectionPolicy::Kind::kErasureCode) {
+    for (const PlacementGroup& g : plan.groups()) {
+      EcGroup eg;
+      eg.index = g.index;
+      eg.data_k = plan.policy().data_k;
+      eg.parity_m = plan.policy().parity_m;
+      for (int j = 0; j < g.size; ++j) eg.members.push_back(vp.nodes[g.first + j]);
+      vp.groups.push_back(std::move(eg));
+    }
+  }
+  return vp;
+}
+
+absl::StatusOr<VersionPlan> Engine::CurrentPlan(Job& job) {
+  const std::vector<PlannerNode> alive = AliveNodes();
+  CKPT_ASSIGN_OR_RETURN(PlacementPlan plan, PlanPlacement(alive, job.spec.protection));
+  CKPT_ASSIGN_OR_RETURN(VersionPlan vp, PlanToVersionPlan(plan));
+  auto& last = s_.last_plan_nodes[job.spec.job_id];
+  if (last != vp.nodes || job.plan_epoch == 0) {
+    last = vp.nodes;
+    ++job.plan_epoch;
+    txn_.Job(job);
+  }
+  vp.epoch = job.plan_epoch;
+  return vp;
+}
+
+Task& Engine::NewTask(const std::string& node_id, TaskKind kind, const std::string& job_id,
+                      uint64_t step, int32_t priority) {
+  Task t;
+  t.id = absl::StrFormat("t-%012u", s_.next_task_id++);
+  t.node_id = node_id;
+  t.kind = kind;
+  t.job_id = job_id;
+  t.step = step;
+  t.priority = priority;
+  t.created_ms = NowMs();
+  t.timeout_ms = absl::ToInt64Milliseconds(options_.task_timeout);
+  t.last_progress = Mono();
+  txn_.Raw(std::string(records::kNextTaskIdKey), std::to_string(s_.next_task_id));
+  s_.tasks_by_version[{job_id, step}].insert(t.id);
+  s_.created_tasks.push_back(t.id);
+  ++s_.task_generation;
+  ++s_.counters.tasks_created_total;
+  Task& stored = s_.tasks[t.id] = std::move(t);
+  return stored;  // caller fills the payload, then txn_.Task(stored)
+}
+
+std::vector<Task*> Engine::ActiveTasks(const std::string& job_id, uint64_t step, TaskKind kind) {
+  std::vector<Task*> out;
+  auto it = s_.tasks_by_version.find({job_id, step});
+  if (it == s_.tasks_by_version.end()) return out;
+  for (const std::string& id : it->second) {
+    auto t = s_.tasks.find(id);
+    if (t != s_.tasks.end() && t->second.kind == kind && Active(t->second)) {
+      out.push_back(&t->second);
+    }
+  }
+  return out;
+}
+
+void Engine::CancelTask(Task& t) {
+  if (!Active(t)) return;
+  t.state = TaskState::kCancelled;
+  txn_.Task(t);
+  ++s_.task_generation;
+}
+
+void Engine::CancelVersionTasks(const Version& v) {
+  auto it = s_.tasks_by_version.find({v.job_id, v.step});
+  if (it == s_.tasks_by_version.end()) return;
+  for (const std::string& id : it->second) {
+    auto t = s_.tasks.find(id);
+    if (t == s_.tasks.end()) continue;
+    // Clean-up work for the version keeps running.
+    if (t->second.kind == TaskKind::kEvict || t->second.kind == TaskKind::kDeleteDurable ||
+        t->second.kind == TaskKind::kDrop) {
+      continue;
+    }
+    CancelTask(t->second);
+  }
+}
+
+TaskBundle Engine::Bundle(const Task& t) {
+  TaskBundle b;
+  b.task = t;
+  auto add = [&](const std::string& id) {
+    if (!id.empty()) b.endpoints[id] = EndpointOf(id);
+  };
+  add(t.node_id);
+  for (const auto& id : t.targets) add(id);
+  auto jv = s_.versions.find(t.job_id);
+  if (jv != s_.versions.end()) {
+    auto vit = jv->second.find(t.step);
+    if (vit != jv->second.end()) {
+      const Version& v = vit->second;
+      Version copy = v;
+      for (auto& [rank, shard] : copy.shards) shard.items.clear();
+      for (const EcGroup& g : v.plan.groups)
+        for (const auto& m : g.members) add(m);
+      for (const Segment& seg : v.segments) add(seg.holder_node_id);
+      for (const auto& [rank, shard] : v.shards)
+        for (const Copy& c : shard.copies) add(c.node_id);
+      if (t.kind == TaskKind::kFlush) {
+        for (uint32_t rank : t.ranks) {
+          auto sh = v.shards.find(rank);
+          if (sh == v.shards.end()) continue;
+          b.sources[rank] = Sources(v, sh->second, t.node_id);
+        }
+      }
+      b.version = std::move(copy);
+    }
+  }
+  return b;
+}
+
+// ---------------------------------------------------------------------------
+// MetaCore
+
+namespace {
+uint64_t RandomInstanceId() {
+  std::random_device rd;
+  return (static_cast<uint64_t>(rd()) << 32) ^ rd() ^ 1;
+}
+
+absl::Status ValidateSpec(const JobSpec& spec) {
+  CKPT_RETURN_IF_ERROR(ValidateJobId(spec.job_id));
+  if (spec.world_size == 0 || spec.world_size > JobSpec::kMaxWorldSize) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "world size ", spec.world_size, " is invalid: it must be 1..", JobSpec::kMaxWorldSize,
+        " (the number of ranks that save a shard per version)"));
+  }
+  CKPT_RETURN_IF_ERROR(spec.protection.Validate());
+  if (spec.labels.size() > 32) {
+    return absl::InvalidArgumentError("a job may carry at most 32 labels");
+  }
+  for (const auto& [k, v] : spec.labels) {
+    if (k.empty() || k.size() > 256 || v.size() > 256) {
+      return absl::InvalidArgumentError(
+          "label keys must be 1..256 bytes and values at most 256 bytes");
+    }
+  }
+  return absl::OkStatus();
+}
+
+std::string DiffSpecs(const JobSpec& stored, const JobSpec& asked) {
+  std::vector<std::string> diffs;
+  if (stored.world_size != asked.world_size)
+    diffs.push_back(absl::StrCat("world_size (stored ", stored.world_size, ", asked ",
+                                 asked.world_size, ")"));
+  const auto& a = stored.protection;
+  const auto& b = asked.protection;
+  if (a.kind != b.kind || (a.kind == ProtectionPolicy::Kind::kReplicate &&
+                           (a.copies != b.copies || a.placement != b.placement)) ||
+      (a.kind == ProtectionPolicy::Kind::kErasureCode &&
+       (a.data_k != b.data_k || a.parity_m != b.parity_m)))
+    diffs.push_back("protection");
+  if (stored.flush.every_n_versions != asked.flush.every_n_versions ||
+      stored.flush.every_seconds != asked.flush.every_seconds)
+    diffs.push_back("flush");
+  if (stored.retention.keep_in_memory != asked.retention.keep_in_memory ||
+      stored.retention.keep_durable != asked.retention.keep_durable)
+    diffs.push_back("retention");
+  return absl::StrJoin(diffs, ", ");
+}
+}  // namespace
+
+MetaCore::MetaCore(MetaStore* store, Clock* clock, MetaOptions options)
+    : store_(store),
+      clock_(clock),
+      options_(std::move(options)),
+      instance_id_(RandomInstanceId()),
+      start_ms_(clock->NowUnixMillis()),
+      state_(std::make_unique<State>()) {}
+
+MetaCore::~MetaCore() = default;
+
+absl::StatusOr<std::unique_ptr<MetaCore>> MetaCore::Open(MetaStore* store, Clock* clock,
+                                                         MetaOptions options) {
+  std::unique_ptr<MetaCore> core(new MetaCore(store, clock, std::move(options)));
+  absl::MutexLock lock(&core->mu_);
+  State& s = *core->state_;
+  absl::Status err;
+  auto scan = [&](std::string_view prefix, auto fn) -> absl::Status {
+    absl::Status st = store->Scan(prefix, [&](std::string_view k, std::string_view v) {
+      err = fn(k, v);
+      return err.ok();
+    });
+    return st.ok() ? err : st;
+  };
+  const absl::Time mono = clock->MonotonicNow();
+  CKPT_RETURN_IF_ERROR(scan(records::kNodePrefix, [&](std::string_view k, std::string_view v) {
+    CKPT_ASSIGN_OR_RETURN(Node n, records::DecodeNode(k, v));
+    n.lease_deadline = mono + core->options_.lease;
+    n.inventory_received = false;
+    s.nodes[n.id] = std::move(n);
+    return absl::OkStatus();
+  }));
+  CKPT_RETURN_IF_ERROR(scan(records::kJobPrefix, [&](std::string_view k, std::string_view v) {
+    CKPT_ASSIGN_OR_RETURN(Job j, records::DecodeJob(k, v));
+    s.jobs[j.spec.job_id] = std::move(j);
+    return absl::OkStatus();
+  }));
+  CKPT_RETURN_IF_ERROR(
+      scan(records::kAllVersionsPrefix, [&](std::string_view k, std::string_view v) {
+        CKPT_ASSIGN_OR_RETURN(Version ver, records::DecodeVersionHeader(k, v));
+        s.versions[ver.job_id][ver.step] = std::move(ver);
+        return absl::OkStatus();
+      }));
+  auto version_of = [&](const std::string& job, uint64_t step) -> Version* {
+    auto j = s.versions.find(job);
+    if (j == s.versions.end()) return nullptr;
+    auto it = j->second.find(step);
+    return it == j->second.end() ? nullptr : &it->second;
+  };
+  CKPT_RETURN_IF_ERROR(
+      scan(records::kAllShardsPrefix, [&](std::string_view k, std::string_view v) {
+        // s/<job>/<step>/<rank>
+        const std::string key(k);
+        const size_t a = key.find('/', 2), b = key.rfind('/');
+        Version* ver = version_of(key.substr(2, a - 2), std::stoull(key.substr(a + 1, b - a - 1)));
+        if (ver == nullptr) return absl::OkStatus();  // orphan of a removed version
+        CKPT_ASSIGN_OR_RETURN(Shard sh, records::DecodeShard(k, v));
+        ver->shards[sh.rank] = std::move(sh);
+        return absl::OkStatus();
+      }));
+  CKPT_RETURN_IF_ERROR(
+      scan(records::kAllSegmentsPrefix, [&](std::string_view k, std::string_view v) {
+        const std::string key(k);
+        const size_t a = key.rfind('/');
+        Version* ver = version_of(key.substr(2, a - 2), std::stoull(key.substr(a + 1)));
+        if (ver == nullptr) return absl::OkStatus();
+        return records::DecodeSegments(k, v, ver);
+      }));
+  CKPT_RETURN_IF_ERROR(scan(records::kTaskPrefix, [&](std::string_view k, std::string_view v) {
+    CKPT_ASSIGN_OR_RETURN(Task t, records::DecodeTask(k, v));
+    t.last_progress = mono;
+    if (t.state == TaskState::kRunning) t.state = TaskState::kPending;  // re-deliver
+    s.tasks_by_version[{t.job_id, t.step}].insert(t.id);
+    s.tasks[t.id] = std::move(t);
+    return absl::OkStatus();
+  }));
+  auto next = store->Get(records::kNextTaskIdKey);
+  if (next.ok()) {
+    s.next_task_id = std::stoull(*next);
+  } else if (!absl::IsNotFound(next.status())) {
+    return next.status();
+  }
+  log::Info("meta state loaded: {} nodes, {} jobs, {} tasks", s.nodes.size(), s.jobs.size(),
+            s.tasks.size());
+  return core;
+}
+
+// ---- Nodes ------------------------------------------------------------------
+
+absl::StatusOr<RegisterResult> MetaCore::RegisterNode(const RegisterRequest& req) {
+  CKPT_RETURN_IF_ERROR(ValidateNodeId(req.node_id));
+  if (req.grpc_address.empty() || req.data_address.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "node \"", req.node_id, "\": grpc_address and data_address are required (host:port)"));
+  }
+  RegisterResult result;
+  uint64_t seq = 0;
+  {
+    absl::MutexLock lock(&mu_);
+    Txn txn;
+    Engine e(*state_, clock_, options_, txn);
+    const absl::Time mono = e.Mono();
+    auto it = state_->nodes.find(req.node_id);
+    uint64_t incarnation = 1;
+    bool was_dead = false;
+    if (it != state_->nodes.end()) {
+      Node& old = it->second;
+      const bool live = (old.state == NodeState::kAlive || old.state == NodeState::kSuspect ||
+                         old.state == NodeState::kDraining) &&
+                        old.lease_deadline > mono;
+      if (live && (old.grpc_address != req.grpc_address || old.data_address != req.data_address)) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "node id \"", req.node_id, "\" is held by a live node at ", old.grpc_address,
+            " (data ", old.data_address, ") whose lease expires in ",
+            absl::FormatDuration(old.lease_deadline - mono),
+            "; use another node id or stop that agent"));
+      }
+      incarnation = old.incarnation + 1;
+      was_dead = old.state == NodeState::kDead || old.state == NodeState::kLeft;
+    }
+    Node& n = state_->nodes[req.node_id];
+    const bool draining = !was_dead && n.state == NodeState::kDraining;
+    n.id = req.node_id;
+    n.grpc_address = req.grpc_address;
+    n.data_address = req.data_address;
+    n.role = req.role;
+    n.memory_capacity_bytes = req.memory_capacity_bytes;
+    n.memory_free_bytes = req.memory_capacity_bytes;
+    n.failure_domain = req.failure_domain;
+    n.agent_version = req.agent_version;
+    n.incarnation = incarnation;
+    if (n.state != NodeState::kAlive) n.state_since_ms = e.NowMs();
+    n.state = draining ? NodeState::kDraining : NodeState::kAlive;
+    n.registered_ms = e.NowMs();
+    n.last_heartbeat_ms = n.registered_ms;
+    n.lease_deadline = mono + options_.lease;
+    n.lease_expiry_ms = n.registered_ms + absl::ToInt64Milliseconds(options_.lease);
+    n.inventory_received = false;
+    txn.Node(n);
+    // Tasks of the previous incarnation are delivered again to the new one.
+    for (auto& [id, t] : state_->tasks) {
+      if (t.node_id == req.node_id && t.state == TaskState::kRunning) {
+        t.state = TaskState::kPending;
+        t.last_progress = mono;
+      }
+    }
+    ++state_->task_generation;
+    // A new node may be what degraded versions were waiting for.
+    e.ReplanAll();
+    log::Info("node {} registered: incarnation {}, grpc {}, data {}, domain '{}', {} bytes",
+              n.id, n.incarnation, n.grpc_address, n.data_address, n.failure_domain,
+              n.memory_capacity_bytes);
+    result.incarnation = incarnation;
+    seq = txn.Submit(store_, state_->versions);
+  }
+  result.lease = options_.lease;
+  result.heartbeat_interval = options_.heartbeat_interval;
+  result.meta_instance_id = instance_id_;
+  CKPT_RETURN_IF_ERROR(store_->AwaitDurable(seq));
+  return result;
+}
+
+absl::StatusOr<HeartbeatResult> MetaCore::Heartbeat(const HeartbeatRequest& req) {
+  HeartbeatResult result;
+  uint64_t seq = 0;
+  {
+    absl::MutexLock lock(&mu_);
+    Txn txn;
+    Engine e(*state_, clock_, options_, txn);
+    CKPT_ASSIGN_OR_RETURN(Node * n, e.CheckNode(req.node_id, req.incarnation));
+    const absl::Time mono = e.Mono();
+    n->lease_deadline = mono + options_.lease;
+    n->last_heartbeat_ms = e.NowMs();
+    n->lease_expiry_ms = n->last_heartbeat_ms + absl::ToInt64Milliseconds(options_.lease);
+    n->memory_capacity_bytes = req.memory_capacity_bytes;
+    n->memory_used_bytes = req.memory_used_bytes;
+    n->memory_free_bytes = req.memory_free_bytes;
+    n->memory_leased_bytes = req.memory_leased_bytes;
+    n->flush_lag_bytes = req.flush_lag_bytes;
+    n->flush_lag_ms = req.flush_lag_ms;
+    n->flush_errors_total = req.flush_errors_total;
+    if (n->state == NodeState::kSuspect) {
+      n->state = NodeState::kAlive;  // transient state: not persisted
+    }
+    for (const TaskProgress& p : req.running_tasks) {
+      auto t = state_->tasks.find(p.task_id);
+      if (t == state_->tasks.end() || t->second.node_id != req.node_id) continue;
+      if (t->second.state == TaskState::kPending) t->second.state = TaskState::kRunning;
+      t->second.last_progress = mono;
+      t->second.bytes_done = p.bytes_done;
+      t->second.bytes_total = p.bytes_total;
+    }
+    result.node_state = n->state;
+    result.inventory_required = !n->inventory_received;
+    for (auto& [id, t] : state_->tasks) {
+      if (t.node_id != req.node_id) continue;
+      if (t.state == TaskState::kPending) result.tasks.push_back(e.Bundle(t));
+      if (t.state == TaskState::kCancelled && !t.cancel_notified) {
+        t.cancel_notified = true;
+        result.cancelled_task_ids.push_back(id);
+      }
+    }
+    seq = txn.Submit(store_, state_->versions);
+  }
+  result.lease = options_.lease;
+  result.heartbeat_interval = options_.heartbeat_interval;
+  result.meta_instance_id = instance_id_;
+  CKPT_RETURN_IF_ERROR(store_->AwaitDurable(seq));
+  return result;
+}
+
+absl::StatusOr<std::vector<TaskBundle>> MetaCore::PendingTasks(const std::string& node_id,
+                                                              uint64_t incarnation, bool all) {
+  absl::MutexLock lock(&mu_);
+  Txn txn;
+  Engine e(*state_, clock_, options_, txn);
+  CKPT_RETURN_IF_ERROR(e.CheckNode(node_id, incarnation).status());
+  std::vector<TaskBundle> out;
+  for (auto& [id, t] : state_->tasks) {
+    if (t.node_id != node_id) continue;
+    if (t.state == TaskState::kPending || (all && t.state == TaskState::kRunning)) {
+      out.push_back(e.Bundle(t));
+    }
+  }
+  return out;
+}
+
+uint64_t MetaCore::WaitForTaskChange(uint64_t seen_generation, absl::Duration timeout) {
+  absl::MutexLock lock(&mu_);
+  auto changed = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return state_->task_generation != seen_generation;
+  };
+  clock_->AwaitWithTimeout(&mu_, absl::Condition(&changed), timeout);
+  return state_->task_generation;
+}
+
+absl::StatusOr<TaskDisposition> MetaCore::ReportTaskResult(const std::string& node_id,
+                                                           uint64_t incarnation,
+                                                           const std::string& task_id,
+                                                           uint32_t attempt,
+                                                           const absl::Status& outcome) {
+  TaskDisposition disposition = TaskDisposition::kCompleted;
+  uint64_t seq = 0;
+  {
+    absl::MutexLock lock(&mu_);
+    Txn txn;
+    Engine e(*state_, clock_, options_, txn);
+    CKPT_RETURN_IF_ERROR(e.CheckNode(node_id, incarnation).status());
+    auto it = state_->tasks.find(task_id);
+    if (it == state_->tasks.end()) {
+      return absl::NotFoundError(absl::StrCat("task \"", task_id, "\" does not exist"));
+    }
+    Task& t = it->second;
+    if (t.node_id != node_id) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "task \"", task_id, "\" is assigned to node \"", t.node_id, "\", not \"", node_id, "\""));
+    }
+    if (t.state == TaskState::kDone || t.state == TaskState::kFailed) {
+      return TaskDisposition::kDuplicate;
+    }
+    if (t.state == TaskState::kCancelled) return TaskDisposition::kCancelled;
+    if (attempt < t.attempt && !outcome.ok()) return TaskDisposition::kDuplicate;
+    if (outcome.ok()) {
+      t.state = TaskState::kDone;
+      txn.Task(t);
+      auto v = e.FindVersion(t.job_id, t.step);
+      if (v.ok()) {
+        Version& ver = **v;
+        switch (t.kind) {
+          case TaskKind::kCommitDurable:
+            if (!IsTerminal(ver.state)) {
+              for (auto& [rank, sh] : ver.shards) {
+                if (!sh.durable_written) {
+                  sh.durable_written = true;  // committed marker covers every rank file
+                  txn.ShardRecord(ver, rank);
+                }
+              }
+              e.SetState(ver, VersionState::kPersisted);
+              e.ApplyRetention(*e.FindJob(t.job_id).value());
+            }
+            break;
+          case TaskKind::kEvict:
+            for (auto& [rank, sh] : ver.shards) {
+              for (Copy& c : sh.copies) {
+                if (c.node_id == node_id && c.state != CopyState::kEvicted) {
+                  c.state = CopyState::kEvicted;
+                  c.updated_ms = e.NowMs();
+                  txn.ShardRecord(ver, rank);
+                }
+              }
+            }
+            for (Segment& seg : ver.segments) {
+              if (seg.holder_node_id == node_id && seg.state != CopyState::kEvicted) {
+                seg.state = CopyState::kEvicted;
+                txn.Segments(ver);
+              }
+            }
+            break;
+          case TaskKind::kDeleteDurable:
+            for (auto& [rank, sh] : ver.shards) {
+              if (sh.durable_written) {
+                sh.durable_written = false;
+                txn.ShardRecord(ver, rank);
+              }
+            }
+            break;
+          default:
+            e.Recompute(ver);
+            break;
+        }
+      }
+      disposition = TaskDisposition::kCompleted;
+    } else {
+      t.last_error = outcome.ToString();
+      if (t.attempt >= static_cast<uint32_t>(Task::kMaxAttempts)) {
+        t.state = TaskState::kFailed;
+        ++state_->counters.tasks_failed_total;
+        disposition = TaskDisposition::kFailed;
+        log::Warn("task {} ({}) on node {} failed for good after {} attempts: {}", t.id,
+                  TaskKindName(t.kind), node_id, t.attempt, t.last_error);
+      } else {
+        t.state = TaskState::kRetryWait;
+        t.retry_at_ms = e.NowMs() + absl::ToInt64Milliseconds(options_.task_retry_backoff) *
+                                        (int64_t{1} << std::min<uint32_t>(t.attempt - 1, 10));
+        disposition = TaskDisposition::kRetry;
+      }
+      txn.Task(t);
+    }
+    seq = txn.Submit(store_, state_->versions);
+  }
+  CKPT_RETURN_IF_ERROR(store_->AwaitDurable(seq));
+  return disposition;
+}
+
+absl::StatusOr<Node> MetaCore::DrainNode(const std::string& node_id) {
+  Node result;
+  uint64_t seq = 0;
+  {
+    absl::MutexLock lock(&mu_);
+    Txn txn;
+    Engine e(*state_, clock_, options_, txn);
+    auto it = state_->nodes.find(node_id);
+    if (it == state_->nodes.end()) {
+      return absl::NotFoundError(absl::StrCat("node \"", node_id, "\" is not registered"));
+    }
+    Node& n = it->second;
+    if (n.state == NodeState::kDead || n.state == NodeState::kLeft) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("node \"", node_id, "\" is ", NodeStateName(n.state), "; nothing to drain"));
+    }
+    if (n.state != NodeState::kDraining) {
+      n.state = NodeState::kDraining;
+      n.state_since_ms = e.NowMs();
+      txn.Node(n);
+      e.ReplanAll();
+    }
+    result = n;
+    seq = txn.Submit(store_, state_->versions);
+  }
+  CKPT_RETURN_IF_ERROR(store_->AwaitDurable(seq));
+  return result;
+}
+
+absl::Status MetaCore::RemoveNode(const std::string& node_id) {
+  uint64_t seq = 0;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = state_->nodes.find(node_id);
+    if (it == state_->nodes.end()) {
+      return absl::NotFoundError(absl::StrCat("node \"", node_id, "\" is not registered"));
+    }
+    if (it->second.state != NodeState::kDead && it->second.state != NodeState::kLeft) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("node \"", node_id, "\" is ", NodeStateName(it->second.state),
+                       "; only DEAD or LEFT nodes can be removed (drain it first)"));
+    }
+    Txn txn;
+    txn.DeleteNode(node_id);
+    state_->nodes.erase(it);
+    state_->unknown.erase(node_id);
+    seq = txn.Submit(store_, state_->versions);
+  }
+  return store_->AwaitDurable(seq);
+}
+
+std::vector<Node> MetaCore::ListNodes(const std::vector<NodeState>& states) const {
+  absl::MutexLock lock(&mu_);
+  std::vector<Node> out;
+  for (const auto& [id, n] : state_->nodes) {
+    if (states.empty() || std::find(states.begin(), states.end(), n.state) != states.end()) {
+      out.push_back(n);
+    }
+  }
+  return out;
+}
+
+// ---- Jobs -------------------------------------------------------------------
+
+namespace {
+JobView MakeJobView(const Job& job, const std::map<uint64_t, Version>* versions) {
+  JobView view;
+  view.job = job;
+  if (versions == nullptr) return view;
+  for (const auto& [step, v] : *versions) {
+    ++view.version_counts[v.state];
+    if (SatisfiesLevel(v.state, Level::kStaged)) view.latest_staged = step;
+    if (SatisfiesLevel(v.state, Level::kProtected)) view.latest_protected = step;
+    if (SatisfiesLevel(v.state, Level::kPersisted)) view.latest_persisted = step;
+    for (const auto& [rank, sh] : v.shards) {
+      for (const Copy& c : sh.copies) {
+        if (c.state == CopyState::kValid) view.memory_bytes += sh.size_bytes;
+      }
+      if (sh.durable_written) view.durable_bytes += sh.size_bytes;
+    }
+    for (const Segment& seg : v.segments) {
+      if (seg.state == CopyState::kValid && seg.kind == SegmentKind::kParity) {
+        view.memory_bytes += seg.length_bytes;
+      }
+    }
+  }
+  return view;
+}
+}  // namespace
+
+absl::StatusOr<std::pair<JobView, bool>> MetaCore::CreateJob(const JobSpec& spec,
+                                                            bool open_if_exists) {
+  CKPT_RETURN_IF_ERROR(ValidateSpec(spec));
+  JobView view;
+  bool created = false;
+  uint64_t seq = 0;
+  {
+    absl::MutexLock lock(&mu_);
+    Txn txn;
+    Engine e(*state_, clock_, options_, txn);
+    auto it = state_->jobs.find(spec.job_id);
+    if (it != state_->jobs.end()) {
+      if (!open_if_exists) {
+        return absl::AlreadyExistsError(absl::StrCat("job \"", spec.job_id, "\" already exists"));
+      }
+      if (it->second.deleting) {
+        return absl::FailedPreconditionError(
+            absl::StrCat("job \"", spec.job_id, "\" is being deleted; use another id"));
+      }
+      const std::string diff = DiffSpecs(it->second.spec, spec);
+      if (!diff.empty()) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "job \"", spec.job_id, "\" exists with a different spec: ", diff,
+            " differ; open it with the stored values or create a job with another id"));
+      }
+      auto vs = state_->versions.find(spec.job_id);
+      view = MakeJobView(it->second, vs == state_->versions.end() ? nullptr : &vs->second);
+    } else {
+      // The policy must be plannable over the nodes that are alive now.
+      if (spec.protection.kind != ProtectionPolicy::Kind::kNone) {
+        auto plan = PlanPlacement(e.AliveNodes(), spec.protection);
+        if (!plan.ok()) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "job \"", spec.job_id, "\": protection policy cannot be placed: ",
+              plan.status().message()));
+        }
+      }
+      Job job;
+      job.spec = spec;
+      job.created_ms = e.NowMs();
+      Job& stored = state_->jobs[spec.job_id] = job;
+      CKPT_RETURN_IF_ERROR(e.CurrentPlan(stored).status());
+      txn.Job(stored);
+      view = MakeJobView(stored, nullptr);
+      created = true;
+      log::Info("job {} created: world size {}", spec.job_id, spec.world_size);
+    }
+    seq = txn.Submit(store_, state_->versions);
+  }
+  CKPT_RETURN_IF_ERROR(store_->AwaitDurable(seq));
+  return std::make_pair(view, created);
+}
+
+absl::StatusOr<JobView> MetaCore::GetJob(const std::string& job_id) const {
+  CKPT_RETURN_IF_ERROR(ValidateJobId(job_id));
+  absl::MutexLock lock(&mu_);
+  auto it = state_->jobs.find(job_id);
+  if (it == state_->jobs.end()) {
+    return absl::NotFoundError(absl::StrCat("job \"", job_id, "\" does not exist"));
+  }
+  auto vs = state_->versions.find(job_id);
+  return MakeJobView(it->second, vs == state_->versions.end() ? nullptr : &vs->second);
+}
+
+std::vector<JobView> MetaCore::ListJobs(const std::string& after, uint32_t limit) const {
+  absl::MutexLock lock(&mu_);
+  std::vector<JobView> out;
+  for (auto it = state_->jobs.upper_bound(after); it != state_->jobs.end(); ++it) {
+    if (limit != 0 && out.size() >= limit) break;
+    auto vs = state_->versions.find(it->first);
+    out.push_back(MakeJobView(it->second, vs == state_->versions.end() ? nullptr : &vs->second));
+  }
+  return out;
+}
+
+absl::StatusOr<JobView> MetaCore::DeleteJob(const std::string& job_id, bool delete_durable_files) {
+  JobView view;
+  uint64_t seq = 0;
+  {
+    absl::MutexLock lock(&mu_);
+    Txn txn;
+    Engine e(*state_, clock_, options_, txn);
+    CKPT_ASSIGN_OR_RETURN(Job * job, e.FindJob(job_id));
+    if (!job->deleting) {
+      job->deleting = true;
+      job->delete_durable_files = delete_durable_files;
+      txn.Job(*job);
+      for (auto& [step, v] : state_->versions[job_id]) {
+        if (v.state == VersionState::kDeleted) continue;
+        e.CancelVersionTasks(v);
+        e.EvictVersion(v);
+        if (delete_durable_files && !v.durable_dir.empty()) {
+          std::string holder;
+          for (const auto& [id, n] : state_->nodes)
+            if (e.IsUsable(id)) {
+              holder = id;
+              break;
+            }
+          if (!holder.empty()) {
+            Task& t = e.NewTask(holder, TaskKind::kDeleteDurable, job_id, step, 0);
+            txn.Task(t);
+          }
+        }
+        if (v.state != VersionState::kAborted) {
+          e.SetState(v, VersionState::kDeleted, "job deleted");
+        }
+      }
+      log::Info("job {} deleted (durable files {})", job_id,
+                delete_durable_files ? "deleted" : "kept");
+    }
+    auto vs = state_->versions.find(job_id);
+    view = MakeJobView(*job, vs == state_->versions.end() ? nullptr : &vs->second);
+    seq = txn.Submit(store_, state_->versions);
+  }
+  CKPT_RETURN_IF_ERROR(store_->AwaitDurable(seq));
+  return view;
+}
+
+absl::StatusOr<PlacementView> MetaCore::GetPlacement(
+    const std::string& job_id, const std::vector<int>& failures,
+    const std::optional<ProtectionPolicy>& override, SurvivalOptions survival) const {
+  PlacementPlan plan;
+  PlacementView view;
+  {
+    absl::MutexLock lock(&mu_);
+    CKPT_RETURN_IF_ERROR(ValidateJobId(job_id));
+    auto it = state_->jobs.find(job_id);
+    if (it == state_->jobs.end()) {
+      return absl::NotFoundError(absl::StrCat("job \"", job_id, "\" does not exist"));
+    }
+    const ProtectionPolicy policy = override.has_value() ? *override : it->second.spec.protection;
+    CKPT_RETURN_IF_ERROR(policy.Validate());
+    Txn unused;
+    Engine e(*state_, clock_, options_, unused);
+    CKPT_ASSIGN_OR_RETURN(plan, PlanPlacement(e.AliveNodes(), policy));
+    view.plan.epoch = override.has_value() ? 0 : it->second.plan_epoch;
+    view.job_id = job_id;
+    view.created_ms = clock_->NowUnixMillis();
+  }
+  CKPT_ASSIGN_OR_RETURN(VersionPlan vp, PlanToVersionPlan(plan));
+  vp.epoch = view.plan.epoch;
+  view.plan = std::move(vp);
+  for (int f : failures) {
+    CKPT_ASSIGN_OR_RETURN(SurvivalEstimate est, SurvivalProbability(plan, f, survival));
+    view.survival.push_back(est);
+  }
+  return view;
+}
+
+// ---- Versions ---------------------------------------------------------------
+
+absl::StatusOr<std::pair<Version, bool>> MetaCore::BeginVersion(const std::string& job_id,
+                                                                uint64_t step,
+                                                                const std::string& run_id) {
+  Version result;
+  bool created = false;
+  uint64_t seq = 0;
+  {
+    absl::MutexLock lock(&mu_);
+    Txn txn;
+    Engine e(*state_, clock_, options_, txn);
+    CKPT_ASSIGN_OR_RETURN(Job * job, e.FindJob(job_id));
+    if (job->deleting) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("job \"", job_id, "\" is being deleted"));
+    }
+    auto& by_step = state_->versions[job_id];
+    auto it = by_step.find(step);
+    if (it != by_step.end()) {
+      Version& v = it->second;
+      const bool superseded = v.state == VersionState::kOpen && !run_id.empty() &&
+                              !v.run_id.empty() && v.run_id != run_id;
+      if (!superseded && !IsTerminal(v.state)) {
+        Version copy = v;
+        copy.shards.clear();
+        return std::make_pair(copy, false);
+      }
+      if (superseded) {
+        e.CancelVersionTasks(v);
+        e.EvictVersion(v);
+        e.SetState(v, VersionState::kAborted, absl::StrCat("superseded by run ", run_id));
+      }
+      // An ABORTED or DELETED step is begun afresh below.
+    } else {
+      for (auto r = by_step.rbegin(); r != by_step.rend(); ++r) {
+        if (IsTerminal(r->second.state)) continue;
+        if (r->first > step) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "step ", step, " is lower than job \"", job_id, "\"'s newest version ", r->first,
+              " (", VersionStateName(r->second.state),
+              "); steps must increase: delete the newer versions to rewind"));
+        }
+        break;
+      }
+    }
+    CKPT_ASSIGN_OR_RETURN(VersionPlan plan, e.CurrentPlan(*job));
+    if (it != by_step.end()) {
+      // Replace the terminal version's records.
+      for (const auto& [rank, sh] : it->second.shards) {
+        txn.Delete(records::ShardKey(job_id, step, rank));
+      }
+      txn.Delete(records::SegmentsKey(job_id, step));
+      by_step.erase(it);
+    }
+    Version v;
+    v.job_id = job_id;
+    v.step = step;
+    v.state = VersionState::kOpen;
+    v.world_size = job->spec.world_size;
+    v.plan = std::move(plan);
+    v.run_id = run_id;
+    v.created_ms = e.NowMs();
+    // Flush policy.
+    const FlushPolicy& fp = job->spec.flush;
+    bool flush = false;
+    if (fp.every_n_versions > 0 &&
+        (!job->any_flushed || job->versions_since_flush + 1 >= fp.every_n_versions)) {
+      flush = true;
+    }
+    if (fp.every_seconds > 0 &&
+        (!job->any_flushed ||
+         v.created_ms - job->last_flush_begin_ms >= int64_t{fp.every_seconds} * 1000)) {
+      flush = true;
+    }
+    if (flush) {
+      v.flush_planned = true;
+      v.durable_dir = absl::StrCat(job_id, "/", step);
+      job->any_flushed = true;
+      job->versions_since_flush = 0;
+      job->last_flush_begin_ms = v.created_ms;
+    } else {
+      ++job->versions_since_flush;
+    }
+    txn.Job(*job);
+    Version& stored = by_step[step] = std::move(v);
+    txn.Header(stored);
+    ++state_->counters.versions_begun_total;
+    result = stored;
+    created = true;
+    seq = txn.Submit(store_, state_->versions);
+  }
+  CKPT_RETURN_IF_ERROR(store_->AwaitDurable(seq));
+  return std::make_pair(result, created);
+}
+
+namespace {
+absl::Status ValidateManifest(const Shard& shard) {
+  std::vector<const Item*> items;
+  for (const Item& it : shard.items) {
+    CKPT_RETURN_IF_ERROR(ValidateItemName(it.name));
+    if (it.offset_bytes > shard.size_bytes || it.length_bytes > shard.size_bytes - it.offset_bytes) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "item \"", it.name, "\" [", it.offset_bytes, ", +", it.length_bytes,
+          ") lies outside the shard of ", shard.size_bytes, " bytes"));
+    }
+    items.push_back(&it);
+  }
+  std::sort(items.begin(), items.end(),
+            [](const Item* a, const Item* b) { return a->offset_bytes < b->offset_bytes; });
+  for (size_t i = 1; i < items.size(); ++i) {
+    if (items[i - 1]->offset_bytes + items[i - 1]->length_bytes > items[i]->offset_bytes) {
+      return absl::InvalidArgumentError(absl::StrCat("items \"", items[i - 1]->name, "\" and \"",
+                                                     items[i]->name, "\" overlap"));
+    }
+    if (items[i - 1]->name == items[i]->name) {
+      return absl::InvalidArgumentError(absl::StrCat("item name \"", items[i]->name,
+                                                     "\" appears twice"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ApplyStaged(Engine& e, const std::string& node_id, const StagedReport& r) {
+  CKPT_ASSIGN_OR_RETURN(Version * v, e.FindVersion(r.job_id, r.step));
+  const Shard& in = r.shard;
+  if (in.rank >= v->world_size) {
+    return absl::InvalidArgumentError(absl::StrCat("rank ", in.rank, " is out of range: job \"",
+                                                   r.job_id, "\" has world size ", v->world_size));
+  }
+  if (!in.primary_node_id.empty() && in.primary_node_id != node_id) {
+    return absl::InvalidArgumentError(absl::StrCat("primary node \"", in.primary_node_id,
+                                                   "\" is not the reporting node \"", node_id,
+                                                   "\""));
+  }
+  CKPT_RETURN_IF_ERROR(ValidateManifest(in));
+  auto existing = v->shards.find(in.rank);
+  if (existing != v->shards.end()) {
+    const Shard& have = existing->second;
+    if (have.size_bytes == in.size_bytes && have.crc32c == in.crc32c &&
+        have.manifest_digest == in.manifest_digest && have.primary_node_id == node_id) {
+      return absl::AlreadyExistsError("shard already staged");
+    }
+    return absl::FailedPreconditionError(absl::StrCat(
+        "rank ", in.rank, " of ", r.job_id, "/", r.step, " is already staged on node \"",
+        have.primary_node_id, "\" with different contents (crc ", absl::Hex(have.crc32c),
+        " vs ", absl::Hex(in.crc32c), ")"));
+  }
+  if (v->state != VersionState::kOpen) {
+    return absl::FailedPreconditionError(absl::StrCat("version ", r.job_id, "/", r.step, " is ",
+                                                      VersionStateName(v->state),
+                                                      "; it accepts no new shards"));
+  }
+  if (!r.run_id.empty() && !v->run_id.empty() && r.run_id != v->run_id) {
+    return absl::FailedPreconditionError(absl::StrCat("shard's run \"", r.run_id,
+                                                      "\" differs from the version's run \"",
+                                                      v->run_id, "\""));
+  }
+  Shard sh = in;
+  sh.primary_node_id = node_id;
+  sh.copies.clear();
+  sh.copies.push_back(Copy{node_id, CopyRole::kPrimary, CopyState::kValid, e.NowMs(), ""});
+  sh.durable_written = false;
+  if (v->flush_planned) sh.durable_path = absl::StrCat(v->durable_dir, "/", RankFileName(in.rank));
+  const uint32_t rank = in.rank;
+  v->shards[rank] = std::move(sh);
+  e.txn().ShardRecord(*v, rank);
+
+  // Replication starts per shard, as soon as it is committed.
+  if (v->plan.policy.kind == ProtectionPolicy::Kind::kReplicate) {
+    e.PlanRecovery(*v);
+  }
+  e.PlanFlush(*v);
+  if (v->shards.size() == v->world_size) {
+    v->staged_ms = e.NowMs();
+    e.SetState(*v, VersionState::kStaged);
+    if (v->plan.policy.kind == ProtectionPolicy::Kind::kErasureCode) e.StartErasureCoding(*v);
+    e.Recompute(*v);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ApplyCopy(Engine& e, const std::string& node_id, const CopyReport& r) {
+  CKPT_ASSIGN_OR_RETURN(Version * v, e.FindVersion(r.job_id, r.step));
+  auto it = v->shards.find(r.rank);
+  if (it == v->shards.end()) {
+    return absl::NotFoundError(
+        absl::StrCat("rank ", r.rank, " of ", r.job_id, "/", r.step, " is not staged"));
+  }
+  Shard& sh = it->second;
+  if (IsTerminal(v->state) || v->evicted) {
+    return absl::FailedPreconditionError(absl::StrCat("version ", r.job_id, "/", r.step, " is ",
+                                                      VersionStateName(v->state),
+                                                      v->evicted ? " and evicted" : "",
+                                                      "; drop the copy"));
+  }
+  if (r.state == CopyState::kValid && (r.crc32c != sh.crc32c || r.size_bytes != sh.size_bytes)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "copy of rank ", r.rank, " on node \"", node_id, "\" (", r.size_bytes, " bytes, crc ",
+        absl::Hex(r.crc32c), ") does not match the staged shard (", sh.size_bytes,
+        " bytes, crc ", absl::Hex(sh.crc32c), "); drop it"));
+  }
+  Copy* copy = nullptr;
+  for (Copy& c : sh.copies)
+    if (c.node_id == node_id) copy = &c;
+  if (copy != nullptr && copy->state == r.state && copy->role == r.role) {
+    return absl::AlreadyExistsError("copy state unchanged");
+  }
+  if (copy == nullptr) {
+    sh.copies.push_back(Copy{node_id, r.role, r.state, e.NowMs(), r.detail});
+  } else {
+    // A primary copy stays primary whatever role the report names.
+    if (copy->role != CopyRole::kPrimary) copy->role = r.role;
+    copy->state = r.state;
+    copy->updated_ms = e.NowMs();
+    copy->detail = r.detail;
+  }
+  e.txn().ShardRecord(*v, r.rank);
+  e.Recompute(*v);
+  return absl::OkStatus();
+}
+
+absl::Status ApplySegment(Engine& e, const std::string& node_id, const SegmentReport& r) {
+  CKPT_ASSIGN_OR_RETURN(Version * v, e.FindVersion(r.job_id, r.step));
+  Segment* seg = nullptr;
+  for (Segment& s : v->segments)
+    if (s.key == r.key) seg = &s;
+  if (seg == nullptr) {
+    return absl::NotFoundError(absl::StrCat("version ", r.job_id, "/", r.step,
+                                            " has no segment group ", r.key.group, " stripe ",
+                                            r.key.stripe, " position ", r.key.position));
+  }
+  if (IsTerminal(v->state) || v->evicted) {
+    return absl::FailedPreconditionError(absl::StrCat("version ", r.job_id, "/", r.step, " is ",
+                                                      VersionStateName(v->state),
+                                                      "; drop the segment"));
+  }
+  if (r.state == CopyState::kValid) {
+    if (r.length_bytes != seg->length_bytes) {
+      return absl::FailedPreconditionError(absl::StrCat("segment length ", r.length_bytes,
+                                                        " differs from the layout's ",
+                                                        seg->length_bytes));
+    }
+    if (seg->state == CopyState::kValid && seg->crc32c != 0 && seg->crc32c != r.crc32c &&
+        seg->holder_node_id != node_id) {
+      // A rebuilt copy must reproduce the known contents.
+      return absl::FailedPreconditionError(absl::StrCat("segment crc ", absl::Hex(r.crc32c),
+                                                        " differs from the known ",
+                                                        absl::Hex(seg->crc32c)));
+    }
+    if (seg->state == CopyState::kValid && seg->holder_node_id == node_id &&
+        seg->crc32c == r.crc32c) {
+      return absl::AlreadyExistsError("segment state unchanged");
+    }
+    seg->holder_node_id = node_id;
+    seg->crc32c = r.crc32c;
+  } else {
+    if (seg->holder_node_id != node_id) {
+      return absl::FailedPreconditionError(absl::StrCat("node \"", node_id,
+                                                        "\" does not hold this segment"));
+    }
+    if (seg->state == r.state) return absl::AlreadyExistsError("segment state unchanged");
+  }
+  seg->state = r.state;
+  seg->updated_ms = e.NowMs();
+  seg->detail = r.detail;
+  e.txn().Segments(*v);
+  e.Recompute(*v);
+  return absl::OkStatus();
+}
+
+absl::Status ApplyPersisted(Engine& e, const std::string& node_id, const PersistedReport& r) {
+  CKPT_ASSIGN_OR_RETURN(Version * v, e.FindVersion(r.job_id, r.step));
+  auto it = v->shards.find(r.rank);
+  if (it == v->shards.end()) {
+    return absl::NotFoundError(
+        absl::StrCat("rank ", r.rank, " of ", r.job_id, "/", r.step, " is not staged"));
+  }
+  Shard& sh = it->second;
+  if (IsTerminal(v->state)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "version ", r.job_id, "/", r.step, " is ", VersionStateName(v->state)));
+  }
+  if (!v->flush_planned) {
+    return absl::FailedPreconditionError(absl::StrCat("version ", r.job_id, "/", r.step,
+                                                      " is not planned for flush"));
+  }
+  if (r.durable_path != sh.durable_path) {
+    return absl::InvalidArgumentError(absl::StrCat("durable path \"", r.durable_path,
+                                                   "\" differs from the planned \"",
+                                                   sh.durable_path, "\""));
+  }
+  if (r.crc32c != sh.crc32c || r.size_bytes != sh.size_bytes) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "durable file of rank ", r.rank, " (", r.size_bytes, " bytes, crc ",
+        absl::Hex(r.crc32c), ") does not match the shard (", sh.size_bytes, " bytes, crc ",
+        absl::Hex(sh.crc32c), ")"));
+  }
+  if (sh.durable_written) return absl::AlreadyExistsError("already persisted");
+  sh.durable_written = true;
+  sh.durable_written_ms = e.NowMs();
+  e.txn().ShardRecord(*v, r.rank);
+  e.PlanFlush(*v);
+  return absl::OkStatus();
+}
+}  // namespace
+
+absl::StatusOr<ReportResult> MetaCore::ReportShards(const std::string& node_id,
+                                                    uint64_t incarnation,
+                                                    const std::vector<ShardReport>& reports) {
+  ReportResult result;
+  uint64_t seq = 0;
+  {
+    absl::MutexLock lock(&mu_);
+    Txn txn;
+    Engine e(*state_, clock_, options_, txn);
+    CKPT_RETURN_IF_ERROR(e.CheckNode(node_id, incarnation).status());
+    state_->created_tasks.clear();
+    for (const ShardReport& r : reports) {
+      absl::Status st;
+      switch (r.kind) {
+        case ShardReport::Kind::kStaged: st = ApplyStaged(e, node_id, r.staged); break;
+        case ShardReport::Kind::kCopy: st = ApplyCopy(e, node_id, r.copy); break;
+        case ShardReport::Kind::kSegment: st = ApplySegment(e, node_id, r.segment); break;
+        case ShardReport::Kind::kPersisted: st = ApplyPersisted(e, node_id, r.persisted); break;
+      }
+      ++state_->counters.reports_total;
+      if (!st.ok() && !absl::IsAlreadyExists(st)) ++state_->counters.reports_rejected_total;
+      result.results.push_back(st);
+    }
+    for (const std::string& id : state_->created_tasks) {
+      auto t = state_->tasks.find(id);
+      if (t != state_->tasks.end() && t->second.node_id == node_id &&
+          t->second.state == TaskState::kPending) {
+        result.tasks.push_back(e.Bundle(t->second));
+      }
+    }
+    state_->created_tasks.clear();
+    seq = txn.Submit(store_, state_->versions);
+  }
+  CKPT_RETURN_IF_ERROR(store_->AwaitDurable(seq));
+  return result;
+}
+
+absl::StatusOr<Version> MetaCore::GetVersion(const std::string& job_id, uint64_t step,
+                                             bool include_items) const {
+  absl::MutexLock lock(&mu_);
+  Txn unused;
+  Engine e(*state_, clock_, options_, unused);
+  CKPT_ASSIGN_OR_RETURN(Version * v, e.FindVersion(job_id, step));
+  Version copy = *v;
+  if (!include_items) {
+    for (auto& [rank, sh] : copy.shards) sh.items.clear();
+  }
+  return copy;
+}
+
+absl::StatusOr<std::vector<Version>> MetaCore::ListVersions(
+    const std::string& job_id, const std::vector<VersionState>& states, bool newest_first,
+    std::optional<uint64_t> after, uint32_t limit) const {
+  absl::MutexLock lock(&mu_);
+  Txn unused;
+  Engine e(*state_, clock_, options_, unused);
+  CKPT_RETURN_IF_ERROR(e.FindJob(job_id).status());
+  std::vector<Version> out;
+  auto add = [&](const Version& v) {
+    const bool match = states.empty() ? v.state != VersionState::kDeleted
+                                      : std::find(states.begin(), states.end(), v.state) !=
+                                            states.end();
+    if (!match) return;
+    Version copy = v;
+    copy.shards.clear();
+    copy.segments.clear();
+    copy.blobs.clear();
+    copy.shards.clear();
+    out.push_back(std::move(copy));
+  };
+  const auto& by_step = state_->versions[job_id];
+  // Summaries keep counts: shards_staged and bytes are derived by the caller
+  // from the full version, so compute them here before clearing.
+  if (newest_first) {
+    for (auto it = by_step.rbegin(); it != by_step.rend(); ++it) {
+      if (after.has_value() && it->first >= *after) continue;
+      if (limit != 0 && out.size() >= limit) break;
+      add(it->second);
+    }
+  } else {
+    for (auto it = after.has_value() ? by_step.upper_bound(*after) : by_step.begin();
+         it != by_step.end(); ++it) {
+      if (limit != 0 && out.size() >= limit) break;
+      add(it->second);
+    }
+  }
+  return out;
+}
+
+absl::StatusOr<Version> MetaCore::Latest(const std::string& job_id, Level min_level) const {
+  absl::MutexLock lock(&mu_);
+  Txn unused;
+  Engine e(*state_, clock_, options_, unused);
+  CKPT_RETURN_IF_ERROR(e.FindJob(job_id).status());
+  const auto& by_step = state_->versions[job_id];
+  for (auto it = by_step.rbegin(); it != by_step.rend(); ++it) {
+    if (SatisfiesLevel(it->second.state, min_level)) {
+      Version copy = it->second;
+      for (auto& [rank, sh] : copy.shards) sh.items.clear();
+      return copy;
+    }
+  }
+  return absl::NotFoundError(absl::StrCat("job \"", job_id, "\" has no version at level ",
+                                          LevelName(min_level), " or better"));
+}
+
+absl::StatusOr<LocateResult> MetaCore::Locate(const std::string& job_id, uint64_t step,
+                                              uint32_t rank,
+                                              const std::string& near_node_id) const {
+  absl::MutexLock lock(&mu_);
+  Txn unused;
+  Engine e(*state_, clock_, options_, unused);
+  CKPT_ASSIGN_OR_RETURN(Version * v, e.FindVersion(job_id, step));
+  if (rank >= v->world_size) {
+    return absl::NotFoundError(absl::StrCat("rank ", rank, " is out of range: version ", job_id,
+                                            "/", step, " has world size ", v->world_size));
+  }
+  if (!SatisfiesLevel(v->state, Level::kStaged)) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("version ", job_id, "/", step, " is ", VersionStateName(v->state),
+                     v->abort_reason.empty() ? "" : absl::StrCat(" (", v->abort_reason, ")"),
+                     "; it cannot be restored"));
+  }
+  auto it = v->shards.find(rank);
+  if (it == v->shards.end()) {
+    return absl::NotFoundError(absl::StrCat("rank ", rank, " of ", job_id, "/", step,
+                                            " is not staged"));
+  }
+  LocateResult result;
+  result.shard = it->second;
+  result.shard.copies.clear();
+  result.sources = e.Sources(*v, it->second, near_node_id);
+  if (result.sources.empty()) {
+    return absl::DataLossError(absl::StrCat("rank ", rank, " of ", job_id, "/", step,
+                                            " has no readable source left"));
+  }
+  return result;
+}
+
+absl::StatusOr<Version> MetaCore::WaitVersion(const std::string& job_id, uint64_t step,
+                                              Level level, absl::Duration timeout) {
+  absl::MutexLock lock(&mu_);
+  Txn unused;
+  Engine e(*state_, clock_, options_, unused);
+  CKPT_RETURN_IF_ERROR(e.FindVersion(job_id, step).status());
+  auto done = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    auto j = state_->versions.find(job_id);
+    if (j == state_->versions.end()) return true;
+    auto v = j->second.find(step);
+    if (v == j->second.end()) return true;
+    return SatisfiesLevel(v->second.state, level) || IsTerminal(v->second.state);
+  };
+  clock_->AwaitWithTimeout(&mu_, absl::Condition(&done), timeout);
+  auto v = e.FindVersion(job_id, step);
+  if (!v.ok()) return v.status();
+  const Version& ver = **v;
+  if (SatisfiesLevel(ver.state, level)) {
+    Version copy = ver;
+    for (auto& [rank, sh] : copy.shards) sh.items.clear();
+    return copy;
+  }
+  if (ver.state == VersionState::kDeleted) {
+    return absl::NotFoundError(absl::StrCat("version ", job_id, "/", step, " was deleted"));
+  }
+  if (ver.state == VersionState::kAborted) {
+    const bool lost = ver.abort_reason.find("lost") != std::string::npos;
+    const std::string msg = absl::StrCat("version ", job_id, "/", step,
+                                         " was aborted: ", ver.abort_reason);
+    return lost ? absl::DataLossError(msg) : absl::FailedPreconditionError(msg);
+  }
+  return absl::DeadlineExceededError(absl::StrCat(
+      "version ", job_id, "/", step, " did not reach ", LevelName(level), " within ",
+      absl::FormatDuration(timeout), "; it is ", VersionStateName(ver.state), " with ",
+      ver.shards.size(), " of ", ver.world_size, " shards staged"));
+}
+
+absl::StatusOr<Version> MetaCore::FlushVersion(const std::string& job_id, uint64_t step) {
+  Version result;
+  uint64_t seq = 0;
+  {
+    absl::MutexLock lock(&mu_);
+    Txn txn;
+    Engine e(*state_, clock_, options_, txn);
+    CKPT_ASSIGN_OR_RETURN(Version * v, e.FindVersion(job_id, step));
+    if (IsTerminal(v->state)) {
+      return absl::FailedPreconditionError(absl::StrCat("version ", job_id, "/", step, " is ",
+                                                        VersionStateName(v->state)));
+    }
+    if (v->evicted && v->state != VersionState::kPersisted) {
+      return absl::FailedPreconditionError(absl::StrCat("version ", job_id, "/", step,
+                                                        " was evicted from memory"));
+    }
+    if (!v->flush_planned) {
+      v->flush_planned = true;
+      v->durable_dir = absl::StrCat(job_id, "/", step);
+      for (auto& [rank, sh] : v->shards) {
+        sh.durable_path = absl::StrCat(v->durable_dir, "/", RankFileName(rank));
+        txn.ShardRecord(*v, rank);
+      }
+      txn.Header(*v);
+      e.PlanFlush(*v);
+    }
+    result = *v;
+    for (auto& [rank, sh] : result.shards) sh.items.clear();
+    seq = txn.Submit(store_, state_->versions);
+  }
+  CKPT_RETURN_IF_ERROR(store_->AwaitDurable(seq));
+  return result;
+}
+
+absl::StatusOr<Version> MetaCore::DeleteVersion(const std::string& job_id, uint64_t step,
+                                                bool force) {
+  Version result;
+  uint64_t seq = 0;
+  {
+    absl::MutexLock lock(&mu_);
+    Txn txn;
+    Engine e(*state_, clock_, options_, txn);
+    CKPT_ASSIGN_OR_RETURN(Version * v, e.FindVersion(job_id, step));
+    if (v->state != VersionState::kDeleted) {
+      if (!force && SatisfiesLevel(v->state, Level::kProtected)) {
+        const auto& by_step = state_->versions[job_id];
+        for (auto it = by_step.rbegin(); it != by_step.rend(); ++it) {
+          if (!SatisfiesLevel(it->second.state, Level::kProtected)) continue;
+          if (it->first == step) {
+            return absl::FailedPreconditionError(absl::StrCat(
+                "version ", job_id, "/", step,
+                " is the job's newest protected version; deleting it leaves nothing to "
+                "restore from (use force to delete it anyway)"));
+          }
+          break;
+        }
+      }
+      e.CancelVersionTasks(*v);
+      e.EvictVersion(*v);
+      bool durable = false;
+      for (const auto& [rank, sh] : v->shards) durable = durable || sh.durable_written;
+      if (durable || v->state == VersionState::kPersisted) {
+        std::string holder;
+        for (const auto& [id, n] : state_->nodes) {
+          if (e.IsUsable(id)) {
+            holder = id;
+            break;
+          }
+        }
+        if (!holder.empty()) {
+          Task& t = e.NewTask(holder, TaskKind::kDeleteDurable, job_id, step, 0);
+          txn.Task(t);
+        }
+      }
+      e.SetState(*v, VersionState::kDeleted, "deleted by operator");
+    }
+    result = *v;
+    for (auto& [rank, sh] : result.shards) sh.items.clear();
+    seq = txn.Submit(store_, state_->versions);
+  }
+  CKPT_RETURN_IF_ERROR(store_->AwaitDurable(seq));
+  return result;
+}
+
+MetaCounters MetaCore::counters() const {
+  absl::MutexLock lock(&mu_);
+  return state_->counters;
+}
+
+}  // namespace ckpt::meta

@@ -1,0 +1,376 @@
+// MetaCore: the metadata service's state machine (DESIGN.md §3, §4, §8).
+//
+// It owns the in-memory view of nodes, jobs, versions and tasks, persists every
+// state change through a MetaStore (one WriteBatch per change, group-committed,
+// sync), and implements every MetaService operation as a plain C++ call. The rpc
+// layer (src/server/rpc/) translates ckpt.v1 messages to and from these calls.
+//
+// Durability: a call that changes state returns only after its batch is
+// durable (MetaStore::AwaitDurable), so an OK answer survives kill -9. Changes
+// are applied in memory and submitted under one mutex, so they reach the store
+// in the order they were decided; the fsync wait happens outside the mutex, so
+// concurrent callers share fsyncs (group commit).
+//
+// Time: everything uses the injected Clock. Lease expiry, task time-outs,
+// retries and the flush-by-time rule advance only in Tick(), which the daemon
+// calls periodically and unit tests call after FakeClock::Advance().
+//
+// Errors follow STYLE.md: InvalidArgument (bad input; the message says what to
+// change), NotFound (unknown job, step, node, task), FailedPrecondition (stale
+// incarnation, illegal transition), AlreadyExists (identical replay),
+// DataLoss (no readable source), DeadlineExceeded (wait timed out), Internal /
+// Unavailable (the store failed; the process should restart).
+//
+// Thread safety: every public method may be called from any thread.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "common/clock.h"
+#include "server/meta/model.h"
+#include "server/meta/planner.h"
+#include "server/meta/store/meta_store.h"
+
+namespace ckpt::meta {
+
+class Engine;
+
+struct MetaOptions {
+  absl::Duration lease = absl::Seconds(5);
+  absl::Duration heartbeat_interval = absl::Seconds(1);
+  // A task with no progress or result for this long is re-issued.
+  absl::Duration task_timeout = absl::Seconds(60);
+  // Delay before re-issuing a failed attempt (doubles per attempt).
+  absl::Duration task_retry_backoff = absl::Seconds(1);
+  // Shown in ClusterStatus.
+  std::string version = "0.1.0";
+  // Survival estimates: samples for Monte Carlo.
+  uint64_t survival_samples = 1'000'000;
+};
+
+// ---- Requests and results (domain forms of the ckpt.v1 messages) ----------
+
+struct RegisterRequest {
+  std::string node_id;
+  std::string grpc_address;
+  std::string data_address;
+  NodeRole role = NodeRole::kHost;
+  uint64_t memory_capacity_bytes = 0;
+  std::string failure_domain;
+  std::string agent_version;
+  uint64_t previous_incarnation = 0;
+};
+struct RegisterResult {
+  uint64_t incarnation = 0;
+  absl::Duration lease;
+  absl::Duration heartbeat_interval;
+  uint64_t meta_instance_id = 0;
+};
+
+struct TaskProgress {
+  std::string task_id;
+  uint32_t attempt = 0;
+  uint64_t bytes_done = 0;
+  uint64_t bytes_total = 0;
+};
+
+struct HeartbeatRequest {
+  std::string node_id;
+  uint64_t incarnation = 0;
+  uint64_t memory_capacity_bytes = 0;
+  uint64_t memory_used_bytes = 0;
+  uint64_t memory_free_bytes = 0;
+  uint64_t memory_leased_bytes = 0;
+  uint64_t flush_lag_bytes = 0;
+  int64_t flush_lag_ms = 0;
+  uint64_t flush_errors_total = 0;
+  std::vector<TaskProgress> running_tasks;
+};
+
+// A task with everything an agent needs to run it, resolved at hand-out time.
+struct TaskBundle {
+  Task task;
+  // The task's version (shards without items), if it has one.
+  std::optional<Version> version;
+  // Endpoints of every node the task names (targets, group members, holders).
+  std::map<std::string, Endpoint> endpoints;
+  // kFlush: per rank, sources to read from when this node has no VALID copy.
+  std::map<uint32_t, std::vector<struct Source>> sources;
+};
+
+struct HeartbeatResult {
+  absl::Duration lease;
+  absl::Duration heartbeat_interval;
+  NodeState node_state = NodeState::kAlive;
+  uint64_t meta_instance_id = 0;
+  bool inventory_required = false;
+  std::vector<TaskBundle> tasks;
+  std::vector<std::string> cancelled_task_ids;
+};
+
+enum class TaskDisposition { kCompleted = 1, kDuplicate, kCancelled, kRetry, kFailed };
+
+struct InventoryDecision {
+  enum class Action { kAdopted = 1, kDrop = 2, kUnknown = 3 };
+  Holding holding;
+  Action action = Action::kDrop;
+  std::string reason;
+};
+struct InventoryResult {
+  std::vector<InventoryDecision> decisions;
+  uint32_t kept = 0;
+  std::vector<Holding> missing;
+};
+
+struct JobView {
+  Job job;
+  std::optional<uint64_t> latest_staged, latest_protected, latest_persisted;
+  std::map<VersionState, uint64_t> version_counts;
+  uint64_t memory_bytes = 0;
+  uint64_t durable_bytes = 0;
+};
+
+struct PlacementView {
+  VersionPlan plan;  // epoch 0 for a what-if plan
+  std::vector<SurvivalEstimate> survival;
+  std::string job_id;
+  int64_t created_ms = 0;
+};
+
+// Reports (ReportShards entries).
+struct StagedReport {
+  std::string job_id;
+  uint64_t step = 0;
+  Shard shard;  // rank, size, crc, digest, items, primary_node_id, staged_ms
+  std::string run_id;
+};
+struct CopyReport {
+  std::string job_id;
+  uint64_t step = 0;
+  uint32_t rank = 0;
+  CopyRole role = CopyRole::kReplica;
+  CopyState state = CopyState::kValid;
+  uint64_t size_bytes = 0;
+  uint32_t crc32c = 0;
+  std::string task_id;
+  std::string detail;
+};
+struct SegmentReport {
+  std::string job_id;
+  uint64_t step = 0;
+  SegmentKey key;
+  SegmentKind kind = SegmentKind::kData;
+  CopyState state = CopyState::kValid;
+  uint64_t length_bytes = 0;
+  uint32_t crc32c = 0;
+  std::string task_id;
+  std::string detail;
+};
+struct PersistedReport {
+  std::string job_id;
+  uint64_t step = 0;
+  uint32_t rank = 0;
+  std::string durable_path;
+  uint64_t size_bytes = 0;
+  uint32_t crc32c = 0;
+  std::string task_id;
+};
+struct ShardReport {
+  enum class Kind { kStaged, kCopy, kSegment, kPersisted } kind = Kind::kStaged;
+  StagedReport staged;
+  CopyReport copy;
+  SegmentReport segment;
+  PersistedReport persisted;
+};
+struct ReportResult {
+  std::vector<absl::Status> results;  // one per report
+  std::vector<TaskBundle> tasks;      // new tasks for the reporting node
+};
+
+// Restore sources.
+struct SegmentLocation {
+  SegmentKey key;
+  SegmentKind kind = SegmentKind::kData;
+  uint64_t length_bytes = 0;
+  uint32_t crc32c = 0;
+  Endpoint holder;
+};
+struct EcStripeSource {
+  int stripe = 0;
+  int blob_segment = 0;
+  int position = 0;
+  uint64_t stripe_length_bytes = 0;
+  std::vector<SegmentLocation> segments;
+};
+struct EcDecodeSource {
+  int group = 0;
+  int data_k = 0;
+  int parity_m = 0;
+  std::string owner_node_id;
+  uint64_t blob_offset_bytes = 0;
+  uint64_t segment_bytes = 0;
+  std::vector<EcStripeSource> stripes;
+};
+struct Source {
+  SourceKind kind = SourceKind::kLocal;
+  Endpoint holder;
+  CopyRole role = CopyRole::kPrimary;
+  EcDecodeSource ec;
+  std::string durable_path;
+};
+struct LocateResult {
+  Shard shard;  // with items, without copies
+  std::vector<Source> sources;
+};
+
+struct Problem {
+  enum class Kind {
+    kNodeDead = 1, kNodeSuspect, kVersionDegraded, kVersionLost, kCorruptCopy,
+    kFlushFailing, kFlushLagging, kUnknownData, kMemoryLow, kTaskFailing,
+    kPlacementImpossible,
+  };
+  Kind kind = Kind::kNodeDead;
+  bool error = false;  // severity: error (true) or warning
+  std::string message;
+  std::string node_id;
+  std::string job_id;
+  std::optional<uint64_t> step;
+  int64_t since_ms = 0;
+};
+
+struct ClusterStatusView {
+  uint64_t meta_instance_id = 0;
+  int64_t meta_start_ms = 0;
+  std::string meta_version;
+  std::map<NodeState, uint32_t> nodes_by_state;
+  std::vector<Node> nodes;
+  uint32_t jobs = 0;
+  std::map<VersionState, uint64_t> versions_by_state;
+  uint64_t memory_capacity_bytes = 0;
+  uint64_t memory_used_bytes = 0;
+  uint64_t memory_free_bytes = 0;
+  uint64_t flush_lag_bytes = 0;
+  int64_t flush_lag_ms = 0;
+  uint32_t tasks_pending = 0;
+  uint32_t tasks_running = 0;
+  uint32_t tasks_retrying = 0;
+  std::vector<Problem> problems;
+  uint32_t problems_total = 0;
+};
+
+// Counters for /metrics.
+struct MetaCounters {
+  uint64_t reports_total = 0;
+  uint64_t reports_rejected_total = 0;
+  uint64_t versions_begun_total = 0;
+  uint64_t nodes_declared_dead_total = 0;
+  uint64_t tasks_created_total = 0;
+  uint64_t tasks_failed_total = 0;
+};
+
+class MetaCore {
+ public:
+  // Loads every record from `store` (which must outlive the core). Nodes that
+  // were ALIVE get a fresh lease from now: an agent that does not heartbeat
+  // within it is declared DEAD as usual. Errors: the store's, or Internal for
+  // a record that does not parse (the message names its key).
+  static absl::StatusOr<std::unique_ptr<MetaCore>> Open(MetaStore* store, Clock* clock,
+                                                        MetaOptions options = {});
+  ~MetaCore();
+
+  uint64_t instance_id() const { return instance_id_; }
+
+  // ---- Nodes ----
+  absl::StatusOr<RegisterResult> RegisterNode(const RegisterRequest& req);
+  absl::StatusOr<HeartbeatResult> Heartbeat(const HeartbeatRequest& req);
+  absl::StatusOr<TaskDisposition> ReportTaskResult(const std::string& node_id,
+                                                   uint64_t incarnation,
+                                                   const std::string& task_id, uint32_t attempt,
+                                                   const absl::Status& outcome);
+  absl::StatusOr<InventoryResult> ReportInventory(const std::string& node_id,
+                                                  uint64_t incarnation,
+                                                  const std::vector<Holding>& holdings);
+  absl::StatusOr<Node> DrainNode(const std::string& node_id);
+  absl::Status RemoveNode(const std::string& node_id);
+  std::vector<Node> ListNodes(const std::vector<NodeState>& states) const;
+  // Unfinished tasks of a node incarnation not yet acknowledged, or (all=true)
+  // every unfinished one (WatchTasks on open). FailedPrecondition if stale.
+  absl::StatusOr<std::vector<TaskBundle>> PendingTasks(const std::string& node_id,
+                                                       uint64_t incarnation, bool all);
+  // Blocks until a task for the node is created or `timeout` passes or the
+  // incarnation becomes stale; returns the generation counter to pass next time.
+  uint64_t WaitForTaskChange(uint64_t seen_generation, absl::Duration timeout);
+
+  // ---- Jobs ----
+  // Returns the job and whether this call created it.
+  absl::StatusOr<std::pair<JobView, bool>> CreateJob(const JobSpec& spec, bool open_if_exists);
+  absl::StatusOr<JobView> GetJob(const std::string& job_id) const;
+  // Jobs with id > after (empty: from the start), at most `limit`.
+  std::vector<JobView> ListJobs(const std::string& after, uint32_t limit) const;
+  absl::StatusOr<JobView> DeleteJob(const std::string& job_id, bool delete_durable_files);
+  // The job's current plan (or `override`'s over the same alive nodes) and
+  // survival estimates for each failure count.
+  absl::StatusOr<PlacementView> GetPlacement(const std::string& job_id,
+                                             const std::vector<int>& failures,
+                                             const std::optional<ProtectionPolicy>& override,
+                                             SurvivalOptions survival) const;
+
+  // ---- Versions ----
+  // Returns (version summary, created).
+  absl::StatusOr<std::pair<Version, bool>> BeginVersion(const std::string& job_id, uint64_t step,
+                                                        const std::string& run_id);
+  absl::StatusOr<ReportResult> ReportShards(const std::string& node_id, uint64_t incarnation,
+                                            const std::vector<ShardReport>& reports);
+  absl::StatusOr<Version> GetVersion(const std::string& job_id, uint64_t step,
+                                     bool include_items) const;
+  // Summaries (no shards) in ascending step order (or newest first), with
+  // step > after (< after when newest_first; nullopt: from the start).
+  absl::StatusOr<std::vector<Version>> ListVersions(const std::string& job_id,
+                                                    const std::vector<VersionState>& states,
+                                                    bool newest_first,
+                                                    std::optional<uint64_t> after,
+                                                    uint32_t limit) const;
+  absl::StatusOr<Version> Latest(const std::string& job_id, Level min_level) const;
+  absl::StatusOr<LocateResult> Locate(const std::string& job_id, uint64_t step, uint32_t rank,
+                                      const std::string& near_node_id) const;
+  // Blocks (on the Clock) until the version satisfies `level` or `timeout`.
+  absl::StatusOr<Version> WaitVersion(const std::string& job_id, uint64_t step, Level level,
+                                      absl::Duration timeout);
+  absl::StatusOr<Version> FlushVersion(const std::string& job_id, uint64_t step);
+  absl::StatusOr<Version> DeleteVersion(const std::string& job_id, uint64_t step, bool force);
+
+  // ---- Cluster ----
+  ClusterStatusView ClusterStatus(bool include_nodes, uint32_t max_problems) const;
+  MetaCounters counters() const;
+  // True once Open() loaded the store (readiness).
+  bool ready() const { return true; }
+
+  // Advances time-driven state: lease expiry (SUSPECT, DEAD and recovery),
+  // task time-outs and retries, flush lag. Idempotent; cheap when nothing is due.
+  absl::Status Tick();
+
+ private:
+  friend class Engine;
+  struct State;
+  MetaCore(MetaStore* store, Clock* clock, MetaOptions options);
+  static bool ActiveTasksEmpty(Engine& e, const Version& v);
+
+  MetaStore* const store_;
+  Clock* const clock_;
+  const MetaOptions options_;
+  const uint64_t instance_id_;
+  const int64_t start_ms_;
+  mutable absl::Mutex mu_;
+  std::unique_ptr<State> state_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace ckpt::meta

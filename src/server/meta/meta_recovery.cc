@@ -1,0 +1,1051 @@
+// MetaCore's state machine: deriving version states from holdings, planning
+// protection, recovery and flush tasks, retention, node loss, inventory
+// reconciliation, time-driven work (Tick) and the cluster status.
+#include <algorithm>
+#include <set>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/log.h"
+#include "common/names.h"
+#include "common/status_macros.h"
+#include "server/meta/core_state.h"
+
+namespace ckpt::meta {
+
+namespace {
+constexpr int32_t kPriorityRecovery = 300;
+constexpr int32_t kPriorityProtection = 200;
+constexpr int32_t kPriorityFlush = 100;
+
+bool Usable(CopyState s) { return s == CopyState::kValid; }
+
+const EcGroup* GroupOfNode(const Version& v, const std::string& node_id, int* member) {
+  for (const EcGroup& g : v.plan.groups) {
+    for (size_t j = 0; j < g.members.size(); ++j) {
+      if (g.members[j] == node_id) {
+        *member = static_cast<int>(j);
+        return &g;
+      }
+    }
+  }
+  return nullptr;
+}
+
+const NodeBlob* BlobOf(const Version& v, const std::string& node_id) {
+  for (const NodeBlob& b : v.blobs)
+    if (b.node_id == node_id) return &b;
+  return nullptr;
+}
+}  // namespace
+
+void Engine::SetState(Version& v, VersionState to, const std::string& reason) {
+  if (v.state == to) return;
+  const VersionState from = v.state;
+  v.state = to;
+  const int64_t now = NowMs();
+  switch (to) {
+    case VersionState::kStaged:
+      if (v.staged_ms == 0) v.staged_ms = now;
+      break;
+    case VersionState::kProtected:
+      if (v.protected_ms == 0) v.protected_ms = now;
+      break;
+    case VersionState::kPersisted:
+      if (v.persisted_ms == 0) v.persisted_ms = now;
+      break;
+    case VersionState::kAborted:
+    case VersionState::kDeleted:
+      v.ended_ms = now;
+      v.abort_reason = reason;
+      break;
+    default:
+      break;
+  }
+  txn_.Header(v);
+  log::Info("version {}/{}: {} -> {}{}{}", v.job_id, v.step, VersionStateName(from),
+            VersionStateName(to), reason.empty() ? "" : ": ", reason);
+}
+
+bool Engine::ShardReadable(const Version& v, const Shard& shard) const {
+  return !Sources(v, shard, "").empty();
+}
+
+void Engine::Recompute(Version& v) {
+  if (IsTerminal(v.state) || v.state == VersionState::kOpen) {
+    if (v.state == VersionState::kOpen) {
+      // A staged shard that lost every copy before the version completed.
+      for (const auto& [rank, sh] : v.shards) {
+        bool any = false;
+        for (const Copy& c : sh.copies) any = any || (Usable(c.state) && IsUsable(c.node_id));
+        if (!any) {
+          CancelVersionTasks(v);
+          SetState(v, VersionState::kAborted,
+                   absl::StrCat("rank ", rank, " was lost on node ", sh.primary_node_id,
+                                " before every rank was staged"));
+          return;
+        }
+      }
+      PlanRecovery(v);
+    }
+    return;
+  }
+  if (v.state == VersionState::kPersisted) {
+    PlanFlush(v);
+    return;
+  }
+  // Readability.
+  for (const auto& [rank, sh] : v.shards) {
+    if (!ShardReadable(v, sh)) {
+      CancelVersionTasks(v);
+      SetState(v, VersionState::kAborted,
+               absl::StrCat("data lost: rank ", rank, " has no readable copy left"));
+      ++s_.counters.reports_rejected_total;  // visible in metrics as a failure
+      return;
+    }
+  }
+  // Protection completeness.
+  bool complete = true;
+  bool lost_something = false;
+  const ProtectionPolicy& policy = v.plan.policy;
+  for (const auto& [rank, sh] : v.shards) {
+    int protective = 0;
+    for (const Copy& c : sh.copies) {
+      if (c.state == CopyState::kLost || c.state == CopyState::kCorrupt) lost_something = true;
+      if (Usable(c.state) && c.role != CopyRole::kRestored && CountsForProtection(c.node_id)) {
+        ++protective;
+      }
+    }
+    if (policy.kind == ProtectionPolicy::Kind::kReplicate) {
+      if (protective < policy.copies) complete = false;
+    } else if (policy.kind == ProtectionPolicy::Kind::kNone) {
+      if (protective < 1) complete = false;
+    }
+  }
+  if (policy.kind == ProtectionPolicy::Kind::kErasureCode) {
+    if (v.segments.empty()) complete = false;
+    for (const Segment& seg : v.segments) {
+      if (seg.state == CopyState::kLost || seg.state == CopyState::kCorrupt) lost_something = true;
+      if (!Usable(seg.state) || !CountsForProtection(seg.holder_node_id)) complete = false;
+    }
+  }
+  if (complete) {
+    if (v.state != VersionState::kProtected) {
+      SetState(v, VersionState::kProtected);
+      if (auto job = s_.jobs.find(v.job_id); job != s_.jobs.end()) ApplyRetention(job->second);
+    }
+  } else if (v.state == VersionState::kProtected ||
+             (v.state == VersionState::kStaged && lost_something)) {
+    SetState(v, VersionState::kDegraded, "redundancy lost; re-protecting");
+  }
+  if (!complete) PlanRecovery(v);
+  PlanFlush(v);
+}
+
+void Engine::StartErasureCoding(Version& v) {
+  v.blobs.clear();
+  v.segments.clear();
+  std::map<std::string, NodeBlob> blobs;
+  for (const EcGroup& g : v.plan.groups)
+    for (const auto& m : g.members) blobs[m].node_id = m;
+  for (const auto& [rank, sh] : v.shards) {
+    NodeBlob& b = blobs[sh.primary_node_id];
+    b.node_id = sh.primary_node_id;
+    b.parts.push_back(BlobPart{rank, b.size_bytes, sh.size_bytes});
+    b.size_bytes += sh.size_bytes;
+  }
+  const int64_t now = NowMs();
+  for (const EcGroup& g : v.plan.groups) {
+    auto layout = StripeLayout::Create(static_cast<int>(g.members.size()), g.data_k, g.parity_m);
+    if (!layout.ok()) {
+      log::Error("version {}/{}: EC layout for group {}: {}", v.job_id, v.step, g.index,
+                 layout.status().ToString());
+      continue;
+    }
+    const uint64_t k = static_cast<uint64_t>(g.data_k);
+    for (const auto& m : g.members) {
+      NodeBlob& b = blobs[m];
+      b.segment_bytes = (b.size_bytes + k - 1) / k;
+    }
+    auto seg_len = [&](const std::string& owner, int t) -> uint64_t {
+      const NodeBlob& b = blobs[owner];
+      const uint64_t start = static_cast<uint64_t>(t) * b.segment_bytes;
+      if (start >= b.size_bytes) return 0;
+      return std::min(b.segment_bytes, b.size_bytes - start);
+    };
+    for (size_t s = 0; s < layout->stripes().size(); ++s) {
+      const EcStripe& stripe = layout->stripes()[s];
+      uint64_t stripe_len = 0;
+      for (size_t d = 0; d < stripe.data.size(); ++d) {
+        const std::string& owner = g.members[stripe.data[d].member];
+        Segment seg;
+        seg.key = SegmentKey{g.index, static_cast<int>(s), static_cast<int>(d)};
+        seg.kind = SegmentKind::kData;
+        seg.owner_node_id = owner;
+        seg.blob_segment = stripe.data[d].segment;
+        seg.length_bytes = seg_len(owner, seg.blob_segment);
+        seg.holder_node_id = owner;
+        seg.state = seg.length_bytes == 0 ? CopyState::kValid : CopyState::kPending;
+        seg.updated_ms = now;
+        stripe_len = std::max(stripe_len, seg.length_bytes);
+        v.segments.push_back(seg);
+      }
+      for (size_t p = 0; p < stripe.parity_members.size(); ++p) {
+        Segment seg;
+        seg.key = SegmentKey{g.index, static_cast<int>(s), static_cast<int>(k + p)};
+        seg.kind = SegmentKind::kParity;
+        seg.length_bytes = stripe_len;
+        seg.holder_node_id = g.members[stripe.parity_members[p]];
+        seg.state = stripe_len == 0 ? CopyState::kValid : CopyState::kPending;
+        seg.updated_ms = now;
+        v.segments.push_back(seg);
+      }
+    }
+    for (const auto& m : g.members) {
+      Task& t = NewTask(m, TaskKind::kEcEncode, v.job_id, v.step, kPriorityProtection);
+      t.group = g.index;
+      txn_.Task(t);
+    }
+  }
+  for (auto& [id, b] : blobs) v.blobs.push_back(std::move(b));
+  txn_.Segments(v);
+}
+
+namespace {
+// Nodes in preference order to receive a new copy of `sh`.
+std::vector<std::string> ReplicaCandidates(Engine& e, const Version& v, const Shard& sh,
+                                           const std::set<std::string>& exclude) {
+  const auto& s = e.state();
+  std::vector<std::string> out;
+  std::set<std::string> domains;
+  for (const Copy& c : sh.copies) {
+    auto n = s.nodes.find(c.node_id);
+    if (n != s.nodes.end() && Usable(c.state)) domains.insert(n->second.failure_domain);
+  }
+  auto push = [&](const std::string& id) {
+    if (exclude.count(id) || !e.CountsForProtection(id)) return;
+    if (std::find(out.begin(), out.end(), id) == out.end()) out.push_back(id);
+  };
+  // The plan's protectors of the primary first (the planned placement).
+  auto p = v.plan.protectors.find(sh.primary_node_id);
+  if (p != v.plan.protectors.end())
+    for (const auto& id : p->second) push(id);
+  // Then nodes in a failure domain no copy is in, then any.
+  for (const auto& [id, n] : s.nodes)
+    if (!domains.count(n.failure_domain)) push(id);
+  for (const auto& [id, n] : s.nodes) push(id);
+  return out;
+}
+}  // namespace
+
+void Engine::PlanRecovery(Version& v) {
+  if (IsTerminal(v.state) || v.evicted) return;
+  const ProtectionPolicy& policy = v.plan.policy;
+  if (policy.kind == ProtectionPolicy::Kind::kReplicate) {
+    // Targets already planned by active replicate tasks, per rank.
+    std::map<uint32_t, std::set<std::string>> pending;
+    for (Task* t : ActiveTasks(v.job_id, v.step, TaskKind::kReplicate)) {
+      for (uint32_t r : t->ranks)
+        for (const auto& target : t->targets) pending[r].insert(target);
+    }
+    // (source, targets) -> ranks
+    std::map<std::pair<std::string, std::vector<std::string>>, std::vector<uint32_t>> plan;
+    for (auto& [rank, sh] : v.shards) {
+      std::set<std::string> holders;
+      int protective = 0;
+      std::string source;
+      for (const Copy& c : sh.copies) {
+        if (c.state == CopyState::kValid || c.state == CopyState::kPending) holders.insert(c.node_id);
+        if (Usable(c.state) && IsUsable(c.node_id)) {
+          if (source.empty() || c.role == CopyRole::kPrimary) source = c.node_id;
+          if (c.role != CopyRole::kRestored && CountsForProtection(c.node_id)) ++protective;
+        }
+      }
+      if (source.empty()) continue;  // unreadable: Recompute aborts
+      for (const auto& t : pending[rank]) {
+        if (CountsForProtection(t)) holders.insert(t);
+      }
+      int need = policy.copies - protective - static_cast<int>(pending[rank].size());
+      if (need <= 0) continue;
+      std::vector<std::string> targets;
+      for (const auto& id : ReplicaCandidates(*this, v, sh, holders)) {
+        if (static_cast<int>(targets.size()) >= need) break;
+        targets.push_back(id);
+      }
+      if (targets.empty()) continue;  // waits for a node to join
+      plan[{source, targets}].push_back(rank);
+    }
+    for (auto& [key, ranks] : plan) {
+      const bool recovery = v.state == VersionState::kDegraded;
+      Task& t = NewTask(key.first, TaskKind::kReplicate, v.job_id, v.step,
+                        recovery ? kPriorityRecovery : kPriorityProtection);
+      t.ranks = ranks;
+      t.targets = key.second;
+      txn_.Task(t);
+    }
+  } else if (policy.kind == ProtectionPolicy::Kind::kErasureCode && !v.segments.empty()) {
+    std::set<SegmentKey> pending;
+    for (Task* t : ActiveTasks(v.job_id, v.step, TaskKind::kRebuildSegments)) {
+      if (!IsUsable(t->node_id)) continue;
+      for (const SegmentKey& k : t->segments) pending.insert(k);
+    }
+    // EC encoding still running: its segments are not lost.
+    const bool encoding = !ActiveTasks(v.job_id, v.step, TaskKind::kEcEncode).empty();
+    std::map<std::string, std::vector<SegmentKey>> rebuilds;
+    for (const Segment& seg : v.segments) {
+      const bool lost = seg.state == CopyState::kLost || seg.state == CopyState::kCorrupt ||
+                        (seg.state == CopyState::kValid && !CountsForProtection(seg.holder_node_id)) ||
+                        (seg.state == CopyState::kPending && !encoding);
+      if (!lost || pending.count(seg.key)) continue;
+      // Survivors of the stripe.
+      int valid = 0;
+      std::map<std::string, int> held;  // node -> segments of this stripe it holds
+      int k = 0;
+      const EcGroup* group = nullptr;
+      for (const EcGroup& g : v.plan.groups)
+        if (g.index == seg.key.group) group = &g;
+      if (group == nullptr) continue;
+      k = group->data_k;
+      for (const Segment& o : v.segments) {
+        if (o.key.group != seg.key.group || o.key.stripe != seg.key.stripe) continue;
+        if (Usable(o.state) && IsUsable(o.holder_node_id)) {
+          ++valid;
+          ++held[o.holder_node_id];
+        }
+      }
+      if (valid < k) continue;  // not recoverable from memory; Recompute decides
+      // Target: an alive node holding no segment of the stripe, outside the
+      // group first; else the one holding fewest.
+      std::string target;
+      int best = INT32_MAX;
+      std::set<std::string> members(group->members.begin(), group->members.end());
+      for (int pass = 0; pass < 2 && target.empty(); ++pass) {
+        for (const auto& [id, n] : s_.nodes) {
+          if (!CountsForProtection(id)) continue;
+          if (pass == 0 && members.count(id)) continue;
+          const int h = held.count(id) ? held[id] : 0;
+          if (h < best) {
+            best = h;
+            target = id;
+          }
+        }
+        if (pass == 0 && best > 0) {
+          target.clear();
+          best = INT32_MAX;
+        }
+      }
+      if (target.empty()) continue;
+      rebuilds[target].push_back(seg.key);
+      ++held[target];
+    }
+    for (auto& [node, keys] : rebuilds) {
+      Task& t = NewTask(node, TaskKind::kRebuildSegments, v.job_id, v.step, kPriorityRecovery);
+      t.segments = keys;
+      txn_.Task(t);
+    }
+  }
+}
+
+void Engine::PlanFlush(Version& v) {
+  if (!v.flush_planned || IsTerminal(v.state) || v.state == VersionState::kPersisted) return;
+  std::set<uint32_t> covered;
+  for (Task* t : ActiveTasks(v.job_id, v.step, TaskKind::kFlush)) {
+    if (!IsUsable(t->node_id)) {
+      CancelTask(*t);
+      continue;
+    }
+    covered.insert(t->ranks.begin(), t->ranks.end());
+  }
+  std::map<std::string, std::vector<uint32_t>> by_node;
+  bool all_written = v.shards.size() == v.world_size;
+  for (const auto& [rank, sh] : v.shards) {
+    if (sh.durable_written) continue;
+    all_written = false;
+    if (covered.count(rank)) continue;
+    std::string node;
+    for (const Copy& c : sh.copies) {
+      if (!Usable(c.state) || !IsUsable(c.node_id)) continue;
+      if (node.empty() || c.node_id == sh.primary_node_id) node = c.node_id;
+    }
+    if (node.empty()) {
+      // No full copy: any usable node reads through the EC sources.
+      if (Sources(v, sh, "").empty()) continue;
+      for (const auto& [id, n] : s_.nodes) {
+        if (IsUsable(id)) {
+          node = id;
+          break;
+        }
+      }
+    }
+    if (!node.empty()) by_node[node].push_back(rank);
+  }
+  for (auto& [node, ranks] : by_node) {
+    Task& t = NewTask(node, TaskKind::kFlush, v.job_id, v.step, kPriorityFlush);
+    t.ranks = ranks;
+    txn_.Task(t);
+  }
+  if (all_written && !v.commit_issued) {
+    std::string node;
+    auto r0 = v.shards.find(0);
+    if (r0 != v.shards.end() && IsUsable(r0->second.primary_node_id)) {
+      node = r0->second.primary_node_id;
+    }
+    for (const auto& [id, n] : s_.nodes) {
+      if (node.empty() && IsUsable(id)) node = id;
+    }
+    if (!node.empty()) {
+      Task& t = NewTask(node, TaskKind::kCommitDurable, v.job_id, v.step, kPriorityFlush);
+      txn_.Task(t);
+      v.commit_issued = true;
+      txn_.Header(v);
+    }
+  }
+}
+
+void Engine::EvictVersion(Version& v) {
+  if (v.evicted) return;
+  v.evicted = true;
+  txn_.Header(v);
+  std::set<std::string> holders;
+  for (auto& [rank, sh] : v.shards) {
+    for (Copy& c : sh.copies) {
+      if (c.state == CopyState::kValid || c.state == CopyState::kPending ||
+          c.state == CopyState::kCorrupt) {
+        holders.insert(c.node_id);
+      }
+    }
+  }
+  for (const Segment& seg : v.segments) {
+    if (seg.state != CopyState::kEvicted && seg.state != CopyState::kLost) {
+      holders.insert(seg.holder_node_id);
+    }
+  }
+  for (const auto& node : holders) {
+    if (!IsUsable(node)) continue;
+    Task& t = NewTask(node, TaskKind::kEvict, v.job_id, v.step, 0);
+    txn_.Task(t);
+  }
+}
+
+void Engine::ApplyRetention(Job& job) {
+  auto& by_step = s_.versions[job.spec.job_id];
+  const uint32_t keep_mem = job.spec.retention.EffectiveKeepInMemory();
+  uint32_t kept = 0;
+  for (auto it = by_step.rbegin(); it != by_step.rend(); ++it) {
+    Version& v = it->second;
+    if (!SatisfiesLevel(v.state, Level::kProtected) || v.evicted) continue;
+    if (kept < keep_mem) {
+      ++kept;
+      continue;
+    }
+    // Beyond the memory window. A version still being flushed stays until
+    // it is PERSISTED.
+    if (v.flush_planned && v.state != VersionState::kPersisted) continue;
+    CancelVersionTasks(v);
+    EvictVersion(v);
+    if (v.state != VersionState::kPersisted) {
+      SetState(v, VersionState::kDeleted,
+               absl::StrCat("evicted by retention (keep_in_memory=", keep_mem, ")"));
+    }
+  }
+  const uint32_t keep_durable = job.spec.retention.keep_durable;
+  if (keep_durable == 0) return;
+  uint32_t durable = 0;
+  for (auto it = by_step.rbegin(); it != by_step.rend(); ++it) {
+    Version& v = it->second;
+    if (v.state != VersionState::kPersisted) continue;
+    if (durable < keep_durable) {
+      ++durable;
+      continue;
+    }
+    if (!v.evicted) continue;  // memory first
+    std::string node;
+    for (const auto& [id, n] : s_.nodes) {
+      if (IsUsable(id)) {
+        node = id;
+        break;
+      }
+    }
+    if (node.empty()) continue;
+    Task& t = NewTask(node, TaskKind::kDeleteDurable, v.job_id, v.step, 0);
+    txn_.Task(t);
+    SetState(v, VersionState::kDeleted,
+             absl::StrCat("removed from the durable tier by retention (keep_durable=",
+                          keep_durable, ")"));
+  }
+}
+
+void Engine::NodeLost(const std::string& node_id, const std::string& reason) {
+  const int64_t now = NowMs();
+  // Its unfinished tasks go elsewhere (re-planned below).
+  for (auto& [id, t] : s_.tasks) {
+    if (t.node_id == node_id && Active(t)) CancelTask(t);
+  }
+  for (auto& [job_id, by_step] : s_.versions) {
+    for (auto& [step, v] : by_step) {
+      if (IsTerminal(v.state)) continue;
+      bool touched = false;
+      for (auto& [rank, sh] : v.shards) {
+        for (Copy& c : sh.copies) {
+          if (c.node_id == node_id && (c.state == CopyState::kValid || c.state == CopyState::kPending)) {
+            c.state = CopyState::kLost;
+            c.updated_ms = now;
+            c.detail = reason;
+            txn_.ShardRecord(v, rank);
+            touched = true;
+          }
+        }
+      }
+      for (Segment& seg : v.segments) {
+        if (seg.holder_node_id == node_id &&
+            (seg.state == CopyState::kValid || seg.state == CopyState::kPending)) {
+          seg.state = CopyState::kLost;
+          seg.updated_ms = now;
+          seg.detail = reason;
+          txn_.Segments(v);
+          touched = true;
+        }
+      }
+      if (touched || v.flush_planned) Recompute(v);
+    }
+  }
+}
+
+void Engine::ReplanAll() {
+  for (auto& [job_id, by_step] : s_.versions) {
+    for (auto& [step, v] : by_step) {
+      if (v.state == VersionState::kDegraded || v.state == VersionState::kStaged ||
+          (v.state == VersionState::kPersisted && v.flush_planned)) {
+        Recompute(v);
+      }
+    }
+  }
+}
+
+std::vector<Source> Engine::Sources(const Version& v, const Shard& shard,
+                                    const std::string& near_node_id) const {
+  std::vector<Source> out;
+  std::string near_domain;
+  if (auto n = s_.nodes.find(near_node_id); n != s_.nodes.end()) {
+    near_domain = n->second.failure_domain;
+  }
+  std::vector<Source> replicas;
+  for (const Copy& c : shard.copies) {
+    if (!Usable(c.state) || !IsUsable(c.node_id)) continue;
+    Source src;
+    src.kind = c.node_id == near_node_id ? SourceKind::kLocal : SourceKind::kReplica;
+    src.holder = EndpointOf(c.node_id);
+    src.role = c.role;
+    if (src.kind == SourceKind::kLocal) {
+      out.push_back(src);
+    } else {
+      replicas.push_back(src);
+    }
+  }
+  auto rank_of = [&](const Source& s) {
+    int r = s.role == CopyRole::kPrimary ? 0 : 2;
+    auto n = s_.nodes.find(s.holder.node_id);
+    if (!near_domain.empty() && n != s_.nodes.end() && n->second.failure_domain == near_domain) {
+      r -= 1;
+    }
+    return r;
+  };
+  std::stable_sort(replicas.begin(), replicas.end(),
+                   [&](const Source& a, const Source& b) { return rank_of(a) < rank_of(b); });
+  out.insert(out.end(), replicas.begin(), replicas.end());
+
+  // EC decode from the owner's stripes.
+  int member = -1;
+  const EcGroup* g = GroupOfNode(v, shard.primary_node_id, &member);
+  const NodeBlob* blob = BlobOf(v, shard.primary_node_id);
+  if (g != nullptr && blob != nullptr && !v.segments.empty() && blob->segment_bytes > 0) {
+    uint64_t offset = 0;
+    bool found = false;
+    for (const BlobPart& p : blob->parts) {
+      if (p.rank == shard.rank) {
+        offset = p.blob_offset_bytes;
+        found = true;
+      }
+    }
+    auto layout = StripeLayout::Create(static_cast<int>(g->members.size()), g->data_k,
+                                       g->parity_m);
+    if (found && layout.ok()) {
+      EcDecodeSource ec;
+      ec.group = g->index;
+      ec.data_k = g->data_k;
+      ec.parity_m = g->parity_m;
+      ec.owner_node_id = shard.primary_node_id;
+      ec.blob_offset_bytes = offset;
+      ec.segment_bytes = blob->segment_bytes;
+      bool ok = true;
+      const uint64_t first = offset / blob->segment_bytes;
+      const uint64_t last =
+          shard.size_bytes == 0 ? first : (offset + shard.size_bytes - 1) / blob->segment_bytes;
+      for (uint64_t t = first; t <= last && ok; ++t) {
+        const StripeSlot slot = layout->SegmentOf(member, static_cast<int>(t));
+        EcStripeSource ss;
+        ss.stripe = slot.stripe;
+        ss.blob_segment = static_cast<int>(t);
+        ss.position = slot.position;
+        bool wanted_valid = false;
+        for (const Segment& seg : v.segments) {
+          if (seg.key.group != g->index || seg.key.stripe != slot.stripe) continue;
+          if (seg.kind == SegmentKind::kParity) {
+            ss.stripe_length_bytes = seg.length_bytes;
+          }
+          if (!Usable(seg.state) || !IsUsable(seg.holder_node_id)) continue;
+          if (seg.key.position == slot.position) wanted_valid = true;
+          ss.segments.push_back(SegmentLocation{seg.key, seg.kind, seg.length_bytes, seg.crc32c,
+                                                EndpointOf(seg.holder_node_id)});
+        }
+        if (!wanted_valid && static_cast<int>(ss.segments.size()) < g->data_k) ok = false;
+        ec.stripes.push_back(std::move(ss));
+      }
+      if (ok) {
+        Source src;
+        src.kind = SourceKind::kEcDecode;
+        src.ec = std::move(ec);
+        out.push_back(std::move(src));
+      }
+    }
+  }
+  if (v.state == VersionState::kPersisted && !shard.durable_path.empty()) {
+    Source src;
+    src.kind = SourceKind::kDurable;
+    src.durable_path = shard.durable_path;
+    out.push_back(src);
+  }
+  return out;
+}
+
+// ---------------------------------------------------------------------------
+// MetaCore: inventory, Tick, status
+
+absl::StatusOr<InventoryResult> MetaCore::ReportInventory(const std::string& node_id,
+                                                          uint64_t incarnation,
+                                                          const std::vector<Holding>& holdings) {
+  InventoryResult result;
+  uint64_t seq = 0;
+  {
+    absl::MutexLock lock(&mu_);
+    Txn txn;
+    Engine e(*state_, clock_, options_, txn);
+    CKPT_ASSIGN_OR_RETURN(Node * node, e.CheckNode(node_id, incarnation));
+    const int64_t now = e.NowMs();
+    std::set<std::pair<std::pair<std::string, uint64_t>, uint32_t>> seen_shards;
+    std::set<std::pair<std::pair<std::string, uint64_t>, SegmentKey>> seen_segments;
+    std::set<Version*> touched;
+    auto& unknown = state_->unknown[node_id];
+    unknown.clear();
+    auto decide = [&](const Holding& h, InventoryDecision::Action a, std::string why) {
+      result.decisions.push_back(InventoryDecision{h, a, std::move(why)});
+    };
+    for (const Holding& h : holdings) {
+      if (!ValidateJobId(h.job_id).ok() || !state_->jobs.count(h.job_id)) {
+        decide(h, InventoryDecision::Action::kUnknown, absl::StrCat("job \"", h.job_id, "\" is unknown"));
+        unknown.push_back({h, now});
+        continue;
+      }
+      auto vit = state_->versions[h.job_id].find(h.step);
+      if (vit == state_->versions[h.job_id].end()) {
+        decide(h, InventoryDecision::Action::kUnknown,
+               absl::StrCat("version ", h.job_id, "/", h.step, " is unknown"));
+        unknown.push_back({h, now});
+        continue;
+      }
+      Version& v = vit->second;
+      if (IsTerminal(v.state) || v.evicted) {
+        decide(h, InventoryDecision::Action::kDrop,
+               absl::StrCat("version ", h.step, " is ", VersionStateName(v.state),
+                            v.evicted ? " (evicted)" : ""));
+        continue;
+      }
+      if (!h.is_segment) {
+        seen_shards.insert({{h.job_id, h.step}, h.rank});
+        auto sit = v.shards.find(h.rank);
+        if (sit == v.shards.end()) {
+          decide(h, InventoryDecision::Action::kUnknown,
+                 absl::StrCat("rank ", h.rank, " was never reported staged; re-report it"));
+          unknown.push_back({h, now});
+          continue;
+        }
+        Shard& sh = sit->second;
+        const bool matches = h.size_bytes == sh.size_bytes && h.crc32c == sh.crc32c &&
+                             (h.manifest_digest == 0 || h.manifest_digest == sh.manifest_digest);
+        Copy* copy = nullptr;
+        for (Copy& c : sh.copies)
+          if (c.node_id == node_id) copy = &c;
+        if (!matches || h.state == CopyState::kCorrupt) {
+          if (copy != nullptr && copy->state != CopyState::kCorrupt) {
+            copy->state = CopyState::kCorrupt;
+            copy->updated_ms = now;
+            copy->detail = matches ? "agent found a checksum mismatch" : "differs from the staged shard";
+            txn.ShardRecord(v, h.rank);
+            touched.insert(&v);
+          }
+          decide(h, InventoryDecision::Action::kDrop,
+                 matches ? "corrupt" : "size, crc or digest differs from the staged shard");
+          continue;
+        }
+        if (copy != nullptr && copy->state == CopyState::kValid) {
+          ++result.kept;
+          continue;
+        }
+        // Known-lost or unrecorded copy with the right contents: adopt it if
+        // the shard can use it, else drop.
+        int protective = 0;
+        for (const Copy& c : sh.copies)
+          if (c.state == CopyState::kValid && e.CountsForProtection(c.node_id)) ++protective;
+        const bool wanted = copy != nullptr ? copy->role == CopyRole::kPrimary ||
+                                                  protective < std::max(1, v.plan.policy.copies)
+                                            : protective < std::max(1, v.plan.policy.copies);
+        if (!wanted) {
+          decide(h, InventoryDecision::Action::kDrop, "shard is fully protected elsewhere");
+          continue;
+        }
+        if (copy == nullptr) {
+          sh.copies.push_back(Copy{node_id, h.role == CopyRole::kPrimary ? CopyRole::kReplica : h.role,
+                                   CopyState::kValid, now, "adopted from inventory"});
+        } else {
+          copy->state = CopyState::kValid;
+          copy->updated_ms = now;
+          copy->detail = "re-adopted from inventory";
+        }
+        txn.ShardRecord(v, h.rank);
+        touched.insert(&v);
+        decide(h, InventoryDecision::Action::kAdopted, "matches the staged shard");
+      } else {
+        seen_segments.insert({{h.job_id, h.step}, h.segment});
+        Segment* seg = nullptr;
+        for (Segment& s : v.segments)
+          if (s.key == h.segment) seg = &s;
+        if (seg == nullptr) {
+          decide(h, InventoryDecision::Action::kDrop, "no such segment in the version's layout");
+          continue;
+        }
+        if (seg->holder_node_id != node_id && seg->state == CopyState::kValid) {
+          decide(h, InventoryDecision::Action::kDrop, "segment was rebuilt on another node");
+          continue;
+        }
+        if (h.state == CopyState::kCorrupt ||
+            (seg->crc32c != 0 && h.crc32c != seg->crc32c) || h.size_bytes != seg->length_bytes) {
+          if (seg->holder_node_id == node_id && seg->state != CopyState::kCorrupt) {
+            seg->state = CopyState::kCorrupt;
+            seg->updated_ms = now;
+            txn.Segments(v);
+            touched.insert(&v);
+          }
+          decide(h, InventoryDecision::Action::kDrop, "segment is corrupt or does not match");
+          continue;
+        }
+        if (h.state == CopyState::kPending) {
+          ++result.kept;
+          continue;
+        }
+        if (seg->holder_node_id == node_id && seg->state == CopyState::kValid) {
+          ++result.kept;
+          continue;
+        }
+        seg->holder_node_id = node_id;
+        seg->state = CopyState::kValid;
+        seg->crc32c = h.crc32c;
+        seg->updated_ms = now;
+        txn.Segments(v);
+        touched.insert(&v);
+        decide(h, InventoryDecision::Action::kAdopted, "matches the version's layout");
+      }
+    }
+    // Holdings meta expected here that the agent lacks.
+    for (auto& [job_id, by_step] : state_->versions) {
+      for (auto& [step, v] : by_step) {
+        if (IsTerminal(v.state) || v.evicted) continue;
+        for (auto& [rank, sh] : v.shards) {
+          for (Copy& c : sh.copies) {
+            if (c.node_id != node_id || c.state != CopyState::kValid) continue;
+            if (seen_shards.count({{job_id, step}, rank})) continue;
+            c.state = CopyState::kLost;
+            c.updated_ms = now;
+            c.detail = "missing from the node's inventory";
+            txn.ShardRecord(v, rank);
+            touched.insert(&v);
+            Holding h;
+            h.job_id = job_id;
+            h.step = step;
+            h.rank = rank;
+            h.role = c.role;
+            h.size_bytes = sh.size_bytes;
+            h.crc32c = sh.crc32c;
+            result.missing.push_back(h);
+          }
+        }
+        for (Segment& seg : v.segments) {
+          if (seg.holder_node_id != node_id || seg.state != CopyState::kValid ||
+              seg.length_bytes == 0)
+            continue;
+          if (seen_segments.count({{job_id, step}, seg.key})) continue;
+          seg.state = CopyState::kLost;
+          seg.updated_ms = now;
+          seg.detail = "missing from the node's inventory";
+          txn.Segments(v);
+          touched.insert(&v);
+          Holding h;
+          h.is_segment = true;
+          h.job_id = job_id;
+          h.step = step;
+          h.segment = seg.key;
+          h.kind = seg.kind;
+          h.size_bytes = seg.length_bytes;
+          h.crc32c = seg.crc32c;
+          result.missing.push_back(h);
+        }
+      }
+    }
+    for (Version* v : touched) e.Recompute(*v);
+    node->inventory_received = true;
+    // Drop what the decisions said to drop.
+    std::vector<Holding> drops;
+    for (const auto& d : result.decisions)
+      if (d.action == InventoryDecision::Action::kDrop) drops.push_back(d.holding);
+    if (!drops.empty()) {
+      Task& t = e.NewTask(node_id, TaskKind::kDrop, "", 0, 0);
+      t.drop = std::move(drops);
+      t.reason = "not assigned to this node after inventory reconciliation";
+      txn.Task(t);
+    }
+    log::Info("inventory of node {}: {} entries, {} kept, {} decisions, {} missing", node_id,
+              holdings.size(), result.kept, result.decisions.size(), result.missing.size());
+    seq = txn.Submit(store_, state_->versions);
+  }
+  CKPT_RETURN_IF_ERROR(store_->AwaitDurable(seq));
+  return result;
+}
+
+absl::Status MetaCore::Tick() {
+  uint64_t seq = 0;
+  {
+    absl::MutexLock lock(&mu_);
+    Txn txn;
+    Engine e(*state_, clock_, options_, txn);
+    const absl::Time mono = e.Mono();
+    const int64_t now = e.NowMs();
+    // Leases.
+    std::vector<std::string> dead;
+    for (auto& [id, n] : state_->nodes) {
+      if (n.state != NodeState::kAlive && n.state != NodeState::kSuspect &&
+          n.state != NodeState::kDraining)
+        continue;
+      if (mono >= n.lease_deadline) {
+        dead.push_back(id);
+      } else if (n.state == NodeState::kAlive &&
+                 mono >= n.lease_deadline - options_.lease + 2 * options_.heartbeat_interval) {
+        n.state = NodeState::kSuspect;  // transient: not persisted
+      }
+    }
+    for (const std::string& id : dead) {
+      Node& n = state_->nodes[id];
+      n.state = NodeState::kDead;
+      n.state_since_ms = now;
+      txn.Node(n);
+      ++state_->counters.nodes_declared_dead_total;
+      log::Warn("node {} declared DEAD: lease expired (last heartbeat {} ms ago)", id,
+                now - n.last_heartbeat_ms);
+      e.NodeLost(id, "node died (lease expired)");
+    }
+    // Draining nodes that nothing depends on any more leave.
+    for (auto& [id, n] : state_->nodes) {
+      if (n.state != NodeState::kDraining) continue;
+      bool needed = false;
+      for (auto& [job_id, by_step] : state_->versions) {
+        for (auto& [step, v] : by_step) {
+          if (IsTerminal(v.state) || v.evicted) continue;
+          if (v.state != VersionState::kProtected && v.state != VersionState::kPersisted) {
+            for (const auto& [r, sh] : v.shards)
+              for (const Copy& c : sh.copies)
+                needed = needed || (c.node_id == id && c.state == CopyState::kValid);
+            for (const Segment& seg : v.segments)
+              needed = needed || (seg.holder_node_id == id && seg.state == CopyState::kValid);
+          }
+        }
+      }
+      if (!needed) {
+        n.state = NodeState::kLeft;
+        n.state_since_ms = now;
+        txn.Node(n);
+        log::Info("node {} drained: now LEFT", id);
+      }
+    }
+    // Tasks: retries and time-outs.
+    for (auto& [id, t] : state_->tasks) {
+      if (t.state == TaskState::kRetryWait && now >= t.retry_at_ms) {
+        ++t.attempt;
+        t.state = TaskState::kPending;
+        t.last_progress = mono;
+        txn.Task(t);
+        ++state_->task_generation;
+      } else if ((t.state == TaskState::kPending || t.state == TaskState::kRunning) &&
+                 mono - t.last_progress >= absl::Milliseconds(t.timeout_ms)) {
+        if (t.attempt >= static_cast<uint32_t>(Task::kMaxAttempts)) {
+          t.state = TaskState::kFailed;
+          t.last_error = "timed out";
+          ++state_->counters.tasks_failed_total;
+        } else {
+          ++t.attempt;
+          t.state = TaskState::kPending;
+          t.last_progress = mono;
+          ++state_->task_generation;
+        }
+        txn.Task(t);
+      }
+    }
+    // Jobs being deleted whose clean-up finished disappear.
+    std::vector<std::string> gone;
+    for (auto& [job_id, job] : state_->jobs) {
+      if (!job.deleting) continue;
+      bool busy = false;
+      for (auto& [step, v] : state_->versions[job_id]) {
+        busy = busy || !ActiveTasksEmpty(e, v);
+      }
+      if (!busy) gone.push_back(job_id);
+    }
+    for (const std::string& job_id : gone) {
+      for (auto& [step, v] : state_->versions[job_id]) {
+        txn.Delete(records::VersionKey(job_id, step));
+        txn.Delete(records::SegmentsKey(job_id, step));
+        for (const auto& [rank, sh] : v.shards) txn.Delete(records::ShardKey(job_id, step, rank));
+      }
+      state_->versions.erase(job_id);
+      state_->jobs.erase(job_id);
+      state_->last_plan_nodes.erase(job_id);
+      txn.DeleteJob(job_id);
+      log::Info("job {} removed", job_id);
+    }
+    seq = txn.Submit(store_, state_->versions);
+  }
+  return store_->AwaitDurable(seq);
+}
+
+bool MetaCore::ActiveTasksEmpty(Engine& e, const Version& v) {
+  for (TaskKind k : {TaskKind::kEvict, TaskKind::kDeleteDurable}) {
+    if (!e.ActiveTasks(v.job_id, v.step, k).empty()) return false;
+  }
+  return true;
+}
+
+ClusterStatusView MetaCore::ClusterStatus(bool include_nodes, uint32_t max_problems) const {
+  absl::MutexLock lock(&mu_);
+  ClusterStatusView out;
+  out.meta_instance_id = instance_id_;
+  out.meta_start_ms = start_ms_;
+  out.meta_version = options_.version;
+  std::vector<Problem> problems;
+  for (const auto& [id, n] : state_->nodes) {
+    ++out.nodes_by_state[n.state];
+    if (include_nodes) out.nodes.push_back(n);
+    if (n.state == NodeState::kAlive || n.state == NodeState::kSuspect ||
+        n.state == NodeState::kDraining) {
+      out.memory_capacity_bytes += n.memory_capacity_bytes;
+      out.memory_used_bytes += n.memory_used_bytes;
+      out.memory_free_bytes += n.memory_free_bytes;
+      out.flush_lag_bytes += n.flush_lag_bytes;
+      out.flush_lag_ms = std::max(out.flush_lag_ms, n.flush_lag_ms);
+      if (n.memory_capacity_bytes > 0 && n.memory_free_bytes * 10 < n.memory_capacity_bytes) {
+        problems.push_back({Problem::Kind::kMemoryLow, false,
+                            absl::StrCat("node ", id, " memory tier is ",
+                                         100 - n.memory_free_bytes * 100 / n.memory_capacity_bytes,
+                                         "% full"),
+                            id, "", std::nullopt, n.last_heartbeat_ms});
+      }
+      if (n.flush_errors_total > 0) {
+        problems.push_back({Problem::Kind::kFlushFailing, false,
+                            absl::StrCat("node ", id, " had ", n.flush_errors_total,
+                                         " durable-tier write errors"),
+                            id, "", std::nullopt, n.last_heartbeat_ms});
+      }
+    }
+    if (n.state == NodeState::kDead) {
+      problems.push_back({Problem::Kind::kNodeDead, true,
+                          absl::StrCat("node ", id, " is dead (lease expired)"), id, "",
+                          std::nullopt, n.state_since_ms});
+    } else if (n.state == NodeState::kSuspect) {
+      problems.push_back({Problem::Kind::kNodeSuspect, false,
+                          absl::StrCat("node ", id, " is missing heartbeats"), id, "",
+                          std::nullopt, n.last_heartbeat_ms});
+    }
+  }
+  for (const auto& [node, list] : state_->unknown) {
+    for (const auto& u : list) {
+      problems.push_back({Problem::Kind::kUnknownData, false,
+                          absl::StrCat("node ", node, " holds data of unknown ", u.holding.job_id,
+                                       "/", u.holding.step),
+                          node, u.holding.job_id, u.holding.step, u.since_ms});
+    }
+  }
+  out.jobs = static_cast<uint32_t>(state_->jobs.size());
+  Txn unused;
+  Engine e(*state_, clock_, options_, unused);
+  for (const auto& [job_id, job] : state_->jobs) {
+    if (job.spec.protection.kind != ProtectionPolicy::Kind::kNone &&
+        !PlanPlacement(e.AliveNodes(), job.spec.protection).ok()) {
+      problems.push_back({Problem::Kind::kPlacementImpossible, true,
+                          absl::StrCat("job ", job_id, ": not enough alive nodes for ",
+                                       job.spec.protection.ToString()),
+                          "", job_id, std::nullopt, clock_->NowUnixMillis()});
+    }
+  }
+  for (const auto& [job_id, by_step] : state_->versions) {
+    for (const auto& [step, v] : by_step) {
+      if (v.state != VersionState::kDeleted) ++out.versions_by_state[v.state];
+      if (v.state == VersionState::kDegraded) {
+        problems.push_back({Problem::Kind::kVersionDegraded, false,
+                            absl::StrCat("version ", job_id, "/", step,
+                                         " lost redundancy and is being re-protected"),
+                            "", job_id, step, v.protected_ms});
+      } else if (v.state == VersionState::kAborted &&
+                 v.abort_reason.find("lost") != std::string::npos) {
+        problems.push_back({Problem::Kind::kVersionLost, true,
+                            absl::StrCat("version ", job_id, "/", step, ": ", v.abort_reason), "",
+                            job_id, step, v.ended_ms});
+      }
+      if (IsTerminal(v.state)) continue;
+      for (const auto& [rank, sh] : v.shards) {
+        for (const Copy& c : sh.copies) {
+          if (c.state == CopyState::kCorrupt) {
+            problems.push_back({Problem::Kind::kCorruptCopy, true,
+                                absl::StrCat("copy of ", job_id, "/", step, " rank ", rank,
+                                             " on node ", c.node_id, " is corrupt: ", c.detail),
+                                c.node_id, job_id, step, c.updated_ms});
+          }
+        }
+      }
+    }
+  }
+  for (const auto& [id, t] : state_->tasks) {
+    switch (t.state) {
+      case TaskState::kPending: ++out.tasks_pending; break;
+      case TaskState::kRunning: ++out.tasks_running; break;
+      case TaskState::kRetryWait: ++out.tasks_retrying; break;
+      default: break;
+    }
+    if ((t.state == TaskState::kFailed && t.created_ms > 0) ||
+        (e.Active(t) && t.attempt >= 3)) {
+      if (t.state == TaskState::kFailed && t.kind == TaskKind::kDrop) continue;
+      problems.push_back({Problem::Kind::kTaskFailing, t.state == TaskState::kFailed,
+                          absl::StrCat("task ", id, " (", TaskKindName(t.kind), " ", t.job_id, "/",
+                                       t.step, ") on node ", t.node_id, " ",
+                                       TaskStateName(t.state), " after ", t.attempt,
+                                       " attempts: ", t.last_error),
+                          t.node_id, t.job_id, t.step, t.created_ms});
+    }
+  }
+  std::stable_sort(problems.begin(), problems.end(), [](const Problem& a, const Problem& b) {
+    if (a.error != b.error) return a.error;
+    return a.since_ms < b.since_ms;
+  });
+  out.problems_total = static_cast<uint32_t>(problems.size());
+  const uint32_t limit = max_problems == 0 ? 100 : max_problems;
+  if (problems.size() > limit) problems.resize(limit);
+  out.problems = std::move(problems);
+  return out;
+}
+
+}  // namespace ckpt::meta

@@ -1,0 +1,559 @@
+// MetaCore state machine, on the in-memory store and a fake clock.
+#include "server/meta/meta_core.h"
+
+#include <gtest/gtest.h>
+
+#include "absl/strings/str_cat.h"
+#include "server/meta/store/mem_meta_store.h"
+
+namespace ckpt::meta {
+namespace {
+
+class MetaCoreTest : public ::testing::Test {
+ protected:
+  void SetUp() override { Reopen(); }
+
+  void Reopen() {
+    core_.reset();
+    auto c = MetaCore::Open(store_.get(), &clock_, options_);
+    ASSERT_TRUE(c.ok()) << c.status();
+    core_ = std::move(*c);
+  }
+
+  uint64_t Register(const std::string& id, const std::string& domain = "") {
+    RegisterRequest r;
+    r.node_id = id;
+    r.grpc_address = id + ":7401";
+    r.data_address = id + ":7402";
+    r.memory_capacity_bytes = 1 << 30;
+    r.failure_domain = domain;
+    auto res = core_->RegisterNode(r);
+    EXPECT_TRUE(res.ok()) << res.status();
+    inc_[id] = res->incarnation;
+    return res->incarnation;
+  }
+
+  HeartbeatResult Beat(const std::string& id) {
+    HeartbeatRequest h;
+    h.node_id = id;
+    h.incarnation = inc_[id];
+    auto res = core_->Heartbeat(h);
+    EXPECT_TRUE(res.ok()) << res.status();
+    return res.ok() ? *res : HeartbeatResult{};
+  }
+
+  void CreateJob(const std::string& id, uint32_t world, ProtectionPolicy p, FlushPolicy f = {},
+                 RetentionPolicy r = {}) {
+    JobSpec spec;
+    spec.job_id = id;
+    spec.world_size = world;
+    spec.protection = p;
+    spec.flush = f;
+    spec.retention = r;
+    auto res = core_->CreateJob(spec, false);
+    ASSERT_TRUE(res.ok()) << res.status();
+  }
+
+  static Shard MakeShard(uint32_t rank, uint64_t size) {
+    Shard s;
+    s.rank = rank;
+    s.size_bytes = size;
+    s.crc32c = 0x1000 + rank;
+    s.manifest_digest = 77 + rank;
+    Item it;
+    it.name = "w";
+    it.dtype = 1;
+    it.shape = {size / 4};
+    it.length_bytes = size;
+    s.items.push_back(it);
+    return s;
+  }
+
+  absl::Status Stage(const std::string& node, const std::string& job, uint64_t step,
+                     uint32_t rank, uint64_t size = 4096) {
+    ShardReport r;
+    r.kind = ShardReport::Kind::kStaged;
+    r.staged.job_id = job;
+    r.staged.step = step;
+    r.staged.shard = MakeShard(rank, size);
+    auto res = core_->ReportShards(node, inc_[node], {r});
+    if (!res.ok()) return res.status();
+    return res->results[0];
+  }
+
+  absl::Status Copy(const std::string& node, const std::string& job, uint64_t step,
+                    uint32_t rank, uint64_t size = 4096) {
+    ShardReport r;
+    r.kind = ShardReport::Kind::kCopy;
+    r.copy.job_id = job;
+    r.copy.step = step;
+    r.copy.rank = rank;
+    r.copy.role = CopyRole::kReplica;
+    r.copy.state = CopyState::kValid;
+    r.copy.size_bytes = size;
+    r.copy.crc32c = 0x1000 + rank;
+    auto res = core_->ReportShards(node, inc_[node], {r});
+    if (!res.ok()) return res.status();
+    return res->results[0];
+  }
+
+  // Runs every pending task the way a well-behaved agent would.
+  void RunAgents() {
+    for (int round = 0; round < 10; ++round) {
+      bool any = false;
+      for (const auto& [node, inc] : inc_) {
+        auto tasks = core_->PendingTasks(node, inc, false);
+        if (!tasks.ok()) continue;
+        for (const TaskBundle& b : *tasks) {
+          any = true;
+          Execute(node, b);
+        }
+      }
+      if (!any) return;
+    }
+  }
+
+  void Execute(const std::string& node, const TaskBundle& b) {
+    const Task& t = b.task;
+    std::vector<ShardReport> reports;
+    if (t.kind == TaskKind::kReplicate) {
+      for (const auto& target : t.targets) {
+        if (dead_.count(target)) continue;
+        for (uint32_t rank : t.ranks) {
+          ASSERT_TRUE(Copy(target, t.job_id, t.step, rank,
+                           b.version->shards.at(rank).size_bytes).ok());
+        }
+      }
+    } else if (t.kind == TaskKind::kEcEncode || t.kind == TaskKind::kRebuildSegments) {
+      for (const Segment& seg : b.version->segments) {
+        const bool mine = t.kind == TaskKind::kEcEncode
+                              ? seg.holder_node_id == node && seg.state == CopyState::kPending
+                              : std::find(t.segments.begin(), t.segments.end(), seg.key) !=
+                                    t.segments.end();
+        if (!mine) continue;
+        ShardReport r;
+        r.kind = ShardReport::Kind::kSegment;
+        r.segment.job_id = t.job_id;
+        r.segment.step = t.step;
+        r.segment.key = seg.key;
+        r.segment.kind = seg.kind;
+        r.segment.length_bytes = seg.length_bytes;
+        r.segment.crc32c = seg.crc32c != 0 ? seg.crc32c : 0xABC;
+        reports.push_back(r);
+      }
+    } else if (t.kind == TaskKind::kFlush) {
+      for (uint32_t rank : t.ranks) {
+        const Shard& sh = b.version->shards.at(rank);
+        ShardReport r;
+        r.kind = ShardReport::Kind::kPersisted;
+        r.persisted.job_id = t.job_id;
+        r.persisted.step = t.step;
+        r.persisted.rank = rank;
+        r.persisted.durable_path = sh.durable_path;
+        r.persisted.size_bytes = sh.size_bytes;
+        r.persisted.crc32c = sh.crc32c;
+        reports.push_back(r);
+      }
+    }
+    if (!reports.empty()) {
+      auto res = core_->ReportShards(node, inc_[node], reports);
+      ASSERT_TRUE(res.ok()) << res.status();
+    }
+    auto d = core_->ReportTaskResult(node, inc_[node], t.id, t.attempt, absl::OkStatus());
+    ASSERT_TRUE(d.ok()) << d.status();
+  }
+
+  VersionState StateOf(const std::string& job, uint64_t step) {
+    auto v = core_->GetVersion(job, step, false);
+    EXPECT_TRUE(v.ok()) << v.status();
+    return v.ok() ? v->state : VersionState::kDeleted;
+  }
+
+  void Kill(const std::string& node) {
+    dead_.insert(node);
+    // Everyone else keeps heartbeating while the lease runs out.
+    for (int i = 0; i < 7; ++i) {
+      clock_.Advance(absl::Seconds(1));
+      for (const auto& [n, inc] : inc_)
+        if (!dead_.count(n)) Beat(n);
+      ASSERT_TRUE(core_->Tick().ok());
+    }
+    inc_.erase(node);
+  }
+
+  FakeClock clock_;
+  MetaOptions options_;
+  std::unique_ptr<MetaStore> store_ = NewMemMetaStore();
+  std::unique_ptr<MetaCore> core_;
+  std::map<std::string, uint64_t> inc_;
+  std::set<std::string> dead_;
+};
+
+TEST_F(MetaCoreTest, RegistrationIncarnationsAndFencing) {
+  const uint64_t a = Register("n1");
+  const uint64_t b = Register("n1");  // restart
+  EXPECT_GT(b, a);
+  HeartbeatRequest h;
+  h.node_id = "n1";
+  h.incarnation = a;
+  EXPECT_EQ(core_->Heartbeat(h).status().code(), absl::StatusCode::kFailedPrecondition);
+  h.node_id = "nobody";
+  EXPECT_EQ(core_->Heartbeat(h).status().code(), absl::StatusCode::kNotFound);
+  // Same id, different address while alive: refused.
+  RegisterRequest r;
+  r.node_id = "n1";
+  r.grpc_address = "elsewhere:1";
+  r.data_address = "elsewhere:2";
+  auto res = core_->RegisterNode(r);
+  EXPECT_EQ(res.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(res.status().message().find("n1:7401"), absl::string_view::npos);
+  r.node_id = "../x";
+  EXPECT_EQ(core_->RegisterNode(r).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST_F(MetaCoreTest, LeaseExpiryMarksDeadAndHeartbeatsKeepAlive) {
+  Register("n1");
+  Register("n2");
+  for (int i = 0; i < 10; ++i) {
+    clock_.Advance(absl::Seconds(1));
+    Beat("n1");
+    ASSERT_TRUE(core_->Tick().ok());
+  }
+  auto nodes = core_->ListNodes({});
+  ASSERT_EQ(nodes.size(), 2u);
+  EXPECT_EQ(nodes[0].state, NodeState::kAlive);
+  EXPECT_EQ(nodes[1].state, NodeState::kDead);
+  HeartbeatRequest h;
+  h.node_id = "n2";
+  h.incarnation = inc_["n2"];
+  EXPECT_EQ(core_->Heartbeat(h).status().code(), absl::StatusCode::kFailedPrecondition);
+  auto status = core_->ClusterStatus(false, 0);
+  EXPECT_EQ(status.nodes_by_state[NodeState::kDead], 1u);
+  ASSERT_FALSE(status.problems.empty());
+  EXPECT_EQ(status.problems[0].kind, Problem::Kind::kNodeDead);
+}
+
+TEST_F(MetaCoreTest, JobValidation) {
+  Register("n1");
+  JobSpec spec;
+  spec.world_size = 4;
+  for (const char* bad : {"", "../etc", "a/b", "UPPER", "-x"}) {
+    spec.job_id = bad;
+    EXPECT_EQ(core_->CreateJob(spec, false).status().code(), absl::StatusCode::kInvalidArgument)
+        << bad;
+  }
+  spec.job_id = std::string(64, 'a');
+  EXPECT_EQ(core_->CreateJob(spec, false).status().code(), absl::StatusCode::kInvalidArgument);
+  spec.job_id = "gpt";
+  spec.world_size = 0;
+  EXPECT_EQ(core_->CreateJob(spec, false).status().code(), absl::StatusCode::kInvalidArgument);
+  spec.world_size = (1u << 20) + 1;
+  EXPECT_EQ(core_->CreateJob(spec, false).status().code(), absl::StatusCode::kInvalidArgument);
+  spec.world_size = 4;
+  spec.protection = ProtectionPolicy::Replicate(2, ProtectionPolicy::Placement::kRing);
+  auto r = core_->CreateJob(spec, false);  // one node only
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(r.status().message().find("needs at least 2"), absl::string_view::npos)
+      << r.status();
+  spec.protection = ProtectionPolicy::None();
+  ASSERT_TRUE(core_->CreateJob(spec, false).ok());
+  EXPECT_EQ(core_->CreateJob(spec, false).status().code(), absl::StatusCode::kAlreadyExists);
+  auto opened = core_->CreateJob(spec, true);
+  ASSERT_TRUE(opened.ok());
+  EXPECT_FALSE(opened->second);
+  spec.world_size = 8;
+  EXPECT_EQ(core_->CreateJob(spec, true).status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(core_->GetJob("nope").status().code(), absl::StatusCode::kNotFound);
+}
+
+TEST_F(MetaCoreTest, StepsMustIncreaseAndBeginIsIdempotent) {
+  Register("n1");
+  CreateJob("gpt", 1, ProtectionPolicy::None());
+  auto a = core_->BeginVersion("gpt", 10, "");
+  ASSERT_TRUE(a.ok());
+  EXPECT_TRUE(a->second);
+  auto again = core_->BeginVersion("gpt", 10, "");
+  ASSERT_TRUE(again.ok());
+  EXPECT_FALSE(again->second);
+  EXPECT_EQ(core_->BeginVersion("gpt", 5, "").status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(core_->BeginVersion("nojob", 5, "").status().code(), absl::StatusCode::kNotFound);
+}
+
+TEST_F(MetaCoreTest, NoProtectionStagedThenProtectedAndReportsAreIdempotent) {
+  Register("n1");
+  CreateJob("gpt", 2, ProtectionPolicy::None());
+  ASSERT_TRUE(core_->BeginVersion("gpt", 1, "").ok());
+  ASSERT_TRUE(Stage("n1", "gpt", 1, 0).ok());
+  EXPECT_EQ(StateOf("gpt", 1), VersionState::kOpen);
+  EXPECT_EQ(Stage("n1", "gpt", 1, 0).code(), absl::StatusCode::kAlreadyExists);
+  EXPECT_EQ(Stage("n1", "gpt", 1, 2).code(), absl::StatusCode::kInvalidArgument);  // rank >= world
+  ASSERT_TRUE(Stage("n1", "gpt", 1, 1).ok());
+  EXPECT_EQ(StateOf("gpt", 1), VersionState::kProtected);
+  auto latest = core_->Latest("gpt", Level::kProtected);
+  ASSERT_TRUE(latest.ok());
+  EXPECT_EQ(latest->step, 1u);
+  EXPECT_EQ(core_->Latest("gpt", Level::kPersisted).status().code(), absl::StatusCode::kNotFound);
+  // Conflicting contents for a staged rank.
+  ShardReport r;
+  r.kind = ShardReport::Kind::kStaged;
+  r.staged.job_id = "gpt";
+  r.staged.step = 1;
+  r.staged.shard = MakeShard(0, 4096);
+  r.staged.shard.crc32c = 0xdead;
+  auto res = core_->ReportShards("n1", inc_["n1"], {r});
+  ASSERT_TRUE(res.ok());
+  EXPECT_EQ(res->results[0].code(), absl::StatusCode::kFailedPrecondition);
+  // Stale incarnation: whole call refused.
+  EXPECT_EQ(core_->ReportShards("n1", inc_["n1"] - 1, {r}).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+}
+
+TEST_F(MetaCoreTest, BadManifestIsRejected) {
+  Register("n1");
+  CreateJob("gpt", 1, ProtectionPolicy::None());
+  ASSERT_TRUE(core_->BeginVersion("gpt", 1, "").ok());
+  ShardReport r;
+  r.kind = ShardReport::Kind::kStaged;
+  r.staged.job_id = "gpt";
+  r.staged.step = 1;
+  r.staged.shard = MakeShard(0, 100);
+  r.staged.shard.items[0].length_bytes = 200;  // outside the shard
+  auto res = core_->ReportShards("n1", inc_["n1"], {r});
+  ASSERT_TRUE(res.ok());
+  EXPECT_EQ(res->results[0].code(), absl::StatusCode::kInvalidArgument);
+  r.staged.shard = MakeShard(0, 100);
+  Item second = r.staged.shard.items[0];
+  second.name = "v";
+  second.offset_bytes = 50;
+  second.length_bytes = 10;
+  r.staged.shard.items.push_back(second);  // overlaps "w"
+  res = core_->ReportShards("n1", inc_["n1"], {r});
+  EXPECT_EQ(res->results[0].code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST_F(MetaCoreTest, RingReplicationProtectsThenRecoversAfterNodeDeath) {
+  for (const char* n : {"a", "b", "c", "d"}) Register(n);
+  CreateJob("gpt", 4, ProtectionPolicy::Replicate(2, ProtectionPolicy::Placement::kRing));
+  ASSERT_TRUE(core_->BeginVersion("gpt", 100, "").ok());
+  const char* nodes[] = {"a", "b", "c", "d"};
+  for (uint32_t r = 0; r < 4; ++r) ASSERT_TRUE(Stage(nodes[r], "gpt", 100, r).ok());
+  EXPECT_EQ(StateOf("gpt", 100), VersionState::kStaged);
+  RunAgents();
+  EXPECT_EQ(StateOf("gpt", 100), VersionState::kProtected);
+  auto v = core_->GetVersion("gpt", 100, false);
+  for (const auto& [rank, sh] : v->shards) {
+    ASSERT_EQ(sh.copies.size(), 2u) << rank;
+    EXPECT_NE(sh.copies[0].node_id, sh.copies[1].node_id);
+  }
+
+  Kill("b");
+  EXPECT_EQ(StateOf("gpt", 100), VersionState::kDegraded);
+  // Rank 1 (primary on b) is still readable from its replica.
+  auto loc = core_->Locate("gpt", 100, 1, "");
+  ASSERT_TRUE(loc.ok()) << loc.status();
+  ASSERT_FALSE(loc->sources.empty());
+  EXPECT_EQ(loc->sources[0].kind, SourceKind::kReplica);
+  EXPECT_NE(loc->sources[0].holder.node_id, "b");
+  RunAgents();
+  EXPECT_EQ(StateOf("gpt", 100), VersionState::kProtected);
+  // A second death after re-protection: still everything readable.
+  Kill("c");
+  RunAgents();
+  for (uint32_t r = 0; r < 4; ++r) EXPECT_TRUE(core_->Locate("gpt", 100, r, "").ok()) << r;
+  EXPECT_EQ(StateOf("gpt", 100), VersionState::kProtected);
+}
+
+TEST_F(MetaCoreTest, ErasureCodedVersionEncodesDecodesAndRebuilds) {
+  const std::vector<std::string> nodes = {"n0", "n1", "n2", "n3", "n4", "n5"};
+  for (const auto& n : nodes) Register(n);
+  CreateJob("ec", 6, ProtectionPolicy::ErasureCode(4, 2));
+  ASSERT_TRUE(core_->BeginVersion("ec", 7, "").ok());
+  for (uint32_t r = 0; r < 6; ++r) ASSERT_TRUE(Stage(nodes[r], "ec", 7, r, 1000 + r).ok());
+  auto v = core_->GetVersion("ec", 7, false);
+  ASSERT_EQ(v->segments.size(), 6u * 6u);  // 6 stripes of k+m = 6
+  EXPECT_EQ(v->state, VersionState::kStaged);
+  RunAgents();
+  EXPECT_EQ(StateOf("ec", 7), VersionState::kProtected);
+
+  Kill("n1");
+  Kill("n4");
+  EXPECT_EQ(StateOf("ec", 7), VersionState::kDegraded);
+  // The dead nodes' ranks decode from the stripes.
+  for (uint32_t r : {1u, 4u}) {
+    auto loc = core_->Locate("ec", 7, r, "n0");
+    ASSERT_TRUE(loc.ok()) << loc.status();
+    ASSERT_EQ(loc->sources.size(), 1u);
+    ASSERT_EQ(loc->sources[0].kind, SourceKind::kEcDecode);
+    const EcDecodeSource& ec = loc->sources[0].ec;
+    EXPECT_EQ(ec.owner_node_id, nodes[r]);
+    for (const auto& s : ec.stripes) EXPECT_GE(s.segments.size(), 4u);
+  }
+  RunAgents();
+  EXPECT_EQ(StateOf("ec", 7), VersionState::kProtected);
+}
+
+TEST_F(MetaCoreTest, LosingMoreThanParityAbortsWithDataLoss) {
+  const std::vector<std::string> nodes = {"n0", "n1", "n2", "n3"};
+  for (const auto& n : nodes) Register(n);
+  CreateJob("ec", 4, ProtectionPolicy::ErasureCode(3, 1));
+  ASSERT_TRUE(core_->BeginVersion("ec", 1, "").ok());
+  for (uint32_t r = 0; r < 4; ++r) ASSERT_TRUE(Stage(nodes[r], "ec", 1, r).ok());
+  RunAgents();
+  ASSERT_EQ(StateOf("ec", 1), VersionState::kProtected);
+  dead_.insert("n1");
+  dead_.insert("n2");
+  for (int i = 0; i < 7; ++i) {
+    clock_.Advance(absl::Seconds(1));
+    Beat("n0");
+    Beat("n3");
+    ASSERT_TRUE(core_->Tick().ok());
+  }
+  EXPECT_EQ(StateOf("ec", 1), VersionState::kAborted);
+  auto w = core_->WaitVersion("ec", 1, Level::kProtected, absl::ZeroDuration());
+  EXPECT_EQ(w.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_EQ(core_->Locate("ec", 1, 1, "").status().code(), absl::StatusCode::kFailedPrecondition);
+}
+
+TEST_F(MetaCoreTest, FlushPersistsAndRetentionEvictsOldVersions) {
+  Register("a");
+  Register("b");
+  FlushPolicy every2;
+  every2.every_n_versions = 2;
+  RetentionPolicy keep1;
+  keep1.keep_in_memory = 1;
+  CreateJob("gpt", 2, ProtectionPolicy::Replicate(2, ProtectionPolicy::Placement::kGroup), every2,
+            keep1);
+  for (uint64_t step : {1, 2, 3}) {
+    auto b = core_->BeginVersion("gpt", step, "");
+    ASSERT_TRUE(b.ok());
+    EXPECT_EQ(b->first.flush_planned, step != 2) << step;
+    ASSERT_TRUE(Stage("a", "gpt", step, 0).ok());
+    ASSERT_TRUE(Stage("b", "gpt", step, 1).ok());
+    RunAgents();
+  }
+  EXPECT_EQ(StateOf("gpt", 1), VersionState::kPersisted);
+  EXPECT_EQ(StateOf("gpt", 2), VersionState::kDeleted);  // evicted, never flushed
+  EXPECT_EQ(StateOf("gpt", 3), VersionState::kPersisted);
+  auto v1 = core_->GetVersion("gpt", 1, false);
+  EXPECT_TRUE(v1->evicted);
+  EXPECT_EQ(v1->shards.at(0).durable_path, "gpt/1/rank-00000.bin");
+  // Persisted and evicted: restorable from the durable tier.
+  auto loc = core_->Locate("gpt", 1, 0, "");
+  ASSERT_TRUE(loc.ok()) << loc.status();
+  EXPECT_EQ(loc->sources.back().kind, SourceKind::kDurable);
+  // The newest protected version cannot be deleted without force.
+  EXPECT_EQ(core_->DeleteVersion("gpt", 3, false).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(core_->DeleteVersion("gpt", 1, false).ok());
+  EXPECT_EQ(StateOf("gpt", 1), VersionState::kDeleted);
+}
+
+TEST_F(MetaCoreTest, WaitVersionBlocksUntilLevelOnFakeTime) {
+  Register("n1");
+  CreateJob("gpt", 1, ProtectionPolicy::None());
+  ASSERT_TRUE(core_->BeginVersion("gpt", 1, "").ok());
+  auto timeout = core_->WaitVersion("gpt", 1, Level::kStaged, absl::ZeroDuration());
+  EXPECT_EQ(timeout.status().code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_NE(timeout.status().message().find("0 of 1 shards"), absl::string_view::npos);
+  absl::StatusOr<Version> result = absl::UnknownError("not run");
+  std::thread waiter(
+      [&] { result = core_->WaitVersion("gpt", 1, Level::kProtected, absl::Hours(1)); });
+  clock_.BlockUntilWaiters(1);
+  ASSERT_TRUE(Stage("n1", "gpt", 1, 0).ok());
+  waiter.join();
+  ASSERT_TRUE(result.ok()) << result.status();
+  EXPECT_EQ(result->state, VersionState::kProtected);
+}
+
+TEST_F(MetaCoreTest, TasksRetryThenFailAndTimeOut) {
+  Register("a");
+  Register("b");
+  CreateJob("gpt", 1, ProtectionPolicy::Replicate(2, ProtectionPolicy::Placement::kRing));
+  ASSERT_TRUE(core_->BeginVersion("gpt", 1, "").ok());
+  ASSERT_TRUE(Stage("a", "gpt", 1, 0).ok());
+  auto tasks = core_->PendingTasks("a", inc_["a"], false);
+  ASSERT_EQ(tasks->size(), 1u);
+  const Task t = (*tasks)[0].task;
+  EXPECT_EQ(t.kind, TaskKind::kReplicate);
+  EXPECT_EQ(t.targets, std::vector<std::string>{"b"});
+  auto d = core_->ReportTaskResult("a", inc_["a"], t.id, 1, absl::UnavailableError("peer down"));
+  EXPECT_EQ(*d, TaskDisposition::kRetry);
+  EXPECT_TRUE(core_->PendingTasks("a", inc_["a"], false)->empty());
+  clock_.Advance(absl::Seconds(2));
+  Beat("a");
+  Beat("b");
+  ASSERT_TRUE(core_->Tick().ok());
+  tasks = core_->PendingTasks("a", inc_["a"], false);
+  ASSERT_EQ(tasks->size(), 1u);
+  EXPECT_EQ((*tasks)[0].task.attempt, 2u);
+  EXPECT_EQ(core_->ReportTaskResult("a", inc_["a"], "t-nope", 1, absl::OkStatus()).status().code(),
+            absl::StatusCode::kNotFound);
+  EXPECT_EQ(core_->ReportTaskResult("b", inc_["b"], t.id, 2, absl::OkStatus()).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  ASSERT_TRUE(Copy("b", "gpt", 1, 0).ok());
+  EXPECT_EQ(*core_->ReportTaskResult("a", inc_["a"], t.id, 2, absl::OkStatus()),
+            TaskDisposition::kCompleted);
+  EXPECT_EQ(*core_->ReportTaskResult("a", inc_["a"], t.id, 2, absl::OkStatus()),
+            TaskDisposition::kDuplicate);
+  EXPECT_EQ(StateOf("gpt", 1), VersionState::kProtected);
+}
+
+TEST_F(MetaCoreTest, StateSurvivesReopenAndInventoryReconciles) {
+  Register("a");
+  Register("b");
+  CreateJob("gpt", 2, ProtectionPolicy::Replicate(2, ProtectionPolicy::Placement::kRing));
+  ASSERT_TRUE(core_->BeginVersion("gpt", 5, "").ok());
+  ASSERT_TRUE(Stage("a", "gpt", 5, 0).ok());
+  ASSERT_TRUE(Stage("b", "gpt", 5, 1).ok());
+  RunAgents();
+  ASSERT_EQ(StateOf("gpt", 5), VersionState::kProtected);
+
+  Reopen();  // meta restart on the same store
+  EXPECT_EQ(StateOf("gpt", 5), VersionState::kProtected);
+  auto hb = Beat("a");
+  EXPECT_TRUE(hb.inventory_required);
+  // Agent a lost its replica of rank 1 and holds something unknown.
+  Holding mine;
+  mine.job_id = "gpt";
+  mine.step = 5;
+  mine.rank = 0;
+  mine.role = CopyRole::kPrimary;
+  mine.size_bytes = 4096;
+  mine.crc32c = 0x1000;
+  mine.manifest_digest = 77;
+  Holding stranger = mine;
+  stranger.job_id = "other";
+  auto inv = core_->ReportInventory("a", inc_["a"], {mine, stranger});
+  ASSERT_TRUE(inv.ok()) << inv.status();
+  EXPECT_EQ(inv->kept, 1u);
+  ASSERT_EQ(inv->missing.size(), 1u);
+  EXPECT_EQ(inv->missing[0].rank, 1u);
+  ASSERT_EQ(inv->decisions.size(), 1u);
+  EXPECT_EQ(inv->decisions[0].action, InventoryDecision::Action::kUnknown);
+  EXPECT_FALSE(Beat("a").inventory_required);
+  EXPECT_EQ(StateOf("gpt", 5), VersionState::kDegraded);
+  RunAgents();
+  EXPECT_EQ(StateOf("gpt", 5), VersionState::kProtected);
+  auto status = core_->ClusterStatus(false, 0);
+  bool unknown = false;
+  for (const auto& p : status.problems) unknown = unknown || p.kind == Problem::Kind::kUnknownData;
+  EXPECT_TRUE(unknown);
+}
+
+TEST_F(MetaCoreTest, PlacementReportsSurvival) {
+  for (int i = 0; i < 16; ++i) Register(absl::StrCat("n", 100 + i));
+  CreateJob("gpt", 16, ProtectionPolicy::Replicate(2, ProtectionPolicy::Placement::kGroup));
+  auto p = core_->GetPlacement("gpt", {2, 3}, std::nullopt, {});
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_NEAR(p->survival[0].probability, 0.933, 0.0005);
+  EXPECT_NEAR(p->survival[1].probability, 0.800, 0.0005);
+  auto ring = core_->GetPlacement(
+      "gpt", {2, 3}, ProtectionPolicy::Replicate(2, ProtectionPolicy::Placement::kRing), {});
+  ASSERT_TRUE(ring.ok());
+  EXPECT_NEAR(ring->survival[0].probability, 0.867, 0.0005);
+  EXPECT_NEAR(ring->survival[1].probability, 0.629, 0.0005);
+  EXPECT_EQ(ring->plan.protectors.size(), 16u);
+}
+
+}  // namespace
+}  // namespace ckpt::meta

@@ -43,6 +43,10 @@ class Txn {
   std::set<std::pair<std::string, uint64_t>> segments_;
 };
 
+// A version without items, copies, blobs and segments (shard sizes kept, so
+// counts and totals stay right).
+Version Summary(const Version& v);
+
 struct UnknownHolding {
   Holding holding;
   int64_t since_ms = 0;
@@ -93,6 +97,11 @@ class Engine {
   // Holdings on it count toward protection: ALIVE or SUSPECT.
   bool CountsForProtection(const std::string& node_id) const;
   Endpoint EndpointOf(const std::string& node_id) const;
+  // The first usable node by id, or "" if none.
+  std::string AnyUsableNode() const;
+  // Issues a DeleteDurableTask for the version on any usable node; false if
+  // there is none.
+  bool DeleteDurable(const Version& v);
   std::vector<PlannerNode> AliveNodes() const;
   // The job's plan over the alive nodes; bumps and persists the epoch when
   // the node set changed since the last plan.

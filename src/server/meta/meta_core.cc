@@ -115,6 +115,21 @@ Endpoint Engine::EndpointOf(const std::string& node_id) const {
   return e;
 }
 
+std::string Engine::AnyUsableNode() const {
+  for (const auto& [id, n] : s_.nodes) {
+    if (IsUsable(id)) return id;
+  }
+  return "";
+}
+
+bool Engine::DeleteDurable(const Version& v) {
+  const std::string node = AnyUsableNode();
+  if (node.empty()) return false;
+  Task& t = NewTask(node, TaskKind::kDeleteDurable, v.job_id, v.step, 0);
+  txn_.Task(t);
+  return true;
+}
+
 std::vector<PlannerNode> Engine::AliveNodes() const {
   std::vector<PlannerNode> out;
   for (const auto& [id, n] : s_.nodes) {
@@ -253,6 +268,17 @@ TaskBundle Engine::Bundle(const Task& t) {
 
 // ---------------------------------------------------------------------------
 // MetaCore
+
+Version Summary(const Version& v) {
+  Version copy = v;
+  for (auto& [rank, sh] : copy.shards) {
+    sh.items.clear();
+    sh.copies.clear();
+  }
+  copy.segments.clear();
+  copy.blobs.clear();
+  return copy;
+}
 
 namespace {
 uint64_t RandomInstanceId() {
@@ -817,16 +843,7 @@ absl::StatusOr<JobView> MetaCore::DeleteJob(const std::string& job_id, bool dele
         e.CancelVersionTasks(v);
         e.EvictVersion(v);
         if (delete_durable_files && !v.durable_dir.empty()) {
-          std::string holder;
-          for (const auto& [id, n] : state_->nodes)
-            if (e.IsUsable(id)) {
-              holder = id;
-              break;
-            }
-          if (!holder.empty()) {
-            Task& t = e.NewTask(holder, TaskKind::kDeleteDurable, job_id, step, 0);
-            txn.Task(t);
-          }
+          e.DeleteDurable(v);
         }
         if (v.state != VersionState::kAborted) {
           e.SetState(v, VersionState::kDeleted, "job deleted");
@@ -898,9 +915,7 @@ absl::StatusOr<std::pair<Version, bool>> MetaCore::BeginVersion(const std::strin
       const bool superseded = v.state == VersionState::kOpen && !run_id.empty() &&
                               !v.run_id.empty() && v.run_id != run_id;
       if (!superseded && !IsTerminal(v.state)) {
-        Version copy = v;
-        copy.shards.clear();
-        return std::make_pair(copy, false);
+        return std::make_pair(Summary(v), false);
       }
       if (superseded) {
         e.CancelVersionTasks(v);
@@ -1244,16 +1259,9 @@ absl::StatusOr<std::vector<Version>> MetaCore::ListVersions(
                                       : std::find(states.begin(), states.end(), v.state) !=
                                             states.end();
     if (!match) return;
-    Version copy = v;
-    copy.shards.clear();
-    copy.segments.clear();
-    copy.blobs.clear();
-    copy.shards.clear();
-    out.push_back(std::move(copy));
+    out.push_back(Summary(v));
   };
   const auto& by_step = state_->versions[job_id];
-  // Summaries keep counts: shards_staged and bytes are derived by the caller
-  // from the full version, so compute them here before clearing.
   if (newest_first) {
     for (auto it = by_step.rbegin(); it != by_step.rend(); ++it) {
       if (after.has_value() && it->first >= *after) continue;
@@ -1419,17 +1427,7 @@ absl::StatusOr<Version> MetaCore::DeleteVersion(const std::string& job_id, uint6
       bool durable = false;
       for (const auto& [rank, sh] : v->shards) durable = durable || sh.durable_written;
       if (durable || v->state == VersionState::kPersisted) {
-        std::string holder;
-        for (const auto& [id, n] : state_->nodes) {
-          if (e.IsUsable(id)) {
-            holder = id;
-            break;
-          }
-        }
-        if (!holder.empty()) {
-          Task& t = e.NewTask(holder, TaskKind::kDeleteDurable, job_id, step, 0);
-          txn.Task(t);
-        }
+        e.DeleteDurable(*v);
       }
       e.SetState(*v, VersionState::kDeleted, "deleted by operator");
     }

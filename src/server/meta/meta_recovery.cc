@@ -370,12 +370,7 @@ void Engine::PlanFlush(Version& v) {
     if (node.empty()) {
       // No full copy: any usable node reads through the EC sources.
       if (Sources(v, sh, "").empty()) continue;
-      for (const auto& [id, n] : s_.nodes) {
-        if (IsUsable(id)) {
-          node = id;
-          break;
-        }
-      }
+      node = AnyUsableNode();
     }
     if (!node.empty()) by_node[node].push_back(rank);
   }
@@ -390,9 +385,7 @@ void Engine::PlanFlush(Version& v) {
     if (r0 != v.shards.end() && IsUsable(r0->second.primary_node_id)) {
       node = r0->second.primary_node_id;
     }
-    for (const auto& [id, n] : s_.nodes) {
-      if (node.empty() && IsUsable(id)) node = id;
-    }
+    if (node.empty()) node = AnyUsableNode();
     if (!node.empty()) {
       Task& t = NewTask(node, TaskKind::kCommitDurable, v.job_id, v.step, kPriorityFlush);
       txn_.Task(t);
@@ -459,16 +452,7 @@ void Engine::ApplyRetention(Job& job) {
       continue;
     }
     if (!v.evicted) continue;  // memory first
-    std::string node;
-    for (const auto& [id, n] : s_.nodes) {
-      if (IsUsable(id)) {
-        node = id;
-        break;
-      }
-    }
-    if (node.empty()) continue;
-    Task& t = NewTask(node, TaskKind::kDeleteDurable, v.job_id, v.step, 0);
-    txn_.Task(t);
+    if (!DeleteDurable(v)) continue;
     SetState(v, VersionState::kDeleted,
              absl::StrCat("removed from the durable tier by retention (keep_durable=",
                           keep_durable, ")"));

@@ -1,0 +1,673 @@
+// ckpt-meta: the metadata service daemon (DESIGN.md §1, §9).
+//
+// Flags and layered configuration, wiring (RocksDB store -> MetaCore ->
+// gRPC service, plus /metrics), a ticker, and signal handling. No logic: the
+// state machine lives in server/meta, the protocol translation in server/rpc.
+//
+// Threads owned here, each named and joined on the way out:
+//   ckpt-meta-sig    sigwait() for SIGTERM/SIGINT (blocked in every thread;
+//                    no signal handler runs any code)
+//   ckpt-meta-tick   MetaCore::Tick() every 200 ms; a failed store is fatal
+//   ckpt-meta-stats  refreshes the Prometheus gauges every second
+// plus those of the store (its writer), gRPC and the metrics HTTP server.
+//
+// Exit codes: 0 after a clean shutdown, 1 for a runtime failure (cannot bind,
+// store failure), 2 for a usage or configuration error.
+#include <pthread.h>
+#include <signal.h>
+
+#include <CLI/CLI.hpp>
+#include <grpcpp/grpcpp.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <functional>
+#include <map>
+#include <memory>
+#include <set>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "common/clock.h"
+#include "common/config.h"
+#include "common/log.h"
+#include "common/metrics.h"
+#include "server/meta/meta_core.h"
+#include "server/meta/model.h"
+#include "server/meta/store/meta_store.h"
+#include "server/meta/store/rocksdb_meta_store.h"
+#include "server/rpc/meta_service.h"
+
+namespace ckpt {
+namespace {
+
+constexpr int kExitOk = 0;
+constexpr int kExitFailure = 1;
+constexpr int kExitUsage = 2;
+
+constexpr char kProgram[] = "ckpt-meta";
+constexpr char kDefaultListen[] = "127.0.0.1:7400";
+constexpr char kDefaultMetricsListen[] = "127.0.0.1:9400";
+constexpr int64_t kDefaultLeaseMs = 5000;
+constexpr int64_t kDefaultHeartbeatMs = 1000;
+constexpr int kMaxReceiveMessageBytes = 64 << 20;  // ReportInventory (meta.proto)
+constexpr absl::Duration kTickInterval = absl::Milliseconds(200);
+constexpr absl::Duration kStatsInterval = absl::Seconds(1);
+// The store is probed for a sticky write error every this many ticks (and
+// after every failed tick): a failed store means the in-memory state has
+// diverged from disk, and only a restart (reload) fixes that.
+constexpr int kStoreProbeEveryTicks = 5;
+constexpr auto kDrainDeadline = std::chrono::seconds(5);
+
+// Config keys this daemon reads (file keys, and flags spelled with '-').
+const std::set<std::string>& KnownKeys() {
+  static const auto* keys = new std::set<std::string>{
+      "listen",       "data_dir",  "metrics_listen", "lease_ms",
+      "heartbeat_ms", "log_level", "log_json",       "log_file",
+  };
+  return *keys;
+}
+
+struct Settings {
+  std::string listen;
+  std::string data_dir;
+  std::string metrics_listen;
+  absl::Duration lease;
+  absl::Duration heartbeat;
+  log::Level log_level = log::Level::kInfo;
+  bool log_json = false;
+  std::string log_file;
+};
+
+// "host:port" with a non-empty host (name, IPv4, or [IPv6]) and a decimal
+// port 0..65535 (0: any free port).
+absl::Status ValidateHostPort(const std::string& key, const std::string& value) {
+  auto bad = [&](const std::string& why) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        key, " \"", value, "\" is not a listen address: ", why,
+        "; use host:port, e.g. 127.0.0.1:7400, 0.0.0.0:7400 or [::1]:7400 (port 0 picks a free one)"));
+  };
+  const size_t colon = value.rfind(':');
+  if (colon == std::string::npos) return bad("no ':port'");
+  const std::string host = value.substr(0, colon);
+  const std::string port = value.substr(colon + 1);
+  if (host.empty()) return bad("the host is empty");
+  if (host.front() == '[') {
+    if (host.size() < 3 || host.back() != ']' ||
+        host.find_first_of("[]", 1) != host.size() - 1) {
+      return bad("an IPv6 host must be one bracketed address");
+    }
+  } else if (host.find_first_of(":[]/ ") != std::string::npos) {
+    return bad("the host contains ':', '[', ']', '/' or a space (IPv6 addresses need brackets)");
+  }
+  uint32_t port_number = 0;
+  if (port.empty() || port.size() > 5 ||
+      !std::all_of(port.begin(), port.end(), [](char c) { return c >= '0' && c <= '9'; }) ||
+      !absl::SimpleAtoi(port, &port_number) || port_number > 65535) {
+    return bad("the port must be a number 0..65535");
+  }
+  return absl::OkStatus();
+}
+
+std::string HostOf(const std::string& address) { return address.substr(0, address.rfind(':')); }
+
+// Reads the layered configuration (file, CKPT_* environment, set flags) into
+// Settings. Every error is a usage error.
+absl::StatusOr<Settings> LoadSettings(const std::string& config_file,
+                                      const std::map<std::string, std::string>& flags) {
+  // The environment is shared with other ckpt tools (e.g. CKPT_META for
+  // ckptctl): unknown CKPT_* variables are not this daemon's business, and
+  // ones that do not even spell a key are skipped rather than fatal.
+  std::map<std::string, std::string> env;
+  for (const auto& [name, value] : CaptureEnvironment()) {
+    if (name.rfind("CKPT_", 0) == 0 && KeyForEnvVar(name).ok()) env.emplace(name, value);
+  }
+  absl::StatusOr<Config> config = Config::Load({config_file, env, flags});
+  if (!config.ok()) return config.status();
+  {
+    // Unknown keys are errors where the user wrote them for this daemon: in
+    // its config file and on its command line.
+    absl::StatusOr<Config> own = Config::Load({config_file, {}, flags});
+    if (!own.ok()) return own.status();
+    if (absl::Status s = own->CheckKnownKeys(KnownKeys()); !s.ok()) return s;
+  }
+
+  Settings out;
+  out.listen = config->GetStringOr("listen", kDefaultListen);
+  if (absl::Status s = ValidateHostPort("listen", out.listen); !s.ok()) return s;
+  out.metrics_listen = config->GetStringOr("metrics_listen", kDefaultMetricsListen);
+  if (absl::Status s = ValidateHostPort("metrics_listen", out.metrics_listen); !s.ok()) return s;
+  out.data_dir = config->GetStringOr("data_dir", "");
+  if (out.data_dir.empty()) {
+    return absl::InvalidArgumentError(
+        "the data directory is required: pass --data-dir DIR (or set data_dir in the config "
+        "file, or CKPT_DATA_DIR); ckpt-meta keeps its RocksDB store there");
+  }
+  absl::StatusOr<absl::Duration> lease =
+      config->GetDurationOr("lease_ms", absl::Milliseconds(kDefaultLeaseMs));
+  if (!lease.ok()) return lease.status();
+  absl::StatusOr<absl::Duration> heartbeat =
+      config->GetDurationOr("heartbeat_ms", absl::Milliseconds(kDefaultHeartbeatMs));
+  if (!heartbeat.ok()) return heartbeat.status();
+  if (*lease < absl::Milliseconds(1) || *heartbeat < absl::Milliseconds(1)) {
+    return absl::InvalidArgumentError("lease_ms and heartbeat_ms must be at least 1 ms");
+  }
+  if (*heartbeat >= *lease) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "heartbeat_ms (", absl::ToInt64Milliseconds(*heartbeat), ") must be less than lease_ms (",
+        absl::ToInt64Milliseconds(*lease),
+        "), or every node would be declared dead between two heartbeats; the defaults are "
+        "1000 and 5000"));
+  }
+  out.lease = *lease;
+  out.heartbeat = *heartbeat;
+  absl::StatusOr<log::Level> level = log::ParseLevel(config->GetStringOr("log_level", "info"));
+  if (!level.ok()) return level.status();
+  out.log_level = *level;
+  absl::StatusOr<bool> json = config->GetBoolOr("log_json", false);
+  if (!json.ok()) return json.status();
+  out.log_json = *json;
+  out.log_file = config->GetStringOr("log_file", "");
+  return out;
+}
+
+void NameThisThread(const char* name) {
+  // Linux limits thread names to 15 bytes; ours fit.
+  pthread_setname_np(pthread_self(), name);
+}
+
+// Why and how the process stops. The first reason is kept; a failure exit
+// code wins over a clean one.
+class StopRequest {
+ public:
+  void Request(int exit_code, std::string reason) {
+    absl::MutexLock lock(&mu_);
+    exit_code_ = std::max(exit_code_, exit_code);
+    if (!requested_) reason_ = std::move(reason);
+    requested_ = true;
+  }
+  bool requested() {
+    absl::MutexLock lock(&mu_);
+    return requested_;
+  }
+  // Blocks until Request() was called.
+  void Wait() {
+    absl::MutexLock lock(&mu_);
+    mu_.Await(absl::Condition(&requested_));
+  }
+  int exit_code() {
+    absl::MutexLock lock(&mu_);
+    return exit_code_;
+  }
+  std::string reason() {
+    absl::MutexLock lock(&mu_);
+    return reason_;
+  }
+
+ private:
+  absl::Mutex mu_;
+  bool requested_ ABSL_GUARDED_BY(mu_) = false;
+  int exit_code_ ABSL_GUARDED_BY(mu_) = kExitOk;
+  std::string reason_ ABSL_GUARDED_BY(mu_);
+};
+
+// A named thread that runs `fn` now and then every `interval` until Stop().
+class PeriodicThread {
+ public:
+  PeriodicThread(const char* name, absl::Duration interval, std::function<void()> fn)
+      : name_(name), interval_(interval), fn_(std::move(fn)) {
+    thread_ = std::thread([this] { Loop(); });
+  }
+  ~PeriodicThread() { Stop(); }
+  PeriodicThread(const PeriodicThread&) = delete;
+  PeriodicThread& operator=(const PeriodicThread&) = delete;
+
+  // Asks the loop to end, waits for a run in progress, joins. Idempotent.
+  void Stop() {
+    {
+      absl::MutexLock lock(&mu_);
+      stop_ = true;
+    }
+    if (thread_.joinable()) thread_.join();
+  }
+
+ private:
+  void Loop() {
+    NameThisThread(name_);
+    for (;;) {
+      fn_();
+      absl::MutexLock lock(&mu_);
+      RealClock()->AwaitWithTimeout(&mu_, absl::Condition(&stop_), interval_);
+      if (stop_) return;
+    }
+  }
+
+  const char* const name_;
+  const absl::Duration interval_;
+  const std::function<void()> fn_;
+  absl::Mutex mu_;
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread thread_;
+};
+
+// Waits for SIGTERM/SIGINT (which every thread blocks) and turns the first
+// into a stop request; a second one exits at once. Stop() wakes and joins it.
+class SignalThread {
+ public:
+  SignalThread(const sigset_t& signals, StopRequest* stop) : signals_(signals), stop_(stop) {
+    thread_ = std::thread([this] { Loop(); });
+  }
+  ~SignalThread() { Stop(); }
+  SignalThread(const SignalThread&) = delete;
+  SignalThread& operator=(const SignalThread&) = delete;
+
+  void Stop() {
+    if (!thread_.joinable()) return;
+    quit_.store(true);
+    // A thread-directed SIGTERM, consumed by its sigwait(): wakes it up.
+    pthread_kill(thread_.native_handle(), SIGTERM);
+    thread_.join();
+  }
+
+ private:
+  void Loop() {
+    NameThisThread("ckpt-meta-sig");
+    bool stopping = false;
+    for (;;) {
+      int sig = 0;
+      if (sigwait(&signals_, &sig) != 0) continue;
+      if (quit_.load()) return;
+      if (stopping) {
+        log::Error("{}: second SIG{} during shutdown; exiting at once", kProgram, sigabbrev_np(sig));
+        log::Flush();
+        std::_Exit(kExitFailure);
+      }
+      stopping = true;
+      log::Info("{}: received SIG{}; shutting down (send it again to exit at once)", kProgram,
+                sigabbrev_np(sig));
+      stop_->Request(kExitOk, absl::StrCat("SIG", sigabbrev_np(sig)));
+    }
+  }
+
+  const sigset_t signals_;
+  StopRequest* const stop_;
+  std::atomic<bool> quit_{false};
+  std::thread thread_;
+};
+
+// The daemon's Prometheus metrics, refreshed from the core and the store.
+class MetaMetrics {
+ public:
+  explicit MetaMetrics(MetricsRegistry* r) : r_(r) {
+    for (meta::NodeState s : {meta::NodeState::kAlive, meta::NodeState::kSuspect,
+                              meta::NodeState::kDead, meta::NodeState::kDraining,
+                              meta::NodeState::kLeft}) {
+      nodes_[s] = &r->AddGauge("ckpt_meta_nodes", "Nodes known to ckpt-meta, by membership state",
+                               {{"state", Lower(meta::NodeStateName(s))}});
+    }
+    for (meta::VersionState s :
+         {meta::VersionState::kOpen, meta::VersionState::kStaged, meta::VersionState::kProtected,
+          meta::VersionState::kPersisted, meta::VersionState::kDegraded,
+          meta::VersionState::kAborted, meta::VersionState::kDeleted}) {
+      versions_[s] = &r->AddGauge("ckpt_meta_versions", "Checkpoint versions, by state",
+                                  {{"state", Lower(meta::VersionStateName(s))}});
+    }
+    const char* tasks_help = "Tasks not finished: pending, running or waiting for a retry";
+    tasks_pending_ = &r->AddGauge("ckpt_meta_tasks", tasks_help, {{"state", "pending"}});
+    tasks_running_ = &r->AddGauge("ckpt_meta_tasks", tasks_help, {{"state", "running"}});
+    tasks_retrying_ = &r->AddGauge("ckpt_meta_tasks", tasks_help, {{"state", "retrying"}});
+    jobs_ = &r->AddGauge("ckpt_meta_jobs", "Jobs known to ckpt-meta");
+    problems_ = &r->AddGauge("ckpt_meta_problems", "Problems listed by ClusterStatus");
+    memory_capacity_ = &r->AddGauge("ckpt_meta_memory_capacity_bytes",
+                                    "Memory-tier capacity of ALIVE and DRAINING nodes");
+    memory_used_ = &r->AddGauge("ckpt_meta_memory_used_bytes",
+                                "Memory-tier bytes in use on ALIVE and DRAINING nodes");
+    memory_free_ = &r->AddGauge("ckpt_meta_memory_free_bytes",
+                                "Memory-tier bytes free on ALIVE and DRAINING nodes");
+    flush_lag_bytes_ = &r->AddGauge("ckpt_meta_flush_lag_bytes", "Bytes awaiting flush");
+    flush_lag_seconds_ = &r->AddGauge("ckpt_meta_flush_lag_seconds",
+                                      "Age of the oldest shard awaiting flush");
+    start_time_ = &r->AddGauge("ckpt_meta_start_time_seconds",
+                               "When this ckpt-meta process started (Unix time)");
+    queued_bytes_ = &r->AddGauge("ckpt_meta_store_queued_bytes",
+                                 "Bytes of store batches submitted but not yet durable");
+    AddCounter("ckpt_meta_reports_total", "Shard reports received",
+               [](const Sample& s) { return s.core.reports_total; });
+    AddCounter("ckpt_meta_reports_rejected_total", "Shard reports rejected",
+               [](const Sample& s) { return s.core.reports_rejected_total; });
+    AddCounter("ckpt_meta_versions_begun_total", "Versions begun",
+               [](const Sample& s) { return s.core.versions_begun_total; });
+    AddCounter("ckpt_meta_nodes_declared_dead_total", "Nodes declared dead (lease expired)",
+               [](const Sample& s) { return s.core.nodes_declared_dead_total; });
+    AddCounter("ckpt_meta_tasks_created_total", "Tasks created",
+               [](const Sample& s) { return s.core.tasks_created_total; });
+    AddCounter("ckpt_meta_tasks_failed_total", "Tasks given up on",
+               [](const Sample& s) { return s.core.tasks_failed_total; });
+    AddCounter("ckpt_meta_store_fsyncs_total", "Synchronous store writes (write groups)",
+               [](const Sample& s) { return s.store.fsyncs; });
+    AddCounter("ckpt_meta_store_batches_written_total",
+               "Store batches made durable (batches / fsyncs = group-commit factor)",
+               [](const Sample& s) { return s.store.batches_written; });
+    AddCounter("ckpt_meta_store_bytes_written_total", "Payload bytes written to the store",
+               [](const Sample& s) { return s.store.bytes_written; });
+    AddCounter("ckpt_meta_store_submit_waits_total",
+               "Store submits that waited for queue space (backpressure)",
+               [](const Sample& s) { return s.store.submit_waits; });
+  }
+
+  void Refresh(meta::MetaCore* core, meta::MetaStore* store) {
+    const meta::ClusterStatusView status =
+        core->ClusterStatus(/*include_nodes=*/false, /*max_problems=*/1);
+    for (auto& [state, gauge] : nodes_) {
+      auto it = status.nodes_by_state.find(state);
+      gauge->Set(it == status.nodes_by_state.end() ? 0 : it->second);
+    }
+    for (auto& [state, gauge] : versions_) {
+      auto it = status.versions_by_state.find(state);
+      gauge->Set(it == status.versions_by_state.end() ? 0 : static_cast<double>(it->second));
+    }
+    tasks_pending_->Set(status.tasks_pending);
+    tasks_running_->Set(status.tasks_running);
+    tasks_retrying_->Set(status.tasks_retrying);
+    jobs_->Set(status.jobs);
+    problems_->Set(status.problems_total);
+    memory_capacity_->Set(static_cast<double>(status.memory_capacity_bytes));
+    memory_used_->Set(static_cast<double>(status.memory_used_bytes));
+    memory_free_->Set(static_cast<double>(status.memory_free_bytes));
+    flush_lag_bytes_->Set(static_cast<double>(status.flush_lag_bytes));
+    flush_lag_seconds_->Set(static_cast<double>(status.flush_lag_ms) / 1000.0);
+    start_time_->Set(static_cast<double>(status.meta_start_ms) / 1000.0);
+
+    const Sample sample{core->counters(), store->stats()};
+    queued_bytes_->Set(static_cast<double>(sample.store.queued_bytes));
+    for (MonotonicCounter& c : counters_) {
+      const uint64_t value = c.read(sample);
+      if (value > c.last) c.counter->Increment(static_cast<double>(value - c.last));
+      c.last = value;
+    }
+  }
+
+ private:
+  struct Sample {
+    meta::MetaCounters core;
+    meta::StoreStats store;
+  };
+  // A Prometheus counter following a monotonic value read from a sample.
+  struct MonotonicCounter {
+    Counter* counter;
+    std::function<uint64_t(const Sample&)> read;
+    uint64_t last = 0;
+  };
+
+  static std::string Lower(std::string_view s) {
+    return absl::AsciiStrToLower(absl::string_view(s.data(), s.size()));
+  }
+
+  void AddCounter(const char* name, const char* help,
+                  std::function<uint64_t(const Sample&)> read) {
+    counters_.push_back({&r_->AddCounter(name, help), std::move(read)});
+  }
+
+  MetricsRegistry* const r_;
+  std::map<meta::NodeState, Gauge*> nodes_;
+  std::map<meta::VersionState, Gauge*> versions_;
+  Gauge* tasks_pending_;
+  Gauge* tasks_running_;
+  Gauge* tasks_retrying_;
+  Gauge* jobs_;
+  Gauge* problems_;
+  Gauge* memory_capacity_;
+  Gauge* memory_used_;
+  Gauge* memory_free_;
+  Gauge* flush_lag_bytes_;
+  Gauge* flush_lag_seconds_;
+  Gauge* start_time_;
+  Gauge* queued_bytes_;
+  std::vector<MonotonicCounter> counters_;
+};
+
+// Everything after the settings are known. Returns the exit code.
+int Serve(const Settings& settings, const sigset_t& signals) {
+  StopRequest stop;
+  SignalThread signal_thread(signals, &stop);
+
+  log::Info("{} starting: data dir {}, lease {} ms, heartbeat {} ms", kProgram, settings.data_dir,
+            absl::ToInt64Milliseconds(settings.lease),
+            absl::ToInt64Milliseconds(settings.heartbeat));
+
+  absl::StatusOr<std::unique_ptr<meta::MetaStore>> store =
+      meta::OpenRocksDbMetaStore(settings.data_dir);
+  if (!store.ok()) {
+    log::Error("{}: cannot open the metadata store: {}", kProgram, store.status().ToString());
+    return kExitFailure;
+  }
+
+  meta::MetaOptions options;
+  options.lease = settings.lease;
+  options.heartbeat_interval = settings.heartbeat;
+  absl::StatusOr<std::unique_ptr<meta::MetaCore>> core =
+      meta::MetaCore::Open(store->get(), RealClock(), options);
+  if (!core.ok()) {
+    log::Error("{}: cannot load the metadata from {}: {}", kProgram, settings.data_dir,
+               core.status().ToString());
+    return kExitFailure;
+  }
+  meta::MetaCore* const c = core->get();
+  meta::MetaStore* const s = store->get();
+
+  // Ticker: time-driven state (leases, task time-outs, flush schedule), and
+  // the fatal-store check.
+  int ticks = 0;
+  PeriodicThread ticker("ckpt-meta-tick", kTickInterval, [&] {
+    const absl::Status tick = c->Tick();
+    if (!tick.ok()) log::Error("{}: tick failed: {}", kProgram, tick.ToString());
+    if (!tick.ok() || ++ticks % kStoreProbeEveryTicks == 0) {
+      // An empty batch costs no I/O; it fails iff an earlier write failed.
+      const absl::Status store_ok = s->AwaitDurable(s->Submit(meta::WriteBatch()));
+      if (!store_ok.ok()) {
+        log::Error("{}: the metadata store failed ({}); exiting so that the service restarts "
+                   "and reloads its state",
+                   kProgram, store_ok.ToString());
+        stop.Request(kExitFailure, "metadata store failure");
+      }
+    }
+  });
+
+  MetricsRegistry registry;
+  MetaMetrics metrics(&registry);
+  metrics.Refresh(c, s);
+  PeriodicThread stats("ckpt-meta-stats", kStatsInterval, [&] { metrics.Refresh(c, s); });
+
+  std::atomic<bool> ready{false};
+  std::atomic<bool> stopping{false};
+  absl::StatusOr<std::unique_ptr<MetricsServer>> metrics_server = MetricsServer::Start(
+      settings.metrics_listen, &registry, [&](std::string* reason) {
+        if (ready.load()) return true;
+        *reason = stopping.load() ? "shutting down" : "starting";
+        return false;
+      });
+
+  rpc::MetaServiceImpl service(c);
+  std::unique_ptr<grpc::Server> server;
+  if (!metrics_server.ok()) {
+    log::Error("{}: cannot serve metrics on {}: {}", kProgram, settings.metrics_listen,
+               metrics_server.status().ToString());
+    stop.Request(kExitFailure, "metrics server failed to start");
+  } else {
+    grpc::ServerBuilder builder;
+    int port = 0;
+    builder.AddListeningPort(settings.listen, grpc::InsecureServerCredentials(), &port);
+    builder.SetMaxReceiveMessageSize(kMaxReceiveMessageBytes);
+    // gRPC sets SO_REUSEPORT by default, which would let a second ckpt-meta
+    // bind the same port and silently share the traffic: refuse instead.
+    builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+    builder.RegisterService(&service);
+    server = builder.BuildAndStart();
+    if (server == nullptr || port == 0) {
+      log::Error("{}: cannot listen on {} (address in use, or not an address of this host?)",
+                 kProgram, settings.listen);
+      stop.Request(kExitFailure, "gRPC server failed to start");
+    } else {
+      log::Info("{} listening on {}:{}", kProgram, HostOf(settings.listen), port);
+      ready.store(true);
+    }
+  }
+
+  stop.Wait();
+  const int exit_code = stop.exit_code();
+  log::Info("{} stopping ({})", kProgram, stop.reason());
+  ready.store(false);
+  stopping.store(true);
+  service.Shutdown();  // streams and waits end with UNAVAILABLE within ~1 s
+  if (server != nullptr) {
+    server->Shutdown(std::chrono::system_clock::now() + kDrainDeadline);
+    server->Wait();
+    server.reset();
+  }
+  ticker.Stop();
+  stats.Stop();
+  if (metrics_server.ok()) metrics_server->reset();
+  core->reset();   // no more state changes
+  store->reset();  // writes what is queued, fsyncs, closes RocksDB
+  signal_thread.Stop();
+  log::Info("{} stopped", kProgram);
+  log::Flush();
+  return exit_code;
+}
+
+int Main(int argc, char** argv) {
+  CLI::App app{
+      "ckpt-meta: the ckpt metadata service. Keeps node membership and leases, jobs, "
+      "checkpoint versions and their states, placement plans, and the tasks agents run, in a "
+      "RocksDB store under --data-dir; serves the ckpt.v1.MetaService gRPC API on --listen and "
+      "Prometheus /metrics, /healthz and /readyz on --metrics-listen.\n\n"
+      "Configuration is layered: a YAML file (--config), then CKPT_* environment variables "
+      "(CKPT_DATA_DIR, CKPT_LEASE_MS, ...), then the flags given here, later ones winning. File "
+      "keys are the flag names with '_' for '-' (data_dir, lease_ms, ...).\n\n"
+      "SIGTERM or SIGINT drains in-flight calls (up to 5 s) and exits 0; a second signal exits "
+      "at once. Exit codes: 0 clean shutdown, 1 runtime failure, 2 usage or configuration error.",
+      kProgram};
+  app.get_formatter()->column_width(34);
+
+  std::string listen, data_dir, metrics_listen, config_file, lease_ms, heartbeat_ms, log_level,
+      log_file;
+  bool log_json = false;
+  CLI::Option* listen_opt =
+      app.add_option("--listen", listen,
+                     "host:port for the gRPC MetaService (agents, clients and ckptctl connect "
+                     "here). Port 0 picks a free port; the bound address is logged as "
+                     "'ckpt-meta listening on HOST:PORT'.")
+          ->type_name("HOST:PORT")
+          ->default_str(kDefaultListen);
+  CLI::Option* data_dir_opt =
+      app.add_option("--data-dir", data_dir,
+                     "Directory of the RocksDB metadata store (created if missing). Required. "
+                     "Every acknowledged change is fsynced here before the answer is sent.")
+          ->type_name("DIR");
+  CLI::Option* metrics_opt =
+      app.add_option("--metrics-listen", metrics_listen,
+                     "host:port of the HTTP endpoint serving Prometheus /metrics, /healthz "
+                     "(process up) and /readyz (store loaded and gRPC serving). Port 0 picks a "
+                     "free port.")
+          ->type_name("HOST:PORT")
+          ->default_str(kDefaultMetricsListen);
+  app.add_option("--config", config_file,
+                 "YAML config file with any of the keys below (flat or nested, e.g. "
+                 "'lease_ms: 5000'). Unknown keys are an error.")
+      ->type_name("FILE");
+  CLI::Option* lease_opt =
+      app.add_option("--lease-ms", lease_ms,
+                     "Agent lease: a node that sends no heartbeat for this long is declared DEAD "
+                     "and its data is re-protected. Milliseconds, or a duration such as 5s.")
+          ->type_name("MS")
+          ->default_str(std::to_string(kDefaultLeaseMs));
+  CLI::Option* heartbeat_opt =
+      app.add_option("--heartbeat-ms", heartbeat_ms,
+                     "Heartbeat interval told to agents; a node that misses one is SUSPECT. Must "
+                     "be less than --lease-ms.")
+          ->type_name("MS")
+          ->default_str(std::to_string(kDefaultHeartbeatMs));
+  CLI::Option* log_level_opt =
+      app.add_option("--log-level", log_level,
+                     "Log level: trace, debug, info, warn, error or off. Successful RPCs are "
+                     "logged at debug at most.")
+          ->type_name("LEVEL")
+          ->default_str("info");
+  CLI::Option* log_json_opt =
+      app.add_flag("--log-json", log_json,
+                   "Write logs as JSON lines (ts, level, logger, thread, msg) instead of text.");
+  CLI::Option* log_file_opt =
+      app.add_option("--log-file", log_file, "Append logs to this file instead of stderr.")
+          ->type_name("FILE");
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    const int code = app.exit(e);  // prints help, or the error and a hint
+    return code == 0 ? kExitOk : kExitUsage;
+  }
+
+  // Only flags the user set reach the config, so defaults never override the
+  // file or the environment.
+  std::map<std::string, std::string> flags;
+  auto set = [&](CLI::Option* opt, const char* flag, const std::string& value) {
+    if (opt->count() > 0) flags[flag] = value;
+  };
+  set(listen_opt, "--listen", listen);
+  set(data_dir_opt, "--data-dir", data_dir);
+  set(metrics_opt, "--metrics-listen", metrics_listen);
+  set(lease_opt, "--lease-ms", lease_ms);
+  set(heartbeat_opt, "--heartbeat-ms", heartbeat_ms);
+  set(log_level_opt, "--log-level", log_level);
+  set(log_json_opt, "--log-json", log_json ? "true" : "false");
+  set(log_file_opt, "--log-file", log_file);
+
+  absl::StatusOr<Settings> settings = LoadSettings(config_file, flags);
+  if (!settings.ok()) {
+    std::fprintf(stderr, "%s: %s\nRun with --help for more information.\n", kProgram,
+                 std::string(settings.status().message()).c_str());
+    return kExitUsage;
+  }
+
+  log::Options log_options;
+  log_options.level = settings->log_level;
+  log_options.json = settings->log_json;
+  log_options.file = settings->log_file;
+  log_options.name = kProgram;
+  if (absl::Status s = log::Init(log_options); !s.ok()) {
+    std::fprintf(stderr, "%s: cannot set up logging: %s\n", kProgram,
+                 std::string(s.message()).c_str());
+    return kExitUsage;
+  }
+
+  // Block the stop signals before any thread exists, so every thread inherits
+  // the mask and only the signal thread's sigwait() receives them.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGINT);
+  if (int err = pthread_sigmask(SIG_BLOCK, &signals, nullptr); err != 0) {
+    log::Error("{}: cannot block signals: {}", kProgram, std::strerror(err));
+    return kExitFailure;
+  }
+  return Serve(*settings, signals);
+}
+
+}  // namespace
+}  // namespace ckpt
+
+int main(int argc, char** argv) { return ckpt::Main(argc, argv); }

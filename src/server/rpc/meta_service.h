@@ -1,0 +1,128 @@
+// MetaServiceImpl: the gRPC face of ckpt-meta. Every MetaService RPC of
+// proto/ckpt/v1/meta.proto is served here with the synchronous gRPC API by
+// translating the request (meta_convert.h), calling the MetaCore, and
+// translating the answer or the error (same code, same message).
+//
+// It holds no state of its own beyond a shutdown flag: the core is the single
+// source of truth. Successful calls log nothing (debug level at most);
+// failures are logged at debug level (the core logs the ones it decides), except
+// Internal/Unknown, which are logged as errors.
+//
+// Long calls: WaitVersion waits at most min(timeout_ms, the call's deadline,
+// 1 hour), and WatchTasks streams until the client cancels or the incarnation
+// becomes stale. Both wake at least once per second to notice cancellation and
+// Shutdown(), so a server drain never waits for them.
+//
+// Pagination: ListJobs and ListVersions page tokens are opaque strings that
+// encode the last returned job id (resp. job id, order and step); a token from
+// another call is rejected with InvalidArgument.
+//
+// Thread safety: every method may be called concurrently from gRPC's threads.
+// `core` must outlive the service; the service must outlive the grpc::Server it
+// is registered with.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <string>
+
+#include <grpcpp/grpcpp.h>
+
+#include "absl/status/status.h"
+#include "absl/time/time.h"
+#include "ckpt/v1/meta.grpc.pb.h"
+#include "common/clock.h"
+#include "server/meta/meta_core.h"
+
+namespace ckpt::rpc {
+
+class MetaServiceImpl final : public ckpt::v1::MetaService::Service {
+ public:
+  // `core` and `clock` are not owned and must outlive this object. `clock`
+  // paces WaitVersion's slices (use the core's clock).
+  explicit MetaServiceImpl(meta::MetaCore* core, Clock* clock = RealClock());
+  ~MetaServiceImpl() override;
+
+  MetaServiceImpl(const MetaServiceImpl&) = delete;
+  MetaServiceImpl& operator=(const MetaServiceImpl&) = delete;
+
+  // Starts draining: open WatchTasks streams end with UNAVAILABLE and
+  // WaitVersion calls return UNAVAILABLE within about a second; new calls of
+  // either kind return UNAVAILABLE at once. Other RPCs keep being served until
+  // the grpc::Server stops taking calls. Non-blocking; idempotent.
+  void Shutdown();
+  bool shutting_down() const { return shutting_down_.load(std::memory_order_acquire); }
+
+  // ---- Nodes and leases
+  grpc::Status RegisterNode(grpc::ServerContext* ctx, const v1::RegisterNodeRequest* req,
+                            v1::RegisterNodeResponse* resp) override;
+  grpc::Status Heartbeat(grpc::ServerContext* ctx, const v1::HeartbeatRequest* req,
+                         v1::HeartbeatResponse* resp) override;
+  // Sends every unfinished task of the incarnation at open, then new and
+  // re-issued ones (a task id + attempt is sent once per stream). Ends with
+  // FAILED_PRECONDITION when the incarnation is stale (noticed at the next task
+  // change, or within about 5 s when nothing changes), UNAVAILABLE on
+  // Shutdown(), CANCELLED when the client goes away.
+  grpc::Status WatchTasks(grpc::ServerContext* ctx, const v1::WatchTasksRequest* req,
+                          grpc::ServerWriter<v1::WatchTasksResponse>* writer) override;
+  grpc::Status ReportTaskResult(grpc::ServerContext* ctx, const v1::ReportTaskResultRequest* req,
+                                v1::ReportTaskResultResponse* resp) override;
+  grpc::Status ReportInventory(grpc::ServerContext* ctx, const v1::ReportInventoryRequest* req,
+                               v1::ReportInventoryResponse* resp) override;
+  grpc::Status DrainNode(grpc::ServerContext* ctx, const v1::DrainNodeRequest* req,
+                         v1::DrainNodeResponse* resp) override;
+  grpc::Status RemoveNode(grpc::ServerContext* ctx, const v1::RemoveNodeRequest* req,
+                          v1::RemoveNodeResponse* resp) override;
+  grpc::Status ListNodes(grpc::ServerContext* ctx, const v1::ListNodesRequest* req,
+                         v1::ListNodesResponse* resp) override;
+
+  // ---- Jobs and placement
+  grpc::Status CreateJob(grpc::ServerContext* ctx, const v1::CreateJobRequest* req,
+                         v1::CreateJobResponse* resp) override;
+  grpc::Status GetJob(grpc::ServerContext* ctx, const v1::GetJobRequest* req,
+                      v1::GetJobResponse* resp) override;
+  grpc::Status ListJobs(grpc::ServerContext* ctx, const v1::ListJobsRequest* req,
+                        v1::ListJobsResponse* resp) override;
+  grpc::Status DeleteJob(grpc::ServerContext* ctx, const v1::DeleteJobRequest* req,
+                         v1::DeleteJobResponse* resp) override;
+  grpc::Status GetPlacement(grpc::ServerContext* ctx, const v1::GetPlacementRequest* req,
+                            v1::GetPlacementResponse* resp) override;
+
+  // ---- Versions
+  grpc::Status BeginVersion(grpc::ServerContext* ctx, const v1::BeginVersionRequest* req,
+                            v1::BeginVersionResponse* resp) override;
+  // Malformed entries get INVALID_ARGUMENT in their own result slot; the
+  // others are passed to the core in order.
+  grpc::Status ReportShards(grpc::ServerContext* ctx, const v1::ReportShardsRequest* req,
+                            v1::ReportShardsResponse* resp) override;
+  grpc::Status GetVersion(grpc::ServerContext* ctx, const v1::GetVersionRequest* req,
+                          v1::GetVersionResponse* resp) override;
+  grpc::Status ListVersions(grpc::ServerContext* ctx, const v1::ListVersionsRequest* req,
+                            v1::ListVersionsResponse* resp) override;
+  grpc::Status Latest(grpc::ServerContext* ctx, const v1::LatestRequest* req,
+                      v1::LatestResponse* resp) override;
+  grpc::Status Locate(grpc::ServerContext* ctx, const v1::LocateRequest* req,
+                      v1::LocateResponse* resp) override;
+  grpc::Status WaitVersion(grpc::ServerContext* ctx, const v1::WaitVersionRequest* req,
+                           v1::WaitVersionResponse* resp) override;
+  grpc::Status FlushVersion(grpc::ServerContext* ctx, const v1::FlushVersionRequest* req,
+                            v1::FlushVersionResponse* resp) override;
+  grpc::Status DeleteVersion(grpc::ServerContext* ctx, const v1::DeleteVersionRequest* req,
+                             v1::DeleteVersionResponse* resp) override;
+
+  // ---- Cluster
+  grpc::Status ClusterStatus(grpc::ServerContext* ctx, const v1::ClusterStatusRequest* req,
+                             v1::ClusterStatusResponse* resp) override;
+
+ private:
+  // DeadlineExceeded for a WaitVersion that waited `waited` in several slices,
+  // with the version's current state (or GetVersion's error).
+  absl::Status WaitTimedOut(const std::string& job_id, uint64_t step, meta::Level level,
+                            absl::Duration waited) const;
+
+  meta::MetaCore* const core_;
+  Clock* const clock_;
+  std::atomic<bool> shutting_down_{false};
+};
+
+}  // namespace ckpt::rpc

@@ -53,6 +53,7 @@
 #include "server/rpc/meta_service.h"
 
 namespace ckpt {
+
 namespace {
 
 constexpr int kExitOk = 0;
@@ -515,6 +516,10 @@ int Serve(const Settings& settings, const sigset_t& signals) {
     // gRPC sets SO_REUSEPORT by default, which would let a second ckpt-meta
     // bind the same port and silently share the traffic: refuse instead.
     builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+    // Handlers block on the store's group commit; gRPC adds threads as they
+    // block, so many reports share each fsync.
+    builder.SetSyncServerOption(grpc::ServerBuilder::SyncServerOption::MIN_POLLERS, 2);
+    builder.SetSyncServerOption(grpc::ServerBuilder::SyncServerOption::MAX_POLLERS, 4);
     builder.RegisterService(&service);
     server = builder.BuildAndStart();
     if (server == nullptr || port == 0) {
@@ -670,4 +675,9 @@ int Main(int argc, char** argv) {
 }  // namespace
 }  // namespace ckpt
 
-int main(int argc, char** argv) { return ckpt::Main(argc, argv); }
+int main(int argc, char** argv) {
+  // Keep assert() on in release builds, but not Abseil's mutex deadlock
+  // detector, which costs a graph update on every lock in the hot path.
+  absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
+  return ckpt::Main(argc, argv);
+}

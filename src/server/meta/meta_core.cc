@@ -1,5 +1,7 @@
 #include "server/meta/meta_core.h"
 
+#include <pthread.h>
+
 #include <algorithm>
 #include <random>
 
@@ -336,7 +338,52 @@ MetaCore::MetaCore(MetaStore* store, Clock* clock, MetaOptions options)
       start_ms_(clock->NowUnixMillis()),
       state_(std::make_unique<State>()) {}
 
-MetaCore::~MetaCore() = default;
+MetaCore::~MetaCore() { Stop(); }
+
+void MetaCore::Stop() {
+  {
+    absl::MutexLock lock(&durable_mu_);
+    durable_stopping_ = true;
+  }
+  if (durable_thread_.joinable()) durable_thread_.join();
+}
+
+void MetaCore::WhenDurable(uint64_t seq, std::function<void(absl::Status)> done) {
+  if (seq == 0) {
+    done(absl::OkStatus());
+    return;
+  }
+  {
+    absl::MutexLock lock(&durable_mu_);
+    if (!durable_stopping_) {
+      durable_queue_.emplace_back(seq, std::move(done));
+      return;
+    }
+  }
+  done(store_->AwaitDurable(seq));  // after Stop(): nobody else would call it
+}
+
+void MetaCore::DurableLoop() {
+  // Linux limits thread names to 15 bytes.
+  pthread_setname_np(pthread_self(), "ckpt-meta-dur");
+  std::deque<std::pair<uint64_t, std::function<void(absl::Status)>>> batch;
+  for (;;) {
+    {
+      absl::MutexLock lock(&durable_mu_);
+      durable_mu_.Await(absl::Condition(
+          +[](MetaCore* c) ABSL_EXCLUSIVE_LOCKS_REQUIRED(c->durable_mu_) {
+            return c->durable_stopping_ || !c->durable_queue_.empty();
+          },
+          this));
+      if (durable_queue_.empty()) return;  // stopping, and everything completed
+      batch.swap(durable_queue_);
+    }
+    // Durability is ordered: after the first wait, later sequences of the
+    // same group commit return at once.
+    for (auto& [seq, done] : batch) done(store_->AwaitDurable(seq));
+    batch.clear();
+  }
+}
 
 absl::StatusOr<std::unique_ptr<MetaCore>> MetaCore::Open(MetaStore* store, Clock* clock,
                                                          MetaOptions options) {
@@ -411,6 +458,8 @@ absl::StatusOr<std::unique_ptr<MetaCore>> MetaCore::Open(MetaStore* store, Clock
   }
   log::Info("meta state loaded: {} nodes, {} jobs, {} tasks", s.nodes.size(), s.jobs.size(),
             s.tasks.size());
+  MetaCore* const c = core.get();
+  core->durable_thread_ = std::thread([c] { c->DurableLoop(); });
   return core;
 }
 
@@ -490,6 +539,15 @@ absl::StatusOr<RegisterResult> MetaCore::RegisterNode(const RegisterRequest& req
 }
 
 absl::StatusOr<HeartbeatResult> MetaCore::Heartbeat(const HeartbeatRequest& req) {
+  uint64_t seq = 0;
+  CKPT_ASSIGN_OR_RETURN(HeartbeatResult result, SubmitHeartbeat(req, &seq));
+  CKPT_RETURN_IF_ERROR(store_->AwaitDurable(seq));
+  return result;
+}
+
+absl::StatusOr<HeartbeatResult> MetaCore::SubmitHeartbeat(const HeartbeatRequest& req,
+                                                          uint64_t* durable_seq) {
+  *durable_seq = 0;
   HeartbeatResult result;
   uint64_t seq = 0;
   {
@@ -534,7 +592,7 @@ absl::StatusOr<HeartbeatResult> MetaCore::Heartbeat(const HeartbeatRequest& req)
   result.lease = options_.lease;
   result.heartbeat_interval = options_.heartbeat_interval;
   result.meta_instance_id = instance_id_;
-  CKPT_RETURN_IF_ERROR(store_->AwaitDurable(seq));
+  *durable_seq = seq;
   return result;
 }
 
@@ -1199,7 +1257,20 @@ absl::Status ApplyPersisted(Engine& e, const std::string& node_id, const Persist
 absl::StatusOr<ReportResult> MetaCore::ReportShards(const std::string& node_id,
                                                     uint64_t incarnation,
                                                     const std::vector<ShardReport>& reports) {
+  uint64_t seq = 0;
+  CKPT_ASSIGN_OR_RETURN(ReportResult result,
+                        SubmitReportShards(node_id, incarnation, reports, &seq));
+  CKPT_RETURN_IF_ERROR(store_->AwaitDurable(seq));
+  return result;
+}
+
+absl::StatusOr<ReportResult> MetaCore::SubmitReportShards(const std::string& node_id,
+                                                          uint64_t incarnation,
+                                                          const std::vector<ShardReport>& reports,
+                                                          uint64_t* durable_seq) {
+  *durable_seq = 0;
   ReportResult result;
+  result.results.reserve(reports.size());
   uint64_t seq = 0;
   {
     absl::MutexLock lock(&mu_);
@@ -1229,7 +1300,7 @@ absl::StatusOr<ReportResult> MetaCore::ReportShards(const std::string& node_id,
     state_->created_tasks.clear();
     seq = txn.Submit(store_, state_->versions);
   }
-  CKPT_RETURN_IF_ERROR(store_->AwaitDurable(seq));
+  *durable_seq = seq;
   return result;
 }
 

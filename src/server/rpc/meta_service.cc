@@ -155,10 +155,17 @@ grpc::Status MetaServiceImpl::RegisterNode(grpc::ServerContext*,
   return grpc::Status::OK;
 }
 
-grpc::Status MetaServiceImpl::Heartbeat(grpc::ServerContext*, const v1::HeartbeatRequest* req,
-                                        v1::HeartbeatResponse* resp) {
-  absl::StatusOr<meta::HeartbeatResult> result = core_->Heartbeat(HeartbeatFromProto(*req));
-  if (!result.ok()) return Fail("Heartbeat", result.status());
+grpc::ServerUnaryReactor* MetaServiceImpl::Heartbeat(grpc::CallbackServerContext* ctx,
+                                                     const v1::HeartbeatRequest* req,
+                                                     v1::HeartbeatResponse* resp) {
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  uint64_t seq = 0;
+  absl::StatusOr<meta::HeartbeatResult> result =
+      core_->SubmitHeartbeat(HeartbeatFromProto(*req), &seq);
+  if (!result.ok()) {
+    reactor->Finish(Fail("Heartbeat", result.status()));
+    return reactor;
+  }
   resp->set_lease_ms(absl::ToInt64Milliseconds(result->lease));
   resp->set_heartbeat_interval_ms(absl::ToInt64Milliseconds(result->heartbeat_interval));
   resp->set_node_state(ToProto(result->node_state));
@@ -166,7 +173,11 @@ grpc::Status MetaServiceImpl::Heartbeat(grpc::ServerContext*, const v1::Heartbea
   resp->set_inventory_required(result->inventory_required);
   AppendTasks("Heartbeat", result->tasks, resp->mutable_tasks());
   for (const std::string& id : result->cancelled_task_ids) resp->add_cancelled_task_ids(id);
-  return grpc::Status::OK;
+  // The answer leaves only once the change is durable.
+  core_->WhenDurable(seq, [reactor](absl::Status durable) {
+    reactor->Finish(durable.ok() ? grpc::Status::OK : Fail("Heartbeat", durable));
+  });
+  return reactor;
 }
 
 grpc::Status MetaServiceImpl::WatchTasks(grpc::ServerContext* ctx,
@@ -398,9 +409,14 @@ grpc::Status MetaServiceImpl::BeginVersion(grpc::ServerContext*,
   return grpc::Status::OK;
 }
 
-grpc::Status MetaServiceImpl::ReportShards(grpc::ServerContext*,
-                                           const v1::ReportShardsRequest* req,
-                                           v1::ReportShardsResponse* resp) {
+grpc::ServerUnaryReactor* MetaServiceImpl::ReportShards(grpc::CallbackServerContext* ctx,
+                                                        const v1::ReportShardsRequest* req,
+                                                        v1::ReportShardsResponse* resp) {
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  auto finish = [reactor](const grpc::Status& status) {
+    reactor->Finish(status);
+    return reactor;
+  };
   const int n = req->reports_size();
   std::vector<absl::Status> results(static_cast<size_t>(n));
   std::vector<meta::ShardReport> reports;
@@ -418,13 +434,19 @@ grpc::Status MetaServiceImpl::ReportShards(grpc::ServerContext*,
     request_index.push_back(i);
   }
   // Called even with no well-formed report: the incarnation check still applies.
+  uint64_t seq = 0;
   absl::StatusOr<meta::ReportResult> result =
-      core_->ReportShards(req->node_id(), req->incarnation(), reports);
-  if (!result.ok()) return Fail("ReportShards", result.status());
+      core_->SubmitReportShards(req->node_id(), req->incarnation(), reports, &seq);
+  if (!result.ok()) return finish(Fail("ReportShards", result.status()));
   if (result->results.size() != reports.size()) {
-    return Fail("ReportShards",
-                absl::InternalError(absl::StrCat("the core answered ", result->results.size(),
-                                                 " results for ", reports.size(), " reports")));
+    // Still wait for the change (if any) before answering, as for success.
+    const absl::Status bug = absl::InternalError(absl::StrCat(
+        "the core answered ", result->results.size(), " results for ", reports.size(),
+        " reports"));
+    core_->WhenDurable(seq, [reactor, bug](absl::Status) {
+      reactor->Finish(Fail("ReportShards", bug));
+    });
+    return reactor;
   }
   for (size_t j = 0; j < reports.size(); ++j) {
     results[static_cast<size_t>(request_index[j])] = std::move(result->results[j]);
@@ -432,7 +454,11 @@ grpc::Status MetaServiceImpl::ReportShards(grpc::ServerContext*,
   resp->mutable_results()->Reserve(n);
   for (const absl::Status& s : results) ToProto(s, resp->add_results());
   AppendTasks("ReportShards", result->tasks, resp->mutable_tasks());
-  return grpc::Status::OK;
+  // The answer leaves only once the change is durable.
+  core_->WhenDurable(seq, [reactor](absl::Status durable) {
+    reactor->Finish(durable.ok() ? grpc::Status::OK : Fail("ReportShards", durable));
+  });
+  return reactor;
 }
 
 grpc::Status MetaServiceImpl::GetVersion(grpc::ServerContext*, const v1::GetVersionRequest* req,

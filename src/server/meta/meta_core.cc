@@ -247,9 +247,23 @@ TaskBundle Engine::Bundle(const Task& t) {
   if (jv != s_.versions.end()) {
     auto vit = jv->second.find(t.step);
     if (vit != jv->second.end()) {
-      const Version& v = vit->second;
-      Version copy = v;
-      for (auto& [rank, shard] : copy.shards) shard.items.clear();
+      Version& v = vit->second;
+      // The bundle carries the version without items. Copying it whole and
+      // then dropping the items cost an allocation per item of every rank
+      // for each task handed out, so the item vectors are moved aside (O(1))
+      // while the rest is copied, and moved back. Nothing here can fail
+      // except allocation, which ends the process.
+      Version copy;
+      {
+        std::map<uint32_t, Shard> shards = std::exchange(v.shards, {});
+        copy = v;
+        v.shards = std::move(shards);
+      }
+      for (auto& [rank, shard] : v.shards) {
+        std::vector<Item> items = std::exchange(shard.items, {});
+        copy.shards.emplace_hint(copy.shards.end(), rank, shard);
+        shard.items = std::move(items);
+      }
       for (const EcGroup& g : v.plan.groups)
         for (const auto& m : g.members) add(m);
       for (const Segment& seg : v.segments) add(seg.holder_node_id);
@@ -1070,7 +1084,8 @@ absl::Status ValidateManifest(const Shard& shard) {
   return absl::OkStatus();
 }
 
-absl::Status ApplyStaged(Engine& e, const std::string& node_id, const StagedReport& r) {
+// Takes the shard out of `r` (it is not used after).
+absl::Status ApplyStaged(Engine& e, const std::string& node_id, StagedReport& r) {
   CKPT_ASSIGN_OR_RETURN(Version * v, e.FindVersion(r.job_id, r.step));
   const Shard& in = r.shard;
   if (in.rank >= v->world_size) {
@@ -1105,13 +1120,13 @@ absl::Status ApplyStaged(Engine& e, const std::string& node_id, const StagedRepo
                                                       "\" differs from the version's run \"",
                                                       v->run_id, "\""));
   }
-  Shard sh = in;
+  const uint32_t rank = in.rank;
+  Shard sh = std::move(r.shard);
   sh.primary_node_id = node_id;
   sh.copies.clear();
   sh.copies.push_back(Copy{node_id, CopyRole::kPrimary, CopyState::kValid, e.NowMs(), ""});
   sh.durable_written = false;
-  if (v->flush_planned) sh.durable_path = absl::StrCat(v->durable_dir, "/", RankFileName(in.rank));
-  const uint32_t rank = in.rank;
+  if (v->flush_planned) sh.durable_path = absl::StrCat(v->durable_dir, "/", RankFileName(rank));
   v->shards[rank] = std::move(sh);
   e.txn().ShardRecord(*v, rank);
 
@@ -1259,14 +1274,14 @@ absl::StatusOr<ReportResult> MetaCore::ReportShards(const std::string& node_id,
                                                     const std::vector<ShardReport>& reports) {
   uint64_t seq = 0;
   CKPT_ASSIGN_OR_RETURN(ReportResult result,
-                        SubmitReportShards(node_id, incarnation, reports, &seq));
+                        SubmitReportShards(node_id, incarnation, std::vector(reports), &seq));
   CKPT_RETURN_IF_ERROR(store_->AwaitDurable(seq));
   return result;
 }
 
 absl::StatusOr<ReportResult> MetaCore::SubmitReportShards(const std::string& node_id,
                                                           uint64_t incarnation,
-                                                          const std::vector<ShardReport>& reports,
+                                                          std::vector<ShardReport> reports,
                                                           uint64_t* durable_seq) {
   *durable_seq = 0;
   ReportResult result;
@@ -1278,7 +1293,7 @@ absl::StatusOr<ReportResult> MetaCore::SubmitReportShards(const std::string& nod
     Engine e(*state_, clock_, options_, txn);
     CKPT_RETURN_IF_ERROR(e.CheckNode(node_id, incarnation).status());
     state_->created_tasks.clear();
-    for (const ShardReport& r : reports) {
+    for (ShardReport& r : reports) {
       absl::Status st;
       switch (r.kind) {
         case ShardReport::Kind::kStaged: st = ApplyStaged(e, node_id, r.staged); break;

@@ -355,10 +355,11 @@ class MetaCore {
                                                         const std::string& run_id);
   absl::StatusOr<ReportResult> ReportShards(const std::string& node_id, uint64_t incarnation,
                                             const std::vector<ShardReport>& reports);
-  // ReportShards without the durability wait; see SubmitHeartbeat.
+  // ReportShards without the durability wait; see SubmitHeartbeat. Takes the
+  // reports by value: staged shards are moved into the state, not copied.
   absl::StatusOr<ReportResult> SubmitReportShards(const std::string& node_id,
                                                   uint64_t incarnation,
-                                                  const std::vector<ShardReport>& reports,
+                                                  std::vector<ShardReport> reports,
                                                   uint64_t* durable_seq);
   // Calls done(MetaStore::AwaitDurable(seq)) exactly once: inline when seq is 0
   // (with OK) or after Stop(), otherwise from the durability thread, which

@@ -436,19 +436,19 @@ grpc::ServerUnaryReactor* MetaServiceImpl::ReportShards(grpc::CallbackServerCont
   // Called even with no well-formed report: the incarnation check still applies.
   uint64_t seq = 0;
   absl::StatusOr<meta::ReportResult> result =
-      core_->SubmitReportShards(req->node_id(), req->incarnation(), reports, &seq);
+      core_->SubmitReportShards(req->node_id(), req->incarnation(), std::move(reports), &seq);
   if (!result.ok()) return finish(Fail("ReportShards", result.status()));
-  if (result->results.size() != reports.size()) {
+  if (result->results.size() != request_index.size()) {
     // Still wait for the change (if any) before answering, as for success.
     const absl::Status bug = absl::InternalError(absl::StrCat(
-        "the core answered ", result->results.size(), " results for ", reports.size(),
+        "the core answered ", result->results.size(), " results for ", request_index.size(),
         " reports"));
     core_->WhenDurable(seq, [reactor, bug](absl::Status) {
       reactor->Finish(Fail("ReportShards", bug));
     });
     return reactor;
   }
-  for (size_t j = 0; j < reports.size(); ++j) {
+  for (size_t j = 0; j < request_index.size(); ++j) {
     results[static_cast<size_t>(request_index[j])] = std::move(result->results[j]);
   }
   resp->mutable_results()->Reserve(n);

@@ -3,10 +3,13 @@
 #include <algorithm>
 #include <chrono>
 #include <climits>
+#include <memory>
 #include <set>
 #include <string>
 #include <utility>
 #include <vector>
+
+#include <google/protobuf/arena.h>
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/numbers.h"
@@ -124,6 +127,38 @@ absl::Duration UntilDeadline(const grpc::ServerContext* ctx) {
       std::chrono::duration_cast<std::chrono::microseconds>(deadline - now));
 }
 
+// Allocates a call's request and response on one protobuf Arena whose first
+// block lives in the holder itself: parsing a report and building its answer
+// then cost one heap allocation instead of dozens, and freeing is one delete.
+template <typename Request, typename Response>
+class ArenaMessageAllocator final : public grpc::MessageAllocator<Request, Response> {
+ public:
+  grpc::MessageHolder<Request, Response>* AllocateMessages() override { return new Holder(); }
+
+ private:
+  // Fits the request and response of a ReportShards with a node's 8 ranks.
+  static constexpr size_t kInitialBlockBytes = 16 * 1024;
+
+  class Holder final : public grpc::MessageHolder<Request, Response> {
+   public:
+    Holder() : arena_(Options(block_)) {
+      this->set_request(google::protobuf::Arena::CreateMessage<Request>(&arena_));
+      this->set_response(google::protobuf::Arena::CreateMessage<Response>(&arena_));
+    }
+    void Release() override { delete this; }
+
+   private:
+    static google::protobuf::ArenaOptions Options(char* block) {
+      google::protobuf::ArenaOptions options;
+      options.initial_block = block;
+      options.initial_block_size = kInitialBlockBytes;
+      return options;
+    }
+    alignas(16) char block_[kInitialBlockBytes];  // before arena_: it is the arena's first block
+    google::protobuf::Arena arena_;
+  };
+};
+
 }  // namespace
 
 absl::Status MetaServiceImpl::WaitTimedOut(const std::string& job_id, uint64_t step,
@@ -136,7 +171,16 @@ absl::Status MetaServiceImpl::WaitTimedOut(const std::string& job_id, uint64_t s
       v->shards.size(), " of ", v->world_size, " shards staged"));
 }
 
-MetaServiceImpl::MetaServiceImpl(meta::MetaCore* core, Clock* clock) : core_(core), clock_(clock) {}
+MetaServiceImpl::MetaServiceImpl(meta::MetaCore* core, Clock* clock)
+    : core_(core),
+      clock_(clock),
+      report_allocator_(std::make_unique<ArenaMessageAllocator<v1::ReportShardsRequest,
+                                                               v1::ReportShardsResponse>>()),
+      heartbeat_allocator_(
+          std::make_unique<ArenaMessageAllocator<v1::HeartbeatRequest, v1::HeartbeatResponse>>()) {
+  SetMessageAllocatorFor_ReportShards(report_allocator_.get());
+  SetMessageAllocatorFor_Heartbeat(heartbeat_allocator_.get());
+}
 MetaServiceImpl::~MetaServiceImpl() = default;
 
 void MetaServiceImpl::Shutdown() { shutting_down_.store(true, std::memory_order_release); }

@@ -9,7 +9,8 @@
 //                    no signal handler runs any code)
 //   ckpt-meta-tick   MetaCore::Tick() every 200 ms; a failed store is fatal
 //   ckpt-meta-stats  refreshes the Prometheus gauges every second
-// plus those of the store (its writer), gRPC and the metrics HTTP server.
+// plus those of the store (its writer), the core (ckpt-meta-dur, which finishes
+// the callback RPCs once durable), gRPC and the metrics HTTP server.
 //
 // Exit codes: 0 after a clean shutdown, 1 for a runtime failure (cannot bind,
 // store failure), 2 for a usage or configuration error.
@@ -516,8 +517,10 @@ int Serve(const Settings& settings, const sigset_t& signals) {
     // gRPC sets SO_REUSEPORT by default, which would let a second ckpt-meta
     // bind the same port and silently share the traffic: refuse instead.
     builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
-    // Handlers block on the store's group commit; gRPC adds threads as they
-    // block, so many reports share each fsync.
+    // Heartbeat and ReportShards are callback reactors finished by the core's
+    // durability thread, so many reports share each fsync without parking a
+    // thread each. The other RPCs are synchronous and may block on the group
+    // commit; gRPC adds threads for them as they block.
     builder.SetSyncServerOption(grpc::ServerBuilder::SyncServerOption::MIN_POLLERS, 2);
     builder.SetSyncServerOption(grpc::ServerBuilder::SyncServerOption::MAX_POLLERS, 4);
     builder.RegisterService(&service);

@@ -1,5 +1,7 @@
 #include "server/meta/meta_core.h"
 
+#include <pthread.h>
+
 #include <algorithm>
 #include <random>
 
@@ -245,9 +247,23 @@ TaskBundle Engine::Bundle(const Task& t) {
   if (jv != s_.versions.end()) {
     auto vit = jv->second.find(t.step);
     if (vit != jv->second.end()) {
-      const Version& v = vit->second;
-      Version copy = v;
-      for (auto& [rank, shard] : copy.shards) shard.items.clear();
+      Version& v = vit->second;
+      // The bundle carries the version without items. Copying it whole and
+      // then dropping the items cost an allocation per item of every rank
+      // for each task handed out, so the item vectors are moved aside (O(1))
+      // while the rest is copied, and moved back. Nothing here can fail
+      // except allocation, which ends the process.
+      Version copy;
+      {
+        std::map<uint32_t, Shard> shards = std::exchange(v.shards, {});
+        copy = v;
+        v.shards = std::move(shards);
+      }
+      for (auto& [rank, shard] : v.shards) {
+        std::vector<Item> items = std::exchange(shard.items, {});
+        copy.shards.emplace_hint(copy.shards.end(), rank, shard);
+        shard.items = std::move(items);
+      }
       for (const EcGroup& g : v.plan.groups)
         for (const auto& m : g.members) add(m);
       for (const Segment& seg : v.segments) add(seg.holder_node_id);
@@ -336,7 +352,52 @@ MetaCore::MetaCore(MetaStore* store, Clock* clock, MetaOptions options)
       start_ms_(clock->NowUnixMillis()),
       state_(std::make_unique<State>()) {}
 
-MetaCore::~MetaCore() = default;
+MetaCore::~MetaCore() { Stop(); }
+
+void MetaCore::Stop() {
+  {
+    absl::MutexLock lock(&durable_mu_);
+    durable_stopping_ = true;
+  }
+  if (durable_thread_.joinable()) durable_thread_.join();
+}
+
+void MetaCore::WhenDurable(uint64_t seq, std::function<void(absl::Status)> done) {
+  if (seq == 0) {
+    done(absl::OkStatus());
+    return;
+  }
+  {
+    absl::MutexLock lock(&durable_mu_);
+    if (!durable_stopping_) {
+      durable_queue_.emplace_back(seq, std::move(done));
+      return;
+    }
+  }
+  done(store_->AwaitDurable(seq));  // after Stop(): nobody else would call it
+}
+
+void MetaCore::DurableLoop() {
+  // Linux limits thread names to 15 bytes.
+  pthread_setname_np(pthread_self(), "ckpt-meta-dur");
+  std::deque<std::pair<uint64_t, std::function<void(absl::Status)>>> batch;
+  for (;;) {
+    {
+      absl::MutexLock lock(&durable_mu_);
+      durable_mu_.Await(absl::Condition(
+          +[](MetaCore* c) ABSL_EXCLUSIVE_LOCKS_REQUIRED(c->durable_mu_) {
+            return c->durable_stopping_ || !c->durable_queue_.empty();
+          },
+          this));
+      if (durable_queue_.empty()) return;  // stopping, and everything completed
+      batch.swap(durable_queue_);
+    }
+    // Durability is ordered: after the first wait, later sequences of the
+    // same group commit return at once.
+    for (auto& [seq, done] : batch) done(store_->AwaitDurable(seq));
+    batch.clear();
+  }
+}
 
 absl::StatusOr<std::unique_ptr<MetaCore>> MetaCore::Open(MetaStore* store, Clock* clock,
                                                          MetaOptions options) {
@@ -411,6 +472,8 @@ absl::StatusOr<std::unique_ptr<MetaCore>> MetaCore::Open(MetaStore* store, Clock
   }
   log::Info("meta state loaded: {} nodes, {} jobs, {} tasks", s.nodes.size(), s.jobs.size(),
             s.tasks.size());
+  MetaCore* const c = core.get();
+  core->durable_thread_ = std::thread([c] { c->DurableLoop(); });
   return core;
 }
 
@@ -490,6 +553,15 @@ absl::StatusOr<RegisterResult> MetaCore::RegisterNode(const RegisterRequest& req
 }
 
 absl::StatusOr<HeartbeatResult> MetaCore::Heartbeat(const HeartbeatRequest& req) {
+  uint64_t seq = 0;
+  CKPT_ASSIGN_OR_RETURN(HeartbeatResult result, SubmitHeartbeat(req, &seq));
+  CKPT_RETURN_IF_ERROR(store_->AwaitDurable(seq));
+  return result;
+}
+
+absl::StatusOr<HeartbeatResult> MetaCore::SubmitHeartbeat(const HeartbeatRequest& req,
+                                                          uint64_t* durable_seq) {
+  *durable_seq = 0;
   HeartbeatResult result;
   uint64_t seq = 0;
   {
@@ -534,7 +606,7 @@ absl::StatusOr<HeartbeatResult> MetaCore::Heartbeat(const HeartbeatRequest& req)
   result.lease = options_.lease;
   result.heartbeat_interval = options_.heartbeat_interval;
   result.meta_instance_id = instance_id_;
-  CKPT_RETURN_IF_ERROR(store_->AwaitDurable(seq));
+  *durable_seq = seq;
   return result;
 }
 
@@ -1012,7 +1084,8 @@ absl::Status ValidateManifest(const Shard& shard) {
   return absl::OkStatus();
 }
 
-absl::Status ApplyStaged(Engine& e, const std::string& node_id, const StagedReport& r) {
+// Takes the shard out of `r` (it is not used after).
+absl::Status ApplyStaged(Engine& e, const std::string& node_id, StagedReport& r) {
   CKPT_ASSIGN_OR_RETURN(Version * v, e.FindVersion(r.job_id, r.step));
   const Shard& in = r.shard;
   if (in.rank >= v->world_size) {
@@ -1047,13 +1120,13 @@ absl::Status ApplyStaged(Engine& e, const std::string& node_id, const StagedRepo
                                                       "\" differs from the version's run \"",
                                                       v->run_id, "\""));
   }
-  Shard sh = in;
+  const uint32_t rank = in.rank;
+  Shard sh = std::move(r.shard);
   sh.primary_node_id = node_id;
   sh.copies.clear();
   sh.copies.push_back(Copy{node_id, CopyRole::kPrimary, CopyState::kValid, e.NowMs(), ""});
   sh.durable_written = false;
-  if (v->flush_planned) sh.durable_path = absl::StrCat(v->durable_dir, "/", RankFileName(in.rank));
-  const uint32_t rank = in.rank;
+  if (v->flush_planned) sh.durable_path = absl::StrCat(v->durable_dir, "/", RankFileName(rank));
   v->shards[rank] = std::move(sh);
   e.txn().ShardRecord(*v, rank);
 
@@ -1199,7 +1272,20 @@ absl::Status ApplyPersisted(Engine& e, const std::string& node_id, const Persist
 absl::StatusOr<ReportResult> MetaCore::ReportShards(const std::string& node_id,
                                                     uint64_t incarnation,
                                                     const std::vector<ShardReport>& reports) {
+  uint64_t seq = 0;
+  CKPT_ASSIGN_OR_RETURN(ReportResult result,
+                        SubmitReportShards(node_id, incarnation, std::vector(reports), &seq));
+  CKPT_RETURN_IF_ERROR(store_->AwaitDurable(seq));
+  return result;
+}
+
+absl::StatusOr<ReportResult> MetaCore::SubmitReportShards(const std::string& node_id,
+                                                          uint64_t incarnation,
+                                                          std::vector<ShardReport> reports,
+                                                          uint64_t* durable_seq) {
+  *durable_seq = 0;
   ReportResult result;
+  result.results.reserve(reports.size());
   uint64_t seq = 0;
   {
     absl::MutexLock lock(&mu_);
@@ -1207,7 +1293,7 @@ absl::StatusOr<ReportResult> MetaCore::ReportShards(const std::string& node_id,
     Engine e(*state_, clock_, options_, txn);
     CKPT_RETURN_IF_ERROR(e.CheckNode(node_id, incarnation).status());
     state_->created_tasks.clear();
-    for (const ShardReport& r : reports) {
+    for (ShardReport& r : reports) {
       absl::Status st;
       switch (r.kind) {
         case ShardReport::Kind::kStaged: st = ApplyStaged(e, node_id, r.staged); break;
@@ -1229,7 +1315,7 @@ absl::StatusOr<ReportResult> MetaCore::ReportShards(const std::string& node_id,
     state_->created_tasks.clear();
     seq = txn.Submit(store_, state_->versions);
   }
-  CKPT_RETURN_IF_ERROR(store_->AwaitDurable(seq));
+  *durable_seq = seq;
   return result;
 }
 

@@ -21,14 +21,27 @@
 // DataLoss (no readable source), DeadlineExceeded (wait timed out), Internal /
 // Unavailable (the store failed; the process should restart).
 //
-// Thread safety: every public method may be called from any thread.
+// Non-blocking variants for the gRPC callback API: SubmitHeartbeat and
+// SubmitReportShards apply and submit the change like Heartbeat and
+// ReportShards but return before it is durable, with the store sequence number
+// to wait for; WhenDurable(seq, done) then calls `done` from the core's
+// durability thread ("ckpt-meta-dur") once that sequence is durable, so no
+// caller thread parks in MetaStore::AwaitDurable.
+//
+// Thread safety: every public method may be called from any thread. The core
+// owns one thread (the durability thread), started by Open() and joined by
+// Stop() (called by the destructor).
 #pragma once
 
 #include <cstdint>
+#include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
 #include <string>
+#include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -285,13 +298,25 @@ class MetaCore {
   // a record that does not parse (the message names its key).
   static absl::StatusOr<std::unique_ptr<MetaCore>> Open(MetaStore* store, Clock* clock,
                                                         MetaOptions options = {});
+  // Calls Stop().
   ~MetaCore();
+
+  // Completes every WhenDurable() callback already queued (waiting for the
+  // store as needed), then joins the durability thread. Later WhenDurable()
+  // calls run `done` inline. Blocks; idempotent.
+  void Stop();
 
   uint64_t instance_id() const { return instance_id_; }
 
   // ---- Nodes ----
   absl::StatusOr<RegisterResult> RegisterNode(const RegisterRequest& req);
   absl::StatusOr<HeartbeatResult> Heartbeat(const HeartbeatRequest& req);
+  // Heartbeat without the durability wait: on success *durable_seq is the store
+  // sequence to pass to WhenDurable() (0: nothing to wait for), and the result
+  // must not be shown to the caller before that reports OK. Never blocks on
+  // I/O (except MetaStore::Submit's backpressure).
+  absl::StatusOr<HeartbeatResult> SubmitHeartbeat(const HeartbeatRequest& req,
+                                                  uint64_t* durable_seq);
   absl::StatusOr<TaskDisposition> ReportTaskResult(const std::string& node_id,
                                                    uint64_t incarnation,
                                                    const std::string& task_id, uint32_t attempt,
@@ -330,6 +355,18 @@ class MetaCore {
                                                         const std::string& run_id);
   absl::StatusOr<ReportResult> ReportShards(const std::string& node_id, uint64_t incarnation,
                                             const std::vector<ShardReport>& reports);
+  // ReportShards without the durability wait; see SubmitHeartbeat. Takes the
+  // reports by value: staged shards are moved into the state, not copied.
+  absl::StatusOr<ReportResult> SubmitReportShards(const std::string& node_id,
+                                                  uint64_t incarnation,
+                                                  std::vector<ShardReport> reports,
+                                                  uint64_t* durable_seq);
+  // Calls done(MetaStore::AwaitDurable(seq)) exactly once: inline when seq is 0
+  // (with OK) or after Stop(), otherwise from the durability thread, which
+  // completes callbacks in the order their sequences become durable. `done`
+  // must not block (it runs on the one thread that completes every waiter);
+  // it may call any method of the core except Stop(). Never blocks.
+  void WhenDurable(uint64_t seq, std::function<void(absl::Status)> done);
   absl::StatusOr<Version> GetVersion(const std::string& job_id, uint64_t step,
                                      bool include_items) const;
   // Summaries (no shards) in ascending step order (or newest first), with
@@ -363,6 +400,8 @@ class MetaCore {
   struct State;
   MetaCore(MetaStore* store, Clock* clock, MetaOptions options);
   static bool ActiveTasksEmpty(Engine& e, const Version& v);
+  // Body of the durability thread.
+  void DurableLoop();
 
   MetaStore* const store_;
   Clock* const clock_;
@@ -371,6 +410,14 @@ class MetaCore {
   const int64_t start_ms_;
   mutable absl::Mutex mu_;
   std::unique_ptr<State> state_ ABSL_GUARDED_BY(mu_);
+
+  // WhenDurable() waiters in call order (sequences roughly ascending: a
+  // waiter whose batch is already durable costs one cheap AwaitDurable).
+  absl::Mutex durable_mu_;
+  std::deque<std::pair<uint64_t, std::function<void(absl::Status)>>> durable_queue_
+      ABSL_GUARDED_BY(durable_mu_);
+  bool durable_stopping_ ABSL_GUARDED_BY(durable_mu_) = false;
+  std::thread durable_thread_;  // started by Open(), joined by Stop()
 };
 
 }  // namespace ckpt::meta

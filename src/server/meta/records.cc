@@ -75,6 +75,100 @@ struct SegmentsRecord {
 };
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(SegmentsRecord, blobs, segments)
 
+// A hand-rolled JSON writer for the per-shard record, written once per
+// report: building an nlohmann DOM for it (a map node per field) cost more
+// than the rest of the report. The output is JSON that the nlohmann mapping
+// above reads back to the same Shard (field order aside).
+void AppendJsonString(std::string* out, const std::string& s) {
+  for (const char c : s) {
+    if (static_cast<unsigned char>(c) >= 0x80) {
+      // Non-ASCII: let nlohmann check the UTF-8 and escape it as before.
+      out->append(nlohmann::json(s).dump());
+      return;
+    }
+  }
+  out->push_back('"');
+  for (const char c : s) {
+    switch (c) {
+      case '"': out->append("\\\""); break;
+      case '\\': out->append("\\\\"); break;
+      case '\b': out->append("\\b"); break;
+      case '\f': out->append("\\f"); break;
+      case '\n': out->append("\\n"); break;
+      case '\r': out->append("\\r"); break;
+      case '\t': out->append("\\t"); break;
+      default:
+        if (static_cast<unsigned char>(c) < 0x20) {
+          absl::StrAppendFormat(out, "\\u%04x", static_cast<unsigned>(c));
+        } else {
+          out->push_back(c);
+        }
+    }
+  }
+  out->push_back('"');
+}
+
+// Appends `"name":`, preceded by a comma unless it opens the object.
+void AppendKey(std::string* out, const char* name) {
+  if (out->back() != '{') out->push_back(',');
+  out->push_back('"');
+  out->append(name);
+  out->append("\":");
+}
+
+template <typename Int>
+void AppendField(std::string* out, const char* name, Int value) {
+  AppendKey(out, name);
+  absl::StrAppend(out, value);
+}
+
+void AppendField(std::string* out, const char* name, bool value) {
+  AppendKey(out, name);
+  out->append(value ? "true" : "false");
+}
+
+void AppendField(std::string* out, const char* name, const std::string& value) {
+  AppendKey(out, name);
+  AppendJsonString(out, value);
+}
+
+void AppendItem(std::string* out, const Item& item) {
+  out->push_back('{');
+  AppendField(out, "name", item.name);
+  AppendField(out, "dtype", item.dtype);
+  AppendKey(out, "shape");
+  out->push_back('[');
+  for (size_t i = 0; i < item.shape.size(); ++i) {
+    if (i > 0) out->push_back(',');
+    absl::StrAppend(out, item.shape[i]);
+  }
+  out->push_back(']');
+  AppendField(out, "offset_bytes", item.offset_bytes);
+  AppendField(out, "length_bytes", item.length_bytes);
+  AppendField(out, "crc32c", item.crc32c);
+  AppendKey(out, "attributes");
+  out->push_back('{');
+  bool first = true;
+  for (const auto& [k, v] : item.attributes) {
+    if (!first) out->push_back(',');
+    first = false;
+    AppendJsonString(out, k);
+    out->push_back(':');
+    AppendJsonString(out, v);
+  }
+  out->append("}}");
+}
+
+void AppendCopy(std::string* out, const Copy& copy) {
+  out->push_back('{');
+  AppendField(out, "node_id", copy.node_id);
+  AppendField(out, "role", static_cast<int>(copy.role));
+  AppendField(out, "state", static_cast<int>(copy.state));
+  AppendField(out, "updated_ms", copy.updated_ms);
+  AppendField(out, "detail", copy.detail);
+  out->push_back('}');
+}
+
 template <typename T>
 absl::StatusOr<T> Parse(std::string_view key, std::string_view value) {
   try {
@@ -107,7 +201,36 @@ std::string TaskKey(std::string_view id) { return absl::StrCat("t/", std::string
 
 std::string EncodeNode(const Node& n) { return nlohmann::json(n).dump(); }
 std::string EncodeJob(const Job& j) { return nlohmann::json(j).dump(); }
-std::string EncodeShard(const Shard& s) { return nlohmann::json(s).dump(); }
+std::string EncodeShard(const Shard& s) {
+  std::string out;
+  out.reserve(256 + 128 * (s.items.size() + s.copies.size()));
+  out.push_back('{');
+  AppendField(&out, "rank", s.rank);
+  AppendField(&out, "size_bytes", s.size_bytes);
+  AppendField(&out, "crc32c", s.crc32c);
+  AppendField(&out, "manifest_digest", s.manifest_digest);
+  AppendKey(&out, "items");
+  out.push_back('[');
+  for (size_t i = 0; i < s.items.size(); ++i) {
+    if (i > 0) out.push_back(',');
+    AppendItem(&out, s.items[i]);
+  }
+  out.push_back(']');
+  AppendField(&out, "primary_node_id", s.primary_node_id);
+  AppendField(&out, "staged_ms", s.staged_ms);
+  AppendKey(&out, "copies");
+  out.push_back('[');
+  for (size_t i = 0; i < s.copies.size(); ++i) {
+    if (i > 0) out.push_back(',');
+    AppendCopy(&out, s.copies[i]);
+  }
+  out.push_back(']');
+  AppendField(&out, "durable_path", s.durable_path);
+  AppendField(&out, "durable_written", s.durable_written);
+  AppendField(&out, "durable_written_ms", s.durable_written_ms);
+  out.push_back('}');
+  return out;
+}
 std::string EncodeTask(const Task& t) { return nlohmann::json(t).dump(); }
 
 std::string EncodeVersionHeader(const Version& v) {

@@ -3,15 +3,20 @@
 #include <algorithm>
 #include <chrono>
 #include <climits>
+#include <memory>
 #include <set>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include <google/protobuf/arena.h>
+
+#include "absl/base/thread_annotations.h"
 #include "absl/strings/escaping.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/log.h"
 #include "server/rpc/meta_convert.h"
@@ -124,6 +129,87 @@ absl::Duration UntilDeadline(const grpc::ServerContext* ctx) {
       std::chrono::duration_cast<std::chrono::microseconds>(deadline - now));
 }
 
+// Allocates a call's request and response on one protobuf Arena whose first
+// block lives in the holder itself: parsing a report and building its answer
+// then take no heap allocation in the common case. Released holders are reset
+// and kept for reuse (up to kMaxPooled), so steady-state calls touch warm
+// memory and never reach malloc. Thread-safe: gRPC allocates and releases from
+// any of its threads. Destroying the allocator frees the pooled holders;
+// every holder must have been released by then (the server has stopped).
+template <typename Request, typename Response>
+class ArenaMessageAllocator final : public grpc::MessageAllocator<Request, Response> {
+ public:
+  ArenaMessageAllocator() = default;
+  ArenaMessageAllocator(const ArenaMessageAllocator&) = delete;
+  ArenaMessageAllocator& operator=(const ArenaMessageAllocator&) = delete;
+  ~ArenaMessageAllocator() override {
+    for (Holder* h : free_) delete h;
+  }
+
+  grpc::MessageHolder<Request, Response>* AllocateMessages() override {
+    {
+      absl::MutexLock lock(&mu_);
+      if (!free_.empty()) {
+        Holder* h = free_.back();
+        free_.pop_back();
+        return h;
+      }
+    }
+    return new Holder(this);
+  }
+
+ private:
+  // Fits the request and response of a ReportShards with a node's 8 ranks;
+  // larger calls spill into blocks the arena allocates and frees itself.
+  static constexpr size_t kInitialBlockBytes = 8 * 1024;
+  // One per call in flight with 1,024 ranks reporting at once: 8 MiB.
+  static constexpr size_t kMaxPooled = 1024;
+
+  class Holder final : public grpc::MessageHolder<Request, Response> {
+   public:
+    explicit Holder(ArenaMessageAllocator* owner) : owner_(owner), arena_(Options(block_)) {
+      NewMessages();
+    }
+    void Release() override { owner_->Recycle(this); }
+    // Destroys the messages (and frees any extra arena blocks), then makes
+    // fresh ones in the kept first block.
+    void Reset() {
+      arena_.Reset();
+      NewMessages();
+    }
+
+   private:
+    static google::protobuf::ArenaOptions Options(char* block) {
+      google::protobuf::ArenaOptions options;
+      options.initial_block = block;
+      options.initial_block_size = kInitialBlockBytes;
+      return options;
+    }
+    void NewMessages() {
+      this->set_request(google::protobuf::Arena::CreateMessage<Request>(&arena_));
+      this->set_response(google::protobuf::Arena::CreateMessage<Response>(&arena_));
+    }
+    ArenaMessageAllocator* const owner_;
+    alignas(16) char block_[kInitialBlockBytes];  // before arena_: it is the arena's first block
+    google::protobuf::Arena arena_;
+  };
+
+  void Recycle(Holder* h) {
+    h->Reset();
+    {
+      absl::MutexLock lock(&mu_);
+      if (free_.size() < kMaxPooled) {
+        free_.push_back(h);
+        return;
+      }
+    }
+    delete h;
+  }
+
+  absl::Mutex mu_;
+  std::vector<Holder*> free_ ABSL_GUARDED_BY(mu_);
+};
+
 }  // namespace
 
 absl::Status MetaServiceImpl::WaitTimedOut(const std::string& job_id, uint64_t step,
@@ -136,7 +222,16 @@ absl::Status MetaServiceImpl::WaitTimedOut(const std::string& job_id, uint64_t s
       v->shards.size(), " of ", v->world_size, " shards staged"));
 }
 
-MetaServiceImpl::MetaServiceImpl(meta::MetaCore* core, Clock* clock) : core_(core), clock_(clock) {}
+MetaServiceImpl::MetaServiceImpl(meta::MetaCore* core, Clock* clock)
+    : core_(core),
+      clock_(clock),
+      report_allocator_(std::make_unique<ArenaMessageAllocator<v1::ReportShardsRequest,
+                                                               v1::ReportShardsResponse>>()),
+      heartbeat_allocator_(
+          std::make_unique<ArenaMessageAllocator<v1::HeartbeatRequest, v1::HeartbeatResponse>>()) {
+  SetMessageAllocatorFor_ReportShards(report_allocator_.get());
+  SetMessageAllocatorFor_Heartbeat(heartbeat_allocator_.get());
+}
 MetaServiceImpl::~MetaServiceImpl() = default;
 
 void MetaServiceImpl::Shutdown() { shutting_down_.store(true, std::memory_order_release); }
@@ -155,10 +250,17 @@ grpc::Status MetaServiceImpl::RegisterNode(grpc::ServerContext*,
   return grpc::Status::OK;
 }
 
-grpc::Status MetaServiceImpl::Heartbeat(grpc::ServerContext*, const v1::HeartbeatRequest* req,
-                                        v1::HeartbeatResponse* resp) {
-  absl::StatusOr<meta::HeartbeatResult> result = core_->Heartbeat(HeartbeatFromProto(*req));
-  if (!result.ok()) return Fail("Heartbeat", result.status());
+grpc::ServerUnaryReactor* MetaServiceImpl::Heartbeat(grpc::CallbackServerContext* ctx,
+                                                     const v1::HeartbeatRequest* req,
+                                                     v1::HeartbeatResponse* resp) {
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  uint64_t seq = 0;
+  absl::StatusOr<meta::HeartbeatResult> result =
+      core_->SubmitHeartbeat(HeartbeatFromProto(*req), &seq);
+  if (!result.ok()) {
+    reactor->Finish(Fail("Heartbeat", result.status()));
+    return reactor;
+  }
   resp->set_lease_ms(absl::ToInt64Milliseconds(result->lease));
   resp->set_heartbeat_interval_ms(absl::ToInt64Milliseconds(result->heartbeat_interval));
   resp->set_node_state(ToProto(result->node_state));
@@ -166,7 +268,11 @@ grpc::Status MetaServiceImpl::Heartbeat(grpc::ServerContext*, const v1::Heartbea
   resp->set_inventory_required(result->inventory_required);
   AppendTasks("Heartbeat", result->tasks, resp->mutable_tasks());
   for (const std::string& id : result->cancelled_task_ids) resp->add_cancelled_task_ids(id);
-  return grpc::Status::OK;
+  // The answer leaves only once the change is durable.
+  core_->WhenDurable(seq, [reactor](absl::Status durable) {
+    reactor->Finish(durable.ok() ? grpc::Status::OK : Fail("Heartbeat", durable));
+  });
+  return reactor;
 }
 
 grpc::Status MetaServiceImpl::WatchTasks(grpc::ServerContext* ctx,
@@ -398,9 +504,14 @@ grpc::Status MetaServiceImpl::BeginVersion(grpc::ServerContext*,
   return grpc::Status::OK;
 }
 
-grpc::Status MetaServiceImpl::ReportShards(grpc::ServerContext*,
-                                           const v1::ReportShardsRequest* req,
-                                           v1::ReportShardsResponse* resp) {
+grpc::ServerUnaryReactor* MetaServiceImpl::ReportShards(grpc::CallbackServerContext* ctx,
+                                                        const v1::ReportShardsRequest* req,
+                                                        v1::ReportShardsResponse* resp) {
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  auto finish = [reactor](const grpc::Status& status) {
+    reactor->Finish(status);
+    return reactor;
+  };
   const int n = req->reports_size();
   std::vector<absl::Status> results(static_cast<size_t>(n));
   std::vector<meta::ShardReport> reports;
@@ -418,21 +529,31 @@ grpc::Status MetaServiceImpl::ReportShards(grpc::ServerContext*,
     request_index.push_back(i);
   }
   // Called even with no well-formed report: the incarnation check still applies.
+  uint64_t seq = 0;
   absl::StatusOr<meta::ReportResult> result =
-      core_->ReportShards(req->node_id(), req->incarnation(), reports);
-  if (!result.ok()) return Fail("ReportShards", result.status());
-  if (result->results.size() != reports.size()) {
-    return Fail("ReportShards",
-                absl::InternalError(absl::StrCat("the core answered ", result->results.size(),
-                                                 " results for ", reports.size(), " reports")));
+      core_->SubmitReportShards(req->node_id(), req->incarnation(), std::move(reports), &seq);
+  if (!result.ok()) return finish(Fail("ReportShards", result.status()));
+  if (result->results.size() != request_index.size()) {
+    // Still wait for the change (if any) before answering, as for success.
+    const absl::Status bug = absl::InternalError(absl::StrCat(
+        "the core answered ", result->results.size(), " results for ", request_index.size(),
+        " reports"));
+    core_->WhenDurable(seq, [reactor, bug](absl::Status) {
+      reactor->Finish(Fail("ReportShards", bug));
+    });
+    return reactor;
   }
-  for (size_t j = 0; j < reports.size(); ++j) {
+  for (size_t j = 0; j < request_index.size(); ++j) {
     results[static_cast<size_t>(request_index[j])] = std::move(result->results[j]);
   }
   resp->mutable_results()->Reserve(n);
   for (const absl::Status& s : results) ToProto(s, resp->add_results());
   AppendTasks("ReportShards", result->tasks, resp->mutable_tasks());
-  return grpc::Status::OK;
+  // The answer leaves only once the change is durable.
+  core_->WhenDurable(seq, [reactor](absl::Status durable) {
+    reactor->Finish(durable.ok() ? grpc::Status::OK : Fail("ReportShards", durable));
+  });
+  return reactor;
 }
 
 grpc::Status MetaServiceImpl::GetVersion(grpc::ServerContext*, const v1::GetVersionRequest* req,

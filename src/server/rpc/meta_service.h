@@ -1,7 +1,14 @@
 // MetaServiceImpl: the gRPC face of ckpt-meta. Every MetaService RPC of
-// proto/ckpt/v1/meta.proto is served here with the synchronous gRPC API by
-// translating the request (meta_convert.h), calling the MetaCore, and
-// translating the answer or the error (same code, same message).
+// proto/ckpt/v1/meta.proto is served here by translating the request
+// (meta_convert.h), calling the MetaCore, and translating the answer or the
+// error (same code, same message).
+//
+// The hot RPCs, Heartbeat and ReportShards (every rank of every job reports
+// each checkpoint), use the gRPC callback API: the handler applies the change
+// on gRPC's callback thread (MetaCore::Submit*) and the core's durability
+// thread finishes the reactor once the change is fsynced (WhenDurable), so no
+// thread parks in the store's group commit. The other RPCs use the
+// synchronous API.
 //
 // It holds no state of its own beyond a shutdown flag: the core is the single
 // source of truth. Successful calls log nothing (debug level at most);
@@ -24,6 +31,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <memory>
 #include <string>
 
 #include <grpcpp/grpcpp.h>
@@ -36,7 +44,10 @@
 
 namespace ckpt::rpc {
 
-class MetaServiceImpl final : public ckpt::v1::MetaService::Service {
+using MetaServiceBase = ckpt::v1::MetaService::WithCallbackMethod_Heartbeat<
+    ckpt::v1::MetaService::WithCallbackMethod_ReportShards<ckpt::v1::MetaService::Service>>;
+
+class MetaServiceImpl final : public MetaServiceBase {
  public:
   // `core` and `clock` are not owned and must outlive this object. `clock`
   // paces WaitVersion's slices (use the core's clock).
@@ -56,8 +67,10 @@ class MetaServiceImpl final : public ckpt::v1::MetaService::Service {
   // ---- Nodes and leases
   grpc::Status RegisterNode(grpc::ServerContext* ctx, const v1::RegisterNodeRequest* req,
                             v1::RegisterNodeResponse* resp) override;
-  grpc::Status Heartbeat(grpc::ServerContext* ctx, const v1::HeartbeatRequest* req,
-                         v1::HeartbeatResponse* resp) override;
+  // Callback API; never blocks (see the file comment).
+  grpc::ServerUnaryReactor* Heartbeat(grpc::CallbackServerContext* ctx,
+                                      const v1::HeartbeatRequest* req,
+                                      v1::HeartbeatResponse* resp) override;
   // Sends every unfinished task of the incarnation at open, then new and
   // re-issued ones (a task id + attempt is sent once per stream). Ends with
   // FAILED_PRECONDITION when the incarnation is stale (noticed at the next task
@@ -92,9 +105,10 @@ class MetaServiceImpl final : public ckpt::v1::MetaService::Service {
   grpc::Status BeginVersion(grpc::ServerContext* ctx, const v1::BeginVersionRequest* req,
                             v1::BeginVersionResponse* resp) override;
   // Malformed entries get INVALID_ARGUMENT in their own result slot; the
-  // others are passed to the core in order.
-  grpc::Status ReportShards(grpc::ServerContext* ctx, const v1::ReportShardsRequest* req,
-                            v1::ReportShardsResponse* resp) override;
+  // others are passed to the core in order. Callback API; never blocks.
+  grpc::ServerUnaryReactor* ReportShards(grpc::CallbackServerContext* ctx,
+                                         const v1::ReportShardsRequest* req,
+                                         v1::ReportShardsResponse* resp) override;
   grpc::Status GetVersion(grpc::ServerContext* ctx, const v1::GetVersionRequest* req,
                           v1::GetVersionResponse* resp) override;
   grpc::Status ListVersions(grpc::ServerContext* ctx, const v1::ListVersionsRequest* req,
@@ -122,6 +136,12 @@ class MetaServiceImpl final : public ckpt::v1::MetaService::Service {
 
   meta::MetaCore* const core_;
   Clock* const clock_;
+  // Put each hot call's request and response on one protobuf arena (one
+  // allocation per call instead of one per string and repeated field).
+  std::unique_ptr<grpc::MessageAllocator<v1::ReportShardsRequest, v1::ReportShardsResponse>>
+      report_allocator_;
+  std::unique_ptr<grpc::MessageAllocator<v1::HeartbeatRequest, v1::HeartbeatResponse>>
+      heartbeat_allocator_;
   std::atomic<bool> shutting_down_{false};
 };
 

@@ -4,6 +4,8 @@
 #include <gtest/gtest.h>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
+#include "server/meta/records.h"
 #include "server/meta/store/mem_meta_store.h"
 
 namespace ckpt::meta {
@@ -306,6 +308,47 @@ TEST_F(MetaCoreTest, NoProtectionStagedThenProtectedAndReportsAreIdempotent) {
   // Stale incarnation: whole call refused.
   EXPECT_EQ(core_->ReportShards("n1", inc_["n1"] - 1, {r}).status().code(),
             absl::StatusCode::kFailedPrecondition);
+}
+
+TEST_F(MetaCoreTest, SubmittedReportCompletesWhenDurable) {
+  Register("n1");
+  CreateJob("gpt", 2, ProtectionPolicy::None());
+  ASSERT_TRUE(core_->BeginVersion("gpt", 1, "").ok());
+  ShardReport r;
+  r.kind = ShardReport::Kind::kStaged;
+  r.staged.job_id = "gpt";
+  r.staged.step = 1;
+  r.staged.shard = MakeShard(0, 4096);
+  uint64_t seq = 0;
+  auto res = core_->SubmitReportShards("n1", inc_["n1"], {r}, &seq);
+  ASSERT_TRUE(res.ok()) << res.status();
+  ASSERT_EQ(res->results.size(), 1u);
+  EXPECT_TRUE(res->results[0].ok()) << res->results[0];
+  EXPECT_GT(seq, 0u);
+  absl::Notification durable;
+  absl::Status status = absl::UnknownError("not called");
+  core_->WhenDurable(seq, [&](absl::Status s) {
+    status = s;
+    durable.Notify();
+  });
+  durable.WaitForNotification();
+  EXPECT_TRUE(status.ok()) << status;
+  EXPECT_TRUE(store_->Get(records::ShardKey("gpt", 1, 0)).ok());
+
+  // A stale incarnation submits nothing.
+  uint64_t stale_seq = 99;
+  EXPECT_EQ(core_->SubmitReportShards("n1", inc_["n1"] - 1, {r}, &stale_seq).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(stale_seq, 0u);
+
+  // Sequence 0 and calls after Stop() complete inline.
+  bool inline_zero = false;
+  core_->WhenDurable(0, [&](absl::Status s) { inline_zero = s.ok(); });
+  EXPECT_TRUE(inline_zero);
+  core_->Stop();
+  bool inline_after_stop = false;
+  core_->WhenDurable(seq, [&](absl::Status s) { inline_after_stop = s.ok(); });
+  EXPECT_TRUE(inline_after_stop);
 }
 
 TEST_F(MetaCoreTest, BadManifestIsRejected) {

@@ -498,7 +498,9 @@ void Engine::NodeLost(const std::string& node_id, const std::string& reason) {
 void Engine::ReplanAll() {
   for (auto& [job_id, by_step] : s_.versions) {
     for (auto& [step, v] : by_step) {
+      // PROTECTED too: a draining node's copies stop counting as protection.
       if (v.state == VersionState::kDegraded || v.state == VersionState::kStaged ||
+          (v.state == VersionState::kProtected && !v.evicted) ||
           (v.state == VersionState::kPersisted && v.flush_planned)) {
         Recompute(v);
       }

@@ -600,3 +600,93 @@ TEST_F(MetaCoreTest, PlacementReportsSurvival) {
 
 }  // namespace
 }  // namespace ckpt::meta
+
+namespace ckpt::meta {
+namespace {
+
+TEST_F(MetaCoreTest, IllegalMovesAreRejected) {
+  Register("a");
+  Register("b");
+  CreateJob("gpt", 2, ProtectionPolicy::Replicate(2, ProtectionPolicy::Placement::kRing));
+  ASSERT_TRUE(core_->BeginVersion("gpt", 1, "").ok());
+  // A copy of a rank that was never staged.
+  EXPECT_EQ(Copy("b", "gpt", 1, 0).code(), absl::StatusCode::kNotFound);
+  ASSERT_TRUE(Stage("a", "gpt", 1, 0).ok());
+  // A copy whose contents differ from the staged shard.
+  EXPECT_EQ(Copy("b", "gpt", 1, 0, 999).code(), absl::StatusCode::kFailedPrecondition);
+  // A durable file for a version not planned for flush.
+  ShardReport p;
+  p.kind = ShardReport::Kind::kPersisted;
+  p.persisted.job_id = "gpt";
+  p.persisted.step = 1;
+  p.persisted.rank = 0;
+  p.persisted.durable_path = "gpt/1/rank-00000.bin";
+  p.persisted.size_bytes = 4096;
+  p.persisted.crc32c = 0x1000;
+  EXPECT_EQ(core_->ReportShards("a", inc_["a"], {p})->results[0].code(),
+            absl::StatusCode::kFailedPrecondition);
+  // A segment report for a replicated version.
+  ShardReport seg;
+  seg.kind = ShardReport::Kind::kSegment;
+  seg.segment.job_id = "gpt";
+  seg.segment.step = 1;
+  EXPECT_EQ(core_->ReportShards("a", inc_["a"], {seg})->results[0].code(),
+            absl::StatusCode::kNotFound);
+  // Unknown step and job.
+  EXPECT_EQ(Stage("a", "gpt", 2, 0).code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(Stage("a", "nojob", 1, 0).code(), absl::StatusCode::kNotFound);
+  // Deleted: no more shards, no flush; delete is idempotent.
+  ASSERT_TRUE(core_->DeleteVersion("gpt", 1, false).ok());
+  EXPECT_TRUE(core_->DeleteVersion("gpt", 1, false).ok());
+  EXPECT_EQ(StateOf("gpt", 1), VersionState::kDeleted);
+  EXPECT_EQ(Stage("b", "gpt", 1, 1).code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(core_->FlushVersion("gpt", 1).status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(core_->Locate("gpt", 1, 0, "").status().code(), absl::StatusCode::kFailedPrecondition);
+  // An operator flush of a live version plans flush tasks.
+  ASSERT_TRUE(core_->BeginVersion("gpt", 2, "").ok());
+  ASSERT_TRUE(Stage("a", "gpt", 2, 0).ok());
+  ASSERT_TRUE(Stage("b", "gpt", 2, 1).ok());
+  auto f = core_->FlushVersion("gpt", 2);
+  ASSERT_TRUE(f.ok()) << f.status();
+  EXPECT_TRUE(f->flush_planned);
+  RunAgents();
+  EXPECT_EQ(StateOf("gpt", 2), VersionState::kPersisted);
+}
+
+TEST_F(MetaCoreTest, DrainReprotectsElsewhereThenNodeLeaves) {
+  for (const char* n : {"a", "b", "c"}) Register(n);
+  CreateJob("gpt", 3, ProtectionPolicy::Replicate(2, ProtectionPolicy::Placement::kRing));
+  ASSERT_TRUE(core_->BeginVersion("gpt", 1, "").ok());
+  ASSERT_TRUE(Stage("a", "gpt", 1, 0).ok());
+  ASSERT_TRUE(Stage("b", "gpt", 1, 1).ok());
+  ASSERT_TRUE(Stage("c", "gpt", 1, 2).ok());
+  RunAgents();
+  ASSERT_EQ(StateOf("gpt", 1), VersionState::kProtected);
+  auto drained = core_->DrainNode("b");
+  ASSERT_TRUE(drained.ok());
+  EXPECT_EQ(drained->state, NodeState::kDraining);
+  EXPECT_EQ(core_->DrainNode("nobody").status().code(), absl::StatusCode::kNotFound);
+  RunAgents();
+  EXPECT_EQ(StateOf("gpt", 1), VersionState::kProtected);
+  // Every shard now has two copies on nodes other than b.
+  auto v = core_->GetVersion("gpt", 1, false);
+  for (const auto& [rank, sh] : v->shards) {
+    int elsewhere = 0;
+    for (const auto& c : sh.copies) {
+      if (c.node_id != "b" && c.state == CopyState::kValid) ++elsewhere;
+    }
+    EXPECT_GE(elsewhere, 2) << "rank " << rank;
+  }
+  Beat("a");
+  Beat("b");
+  Beat("c");
+  ASSERT_TRUE(core_->Tick().ok());
+  auto nodes = core_->ListNodes({NodeState::kLeft});
+  ASSERT_EQ(nodes.size(), 1u);
+  EXPECT_EQ(nodes[0].id, "b");
+  EXPECT_EQ(core_->RemoveNode("a").code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(core_->RemoveNode("b").ok());
+}
+
+}  // namespace
+}  // namespace ckpt::meta

@@ -605,7 +605,7 @@ int Main(int argc, char** argv) {
           ->default_str(std::to_string(kDefaultLeaseMs));
   CLI::Option* heartbeat_opt =
       app.add_option("--heartbeat-ms", heartbeat_ms,
-                     "Heartbeat interval told to agents; a node that misses one is SUSPECT. Must "
+                     "Heartbeat interval told to agents; a node that misses two is SUSPECT. Must "
                      "be less than --lease-ms.")
           ->type_name("MS")
           ->default_str(std::to_string(kDefaultHeartbeatMs));

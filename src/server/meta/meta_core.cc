@@ -1085,6 +1085,15 @@ absl::Status ValidateManifest(const Shard& shard) {
 }
 
 // Takes the shard out of `r` (it is not used after).
+absl::StatusOr<Shard*> StagedShard(Version* v, uint32_t rank) {
+  auto it = v->shards.find(rank);
+  if (it == v->shards.end()) {
+    return absl::NotFoundError(
+        absl::StrCat("rank ", rank, " of ", v->job_id, "/", v->step, " is not staged"));
+  }
+  return &it->second;
+}
+
 absl::Status ApplyStaged(Engine& e, const std::string& node_id, StagedReport& r) {
   CKPT_ASSIGN_OR_RETURN(Version * v, e.FindVersion(r.job_id, r.step));
   const Shard& in = r.shard;
@@ -1146,12 +1155,8 @@ absl::Status ApplyStaged(Engine& e, const std::string& node_id, StagedReport& r)
 
 absl::Status ApplyCopy(Engine& e, const std::string& node_id, const CopyReport& r) {
   CKPT_ASSIGN_OR_RETURN(Version * v, e.FindVersion(r.job_id, r.step));
-  auto it = v->shards.find(r.rank);
-  if (it == v->shards.end()) {
-    return absl::NotFoundError(
-        absl::StrCat("rank ", r.rank, " of ", r.job_id, "/", r.step, " is not staged"));
-  }
-  Shard& sh = it->second;
+  CKPT_ASSIGN_OR_RETURN(Shard * shard, StagedShard(v, r.rank));
+  Shard& sh = *shard;
   if (IsTerminal(v->state) || v->evicted) {
     return absl::FailedPreconditionError(absl::StrCat("version ", r.job_id, "/", r.step, " is ",
                                                       VersionStateName(v->state),
@@ -1235,12 +1240,8 @@ absl::Status ApplySegment(Engine& e, const std::string& node_id, const SegmentRe
 
 absl::Status ApplyPersisted(Engine& e, const std::string& node_id, const PersistedReport& r) {
   CKPT_ASSIGN_OR_RETURN(Version * v, e.FindVersion(r.job_id, r.step));
-  auto it = v->shards.find(r.rank);
-  if (it == v->shards.end()) {
-    return absl::NotFoundError(
-        absl::StrCat("rank ", r.rank, " of ", r.job_id, "/", r.step, " is not staged"));
-  }
-  Shard& sh = it->second;
+  CKPT_ASSIGN_OR_RETURN(Shard * shard, StagedShard(v, r.rank));
+  Shard& sh = *shard;
   if (IsTerminal(v->state)) {
     return absl::FailedPreconditionError(absl::StrCat(
         "version ", r.job_id, "/", r.step, " is ", VersionStateName(v->state)));

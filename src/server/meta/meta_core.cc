@@ -786,10 +786,15 @@ absl::Status MetaCore::RemoveNode(const std::string& node_id) {
 
 std::vector<Node> MetaCore::ListNodes(const std::vector<NodeState>& states) const {
   absl::MutexLock lock(&mu_);
+  std::map<std::string, uint32_t> pending;
+  for (const auto& [id, t] : state_->tasks) {
+    if (Engine::Active(t)) ++pending[t.node_id];
+  }
   std::vector<Node> out;
   for (const auto& [id, n] : state_->nodes) {
     if (states.empty() || std::find(states.begin(), states.end(), n.state) != states.end()) {
       out.push_back(n);
+      out.back().pending_tasks = pending[id];
     }
   }
   return out;

@@ -924,9 +924,16 @@ ClusterStatusView MetaCore::ClusterStatus(bool include_nodes, uint32_t max_probl
   out.meta_start_ms = start_ms_;
   out.meta_version = options_.version;
   std::vector<Problem> problems;
+  std::map<std::string, uint32_t> pending;
+  for (const auto& [id, t] : state_->tasks) {
+    if (Engine::Active(t)) ++pending[t.node_id];
+  }
   for (const auto& [id, n] : state_->nodes) {
     ++out.nodes_by_state[n.state];
-    if (include_nodes) out.nodes.push_back(n);
+    if (include_nodes) {
+      out.nodes.push_back(n);
+      out.nodes.back().pending_tasks = pending[id];
+    }
     if (n.state == NodeState::kAlive || n.state == NodeState::kSuspect ||
         n.state == NodeState::kDraining) {
       out.memory_capacity_bytes += n.memory_capacity_bytes;

@@ -80,6 +80,8 @@ struct Node {
   // Not persisted: per meta process.
   absl::Time lease_deadline;        // on Clock::MonotonicNow()
   bool inventory_received = false;  // since this meta process started
+  // Filled in query results only: tasks assigned and not finished.
+  uint32_t pending_tasks = 0;
 };
 
 // How to reach a node (a resolved snapshot).

@@ -421,6 +421,7 @@ void ToProto(const meta::Node& node, v1::NodeInfo* out) {
   out->set_last_heartbeat_unix_ms(node.last_heartbeat_ms);
   out->set_lease_expiry_unix_ms(node.lease_expiry_ms);
   out->set_agent_version(node.agent_version);
+  out->set_pending_tasks(node.pending_tasks);
 }
 
 absl::StatusOr<meta::RegisterRequest> RegisterFromProto(const v1::RegisterNodeRequest& req) {

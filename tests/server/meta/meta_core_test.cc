@@ -519,6 +519,7 @@ TEST_F(MetaCoreTest, TasksRetryThenFailAndTimeOut) {
   const Task t = (*tasks)[0].task;
   EXPECT_EQ(t.kind, TaskKind::kReplicate);
   EXPECT_EQ(t.targets, std::vector<std::string>{"b"});
+  EXPECT_EQ(core_->ListNodes({})[0].pending_tasks, 1u);
   auto d = core_->ReportTaskResult("a", inc_["a"], t.id, 1, absl::UnavailableError("peer down"));
   EXPECT_EQ(*d, TaskDisposition::kRetry);
   EXPECT_TRUE(core_->PendingTasks("a", inc_["a"], false)->empty());

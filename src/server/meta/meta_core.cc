@@ -334,11 +334,17 @@ std::string DiffSpecs(const JobSpec& stored, const JobSpec& asked) {
       (a.kind == ProtectionPolicy::Kind::kErasureCode &&
        (a.data_k != b.data_k || a.parity_m != b.parity_m)))
     diffs.push_back("protection");
-  if (stored.flush.every_n_versions != asked.flush.every_n_versions ||
-      stored.flush.every_seconds != asked.flush.every_seconds)
+  // Open mode: a flush or retention policy left at its defaults (all zero)
+  // is not compared, so a client that only knows the world size and the
+  // protection can open a job an operator created with more settings.
+  const bool asked_flush = asked.flush.every_n_versions != 0 || asked.flush.every_seconds != 0;
+  if (asked_flush && (stored.flush.every_n_versions != asked.flush.every_n_versions ||
+                      stored.flush.every_seconds != asked.flush.every_seconds))
     diffs.push_back("flush");
-  if (stored.retention.keep_in_memory != asked.retention.keep_in_memory ||
-      stored.retention.keep_durable != asked.retention.keep_durable)
+  const bool asked_retention =
+      asked.retention.keep_in_memory != 0 || asked.retention.keep_durable != 0;
+  if (asked_retention && (stored.retention.keep_in_memory != asked.retention.keep_in_memory ||
+                          stored.retention.keep_durable != asked.retention.keep_durable))
     diffs.push_back("retention");
   return absl::StrJoin(diffs, ", ");
 }

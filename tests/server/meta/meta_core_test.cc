@@ -264,7 +264,22 @@ TEST_F(MetaCoreTest, JobValidation) {
   ASSERT_TRUE(opened.ok());
   EXPECT_FALSE(opened->second);
   spec.world_size = 8;
-  EXPECT_EQ(core_->CreateJob(spec, true).status().code(), absl::StatusCode::kFailedPrecondition);
+  auto differs = core_->CreateJob(spec, true);
+  EXPECT_EQ(differs.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(differs.status().message().find("world_size (stored 4, asked 8)"),
+            absl::string_view::npos)
+      << differs.status();
+  // Open mode ignores a flush/retention policy left at its defaults ...
+  spec.job_id = "with-flush";
+  spec.world_size = 4;
+  spec.flush.every_n_versions = 5;
+  ASSERT_TRUE(core_->CreateJob(spec, false).ok());
+  JobSpec plain = spec;
+  plain.flush = FlushPolicy{};
+  EXPECT_TRUE(core_->CreateJob(plain, true).ok());
+  // ... but compares one that is set.
+  plain.flush.every_n_versions = 6;
+  EXPECT_EQ(core_->CreateJob(plain, true).status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_EQ(core_->GetJob("nope").status().code(), absl::StatusCode::kNotFound);
 }
 

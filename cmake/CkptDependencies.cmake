@@ -17,6 +17,7 @@ find_package(yaml-cpp CONFIG REQUIRED)
 
 pkg_check_modules(ISAL REQUIRED IMPORTED_TARGET libisal)
 pkg_check_modules(URING IMPORTED_TARGET liburing)
+pkg_check_modules(XXHASH REQUIRED IMPORTED_TARGET libxxhash)
 
 if(CKPT_WITH_UCX)
   find_package(ucx CONFIG REQUIRED)

@@ -1,0 +1,72 @@
+// Shard manifests: the named items (tensors) a rank's shard is made of.
+//
+// A shard is `size_bytes` contiguous bytes; its manifest lists items, each a
+// byte range [offset_bytes, offset_bytes + length_bytes) with a name, a dtype
+// (ckpt.v1.DType number), a shape and the CRC-32C of its bytes. Bytes not
+// covered by any item are padding (zero by convention, still covered by the
+// shard's crc). The same rules apply wherever a manifest enters: the agent's
+// CommitShard, the client before it commits, the durable-tier reader.
+//
+// ManifestDigest() implements docs/protocol.md "Manifest digest" (XXH3-64 over
+// a canonical encoding): equal size, crc32c and digest identify the same shard
+// contents and layout.
+//
+// Thread safety: all functions are pure and safe to call concurrently.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+
+namespace ckpt {
+
+// One named item of a shard. dtype is the ckpt.v1.DType enum number.
+struct ManifestItem {
+  std::string name;
+  int dtype = 0;
+  std::vector<uint64_t> shape;
+  uint64_t offset_bytes = 0;
+  uint64_t length_bytes = 0;
+  uint32_t crc32c = 0;
+  std::map<std::string, std::string> attributes;
+
+  bool operator==(const ManifestItem&) const = default;
+};
+
+// DType numbers (ckpt.v1.DType) used by code that needs a specific one.
+inline constexpr int kDTypeBytes = 14;
+inline constexpr int kMaxDType = 18;
+
+// Bytes per element of a dtype: 1, 2, 4, 8 or 16; 0 for DTYPE_BYTES (opaque,
+// any length) and for numbers that are not a known dtype.
+uint32_t DTypeElementSize(int dtype);
+
+// Short lower-case name of a dtype ("f32", "bf16", "bytes", ...); "unknown" for
+// numbers that are not a DType. These names appear in manifest.json.
+const char* DTypeName(int dtype);
+
+// Inverse of DTypeName(); InvalidArgument for an unknown name.
+absl::StatusOr<int> DTypeFromName(const std::string& name);
+
+// Checks a manifest against a shard of `shard_size_bytes` bytes: every name
+// valid (ValidateItemName) and unique, dtype known (1..kMaxDType), every item
+// inside the shard, no two items overlapping, and length consistent with the
+// dtype and shape (length == element size x product of dims, except for
+// DTYPE_BYTES whose length is free; an empty shape is a scalar). Returns
+// InvalidArgument naming the first offending item and the rule it broke.
+absl::Status ValidateManifest(std::span<const ManifestItem> items, uint64_t shard_size_bytes);
+
+// XXH3-64 (seed 0) of the canonical manifest encoding (docs/protocol.md
+// "Manifest digest"): items in ascending offset order, attributes in key order.
+// The order of `items` does not matter.
+uint64_t ManifestDigest(std::span<const ManifestItem> items);
+
+// Returns `items` sorted by offset_bytes (the order shards are laid out in).
+std::vector<ManifestItem> SortedByOffset(std::span<const ManifestItem> items);
+
+}  // namespace ckpt

@@ -52,10 +52,17 @@
 #include "server/meta/store/meta_store.h"
 #include "server/meta/store/rocksdb_meta_store.h"
 #include "server/rpc/meta_service.h"
+#include "server/cmd/daemon.h"
 
 namespace ckpt {
 
 namespace {
+
+using daemon::HostOf;
+using daemon::PeriodicThread;
+using daemon::SignalThread;
+using daemon::StopRequest;
+using daemon::ValidateHostPort;
 
 constexpr int kExitOk = 0;
 constexpr int kExitFailure = 1;
@@ -94,38 +101,6 @@ struct Settings {
   bool log_json = false;
   std::string log_file;
 };
-
-// "host:port" with a non-empty host (name, IPv4, or [IPv6]) and a decimal
-// port 0..65535 (0: any free port).
-absl::Status ValidateHostPort(const std::string& key, const std::string& value) {
-  auto bad = [&](const std::string& why) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        key, " \"", value, "\" is not a listen address: ", why,
-        "; use host:port, e.g. 127.0.0.1:7400, 0.0.0.0:7400 or [::1]:7400 (port 0 picks a free one)"));
-  };
-  const size_t colon = value.rfind(':');
-  if (colon == std::string::npos) return bad("no ':port'");
-  const std::string host = value.substr(0, colon);
-  const std::string port = value.substr(colon + 1);
-  if (host.empty()) return bad("the host is empty");
-  if (host.front() == '[') {
-    if (host.size() < 3 || host.back() != ']' ||
-        host.find_first_of("[]", 1) != host.size() - 1) {
-      return bad("an IPv6 host must be one bracketed address");
-    }
-  } else if (host.find_first_of(":[]/ ") != std::string::npos) {
-    return bad("the host contains ':', '[', ']', '/' or a space (IPv6 addresses need brackets)");
-  }
-  uint32_t port_number = 0;
-  if (port.empty() || port.size() > 5 ||
-      !std::all_of(port.begin(), port.end(), [](char c) { return c >= '0' && c <= '9'; }) ||
-      !absl::SimpleAtoi(port, &port_number) || port_number > 65535) {
-    return bad("the port must be a number 0..65535");
-  }
-  return absl::OkStatus();
-}
-
-std::string HostOf(const std::string& address) { return address.substr(0, address.rfind(':')); }
 
 // Reads the layered configuration (file, CKPT_* environment, set flags) into
 // Settings. Every error is a usage error.
@@ -186,130 +161,6 @@ absl::StatusOr<Settings> LoadSettings(const std::string& config_file,
   out.log_file = config->GetStringOr("log_file", "");
   return out;
 }
-
-void NameThisThread(const char* name) {
-  // Linux limits thread names to 15 bytes; ours fit.
-  pthread_setname_np(pthread_self(), name);
-}
-
-// Why and how the process stops. The first reason is kept; a failure exit
-// code wins over a clean one.
-class StopRequest {
- public:
-  void Request(int exit_code, std::string reason) {
-    absl::MutexLock lock(&mu_);
-    exit_code_ = std::max(exit_code_, exit_code);
-    if (!requested_) reason_ = std::move(reason);
-    requested_ = true;
-  }
-  bool requested() {
-    absl::MutexLock lock(&mu_);
-    return requested_;
-  }
-  // Blocks until Request() was called.
-  void Wait() {
-    absl::MutexLock lock(&mu_);
-    mu_.Await(absl::Condition(&requested_));
-  }
-  int exit_code() {
-    absl::MutexLock lock(&mu_);
-    return exit_code_;
-  }
-  std::string reason() {
-    absl::MutexLock lock(&mu_);
-    return reason_;
-  }
-
- private:
-  absl::Mutex mu_;
-  bool requested_ ABSL_GUARDED_BY(mu_) = false;
-  int exit_code_ ABSL_GUARDED_BY(mu_) = kExitOk;
-  std::string reason_ ABSL_GUARDED_BY(mu_);
-};
-
-// A named thread that runs `fn` now and then every `interval` until Stop().
-class PeriodicThread {
- public:
-  PeriodicThread(const char* name, absl::Duration interval, std::function<void()> fn)
-      : name_(name), interval_(interval), fn_(std::move(fn)) {
-    thread_ = std::thread([this] { Loop(); });
-  }
-  ~PeriodicThread() { Stop(); }
-  PeriodicThread(const PeriodicThread&) = delete;
-  PeriodicThread& operator=(const PeriodicThread&) = delete;
-
-  // Asks the loop to end, waits for a run in progress, joins. Idempotent.
-  void Stop() {
-    {
-      absl::MutexLock lock(&mu_);
-      stop_ = true;
-    }
-    if (thread_.joinable()) thread_.join();
-  }
-
- private:
-  void Loop() {
-    NameThisThread(name_);
-    for (;;) {
-      fn_();
-      absl::MutexLock lock(&mu_);
-      RealClock()->AwaitWithTimeout(&mu_, absl::Condition(&stop_), interval_);
-      if (stop_) return;
-    }
-  }
-
-  const char* const name_;
-  const absl::Duration interval_;
-  const std::function<void()> fn_;
-  absl::Mutex mu_;
-  bool stop_ ABSL_GUARDED_BY(mu_) = false;
-  std::thread thread_;
-};
-
-// Waits for SIGTERM/SIGINT (which every thread blocks) and turns the first
-// into a stop request; a second one exits at once. Stop() wakes and joins it.
-class SignalThread {
- public:
-  SignalThread(const sigset_t& signals, StopRequest* stop) : signals_(signals), stop_(stop) {
-    thread_ = std::thread([this] { Loop(); });
-  }
-  ~SignalThread() { Stop(); }
-  SignalThread(const SignalThread&) = delete;
-  SignalThread& operator=(const SignalThread&) = delete;
-
-  void Stop() {
-    if (!thread_.joinable()) return;
-    quit_.store(true);
-    // A thread-directed SIGTERM, consumed by its sigwait(): wakes it up.
-    pthread_kill(thread_.native_handle(), SIGTERM);
-    thread_.join();
-  }
-
- private:
-  void Loop() {
-    NameThisThread("ckpt-meta-sig");
-    bool stopping = false;
-    for (;;) {
-      int sig = 0;
-      if (sigwait(&signals_, &sig) != 0) continue;
-      if (quit_.load()) return;
-      if (stopping) {
-        log::Error("{}: second SIG{} during shutdown; exiting at once", kProgram, sigabbrev_np(sig));
-        log::Flush();
-        std::_Exit(kExitFailure);
-      }
-      stopping = true;
-      log::Info("{}: received SIG{}; shutting down (send it again to exit at once)", kProgram,
-                sigabbrev_np(sig));
-      stop_->Request(kExitOk, absl::StrCat("SIG", sigabbrev_np(sig)));
-    }
-  }
-
-  const sigset_t signals_;
-  StopRequest* const stop_;
-  std::atomic<bool> quit_{false};
-  std::thread thread_;
-};
 
 // The daemon's Prometheus metrics, refreshed from the core and the store.
 class MetaMetrics {
@@ -445,7 +296,7 @@ class MetaMetrics {
 // Everything after the settings are known. Returns the exit code.
 int Serve(const Settings& settings, const sigset_t& signals) {
   StopRequest stop;
-  SignalThread signal_thread(signals, &stop);
+  SignalThread signal_thread(kProgram, "ckpt-meta-sig", signals, &stop);
 
   log::Info("{} starting: data dir {}, lease {} ms, heartbeat {} ms", kProgram, settings.data_dir,
             absl::ToInt64Milliseconds(settings.lease),

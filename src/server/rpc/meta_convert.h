@@ -40,6 +40,7 @@
 #include "absl/status/statusor.h"
 #include "ckpt/v1/common.pb.h"
 #include "ckpt/v1/meta.pb.h"
+#include "server/rpc/status_convert.h"
 #include "server/meta/meta_core.h"
 #include "server/meta/model.h"
 #include "server/meta/planner.h"
@@ -61,20 +62,7 @@ inline constexpr uint64_t kAutoExactLimit = 1'000'000;
 // Status
 // ---------------------------------------------------------------------------
 
-// Same numeric code, same message. absl::StatusCode and grpc::StatusCode share
-// their numbers.
-grpc::Status ToGrpcStatus(const absl::Status& status);
-absl::Status FromGrpcStatus(const grpc::Status& status);
-
-// code and message (empty message for OK).
-void ToProto(const absl::Status& status, v1::EntryStatus* out);
-
-// The absl::Status an EntryStatus describes (OK for code 0, whatever the
-// message). InvalidArgument naming `field` if the code is not a canonical code
-// (0..16). The outer StatusOr is about the conversion, the inner value is the
-// reported outcome.
-absl::StatusOr<absl::Status> StatusFromProto(const v1::EntryStatus& entry,
-                                             const std::string& field);
+// ToGrpcStatus, FromGrpcStatus, ToProto(Status), StatusFromProto: status_convert.h.
 
 // ---------------------------------------------------------------------------
 // Enums. *FromProto take the raw number (proto3 enums may carry numbers this

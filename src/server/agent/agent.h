@@ -1,0 +1,355 @@
+// Agent: the node agent's single-node life (DESIGN.md §5-§7).
+//
+// Owns the memory tier (Arena), the staging leases local trainers write into,
+// the committed holdings and their records, the restore handles, and the
+// background work: telling meta what was staged, checking every committed
+// byte's crc32c before anything leaves the node, and running the tasks meta
+// hands out (flush to the durable tier, commit a version's directory, evict,
+// drop, delete). The gRPC services (src/server/rpc/agent_service.*) translate
+// requests into these calls; ckpt-agent's main wires it all.
+//
+// Work happens in three loops, each a method that does one round and returns
+// (so unit tests drive them deterministically with a FakeClock and a fake
+// MetaLink, no threads), and that Start() runs on named threads:
+//   ControlOnce  register / re-register, inventory, heartbeat, send queued
+//                reports, expire leases and handles;
+//   VerifyOnce   check the crcs of newly committed shards;
+//   TasksOnce    run the highest-priority runnable task (retrying flush
+//                failures with backoff, never blocking the loop on a sleep).
+//
+// Thread safety: every public method may be called from any thread.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <memory>
+#include <optional>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "common/clock.h"
+#include "common/file_system.h"
+#include "common/manifest.h"
+#include "common/metrics.h"
+#include "server/agent/arena.h"
+#include "server/agent/meta_link.h"
+
+namespace ckpt::agent {
+
+struct AgentOptions {
+  std::string node_id;
+  std::string grpc_address;  // advertised to meta
+  std::string data_address;  // advertised to meta
+  std::string failure_domain;
+  std::string memory_dir;
+  uint64_t memory_bytes = 0;
+  bool populate = true;       // pre-fault the pool (tests may skip)
+  std::string durable_root;   // empty: no durable tier on this node
+  int64_t default_lease_ttl_ms = 60000;
+  int64_t default_handle_ttl_ms = 600000;
+  int64_t flush_retry_initial_ms = 500;
+  int64_t flush_retry_max_ms = 30000;
+  int flush_max_tries = 8;     // per task attempt, then report the error
+  uint64_t item_alignment_bytes = 64;
+};
+
+// A region of the pool file a client maps.
+struct Region {
+  std::string path;
+  uint64_t file_offset = 0;
+  uint64_t length = 0;
+  uint64_t shard_offset = 0;
+};
+
+struct LeaseRequest {
+  std::string job_id;
+  uint64_t step = 0;
+  uint32_t rank = 0;
+  uint64_t size_bytes = 0;
+  std::string run_id;
+  uint32_t client_pid = 0;
+  int64_t ttl_ms = 0;
+};
+
+struct LeaseGrant {
+  std::string lease_id;
+  std::vector<Region> regions;
+  int64_t expires_in_ms = 0;
+  uint64_t item_alignment_bytes = 0;
+};
+
+// What a committed shard looks like to callers.
+struct ShardView {
+  ShardRecord record;
+  std::vector<Region> regions;
+};
+
+struct OpenResult {
+  std::string handle_id;
+  ShardView shard;
+  bool verified = false;
+  int64_t expires_in_ms = 0;
+};
+
+struct HoldingInfo {
+  ShardId id;
+  int role = 1;
+  int state = 2;  // ckpt.v1.CopyState
+  uint64_t size_bytes = 0;
+  uint32_t crc32c = 0;
+  uint64_t manifest_digest = 0;
+  int64_t stored_unix_ms = 0;
+  std::string durable_path;
+  bool verified = false;
+};
+
+struct FlushResult {
+  uint32_t rank = 0;
+  std::string durable_path;
+  absl::Status status;
+};
+
+struct VerifyFinding {
+  HoldingInfo holding;
+  bool ok = true;
+  uint32_t actual_crc32c = 0;
+  std::string bad_item;
+  std::string message;
+};
+
+struct AgentStatusSnapshot {
+  std::string node_id;
+  uint64_t incarnation = 0;
+  bool registered = false;
+  bool meta_reachable = false;
+  int64_t last_heartbeat_unix_ms = 0;
+  int64_t lease_remaining_ms = 0;
+  int node_state = 0;
+  int64_t uptime_ms = 0;
+  uint64_t capacity_bytes = 0;
+  uint64_t used_bytes = 0;
+  uint64_t free_bytes = 0;
+  uint64_t leased_bytes = 0;
+  uint32_t open_leases = 0;
+  uint32_t open_handles = 0;
+  std::vector<HoldingInfo> holdings;
+  uint32_t flush_pending_shards = 0;
+  uint64_t flush_lag_bytes = 0;
+  int64_t flush_lag_ms = 0;
+  uint64_t flush_errors_total = 0;
+  std::string last_flush_error;
+  int64_t last_flush_error_unix_ms = 0;
+  std::vector<RunningTask> running_tasks;
+  std::string memory_dir;
+  std::string durable_root;
+  std::string pool_path;
+  uint64_t pool_bytes = 0;
+};
+
+class Agent {
+ public:
+  // Opens the memory tier (re-adopting what a previous agent left) and sets
+  // up metrics. `meta`, `clock`, `durable_fs` and `metrics` must outlive the
+  // agent. Errors: the arena's (ResourceExhausted if the tmpfs is too small).
+  static absl::StatusOr<std::unique_ptr<Agent>> Create(const AgentOptions& options, MetaLink* meta,
+                                                       Clock* clock, FileSystem* durable_fs,
+                                                       MetricsRegistry* metrics);
+  ~Agent();  // calls Stop()
+
+  // Starts the background threads (ckpt-agent-ctl, -verify, -task).
+  void Start();
+  // Stops accepting background work, wakes and joins the threads. Idempotent.
+  void Stop();
+
+  // ---- save path ----
+  // See AgentService.AcquireStagingLease. Blocks on meta only for the first
+  // lease of a (job, step, run) on this node.
+  absl::StatusOr<LeaseGrant> AcquireLease(const LeaseRequest& request);
+  // See AgentService.CommitShard: validates, records, queues the STAGED report
+  // and the background verification; never waits for meta. ALREADY_EXISTS
+  // (with `*committed` filled) for a lease committed before.
+  absl::StatusOr<ShardRecord> Commit(const std::string& lease_id, uint64_t size_bytes,
+                                     std::vector<ManifestItem> items);
+  absl::Status AbortLease(const std::string& lease_id);
+
+  // ---- restore path ----
+  // Opens a local VALID copy for reading. Unless skip_verify, checks every
+  // item's crc first (DataLoss and the copy is quarantined on mismatch).
+  // NotFound if not held here.
+  absl::StatusOr<OpenResult> OpenShard(const ShardId& id, bool skip_verify, uint32_t client_pid,
+                                       int64_t ttl_ms);
+  absl::Status CloseShard(const std::string& handle_id);
+  // Calls fn(data, len) over the shard bytes [offset, offset+length) while the
+  // holding is pinned. NotFound / OutOfRange.
+  absl::Status ReadShard(const ShardId& id, uint64_t offset, uint64_t length,
+                         const std::function<absl::Status(const std::byte*, uint64_t)>& fn,
+                         ShardRecord* record);
+
+  // ---- inventory and commands ----
+  std::vector<HoldingInfo> Inventory(const std::string& job_id, std::optional<uint64_t> step) const;
+  // Writes this node's shards of a version now (see AgentService.Flush).
+  absl::StatusOr<std::vector<FlushResult>> FlushNow(const std::string& job_id, uint64_t step,
+                                                    const std::vector<uint32_t>& ranks);
+  absl::StatusOr<std::vector<VerifyFinding>> Verify(const std::string& job_id, uint64_t step,
+                                                    bool dry_run, uint64_t* bytes_checked);
+  AgentStatusSnapshot Status() const;
+
+  // ---- loops (public for deterministic tests) ----
+  void ControlOnce();
+  // Returns true if it verified something.
+  bool VerifyOnce();
+  // Returns true if it ran a task (or a flush try).
+  bool TasksOnce();
+  // Queues tasks as if meta had sent them (the rpc layer's WatchTasks, tests).
+  void EnqueueTasks(std::vector<AgentTask> tasks);
+
+  const Arena& arena() const { return *arena_; }
+
+ private:
+  struct Lease {
+    std::string id;
+    ShardId shard;
+    uint64_t size_bytes = 0;
+    std::vector<Extent> extents;
+    std::string run_id;
+    uint32_t client_pid = 0;
+    absl::Time expires;
+  };
+  struct Holding {
+    ShardRecord rec;
+    bool corrupt = false;
+    bool verified = false;
+    bool staged_reported = false;
+    int pins = 0;            // open handles and readers
+    bool evict_pending = false;
+    absl::Time committed_at;
+  };
+  struct Handle {
+    std::string id;
+    ShardId shard;
+    uint32_t client_pid = 0;
+    absl::Time expires;
+  };
+  // One message for meta, sent in order by the control loop: a report, or a
+  // task result (which must follow the reports its task produced).
+  struct Outbound {
+    bool is_result = false;
+    HoldingReport report;
+    std::string task_id;
+    uint32_t attempt = 0;
+    absl::Status result;
+    uint64_t bytes = 0;
+    int64_t duration_ms = 0;
+  };
+  struct QueuedTask {
+    AgentTask task;
+    absl::Time not_before;
+    int tries = 0;
+    size_t next_shard = 0;  // flush: shards before it are done
+    uint64_t bytes_done = 0;
+    absl::Time started;
+  };
+
+  Agent(const AgentOptions& options, MetaLink* meta, Clock* clock, FileSystem* durable_fs,
+        MetricsRegistry* metrics);
+  absl::Status Init();
+
+  std::vector<Region> RegionsFor(const std::vector<Extent>& extents, uint64_t size) const;
+  std::string BudgetMessageLocked(uint64_t want) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ExpireLocked(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void FreeHoldingLocked(const ShardId& id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void QuarantineLocked(Holding& h, const std::string& detail) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  uint64_t LeasedBytesLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  HoldingInfo InfoLocked(const Holding& h) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void QueueReportLocked(HoldingReport report) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void EnqueueTasksLocked(std::vector<AgentTask> tasks) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Checks every item crc and the shard crc of a holding's bytes. OK, or
+  // DataLoss naming the item.
+  absl::Status CheckBytes(const ShardRecord& rec, uint32_t* actual_crc, std::string* bad_item) const;
+  uint32_t RangeCrc(const std::vector<Extent>& extents, uint64_t offset, uint64_t length) const;
+
+  void Register();
+  void SendReports();
+  void Heartbeat();
+  void SendInventory();
+  absl::Status RunTaskStep(QueuedTask& qt, bool* finished);
+  absl::Status FlushOne(const std::string& task_id, const FlushOrder& order, const std::string& job,
+                        uint64_t step, uint64_t* bytes);
+  void RecordFlushError(const absl::Status& s);
+  void UpdateGauges();
+  void Loop(const char* name, absl::Duration idle, bool (Agent::*once)());
+  bool ControlRound();
+
+  const AgentOptions options_;
+  MetaLink* const meta_;
+  Clock* const clock_;
+  FileSystem* const durable_fs_;
+  std::unique_ptr<Arena> arena_;
+  const absl::Time started_;
+
+  // Metrics (owned by the registry).
+  Counter* m_staged_bytes_;
+  Counter* m_staged_shards_;
+  Counter* m_flush_bytes_;
+  Counter* m_flush_shards_;
+  Counter* m_flush_errors_;
+  Counter* m_corrupt_;
+  Counter* m_lease_rejected_;
+  Counter* m_meta_errors_;
+  Gauge* m_used_;
+  Gauge* m_free_;
+  Gauge* m_leased_;
+  Gauge* m_capacity_;
+  Gauge* m_flush_lag_bytes_;
+  Gauge* m_flush_lag_seconds_;
+  Gauge* m_holdings_;
+  Gauge* m_registered_;
+
+  mutable absl::Mutex mu_;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  uint64_t wake_ ABSL_GUARDED_BY(mu_) = 0;  // bumped to wake the loops
+  uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
+  std::map<std::string, Lease> leases_ ABSL_GUARDED_BY(mu_);
+  std::map<ShardId, std::string> lease_of_shard_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, ShardId> committed_leases_ ABSL_GUARDED_BY(mu_);
+  std::map<ShardId, Holding> holdings_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, Handle> handles_ ABSL_GUARDED_BY(mu_);
+  // (job, step, run_id) -> world size, for versions begun at meta.
+  std::map<std::tuple<std::string, uint64_t, std::string>, uint32_t> begun_ ABSL_GUARDED_BY(mu_);
+  std::deque<ShardId> verify_queue_ ABSL_GUARDED_BY(mu_);
+  std::deque<Outbound> outbox_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, QueuedTask> tasks_ ABSL_GUARDED_BY(mu_);  // by task id
+  std::set<std::string> finished_tasks_ ABSL_GUARDED_BY(mu_);
+  std::set<std::string> running_now_ ABSL_GUARDED_BY(mu_);
+  std::map<ShardId, absl::Time> flush_waiting_ ABSL_GUARDED_BY(mu_);  // wanted, not yet durable
+
+  // Meta session (control thread writes; others read under mu_).
+  bool registered_ ABSL_GUARDED_BY(mu_) = false;
+  bool inventory_due_ ABSL_GUARDED_BY(mu_) = false;
+  uint64_t incarnation_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t previous_incarnation_ ABSL_GUARDED_BY(mu_) = 0;
+  bool meta_reachable_ ABSL_GUARDED_BY(mu_) = false;
+  int node_state_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t heartbeat_ms_ ABSL_GUARDED_BY(mu_) = 1000;
+  int64_t lease_ms_ ABSL_GUARDED_BY(mu_) = 5000;
+  absl::Time next_heartbeat_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+  absl::Time next_register_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+  absl::Time lease_valid_until_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+  int64_t last_heartbeat_unix_ms_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t flush_errors_total_ ABSL_GUARDED_BY(mu_) = 0;
+  std::string last_flush_error_ ABSL_GUARDED_BY(mu_);
+  int64_t last_flush_error_unix_ms_ ABSL_GUARDED_BY(mu_) = 0;
+
+  std::vector<std::thread> threads_;
+};
+
+}  // namespace ckpt::agent

@@ -1,0 +1,167 @@
+// MetaLink: what the agent needs from ckpt-meta, in domain types.
+//
+// The agent's logic (agent.h) talks to meta only through this interface:
+// src/server/rpc/meta_link_grpc.* implements it over MetaService, and unit
+// tests use an in-memory fake, so the agent's behaviour under meta failures
+// (unreachable, restarted, fencing) is testable without processes.
+//
+// Every call blocks until meta answered or the call's deadline passed; errors
+// are meta's (or UNAVAILABLE / DEADLINE_EXCEEDED when it cannot be reached).
+// Implementations must be safe to call from several threads at once.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "common/durable_format.h"
+#include "server/agent/arena.h"
+
+namespace ckpt::agent {
+
+struct NodeRegistration {
+  std::string node_id;
+  std::string grpc_address;
+  std::string data_address;
+  std::string failure_domain;
+  std::string agent_version;
+  uint64_t memory_capacity_bytes = 0;
+  uint64_t previous_incarnation = 0;
+};
+
+struct RegistrationReply {
+  uint64_t incarnation = 0;
+  int64_t lease_ms = 5000;
+  int64_t heartbeat_ms = 1000;
+  uint64_t meta_instance_id = 0;
+};
+
+struct RunningTask {
+  std::string task_id;
+  uint32_t attempt = 0;
+  uint64_t bytes_done = 0;
+  uint64_t bytes_total = 0;
+};
+
+struct LoadReport {
+  uint64_t memory_capacity_bytes = 0;
+  uint64_t memory_used_bytes = 0;
+  uint64_t memory_free_bytes = 0;
+  uint64_t memory_leased_bytes = 0;
+  uint64_t flush_lag_bytes = 0;
+  int64_t flush_lag_ms = 0;
+  uint64_t flush_errors_total = 0;
+  std::vector<RunningTask> running;
+};
+
+// One shard to write in a flush task.
+struct FlushOrder {
+  uint32_t rank = 0;
+  std::string durable_path;  // relative to the durable root
+  uint64_t size_bytes = 0;
+  uint32_t crc32c = 0;
+};
+
+enum class TaskKind {
+  kFlush,
+  kCommitDurable,
+  kEvict,
+  kDrop,
+  kDeleteDurable,
+  kUnsupported,  // a kind this agent cannot run yet (peer protection)
+};
+
+// A work order from meta (see docs/protocol.md §7), reduced to what the
+// single-node agent runs.
+struct AgentTask {
+  std::string id;
+  uint32_t attempt = 1;
+  TaskKind kind = TaskKind::kUnsupported;
+  std::string kind_name;  // for logs and errors
+  int32_t priority = 0;
+  std::string job_id;
+  uint64_t step = 0;
+  std::string durable_dir;         // flush, commit, delete
+  std::vector<FlushOrder> flush;   // flush
+  uint32_t world_size = 0;         // commit
+  std::vector<ShardId> drop;       // drop (shard holdings)
+  std::string reason;              // drop
+};
+
+struct HeartbeatReply {
+  int node_state = 1;  // ckpt.v1.NodeState number
+  bool inventory_required = false;
+  int64_t lease_ms = 5000;
+  int64_t heartbeat_ms = 1000;
+  uint64_t meta_instance_id = 0;
+  std::vector<AgentTask> tasks;
+  std::vector<std::string> cancelled_task_ids;
+};
+
+// A report about one of this node's holdings (ReportShards).
+struct HoldingReport {
+  enum class Kind { kStaged, kPersisted, kCopyState };
+  Kind kind = Kind::kStaged;
+  ShardRecord record;  // kStaged: the full record (items, crc, digest, run id)
+  ShardId id;          // kPersisted, kCopyState
+  std::string durable_path;
+  uint64_t size_bytes = 0;
+  uint32_t crc32c = 0;
+  std::string task_id;
+  int copy_role = 1;   // ckpt.v1.CopyRole
+  int copy_state = 2;  // ckpt.v1.CopyState
+  std::string detail;
+};
+
+struct ReportReply {
+  std::vector<absl::Status> results;  // one per report
+  std::vector<AgentTask> tasks;
+};
+
+// An entry of this node's inventory (ReportInventory).
+struct InventoryItem {
+  ShardId id;
+  int role = 1;
+  int state = 2;  // ckpt.v1.CopyState
+  uint64_t size_bytes = 0;
+  uint32_t crc32c = 0;
+  uint64_t manifest_digest = 0;
+  int64_t stored_unix_ms = 0;
+  std::string durable_path;
+};
+
+struct InventoryReply {
+  std::vector<ShardId> drop;  // holdings meta says to delete
+  std::vector<ShardId> unknown;
+  uint32_t kept = 0;
+};
+
+class MetaLink {
+ public:
+  virtual ~MetaLink() = default;
+  virtual absl::StatusOr<RegistrationReply> Register(const NodeRegistration& node) = 0;
+  virtual absl::StatusOr<HeartbeatReply> Heartbeat(const std::string& node_id, uint64_t incarnation,
+                                                   const LoadReport& load) = 0;
+  virtual absl::StatusOr<InventoryReply> ReportInventory(const std::string& node_id,
+                                                         uint64_t incarnation,
+                                                         const std::vector<InventoryItem>& items) = 0;
+  // Begins (or finds) the version; returns the job's world size.
+  virtual absl::StatusOr<uint32_t> BeginVersion(const std::string& job_id, uint64_t step,
+                                                const std::string& run_id,
+                                                const std::string& node_id) = 0;
+  virtual absl::StatusOr<ReportReply> ReportShards(const std::string& node_id, uint64_t incarnation,
+                                                   const std::vector<HoldingReport>& reports) = 0;
+  // Returns OK when meta recorded the result (any disposition).
+  virtual absl::Status ReportTaskResult(const std::string& node_id, uint64_t incarnation,
+                                        const std::string& task_id, uint32_t attempt,
+                                        const absl::Status& result, uint64_t bytes_processed,
+                                        int64_t duration_ms) = 0;
+  // The version's full manifest for its durable directory (every rank's size,
+  // crc, digest and items). FailedPrecondition if some rank is not staged.
+  virtual absl::StatusOr<DurableManifest> GetVersionManifest(const std::string& job_id,
+                                                             uint64_t step) = 0;
+};
+
+}  // namespace ckpt::agent

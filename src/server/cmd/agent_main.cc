@@ -1,0 +1,338 @@
+// ckpt-agent: the node agent daemon (DESIGN.md §1, §5-§9).
+//
+// Flags and layered configuration, wiring (memory tier -> Agent -> gRPC
+// AgentService on the local unix socket and on TCP, MetaLink to ckpt-meta,
+// /metrics), and signal handling. No logic: that lives in server/agent and
+// server/rpc.
+//
+// Threads owned here: ckpt-agent-sig (sigwait), plus the Agent's loops
+// (ckpt-agent-ctl, -vfy, -task), gRPC's and the metrics server's.
+//
+// Exit codes: 0 after a clean shutdown, 1 for a runtime failure (cannot bind,
+// memory tier cannot be reserved), 2 for a usage or configuration error.
+#include <signal.h>
+#include <sys/stat.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <grpcpp/grpcpp.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <set>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "common/clock.h"
+#include "common/config.h"
+#include "common/file_system.h"
+#include "common/log.h"
+#include "common/metrics.h"
+#include "common/names.h"
+#include "server/agent/agent.h"
+#include "server/cmd/daemon.h"
+#include "server/rpc/agent_service.h"
+#include "server/rpc/meta_link_grpc.h"
+
+namespace ckpt {
+namespace {
+
+using daemon::kExitFailure;
+using daemon::kExitOk;
+using daemon::kExitUsage;
+
+constexpr char kProgram[] = "ckpt-agent";
+constexpr char kDefaultListen[] = "127.0.0.1:7401";
+constexpr char kDefaultDataListen[] = "127.0.0.1:7402";
+constexpr char kDefaultMetricsListen[] = "127.0.0.1:9401";
+constexpr char kDefaultRunDir[] = "/run/ckpt";
+constexpr uint64_t kDefaultMemoryBytes = uint64_t{4} << 30;
+constexpr auto kDrainDeadline = std::chrono::seconds(5);
+constexpr int kMaxMessageBytes = 256 << 20;  // manifests of huge shards
+
+const std::set<std::string>& KnownKeys() {
+  static const auto* keys = new std::set<std::string>{
+      "node_id", "meta", "listen", "data_listen", "run_dir", "memory", "memory_dir", "durable_root",
+      "failure_domain", "metrics_listen", "lease_ttl_ms", "rpc_timeout_ms", "log_level", "log_json", "log_file",
+  };
+  return *keys;
+}
+
+struct Settings {
+  agent::AgentOptions agent;
+  std::string meta;
+  std::string listen;
+  std::string data_listen;
+  std::string run_dir;
+  std::string metrics_listen;
+  absl::Duration rpc_timeout;
+  log::Level log_level = log::Level::kInfo;
+  bool log_json = false;
+  std::string log_file;
+};
+
+absl::StatusOr<Settings> LoadSettings(const std::string& config_file, const std::map<std::string, std::string>& flags) {
+  std::map<std::string, std::string> env;
+  for (const auto& [name, value] : CaptureEnvironment()) {
+    if (name.rfind("CKPT_", 0) == 0 && KeyForEnvVar(name).ok()) env.emplace(name, value);
+  }
+  absl::StatusOr<Config> config = Config::Load({config_file, env, flags});
+  if (!config.ok()) return config.status();
+  {
+    absl::StatusOr<Config> own = Config::Load({config_file, {}, flags});
+    if (!own.ok()) return own.status();
+    if (absl::Status s = own->CheckKnownKeys(KnownKeys()); !s.ok()) return s;
+  }
+  Settings out;
+  agent::AgentOptions& a = out.agent;
+  a.node_id = config->GetStringOr("node_id", "");
+  if (a.node_id.empty()) {
+    char host[256] = {};
+    if (::gethostname(host, sizeof(host) - 1) == 0) a.node_id = host;
+  }
+  if (absl::Status s = ValidateNodeId(a.node_id); !s.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("--node-id: ", s.message()));
+  }
+  out.meta = config->GetStringOr("meta", "");
+  if (out.meta.empty()) {
+    return absl::InvalidArgumentError("the meta address is required: pass --meta HOST:PORT (or CKPT_META)");
+  }
+  if (absl::Status s = daemon::ValidateHostPort("meta", out.meta); !s.ok()) return s;
+  out.listen = config->GetStringOr("listen", kDefaultListen);
+  if (absl::Status s = daemon::ValidateHostPort("listen", out.listen); !s.ok()) return s;
+  out.data_listen = config->GetStringOr("data_listen", kDefaultDataListen);
+  if (absl::Status s = daemon::ValidateHostPort("data_listen", out.data_listen); !s.ok()) return s;
+  out.metrics_listen = config->GetStringOr("metrics_listen", kDefaultMetricsListen);
+  if (absl::Status s = daemon::ValidateHostPort("metrics_listen", out.metrics_listen); !s.ok()) return s;
+  out.run_dir = config->GetStringOr("run_dir", kDefaultRunDir);
+  absl::StatusOr<uint64_t> memory = config->GetBytesOr("memory", kDefaultMemoryBytes);
+  if (!memory.ok()) return memory.status();
+  if (*memory < (uint64_t{1} << 20)) {
+    return absl::InvalidArgumentError("--memory must be at least 1MiB (e.g. 4GiB)");
+  }
+  a.memory_bytes = *memory;
+  a.memory_dir = config->GetStringOr("memory_dir", absl::StrCat("/dev/shm/ckpt-", a.node_id));
+  a.durable_root = config->GetStringOr("durable_root", "");
+  a.failure_domain = config->GetStringOr("failure_domain", "");
+  absl::StatusOr<absl::Duration> ttl = config->GetDurationOr("lease_ttl_ms", absl::Seconds(60));
+  if (!ttl.ok()) return ttl.status();
+  a.default_lease_ttl_ms = absl::ToInt64Milliseconds(*ttl);
+  absl::StatusOr<absl::Duration> rpc_timeout = config->GetDurationOr("rpc_timeout_ms", absl::Seconds(10));
+  if (!rpc_timeout.ok()) return rpc_timeout.status();
+  out.rpc_timeout = *rpc_timeout;
+  absl::StatusOr<log::Level> level = log::ParseLevel(config->GetStringOr("log_level", "info"));
+  if (!level.ok()) return level.status();
+  out.log_level = *level;
+  absl::StatusOr<bool> json = config->GetBoolOr("log_json", false);
+  if (!json.ok()) return json.status();
+  out.log_json = *json;
+  out.log_file = config->GetStringOr("log_file", "");
+  return out;
+}
+
+// Creates the run directory and removes a stale socket; refuses to take over
+// a socket another live agent is serving.
+absl::Status PrepareSocket(const std::string& run_dir, const std::string& path) {
+  if (::mkdir(run_dir.c_str(), 0750) != 0 && errno != EEXIST) {
+    return absl::UnavailableError(absl::StrCat("create run dir '", run_dir, "': ", std::strerror(errno)));
+  }
+  if (path.size() >= sizeof(sockaddr_un::sun_path)) {
+    return absl::InvalidArgumentError(absl::StrCat("socket path '", path, "' is too long for a unix socket (max ",
+                                                   sizeof(sockaddr_un::sun_path) - 1, " bytes)"));
+  }
+  if (::access(path.c_str(), F_OK) == 0) {
+    const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_un addr{};
+    addr.sun_family = AF_UNIX;
+    std::strncpy(addr.sun_path, path.c_str(), sizeof(addr.sun_path) - 1);
+    const bool live = ::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
+    ::close(fd);
+    if (live) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("another agent is serving '", path, "'; use a different --run-dir"));
+    }
+    ::unlink(path.c_str());
+  }
+  return absl::OkStatus();
+}
+
+int Serve(const Settings& settings, const sigset_t& signals) {
+  daemon::StopRequest stop;
+  daemon::SignalThread signal_thread(kProgram, "ckpt-agent-sig", signals, &stop);
+  log::Info("{} starting: node {}, meta {}, memory {} bytes in {}, durable root {}", kProgram,
+            settings.agent.node_id, settings.meta, settings.agent.memory_bytes, settings.agent.memory_dir,
+            settings.agent.durable_root.empty() ? "(none)" : settings.agent.durable_root);
+
+  const std::string socket_path = settings.run_dir + "/agent.sock";
+  if (absl::Status s = PrepareSocket(settings.run_dir, socket_path); !s.ok()) {
+    log::Error("{}: {}", kProgram, s.ToString());
+    return kExitFailure;
+  }
+
+  MetricsRegistry registry;
+  std::unique_ptr<agent::MetaLink> meta = rpc::NewGrpcMetaLink(settings.meta, settings.rpc_timeout);
+  agent::AgentOptions options = settings.agent;
+  options.grpc_address = settings.listen;
+  options.data_address = settings.data_listen;
+  const absl::Time t0 = absl::Now();
+  absl::StatusOr<std::unique_ptr<agent::Agent>> agent =
+      agent::Agent::Create(options, meta.get(), RealClock(), PosixFileSystem(), &registry);
+  if (!agent.ok()) {
+    log::Error("{}: cannot open the memory tier: {}", kProgram, agent.status().ToString());
+    return kExitFailure;
+  }
+  log::Info("{}: memory tier ready in {} ms ({} bytes free)", kProgram,
+            absl::ToInt64Milliseconds(absl::Now() - t0), (*agent)->arena().free_bytes());
+  agent::Agent* const a = agent->get();
+
+  std::atomic<bool> ready{false};
+  absl::StatusOr<std::unique_ptr<MetricsServer>> metrics_server =
+      MetricsServer::Start(settings.metrics_listen, &registry, [&](std::string* reason) {
+        if (!ready.load()) {
+          *reason = "starting";
+          return false;
+        }
+        if (!a->Status().registered) {
+          *reason = "not registered with ckpt-meta";
+          return false;
+        }
+        return true;
+      });
+  rpc::AgentServiceImpl service(a, "none");
+  std::unique_ptr<grpc::Server> server;
+  if (!metrics_server.ok()) {
+    log::Error("{}: cannot serve metrics on {}: {}", kProgram, settings.metrics_listen,
+               metrics_server.status().ToString());
+    stop.Request(kExitFailure, "metrics server failed to start");
+  } else {
+    grpc::ServerBuilder builder;
+    int port = 0;
+    builder.AddListeningPort(settings.listen, grpc::InsecureServerCredentials(), &port);
+    builder.AddListeningPort("unix:" + socket_path, grpc::InsecureServerCredentials());
+    builder.SetMaxReceiveMessageSize(kMaxMessageBytes);
+    builder.SetMaxSendMessageSize(kMaxMessageBytes);
+    builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+    builder.RegisterService(&service);
+    server = builder.BuildAndStart();
+    if (server == nullptr || port == 0) {
+      log::Error("{}: cannot listen on {} and {}", kProgram, settings.listen, socket_path);
+      stop.Request(kExitFailure, "gRPC server failed to start");
+    } else {
+      // Trainers in the agent's group may connect.
+      ::chmod(socket_path.c_str(), 0660);
+      a->Start();
+      log::Info("{} listening on {}:{} and unix:{}", kProgram, daemon::HostOf(settings.listen), port, socket_path);
+      ready.store(true);
+    }
+  }
+
+  stop.Wait();
+  const int exit_code = stop.exit_code();
+  log::Info("{} stopping ({})", kProgram, stop.reason());
+  ready.store(false);
+  if (server != nullptr) {
+    server->Shutdown(std::chrono::system_clock::now() + kDrainDeadline);
+    server->Wait();
+    server.reset();
+  }
+  a->Stop();  // committed shards stay in the memory tier for the next start
+  agent->reset();
+  ::unlink(socket_path.c_str());
+  if (metrics_server.ok()) metrics_server->reset();
+  signal_thread.Stop();
+  log::Info("{} stopped", kProgram);
+  log::Flush();
+  return exit_code;
+}
+
+int Main(int argc, char** argv) {
+  CLI::App app{
+      "ckpt-agent: the ckpt node agent. Keeps trainers' checkpoint shards in a pre-allocated memory "
+      "tier on a tmpfs (--memory-dir), serves local trainers on <run-dir>/agent.sock and tools on "
+      "--listen (ckpt.v1.AgentService), reports to ckpt-meta (--meta) and writes the versions meta "
+      "chooses to --durable-root.\n\n"
+      "Configuration is layered: a YAML file (--config), then CKPT_* environment variables, then "
+      "flags. File keys are the flag names with '_' for '-'.\n\n"
+      "Committed shards survive a restart of the agent (kill -9 included): on start it re-adopts "
+      "every shard whose crc32c still matches. SIGTERM or SIGINT exits 0 after draining calls.",
+      kProgram};
+  app.get_formatter()->column_width(34);
+  std::map<std::string, std::string> flags;
+  std::map<std::string, std::string> values;
+  std::map<std::string, CLI::Option*> opts;
+  std::string config_file;
+  auto option = [&](const std::string& flag, const std::string& help, const std::string& type,
+                    const std::string& def = "") {
+    CLI::Option* o = app.add_option(flag, values[flag], help)->type_name(type);
+    if (!def.empty()) o->default_str(def);
+    opts[flag] = o;
+  };
+  option("--node-id", "Stable id of this node ([A-Za-z0-9][A-Za-z0-9._-]{0,62}); default: the host name.", "ID");
+  option("--meta", "ckpt-meta's gRPC address. Required.", "HOST:PORT");
+  option("--listen", "host:port of the agent's gRPC service for tools and peers.", "HOST:PORT", kDefaultListen);
+  option("--data-listen", "host:port of the data plane (advertised to peers).", "HOST:PORT", kDefaultDataListen);
+  option("--run-dir", "Directory of the local socket agent.sock (mode 0660).", "DIR", kDefaultRunDir);
+  option("--memory", "Memory-tier budget, reserved and pre-faulted at start (e.g. 4GiB).", "SIZE", "4GiB");
+  option("--memory-dir", "tmpfs directory of the memory tier; default /dev/shm/ckpt-<node-id>.", "DIR");
+  option("--durable-root", "Root of the durable tier (local path or a shared mount); empty: no flush.", "DIR");
+  option("--failure-domain", "Failure-domain label (e.g. rack-12) for placement.", "LABEL");
+  option("--metrics-listen", "host:port serving /metrics, /healthz and /readyz.", "HOST:PORT",
+         kDefaultMetricsListen);
+  option("--lease-ttl-ms", "Default life of an uncommitted staging lease.", "MS", "60000");
+  option("--rpc-timeout-ms", "Deadline of each call to ckpt-meta.", "MS", "10000");
+  option("--log-level", "trace, debug, info, warn, error or off.", "LEVEL", "info");
+  option("--log-file", "Append logs to this file instead of stderr.", "FILE");
+  app.add_option("--config", config_file, "YAML config file with any of these keys.")->type_name("FILE");
+  bool log_json = false;
+  CLI::Option* json_opt = app.add_flag("--log-json", log_json, "Write logs as JSON lines.");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    const int code = app.exit(e);
+    return code == 0 ? kExitOk : kExitUsage;
+  }
+  for (const auto& [flag, o] : opts) {
+    if (o->count() > 0) flags[flag] = values[flag];
+  }
+  if (json_opt->count() > 0) flags["--log-json"] = log_json ? "true" : "false";
+  absl::StatusOr<Settings> settings = LoadSettings(config_file, flags);
+  if (!settings.ok()) {
+    std::fprintf(stderr, "%s: %s\nRun with --help for more information.\n", kProgram,
+                 std::string(settings.status().message()).c_str());
+    return kExitUsage;
+  }
+  log::Options log_options;
+  log_options.level = settings->log_level;
+  log_options.json = settings->log_json;
+  log_options.file = settings->log_file;
+  log_options.name = kProgram;
+  if (absl::Status s = log::Init(log_options); !s.ok()) {
+    std::fprintf(stderr, "%s: cannot set up logging: %s\n", kProgram, std::string(s.message()).c_str());
+    return kExitUsage;
+  }
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGINT);
+  if (int err = pthread_sigmask(SIG_BLOCK, &signals, nullptr); err != 0) {
+    log::Error("{}: cannot block signals: {}", kProgram, std::strerror(err));
+    return kExitFailure;
+  }
+  return Serve(*settings, signals);
+}
+
+}  // namespace
+}  // namespace ckpt
+
+int main(int argc, char** argv) {
+  absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
+  return ckpt::Main(argc, argv);
+}

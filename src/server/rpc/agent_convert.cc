@@ -1,0 +1,109 @@
+#include "server/rpc/agent_convert.h"
+
+#include "absl/strings/str_cat.h"
+#include "common/names.h"
+
+namespace ckpt::rpc {
+
+void ShardIdToProto(const agent::ShardId& id, v1::ShardKey* out) {
+  out->set_job_id(id.job_id);
+  out->set_step(id.step);
+  out->set_rank(id.rank);
+}
+
+absl::StatusOr<agent::ShardId> ShardIdFromProto(const v1::ShardKey& key, const std::string& field) {
+  if (absl::Status s = ValidateJobId(key.job_id()); !s.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(field, ".job_id: ", s.message()));
+  }
+  return agent::ShardId{key.job_id(), key.step(), key.rank()};
+}
+
+void ItemToProto(const ManifestItem& item, v1::Item* out) {
+  out->set_name(item.name);
+  out->set_dtype(static_cast<v1::DType>(item.dtype));
+  for (uint64_t d : item.shape) out->add_shape(d);
+  out->set_offset_bytes(item.offset_bytes);
+  out->set_length_bytes(item.length_bytes);
+  out->set_crc32c(item.crc32c);
+  for (const auto& [k, v] : item.attributes) (*out->mutable_attributes())[k] = v;
+}
+
+ManifestItem ItemFromProto(const v1::Item& item) {
+  ManifestItem m;
+  m.name = item.name();
+  m.dtype = item.dtype();
+  m.shape.assign(item.shape().begin(), item.shape().end());
+  m.offset_bytes = item.offset_bytes();
+  m.length_bytes = item.length_bytes();
+  m.crc32c = item.crc32c();
+  for (const auto& [k, v] : item.attributes()) m.attributes[k] = v;
+  return m;
+}
+
+void RecordToShardInfo(const agent::ShardRecord& rec, const std::string& node_id, bool with_items,
+                       v1::ShardInfo* out) {
+  ShardIdToProto(rec.id, out->mutable_key());
+  out->set_size_bytes(rec.size_bytes);
+  out->set_crc32c(rec.crc32c);
+  out->set_manifest_digest(rec.manifest_digest);
+  out->set_primary_node_id(node_id);
+  out->set_staged_unix_ms(rec.staged_unix_ms);
+  if (with_items) {
+    for (const ManifestItem& item : rec.items) ItemToProto(item, out->add_items());
+  }
+}
+
+void RegionToProto(const agent::Region& region, v1::MemoryRegion* out) {
+  out->set_path(region.path);
+  out->set_file_offset_bytes(region.file_offset);
+  out->set_length_bytes(region.length);
+  out->set_shard_offset_bytes(region.shard_offset);
+}
+
+void HoldingToProto(const agent::HoldingInfo& h, v1::InventoryEntry* out) {
+  ShardIdToProto(h.id, out->mutable_shard());
+  out->set_role(static_cast<v1::CopyRole>(h.role));
+  out->set_size_bytes(h.size_bytes);
+  out->set_crc32c(h.crc32c);
+  out->set_manifest_digest(h.manifest_digest);
+  out->set_state(static_cast<v1::CopyState>(h.state));
+  out->set_stored_unix_ms(h.stored_unix_ms);
+  out->set_durable_path(h.durable_path);
+}
+
+absl::StatusOr<DurableManifest> ManifestFromVersion(const v1::VersionInfo& version) {
+  DurableManifest m;
+  m.job_id = version.job_id();
+  m.step = version.step();
+  m.world_size = version.world_size();
+  m.created_unix_ms = version.created_unix_ms();
+  std::vector<bool> seen(version.world_size(), false);
+  for (const v1::ShardDetail& d : version.shards()) {
+    const v1::ShardInfo& info = d.info();
+    const uint32_t rank = info.key().rank();
+    if (rank >= version.world_size() || seen[rank]) {
+      return absl::FailedPreconditionError(absl::StrCat("version ", version.job_id(), " step ", version.step(),
+                                                        ": bad or repeated rank ", rank));
+    }
+    seen[rank] = true;
+    DurableShard s;
+    s.rank = rank;
+    s.file = RankFileName(rank);
+    s.size_bytes = info.size_bytes();
+    s.crc32c = info.crc32c();
+    s.manifest_digest = info.manifest_digest();
+    for (const v1::Item& item : info.items()) s.items.push_back(ItemFromProto(item));
+    m.shards.push_back(std::move(s));
+  }
+  for (uint32_t r = 0; r < version.world_size(); ++r) {
+    if (!seen[r]) {
+      return absl::FailedPreconditionError(absl::StrCat("version ", version.job_id(), " step ", version.step(),
+                                                        ": rank ", r, " is not staged"));
+    }
+  }
+  std::sort(m.shards.begin(), m.shards.end(),
+            [](const DurableShard& a, const DurableShard& b) { return a.rank < b.rank; });
+  return m;
+}
+
+}  // namespace ckpt::rpc

@@ -1,0 +1,271 @@
+#include "server/rpc/agent_service.h"
+
+#include <algorithm>
+#include <map>
+#include <tuple>
+
+#include "absl/strings/str_cat.h"
+#include "common/crc32c.h"
+#include "common/names.h"
+#include "server/rpc/agent_convert.h"
+#include "server/rpc/status_convert.h"
+
+namespace ckpt::rpc {
+namespace {
+
+grpc::Status Invalid(const std::string& msg) { return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, msg); }
+
+constexpr uint64_t kDefaultChunk = 1 << 20;
+constexpr uint64_t kMaxChunk = 4 << 20;
+
+}  // namespace
+
+AgentServiceImpl::AgentServiceImpl(agent::Agent* agent, std::string data_transport)
+    : agent_(agent), data_transport_(std::move(data_transport)) {}
+
+grpc::Status AgentServiceImpl::AcquireStagingLease(grpc::ServerContext*, const v1::AcquireStagingLeaseRequest* req,
+                                                   v1::AcquireStagingLeaseResponse* resp) {
+  agent::LeaseRequest r;
+  r.job_id = req->job_id();
+  r.step = req->step();
+  r.rank = req->rank();
+  r.size_bytes = req->size_bytes();
+  r.run_id = req->run_id();
+  r.client_pid = req->client_pid();
+  r.ttl_ms = req->ttl_ms();
+  if (r.ttl_ms < 0) return Invalid("ttl_ms must not be negative");
+  absl::StatusOr<agent::LeaseGrant> g = agent_->AcquireLease(r);
+  if (!g.ok()) return ToGrpcStatus(g.status());
+  resp->set_lease_id(g->lease_id);
+  for (const agent::Region& region : g->regions) RegionToProto(region, resp->add_regions());
+  resp->set_expires_in_ms(g->expires_in_ms);
+  resp->set_item_alignment_bytes(g->item_alignment_bytes);
+  return grpc::Status::OK;
+}
+
+grpc::Status AgentServiceImpl::CommitShard(grpc::ServerContext*, const v1::CommitShardRequest* req,
+                                           v1::CommitShardResponse* resp) {
+  std::vector<ManifestItem> items;
+  items.reserve(static_cast<size_t>(req->items_size()));
+  for (const v1::Item& item : req->items()) items.push_back(ItemFromProto(item));
+  absl::StatusOr<agent::ShardRecord> rec = agent_->Commit(req->lease_id(), req->size_bytes(), std::move(items));
+  if (!rec.ok()) return ToGrpcStatus(rec.status());
+  RecordToShardInfo(*rec, agent_->Status().node_id, /*with_items=*/false, resp->mutable_shard());
+  return grpc::Status::OK;
+}
+
+grpc::Status AgentServiceImpl::AbortLease(grpc::ServerContext*, const v1::AbortLeaseRequest* req,
+                                          v1::AbortLeaseResponse*) {
+  return ToGrpcStatus(agent_->AbortLease(req->lease_id()));
+}
+
+grpc::Status AgentServiceImpl::OpenShard(grpc::ServerContext*, const v1::OpenShardRequest* req,
+                                         v1::OpenShardResponse* resp) {
+  absl::StatusOr<agent::ShardId> id = ShardIdFromProto(req->key(), "key");
+  if (!id.ok()) return ToGrpcStatus(id.status());
+  if (req->ttl_ms() < 0) return Invalid("ttl_ms must not be negative");
+  absl::StatusOr<agent::OpenResult> r = agent_->OpenShard(*id, req->skip_verify(), req->client_pid(), req->ttl_ms());
+  if (!r.ok()) {
+    // Remote sources (peer replicas, EC decode, durable tier) arrive with the
+    // data plane; until then only a local copy can be opened.
+    bool remote = false;
+    for (const v1::ShardSource& s : req->sources()) remote |= s.kind() != v1::SOURCE_KIND_LOCAL;
+    if (absl::IsNotFound(r.status()) && remote) {
+      return grpc::Status(grpc::StatusCode::UNIMPLEMENTED,
+                          absl::StrCat(r.status().message(),
+                                       "; fetching from peers or the durable tier is not built yet"));
+    }
+    return ToGrpcStatus(r.status());
+  }
+  if (req->has_expected() && req->expected().size_bytes() != 0 &&
+      (req->expected().size_bytes() != r->shard.record.size_bytes ||
+       req->expected().crc32c() != r->shard.record.crc32c)) {
+    agent_->CloseShard(r->handle_id).IgnoreError();
+    return grpc::Status(grpc::StatusCode::DATA_LOSS,
+                        absl::StrCat("the local copy of ", agent::ShardIdString(*id),
+                                     " differs from the expected shard (size/crc32c)"));
+  }
+  resp->set_handle_id(r->handle_id);
+  RecordToShardInfo(r->shard.record, agent_->Status().node_id, /*with_items=*/true, resp->mutable_shard());
+  for (const agent::Region& region : r->shard.regions) RegionToProto(region, resp->add_regions());
+  resp->mutable_served_from()->set_kind(v1::SOURCE_KIND_LOCAL);
+  resp->set_verified(r->verified);
+  resp->set_expires_in_ms(r->expires_in_ms);
+  return grpc::Status::OK;
+}
+
+grpc::Status AgentServiceImpl::CloseShard(grpc::ServerContext*, const v1::CloseShardRequest* req,
+                                          v1::CloseShardResponse*) {
+  return ToGrpcStatus(agent_->CloseShard(req->handle_id()));
+}
+
+grpc::Status AgentServiceImpl::ReadShard(grpc::ServerContext* ctx, const v1::ReadShardRequest* req,
+                                         grpc::ServerWriter<v1::ReadShardResponse>* writer) {
+  if (!req->has_shard()) {
+    return grpc::Status(grpc::StatusCode::UNIMPLEMENTED, "reading EC segments is not built yet");
+  }
+  absl::StatusOr<agent::ShardId> id = ShardIdFromProto(req->shard(), "shard");
+  if (!id.ok()) return ToGrpcStatus(id.status());
+  const uint64_t chunk = req->chunk_bytes() == 0 ? kDefaultChunk : req->chunk_bytes();
+  if (chunk > kMaxChunk) return Invalid(absl::StrCat("chunk_bytes is at most ", kMaxChunk));
+  bool first = true;
+  uint64_t offset = req->offset_bytes();
+  agent::ShardRecord rec;
+  v1::ReadShardResponse msg;
+  std::string buf;
+  auto send = [&](bool final) -> absl::Status {
+    if (buf.empty() && !final) return absl::OkStatus();
+    if (buf.empty() && !first) return absl::OkStatus();
+    msg.set_offset_bytes(offset);
+    msg.set_chunk_crc32c(Crc32c(buf));
+    msg.set_data(std::move(buf));
+    if (first) RecordToShardInfo(rec, agent_->Status().node_id, true, msg.mutable_shard());
+    first = false;
+    offset += msg.data().size();
+    buf.clear();
+    if (!writer->Write(msg)) return absl::CancelledError("client went away");
+    msg.Clear();
+    return absl::OkStatus();
+  };
+  // The callback sees the record before the first piece.
+  absl::Status s = agent_->ReadShard(
+      *id, req->offset_bytes(), req->length_bytes(),
+      [&](const std::byte* p, uint64_t n) -> absl::Status {
+        if (ctx->IsCancelled()) return absl::CancelledError("client went away");
+        while (n > 0) {
+          const uint64_t take = std::min<uint64_t>(n, chunk - buf.size());
+          buf.append(reinterpret_cast<const char*>(p), take);
+          p += take;
+          n -= take;
+          if (buf.size() == chunk) {
+            if (absl::Status st = send(false); !st.ok()) return st;
+          }
+        }
+        return absl::OkStatus();
+      },
+      &rec);
+  if (!s.ok()) return ToGrpcStatus(s);
+  return ToGrpcStatus(send(true));
+}
+
+grpc::Status AgentServiceImpl::GetInventory(grpc::ServerContext*, const v1::GetInventoryRequest* req,
+                                            v1::GetInventoryResponse* resp) {
+  std::optional<uint64_t> step;
+  if (req->has_step()) step = req->step();
+  const agent::AgentStatusSnapshot st = agent_->Status();
+  resp->set_node_id(st.node_id);
+  resp->set_incarnation(st.incarnation);
+  for (const agent::HoldingInfo& h : agent_->Inventory(req->job_id(), step)) HoldingToProto(h, resp->add_entries());
+  return grpc::Status::OK;
+}
+
+grpc::Status AgentServiceImpl::Flush(grpc::ServerContext*, const v1::FlushRequest* req, v1::FlushResponse* resp) {
+  std::vector<uint32_t> ranks(req->ranks().begin(), req->ranks().end());
+  absl::StatusOr<std::vector<agent::FlushResult>> r = agent_->FlushNow(req->job_id(), req->step(), ranks);
+  if (!r.ok()) return ToGrpcStatus(r.status());
+  for (const agent::FlushResult& f : *r) {
+    v1::ShardFlushResult* out = resp->add_results();
+    out->set_rank(f.rank);
+    out->set_durable_path(f.durable_path);
+    ToProto(f.status, out->mutable_status());
+  }
+  return grpc::Status::OK;
+}
+
+grpc::Status AgentServiceImpl::Evict(grpc::ServerContext*, const v1::EvictRequest* req, v1::EvictResponse* resp) {
+  std::vector<agent::HoldingInfo> held = agent_->Inventory(req->job_id(), req->step());
+  if (held.empty()) {
+    return grpc::Status(grpc::StatusCode::NOT_FOUND,
+                        absl::StrCat("nothing of ", req->job_id(), " step ", req->step(), " is held here"));
+  }
+  if (!req->dry_run()) {
+    return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                        "node-local eviction is decided by meta's retention; use MetaService.DeleteVersion "
+                        "(ckptctl delete) or lower retention.keep_in_memory");
+  }
+  uint64_t freed = 0;
+  for (const agent::HoldingInfo& h : held) {
+    HoldingToProto(h, resp->add_evicted());
+    freed += h.size_bytes;
+  }
+  resp->set_freed_bytes(freed);
+  return grpc::Status::OK;
+}
+
+grpc::Status AgentServiceImpl::Verify(grpc::ServerContext*, const v1::VerifyRequest* req, v1::VerifyResponse* resp) {
+  if (req->check_parity()) {
+    return grpc::Status(grpc::StatusCode::UNIMPLEMENTED, "parity checks arrive with erasure coding");
+  }
+  uint64_t checked = 0;
+  absl::StatusOr<std::vector<agent::VerifyFinding>> r = agent_->Verify(req->job_id(), req->step(), req->dry_run(), &checked);
+  if (!r.ok()) return ToGrpcStatus(r.status());
+  uint32_t problems = 0;
+  for (const agent::VerifyFinding& f : *r) {
+    v1::VerifyFinding* out = resp->add_findings();
+    HoldingToProto(f.holding, out->mutable_holding());
+    out->set_ok(f.ok);
+    out->set_expected_crc32c(f.holding.crc32c);
+    out->set_actual_crc32c(f.actual_crc32c);
+    out->set_bad_item(f.bad_item);
+    out->set_message(f.message);
+    problems += f.ok ? 0 : 1;
+  }
+  resp->set_bytes_checked(checked);
+  resp->set_problems(problems);
+  return grpc::Status::OK;
+}
+
+grpc::Status AgentServiceImpl::AgentStatus(grpc::ServerContext*, const v1::AgentStatusRequest*,
+                                           v1::AgentStatusResponse* resp) {
+  const agent::AgentStatusSnapshot s = agent_->Status();
+  resp->set_node_id(s.node_id);
+  resp->set_incarnation(s.incarnation);
+  resp->set_role(v1::NODE_ROLE_HOST);
+  resp->set_agent_version("0.1.0");
+  resp->set_uptime_ms(s.uptime_ms);
+  resp->set_registered(s.registered);
+  resp->set_meta_reachable(s.meta_reachable);
+  resp->set_last_heartbeat_unix_ms(s.last_heartbeat_unix_ms);
+  resp->set_lease_remaining_ms(s.lease_remaining_ms);
+  resp->set_node_state(static_cast<v1::NodeState>(s.node_state));
+  resp->set_memory_capacity_bytes(s.capacity_bytes);
+  resp->set_memory_used_bytes(s.used_bytes);
+  resp->set_memory_free_bytes(s.free_bytes);
+  resp->set_memory_leased_bytes(s.leased_bytes);
+  std::map<std::tuple<int, int>, std::pair<uint32_t, uint64_t>> counts;
+  for (const agent::HoldingInfo& h : s.holdings) {
+    auto& c = counts[{h.role, h.state}];
+    c.first++;
+    c.second += h.size_bytes;
+  }
+  for (const auto& [key, c] : counts) {
+    v1::HoldingCount* out = resp->add_holdings();
+    out->set_role(static_cast<v1::CopyRole>(std::get<0>(key)));
+    out->set_state(static_cast<v1::CopyState>(std::get<1>(key)));
+    out->set_count(c.first);
+    out->set_bytes(c.second);
+  }
+  resp->set_open_leases(s.open_leases);
+  resp->set_open_handles(s.open_handles);
+  resp->set_flush_pending_shards(s.flush_pending_shards);
+  resp->set_flush_lag_bytes(s.flush_lag_bytes);
+  resp->set_flush_lag_ms(s.flush_lag_ms);
+  resp->set_flush_errors_total(s.flush_errors_total);
+  resp->set_last_flush_error(s.last_flush_error);
+  resp->set_last_flush_error_unix_ms(s.last_flush_error_unix_ms);
+  for (const agent::RunningTask& t : s.running_tasks) {
+    v1::TaskProgress* p = resp->add_running_tasks();
+    p->set_task_id(t.task_id);
+    p->set_attempt(t.attempt);
+    p->set_bytes_done(t.bytes_done);
+    p->set_bytes_total(t.bytes_total);
+  }
+  resp->set_memory_dir(s.memory_dir);
+  resp->set_durable_root(s.durable_root);
+  resp->set_data_transport(data_transport_);
+  resp->add_pool_files(s.pool_path);
+  resp->add_pool_file_bytes(s.pool_bytes);
+  return grpc::Status::OK;
+}
+
+}  // namespace ckpt::rpc

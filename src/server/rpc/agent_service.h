@@ -1,0 +1,42 @@
+// AgentService over gRPC: translates ckpt.v1 requests into calls on
+// agent::Agent (server/agent/agent.h) and the results back. No logic here.
+//
+// Served (synchronously, on gRPC's thread pool) on the agent's unix socket for
+// local trainers and on its TCP port for tools. Handlers block only as the
+// Agent calls they make do (AcquireStagingLease may wait for meta's
+// BeginVersion; OpenShard and Verify read the shard).
+#pragma once
+
+#include <string>
+
+#include "ckpt/v1/agent.grpc.pb.h"
+#include "server/agent/agent.h"
+
+namespace ckpt::rpc {
+
+class AgentServiceImpl final : public v1::AgentService::Service {
+ public:
+  // `agent` must outlive the service.
+  AgentServiceImpl(agent::Agent* agent, std::string data_transport);
+
+  grpc::Status AcquireStagingLease(grpc::ServerContext*, const v1::AcquireStagingLeaseRequest*,
+                                   v1::AcquireStagingLeaseResponse*) override;
+  grpc::Status CommitShard(grpc::ServerContext*, const v1::CommitShardRequest*, v1::CommitShardResponse*) override;
+  grpc::Status AbortLease(grpc::ServerContext*, const v1::AbortLeaseRequest*, v1::AbortLeaseResponse*) override;
+  grpc::Status OpenShard(grpc::ServerContext*, const v1::OpenShardRequest*, v1::OpenShardResponse*) override;
+  grpc::Status CloseShard(grpc::ServerContext*, const v1::CloseShardRequest*, v1::CloseShardResponse*) override;
+  grpc::Status ReadShard(grpc::ServerContext*, const v1::ReadShardRequest*,
+                         grpc::ServerWriter<v1::ReadShardResponse>*) override;
+  grpc::Status GetInventory(grpc::ServerContext*, const v1::GetInventoryRequest*,
+                            v1::GetInventoryResponse*) override;
+  grpc::Status Flush(grpc::ServerContext*, const v1::FlushRequest*, v1::FlushResponse*) override;
+  grpc::Status Evict(grpc::ServerContext*, const v1::EvictRequest*, v1::EvictResponse*) override;
+  grpc::Status Verify(grpc::ServerContext*, const v1::VerifyRequest*, v1::VerifyResponse*) override;
+  grpc::Status AgentStatus(grpc::ServerContext*, const v1::AgentStatusRequest*, v1::AgentStatusResponse*) override;
+
+ private:
+  agent::Agent* const agent_;
+  const std::string data_transport_;
+};
+
+}  // namespace ckpt::rpc

@@ -1,0 +1,284 @@
+#include "server/rpc/meta_link_grpc.h"
+
+#include <grpcpp/grpcpp.h>
+
+#include "absl/strings/str_cat.h"
+#include "ckpt/v1/meta.grpc.pb.h"
+#include "server/rpc/agent_convert.h"
+#include "server/rpc/status_convert.h"
+
+namespace ckpt::rpc {
+namespace {
+
+using agent::AgentTask;
+using agent::TaskKind;
+
+AgentTask TaskFromProto(const v1::Task& t) {
+  AgentTask a;
+  a.id = t.task_id();
+  a.attempt = t.attempt();
+  a.priority = t.priority();
+  switch (t.kind_case()) {
+    case v1::Task::kFlush:
+      a.kind = TaskKind::kFlush;
+      a.kind_name = "flush";
+      a.job_id = t.flush().job_id();
+      a.step = t.flush().step();
+      a.durable_dir = t.flush().durable_dir();
+      for (const v1::FlushShard& s : t.flush().shards()) {
+        a.flush.push_back(agent::FlushOrder{s.rank(), s.durable_path(), s.size_bytes(), s.crc32c()});
+      }
+      break;
+    case v1::Task::kCommitDurable:
+      a.kind = TaskKind::kCommitDurable;
+      a.kind_name = "commit_durable";
+      a.job_id = t.commit_durable().job_id();
+      a.step = t.commit_durable().step();
+      a.durable_dir = t.commit_durable().durable_dir();
+      a.world_size = t.commit_durable().world_size();
+      break;
+    case v1::Task::kEvict:
+      a.kind = TaskKind::kEvict;
+      a.kind_name = "evict";
+      a.job_id = t.evict().job_id();
+      a.step = t.evict().step();
+      break;
+    case v1::Task::kDrop:
+      a.kind = TaskKind::kDrop;
+      a.kind_name = "drop";
+      a.reason = t.drop().reason();
+      for (const v1::InventoryEntry& e : t.drop().entries()) {
+        if (e.has_shard()) a.drop.push_back(agent::ShardId{e.shard().job_id(), e.shard().step(), e.shard().rank()});
+      }
+      break;
+    case v1::Task::kDeleteDurable:
+      a.kind = TaskKind::kDeleteDurable;
+      a.kind_name = "delete_durable";
+      a.job_id = t.delete_durable().job_id();
+      a.step = t.delete_durable().step();
+      a.durable_dir = t.delete_durable().durable_dir();
+      break;
+    case v1::Task::kReplicate:
+      a.kind_name = "replicate";
+      a.job_id = t.replicate().job_id();
+      a.step = t.replicate().step();
+      break;
+    case v1::Task::kEcEncode:
+      a.kind_name = "ec_encode";
+      a.job_id = t.ec_encode().job_id();
+      a.step = t.ec_encode().step();
+      break;
+    case v1::Task::kRebuildSegments:
+      a.kind_name = "rebuild_segments";
+      a.job_id = t.rebuild_segments().job_id();
+      a.step = t.rebuild_segments().step();
+      break;
+    default:
+      a.kind_name = "unknown";
+  }
+  return a;
+}
+
+class GrpcMetaLink : public agent::MetaLink {
+ public:
+  GrpcMetaLink(const std::string& address, absl::Duration timeout)
+      : stub_(v1::MetaService::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()))),
+        timeout_(timeout) {}
+
+  absl::StatusOr<agent::RegistrationReply> Register(const agent::NodeRegistration& n) override {
+    v1::RegisterNodeRequest req;
+    req.set_node_id(n.node_id);
+    req.set_grpc_address(n.grpc_address);
+    req.set_data_address(n.data_address);
+    req.set_role(v1::NODE_ROLE_HOST);
+    req.set_memory_capacity_bytes(n.memory_capacity_bytes);
+    req.set_failure_domain(n.failure_domain);
+    req.set_agent_version(n.agent_version);
+    req.set_previous_incarnation(n.previous_incarnation);
+    v1::RegisterNodeResponse resp;
+    grpc::ClientContext ctx;
+    SetDeadline(&ctx);
+    absl::Status s = FromGrpcStatus(stub_->RegisterNode(&ctx, req, &resp));
+    if (!s.ok()) return s;
+    return agent::RegistrationReply{resp.incarnation(), resp.lease_ms(), resp.heartbeat_interval_ms(),
+                                    resp.meta_instance_id()};
+  }
+
+  absl::StatusOr<agent::HeartbeatReply> Heartbeat(const std::string& node_id, uint64_t incarnation,
+                                                  const agent::LoadReport& load) override {
+    v1::HeartbeatRequest req;
+    req.set_node_id(node_id);
+    req.set_incarnation(incarnation);
+    req.set_memory_capacity_bytes(load.memory_capacity_bytes);
+    req.set_memory_used_bytes(load.memory_used_bytes);
+    req.set_memory_free_bytes(load.memory_free_bytes);
+    req.set_memory_leased_bytes(load.memory_leased_bytes);
+    req.set_flush_lag_bytes(load.flush_lag_bytes);
+    req.set_flush_lag_ms(load.flush_lag_ms);
+    req.set_flush_errors_total(load.flush_errors_total);
+    for (const agent::RunningTask& t : load.running) {
+      v1::TaskProgress* p = req.add_running_tasks();
+      p->set_task_id(t.task_id);
+      p->set_attempt(t.attempt);
+      p->set_bytes_done(t.bytes_done);
+      p->set_bytes_total(t.bytes_total);
+    }
+    v1::HeartbeatResponse resp;
+    grpc::ClientContext ctx;
+    SetDeadline(&ctx);
+    absl::Status s = FromGrpcStatus(stub_->Heartbeat(&ctx, req, &resp));
+    if (!s.ok()) return s;
+    agent::HeartbeatReply r;
+    r.node_state = resp.node_state();
+    r.inventory_required = resp.inventory_required();
+    r.lease_ms = resp.lease_ms();
+    r.heartbeat_ms = resp.heartbeat_interval_ms();
+    r.meta_instance_id = resp.meta_instance_id();
+    for (const v1::Task& t : resp.tasks()) r.tasks.push_back(TaskFromProto(t));
+    r.cancelled_task_ids.assign(resp.cancelled_task_ids().begin(), resp.cancelled_task_ids().end());
+    return r;
+  }
+
+  absl::StatusOr<agent::InventoryReply> ReportInventory(const std::string& node_id, uint64_t incarnation,
+                                                        const std::vector<agent::InventoryItem>& items) override {
+    v1::ReportInventoryRequest req;
+    req.set_node_id(node_id);
+    req.set_incarnation(incarnation);
+    for (const agent::InventoryItem& i : items) {
+      v1::InventoryEntry* e = req.add_entries();
+      ShardIdToProto(i.id, e->mutable_shard());
+      e->set_role(static_cast<v1::CopyRole>(i.role));
+      e->set_size_bytes(i.size_bytes);
+      e->set_crc32c(i.crc32c);
+      e->set_manifest_digest(i.manifest_digest);
+      e->set_state(static_cast<v1::CopyState>(i.state));
+      e->set_stored_unix_ms(i.stored_unix_ms);
+      e->set_durable_path(i.durable_path);
+    }
+    v1::ReportInventoryResponse resp;
+    grpc::ClientContext ctx;
+    SetDeadline(&ctx);
+    absl::Status s = FromGrpcStatus(stub_->ReportInventory(&ctx, req, &resp));
+    if (!s.ok()) return s;
+    agent::InventoryReply r;
+    r.kept = resp.kept();
+    for (const v1::InventoryDecision& d : resp.decisions()) {
+      if (!d.entry().has_shard()) continue;
+      const agent::ShardId id{d.entry().shard().job_id(), d.entry().shard().step(), d.entry().shard().rank()};
+      if (d.action() == v1::INVENTORY_ACTION_DROP) r.drop.push_back(id);
+      if (d.action() == v1::INVENTORY_ACTION_UNKNOWN) r.unknown.push_back(id);
+    }
+    return r;
+  }
+
+  absl::StatusOr<uint32_t> BeginVersion(const std::string& job_id, uint64_t step, const std::string& run_id,
+                                        const std::string& node_id) override {
+    v1::BeginVersionRequest req;
+    req.set_job_id(job_id);
+    req.set_step(step);
+    req.set_run_id(run_id);
+    req.set_node_id(node_id);
+    v1::BeginVersionResponse resp;
+    grpc::ClientContext ctx;
+    SetDeadline(&ctx);
+    absl::Status s = FromGrpcStatus(stub_->BeginVersion(&ctx, req, &resp));
+    if (!s.ok()) return s;
+    return resp.version().world_size();
+  }
+
+  absl::StatusOr<agent::ReportReply> ReportShards(const std::string& node_id, uint64_t incarnation,
+                                                  const std::vector<agent::HoldingReport>& reports) override {
+    v1::ReportShardsRequest req;
+    req.set_node_id(node_id);
+    req.set_incarnation(incarnation);
+    for (const agent::HoldingReport& r : reports) {
+      v1::ShardReport* out = req.add_reports();
+      switch (r.kind) {
+        case agent::HoldingReport::Kind::kStaged: {
+          v1::StagedReport* st = out->mutable_staged();
+          RecordToShardInfo(r.record, node_id, /*with_items=*/true, st->mutable_shard());
+          st->set_run_id(r.record.run_id);
+          break;
+        }
+        case agent::HoldingReport::Kind::kPersisted: {
+          v1::PersistedReport* p = out->mutable_persisted();
+          ShardIdToProto(r.id, p->mutable_key());
+          p->set_durable_path(r.durable_path);
+          p->set_size_bytes(r.size_bytes);
+          p->set_crc32c(r.crc32c);
+          p->set_task_id(r.task_id);
+          break;
+        }
+        case agent::HoldingReport::Kind::kCopyState: {
+          v1::CopyReport* c = out->mutable_copy();
+          ShardIdToProto(r.id, c->mutable_key());
+          c->set_role(static_cast<v1::CopyRole>(r.copy_role));
+          c->set_state(static_cast<v1::CopyState>(r.copy_state));
+          c->set_size_bytes(r.size_bytes);
+          c->set_crc32c(r.crc32c);
+          c->set_task_id(r.task_id);
+          c->set_detail(r.detail);
+          break;
+        }
+      }
+    }
+    v1::ReportShardsResponse resp;
+    grpc::ClientContext ctx;
+    SetDeadline(&ctx);
+    absl::Status s = FromGrpcStatus(stub_->ReportShards(&ctx, req, &resp));
+    if (!s.ok()) return s;
+    agent::ReportReply r;
+    for (const v1::EntryStatus& e : resp.results()) {
+      absl::StatusOr<absl::Status> st = StatusFromProto(e, "results");
+      r.results.push_back(st.ok() ? *st : st.status());
+    }
+    for (const v1::Task& t : resp.tasks()) r.tasks.push_back(TaskFromProto(t));
+    return r;
+  }
+
+  absl::Status ReportTaskResult(const std::string& node_id, uint64_t incarnation, const std::string& task_id,
+                                uint32_t attempt, const absl::Status& result, uint64_t bytes_processed,
+                                int64_t duration_ms) override {
+    v1::ReportTaskResultRequest req;
+    req.set_node_id(node_id);
+    req.set_incarnation(incarnation);
+    req.set_task_id(task_id);
+    req.set_attempt(attempt);
+    ToProto(result, req.mutable_status());
+    req.set_bytes_processed(bytes_processed);
+    req.set_duration_ms(duration_ms);
+    v1::ReportTaskResultResponse resp;
+    grpc::ClientContext ctx;
+    SetDeadline(&ctx);
+    return FromGrpcStatus(stub_->ReportTaskResult(&ctx, req, &resp));
+  }
+
+  absl::StatusOr<DurableManifest> GetVersionManifest(const std::string& job_id, uint64_t step) override {
+    v1::GetVersionRequest req;
+    req.set_job_id(job_id);
+    req.set_step(step);
+    req.set_include_items(true);
+    v1::GetVersionResponse resp;
+    grpc::ClientContext ctx;
+    SetDeadline(&ctx);
+    absl::Status s = FromGrpcStatus(stub_->GetVersion(&ctx, req, &resp));
+    if (!s.ok()) return s;
+    return ManifestFromVersion(resp.version());
+  }
+
+ private:
+  void SetDeadline(grpc::ClientContext* ctx) const {
+    ctx->set_deadline(std::chrono::system_clock::now() + absl::ToChronoMilliseconds(timeout_));
+  }
+
+  std::unique_ptr<v1::MetaService::Stub> stub_;
+  const absl::Duration timeout_;
+};
+
+}  // namespace
+
+std::unique_ptr<agent::MetaLink> NewGrpcMetaLink(const std::string& meta_address, absl::Duration rpc_timeout) {
+  return std::make_unique<GrpcMetaLink>(meta_address, rpc_timeout);
+}
+
+}  // namespace ckpt::rpc

@@ -1,0 +1,460 @@
+// Agent: save path, bad input, budget, verification, flush and restart, all
+// driven deterministically (FakeClock, fake MetaLink, in-memory durable tier,
+// the loops called by hand; no threads, no sleeps).
+#include "server/agent/agent.h"
+
+#include <cstring>
+#include <random>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "absl/strings/str_cat.h"
+#include "common/crc32c.h"
+#include "common/durable_format.h"
+#include "common/fault_file_system.h"
+#include "common/mem_file_system.h"
+#include "common/names.h"
+#include "support/temp_dir.h"
+
+namespace ckpt::agent {
+namespace {
+
+using ::testing::HasSubstr;
+using ckpt::testing::TempDir;
+
+class FakeMeta : public MetaLink {
+ public:
+  absl::StatusOr<RegistrationReply> Register(const NodeRegistration& node) override {
+    absl::MutexLock lock(&mu);
+    if (!up) return absl::UnavailableError("meta down");
+    registrations++;
+    return RegistrationReply{++incarnation, 5000, 1000, 7};
+  }
+  absl::StatusOr<HeartbeatReply> Heartbeat(const std::string&, uint64_t inc, const LoadReport& load) override {
+    absl::MutexLock lock(&mu);
+    if (!up) return absl::UnavailableError("meta down");
+    if (inc != incarnation) return absl::FailedPreconditionError("stale incarnation");
+    last_load = load;
+    HeartbeatReply r;
+    r.tasks = std::move(pending_tasks);
+    pending_tasks.clear();
+    return r;
+  }
+  absl::StatusOr<InventoryReply> ReportInventory(const std::string&, uint64_t,
+                                                 const std::vector<InventoryItem>& items) override {
+    absl::MutexLock lock(&mu);
+    if (!up) return absl::UnavailableError("meta down");
+    inventories.push_back(items);
+    return InventoryReply{};
+  }
+  absl::StatusOr<uint32_t> BeginVersion(const std::string& job, uint64_t, const std::string&,
+                                        const std::string&) override {
+    absl::MutexLock lock(&mu);
+    if (!up) return absl::UnavailableError("meta down");
+    auto it = world.find(job);
+    if (it == world.end()) return absl::NotFoundError(absl::StrCat("job ", job, " not found"));
+    begins++;
+    return it->second;
+  }
+  absl::StatusOr<ReportReply> ReportShards(const std::string&, uint64_t,
+                                           const std::vector<HoldingReport>& reports) override {
+    absl::MutexLock lock(&mu);
+    if (!up) return absl::UnavailableError("meta down");
+    ReportReply r;
+    for (const HoldingReport& h : reports) {
+      this->reports.push_back(h);
+      if (h.kind == HoldingReport::Kind::kStaged) {
+        const bool seen = staged.count(h.record.id) != 0;
+        staged[h.record.id] = h.record;
+        r.results.push_back(seen ? absl::AlreadyExistsError("replay") : absl::OkStatus());
+        if (!seen && flush_on_stage) {
+          AgentTask t;
+          t.id = absl::StrCat("t-", ++task_counter);
+          t.kind = TaskKind::kFlush;
+          t.kind_name = "flush";
+          t.priority = 100;
+          t.job_id = h.record.id.job_id;
+          t.step = h.record.id.step;
+          t.durable_dir = absl::StrCat(t.job_id, "/", t.step);
+          t.flush.push_back(FlushOrder{h.record.id.rank,
+                                       absl::StrCat(t.durable_dir, "/", RankFileName(h.record.id.rank)),
+                                       h.record.size_bytes, h.record.crc32c});
+          r.tasks.push_back(t);
+        }
+      } else {
+        r.results.push_back(absl::OkStatus());
+      }
+    }
+    return r;
+  }
+  absl::Status ReportTaskResult(const std::string&, uint64_t, const std::string& task_id, uint32_t,
+                                const absl::Status& result, uint64_t, int64_t) override {
+    absl::MutexLock lock(&mu);
+    if (!up) return absl::UnavailableError("meta down");
+    results.emplace_back(task_id, result);
+    return absl::OkStatus();
+  }
+  absl::StatusOr<DurableManifest> GetVersionManifest(const std::string& job, uint64_t step) override {
+    absl::MutexLock lock(&mu);
+    DurableManifest m;
+    m.job_id = job;
+    m.step = step;
+    m.world_size = world[job];
+    for (const auto& [id, rec] : staged) {
+      if (id.job_id != job || id.step != step) continue;
+      DurableShard s;
+      s.rank = id.rank;
+      s.file = RankFileName(id.rank);
+      s.size_bytes = rec.size_bytes;
+      s.crc32c = rec.crc32c;
+      s.manifest_digest = rec.manifest_digest;
+      s.items = rec.items;
+      m.shards.push_back(s);
+    }
+    return m;
+  }
+
+  absl::Mutex mu;
+  bool up = true;
+  bool flush_on_stage = false;
+  uint64_t incarnation = 0;
+  int registrations = 0;
+  int begins = 0;
+  int task_counter = 0;
+  std::map<std::string, uint32_t> world;
+  std::map<ShardId, ShardRecord> staged;
+  std::vector<HoldingReport> reports;
+  std::vector<std::vector<InventoryItem>> inventories;
+  std::vector<std::pair<std::string, absl::Status>> results;
+  std::vector<AgentTask> pending_tasks;
+  LoadReport last_load;
+};
+
+constexpr uint64_t kMiB = 1 << 20;
+
+class AgentTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = std::make_unique<TempDir>(*TempDir::Create());
+    meta_.world["job"] = 2;
+    StartAgent();
+  }
+
+  void StartAgent() {
+    AgentOptions o;
+    o.node_id = "node-1";
+    o.memory_dir = dir_->path() + "/mem";
+    o.memory_bytes = 8 * kMiB;
+    o.populate = false;
+    o.durable_root = "/durable";
+    o.flush_retry_initial_ms = 100;
+    o.flush_max_tries = 3;
+    absl::StatusOr<std::unique_ptr<Agent>> a = Agent::Create(o, &meta_, &clock_, &fault_fs_, &metrics_);
+    ASSERT_TRUE(a.ok()) << a.status();
+    agent_ = *std::move(a);
+  }
+
+  // Copies `bytes` into a lease's regions at shard offset `off`.
+  void Write(const LeaseGrant& g, uint64_t off, const std::string& bytes) {
+    for (size_t i = 0; i < bytes.size(); ++i) {
+      const uint64_t pos = off + i;
+      for (const Region& r : g.regions) {
+        if (pos >= r.shard_offset && pos < r.shard_offset + r.length) {
+          const_cast<std::byte*>(agent_->arena().Data(r.file_offset + pos - r.shard_offset))[0] =
+              static_cast<std::byte>(bytes[i]);
+        }
+      }
+    }
+  }
+
+  static ManifestItem Item(std::string name, uint64_t off, const std::string& bytes) {
+    ManifestItem it;
+    it.name = std::move(name);
+    it.dtype = kDTypeBytes;
+    it.offset_bytes = off;
+    it.length_bytes = bytes.size();
+    it.crc32c = Crc32c(bytes);
+    return it;
+  }
+
+  // Saves two items for `rank` of `step`; returns the record.
+  ShardRecord Save(uint64_t step, uint32_t rank, const std::string& a = "alpha-bytes",
+                   const std::string& b = "bravo") {
+    LeaseRequest req{"job", step, rank, 4096, "run-1", 0, 0};
+    absl::StatusOr<LeaseGrant> g = agent_->AcquireLease(req);
+    EXPECT_TRUE(g.ok()) << g.status();
+    Write(*g, 0, a);
+    Write(*g, 64, b);
+    absl::StatusOr<ShardRecord> rec = agent_->Commit(g->lease_id, 128, {Item("a", 0, a), Item("b", 64, b)});
+    EXPECT_TRUE(rec.ok()) << rec.status();
+    return *rec;
+  }
+
+  std::unique_ptr<TempDir> dir_;
+  FakeMeta meta_;
+  FakeClock clock_;
+  MemFileSystem mem_fs_;
+  FaultFileSystem fault_fs_{&mem_fs_};
+  MetricsRegistry metrics_;
+  std::unique_ptr<Agent> agent_;
+};
+
+TEST_F(AgentTest, CommitRecordsShardReportsStagedAndVerifiesInBackground) {
+  ShardRecord rec = Save(10, 1);
+  EXPECT_EQ(rec.size_bytes, 128u);
+  EXPECT_EQ(rec.items.size(), 2u);
+  EXPECT_EQ(rec.manifest_digest, ManifestDigest(rec.items));
+  // The shard crc covers items and zero padding.
+  std::string whole(128, '\0');
+  std::memcpy(whole.data(), "alpha-bytes", 11);
+  std::memcpy(whole.data() + 64, "bravo", 5);
+  EXPECT_EQ(rec.crc32c, Crc32c(whole));
+
+  agent_->ControlOnce();  // registers, reports STAGED, sends the inventory
+  ASSERT_EQ(meta_.staged.size(), 1u);
+  EXPECT_EQ(meta_.staged.begin()->second.crc32c, rec.crc32c);
+  EXPECT_EQ(meta_.inventories.size(), 1u);
+  EXPECT_FALSE(agent_->Inventory("job", 10)[0].verified);
+  EXPECT_TRUE(agent_->VerifyOnce());
+  EXPECT_TRUE(agent_->Inventory("job", 10)[0].verified);
+  EXPECT_TRUE(agent_->Status().registered);
+  EXPECT_EQ(meta_.begins, 1);
+  Save(10, 0);  // second rank: BeginVersion is cached
+  EXPECT_EQ(meta_.begins, 1);
+}
+
+TEST_F(AgentTest, RejectsBadLeasesAndCommits) {
+  auto lease = [&](std::string job, uint32_t rank, uint64_t size) {
+    return agent_->AcquireLease(LeaseRequest{std::move(job), 1, rank, size, "", 0, 0}).status();
+  };
+  EXPECT_EQ(lease("../etc", 0, 10).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(lease("job", 0, 0).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(lease("nojob", 0, 10).code(), absl::StatusCode::kNotFound);
+  absl::Status rank = lease("job", 2, 10);
+  EXPECT_EQ(rank.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(rank.message(), HasSubstr("world size 2"));
+  absl::Status big = lease("job", 0, 64 * kMiB);
+  EXPECT_EQ(big.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(big.message(), HasSubstr("larger than the whole memory tier"));
+
+  absl::StatusOr<LeaseGrant> g = agent_->AcquireLease(LeaseRequest{"job", 1, 0, 4096, "", 0, 0});
+  ASSERT_TRUE(g.ok());
+  Write(*g, 0, "abcdefgh");
+  // Overlapping items, an item outside the shard, a commit larger than the lease.
+  EXPECT_THAT(agent_->Commit(g->lease_id, 0, {Item("x", 0, "abcdefgh"), Item("y", 4, "efgh")}).status().message(),
+              HasSubstr("overlap"));
+  EXPECT_THAT(agent_->Commit(g->lease_id, 16, {Item("x", 12, "abcdefgh")}).status().message(),
+              HasSubstr("outside"));
+  EXPECT_EQ(agent_->Commit(g->lease_id, 8192, {}).status().code(), absl::StatusCode::kInvalidArgument);
+  // The lease survives bad commits; a good one succeeds, a replay is ALREADY_EXISTS.
+  ASSERT_TRUE(agent_->Commit(g->lease_id, 8, {Item("x", 0, "abcdefgh")}).ok());
+  EXPECT_EQ(agent_->Commit(g->lease_id, 8, {Item("x", 0, "abcdefgh")}).status().code(),
+            absl::StatusCode::kAlreadyExists);
+  EXPECT_EQ(agent_->Commit("l-unknown", 8, {}).status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(agent_->AbortLease(g->lease_id).code(), absl::StatusCode::kFailedPrecondition);
+  // The rank is committed here now.
+  EXPECT_EQ(lease("job", 0, 10).code(), absl::StatusCode::kAlreadyExists);
+}
+
+TEST_F(AgentTest, FullTierSaysWhatIsFreeAndWhatHoldsIt) {
+  Save(1, 0);
+  absl::StatusOr<LeaseGrant> g = agent_->AcquireLease(LeaseRequest{"job", 2, 0, 7 * kMiB, "", 0, 0});
+  ASSERT_TRUE(g.ok()) << g.status();
+  absl::Status s = agent_->AcquireLease(LeaseRequest{"job", 2, 1, 2 * kMiB, "", 0, 0}).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(s.message(), HasSubstr("free of 8.0 MiB"));
+  EXPECT_THAT(s.message(), HasSubstr("job step 1: 4096 bytes (1 shard)"));
+  EXPECT_THAT(s.message(), HasSubstr("open leases: 7.0 MiB in 1"));
+  // Aborting frees the space.
+  ASSERT_TRUE(agent_->AbortLease(g->lease_id).ok());
+  EXPECT_TRUE(agent_->AcquireLease(LeaseRequest{"job", 2, 1, 2 * kMiB, "", 0, 0}).ok());
+}
+
+TEST_F(AgentTest, UncommittedLeaseExpiresAndANewLeaseReplacesAnOldOne) {
+  const uint64_t free0 = agent_->arena().free_bytes();
+  absl::StatusOr<LeaseGrant> g = agent_->AcquireLease(LeaseRequest{"job", 1, 0, 4096, "", 0, 1000});
+  ASSERT_TRUE(g.ok());
+  // A restarted trainer asks again for the same rank: the old lease is void.
+  absl::StatusOr<LeaseGrant> g2 = agent_->AcquireLease(LeaseRequest{"job", 1, 0, 4096, "", 0, 1000});
+  ASSERT_TRUE(g2.ok());
+  EXPECT_EQ(agent_->Commit(g->lease_id, 0, {}).status().code(), absl::StatusCode::kFailedPrecondition);
+  clock_.Advance(absl::Milliseconds(1001));
+  agent_->ControlOnce();
+  EXPECT_EQ(agent_->arena().free_bytes(), free0);
+  EXPECT_EQ(agent_->Commit(g2->lease_id, 0, {}).status().code(), absl::StatusCode::kFailedPrecondition);
+}
+
+TEST_F(AgentTest, CorruptByteIsDataLossOnOpenAndReportedCorrupt) {
+  ShardRecord rec = Save(3, 0);
+  agent_->ControlOnce();
+  const_cast<std::byte*>(agent_->arena().Data(rec.extents[0].offset))[66] ^= std::byte{0x20};
+  absl::StatusOr<OpenResult> open = agent_->OpenShard(rec.id, /*skip_verify=*/false, 0, 0);
+  EXPECT_EQ(open.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(open.status().message(), HasSubstr("\"b\""));
+  agent_->ControlOnce();
+  bool reported = false;
+  for (const HoldingReport& r : meta_.reports) {
+    reported |= r.kind == HoldingReport::Kind::kCopyState && r.copy_state == 3;
+  }
+  EXPECT_TRUE(reported);
+  // Quarantined: never served again, and never flushed.
+  EXPECT_EQ(agent_->OpenShard(rec.id, true, 0, 0).status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_EQ(agent_->FlushNow("job", 3, {})->at(0).status.code(), absl::StatusCode::kDataLoss);
+}
+
+TEST_F(AgentTest, OpenShardReturnsRegionsOfTheCommittedBytes) {
+  ShardRecord rec = Save(4, 1);
+  absl::StatusOr<OpenResult> open = agent_->OpenShard(rec.id, false, 0, 0);
+  ASSERT_TRUE(open.ok()) << open.status();
+  EXPECT_TRUE(open->verified);
+  ASSERT_EQ(open->shard.regions.size(), 1u);
+  const Region& r = open->shard.regions[0];
+  EXPECT_EQ(r.path, agent_->arena().pool_path());
+  EXPECT_EQ(r.length, 128u);
+  EXPECT_EQ(std::memcmp(agent_->arena().Data(r.file_offset + 64), "bravo", 5), 0);
+  EXPECT_EQ(agent_->Status().open_handles, 1u);
+  EXPECT_TRUE(agent_->CloseShard(open->handle_id).ok());
+  EXPECT_TRUE(agent_->CloseShard(open->handle_id).ok());  // idempotent
+  EXPECT_EQ(agent_->OpenShard(ShardId{"job", 99, 0}, false, 0, 0).status().code(), absl::StatusCode::kNotFound);
+}
+
+TEST_F(AgentTest, FlushTaskWritesVerifiedFileReportsItThenCommitsTheVersion) {
+  meta_.flush_on_stage = true;
+  ShardRecord r0 = Save(5, 0, "zero-zero", "z");
+  ShardRecord r1 = Save(5, 1, "one-one-one", "o");
+  agent_->ControlOnce();  // STAGED -> flush tasks come back in the reply
+  EXPECT_EQ(agent_->Status().flush_pending_shards, 2u);
+  // Not verified yet: the task waits for the verifier.
+  EXPECT_FALSE(agent_->TasksOnce());
+  while (agent_->VerifyOnce()) {
+  }
+  clock_.Advance(absl::Milliseconds(50));
+  EXPECT_TRUE(agent_->TasksOnce());
+  EXPECT_TRUE(agent_->TasksOnce());
+  agent_->ControlOnce();  // persisted reports, then the task results
+  ASSERT_EQ(meta_.results.size(), 2u);
+  EXPECT_TRUE(meta_.results[0].second.ok()) << meta_.results[0].second;
+  int persisted = 0;
+  for (const HoldingReport& r : meta_.reports) persisted += r.kind == HoldingReport::Kind::kPersisted;
+  EXPECT_EQ(persisted, 2);
+  EXPECT_EQ(agent_->Status().flush_pending_shards, 0u);
+
+  AgentTask commit;
+  commit.id = "t-commit";
+  commit.kind = TaskKind::kCommitDurable;
+  commit.kind_name = "commit_durable";
+  commit.job_id = "job";
+  commit.step = 5;
+  commit.durable_dir = "job/5";
+  commit.world_size = 2;
+  agent_->EnqueueTasks({commit});
+  EXPECT_TRUE(agent_->TasksOnce());
+  agent_->ControlOnce();
+  ASSERT_EQ(meta_.results.size(), 3u);
+  EXPECT_TRUE(meta_.results[2].second.ok()) << meta_.results[2].second;
+
+  // What a reader with no daemon sees.
+  absl::StatusOr<DurableManifest> m = ReadDurableManifest(&mem_fs_, "/durable/job/5");
+  ASSERT_TRUE(m.ok()) << m.status();
+  ASSERT_EQ(m->shards.size(), 2u);
+  std::vector<std::byte> bytes(m->shards[1].size_bytes);
+  ASSERT_TRUE(ReadRankFile(&mem_fs_, "/durable/job/5", m->shards[1], bytes).ok());
+  EXPECT_EQ(std::memcmp(bytes.data(), "one-one-one", 11), 0);
+  EXPECT_EQ(Crc32c(bytes.data(), bytes.size()), r1.crc32c);
+}
+
+TEST_F(AgentTest, FullDiskKeepsMemoryCopyRetriesWithBackoffAndRecovers) {
+  meta_.flush_on_stage = true;
+  Save(6, 0);
+  agent_->ControlOnce();
+  agent_->VerifyOnce();
+  fault_fs_.SetCapacityBytes(10);  // ENOSPC on the first write
+  EXPECT_TRUE(agent_->TasksOnce());
+  AgentStatusSnapshot st = agent_->Status();
+  EXPECT_EQ(st.flush_errors_total, 1u);
+  EXPECT_THAT(st.last_flush_error, HasSubstr("No space left"));
+  EXPECT_EQ(st.flush_pending_shards, 1u);
+  EXPECT_FALSE(agent_->TasksOnce());  // backing off: not runnable yet
+  fault_fs_.Reset();
+  fault_fs_.FailNthSync(1);  // then a failed fsync
+  clock_.Advance(absl::Milliseconds(100));
+  EXPECT_TRUE(agent_->TasksOnce());
+  EXPECT_EQ(agent_->Status().flush_errors_total, 2u);
+  clock_.Advance(absl::Milliseconds(200));
+  EXPECT_TRUE(agent_->TasksOnce());  // third try works
+  agent_->ControlOnce();
+  ASSERT_EQ(meta_.results.size(), 1u);
+  EXPECT_TRUE(meta_.results[0].second.ok());
+  EXPECT_EQ(agent_->Status().flush_pending_shards, 0u);
+  // The memory copy is still there.
+  EXPECT_EQ(agent_->Inventory("job", 6).size(), 1u);
+}
+
+TEST_F(AgentTest, FlushGivesUpAfterMaxTriesAndReportsTheError) {
+  meta_.flush_on_stage = true;
+  Save(7, 0);
+  agent_->ControlOnce();
+  agent_->VerifyOnce();
+  fault_fs_.FailAllWrites(true);
+  for (int i = 0; i < 3; ++i) {
+    clock_.Advance(absl::Seconds(10));
+    EXPECT_TRUE(agent_->TasksOnce());
+  }
+  agent_->ControlOnce();
+  ASSERT_EQ(meta_.results.size(), 1u);
+  EXPECT_EQ(meta_.results[0].second.code(), absl::StatusCode::kUnavailable);
+}
+
+TEST_F(AgentTest, RestartReadoptsHoldingsAndReplaysStagedReports) {
+  ShardRecord rec = Save(8, 1);
+  agent_->ControlOnce();
+  agent_.reset();  // the agent dies (its threads were never started)
+  meta_.staged.clear();  // meta lost the report (e.g. it was never acknowledged)
+  StartAgent();
+  ASSERT_EQ(agent_->Inventory("job", 8).size(), 1u);
+  EXPECT_TRUE(agent_->Inventory("job", 8)[0].verified);
+  agent_->ControlOnce();
+  EXPECT_EQ(meta_.registrations, 2);
+  ASSERT_EQ(meta_.staged.size(), 1u);
+  EXPECT_EQ(meta_.staged.begin()->second.crc32c, rec.crc32c);
+  ASSERT_EQ(meta_.inventories.size(), 2u);
+  EXPECT_EQ(meta_.inventories[1].size(), 1u);
+  absl::StatusOr<OpenResult> open = agent_->OpenShard(rec.id, false, 0, 0);
+  ASSERT_TRUE(open.ok()) << open.status();
+}
+
+TEST_F(AgentTest, ReportsWaitWhileMetaIsDownAndGoOutWhenItReturns) {
+  Save(9, 0);  // begins the version at meta
+  meta_.up = false;
+  Save(9, 1);  // the version is known here: saving needs no meta
+  agent_->ControlOnce();
+  EXPECT_FALSE(agent_->Status().meta_reachable);
+  EXPECT_TRUE(meta_.staged.empty());
+  meta_.up = true;
+  clock_.Advance(absl::Seconds(2));
+  agent_->ControlOnce();
+  EXPECT_EQ(meta_.staged.size(), 2u);
+}
+
+TEST_F(AgentTest, EvictTaskFreesTheVersionButWaitsForOpenHandles) {
+  ShardRecord rec = Save(11, 0);
+  const uint64_t free_before = agent_->arena().free_bytes();
+  absl::StatusOr<OpenResult> open = agent_->OpenShard(rec.id, true, 0, 0);
+  ASSERT_TRUE(open.ok());
+  AgentTask evict;
+  evict.id = "t-evict";
+  evict.kind = TaskKind::kEvict;
+  evict.kind_name = "evict";
+  evict.job_id = "job";
+  evict.step = 11;
+  agent_->EnqueueTasks({evict});
+  EXPECT_TRUE(agent_->TasksOnce());
+  EXPECT_EQ(agent_->arena().free_bytes(), free_before);  // still mapped by a reader
+  ASSERT_TRUE(agent_->CloseShard(open->handle_id).ok());
+  EXPECT_EQ(agent_->arena().free_bytes(), free_before + 4096);
+  EXPECT_TRUE(agent_->Inventory("job", 11).empty());
+}
+
+}  // namespace
+}  // namespace ckpt::agent

@@ -1,0 +1,255 @@
+// Real ckpt-meta + ckpt-agent processes on 127.0.0.1, driven over the wire
+// protocol (AgentService on the agent's unix socket, pool mapped with mmap):
+// save, flush to PERSISTED, kill -9 of the agent between commit and flush,
+// corrupted bytes, bad input, metrics.
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <random>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "absl/strings/str_cat.h"
+#include "common/crc32c.h"
+#include "common/durable_format.h"
+#include "common/file_system.h"
+#include "integration/agent_process.h"
+#include "integration/meta_process.h"
+#include "support/temp_dir.h"
+
+namespace ckpt {
+namespace {
+
+using ::testing::HasSubstr;
+using testing::AgentProcess;
+using testing::AgentProcessOptions;
+using testing::MetaProcess;
+using testing::TempDir;
+
+std::string Pattern(size_t n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::string s(n, '\0');
+  for (char& c : s) c = static_cast<char>(rng());
+  return s;
+}
+
+class AgentIntegrationTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = std::make_unique<TempDir>(*TempDir::Create());
+    absl::StatusOr<std::unique_ptr<MetaProcess>> meta =
+        MetaProcess::Start(*dir_->Sub("meta"), dir_->path());
+    ASSERT_TRUE(meta.ok()) << meta.status();
+    meta_ = *std::move(meta);
+    AgentProcessOptions o;
+    o.meta_address = meta_->address();
+    o.dir = *dir_->Sub("agent");
+    o.durable_root = *dir_->Sub("durable");
+    o.memory = "16MiB";
+    absl::StatusOr<std::unique_ptr<AgentProcess>> agent = AgentProcess::Start(o);
+    ASSERT_TRUE(agent.ok()) << agent.status();
+    agent_ = *std::move(agent);
+    local_ = v1::AgentService::NewStub(
+        grpc::CreateChannel("unix:" + agent_->socket_path(), grpc::InsecureChannelCredentials()));
+  }
+
+  grpc::Status CreateJob(const std::string& job, uint32_t world, uint32_t flush_every) {
+    v1::CreateJobRequest req;
+    req.mutable_spec()->set_job_id(job);
+    req.mutable_spec()->set_world_size(world);
+    req.mutable_spec()->mutable_protection()->mutable_none();
+    if (flush_every > 0) req.mutable_spec()->mutable_flush()->set_every_n_versions(flush_every);
+    v1::CreateJobResponse resp;
+    grpc::ClientContext ctx;
+    return meta_->stub()->CreateJob(&ctx, req, &resp);
+  }
+
+  grpc::Status Lease(const std::string& job, uint64_t step, uint32_t rank, uint64_t size,
+                     v1::AcquireStagingLeaseResponse* resp) {
+    v1::AcquireStagingLeaseRequest req;
+    req.set_job_id(job);
+    req.set_step(step);
+    req.set_rank(rank);
+    req.set_size_bytes(size);
+    req.set_client_pid(static_cast<uint32_t>(::getpid()));
+    grpc::ClientContext ctx;
+    return local_->AcquireStagingLease(&ctx, req, resp);
+  }
+
+  // Writes `data` at shard offset `off` through the lease's mapped regions.
+  static void WriteRegions(const v1::AcquireStagingLeaseResponse& lease, uint64_t off, const std::string& data) {
+    for (const v1::MemoryRegion& r : lease.regions()) {
+      const uint64_t begin = std::max<uint64_t>(off, r.shard_offset_bytes());
+      const uint64_t end = std::min<uint64_t>(off + data.size(), r.shard_offset_bytes() + r.length_bytes());
+      if (begin >= end) continue;
+      const int fd = ::open(r.path().c_str(), O_RDWR);
+      ASSERT_GE(fd, 0) << r.path();
+      const off_t pos = static_cast<off_t>(r.file_offset_bytes() + (begin - r.shard_offset_bytes()));
+      ASSERT_EQ(::pwrite(fd, data.data() + (begin - off), end - begin, pos), static_cast<ssize_t>(end - begin));
+      ::close(fd);
+    }
+  }
+
+  static v1::Item MakeItem(const std::string& name, uint64_t off, const std::string& data) {
+    v1::Item it;
+    it.set_name(name);
+    it.set_dtype(v1::DTYPE_U8);
+    it.add_shape(data.size());
+    it.set_offset_bytes(off);
+    it.set_length_bytes(data.size());
+    it.set_crc32c(Crc32c(data));
+    return it;
+  }
+
+  grpc::Status Commit(const std::string& lease_id, uint64_t size, const std::vector<v1::Item>& items,
+                      v1::CommitShardResponse* resp) {
+    v1::CommitShardRequest req;
+    req.set_lease_id(lease_id);
+    req.set_size_bytes(size);
+    for (const v1::Item& it : items) *req.add_items() = it;
+    grpc::ClientContext ctx;
+    return local_->CommitShard(&ctx, req, resp);
+  }
+
+  // One rank's shard: items "w" (data) and "b" (8 bytes) at offset 4096.
+  void Save(const std::string& job, uint64_t step, uint32_t rank, const std::string& data) {
+    const std::string bias = Pattern(8, rank + 100);
+    v1::AcquireStagingLeaseResponse lease;
+    grpc::Status s = Lease(job, step, rank, data.size() + 8192, &lease);
+    ASSERT_TRUE(s.ok()) << s.error_message();
+    const uint64_t b_off = (data.size() + 4095) / 4096 * 4096;
+    WriteRegions(lease, 0, data);
+    WriteRegions(lease, b_off, bias);
+    v1::CommitShardResponse resp;
+    s = Commit(lease.lease_id(), b_off + 8, {MakeItem("w", 0, data), MakeItem("b", b_off, bias)}, &resp);
+    ASSERT_TRUE(s.ok()) << s.error_message();
+  }
+
+  grpc::Status WaitVersion(const std::string& job, uint64_t step, v1::DurabilityLevel level) {
+    v1::WaitVersionRequest req;
+    req.set_job_id(job);
+    req.set_step(step);
+    req.set_level(level);
+    req.set_timeout_ms(60000);
+    v1::WaitVersionResponse resp;
+    grpc::ClientContext ctx;
+    return meta_->stub()->WaitVersion(&ctx, req, &resp);
+  }
+
+  void ExpectDurable(const std::string& job, uint64_t step, const std::vector<std::string>& data) {
+    const std::string dir = absl::StrCat(agent_->options().durable_root, "/", job, "/", step);
+    absl::StatusOr<DurableManifest> m = ReadDurableManifest(PosixFileSystem(), dir);
+    ASSERT_TRUE(m.ok()) << m.status();
+    ASSERT_EQ(m->shards.size(), data.size());
+    for (size_t r = 0; r < data.size(); ++r) {
+      std::vector<std::byte> bytes(m->shards[r].size_bytes);
+      ASSERT_TRUE(ReadRankFile(PosixFileSystem(), dir, m->shards[r], bytes).ok());
+      EXPECT_EQ(std::memcmp(bytes.data(), data[r].data(), data[r].size()), 0) << "rank " << r;
+    }
+  }
+
+  std::unique_ptr<TempDir> dir_;
+  std::unique_ptr<MetaProcess> meta_;
+  std::unique_ptr<AgentProcess> agent_;
+  std::unique_ptr<v1::AgentService::Stub> local_;
+};
+
+TEST_F(AgentIntegrationTest, RanksSaveMetaSeesStagedFlushWritesDurableFilesPersisted) {
+  ASSERT_TRUE(CreateJob("train", 3, 1).ok());
+  std::vector<std::string> data = {Pattern(100000, 1), Pattern(5000, 2), Pattern(1 << 20, 3)};
+  for (uint32_t r = 0; r < 3; ++r) Save("train", 20, r, data[r]);
+  grpc::Status s = WaitVersion("train", 20, v1::DURABILITY_LEVEL_STAGED);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  s = WaitVersion("train", 20, v1::DURABILITY_LEVEL_PERSISTED);
+  ASSERT_TRUE(s.ok()) << s.error_message() << "\n" << agent_->proc()->LogTail();
+  ExpectDurable("train", 20, data);
+  int code = 0;
+  absl::StatusOr<std::string> metrics = testing::HttpGet("127.0.0.1", agent_->metrics_port(), "/metrics", &code);
+  ASSERT_TRUE(metrics.ok());
+  EXPECT_THAT(*metrics, HasSubstr("ckpt_agent_flush_shards_total 3"));
+  EXPECT_THAT(*metrics, HasSubstr("ckpt_agent_staged_shards_total 3"));
+}
+
+TEST_F(AgentIntegrationTest, Kill9BetweenCommitAndFlushReadoptsAndFlushCompletes) {
+  ASSERT_TRUE(CreateJob("k9", 2, 0).ok());  // no flush policy: nothing is flushed yet
+  std::vector<std::string> data = {Pattern(300000, 7), Pattern(70000, 8)};
+  Save("k9", 5, 0, data[0]);
+  Save("k9", 5, 1, data[1]);
+  ASSERT_TRUE(WaitVersion("k9", 5, v1::DURABILITY_LEVEL_PROTECTED).ok());
+  ASSERT_TRUE(agent_->proc()->Kill(SIGKILL).ok());
+  ASSERT_TRUE(agent_->proc()->Wait().ok());
+  ASSERT_TRUE(agent_->Restart().ok());
+  absl::StatusOr<std::string> log = agent_->proc()->ReadLog();
+  EXPECT_THAT(*log, HasSubstr("re-adopted 2 holdings, 0 lost"));
+  v1::FlushVersionRequest req;
+  req.set_job_id("k9");
+  req.set_step(5);
+  v1::FlushVersionResponse resp;
+  grpc::ClientContext ctx;
+  ASSERT_TRUE(meta_->stub()->FlushVersion(&ctx, req, &resp).ok());
+  grpc::Status s = WaitVersion("k9", 5, v1::DURABILITY_LEVEL_PERSISTED);
+  ASSERT_TRUE(s.ok()) << s.error_message() << "\n" << agent_->proc()->LogTail();
+  ExpectDurable("k9", 5, data);
+}
+
+TEST_F(AgentIntegrationTest, CorruptedPoolByteIsDataLossOnOpen) {
+  ASSERT_TRUE(CreateJob("bad", 1, 0).ok());
+  v1::AcquireStagingLeaseResponse lease;
+  ASSERT_TRUE(Lease("bad", 1, 0, 4096, &lease).ok());
+  const std::string data = Pattern(1000, 9);
+  WriteRegions(lease, 0, data);
+  v1::CommitShardResponse committed;
+  ASSERT_TRUE(Commit(lease.lease_id(), 1000, {MakeItem("w", 0, data)}, &committed).ok());
+  ASSERT_TRUE(WaitVersion("bad", 1, v1::DURABILITY_LEVEL_STAGED).ok());
+  std::string flipped = data.substr(500, 1);
+  flipped[0] ^= 0x01;
+  WriteRegions(lease, 500, flipped);  // the pool is the agent's now: simulate a memory error
+  v1::OpenShardRequest req;
+  req.mutable_key()->set_job_id("bad");
+  req.mutable_key()->set_step(1);
+  req.mutable_key()->set_rank(0);
+  v1::OpenShardResponse resp;
+  grpc::ClientContext ctx;
+  grpc::Status s = local_->OpenShard(&ctx, req, &resp);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::DATA_LOSS);
+  EXPECT_THAT(s.error_message(), HasSubstr("\"w\""));
+}
+
+TEST_F(AgentIntegrationTest, BadInputGetsClearErrors) {
+  ASSERT_TRUE(CreateJob("job", 2, 0).ok());
+  v1::AcquireStagingLeaseResponse lease;
+  grpc::Status s = Lease("job", 1, 0, 64 << 20, &lease);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_THAT(s.error_message(), HasSubstr("larger than the whole memory tier"));
+  s = Lease("nosuchjob", 1, 0, 100, &lease);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::NOT_FOUND);
+  s = Lease("job", 1, 2, 100, &lease);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  s = Lease("../../etc", 1, 0, 100, &lease);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(s.error_message(), HasSubstr(".."));
+
+  ASSERT_TRUE(Lease("job", 1, 0, 8192, &lease).ok());
+  const std::string a = Pattern(100, 1);
+  WriteRegions(lease, 0, a);
+  v1::CommitShardResponse resp;
+  s = Commit(lease.lease_id(), 0, {MakeItem("a", 0, a), MakeItem("b", 50, a)}, &resp);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(s.error_message(), HasSubstr("overlap"));
+  s = Commit(lease.lease_id(), 0, {MakeItem("a", 8150, a)}, &resp);
+  EXPECT_THAT(s.error_message(), HasSubstr("outside"));
+  s = Commit(lease.lease_id(), 0, {MakeItem("bad\x01name", 0, a)}, &resp);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  ASSERT_TRUE(Commit(lease.lease_id(), 100, {MakeItem("a", 0, a)}, &resp).ok());
+  EXPECT_EQ(resp.shard().crc32c(), Crc32c(a));
+  s = Commit(lease.lease_id(), 100, {MakeItem("a", 0, a)}, &resp);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::ALREADY_EXISTS);
+  s = Commit("no-such-lease", 100, {}, &resp);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+}
+
+}  // namespace
+}  // namespace ckpt

@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <cstring>
+#include <filesystem>
 #include <random>
 
 #include <gmock/gmock.h>
@@ -193,6 +194,46 @@ TEST_F(AgentIntegrationTest, Kill9BetweenCommitAndFlushReadoptsAndFlushCompletes
   grpc::Status s = WaitVersion("k9", 5, v1::DURABILITY_LEVEL_PERSISTED);
   ASSERT_TRUE(s.ok()) << s.error_message() << "\n" << agent_->proc()->LogTail();
   ExpectDurable("k9", 5, data);
+}
+
+TEST_F(AgentIntegrationTest, AfterMemoryIsLostAPersistedShardIsRestoredFromTheDurableTier) {
+  ASSERT_TRUE(CreateJob("dur", 1, 1).ok());
+  const std::string data = Pattern(200000, 11);
+  Save("dur", 3, 0, data);
+  ASSERT_TRUE(WaitVersion("dur", 3, v1::DURABILITY_LEVEL_PERSISTED).ok());
+  // The node reboots: the agent and its tmpfs are gone.
+  ASSERT_TRUE(agent_->proc()->Kill(SIGKILL).ok());
+  ASSERT_TRUE(agent_->proc()->Wait().ok());
+  std::filesystem::remove_all(agent_->memory_dir());
+  ASSERT_TRUE(agent_->Restart().ok());
+
+  v1::LocateRequest lreq;
+  lreq.set_job_id("dur");
+  lreq.set_step(3);
+  lreq.set_rank(0);
+  lreq.set_near_node_id("node-1");
+  v1::LocateResponse loc;
+  {
+    grpc::ClientContext ctx;
+    grpc::Status s = meta_->stub()->Locate(&ctx, lreq, &loc);
+    ASSERT_TRUE(s.ok()) << s.error_message();
+  }
+  v1::OpenShardRequest req;
+  *req.mutable_key() = loc.shard().key();
+  *req.mutable_sources() = loc.sources();
+  *req.mutable_expected() = loc.shard();
+  v1::OpenShardResponse resp;
+  grpc::ClientContext ctx;
+  grpc::Status s = local_->OpenShard(&ctx, req, &resp);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_EQ(resp.served_from().kind(), v1::SOURCE_KIND_DURABLE);
+  ASSERT_EQ(resp.regions_size(), 1);
+  std::string got(data.size(), '\0');
+  const int fd = ::open(resp.regions(0).path().c_str(), O_RDONLY);
+  ASSERT_EQ(::pread(fd, got.data(), got.size(), static_cast<off_t>(resp.regions(0).file_offset_bytes())),
+            static_cast<ssize_t>(got.size()));
+  ::close(fd);
+  EXPECT_EQ(got, data);
 }
 
 TEST_F(AgentIntegrationTest, CorruptedPoolByteIsDataLossOnOpen) {

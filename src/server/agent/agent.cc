@@ -488,6 +488,90 @@ absl::StatusOr<OpenResult> Agent::OpenShard(const ShardId& id, bool skip_verify,
   return out;
 }
 
+absl::StatusOr<OpenResult> Agent::RestoreFromDurable(const ShardRecord& expected, const std::string& durable_path,
+                                                     uint32_t client_pid, int64_t ttl_ms) {
+  const ShardId& id = expected.id;
+  bool held;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = holdings_.find(id);
+    held = it != holdings_.end() && !it->second.corrupt && !it->second.evict_pending;
+  }
+  if (held) return OpenShard(id, false, client_pid, ttl_ms);
+  if (options_.durable_root.empty()) {
+    return absl::UnavailableError("this agent has no durable tier (--durable-root is not set)");
+  }
+  CKPT_RETURN_IF_ERROR(ValidateManifest(expected.items, expected.size_bytes));
+  CKPT_ASSIGN_OR_RETURN(std::string path, UnderRoot(options_.durable_root, durable_path));
+  CKPT_ASSIGN_OR_RETURN(std::unique_ptr<ReadableFile> file, durable_fs_->NewReadableFile(path));
+  if (file->Size() != expected.size_bytes) {
+    return absl::DataLossError(absl::StrCat("durable file '", path, "' is ", file->Size(), " bytes, the shard ",
+                                            expected.size_bytes));
+  }
+  std::vector<Extent> extents;
+  {
+    absl::MutexLock lock(&mu_);
+    absl::StatusOr<std::vector<Extent>> e = arena_->Allocate(expected.size_bytes);
+    if (!e.ok()) return absl::ResourceExhaustedError(BudgetMessageLocked(expected.size_bytes));
+    extents = *std::move(e);
+  }
+  uint32_t crc = 0;
+  uint64_t file_off = 0;
+  absl::Status read = absl::OkStatus();
+  arena_->ForEachPiece(extents, expected.size_bytes, [&](std::byte* p, uint64_t n) {
+    for (uint64_t off = 0; off < n && read.ok(); off += kFlushChunkBytes) {
+      const uint64_t len = std::min(kFlushChunkBytes, n - off);
+      absl::StatusOr<size_t> got = file->PositionedRead(file_off, std::span<std::byte>(p + off, len));
+      if (!got.ok()) {
+        read = got.status();
+      } else if (*got != len) {
+        read = absl::DataLossError(absl::StrCat("durable file '", path, "' ended early"));
+      } else {
+        crc = Crc32cExtend(crc, p + off, len);
+        file_off += len;
+      }
+    }
+  });
+  if (read.ok() && crc != expected.crc32c) {
+    read = absl::DataLossError(absl::StrFormat("durable file '%s': crc32c 0x%08x != shard 0x%08x", path, crc,
+                                               expected.crc32c));
+  }
+  {
+  absl::MutexLock lock(&mu_);
+  if (!read.ok()) {
+    arena_->Free(extents);
+    return read;
+  }
+  ShardRecord rec = expected;
+  rec.role = 3;  // RESTORED
+  rec.items = SortedByOffset(expected.items);
+  rec.manifest_digest = ManifestDigest(rec.items);
+  rec.extents = std::move(extents);
+  rec.durable_path = durable_path;
+  rec.staged_unix_ms = clock_->NowUnixMillis();
+  if (absl::Status s = arena_->WriteRecord(rec); !s.ok()) {
+    arena_->Free(rec.extents);
+    return absl::UnavailableError(absl::StrCat("cannot record the restored shard: ", s.message()));
+  }
+  Holding h;
+  h.rec = rec;
+  h.verified = true;
+  h.committed_at = clock_->MonotonicNow();
+  holdings_[id] = std::move(h);
+  HoldingReport r;
+  r.kind = HoldingReport::Kind::kCopyState;
+  r.id = id;
+  r.copy_role = 3;
+  r.copy_state = kCopyStateValid;
+  r.size_bytes = rec.size_bytes;
+  r.crc32c = rec.crc32c;
+  QueueReportLocked(std::move(r));
+  log::Info("restored {} ({} bytes) from the durable tier", ShardIdString(id), rec.size_bytes);
+  UpdateGauges();
+  }
+  return OpenShard(id, true, client_pid, ttl_ms);
+}
+
 absl::Status Agent::CloseShard(const std::string& handle_id) {
   absl::MutexLock lock(&mu_);
   auto it = handles_.find(handle_id);
@@ -663,8 +747,12 @@ bool Agent::VerifyOnce() {
 // Flush and tasks
 
 void Agent::RecordFlushError(const absl::Status& s) {
-  m_flush_errors_->Increment();
   absl::MutexLock lock(&mu_);
+  RecordFlushErrorLocked(s);
+}
+
+void Agent::RecordFlushErrorLocked(const absl::Status& s) {
+  m_flush_errors_->Increment();
   flush_errors_total_++;
   last_flush_error_ = s.ToString();
   last_flush_error_unix_ms_ = clock_->NowUnixMillis();
@@ -924,13 +1012,7 @@ bool Agent::TasksOnce() {
   const bool retryable = qt.task.kind == TaskKind::kFlush &&
                          (absl::IsResourceExhausted(s) || absl::IsUnavailable(s) || absl::IsInternal(s) ||
                           absl::IsPermissionDenied(s));
-  if (!s.ok() && qt.task.kind == TaskKind::kFlush) {
-    mu_.Unlock();
-    RecordFlushError(s);
-    mu_.Lock();
-    it = tasks_.find(qt.task.id);
-    if (it == tasks_.end()) return true;
-  }
+  if (!s.ok() && qt.task.kind == TaskKind::kFlush) RecordFlushErrorLocked(s);
   if (!s.ok() && retryable && qt.tries + 1 < options_.flush_max_tries) {
     qt.tries++;
     int64_t backoff = options_.flush_retry_initial_ms << std::min(qt.tries - 1, 20);

@@ -187,6 +187,14 @@ class Agent {
   // NotFound if not held here.
   absl::StatusOr<OpenResult> OpenShard(const ShardId& id, bool skip_verify, uint32_t client_pid,
                                        int64_t ttl_ms);
+  // Materialises a shard from the durable tier (`durable_path` relative to
+  // the root) as a RESTORED copy in the memory tier, checks it against
+  // `expected` (size, crc32c; items are validated), records and reports it,
+  // then opens it like OpenShard. If a VALID copy is already held, just opens
+  // it. Errors: Unavailable (no durable root, I/O error), NotFound (file
+  // missing), DataLoss (size or crc differs), ResourceExhausted (no room).
+  absl::StatusOr<OpenResult> RestoreFromDurable(const ShardRecord& expected, const std::string& durable_path,
+                                                uint32_t client_pid, int64_t ttl_ms);
   absl::Status CloseShard(const std::string& handle_id);
   // Calls fn(data, len) over the shard bytes [offset, offset+length) while the
   // holding is pinned. NotFound / OutOfRange.
@@ -285,6 +293,7 @@ class Agent {
   absl::Status FlushOne(const std::string& task_id, const FlushOrder& order, const std::string& job,
                         uint64_t step, uint64_t* bytes);
   void RecordFlushError(const absl::Status& s);
+  void RecordFlushErrorLocked(const absl::Status& s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void UpdateGauges();
   void Loop(const char* name, absl::Duration idle, bool (Agent::*once)());
   bool ControlRound();

@@ -65,18 +65,46 @@ grpc::Status AgentServiceImpl::OpenShard(grpc::ServerContext*, const v1::OpenSha
   if (!id.ok()) return ToGrpcStatus(id.status());
   if (req->ttl_ms() < 0) return Invalid("ttl_ms must not be negative");
   absl::StatusOr<agent::OpenResult> r = agent_->OpenShard(*id, req->skip_verify(), req->client_pid(), req->ttl_ms());
-  if (!r.ok()) {
-    // Remote sources (peer replicas, EC decode, durable tier) arrive with the
-    // data plane; until then only a local copy can be opened.
-    bool remote = false;
-    for (const v1::ShardSource& s : req->sources()) remote |= s.kind() != v1::SOURCE_KIND_LOCAL;
-    if (absl::IsNotFound(r.status()) && remote) {
-      return grpc::Status(grpc::StatusCode::UNIMPLEMENTED,
-                          absl::StrCat(r.status().message(),
-                                       "; fetching from peers or the durable tier is not built yet"));
+  v1::ShardSource served;
+  served.set_kind(v1::SOURCE_KIND_LOCAL);
+  if (!r.ok() && (absl::IsNotFound(r.status()) || absl::IsDataLoss(r.status()))) {
+    // Try the given sources in order. The durable tier is read here; peer
+    // replicas and EC decode arrive with the data plane.
+    const absl::Status local = r.status();
+    for (const v1::ShardSource& src : req->sources()) {
+      if (src.kind() == v1::SOURCE_KIND_LOCAL) continue;
+      v1::SourceAttempt* attempt = resp->add_failed_sources();
+      *attempt->mutable_source() = src;
+      if (src.kind() != v1::SOURCE_KIND_DURABLE) {
+        ToProto(absl::UnimplementedError("peer and EC sources are not built yet"), attempt->mutable_status());
+        continue;
+      }
+      if (!req->has_expected() || req->expected().size_bytes() == 0) {
+        return Invalid("expected (the shard's size, crc32c and items from Locate) is required with sources");
+      }
+      agent::ShardRecord expected;
+      expected.id = *id;
+      expected.size_bytes = req->expected().size_bytes();
+      expected.crc32c = req->expected().crc32c();
+      for (const v1::Item& item : req->expected().items()) expected.items.push_back(ItemFromProto(item));
+      r = agent_->RestoreFromDurable(expected, src.durable_path(), req->client_pid(), req->ttl_ms());
+      if (r.ok()) {
+        resp->mutable_failed_sources()->RemoveLast();
+        served = src;
+        break;
+      }
+      ToProto(r.status(), attempt->mutable_status());
     }
-    return ToGrpcStatus(r.status());
+    if (!r.ok()) {
+      std::string why = std::string(local.message());
+      for (const v1::SourceAttempt& a : resp->failed_sources()) {
+        absl::StrAppend(&why, "; source ", v1::SourceKind_Name(a.source().kind()), ": ", a.status().message());
+      }
+      const bool tried = resp->failed_sources_size() > 0;
+      return grpc::Status(tried ? grpc::StatusCode::DATA_LOSS : static_cast<grpc::StatusCode>(local.code()), why);
+    }
   }
+  if (!r.ok()) return ToGrpcStatus(r.status());
   if (req->has_expected() && req->expected().size_bytes() != 0 &&
       (req->expected().size_bytes() != r->shard.record.size_bytes ||
        req->expected().crc32c() != r->shard.record.crc32c)) {
@@ -88,7 +116,7 @@ grpc::Status AgentServiceImpl::OpenShard(grpc::ServerContext*, const v1::OpenSha
   resp->set_handle_id(r->handle_id);
   RecordToShardInfo(r->shard.record, agent_->Status().node_id, /*with_items=*/true, resp->mutable_shard());
   for (const agent::Region& region : r->shard.regions) RegionToProto(region, resp->add_regions());
-  resp->mutable_served_from()->set_kind(v1::SOURCE_KIND_LOCAL);
+  *resp->mutable_served_from() = served;
   resp->set_verified(r->verified);
   resp->set_expires_in_ms(r->expires_in_ms);
   return grpc::Status::OK;

@@ -127,6 +127,40 @@ void Agent::Start() {
   threads_.emplace_back([this] { Loop("ckpt-agent-ctl", absl::Milliseconds(50), &Agent::ControlRound); });
   threads_.emplace_back([this] { Loop("ckpt-agent-vfy", absl::Milliseconds(200), &Agent::VerifyOnce); });
   threads_.emplace_back([this] { Loop("ckpt-agent-task", absl::Milliseconds(100), &Agent::TasksOnce); });
+  threads_.emplace_back([this] { WatchLoop(); });
+}
+
+// Keeps meta's task stream open for the current incarnation, so tasks start
+// as soon as meta creates them (heartbeats deliver them too, later).
+void Agent::WatchLoop() {
+  pthread_setname_np(pthread_self(), "ckpt-agent-wtch");
+  while (true) {
+    uint64_t inc;
+    {
+      absl::MutexLock lock(&mu_);
+      auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stopping_ || registered_; };
+      mu_.Await(absl::Condition(&ready));
+      if (stopping_) return;
+      inc = incarnation_;
+    }
+    absl::Status s = meta_->WatchTasks(options_.node_id, inc, [this](std::vector<AgentTask> tasks,
+                                                                     std::vector<std::string> cancelled) {
+      absl::MutexLock lock(&mu_);
+      for (const std::string& id : cancelled) {
+        if (running_now_.count(id) == 0) tasks_.erase(id);
+        finished_tasks_.insert(id);
+      }
+      EnqueueTasksLocked(std::move(tasks));
+    });
+    absl::MutexLock lock(&mu_);
+    if (stopping_) return;
+    if (absl::IsUnimplemented(s)) return;  // no stream: heartbeats deliver tasks
+    log::Debug("task stream ended: {}", s.ToString());
+    // Reopen after a pause (or at once after re-registration).
+    const uint64_t seen = incarnation_;
+    auto changed = [this, seen]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stopping_ || incarnation_ != seen; };
+    clock_->AwaitWithTimeout(&mu_, absl::Condition(&changed), absl::Seconds(1));
+  }
 }
 
 void Agent::Stop() {
@@ -135,6 +169,7 @@ void Agent::Stop() {
     stopping_ = true;
     ++wake_;
   }
+  meta_->CancelWatch();
   for (std::thread& t : threads_) t.join();
   threads_.clear();
 }

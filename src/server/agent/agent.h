@@ -165,7 +165,7 @@ class Agent {
                                                        MetricsRegistry* metrics);
   ~Agent();  // calls Stop()
 
-  // Starts the background threads (ckpt-agent-ctl, -verify, -task).
+  // Starts the background threads (ckpt-agent-ctl, -vfy, -task, -watch).
   void Start();
   // Stops accepting background work, wakes and joins the threads. Idempotent.
   void Stop();
@@ -297,6 +297,7 @@ class Agent {
   void UpdateGauges();
   void Loop(const char* name, absl::Duration idle, bool (Agent::*once)());
   bool ControlRound();
+  void WatchLoop();
 
   const AgentOptions options_;
   MetaLink* const meta_;

@@ -11,6 +11,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -162,6 +163,18 @@ class MetaLink {
   // crc, digest and items). FailedPrecondition if some rank is not staged.
   virtual absl::StatusOr<DurableManifest> GetVersionManifest(const std::string& job_id,
                                                              uint64_t step) = 0;
+
+  // Opens meta's task stream for one incarnation and calls `on_push` for
+  // every push (new tasks, cancelled task ids) until the stream ends (stale
+  // incarnation, meta shutting down or unreachable) or CancelWatch() is
+  // called; returns why it ended. Implementations without a stream return
+  // Unimplemented at once (tasks then arrive with heartbeats only).
+  using TaskPush = std::function<void(std::vector<AgentTask> tasks, std::vector<std::string> cancelled)>;
+  virtual absl::Status WatchTasks(const std::string& node_id, uint64_t incarnation, const TaskPush& on_push) {
+    return absl::UnimplementedError("no task stream");
+  }
+  // Ends a WatchTasks call in progress (from another thread). Idempotent.
+  virtual void CancelWatch() {}
 };
 
 }  // namespace ckpt::agent

@@ -3,6 +3,7 @@
 #include <grpcpp/grpcpp.h>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "ckpt/v1/meta.grpc.pb.h"
 #include "server/rpc/agent_convert.h"
 #include "server/rpc/status_convert.h"
@@ -266,6 +267,36 @@ class GrpcMetaLink : public agent::MetaLink {
     return ManifestFromVersion(resp.version());
   }
 
+  absl::Status WatchTasks(const std::string& node_id, uint64_t incarnation, const TaskPush& on_push) override {
+    v1::WatchTasksRequest req;
+    req.set_node_id(node_id);
+    req.set_incarnation(incarnation);
+    grpc::ClientContext ctx;
+    {
+      absl::MutexLock lock(&mu_);
+      if (cancelled_) return absl::CancelledError("agent stopping");
+      watch_ctx_ = &ctx;
+    }
+    std::unique_ptr<grpc::ClientReader<v1::WatchTasksResponse>> reader = stub_->WatchTasks(&ctx, req);
+    v1::WatchTasksResponse msg;
+    while (reader->Read(&msg)) {
+      std::vector<agent::AgentTask> tasks;
+      for (const v1::Task& t : msg.tasks()) tasks.push_back(TaskFromProto(t));
+      on_push(std::move(tasks), std::vector<std::string>(msg.cancelled_task_ids().begin(),
+                                                          msg.cancelled_task_ids().end()));
+    }
+    absl::Status s = FromGrpcStatus(reader->Finish());
+    absl::MutexLock lock(&mu_);
+    watch_ctx_ = nullptr;
+    return s;
+  }
+
+  void CancelWatch() override {
+    absl::MutexLock lock(&mu_);
+    cancelled_ = true;
+    if (watch_ctx_ != nullptr) watch_ctx_->TryCancel();
+  }
+
  private:
   void SetDeadline(grpc::ClientContext* ctx) const {
     ctx->set_deadline(std::chrono::system_clock::now() + absl::ToChronoMilliseconds(timeout_));
@@ -273,6 +304,9 @@ class GrpcMetaLink : public agent::MetaLink {
 
   std::unique_ptr<v1::MetaService::Stub> stub_;
   const absl::Duration timeout_;
+  absl::Mutex mu_;
+  grpc::ClientContext* watch_ctx_ ABSL_GUARDED_BY(mu_) = nullptr;
+  bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
 };
 
 }  // namespace

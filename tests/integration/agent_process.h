@@ -25,6 +25,7 @@ struct AgentProcessOptions {
   std::string dir;           // run/, mem/ and logs go below it
   std::string durable_root;  // empty: none
   std::string memory = "64MiB";
+  std::string memory_dir;    // empty: <dir>/mem
   std::vector<std::string> extra_args;
 };
 
@@ -83,7 +84,7 @@ class AgentProcess {
   ckpt::v1::AgentService::Stub* stub() { return stub_.get(); }
   std::string run_dir() const { return options_.dir + "/run"; }
   std::string socket_path() const { return run_dir() + "/agent.sock"; }
-  std::string memory_dir() const { return options_.dir + "/mem"; }
+  std::string memory_dir() const { return options_.memory_dir.empty() ? options_.dir + "/mem" : options_.memory_dir; }
   int port() const { return port_; }
   int metrics_port() const { return metrics_port_; }
   const AgentProcessOptions& options() const { return options_; }

@@ -6,12 +6,18 @@
 #include "common/durable_format.h"
 
 #include <stdlib.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
+#include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <memory>
 #include <random>
 #include <string>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include <gmock/gmock.h>
@@ -398,8 +404,8 @@ TEST_F(DurableFormatTest, RewriteWithOtherContentReplacesTheMarker) {
   EXPECT_EQ(read->writer, "ckpt-agent 0.2.0");
 }
 
-// The JSON layout is part of the format (docs/format.md shows this example).
-TEST(DurableManifestJson, HasTheDocumentedLayout) {
+// The manifest of docs/format.md's example.
+DurableManifest ExampleManifest() {
   ManifestItem w = Item("layers.0.weight", kBF16, {2, 2}, 0, 8);
   w.crc32c = 0x1a2b3c4d;
   ManifestItem s = Item("step", 8 /* i64 */, {}, 64, 8);
@@ -419,6 +425,12 @@ TEST(DurableManifestJson, HasTheDocumentedLayout) {
   shard.items = {w, s};
   shard.manifest_digest = ManifestDigest(shard.items);
   m.shards = {shard};
+  return m;
+}
+
+// The JSON layout is part of the format.
+TEST(DurableManifestJson, HasTheDocumentedLayout) {
+  const DurableManifest m = ExampleManifest();
   const std::string expected = absl::StrFormat(R"({
   "format_version": 1,
   "job_id": "gpt-7b",
@@ -441,7 +453,7 @@ TEST(DurableManifestJson, HasTheDocumentedLayout) {
   ]
 }
 )",
-                                               shard.manifest_digest);
+                                               m.shards[0].manifest_digest);
   absl::StatusOr<std::string> json = EncodeDurableManifest(m);
   ASSERT_TRUE(IsOk(json));
   EXPECT_EQ(*json, expected);
@@ -1102,6 +1114,78 @@ TEST_F(DurableFormatFaultTest, DeleteReportsAFailedMarkerSync) {
   EXPECT_TRUE(ReadsBack(&mem_, kDir, shards));
   EXPECT_TRUE(IsOk(DeleteDurableVersion(&fault_, kDir)));
   EXPECT_FALSE(*mem_.FileExists(kDir));
+}
+
+// --- docs/format.md stays true ---
+
+// The first fenced block of docs/format.md that opens with `fence`.
+std::string DocBlock(const std::string& fence) {
+  absl::StatusOr<std::string> doc =
+      ReadFileToString(PosixFileSystem(), CKPT_SOURCE_DIR "/docs/format.md");
+  if (!doc.ok()) return doc.status().ToString();
+  const size_t start = doc->find(fence + "\n");
+  if (start == std::string::npos) return "no " + fence + " block";
+  const size_t body = start + fence.size() + 1;
+  const size_t end = doc->find("\n```", body);
+  return doc->substr(body, end - body + 1);
+}
+
+TEST(DurableFormatDoc, JsonExampleIsWhatTheWriterWrites) {
+  absl::StatusOr<std::string> json = EncodeDurableManifest(ExampleManifest());
+  ASSERT_TRUE(IsOk(json));
+  EXPECT_EQ(DocBlock("```json"), *json);
+}
+
+// Runs `script` with /usr/bin/python3 and `arg`; returns (exit status, output).
+std::pair<int, std::string> RunPython(const std::string& dir, const std::string& script,
+                                      const std::string& arg) {
+  const std::string script_path = dir + "/load.py";
+  const std::string out_path = dir + "/load.out";
+  EXPECT_TRUE(IsOk(WriteStringToFileAtomically(PosixFileSystem(), script_path, script)));
+  const std::string command =
+      absl::StrCat("/usr/bin/python3 '", script_path, "' '", arg, "' > '", out_path, "' 2>&1");
+  const int status = std::system(command.c_str());
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, Read(PosixFileSystem(), out_path)};
+}
+
+TEST(DurableFormatDoc, PythonLoaderReadsAVersion) {
+  if (::access("/usr/bin/python3", X_OK) != 0) GTEST_SKIP() << "no /usr/bin/python3";
+  std::string root = testing::TempDir() + "ckpt_durable_format_doc_XXXXXX";
+  ASSERT_NE(::mkdtemp(root.data()), nullptr);
+  FileSystem* fs = PosixFileSystem();
+  const std::string dir = *DurableVersionDir(root, "gpt", 7);
+  const std::vector<TestShard> shards = MakeShards(2);
+  ASSERT_TRUE(IsOk(WriteVersion(fs, dir, shards)));
+
+  const std::string script = DocBlock("```python") + R"(
+import sys
+v = load_version(sys.argv[1])
+for rank in sorted(v):
+    for name in sorted(v[rank]):
+        print(rank, name, len(v[rank][name]), "%08x" % crc32c(v[rank][name]))
+)";
+  std::string expected;
+  for (const TestShard& t : shards) {
+    std::vector<ManifestItem> items = t.shard.items;
+    std::sort(items.begin(), items.end(),
+              [](const ManifestItem& a, const ManifestItem& b) { return a.name < b.name; });
+    for (const ManifestItem& item : items) {
+      absl::StrAppendFormat(&expected, "%d %s %d %08x\n", t.shard.rank, item.name,
+                            item.length_bytes, item.crc32c);
+    }
+  }
+  auto [status, output] = RunPython(root, script, dir);
+  EXPECT_EQ(status, 0) << output;
+  EXPECT_EQ(output, expected);
+
+  // A flipped byte is refused.
+  std::string bytes = shards[1].bytes;
+  bytes[200] ^= 1;
+  ASSERT_TRUE(IsOk(WriteStringToFileAtomically(fs, DurableRankFilePath(dir, 1), bytes)));
+  std::tie(status, output) = RunPython(root, script, dir);
+  EXPECT_NE(status, 0);
+  EXPECT_THAT(output, HasSubstr("rank 1: size or crc32c mismatch"));
+  EXPECT_TRUE(IsOk(DeleteRecursively(fs, root)));
 }
 
 }  // namespace

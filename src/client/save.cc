@@ -136,11 +136,18 @@ absl::StatusOr<SaveHandle> SaveBuilder::Commit() {
   v1::AcquireStagingLeaseResponse lease;
   // At most twice: once more if the agent asks for a coarser alignment than
   // we laid out with (then the shard may not fit the first lease).
+  std::string replaced_lease;  // a first lease the second one replaces
   for (int attempt = 0;; ++attempt) {
     lease_req.set_size_bytes(layout.size);
+    v1::AcquireStagingLeaseResponse resp;
     auto ctx = client::ContextWithTimeout(o.rpc_timeout);
-    CKPT_RETURN_IF_ERROR(FromGrpc(core.agent->AcquireStagingLease(ctx.get(), lease_req, &lease),
-                                  "AcquireStagingLease"));
+    absl::Status s = FromGrpc(core.agent->AcquireStagingLease(ctx.get(), lease_req, &resp),
+                              "AcquireStagingLease");
+    if (!s.ok()) {
+      if (!replaced_lease.empty()) AbortLease(core, replaced_lease);
+      return s;
+    }
+    lease = std::move(resp);
     const uint64_t align = lease.item_alignment_bytes();
     if (align == 0 || align == core.item_alignment.load() || attempt > 0 ||
         (align & (align - 1)) != 0) {
@@ -153,9 +160,10 @@ absl::StatusOr<SaveHandle> SaveBuilder::Commit() {
       return relaid.status();
     }
     layout = *std::move(relaid);
-    // Same size: the first lease fits the new layout. Larger: the next lease
-    // for this (job, step, rank) replaces (aborts) the open one.
-    if (layout.size == lease_req.size_bytes()) break;
+    // Fits the lease: commit a smaller size. Larger: the next lease for this
+    // (job, step, rank) replaces (aborts) the open one.
+    if (layout.size <= lease_req.size_bytes()) break;
+    replaced_lease = lease.lease_id();
   }
   const std::string lease_id = lease.lease_id();
 

@@ -267,17 +267,19 @@ class SaveBuilder {
   // the handle to wait for redundancy. The bytes belong to the agent from the
   // OK on (they survive this process's death). A replayed commit the agent
   // already holds (kAlreadyExists from CommitShard, or a commit whose
-  // response was lost) is a success. On any failure the lease is released
-  // (AbortLease) and nothing is committed.
+  // response was lost) is a success. Any other failure releases the lease
+  // (AbortLease): nothing is committed (kDataLoss below excepted).
   // Errors: kResourceExhausted (does not fit in the agent's memory tier: the
   // message says what holds it), kAlreadyExists (this rank's shard of the step
   // is already committed on this node: a previous save of the same step),
-  // kInvalidArgument (a step lower than the job's newest version, ...),
+  // kInvalidArgument (e.g. a step lower than the job's newest version),
   // kNotFound (job unknown to meta), kUnavailable (agent or meta down),
   // kInternal (the agent handed out regions that do not cover the lease),
   // errors of mmap as in PosixErrorToStatus, kFailedPrecondition if called
-  // twice. Can be called once; the builder is spent afterwards, whatever the
-  // outcome.
+  // twice. kDataLoss if the shard crc the agent reports differs from the one
+  // computed here (the shard is committed, but something else wrote into the
+  // lease while it was being filled). Can be called once; the builder is
+  // spent afterwards, whatever the outcome.
   absl::StatusOr<SaveHandle> Commit();
 
  private:

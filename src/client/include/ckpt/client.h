@@ -45,6 +45,9 @@
 // methods and View() may be called from several threads at once; Close() and
 // the destructor must not race with them.
 //
+// Moves: a moved-from Client, SaveBuilder or LoadedShard may only be
+// destroyed or assigned to.
+//
 // Lifetimes: SaveHandle and LoadedShard share the connection state with the
 // Client that made them, so either may outlive it (the gRPC channels and the
 // mappings stay alive until the last of them is destroyed).
@@ -54,9 +57,9 @@
 #include <cstdint>
 #include <map>
 #include <memory>
-#include <optional>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"

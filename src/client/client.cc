@@ -1,0 +1,329 @@
+// Client: Connect (create-or-open the job, agent status, pool mappings),
+// Latest, WaitVersion, and the helpers shared by save.cc and load.cc.
+#include "ckpt/client.h"
+
+#include <grpcpp/grpcpp.h>
+
+#include <algorithm>
+#include <chrono>
+#include <utility>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "client/client_core.h"
+#include "common/log.h"
+#include "common/manifest.h"
+#include "common/names.h"
+#include "common/status_macros.h"
+
+namespace ckpt {
+
+uint32_t DTypeSize(DType dtype) {
+  return DTypeElementSize(static_cast<int>(dtype));
+}
+
+const char* ServedFromName(ServedFrom served_from) {
+  switch (served_from) {
+    case ServedFrom::kLocal:
+      return "local";
+    case ServedFrom::kReplica:
+      return "replica";
+    case ServedFrom::kEcDecode:
+      return "ec_decode";
+    case ServedFrom::kDurable:
+      return "durable";
+    case ServedFrom::kUnknown:
+      break;
+  }
+  return "unknown";
+}
+
+namespace client {
+
+absl::Status FromGrpc(const grpc::Status& status, const char* call) {
+  if (status.ok()) return absl::OkStatus();
+  // gRPC and absl share the canonical code numbers (0..16).
+  return absl::Status(static_cast<absl::StatusCode>(status.error_code()),
+                      absl::StrCat(call, ": ", status.error_message()));
+}
+
+std::unique_ptr<grpc::ClientContext> ContextWithTimeout(absl::Duration timeout) {
+  auto ctx = std::make_unique<grpc::ClientContext>();
+  ctx->set_deadline(absl::ToChronoTime(absl::Now() + timeout));
+  return ctx;
+}
+
+absl::StatusOr<std::vector<ShardRegion>> MapRegions(
+    ClientCore& core, const google::protobuf::RepeatedPtrField<v1::MemoryRegion>& regions,
+    uint64_t size, MappedFile::Access access, std::vector<std::shared_ptr<MappedFile>>* keep) {
+  std::vector<ShardRegion> out;
+  out.reserve(regions.size());
+  for (const v1::MemoryRegion& r : regions) {
+    CKPT_ASSIGN_OR_RETURN(std::shared_ptr<MappedFile> file,
+                          core.mappings.Get(r.path(), r.file_offset_bytes(), r.length_bytes(),
+                                            access));
+    out.push_back(ShardRegion{file->data() + r.file_offset_bytes(), r.length_bytes(),
+                              r.shard_offset_bytes()});
+    if (std::find(keep->begin(), keep->end(), file) == keep->end()) {
+      keep->push_back(std::move(file));
+    }
+  }
+  CKPT_RETURN_IF_ERROR(CheckCoverage(out, size));
+  return out;
+}
+
+v1::DurabilityLevel ToProto(Level level) {
+  switch (level) {
+    case Level::kStaged:
+      return v1::DURABILITY_LEVEL_STAGED;
+    case Level::kProtected:
+      return v1::DURABILITY_LEVEL_PROTECTED;
+    case Level::kPersisted:
+      return v1::DURABILITY_LEVEL_PERSISTED;
+  }
+  return v1::DURABILITY_LEVEL_UNSPECIFIED;
+}
+
+namespace {
+
+// Longest single WaitVersion long poll; the server caps it at 1 hour.
+constexpr absl::Duration kMaxPoll = absl::Minutes(10);
+constexpr absl::Duration kMinBackoff = absl::Milliseconds(10);
+constexpr absl::Duration kMaxBackoff = absl::Seconds(1);
+
+// Sleeps for `*backoff` (but not past `deadline`) and doubles it.
+void Backoff(absl::Duration* backoff, absl::Time deadline) {
+  absl::SleepFor(std::min(*backoff, std::max(deadline - absl::Now(), absl::ZeroDuration())));
+  *backoff = std::min(*backoff * 2, kMaxBackoff);
+}
+
+v1::JobSpec MakeSpec(const ClientOptions& o) {
+  v1::JobSpec spec;
+  spec.set_job_id(o.job_id);
+  spec.set_world_size(o.world_size);
+  v1::ProtectionPolicy* p = spec.mutable_protection();
+  switch (o.protection.kind) {
+    case Protection::Kind::kNone:
+      p->mutable_none();
+      break;
+    case Protection::Kind::kReplicate:
+      p->mutable_replicate()->set_copies(o.protection.copies);
+      p->mutable_replicate()->set_placement(o.protection.placement ==
+                                                    Protection::Placement::kGroup
+                                                ? v1::REPLICA_PLACEMENT_GROUP
+                                                : v1::REPLICA_PLACEMENT_RING);
+      break;
+    case Protection::Kind::kErasureCode:
+      p->mutable_ec()->set_data_k(o.protection.data_k);
+      p->mutable_ec()->set_parity_m(o.protection.parity_m);
+      break;
+  }
+  // Only what the user set: meta then leaves unset policies uncompared when
+  // the job exists.
+  if (o.flush_every_n_versions != 0 || o.flush_every_seconds != 0) {
+    spec.mutable_flush()->set_every_n_versions(o.flush_every_n_versions);
+    spec.mutable_flush()->set_every_seconds(o.flush_every_seconds);
+  }
+  if (o.keep_in_memory != 0 || o.keep_durable != 0) {
+    spec.mutable_retention()->set_keep_in_memory(o.keep_in_memory);
+    spec.mutable_retention()->set_keep_durable(o.keep_durable);
+  }
+  for (const auto& [k, v] : o.labels) (*spec.mutable_labels())[k] = v;
+  return spec;
+}
+
+absl::Status ValidateOptions(const ClientOptions& o) {
+  if (o.meta_address.empty()) return absl::InvalidArgumentError("meta_address is empty");
+  if (o.agent_socket.empty()) return absl::InvalidArgumentError("agent_socket is empty");
+  CKPT_RETURN_IF_ERROR(ValidateJobId(o.job_id));
+  if (o.world_size == 0) return absl::InvalidArgumentError("world_size must be at least 1");
+  if (o.rank >= o.world_size) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("rank ", o.rank, " is out of range: world size is ", o.world_size));
+  }
+  if (o.connect_timeout < absl::ZeroDuration() || o.rpc_timeout <= absl::ZeroDuration() ||
+      o.load_timeout <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("timeouts must be positive");
+  }
+  return absl::OkStatus();
+}
+
+// Rank 0: create-or-open, retried while meta is unreachable.
+absl::Status CreateOrOpenJob(ClientCore& core, absl::Time deadline) {
+  v1::CreateJobRequest req;
+  *req.mutable_spec() = MakeSpec(core.options);
+  req.set_open_if_exists(true);
+  absl::Duration backoff = kMinBackoff;
+  while (true) {
+    v1::CreateJobResponse resp;
+    auto ctx = ContextWithTimeout(core.options.rpc_timeout);
+    grpc::Status st = core.meta->CreateJob(ctx.get(), req, &resp);
+    if (st.ok()) {
+      log::Debug("job {} {} (world size {})", core.options.job_id,
+                 resp.created() ? "created" : "opened", resp.job().spec().world_size());
+      return absl::OkStatus();
+    }
+    absl::Status s = FromGrpc(st, "CreateJob");
+    if (!absl::IsUnavailable(s)) return s;
+    if (absl::Now() >= deadline) {
+      return absl::DeadlineExceededError(
+          absl::StrCat("ckpt-meta at ", core.options.meta_address,
+                       " unreachable within the connect timeout: ", s.message()));
+    }
+    Backoff(&backoff, deadline);
+  }
+}
+
+// Other ranks: wait for rank 0 to create the job, then check the world size.
+absl::Status AwaitJob(ClientCore& core, absl::Time deadline) {
+  v1::GetJobRequest req;
+  req.set_job_id(core.options.job_id);
+  absl::Duration backoff = kMinBackoff;
+  while (true) {
+    v1::GetJobResponse resp;
+    auto ctx = ContextWithTimeout(core.options.rpc_timeout);
+    grpc::Status st = core.meta->GetJob(ctx.get(), req, &resp);
+    absl::Status s = FromGrpc(st, "GetJob");
+    if (s.ok()) {
+      const uint32_t stored = resp.job().spec().world_size();
+      if (stored != core.options.world_size) {
+        return absl::FailedPreconditionError(
+            absl::StrCat("job \"", core.options.job_id, "\" exists with world size ", stored,
+                         ", this rank was started with ", core.options.world_size));
+      }
+      if (resp.job().deleting()) {
+        return absl::FailedPreconditionError(
+            absl::StrCat("job \"", core.options.job_id, "\" is being deleted"));
+      }
+      return absl::OkStatus();
+    }
+    if (!absl::IsNotFound(s) && !absl::IsUnavailable(s)) return s;
+    if (absl::Now() >= deadline) {
+      return absl::DeadlineExceededError(absl::StrCat(
+          absl::IsNotFound(s) ? "rank 0 did not create job \"" : "ckpt-meta unreachable for job \"",
+          core.options.job_id, "\" within the connect timeout: ", s.message()));
+    }
+    Backoff(&backoff, deadline);
+  }
+}
+
+absl::Status ConnectAgent(ClientCore& core, absl::Time deadline) {
+  absl::Duration backoff = kMinBackoff;
+  v1::AgentStatusResponse resp;
+  while (true) {
+    auto ctx = ContextWithTimeout(core.options.rpc_timeout);
+    absl::Status s = FromGrpc(core.agent->AgentStatus(ctx.get(), {}, &resp), "AgentStatus");
+    if (s.ok()) break;
+    if (!absl::IsUnavailable(s)) return s;
+    if (absl::Now() >= deadline) {
+      return absl::DeadlineExceededError(
+          absl::StrCat("ckpt-agent at ", core.options.agent_socket,
+                       " unreachable within the connect timeout: ", s.message()));
+    }
+    Backoff(&backoff, deadline);
+  }
+  core.node_id = resp.node_id();
+  if (resp.pool_file_bytes_size() != 0 && resp.pool_file_bytes_size() != resp.pool_files_size()) {
+    log::Warn("agent lists {} pool files but {} sizes; ignoring the sizes",
+              resp.pool_files_size(), resp.pool_file_bytes_size());
+  }
+  for (const std::string& path : resp.pool_files()) {
+    CKPT_RETURN_IF_ERROR_CTX(core.mappings.AddPoolFile(path), "mapping the agent's pool file");
+  }
+  log::Debug("connected to agent {} ({} pool files mapped)", core.node_id,
+             resp.pool_files_size());
+  return absl::OkStatus();
+}
+
+std::shared_ptr<grpc::Channel> MakeChannel(const std::string& target) {
+  grpc::ChannelArguments args;
+  // Manifests of big models run to megabytes (Locate, OpenShard).
+  args.SetMaxReceiveMessageSize(-1);
+  args.SetMaxSendMessageSize(-1);
+  return grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), args);
+}
+
+}  // namespace
+
+absl::Status WaitForVersion(const ClientCore& core, uint64_t step, Level level,
+                            absl::Time deadline) {
+  v1::WaitVersionRequest req;
+  req.set_job_id(core.options.job_id);
+  req.set_step(step);
+  req.set_level(ToProto(level));
+  absl::Duration backoff = kMinBackoff;
+  absl::Status last;
+  while (true) {
+    const absl::Duration left = std::max(deadline - absl::Now(), absl::ZeroDuration());
+    const absl::Duration poll = std::min(left, kMaxPoll);
+    req.set_timeout_ms(absl::ToInt64Milliseconds(poll));
+    // The server answers at timeout_ms; the gRPC deadline leaves it room.
+    auto ctx = ContextWithTimeout(poll + core.options.rpc_timeout);
+    v1::WaitVersionResponse resp;
+    last = FromGrpc(core.meta->WaitVersion(ctx.get(), req, &resp), "WaitVersion");
+    if (last.ok()) return last;
+    const bool time_left = absl::Now() < deadline;
+    if (absl::IsDeadlineExceeded(last)) {
+      if (time_left) continue;  // one long poll ended; poll again
+      return last;              // says the version's current state
+    }
+    if (!absl::IsUnavailable(last)) return last;
+    if (!time_left) {
+      return absl::DeadlineExceededError(absl::StrCat(
+          "waiting for ", core.options.job_id, "/", step, ": ckpt-meta unreachable: ",
+          last.message()));
+    }
+    Backoff(&backoff, deadline);
+  }
+}
+
+}  // namespace client
+
+Client::Client(std::shared_ptr<client::ClientCore> core) : core_(std::move(core)) {}
+Client::Client(Client&&) noexcept = default;
+Client& Client::operator=(Client&&) noexcept = default;
+Client::~Client() = default;
+
+absl::StatusOr<Client> Client::Connect(const ClientOptions& options) {
+  CKPT_RETURN_IF_ERROR(client::ValidateOptions(options));
+  const absl::Time deadline = absl::Now() + options.connect_timeout;
+  auto core = std::make_shared<client::ClientCore>();
+  core->options = options;
+  core->meta = v1::MetaService::NewStub(client::MakeChannel(options.meta_address));
+  const std::string agent_target = absl::StartsWith(options.agent_socket, "unix:")
+                                       ? options.agent_socket
+                                       : absl::StrCat("unix:", options.agent_socket);
+  core->agent = v1::AgentService::NewStub(client::MakeChannel(agent_target));
+  if (options.rank == 0) {
+    CKPT_RETURN_IF_ERROR(client::CreateOrOpenJob(*core, deadline));
+  } else {
+    CKPT_RETURN_IF_ERROR(client::AwaitJob(*core, deadline));
+  }
+  CKPT_RETURN_IF_ERROR(client::ConnectAgent(*core, deadline));
+  return Client(std::move(core));
+}
+
+const ClientOptions& Client::options() const { return core_->options; }
+const std::string& Client::node_id() const { return core_->node_id; }
+
+absl::Status Client::WaitVersion(uint64_t step, Level level, absl::Time deadline) const {
+  return client::WaitForVersion(*core_, step, level, deadline);
+}
+
+absl::Status SaveHandle::Wait(Level level, absl::Time deadline) const {
+  if (core_ == nullptr) return absl::FailedPreconditionError("SaveHandle is empty");
+  return client::WaitForVersion(*core_, step_, level, deadline);
+}
+
+absl::StatusOr<uint64_t> Client::Latest(Level level) const {
+  v1::LatestRequest req;
+  req.set_job_id(core_->options.job_id);
+  req.set_min_level(client::ToProto(level));
+  v1::LatestResponse resp;
+  auto ctx = client::ContextWithTimeout(core_->options.rpc_timeout);
+  CKPT_RETURN_IF_ERROR(client::FromGrpc(core_->meta->Latest(ctx.get(), req, &resp), "Latest"));
+  return resp.version().step();
+}
+
+}  // namespace ckpt

@@ -1,0 +1,61 @@
+// Connection state shared by a Client and the handles it creates (SaveHandle,
+// LoadedShard): the options, the gRPC stubs for meta and the local agent, the
+// agent's node id and the cache of memory-tier mappings. Internal to
+// src/client; the public API is ckpt/client.h.
+//
+// Thread safety: every member is either const after Connect or thread-safe
+// itself (gRPC stubs, MappingCache, atomics).
+#pragma once
+
+#include <grpcpp/grpcpp.h>
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/time/time.h"
+#include "ckpt/client.h"
+#include "ckpt/v1/agent.grpc.pb.h"
+#include "ckpt/v1/meta.grpc.pb.h"
+#include "client/mapped_file.h"
+#include "client/region_io.h"
+
+namespace ckpt::client {
+
+namespace v1 = ::ckpt::v1;
+
+struct ClientCore {
+  ClientOptions options;
+  std::unique_ptr<v1::MetaService::Stub> meta;
+  std::unique_ptr<v1::AgentService::Stub> agent;
+  std::string node_id;          // the local agent's, for Locate
+  MappingCache mappings;
+  // Item alignment the agent recommended in its last lease (64 until then).
+  std::atomic<uint64_t> item_alignment{64};
+};
+
+// gRPC status -> absl::Status with the same code and the server's message,
+// prefixed with `call` ("CommitShard: ...").
+absl::Status FromGrpc(const grpc::Status& status, const char* call);
+
+// A client context whose deadline is `timeout` from now.
+std::unique_ptr<grpc::ClientContext> ContextWithTimeout(absl::Duration timeout);
+
+// Maps each MemoryRegion into this process (through core.mappings, with the
+// given access) and returns them as ShardRegions, checked to cover [0, size).
+// `keep` receives the mappings used, so the caller can hold them alive.
+absl::StatusOr<std::vector<ShardRegion>> MapRegions(
+    ClientCore& core, const google::protobuf::RepeatedPtrField<v1::MemoryRegion>& regions,
+    uint64_t size, MappedFile::Access access, std::vector<std::shared_ptr<MappedFile>>* keep);
+
+// Level -> ckpt.v1.DurabilityLevel.
+v1::DurabilityLevel ToProto(Level level);
+
+// WaitVersion loop shared by Client::WaitVersion and SaveHandle::Wait.
+absl::Status WaitForVersion(const ClientCore& core, uint64_t step, Level level,
+                            absl::Time deadline);
+
+}  // namespace ckpt::client

@@ -1,0 +1,438 @@
+// libckpt: the trainer-side client of ckpt.
+//
+// A trainer process (one rank of a job) hands its state to the ckpt-agent on
+// its own node and goes back to training in the time of one memory copy:
+//
+//   ckpt::ClientOptions options;
+//   options.meta_address = "meta.cluster:7400";
+//   options.job_id = "gpt-7b";
+//   options.rank = rank;
+//   options.world_size = world_size;
+//   absl::StatusOr<ckpt::Client> client = ckpt::Client::Connect(options);
+//
+//   ckpt::SaveBuilder save = client->BeginSave(step);
+//   CKPT_RETURN_IF_ERROR(save.Add("model/w", AsBytes(w), ckpt::DType::kBF16, {4096, 4096}));
+//   CKPT_ASSIGN_OR_RETURN(ckpt::SaveHandle handle, save.Commit());  // copy + crc only
+//   ...train...
+//   CKPT_RETURN_IF_ERROR(handle.Wait(ckpt::Level::kProtected, absl::Now() + absl::Minutes(5)));
+//
+//   // after a restart:
+//   CKPT_ASSIGN_OR_RETURN(uint64_t step, client->Latest(ckpt::Level::kProtected));
+//   CKPT_ASSIGN_OR_RETURN(ckpt::LoadedShard shard, client->Load(step));
+//   CKPT_ASSIGN_OR_RETURN(std::span<const std::byte> w, shard.View("model/w"));
+//
+// How it works (docs/protocol.md §4 Save, §5 Restore): control calls go over
+// gRPC, to ckpt-meta (jobs, versions, latest, wait, locate) and to the node's
+// agent on its unix socket (staging leases, commit, open/close). Bulk bytes
+// never cross a socket: the agent's memory tier is a set of files on a tmpfs
+// ("pool files") that the client maps with mmap(MAP_SHARED) once at Connect;
+// a save copies each item straight into the leased part of those files,
+// computing its CRC-32C in the same pass, and a load hands out views of them.
+//
+// Errors: every call returns absl::Status / absl::StatusOr. Errors of a remote
+// call keep the server's gRPC code one to one (UNAVAILABLE -> kUnavailable,
+// ...) and its message, prefixed with the call's name ("CommitShard: ...").
+// Meanings follow docs/protocol.md "Errors": kUnavailable = meta or agent down
+// (retry), kDeadlineExceeded, kInvalidArgument = bad input, kNotFound,
+// kAlreadyExists, kFailedPrecondition, kResourceExhausted = the agent's memory
+// tier is full, kDataLoss = a checksum mismatch (never wrong bytes).
+//
+// Thread safety: a Client is thread-safe: Latest, WaitVersion, Load, LoadInto
+// and BeginSave may be called from any number of threads at once. A
+// SaveBuilder is used by one thread at a time (it is a plain value being
+// filled in); several SaveBuilders of different steps may commit concurrently.
+// A SaveHandle is thread-safe (Wait from any thread). A LoadedShard's const
+// methods and View() may be called from several threads at once; Close() and
+// the destructor must not race with them.
+//
+// Moves: a moved-from Client, SaveBuilder or LoadedShard may only be
+// destroyed or assigned to.
+//
+// Lifetimes: SaveHandle and LoadedShard share the connection state with the
+// Client that made them, so either may outlive it (the gRPC channels and the
+// mappings stay alive until the last of them is destroyed).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+
+namespace ckpt {
+
+namespace client {
+struct ClientCore;  // connection state shared by a Client and its handles
+}  // namespace client
+
+// Element type of an item. The numbers are those of ckpt.v1.DType
+// (proto/ckpt/v1/common.proto). Items are dense and row-major (C order).
+// For every type except kBytes, an item's length in bytes must equal the
+// product of its shape's dimensions (1 for an empty shape: a scalar) times the
+// element size.
+enum class DType : int {
+  kF32 = 1,        // 4 bytes
+  kF16 = 2,        // 2 bytes
+  kBF16 = 3,       // 2 bytes
+  kF64 = 4,        // 8 bytes
+  kI8 = 5,         // 1 byte
+  kI16 = 6,        // 2 bytes
+  kI32 = 7,        // 4 bytes
+  kI64 = 8,        // 8 bytes
+  kU8 = 9,         // 1 byte
+  kU16 = 10,       // 2 bytes
+  kU32 = 11,       // 4 bytes
+  kU64 = 12,       // 8 bytes
+  kBool = 13,      // 1 byte
+  kBytes = 14,     // opaque bytes, any length; shape ignored (empty or {length})
+  kC64 = 15,       // 8 bytes (two f32)
+  kC128 = 16,      // 16 bytes (two f64)
+  kF8E4M3FN = 17,  // 1 byte
+  kF8E5M2 = 18,    // 1 byte
+};
+
+// Bytes per element of `dtype` (1, 2, 4, 8 or 16); 0 for kBytes and for
+// numbers that are not a DType.
+uint32_t DTypeSize(DType dtype);
+
+// A durability level a version can reach (ckpt.v1.DurabilityLevel):
+//   kStaged:    every rank's shard is in some agent's memory tier (survives
+//               trainer crashes);
+//   kProtected: the job's protection policy is complete (survives the
+//               configured number of node losses);
+//   kPersisted: in the durable tier with a commit marker.
+// A version at a higher level also satisfies the lower ones.
+enum class Level { kStaged = 1, kProtected = 2, kPersisted = 3 };
+
+// Where a load was served from (ckpt.v1.SourceKind).
+enum class ServedFrom {
+  kUnknown = 0,   // the agent did not say
+  kLocal = 1,     // this node's memory tier (zero copy)
+  kReplica = 2,   // a peer's full copy, fetched over the data plane
+  kEcDecode = 3,  // rebuilt from erasure-coded stripes
+  kDurable = 4,   // the durable tier
+};
+
+// "local", "replica", "ec_decode", "durable" or "unknown".
+const char* ServedFromName(ServedFrom served_from);
+
+// How a job's shards are protected against node loss (DESIGN §4), used when
+// rank 0 creates the job. Meta compares it when the job already exists, so
+// every launch of a job must use the same protection.
+struct Protection {
+  enum class Kind { kNone, kReplicate, kErasureCode };
+  enum class Placement { kRing, kGroup };
+
+  // Local memory only (the default).
+  static Protection None() { return Protection{}; }
+  // `copies` in-memory copies (2..8) counting the primary.
+  static Protection Replicate(uint32_t copies, Placement placement = Placement::kRing) {
+    Protection p;
+    p.kind = Kind::kReplicate;
+    p.copies = copies;
+    p.placement = placement;
+    return p;
+  }
+  // Reed-Solomon stripes of k data (1..32) and m parity (1..8) segments.
+  static Protection ErasureCode(uint32_t data_k, uint32_t parity_m) {
+    Protection p;
+    p.kind = Kind::kErasureCode;
+    p.data_k = data_k;
+    p.parity_m = parity_m;
+    return p;
+  }
+
+  Kind kind = Kind::kNone;
+  uint32_t copies = 0;                    // kReplicate
+  Placement placement = Placement::kRing; // kReplicate
+  uint32_t data_k = 0;                    // kErasureCode
+  uint32_t parity_m = 0;                  // kErasureCode
+};
+
+struct ClientOptions {
+  // ckpt-meta's gRPC address, "host:port" (any gRPC target string works).
+  // Required.
+  std::string meta_address;
+  // Path of the node agent's unix socket (its <run-dir>/agent.sock). A value
+  // starting with "unix:" is used as a gRPC target as is.
+  std::string agent_socket = "/run/ckpt/agent.sock";
+  // Job id, [a-z0-9][a-z0-9._-]{0,62} without "..". Required.
+  std::string job_id;
+  // This process's rank, 0 <= rank < world_size.
+  uint32_t rank = 0;
+  // Number of ranks of the job (1..1,048,576). Compared with the stored job.
+  uint32_t world_size = 0;
+  // Identifies this training run (one launch of all ranks; a restarted
+  // launch should use a new one). A version begun by another run is aborted
+  // and replaced when this run saves the same step, so shards of two runs
+  // never mix. Empty: no run tracking.
+  std::string run_id;
+
+  // ---- Job spec, used by rank 0 to create the job (create-or-open) ----
+  // Compared with the stored job when it exists.
+  Protection protection;
+  // Flush every Nth version / every N seconds to the durable tier (0: rule
+  // off). Left at 0 both, the stored flush policy is not compared.
+  uint32_t flush_every_n_versions = 0;
+  uint32_t flush_every_seconds = 0;
+  // Versions kept in memory / in the durable tier; 0 = server default. Left
+  // at 0 both, the stored retention is not compared.
+  uint32_t keep_in_memory = 0;
+  uint32_t keep_durable = 0;
+  // Free-form labels stored with the job when rank 0 creates it (not compared).
+  std::map<std::string, std::string> labels;
+
+  // ---- Timing ----
+  // How long Connect keeps trying: meta or the agent unreachable, or (ranks
+  // other than 0) the job not yet created by rank 0.
+  absl::Duration connect_timeout = absl::Seconds(30);
+  // Deadline of each short control call (lease, commit, latest, locate, ...).
+  absl::Duration rpc_timeout = absl::Seconds(60);
+  // Deadline of OpenShard, which blocks while the agent fetches a shard that
+  // is not local (from a peer, by EC decode, or from disk).
+  absl::Duration load_timeout = absl::Minutes(10);
+};
+
+class Client;
+class SaveBuilder;
+
+// What a committed save returns: the version's step and this rank's shard,
+// and a way to wait for the version to reach a durability level.
+// Copyable and movable; thread-safe.
+class SaveHandle {
+ public:
+  uint64_t step() const { return step_; }
+  // Size of this rank's shard in bytes (items and the padding between them).
+  uint64_t size_bytes() const { return size_bytes_; }
+  // CRC-32C of the shard's size_bytes bytes, padding included.
+  uint32_t crc32c() const { return crc32c_; }
+
+  // Blocks until the whole version (every rank's shard, not only this one)
+  // reaches `level`, or until `deadline`. A deadline in the past checks once.
+  // Waits in long polls to ckpt-meta and rides out meta restarts
+  // (kUnavailable is retried until the deadline). Errors: kDeadlineExceeded
+  // (the message says the version's state), kNotFound (version unknown or
+  // deleted), kDataLoss (version aborted because data was lost),
+  // kFailedPrecondition (version aborted for another reason: the message
+  // says why).
+  absl::Status Wait(Level level, absl::Time deadline = absl::InfiniteFuture()) const;
+
+ private:
+  friend class SaveBuilder;
+  SaveHandle(std::shared_ptr<client::ClientCore> core, uint64_t step, uint64_t size_bytes,
+             uint32_t crc32c)
+      : core_(std::move(core)), step_(step), size_bytes_(size_bytes), crc32c_(crc32c) {}
+
+  std::shared_ptr<client::ClientCore> core_;
+  uint64_t step_;
+  uint64_t size_bytes_;
+  uint32_t crc32c_;
+};
+
+// Collects the items of one save (one rank's shard of one step) and commits
+// them. Obtained from Client::BeginSave. Movable, not copyable; not
+// thread-safe (one thread fills and commits it).
+class SaveBuilder {
+ public:
+  SaveBuilder(SaveBuilder&&) noexcept;
+  SaveBuilder& operator=(SaveBuilder&&) noexcept;
+  SaveBuilder(const SaveBuilder&) = delete;
+  SaveBuilder& operator=(const SaveBuilder&) = delete;
+  ~SaveBuilder();
+
+  // Adds an item. Records the pointer only: nothing is copied until Commit,
+  // so the caller must keep `bytes` alive and unchanged until Commit returns.
+  // Does not block. Errors (kInvalidArgument, the builder is unchanged): a
+  // bad name (1..1024 bytes of printable UTF-8), a name already added, an
+  // unknown dtype, a length that does not match dtype and shape (see DType),
+  // more than 16 attributes or an attribute key or value over 256 bytes;
+  // kFailedPrecondition after Commit was called.
+  absl::Status Add(std::string name, std::span<const std::byte> bytes, DType dtype,
+                   std::vector<uint64_t> shape,
+                   std::map<std::string, std::string> attributes = {});
+
+  // Number of items added so far.
+  size_t item_count() const;
+
+  // Copies every item into the agent's memory tier and commits the shard.
+  // Lays the items out in Add order at offsets aligned to the agent's
+  // recommended alignment (64 bytes by default), acquires a staging lease of
+  // that size, copies each item with its CRC-32C computed in the same pass,
+  // zeroes the padding, and commits the manifest. Blocks for the copy and two
+  // local RPCs: this is the only part of a save the trainer waits for; use
+  // the handle to wait for redundancy. The bytes belong to the agent from the
+  // OK on (they survive this process's death). A replayed commit the agent
+  // already holds (kAlreadyExists from CommitShard, or a commit whose
+  // response was lost) is a success. Any other failure releases the lease
+  // (AbortLease): nothing is committed (kDataLoss below excepted).
+  // Errors: kResourceExhausted (does not fit in the agent's memory tier: the
+  // message says what holds it), kAlreadyExists (this rank's shard of the step
+  // is already committed on this node: a previous save of the same step),
+  // kInvalidArgument (e.g. a step lower than the job's newest version),
+  // kNotFound (job unknown to meta), kUnavailable (agent or meta down),
+  // kInternal (the agent handed out regions that do not cover the lease),
+  // errors of mmap as in PosixErrorToStatus, kFailedPrecondition if called
+  // twice. kDataLoss if the shard crc the agent reports differs from the one
+  // computed here (the shard is committed, but something else wrote into the
+  // lease while it was being filled). Can be called once; the builder is
+  // spent afterwards, whatever the outcome.
+  absl::StatusOr<SaveHandle> Commit();
+
+ private:
+  friend class Client;
+  struct Item;
+  SaveBuilder(std::shared_ptr<client::ClientCore> core, uint64_t step);
+
+  std::shared_ptr<client::ClientCore> core_;
+  uint64_t step_ = 0;
+  bool spent_ = false;
+  std::vector<Item> items_;
+};
+
+// One item of a loaded shard, as recorded in its manifest.
+struct LoadedItem {
+  std::string name;
+  DType dtype = DType::kBytes;
+  std::vector<uint64_t> shape;
+  // Position of the item inside the shard.
+  uint64_t offset_bytes = 0;
+  uint64_t length_bytes = 0;
+  // CRC-32C of the item's bytes, computed by the writer.
+  uint32_t crc32c = 0;
+  std::map<std::string, std::string> attributes;
+};
+
+// This rank's shard of one version, opened for zero-copy reading in the
+// agent's memory tier. Returned by Client::Load. Views stay valid (and the
+// agent keeps the bytes unmodified) until Close() or destruction.
+// Movable, not copyable. May outlive the Client that loaded it.
+class LoadedShard {
+ public:
+  LoadedShard(LoadedShard&&) noexcept;
+  LoadedShard& operator=(LoadedShard&&) noexcept;
+  LoadedShard(const LoadedShard&) = delete;
+  LoadedShard& operator=(const LoadedShard&) = delete;
+  // Close()s the shard if it is open (errors are logged). Blocks for one RPC.
+  ~LoadedShard();
+
+  uint64_t step() const;
+  uint32_t rank() const;
+  uint64_t size_bytes() const;
+  uint32_t crc32c() const;
+  // Where the agent got the shard from.
+  ServedFrom served_from() const;
+  // True if the agent checked every item's crc32c while opening the shard.
+  bool verified() const;
+  // The items in shard (offset) order.
+  const std::vector<LoadedItem>& items() const;
+  // The item named `name`, or nullptr.
+  const LoadedItem* Find(const std::string& name) const;
+
+  // The item's bytes, read-only. Zero copy: a view into the agent's memory
+  // tier, unless the item straddles two regions that are not adjacent in this
+  // process's address space; then the bytes are copied once (on the first
+  // View of the item) into a private buffer owned by this LoadedShard, with
+  // their CRC-32C checked as they are copied. Valid until Close() or
+  // destruction. Errors: kNotFound (no such item), kFailedPrecondition
+  // (closed), kDataLoss (a copied item fails its checksum).
+  absl::StatusOr<std::span<const std::byte>> View(const std::string& name);
+
+  // Releases the agent's handle (CloseShard); views become invalid. Idempotent
+  // (a closed shard returns OK). Blocks for one RPC. Errors: those of
+  // CloseShard (the handle is forgotten anyway and expires at the agent).
+  absl::Status Close();
+
+ private:
+  friend class Client;
+  struct Impl;
+  explicit LoadedShard(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+// A connection to ckpt-meta and to the node's agent, for one rank of one job.
+// Movable, not copyable; thread-safe (see the file comment).
+class Client {
+ public:
+  // Connects and makes sure the job exists. Rank 0 creates the job, or opens
+  // it if it exists with the same world size and protection (and flush and
+  // retention, if set): it is safe to call on every start. Other ranks wait
+  // (polling with backoff) until the job exists. Then asks the agent for its
+  // node id and pool files and maps every pool file whole, read-write, with
+  // its page tables populated, so the first save pays no page faults.
+  // Blocks up to options.connect_timeout while meta or the agent are
+  // unreachable or the job does not exist yet.
+  // Errors: kInvalidArgument (bad job id, world size 0, rank >= world size,
+  // no meta address; or meta rejects the spec), kFailedPrecondition (the job
+  // exists with another world size or protection: the message names them,
+  // or is being deleted), kDeadlineExceeded (connect_timeout passed: the
+  // message says what was missing), errors of mmap of a pool file as in
+  // PosixErrorToStatus (e.g. kPermissionDenied).
+  static absl::StatusOr<Client> Connect(const ClientOptions& options);
+
+  Client(Client&&) noexcept;
+  Client& operator=(Client&&) noexcept;
+  Client(const Client&) = delete;
+  Client& operator=(const Client&) = delete;
+  // Drops this Client's share of the connection; mappings are unmapped once
+  // no SaveHandle or LoadedShard uses them any more. Does not block.
+  ~Client();
+
+  const ClientOptions& options() const;
+  // The agent's node id (as registered with meta).
+  const std::string& node_id() const;
+
+  // Starts a save of `step` for this rank. Does not block, cannot fail: the
+  // checks happen in Add and Commit.
+  SaveBuilder BeginSave(uint64_t step);
+
+  // As SaveHandle::Wait, for any step of the job (e.g. one saved by an
+  // earlier process).
+  absl::Status WaitVersion(uint64_t step, Level level,
+                           absl::Time deadline = absl::InfiniteFuture()) const;
+
+  // The newest step of the job at `level` or better. One RPC to meta.
+  // Errors: kNotFound (no version at that level, or the job is gone).
+  absl::StatusOr<uint64_t> Latest(Level level) const;
+
+  // Opens this rank's shard of `step` for zero-copy reading: asks meta where
+  // it lives (Locate, preferring this node), then asks the agent to open it
+  // (OpenShard): a local copy is used in place; otherwise the agent fetches
+  // it from the next source (peer replica, EC decode, durable tier) into its
+  // memory tier first. The agent checks every item's crc32c. Blocks for that
+  // (up to options.load_timeout).
+  // Errors: kNotFound (job, version or this rank's shard unknown),
+  // kFailedPrecondition (version not at the STAGED level: open, aborted,
+  // deleted), kDataLoss (every source failed its checksum or is gone; the
+  // message says why), kResourceExhausted (no room for a restored copy),
+  // kInternal (the agent returned regions or a manifest that do not fit).
+  absl::StatusOr<LoadedShard> Load(uint64_t step) const;
+
+  // Copies the named items of this rank's shard of `step` into the caller's
+  // buffers: the fastest way to restore into live tensors. Opens the shard as
+  // Load does but without the agent's verification pass, checks each item's
+  // CRC-32C while copying it, and closes the shard. If an item's checksum
+  // does not match, the shard is opened again with the agent verifying it
+  // (which quarantines a corrupt local copy and tries the other sources) and
+  // the copy is retried once; a second mismatch or the agent's kDataLoss is
+  // returned as kDataLoss naming the item: wrong bytes are never returned
+  // silently. Items of the shard not in `buffers` are skipped. Blocks.
+  // Errors: those of Load; kNotFound (a name in `buffers` is not in the
+  // shard), kInvalidArgument (a buffer's size differs from the item's
+  // length), both reported before anything is copied; kDataLoss as above.
+  // On error the buffers' contents are unspecified.
+  absl::Status LoadInto(uint64_t step,
+                        const std::map<std::string, std::span<std::byte>>& buffers) const;
+
+ private:
+  explicit Client(std::shared_ptr<client::ClientCore> core);
+  std::shared_ptr<client::ClientCore> core_;
+};
+
+}  // namespace ckpt

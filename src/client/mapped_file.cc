@@ -1,0 +1,98 @@
+#include "client/mapped_file.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+
+#include "absl/strings/str_cat.h"
+#include "common/file_system.h"
+#include "common/log.h"
+
+namespace ckpt::client {
+
+absl::StatusOr<std::shared_ptr<MappedFile>> MappedFile::Map(const std::string& path,
+                                                            Access access, bool populate) {
+  const bool rw = access == Access::kReadWrite;
+  int fd = ::open(path.c_str(), (rw ? O_RDWR : O_RDONLY) | O_CLOEXEC);
+  if (fd < 0) return PosixErrorToStatus(errno, "open", path);
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) {
+    const int err = errno;
+    ::close(fd);
+    return PosixErrorToStatus(err, "fstat", path);
+  }
+  if (!S_ISREG(st.st_mode) || st.st_size <= 0) {
+    ::close(fd);
+    return absl::FailedPreconditionError(
+        absl::StrCat("cannot map '", path, "': ",
+                     S_ISREG(st.st_mode) ? "the file is empty" : "not a regular file"));
+  }
+  const uint64_t size = static_cast<uint64_t>(st.st_size);
+  int flags = MAP_SHARED;
+  if (populate) flags |= MAP_POPULATE;
+  void* p = ::mmap(nullptr, size, rw ? (PROT_READ | PROT_WRITE) : PROT_READ, flags, fd, 0);
+  const int err = errno;
+  ::close(fd);  // the mapping keeps the file open
+  if (p == MAP_FAILED) return PosixErrorToStatus(err, "mmap", path);
+  return std::shared_ptr<MappedFile>(
+      new MappedFile(path, static_cast<std::byte*>(p), size, access));
+}
+
+MappedFile::~MappedFile() {
+  if (::munmap(data_, size_) != 0) {
+    log::Warn("munmap '{}' ({} bytes) failed: errno {}", path_, size_, errno);
+  }
+}
+
+absl::Status MappingCache::AddPoolFile(const std::string& path) {
+  absl::StatusOr<std::shared_ptr<MappedFile>> m =
+      MappedFile::Map(path, MappedFile::Access::kReadWrite, /*populate=*/true);
+  if (!m.ok()) return m.status();
+  absl::MutexLock lock(&mu_);
+  files_[path] = *std::move(m);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::shared_ptr<MappedFile>> MappingCache::Get(const std::string& path,
+                                                              uint64_t offset, uint64_t length,
+                                                              MappedFile::Access access) {
+  auto fits = [&](const MappedFile& m) {
+    return offset <= m.size() && length <= m.size() - offset &&
+           (access == MappedFile::Access::kReadOnly ||
+            m.access() == MappedFile::Access::kReadWrite);
+  };
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = files_.find(path);
+    if (it != files_.end() && fits(*it->second)) return it->second;
+  }
+  // Map outside the lock (mmap of a large file takes a while). Writers get
+  // their pages populated, readers fault them in as they read.
+  absl::StatusOr<std::shared_ptr<MappedFile>> m =
+      MappedFile::Map(path, access, /*populate=*/false);
+  if (!m.ok()) return m.status();
+  if (!fits(**m)) {
+    return absl::OutOfRangeError(absl::StrCat("region [", offset, ", ", offset + length,
+                                              ") lies beyond the end of '", path, "' (",
+                                              (*m)->size(), " bytes)"));
+  }
+  absl::MutexLock lock(&mu_);
+  auto& slot = files_[path];
+  // Keep whichever mapping is more useful: a read-only mapping never
+  // replaces a read-write one that covers as much.
+  if (slot == nullptr || slot->size() < (*m)->size() ||
+      slot->access() == MappedFile::Access::kReadOnly) {
+    slot = *m;
+  }
+  return *std::move(m);
+}
+
+size_t MappingCache::size() const {
+  absl::MutexLock lock(&mu_);
+  return files_.size();
+}
+
+}  // namespace ckpt::client

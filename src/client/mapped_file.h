@@ -1,0 +1,83 @@
+// Memory mappings of the agent's memory-tier files, for the client library.
+//
+// The agent's memory tier is a few large files on a tmpfs (its "pool files");
+// every MemoryRegion of a staging lease or an open shard is a range of one of
+// them. The client maps each pool file whole once, MAP_SHARED and read-write,
+// with MAP_POPULATE so that the page tables exist before the first save, and
+// turns regions into plain pointers. A region of a file that is not mapped yet
+// (or lies past the end of the current mapping, because the file grew) is
+// mapped on demand, whole file again, and cached.
+//
+// A MappedFile unmaps itself when the last shared_ptr to it goes, so handles
+// that hold views (LoadedShard) keep their mappings alive even if the cache
+// replaced or dropped them.
+//
+// Thread safety: MappingCache is thread-safe; MappedFile is immutable.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+
+namespace ckpt::client {
+
+class MappedFile {
+ public:
+  enum class Access { kReadOnly, kReadWrite };
+
+  // Maps the whole of the file at `path` (its current size) with
+  // MAP_SHARED; with `populate`, also MAP_POPULATE. Errors: open/fstat/mmap
+  // failures as PosixErrorToStatus (kNotFound, kPermissionDenied,
+  // kResourceExhausted, ...); kFailedPrecondition for an empty file or one
+  // that is not a regular file.
+  static absl::StatusOr<std::shared_ptr<MappedFile>> Map(const std::string& path, Access access,
+                                                         bool populate);
+
+  ~MappedFile();
+  MappedFile(const MappedFile&) = delete;
+  MappedFile& operator=(const MappedFile&) = delete;
+
+  const std::string& path() const { return path_; }
+  std::byte* data() const { return data_; }
+  uint64_t size() const { return size_; }
+  Access access() const { return access_; }
+
+ private:
+  MappedFile(std::string path, std::byte* data, uint64_t size, Access access)
+      : path_(std::move(path)), data_(data), size_(size), access_(access) {}
+
+  const std::string path_;
+  std::byte* const data_;
+  const uint64_t size_;
+  const Access access_;
+};
+
+class MappingCache {
+ public:
+  // Maps `path` read-write with MAP_POPULATE and keeps it (Client::Connect,
+  // for every pool file). Errors as MappedFile::Map.
+  absl::Status AddPoolFile(const std::string& path);
+
+  // Returns a mapping of `path` that covers [offset, offset + length) and
+  // allows `access` (a read-write mapping serves read-only requests too):
+  // the cached one if it fits, else a new whole-file mapping (cached from
+  // then on). Errors: those of MappedFile::Map; kOutOfRange if the file is
+  // shorter than offset + length even after remapping.
+  absl::StatusOr<std::shared_ptr<MappedFile>> Get(const std::string& path, uint64_t offset,
+                                                  uint64_t length, MappedFile::Access access);
+
+  // Number of files mapped (for tests).
+  size_t size() const;
+
+ private:
+  mutable absl::Mutex mu_;
+  std::map<std::string, std::shared_ptr<MappedFile>> files_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace ckpt::client

@@ -1,0 +1,238 @@
+// Save path: SaveBuilder (Add, Commit) -> AcquireStagingLease, copy + crc into
+// the mapped lease regions, CommitShard; AbortLease on any failure.
+#include <unistd.h>
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "ckpt/client.h"
+#include "client/client_core.h"
+#include "common/crc32c.h"
+#include "common/log.h"
+#include "common/manifest.h"
+#include "common/names.h"
+#include "common/status_macros.h"
+
+namespace ckpt {
+
+// Limits of ckpt.v1.Item.attributes (common.proto).
+constexpr size_t kMaxAttributes = 16;
+constexpr size_t kMaxAttributeBytes = 256;
+
+struct SaveBuilder::Item {
+  std::string name;
+  std::span<const std::byte> bytes;
+  DType dtype;
+  std::vector<uint64_t> shape;
+  std::map<std::string, std::string> attributes;
+};
+
+SaveBuilder::SaveBuilder(std::shared_ptr<client::ClientCore> core, uint64_t step)
+    : core_(std::move(core)), step_(step) {}
+SaveBuilder::SaveBuilder(SaveBuilder&&) noexcept = default;
+SaveBuilder& SaveBuilder::operator=(SaveBuilder&&) noexcept = default;
+SaveBuilder::~SaveBuilder() = default;
+
+size_t SaveBuilder::item_count() const { return items_.size(); }
+
+SaveBuilder Client::BeginSave(uint64_t step) { return SaveBuilder(core_, step); }
+
+absl::Status SaveBuilder::Add(std::string name, std::span<const std::byte> bytes, DType dtype,
+                              std::vector<uint64_t> shape,
+                              std::map<std::string, std::string> attributes) {
+  if (spent_ || core_ == nullptr) {
+    return absl::FailedPreconditionError("SaveBuilder::Add after Commit");
+  }
+  CKPT_RETURN_IF_ERROR(ValidateItemName(name));
+  const int d = static_cast<int>(dtype);
+  if (d < 1 || d > kMaxDType) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("item ", QuoteForMessage(name), ": unknown dtype ", d));
+  }
+  if (const uint32_t elem = DTypeSize(dtype); elem != 0) {
+    unsigned __int128 expect = elem;
+    for (uint64_t dim : shape) {
+      expect *= dim;
+      if (expect > (static_cast<unsigned __int128>(1) << 64)) break;
+    }
+    if (expect != bytes.size()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "item ", QuoteForMessage(name), " is ", bytes.size(), " bytes but dtype ", DTypeName(d),
+          " with shape [", absl::StrJoin(shape, ", "), "] needs ",
+          expect > UINT64_MAX ? std::string("more than 2^64")
+                              : absl::StrCat(static_cast<uint64_t>(expect))));
+    }
+  }
+  if (attributes.size() > kMaxAttributes) {
+    return absl::InvalidArgumentError(absl::StrCat("item ", QuoteForMessage(name), " has ",
+                                                   attributes.size(),
+                                                   " attributes; at most 16 are allowed"));
+  }
+  for (const auto& [k, v] : attributes) {
+    if (k.size() > kMaxAttributeBytes || v.size() > kMaxAttributeBytes) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("item ", QuoteForMessage(name), ": attribute ", QuoteForMessage(k),
+                       " has a key or value longer than 256 bytes"));
+    }
+  }
+  // Linear scan: a shard has hundreds to a few thousand items and Add runs
+  // once per item; a set would cost an allocation per item instead.
+  for (const Item& it : items_) {
+    if (it.name == name) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("item ", QuoteForMessage(name), " was already added to this save"));
+    }
+  }
+  items_.push_back(Item{std::move(name), bytes, dtype, std::move(shape), std::move(attributes)});
+  return absl::OkStatus();
+}
+
+namespace {
+
+using client::ClientCore;
+using client::FromGrpc;
+namespace v1 = ::ckpt::v1;
+
+// Releases a lease after a failure. Returns true if the agent says the lease
+// is committed (a commit whose response was lost took effect).
+bool AbortLease(ClientCore& core, const std::string& lease_id) {
+  v1::AbortLeaseRequest req;
+  req.set_lease_id(lease_id);
+  v1::AbortLeaseResponse resp;
+  auto ctx = client::ContextWithTimeout(core.options.rpc_timeout);
+  absl::Status s = FromGrpc(core.agent->AbortLease(ctx.get(), req, &resp), "AbortLease");
+  if (absl::IsFailedPrecondition(s)) return true;
+  if (!s.ok()) {
+    // The agent expires the lease on its own (ttl, or our pid gone).
+    log::Warn("could not release staging lease {}: {}", lease_id, s.ToString());
+  }
+  return false;
+}
+
+}  // namespace
+
+absl::StatusOr<SaveHandle> SaveBuilder::Commit() {
+  if (spent_ || core_ == nullptr) {
+    return absl::FailedPreconditionError("SaveBuilder::Commit called twice");
+  }
+  spent_ = true;
+  ClientCore& core = *core_;
+  const ClientOptions& o = core.options;
+
+  std::vector<uint64_t> lengths;
+  lengths.reserve(items_.size());
+  for (const Item& it : items_) lengths.push_back(it.bytes.size());
+  CKPT_ASSIGN_OR_RETURN(client::Layout layout,
+                        client::LayOut(lengths, core.item_alignment.load()));
+
+  v1::AcquireStagingLeaseRequest lease_req;
+  lease_req.set_job_id(o.job_id);
+  lease_req.set_step(step_);
+  lease_req.set_rank(o.rank);
+  lease_req.set_run_id(o.run_id);
+  lease_req.set_client_pid(static_cast<uint32_t>(::getpid()));
+  v1::AcquireStagingLeaseResponse lease;
+  // At most twice: once more if the agent asks for a coarser alignment than
+  // we laid out with (then the shard may not fit the first lease).
+  std::string replaced_lease;  // a first lease the second one replaces
+  for (int attempt = 0;; ++attempt) {
+    lease_req.set_size_bytes(layout.size);
+    v1::AcquireStagingLeaseResponse resp;
+    auto ctx = client::ContextWithTimeout(o.rpc_timeout);
+    absl::Status s = FromGrpc(core.agent->AcquireStagingLease(ctx.get(), lease_req, &resp),
+                              "AcquireStagingLease");
+    if (!s.ok()) {
+      if (!replaced_lease.empty()) AbortLease(core, replaced_lease);
+      return s;
+    }
+    lease = std::move(resp);
+    const uint64_t align = lease.item_alignment_bytes();
+    if (align == 0 || align == core.item_alignment.load() || attempt > 0 ||
+        (align & (align - 1)) != 0) {
+      break;
+    }
+    core.item_alignment.store(align);
+    absl::StatusOr<client::Layout> relaid = client::LayOut(lengths, align);
+    if (!relaid.ok()) {
+      AbortLease(core, lease.lease_id());
+      return relaid.status();
+    }
+    layout = *std::move(relaid);
+    // Fits the lease: commit a smaller size. Larger: the next lease for this
+    // (job, step, rank) replaces (aborts) the open one.
+    if (layout.size <= lease_req.size_bytes()) break;
+    replaced_lease = lease.lease_id();
+  }
+  const std::string lease_id = lease.lease_id();
+
+  // Copy. Nothing below may return without releasing the lease.
+  std::vector<std::shared_ptr<client::MappedFile>> keep;
+  absl::StatusOr<std::vector<client::ShardRegion>> regions =
+      client::MapRegions(core, lease.regions(), layout.size, client::MappedFile::Access::kReadWrite,
+                         &keep);
+  if (!regions.ok()) {
+    AbortLease(core, lease_id);
+    return Annotate(regions.status(), absl::StrCat("staging lease ", lease_id));
+  }
+  v1::CommitShardRequest commit;
+  commit.set_lease_id(lease_id);
+  commit.set_size_bytes(layout.size);
+  commit.mutable_items()->Reserve(static_cast<int>(items_.size()));
+  uint32_t shard_crc = 0;
+  uint64_t pos = 0;  // end of the bytes accounted for in shard_crc
+  for (size_t i = 0; i < items_.size(); ++i) {
+    const Item& it = items_[i];
+    const uint64_t off = layout.offsets[i];
+    if (off > pos) {
+      shard_crc = Crc32cCombine(shard_crc, client::ZeroShard(*regions, pos, off - pos), off - pos);
+    }
+    const uint32_t crc = client::CopyToShard(*regions, off, it.bytes);
+    shard_crc = Crc32cCombine(shard_crc, crc, it.bytes.size());
+    pos = off + it.bytes.size();
+
+    v1::Item* item = commit.add_items();
+    item->set_name(it.name);
+    item->set_dtype(static_cast<v1::DType>(it.dtype));
+    for (uint64_t dim : it.shape) item->add_shape(dim);
+    item->set_offset_bytes(off);
+    item->set_length_bytes(it.bytes.size());
+    item->set_crc32c(crc);
+    for (const auto& [k, v] : it.attributes) (*item->mutable_attributes())[k] = v;
+  }
+  if (layout.size > pos) {
+    shard_crc = Crc32cCombine(shard_crc, client::ZeroShard(*regions, pos, layout.size - pos),
+                              layout.size - pos);
+  }
+  keep.clear();  // the agent owns the bytes now; the cache keeps its mappings
+
+  v1::CommitShardResponse resp;
+  auto ctx = client::ContextWithTimeout(o.rpc_timeout);
+  absl::Status s = FromGrpc(core.agent->CommitShard(ctx.get(), commit, &resp), "CommitShard");
+  if (absl::IsAlreadyExists(s)) {
+    log::Debug("commit of lease {} was a replay", lease_id);
+    s = absl::OkStatus();
+  } else if (!s.ok()) {
+    if (AbortLease(core, lease_id)) {
+      // The response was lost but the commit took effect: same lease, same
+      // manifest, so it is ours.
+      log::Info("commit of lease {} failed ({}) but the agent holds it committed", lease_id,
+                s.ToString());
+      s = absl::OkStatus();
+    } else {
+      return s;
+    }
+  } else if (resp.has_shard() && resp.shard().crc32c() != shard_crc) {
+    // The agent combined our item crcs with the padding it found: a
+    // difference means the padding changed under us or a bug.
+    return absl::DataLossError(absl::StrCat(
+        "CommitShard: the agent computed shard crc32c ", absl::Hex(resp.shard().crc32c()),
+        ", the client ", absl::Hex(shard_crc), " for ", o.job_id, "/", step_, " rank ",
+        o.rank));
+  }
+  items_.clear();
+  return SaveHandle(core_, step_, layout.size, shard_crc);
+}
+
+}  // namespace ckpt

@@ -1,0 +1,561 @@
+// ckpt::Client against a real ckpt-meta process and an in-process fake agent
+// (tests/client/fake_agent.h) on a unix socket in a temp dir.
+#include "ckpt/client.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <cctype>
+#include <cstring>
+#include <thread>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "client/fake_agent.h"
+#include "common/crc32c.h"
+#include "integration/meta_process.h"
+#include "support/temp_dir.h"
+
+namespace ckpt {
+namespace {
+
+using ::ckpt::testing::FakeAgent;
+using ::ckpt::testing::MetaProcess;
+using ::ckpt::testing::TempDir;
+using ::testing::HasSubstr;
+
+template <typename T>
+std::span<const std::byte> Bytes(const std::vector<T>& v) {
+  return std::as_bytes(std::span(v));
+}
+
+std::vector<float> Floats(size_t n, float seed) {
+  std::vector<float> v(n);
+  for (size_t i = 0; i < n; ++i) v[i] = seed + static_cast<float>(i) * 0.25f;
+  return v;
+}
+
+std::vector<std::byte> Pattern(size_t n, int seed) {
+  std::vector<std::byte> v(n);
+  for (size_t i = 0; i < n; ++i) v[i] = static_cast<std::byte>((i * 37 + seed) & 0xFF);
+  return v;
+}
+
+bool Equal(std::span<const std::byte> a, std::span<const std::byte> b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size()) == 0;
+}
+
+class ClientTest : public ::testing::Test {
+ protected:
+  // One ckpt-meta per test binary run (ctest runs each test in its own
+  // process, so this is one per test there, and shared when run by hand).
+  static void SetUpTestSuite() {
+    auto dir = TempDir::Create();
+    ASSERT_TRUE(dir.ok()) << dir.status();
+    meta_dir_ = new TempDir(std::move(*dir));
+    auto data = meta_dir_->Sub("meta-data");
+    auto logs = meta_dir_->Sub("logs");
+    ASSERT_TRUE(data.ok() && logs.ok());
+    // A long lease: the fake agent does not heartbeat.
+    auto meta = MetaProcess::Start(*data, *logs, /*lease_ms=*/600000);
+    ASSERT_TRUE(meta.ok()) << meta.status();
+    meta_ = meta->release();
+  }
+  static void TearDownTestSuite() {
+    delete meta_;
+    meta_ = nullptr;
+    delete meta_dir_;
+    meta_dir_ = nullptr;
+  }
+
+  void SetUp() override {
+    ASSERT_NE(meta_, nullptr);
+    auto dir = TempDir::Create();
+    ASSERT_TRUE(dir.ok()) << dir.status();
+    dir_ = std::make_unique<TempDir>(std::move(*dir));
+    // Job and node ids from the test name, so tests sharing a meta never meet.
+    std::string name = ::testing::UnitTest::GetInstance()->current_test_info()->name();
+    for (char& c : name) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+    job_ = name.substr(0, 50);
+  }
+
+  void TearDown() override {
+    if (HasFailure() && meta_ != nullptr) {
+      std::fprintf(stderr, "ckpt-meta log tail:\n%s\n", meta_->proc()->LogTail(4096).c_str());
+    }
+    agent_.reset();
+  }
+
+  // Starts the fake agent (once per test) with `o` completed.
+  void StartAgent(FakeAgent::Options o = {}) {
+    o.dir = dir_->path();
+    o.node_id = "node-" + job_;
+    o.meta_address = meta_->address();
+    auto agent = FakeAgent::Start(std::move(o));
+    ASSERT_TRUE(agent.ok()) << agent.status();
+    agent_ = std::move(*agent);
+  }
+
+  ClientOptions Options(uint32_t rank = 0, uint32_t world_size = 1) const {
+    ClientOptions o;
+    o.meta_address = meta_->address();
+    o.agent_socket = dir_->path() + "/agent.sock";
+    o.job_id = job_;
+    o.rank = rank;
+    o.world_size = world_size;
+    o.run_id = "run-1";
+    o.connect_timeout = absl::Seconds(20);
+    o.rpc_timeout = absl::Seconds(20);
+    return o;
+  }
+
+  Client Connect(uint32_t rank = 0, uint32_t world_size = 1) {
+    auto c = Client::Connect(Options(rank, world_size));
+    EXPECT_TRUE(c.ok()) << c.status();
+    if (!c.ok()) std::abort();
+    return *std::move(c);
+  }
+
+  static MetaProcess* meta_;
+  static TempDir* meta_dir_;
+  std::unique_ptr<TempDir> dir_;
+  std::unique_ptr<FakeAgent> agent_;
+  std::string job_;
+};
+
+MetaProcess* ClientTest::meta_ = nullptr;
+TempDir* ClientTest::meta_dir_ = nullptr;
+
+TEST_F(ClientTest, SaveLoadRoundTrip) {
+  StartAgent();
+  Client client = Connect();
+  EXPECT_EQ(client.node_id(), agent_->node_id());
+
+  const auto w = Floats(1000, 1.5f);
+  const std::string text = "tokenizer state";
+  const std::vector<int64_t> scalar = {42};
+  SaveBuilder save = client.BeginSave(100);
+  ASSERT_TRUE(save.Add("model/w", Bytes(w), DType::kF32, {10, 100}).ok());
+  ASSERT_TRUE(save.Add("extra", std::as_bytes(std::span(text)), DType::kBytes, {},
+                       {{"py_type", "str"}})
+                  .ok());
+  ASSERT_TRUE(save.Add("step", Bytes(scalar), DType::kI64, {}).ok());
+  EXPECT_EQ(save.item_count(), 3u);
+  auto handle = save.Commit();
+  ASSERT_TRUE(handle.ok()) << handle.status();
+  EXPECT_EQ(handle->step(), 100u);
+
+  // The agent re-read every item from the file: the client's crcs are right,
+  // padding is zero, and the shard crc agrees.
+  EXPECT_EQ(agent_->crc_mismatches(), 0);
+  auto committed = agent_->Committed(job_, 100, 0);
+  ASSERT_TRUE(committed.has_value());
+  EXPECT_EQ(committed->crc32c(), handle->crc32c());
+  EXPECT_EQ(committed->size_bytes(), handle->size_bytes());
+  EXPECT_EQ(handle->size_bytes(), 4104u);  // w [0, 4000), text [4032, 4047), step [4096, 4104)
+
+  ASSERT_TRUE(handle->Wait(Level::kStaged, absl::Now() + absl::Seconds(20)).ok());
+  // Protection none: PROTECTED as soon as STAGED.
+  ASSERT_TRUE(handle->Wait(Level::kProtected, absl::Now() + absl::Seconds(20)).ok());
+  auto latest = client.Latest(Level::kProtected);
+  ASSERT_TRUE(latest.ok()) << latest.status();
+  EXPECT_EQ(*latest, 100u);
+
+  {
+    auto shard = client.Load(100);
+    ASSERT_TRUE(shard.ok()) << shard.status();
+    EXPECT_EQ(shard->served_from(), ServedFrom::kLocal);
+    EXPECT_STREQ(ServedFromName(shard->served_from()), "local");
+    EXPECT_TRUE(shard->verified());
+    EXPECT_EQ(shard->step(), 100u);
+    EXPECT_EQ(shard->crc32c(), handle->crc32c());
+    ASSERT_EQ(shard->items().size(), 3u);
+    const LoadedItem* item = shard->Find("model/w");
+    ASSERT_NE(item, nullptr);
+    EXPECT_EQ(item->dtype, DType::kF32);
+    EXPECT_EQ(item->shape, (std::vector<uint64_t>{10, 100}));
+    EXPECT_EQ(item->offset_bytes, 0u);
+    EXPECT_EQ(item->crc32c, Crc32c(Bytes(w)));
+    const LoadedItem* extra = shard->Find("extra");
+    ASSERT_NE(extra, nullptr);
+    EXPECT_EQ(extra->offset_bytes % 64, 0u);
+    EXPECT_EQ(extra->attributes.at("py_type"), "str");
+
+    auto view = shard->View("model/w");
+    ASSERT_TRUE(view.ok()) << view.status();
+    EXPECT_TRUE(Equal(*view, Bytes(w)));
+    auto view2 = shard->View("extra");
+    ASSERT_TRUE(view2.ok());
+    EXPECT_TRUE(Equal(*view2, std::as_bytes(std::span(text))));
+    auto view3 = shard->View("step");
+    ASSERT_TRUE(view3.ok());
+    EXPECT_TRUE(Equal(*view3, Bytes(scalar)));
+    EXPECT_EQ(shard->View("nope").status().code(), absl::StatusCode::kNotFound);
+    EXPECT_EQ(agent_->open_handles(), 1);
+    EXPECT_TRUE(shard->Close().ok());
+    EXPECT_EQ(agent_->open_handles(), 0);
+    EXPECT_EQ(shard->View("model/w").status().code(), absl::StatusCode::kFailedPrecondition);
+    EXPECT_TRUE(shard->Close().ok());  // idempotent
+  }
+
+  std::vector<float> w_back(1000);
+  int64_t step_back = 0;
+  std::map<std::string, std::span<std::byte>> buffers = {
+      {"model/w", std::as_writable_bytes(std::span(w_back))},
+      {"step", std::as_writable_bytes(std::span(&step_back, 1))}};
+  ASSERT_TRUE(client.LoadInto(100, buffers).ok());
+  EXPECT_EQ(w_back, w);
+  EXPECT_EQ(step_back, 42);
+  EXPECT_EQ(agent_->open_handles(), 0);
+}
+
+TEST_F(ClientTest, LoadIntoChecksNamesAndSizesBeforeCopying) {
+  StartAgent();
+  Client client = Connect();
+  const auto a = Pattern(1000, 1);
+  SaveBuilder save = client.BeginSave(7);
+  ASSERT_TRUE(save.Add("a", a, DType::kU8, {1000}).ok());
+  ASSERT_TRUE(save.Commit().ok());
+
+  std::vector<std::byte> small(999), right(1000);
+  auto s = client.LoadInto(7, {{"a", std::span(small)}});
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_THAT(std::string(s.message()), HasSubstr("\"a\""));
+  s = client.LoadInto(7, {{"a", std::span(right)}, {"b", std::span(right)}});
+  EXPECT_EQ(s.code(), absl::StatusCode::kNotFound) << s;
+  EXPECT_EQ(right, std::vector<std::byte>(1000));  // nothing copied
+  EXPECT_EQ(agent_->open_handles(), 0);
+  // Unknown step.
+  EXPECT_EQ(client.LoadInto(8, {}).code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(client.Load(8).status().code(), absl::StatusCode::kNotFound);
+}
+
+TEST_F(ClientTest, CorruptedByteIsDataLossNeverWrongBytes) {
+  StartAgent();
+  Client client = Connect();
+  const auto a = Pattern(5000, 3);
+  const auto b = Pattern(3000, 4);
+  SaveBuilder save = client.BeginSave(1);
+  ASSERT_TRUE(save.Add("a", a, DType::kU8, {5000}).ok());
+  ASSERT_TRUE(save.Add("b", b, DType::kU8, {3000}).ok());
+  auto handle = save.Commit();
+  ASSERT_TRUE(handle.ok()) << handle.status();
+  auto committed = agent_->Committed(job_, 1, 0);
+  ASSERT_TRUE(committed.has_value());
+  const uint64_t b_offset = committed->items(1).offset_bytes();
+  ASSERT_TRUE(agent_->Corrupt(job_, 1, 0, b_offset + 17));
+
+  std::vector<std::byte> a_back(5000), b_back(3000);
+  absl::Status s = client.LoadInto(1, {{"a", std::span(a_back)}, {"b", std::span(b_back)}});
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
+  EXPECT_THAT(std::string(s.message()), HasSubstr("\"b\""));
+  // The uncorrupted item alone still loads.
+  EXPECT_TRUE(client.LoadInto(1, {{"a", std::span(a_back)}}).ok());
+  EXPECT_EQ(a_back, a);
+  // Zero-copy load: the agent verifies and refuses.
+  EXPECT_EQ(client.Load(1).status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_EQ(agent_->open_handles(), 0);
+}
+
+// Two regions with a hole between them in the file: an item that crosses the
+// boundary is copied in two pieces on save, and View copies it out (checked).
+TEST_F(ClientTest, ItemStraddlingNonAdjacentRegions) {
+  StartAgent({.split_at = 4096, .hole_bytes = 8192});
+  Client client = Connect();
+  const auto a = Pattern(3000, 5);
+  const auto b = Pattern(5000, 6);  // at 3008: crosses shard byte 4096
+  const auto c = Pattern(100, 7);   // wholly in region 2
+  SaveBuilder save = client.BeginSave(3);
+  ASSERT_TRUE(save.Add("a", a, DType::kU8, {3000}).ok());
+  ASSERT_TRUE(save.Add("b", b, DType::kU8, {5000}).ok());
+  ASSERT_TRUE(save.Add("c", c, DType::kU8, {100}).ok());
+  auto handle = save.Commit();
+  ASSERT_TRUE(handle.ok()) << handle.status();
+  EXPECT_EQ(agent_->crc_mismatches(), 0);
+  auto committed = agent_->Committed(job_, 3, 0);
+  ASSERT_TRUE(committed.has_value());
+  EXPECT_EQ(committed->crc32c(), handle->crc32c());
+  EXPECT_EQ(committed->items(1).offset_bytes(), 3008u);
+  EXPECT_EQ(committed->items(1).crc32c(), Crc32c(std::span<const std::byte>(b)));
+
+  auto shard = client.Load(3);
+  ASSERT_TRUE(shard.ok()) << shard.status();
+  auto va = shard->View("a");
+  auto vb = shard->View("b");
+  auto vc = shard->View("c");
+  ASSERT_TRUE(va.ok() && vb.ok() && vc.ok());
+  EXPECT_TRUE(Equal(*va, a));
+  EXPECT_TRUE(Equal(*vb, b));
+  EXPECT_TRUE(Equal(*vc, c));
+  // b is a private copy, not a view at its place after a.
+  EXPECT_NE(vb->data(), va->data() + 3008);
+  auto vb2 = shard->View("b");
+  ASSERT_TRUE(vb2.ok());
+  EXPECT_EQ(vb2->data(), vb->data());  // copied once
+
+  std::vector<std::byte> b_back(5000);
+  ASSERT_TRUE(client.LoadInto(3, {{"b", std::span(b_back)}}).ok());
+  EXPECT_EQ(b_back, b);
+}
+
+// Two regions adjacent in the file: the straddling item is still zero copy.
+TEST_F(ClientTest, ItemStraddlingAdjacentRegionsIsZeroCopy) {
+  StartAgent({.split_at = 4096, .hole_bytes = 0});
+  Client client = Connect();
+  const auto a = Pattern(3000, 8);
+  const auto b = Pattern(5000, 9);
+  SaveBuilder save = client.BeginSave(4);
+  ASSERT_TRUE(save.Add("a", a, DType::kU8, {3000}).ok());
+  ASSERT_TRUE(save.Add("b", b, DType::kU8, {5000}).ok());
+  ASSERT_TRUE(save.Commit().ok());
+  EXPECT_EQ(agent_->crc_mismatches(), 0);
+  auto shard = client.Load(4);
+  ASSERT_TRUE(shard.ok()) << shard.status();
+  auto va = shard->View("a");
+  auto vb = shard->View("b");
+  ASSERT_TRUE(va.ok() && vb.ok());
+  EXPECT_TRUE(Equal(*vb, b));
+  EXPECT_EQ(vb->data(), va->data() + 3008);
+}
+
+TEST_F(ClientTest, BadItemsAreRejectedAtAdd) {
+  StartAgent();
+  Client client = Connect();
+  const std::vector<float> f(10);
+  SaveBuilder save = client.BeginSave(1);
+  ASSERT_TRUE(save.Add("x", Bytes(f), DType::kF32, {10}).ok());
+  EXPECT_EQ(save.Add("x", Bytes(f), DType::kF32, {10}).code(),
+            absl::StatusCode::kInvalidArgument);  // duplicate
+  EXPECT_EQ(save.Add("y", Bytes(f), DType::kF32, {11}).code(),
+            absl::StatusCode::kInvalidArgument);  // shape says 44 bytes
+  EXPECT_EQ(save.Add("y", Bytes(f), DType::kF64, {10}).code(),
+            absl::StatusCode::kInvalidArgument);  // dtype says 80 bytes
+  EXPECT_EQ(save.Add("y", Bytes(f), DType::kF32, {}).code(),
+            absl::StatusCode::kInvalidArgument);  // scalar is 4 bytes
+  EXPECT_EQ(save.Add("y", Bytes(f), static_cast<DType>(99), {10}).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(save.Add("", Bytes(f), DType::kF32, {10}).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(save.Add(std::string("a\0b", 3), Bytes(f), DType::kF32, {10}).code(),
+            absl::StatusCode::kInvalidArgument);
+  std::map<std::string, std::string> too_many;
+  for (int i = 0; i < 17; ++i) too_many[absl::StrCat("k", i)] = "v";
+  EXPECT_EQ(save.Add("y", Bytes(f), DType::kF32, {10}, too_many).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(save.Add("opaque", Bytes(f), DType::kBytes, {}).ok());  // any length
+  EXPECT_TRUE(save.Add("empty", {}, DType::kF32, {0, 5}).ok());
+  EXPECT_EQ(save.item_count(), 3u);
+  auto handle = save.Commit();
+  ASSERT_TRUE(handle.ok()) << handle.status();
+  EXPECT_EQ(save.Add("z", Bytes(f), DType::kF32, {10}).code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(save.Commit().status().code(), absl::StatusCode::kFailedPrecondition);
+  // Saving the same step again on this node: the agent already holds it.
+  SaveBuilder again = client.BeginSave(1);
+  ASSERT_TRUE(again.Add("x", Bytes(f), DType::kF32, {10}).ok());
+  EXPECT_EQ(again.Commit().status().code(), absl::StatusCode::kAlreadyExists);
+  EXPECT_EQ(agent_->open_leases(), 0);
+}
+
+TEST_F(ClientTest, ConnectRejectsBadOptions) {
+  StartAgent();
+  ClientOptions o = Options(/*rank=*/2, /*world_size=*/2);
+  EXPECT_EQ(Client::Connect(o).status().code(), absl::StatusCode::kInvalidArgument);
+  o = Options(0, 0);
+  EXPECT_EQ(Client::Connect(o).status().code(), absl::StatusCode::kInvalidArgument);
+  o = Options();
+  o.job_id = "../etc";
+  EXPECT_EQ(Client::Connect(o).status().code(), absl::StatusCode::kInvalidArgument);
+  o.job_id = "Upper";
+  EXPECT_EQ(Client::Connect(o).status().code(), absl::StatusCode::kInvalidArgument);
+  o = Options();
+  o.meta_address.clear();
+  EXPECT_EQ(Client::Connect(o).status().code(), absl::StatusCode::kInvalidArgument);
+  // Meta rejects a policy it cannot place (40 nodes needed).
+  o = Options();
+  o.protection = Protection::ErasureCode(32, 8);
+  EXPECT_EQ(Client::Connect(o).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST_F(ClientTest, RanksOpenTheJobRankZeroCreates) {
+  StartAgent();
+  // Rank 1 alone: the job never appears.
+  ClientOptions o1 = Options(1, 2);
+  o1.connect_timeout = absl::Milliseconds(300);
+  auto early = Client::Connect(o1);
+  EXPECT_EQ(early.status().code(), absl::StatusCode::kDeadlineExceeded) << early.status();
+
+  // Rank 1 waits while rank 0 creates it.
+  absl::StatusOr<Client> rank1 = absl::UnknownError("not run");
+  std::thread t([&] { rank1 = Client::Connect(Options(1, 2)); });
+  auto rank0 = Client::Connect(Options(0, 2));
+  t.join();
+  ASSERT_TRUE(rank0.ok()) << rank0.status();
+  ASSERT_TRUE(rank1.ok()) << rank1.status();
+  // Rank 0 again (a restart): create-or-open.
+  EXPECT_TRUE(Client::Connect(Options(0, 2)).ok());
+  // Another world size or protection: refused.
+  EXPECT_EQ(Client::Connect(Options(0, 3)).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(Client::Connect(Options(1, 3)).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  ClientOptions ec = Options(0, 2);
+  ec.protection = Protection::ErasureCode(1, 1);
+  EXPECT_EQ(Client::Connect(ec).status().code(), absl::StatusCode::kFailedPrecondition);
+}
+
+TEST_F(ClientTest, WaitReportsStateAtDeadline) {
+  StartAgent();
+  Client client = Connect(0, 2);
+  EXPECT_EQ(client.Latest(Level::kStaged).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(client.WaitVersion(5, Level::kStaged, absl::Now() + absl::Seconds(5)).code(),
+            absl::StatusCode::kNotFound);
+
+  const auto a = Pattern(100, 1);
+  SaveBuilder save = client.BeginSave(5);
+  ASSERT_TRUE(save.Add("a", a, DType::kU8, {100}).ok());
+  auto handle = save.Commit();
+  ASSERT_TRUE(handle.ok()) << handle.status();
+  // Rank 1 never saves: the version stays OPEN.
+  absl::Status s = handle->Wait(Level::kStaged, absl::Now() + absl::Milliseconds(300));
+  EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded) << s;
+  EXPECT_THAT(std::string(s.message()), HasSubstr("OPEN"));
+  // A deadline in the past checks once.
+  EXPECT_EQ(handle->Wait(Level::kStaged, absl::InfinitePast()).code(),
+            absl::StatusCode::kDeadlineExceeded);
+  EXPECT_EQ(client.Latest(Level::kStaged).status().code(), absl::StatusCode::kNotFound);
+  // Not restorable until staged.
+  EXPECT_EQ(client.Load(5).status().code(), absl::StatusCode::kFailedPrecondition);
+}
+
+TEST_F(ClientTest, FailedCommitAbortsTheLease) {
+  StartAgent();
+  Client client = Connect();
+  const auto a = Pattern(100, 1);
+  agent_->FailNextCommit(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "injected"), false);
+  SaveBuilder save = client.BeginSave(9);
+  ASSERT_TRUE(save.Add("a", a, DType::kU8, {100}).ok());
+  auto handle = save.Commit();
+  EXPECT_EQ(handle.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(handle.status().message()), HasSubstr("CommitShard: injected"));
+  EXPECT_EQ(agent_->aborts(), 1);
+  EXPECT_EQ(agent_->open_leases(), 0);
+  EXPECT_EQ(agent_->commits(), 0);
+
+  // A retry of the same step succeeds.
+  SaveBuilder retry = client.BeginSave(9);
+  ASSERT_TRUE(retry.Add("a", a, DType::kU8, {100}).ok());
+  ASSERT_TRUE(retry.Commit().ok());
+  EXPECT_EQ(agent_->commits(), 1);
+}
+
+TEST_F(ClientTest, ReplayedOrLostCommitResponseIsSuccess) {
+  StartAgent();
+  Client client = Connect();
+  const auto a = Pattern(100, 1);
+  // The commit took effect but its response was lost: AbortLease then says
+  // the lease is committed.
+  agent_->FailNextCommit(grpc::Status(grpc::StatusCode::UNAVAILABLE, "connection reset"), true);
+  SaveBuilder save = client.BeginSave(10);
+  ASSERT_TRUE(save.Add("a", a, DType::kU8, {100}).ok());
+  auto handle = save.Commit();
+  ASSERT_TRUE(handle.ok()) << handle.status();
+  EXPECT_EQ(handle->crc32c(), agent_->Committed(job_, 10, 0)->crc32c());
+  EXPECT_EQ(agent_->aborts(), 0);
+
+  // ALREADY_EXISTS from CommitShard: a replay.
+  agent_->FailNextCommit(grpc::Status(grpc::StatusCode::ALREADY_EXISTS, "replay"), true);
+  SaveBuilder save2 = client.BeginSave(11);
+  ASSERT_TRUE(save2.Add("a", a, DType::kU8, {100}).ok());
+  auto handle2 = save2.Commit();
+  ASSERT_TRUE(handle2.ok()) << handle2.status();
+  EXPECT_EQ(handle2->crc32c(), agent_->Committed(job_, 11, 0)->crc32c());
+  EXPECT_EQ(agent_->commits(), 2);
+}
+
+TEST_F(ClientTest, UsesTheAgentsItemAlignment) {
+  StartAgent({.item_alignment = 4096});
+  Client client = Connect();
+  const auto a = Pattern(100, 1);
+  const auto b = Pattern(100, 2);
+  for (uint64_t step : {1, 2}) {
+    SaveBuilder save = client.BeginSave(step);
+    ASSERT_TRUE(save.Add("a", a, DType::kU8, {100}).ok());
+    ASSERT_TRUE(save.Add("b", b, DType::kU8, {100}).ok());
+    auto handle = save.Commit();
+    ASSERT_TRUE(handle.ok()) << handle.status();
+    auto committed = agent_->Committed(job_, step, 0);
+    ASSERT_TRUE(committed.has_value());
+    EXPECT_EQ(committed->items(1).offset_bytes(), 4096u) << "step " << step;
+  }
+  // The first save learnt the alignment (a second lease), the second used it.
+  EXPECT_EQ(agent_->leases_granted(), 3);
+  EXPECT_EQ(agent_->open_leases(), 0);
+}
+
+TEST_F(ClientTest, LoadedShardOutlivesTheClient) {
+  StartAgent();
+  const auto a = Pattern(10000, 1);
+  absl::StatusOr<LoadedShard> shard = absl::UnknownError("not loaded");
+  {
+    Client client = Connect();
+    SaveBuilder save = client.BeginSave(1);
+    ASSERT_TRUE(save.Add("a", a, DType::kU8, {10000}).ok());
+    ASSERT_TRUE(save.Commit().ok());
+    shard = client.Load(1);
+    ASSERT_TRUE(shard.ok()) << shard.status();
+  }
+  auto view = shard->View("a");
+  ASSERT_TRUE(view.ok());
+  EXPECT_TRUE(Equal(*view, a));
+  EXPECT_EQ(agent_->open_handles(), 1);
+  LoadedShard moved = *std::move(shard);
+  shard = absl::UnknownError("moved");
+  EXPECT_EQ(agent_->open_handles(), 1);
+  { LoadedShard gone = std::move(moved); }
+  EXPECT_EQ(agent_->open_handles(), 0);
+}
+
+TEST_F(ClientTest, MapsFilesTheAgentDidNotListOnDemand) {
+  StartAgent({.list_pool_files = false});
+  Client client = Connect();
+  const auto a = Pattern(70000, 1);
+  for (uint64_t step : {1, 2}) {
+    SaveBuilder save = client.BeginSave(step);
+    ASSERT_TRUE(save.Add("a", a, DType::kU8, {70000}).ok());
+    auto handle = save.Commit();
+    ASSERT_TRUE(handle.ok()) << handle.status();
+  }
+  EXPECT_EQ(agent_->crc_mismatches(), 0);
+  auto shard = client.Load(2);
+  ASSERT_TRUE(shard.ok()) << shard.status();
+  auto view = shard->View("a");
+  ASSERT_TRUE(view.ok());
+  EXPECT_TRUE(Equal(*view, a));
+}
+
+TEST_F(ClientTest, ConnectGivesUpWhenTheAgentIsAbsent) {
+  ClientOptions o = Options();
+  o.agent_socket = dir_->path() + "/no-agent.sock";
+  o.connect_timeout = absl::Milliseconds(300);
+  const absl::Time start = absl::Now();
+  auto c = Client::Connect(o);
+  EXPECT_EQ(c.status().code(), absl::StatusCode::kDeadlineExceeded) << c.status();
+  EXPECT_THAT(std::string(c.status().message()), HasSubstr("no-agent.sock"));
+  EXPECT_LT(absl::Now() - start, absl::Seconds(10));
+}
+
+TEST_F(ClientTest, EmptySaveStagesTheRank) {
+  StartAgent();
+  Client client = Connect();
+  auto handle = client.BeginSave(1).Commit();
+  ASSERT_TRUE(handle.ok()) << handle.status();
+  EXPECT_EQ(handle->size_bytes(), 1u);
+  EXPECT_TRUE(handle->Wait(Level::kStaged, absl::Now() + absl::Seconds(20)).ok());
+  auto shard = client.Load(1);
+  ASSERT_TRUE(shard.ok()) << shard.status();
+  EXPECT_TRUE(shard->items().empty());
+}
+
+}  // namespace
+}  // namespace ckpt

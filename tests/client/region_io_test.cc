@@ -1,0 +1,121 @@
+// Copies in and out of shards spread over regions, the save layout.
+#include "client/region_io.h"
+
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <numeric>
+#include <vector>
+
+#include "common/crc32c.h"
+
+namespace ckpt::client {
+namespace {
+
+std::vector<std::byte> Pattern(size_t n, int seed) {
+  std::vector<std::byte> v(n);
+  for (size_t i = 0; i < n; ++i) v[i] = static_cast<std::byte>((i * 131 + seed * 7) & 0xFF);
+  return v;
+}
+
+// Three regions of 100, 50 and 200 bytes at scattered places of `backing`.
+struct Scattered {
+  std::vector<std::byte> backing = std::vector<std::byte>(1000, std::byte{0xEE});
+  std::vector<ShardRegion> regions;
+  Scattered() {
+    regions.push_back({backing.data() + 600, 100, 0});
+    regions.push_back({backing.data() + 10, 50, 100});
+    regions.push_back({backing.data() + 300, 200, 150});
+  }
+};
+
+TEST(RegionIo, CheckCoverageAcceptsOrderedRegionsWithoutGaps) {
+  Scattered s;
+  EXPECT_TRUE(CheckCoverage(s.regions, 350).ok());
+  EXPECT_TRUE(CheckCoverage(s.regions, 10).ok());  // the lease may be larger
+  EXPECT_EQ(CheckCoverage(s.regions, 351).code(), absl::StatusCode::kInternal);
+  auto gap = s.regions;
+  gap[1].shard_offset = 101;
+  EXPECT_EQ(CheckCoverage(gap, 350).code(), absl::StatusCode::kInternal);
+  auto empty = s.regions;
+  empty[2].length = 0;
+  EXPECT_EQ(CheckCoverage(empty, 150).code(), absl::StatusCode::kInternal);
+  EXPECT_EQ(CheckCoverage({}, 1).code(), absl::StatusCode::kInternal);
+}
+
+TEST(RegionIo, CopyToShardSplitsAcrossRegionsAndCombinesCrc) {
+  Scattered s;
+  const auto src = Pattern(300, 1);
+  // Shard bytes [40, 340): 60 in region 0, 50 in region 1, 190 in region 2.
+  const uint32_t crc = CopyToShard(s.regions, 40, src);
+  EXPECT_EQ(crc, Crc32c(src.data(), src.size()));
+  EXPECT_EQ(std::memcmp(s.backing.data() + 640, src.data(), 60), 0);
+  EXPECT_EQ(std::memcmp(s.backing.data() + 10, src.data() + 60, 50), 0);
+  EXPECT_EQ(std::memcmp(s.backing.data() + 300, src.data() + 110, 190), 0);
+  EXPECT_EQ(s.backing[300 + 190], std::byte{0xEE});  // nothing past the end
+  EXPECT_EQ(s.backing[639], std::byte{0xEE});        // nothing before the start
+
+  std::vector<std::byte> back(300);
+  EXPECT_EQ(CopyFromShard(s.regions, 40, back), crc);
+  EXPECT_EQ(back, src);
+}
+
+TEST(RegionIo, CopyWithinOneRegionAndAtBoundaries) {
+  Scattered s;
+  const auto src = Pattern(50, 2);
+  EXPECT_EQ(CopyToShard(s.regions, 100, src), Crc32c(src.data(), 50));  // exactly region 1
+  EXPECT_EQ(std::memcmp(s.backing.data() + 10, src.data(), 50), 0);
+  EXPECT_EQ(CopyToShard(s.regions, 7, {}), 0u);  // empty item
+  // A continued crc.
+  const uint32_t a = Crc32c(src.data(), 20);
+  EXPECT_EQ(CopyToShard(s.regions, 0, std::span(src).subspan(20), a), Crc32c(src.data(), 50));
+}
+
+TEST(RegionIo, ZeroShardZeroesAcrossRegions) {
+  Scattered s;
+  const uint32_t crc = ZeroShard(s.regions, 90, 70);  // 10 + 50 + 10 bytes
+  const std::vector<std::byte> zeros(70);
+  EXPECT_EQ(crc, Crc32c(zeros.data(), zeros.size()));
+  for (int i = 0; i < 10; ++i) EXPECT_EQ(s.backing[690 + i], std::byte{0});
+  for (int i = 0; i < 50; ++i) EXPECT_EQ(s.backing[10 + i], std::byte{0});
+  for (int i = 0; i < 10; ++i) EXPECT_EQ(s.backing[300 + i], std::byte{0});
+  EXPECT_EQ(s.backing[310], std::byte{0xEE});
+  EXPECT_EQ(s.backing[689], std::byte{0xEE});
+}
+
+TEST(RegionIo, ContiguousRangeOnlyWhenAdjacentInMemory) {
+  Scattered s;
+  EXPECT_EQ(ContiguousRange(s.regions, 5, 90), s.backing.data() + 605);
+  EXPECT_EQ(ContiguousRange(s.regions, 90, 20), nullptr);  // straddles 0 -> 1
+  EXPECT_EQ(ContiguousRange(s.regions, 100, 50), s.backing.data() + 10);
+  EXPECT_EQ(ContiguousRange(s.regions, 350, 0), s.backing.data() + 500);  // end of shard
+
+  // Regions adjacent in memory: a straddling range is still one pointer.
+  std::vector<std::byte> buf(300);
+  std::vector<ShardRegion> adjacent = {{buf.data(), 100, 0}, {buf.data() + 100, 200, 100}};
+  EXPECT_EQ(ContiguousRange(adjacent, 50, 200), buf.data() + 50);
+}
+
+TEST(RegionIo, LayOutAlignsEveryItem) {
+  const std::vector<uint64_t> lengths = {10, 64, 0, 1, 100};
+  auto l = LayOut(lengths, 64);
+  ASSERT_TRUE(l.ok()) << l.status();
+  EXPECT_EQ(l->offsets, (std::vector<uint64_t>{0, 64, 128, 128, 192}));
+  EXPECT_EQ(l->size, 292u);
+
+  auto packed = LayOut(lengths, 1);
+  ASSERT_TRUE(packed.ok());
+  EXPECT_EQ(packed->offsets, (std::vector<uint64_t>{0, 10, 74, 74, 75}));
+  EXPECT_EQ(packed->size, 175u);
+
+  auto none = LayOut({}, 64);
+  ASSERT_TRUE(none.ok());
+  EXPECT_EQ(none->size, 1u);  // a lease is never empty
+
+  EXPECT_EQ(LayOut(lengths, 48).status().code(), absl::StatusCode::kInvalidArgument);
+  const std::vector<uint64_t> huge = {UINT64_MAX - 10, 100};
+  EXPECT_EQ(LayOut(huge, 64).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace ckpt::client

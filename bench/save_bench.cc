@@ -28,6 +28,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <random>
 #include <thread>
 #include <vector>
@@ -134,18 +135,29 @@ absl::Status FromGrpc(const grpc::Status& s) {
   return s.ok() ? absl::OkStatus() : absl::Status(static_cast<absl::StatusCode>(s.error_code()), s.error_message());
 }
 
+// Removes what the run created (the daemons die with this process).
+std::function<void()> g_cleanup = [] {};
+
 void Die(const absl::Status& s, const char* what) {
   if (s.ok()) return;
   std::fprintf(stderr, "save_bench: %s: %s\n", what, s.ToString().c_str());
+  g_cleanup();
   std::exit(1);
 }
 
 int Run(const std::vector<uint64_t>& sizes, int steps, int flush_runs, const std::string& dir) {
   absl::StatusOr<testing::TempDir> tmp = testing::TempDir::Create();
   Die(tmp.status(), "temp dir");
+  const std::string tmp_path = tmp->path();
   uint64_t max_size = *std::max_element(sizes.begin(), sizes.end());
   const std::string shm = absl::StrCat("/dev/shm/ckpt-bench-", ::getpid());
   const std::string durable = absl::StrCat(dir, "/save-bench-durable-", ::getpid());
+  g_cleanup = [&] {
+    std::error_code ec;
+    std::filesystem::remove_all(shm, ec);
+    std::filesystem::remove_all(durable, ec);
+    std::filesystem::remove_all(tmp_path, ec);
+  };
   std::printf("save_bench: sizes up to %.2f GiB, memory tier %s, durable tier %s\n",
               max_size / double(1 << 30), shm.c_str(), durable.c_str());
 
@@ -208,7 +220,10 @@ int Run(const std::vector<uint64_t>& sizes, int steps, int flush_runs, const std
         if ((*agent)->stub()->AgentStatus(&ctx, {}, &st).ok() && st.memory_free_bytes() >= want) return;
         absl::SleepFor(absl::Milliseconds(5));
       }
-      Die(absl::DeadlineExceededError("memory tier did not free up"), "evict");
+      v1::AgentStatusResponse st;
+      grpc::ClientContext ctx;
+      (*agent)->stub()->AgentStatus(&ctx, {}, &st).IgnoreError();
+      Die(absl::DeadlineExceededError(absl::StrCat("memory tier did not free ", want, " bytes in 10 s: ", st.ShortDebugString())), "evict");
     };
 
     std::vector<double> blocking;
@@ -289,11 +304,19 @@ int Run(const std::vector<uint64_t>& sizes, int steps, int flush_runs, const std
       row("restart: LoadInto live buffers", into_s, "s", into_s / memcpy_s);
       if (std::memcmp(live.data, src.data, size) != 0) Die(absl::DataLossError("bytes differ"), "compare");
     }
+    // Free the memory tier for the next size.
+    {
+      v1::DeleteJobRequest req;
+      req.set_job_id(co.job_id);
+      req.set_delete_durable_files(true);
+      v1::DeleteJobResponse resp;
+      grpc::ClientContext ctx;
+      Die(FromGrpc((*meta)->stub()->DeleteJob(&ctx, req, &resp)), "delete job");
+    }
     std::printf("\n");
   }
   (*agent)->proc()->Terminate(absl::Seconds(10)).IgnoreError();
-  std::filesystem::remove_all(shm);
-  std::filesystem::remove_all(durable);
+  g_cleanup();
   return 0;
 }
 

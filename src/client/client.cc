@@ -247,7 +247,7 @@ std::shared_ptr<grpc::Channel> MakeChannel(const std::string& target) {
 }  // namespace
 
 absl::Status WaitForVersion(const ClientCore& core, uint64_t step, Level level,
-                            absl::Time deadline) {
+                            absl::Time deadline, absl::Time not_found_until) {
   v1::WaitVersionRequest req;
   req.set_job_id(core.options.job_id);
   req.set_step(step);
@@ -268,7 +268,9 @@ absl::Status WaitForVersion(const ClientCore& core, uint64_t step, Level level,
       if (time_left) continue;  // one long poll ended; poll again
       return last;              // says the version's current state
     }
-    if (!absl::IsUnavailable(last)) return last;
+    const bool begin_pending = absl::IsNotFound(last) && absl::Now() < not_found_until &&
+                               last.message().find("no version") != absl::string_view::npos;
+    if (!absl::IsUnavailable(last) && !begin_pending) return last;
     if (!time_left) {
       return absl::DeadlineExceededError(absl::StrCat(
           "waiting for ", core.options.job_id, "/", step, ": ckpt-meta unreachable: ",
@@ -311,9 +313,14 @@ absl::Status Client::WaitVersion(uint64_t step, Level level, absl::Time deadline
   return client::WaitForVersion(*core_, step, level, deadline);
 }
 
+namespace {
+// How long after a commit an unknown version is waited for (see Wait).
+constexpr absl::Duration kBeginGrace = absl::Seconds(10);
+}  // namespace
+
 absl::Status SaveHandle::Wait(Level level, absl::Time deadline) const {
   if (core_ == nullptr) return absl::FailedPreconditionError("SaveHandle is empty");
-  return client::WaitForVersion(*core_, step_, level, deadline);
+  return client::WaitForVersion(*core_, step_, level, deadline, committed_at_ + kBeginGrace);
 }
 
 absl::StatusOr<uint64_t> Client::Latest(Level level) const {

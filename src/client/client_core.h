@@ -55,7 +55,9 @@ absl::StatusOr<std::vector<ShardRegion>> MapRegions(
 v1::DurabilityLevel ToProto(Level level);
 
 // WaitVersion loop shared by Client::WaitVersion and SaveHandle::Wait.
+// NotFound before `not_found_until` is retried (a version the agent has not
+// begun at meta yet).
 absl::Status WaitForVersion(const ClientCore& core, uint64_t step, Level level,
-                            absl::Time deadline);
+                            absl::Time deadline, absl::Time not_found_until = absl::InfinitePast());
 
 }  // namespace ckpt::client

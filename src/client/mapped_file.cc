@@ -1,5 +1,7 @@
 #include "client/mapped_file.h"
 
+#include "common/prefault.h"
+
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -37,6 +39,8 @@ absl::StatusOr<std::shared_ptr<MappedFile>> MappedFile::Map(const std::string& p
   const int err = errno;
   ::close(fd);  // the mapping keeps the file open
   if (p == MAP_FAILED) return PosixErrorToStatus(err, "mmap", path);
+  // The first save must not pay the first-write cost of a fresh mapping.
+  if (populate && rw) PrefaultForWrite(p, size);
   return std::shared_ptr<MappedFile>(
       new MappedFile(path, static_cast<std::byte*>(p), size, access));
 }

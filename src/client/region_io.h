@@ -39,6 +39,10 @@ absl::Status CheckCoverage(std::span<const ShardRegion> regions, uint64_t size);
 
 // Copies `src` to shard bytes [offset, offset + src.size()) and returns the
 // CRC-32C of src (continued from `crc`), computed while copying.
+// Crc32cCopy, split over up to min(4, cores) threads for copies of 8 MiB and
+// more (the calling thread takes part). Returns Crc32cExtend(crc, src, n).
+uint32_t ParallelCrc32cCopy(void* dst, const void* src, size_t n, uint32_t crc = 0);
+
 uint32_t CopyToShard(std::span<const ShardRegion> regions, uint64_t offset,
                      std::span<const std::byte> src, uint32_t crc = 0);
 

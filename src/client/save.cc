@@ -232,7 +232,7 @@ absl::StatusOr<SaveHandle> SaveBuilder::Commit() {
         o.rank));
   }
   items_.clear();
-  return SaveHandle(core_, step_, layout.size, shard_crc);
+  return SaveHandle(core_, step_, layout.size, shard_crc, absl::Now());
 }
 
 }  // namespace ckpt

@@ -3,6 +3,7 @@
 #include <isa-l/crc.h>
 
 #include <array>
+#include <cassert>
 #include <cstring>
 
 namespace ckpt {
@@ -25,9 +26,14 @@ uint32_t MultModP(uint32_t a, uint32_t b) {
   return product;
 }
 
-// powers[k] = x^(2^k) mod P.
-std::array<uint32_t, 32> MakePowers() {
-  std::array<uint32_t, 32> powers{};
+// powers[k] = x^(2^k) mod P, for every k XPow2N can reach (3 + 64 bits of n).
+// zlib's CRC-32 code indexes a 32-entry table modulo 32, relying on
+// x^(2^32) = x mod its polynomial; that does not hold for CRC-32C's, so
+// combining with 512 MiB or more gave wrong crcs. The table is simply long
+// enough instead.
+constexpr size_t kPowers = 3 + 64 + 1;
+std::array<uint32_t, kPowers> MakePowers() {
+  std::array<uint32_t, kPowers> powers{};
   uint32_t p = 1u << 30;  // x^1
   for (auto& entry : powers) {
     entry = p;
@@ -38,10 +44,11 @@ std::array<uint32_t, 32> MakePowers() {
 
 // Returns x^(n * 2^k) mod P.
 uint32_t XPow2N(uint64_t n, unsigned k) {
-  static const std::array<uint32_t, 32> powers = MakePowers();
+  static const std::array<uint32_t, kPowers> powers = MakePowers();
   uint32_t p = 1u << 31;  // x^0
   while (n != 0) {
-    if (n & 1) p = MultModP(powers[k & 31], p);
+    assert(k < kPowers);
+    if (n & 1) p = MultModP(powers[k], p);
     n >>= 1;
     ++k;
   }

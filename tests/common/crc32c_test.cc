@@ -65,6 +65,24 @@ TEST(Crc32c, CombineManyChunksInAnyGrouping) {
   EXPECT_EQ(combined, Crc32c(data));
 }
 
+// Regression: combining with a second part of 512 MiB or more used to index a
+// 32-entry power table modulo 32, which is wrong for CRC-32C's polynomial.
+TEST(Crc32c, CombineIsExactForPartsOfManyGigabytes) {
+  const std::string head = "head bytes";
+  const std::vector<char> zeros(16 << 20, 0);
+  for (uint64_t size : {uint64_t{512} << 20, (uint64_t{1} << 30) + 5, (uint64_t{5} << 30) + 4096}) {
+    uint32_t tail = 0;     // crc of `size` zero bytes, by brute force
+    uint32_t whole = Crc32c(head);
+    for (uint64_t done = 0; done < size;) {
+      const uint64_t n = std::min<uint64_t>(zeros.size(), size - done);
+      tail = Crc32cExtend(tail, zeros.data(), n);
+      whole = Crc32cExtend(whole, zeros.data(), n);
+      done += n;
+    }
+    EXPECT_EQ(Crc32cCombine(Crc32c(head), tail, size), whole) << size;
+  }
+}
+
 TEST(Crc32c, CombineWithEmptyIsIdentity) {
   const uint32_t a = Crc32c("abc");
   EXPECT_EQ(Crc32cCombine(a, 0, 0), a);

@@ -267,9 +267,25 @@ absl::StatusOr<LeaseGrant> Agent::AcquireLease(const LeaseRequest& req) {
                                                    " is already committed on this node"));
     }
     auto b = begun_.find(begun_key);
-    if (b != begun_.end()) world_size = b->second;
+    if (b != begun_.end()) {
+      world_size = b->second;
+    } else if (auto j = job_world_.find(req.job_id); j != job_world_.end()) {
+      // A new step of a job this agent knows: grant now, begin the version at
+      // meta in the background (before this version's STAGED reports), so a
+      // save never waits for meta's fsync, nor for meta at all.
+      world_size = j->second;
+      begun_[begun_key] = j->second;
+      Outbound o;
+      o.kind = Outbound::Kind::kBegin;
+      o.report.id = ShardId{req.job_id, req.step, 0};
+      o.run_id = req.run_id;
+      outbox_.push_back(std::move(o));
+      ++wake_;
+    }
   }
   if (!world_size) {
+    // First save of the job on this node: ask meta now, so that an unknown
+    // job or a bad step is the lease's error.
     absl::StatusOr<uint32_t> ws = meta_->BeginVersion(req.job_id, req.step, req.run_id, options_.node_id);
     if (!ws.ok()) {
       if (absl::IsUnavailable(ws.status()) || absl::IsDeadlineExceeded(ws.status())) m_meta_errors_->Increment();
@@ -278,6 +294,7 @@ absl::StatusOr<LeaseGrant> Agent::AcquireLease(const LeaseRequest& req) {
     world_size = *ws;
     absl::MutexLock lock(&mu_);
     begun_[begun_key] = *ws;
+    job_world_[req.job_id] = *ws;
   }
   if (req.rank >= *world_size) {
     return absl::InvalidArgumentError(absl::StrCat("rank ", req.rank, " is out of range: job ", req.job_id,
@@ -1068,7 +1085,7 @@ bool Agent::TasksOnce() {
   // The result follows the reports the task produced (ReportShards before
   // ReportTaskResult): both go out from the control loop, in order.
   Outbound out;
-  out.is_result = true;
+  out.kind = Outbound::Kind::kResult;
   out.task_id = qt.task.id;
   out.attempt = qt.task.attempt;
   out.result = s;
@@ -1187,23 +1204,59 @@ void Agent::SendInventory() {
   }
 }
 
+bool Agent::SendBegin(const Outbound& begin) {
+  const ShardId& v = begin.report.id;
+  absl::StatusOr<uint32_t> ws = meta_->BeginVersion(v.job_id, v.step, begin.run_id, options_.node_id);
+  absl::MutexLock lock(&mu_);
+  if (!ws.ok() && (absl::IsUnavailable(ws.status()) || absl::IsDeadlineExceeded(ws.status()))) {
+    m_meta_errors_->Increment();
+    meta_reachable_ = false;
+    return false;  // keep it queued, and everything after it
+  }
+  outbox_.pop_front();
+  if (ws.ok()) return true;
+  // Meta refused the version (e.g. a step lower than the job's newest, or the
+  // job was deleted): its shards here can never be staged. Drop them and
+  // their queued reports; the trainer's Wait() sees meta's answer.
+  log::Error("meta refused version {} step {} ({}); dropping its shards on this node", v.job_id, v.step,
+             ws.status().ToString());
+  begun_.erase(std::make_tuple(v.job_id, v.step, begin.run_id));
+  std::vector<ShardId> drop;
+  for (const auto& [id, h] : holdings_) {
+    if (id.job_id == v.job_id && id.step == v.step && h.rec.run_id == begin.run_id) drop.push_back(id);
+  }
+  for (const ShardId& id : drop) FreeHoldingLocked(id);
+  std::erase_if(outbox_, [&](const Outbound& o) {
+    return o.kind == Outbound::Kind::kReport && o.report.kind == HoldingReport::Kind::kStaged &&
+           o.report.record.id.job_id == v.job_id && o.report.record.id.step == v.step;
+  });
+  return true;
+}
+
 void Agent::SendReports() {
   while (true) {
     std::vector<HoldingReport> reports;
     std::optional<Outbound> result;
+    std::optional<Outbound> begin;
     uint64_t inc;
     {
       absl::MutexLock lock(&mu_);
       if (outbox_.empty() || !registered_) return;
       inc = incarnation_;
-      if (outbox_.front().is_result) {
+      if (outbox_.front().kind == Outbound::Kind::kBegin) {
+        begin = outbox_.front();
+      } else if (outbox_.front().kind == Outbound::Kind::kResult) {
         result = outbox_.front();
       } else {
         for (const Outbound& o : outbox_) {
-          if (o.is_result || reports.size() == kMaxReportBatch) break;
+          if (o.kind != Outbound::Kind::kReport || reports.size() == kMaxReportBatch) break;
           reports.push_back(o.report);
         }
       }
+    }
+    if (begin) {
+      if (!SendBegin(*begin)) return;
+      continue;
     }
     if (result) {
       absl::Status s = meta_->ReportTaskResult(options_.node_id, inc, result->task_id, result->attempt,

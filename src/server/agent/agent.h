@@ -250,7 +250,9 @@ class Agent {
   // One message for meta, sent in order by the control loop: a report, or a
   // task result (which must follow the reports its task produced).
   struct Outbound {
-    bool is_result = false;
+    enum class Kind { kReport, kResult, kBegin };
+    Kind kind = Kind::kReport;
+    std::string run_id;  // kBegin (report.id names the version)
     HoldingReport report;
     std::string task_id;
     uint32_t attempt = 0;
@@ -287,6 +289,8 @@ class Agent {
 
   void Register();
   void SendReports();
+  // Sends a queued BeginVersion; false if it must be retried later.
+  bool SendBegin(const Outbound& begin);
   void Heartbeat();
   void SendInventory();
   absl::Status RunTaskStep(QueuedTask& qt, bool* finished);
@@ -335,6 +339,9 @@ class Agent {
   std::map<std::string, Handle> handles_ ABSL_GUARDED_BY(mu_);
   // (job, step, run_id) -> world size, for versions begun at meta.
   std::map<std::tuple<std::string, uint64_t, std::string>, uint32_t> begun_ ABSL_GUARDED_BY(mu_);
+  // World size of jobs this agent has begun versions of: a new step of a
+  // known job is begun at meta in the background, off the trainer's path.
+  std::map<std::string, uint32_t> job_world_ ABSL_GUARDED_BY(mu_);
   std::deque<ShardId> verify_queue_ ABSL_GUARDED_BY(mu_);
   std::deque<Outbound> outbox_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, QueuedTask> tasks_ ABSL_GUARDED_BY(mu_);  // by task id

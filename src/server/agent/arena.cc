@@ -11,6 +11,7 @@
 #include <atomic>
 #include <cerrno>
 #include <cstring>
+#include <filesystem>
 
 #include <nlohmann/json.hpp>
 
@@ -19,6 +20,7 @@
 #include "common/crc32c.h"
 #include "common/log.h"
 #include "common/names.h"
+#include "common/prefault.h"
 #include "common/status_macros.h"
 
 namespace ckpt::agent {
@@ -142,10 +144,10 @@ absl::Status Arena::Init(const Options& options) {
   pool_path_ = dir_ + "/pool.bin";
   records_dir_ = dir_ + "/records";
   capacity_ = RoundUp(options.capacity_bytes);
-  for (const std::string& d : {dir_, records_dir_}) {
-    if (::mkdir(d.c_str(), 0750) != 0 && errno != EEXIST) {
-      return Errno(absl::StrCat("create memory directory '", d, "'"), errno);
-    }
+  std::error_code ec;
+  std::filesystem::create_directories(records_dir_, ec);
+  if (ec) {
+    return absl::UnavailableError(absl::StrCat("create memory directory '", records_dir_, "': ", ec.message()));
   }
   // Clients in the agent's group map the pool read-write.
   fd_ = ::open(pool_path_.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0660);
@@ -176,6 +178,9 @@ absl::Status Arena::Init(const Options& options) {
   void* p = ::mmap(nullptr, capacity_, PROT_READ | PROT_WRITE, flags, fd_, 0);
   if (p == MAP_FAILED) return Errno(absl::StrCat("map '", pool_path_, "'"), errno);
   base_ = static_cast<std::byte*>(p);
+  // Verifying and flushing a shard must not pay the first-touch cost of a
+  // fresh mapping either (contents are kept: re-adoption reads them next).
+  if (options.populate) PrefaultForWrite(base_, capacity_, kArenaPageBytes);
   absl::MutexLock lock(&mu_);
   free_[0] = capacity_;
   free_total_ = capacity_;

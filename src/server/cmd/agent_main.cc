@@ -22,6 +22,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <map>
 #include <memory>
 #include <set>
@@ -141,9 +142,9 @@ absl::StatusOr<Settings> LoadSettings(const std::string& config_file, const std:
 // Creates the run directory and removes a stale socket; refuses to take over
 // a socket another live agent is serving.
 absl::Status PrepareSocket(const std::string& run_dir, const std::string& path) {
-  if (::mkdir(run_dir.c_str(), 0750) != 0 && errno != EEXIST) {
-    return absl::UnavailableError(absl::StrCat("create run dir '", run_dir, "': ", std::strerror(errno)));
-  }
+  std::error_code ec;
+  std::filesystem::create_directories(run_dir, ec);
+  if (ec) return absl::UnavailableError(absl::StrCat("create run dir '", run_dir, "': ", ec.message()));
   if (path.size() >= sizeof(sockaddr_un::sun_path)) {
     return absl::InvalidArgumentError(absl::StrCat("socket path '", path, "' is too long for a unix socket (max ",
                                                    sizeof(sockaddr_un::sun_path) - 1, " bytes)"));

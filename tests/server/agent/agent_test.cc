@@ -5,6 +5,7 @@
 
 #include <cstring>
 #include <random>
+#include <set>
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -48,12 +49,13 @@ class FakeMeta : public MetaLink {
     inventories.push_back(items);
     return InventoryReply{};
   }
-  absl::StatusOr<uint32_t> BeginVersion(const std::string& job, uint64_t, const std::string&,
+  absl::StatusOr<uint32_t> BeginVersion(const std::string& job, uint64_t step, const std::string&,
                                         const std::string&) override {
     absl::MutexLock lock(&mu);
     if (!up) return absl::UnavailableError("meta down");
     auto it = world.find(job);
     if (it == world.end()) return absl::NotFoundError(absl::StrCat("job ", job, " not found"));
+    if (refuse_step.count(step) != 0) return absl::InvalidArgumentError("step lower than the newest");
     begins++;
     return it->second;
   }
@@ -123,6 +125,7 @@ class FakeMeta : public MetaLink {
   int begins = 0;
   int task_counter = 0;
   std::map<std::string, uint32_t> world;
+  std::set<uint64_t> refuse_step;
   std::map<ShardId, ShardRecord> staged;
   std::vector<HoldingReport> reports;
   std::vector<std::vector<InventoryItem>> inventories;
@@ -435,6 +438,30 @@ TEST_F(AgentTest, ReportsWaitWhileMetaIsDownAndGoOutWhenItReturns) {
   clock_.Advance(absl::Seconds(2));
   agent_->ControlOnce();
   EXPECT_EQ(meta_.staged.size(), 2u);
+}
+
+TEST_F(AgentTest, NewStepsOfAKnownJobSaveWithoutWaitingForMeta) {
+  Save(20, 0);  // first save of the job here: BeginVersion is synchronous
+  EXPECT_EQ(meta_.begins, 1);
+  meta_.up = false;
+  Save(21, 0);  // meta is down: the save still succeeds
+  Save(22, 1);
+  EXPECT_EQ(meta_.begins, 1);
+  meta_.up = true;
+  agent_->ControlOnce();  // begins 21 and 22, then their STAGED reports
+  EXPECT_EQ(meta_.begins, 3);
+  EXPECT_EQ(meta_.staged.size(), 3u);
+}
+
+TEST_F(AgentTest, AVersionMetaRefusesInTheBackgroundIsDroppedHere) {
+  Save(30, 0);
+  meta_.refuse_step.insert(25);
+  Save(25, 0);
+  Save(25, 1);
+  agent_->ControlOnce();
+  EXPECT_EQ(meta_.staged.size(), 1u);  // only step 30
+  EXPECT_TRUE(agent_->Inventory("job", 25).empty());
+  EXPECT_EQ(agent_->Inventory("job", 30).size(), 1u);
 }
 
 TEST_F(AgentTest, EvictTaskFreesTheVersionButWaitsForOpenHandles) {

@@ -221,19 +221,23 @@ class SaveHandle {
   // (the message says the version's state), kNotFound (version unknown or
   // deleted), kDataLoss (version aborted because data was lost),
   // kFailedPrecondition (version aborted for another reason: the message
-  // says why).
+  // says why). The agent begins a new step at meta in the background, so for
+  // the first 10 s after the commit a version meta does not know yet is
+  // waited for rather than reported kNotFound.
   absl::Status Wait(Level level, absl::Time deadline = absl::InfiniteFuture()) const;
 
  private:
   friend class SaveBuilder;
   SaveHandle(std::shared_ptr<client::ClientCore> core, uint64_t step, uint64_t size_bytes,
-             uint32_t crc32c)
-      : core_(std::move(core)), step_(step), size_bytes_(size_bytes), crc32c_(crc32c) {}
+             uint32_t crc32c, absl::Time committed_at)
+      : core_(std::move(core)), step_(step), size_bytes_(size_bytes), crc32c_(crc32c),
+        committed_at_(committed_at) {}
 
   std::shared_ptr<client::ClientCore> core_;
   uint64_t step_;
   uint64_t size_bytes_;
   uint32_t crc32c_;
+  absl::Time committed_at_;
 };
 
 // Collects the items of one save (one rank's shard of one step) and commits

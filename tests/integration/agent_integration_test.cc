@@ -236,6 +236,44 @@ TEST_F(AgentIntegrationTest, AfterMemoryIsLostAPersistedShardIsRestoredFromTheDu
   EXPECT_EQ(got, data);
 }
 
+TEST_F(AgentIntegrationTest, MetaRestartAgentReReportsAndKeepsServing) {
+  ASSERT_TRUE(CreateJob("mr", 1, 0).ok());
+  const std::string one = Pattern(50000, 21);
+  Save("mr", 1, 0, one);
+  ASSERT_TRUE(WaitVersion("mr", 1, v1::DURABILITY_LEVEL_PROTECTED).ok());
+  ASSERT_TRUE(meta_->proc()->Kill(SIGKILL).ok());
+  ASSERT_TRUE(meta_->proc()->Wait().ok());
+  // While meta is down, a new step of the known job still saves.
+  const std::string two = Pattern(60000, 22);
+  Save("mr", 2, 0, two);
+  ASSERT_TRUE(meta_->Restart().ok());
+  // The agent re-registers or re-reports its inventory, then begins step 2
+  // and reports it: the version reaches PROTECTED with no client action.
+  grpc::Status s;
+  for (int i = 0; i < 300; ++i) {  // bounded: until the agent has begun step 2
+    s = WaitVersion("mr", 2, v1::DURABILITY_LEVEL_PROTECTED);
+    if (s.error_code() != grpc::StatusCode::NOT_FOUND) break;
+    absl::SleepFor(absl::Milliseconds(100));
+  }
+  ASSERT_TRUE(s.ok()) << s.error_message() << "\n" << agent_->proc()->LogTail();
+  v1::ListNodesRequest req;
+  v1::ListNodesResponse resp;
+  grpc::ClientContext ctx;
+  ASSERT_TRUE(meta_->stub()->ListNodes(&ctx, req, &resp).ok());
+  ASSERT_EQ(resp.nodes_size(), 1);
+  EXPECT_EQ(resp.nodes(0).state(), v1::NODE_STATE_ALIVE);
+  // Step 1's copy is still known to meta as readable.
+  v1::LocateRequest lreq;
+  lreq.set_job_id("mr");
+  lreq.set_step(1);
+  lreq.set_rank(0);
+  v1::LocateResponse loc;
+  grpc::ClientContext lctx;
+  grpc::Status ls = meta_->stub()->Locate(&lctx, lreq, &loc);
+  ASSERT_TRUE(ls.ok()) << ls.error_message();
+  EXPECT_GE(loc.sources_size(), 1);
+}
+
 TEST_F(AgentIntegrationTest, CorruptedPoolByteIsDataLossOnOpen) {
   ASSERT_TRUE(CreateJob("bad", 1, 0).ok());
   v1::AcquireStagingLeaseResponse lease;

@@ -267,14 +267,31 @@ absl::StatusOr<LeaseGrant> Agent::AcquireLease(const LeaseRequest& req) {
                                                    " is already committed on this node"));
     }
     auto b = begun_.find(begun_key);
-    if (b != begun_.end()) {
-      world_size = b->second;
-    } else if (auto j = job_world_.find(req.job_id); j != job_world_.end()) {
-      // A new step of a job this agent knows: grant now, begin the version at
-      // meta in the background (before this version's STAGED reports), so a
-      // save never waits for meta's fsync, nor for meta at all.
-      world_size = j->second;
-      begun_[begun_key] = j->second;
+    if (b != begun_.end()) world_size = b->second;
+    auto j = job_world_.find(req.job_id);
+    if (!world_size && j != job_world_.end()) world_size = j->second;
+  }
+  if (!world_size) {
+    // First save of the job on this node: a read-only look-up at meta, so an
+    // unknown job is the lease's error (no write, no fsync on this path).
+    absl::StatusOr<uint32_t> ws = meta_->JobWorldSize(req.job_id);
+    if (!ws.ok()) {
+      if (absl::IsUnavailable(ws.status()) || absl::IsDeadlineExceeded(ws.status())) m_meta_errors_->Increment();
+      return ws.status();
+    }
+    world_size = *ws;
+  }
+  if (req.rank >= *world_size) {
+    return absl::InvalidArgumentError(absl::StrCat("rank ", req.rank, " is out of range: job ", req.job_id,
+                                                   " has world size ", *world_size));
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    job_world_[req.job_id] = *world_size;
+    if (begun_.emplace(begun_key, *world_size).second) {
+      // Begin the version at meta in the background, before its STAGED
+      // reports: a save never waits for meta's fsync, nor for meta at all
+      // once the job is known here.
       Outbound o;
       o.kind = Outbound::Kind::kBegin;
       o.report.id = ShardId{req.job_id, req.step, 0};
@@ -282,23 +299,6 @@ absl::StatusOr<LeaseGrant> Agent::AcquireLease(const LeaseRequest& req) {
       outbox_.push_back(std::move(o));
       ++wake_;
     }
-  }
-  if (!world_size) {
-    // First save of the job on this node: ask meta now, so that an unknown
-    // job or a bad step is the lease's error.
-    absl::StatusOr<uint32_t> ws = meta_->BeginVersion(req.job_id, req.step, req.run_id, options_.node_id);
-    if (!ws.ok()) {
-      if (absl::IsUnavailable(ws.status()) || absl::IsDeadlineExceeded(ws.status())) m_meta_errors_->Increment();
-      return ws.status();
-    }
-    world_size = *ws;
-    absl::MutexLock lock(&mu_);
-    begun_[begun_key] = *ws;
-    job_world_[req.job_id] = *ws;
-  }
-  if (req.rank >= *world_size) {
-    return absl::InvalidArgumentError(absl::StrCat("rank ", req.rank, " is out of range: job ", req.job_id,
-                                                   " has world size ", *world_size));
   }
   absl::MutexLock lock(&mu_);
   // A trainer restarted mid-copy: its old lease for this rank is void.

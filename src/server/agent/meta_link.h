@@ -148,6 +148,9 @@ class MetaLink {
   virtual absl::StatusOr<InventoryReply> ReportInventory(const std::string& node_id,
                                                          uint64_t incarnation,
                                                          const std::vector<InventoryItem>& items) = 0;
+  // The job's world size (read-only: no write at meta). NotFound for an
+  // unknown job.
+  virtual absl::StatusOr<uint32_t> JobWorldSize(const std::string& job_id) = 0;
   // Begins (or finds) the version; returns the job's world size.
   virtual absl::StatusOr<uint32_t> BeginVersion(const std::string& job_id, uint64_t step,
                                                 const std::string& run_id,

@@ -183,6 +183,17 @@ class GrpcMetaLink : public agent::MetaLink {
     return r;
   }
 
+  absl::StatusOr<uint32_t> JobWorldSize(const std::string& job_id) override {
+    v1::GetJobRequest req;
+    req.set_job_id(job_id);
+    v1::GetJobResponse resp;
+    grpc::ClientContext ctx;
+    SetDeadline(&ctx);
+    absl::Status s = FromGrpcStatus(stub_->GetJob(&ctx, req, &resp));
+    if (!s.ok()) return s;
+    return resp.job().spec().world_size();
+  }
+
   absl::StatusOr<uint32_t> BeginVersion(const std::string& job_id, uint64_t step, const std::string& run_id,
                                         const std::string& node_id) override {
     v1::BeginVersionRequest req;

@@ -498,16 +498,9 @@ absl::StatusOr<OpenResult> Agent::OpenShard(const ShardId& id, bool skip_verify,
   ShardRecord rec;
   {
     absl::MutexLock lock(&mu_);
-    auto it = holdings_.find(id);
-    if (it == holdings_.end() || it->second.evict_pending) {
-      return absl::NotFoundError(absl::StrCat("shard ", ShardIdString(id), " is not held by this agent"));
-    }
-    if (it->second.corrupt) {
-      return absl::DataLossError(absl::StrCat("the copy of ", ShardIdString(id),
-                                              " on this node is quarantined (corrupt)"));
-    }
-    it->second.pins++;
-    rec = it->second.rec;
+    CKPT_ASSIGN_OR_RETURN(Holding * h, ValidHoldingLocked(id));
+    h->pins++;
+    rec = h->rec;
   }
   bool verified = false;
   if (!skip_verify) {
@@ -630,11 +623,7 @@ absl::Status Agent::CloseShard(const std::string& handle_id) {
   if (it == handles_.end()) return absl::OkStatus();
   const ShardId id = it->second.shard;
   handles_.erase(it);
-  auto h = holdings_.find(id);
-  if (h != holdings_.end()) {
-    h->second.pins--;
-    if (h->second.evict_pending && h->second.pins == 0) FreeHoldingLocked(id);
-  }
+  UnpinLocked(id);
   return absl::OkStatus();
 }
 
@@ -644,15 +633,13 @@ absl::Status Agent::ReadShard(const ShardId& id, uint64_t offset, uint64_t lengt
   ShardRecord rec;
   {
     absl::MutexLock lock(&mu_);
-    auto it = holdings_.find(id);
-    if (it == holdings_.end() || it->second.corrupt || it->second.evict_pending) {
-      return absl::NotFoundError(absl::StrCat("no valid copy of ", ShardIdString(id), " on this node"));
-    }
-    rec = it->second.rec;
+    absl::StatusOr<Holding*> h = ValidHoldingLocked(id);
+    if (!h.ok()) return absl::NotFoundError(h.status().message());
+    rec = (*h)->rec;
     if (offset > rec.size_bytes) {
       return absl::OutOfRangeError(absl::StrCat("offset ", offset, " is beyond the shard's ", rec.size_bytes, " bytes"));
     }
-    it->second.pins++;
+    (*h)->pins++;
   }
   if (record != nullptr) *record = rec;
   if (length == 0 || length > rec.size_bytes - offset) length = rec.size_bytes - offset;
@@ -671,11 +658,7 @@ absl::Status Agent::ReadShard(const ShardId& id, uint64_t offset, uint64_t lengt
     pos = end;
   }
   absl::MutexLock lock(&mu_);
-  auto it = holdings_.find(id);
-  if (it != holdings_.end()) {
-    it->second.pins--;
-    if (it->second.evict_pending && it->second.pins == 0) FreeHoldingLocked(id);
-  }
+  UnpinLocked(id);
   return result;
 }
 
@@ -696,6 +679,25 @@ void Agent::FreeHoldingLocked(const ShardId& id) {
   flush_waiting_.erase(id);
   holdings_.erase(it);
   UpdateGauges();
+}
+
+absl::StatusOr<Agent::Holding*> Agent::ValidHoldingLocked(const ShardId& id) {
+  auto it = holdings_.find(id);
+  if (it == holdings_.end() || it->second.evict_pending) {
+    return absl::NotFoundError(absl::StrCat("shard ", ShardIdString(id), " is not held by this agent"));
+  }
+  if (it->second.corrupt) {
+    return absl::DataLossError(absl::StrCat("the copy of ", ShardIdString(id),
+                                            " on this node is quarantined (corrupt)"));
+  }
+  return &it->second;
+}
+
+void Agent::UnpinLocked(const ShardId& id) {
+  auto it = holdings_.find(id);
+  if (it == holdings_.end()) return;
+  it->second.pins--;
+  if (it->second.evict_pending && it->second.pins == 0) FreeHoldingLocked(id);
 }
 
 HoldingInfo Agent::InfoLocked(const Holding& h) const {
@@ -820,14 +822,9 @@ absl::Status Agent::FlushOne(const std::string& task_id, const FlushOrder& order
   bool verified;
   {
     absl::MutexLock lock(&mu_);
+    CKPT_ASSIGN_OR_RETURN(Holding * held, ValidHoldingLocked(id));
     auto it = holdings_.find(id);
-    if (it == holdings_.end() || it->second.evict_pending) {
-      return absl::NotFoundError(absl::StrCat("shard ", ShardIdString(id), " is not held here"));
-    }
-    if (it->second.corrupt) {
-      return absl::DataLossError(absl::StrCat("the copy of ", ShardIdString(id), " here is corrupt"));
-    }
-    rec = it->second.rec;
+    rec = held->rec;
     if ((order.size_bytes != 0 && order.size_bytes != rec.size_bytes) ||
         (order.crc32c != 0 && order.crc32c != rec.crc32c)) {
       return absl::FailedPreconditionError(absl::StrFormat(
@@ -853,10 +850,7 @@ absl::Status Agent::FlushOne(const std::string& task_id, const FlushOrder& order
   }
   auto unpin = [&] {
     absl::MutexLock lock(&mu_);
-    auto it = holdings_.find(id);
-    if (it == holdings_.end()) return;
-    it->second.pins--;
-    if (it->second.evict_pending && it->second.pins == 0) FreeHoldingLocked(id);
+    UnpinLocked(id);
   };
   // Nothing leaves the node unchecked.
   if (!verified) {

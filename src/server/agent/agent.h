@@ -277,6 +277,11 @@ class Agent {
   std::string BudgetMessageLocked(uint64_t want) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ExpireLocked(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void FreeHoldingLocked(const ShardId& id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The holding if it is VALID and not being evicted; NotFound / DataLoss
+  // (quarantined) otherwise.
+  absl::StatusOr<Holding*> ValidHoldingLocked(const ShardId& id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Drops a pin; frees the holding if it was evicted while pinned.
+  void UnpinLocked(const ShardId& id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void QuarantineLocked(Holding& h, const std::string& detail) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   uint64_t LeasedBytesLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   HoldingInfo InfoLocked(const Holding& h) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

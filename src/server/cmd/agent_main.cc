@@ -315,18 +315,8 @@ int Main(int argc, char** argv) {
   log_options.json = settings->log_json;
   log_options.file = settings->log_file;
   log_options.name = kProgram;
-  if (absl::Status s = log::Init(log_options); !s.ok()) {
-    std::fprintf(stderr, "%s: cannot set up logging: %s\n", kProgram, std::string(s.message()).c_str());
-    return kExitUsage;
-  }
   sigset_t signals;
-  sigemptyset(&signals);
-  sigaddset(&signals, SIGTERM);
-  sigaddset(&signals, SIGINT);
-  if (int err = pthread_sigmask(SIG_BLOCK, &signals, nullptr); err != 0) {
-    log::Error("{}: cannot block signals: {}", kProgram, std::strerror(err));
-    return kExitFailure;
-  }
+  if (int rc = daemon::InitLoggingAndSignals(kProgram, log_options, &signals); rc != kExitOk) return rc;
   return Serve(*settings, signals);
 }
 

@@ -1,6 +1,8 @@
 #include "server/cmd/daemon.h"
 
 #include <algorithm>
+#include <cstdio>
+#include <cstring>
 
 #include "absl/strings/numbers.h"
 
@@ -32,6 +34,21 @@ absl::Status ValidateHostPort(const std::string& key, const std::string& value) 
     return bad("the port must be a number 0..65535");
   }
   return absl::OkStatus();
+}
+
+int InitLoggingAndSignals(const char* program, const log::Options& log_options, sigset_t* signals) {
+  if (absl::Status s = log::Init(log_options); !s.ok()) {
+    std::fprintf(stderr, "%s: cannot set up logging: %s\n", program, std::string(s.message()).c_str());
+    return kExitUsage;
+  }
+  sigemptyset(signals);
+  sigaddset(signals, SIGTERM);
+  sigaddset(signals, SIGINT);
+  if (int err = pthread_sigmask(SIG_BLOCK, signals, nullptr); err != 0) {
+    log::Error("{}: cannot block signals: {}", program, std::strerror(err));
+    return kExitFailure;
+  }
+  return kExitOk;
 }
 
 }  // namespace ckpt::daemon

@@ -33,6 +33,13 @@ inline constexpr int kExitUsage = 2;
 // port 0..65535 (0: any free port).
 absl::Status ValidateHostPort(const std::string& key, const std::string& value);
 
+// Sets up logging for `program`, then blocks SIGTERM and SIGINT in this thread
+// (call it before any thread exists, so every thread inherits the mask and
+// only SignalThread's sigwait() receives them). Returns the exit code to use
+// if it failed (kExitUsage for logging, kExitFailure for signals) after
+// printing why, or kExitOk with `signals` filled.
+int InitLoggingAndSignals(const char* program, const log::Options& log_options, sigset_t* signals);
+
 inline std::string HostOf(const std::string& address) { return address.substr(0, address.rfind(':')); }
 
 inline void NameThisThread(const char* name) {

@@ -64,9 +64,9 @@ using daemon::SignalThread;
 using daemon::StopRequest;
 using daemon::ValidateHostPort;
 
-constexpr int kExitOk = 0;
-constexpr int kExitFailure = 1;
-constexpr int kExitUsage = 2;
+using daemon::kExitFailure;
+using daemon::kExitOk;
+using daemon::kExitUsage;
 
 constexpr char kProgram[] = "ckpt-meta";
 constexpr char kDefaultListen[] = "127.0.0.1:7400";
@@ -507,22 +507,8 @@ int Main(int argc, char** argv) {
   log_options.json = settings->log_json;
   log_options.file = settings->log_file;
   log_options.name = kProgram;
-  if (absl::Status s = log::Init(log_options); !s.ok()) {
-    std::fprintf(stderr, "%s: cannot set up logging: %s\n", kProgram,
-                 std::string(s.message()).c_str());
-    return kExitUsage;
-  }
-
-  // Block the stop signals before any thread exists, so every thread inherits
-  // the mask and only the signal thread's sigwait() receives them.
   sigset_t signals;
-  sigemptyset(&signals);
-  sigaddset(&signals, SIGTERM);
-  sigaddset(&signals, SIGINT);
-  if (int err = pthread_sigmask(SIG_BLOCK, &signals, nullptr); err != 0) {
-    log::Error("{}: cannot block signals: {}", kProgram, std::strerror(err));
-    return kExitFailure;
-  }
+  if (int rc = daemon::InitLoggingAndSignals(kProgram, log_options, &signals); rc != kExitOk) return rc;
   return Serve(*settings, signals);
 }
 

@@ -12,6 +12,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "ckpt/client.h"
 #include "common/crc32c.h"
@@ -173,11 +174,14 @@ TEST_F(ClientIntegrationTest, CorruptedMemoryTierByteIsDataLossOnBothLoadPaths) 
   }
   std::vector<float> into(w.size());
   absl::Status s1 = c->LoadInto(1, {{"w", std::as_writable_bytes(std::span<float>(into))}});
-  EXPECT_EQ(s1.code(), absl::StatusCode::kDataLoss) << s1;
+  // Either the load finds the bad item, or the agent's background verifier
+  // got there first and meta already aborted the version as data lost.
+  EXPECT_TRUE(absl::IsDataLoss(s1) || absl::StrContains(s1.message(), "data lost")) << s1;
   // The only copy is quarantined: meta aborts the version as data lost.
+  // (or, until meta has the CORRUPT report, the agent refuses the copy).
   absl::StatusOr<LoadedShard> again = c->Load(1);
-  EXPECT_FALSE(again.ok());
-  EXPECT_THAT(again.status().message(), HasSubstr("data lost")) << again.status();
+  EXPECT_TRUE(absl::IsDataLoss(again.status()) || absl::StrContains(again.status().message(), "data lost"))
+      << again.status();
 }
 
 TEST_F(ClientIntegrationTest, BadInputThroughTheClient) {

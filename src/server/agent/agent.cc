@@ -478,6 +478,7 @@ absl::Status Agent::CheckBytes(const ShardRecord& rec, uint32_t* actual_crc, std
 void Agent::QuarantineLocked(Holding& h, const std::string& detail) {
   if (h.corrupt) return;
   h.corrupt = true;
+  h.corrupt_detail = detail;
   m_corrupt_->Increment();
   log::Error("quarantined corrupt copy of {}: {}", ShardIdString(h.rec.id), detail);
   flush_waiting_.erase(h.rec.id);
@@ -688,7 +689,7 @@ absl::StatusOr<Agent::Holding*> Agent::ValidHoldingLocked(const ShardId& id) {
   }
   if (it->second.corrupt) {
     return absl::DataLossError(absl::StrCat("the copy of ", ShardIdString(id),
-                                            " on this node is quarantined (corrupt)"));
+                                            " on this node is quarantined: ", it->second.corrupt_detail));
   }
   return &it->second;
 }

@@ -235,6 +235,7 @@ class Agent {
   struct Holding {
     ShardRecord rec;
     bool corrupt = false;
+    std::string corrupt_detail;  // why it was quarantined
     bool verified = false;
     bool staged_reported = false;
     int pins = 0;            // open handles and readers

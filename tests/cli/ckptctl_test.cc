@@ -208,6 +208,12 @@ TEST_F(CkptctlTest, SavedVersionVisibleThenFlushedPersistedAndRestoredByteExact)
   EXPECT_EQ(r.status.exit_code(), 1);
   EXPECT_THAT(r.stderr_text, HasSubstr("DATA_LOSS"));
   EXPECT_THAT(r.stderr_text, HasSubstr("item "));
+
+  // Delete the version; then it is gone from or marked deleted in the list.
+  r = Ctl({"delete", "gpt", "7", "--force"});
+  ASSERT_TRUE(r.status.success()) << r.stderr_text;
+  Json after = CtlJson({"versions", "gpt"});
+  for (const Json& ver : after["versions"]) EXPECT_NE(ver["state"], "persisted");
 }
 
 TEST_F(CkptctlTest, ServerErrorsExitOneWithTheServersMessage) {
@@ -223,6 +229,15 @@ TEST_F(CkptctlTest, ServerErrorsExitOneWithTheServersMessage) {
   r = Ctl({"restore", "--from-dir", dir_->path() + "/none/1", "--out", dir_->path() + "/o"});
   EXPECT_EQ(r.status.exit_code(), 1);
   EXPECT_THAT(r.stderr_text, HasSubstr("NOT_FOUND"));
+}
+
+TEST_F(CkptctlTest, DrainMovesTheNodeToDraining) {
+  Json node = CtlJson({"drain", "node-1"});
+  EXPECT_EQ(node["id"], "node-1");
+  EXPECT_EQ(node["state"], "draining");
+  RunResult r = Ctl({"nodes"});
+  ASSERT_TRUE(r.status.success()) << r.stderr_text;
+  EXPECT_THAT(r.stdout_text, HasSubstr("draining"));
 }
 
 TEST_F(CkptctlTest, UsageErrorsExitTwo) {

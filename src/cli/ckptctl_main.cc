@@ -1,0 +1,739 @@
+// ckptctl: the admin CLI of ckpt. Talks gRPC to ckpt-meta (MetaService) only;
+// `restore` reads a durable-tier version directory with no daemon at all.
+//
+// Exit codes: 0 ok; 1 failure (the server's code and message, or a local
+// error, on stderr as "ckptctl: CODE: message"); 2 usage error.
+// Output: aligned tables for people, or with --json one JSON document per
+// command (field names in docs/cli.md).
+#include <grpcpp/grpcpp.h>
+
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <cctype>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <system_error>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "ckpt/v1/meta.grpc.pb.h"
+#include "common/durable_format.h"
+#include "common/file_system.h"
+
+namespace ckpt::cli {
+namespace {
+
+using Json = nlohmann::ordered_json;
+
+constexpr char kProgram[] = "ckptctl";
+constexpr int kExitOk = 0;
+constexpr int kExitFailure = 1;
+constexpr int kExitUsage = 2;
+constexpr char kDefaultMeta[] = "127.0.0.1:7400";
+
+// ---------------------------------------------------------------------------
+// Formatting helpers.
+
+// "NODE_STATE_ALIVE" with prefix "NODE_STATE_" -> "alive".
+std::string EnumName(const std::string& full, const std::string& prefix) {
+  std::string s = full.rfind(prefix, 0) == 0 ? full.substr(prefix.size()) : full;
+  for (char& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return s;
+}
+
+std::string NodeStateName(v1::NodeState s) { return EnumName(v1::NodeState_Name(s), "NODE_STATE_"); }
+std::string VersionStateName(v1::VersionState s) {
+  return EnumName(v1::VersionState_Name(s), "VERSION_STATE_");
+}
+std::string CopyRoleName(v1::CopyRole r) { return EnumName(v1::CopyRole_Name(r), "COPY_ROLE_"); }
+std::string CopyStateName(v1::CopyState s) { return EnumName(v1::CopyState_Name(s), "COPY_STATE_"); }
+std::string ProblemKindName(v1::ProblemKind k) {
+  return EnumName(v1::ProblemKind_Name(k), "PROBLEM_KIND_");
+}
+std::string SeverityName(v1::Severity s) { return EnumName(v1::Severity_Name(s), "SEVERITY_"); }
+
+std::string HumanSize(uint64_t bytes) {
+  static const char* const kUnits[] = {"KiB", "MiB", "GiB", "TiB", "PiB"};
+  if (bytes < 1024) return absl::StrCat(bytes, " B");
+  double v = static_cast<double>(bytes) / 1024.0;
+  int unit = 0;
+  while (v >= 1024.0 && unit < 4) {
+    v /= 1024.0;
+    ++unit;
+  }
+  return absl::StrFormat("%.1f %s", v, kUnits[unit]);
+}
+
+int64_t NowUnixMs() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+// "3s ago", "5m ago", "2h ago", "4d ago"; "-" for 0 (never).
+std::string Age(int64_t unix_ms) {
+  if (unix_ms <= 0) return "-";
+  int64_t s = std::max<int64_t>(0, (NowUnixMs() - unix_ms) / 1000);
+  if (s < 60) return absl::StrCat(s, "s ago");
+  if (s < 3600) return absl::StrCat(s / 60, "m ago");
+  if (s < 86400) return absl::StrCat(s / 3600, "h ago");
+  return absl::StrCat(s / 86400, "d ago");
+}
+
+std::string DurationMs(int64_t ms) {
+  if (ms < 1000) return absl::StrCat(ms, "ms");
+  if (ms < 60000) return absl::StrFormat("%.1fs", static_cast<double>(ms) / 1000.0);
+  return absl::StrCat(ms / 60000, "m");
+}
+
+// Prints `rows` under `header`, columns left-aligned and separated by two
+// spaces.
+void PrintTable(const std::vector<std::string>& header,
+                const std::vector<std::vector<std::string>>& rows) {
+  std::vector<size_t> width(header.size(), 0);
+  for (size_t i = 0; i < header.size(); ++i) width[i] = header[i].size();
+  for (const auto& row : rows) {
+    for (size_t i = 0; i < row.size() && i < width.size(); ++i) {
+      width[i] = std::max(width[i], row[i].size());
+    }
+  }
+  auto print_row = [&](const std::vector<std::string>& row) {
+    std::string line;
+    for (size_t i = 0; i < row.size(); ++i) {
+      line += row[i];
+      if (i + 1 < row.size()) line += std::string(width[i] - row[i].size() + 2, ' ');
+    }
+    std::cout << line << "\n";
+  };
+  print_row(header);
+  for (const auto& row : rows) print_row(row);
+}
+
+std::string ProtectionString(const v1::ProtectionPolicy& p) {
+  switch (p.kind_case()) {
+    case v1::ProtectionPolicy::kNone:
+      return "none";
+    case v1::ProtectionPolicy::kReplicate:
+      return absl::StrCat("replicate:", p.replicate().copies(), ":",
+                          EnumName(v1::ReplicaPlacement_Name(p.replicate().placement()),
+                                   "REPLICA_PLACEMENT_"));
+    case v1::ProtectionPolicy::kEc:
+      return absl::StrCat("ec:", p.ec().data_k(), "+", p.ec().parity_m());
+    default:
+      return "default";
+  }
+}
+
+// ---------------------------------------------------------------------------
+// JSON of proto messages.
+
+Json NodeJson(const v1::NodeInfo& n) {
+  return Json{{"id", n.endpoint().node_id()},
+              {"state", NodeStateName(n.state())},
+              {"address", n.endpoint().grpc_address()},
+              {"data_address", n.endpoint().data_address()},
+              {"role", EnumName(v1::NodeRole_Name(n.role()), "NODE_ROLE_")},
+              {"failure_domain", n.failure_domain()},
+              {"memory_capacity_bytes", n.memory_capacity_bytes()},
+              {"memory_used_bytes", n.memory_used_bytes()},
+              {"memory_free_bytes", n.memory_free_bytes()},
+              {"flush_lag_bytes", n.flush_lag_bytes()},
+              {"flush_lag_ms", n.flush_lag_ms()},
+              {"pending_tasks", n.pending_tasks()},
+              {"last_heartbeat_unix_ms", n.last_heartbeat_unix_ms()},
+              {"agent_version", n.agent_version()}};
+}
+
+uint64_t VersionCount(const v1::JobInfo& j) {
+  uint64_t total = 0;
+  for (const auto& c : j.version_counts()) {
+    if (c.state() != v1::VERSION_STATE_DELETED) total += c.count();
+  }
+  return total;
+}
+
+std::optional<uint64_t> NewestStep(const v1::JobInfo& j) {
+  std::optional<uint64_t> newest;
+  auto take = [&](bool has, uint64_t v) {
+    if (has && (!newest || v > *newest)) newest = v;
+  };
+  take(j.has_latest_staged_step(), j.latest_staged_step());
+  take(j.has_latest_protected_step(), j.latest_protected_step());
+  take(j.has_latest_persisted_step(), j.latest_persisted_step());
+  return newest;
+}
+
+Json OptStep(bool has, uint64_t v) { return has ? Json(v) : Json(nullptr); }
+
+Json JobJson(const v1::JobInfo& j) {
+  std::optional<uint64_t> newest = NewestStep(j);
+  Json counts = Json::object();
+  for (const auto& c : j.version_counts()) counts[VersionStateName(c.state())] = c.count();
+  return Json{{"id", j.spec().job_id()},
+              {"world_size", j.spec().world_size()},
+              {"protection", ProtectionString(j.spec().protection())},
+              {"flush_every_n_versions", j.spec().flush().every_n_versions()},
+              {"keep_in_memory", j.spec().retention().keep_in_memory()},
+              {"keep_durable", j.spec().retention().keep_durable()},
+              {"versions", VersionCount(j)},
+              {"versions_by_state", counts},
+              {"newest_step", newest ? Json(*newest) : Json(nullptr)},
+              {"latest_staged_step", OptStep(j.has_latest_staged_step(), j.latest_staged_step())},
+              {"latest_protected_step",
+               OptStep(j.has_latest_protected_step(), j.latest_protected_step())},
+              {"latest_persisted_step",
+               OptStep(j.has_latest_persisted_step(), j.latest_persisted_step())},
+              {"memory_bytes", j.memory_bytes()},
+              {"durable_bytes", j.durable_bytes()},
+              {"created_unix_ms", j.created_unix_ms()},
+              {"deleting", j.deleting()}};
+}
+
+std::string CrcHex(uint32_t crc) { return absl::StrFormat("%08x", crc); }
+
+Json VersionJson(const v1::VersionInfo& v, bool with_shards) {
+  Json out{{"job", v.job_id()},
+           {"step", v.step()},
+           {"state", VersionStateName(v.state())},
+           {"world_size", v.world_size()},
+           {"shards_staged", v.shards_staged()},
+           {"total_bytes", v.total_bytes()},
+           {"flush_planned", v.flush_planned()},
+           {"created_unix_ms", v.created_unix_ms()},
+           {"staged_unix_ms", v.staged_unix_ms()},
+           {"protected_unix_ms", v.protected_unix_ms()},
+           {"persisted_unix_ms", v.persisted_unix_ms()},
+           {"durable_dir", v.durable_dir()},
+           {"abort_reason", v.abort_reason()}};
+  if (with_shards) {
+    Json shards = Json::array();
+    for (const v1::ShardDetail& s : v.shards()) {
+      Json copies = Json::array();
+      for (const v1::ShardCopy& c : s.copies()) {
+        copies.push_back(Json{{"node_id", c.node_id()},
+                              {"role", CopyRoleName(c.role())},
+                              {"state", CopyStateName(c.state())}});
+      }
+      shards.push_back(Json{{"rank", s.info().key().rank()},
+                            {"size_bytes", s.info().size_bytes()},
+                            {"crc32c", CrcHex(s.info().crc32c())},
+                            {"primary_node_id", s.info().primary_node_id()},
+                            {"copies", copies},
+                            {"durable_path", s.durable().path()},
+                            {"durable_written", s.durable().written()}});
+    }
+    out["shards"] = shards;
+  }
+  return out;
+}
+
+// ---------------------------------------------------------------------------
+// Commands.
+
+struct Globals {
+  std::string meta;
+  bool json = false;
+  double timeout_s = 30;
+};
+
+class Ctl {
+ public:
+  explicit Ctl(const Globals& g) : g_(g) {
+    stub_ = v1::MetaService::NewStub(
+        grpc::CreateChannel(g.meta, grpc::InsecureChannelCredentials()));
+  }
+
+  // Runs `call` on a fresh context with the --timeout deadline. Returns true
+  // on success; otherwise prints the server's code and message.
+  template <typename Fn>
+  bool Call(Fn&& call) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() +
+                     std::chrono::milliseconds(static_cast<int64_t>(g_.timeout_s * 1000)));
+    grpc::Status st = call(&ctx);
+    if (st.ok()) return true;
+    std::string code = absl::StatusCodeToString(static_cast<absl::StatusCode>(st.error_code()));
+    std::string msg = st.error_message();
+    if (st.error_code() == grpc::StatusCode::UNAVAILABLE ||
+        st.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) {
+      msg = absl::StrCat("ckpt-meta at ", g_.meta, ": ", msg);
+    }
+    std::fprintf(stderr, "%s: %s: %s\n", kProgram, code.c_str(), msg.c_str());
+    return false;
+  }
+
+  void PrintJson(const Json& j) { std::cout << j.dump(2) << "\n"; }
+
+  int Status() {
+    v1::ClusterStatusRequest req;
+    req.set_include_nodes(false);
+    req.set_max_problems(100);
+    v1::ClusterStatusResponse resp;
+    if (!Call([&](grpc::ClientContext* c) { return stub_->ClusterStatus(c, req, &resp); })) {
+      return kExitFailure;
+    }
+    Json nodes = Json::object(), versions = Json::object(), problems = Json::array();
+    for (const auto& n : resp.nodes_by_state()) nodes[NodeStateName(n.state())] = n.count();
+    for (const auto& v : resp.versions_by_state()) versions[VersionStateName(v.state())] = v.count();
+    for (const auto& p : resp.problems()) {
+      problems.push_back(Json{{"kind", ProblemKindName(p.kind())},
+                              {"severity", SeverityName(p.severity())},
+                              {"message", p.message()},
+                              {"node_id", p.node_id()},
+                              {"job_id", p.job_id()},
+                              {"step", p.has_step() ? Json(p.step()) : Json(nullptr)},
+                              {"since_unix_ms", p.since_unix_ms()}});
+    }
+    if (g_.json) {
+      PrintJson(Json{{"meta_instance_id", resp.meta_instance_id()},
+                     {"meta_version", resp.meta_version()},
+                     {"meta_start_unix_ms", resp.meta_start_unix_ms()},
+                     {"nodes_by_state", nodes},
+                     {"jobs", resp.jobs()},
+                     {"versions_by_state", versions},
+                     {"memory_capacity_bytes", resp.memory_capacity_bytes()},
+                     {"memory_used_bytes", resp.memory_used_bytes()},
+                     {"memory_free_bytes", resp.memory_free_bytes()},
+                     {"flush_lag_bytes", resp.flush_lag_bytes()},
+                     {"flush_lag_ms", resp.flush_lag_ms()},
+                     {"tasks_pending", resp.tasks_pending()},
+                     {"tasks_running", resp.tasks_running()},
+                     {"tasks_retrying", resp.tasks_retrying()},
+                     {"problems", problems},
+                     {"problems_total", resp.problems_total()}});
+      return kExitOk;
+    }
+    auto counts = [](const Json& j) {
+      if (j.empty()) return std::string("none");
+      std::string s;
+      for (auto it = j.begin(); it != j.end(); ++it) {
+        if (!s.empty()) s += ", ";
+        absl::StrAppend(&s, it.value().get<uint64_t>(), " ", it.key());
+      }
+      return s;
+    };
+    std::cout << "meta:      " << resp.meta_version() << " (up since "
+              << Age(resp.meta_start_unix_ms()) << ")\n"
+              << "nodes:     " << counts(nodes) << "\n"
+              << "jobs:      " << resp.jobs() << "\n"
+              << "versions:  " << counts(versions) << "\n"
+              << "memory:    " << HumanSize(resp.memory_used_bytes()) << " used, "
+              << HumanSize(resp.memory_free_bytes()) << " free of "
+              << HumanSize(resp.memory_capacity_bytes()) << "\n"
+              << "flush lag: " << HumanSize(resp.flush_lag_bytes()) << ", "
+              << DurationMs(resp.flush_lag_ms()) << "\n"
+              << "tasks:     " << resp.tasks_pending() << " pending, " << resp.tasks_running()
+              << " running, " << resp.tasks_retrying() << " retrying\n"
+              << "problems:  " << resp.problems_total() << "\n";
+    for (const auto& p : resp.problems()) {
+      std::cout << "  [" << SeverityName(p.severity()) << "] " << ProblemKindName(p.kind())
+                << ": " << p.message() << "\n";
+    }
+    return kExitOk;
+  }
+
+  int Nodes() {
+    v1::ListNodesRequest req;
+    v1::ListNodesResponse resp;
+    if (!Call([&](grpc::ClientContext* c) { return stub_->ListNodes(c, req, &resp); })) {
+      return kExitFailure;
+    }
+    if (g_.json) {
+      Json arr = Json::array();
+      for (const auto& n : resp.nodes()) arr.push_back(NodeJson(n));
+      PrintJson(Json{{"nodes", arr}});
+      return kExitOk;
+    }
+    std::vector<std::vector<std::string>> rows;
+    for (const auto& n : resp.nodes()) {
+      rows.push_back({n.endpoint().node_id(), NodeStateName(n.state()),
+                      n.endpoint().grpc_address(), HumanSize(n.memory_used_bytes()),
+                      HumanSize(n.memory_free_bytes()), Age(n.last_heartbeat_unix_ms())});
+    }
+    PrintTable({"NODE", "STATE", "ADDRESS", "USED", "FREE", "HEARTBEAT"}, rows);
+    return kExitOk;
+  }
+
+  int Jobs() {
+    std::vector<v1::JobInfo> jobs;
+    std::string token;
+    do {
+      v1::ListJobsRequest req;
+      req.set_page_token(token);
+      v1::ListJobsResponse resp;
+      if (!Call([&](grpc::ClientContext* c) { return stub_->ListJobs(c, req, &resp); })) {
+        return kExitFailure;
+      }
+      for (const auto& j : resp.jobs()) jobs.push_back(j);
+      token = resp.next_page_token();
+    } while (!token.empty());
+    if (g_.json) {
+      Json arr = Json::array();
+      for (const auto& j : jobs) arr.push_back(JobJson(j));
+      PrintJson(Json{{"jobs", arr}});
+      return kExitOk;
+    }
+    std::vector<std::vector<std::string>> rows;
+    for (const auto& j : jobs) {
+      std::optional<uint64_t> newest = NewestStep(j);
+      rows.push_back({j.spec().job_id(), std::to_string(j.spec().world_size()),
+                      ProtectionString(j.spec().protection()), std::to_string(VersionCount(j)),
+                      newest ? std::to_string(*newest) : "-", HumanSize(j.memory_bytes())});
+    }
+    PrintTable({"JOB", "WORLD", "PROTECTION", "VERSIONS", "NEWEST", "MEMORY"}, rows);
+    return kExitOk;
+  }
+
+  int Versions(const std::string& job) {
+    std::vector<v1::VersionInfo> versions;
+    std::string token;
+    do {
+      v1::ListVersionsRequest req;
+      req.set_job_id(job);
+      req.set_page_token(token);
+      v1::ListVersionsResponse resp;
+      if (!Call([&](grpc::ClientContext* c) { return stub_->ListVersions(c, req, &resp); })) {
+        return kExitFailure;
+      }
+      for (const auto& v : resp.versions()) versions.push_back(v);
+      token = resp.next_page_token();
+    } while (!token.empty());
+    if (g_.json) {
+      Json arr = Json::array();
+      for (const auto& v : versions) arr.push_back(VersionJson(v, false));
+      PrintJson(Json{{"job", job}, {"versions", arr}});
+      return kExitOk;
+    }
+    std::vector<std::vector<std::string>> rows;
+    for (const auto& v : versions) {
+      rows.push_back({std::to_string(v.step()), VersionStateName(v.state()),
+                      absl::StrCat(v.shards_staged(), "/", v.world_size()),
+                      HumanSize(v.total_bytes()), Age(v.created_unix_ms())});
+    }
+    PrintTable({"STEP", "STATE", "SHARDS", "SIZE", "CREATED"}, rows);
+    return kExitOk;
+  }
+
+  int PrintVersion(const v1::VersionInfo& v, bool with_shards) {
+    if (g_.json) {
+      PrintJson(VersionJson(v, with_shards));
+      return kExitOk;
+    }
+    std::cout << "job:      " << v.job_id() << "\n"
+              << "step:     " << v.step() << "\n"
+              << "state:    " << VersionStateName(v.state()) << "\n"
+              << "shards:   " << v.shards_staged() << "/" << v.world_size() << "\n"
+              << "size:     " << HumanSize(v.total_bytes()) << "\n"
+              << "created:  " << Age(v.created_unix_ms()) << "\n";
+    if (!v.durable_dir().empty()) std::cout << "durable:  " << v.durable_dir() << "\n";
+    if (!v.abort_reason().empty()) std::cout << "aborted:  " << v.abort_reason() << "\n";
+    if (!with_shards) return kExitOk;
+    std::vector<std::vector<std::string>> rows;
+    for (const v1::ShardDetail& s : v.shards()) {
+      std::string copies;
+      for (const v1::ShardCopy& c : s.copies()) {
+        if (!copies.empty()) copies += " ";
+        absl::StrAppend(&copies, c.node_id(), "(", CopyRoleName(c.role()), "/",
+                        CopyStateName(c.state()), ")");
+      }
+      std::string durable = s.durable().path().empty() ? "-" : s.durable().path();
+      if (!s.durable().path().empty() && !s.durable().written()) durable += " (not written)";
+      rows.push_back({std::to_string(s.info().key().rank()), HumanSize(s.info().size_bytes()),
+                      CrcHex(s.info().crc32c()), copies.empty() ? "-" : copies, durable});
+    }
+    std::cout << "\n";
+    PrintTable({"RANK", "SIZE", "CRC32C", "COPIES", "DURABLE"}, rows);
+    return kExitOk;
+  }
+
+  int Inspect(const std::string& job, uint64_t step) {
+    v1::GetVersionRequest req;
+    req.set_job_id(job);
+    req.set_step(step);
+    req.set_include_items(false);
+    v1::GetVersionResponse resp;
+    if (!Call([&](grpc::ClientContext* c) { return stub_->GetVersion(c, req, &resp); })) {
+      return kExitFailure;
+    }
+    return PrintVersion(resp.version(), true);
+  }
+
+  int CreateJob(const v1::JobSpec& spec) {
+    v1::CreateJobRequest req;
+    *req.mutable_spec() = spec;
+    v1::CreateJobResponse resp;
+    if (!Call([&](grpc::ClientContext* c) { return stub_->CreateJob(c, req, &resp); })) {
+      return kExitFailure;
+    }
+    if (g_.json) {
+      Json j = JobJson(resp.job());
+      j["created"] = resp.created();
+      PrintJson(j);
+    } else {
+      std::cout << "created job " << resp.job().spec().job_id() << " (world size "
+                << resp.job().spec().world_size() << ", protection "
+                << ProtectionString(resp.job().spec().protection()) << ")\n";
+    }
+    return kExitOk;
+  }
+
+  int Flush(const std::string& job, uint64_t step) {
+    v1::FlushVersionRequest req;
+    req.set_job_id(job);
+    req.set_step(step);
+    v1::FlushVersionResponse resp;
+    if (!Call([&](grpc::ClientContext* c) { return stub_->FlushVersion(c, req, &resp); })) {
+      return kExitFailure;
+    }
+    if (!g_.json) std::cout << "flush requested\n";
+    return PrintVersion(resp.version(), false);
+  }
+
+  int Delete(const std::string& job, uint64_t step, bool force) {
+    v1::DeleteVersionRequest req;
+    req.set_job_id(job);
+    req.set_step(step);
+    req.set_force(force);
+    v1::DeleteVersionResponse resp;
+    if (!Call([&](grpc::ClientContext* c) { return stub_->DeleteVersion(c, req, &resp); })) {
+      return kExitFailure;
+    }
+    if (!g_.json) std::cout << "deleting\n";
+    return PrintVersion(resp.version(), false);
+  }
+
+  int Drain(const std::string& node) {
+    v1::DrainNodeRequest req;
+    req.set_node_id(node);
+    v1::DrainNodeResponse resp;
+    if (!Call([&](grpc::ClientContext* c) { return stub_->DrainNode(c, req, &resp); })) {
+      return kExitFailure;
+    }
+    if (g_.json) {
+      PrintJson(NodeJson(resp.node()));
+    } else {
+      std::cout << "node " << resp.node().endpoint().node_id() << " is "
+                << NodeStateName(resp.node().state()) << "\n";
+    }
+    return kExitOk;
+  }
+
+ private:
+  Globals g_;
+  std::unique_ptr<v1::MetaService::Stub> stub_;
+};
+
+int Fail(const absl::Status& s) {
+  std::fprintf(stderr, "%s: %s: %s\n", kProgram, absl::StatusCodeToString(s.code()).c_str(),
+               std::string(s.message()).c_str());
+  return kExitFailure;
+}
+
+absl::Status WriteFile(const std::string& path, std::string_view data) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out.write(data.data(), static_cast<std::streamsize>(data.size()));
+  out.close();
+  if (!out) return absl::UnavailableError(absl::StrCat("cannot write '", path, "'"));
+  return absl::OkStatus();
+}
+
+// Copies a committed durable version directory to `out_dir`, verifying every
+// item's and file's crc32c on the way.
+int Restore(const std::string& from_dir, const std::string& out_dir, bool json) {
+  FileSystem* fs = PosixFileSystem();
+  absl::StatusOr<DurableManifest> m = ReadDurableManifest(fs, from_dir);
+  if (!m.ok()) return Fail(m.status());
+  absl::StatusOr<std::string> manifest_text =
+      ReadFileToString(fs, from_dir + "/" + std::string(kDurableManifestFileName));
+  if (!manifest_text.ok()) return Fail(manifest_text.status());
+  std::error_code ec;
+  std::filesystem::create_directories(out_dir, ec);
+  if (ec) {
+    return Fail(absl::UnavailableError(
+        absl::StrCat("cannot create '", out_dir, "': ", ec.message())));
+  }
+  Json files = Json::array();
+  uint64_t total = 0;
+  for (const DurableShard& shard : m->shards) {
+    std::vector<std::byte> bytes(shard.size_bytes);
+    absl::Status s = ReadRankFile(fs, from_dir, shard, bytes);
+    if (!s.ok()) return Fail(s);
+    const std::string path = absl::StrCat(out_dir, "/", shard.file);
+    s = WriteFile(path, std::string_view(reinterpret_cast<const char*>(bytes.data()), bytes.size()));
+    if (!s.ok()) return Fail(s);
+    total += shard.size_bytes;
+    files.push_back(Json{{"rank", shard.rank},
+                         {"path", path},
+                         {"size_bytes", shard.size_bytes},
+                         {"crc32c", CrcHex(shard.crc32c)}});
+  }
+  absl::Status s = WriteFile(out_dir + "/" + std::string(kDurableManifestFileName), *manifest_text);
+  if (!s.ok()) return Fail(s);
+  if (json) {
+    std::cout << Json{{"job", m->job_id},
+                      {"step", m->step},
+                      {"world_size", m->world_size},
+                      {"out_dir", out_dir},
+                      {"total_bytes", total},
+                      {"files", files}}
+                     .dump(2)
+              << "\n";
+  } else {
+    std::cout << "restored " << m->job_id << " step " << m->step << ": " << m->shards.size()
+              << " rank files, " << HumanSize(total) << ", all checksums verified, to "
+              << out_dir << "\n";
+  }
+  return kExitOk;
+}
+
+// "4+2" -> (4, 2); nullopt if malformed or zero.
+std::optional<std::pair<uint32_t, uint32_t>> ParseEc(const std::string& s) {
+  size_t plus = s.find('+');
+  if (plus == std::string::npos) return std::nullopt;
+  uint32_t k = 0, m = 0;
+  if (!absl::SimpleAtoi(s.substr(0, plus), &k) || !absl::SimpleAtoi(s.substr(plus + 1), &m)) {
+    return std::nullopt;
+  }
+  if (k == 0 || m == 0) return std::nullopt;
+  return std::make_pair(k, m);
+}
+
+int Main(int argc, char** argv) {
+  CLI::App app{
+      "ckptctl: administer a ckpt cluster through ckpt-meta. Exit codes: 0 ok, 1 failure "
+      "(the server's error on stderr), 2 usage error.",
+      kProgram};
+  app.require_subcommand(1);
+  Globals g;
+  const char* env_meta = std::getenv("CKPT_META");
+  g.meta = env_meta != nullptr && *env_meta != '\0' ? env_meta : kDefaultMeta;
+  app.add_option("--meta", g.meta, "host:port of ckpt-meta (default: $CKPT_META, else " +
+                                       std::string(kDefaultMeta) + ")")
+      ->type_name("HOST:PORT");
+  app.add_flag("--json", g.json, "Print one JSON document per command (see docs/cli.md).");
+  app.add_option("--timeout", g.timeout_s, "Deadline of each RPC in seconds.")
+      ->check(CLI::PositiveNumber)
+      ->default_str("30");
+
+  CLI::App* status = app.add_subcommand("status", "Cluster summary and problems.");
+  CLI::App* nodes = app.add_subcommand("nodes", "List agent nodes.");
+  CLI::App* jobs = app.add_subcommand("jobs", "List jobs.");
+
+  std::string job;
+  uint64_t step = 0;
+  CLI::App* versions = app.add_subcommand("versions", "List a job's versions.");
+  versions->add_option("JOB", job, "Job id")->required();
+  CLI::App* inspect = app.add_subcommand("inspect", "Show one version shard by shard.");
+  inspect->add_option("JOB", job, "Job id")->required();
+  inspect->add_option("STEP", step, "Step")->required();
+
+  CLI::App* create = app.add_subcommand("create-job", "Create a job.");
+  uint32_t world_size = 0, copies = 0, flush_every = 0, keep_mem = 0, keep_durable = 0;
+  std::string placement = "ring", ec_spec;
+  bool no_protection = false;
+  create->add_option("JOB", job, "Job id")->required();
+  create->add_option("--world-size", world_size, "Number of ranks")
+      ->required()
+      ->check(CLI::PositiveNumber);
+  CLI::Option* rep_opt =
+      create->add_option("--replicate", copies, "Keep COPIES copies of every shard")
+          ->type_name("COPIES")
+          ->check(CLI::PositiveNumber);
+  CLI::Option* placement_opt =
+      create->add_option("--placement", placement, "Replica placement: ring or group")
+          ->check(CLI::IsMember({"ring", "group"}))
+          ->needs(rep_opt);
+  CLI::Option* ec_opt =
+      create->add_option("--ec", ec_spec, "Erasure coding with K data and M parity segments")
+          ->type_name("K+M");
+  CLI::Option* none_opt = create->add_flag("--no-protection", no_protection, "No protection");
+  rep_opt->excludes(ec_opt)->excludes(none_opt);
+  ec_opt->excludes(none_opt)->excludes(rep_opt);
+  none_opt->excludes(rep_opt)->excludes(ec_opt);
+  (void)placement_opt;
+  create->add_option("--flush-every", flush_every, "Flush every Nth version to durable storage");
+  create->add_option("--keep-in-memory", keep_mem, "Versions kept in memory");
+  create->add_option("--keep-durable", keep_durable, "Versions kept on durable storage");
+
+  bool force = false;
+  CLI::App* flush = app.add_subcommand("flush", "Flush a version to durable storage.");
+  flush->add_option("JOB", job, "Job id")->required();
+  flush->add_option("STEP", step, "Step")->required();
+  CLI::App* del = app.add_subcommand("delete", "Delete a version.");
+  del->add_option("JOB", job, "Job id")->required();
+  del->add_option("STEP", step, "Step")->required();
+  del->add_flag("--force", force, "Delete even if it is the newest protected version");
+
+  std::string node;
+  CLI::App* drain = app.add_subcommand("drain", "Drain a node.");
+  drain->add_option("NODE", node, "Node id")->required();
+
+  std::string from_dir, out_dir;
+  CLI::App* restore = app.add_subcommand(
+      "restore", "Copy a durable version directory out, verifying checksums (no daemon needed).");
+  restore->add_option("--from-dir", from_dir, "Version directory <durable_root>/JOB/STEP")
+      ->required();
+  restore->add_option("--out", out_dir, "Output directory")->required();
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    const int code = app.exit(e);
+    return code == 0 ? kExitOk : kExitUsage;
+  }
+
+  if (*restore) return Restore(from_dir, out_dir, g.json);
+
+  Ctl ctl(g);
+  if (*status) return ctl.Status();
+  if (*nodes) return ctl.Nodes();
+  if (*jobs) return ctl.Jobs();
+  if (*versions) return ctl.Versions(job);
+  if (*inspect) return ctl.Inspect(job, step);
+  if (*create) {
+    v1::JobSpec spec;
+    spec.set_job_id(job);
+    spec.set_world_size(world_size);
+    if (rep_opt->count() > 0) {
+      spec.mutable_protection()->mutable_replicate()->set_copies(copies);
+      spec.mutable_protection()->mutable_replicate()->set_placement(
+          placement == "group" ? v1::REPLICA_PLACEMENT_GROUP : v1::REPLICA_PLACEMENT_RING);
+    } else if (ec_opt->count() > 0) {
+      std::optional<std::pair<uint32_t, uint32_t>> km = ParseEc(ec_spec);
+      if (!km) {
+        std::fprintf(stderr, "%s: --ec: expected K+M with positive integers, e.g. 4+2; got '%s'\n",
+                     kProgram, ec_spec.c_str());
+        return kExitUsage;
+      }
+      spec.mutable_protection()->mutable_ec()->set_data_k(km->first);
+      spec.mutable_protection()->mutable_ec()->set_parity_m(km->second);
+    } else if (no_protection) {
+      spec.mutable_protection()->mutable_none();
+    }
+    spec.mutable_flush()->set_every_n_versions(flush_every);
+    spec.mutable_retention()->set_keep_in_memory(keep_mem);
+    spec.mutable_retention()->set_keep_durable(keep_durable);
+    return ctl.CreateJob(spec);
+  }
+  if (*flush) return ctl.Flush(job, step);
+  if (*del) return ctl.Delete(job, step, force);
+  if (*drain) return ctl.Drain(node);
+  return kExitUsage;
+}
+
+}  // namespace
+}  // namespace ckpt::cli
+
+int main(int argc, char** argv) { return ckpt::cli::Main(argc, argv); }

@@ -1,0 +1,264 @@
+// The real ckptctl binary against real ckpt-meta and ckpt-agent processes:
+// create-job, jobs/versions/status/nodes/inspect in human and --json form, a
+// version saved through ckpt::Client, flush to PERSISTED and a byte-exact
+// restore from the durable tier, server errors (exit 1) and usage errors
+// (exit 2).
+#include <cstring>
+#include <random>
+#include <span>
+#include <string>
+#include <vector>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "ckpt/client.h"
+#include "common/file_system.h"
+#include "integration/agent_process.h"
+#include "integration/meta_process.h"
+#include "support/process.h"
+#include "support/temp_dir.h"
+
+namespace ckpt {
+namespace {
+
+using ::testing::HasSubstr;
+using testing::AgentProcess;
+using testing::AgentProcessOptions;
+using testing::MetaProcess;
+using testing::RunResult;
+using testing::TempDir;
+using Json = nlohmann::json;
+
+std::vector<float> Tensor(size_t n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::vector<float> v(n);
+  for (float& x : v) x = static_cast<float>(rng() % 100000) / 7.0f;
+  return v;
+}
+
+class CkptctlTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = std::make_unique<TempDir>(*TempDir::Create());
+    absl::StatusOr<std::unique_ptr<MetaProcess>> meta =
+        MetaProcess::Start(*dir_->Sub("meta"), dir_->path());
+    ASSERT_TRUE(meta.ok()) << meta.status();
+    meta_ = *std::move(meta);
+    AgentProcessOptions o;
+    o.meta_address = meta_->address();
+    o.dir = *dir_->Sub("agent");
+    o.durable_root = *dir_->Sub("durable");
+    o.memory = "64MiB";
+    absl::StatusOr<std::unique_ptr<AgentProcess>> agent = AgentProcess::Start(o);
+    ASSERT_TRUE(agent.ok()) << agent.status();
+    agent_ = *std::move(agent);
+  }
+
+  // Runs ckptctl with --meta pointing at the test's meta.
+  RunResult Ctl(std::vector<std::string> args) {
+    testing::SubprocessOptions o;
+    o.argv = {testing::BinaryPath("ckptctl"), "--meta", meta_->address()};
+    for (std::string& a : args) o.argv.push_back(std::move(a));
+    absl::StatusOr<RunResult> r = testing::RunToCompletion(o, absl::Seconds(60));
+    EXPECT_TRUE(r.ok()) << r.status();
+    if (!r.ok()) return RunResult{testing::ExitStatus(-1), "", ""};
+    return *std::move(r);
+  }
+
+  Json CtlJson(std::vector<std::string> args) {
+    args.insert(args.begin(), "--json");
+    RunResult r = Ctl(args);
+    EXPECT_TRUE(r.status.success()) << r.status << "\n" << r.stderr_text;
+    Json j = Json::parse(r.stdout_text, nullptr, /*allow_exceptions=*/false);
+    EXPECT_FALSE(j.is_discarded()) << r.stdout_text;
+    return j;
+  }
+
+  ClientOptions Options(const std::string& job, uint32_t rank, uint32_t world) {
+    ClientOptions o;
+    o.meta_address = meta_->address();
+    o.agent_socket = agent_->socket_path();
+    o.job_id = job;
+    o.rank = rank;
+    o.world_size = world;
+    o.connect_timeout = absl::Seconds(20);
+    return o;
+  }
+
+  std::unique_ptr<TempDir> dir_;
+  std::unique_ptr<MetaProcess> meta_;
+  std::unique_ptr<AgentProcess> agent_;
+};
+
+TEST_F(CkptctlTest, CreateJobThenJobsVersionsStatusNodesHumanAndJson) {
+  RunResult r = Ctl({"create-job", "llm", "--world-size", "4", "--no-protection",
+                     "--flush-every", "5", "--keep-in-memory", "2"});
+  ASSERT_TRUE(r.status.success()) << r.status << r.stderr_text;
+  EXPECT_THAT(r.stdout_text, HasSubstr("llm"));
+
+  r = Ctl({"jobs"});
+  ASSERT_TRUE(r.status.success()) << r.stderr_text;
+  EXPECT_THAT(r.stdout_text, HasSubstr("JOB"));
+  EXPECT_THAT(r.stdout_text, HasSubstr("llm"));
+  Json jobs = CtlJson({"jobs"});
+  ASSERT_EQ(jobs["jobs"].size(), 1u);
+  EXPECT_EQ(jobs["jobs"][0]["id"], "llm");
+  EXPECT_EQ(jobs["jobs"][0]["world_size"], 4);
+  EXPECT_EQ(jobs["jobs"][0]["protection"], "none");
+  EXPECT_EQ(jobs["jobs"][0]["flush_every_n_versions"], 5);
+  EXPECT_EQ(jobs["jobs"][0]["keep_in_memory"], 2);
+  EXPECT_EQ(jobs["jobs"][0]["versions"], 0);
+
+  r = Ctl({"versions", "llm"});
+  ASSERT_TRUE(r.status.success()) << r.stderr_text;
+  EXPECT_THAT(r.stdout_text, HasSubstr("STEP"));
+  Json versions = CtlJson({"versions", "llm"});
+  EXPECT_EQ(versions["job"], "llm");
+  EXPECT_TRUE(versions["versions"].empty());
+
+  r = Ctl({"status"});
+  ASSERT_TRUE(r.status.success()) << r.stderr_text;
+  EXPECT_THAT(r.stdout_text, HasSubstr("1 alive"));
+  Json status = CtlJson({"status"});
+  EXPECT_EQ(status["jobs"], 1);
+  EXPECT_EQ(status["nodes_by_state"]["alive"], 1);
+  EXPECT_GT(status["memory_capacity_bytes"].get<uint64_t>(), 0u);
+  EXPECT_TRUE(status["problems"].is_array());
+
+  r = Ctl({"nodes"});
+  ASSERT_TRUE(r.status.success()) << r.stderr_text;
+  EXPECT_THAT(r.stdout_text, HasSubstr("node-1"));
+  EXPECT_THAT(r.stdout_text, HasSubstr("alive"));
+  EXPECT_THAT(r.stdout_text, HasSubstr("s ago"));
+  Json nodes = CtlJson({"nodes"});
+  ASSERT_EQ(nodes["nodes"].size(), 1u);
+  EXPECT_EQ(nodes["nodes"][0]["id"], "node-1");
+  EXPECT_EQ(nodes["nodes"][0]["state"], "alive");
+
+  // Creating it again with another spec is the server's error: exit 1.
+  r = Ctl({"create-job", "llm", "--world-size", "8"});
+  EXPECT_EQ(r.status.exit_code(), 1) << r.stdout_text;
+  EXPECT_THAT(r.stderr_text, HasSubstr("ckptctl: "));
+}
+
+TEST_F(CkptctlTest, SavedVersionVisibleThenFlushedPersistedAndRestoredByteExact) {
+  ClientOptions o = Options("gpt", 0, 1);
+  absl::StatusOr<Client> c = Client::Connect(o);
+  ASSERT_TRUE(c.ok()) << c.status();
+  std::vector<float> w = Tensor(50000, 1);
+  SaveBuilder s = c->BeginSave(7);
+  ASSERT_TRUE(s.Add("w", std::as_bytes(std::span<const float>(w)), DType::kF32, {w.size()}).ok());
+  absl::StatusOr<SaveHandle> h = s.Commit();
+  ASSERT_TRUE(h.ok()) << h.status();
+  ASSERT_TRUE(h->Wait(Level::kStaged, absl::Now() + absl::Seconds(30)).ok());
+
+  RunResult r = Ctl({"versions", "gpt"});
+  ASSERT_TRUE(r.status.success()) << r.stderr_text;
+  EXPECT_THAT(r.stdout_text, HasSubstr("1/1"));
+  EXPECT_THAT(r.stdout_text, HasSubstr("KiB"));
+  Json versions = CtlJson({"versions", "gpt"});
+  ASSERT_EQ(versions["versions"].size(), 1u);
+  EXPECT_EQ(versions["versions"][0]["step"], 7);
+  EXPECT_EQ(versions["versions"][0]["shards_staged"], 1);
+
+  r = Ctl({"inspect", "gpt", "7"});
+  ASSERT_TRUE(r.status.success()) << r.stderr_text;
+  EXPECT_THAT(r.stdout_text, HasSubstr("node-1(primary/valid)"));
+  Json v = CtlJson({"inspect", "gpt", "7"});
+  ASSERT_EQ(v["shards"].size(), 1u);
+  EXPECT_EQ(v["shards"][0]["rank"], 0);
+  EXPECT_EQ(v["shards"][0]["crc32c"], absl::StrFormat("%08x", h->crc32c()));
+  EXPECT_EQ(v["shards"][0]["copies"][0]["node_id"], "node-1");
+
+  r = Ctl({"flush", "gpt", "7"});
+  ASSERT_TRUE(r.status.success()) << r.stderr_text;
+  ASSERT_TRUE(h->Wait(Level::kPersisted, absl::Now() + absl::Seconds(60)).ok())
+      << agent_->proc()->LogTail();
+  // Meta's view catches up with the client's wait: bounded poll.
+  std::string state;
+  for (int i = 0; i < 300 && state != "persisted"; ++i) {
+    state = CtlJson({"inspect", "gpt", "7"})["state"];
+    if (state != "persisted") absl::SleepFor(absl::Milliseconds(50));
+  }
+  ASSERT_EQ(state, "persisted");
+
+  const std::string vdir = absl::StrCat(agent_->options().durable_root, "/gpt/7");
+  const std::string out = absl::StrCat(dir_->path(), "/restored");
+  r = Ctl({"restore", "--from-dir", vdir, "--out", out});
+  ASSERT_TRUE(r.status.success()) << r.stderr_text;
+  absl::StatusOr<std::string> want = ReadFileToString(PosixFileSystem(), vdir + "/rank-00000.bin");
+  absl::StatusOr<std::string> got = ReadFileToString(PosixFileSystem(), out + "/rank-00000.bin");
+  ASSERT_TRUE(want.ok() && got.ok());
+  EXPECT_EQ(*want, *got);
+  EXPECT_EQ(std::memcmp(got->data(), w.data(), w.size() * sizeof(float)), 0);
+  absl::StatusOr<std::string> manifest = ReadFileToString(PosixFileSystem(), out + "/manifest.json");
+  ASSERT_TRUE(manifest.ok());
+
+  // A flipped byte in a rank file: DataLoss, exit 1, naming the item.
+  std::string bad = *want;
+  bad[10] ^= 0x5a;
+  ASSERT_TRUE(WriteStringToFileAtomically(PosixFileSystem(), vdir + "/rank-00000.bin", bad).ok());
+  r = Ctl({"restore", "--from-dir", vdir, "--out", out + "2"});
+  EXPECT_EQ(r.status.exit_code(), 1);
+  EXPECT_THAT(r.stderr_text, HasSubstr("DATA_LOSS"));
+  EXPECT_THAT(r.stderr_text, HasSubstr("item "));
+
+  // Delete the version; then it is gone from or marked deleted in the list.
+  r = Ctl({"delete", "gpt", "7", "--force"});
+  ASSERT_TRUE(r.status.success()) << r.stderr_text;
+  Json after = CtlJson({"versions", "gpt"});
+  for (const Json& ver : after["versions"]) EXPECT_NE(ver["state"], "persisted");
+}
+
+TEST_F(CkptctlTest, ServerErrorsExitOneWithTheServersMessage) {
+  RunResult r = Ctl({"versions", "nosuchjob"});
+  EXPECT_EQ(r.status.exit_code(), 1);
+  EXPECT_THAT(r.stderr_text, HasSubstr("ckptctl: NOT_FOUND"));
+  EXPECT_THAT(r.stderr_text, HasSubstr("nosuchjob"));
+  r = Ctl({"inspect", "nosuchjob", "3"});
+  EXPECT_EQ(r.status.exit_code(), 1);
+  EXPECT_THAT(r.stderr_text, HasSubstr("NOT_FOUND"));
+  r = Ctl({"drain", "nosuchnode"});
+  EXPECT_EQ(r.status.exit_code(), 1);
+  r = Ctl({"restore", "--from-dir", dir_->path() + "/none/1", "--out", dir_->path() + "/o"});
+  EXPECT_EQ(r.status.exit_code(), 1);
+  EXPECT_THAT(r.stderr_text, HasSubstr("NOT_FOUND"));
+}
+
+TEST_F(CkptctlTest, DrainMovesTheNodeToDraining) {
+  Json node = CtlJson({"drain", "node-1"});
+  EXPECT_EQ(node["id"], "node-1");
+  EXPECT_EQ(node["state"], "draining");
+  RunResult r = Ctl({"nodes"});
+  ASSERT_TRUE(r.status.success()) << r.stderr_text;
+  EXPECT_THAT(r.stdout_text, HasSubstr("draining"));
+}
+
+TEST_F(CkptctlTest, UsageErrorsExitTwo) {
+  for (std::vector<std::string> args : std::vector<std::vector<std::string>>{
+           {"frobnicate"},
+           {},
+           {"create-job", "j", "--world-size", "2", "--ec", "4x2"},
+           {"create-job", "j", "--world-size", "2", "--ec", "4+"},
+           {"create-job", "j", "--world-size", "2", "--replicate", "2", "--ec", "4+2"},
+           {"create-job", "j", "--world-size", "2", "--replicate", "2", "--no-protection"},
+           {"create-job", "j", "--world-size", "2", "--replicate", "2", "--placement", "star"},
+           {"create-job", "j"},
+           {"inspect", "j", "notanumber"},
+           {"--timeout", "-1", "jobs"},
+       }) {
+    RunResult r = Ctl(args);
+    EXPECT_EQ(r.status.exit_code(), 2) << absl::StrJoin(args, " ") << "\n" << r.stderr_text;
+  }
+  // Nothing reached the server.
+  EXPECT_TRUE(CtlJson({"jobs"})["jobs"].empty());
+}
+
+}  // namespace
+}  // namespace ckpt

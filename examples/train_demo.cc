@@ -20,6 +20,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -100,9 +101,18 @@ int Run(const Args& a) {
                 static_cast<unsigned long>(*latest), from, absl::ToDoubleMilliseconds(absl::Now() - t0));
     start = *latest;
   }
+  std::optional<ckpt::SaveHandle> previous;
   for (uint64_t step = start + 1; step <= a.steps; ++step) {
     Step(state, step, a.rank);
     if (step % a.every != 0) continue;
+    // Bound checkpoints in flight to one, as trainers do: the previous one
+    // must be PROTECTED (by then meta has told agents to evict what retention
+    // no longer keeps). In a real job this overlaps the training step.
+    if (previous) {
+      if (absl::Status s = previous->Wait(ckpt::Level::kProtected, absl::Now() + absl::Minutes(2)); !s.ok()) {
+        return Fail(s, "wait for the previous checkpoint");
+      }
+    }
     const absl::Time t0 = absl::Now();
     ckpt::SaveBuilder b = client->BeginSave(step);
     for (int t = 0; t < kTensors; ++t) {
@@ -113,6 +123,7 @@ int Run(const Args& a) {
     }
     absl::StatusOr<ckpt::SaveHandle> h = b.Commit();
     if (!h.ok()) return Fail(h.status(), "commit");
+    previous = *h;
     std::printf("rank %u: step %lu saved %lu MiB, training blocked %.1f ms\n", a.rank,
                 static_cast<unsigned long>(step), static_cast<unsigned long>(a.mib),
                 absl::ToDoubleMilliseconds(absl::Now() - t0));

@@ -21,7 +21,7 @@ mib="${CKPT_DEMO_MIB:-64}"
 "${root}/scripts/setup-deps.sh"
 echo "== build"
 cmake -S "${root}" -B "${build}" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCKPT_KEEP_ASSERTS=ON >/dev/null
-cmake --build "${build}" -j "${CKPT_JOBS:-2}" --target ckpt-meta ckpt-agent ckpt-train-demo
+cmake --build "${build}" -j "${CKPT_JOBS:-2}" --target ckpt-meta ckpt-agent ckpt-train-demo ckptctl
 
 work="$(mktemp -d "${TMPDIR:-/tmp}/ckpt-demo.XXXXXX")"
 shm="/dev/shm/ckpt-demo-$$"
@@ -66,9 +66,9 @@ for node in node-a node-b; do
   agent_port[${node}]="$(free_port)"
   agent_args[${node}]="--node-id ${node} --meta ${meta} --listen 127.0.0.1:${agent_port[${node}]}
     --data-listen 127.0.0.1:$(free_port) --metrics-listen 127.0.0.1:$(free_port)
-    --run-dir ${work}/${node}/run --memory $((mib * 8))MiB --memory-dir ${shm}/${node}
+    --run-dir ${work}/${node}/run --memory $((mib * 10))MiB --memory-dir ${shm}/${node}
     --durable-root ${work}/durable"
-  echo "== ckpt-agent ${node} (memory tier ${shm}/${node}, $((mib * 8)) MiB)"
+  echo "== ckpt-agent ${node} (memory tier ${shm}/${node}, $((mib * 10)) MiB)"
   start_agent "${node}"
 done
 
@@ -98,8 +98,10 @@ start_agent node-b
 grep -h "re-adopted" "${work}/node-b.log" | tail -1 || true
 echo "== the ranks restart and resume from the newest protected version"
 if run_ranks --resume; then
-  echo "== durable tier (flushed versions)"
-  find "${work}/durable" -name COMMITTED | sort | sed "s|${work}/durable/||"
+  echo "== ckptctl versions demo"
+  "${build}/bin/ckptctl" --meta "${meta}" versions demo
+  echo "== ckptctl status"
+  "${build}/bin/ckptctl" --meta "${meta}" status
   echo "OK: every rank resumed from ckpt and matches an uninterrupted run"
 else
   echo "FAILED: see ${work} (CKPT_KEEP=1 keeps it)"

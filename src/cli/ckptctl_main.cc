@@ -530,6 +530,79 @@ class Ctl {
     return kExitOk;
   }
 
+  // The job's placement plan and its survival probability for each number
+  // of simultaneous node failures.
+  int Placement(const std::string& job, const std::vector<uint32_t>& failures) {
+    v1::GetPlacementRequest req;
+    req.set_job_id(job);
+    for (uint32_t f : failures) req.add_failures(f);
+    v1::GetPlacementResponse resp;
+    if (!Call([&](grpc::ClientContext* c) { return stub_->GetPlacement(c, req, &resp); })) {
+      return kExitFailure;
+    }
+    const v1::PlacementPlan& plan = resp.plan();
+    Json survival = Json::array();
+    for (const v1::SurvivalEstimate& e : resp.survival()) {
+      survival.push_back(Json{{"failures", e.failures()},
+                              {"probability", e.probability()},
+                              {"exact", e.exact()},
+                              {"samples", e.samples()}});
+    }
+    Json sets = Json::array();
+    for (const v1::ReplicaSet& r : plan.replica_sets()) {
+      sets.push_back(Json{{"source", r.source_node_id()},
+                          {"targets", std::vector<std::string>(r.target_node_ids().begin(),
+                                                               r.target_node_ids().end())},
+                          {"group", r.group_index()}});
+    }
+    Json groups = Json::array();
+    for (const v1::EcGroupLayout& gr : plan.ec_groups()) {
+      groups.push_back(Json{{"group", gr.group_index()},
+                            {"nodes", std::vector<std::string>(gr.node_ids().begin(), gr.node_ids().end())},
+                            {"data_k", gr.data_k()},
+                            {"parity_m", gr.parity_m()}});
+    }
+    if (g_.json) {
+      PrintJson(Json{{"job", plan.job_id()},
+                     {"plan_epoch", plan.plan_epoch()},
+                     {"protection", ProtectionString(plan.policy())},
+                     {"nodes", std::vector<std::string>(plan.node_ids().begin(), plan.node_ids().end())},
+                     {"replica_sets", sets},
+                     {"ec_groups", groups},
+                     {"survival", survival}});
+      return kExitOk;
+    }
+    std::cout << "job " << plan.job_id() << ": " << ProtectionString(plan.policy()) << " over "
+              << plan.node_ids_size() << " node(s), plan epoch " << plan.plan_epoch() << "\n";
+    if (plan.replica_sets_size() > 0) {
+      std::vector<std::vector<std::string>> rows;
+      for (const v1::ReplicaSet& r : plan.replica_sets()) {
+        std::string targets;
+        for (const std::string& t : r.target_node_ids()) absl::StrAppend(&targets, targets.empty() ? "" : ",", t);
+        rows.push_back({r.source_node_id(), targets.empty() ? "-" : targets, absl::StrCat(r.group_index())});
+      }
+      PrintTable({"SOURCE", "REPLICAS ON", "GROUP"}, rows);
+    }
+    if (plan.ec_groups_size() > 0) {
+      std::vector<std::vector<std::string>> rows;
+      for (const v1::EcGroupLayout& gr : plan.ec_groups()) {
+        std::string nodes;
+        for (const std::string& n : gr.node_ids()) absl::StrAppend(&nodes, nodes.empty() ? "" : ",", n);
+        rows.push_back({absl::StrCat(gr.group_index()), absl::StrCat(gr.data_k(), "+", gr.parity_m()), nodes});
+      }
+      PrintTable({"GROUP", "EC", "NODES"}, rows);
+    }
+    if (resp.survival_size() > 0) {
+      std::vector<std::vector<std::string>> rows;
+      for (const v1::SurvivalEstimate& e : resp.survival()) {
+        rows.push_back({absl::StrCat(e.failures()), absl::StrFormat("%.6f", e.probability()),
+                        e.exact() ? "exact" : absl::StrCat("monte carlo, ", e.samples(), " samples")});
+      }
+      PrintTable({"FAILED NODES", "P(NO DATA LOST)", "METHOD"}, rows);
+    }
+    return kExitOk;
+  }
+
  private:
   Globals g_;
   std::unique_ptr<v1::MetaService::Stub> stub_;
@@ -676,6 +749,14 @@ int Main(int argc, char** argv) {
   del->add_option("STEP", step, "Step")->required();
   del->add_flag("--force", force, "Delete even if it is the newest protected version");
 
+  std::vector<uint32_t> failures = {1};
+  CLI::App* placement_cmd =
+      app.add_subcommand("placement", "Show a job's placement plan and its survival probability.");
+  placement_cmd->add_option("JOB", job, "Job id")->required();
+  placement_cmd->add_option("--failures", failures, "Numbers of simultaneous node failures (default 1)")
+      ->type_name("F")
+      ->expected(1, 64);
+
   std::string node;
   CLI::App* drain = app.add_subcommand("drain", "Drain a node.");
   drain->add_option("NODE", node, "Node id")->required();
@@ -730,6 +811,7 @@ int Main(int argc, char** argv) {
   if (*flush) return ctl.Flush(job, step);
   if (*del) return ctl.Delete(job, step, force);
   if (*drain) return ctl.Drain(node);
+  if (*placement_cmd) return ctl.Placement(job, failures);
   return kExitUsage;
 }
 

@@ -231,6 +231,28 @@ TEST_F(CkptctlTest, ServerErrorsExitOneWithTheServersMessage) {
   EXPECT_THAT(r.stderr_text, HasSubstr("NOT_FOUND"));
 }
 
+TEST_F(CkptctlTest, PlacementShowsThePlanAndSurvival) {
+  RunResult r = Ctl({"create-job", "plc", "--world-size", "2", "--no-protection"});
+  ASSERT_TRUE(r.status.success()) << r.stderr_text;
+  Json p = CtlJson({"placement", "plc", "--failures", "0", "1"});
+  EXPECT_EQ(p["job"], "plc");
+  EXPECT_EQ(p["protection"], "none");
+  ASSERT_EQ(p["survival"].size(), 2u);
+  EXPECT_EQ(p["survival"][1]["failures"], 1);
+  EXPECT_EQ(p["survival"][0]["probability"], 1.0);
+  // One node, no redundancy: losing it loses the data.
+  EXPECT_EQ(p["survival"][1]["probability"], 0.0);
+  // More failures than nodes: the server's clear error, exit 1.
+  r = Ctl({"placement", "plc", "--failures", "2"});
+  EXPECT_EQ(r.status.exit_code(), 1);
+  EXPECT_THAT(r.stderr_text, HasSubstr("number of nodes"));
+  r = Ctl({"placement", "plc", "--failures", "1"});
+  ASSERT_TRUE(r.status.success()) << r.stderr_text;
+  EXPECT_THAT(r.stdout_text, HasSubstr("P(NO DATA LOST)"));
+  r = Ctl({"placement", "nosuchjob"});
+  EXPECT_EQ(r.status.exit_code(), 1);
+}
+
 TEST_F(CkptctlTest, DrainMovesTheNodeToDraining) {
   Json node = CtlJson({"drain", "node-1"});
   EXPECT_EQ(node["id"], "node-1");

@@ -29,6 +29,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "ckpt/v1/meta.grpc.pb.h"
+#include "cli/data_commands.h"
 #include "common/durable_format.h"
 #include "common/file_system.h"
 
@@ -762,11 +763,38 @@ int Main(int argc, char** argv) {
   drain->add_option("NODE", node, "Node id")->required();
 
   std::string from_dir, out_dir;
+  std::optional<uint32_t> restore_rank;
   CLI::App* restore = app.add_subcommand(
-      "restore", "Copy a durable version directory out, verifying checksums (no daemon needed).");
-  restore->add_option("--from-dir", from_dir, "Version directory <durable_root>/JOB/STEP")
-      ->required();
+      "restore",
+      "Write a version's rank files, verifying every checksum: `restore JOB STEP --out DIR [--rank R]` from "
+      "the agents holding it, or `restore --from-dir PATH --out DIR` from a durable-tier directory with no "
+      "daemon running.");
+  restore->add_option("JOB", job, "Job id");
+  CLI::Option* restore_step = restore->add_option("STEP", step, "Step");
+  CLI::Option* from_opt =
+      restore->add_option("--from-dir", from_dir, "Version directory <durable_root>/JOB/STEP");
+  restore->add_option("--rank", restore_rank, "Only this rank");
   restore->add_option("--out", out_dir, "Output directory")->required();
+
+  std::string agent_socket;
+  {
+    const char* env = std::getenv("CKPT_AGENT_SOCKET");
+    agent_socket = env != nullptr && *env != '\0' ? env : "/run/ckpt/agent.sock";
+  }
+  std::string file;
+  uint32_t save_rank = 0, save_world = 0;
+  CLI::App* save = app.add_subcommand("save", "Store a file as one rank's shard (one item) through the local agent.");
+  save->add_option("JOB", job, "Job id")->required();
+  save->add_option("STEP", step, "Step")->required();
+  save->add_option("FILE", file, "File to store")->required();
+  save->add_option("--rank", save_rank, "Rank")->required();
+  save->add_option("--world-size", save_world, "World size (needed to create the job; default: the job's)");
+  save->add_option("--agent-socket", agent_socket,
+                   "The local agent's socket (default: $CKPT_AGENT_SOCKET, else /run/ckpt/agent.sock)");
+
+  CLI::App* verify = app.add_subcommand("verify", "Have every holder re-read a version and check its crcs.");
+  verify->add_option("JOB", job, "Job id")->required();
+  verify->add_option("STEP", step, "Step")->required();
 
   try {
     app.parse(argc, argv);
@@ -775,7 +803,23 @@ int Main(int argc, char** argv) {
     return code == 0 ? kExitOk : kExitUsage;
   }
 
-  if (*restore) return Restore(from_dir, out_dir, g.json);
+  DataOptions data{g.meta, agent_socket, g.timeout_s, g.json};
+  if (*restore) {
+    if (from_opt->count() > 0) {
+      if (!job.empty()) {
+        std::fprintf(stderr, "%s: restore takes either JOB STEP or --from-dir, not both\n", kProgram);
+        return kExitUsage;
+      }
+      return Restore(from_dir, out_dir, g.json);
+    }
+    if (job.empty() || restore_step->count() == 0) {
+      std::fprintf(stderr, "%s: restore needs JOB STEP (or --from-dir PATH)\n", kProgram);
+      return kExitUsage;
+    }
+    return RestoreOnline(data, job, step, restore_rank, out_dir);
+  }
+  if (*save) return SaveFile(data, job, step, save_rank, save_world, file);
+  if (*verify) return VerifyVersion(data, job, step);
 
   Ctl ctl(g);
   if (*status) return ctl.Status();

@@ -1,0 +1,42 @@
+// ckptctl commands that move or check checkpoint bytes while the cluster runs:
+// `save` (a file as one rank's shard, through the local agent and the C++
+// client), `restore` (every rank from the best live source, each chunk and
+// item crc-checked), `verify` (every holder re-reads and checks its copies).
+//
+// Each returns the process exit code (0 ok, 1 failure with the reason on
+// stderr) and prints a table, or one JSON document with `json`.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+namespace ckpt::cli {
+
+struct DataOptions {
+  std::string meta;          // host:port of ckpt-meta
+  std::string agent_socket;  // the local agent's socket (save)
+  double timeout_s = 30;
+  bool json = false;
+};
+
+// Stores `file` as rank `rank`'s shard of (job, step): one item named after
+// the file, dtype bytes. world_size 0: the job must exist (its size is used).
+int SaveFile(const DataOptions& o, const std::string& job, uint64_t step, uint32_t rank,
+             uint32_t world_size, const std::string& file);
+
+// Writes each rank's shard of (job, step) (or only `rank`) to
+// `out_dir/rank-NNNNN.bin`, read from the best live copy (the agents that
+// hold it, over gRPC ReadShard), checking every chunk's and item's crc32c and
+// trying the next source on a mismatch. A full restore also writes
+// manifest.json and COMMITTED, so `out_dir` is a durable-tier version
+// directory (`restore --from-dir` and the Python reader load it).
+int RestoreOnline(const DataOptions& o, const std::string& job, uint64_t step,
+                  std::optional<uint32_t> rank, const std::string& out_dir);
+
+// Asks every node holding copies of (job, step) to re-read and check them
+// (AgentService.Verify); prints each finding. Exit 1 if any copy is bad or a
+// holder cannot be asked.
+int VerifyVersion(const DataOptions& o, const std::string& job, uint64_t step);
+
+}  // namespace ckpt::cli

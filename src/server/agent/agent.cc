@@ -726,6 +726,48 @@ std::vector<HoldingInfo> Agent::Inventory(const std::string& job_id, std::option
   return out;
 }
 
+absl::StatusOr<std::vector<HoldingInfo>> Agent::Evict(const std::string& job_id, uint64_t step, bool dry_run) {
+  CKPT_RETURN_IF_ERROR(ValidateJobId(job_id));
+  if (Inventory(job_id, step).empty()) {
+    return absl::NotFoundError(absl::StrCat("nothing of ", job_id, " step ", step, " is held here"));
+  }
+  CKPT_ASSIGN_OR_RETURN(MetaLink::EvictFacts facts, meta_->GetEvictFacts(job_id, step));
+  constexpr int kPersisted = 4, kAborted = 6, kDeleted = 7;
+  if (facts.newest_protected_step == step && facts.version_state != kAborted && facts.version_state != kDeleted) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        job_id, " step ", step, " is the job's newest version at PROTECTED level or better; it is never evicted"));
+  }
+  if (facts.version_state != kPersisted && facts.version_state != kAborted && facts.version_state != kDeleted) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        job_id, " step ", step,
+        " is not PERSISTED: this node's copy may be the last readable one; flush it first (ckptctl flush) "
+        "or let retention evict it"));
+  }
+  absl::MutexLock lock(&mu_);
+  std::vector<HoldingInfo> out;
+  std::vector<ShardId> ids;
+  for (const auto& [id, h] : holdings_) {
+    if (id.job_id != job_id || id.step != step) continue;
+    out.push_back(InfoLocked(h));
+    ids.push_back(id);
+  }
+  if (dry_run) return out;
+  for (const HoldingInfo& info : out) {
+    HoldingReport r;
+    r.kind = HoldingReport::Kind::kCopyState;
+    r.id = info.id;
+    r.copy_role = info.role;
+    r.copy_state = 5;  // EVICTED
+    r.size_bytes = info.size_bytes;
+    r.crc32c = info.crc32c;
+    r.detail = "evicted by a node-local command";
+    QueueReportLocked(std::move(r));
+  }
+  for (const ShardId& id : ids) FreeHoldingLocked(id);
+  log::Info("evicted {} holdings of {} step {} (node-local command)", ids.size(), job_id, step);
+  return out;
+}
+
 absl::StatusOr<std::vector<VerifyFinding>> Agent::Verify(const std::string& job_id, uint64_t step, bool dry_run,
                                                          uint64_t* bytes_checked) {
   std::vector<ShardRecord> recs;

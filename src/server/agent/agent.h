@@ -207,6 +207,14 @@ class Agent {
   // Writes this node's shards of a version now (see AgentService.Flush).
   absl::StatusOr<std::vector<FlushResult>> FlushNow(const std::string& job_id, uint64_t step,
                                                     const std::vector<uint32_t>& ranks);
+  // Node-local eviction (AgentService.Evict): frees this node's holdings of a
+  // version if meta's facts allow it: the version is PERSISTED, ABORTED or
+  // DELETED, and it is not the job's newest version at PROTECTED level or
+  // better. Reports each freed copy EVICTED. With dry_run, only checks and
+  // lists. Errors: NotFound (nothing held here, or meta does not know the
+  // version), FailedPrecondition (retention forbids it: the message says
+  // why), Unavailable (meta unreachable: nothing is freed).
+  absl::StatusOr<std::vector<HoldingInfo>> Evict(const std::string& job_id, uint64_t step, bool dry_run);
   absl::StatusOr<std::vector<VerifyFinding>> Verify(const std::string& job_id, uint64_t step,
                                                     bool dry_run, uint64_t* bytes_checked);
   AgentStatusSnapshot Status() const;

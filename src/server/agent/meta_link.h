@@ -12,6 +12,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -162,6 +163,15 @@ class MetaLink {
                                         const std::string& task_id, uint32_t attempt,
                                         const absl::Status& result, uint64_t bytes_processed,
                                         int64_t duration_ms) = 0;
+  // What node-local eviction needs to know about a version: its state
+  // (ckpt.v1.VersionState number) and the job's newest step at PROTECTED
+  // level or better (nullopt if none). NotFound for an unknown job/version.
+  struct EvictFacts {
+    int version_state = 0;
+    std::optional<uint64_t> newest_protected_step;
+  };
+  virtual absl::StatusOr<EvictFacts> GetEvictFacts(const std::string& job_id, uint64_t step) = 0;
+
   // The version's full manifest for its durable directory (every rank's size,
   // crc, digest and items). FailedPrecondition if some rank is not staged.
   virtual absl::StatusOr<DurableManifest> GetVersionManifest(const std::string& job_id,

@@ -201,18 +201,10 @@ grpc::Status AgentServiceImpl::Flush(grpc::ServerContext*, const v1::FlushReques
 }
 
 grpc::Status AgentServiceImpl::Evict(grpc::ServerContext*, const v1::EvictRequest* req, v1::EvictResponse* resp) {
-  std::vector<agent::HoldingInfo> held = agent_->Inventory(req->job_id(), req->step());
-  if (held.empty()) {
-    return grpc::Status(grpc::StatusCode::NOT_FOUND,
-                        absl::StrCat("nothing of ", req->job_id(), " step ", req->step(), " is held here"));
-  }
-  if (!req->dry_run()) {
-    return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
-                        "node-local eviction is decided by meta's retention; use MetaService.DeleteVersion "
-                        "(ckptctl delete) or lower retention.keep_in_memory");
-  }
+  absl::StatusOr<std::vector<agent::HoldingInfo>> held = agent_->Evict(req->job_id(), req->step(), req->dry_run());
+  if (!held.ok()) return ToGrpcStatus(held.status());
   uint64_t freed = 0;
-  for (const agent::HoldingInfo& h : held) {
+  for (const agent::HoldingInfo& h : *held) {
     HoldingToProto(h, resp->add_evicted());
     freed += h.size_bytes;
   }

@@ -276,6 +276,34 @@ class GrpcMetaLink : public agent::MetaLink {
     return FromGrpcStatus(stub_->ReportTaskResult(&ctx, req, &resp));
   }
 
+  absl::StatusOr<EvictFacts> GetEvictFacts(const std::string& job_id, uint64_t step) override {
+    EvictFacts facts;
+    {
+      v1::GetVersionRequest req;
+      req.set_job_id(job_id);
+      req.set_step(step);
+      v1::GetVersionResponse resp;
+      grpc::ClientContext ctx;
+      SetDeadline(&ctx);
+      absl::Status s = FromGrpcStatus(stub_->GetVersion(&ctx, req, &resp));
+      if (!s.ok()) return s;
+      facts.version_state = resp.version().state();
+    }
+    v1::LatestRequest req;
+    req.set_job_id(job_id);
+    req.set_min_level(v1::DURABILITY_LEVEL_PROTECTED);
+    v1::LatestResponse resp;
+    grpc::ClientContext ctx;
+    SetDeadline(&ctx);
+    absl::Status s = FromGrpcStatus(stub_->Latest(&ctx, req, &resp));
+    if (s.ok()) {
+      facts.newest_protected_step = resp.version().step();
+    } else if (!absl::IsNotFound(s)) {
+      return s;
+    }
+    return facts;
+  }
+
   absl::StatusOr<DurableManifest> GetVersionManifest(const std::string& job_id, uint64_t step) override {
     v1::GetVersionRequest req;
     req.set_job_id(job_id);

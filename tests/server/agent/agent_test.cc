@@ -104,6 +104,14 @@ class FakeMeta : public MetaLink {
     results.emplace_back(task_id, result);
     return absl::OkStatus();
   }
+  absl::StatusOr<EvictFacts> GetEvictFacts(const std::string& job, uint64_t step) override {
+    absl::MutexLock lock(&mu);
+    if (!up) return absl::UnavailableError("meta down");
+    EvictFacts f;
+    f.version_state = version_state[step];
+    f.newest_protected_step = newest_protected;
+    return f;
+  }
   absl::StatusOr<DurableManifest> GetVersionManifest(const std::string& job, uint64_t step) override {
     absl::MutexLock lock(&mu);
     DurableManifest m;
@@ -133,6 +141,8 @@ class FakeMeta : public MetaLink {
   int task_counter = 0;
   std::map<std::string, uint32_t> world;
   std::set<uint64_t> refuse_step;
+  std::map<uint64_t, int> version_state;  // ckpt.v1.VersionState by step
+  std::optional<uint64_t> newest_protected;
   std::map<ShardId, ShardRecord> staged;
   std::vector<HoldingReport> reports;
   std::vector<std::vector<InventoryItem>> inventories;
@@ -470,6 +480,27 @@ TEST_F(AgentTest, AVersionMetaRefusesInTheBackgroundIsDroppedHere) {
   EXPECT_EQ(meta_.staged.size(), 1u);  // only step 30
   EXPECT_TRUE(agent_->Inventory("job", 25).empty());
   EXPECT_EQ(agent_->Inventory("job", 30).size(), 1u);
+}
+
+TEST_F(AgentTest, NodeLocalEvictFollowsRetentionRules) {
+  Save(40, 0);
+  Save(41, 0);
+  meta_.newest_protected = 41;
+  meta_.version_state[40] = 3;  // PROTECTED, not persisted: maybe the last copy
+  meta_.version_state[41] = 4;  // PERSISTED but the newest
+  EXPECT_THAT(agent_->Evict("job", 40, false).status().message(), HasSubstr("not PERSISTED"));
+  EXPECT_THAT(agent_->Evict("job", 41, false).status().message(), HasSubstr("newest"));
+  EXPECT_EQ(agent_->Evict("job", 42, false).status().code(), absl::StatusCode::kNotFound);
+  meta_.version_state[40] = 4;
+  absl::StatusOr<std::vector<HoldingInfo>> dry = agent_->Evict("job", 40, true);
+  ASSERT_TRUE(dry.ok()) << dry.status();
+  EXPECT_EQ(dry->size(), 1u);
+  EXPECT_EQ(agent_->Inventory("job", 40).size(), 1u);  // dry run frees nothing
+  ASSERT_TRUE(agent_->Evict("job", 40, false).ok());
+  EXPECT_TRUE(agent_->Inventory("job", 40).empty());
+  meta_.up = false;  // meta unreachable: nothing is freed
+  EXPECT_EQ(agent_->Evict("job", 41, false).status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(agent_->Inventory("job", 41).size(), 1u);
 }
 
 TEST_F(AgentTest, EvictTaskFreesTheVersionButWaitsForOpenHandles) {

@@ -18,6 +18,8 @@ find_package(yaml-cpp CONFIG REQUIRED)
 pkg_check_modules(ISAL REQUIRED IMPORTED_TARGET libisal)
 pkg_check_modules(URING IMPORTED_TARGET liburing)
 pkg_check_modules(XXHASH REQUIRED IMPORTED_TARGET libxxhash)
+# Optional: Type=notify readiness for the systemd units (src/common/sd_notify.cc).
+pkg_check_modules(SYSTEMD IMPORTED_TARGET libsystemd)
 
 if(CKPT_WITH_UCX)
   find_package(ucx CONFIG REQUIRED)

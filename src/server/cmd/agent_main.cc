@@ -38,6 +38,7 @@
 #include "common/log.h"
 #include "common/metrics.h"
 #include "common/names.h"
+#include "common/sd_notify.h"
 #include "server/agent/agent.h"
 #include "server/cmd/daemon.h"
 #include "server/rpc/agent_service.h"
@@ -232,12 +233,17 @@ int Serve(const Settings& settings, const sigset_t& signals) {
       a->Start();
       log::Info("{} listening on {}:{} and unix:{}", kProgram, daemon::HostOf(settings.listen), port, socket_path);
       ready.store(true);
+      // systemd Type=notify: ready once the memory tier is open and both gRPC
+      // endpoints serve; registration with meta happens in the background
+      // (/readyz reports it), so a slow or absent meta does not fail the unit.
+      sd::NotifyReady(absl::StrCat("serving on ", settings.listen, " and unix:", socket_path));
     }
   }
 
   stop.Wait();
   const int exit_code = stop.exit_code();
   log::Info("{} stopping ({})", kProgram, stop.reason());
+  sd::NotifyStopping(absl::StrCat("stopping: ", stop.reason()));
   ready.store(false);
   if (server != nullptr) {
     server->Shutdown(std::chrono::system_clock::now() + kDrainDeadline);

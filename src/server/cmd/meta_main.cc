@@ -47,6 +47,7 @@
 #include "common/config.h"
 #include "common/log.h"
 #include "common/metrics.h"
+#include "common/sd_notify.h"
 #include "server/meta/meta_core.h"
 #include "server/meta/model.h"
 #include "server/meta/store/meta_store.h"
@@ -383,12 +384,15 @@ int Serve(const Settings& settings, const sigset_t& signals) {
     } else {
       log::Info("{} listening on {}:{}", kProgram, HostOf(settings.listen), port);
       ready.store(true);
+      // systemd Type=notify: ready once the store is loaded and gRPC serves.
+      sd::NotifyReady(absl::StrCat("serving on ", settings.listen));
     }
   }
 
   stop.Wait();
   const int exit_code = stop.exit_code();
   log::Info("{} stopping ({})", kProgram, stop.reason());
+  sd::NotifyStopping(absl::StrCat("stopping: ", stop.reason()));
   ready.store(false);
   stopping.store(true);
   service.Shutdown();  // streams and waits end with UNAVAILABLE within ~1 s

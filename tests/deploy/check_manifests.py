@@ -1,7 +1,9 @@
 #!/usr/bin/python3
 """Static checks of deploy/: Kubernetes manifests, systemd EnvironmentFiles,
 the Dockerfile, the Grafana dashboard and docs/operations.md, against the
-daemons' real flags (their --help) and the metric names in src/.
+daemons' real flags (their --help) and the metric names in src/. Where
+kubectl exists, every kustomization is also rendered (`kubectl kustomize`,
+offline) and the rendered objects are checked the same way.
 
 usage: check_manifests.py SOURCE_DIR CKPT_META CKPT_AGENT
 Exit 0 when every check passes; prints every failure and exits 1 otherwise.
@@ -9,6 +11,7 @@ Exit 0 when every check passes; prints every failure and exits 1 otherwise.
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 
@@ -140,11 +143,29 @@ def check_k8s(src, flags, ports):
     objects = []
     for r in k["resources"]:
         objects += load_docs(os.path.join(base, r))
+    check_objects("base", objects, flags, ports)
+
+    # Rendered kustomizations (patches applied), where kubectl can render offline.
+    kubectl = shutil.which("kubectl")
+    if kubectl is None:
+        print("note: kubectl not found; rendered overlays not checked")
+        return
+    for dirpath, _ in kustomizations:
+        out = subprocess.run([kubectl, "kustomize", dirpath], capture_output=True, text=True, timeout=120)
+        if out.returncode != 0:
+            fail(f"kubectl kustomize {dirpath}: {out.stderr.strip()}")
+            continue
+        rendered = [d for d in yaml.safe_load_all(out.stdout) if d is not None]
+        check_objects(os.path.relpath(dirpath, root) + " (rendered)", rendered, flags, ports)
+        print(f"rendered {os.path.relpath(dirpath, root)}: {len(rendered)} objects")
+
+
+def check_objects(where, objects, flags, ports):
     configmaps = {o["metadata"]["name"]: o for o in objects if o["kind"] == "ConfigMap"}
     workloads = [o for o in objects if o["kind"] in ("StatefulSet", "DaemonSet", "Deployment")]
     seen = set()
     for w in workloads:
-        wname = f"{w['kind']}/{w['metadata']['name']}"
+        wname = f"{where}: {w['kind']}/{w['metadata']['name']}"
         spec = w["spec"]["template"]["spec"]
         volumes = {v["name"]: v for v in spec.get("volumes", [])}
         claims = {c["metadata"]["name"] for c in w["spec"].get("volumeClaimTemplates", [])}
@@ -198,7 +219,7 @@ def check_k8s(src, flags, ports):
         if "ckpt-agent" in [daemon_of(c) for c in spec["containers"]]:
             check_agent_pod(wname, spec, configmaps)
     if seen != {"ckpt-meta", "ckpt-agent"}:
-        fail(f"base runs {sorted(seen)}, want ckpt-meta and ckpt-agent")
+        fail(f"{where} runs {sorted(seen)}, want ckpt-meta and ckpt-agent")
 
     # Services and monitors point at named container ports that exist.
     pod_ports = {}

@@ -116,6 +116,31 @@ class BufferView {
   bool held_ = false;
 };
 
+// A contiguous writable view of a Python buffer, released on destruction.
+class WritableView {
+ public:
+  explicit WritableView(const py::handle& obj) {
+    if (PyObject_GetBuffer(obj.ptr(), &view_, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) != 0) {
+      throw py::error_already_set();
+    }
+    held_ = true;
+  }
+  WritableView(WritableView&& other) noexcept : view_(other.view_), held_(other.held_) { other.held_ = false; }
+  WritableView(const WritableView&) = delete;
+  WritableView& operator=(const WritableView&) = delete;
+  WritableView& operator=(WritableView&&) = delete;
+  ~WritableView() {
+    if (held_) PyBuffer_Release(&view_);
+  }
+  std::span<std::byte> bytes() const {
+    return {static_cast<std::byte*>(view_.buf), static_cast<size_t>(view_.len)};
+  }
+
+ private:
+  Py_buffer view_{};
+  bool held_ = false;
+};
+
 // A fresh uint8 numpy array of `n` bytes.
 py::array_t<uint8_t> NewByteArray(size_t n) { return py::array_t<uint8_t>(static_cast<py::ssize_t>(n)); }
 
@@ -263,6 +288,25 @@ class PyClient {
     return py::make_tuple(served_from, out);
   }
 
+  // Copies the named items of `step` straight into the caller's writable,
+  // C-contiguous buffers (dict name -> buffer), checking each item's CRC-32C
+  // (Client::LoadInto).
+  void LoadInto(uint64_t step, const py::dict& buffers) const {
+    std::vector<WritableView> views;
+    views.reserve(buffers.size());
+    std::map<std::string, std::span<std::byte>> spans;
+    for (const auto& [name, buffer] : buffers) {
+      views.emplace_back(py::reinterpret_borrow<py::object>(buffer));
+      spans.emplace(name.cast<std::string>(), views.back().bytes());
+    }
+    absl::Status status;
+    {
+      py::gil_scoped_release release;
+      status = client_.LoadInto(step, spans);
+    }
+    Check(status);
+  }
+
   std::string node_id() const { return client_.node_id(); }
 
  private:
@@ -338,6 +382,7 @@ PYBIND11_MODULE(_ckpt, m) {
            py::arg("timeout") = py::none())
       .def("latest", &PyClient::Latest, py::arg("level") = "protected")
       .def("load_items", &PyClient::LoadItems, py::arg("step"))
+      .def("load_into", &PyClient::LoadInto, py::arg("step"), py::arg("buffers"))
       .def_property_readonly("node_id", &PyClient::node_id);
 
   m.def("read_durable", &ReadDurable, py::arg("version_dir"));

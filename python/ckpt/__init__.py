@@ -364,6 +364,37 @@ class Client:
         _, items = self._c.load_items(int(step))
         return _unflatten(items)
 
+    def load_into(self, step, targets):
+        """Copies items of `step` straight into existing arrays or tensors, in place.
+
+        `targets` maps item names ("model/layer.0/weight") to C-contiguous,
+        writable CPU numpy arrays or torch tensors whose byte size equals the
+        item's (only sizes are checked: dtypes and shapes are the caller's
+        business). Each item's checksum is checked as it is copied; other
+        items of the shard are not read. The fastest restore: one copy, no
+        allocation. Errors: those of load(); ckpt.NotFoundError (a name not in
+        the shard), ckpt.InvalidArgumentError (a size differs),
+        ckpt.DataLossError.
+        """
+        buffers = {}
+        for name, target in targets.items():
+            if _is_torch_tensor(target):
+                torch = _torch()
+                t = target.detach()
+                if t.device.type != "cpu" or not t.is_contiguous():
+                    raise InvalidArgumentError(f"{name!r}: load_into needs a contiguous CPU tensor")
+                if t.dtype == torch.bfloat16:
+                    t = t.view(torch.int16)
+                arr = t.numpy()
+            else:
+                arr = target
+            if isinstance(arr, _np.ndarray):
+                if not arr.flags.c_contiguous or not arr.flags.writeable:
+                    raise InvalidArgumentError(f"{name!r}: load_into needs a C-contiguous writable array")
+                arr = arr.reshape(-1).view(_np.uint8) if arr.size else _np.zeros(0, _np.uint8)
+            buffers[name] = arr
+        self._c.load_into(int(step), buffers)
+
     def load_items(self, step):
         """Raw items: (served_from, [(name, dtype, shape, attributes, uint8 array)])."""
         return self._c.load_items(int(step))

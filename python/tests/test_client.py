@@ -216,3 +216,36 @@ def test_memory_full_and_repeated_step_are_errors(cluster, job):
     c.save(2, {"x": b"a"}).wait("staged", timeout=30)
     with pytest.raises(ckpt.AlreadyExistsError):
         c.save(2, {"x": b"a"})
+
+
+def test_load_into_restores_in_place(cluster, job):
+    c = cluster.client(job)
+    w = torch.randn(64, 32)
+    b = torch.randn(32).to(torch.bfloat16)
+    n = np.arange(10, dtype=np.int32)
+    c.save(1, {"model": {"w": w, "b": b}, "n": n, "other": b"skip"}).wait("staged", timeout=30)
+    w2, b2, n2 = torch.zeros_like(w), torch.zeros_like(b), np.zeros_like(n)
+    w2_ptr = w2.data_ptr()
+    c.load_into(1, {"model/w": w2, "model/b": b2, "n": n2})
+    assert torch.equal(w2, w) and torch.equal(b2, b) and np.array_equal(n2, n)
+    assert w2.data_ptr() == w2_ptr
+    with pytest.raises(ckpt.NotFoundError):
+        c.load_into(1, {"model/missing": torch.zeros(1)})
+    with pytest.raises(ckpt.InvalidArgumentError):
+        c.load_into(1, {"model/w": torch.zeros(3)})
+    with pytest.raises(ckpt.InvalidArgumentError):
+        c.load_into(1, {"n": np.zeros(20, np.int32)[::2]})
+
+
+def test_two_ranks_in_one_version(cluster, job):
+    c0 = cluster.client(job, rank=0, world_size=2, flush_every=1)
+    c1 = cluster.client(job, rank=1, world_size=2, flush_every=1)
+    h0 = c0.save(4, {"rank": 0, "x": np.full(5, 0, np.float64)})
+    h1 = c1.save(4, {"rank": 1, "x": np.full(7, 1, np.float64)})
+    h0.wait("persisted", timeout=120)
+    h1.wait("persisted", timeout=120)
+    assert c1.latest("protected") == 4
+    assert c0.load(4)["rank"] == 0 and c1.load(4)["rank"] == 1
+    flat = ckpt.read_durable(cluster.durable_root / job / "4")
+    assert sorted(flat) == [0, 1]
+    assert flat[1]["rank"] == 1 and flat[1]["x"].shape == (7,)

@@ -105,9 +105,14 @@ class Cluster:
 
 @pytest.fixture(scope="session")
 def cluster(tmp_path_factory):
-    c = Cluster(tmp_path_factory.mktemp("ckpt"))
-    yield c
-    c.stop()
+    root = tmp_path_factory.mktemp("ckpt")
+    c = Cluster.__new__(Cluster)
+    c.procs = []
+    try:
+        c.__init__(root)
+        yield c
+    finally:
+        c.stop()
 
 
 @pytest.fixture

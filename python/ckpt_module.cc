@@ -314,7 +314,8 @@ class PyClient {
 };
 
 // Reads a committed durable-tier version directory with no daemon:
-// (job_id, step, world_size, {rank: [(name, dtype, shape, attributes, uint8 array)]}).
+// (job_id, step, world_size, {rank: [(name, dtype, shape, attributes, uint8 array)]}),
+// each item's array a view into one array per rank file.
 py::tuple ReadDurable(const std::string& version_dir) {
   absl::StatusOr<DurableManifest> manifest = absl::UnknownError("not read");
   {
@@ -334,10 +335,10 @@ py::tuple ReadDurable(const std::string& version_dir) {
     Check(read);
     py::list items;
     for (const ManifestItem& item : shard.items) {
-      py::array_t<uint8_t> data = NewByteArray(item.length_bytes);
-      if (item.length_bytes > 0) {
-        std::memcpy(data.mutable_data(), file.data() + item.offset_bytes, item.length_bytes);
-      }
+      // A view into the rank file's array (which it keeps alive): no copy.
+      const auto begin = static_cast<py::ssize_t>(item.offset_bytes);
+      const auto end = static_cast<py::ssize_t>(item.offset_bytes + item.length_bytes);
+      auto data = file[py::slice(begin, end, 1)].cast<py::array_t<uint8_t>>();
       items.append(ItemTuple(item.name, item.dtype, item.shape, item.attributes, std::move(data)));
     }
     ranks[py::int_(shard.rank)] = items;

@@ -249,3 +249,30 @@ def test_two_ranks_in_one_version(cluster, job):
     flat = ckpt.read_durable(cluster.durable_root / job / "4")
     assert sorted(flat) == [0, 1]
     assert flat[1]["rank"] == 1 and flat[1]["x"].shape == (7,)
+
+
+def test_corrupted_memory_tier_byte_is_data_loss(cluster, job):
+    c = cluster.client(job)
+    w = np.random.default_rng(7).random(5000).astype(np.float32)
+    c.save(1, {"w": w}).wait("staged", timeout=30)
+    # Flip one byte of the item inside the agent's pool files.
+    needle = w.tobytes()
+    flipped = False
+    for f in sorted((cluster.root / "mem").rglob("*")):
+        if not f.is_file():
+            continue
+        data = f.read_bytes()
+        at = data.find(needle)
+        if at >= 0:
+            with open(f, "r+b") as out:
+                out.seek(at + 1234)
+                out.write(bytes([data[at + 1234] ^ 0x10]))
+            flipped = True
+            break
+    assert flipped, "the saved bytes were not found in the memory tier"
+    # Either the load finds the bad item, or the agent's background verifier
+    # got there first and meta already aborted the version as data lost.
+    for load in (lambda: c.load(1), lambda: c.load_into(1, {"w": np.zeros_like(w)})):
+        with pytest.raises(ckpt.Error) as e:
+            load()
+        assert isinstance(e.value, ckpt.DataLossError) or "data lost" in str(e.value), repr(e.value)

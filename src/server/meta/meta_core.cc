@@ -1083,7 +1083,10 @@ absl::Status ValidateManifest(const Shard& shard) {
   std::sort(items.begin(), items.end(),
             [](const Item* a, const Item* b) { return a->offset_bytes < b->offset_bytes; });
   for (size_t i = 1; i < items.size(); ++i) {
-    if (items[i - 1]->offset_bytes + items[i - 1]->length_bytes > items[i]->offset_bytes) {
+    // An empty item overlaps nothing (std::sort may place it after a
+    // non-empty item at the same offset), as in common/manifest.cc.
+    if (items[i - 1]->length_bytes != 0 && items[i]->length_bytes != 0 &&
+        items[i - 1]->offset_bytes + items[i - 1]->length_bytes > items[i]->offset_bytes) {
       return absl::InvalidArgumentError(absl::StrCat("items \"", items[i - 1]->name, "\" and \"",
                                                      items[i]->name, "\" overlap"));
     }

@@ -1,0 +1,432 @@
+"""ckpt: the Python client of the ckpt checkpoint store.
+
+    import ckpt
+    c = ckpt.Client(job="gpt", rank=r, world_size=w, meta="127.0.0.1:7400",
+                    agent_socket="/run/ckpt/agent.sock")
+    h = c.save(step, {"model": model.state_dict(), "step": step})  # blocks for the copy only
+    h.wait("protected", timeout=60)                                 # or "staged" / "persisted"
+    step = c.latest("protected")                                    # int or None
+    state = c.load(step)                                            # the same structure back
+
+A state is a dict, nested to any depth, of torch.Tensor, numpy.ndarray (and
+numpy scalars), bytes, int, float, bool, str and None, and of lists, tuples
+and dicts (str or int keys) of those. It is flattened into one ckpt item per
+leaf, named by its path ("model/layer.0/weight"); the item's attributes record
+the Python type so load() rebuilds the same structure (tensors as torch
+tensors when saved as torch, else numpy arrays). Arrays and tensors are saved
+from their own memory without an extra copy when they are C-contiguous and
+on the CPU (others are made contiguous / moved to the CPU first).
+
+Errors are raised as subclasses of ckpt.Error named after the status code
+(ckpt.NotFoundError, ckpt.InvalidArgumentError, ckpt.UnavailableError, ...)
+with the server's message.
+
+Thread safety: a Client and its SaveHandles may be used from several threads;
+save() releases the GIL while it copies.
+"""
+
+from urllib.parse import unquote as _unquote
+
+import numpy as _np
+
+from . import _ckpt
+from ._ckpt import SaveHandle  # noqa: F401  (h.step, h.size_bytes, h.crc32c, h.wait(level, timeout))
+
+Error = _ckpt.Error
+CancelledError = _ckpt.CancelledError
+UnknownError = _ckpt.UnknownError
+InvalidArgumentError = _ckpt.InvalidArgumentError
+DeadlineExceededError = _ckpt.DeadlineExceededError
+NotFoundError = _ckpt.NotFoundError
+AlreadyExistsError = _ckpt.AlreadyExistsError
+PermissionDeniedError = _ckpt.PermissionDeniedError
+ResourceExhaustedError = _ckpt.ResourceExhaustedError
+FailedPreconditionError = _ckpt.FailedPreconditionError
+AbortedError = _ckpt.AbortedError
+OutOfRangeError = _ckpt.OutOfRangeError
+UnimplementedError = _ckpt.UnimplementedError
+InternalError = _ckpt.InternalError
+UnavailableError = _ckpt.UnavailableError
+DataLossError = _ckpt.DataLossError
+UnauthenticatedError = _ckpt.UnauthenticatedError
+
+__all__ = ["Client", "SaveHandle", "DType", "read_durable", "Error"] + [
+    n for n in dir(_ckpt) if n.endswith("Error")]
+
+
+class DType:
+    """Element types of items (ckpt.v1.DType numbers)."""
+    F32 = 1
+    F16 = 2
+    BF16 = 3
+    F64 = 4
+    I8 = 5
+    I16 = 6
+    I32 = 7
+    I64 = 8
+    U8 = 9
+    U16 = 10
+    U32 = 11
+    U64 = 12
+    BOOL = 13
+    BYTES = 14
+    C64 = 15
+    C128 = 16
+
+
+_NUMPY_TO_DTYPE = {
+    _np.dtype(_np.float32): DType.F32,
+    _np.dtype(_np.float16): DType.F16,
+    _np.dtype(_np.float64): DType.F64,
+    _np.dtype(_np.int8): DType.I8,
+    _np.dtype(_np.int16): DType.I16,
+    _np.dtype(_np.int32): DType.I32,
+    _np.dtype(_np.int64): DType.I64,
+    _np.dtype(_np.uint8): DType.U8,
+    _np.dtype(_np.uint16): DType.U16,
+    _np.dtype(_np.uint32): DType.U32,
+    _np.dtype(_np.uint64): DType.U64,
+    _np.dtype(_np.bool_): DType.BOOL,
+    _np.dtype(_np.complex64): DType.C64,
+    _np.dtype(_np.complex128): DType.C128,
+}
+# bf16 has no numpy type: its bits travel as uint16.
+_DTYPE_TO_NUMPY = {v: k for k, v in _NUMPY_TO_DTYPE.items()}
+_DTYPE_TO_NUMPY[DType.BF16] = _np.dtype(_np.uint16)
+
+# Attribute holding the Python type of an item: how load() rebuilds it.
+_TYPE_KEY = "py.type"
+# Attribute holding the torch dtype name of a torch item ("float32", ...).
+_TORCH_DTYPE_KEY = "py.torch_dtype"
+_CONTAINERS = ("dict", "list", "tuple")
+
+
+def _torch():
+    try:
+        import torch
+    except ImportError:  # pragma: no cover - torch is optional
+        return None
+    return torch
+
+
+def _is_torch_tensor(value):
+    torch = _torch() if type(value).__module__.startswith("torch") else None
+    return torch is not None and isinstance(value, torch.Tensor)
+
+
+def _encode_key(key):
+    """One path segment for a dict key: str keys escaped, int keys as '#<n>'."""
+    if isinstance(key, bool) or not isinstance(key, (str, int)):
+        raise InvalidArgumentError(f"dict keys must be str or int, not {type(key).__name__}: {key!r}")
+    if isinstance(key, int):
+        return f"#{key}"
+    if key == "":
+        raise InvalidArgumentError("dict keys must not be empty strings")
+    seg = key.replace("%", "%25").replace("/", "%2F")
+    if seg.startswith("#"):
+        seg = "%23" + seg[1:]
+    return seg
+
+
+def _decode_key(seg):
+    if seg.startswith("#"):
+        return int(seg[1:])
+    return _unquote(seg)
+
+
+def _tensor_item(value):
+    """(buffer, dtype number, shape, attributes) of a torch tensor, sharing its memory when possible."""
+    torch = _torch()
+    t = value.detach()
+    if t.device.type != "cpu":
+        t = t.cpu()
+    t = t.contiguous()
+    attrs = {_TYPE_KEY: "torch", _TORCH_DTYPE_KEY: str(t.dtype).replace("torch.", "")}
+    shape = list(t.shape)
+    if t.dtype == torch.bfloat16:
+        arr = t.view(torch.int16).numpy()
+        code = DType.BF16
+    else:
+        arr = t.numpy()
+        code = _NUMPY_TO_DTYPE.get(arr.dtype)
+        if code is None:
+            raise InvalidArgumentError(f"unsupported torch dtype {t.dtype}")
+    return arr.reshape(-1).view(_np.uint8) if arr.size else b"", code, shape, attrs, arr
+
+
+def _flatten(prefix, value, out):
+    """Appends (name, buffer, dtype, shape, attributes) items for `value` at path `prefix`."""
+    if isinstance(value, dict):
+        if prefix:
+            out.append((prefix, b"", DType.BYTES, [], {_TYPE_KEY: "dict"}))
+        for k, v in value.items():
+            seg = _encode_key(k)
+            _flatten(f"{prefix}/{seg}" if prefix else seg, v, out)
+        return
+    if not prefix:
+        raise InvalidArgumentError(f"a state must be a dict, not {type(value).__name__}")
+    if isinstance(value, (list, tuple)):
+        kind = "list" if isinstance(value, list) else "tuple"
+        out.append((prefix, b"", DType.BYTES, [], {_TYPE_KEY: kind}))
+        for i, v in enumerate(value):
+            _flatten(f"{prefix}/{i}", v, out)
+        return
+    if _is_torch_tensor(value):
+        buf, code, shape, attrs, keep = _tensor_item(value)
+        out.append((prefix, buf, code, shape, attrs, keep))
+        return
+    if isinstance(value, (_np.ndarray, _np.generic)):
+        is_scalar = isinstance(value, _np.generic)
+        arr = _np.asarray(value)
+        if not arr.flags.c_contiguous:
+            arr = _np.ascontiguousarray(arr)  # ndim >= 1, so only for arrays
+        code = _NUMPY_TO_DTYPE.get(arr.dtype)
+        if code is None:
+            raise InvalidArgumentError(f"unsupported numpy dtype {arr.dtype} at {prefix!r}")
+        attrs = {_TYPE_KEY: "numpy_scalar" if is_scalar else "numpy"}
+        buf = arr.reshape(-1).view(_np.uint8) if arr.size else b""
+        out.append((prefix, buf, code, list(arr.shape), attrs, arr))
+        return
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        kind = {bytes: "bytes", bytearray: "bytearray"}.get(type(value), "bytes")
+        out.append((prefix, value, DType.BYTES, [], {_TYPE_KEY: kind}))
+        return
+    if value is None:
+        out.append((prefix, b"", DType.BYTES, [], {_TYPE_KEY: "none"}))
+        return
+    if isinstance(value, bool):
+        out.append((prefix, b"1" if value else b"0", DType.BYTES, [], {_TYPE_KEY: "bool"}))
+        return
+    if isinstance(value, int):
+        out.append((prefix, str(value).encode(), DType.BYTES, [], {_TYPE_KEY: "int"}))
+        return
+    if isinstance(value, float):
+        out.append((prefix, repr(value).encode(), DType.BYTES, [], {_TYPE_KEY: "float"}))
+        return
+    if isinstance(value, str):
+        out.append((prefix, value.encode("utf-8"), DType.BYTES, [], {_TYPE_KEY: "str"}))
+        return
+    raise InvalidArgumentError(f"cannot save a {type(value).__name__} at {prefix!r}")
+
+
+def _array_of(dtype, shape, data):
+    """The item's bytes (a fresh uint8 array) as a numpy array of its dtype and shape."""
+    if dtype == DType.BYTES:
+        return data
+    np_dtype = _DTYPE_TO_NUMPY.get(dtype)
+    if np_dtype is None:
+        raise DataLossError(f"item of unknown dtype {dtype}")
+    return data.view(np_dtype).reshape(shape)
+
+
+def _leaf(dtype, shape, attrs, data):
+    kind = attrs.get(_TYPE_KEY)
+    if kind == "torch":
+        torch = _torch()
+        if torch is None:
+            raise FailedPreconditionError("this item was saved from torch, which is not installed")
+        arr = _array_of(dtype, shape, data)
+        if dtype == DType.BF16:
+            return torch.from_numpy(arr.view(_np.int16)).view(torch.bfloat16)
+        return torch.from_numpy(arr)
+    if kind == "numpy":
+        return _array_of(dtype, shape, data)
+    if kind == "numpy_scalar":
+        return _array_of(dtype, shape, data)[()]
+    raw = data.tobytes() if isinstance(data, _np.ndarray) else bytes(data)
+    if kind == "bytes":
+        return raw
+    if kind == "bytearray":
+        return bytearray(raw)
+    if kind == "none":
+        return None
+    if kind == "bool":
+        return raw == b"1"
+    if kind == "int":
+        return int(raw.decode())
+    if kind == "float":
+        return float(raw.decode())
+    if kind == "str":
+        return raw.decode("utf-8")
+    if kind == "dict":
+        return {}
+    if kind == "list":
+        return []
+    if kind == "tuple":
+        return ()
+    # An item written by another client: a numpy array, or bytes.
+    if dtype == DType.BYTES:
+        return raw
+    return _array_of(dtype, shape, data)
+
+
+def _unflatten(items):
+    """Rebuilds the nested state from (name, dtype, shape, attributes, uint8 array) in save order."""
+    root = {}
+    # Lists and tuples are built as dicts keyed by index and converted at the end.
+    seqs = []
+    nodes = {"": root}
+    for name, dtype, shape, attrs, data in items:
+        parent_path, _, seg = name.rpartition("/")
+        parent = nodes.get(parent_path)
+        if parent is None:
+            raise DataLossError(f"item {name!r} has no parent container in the checkpoint")
+        kind = attrs.get(_TYPE_KEY)
+        key = _decode_key(seg) if not isinstance(parent, _Seq) else int(seg)
+        if kind in _CONTAINERS:
+            node = {} if kind == "dict" else _Seq(kind)
+            if isinstance(node, _Seq):
+                seqs.append((parent, key, node))
+            nodes[name] = node
+            parent[key] = node
+        else:
+            parent[key] = _leaf(dtype, shape, attrs, data)
+    # Innermost first (appended after their parents), so children are converted before parents.
+    for parent, key, node in reversed(seqs):
+        parent[key] = node.build(lambda v: v.built if isinstance(v, _Seq) else v)
+    return root
+
+
+class _Seq(dict):
+    def __init__(self, kind):
+        super().__init__()
+        self.kind = kind
+        self.built = None
+
+    def build(self, resolve):
+        values = [resolve(self[i]) for i in range(len(self))]
+        self.built = values if self.kind == "list" else tuple(values)
+        return self.built
+
+
+class Client:
+    """A connection to ckpt-meta and the node's agent, for one rank of one job.
+
+    Connecting makes sure the job exists (rank 0 creates it with this
+    world_size, flush and retention policy; other ranks wait for it) and maps
+    the agent's memory tier. Blocks up to connect_timeout seconds while meta or
+    the agent is unreachable: then ckpt.DeadlineExceededError. A bad job id,
+    rank or world size raises ckpt.InvalidArgumentError; a job that exists
+    with another world size ckpt.FailedPreconditionError.
+    """
+
+    def __init__(self, job, rank, world_size, meta, agent_socket="/run/ckpt/agent.sock", *,
+                 flush_every=0, flush_every_seconds=0, keep_in_memory=0, keep_durable=0,
+                 run_id="", connect_timeout=30.0, rpc_timeout=60.0, load_timeout=600.0):
+        self._c = _ckpt.Client.connect(
+            job=job, rank=rank, world_size=world_size, meta=meta, agent_socket=str(agent_socket),
+            flush_every=flush_every, flush_every_seconds=flush_every_seconds,
+            keep_in_memory=keep_in_memory, keep_durable=keep_durable, run_id=run_id,
+            connect_timeout=float(connect_timeout), rpc_timeout=float(rpc_timeout),
+            load_timeout=float(load_timeout))
+        self.job = job
+        self.rank = rank
+        self.world_size = world_size
+
+    @property
+    def node_id(self):
+        return self._c.node_id
+
+    def save(self, step, state):
+        """Saves `state` (a dict, see the module doc) as this rank's shard of `step`.
+
+        Blocks only for the copy into the agent's memory tier (the GIL is
+        released meanwhile); returns a SaveHandle to wait for a durability
+        level. The state must not be modified until save returns. Errors:
+        ckpt.InvalidArgumentError (unsupported value, or a step lower than the
+        job's newest), ckpt.ResourceExhaustedError (the memory tier is full),
+        ckpt.AlreadyExistsError (this rank already saved this step),
+        ckpt.UnavailableError (agent or meta down).
+        """
+        if not isinstance(state, dict):
+            raise InvalidArgumentError(f"a state must be a dict, not {type(state).__name__}")
+        flat = []
+        _flatten("", state, flat)
+        # Entries may carry a 6th element: the array that owns the buffer, kept alive here.
+        items = [(e[0], e[1], e[2], e[3], e[4]) for e in flat]
+        return self._c.save_items(int(step), items)
+
+    def wait(self, step, level="protected", timeout=None):
+        """Waits until version `step` (of any rank) reaches `level`; timeout in seconds (None: forever)."""
+        self._c.wait(int(step), level, None if timeout is None else float(timeout))
+
+    def latest(self, level="protected"):
+        """The newest step at `level` or better, or None if there is none."""
+        return self._c.latest(level)
+
+    def load(self, step):
+        """This rank's state of `step`, in the structure it was saved in.
+
+        Every item is copied out of the store (the agent verifies checksums).
+        Errors: ckpt.NotFoundError (unknown step), ckpt.FailedPreconditionError
+        (version not staged), ckpt.DataLossError (every copy is corrupt or lost).
+        """
+        _, items = self._c.load_items(int(step))
+        return _unflatten(items)
+
+    def load_into(self, step, targets):
+        """Copies items of `step` straight into existing arrays or tensors, in place.
+
+        `targets` maps item names ("model/layer.0/weight") to C-contiguous,
+        writable CPU numpy arrays or torch tensors whose byte size equals the
+        item's (only sizes are checked: dtypes and shapes are the caller's
+        business). Each item's checksum is checked as it is copied; other
+        items of the shard are not read. The fastest restore: one copy, no
+        allocation. Errors: those of load(); ckpt.NotFoundError (a name not in
+        the shard), ckpt.InvalidArgumentError (a size differs),
+        ckpt.DataLossError.
+        """
+        buffers = {}
+        for name, target in targets.items():
+            if _is_torch_tensor(target):
+                torch = _torch()
+                t = target.detach()
+                if t.device.type != "cpu" or not t.is_contiguous():
+                    raise InvalidArgumentError(f"{name!r}: load_into needs a contiguous CPU tensor")
+                if t.dtype == torch.bfloat16:
+                    t = t.view(torch.int16)
+                arr = t.numpy()
+            else:
+                arr = target
+            if isinstance(arr, _np.ndarray):
+                if not arr.flags.c_contiguous or not arr.flags.writeable:
+                    raise InvalidArgumentError(f"{name!r}: load_into needs a C-contiguous writable array")
+                arr = arr.reshape(-1).view(_np.uint8) if arr.size else _np.zeros(0, _np.uint8)
+            buffers[name] = arr
+        self._c.load_into(int(step), buffers)
+
+    def load_items(self, step):
+        """Raw items: (served_from, [(name, dtype, shape, attributes, uint8 array)])."""
+        return self._c.load_items(int(step))
+
+
+def read_durable(path, structured=False):
+    """Reads a committed durable-tier version directory (<root>/<job>/<step>) with no daemon.
+
+    Verifies the commit marker, manifest and every checksum. Returns
+    {rank: {item_name: value}}: numpy arrays for tensor items (bf16 as uint16
+    bit patterns, torch items as numpy too), bytes/int/float/str/bool/None for
+    the scalar items; container markers are left out. With structured=True,
+    returns {rank: state} rebuilt as Client.load() does. Errors:
+    ckpt.NotFoundError (not committed), ckpt.DataLossError (corrupt).
+    """
+    _, _, _, ranks = _ckpt.read_durable(str(path))
+    out = {}
+    for rank, items in ranks.items():
+        if structured:
+            out[rank] = _unflatten(items)
+            continue
+        flat = {}
+        for name, dtype, shape, attrs, data in items:
+            kind = attrs.get(_TYPE_KEY)
+            if kind in _CONTAINERS:
+                continue
+            if kind in ("torch", "numpy", "numpy_scalar") or (kind is None and dtype != DType.BYTES):
+                flat[name] = _array_of(dtype, shape, data)
+            else:
+                flat[name] = _leaf(dtype, shape, attrs, data)
+        out[rank] = flat
+    return out
+
+
+from . import torch as _torch_helpers  # noqa: E402,F401  (ckpt.torch)

@@ -1,0 +1,121 @@
+"""Fixtures: a real ckpt-meta and ckpt-agent from $CKPT_BUILD_DIR/bin on free
+127.0.0.1 ports with temporary directories, shared by the session and killed
+by PID at the end."""
+import os
+import pathlib
+import socket
+import subprocess
+import time
+import uuid
+
+import pytest
+
+import ckpt
+
+BUILD_DIR = pathlib.Path(os.environ.get("CKPT_BUILD_DIR", pathlib.Path(__file__).resolve().parents[2] / "build"))
+
+
+def free_ports(n):
+    socks = []
+    try:
+        for _ in range(n):
+            s = socket.socket()
+            s.bind(("127.0.0.1", 0))
+            socks.append(s)
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def wait_tcp(port, proc, timeout):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"process exited with {proc.returncode}")
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+            return
+        except OSError:
+            time.sleep(0.05)  # bounded poll for process start-up
+    raise RuntimeError(f"port {port} not listening after {timeout} s")
+
+
+class Cluster:
+    def __init__(self, root):
+        self.root = root
+        self.procs = []
+        meta_port, meta_metrics, port, data_port, metrics_port = free_ports(5)
+        self.meta = f"127.0.0.1:{meta_port}"
+        self.durable_root = root / "durable"
+        self.run_dir = root / "run"
+        self.socket = self.run_dir / "agent.sock"
+        for d in ("meta", "mem", "durable", "run"):
+            (root / d).mkdir()
+        meta = self._start("ckpt-meta", [
+            "--listen", self.meta, "--metrics-listen", f"127.0.0.1:{meta_metrics}",
+            "--data-dir", str(root / "meta")])
+        wait_tcp(meta_port, meta, 30)
+        agent = self._start("ckpt-agent", [
+            "--node-id", "node-1", "--meta", self.meta,
+            "--listen", f"127.0.0.1:{port}", "--data-listen", f"127.0.0.1:{data_port}",
+            "--metrics-listen", f"127.0.0.1:{metrics_port}", "--run-dir", str(self.run_dir),
+            "--memory", "160MiB", "--memory-dir", str(root / "mem"),
+            "--durable-root", str(self.durable_root)])
+        wait_tcp(port, agent, 60)
+        deadline = time.monotonic() + 30
+        while not self.socket.exists():
+            if time.monotonic() > deadline:
+                raise RuntimeError("agent socket did not appear:\n" + self.logs())
+            time.sleep(0.05)
+        # Ready once a save goes through (the agent is registered with meta).
+        while True:
+            try:
+                c = self.client("ready-probe", connect_timeout=5)
+                c.save(int(time.time() * 1000), {"x": b"1"}).wait("staged", timeout=10)
+                break
+            except ckpt.Error:
+                if time.monotonic() > deadline:
+                    raise RuntimeError("agent never accepted a save:\n" + self.logs())
+                time.sleep(0.1)
+
+    def _start(self, name, args):
+        log = open(self.root / f"{name}.log", "wb")
+        p = subprocess.Popen([str(BUILD_DIR / "bin" / name)] + args, stdout=log, stderr=subprocess.STDOUT)
+        log.close()
+        self.procs.append(p)
+        return p
+
+    def logs(self):
+        out = []
+        for f in sorted(self.root.glob("*.log")):
+            out.append(f"== {f.name}\n" + f.read_text(errors="replace")[-4000:])
+        return "\n".join(out)
+
+    def client(self, job, rank=0, world_size=1, **kw):
+        return ckpt.Client(job=job, rank=rank, world_size=world_size, meta=self.meta,
+                           agent_socket=str(self.socket), **kw)
+
+    def stop(self):
+        for p in reversed(self.procs):
+            if p.poll() is None:
+                p.kill()
+                p.wait(timeout=30)
+
+
+@pytest.fixture(scope="session")
+def cluster(tmp_path_factory):
+    root = tmp_path_factory.mktemp("ckpt")
+    c = Cluster.__new__(Cluster)
+    c.procs = []
+    try:
+        c.__init__(root)
+        yield c
+    finally:
+        c.stop()
+
+
+@pytest.fixture
+def job():
+    """A fresh job id per test."""
+    return "py-" + uuid.uuid4().hex[:12]

@@ -279,14 +279,18 @@ class SaveBuilder {
   // Errors: kResourceExhausted (does not fit in the agent's memory tier: the
   // message says what holds it), kAlreadyExists (this rank's shard of the step
   // is already committed on this node: a previous save of the same step),
-  // kInvalidArgument (e.g. a step lower than the job's newest version),
-  // kNotFound (job unknown to meta), kUnavailable (agent or meta down),
+  // kInvalidArgument (bad item or rank), kNotFound (job unknown to meta, on
+  // the job's first save on this node), kUnavailable (agent down; meta is
+  // needed only for the job's first save on the node),
   // kInternal (the agent handed out regions that do not cover the lease),
   // errors of mmap as in PosixErrorToStatus, kFailedPrecondition if called
   // twice. kDataLoss if the shard crc the agent reports differs from the one
   // computed here (the shard is committed, but something else wrote into the
   // lease while it was being filled). Can be called once; the builder is
-  // spent afterwards, whatever the outcome.
+  // spent afterwards, whatever the outcome. The agent begins the version at
+  // meta in the background: a version meta refuses (e.g. a step lower than
+  // the job's newest) is dropped by the agent, and SaveHandle::Wait reports
+  // it (kNotFound after its grace period).
   absl::StatusOr<SaveHandle> Commit();
 
  private:

@@ -314,14 +314,20 @@ absl::StatusOr<Client> Client::Connect(const ClientOptions& options) {
 const ClientOptions& Client::options() const { return core_->options; }
 const std::string& Client::node_id() const { return core_->node_id; }
 
-absl::Status Client::WaitVersion(uint64_t step, Level level, absl::Time deadline) const {
-  return client::WaitForVersion(*core_, step, level, deadline);
-}
-
 namespace {
 // How long after a commit an unknown version is waited for (see Wait).
 constexpr absl::Duration kBeginGrace = absl::Seconds(10);
 }  // namespace
+
+absl::Status Client::WaitVersion(uint64_t step, Level level, absl::Time deadline) const {
+  absl::Time not_found_until = absl::InfinitePast();
+  {
+    absl::MutexLock lock(&core_->committed_mu);
+    auto it = core_->committed_at.find(step);
+    if (it != core_->committed_at.end()) not_found_until = it->second + kBeginGrace;
+  }
+  return client::WaitForVersion(*core_, step, level, deadline, not_found_until);
+}
 
 absl::Status SaveHandle::Wait(Level level, absl::Time deadline) const {
   if (core_ == nullptr) return absl::FailedPreconditionError("SaveHandle is empty");

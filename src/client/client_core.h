@@ -11,11 +11,13 @@
 
 #include <atomic>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "ckpt/client.h"
 #include "ckpt/v1/agent.grpc.pb.h"
@@ -35,6 +37,10 @@ struct ClientCore {
   MappingCache mappings;
   // Item alignment the agent recommended in its last lease (64 until then).
   std::atomic<uint64_t> item_alignment{64};
+  // When this client last committed each step: WaitVersion on such a step
+  // rides out the agent's background BeginVersion (see SaveHandle::Wait).
+  absl::Mutex committed_mu;
+  std::map<uint64_t, absl::Time> committed_at ABSL_GUARDED_BY(committed_mu);
 };
 
 // gRPC status -> absl::Status with the same code and the server's message,

@@ -232,7 +232,14 @@ absl::StatusOr<SaveHandle> SaveBuilder::Commit() {
         o.rank));
   }
   items_.clear();
-  return SaveHandle(core_, step_, layout.size, shard_crc, absl::Now());
+  const absl::Time now = absl::Now();
+  {
+    absl::MutexLock lock(&core.committed_mu);
+    core.committed_at[step_] = now;
+    // Only recent steps matter; keep the map small.
+    while (core.committed_at.size() > 64) core.committed_at.erase(core.committed_at.begin());
+  }
+  return SaveHandle(core_, step_, layout.size, shard_crc, now);
 }
 
 }  // namespace ckpt

@@ -129,15 +129,23 @@ class AgentIntegrationTest : public ::testing::Test {
     ASSERT_TRUE(s.ok()) << s.error_message();
   }
 
+  // The agent begins versions at meta in the background, so right after a
+  // commit meta may not know the version yet: NotFound is retried for 10 s
+  // (bounded polling), as the client's SaveHandle::Wait does.
   grpc::Status WaitVersion(const std::string& job, uint64_t step, v1::DurabilityLevel level) {
     v1::WaitVersionRequest req;
     req.set_job_id(job);
     req.set_step(step);
     req.set_level(level);
     req.set_timeout_ms(60000);
-    v1::WaitVersionResponse resp;
-    grpc::ClientContext ctx;
-    return meta_->stub()->WaitVersion(&ctx, req, &resp);
+    const absl::Time give_up = absl::Now() + absl::Seconds(10);
+    while (true) {
+      v1::WaitVersionResponse resp;
+      grpc::ClientContext ctx;
+      grpc::Status s = meta_->stub()->WaitVersion(&ctx, req, &resp);
+      if (s.error_code() != grpc::StatusCode::NOT_FOUND || absl::Now() > give_up) return s;
+      absl::SleepFor(absl::Milliseconds(20));
+    }
   }
 
   void ExpectDurable(const std::string& job, uint64_t step, const std::vector<std::string>& data) {

@@ -401,7 +401,8 @@ class Client {
   SaveBuilder BeginSave(uint64_t step);
 
   // As SaveHandle::Wait, for any step of the job (e.g. one saved by an
-  // earlier process).
+  // earlier process). The NotFound grace applies to steps this client
+  // committed in the last 10 s.
   absl::Status WaitVersion(uint64_t step, Level level,
                            absl::Time deadline = absl::InfiniteFuture()) const;
 

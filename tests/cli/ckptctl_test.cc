@@ -25,6 +25,8 @@
 #include "common/file_system.h"
 #include "integration/agent_process.h"
 #include "integration/meta_process.h"
+#include "integration/node_cluster.h"
+#include "integration/client_options.h"
 #include "support/process.h"
 #include "support/temp_dir.h"
 
@@ -46,23 +48,9 @@ std::vector<float> Tensor(size_t n, uint32_t seed) {
   return v;
 }
 
-class CkptctlTest : public ::testing::Test {
+class CkptctlTest : public testing::NodeClusterTest {
  protected:
-  void SetUp() override {
-    dir_ = std::make_unique<TempDir>(*TempDir::Create());
-    absl::StatusOr<std::unique_ptr<MetaProcess>> meta =
-        MetaProcess::Start(*dir_->Sub("meta"), dir_->path());
-    ASSERT_TRUE(meta.ok()) << meta.status();
-    meta_ = *std::move(meta);
-    AgentProcessOptions o;
-    o.meta_address = meta_->address();
-    o.dir = *dir_->Sub("agent");
-    o.durable_root = *dir_->Sub("durable");
-    o.memory = "64MiB";
-    absl::StatusOr<std::unique_ptr<AgentProcess>> agent = AgentProcess::Start(o);
-    ASSERT_TRUE(agent.ok()) << agent.status();
-    agent_ = *std::move(agent);
-  }
+  CkptctlTest() : NodeClusterTest("64MiB") {}
 
   // Runs ckptctl with --meta pointing at the test's meta.
   RunResult Ctl(std::vector<std::string> args) {
@@ -85,19 +73,9 @@ class CkptctlTest : public ::testing::Test {
   }
 
   ClientOptions Options(const std::string& job, uint32_t rank, uint32_t world) {
-    ClientOptions o;
-    o.meta_address = meta_->address();
-    o.agent_socket = agent_->socket_path();
-    o.job_id = job;
-    o.rank = rank;
-    o.world_size = world;
-    o.connect_timeout = absl::Seconds(20);
-    return o;
+    return testing::ClientOptionsFor(*meta_, *agent_, job, rank, world);
   }
 
-  std::unique_ptr<TempDir> dir_;
-  std::unique_ptr<MetaProcess> meta_;
-  std::unique_ptr<AgentProcess> agent_;
 };
 
 TEST_F(CkptctlTest, CreateJobThenJobsVersionsStatusNodesHumanAndJson) {

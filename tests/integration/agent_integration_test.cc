@@ -19,6 +19,7 @@
 #include "common/file_system.h"
 #include "integration/agent_process.h"
 #include "integration/meta_process.h"
+#include "integration/node_cluster.h"
 #include "support/temp_dir.h"
 
 namespace ckpt {
@@ -37,22 +38,13 @@ std::string Pattern(size_t n, uint32_t seed) {
   return s;
 }
 
-class AgentIntegrationTest : public ::testing::Test {
+class AgentIntegrationTest : public testing::NodeClusterTest {
  protected:
+  AgentIntegrationTest() : NodeClusterTest("16MiB") {}
+
   void SetUp() override {
-    dir_ = std::make_unique<TempDir>(*TempDir::Create());
-    absl::StatusOr<std::unique_ptr<MetaProcess>> meta =
-        MetaProcess::Start(*dir_->Sub("meta"), dir_->path());
-    ASSERT_TRUE(meta.ok()) << meta.status();
-    meta_ = *std::move(meta);
-    AgentProcessOptions o;
-    o.meta_address = meta_->address();
-    o.dir = *dir_->Sub("agent");
-    o.durable_root = *dir_->Sub("durable");
-    o.memory = "16MiB";
-    absl::StatusOr<std::unique_ptr<AgentProcess>> agent = AgentProcess::Start(o);
-    ASSERT_TRUE(agent.ok()) << agent.status();
-    agent_ = *std::move(agent);
+    NodeClusterTest::SetUp();
+    if (HasFatalFailure()) return;
     local_ = v1::AgentService::NewStub(
         grpc::CreateChannel("unix:" + agent_->socket_path(), grpc::InsecureChannelCredentials()));
   }
@@ -160,9 +152,6 @@ class AgentIntegrationTest : public ::testing::Test {
     }
   }
 
-  std::unique_ptr<TempDir> dir_;
-  std::unique_ptr<MetaProcess> meta_;
-  std::unique_ptr<AgentProcess> agent_;
   std::unique_ptr<v1::AgentService::Stub> local_;
 };
 

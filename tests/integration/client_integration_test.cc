@@ -20,6 +20,8 @@
 #include "common/file_system.h"
 #include "integration/agent_process.h"
 #include "integration/meta_process.h"
+#include "integration/node_cluster.h"
+#include "integration/client_options.h"
 #include "support/temp_dir.h"
 
 namespace ckpt {
@@ -40,37 +42,14 @@ std::vector<float> Tensor(size_t n, uint32_t seed) {
 
 std::span<const std::byte> Bytes(const std::vector<float>& v) { return std::as_bytes(std::span<const float>(v)); }
 
-class ClientIntegrationTest : public ::testing::Test {
+class ClientIntegrationTest : public testing::NodeClusterTest {
  protected:
-  void SetUp() override {
-    dir_ = std::make_unique<TempDir>(*TempDir::Create());
-    absl::StatusOr<std::unique_ptr<MetaProcess>> meta = MetaProcess::Start(*dir_->Sub("meta"), dir_->path());
-    ASSERT_TRUE(meta.ok()) << meta.status();
-    meta_ = *std::move(meta);
-    AgentProcessOptions o;
-    o.meta_address = meta_->address();
-    o.dir = *dir_->Sub("agent");
-    o.durable_root = *dir_->Sub("durable");
-    o.memory = "64MiB";
-    absl::StatusOr<std::unique_ptr<AgentProcess>> agent = AgentProcess::Start(o);
-    ASSERT_TRUE(agent.ok()) << agent.status();
-    agent_ = *std::move(agent);
-  }
+  ClientIntegrationTest() : NodeClusterTest("64MiB") {}
 
   ClientOptions Options(const std::string& job, uint32_t rank, uint32_t world) {
-    ClientOptions o;
-    o.meta_address = meta_->address();
-    o.agent_socket = agent_->socket_path();
-    o.job_id = job;
-    o.rank = rank;
-    o.world_size = world;
-    o.connect_timeout = absl::Seconds(20);
-    return o;
+    return testing::ClientOptionsFor(*meta_, *agent_, job, rank, world);
   }
 
-  std::unique_ptr<TempDir> dir_;
-  std::unique_ptr<MetaProcess> meta_;
-  std::unique_ptr<AgentProcess> agent_;
 };
 
 TEST_F(ClientIntegrationTest, RanksSaveStagedThenFlushedPersistedWithByteExactDurableFiles) {

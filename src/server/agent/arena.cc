@@ -163,6 +163,12 @@ absl::Status Arena::Init(const Options& options) {
     // Allocate every page of the tmpfs file now (keeps existing contents).
     const int rc = ::posix_fallocate(fd_, 0, static_cast<off_t>(capacity_));
     if (rc != 0) {
+      // Give back what the failed reservation took: a full tmpfs would
+      // starve everything else on the node. Existing bytes (up to the old
+      // size) are kept for a later start with a smaller budget.
+      if (::ftruncate(fd_, st.st_size) != 0) {
+        log::Warn("cannot shrink '{}' back after a failed reservation: {}", pool_path_, std::strerror(errno));
+      }
       struct statfs sfs {};
       std::string avail = "unknown";
       if (::fstatfs(fd_, &sfs) == 0) {

@@ -82,17 +82,8 @@ struct Settings {
 };
 
 absl::StatusOr<Settings> LoadSettings(const std::string& config_file, const std::map<std::string, std::string>& flags) {
-  std::map<std::string, std::string> env;
-  for (const auto& [name, value] : CaptureEnvironment()) {
-    if (name.rfind("CKPT_", 0) == 0 && KeyForEnvVar(name).ok()) env.emplace(name, value);
-  }
-  absl::StatusOr<Config> config = Config::Load({config_file, env, flags});
+  absl::StatusOr<Config> config = daemon::LoadDaemonConfig(config_file, flags, KnownKeys());
   if (!config.ok()) return config.status();
-  {
-    absl::StatusOr<Config> own = Config::Load({config_file, {}, flags});
-    if (!own.ok()) return own.status();
-    if (absl::Status s = own->CheckKnownKeys(KnownKeys()); !s.ok()) return s;
-  }
   Settings out;
   agent::AgentOptions& a = out.agent;
   a.node_id = config->GetStringOr("node_id", "");

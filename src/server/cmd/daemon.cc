@@ -36,6 +36,21 @@ absl::Status ValidateHostPort(const std::string& key, const std::string& value) 
   return absl::OkStatus();
 }
 
+absl::StatusOr<Config> LoadDaemonConfig(const std::string& config_file,
+                                        const std::map<std::string, std::string>& flags,
+                                        const std::set<std::string>& known_keys) {
+  std::map<std::string, std::string> env;
+  for (const auto& [name, value] : CaptureEnvironment()) {
+    if (name.rfind("CKPT_", 0) == 0 && KeyForEnvVar(name).ok()) env.emplace(name, value);
+  }
+  absl::StatusOr<Config> config = Config::Load({config_file, env, flags});
+  if (!config.ok()) return config.status();
+  absl::StatusOr<Config> own = Config::Load({config_file, {}, flags});
+  if (!own.ok()) return own.status();
+  if (absl::Status s = own->CheckKnownKeys(known_keys); !s.ok()) return s;
+  return config;
+}
+
 int InitLoggingAndSignals(const char* program, const log::Options& log_options, sigset_t* signals) {
   if (absl::Status s = log::Init(log_options); !s.ok()) {
     std::fprintf(stderr, "%s: cannot set up logging: %s\n", program, std::string(s.message()).c_str());

@@ -12,15 +12,19 @@
 #include <atomic>
 #include <cstdlib>
 #include <functional>
+#include <map>
+#include <set>
 #include <string>
 #include <thread>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/clock.h"
+#include "common/config.h"
 #include "common/log.h"
 
 namespace ckpt::daemon {
@@ -39,6 +43,15 @@ absl::Status ValidateHostPort(const std::string& key, const std::string& value);
 // if it failed (kExitUsage for logging, kExitFailure for signals) after
 // printing why, or kExitOk with `signals` filled.
 int InitLoggingAndSignals(const char* program, const log::Options& log_options, sigset_t* signals);
+
+// The daemon's layered configuration: `config_file` (may be empty), then the
+// CKPT_* environment variables that spell a config key, then `flags` (only
+// those the user set). Unknown keys are errors where the user wrote them for
+// this daemon (its file and its command line); other CKPT_* variables belong
+// to other ckpt tools and are ignored.
+absl::StatusOr<Config> LoadDaemonConfig(const std::string& config_file,
+                                        const std::map<std::string, std::string>& flags,
+                                        const std::set<std::string>& known_keys);
 
 inline std::string HostOf(const std::string& address) { return address.substr(0, address.rfind(':')); }
 

@@ -107,22 +107,8 @@ struct Settings {
 // Settings. Every error is a usage error.
 absl::StatusOr<Settings> LoadSettings(const std::string& config_file,
                                       const std::map<std::string, std::string>& flags) {
-  // The environment is shared with other ckpt tools (e.g. CKPT_META for
-  // ckptctl): unknown CKPT_* variables are not this daemon's business, and
-  // ones that do not even spell a key are skipped rather than fatal.
-  std::map<std::string, std::string> env;
-  for (const auto& [name, value] : CaptureEnvironment()) {
-    if (name.rfind("CKPT_", 0) == 0 && KeyForEnvVar(name).ok()) env.emplace(name, value);
-  }
-  absl::StatusOr<Config> config = Config::Load({config_file, env, flags});
+  absl::StatusOr<Config> config = daemon::LoadDaemonConfig(config_file, flags, KnownKeys());
   if (!config.ok()) return config.status();
-  {
-    // Unknown keys are errors where the user wrote them for this daemon: in
-    // its config file and on its command line.
-    absl::StatusOr<Config> own = Config::Load({config_file, {}, flags});
-    if (!own.ok()) return own.status();
-    if (absl::Status s = own->CheckKnownKeys(KnownKeys()); !s.ok()) return s;
-  }
 
   Settings out;
   out.listen = config->GetStringOr("listen", kDefaultListen);

@@ -202,6 +202,32 @@ absl::Status Codec::EncodeUpdate(int data_index, ConstBuffer data,
   return absl::OkStatus();
 }
 
+absl::Status Codec::EncodeUpdateRow(int data_index, int parity_index, ConstBuffer data,
+                                    MutableBuffer parity_row) const {
+  if (data_index < 0 || data_index >= k_ || parity_index < 0 || parity_index >= m_) {
+    return absl::InvalidArgumentError(absl::StrCat("erasure code: data index ", data_index,
+                                                   " or parity index ", parity_index,
+                                                   " is out of range"));
+  }
+  if (data.size() > parity_row.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("erasure code: ", data.size(),
+                                                   " data bytes, more than the parity's ",
+                                                   parity_row.size()));
+  }
+  if ((data.size() > 0 && (data.data() == nullptr || parity_row.data() == nullptr)) ||
+      Overlaps(data.data(), data.size(), parity_row.data(), parity_row.size())) {
+    return absl::InvalidArgumentError("erasure code: null or overlapping buffers");
+  }
+  const uint8_t* tables = encode_tables_.data() + static_cast<size_t>(32) * k_ * parity_index;
+  for (size_t off = 0; off < data.size(); off += kMaxCall) {
+    const size_t n = std::min(kMaxCall, data.size() - off);
+    uint8_t* dst = parity_row.data() + off;
+    ec_encode_data_update(static_cast<int>(n), k_, 1, data_index, const_cast<uint8_t*>(tables),
+                          const_cast<uint8_t*>(data.data()) + off, &dst);
+  }
+  return absl::OkStatus();
+}
+
 absl::Status Codec::ReplaceUpdate(int data_index, ConstBuffer old_data, ConstBuffer new_data,
                                   std::span<const MutableBuffer> parity) const {
   // Validate both before touching the parity, so a bad call changes nothing.

@@ -93,6 +93,14 @@ class Codec {
   absl::Status EncodeUpdate(int data_index, ConstBuffer data,
                             std::span<const MutableBuffer> parity) const;
 
+  // As EncodeUpdate for ONE parity row: parity_row ^= C[parity_index][data_index]
+  // * data, over data.size() bytes (<= parity_row.size()). The buffers may be
+  // any aligned sub-range [x, x+n) of the fragment and of the parity (the fold
+  // is bytewise), which lets a parity holder fold chunks as they arrive and
+  // parity that lives in several memory pieces. 0 <= parity_index < m.
+  absl::Status EncodeUpdateRow(int data_index, int parity_index, ConstBuffer data,
+                               MutableBuffer parity_row) const;
+
   // Folds a change of data fragment `data_index` into existing parity, given
   // delta = old xor new (zero-padded to the longer of the two). Same cost and
   // contract as EncodeUpdate.

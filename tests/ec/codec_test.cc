@@ -196,6 +196,38 @@ TEST(Codec, UpdateInAnyOrderEqualsFullEncode) {
   }
 }
 
+// A parity holder folds one row, chunk by chunk, into parity split in pieces.
+TEST(Codec, RowUpdateInChunksEqualsFullEncode) {
+  std::mt19937_64 rng(6);
+  for (auto [k, m] : {std::pair{4, 2}, {3, 1}, {8, 3}}) {
+    auto codec = Codec::Create(k, m);
+    std::vector<size_t> lens(k, 5000);
+    lens[1] = 333;
+    Stripe s = MakeStripe(k, m, lens, rng);
+    auto full = MutViews(s.parity);
+    ASSERT_TRUE((*codec)->Encode(Views(s.data), full).ok());
+    for (int row = 0; row < m; ++row) {
+      Bytes parity(s.len, 0);
+      for (int i = k - 1; i >= 0; --i) {
+        for (size_t off = 0; off < s.data[i].size(); off += 777) {
+          const size_t n = std::min<size_t>(777, s.data[i].size() - off);
+          ASSERT_TRUE((*codec)
+                          ->EncodeUpdateRow(i, row, ConstBuffer(s.data[i].data() + off, n),
+                                            MutableBuffer(parity.data() + off, n))
+                          .ok());
+        }
+      }
+      EXPECT_EQ(parity, s.parity[row]) << "RS(" << k << "," << m << ") row " << row;
+    }
+    Bytes small(4);
+    EXPECT_EQ((*codec)->EncodeUpdateRow(0, m, ConstBuffer(small.data(), 4), MutableBuffer(small)).code(),
+              absl::StatusCode::kInvalidArgument);
+    Bytes big(8);
+    EXPECT_EQ((*codec)->EncodeUpdateRow(0, 0, ConstBuffer(big), MutableBuffer(small)).code(),
+              absl::StatusCode::kInvalidArgument);
+  }
+}
+
 TEST(Codec, DeltaAndReplaceUpdateEqualReencode) {
   std::mt19937_64 rng(5);
   const int k = 6, m = 3;

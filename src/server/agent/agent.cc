@@ -53,6 +53,7 @@ absl::StatusOr<std::unique_ptr<Agent>> Agent::Create(const AgentOptions& options
   CKPT_RETURN_IF_ERROR(ValidateNodeId(options.node_id));
   std::unique_ptr<Agent> agent(new Agent(options, meta, clock, durable_fs, metrics));
   CKPT_RETURN_IF_ERROR(agent->Init());
+  CKPT_RETURN_IF_ERROR(agent->StartDataPlane());
   return agent;
 }
 
@@ -99,6 +100,12 @@ absl::Status Agent::Init() {
   absl::MutexLock lock(&mu_);
   const absl::Time now = clock_->MonotonicNow();
   for (const ShardRecord& rec : arena_->adopted()) {
+    if (rec.segment) {
+      SegHolding sh;
+      sh.rec = rec;
+      segments_.emplace(*rec.segment, std::move(sh));
+      continue;
+    }
     Holding h;
     h.rec = rec;
     h.verified = true;  // Open() checked the crc
@@ -128,6 +135,12 @@ void Agent::Start() {
   threads_.emplace_back([this] { Loop("ckpt-agent-vfy", absl::Milliseconds(200), &Agent::VerifyOnce); });
   threads_.emplace_back([this] { Loop("ckpt-agent-task", absl::Milliseconds(100), &Agent::TasksOnce); });
   threads_.emplace_back([this] { WatchLoop(); });
+  for (int i = 0; i < 2; ++i) {
+    threads_.emplace_back([this] {
+      pthread_setname_np(pthread_self(), "ckpt-agent-peer");
+      WorkLoop();
+    });
+  }
 }
 
 // Keeps meta's task stream open for the current incarnation, so tasks start
@@ -170,6 +183,9 @@ void Agent::Stop() {
     ++wake_;
   }
   meta_->CancelWatch();
+  // No transport callback may run once the agent is gone; in-flight peer
+  // waits then fail with Cancelled/Unavailable and the loops wind down.
+  if (data_plane_started_) options_.transport->Stop();
   for (std::thread& t : threads_) t.join();
   threads_.clear();
 }
@@ -588,32 +604,7 @@ absl::StatusOr<OpenResult> Agent::RestoreFromDurable(const ShardRecord& expected
     arena_->Free(extents);
     return read;
   }
-  ShardRecord rec = expected;
-  rec.role = 3;  // RESTORED
-  rec.items = SortedByOffset(expected.items);
-  rec.manifest_digest = ManifestDigest(rec.items);
-  rec.extents = std::move(extents);
-  rec.durable_path = durable_path;
-  rec.staged_unix_ms = clock_->NowUnixMillis();
-  if (absl::Status s = arena_->WriteRecord(rec); !s.ok()) {
-    arena_->Free(rec.extents);
-    return absl::UnavailableError(absl::StrCat("cannot record the restored shard: ", s.message()));
-  }
-  Holding h;
-  h.rec = rec;
-  h.verified = true;
-  h.committed_at = clock_->MonotonicNow();
-  holdings_[id] = std::move(h);
-  HoldingReport r;
-  r.kind = HoldingReport::Kind::kCopyState;
-  r.id = id;
-  r.copy_role = 3;
-  r.copy_state = kCopyStateValid;
-  r.size_bytes = rec.size_bytes;
-  r.crc32c = rec.crc32c;
-  QueueReportLocked(std::move(r));
-  log::Info("restored {} ({} bytes) from the durable tier", ShardIdString(id), rec.size_bytes);
-  UpdateGauges();
+  CKPT_RETURN_IF_ERROR(AdoptRestoredLocked(expected, std::move(extents), durable_path, "the durable tier"));
   }
   return OpenShard(id, true, client_pid, ttl_ms);
 }
@@ -1055,18 +1046,35 @@ absl::Status Agent::RunTaskStep(QueuedTask& qt, bool* finished) {
         if (id.job_id == t.job_id && id.step == t.step) ids.push_back(id);
       }
       for (const ShardId& id : ids) FreeHoldingLocked(id);
+      std::vector<SegmentId> segs;
+      for (const auto& [id, h] : segments_) {
+        if (id.job_id == t.job_id && id.step == t.step) segs.push_back(id);
+      }
+      for (const SegmentId& id : segs) FreeSegmentLocked(id);
+      for (auto it = owned_segments_.begin(); it != owned_segments_.end();) {
+        it = it->first.job_id == t.job_id && it->first.step == t.step ? owned_segments_.erase(it) : std::next(it);
+      }
       if (!ids.empty()) log::Info("evicted {} holdings of {} step {}", ids.size(), t.job_id, t.step);
       return absl::OkStatus();
     }
     case TaskKind::kDrop: {
       absl::MutexLock lock(&mu_);
       for (const ShardId& id : t.drop) FreeHoldingLocked(id);
-      log::Info("dropped {} holdings: {}", t.drop.size(), t.reason);
+      for (const SegmentId& id : t.drop_segments) {
+        FreeSegmentLocked(id);
+        owned_segments_.erase(id);
+      }
+      log::Info("dropped {} holdings: {}", t.drop.size() + t.drop_segments.size(), t.reason);
       return absl::OkStatus();
     }
+    case TaskKind::kReplicate:
+      return RunReplicate(qt, finished);
+    case TaskKind::kEcEncode:
+      return RunEcEncode(qt, finished);
+    case TaskKind::kRebuildSegments:
+      return RunRebuild(qt);
     case TaskKind::kUnsupported:
-      return absl::UnimplementedError(absl::StrCat("this agent cannot run ", t.kind_name,
-                                                   " tasks (peer protection is not built yet)"));
+      return absl::UnimplementedError(absl::StrCat("this agent cannot run ", t.kind_name, " tasks"));
   }
   return absl::InternalError("unknown task kind");
 }
@@ -1166,7 +1174,7 @@ void Agent::Register() {
   NodeRegistration reg;
   reg.node_id = options_.node_id;
   reg.grpc_address = options_.grpc_address;
-  reg.data_address = options_.data_address;
+  reg.data_address = options_.data_address.empty() ? data_address() : options_.data_address;
   reg.failure_domain = options_.failure_domain;
   reg.agent_version = "0.1.0";
   reg.memory_capacity_bytes = arena_->capacity_bytes();
@@ -1219,6 +1227,28 @@ void Agent::SendInventory() {
       it.durable_path = info.durable_path;
       items.push_back(std::move(it));
     }
+    for (const auto& [id, h] : segments_) {
+      InventoryItem it;
+      it.is_segment = true;
+      it.segment = id;
+      it.segment_kind = h.rec.segment_kind;
+      it.state = h.corrupt ? kCopyStateCorrupt : kCopyStateValid;
+      it.size_bytes = h.rec.size_bytes;
+      it.crc32c = h.rec.crc32c;
+      it.stored_unix_ms = h.rec.staged_unix_ms;
+      items.push_back(std::move(it));
+    }
+    for (const auto& [id, o] : owned_segments_) {
+      if (segments_.count(id)) continue;
+      InventoryItem it;
+      it.is_segment = true;
+      it.segment = id;
+      it.segment_kind = kSegmentData;
+      it.state = kCopyStateValid;
+      it.size_bytes = o.length_bytes;
+      it.crc32c = o.crc32c;
+      items.push_back(std::move(it));
+    }
   }
   absl::StatusOr<InventoryReply> r = meta_->ReportInventory(options_.node_id, inc, items);
   absl::MutexLock lock(&mu_);
@@ -1235,6 +1265,11 @@ void Agent::SendInventory() {
   for (const ShardId& id : r->drop) {
     log::Info("meta says drop {}", ShardIdString(id));
     FreeHoldingLocked(id);
+  }
+  for (const SegmentId& id : r->drop_segments) {
+    log::Info("meta says drop segment {}", SegmentIdString(id));
+    FreeSegmentLocked(id);
+    owned_segments_.erase(id);
   }
   for (const ShardId& id : r->unknown) {
     log::Warn("meta does not know {} (kept; see ckptctl status)", ShardIdString(id));

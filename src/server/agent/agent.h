@@ -42,6 +42,9 @@
 #include "common/metrics.h"
 #include "server/agent/arena.h"
 #include "server/agent/meta_link.h"
+#include "server/agent/peer_wire.h"
+#include "transport/bulk.h"
+#include "transport/transport.h"
 
 namespace ckpt::agent {
 
@@ -60,6 +63,14 @@ struct AgentOptions {
   int64_t flush_retry_max_ms = 30000;
   int flush_max_tries = 8;     // per task attempt, then report the error
   uint64_t item_alignment_bytes = 64;
+  // The peer data plane (replicas, EC stripes, remote restore). Not owned;
+  // the agent calls Start on it with its own handler. nullptr: no data plane
+  // (protection tasks fail with Unavailable, remote sources are skipped).
+  transport::Transport* transport = nullptr;
+  std::string data_listen_address;  // what the transport listens on
+  transport::BulkOptions bulk;
+  // How long a peer may take to acknowledge or answer one step of a transfer.
+  int64_t peer_timeout_ms = 30000;
 };
 
 // A region of the pool file a client maps.
@@ -195,6 +206,18 @@ class Agent {
   // missing), DataLoss (size or crc differs), ResourceExhausted (no room).
   absl::StatusOr<OpenResult> RestoreFromDurable(const ShardRecord& expected, const std::string& durable_path,
                                                 uint32_t client_pid, int64_t ttl_ms);
+  // Materialises a shard from a peer's VALID copy over the data plane as a
+  // RESTORED copy (crc-checked chunk by chunk and as a whole), reports it and
+  // opens it. Errors: Unavailable (no data plane, peer unreachable or died),
+  // DataLoss (the peer's bytes do not match), ResourceExhausted, NotFound.
+  absl::StatusOr<OpenResult> RestoreFromPeer(const ShardRecord& expected, const PeerEndpoint& holder,
+                                             uint32_t client_pid, int64_t ttl_ms);
+  // Rebuilds a shard from its owner's EC stripes: reads the owner's data
+  // segments where they survive and decodes the rest from any k segments of
+  // each stripe, then proceeds as RestoreFromPeer. DataLoss when fewer than k
+  // segments of a stripe can be read correctly.
+  absl::StatusOr<OpenResult> RestoreByDecode(const ShardRecord& expected, const EcDecodeSource& source,
+                                             uint32_t client_pid, int64_t ttl_ms);
   absl::Status CloseShard(const std::string& handle_id);
   // Calls fn(data, len) over the shard bytes [offset, offset+length) while the
   // holding is pinned. NotFound / OutOfRange.
@@ -229,8 +252,12 @@ class Agent {
   void EnqueueTasks(std::vector<AgentTask> tasks);
 
   const Arena& arena() const { return *arena_; }
+  // The data plane address peers reach this agent on ("" without one).
+  std::string data_address() const;
 
  private:
+  class PeerHandler;
+  friend class PeerHandler;
   struct Lease {
     std::string id;
     ShardId shard;
@@ -276,6 +303,63 @@ class Agent {
     size_t next_shard = 0;  // flush: shards before it are done
     uint64_t bytes_done = 0;
     absl::Time started;
+    bool sends_done = false;  // ec_encode: this node's data segments are delivered
+    absl::Time deadline = absl::InfiniteFuture();  // ec_encode: give up waiting for parity
+  };
+  // A segment held in the memory tier: parity, or a data segment rebuilt here.
+  struct SegHolding {
+    ShardRecord rec;  // rec.segment is set; size_bytes = unpadded length
+    bool corrupt = false;
+    int pins = 0;
+    bool evict_pending = false;
+  };
+  // A data segment this node's blob provides (not a separate holding).
+  struct OwnedSegment {
+    uint64_t length_bytes = 0;
+    uint32_t crc32c = 0;
+    uint32_t data_k = 0;
+    uint32_t blob_segment_index = 0;
+  };
+  // Sender side of a push.
+  struct OutPut {
+    transport::PeerId peer = 0;
+    bool acked = false;
+    absl::Status ack;
+    bool done = false;
+    absl::Status result;
+  };
+  // Receiver side of a push.
+  struct InPut {
+    PutBegin begin;
+    std::string meta;  // kPutBegin payload (a shard record)
+    ShardRecord rec;   // replica: the record being filled
+    std::vector<Extent> extents;
+    uint64_t received = 0;
+    std::map<uint64_t, std::pair<uint32_t, uint64_t>> chunks;  // offset -> (crc, length)
+    bool finishing = false;
+  };
+  // Parity being folded together on this node.
+  struct ParityBuild {
+    ShardRecord rec;  // segment record; extents hold the parity
+    uint32_t data_k = 0;
+    uint32_t parity_m = 0;
+    uint64_t expect_mask = 0;
+    std::map<uint32_t, uint64_t> folded;  // data position -> bytes folded
+    std::set<uint32_t> receiving;         // data positions being pushed
+    std::set<uint32_t> complete;          // data positions wholly folded
+    bool finished = false;
+    absl::Status error;
+  };
+  // Requester side of a read.
+  struct PendingRead {
+    transport::PeerId peer = 0;
+    transport::MutablePieces dest;
+    uint64_t expected = 0;
+    uint64_t received = 0;
+    std::map<uint64_t, std::pair<uint32_t, uint64_t>> chunks;
+    bool ended = false;
+    absl::Status status;
+    uint32_t end_crc = 0;
   };
 
   Agent(const AgentOptions& options, MetaLink* meta, Clock* clock, FileSystem* durable_fs,
@@ -316,6 +400,58 @@ class Agent {
   void Loop(const char* name, absl::Duration idle, bool (Agent::*once)());
   bool ControlRound();
   void WatchLoop();
+
+  // ---- data plane (peer.cc) ----
+  absl::Status StartDataPlane();
+  absl::StatusOr<transport::PeerId> PeerFor(const PeerEndpoint& ep);
+  void SendMessage(transport::PeerId peer, uint16_t type, std::string header, transport::ConstPieces payload = {});
+  absl::StatusOr<transport::MutablePieces> OnAllocate(const transport::Inbound& msg);
+  void OnMessage(const transport::Inbound& msg, const absl::Status& status);
+  void OnPeerFailed(transport::PeerId peer, const absl::Status& why);
+  void HandlePutBegin(const transport::Inbound& msg, const absl::Status& status);
+  void HandlePutChunk(const transport::Inbound& msg, const absl::Status& status);
+  void FinishPut(transport::PeerId from, uint64_t xfer);
+  void ServeRead(transport::PeerId from, ReadReq req);
+  // Pushes `source` to each target as `begin` describes (ack, chunks, done).
+  // One status per target.
+  std::vector<absl::Status> Push(const std::vector<PeerEndpoint>& targets, PutBegin begin,
+                                 const std::string& meta, const transport::ConstPieces& source);
+  // Reads [req.offset, +req.length) of a peer's shard or segment into `dest`
+  // (exactly req.length bytes), checking every chunk's crc. Returns the crc
+  // of the bytes read.
+  absl::StatusOr<uint32_t> ReadFromPeer(const PeerEndpoint& ep, ReadReq req, transport::MutablePieces dest);
+  // Pieces of a version's blob on this node (its primaries in rank order),
+  // pinning them; the caller unpins with UnpinBlobLocked.
+  absl::StatusOr<transport::ConstPieces> BlobPiecesLocked(const std::string& job, uint64_t step,
+                                                          std::vector<ShardId>* pinned, uint64_t* size)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void UnpinAllLocked(const std::vector<ShardId>& ids) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  transport::ConstPieces PiecesOf(const std::vector<Extent>& extents, uint64_t offset, uint64_t length) const;
+  transport::MutablePieces MutablePiecesOf(const std::vector<Extent>& extents, uint64_t offset,
+                                           uint64_t length) const;
+  // Stores a restored copy's bytes (already in `extents`, crc-checked) as a
+  // RESTORED holding, records and reports it. Frees the extents on error.
+  absl::Status AdoptRestoredLocked(const ShardRecord& expected, std::vector<Extent> extents,
+                                   const std::string& durable_path, const std::string& source)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status StoreSegmentLocked(ShardRecord rec, const std::string& task_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void FreeSegmentLocked(const SegmentId& id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  ParityBuild* ParityBuildLocked(const PutBegin& b) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void FinishParityLocked(const SegmentId& id, ParityBuild& pb) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status RunReplicate(QueuedTask& qt, bool* finished);
+  absl::Status RunEcEncode(QueuedTask& qt, bool* finished);
+  absl::Status RunRebuild(QueuedTask& qt);
+  // Reads one whole segment (length bytes) into `out`, checking its crc.
+  absl::Status ReadSegment(const SegmentLocation& loc, uint32_t data_k, uint32_t blob_segment_index,
+                           std::span<std::byte> out);
+  // Rebuilds fragment `position` (want bytes) of a stripe from its sources.
+  absl::Status DecodeFragment(const std::vector<SegmentLocation>& sources, uint32_t data_k, uint32_t parity_m,
+                              uint64_t stripe_bytes, uint32_t position, std::span<std::byte> out);
+  void QueueSegmentReportLocked(const SegmentId& id, int kind, int state, uint64_t length, uint32_t crc,
+                                const std::string& task_id, const std::string& detail)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void PostWork(std::function<void()> fn);
+  void WorkLoop();
 
   const AgentOptions options_;
   MetaLink* const meta_;
@@ -381,6 +517,24 @@ class Agent {
   int64_t last_flush_error_unix_ms_ ABSL_GUARDED_BY(mu_) = 0;
 
   std::vector<std::thread> threads_;
+
+  // Data plane state (under mu_). Transport callbacks never block on mu_ for
+  // long and nothing calls into the transport while holding mu_.
+  std::unique_ptr<transport::Handler> peer_handler_;
+  bool data_plane_started_ = false;
+  std::map<std::string, transport::PeerId> peer_by_address_ ABSL_GUARDED_BY(mu_);
+  std::map<uint64_t, OutPut> out_puts_ ABSL_GUARDED_BY(mu_);  // by xfer id
+  std::map<std::pair<transport::PeerId, uint64_t>, InPut> in_puts_ ABSL_GUARDED_BY(mu_);
+  std::map<SegmentId, ParityBuild> parity_builds_ ABSL_GUARDED_BY(mu_);
+  std::map<uint64_t, PendingRead> reads_ ABSL_GUARDED_BY(mu_);  // by request id
+  std::map<SegmentId, SegHolding> segments_ ABSL_GUARDED_BY(mu_);
+  std::map<SegmentId, OwnedSegment> owned_segments_ ABSL_GUARDED_BY(mu_);
+  // Scratch chunk buffers for EC data arriving at a parity holder (reused).
+  std::vector<std::vector<std::byte>> scratch_free_ ABSL_GUARDED_BY(mu_);
+  std::map<std::pair<transport::PeerId, std::pair<uint64_t, uint64_t>>, std::vector<std::byte>> scratch_used_
+      ABSL_GUARDED_BY(mu_);
+  std::deque<std::function<void()>> work_ ABSL_GUARDED_BY(mu_);
+  uint64_t next_xfer_ ABSL_GUARDED_BY(mu_) = 1;
 };
 
 }  // namespace ckpt::agent

@@ -58,6 +58,10 @@ std::string ShardIdString(const ShardId& id) {
   return absl::StrCat(id.job_id, "/", id.step, "/", id.rank);
 }
 
+std::string SegmentIdString(const SegmentId& id) {
+  return absl::StrCat(id.job_id, "/", id.step, "/g", id.group, ".s", id.stripe, ".p", id.position);
+}
+
 std::string EncodeShardRecord(const ShardRecord& r) {
   nlohmann::json j;
   j["format"] = 1;
@@ -71,6 +75,9 @@ std::string EncodeShardRecord(const ShardRecord& r) {
   j["run_id"] = r.run_id;
   j["staged_ms"] = r.staged_unix_ms;
   j["durable_path"] = r.durable_path;
+  if (r.segment) {
+    j["segment"] = {r.segment->group, r.segment->stripe, r.segment->position, r.segment_kind};
+  }
   nlohmann::json ext = nlohmann::json::array();
   for (const Extent& e : r.extents) ext.push_back({e.offset, e.length});
   j["extents"] = std::move(ext);
@@ -106,6 +113,12 @@ absl::StatusOr<ShardRecord> DecodeShardRecord(std::string_view json) {
     r.run_id = j.value("run_id", "");
     r.staged_unix_ms = j.value("staged_ms", int64_t{0});
     r.durable_path = j.value("durable_path", "");
+    if (j.contains("segment")) {
+      const auto& g = j.at("segment");
+      r.segment = SegmentId{r.id.job_id, r.id.step, g.at(0).get<uint32_t>(), g.at(1).get<uint32_t>(),
+                            g.at(2).get<uint32_t>()};
+      r.segment_kind = g.at(3).get<int>();
+    }
     for (const auto& e : j.at("extents")) {
       r.extents.push_back(Extent{e.at(0).get<uint64_t>(), e.at(1).get<uint64_t>()});
     }
@@ -378,10 +391,23 @@ std::string Arena::RecordPath(const ShardId& id) const {
   return absl::StrCat(records_dir_, "/", id.job_id, ".", id.step, ".", id.rank, ".rec");
 }
 
+std::string Arena::SegmentRecordPath(const SegmentId& id) const {
+  return absl::StrCat(records_dir_, "/", id.job_id, ".", id.step, ".g", id.group, ".s", id.stripe, ".p",
+                      id.position, ".seg.rec");
+}
+
+absl::Status Arena::RemoveSegmentRecord(const SegmentId& id) {
+  const std::string path = SegmentRecordPath(id);
+  if (::unlink(path.c_str()) != 0 && errno != ENOENT) {
+    return Errno(absl::StrCat("remove '", path, "'"), errno);
+  }
+  return absl::OkStatus();
+}
+
 absl::Status Arena::WriteRecord(const ShardRecord& record) {
   CKPT_RETURN_IF_ERROR(ValidateJobId(record.id.job_id));
   static std::atomic<uint64_t> counter{0};
-  const std::string path = RecordPath(record.id);
+  const std::string path = record.segment ? SegmentRecordPath(*record.segment) : RecordPath(record.id);
   const std::string tmp = absl::StrCat(path, ".tmp-", ::getpid(), "-", counter.fetch_add(1));
   const std::string text = EncodeShardRecord(record);
   const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0640);

@@ -25,6 +25,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -57,6 +58,21 @@ struct ShardId {
 };
 std::string ShardIdString(const ShardId& id);  // "job/step/rank" for messages
 
+// One EC segment of a version (ckpt.v1.SegmentKey): position `position` of
+// stripe `stripe` of group `group`; positions k.. are parity.
+struct SegmentId {
+  std::string job_id;
+  uint64_t step = 0;
+  uint32_t group = 0;
+  uint32_t stripe = 0;
+  uint32_t position = 0;
+  auto operator<=>(const SegmentId&) const = default;
+};
+std::string SegmentIdString(const SegmentId& id);  // "job/step/g0.s1.p2"
+
+inline constexpr int kSegmentData = 1;    // ckpt.v1.SegmentKind
+inline constexpr int kSegmentParity = 2;
+
 // What the agent keeps about a committed shard, persisted in its record.
 struct ShardRecord {
   ShardId id;
@@ -70,6 +86,10 @@ struct ShardRecord {
   int64_t staged_unix_ms = 0;
   // Relative durable path once this node wrote the shard to the durable tier.
   std::string durable_path;
+  // Set for an EC segment holding (parity, or a data segment rebuilt on this
+  // node) instead of a shard copy: id.rank is then 0 and items are empty.
+  std::optional<SegmentId> segment;
+  int segment_kind = 0;  // kSegmentData / kSegmentParity
 };
 
 // A record found on Open() whose bytes no longer match (or whose record was
@@ -115,6 +135,7 @@ class Arena {
 
   // Removes a record file; OK if it is already gone.
   absl::Status RemoveRecord(const ShardId& id);
+  absl::Status RemoveSegmentRecord(const SegmentId& id);
 
   // Holdings re-adopted by Open() (their extents are allocated), and the ones
   // that were lost. Both are filled once, at Open().
@@ -151,6 +172,7 @@ class Arena {
   absl::Status Init(const Options& options);
   void Adopt();
   std::string RecordPath(const ShardId& id) const;
+  std::string SegmentRecordPath(const SegmentId& id) const;
   void ReserveLocked(const Extent& e) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   std::string dir_;

@@ -72,7 +72,81 @@ enum class TaskKind {
   kEvict,
   kDrop,
   kDeleteDurable,
-  kUnsupported,  // a kind this agent cannot run yet (peer protection)
+  kReplicate,
+  kEcEncode,
+  kRebuildSegments,
+  kUnsupported,  // a kind this agent does not know
+};
+
+// How to reach a peer agent's data plane (ckpt.v1.NodeEndpoint).
+struct PeerEndpoint {
+  std::string node_id;
+  uint64_t incarnation = 0;
+  std::string data_address;
+};
+
+
+// Where one EC segment can be read (ckpt.v1.SegmentLocation).
+struct SegmentLocation {
+  SegmentId key;
+  int kind = kSegmentData;
+  uint64_t length_bytes = 0;
+  uint32_t crc32c = 0;
+  PeerEndpoint holder;
+};
+
+// ckpt.v1.EcStripeLayout / EcGroupLayout / BlobPart / NodeBlob.
+struct EcStripeLayout {
+  uint32_t stripe_index = 0;
+  std::vector<std::string> data_node_ids;       // k
+  std::vector<uint32_t> data_segment_indices;   // k
+  std::vector<std::string> parity_node_ids;     // m
+};
+struct EcGroupLayout {
+  uint32_t group_index = 0;
+  std::vector<std::string> node_ids;
+  uint32_t data_k = 0;
+  uint32_t parity_m = 0;
+  std::vector<EcStripeLayout> stripes;
+};
+struct BlobPart {
+  uint32_t rank = 0;
+  uint64_t blob_offset_bytes = 0;
+  uint64_t size_bytes = 0;
+};
+struct NodeBlob {
+  std::string node_id;
+  std::vector<BlobPart> parts;
+  uint64_t size_bytes = 0;
+  uint64_t segment_bytes = 0;
+};
+
+// One segment to rebuild (ckpt.v1.SegmentRebuild).
+struct SegmentRebuild {
+  SegmentId target;
+  int kind = kSegmentData;
+  uint64_t length_bytes = 0;
+  uint64_t stripe_length_bytes = 0;
+  uint32_t expected_crc32c = 0;
+  std::vector<SegmentLocation> sources;
+};
+
+// Restore sources (ckpt.v1.ShardSource and its EC parts), best first.
+struct EcStripeSource {
+  uint32_t stripe_index = 0;
+  uint32_t blob_segment_index = 0;
+  uint32_t position = 0;
+  uint64_t stripe_length_bytes = 0;
+  std::vector<SegmentLocation> segments;
+};
+struct EcDecodeSource {
+  uint32_t group_index = 0;
+  uint32_t data_k = 0;
+  uint32_t parity_m = 0;
+  std::string owner_node_id;
+  uint64_t blob_offset_bytes = 0;
+  uint64_t segment_bytes = 0;
+  std::vector<EcStripeSource> stripes;
 };
 
 // A work order from meta (see docs/protocol.md §7), reduced to what the
@@ -89,7 +163,16 @@ struct AgentTask {
   std::vector<FlushOrder> flush;   // flush
   uint32_t world_size = 0;         // commit
   std::vector<ShardId> drop;       // drop (shard holdings)
+  std::vector<SegmentId> drop_segments;  // drop (segment holdings)
   std::string reason;              // drop
+  std::vector<uint32_t> ranks;             // replicate
+  std::vector<PeerEndpoint> targets;       // replicate
+  EcGroupLayout group;                     // ec_encode
+  std::vector<NodeBlob> blobs;             // ec_encode
+  std::vector<PeerEndpoint> members;       // ec_encode, group order
+  uint32_t data_k = 0;                     // rebuild_segments
+  uint32_t parity_m = 0;                   // rebuild_segments
+  std::vector<SegmentRebuild> rebuilds;    // rebuild_segments
 };
 
 struct HeartbeatReply {
@@ -104,7 +187,7 @@ struct HeartbeatReply {
 
 // A report about one of this node's holdings (ReportShards).
 struct HoldingReport {
-  enum class Kind { kStaged, kPersisted, kCopyState };
+  enum class Kind { kStaged, kPersisted, kCopyState, kSegment };
   Kind kind = Kind::kStaged;
   ShardRecord record;  // kStaged: the full record (items, crc, digest, run id)
   ShardId id;          // kPersisted, kCopyState
@@ -113,8 +196,10 @@ struct HoldingReport {
   uint32_t crc32c = 0;
   std::string task_id;
   int copy_role = 1;   // ckpt.v1.CopyRole
-  int copy_state = 2;  // ckpt.v1.CopyState
+  int copy_state = 2;  // ckpt.v1.CopyState (kCopyState, kSegment)
   std::string detail;
+  SegmentId segment;   // kSegment (size_bytes = unpadded length)
+  int segment_kind = kSegmentData;
 };
 
 struct ReportReply {
@@ -125,6 +210,9 @@ struct ReportReply {
 // An entry of this node's inventory (ReportInventory).
 struct InventoryItem {
   ShardId id;
+  bool is_segment = false;  // then `segment` and `segment_kind` say which
+  SegmentId segment;
+  int segment_kind = kSegmentData;
   int role = 1;
   int state = 2;  // ckpt.v1.CopyState
   uint64_t size_bytes = 0;
@@ -136,6 +224,7 @@ struct InventoryItem {
 
 struct InventoryReply {
   std::vector<ShardId> drop;  // holdings meta says to delete
+  std::vector<SegmentId> drop_segments;
   std::vector<ShardId> unknown;
   uint32_t kept = 0;
 };

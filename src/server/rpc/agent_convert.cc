@@ -106,4 +106,77 @@ absl::StatusOr<DurableManifest> ManifestFromVersion(const v1::VersionInfo& versi
   return m;
 }
 
+agent::PeerEndpoint EndpointFromProto(const v1::NodeEndpoint& e) {
+  return agent::PeerEndpoint{e.node_id(), e.incarnation(), e.data_address()};
+}
+
+agent::SegmentId SegmentIdFromProto(const v1::SegmentKey& k) {
+  return agent::SegmentId{k.job_id(), k.step(), k.group_index(), k.stripe_index(), k.position()};
+}
+
+void SegmentIdToProto(const agent::SegmentId& id, v1::SegmentKey* out) {
+  out->set_job_id(id.job_id);
+  out->set_step(id.step);
+  out->set_group_index(id.group);
+  out->set_stripe_index(id.stripe);
+  out->set_position(id.position);
+}
+
+agent::SegmentLocation SegmentLocationFromProto(const v1::SegmentLocation& l) {
+  agent::SegmentLocation out;
+  out.key = SegmentIdFromProto(l.key());
+  out.kind = l.kind();
+  out.length_bytes = l.length_bytes();
+  out.crc32c = l.crc32c();
+  out.holder = EndpointFromProto(l.holder());
+  return out;
+}
+
+agent::EcGroupLayout EcGroupFromProto(const v1::EcGroupLayout& g) {
+  agent::EcGroupLayout out;
+  out.group_index = g.group_index();
+  out.node_ids.assign(g.node_ids().begin(), g.node_ids().end());
+  out.data_k = g.data_k();
+  out.parity_m = g.parity_m();
+  for (const v1::EcStripeLayout& s : g.stripes()) {
+    agent::EcStripeLayout st;
+    st.stripe_index = s.stripe_index();
+    st.data_node_ids.assign(s.data_node_ids().begin(), s.data_node_ids().end());
+    st.data_segment_indices.assign(s.data_segment_indices().begin(), s.data_segment_indices().end());
+    st.parity_node_ids.assign(s.parity_node_ids().begin(), s.parity_node_ids().end());
+    out.stripes.push_back(std::move(st));
+  }
+  return out;
+}
+
+agent::NodeBlob NodeBlobFromProto(const v1::NodeBlob& b) {
+  agent::NodeBlob out;
+  out.node_id = b.node_id();
+  out.size_bytes = b.size_bytes();
+  out.segment_bytes = b.segment_bytes();
+  for (const v1::BlobPart& p : b.parts())
+    out.parts.push_back(agent::BlobPart{p.rank(), p.blob_offset_bytes(), p.size_bytes()});
+  return out;
+}
+
+agent::EcDecodeSource EcDecodeSourceFromProto(const v1::EcDecodeSource& s) {
+  agent::EcDecodeSource out;
+  out.group_index = s.group_index();
+  out.data_k = s.data_k();
+  out.parity_m = s.parity_m();
+  out.owner_node_id = s.owner_node_id();
+  out.blob_offset_bytes = s.blob_offset_bytes();
+  out.segment_bytes = s.segment_bytes();
+  for (const v1::EcStripeSource& st : s.stripes()) {
+    agent::EcStripeSource o;
+    o.stripe_index = st.stripe_index();
+    o.blob_segment_index = st.blob_segment_index();
+    o.position = st.position();
+    o.stripe_length_bytes = st.stripe_length_bytes();
+    for (const v1::SegmentLocation& l : st.segments()) o.segments.push_back(SegmentLocationFromProto(l));
+    out.stripes.push_back(std::move(o));
+  }
+  return out;
+}
+
 }  // namespace ckpt::rpc

@@ -28,6 +28,15 @@ void RecordToShardInfo(const agent::ShardRecord& rec, const std::string& node_id
 void RegionToProto(const agent::Region& region, v1::MemoryRegion* out);
 void HoldingToProto(const agent::HoldingInfo& h, v1::InventoryEntry* out);
 
+// Data-plane addressing and EC layouts (tasks and restore sources).
+agent::PeerEndpoint EndpointFromProto(const v1::NodeEndpoint& e);
+agent::SegmentId SegmentIdFromProto(const v1::SegmentKey& k);
+void SegmentIdToProto(const agent::SegmentId& id, v1::SegmentKey* out);
+agent::SegmentLocation SegmentLocationFromProto(const v1::SegmentLocation& l);
+agent::EcGroupLayout EcGroupFromProto(const v1::EcGroupLayout& g);
+agent::NodeBlob NodeBlobFromProto(const v1::NodeBlob& b);
+agent::EcDecodeSource EcDecodeSourceFromProto(const v1::EcDecodeSource& s);
+
 // The durable manifest of a version returned by GetVersion(include_items).
 // FailedPrecondition if some rank has no staged shard.
 absl::StatusOr<DurableManifest> ManifestFromVersion(const v1::VersionInfo& version);

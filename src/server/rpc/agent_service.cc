@@ -68,17 +68,13 @@ grpc::Status AgentServiceImpl::OpenShard(grpc::ServerContext*, const v1::OpenSha
   v1::ShardSource served;
   served.set_kind(v1::SOURCE_KIND_LOCAL);
   if (!r.ok() && (absl::IsNotFound(r.status()) || absl::IsDataLoss(r.status()))) {
-    // Try the given sources in order. The durable tier is read here; peer
-    // replicas and EC decode arrive with the data plane.
+    // Try the given sources in order: a peer's replica, a decode from EC
+    // stripes, the durable tier.
     const absl::Status local = r.status();
     for (const v1::ShardSource& src : req->sources()) {
       if (src.kind() == v1::SOURCE_KIND_LOCAL) continue;
       v1::SourceAttempt* attempt = resp->add_failed_sources();
       *attempt->mutable_source() = src;
-      if (src.kind() != v1::SOURCE_KIND_DURABLE) {
-        ToProto(absl::UnimplementedError("peer and EC sources are not built yet"), attempt->mutable_status());
-        continue;
-      }
       if (!req->has_expected() || req->expected().size_bytes() == 0) {
         return Invalid("expected (the shard's size, crc32c and items from Locate) is required with sources");
       }
@@ -87,7 +83,19 @@ grpc::Status AgentServiceImpl::OpenShard(grpc::ServerContext*, const v1::OpenSha
       expected.size_bytes = req->expected().size_bytes();
       expected.crc32c = req->expected().crc32c();
       for (const v1::Item& item : req->expected().items()) expected.items.push_back(ItemFromProto(item));
-      r = agent_->RestoreFromDurable(expected, src.durable_path(), req->client_pid(), req->ttl_ms());
+      switch (src.kind()) {
+        case v1::SOURCE_KIND_REPLICA:
+          r = agent_->RestoreFromPeer(expected, EndpointFromProto(src.holder()), req->client_pid(), req->ttl_ms());
+          break;
+        case v1::SOURCE_KIND_EC_DECODE:
+          r = agent_->RestoreByDecode(expected, EcDecodeSourceFromProto(src.ec()), req->client_pid(), req->ttl_ms());
+          break;
+        case v1::SOURCE_KIND_DURABLE:
+          r = agent_->RestoreFromDurable(expected, src.durable_path(), req->client_pid(), req->ttl_ms());
+          break;
+        default:
+          r = absl::InvalidArgumentError("unknown source kind");
+      }
       if (r.ok()) {
         resp->mutable_failed_sources()->RemoveLast();
         served = src;

@@ -50,6 +50,7 @@ AgentTask TaskFromProto(const v1::Task& t) {
       a.reason = t.drop().reason();
       for (const v1::InventoryEntry& e : t.drop().entries()) {
         if (e.has_shard()) a.drop.push_back(agent::ShardId{e.shard().job_id(), e.shard().step(), e.shard().rank()});
+        if (e.has_segment()) a.drop_segments.push_back(SegmentIdFromProto(e.segment()));
       }
       break;
     case v1::Task::kDeleteDurable:
@@ -60,19 +61,39 @@ AgentTask TaskFromProto(const v1::Task& t) {
       a.durable_dir = t.delete_durable().durable_dir();
       break;
     case v1::Task::kReplicate:
+      a.kind = TaskKind::kReplicate;
       a.kind_name = "replicate";
       a.job_id = t.replicate().job_id();
       a.step = t.replicate().step();
+      a.ranks.assign(t.replicate().ranks().begin(), t.replicate().ranks().end());
+      for (const v1::NodeEndpoint& e : t.replicate().targets()) a.targets.push_back(EndpointFromProto(e));
       break;
     case v1::Task::kEcEncode:
+      a.kind = TaskKind::kEcEncode;
       a.kind_name = "ec_encode";
       a.job_id = t.ec_encode().job_id();
       a.step = t.ec_encode().step();
+      a.group = EcGroupFromProto(t.ec_encode().group());
+      for (const v1::NodeBlob& b : t.ec_encode().blobs()) a.blobs.push_back(NodeBlobFromProto(b));
+      for (const v1::NodeEndpoint& e : t.ec_encode().members()) a.members.push_back(EndpointFromProto(e));
       break;
     case v1::Task::kRebuildSegments:
+      a.kind = TaskKind::kRebuildSegments;
       a.kind_name = "rebuild_segments";
       a.job_id = t.rebuild_segments().job_id();
       a.step = t.rebuild_segments().step();
+      a.data_k = t.rebuild_segments().data_k();
+      a.parity_m = t.rebuild_segments().parity_m();
+      for (const v1::SegmentRebuild& r : t.rebuild_segments().segments()) {
+        agent::SegmentRebuild o;
+        o.target = SegmentIdFromProto(r.target());
+        o.kind = r.kind();
+        o.length_bytes = r.length_bytes();
+        o.stripe_length_bytes = r.stripe_length_bytes();
+        o.expected_crc32c = r.expected_crc32c();
+        for (const v1::SegmentLocation& l : r.sources()) o.sources.push_back(SegmentLocationFromProto(l));
+        a.rebuilds.push_back(std::move(o));
+      }
       break;
     default:
       a.kind_name = "unknown";
@@ -158,8 +179,13 @@ class GrpcMetaLink : public agent::MetaLink {
     req.set_incarnation(incarnation);
     for (const agent::InventoryItem& i : items) {
       v1::InventoryEntry* e = req.add_entries();
-      ShardIdToProto(i.id, e->mutable_shard());
-      e->set_role(static_cast<v1::CopyRole>(i.role));
+      if (i.is_segment) {
+        SegmentIdToProto(i.segment, e->mutable_segment());
+        e->set_segment_kind(static_cast<v1::SegmentKind>(i.segment_kind));
+      } else {
+        ShardIdToProto(i.id, e->mutable_shard());
+        e->set_role(static_cast<v1::CopyRole>(i.role));
+      }
       e->set_size_bytes(i.size_bytes);
       e->set_crc32c(i.crc32c);
       e->set_manifest_digest(i.manifest_digest);
@@ -175,6 +201,9 @@ class GrpcMetaLink : public agent::MetaLink {
     agent::InventoryReply r;
     r.kept = resp.kept();
     for (const v1::InventoryDecision& d : resp.decisions()) {
+      if (d.entry().has_segment() && d.action() == v1::INVENTORY_ACTION_DROP) {
+        r.drop_segments.push_back(SegmentIdFromProto(d.entry().segment()));
+      }
       if (!d.entry().has_shard()) continue;
       const agent::ShardId id{d.entry().shard().job_id(), d.entry().shard().step(), d.entry().shard().rank()};
       if (d.action() == v1::INVENTORY_ACTION_DROP) r.drop.push_back(id);
@@ -241,6 +270,17 @@ class GrpcMetaLink : public agent::MetaLink {
           c->set_crc32c(r.crc32c);
           c->set_task_id(r.task_id);
           c->set_detail(r.detail);
+          break;
+        }
+        case agent::HoldingReport::Kind::kSegment: {
+          v1::SegmentReport* g = out->mutable_segment();
+          SegmentIdToProto(r.segment, g->mutable_key());
+          g->set_kind(static_cast<v1::SegmentKind>(r.segment_kind));
+          g->set_state(static_cast<v1::CopyState>(r.copy_state));
+          g->set_length_bytes(r.size_bytes);
+          g->set_crc32c(r.crc32c);
+          g->set_task_id(r.task_id);
+          g->set_detail(r.detail);
           break;
         }
       }

@@ -93,9 +93,11 @@ class Loopback : public std::enable_shared_from_this<Loopback> {
       if (it != peers_.end() && !it->second.failed) {
         remote = it->second.remote.lock();
         remote_id = it->second.remote_id;
-        if (remote_id == 0 && remote != nullptr) remote_id = remote->PeerIdOf(this);
       }
     }
+    // The accepted side looks its id up at the other end (never under our
+    // lock: two transports may send to each other at once).
+    if (remote_id == 0 && remote != nullptr) remote_id = remote->PeerIdOf(this);
     if (remote == nullptr || remote_id == 0) {
       Complete(std::move(done), absl::UnavailableError(absl::StrCat("peer ", peer, " is not connected")));
       return;

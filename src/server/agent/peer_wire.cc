@@ -1,0 +1,185 @@
+#include "server/agent/peer_wire.h"
+
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+
+namespace ckpt::agent {
+
+void WireWriter::U32(uint32_t v) {
+  for (int i = 0; i < 4; ++i) out_.push_back(static_cast<char>(v >> (8 * i)));
+}
+void WireWriter::U64(uint64_t v) {
+  for (int i = 0; i < 8; ++i) out_.push_back(static_cast<char>(v >> (8 * i)));
+}
+void WireWriter::Str(std::string_view s) {
+  U32(static_cast<uint32_t>(s.size()));
+  out_.append(s);
+}
+
+bool WireReader::Need(size_t n) {
+  if (bad_ || in_.size() - pos_ < n) {
+    bad_ = true;
+    return false;
+  }
+  return true;
+}
+uint8_t WireReader::U8() { return Need(1) ? static_cast<uint8_t>(in_[pos_++]) : 0; }
+uint32_t WireReader::U32() {
+  if (!Need(4)) return 0;
+  uint32_t v = 0;
+  for (int i = 0; i < 4; ++i) v |= static_cast<uint32_t>(static_cast<uint8_t>(in_[pos_ + i])) << (8 * i);
+  pos_ += 4;
+  return v;
+}
+uint64_t WireReader::U64() {
+  if (!Need(8)) return 0;
+  uint64_t v = 0;
+  for (int i = 0; i < 8; ++i) v |= static_cast<uint64_t>(static_cast<uint8_t>(in_[pos_ + i])) << (8 * i);
+  pos_ += 8;
+  return v;
+}
+std::string WireReader::Str() {
+  const uint32_t n = U32();
+  if (!Need(n)) return {};
+  std::string s(in_.substr(pos_, n));
+  pos_ += n;
+  return s;
+}
+absl::Status WireReader::Finish(std::string_view what) const {
+  if (bad_) return absl::InvalidArgumentError(absl::StrCat("truncated ", std::string(what), " header"));
+  return absl::OkStatus();
+}
+
+std::string EncodePutBegin(const PutBegin& m) {
+  WireWriter w;
+  w.U64(m.xfer);
+  w.U8(static_cast<uint8_t>(m.kind));
+  w.U64(m.target_incarnation);
+  w.Str(m.task_id);
+  w.Str(m.job_id);
+  w.U64(m.step);
+  w.U32(m.rank);
+  w.U64(m.total_bytes);
+  w.U32(m.crc32c);
+  w.U32(m.group);
+  w.U32(m.stripe);
+  w.U32(m.data_position);
+  w.U32(m.parity_position);
+  w.U32(m.data_k);
+  w.U32(m.parity_m);
+  w.U64(m.stripe_bytes);
+  w.U64(m.expect_mask);
+  return w.Take();
+}
+
+absl::StatusOr<PutBegin> DecodePutBegin(std::string_view h) {
+  WireReader r(h);
+  PutBegin m;
+  m.xfer = r.U64();
+  const uint8_t kind = r.U8();
+  m.target_incarnation = r.U64();
+  m.task_id = r.Str();
+  m.job_id = r.Str();
+  m.step = r.U64();
+  m.rank = r.U32();
+  m.total_bytes = r.U64();
+  m.crc32c = r.U32();
+  m.group = r.U32();
+  m.stripe = r.U32();
+  m.data_position = r.U32();
+  m.parity_position = r.U32();
+  m.data_k = r.U32();
+  m.parity_m = r.U32();
+  m.stripe_bytes = r.U64();
+  m.expect_mask = r.U64();
+  if (absl::Status s = r.Finish("put"); !s.ok()) return s;
+  if (kind < 1 || kind > 3) return absl::InvalidArgumentError(absl::StrCat("unknown put kind ", kind));
+  m.kind = static_cast<PutKind>(kind);
+  return m;
+}
+
+std::string EncodeChunk(const Chunk& m) {
+  WireWriter w;
+  w.U64(m.id);
+  w.U64(m.offset);
+  w.U32(m.crc32c);
+  return w.Take();
+}
+
+absl::StatusOr<Chunk> DecodeChunk(std::string_view h) {
+  WireReader r(h);
+  Chunk m;
+  m.id = r.U64();
+  m.offset = r.U64();
+  m.crc32c = r.U32();
+  if (absl::Status s = r.Finish("chunk"); !s.ok()) return s;
+  return m;
+}
+
+std::string EncodeResult(const Result& m) {
+  WireWriter w;
+  w.U64(m.id);
+  w.U32(static_cast<uint32_t>(m.status.code()));
+  const std::string msg(m.status.message().substr(0, 2048));
+  w.Str(msg);
+  w.U32(m.crc32c);
+  w.U64(m.bytes);
+  return w.Take();
+}
+
+absl::StatusOr<Result> DecodeResult(std::string_view h) {
+  WireReader r(h);
+  Result m;
+  m.id = r.U64();
+  const uint32_t code = r.U32();
+  const std::string msg = r.Str();
+  m.crc32c = r.U32();
+  m.bytes = r.U64();
+  if (absl::Status s = r.Finish("result"); !s.ok()) return s;
+  if (code > 16) return absl::InvalidArgumentError(absl::StrCat("unknown status code ", code));
+  m.status = absl::Status(static_cast<absl::StatusCode>(code), msg);
+  return m;
+}
+
+std::string EncodeReadReq(const ReadReq& m) {
+  WireWriter w;
+  w.U64(m.id);
+  w.U64(m.target_incarnation);
+  w.U8(static_cast<uint8_t>(m.what));
+  w.Str(m.job_id);
+  w.U64(m.step);
+  w.U32(m.rank);
+  w.U32(m.group);
+  w.U32(m.stripe);
+  w.U32(m.position);
+  w.U32(m.data_k);
+  w.U32(m.blob_segment_index);
+  w.U64(m.offset);
+  w.U64(m.length);
+  return w.Take();
+}
+
+absl::StatusOr<ReadReq> DecodeReadReq(std::string_view h) {
+  WireReader r(h);
+  ReadReq m;
+  m.id = r.U64();
+  m.target_incarnation = r.U64();
+  const uint8_t what = r.U8();
+  m.job_id = r.Str();
+  m.step = r.U64();
+  m.rank = r.U32();
+  m.group = r.U32();
+  m.stripe = r.U32();
+  m.position = r.U32();
+  m.data_k = r.U32();
+  m.blob_segment_index = r.U32();
+  m.offset = r.U64();
+  m.length = r.U64();
+  if (absl::Status s = r.Finish("read request"); !s.ok()) return s;
+  if (what < 1 || what > 2) return absl::InvalidArgumentError(absl::StrCat("unknown read kind ", what));
+  m.what = static_cast<ReadWhat>(what);
+  return m;
+}
+
+}  // namespace ckpt::agent

@@ -1,0 +1,147 @@
+// FakeMeta: an in-memory MetaLink for agent unit tests. Records every report,
+// inventory and task result; `up = false` makes every call Unavailable.
+// Thread-safe (one mutex).
+#pragma once
+
+#include <map>
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "common/durable_format.h"
+#include "common/names.h"
+#include "server/agent/meta_link.h"
+
+namespace ckpt::agent {
+
+class FakeMeta : public MetaLink {
+ public:
+  absl::StatusOr<RegistrationReply> Register(const NodeRegistration& node) override {
+    absl::MutexLock lock(&mu);
+    if (!up) return absl::UnavailableError("meta down");
+    registrations++;
+    return RegistrationReply{++incarnation, 5000, 1000, 7};
+  }
+  absl::StatusOr<HeartbeatReply> Heartbeat(const std::string&, uint64_t inc, const LoadReport& load) override {
+    absl::MutexLock lock(&mu);
+    if (!up) return absl::UnavailableError("meta down");
+    if (inc != incarnation) return absl::FailedPreconditionError("stale incarnation");
+    last_load = load;
+    HeartbeatReply r;
+    r.tasks = std::move(pending_tasks);
+    pending_tasks.clear();
+    return r;
+  }
+  absl::StatusOr<InventoryReply> ReportInventory(const std::string&, uint64_t,
+                                                 const std::vector<InventoryItem>& items) override {
+    absl::MutexLock lock(&mu);
+    if (!up) return absl::UnavailableError("meta down");
+    inventories.push_back(items);
+    return InventoryReply{};
+  }
+  absl::StatusOr<uint32_t> JobWorldSize(const std::string& job) override {
+    absl::MutexLock lock(&mu);
+    if (!up) return absl::UnavailableError("meta down");
+    auto it = world.find(job);
+    if (it == world.end()) return absl::NotFoundError(absl::StrCat("job ", job, " not found"));
+    return it->second;
+  }
+  absl::StatusOr<uint32_t> BeginVersion(const std::string& job, uint64_t step, const std::string&,
+                                        const std::string&) override {
+    absl::MutexLock lock(&mu);
+    if (!up) return absl::UnavailableError("meta down");
+    auto it = world.find(job);
+    if (it == world.end()) return absl::NotFoundError(absl::StrCat("job ", job, " not found"));
+    if (refuse_step.count(step) != 0) return absl::InvalidArgumentError("step lower than the newest");
+    begins++;
+    return it->second;
+  }
+  absl::StatusOr<ReportReply> ReportShards(const std::string&, uint64_t,
+                                           const std::vector<HoldingReport>& reports) override {
+    absl::MutexLock lock(&mu);
+    if (!up) return absl::UnavailableError("meta down");
+    ReportReply r;
+    for (const HoldingReport& h : reports) {
+      this->reports.push_back(h);
+      if (h.kind == HoldingReport::Kind::kStaged) {
+        const bool seen = staged.count(h.record.id) != 0;
+        staged[h.record.id] = h.record;
+        r.results.push_back(seen ? absl::AlreadyExistsError("replay") : absl::OkStatus());
+        if (!seen && flush_on_stage) {
+          AgentTask t;
+          t.id = absl::StrCat("t-", ++task_counter);
+          t.kind = TaskKind::kFlush;
+          t.kind_name = "flush";
+          t.priority = 100;
+          t.job_id = h.record.id.job_id;
+          t.step = h.record.id.step;
+          t.durable_dir = absl::StrCat(t.job_id, "/", t.step);
+          t.flush.push_back(FlushOrder{h.record.id.rank,
+                                       absl::StrCat(t.durable_dir, "/", RankFileName(h.record.id.rank)),
+                                       h.record.size_bytes, h.record.crc32c});
+          r.tasks.push_back(t);
+        }
+      } else {
+        r.results.push_back(absl::OkStatus());
+      }
+    }
+    return r;
+  }
+  absl::Status ReportTaskResult(const std::string&, uint64_t, const std::string& task_id, uint32_t,
+                                const absl::Status& result, uint64_t, int64_t) override {
+    absl::MutexLock lock(&mu);
+    if (!up) return absl::UnavailableError("meta down");
+    results.emplace_back(task_id, result);
+    return absl::OkStatus();
+  }
+  absl::StatusOr<EvictFacts> GetEvictFacts(const std::string& job, uint64_t step) override {
+    absl::MutexLock lock(&mu);
+    if (!up) return absl::UnavailableError("meta down");
+    EvictFacts f;
+    f.version_state = version_state[step];
+    f.newest_protected_step = newest_protected;
+    return f;
+  }
+  absl::StatusOr<DurableManifest> GetVersionManifest(const std::string& job, uint64_t step) override {
+    absl::MutexLock lock(&mu);
+    DurableManifest m;
+    m.job_id = job;
+    m.step = step;
+    m.world_size = world[job];
+    for (const auto& [id, rec] : staged) {
+      if (id.job_id != job || id.step != step) continue;
+      DurableShard s;
+      s.rank = id.rank;
+      s.file = RankFileName(id.rank);
+      s.size_bytes = rec.size_bytes;
+      s.crc32c = rec.crc32c;
+      s.manifest_digest = rec.manifest_digest;
+      s.items = rec.items;
+      m.shards.push_back(s);
+    }
+    return m;
+  }
+
+  absl::Mutex mu;
+  bool up = true;
+  bool flush_on_stage = false;
+  uint64_t incarnation = 0;
+  int registrations = 0;
+  int begins = 0;
+  int task_counter = 0;
+  std::map<std::string, uint32_t> world;
+  std::set<uint64_t> refuse_step;
+  std::map<uint64_t, int> version_state;  // ckpt.v1.VersionState by step
+  std::optional<uint64_t> newest_protected;
+  std::map<ShardId, ShardRecord> staged;
+  std::vector<HoldingReport> reports;
+  std::vector<std::vector<InventoryItem>> inventories;
+  std::vector<std::pair<std::string, absl::Status>> results;
+  std::vector<AgentTask> pending_tasks;
+  LoadReport last_load;
+};
+
+}  // namespace ckpt::agent

@@ -30,6 +30,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "common/clock.h"
@@ -43,6 +44,7 @@
 #include "server/cmd/daemon.h"
 #include "server/rpc/agent_service.h"
 #include "server/rpc/meta_link_grpc.h"
+#include "transport/ucx/ucx_transport.h"
 
 namespace ckpt {
 namespace {
@@ -64,6 +66,7 @@ const std::set<std::string>& KnownKeys() {
   static const auto* keys = new std::set<std::string>{
       "node_id", "meta", "listen", "data_listen", "run_dir", "memory", "memory_dir", "durable_root",
       "failure_domain", "metrics_listen", "lease_ttl_ms", "rpc_timeout_ms", "log_level", "log_json", "log_file",
+      "data_transport", "data_chunk", "data_rate", "data_in_flight", "peer_timeout_ms",
   };
   return *keys;
 }
@@ -73,6 +76,7 @@ struct Settings {
   std::string meta;
   std::string listen;
   std::string data_listen;
+  std::string data_transport;  // "ucx" or "none"
   std::string run_dir;
   std::string metrics_listen;
   absl::Duration rpc_timeout;
@@ -103,6 +107,27 @@ absl::StatusOr<Settings> LoadSettings(const std::string& config_file, const std:
   if (absl::Status s = daemon::ValidateHostPort("listen", out.listen); !s.ok()) return s;
   out.data_listen = config->GetStringOr("data_listen", kDefaultDataListen);
   if (absl::Status s = daemon::ValidateHostPort("data_listen", out.data_listen); !s.ok()) return s;
+  out.data_transport = config->GetStringOr("data_transport", "ucx");
+  if (out.data_transport != "ucx" && out.data_transport != "none") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--data-transport must be ucx or none, not \"", out.data_transport, "\""));
+  }
+  absl::StatusOr<uint64_t> chunk = config->GetBytesOr("data_chunk", uint64_t{8} << 20);
+  if (!chunk.ok()) return chunk.status();
+  if (*chunk < 4096 || *chunk > (uint64_t{1} << 30)) {
+    return absl::InvalidArgumentError("--data-chunk must be between 4KiB and 1GiB (default 8MiB)");
+  }
+  out.agent.bulk.chunk_bytes = *chunk;
+  absl::StatusOr<uint64_t> rate = config->GetBytesOr("data_rate", 0);
+  if (!rate.ok()) return rate.status();
+  out.agent.bulk.max_bytes_per_second = *rate;
+  absl::StatusOr<uint64_t> in_flight = config->GetBytesOr("data_in_flight", 4);
+  if (!in_flight.ok()) return in_flight.status();
+  if (*in_flight < 1 || *in_flight > 64) return absl::InvalidArgumentError("--data-in-flight must be 1..64");
+  out.agent.bulk.max_in_flight = static_cast<int>(*in_flight);
+  absl::StatusOr<absl::Duration> peer_timeout = config->GetDurationOr("peer_timeout_ms", absl::Seconds(30));
+  if (!peer_timeout.ok()) return peer_timeout.status();
+  out.agent.peer_timeout_ms = absl::ToInt64Milliseconds(*peer_timeout);
   out.metrics_listen = config->GetStringOr("metrics_listen", kDefaultMetricsListen);
   if (absl::Status s = daemon::ValidateHostPort("metrics_listen", out.metrics_listen); !s.ok()) return s;
   out.run_dir = config->GetStringOr("run_dir", kDefaultRunDir);
@@ -174,7 +199,16 @@ int Serve(const Settings& settings, const sigset_t& signals) {
   std::unique_ptr<agent::MetaLink> meta = rpc::NewGrpcMetaLink(settings.meta, settings.rpc_timeout);
   agent::AgentOptions options = settings.agent;
   options.grpc_address = settings.listen;
-  options.data_address = settings.data_listen;
+  // The data plane: UCX picks RDMA, shared memory or TCP from what both
+  // ends have (UCX_TLS and other UCX_* variables pass through).
+  std::unique_ptr<transport::Transport> data_plane;
+  if (settings.data_transport == "ucx") {
+    data_plane = transport::NewUcxTransport();
+    options.transport = data_plane.get();
+    options.data_listen_address = settings.data_listen;
+    // Port 0 picks a free port: advertise what the transport bound.
+    if (!absl::EndsWith(settings.data_listen, ":0")) options.data_address = settings.data_listen;
+  }
   const absl::Time t0 = absl::Now();
   absl::StatusOr<std::unique_ptr<agent::Agent>> agent =
       agent::Agent::Create(options, meta.get(), RealClock(), PosixFileSystem(), &registry);
@@ -277,6 +311,12 @@ int Main(int argc, char** argv) {
   option("--meta", "ckpt-meta's gRPC address. Required.", "HOST:PORT");
   option("--listen", "host:port of the agent's gRPC service for tools and peers.", "HOST:PORT", kDefaultListen);
   option("--data-listen", "host:port of the data plane (advertised to peers).", "HOST:PORT", kDefaultDataListen);
+  option("--data-transport", "ucx (RDMA, shared memory or TCP, as UCX finds) or none (no peer protection).",
+         "KIND", "ucx");
+  option("--data-chunk", "Size of the pieces large transfers are cut into (4KiB..1GiB).", "SIZE", "8MiB");
+  option("--data-in-flight", "Chunks in flight per peer.", "N", "4");
+  option("--data-rate", "Per-peer send limit in bytes per second (e.g. 2GiB); 0: unlimited.", "SIZE", "0");
+  option("--peer-timeout-ms", "How long a peer may take to answer one step of a transfer.", "MS", "30000");
   option("--run-dir", "Directory of the local socket agent.sock (mode 0660).", "DIR", kDefaultRunDir);
   option("--memory", "Memory-tier budget, reserved and pre-faulted at start (e.g. 4GiB).", "SIZE", "4GiB");
   option("--memory-dir", "tmpfs directory of the memory tier; default /dev/shm/ckpt-<node-id>.", "DIR");

@@ -72,7 +72,11 @@ std::vector<absl::Status> SendChunked(Transport& transport, std::span<const Peer
   auto shared = std::make_shared<Shared>();
   {
     absl::MutexLock lock(&shared->mu);
-    for (PeerId p : peers) shared->peers.push_back(PeerState{p});
+    for (PeerId p : peers) {
+      PeerState ps;
+      ps.id = p;
+      shared->peers.push_back(std::move(ps));
+    }
   }
   const uint64_t chunks = total == 0 ? 1 : (total + chunk - 1) / chunk;
   // Chunk-major order: each chunk goes to every peer before the next one, so

@@ -157,33 +157,34 @@ absl::StatusOr<PeerId> FaultTransport::Connect(const std::string& address, int64
 void FaultTransport::Send(PeerId peer, uint16_t type, std::string header, ConstPieces payload,
                           SendDone done) {
   std::optional<Rule> fired;
+  absl::Status fail;
   {
     absl::MutexLock lock(&state_->mu);
     const int total = ++state_->total;
     const int of_type = ++state_->per_type[type];
     if (state_->dropped.contains(peer)) {
-      state_->Complete(std::move(done),
-                       absl::UnavailableError(absl::StrCat("peer ", peer, " dropped by fault plan")));
-      return;
+      fail = absl::UnavailableError(absl::StrCat("peer ", peer, " dropped by fault plan"));
     }
     for (auto it = state_->rules.begin(); it != state_->rules.end(); ++it) {
       const int count = it->type.has_value() ? (*it->type == type ? of_type : -1) : total;
-      if (count == it->n) {
+      if (fail.ok() && count == it->n) {
         fired = *it;
         state_->rules.erase(it);
         break;
       }
     }
     if (fired && fired->kind == Kind::kFail) {
-      state_->Complete(std::move(done),
-                       absl::UnavailableError(absl::StrCat("send ", total, " failed by fault plan")));
-      return;
+      fail = absl::UnavailableError(absl::StrCat("send ", total, " failed by fault plan"));
     }
     if (fired && fired->kind == Kind::kStall) {
       state_->held.push_back(
           HeldSend{peer, type, std::move(header), std::move(payload), std::move(done)});
       return;
     }
+  }
+  if (!fail.ok()) {
+    state_->Complete(std::move(done), std::move(fail));  // takes mu itself
+    return;
   }
   if (fired && fired->kind == Kind::kCorrupt && TotalBytes(payload) > 0) {
     // A private copy, so the caller's memory (maybe a replica's source) stays intact.

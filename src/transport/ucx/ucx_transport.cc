@@ -28,6 +28,7 @@ namespace ckpt::transport {
 namespace {
 
 constexpr unsigned kAmId = 0;
+constexpr unsigned kHelloAmId = 1;  // server -> client once accepted; empty
 constexpr size_t kTypeBytes = sizeof(uint16_t);
 
 std::string UcsError(ucs_status_t s) { return ucs_status_string(s); }
@@ -96,23 +97,46 @@ struct RecvOp {
 
 class UcxTransport : public Transport {
  public:
-  explicit UcxTransport(const UcxOptions& options) : options_(options) {}
-  ~UcxTransport() override { Stop(); }
+  explicit UcxTransport(const UcxOptions& options)
+      : options_(options), event_fd_(eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)) {}
+  ~UcxTransport() override {
+    Stop();
+    if (event_fd_ >= 0) close(event_fd_);
+  }
 
   absl::Status Start(const std::string& listen_address, Handler* handler) override {
-    if (started_) return absl::FailedPreconditionError("UCX transport already started");
+    {
+      absl::MutexLock lock(&mu_);
+      if (started_ || stop_requested_) {
+        return absl::FailedPreconditionError("UCX transport already started or stopped");
+      }
+    }
     sockaddr_storage addr{};
     socklen_t addr_len = 0;
     if (absl::Status s = ParseAddress(listen_address, true, &addr, &addr_len); !s.ok()) return s;
+    if (event_fd_ < 0) return absl::UnavailableError("eventfd failed");
     handler_ = handler;
-    absl::Status s = InitUcx(addr, addr_len, listen_address);
-    if (!s.ok()) {
-      log::Error("UCX transport cannot start on {}: {}", listen_address, s.ToString());
+    // UCX ties a worker's async context to the thread that creates it, so the
+    // progress thread creates, drives and destroys every UCX object.
+    auto init = std::make_shared<ConnectWait>();
+    thread_ = std::thread([this, init, addr, addr_len, listen_address] {
+      thread_id_ = std::this_thread::get_id();
+      init->status = InitUcx(addr, addr_len, listen_address);
+      const bool ok = init->status.ok();
+      if (ok) {
+        absl::MutexLock lock(&mu_);
+        started_ = true;
+      }
+      init->done.Notify();
+      if (ok) Run();
       DestroyUcx();
-      return s;
+    });
+    init->done.WaitForNotification();
+    if (!init->status.ok()) {
+      thread_.join();
+      log::Error("UCX transport cannot start on {}: {}", listen_address, init->status.ToString());
+      return init->status;
     }
-    started_ = true;
-    thread_ = std::thread([this] { Run(); });
     return absl::OkStatus();
   }
 
@@ -188,7 +212,6 @@ class UcxTransport : public Transport {
     }
     Wake();
     if (thread_.joinable()) thread_.join();
-    DestroyUcx();
   }
 
  private:
@@ -242,6 +265,13 @@ class UcxTransport : public Transport {
       return absl::UnavailableError(
           absl::StrCat("UCX active messages unavailable: ", UcsError(st)));
     }
+    ap.id = kHelloAmId;
+    ap.cb = &UcxTransport::OnHello;
+    st = ucp_worker_set_am_recv_handler(worker_, &ap);
+    if (st != UCS_OK) {
+      return absl::UnavailableError(
+          absl::StrCat("UCX active messages unavailable: ", UcsError(st)));
+    }
     ucp_listener_params_t lp{};
     lp.field_mask = UCP_LISTENER_PARAM_FIELD_SOCK_ADDR | UCP_LISTENER_PARAM_FIELD_CONN_HANDLER;
     lp.sockaddr.addr = reinterpret_cast<const sockaddr*>(&addr);
@@ -263,8 +293,6 @@ class UcxTransport : public Transport {
     char ip[INET_ADDRSTRLEN] = {};
     inet_ntop(AF_INET, &sin->sin_addr, ip, sizeof(ip));
     address_ = absl::StrCat(ip, ":", ntohs(sin->sin_port));
-    event_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-    if (event_fd_ < 0) return absl::UnavailableError("eventfd failed");
     return absl::OkStatus();
   }
 
@@ -275,8 +303,6 @@ class UcxTransport : public Transport {
     worker_ = nullptr;
     if (context_ != nullptr) ucp_cleanup(context_);
     context_ = nullptr;
-    if (event_fd_ >= 0) close(event_fd_);
-    event_fd_ = -1;
   }
 
   // --- command queue ---
@@ -301,7 +327,6 @@ class UcxTransport : public Transport {
   // --- progress thread ---
 
   void Run() {
-    thread_id_ = std::this_thread::get_id();
     for (;;) {
       std::deque<std::function<void()>> batch;
       bool stop = false;
@@ -416,21 +441,11 @@ class UcxTransport : public Transport {
     p->ep = handle;
     ep_to_peer_[handle] = p->id;
     peers_[p->id] = std::move(owned);
-    // A flush completes once the wire-up with the server is done, so Connect
-    // returns a usable connection (or the ep's error callback fails it).
-    ucp_request_param_t rp{};
-    rp.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
-    rp.cb.send = &UcxTransport::OnConnectFlushed;
-    rp.user_data = p;
-    void* req = ucp_ep_flush_nbx(handle, &rp);
-    if (req == nullptr) {
-      FinishConnect(p, absl::OkStatus());
-    } else if (UCS_PTR_IS_ERR(req)) {
-      const absl::Status why = absl::UnavailableError(
-          absl::StrCat("connect to ", address, ": ", UcsError(UCS_PTR_STATUS(req))));
-      FailPeer(p, why);
-      FinishConnect(p, why);
-    }
+    // Connect returns once the server's hello arrives (OnHello), or fails
+    // through the ep's error callback. Nothing may be pending on the client
+    // ep meanwhile: UCX 1.13 aborts on an assertion (wireup_ep.c:494) when a
+    // request (flush or send) is queued on an endpoint whose connection is
+    // then refused.
   }
 
   void FinishConnect(Peer* p, absl::Status status) {
@@ -548,6 +563,15 @@ class UcxTransport : public Transport {
     p->ep = handle;
     self->ep_to_peer_[handle] = p->id;
     self->peers_[p->id] = std::move(owned);
+    // Tells the client its Connect is complete (see StartConnect).
+    ucp_request_param_t rp{};
+    rp.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_FLAGS;
+    rp.cb.send = &UcxTransport::OnHelloSent;
+    rp.flags = UCP_AM_SEND_FLAG_REPLY | UCP_AM_SEND_FLAG_EAGER;
+    void* req = ucp_am_send_nbx(handle, kHelloAmId, nullptr, 0, nullptr, 0, &rp);
+    if (UCS_PTR_IS_ERR(req)) {
+      log::Warn("UCX cannot greet an inbound connection: {}", UcsError(UCS_PTR_STATUS(req)));
+    }
   }
 
   static void OnEpError(void* arg, ucp_ep_h ep, ucs_status_t status) {
@@ -565,18 +589,19 @@ class UcxTransport : public Transport {
     if (!self->stopping_) self->handler_->OnPeerFailed(p->id, why);
   }
 
-  static void OnConnectFlushed(void* request, ucs_status_t status, void* user_data) {
-    auto* p = static_cast<Peer*>(user_data);
-    if (status == UCS_OK && !p->failed) {
-      p->owner->FinishConnect(p, absl::OkStatus());
-    } else if (p->connect != nullptr) {
-      const absl::Status why = absl::UnavailableError(
-          absl::StrCat("connect to ", p->address, ": ", UcsError(status)));
-      if (!p->failed) p->owner->FailPeer(p, why);
-      p->owner->FinishConnect(p, why);
-    }
-    ucp_request_free(request);
+  // The server accepted our connection and its endpoint works both ways.
+  static ucs_status_t OnHello(void* arg, const void*, size_t, void*, size_t,
+                              const ucp_am_recv_param_t* param) {
+    auto* self = static_cast<UcxTransport*>(arg);
+    if (!(param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP)) return UCS_OK;
+    auto it = self->ep_to_peer_.find(param->reply_ep);
+    if (it == self->ep_to_peer_.end()) return UCS_OK;
+    Peer* p = self->peers_[it->second].get();
+    if (!p->failed) self->FinishConnect(p, absl::OkStatus());
+    return UCS_OK;
   }
+
+  static void OnHelloSent(void* request, ucs_status_t, void*) { ucp_request_free(request); }
 
   static void OnClosed(void* request, ucs_status_t, void* user_data) {
     --static_cast<UcxTransport*>(user_data)->closing_;
@@ -688,7 +713,7 @@ class UcxTransport : public Transport {
   const UcxOptions options_;
   Handler* handler_ = nullptr;
   std::string address_;
-  bool started_ = false;
+  const int event_fd_;  // wakes the progress thread; lives as long as the object
   std::thread thread_;
   std::thread::id thread_id_;
 
@@ -696,9 +721,9 @@ class UcxTransport : public Transport {
   ucp_worker_h worker_ = nullptr;
   ucp_listener_h listener_ = nullptr;
   int worker_fd_ = -1;
-  int event_fd_ = -1;
 
   absl::Mutex mu_;
+  bool started_ ABSL_GUARDED_BY(mu_) = false;
   bool stop_requested_ ABSL_GUARDED_BY(mu_) = false;
   std::deque<std::function<void()>> queue_ ABSL_GUARDED_BY(mu_);
 

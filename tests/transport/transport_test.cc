@@ -52,7 +52,7 @@ struct Pair {
 TEST(Loopback, RoundTripScattersPayloadIntoPieces) {
   Pair p;
   p.hb.pieces = 3;
-  p.Start();
+  ASSERT_NO_FATAL_FAILURE(p.Start());
   const auto data = Pattern((1 << 20) + 7, 1);
   DoneLog done;
   p.a->Send(p.to_b, 7, "hdr", AsPieces(data), done.Callback());
@@ -69,7 +69,7 @@ TEST(Loopback, RoundTripScattersPayloadIntoPieces) {
 
 TEST(Loopback, EmptyPayloadSkipsAllocate) {
   Pair p;
-  p.Start();
+  ASSERT_NO_FATAL_FAILURE(p.Start());
   DoneLog done;
   p.a->Send(p.to_b, 1, "empty", {}, done.Callback());
   ASSERT_TRUE(p.hb.WaitReceived(1));
@@ -85,7 +85,7 @@ TEST(Loopback, ReplyReachesTheConnectingSide) {
     b->Send(msg.from, 2, "pong", {}, [](const absl::Status&) {});
   };
   b = p.b.get();
-  p.Start();
+  ASSERT_NO_FATAL_FAILURE(p.Start());
   p.a->Send(p.to_b, 1, "ping", {}, [](const absl::Status&) {});
   ASSERT_TRUE(p.ha.WaitReceived(1));
   EXPECT_EQ(p.ha.received()[0].msg.header, "pong");
@@ -95,7 +95,7 @@ TEST(Loopback, ReplyReachesTheConnectingSide) {
 TEST(Loopback, AllocateErrorReachesOnReceived) {
   Pair p;
   p.hb.allocate_error = absl::ResourceExhaustedError("no room");
-  p.Start();
+  ASSERT_NO_FATAL_FAILURE(p.Start());
   const auto data = Pattern(100, 2);
   DoneLog done;
   p.a->Send(p.to_b, 1, "x", AsPieces(data), done.Callback());
@@ -106,7 +106,7 @@ TEST(Loopback, AllocateErrorReachesOnReceived) {
 
 TEST(Loopback, PeerStopFailsPeerAndLaterSends) {
   Pair p;
-  p.Start();
+  ASSERT_NO_FATAL_FAILURE(p.Start());
   p.b->Stop();
   ASSERT_TRUE(p.ha.WaitPeerFailed(1));
   EXPECT_EQ(p.ha.failed()[0].first, p.to_b);
@@ -232,7 +232,7 @@ TEST(Bulk, OnePeerFailingLeavesTheOtherOk) {
 
 TEST(Bulk, RateLimitPacesChunksOnTheClock) {
   Pair p;
-  p.Start();
+  ASSERT_NO_FATAL_FAILURE(p.Start());
   FakeClock clock;
   const absl::Time t0 = clock.MonotonicNow();
   const auto data = Pattern(4 * 1024, 5);
@@ -261,7 +261,7 @@ TEST(FaultTransport, FailsTheNthSendWithoutDelivering) {
   auto inner = std::make_unique<FaultTransport>(NewLoopbackTransport());
   FaultTransport* f = inner.get();
   Pair p(f);
-  p.Start();
+  ASSERT_NO_FATAL_FAILURE(p.Start());
   f->FailNthSend(2);
   DoneLog done;
   for (int i = 0; i < 3; ++i) p.a->Send(p.to_b, 1, absl::StrCat("m", i), {}, done.Callback());
@@ -281,7 +281,7 @@ TEST(FaultTransport, CountsOnlyTheFilteredType) {
   auto inner = std::make_unique<FaultTransport>(NewLoopbackTransport());
   FaultTransport* f = inner.get();
   Pair p(f);
-  p.Start();
+  ASSERT_NO_FATAL_FAILURE(p.Start());
   f->FailNthSend(1, /*type=*/5);
   DoneLog done;
   p.a->Send(p.to_b, 4, "a", {}, done.Callback());
@@ -296,7 +296,7 @@ TEST(FaultTransport, CorruptsExactlyOneByteInFlight) {
   FaultTransport* f = inner.get();
   Pair p(f);
   p.hb.pieces = 2;
-  p.Start();
+  ASSERT_NO_FATAL_FAILURE(p.Start());
   f->CorruptNthSend(1, 1234);
   const auto data = Pattern(4096, 6);
   const auto before = data;
@@ -319,7 +319,7 @@ TEST(FaultTransport, StallsUntilReleased) {
   auto inner = std::make_unique<FaultTransport>(NewLoopbackTransport());
   FaultTransport* f = inner.get();
   Pair p(f);
-  p.Start();
+  ASSERT_NO_FATAL_FAILURE(p.Start());
   f->StallNthSend(1);
   DoneLog done;
   p.a->Send(p.to_b, 1, "held", {}, done.Callback());
@@ -336,7 +336,7 @@ TEST(FaultTransport, StallsUntilReleased) {
 TEST(FaultTransport, StopCancelsStalledSends) {
   auto f = std::make_unique<FaultTransport>(NewLoopbackTransport());
   Pair p(f.get());
-  p.Start();
+  ASSERT_NO_FATAL_FAILURE(p.Start());
   f->StallNthSend(1);
   DoneLog done;
   p.a->Send(p.to_b, 1, "held", {}, done.Callback());
@@ -349,7 +349,7 @@ TEST(FaultTransport, DroppedPeerFailsSends) {
   auto inner = std::make_unique<FaultTransport>(NewLoopbackTransport());
   FaultTransport* f = inner.get();
   Pair p(f);
-  p.Start();
+  ASSERT_NO_FATAL_FAILURE(p.Start());
   f->DropPeer(p.to_b);
   ASSERT_TRUE(p.ha.WaitPeerFailed(1));
   ASSERT_TRUE(p.hb.WaitPeerFailed(1));  // the other side sees the connection go

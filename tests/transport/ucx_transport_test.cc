@@ -54,7 +54,7 @@ TEST(UcxTransport, RejectsBadAddresses) {
 TEST(UcxTransport, Sends64MiBIntoThreePiecesByteExact) {
   UcxPair p;
   p.hb.pieces = 3;
-  p.Start();
+  ASSERT_NO_FATAL_FAILURE(p.Start());
   const auto data = Pattern(64 << 20, 11);
   // The sender gathers from two pieces too.
   ConstPieces src{std::span<const std::byte>(data).subspan(0, 12345),
@@ -74,7 +74,7 @@ TEST(UcxTransport, Sends64MiBIntoThreePiecesByteExact) {
 TEST(UcxTransport, ManySmallMessagesArriveIntact) {
   UcxPair p;
   p.hb.pieces = 2;
-  p.Start();
+  ASSERT_NO_FATAL_FAILURE(p.Start());
   constexpr int kCount = 2000;
   std::vector<std::vector<std::byte>> payloads;
   for (int i = 0; i < kCount; ++i) payloads.push_back(Pattern(i % 3 == 0 ? 0 : 1 + i % 700, i));
@@ -97,7 +97,7 @@ TEST(UcxTransport, ManySmallMessagesArriveIntact) {
 
 TEST(UcxTransport, HeaderOfMaxSizeArrives) {
   UcxPair p;
-  p.Start();
+  ASSERT_NO_FATAL_FAILURE(p.Start());
   const std::string header(kMaxHeaderBytes, 'h');
   const auto data = Pattern(1 << 20, 5);
   DoneLog done;
@@ -119,7 +119,7 @@ TEST(UcxTransport, ReplyOnInboundConnection) {
     b->Send(msg.from, 2, "pong", AsPieces(reply), [](const absl::Status&) {});
   };
   b = p.b.get();
-  p.Start();
+  ASSERT_NO_FATAL_FAILURE(p.Start());
   p.a->Send(p.to_b, 1, "ping", {}, [](const absl::Status&) {});
   ASSERT_TRUE(p.ha.WaitReceived(1));
   const auto got = p.ha.received();
@@ -131,7 +131,7 @@ TEST(UcxTransport, ReplyOnInboundConnection) {
 TEST(UcxTransport, AllocateErrorReachesOnReceived) {
   UcxPair p;
   p.hb.allocate_error = absl::ResourceExhaustedError("full");
-  p.Start();
+  ASSERT_NO_FATAL_FAILURE(p.Start());
   const auto small = Pattern(100, 1);
   const auto large = Pattern(4 << 20, 2);
   DoneLog done;
@@ -152,7 +152,7 @@ TEST(UcxTransport, SendChunked256MiBIn8MiBChunks) {
     if (!absl::SimpleAtoi(msg.header, &offset)) return absl::InvalidArgumentError("header");
     return MutablePieces{std::span<std::byte>(dest).subspan(offset, msg.payload_bytes)};
   };
-  p.Start();
+  ASSERT_NO_FATAL_FAILURE(p.Start());
   BulkOptions opt;
   opt.chunk_bytes = 8 << 20;
   opt.max_in_flight = 4;
@@ -167,7 +167,7 @@ TEST(UcxTransport, SendChunked256MiBIn8MiBChunks) {
 
 TEST(UcxTransport, PeerStopFailsPeerAndSends) {
   UcxPair p;
-  p.Start();
+  ASSERT_NO_FATAL_FAILURE(p.Start());
   // Make sure b has accepted the connection before it goes away.
   p.a->Send(p.to_b, 1, "hello", {}, [](const absl::Status&) {});
   ASSERT_TRUE(p.hb.WaitReceived(1));
@@ -184,7 +184,7 @@ TEST(UcxTransport, PeerStopFailsPeerAndSends) {
 
 TEST(UcxTransport, DisconnectTellsBothSides) {
   UcxPair p;
-  p.Start();
+  ASSERT_NO_FATAL_FAILURE(p.Start());
   p.a->Send(p.to_b, 1, "hello", {}, [](const absl::Status&) {});
   ASSERT_TRUE(p.hb.WaitReceived(1));
   p.a->Disconnect(p.to_b);
@@ -196,7 +196,7 @@ TEST(UcxTransport, DisconnectTellsBothSides) {
 
 TEST(UcxTransport, StopCompletesSendsInFlight) {
   UcxPair p;
-  p.Start();
+  ASSERT_NO_FATAL_FAILURE(p.Start());
   const auto data = Pattern(16 << 20, 9);
   constexpr int kSends = 16;
   DoneLog done;

@@ -79,6 +79,7 @@ struct Peer {
   bool failed = false;
   absl::Status fail_status;  // what sends still in flight complete with
   std::shared_ptr<ConnectWait> connect;  // set while Connect() waits
+  bool silent = false;  // Start's self-check: never reported to the handler
 };
 
 struct SendOp {
@@ -272,6 +273,9 @@ class UcxTransport : public Transport {
       return absl::UnavailableError(
           absl::StrCat("UCX active messages unavailable: ", UcsError(st)));
     }
+    if (options_.self_check_timeout_ms > 0) {
+      if (absl::Status s = SelfCheck(); !s.ok()) return s;
+    }
     ucp_listener_params_t lp{};
     lp.field_mask = UCP_LISTENER_PARAM_FIELD_SOCK_ADDR | UCP_LISTENER_PARAM_FIELD_CONN_HANDLER;
     lp.sockaddr.addr = reinterpret_cast<const sockaddr*>(&addr);
@@ -294,6 +298,64 @@ class UcxTransport : public Transport {
     inet_ntop(AF_INET, &sin->sin_addr, ip, sizeof(ip));
     address_ = absl::StrCat(ip, ":", ntohs(sin->sin_port));
     return absl::OkStatus();
+  }
+
+  // UCX picks transports per connection, so a bad UCX_TLS (e.g. "cma" alone)
+  // only shows when connecting. Connecting to a private listener on
+  // 127.0.0.1 at start-up turns that into a clear Start error instead of
+  // every later Connect timing out.
+  absl::Status SelfCheck() {
+    sockaddr_storage addr{};
+    socklen_t addr_len = 0;
+    if (absl::Status s = ParseAddress("127.0.0.1:0", true, &addr, &addr_len); !s.ok()) return s;
+    ucp_listener_params_t lp{};
+    lp.field_mask = UCP_LISTENER_PARAM_FIELD_SOCK_ADDR | UCP_LISTENER_PARAM_FIELD_CONN_HANDLER;
+    lp.sockaddr.addr = reinterpret_cast<const sockaddr*>(&addr);
+    lp.sockaddr.addrlen = addr_len;
+    lp.conn_handler.cb = &UcxTransport::OnConnRequest;
+    lp.conn_handler.arg = this;
+    ucs_status_t st = ucp_listener_create(worker_, &lp, &listener_);
+    if (st != UCS_OK) {
+      listener_ = nullptr;
+      return absl::UnavailableError(absl::StrCat(
+          "UCX cannot listen on 127.0.0.1 (no sockaddr-capable transport?): ", UcsError(st)));
+    }
+    ucp_listener_attr_t la{};
+    la.field_mask = UCP_LISTENER_ATTR_FIELD_SOCKADDR;
+    st = ucp_listener_query(listener_, &la);
+    std::memcpy(&addr, &la.sockaddr, sizeof(sockaddr_in));
+    probing_ = true;
+    auto wait = std::make_shared<ConnectWait>();
+    StartConnect(wait, addr, sizeof(sockaddr_in), "self-check");
+    const absl::Time deadline = absl::Now() + absl::Milliseconds(options_.self_check_timeout_ms);
+    while (!wait->done.HasBeenNotified() && absl::Now() < deadline) ProgressOrWait();
+    absl::Status result = wait->done.HasBeenNotified() ? wait->status
+                                                       : absl::DeadlineExceededError("timed out");
+    for (auto& [id, peer] : peers_) {
+      peer->connect = nullptr;
+      if (!peer->failed) FailPeer(peer.get(), absl::CancelledError("self-check done"));
+    }
+    const absl::Time close_deadline = absl::Now() + absl::Milliseconds(options_.stop_timeout_ms);
+    while (closing_ > 0 && absl::Now() < close_deadline) ProgressOrWait();
+    peers_.clear();
+    ep_to_peer_.clear();
+    probing_ = false;
+    ucp_listener_destroy(listener_);
+    listener_ = nullptr;
+    if (!result.ok()) {
+      return absl::UnavailableError(absl::StrCat(
+          "UCX found no transport that can carry messages (check UCX_TLS; e.g. cma needs "
+          "posix or sysv too): self-check connection failed: ", result.ToString()));
+    }
+    return absl::OkStatus();
+  }
+
+  // One round of progress, or a short sleep on the worker's fd if idle.
+  void ProgressOrWait() {
+    if (ucp_worker_progress(worker_) != 0) return;
+    if (ucp_worker_arm(worker_) != UCS_OK) return;
+    pollfd fd{worker_fd_, POLLIN, 0};
+    poll(&fd, 1, 10);
   }
 
   void DestroyUcx() {
@@ -363,10 +425,7 @@ class UcxTransport : public Transport {
     }
     const absl::Time deadline = absl::Now() + absl::Milliseconds(options_.stop_timeout_ms);
     while ((closing_ > 0 || sends_in_flight_ > 0 || recvs_in_flight_ > 0) && absl::Now() < deadline) {
-      if (ucp_worker_progress(worker_) == 0) {
-        pollfd fd{worker_fd_, POLLIN, 0};
-        if (ucp_worker_arm(worker_) == UCS_OK) poll(&fd, 1, 10);
-      }
+      ProgressOrWait();
     }
     if (closing_ > 0 || sends_in_flight_ > 0 || recvs_in_flight_ > 0) {
       log::Warn("UCX transport stopped with {} endpoint closes, {} sends, {} receives unfinished",
@@ -426,6 +485,7 @@ class UcxTransport : public Transport {
     p->id = next_peer_++;
     p->address = address;
     p->connect = wait;
+    p->silent = probing_;
     ucp_ep_params_t ep = EpParams(p);
     ep.field_mask |= UCP_EP_PARAM_FIELD_FLAGS | UCP_EP_PARAM_FIELD_SOCK_ADDR;
     ep.flags = UCP_EP_PARAMS_FLAGS_CLIENT_SERVER;
@@ -551,6 +611,7 @@ class UcxTransport : public Transport {
     p->owner = self;
     p->id = self->next_peer_++;
     p->address = "inbound";
+    p->silent = self->probing_;
     ucp_ep_params_t ep = self->EpParams(p);
     ep.field_mask |= UCP_EP_PARAM_FIELD_CONN_REQUEST;
     ep.conn_request = request;
@@ -586,7 +647,7 @@ class UcxTransport : public Transport {
                                                                  UcsError(status))));
       return;
     }
-    if (!self->stopping_) self->handler_->OnPeerFailed(p->id, why);
+    if (!self->stopping_ && !p->silent) self->handler_->OnPeerFailed(p->id, why);
   }
 
   // The server accepted our connection and its endpoint works both ways.
@@ -729,6 +790,7 @@ class UcxTransport : public Transport {
 
   // Progress thread only.
   bool stopping_ = false;
+  bool probing_ = false;  // SelfCheck running: new peers are silent
   PeerId next_peer_ = 1;
   std::map<PeerId, std::unique_ptr<Peer>> peers_;
   std::unordered_map<ucp_ep_h, PeerId> ep_to_peer_;

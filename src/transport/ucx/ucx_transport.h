@@ -39,6 +39,10 @@ struct UcxOptions {
   uint64_t rndv_threshold_bytes = 64 << 10;
   // How long Stop() lets UCX close endpoints before giving up on them.
   int64_t stop_timeout_ms = 2000;
+  // Start() connects to a private listener on 127.0.0.1 to prove UCX has a
+  // transport that can carry messages (a bad UCX_TLS otherwise only shows as
+  // Connect timeouts). 0 skips the check.
+  int64_t self_check_timeout_ms = 5000;
   // UCX configuration overrides, e.g. {"TLS", "tcp"} (names without "UCX_").
   std::vector<std::pair<std::string, std::string>> config;
 };

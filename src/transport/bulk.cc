@@ -75,7 +75,7 @@ std::vector<absl::Status> SendChunked(Transport& transport, std::span<const Peer
     for (PeerId p : peers) {
       PeerState ps;
       ps.id = p;
-      shared->peers.push_back(ps);
+      shared->peers.push_back(std::move(ps));
     }
   }
   const uint64_t chunks = total == 0 ? 1 : (total + chunk - 1) / chunk;

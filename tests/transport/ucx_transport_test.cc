@@ -1,0 +1,254 @@
+// UCX transport over 127.0.0.1: two transports in one process.
+//
+// Every wait is bounded (30 s) so a broken transport fails instead of hanging.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <cstring>
+
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "common/clock.h"
+#include "test_handler.h"
+#include "transport/bulk.h"
+#include "transport/ucx/ucx_transport.h"
+
+namespace ckpt::transport {
+namespace {
+
+constexpr int64_t kConnectMs = 10000;
+
+ConstPieces AsPieces(const std::vector<std::byte>& v) { return {std::span<const std::byte>(v)}; }
+
+struct UcxPair {
+  UcxPair() : a(NewUcxTransport()), b(NewUcxTransport()) {}
+  void Start() {
+    absl::Status s = a->Start("127.0.0.1:0", &ha);
+    ASSERT_TRUE(s.ok()) << s;
+    s = b->Start("127.0.0.1:0", &hb);
+    ASSERT_TRUE(s.ok()) << s;
+    auto id = a->Connect(b->address(), kConnectMs);
+    ASSERT_TRUE(id.ok()) << id.status();
+    to_b = *id;
+  }
+  TestHandler ha, hb;
+  std::unique_ptr<Transport> a, b;
+  PeerId to_b = 0;
+};
+
+TEST(UcxTransport, AddressHasTheBoundPort) {
+  TestHandler h;
+  auto t = NewUcxTransport();
+  ASSERT_TRUE(t->Start("127.0.0.1:0", &h).ok());
+  EXPECT_TRUE(absl::StartsWith(t->address(), "127.0.0.1:")) << t->address();
+  EXPECT_FALSE(absl::EndsWith(t->address(), ":0")) << t->address();
+}
+
+TEST(UcxTransport, RejectsBadAddresses) {
+  TestHandler h;
+  auto t = NewUcxTransport();
+  EXPECT_EQ(t->Start("no-port", &h).code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(UcxTransport, Sends64MiBIntoThreePiecesByteExact) {
+  UcxPair p;
+  p.hb.pieces = 3;
+  ASSERT_NO_FATAL_FAILURE(p.Start());
+  const auto data = Pattern(64 << 20, 11);
+  // The sender gathers from two pieces too.
+  ConstPieces src{std::span<const std::byte>(data).subspan(0, 12345),
+                  std::span<const std::byte>(data).subspan(12345)};
+  DoneLog done;
+  p.a->Send(p.to_b, 3, "big", src, done.Callback());
+  ASSERT_TRUE(done.Wait(1));
+  EXPECT_TRUE(done.statuses()[0].ok()) << done.statuses()[0];
+  ASSERT_TRUE(p.hb.WaitReceived(1));
+  const auto got = p.hb.received();
+  EXPECT_TRUE(got[0].status.ok()) << got[0].status;
+  EXPECT_EQ(got[0].msg.type, 3);
+  EXPECT_EQ(got[0].msg.header, "big");
+  EXPECT_TRUE(got[0].bytes == data);
+}
+
+TEST(UcxTransport, ManySmallMessagesArriveIntact) {
+  UcxPair p;
+  p.hb.pieces = 2;
+  ASSERT_NO_FATAL_FAILURE(p.Start());
+  constexpr int kCount = 2000;
+  std::vector<std::vector<std::byte>> payloads;
+  for (int i = 0; i < kCount; ++i) payloads.push_back(Pattern(i % 3 == 0 ? 0 : 1 + i % 700, i));
+  DoneLog done;
+  for (int i = 0; i < kCount; ++i) {
+    p.a->Send(p.to_b, 1, absl::StrCat(i), payloads[i].empty() ? ConstPieces{} : AsPieces(payloads[i]),
+              done.Callback());
+  }
+  ASSERT_TRUE(done.Wait(kCount));
+  ASSERT_TRUE(p.hb.WaitReceived(kCount));
+  for (const auto& s : done.statuses()) EXPECT_TRUE(s.ok()) << s;
+  for (const auto& g : p.hb.received()) {
+    int i = 0;
+    ASSERT_TRUE(absl::SimpleAtoi(g.msg.header, &i));
+    EXPECT_TRUE(g.status.ok());
+    EXPECT_EQ(g.msg.payload_bytes, payloads[i].size());
+    EXPECT_TRUE(g.bytes == payloads[i]) << i;
+  }
+}
+
+TEST(UcxTransport, HeaderOfMaxSizeArrives) {
+  UcxPair p;
+  ASSERT_NO_FATAL_FAILURE(p.Start());
+  const std::string header(kMaxHeaderBytes, 'h');
+  const auto data = Pattern(1 << 20, 5);
+  DoneLog done;
+  p.a->Send(p.to_b, 1, header, AsPieces(data), done.Callback());
+  p.a->Send(p.to_b, 1, header + "x", {}, done.Callback());
+  ASSERT_TRUE(done.Wait(2));
+  ASSERT_TRUE(p.hb.WaitReceived(1));
+  EXPECT_EQ(p.hb.received()[0].msg.header, header);
+  int invalid = 0;
+  for (const auto& s : done.statuses()) invalid += s.code() == absl::StatusCode::kInvalidArgument;
+  EXPECT_EQ(invalid, 1);
+}
+
+TEST(UcxTransport, ReplyOnInboundConnection) {
+  UcxPair p;
+  Transport* b = nullptr;
+  std::vector<std::byte> reply = Pattern(1 << 20, 7);  // rendezvous-sized reply
+  p.hb.on_received = [&](const Inbound& msg, const absl::Status&) {
+    b->Send(msg.from, 2, "pong", AsPieces(reply), [](const absl::Status&) {});
+  };
+  b = p.b.get();
+  ASSERT_NO_FATAL_FAILURE(p.Start());
+  p.a->Send(p.to_b, 1, "ping", {}, [](const absl::Status&) {});
+  ASSERT_TRUE(p.ha.WaitReceived(1));
+  const auto got = p.ha.received();
+  EXPECT_EQ(got[0].msg.header, "pong");
+  EXPECT_EQ(got[0].msg.from, p.to_b);
+  EXPECT_TRUE(got[0].bytes == reply);
+}
+
+TEST(UcxTransport, AllocateErrorReachesOnReceived) {
+  UcxPair p;
+  p.hb.allocate_error = absl::ResourceExhaustedError("full");
+  ASSERT_NO_FATAL_FAILURE(p.Start());
+  const auto small = Pattern(100, 1);
+  const auto large = Pattern(4 << 20, 2);
+  DoneLog done;
+  p.a->Send(p.to_b, 1, "s", AsPieces(small), done.Callback());
+  p.a->Send(p.to_b, 1, "l", AsPieces(large), done.Callback());
+  ASSERT_TRUE(done.Wait(2));
+  ASSERT_TRUE(p.hb.WaitReceived(2));
+  for (const auto& g : p.hb.received()) EXPECT_EQ(g.status.code(), absl::StatusCode::kResourceExhausted);
+}
+
+TEST(UcxTransport, SendChunked256MiBIn8MiBChunks) {
+  UcxPair p;
+  const auto data = Pattern(256 << 20, 13);
+  std::vector<std::byte> dest(data.size());
+  p.hb.keep_bytes = false;
+  p.hb.allocate = [&dest](const Inbound& msg) -> absl::StatusOr<MutablePieces> {
+    uint64_t offset = 0;
+    if (!absl::SimpleAtoi(msg.header, &offset)) return absl::InvalidArgumentError("header");
+    return MutablePieces{std::span<std::byte>(dest).subspan(offset, msg.payload_bytes)};
+  };
+  ASSERT_NO_FATAL_FAILURE(p.Start());
+  BulkOptions opt;
+  opt.chunk_bytes = 8 << 20;
+  opt.max_in_flight = 4;
+  const PeerId peer = p.to_b;
+  auto st = SendChunked(*p.a, std::span<const PeerId>(&peer, 1), 4, AsPieces(data), opt,
+                        [](const ChunkInfo& c) { return absl::StrCat(c.offset); }, RealClock());
+  ASSERT_TRUE(st[0].ok()) << st[0];
+  ASSERT_TRUE(p.hb.WaitReceived(32));
+  for (const auto& g : p.hb.received()) EXPECT_TRUE(g.status.ok()) << g.status;
+  EXPECT_TRUE(dest == data);
+}
+
+TEST(UcxTransport, PeerStopFailsPeerAndSends) {
+  UcxPair p;
+  ASSERT_NO_FATAL_FAILURE(p.Start());
+  // Make sure b has accepted the connection before it goes away.
+  p.a->Send(p.to_b, 1, "hello", {}, [](const absl::Status&) {});
+  ASSERT_TRUE(p.hb.WaitReceived(1));
+  p.b->Stop();
+  ASSERT_TRUE(p.ha.WaitPeerFailed(1));
+  EXPECT_EQ(p.ha.failed()[0].first, p.to_b);
+  EXPECT_EQ(p.ha.failed()[0].second.code(), absl::StatusCode::kUnavailable);
+  DoneLog done;
+  const auto data = Pattern(1 << 20, 3);
+  p.a->Send(p.to_b, 1, "late", AsPieces(data), done.Callback());
+  ASSERT_TRUE(done.Wait(1));
+  EXPECT_EQ(done.statuses()[0].code(), absl::StatusCode::kUnavailable);
+}
+
+TEST(UcxTransport, DisconnectTellsBothSides) {
+  UcxPair p;
+  ASSERT_NO_FATAL_FAILURE(p.Start());
+  p.a->Send(p.to_b, 1, "hello", {}, [](const absl::Status&) {});
+  ASSERT_TRUE(p.hb.WaitReceived(1));
+  p.a->Disconnect(p.to_b);
+  ASSERT_TRUE(p.ha.WaitPeerFailed(1));
+  EXPECT_EQ(p.ha.failed()[0].second.code(), absl::StatusCode::kCancelled);
+  ASSERT_TRUE(p.hb.WaitPeerFailed(1));
+  EXPECT_EQ(p.hb.failed()[0].first, p.hb.received()[0].msg.from);
+}
+
+TEST(UcxTransport, StopCompletesSendsInFlight) {
+  UcxPair p;
+  ASSERT_NO_FATAL_FAILURE(p.Start());
+  const auto data = Pattern(16 << 20, 9);
+  constexpr int kSends = 16;
+  DoneLog done;
+  for (int i = 0; i < kSends; ++i) p.a->Send(p.to_b, 1, absl::StrCat(i), AsPieces(data), done.Callback());
+  const absl::Time start = absl::Now();
+  p.a->Stop();
+  EXPECT_LT(absl::Now() - start, absl::Seconds(10));
+  // Every send completed, before Stop returned.
+  ASSERT_TRUE(done.Wait(kSends, absl::ZeroDuration()));
+  for (const auto& s : done.statuses()) {
+    EXPECT_TRUE(s.ok() || s.code() == absl::StatusCode::kCancelled) << s;
+  }
+  DoneLog after;
+  p.a->Send(p.to_b, 1, "after", {}, after.Callback());
+  ASSERT_TRUE(after.Wait(1, absl::ZeroDuration()));
+  EXPECT_EQ(after.statuses()[0].code(), absl::StatusCode::kCancelled);
+  p.a->Stop();  // idempotent
+}
+
+TEST(UcxTransport, ConnectToNothingFailsInTime) {
+  TestHandler h, hdead;
+  auto dead = NewUcxTransport();
+  ASSERT_TRUE(dead->Start("127.0.0.1:0", &hdead).ok());
+  const std::string address = dead->address();
+  dead->Stop();
+  auto t = NewUcxTransport();
+  ASSERT_TRUE(t->Start("127.0.0.1:0", &h).ok());
+  const absl::Time start = absl::Now();
+  auto id = t->Connect(address, 5000);
+  EXPECT_EQ(id.status().code(), absl::StatusCode::kUnavailable) << id.status();
+  EXPECT_LT(absl::Now() - start, absl::Seconds(6));
+  EXPECT_TRUE(absl::StrContains(id.status().message(), address)) << id.status();
+}
+
+TEST(UcxTransport, NoUsableTransportIsAClearStartError) {
+  UcxOptions opt;
+  opt.config = {{"TLS", "cma"}};  // cma alone can neither carry AM nor listen
+  TestHandler h;
+  auto t = NewUcxTransport(opt);
+  const absl::Status s = t->Start("127.0.0.1:0", &h);
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
+  EXPECT_TRUE(absl::StrContains(s.message(), "UCX")) << s;
+  t->Stop();
+}
+
+TEST(UcxTransport, RegisterMemoryMapsARange) {
+  TestHandler h;
+  auto t = NewUcxTransport();
+  ASSERT_TRUE(t->Start("127.0.0.1:0", &h).ok());
+  std::vector<std::byte> arena(8 << 20);
+  EXPECT_TRUE(t->RegisterMemory(arena.data(), arena.size()).ok());
+}
+
+}  // namespace
+}  // namespace ckpt::transport

@@ -73,6 +73,7 @@ class ProtectionTest : public ::testing::Test {
   // Rank r saves on node r; waits until the version is PROTECTED.
   void SaveAll(const std::string& job, uint64_t step, uint32_t world, Protection protection, size_t bytes) {
     std::vector<SaveHandle> handles;
+    protection_ = protection;
     for (uint32_t r = 0; r < world; ++r) {
       ClientOptions o = testing::ClientOptionsFor(*meta_, *agents_[r], job, r, world);
       o.protection = protection;
@@ -101,7 +102,9 @@ class ProtectionTest : public ::testing::Test {
     for (uint32_t r = 0; r < world; ++r) {
       const int node = via(r);
       EXPECT_TRUE(alive_[node]);
-      absl::StatusOr<Client> c = Client::Connect(testing::ClientOptionsFor(*meta_, *agents_[node], job, r, world));
+      ClientOptions o = testing::ClientOptionsFor(*meta_, *agents_[node], job, r, world);
+      o.protection = protection_;
+      absl::StatusOr<Client> c = Client::Connect(o);
       EXPECT_TRUE(c.ok()) << c.status();
       if (!c.ok()) return from;
       absl::StatusOr<LoadedShard> shard = c->Load(step);
@@ -176,6 +179,7 @@ class ProtectionTest : public ::testing::Test {
   std::vector<std::unique_ptr<AgentProcess>> agents_;
   std::vector<bool> alive_;
   std::vector<Client> clients_;
+  Protection protection_;
 };
 
 TEST_F(ProtectionTest, RingReplicasSurviveAKillThenReprotectAndSurviveAnother) {
@@ -228,6 +232,29 @@ TEST_F(ProtectionTest, ErasureCodedStripesSurviveTwoKillsByDecodeAndReprotect) {
   EXPECT_EQ(from[0], ServedFrom::kLocal);
   ASSERT_TRUE(WaitDead(1) && WaitDead(4)) << Logs();
   ASSERT_TRUE(WaitState("ec", 7, v1::VERSION_STATE_PROTECTED)) << Logs();
+  // Every segment is VALID again, none on a dead node: the lost ones were
+  // rebuilt on survivors.
+  v1::GetVersionRequest req;
+  req.set_job_id("ec");
+  req.set_step(7);
+  v1::GetVersionResponse resp;
+  grpc::ClientContext ctx;
+  ASSERT_TRUE(meta_->stub()->GetVersion(&ctx, req, &resp).ok());
+  ASSERT_EQ(resp.version().segments_size(), 6 * 6);
+  int rebuilt = 0;
+  for (const v1::SegmentInfo& seg : resp.version().segments()) {
+    EXPECT_EQ(seg.state(), v1::COPY_STATE_VALID) << seg.DebugString();
+    EXPECT_NE(seg.holder_node_id(), "n1");
+    EXPECT_NE(seg.holder_node_id(), "n4");
+    if (seg.kind() == v1::SEGMENT_KIND_DATA && seg.holder_node_id() != seg.owner_node_id()) ++rebuilt;
+  }
+  EXPECT_GE(rebuilt, 4);  // n1's and n4's data segments (some may be empty)
+  // A third loss: rank 0 now comes back by decoding rebuilt segments.
+  Kill(0);
+  ASSERT_TRUE(WaitDead(0)) << Logs();
+  from = LoadAll("ec", 7, 6, kBytes, [&](uint32_t r) { return r == 0 ? 3 : (alive_[r] ? static_cast<int>(r) : AliveAfter(r)); });
+  ASSERT_EQ(from.size(), 6u);
+  EXPECT_EQ(from[0], ServedFrom::kEcDecode);
 }
 
 TEST_F(ProtectionTest, MetaRestartWhileProtectingStillCompletes) {
@@ -236,7 +263,7 @@ TEST_F(ProtectionTest, MetaRestartWhileProtectingStillCompletes) {
   std::vector<SaveHandle> handles;
   for (uint32_t r = 0; r < 3; ++r) {
     ClientOptions o = testing::ClientOptionsFor(*meta_, *agents_[r], "mr", r, 3);
-    o.protection = Protection::Replicate(3, Protection::Placement::kRing);
+    o.protection = protection_ = Protection::Replicate(3, Protection::Placement::kRing);
     absl::StatusOr<Client> c = Client::Connect(o);
     ASSERT_TRUE(c.ok()) << c.status();
     const std::vector<uint8_t> data = RankBytes(r, 1, kBytes + r * 4099);

@@ -263,6 +263,22 @@ void Agent::OnMessage(const Inbound& msg, const absl::Status& status) {
       absl::StatusOr<Result> r = DecodeResult(msg.header);
       if (!r.ok()) return;
       absl::MutexLock lock(&mu_);
+      if (msg.type == kPutDone && !r->status.ok()) {
+        // The sender gave up on a push it was sending us: free what it had
+        // reserved (a partial EC fold spoils that parity).
+        auto in = in_puts_.find({msg.from, r->id});
+        if (in != in_puts_.end() && !in->second.finishing) {
+          if (in->second.begin.kind == PutKind::kEcData) {
+            const PutBegin& b = in->second.begin;
+            auto pb = parity_builds_.find(SegmentId{b.job_id, b.step, b.group, b.stripe, b.parity_position});
+            if (pb != parity_builds_.end() && !pb->second.finished) pb->second.error = r->status;
+          }
+          log::Warn("data plane: peer {} abandoned push {}: {}", msg.from, r->id, r->status.ToString());
+          arena_->Free(in->second.extents);
+          in_puts_.erase(in);
+          return;
+        }
+      }
       auto it = out_puts_.find(r->id);
       if (it == out_puts_.end()) return;
       if (msg.type == kPutAck) {
@@ -877,7 +893,11 @@ std::vector<absl::Status> Agent::Push(const std::vector<PeerEndpoint>& targets, 
           *options_.transport, one, kPutChunk, source, options_.bulk,
           [x](const transport::ChunkInfo& c) { return EncodeChunk(Chunk{x, c.offset, PiecesCrc(*c.pieces)}); },
           clock_);
-      if (!results[j][0].ok()) out[sending[j]] = results[j][0];
+      if (!results[j][0].ok()) {
+        out[sending[j]] = results[j][0];
+        // Tell the receiver to let go of what it reserved for this push.
+        SendMessage(peers[j], kPutDone, EncodeResult(Result{x, results[j][0]}));
+      }
     }
   }
   for (size_t i = 0; i < targets.size(); ++i) {

@@ -17,6 +17,7 @@
 #include "fake_meta.h"
 #include "server/agent/agent.h"
 #include "support/temp_dir.h"
+#include "transport/fault/fault_transport.h"
 #include "transport/loopback/loopback_transport.h"
 
 namespace ckpt::agent {
@@ -33,6 +34,7 @@ struct Node {
   FakeMeta meta;
   MetricsRegistry metrics;
   std::unique_ptr<transport::Transport> transport;
+  transport::FaultTransport* fault = nullptr;  // when the node injects faults
   std::unique_ptr<Agent> agent;
   PeerEndpoint endpoint;
 };
@@ -45,12 +47,17 @@ class PeerTest : public ::testing::Test {
       if (n->agent) n->agent->Stop();
   }
 
-  Node& AddNode(uint32_t world) {
+  Node& AddNode(uint32_t world, bool faulty = false) {
     static int counter = 0;
     auto n = std::make_unique<Node>();
     n->id = absl::StrCat("n", nodes_.size());
     n->meta.world["job"] = world;
     n->transport = transport::NewLoopbackTransport();
+    if (faulty) {
+      auto f = std::make_unique<transport::FaultTransport>(std::move(n->transport));
+      n->fault = f.get();
+      n->transport = std::move(f);
+    }
     AgentOptions o;
     o.node_id = n->id;
     o.memory_dir = absl::StrCat(dir_->path(), "/", n->id);
@@ -333,6 +340,87 @@ TEST_F(PeerTest, EncodesParityDecodesWithOwnerGoneAndRebuildsParity) {
   absl::StatusOr<OpenResult> lost = fresh.agent->RestoreByDecode(recs[0], src, 0, 0);
   ASSERT_FALSE(lost.ok());
   EXPECT_EQ(lost.status().code(), absl::StatusCode::kDataLoss) << lost.status();
+}
+
+// Faults in flight never leave wrong bytes anywhere: a push that fails
+// midway, a chunk corrupted on the wire (push and read), a receiver that dies
+// mid-push. Each failure is visible in the task result or the restore error,
+// and the receiver keeps nothing of a failed transfer.
+TEST_F(PeerTest, FaultsInFlightAreVisibleAndLeaveNoBytesBehind) {
+  Node& a = AddNode(1, /*faulty=*/true);
+  Node& b = AddNode(1);
+  Node& c = AddNode(1);
+  Node& d = AddNode(1);
+  const ShardRecord rec = Save(a, 5, 0, 9000, 7);  // 9 chunks of 1000 bytes
+  for (auto& n : nodes_) n->agent->Start();
+  const uint64_t b_free = b.agent->arena().free_bytes();
+  auto replicate = [&](const std::string& id, const Node& to) {
+    AgentTask t;
+    t.id = id;
+    t.kind = TaskKind::kReplicate;
+    t.kind_name = "replicate";
+    t.job_id = "job";
+    t.step = 5;
+    t.ranks = {0};
+    t.targets = {to.endpoint};
+    a.agent->EnqueueTasks({t});
+    return WaitResult(a, id);
+  };
+
+  // 1. The 3rd chunk is lost: the task fails, b frees its reservation.
+  a.fault->FailNthSend(a.fault->sends() + 4);  // a's next sends: begin, chunks 1..3
+  absl::Status failed = replicate("t-fail", b);
+  EXPECT_EQ(failed.code(), absl::StatusCode::kUnavailable) << failed;
+  // 2. A chunk is corrupted on the wire: c refuses it (crc), keeps nothing.
+  a.fault->CorruptNthSend(a.fault->sends() + 3, 17);  // chunk 2
+  absl::Status corrupt = replicate("t-corrupt", c);
+  EXPECT_EQ(corrupt.code(), absl::StatusCode::kUnavailable) << corrupt;
+  EXPECT_THAT(corrupt.message(), HasSubstr("crc32c"));
+  EXPECT_TRUE(c.agent->Inventory("job", 5).empty());
+  // b let go of the failed push (abandon message) before or after this point.
+  {
+    absl::Time deadline = absl::Now() + kWait;
+    while (b.agent->arena().free_bytes() != b_free && absl::Now() < deadline) {
+      absl::SleepFor(absl::Milliseconds(1));  // bounded wait for the other agent's thread
+    }
+  }
+  EXPECT_EQ(b.agent->arena().free_bytes(), b_free);
+  EXPECT_TRUE(b.agent->Inventory("job", 5).empty());
+
+  // 3. A read chunk is corrupted on the way to d: DataLoss, nothing kept;
+  // the next attempt gets the right bytes.
+  a.fault->CorruptNthSend(a.fault->sends() + 2, 5);  // read chunk 2
+  absl::StatusOr<OpenResult> bad = d.agent->RestoreFromPeer(rec, a.endpoint, 0, 0);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kDataLoss) << bad.status();
+  EXPECT_TRUE(d.agent->Inventory("job", 5).empty());
+  absl::StatusOr<OpenResult> good = d.agent->RestoreFromPeer(rec, a.endpoint, 0, 0);
+  ASSERT_TRUE(good.ok()) << good.status();
+  EXPECT_EQ(Bytes(*d.agent, ShardId{"job", 5, 0}), Content("n0", 0));
+  // a's own copy was never touched by any of this.
+  EXPECT_EQ(a.agent->Inventory("job", 5)[0].state, 2);
+
+  // 4. The receiver dies mid-push: the sender's task fails promptly
+  // (Unavailable), not after the peer timeout.
+  a.fault->StallNthSend(a.fault->sends() + 3);  // chunk 2
+  AgentTask t;
+  t.id = "t-dies";
+  t.kind = TaskKind::kReplicate;
+  t.kind_name = "replicate";
+  t.job_id = "job";
+  t.step = 5;
+  t.ranks = {0};
+  t.targets = {b.endpoint};
+  a.agent->EnqueueTasks({t});
+  {
+    absl::Time deadline = absl::Now() + kWait;
+    while (a.fault->stalled() == 0 && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(1));
+  }
+  ASSERT_EQ(a.fault->stalled(), 1);
+  b.agent->Stop();
+  a.fault->Release();
+  absl::Status died = WaitResult(a, "t-dies");
+  EXPECT_EQ(died.code(), absl::StatusCode::kUnavailable) << died;
 }
 
 }  // namespace

@@ -192,6 +192,23 @@ TEST(UcxTransport, PeerStopFailsPeerAndSends) {
   EXPECT_EQ(done.statuses()[0].code(), absl::StatusCode::kUnavailable);
 }
 
+TEST(UcxTransport, PeerStopMidTransferCompletesEverySend) {
+  UcxPair p;
+  ASSERT_NO_FATAL_FAILURE(p.Start());
+  const auto data = Pattern(16 << 20, 8);
+  constexpr int kSends = 16;
+  DoneLog done;
+  for (int i = 0; i < kSends; ++i) p.a->Send(p.to_b, 1, absl::StrCat(i), AsPieces(data), done.Callback());
+  ASSERT_TRUE(p.hb.WaitReceived(1));
+  p.b->Stop();
+  // No hang: every send ends, delivered (OK) or failed with the peer.
+  ASSERT_TRUE(done.Wait(kSends));
+  for (const auto& s : done.statuses()) {
+    EXPECT_TRUE(s.ok() || s.code() == absl::StatusCode::kUnavailable) << s;
+  }
+  ASSERT_TRUE(p.ha.WaitPeerFailed(1));
+}
+
 TEST(UcxTransport, DisconnectTellsBothSides) {
   UcxPair p;
   ASSERT_NO_FATAL_FAILURE(p.Start());

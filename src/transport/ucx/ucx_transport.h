@@ -16,6 +16,20 @@
 // when they are accepted, so Send(msg.from, ...) replies on them).
 // RMA (ucp_put/get) is never used: UCX emulates it in software over TCP.
 //
+// Connecting: ucp_ep_create on the peer's sockaddr with error handling mode
+// PEER. Connect returns once the server, on accepting, has sent a one-off
+// hello (AM id 1) back over the new endpoint: nothing is queued on the
+// client's endpoint before that, because UCX 1.13 aborts (wireup_ep.c:494)
+// when a request is pending on an endpoint whose connection is refused.
+// A failed peer (error callback) gets Handler::OnPeerFailed(Unavailable) and
+// its sends in flight complete with Unavailable; Disconnect and Stop
+// force-close endpoints and their sends complete with Cancelled.
+//
+// Known UCX 1.13 limitation: with two workers (two UcxTransports) in one
+// process, socket churn can hit an abort in UCX's async layer (async.c:643,
+// socket fds reused across workers). One transport per process, as the
+// agents run, is not affected; in-process tests keep churn low.
+//
 // UCX_* environment variables (UCX_TLS, UCX_NET_DEVICES, ...) pass through;
 // UcxOptions::config overrides them for this transport only.
 //
@@ -48,9 +62,12 @@ struct UcxOptions {
 };
 
 // A new, not yet started, UCX transport. Start() fails with Unavailable and
-// UCX's reason if UCX cannot initialise, find a usable transport, or listen.
-// RegisterMemory maps the range with ucp_mem_map; a failure is logged and
-// returned (callers may treat it as non-fatal: sends work without it).
+// UCX's reason if UCX cannot initialise, find a usable transport (the
+// self-check), or listen; InvalidArgument for a bad address or UCX option.
+// RegisterMemory blocks until the progress thread has mapped the range with
+// ucp_mem_map (mappings live until Stop); a failure is logged and returned
+// as Unavailable, and callers may treat it as non-fatal: sends work without
+// it. Over TCP/shared memory mapping registers nothing and is cheap.
 std::unique_ptr<Transport> NewUcxTransport(const UcxOptions& options = {});
 
 }  // namespace ckpt::transport

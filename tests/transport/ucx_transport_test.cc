@@ -3,6 +3,8 @@
 // Every wait is bounded (30 s) so a broken transport fails instead of hanging.
 #include <gtest/gtest.h>
 
+#include <sys/resource.h>
+
 #include <atomic>
 #include <cstring>
 
@@ -299,6 +301,25 @@ TEST(UcxTransport, FaultDecoratorCorruptsOneChunkOverUcx) {
     if (dest[i] != data[i]) diffs.push_back(i);
   ASSERT_EQ(diffs.size(), 1u);
   EXPECT_EQ(diffs[0], (2u << 20) + 17);
+}
+
+double CpuSeconds() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return u.ru_utime.tv_sec + u.ru_stime.tv_sec + (u.ru_utime.tv_usec + u.ru_stime.tv_usec) / 1e6;
+}
+
+// The progress threads sleep on their fds: an idle connected pair burns no
+// CPU (this machine's 2 cores are shared by several agents).
+TEST(UcxTransport, IdleTransportsUseNoCpu) {
+  UcxPair p;
+  ASSERT_NO_FATAL_FAILURE(p.Start());
+  p.a->Send(p.to_b, 1, "hello", {}, [](const absl::Status&) {});
+  ASSERT_TRUE(p.hb.WaitReceived(1));
+  const double before = CpuSeconds();
+  absl::SleepFor(absl::Seconds(1));
+  const double used = CpuSeconds() - before;
+  EXPECT_LT(used, 0.05) << "progress threads spin while idle";
 }
 
 TEST(UcxTransport, RegisterMemoryMapsARange) {

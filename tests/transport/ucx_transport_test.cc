@@ -3,6 +3,8 @@
 // Every wait is bounded (30 s) so a broken transport fails instead of hanging.
 #include <gtest/gtest.h>
 
+#include <sys/resource.h>
+
 #include <atomic>
 #include <cstring>
 
@@ -12,6 +14,7 @@
 #include "common/clock.h"
 #include "test_handler.h"
 #include "transport/bulk.h"
+#include "transport/fault/fault_transport.h"
 #include "transport/ucx/ucx_transport.h"
 
 namespace ckpt::transport {
@@ -267,6 +270,56 @@ TEST(UcxTransport, NoUsableTransportIsAClearStartError) {
   EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
   EXPECT_TRUE(absl::StrContains(s.message(), "UCX")) << s;
   t->Stop();
+}
+
+TEST(UcxTransport, FaultDecoratorCorruptsOneChunkOverUcx) {
+  TestHandler ha, hb;
+  const auto data = Pattern(8 << 20, 21);
+  std::vector<std::byte> dest(data.size());
+  hb.keep_bytes = false;
+  hb.allocate = [&dest](const Inbound& msg) -> absl::StatusOr<MutablePieces> {
+    uint64_t offset = 0;
+    if (!absl::SimpleAtoi(msg.header, &offset)) return absl::InvalidArgumentError("header");
+    return MutablePieces{std::span<std::byte>(dest).subspan(offset, msg.payload_bytes)};
+  };
+  FaultTransport a(NewUcxTransport(NoSelfCheck()));
+  auto b = NewUcxTransport(NoSelfCheck());
+  ASSERT_TRUE(a.Start("127.0.0.1:0", &ha).ok());
+  ASSERT_TRUE(b->Start("127.0.0.1:0", &hb).ok());
+  auto peer = a.Connect(b->address(), kConnectMs);
+  ASSERT_TRUE(peer.ok()) << peer.status();
+  a.CorruptNthSend(3, 17);  // chunk 2 (1 MiB chunks), byte 17 of it
+  BulkOptions opt;
+  opt.chunk_bytes = 1 << 20;
+  const PeerId p = *peer;
+  auto st = SendChunked(a, std::span<const PeerId>(&p, 1), 1, AsPieces(data), opt,
+                        [](const ChunkInfo& c) { return absl::StrCat(c.offset); }, RealClock());
+  ASSERT_TRUE(st[0].ok()) << st[0];
+  ASSERT_TRUE(hb.WaitReceived(8));
+  std::vector<size_t> diffs;
+  for (size_t i = 0; i < data.size(); ++i)
+    if (dest[i] != data[i]) diffs.push_back(i);
+  ASSERT_EQ(diffs.size(), 1u);
+  EXPECT_EQ(diffs[0], (2u << 20) + 17);
+}
+
+double CpuSeconds() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return u.ru_utime.tv_sec + u.ru_stime.tv_sec + (u.ru_utime.tv_usec + u.ru_stime.tv_usec) / 1e6;
+}
+
+// The progress threads sleep on their fds: an idle connected pair burns no
+// CPU (this machine's 2 cores are shared by several agents).
+TEST(UcxTransport, IdleTransportsUseNoCpu) {
+  UcxPair p;
+  ASSERT_NO_FATAL_FAILURE(p.Start());
+  p.a->Send(p.to_b, 1, "hello", {}, [](const absl::Status&) {});
+  ASSERT_TRUE(p.hb.WaitReceived(1));
+  const double before = CpuSeconds();
+  absl::SleepFor(absl::Seconds(1));
+  const double used = CpuSeconds() - before;
+  EXPECT_LT(used, 0.05) << "progress threads spin while idle";
 }
 
 TEST(UcxTransport, RegisterMemoryMapsARange) {

@@ -102,6 +102,7 @@ class UcxTransport : public Transport {
       : options_(options), event_fd_(eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)) {}
   ~UcxTransport() override {
     Stop();
+    if (thread_.joinable()) thread_.join();  // Stop() was called from a callback
     if (event_fd_ >= 0) close(event_fd_);
   }
 
@@ -188,7 +189,11 @@ class UcxTransport : public Transport {
       if (it == peers_.end() || it->second->failed) return;
       Peer* p = it->second.get();
       FailPeer(p, absl::CancelledError(absl::StrCat("peer ", peer, " disconnected")));
-      if (p->connect == nullptr) handler_->OnPeerFailed(peer, absl::CancelledError("disconnected"));
+      if (p->connect != nullptr) {
+        FinishConnect(p, absl::CancelledError("disconnected while connecting"));
+      } else {
+        handler_->OnPeerFailed(peer, absl::CancelledError("disconnected"));
+      }
     });
   }
 
@@ -212,6 +217,9 @@ class UcxTransport : public Transport {
       stop_requested_ = true;
     }
     Wake();
+    // From a Handler callback the thread cannot join itself: it stops once
+    // the callback returns, and the destructor (elsewhere) joins it.
+    if (std::this_thread::get_id() == thread_id_) return;
     if (thread_.joinable()) thread_.join();
   }
 

@@ -34,7 +34,9 @@
 // UcxOptions::config overrides them for this transport only.
 //
 // Thread safety: as transport.h. Connect and RegisterMemory block on the
-// progress thread and so must not be called from a Handler callback.
+// progress thread and so must not be called from a Handler callback. Stop()
+// from a callback only asks the thread to end (it cannot join itself); the
+// destructor, run on another thread, joins it.
 #pragma once
 
 #include <cstdint>

@@ -836,6 +836,7 @@ void Agent::ServeRead(PeerId from, ReadReq req) {
 
 std::vector<absl::Status> Agent::Push(const std::vector<PeerEndpoint>& targets, PutBegin begin,
                                       const std::string& meta, const ConstPieces& source) {
+  const absl::Time push_start = clock_->MonotonicNow();
   std::vector<absl::Status> out(targets.size());
   std::vector<uint64_t> xfers(targets.size(), 0);
   std::vector<PeerId> peers;
@@ -881,6 +882,7 @@ std::vector<absl::Status> Agent::Push(const std::vector<PeerEndpoint>& targets, 
     out_puts_.erase(x);
     xfers[i] = 0;
   }
+  log::Debug("push {}: acks after {} ms", begin.job_id, absl::ToInt64Milliseconds(clock_->MonotonicNow() - push_start));
   if (!peers.empty()) {
     // One header per chunk, per target (xfer ids differ): send per target
     // group of one when ids differ. Chunk headers carry the xfer id, so fan
@@ -900,6 +902,7 @@ std::vector<absl::Status> Agent::Push(const std::vector<PeerEndpoint>& targets, 
       }
     }
   }
+  log::Debug("push {}: chunks sent after {} ms", begin.job_id, absl::ToInt64Milliseconds(clock_->MonotonicNow() - push_start));
   for (size_t i = 0; i < targets.size(); ++i) {
     if (xfers[i] == 0) continue;
     absl::MutexLock lock(&mu_);
@@ -1218,8 +1221,11 @@ absl::Status Agent::RunReplicate(QueuedTask& qt, bool* finished) {
     b.rank = rank;
     b.total_bytes = rec.size_bytes;
     b.crc32c = rec.crc32c;
+    const absl::Time t0 = clock_->MonotonicNow();
     const std::vector<absl::Status> res = Push(t.targets, b, EncodeShardRecord(wire),
                                                PiecesOf(rec.extents, 0, rec.size_bytes));
+    log::Debug("replicated {} ({} bytes) to {} nodes in {} ms", ShardIdString(id), rec.size_bytes, t.targets.size(),
+               absl::ToInt64Milliseconds(clock_->MonotonicNow() - t0));
     {
       absl::MutexLock lock(&mu_);
       UnpinLocked(id);

@@ -249,6 +249,10 @@ TEST_F(ProtectionTest, ErasureCodedStripesSurviveTwoKillsByDecodeAndReprotect) {
     if (seg.kind() == v1::SEGMENT_KIND_DATA && seg.holder_node_id() != seg.owner_node_id()) ++rebuilt;
   }
   EXPECT_GE(rebuilt, 4);  // n1's and n4's data segments (some may be empty)
+  std::map<uint32_t, int> on_n0;  // stripe -> segments n0 holds
+  for (const v1::SegmentInfo& seg : resp.version().segments())
+    if (seg.holder_node_id() == "n0") ++on_n0[seg.key().stripe_index()];
+  for (const auto& [stripe, count] : on_n0) EXPECT_LE(count, 2) << "stripe " << stripe << "\n" << resp.DebugString();
   // A third loss: rank 0 now comes back by decoding rebuilt segments.
   Kill(0);
   ASSERT_TRUE(WaitDead(0)) << Logs();

@@ -285,9 +285,13 @@ void Engine::PlanRecovery(Version& v) {
     }
   } else if (policy.kind == ProtectionPolicy::Kind::kErasureCode && !v.segments.empty()) {
     std::set<SegmentKey> pending;
+    std::map<SegmentKey, std::string> pending_target;  // where a running rebuild puts it
     for (Task* t : ActiveTasks(v.job_id, v.step, TaskKind::kRebuildSegments)) {
       if (!IsUsable(t->node_id)) continue;
-      for (const SegmentKey& k : t->segments) pending.insert(k);
+      for (const SegmentKey& k : t->segments) {
+        pending.insert(k);
+        pending_target[k] = t->node_id;
+      }
     }
     // EC encoding still running: its segments are not lost.
     const bool encoding = !ActiveTasks(v.job_id, v.step, TaskKind::kEcEncode).empty();
@@ -314,6 +318,11 @@ void Engine::PlanRecovery(Version& v) {
         }
       }
       if (valid < k) continue;  // not recoverable from memory; Recompute decides
+      // Segments of this stripe already being rebuilt count where they will
+      // land, so a second loss never piles a stripe onto one node.
+      for (const auto& [pk, node] : pending_target) {
+        if (pk.group == seg.key.group && pk.stripe == seg.key.stripe) ++held[node];
+      }
       // Target: an alive node holding no segment of the stripe, outside the
       // group first; else the one holding fewest.
       std::string target;

@@ -481,6 +481,20 @@ TEST_F(MetaCoreTest, ErasureCodedVersionEncodesDecodesAndRebuilds) {
   }
   RunAgents();
   EXPECT_EQ(StateOf("ec", 7), VersionState::kProtected);
+  // The rebuilt segments are spread so that no survivor holds more than m
+  // of a stripe (n1's rebuilds were still pending when n4 died: they count
+  // where they will land). Any third loss is then still decodable.
+  v = core_->GetVersion("ec", 7, false);
+  std::map<std::pair<int, std::string>, int> per_node;  // (stripe, node) -> segments
+  for (const auto& seg : v->segments) {
+    EXPECT_EQ(seg.state, CopyState::kValid);
+    const int held = ++per_node[std::make_pair(seg.key.stripe, seg.holder_node_id)];
+    EXPECT_LE(held, 2)
+        << "stripe " << seg.key.stripe << " node " << seg.holder_node_id;
+  }
+  Kill("n0");
+  for (uint32_t r = 0; r < 6; ++r) EXPECT_TRUE(core_->Locate("ec", 7, r, "n2").ok()) << r;
+  EXPECT_NE(StateOf("ec", 7), VersionState::kAborted);
 }
 
 TEST_F(MetaCoreTest, LosingMoreThanParityAbortsWithDataLoss) {

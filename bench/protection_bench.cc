@@ -19,6 +19,7 @@
 // UCX_TLS as the agents. Without unshare rights it says so and prints "n/a".
 //
 //   protection_bench [--size 512MiB] [--tls tcp|default] [--policies ring,ec]
+#include <signal.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -286,6 +287,15 @@ int main(int argc, char** argv) {
     }
   }
   if (tls != "default") ::setenv("UCX_TLS", tls.c_str(), 1);  // the agents inherit it
+  // Memory tiers left by an earlier run that was killed (they hold real
+  // memory on the tmpfs): remove those whose process is gone.
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator("/dev/shm", ec)) {
+    const std::string name = e.path().filename().string();
+    if (name.rfind("ckpt-pbench-", 0) != 0) continue;
+    const int pid = std::atoi(name.c_str() + 12);
+    if (pid > 0 && ::kill(pid, 0) != 0) std::filesystem::remove_all(e.path(), ec);
+  }
   const double perf = ckpt::PerftestGBps(tls);
   double memcpy_s;
   {

@@ -66,6 +66,25 @@ std::vector<absl::Status> SendChunked(Transport& transport, std::span<const Peer
                                       uint16_t type, const ConstPieces& source,
                                       const BulkOptions& options, const ChunkHeader& header_for,
                                       Clock* clock) {
+  // One header per chunk, computed once and reused for every peer.
+  uint64_t cached_index = UINT64_MAX;
+  std::string cached;
+  return SendChunked(
+      transport, peers, type, source, options,
+      [&](const ChunkInfo& c, size_t) {
+        if (c.index != cached_index) {
+          cached = header_for(c);
+          cached_index = c.index;
+        }
+        return cached;
+      },
+      clock);
+}
+
+std::vector<absl::Status> SendChunked(Transport& transport, std::span<const PeerId> peers,
+                                      uint16_t type, const ConstPieces& source,
+                                      const BulkOptions& options, const PeerChunkHeader& header_for,
+                                      Clock* clock) {
   const uint64_t total = TotalBytes(source);
   const uint64_t chunk = std::max<uint64_t>(options.chunk_bytes, 1);
   const int window = std::max(options.max_in_flight, 1);
@@ -89,7 +108,6 @@ std::vector<absl::Status> SendChunked(Transport& transport, std::span<const Peer
     info.last = c + 1 == chunks;
     ConstPieces pieces = SlicePieces(source, info.offset, info.length);
     info.pieces = &pieces;
-    const std::string header = header_for(info);
     for (size_t i = 0; i < peers.size(); ++i) {
       absl::Time not_before;
       {
@@ -115,7 +133,7 @@ std::vector<absl::Status> SendChunked(Transport& transport, std::span<const Peer
         const absl::Time now = clock->MonotonicNow();
         if (not_before > now) clock->SleepFor(not_before - now);
       }
-      transport.Send(peers[i], type, header, pieces, [shared, i](const absl::Status& s) {
+      transport.Send(peers[i], type, header_for(info, i), pieces, [shared, i](const absl::Status& s) {
         absl::MutexLock lock(&shared->mu);
         PeerState& ps = shared->peers[i];
         --ps.in_flight;

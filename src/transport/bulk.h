@@ -41,6 +41,9 @@ struct ChunkInfo {
 
 // Returns the application header of one chunk (the same for every peer).
 using ChunkHeader = std::function<std::string(const ChunkInfo& chunk)>;
+// Returns the header of one chunk for the peer at `peer_index` of the fan-out
+// (e.g. when each receiver knows the transfer by its own id).
+using PeerChunkHeader = std::function<std::string(const ChunkInfo& chunk, size_t peer_index)>;
 
 // Slices [offset, offset+length) out of a gather list.
 ConstPieces SlicePieces(const ConstPieces& pieces, uint64_t offset, uint64_t length);
@@ -53,6 +56,11 @@ MutablePieces SlicePieces(const MutablePieces& pieces, uint64_t offset, uint64_t
 std::vector<absl::Status> SendChunked(Transport& transport, std::span<const PeerId> peers,
                                       uint16_t type, const ConstPieces& source,
                                       const BulkOptions& options, const ChunkHeader& header_for,
+                                      Clock* clock);
+// As above, with a header per (chunk, peer).
+std::vector<absl::Status> SendChunked(Transport& transport, std::span<const PeerId> peers,
+                                      uint16_t type, const ConstPieces& source,
+                                      const BulkOptions& options, const PeerChunkHeader& header_for,
                                       Clock* clock);
 
 }  // namespace ckpt::transport

@@ -73,6 +73,15 @@ Agent::Agent(const AgentOptions& options, MetaLink* meta, Clock* clock, FileSyst
   m_corrupt_ = &m.AddCounter("ckpt_agent_corrupt_copies_total", "Holdings whose bytes failed their crc32c");
   m_lease_rejected_ = &m.AddCounter("ckpt_agent_lease_rejected_total", "Staging leases refused for lack of memory");
   m_meta_errors_ = &m.AddCounter("ckpt_agent_meta_errors_total", "Failed calls to ckpt-meta");
+  m_peer_sent_bytes_ = &m.AddCounter("ckpt_agent_peer_sent_bytes_total", "Bytes sent to peers (pushes and reads served)");
+  m_peer_received_bytes_ =
+      &m.AddCounter("ckpt_agent_peer_received_bytes_total", "Bytes received from peers (pushes and reads)");
+  m_replicas_stored_ = &m.AddCounter("ckpt_agent_replicas_stored_total", "Replica copies received and stored");
+  m_parity_stored_ = &m.AddCounter("ckpt_agent_parity_segments_total", "EC parity segments completed on this node");
+  m_segments_rebuilt_ = &m.AddCounter("ckpt_agent_segments_rebuilt_total", "EC segments rebuilt on this node");
+  m_peer_restores_ =
+      &m.AddCounter("ckpt_agent_peer_restores_total", "Shards restored from a peer replica or by EC decode");
+  m_peer_errors_ = &m.AddCounter("ckpt_agent_peer_errors_total", "Failed pushes, reads and decodes");
   m_used_ = &m.AddGauge("ckpt_agent_memory_used_bytes", "Memory-tier bytes in use (holdings and leases)");
   m_free_ = &m.AddGauge("ckpt_agent_memory_free_bytes", "Memory-tier bytes free");
   m_leased_ = &m.AddGauge("ckpt_agent_memory_leased_bytes", "Memory-tier bytes reserved by open staging leases");

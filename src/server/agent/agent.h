@@ -414,8 +414,10 @@ class Agent {
   void ServeRead(transport::PeerId from, ReadReq req);
   // Pushes `source` to each target as `begin` describes (ack, chunks, done).
   // One status per target.
+  // `customize` adjusts the begin message per target (e.g. its parity position).
   std::vector<absl::Status> Push(const std::vector<PeerEndpoint>& targets, PutBegin begin,
-                                 const std::string& meta, const transport::ConstPieces& source);
+                                 const std::string& meta, const transport::ConstPieces& source,
+                                 const std::function<void(size_t, PutBegin&)>& customize = nullptr);
   // Reads [req.offset, +req.length) of a peer's shard or segment into `dest`
   // (exactly req.length bytes), checking every chunk's crc. Returns the crc
   // of the bytes read.
@@ -469,6 +471,13 @@ class Agent {
   Counter* m_corrupt_;
   Counter* m_lease_rejected_;
   Counter* m_meta_errors_;
+  Counter* m_peer_sent_bytes_;
+  Counter* m_peer_received_bytes_;
+  Counter* m_replicas_stored_;
+  Counter* m_parity_stored_;
+  Counter* m_segments_rebuilt_;
+  Counter* m_peer_restores_;
+  Counter* m_peer_errors_;
   Gauge* m_used_;
   Gauge* m_free_;
   Gauge* m_leased_;

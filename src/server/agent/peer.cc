@@ -7,6 +7,8 @@
 // agent's work threads (PostWork). Nothing calls into the transport while
 // holding mu_, because a transport may complete a send inline.
 #include <algorithm>
+#include <atomic>
+#include <thread>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
@@ -324,6 +326,7 @@ void Agent::OnMessage(const Inbound& msg, const absl::Status& status) {
       }
       r.chunks[c->offset] = {crc, msg.payload_bytes};
       r.received += msg.payload_bytes;
+      m_peer_received_bytes_->Increment(static_cast<double>(msg.payload_bytes));
       return;
     }
     case kReadEnd: {
@@ -457,6 +460,7 @@ void Agent::HandlePutChunk(const Inbound& msg, const absl::Status& status) {
       } else {
         in.chunks[c->offset] = {crc, msg.payload_bytes};
         in.received += msg.payload_bytes;
+        m_peer_received_bytes_->Increment(static_cast<double>(msg.payload_bytes));
       }
     } else {
       const uint32_t crc = Crc32c(scratch.data(), scratch.size());
@@ -485,6 +489,7 @@ void Agent::HandlePutChunk(const Inbound& msg, const absl::Status& status) {
           in.chunks[c->offset] = {crc, msg.payload_bytes};
           in.received += msg.payload_bytes;
           pb.folded[in.begin.data_position] += msg.payload_bytes;
+          m_peer_received_bytes_->Increment(static_cast<double>(msg.payload_bytes));
         } else {
           pb.error = fail;  // parity is now unusable: the task fails and meta re-plans
         }
@@ -561,6 +566,7 @@ void Agent::FinishPut(PeerId from, uint64_t xfer) {
         r.task_id = in.begin.task_id;
         direct.push_back(std::move(r));
         UpdateGauges();
+        m_replicas_stored_->Increment();
         log::Info("stored replica of {} ({} bytes) from peer {}", ShardIdString(id), in.rec.size_bytes, from);
       }
     } else {
@@ -632,6 +638,7 @@ void Agent::FinishParityLocked(const SegmentId& id, ParityBuild& pb) {
     log::Error("cannot store parity {}: {}", SegmentIdString(id), s.ToString());
     return;
   }
+  m_parity_stored_->Increment();
   log::Info("parity {} complete ({} bytes)", SegmentIdString(id), rec.size_bytes);
 }
 
@@ -809,6 +816,7 @@ void Agent::ServeRead(PeerId from, ReadReq req) {
         },
         clock_);
     st = sent[0];
+    if (st.ok()) m_peer_sent_bytes_->Increment(static_cast<double>(req.length));
   }
   {
     absl::MutexLock lock(&mu_);
@@ -835,8 +843,8 @@ void Agent::ServeRead(PeerId from, ReadReq req) {
 // Requesting
 
 std::vector<absl::Status> Agent::Push(const std::vector<PeerEndpoint>& targets, PutBegin begin,
-                                      const std::string& meta, const ConstPieces& source) {
-  const absl::Time push_start = clock_->MonotonicNow();
+                                      const std::string& meta, const ConstPieces& source,
+                                      const std::function<void(size_t, PutBegin&)>& customize) {
   std::vector<absl::Status> out(targets.size());
   std::vector<uint64_t> xfers(targets.size(), 0);
   std::vector<PeerId> peers;
@@ -850,6 +858,7 @@ std::vector<absl::Status> Agent::Push(const std::vector<PeerEndpoint>& targets, 
     }
     PutBegin b = begin;
     b.target_incarnation = targets[i].incarnation;
+    if (customize) customize(i, b);
     {
       absl::MutexLock lock(&mu_);
       b.xfer = next_xfer_++;
@@ -882,27 +891,33 @@ std::vector<absl::Status> Agent::Push(const std::vector<PeerEndpoint>& targets, 
     out_puts_.erase(x);
     xfers[i] = 0;
   }
-  log::Debug("push {}: acks after {} ms", begin.job_id, absl::ToInt64Milliseconds(clock_->MonotonicNow() - push_start));
   if (!peers.empty()) {
-    // One header per chunk, per target (xfer ids differ): send per target
-    // group of one when ids differ. Chunk headers carry the xfer id, so fan
-    // out one target at a time but pipelined across targets by the window.
-    std::vector<std::vector<absl::Status>> results(peers.size());
+    // One fan-out: each chunk is read once and sent to every target that
+    // acknowledged, each under its own transfer id.
+    std::vector<uint64_t> ids;
+    for (size_t idx : sending) ids.push_back(xfers[idx]);
+    uint64_t crc_index = UINT64_MAX;
+    uint32_t chunk_crc = 0;
+    const std::vector<absl::Status> results = transport::SendChunked(
+        *options_.transport, peers, kPutChunk, source, options_.bulk,
+        [&](const transport::ChunkInfo& c, size_t peer) {
+          if (c.index != crc_index) {
+            chunk_crc = PiecesCrc(*c.pieces);
+            crc_index = c.index;
+          }
+          return EncodeChunk(Chunk{ids[peer], c.offset, chunk_crc});
+        },
+        clock_);
     for (size_t j = 0; j < peers.size(); ++j) {
-      const uint64_t x = xfers[sending[j]];
-      std::vector<PeerId> one{peers[j]};
-      results[j] = transport::SendChunked(
-          *options_.transport, one, kPutChunk, source, options_.bulk,
-          [x](const transport::ChunkInfo& c) { return EncodeChunk(Chunk{x, c.offset, PiecesCrc(*c.pieces)}); },
-          clock_);
-      if (!results[j][0].ok()) {
-        out[sending[j]] = results[j][0];
-        // Tell the receiver to let go of what it reserved for this push.
-        SendMessage(peers[j], kPutDone, EncodeResult(Result{x, results[j][0]}));
+      if (results[j].ok()) {
+        m_peer_sent_bytes_->Increment(static_cast<double>(begin.total_bytes));
+        continue;
       }
+      out[sending[j]] = results[j];
+      // Tell the receiver to let go of what it reserved for this push.
+      SendMessage(peers[j], kPutDone, EncodeResult(Result{ids[j], results[j]}));
     }
   }
-  log::Debug("push {}: chunks sent after {} ms", begin.job_id, absl::ToInt64Milliseconds(clock_->MonotonicNow() - push_start));
   for (size_t i = 0; i < targets.size(); ++i) {
     if (xfers[i] == 0) continue;
     absl::MutexLock lock(&mu_);
@@ -1025,10 +1040,12 @@ absl::StatusOr<OpenResult> Agent::RestoreFromPeer(const ShardRecord& expected, c
     absl::MutexLock lock(&mu_);
     if (!crc.ok()) {
       arena_->Free(extents);
+      m_peer_errors_->Increment();
       return crc.status();
     }
     CKPT_RETURN_IF_ERROR(AdoptRestoredLocked(expected, std::move(extents), "",
                                              absl::StrCat("node \"", holder.node_id, "\"")));
+    m_peer_restores_->Increment();
   }
   return OpenShard(id, true, client_pid, ttl_ms);
 }
@@ -1171,8 +1188,10 @@ absl::StatusOr<OpenResult> Agent::RestoreByDecode(const ShardRecord& expected, c
     absl::MutexLock lock(&mu_);
     if (!st.ok()) {
       arena_->Free(extents);
+      m_peer_errors_->Increment();
       return st;
     }
+    m_peer_restores_->Increment();
     CKPT_RETURN_IF_ERROR(AdoptRestoredLocked(expected, std::move(extents), "",
                                              absl::StrCat("EC stripes of node \"", src.owner_node_id, "\"")));
   }
@@ -1224,7 +1243,7 @@ absl::Status Agent::RunReplicate(QueuedTask& qt, bool* finished) {
     const absl::Time t0 = clock_->MonotonicNow();
     const std::vector<absl::Status> res = Push(t.targets, b, EncodeShardRecord(wire),
                                                PiecesOf(rec.extents, 0, rec.size_bytes));
-    log::Debug("replicated {} ({} bytes) to {} nodes in {} ms", ShardIdString(id), rec.size_bytes, t.targets.size(),
+    log::Debug("pushed {} ({} bytes) to {} nodes in {} ms", ShardIdString(id), rec.size_bytes, t.targets.size(),
                absl::ToInt64Milliseconds(clock_->MonotonicNow() - t0));
     {
       absl::MutexLock lock(&mu_);
@@ -1238,7 +1257,10 @@ absl::Status Agent::RunReplicate(QueuedTask& qt, bool* finished) {
       }
     }
   }
-  if (!failures.empty()) return absl::UnavailableError(absl::StrJoin(failures, "; "));
+  if (!failures.empty()) {
+    m_peer_errors_->Increment();
+    return absl::UnavailableError(absl::StrJoin(failures, "; "));
+  }
   return absl::OkStatus();
 }
 
@@ -1284,65 +1306,77 @@ absl::Status Agent::RunEcEncode(QueuedTask& qt, bool* finished) {
       st = absl::FailedPreconditionError(absl::StrCat("this node's blob is ", blob, " bytes, the layout says ",
                                                       mine == nullptr ? 0 : mine->size_bytes));
     }
+    // Each stripe carrying one of this node's segments is pushed to its
+    // parity holders in one fan-out; the stripes go out concurrently.
+    absl::Mutex fail_mu;
     std::vector<std::string> failures;
-    for (const EcStripeLayout& s : g.stripes) {
-      if (!st.ok()) break;
+    std::atomic<uint64_t> sent{0};
+    auto push_stripe = [&](const EcStripeLayout& s, uint32_t d) {
       uint64_t stripe_bytes = 0;
       uint64_t mask = 0;
-      for (uint32_t d = 0; d < k && d < s.data_node_ids.size(); ++d) {
-        const uint64_t l = seg_len(s.data_node_ids[d], s.data_segment_indices[d]);
+      for (uint32_t e = 0; e < k && e < s.data_node_ids.size(); ++e) {
+        const uint64_t l = seg_len(s.data_node_ids[e], s.data_segment_indices[e]);
         stripe_bytes = std::max(stripe_bytes, l);
-        if (l > 0) mask |= uint64_t{1} << d;
+        if (l > 0) mask |= uint64_t{1} << e;
       }
+      const uint32_t idx = s.data_segment_indices[d];
+      const uint64_t len = seg_len(options_.node_id, idx);
+      const SegmentId sid{t.job_id, t.step, g.group_index, s.stripe_index, d};
+      const uint64_t seg_bytes = (blob + k - 1) / k;
+      ConstPieces seg = transport::SlicePieces(pieces, static_cast<uint64_t>(idx) * seg_bytes, len);
+      const uint32_t crc = PiecesCrc(seg);
+      std::vector<PeerEndpoint> targets;
+      std::vector<uint32_t> positions;
+      for (uint32_t p = 0; p < s.parity_node_ids.size(); ++p) {
+        auto e = members.find(s.parity_node_ids[p]);
+        if (e == members.end()) {
+          absl::MutexLock lock(&fail_mu);
+          failures.push_back(absl::StrCat("parity node \"", s.parity_node_ids[p], "\" has no endpoint"));
+          continue;
+        }
+        targets.push_back(e->second);
+        positions.push_back(k + p);
+      }
+      PutBegin b;
+      b.kind = PutKind::kEcData;
+      b.task_id = t.id;
+      b.job_id = t.job_id;
+      b.step = t.step;
+      b.total_bytes = len;
+      b.crc32c = crc;
+      b.group = g.group_index;
+      b.stripe = s.stripe_index;
+      b.data_position = d;
+      b.data_k = k;
+      b.parity_m = m;
+      b.stripe_bytes = stripe_bytes;
+      b.expect_mask = mask;
+      const std::vector<absl::Status> r =
+          Push(targets, b, "", seg, [&](size_t i, PutBegin& pb) { pb.parity_position = positions[i]; });
+      for (size_t i = 0; i < r.size(); ++i) {
+        if (r[i].ok()) {
+          sent += len;
+          continue;
+        }
+        absl::MutexLock lock(&fail_mu);
+        failures.push_back(
+            absl::StrCat("stripe ", s.stripe_index, " to node \"", targets[i].node_id, "\": ", r[i].message()));
+      }
+      absl::MutexLock lock(&mu_);
+      owned_segments_[sid] = OwnedSegment{len, crc, k, idx};
+      QueueSegmentReportLocked(sid, kSegmentData, kCopyValid, len, crc, t.id, "");
+    };
+    std::vector<std::thread> pushers;
+    for (const EcStripeLayout& s : g.stripes) {
+      if (!st.ok()) break;
       for (uint32_t d = 0; d < k && d < s.data_node_ids.size(); ++d) {
         if (s.data_node_ids[d] != options_.node_id) continue;
-        const uint32_t idx = s.data_segment_indices[d];
-        const uint64_t len = seg_len(options_.node_id, idx);
-        const SegmentId sid{t.job_id, t.step, g.group_index, s.stripe_index, d};
-        if (len == 0) continue;
-        const uint64_t seg_bytes = (blob + k - 1) / k;
-        ConstPieces seg = transport::SlicePieces(pieces, static_cast<uint64_t>(idx) * seg_bytes, len);
-        const uint32_t crc = PiecesCrc(seg);
-        std::vector<PeerEndpoint> targets;
-        std::vector<uint32_t> positions;
-        for (uint32_t p = 0; p < s.parity_node_ids.size(); ++p) {
-          auto e = members.find(s.parity_node_ids[p]);
-          if (e == members.end()) {
-            failures.push_back(absl::StrCat("parity node \"", s.parity_node_ids[p], "\" has no endpoint"));
-            continue;
-          }
-          targets.push_back(e->second);
-          positions.push_back(k + p);
-        }
-        for (size_t i = 0; i < targets.size(); ++i) {
-          PutBegin b;
-          b.kind = PutKind::kEcData;
-          b.task_id = t.id;
-          b.job_id = t.job_id;
-          b.step = t.step;
-          b.total_bytes = len;
-          b.crc32c = crc;
-          b.group = g.group_index;
-          b.stripe = s.stripe_index;
-          b.data_position = d;
-          b.parity_position = positions[i];
-          b.data_k = k;
-          b.parity_m = m;
-          b.stripe_bytes = stripe_bytes;
-          b.expect_mask = mask;
-          const std::vector<absl::Status> r = Push({targets[i]}, b, "", seg);
-          if (!r[0].ok()) {
-            failures.push_back(absl::StrCat("stripe ", s.stripe_index, " to node \"", targets[i].node_id,
-                                            "\": ", r[0].message()));
-          } else {
-            qt.bytes_done += len;
-          }
-        }
-        absl::MutexLock lock(&mu_);
-        owned_segments_[sid] = OwnedSegment{len, crc, k, idx};
-        QueueSegmentReportLocked(sid, kSegmentData, kCopyValid, len, crc, t.id, "");
+        if (seg_len(options_.node_id, s.data_segment_indices[d]) == 0) continue;  // meta knows it is empty
+        pushers.emplace_back(push_stripe, std::cref(s), d);
       }
     }
+    for (std::thread& th : pushers) th.join();
+    qt.bytes_done += sent.load();
     {
       absl::MutexLock lock(&mu_);
       UnpinAllLocked(pinned);
@@ -1429,6 +1463,7 @@ absl::Status Agent::RunRebuild(QueuedTask& qt) {
         s = StoreSegmentLocked(std::move(rec), t.id);
         if (s.ok()) {
           qt.bytes_done += r.length_bytes;
+          m_segments_rebuilt_->Increment();
           log::Info("rebuilt segment {} ({} bytes)", SegmentIdString(r.target), r.length_bytes);
         }
       }

@@ -119,7 +119,10 @@ std::unique_ptr<Cluster> StartCluster(int n, uint64_t memory) {
   absl::StatusOr<testing::TempDir> tmp = testing::TempDir::Create();
   Die(tmp.status(), "temp dir");
   c->tmp = std::make_unique<testing::TempDir>(*std::move(tmp));
-  absl::StatusOr<std::unique_ptr<MetaProcess>> meta = MetaProcess::Start(*c->tmp->Sub("meta"), c->tmp->path(), 2000);
+  const char* keep = std::getenv("CKPT_BENCH_KEEP");
+  if (keep != nullptr) std::filesystem::create_directories(keep);
+  absl::StatusOr<std::unique_ptr<MetaProcess>> meta =
+      MetaProcess::Start(*c->tmp->Sub("meta"), keep != nullptr ? keep : c->tmp->path(), 5000);
   Die(meta.status(), "start ckpt-meta");
   c->meta = *std::move(meta);
   for (int i = 0; i < n; ++i) {
@@ -127,7 +130,7 @@ std::unique_ptr<Cluster> StartCluster(int n, uint64_t memory) {
     o.node_id = absl::StrCat("n", i);
     o.meta_address = c->meta->address();
     o.dir = *c->tmp->Sub(o.node_id);
-    if (const char* keep = std::getenv("CKPT_BENCH_KEEP"); keep != nullptr) {
+    if (keep != nullptr) {
       o.dir = absl::StrCat(keep, "/", o.node_id);  // logs kept for a look at the timeline
       std::filesystem::create_directories(o.dir);
     }

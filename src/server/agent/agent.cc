@@ -1453,8 +1453,11 @@ void Agent::Heartbeat() {
 
 void Agent::ControlOnce() {
   bool registered, inventory_due, heartbeat_due, register_due, have_reports;
+  const absl::Time round_start = clock_->MonotonicNow();
+  absl::Time locked_at;
   {
     absl::MutexLock lock(&mu_);
+    locked_at = clock_->MonotonicNow();
     const absl::Time now = clock_->MonotonicNow();
     ExpireLocked(now);
     registered = registered_;
@@ -1473,9 +1476,19 @@ void Agent::ControlOnce() {
   if (!registered) return;
   // STAGED reports before the inventory: meta must know a shard before it
   // judges the holding.
+  const absl::Time reports_start = clock_->MonotonicNow();
   if (have_reports || inventory_due) SendReports();
+  const absl::Time reports_done = clock_->MonotonicNow();
   if (inventory_due) SendInventory();
   if (heartbeat_due) Heartbeat();
+  // A slow round delays the heartbeat and risks the lease: say why.
+  const absl::Duration took = clock_->MonotonicNow() - round_start;
+  if (took > absl::Milliseconds(500)) {
+    log::Warn("control round took {} ms (lock wait {} ms, reports {} ms, rest {} ms)",
+              absl::ToInt64Milliseconds(took), absl::ToInt64Milliseconds(locked_at - round_start),
+              absl::ToInt64Milliseconds(reports_done - reports_start),
+              absl::ToInt64Milliseconds(clock_->MonotonicNow() - reports_done));
+  }
 }
 
 void Agent::UpdateGauges() ABSL_NO_THREAD_SAFETY_ANALYSIS {

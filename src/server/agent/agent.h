@@ -347,6 +347,7 @@ class Agent {
     std::map<uint32_t, uint64_t> folded;  // data position -> bytes folded
     std::set<uint32_t> receiving;         // data positions being pushed
     std::set<uint32_t> complete;          // data positions wholly folded
+    bool needs_zeroing = false;           // set at creation, cleared once zeroed
     bool finished = false;
     absl::Status error;
   };
@@ -422,6 +423,9 @@ class Agent {
   // (exactly req.length bytes), checking every chunk's crc. Returns the crc
   // of the bytes read.
   absl::StatusOr<uint32_t> ReadFromPeer(const PeerEndpoint& ep, ReadReq req, transport::MutablePieces dest);
+  // ReadFromPeer in two halves, so several reads can be in flight.
+  absl::StatusOr<uint64_t> StartRead(const PeerEndpoint& ep, ReadReq req, transport::MutablePieces dest);
+  absl::StatusOr<uint32_t> FinishRead(uint64_t id, const std::string& node_id);
   // Pieces of a version's blob on this node (its primaries in rank order),
   // pinning them; the caller unpins with UnpinBlobLocked.
   absl::StatusOr<transport::ConstPieces> BlobPiecesLocked(const std::string& job, uint64_t step,
@@ -443,12 +447,14 @@ class Agent {
   absl::Status RunReplicate(QueuedTask& qt, bool* finished);
   absl::Status RunEcEncode(QueuedTask& qt, bool* finished);
   absl::Status RunRebuild(QueuedTask& qt);
-  // Reads one whole segment (length bytes) into `out`, checking its crc.
-  absl::Status ReadSegment(const SegmentLocation& loc, uint32_t data_k, uint32_t blob_segment_index,
-                           std::span<std::byte> out);
-  // Rebuilds fragment `position` (want bytes) of a stripe from its sources.
-  absl::Status DecodeFragment(const std::vector<SegmentLocation>& sources, uint32_t data_k, uint32_t parity_m,
-                              uint64_t stripe_bytes, uint32_t position, std::span<std::byte> out);
+  static ReadReq SegmentReadReq(const SegmentLocation& loc, uint32_t data_k, uint32_t blob_segment_index,
+                                uint64_t offset, uint64_t length);
+  // Rebuilds bytes [offset, offset + size of out) of fragment `position` of
+  // a stripe into `out`, reading only that range of k readable sources (in
+  // parallel). DataLoss, listing why, when fewer than k can be read.
+  absl::Status DecodeRange(const std::vector<SegmentLocation>& sources, uint32_t data_k, uint32_t parity_m,
+                           uint64_t stripe_bytes, uint32_t position, uint64_t offset,
+                           const transport::MutablePieces& out);
   void QueueSegmentReportLocked(const SegmentId& id, int kind, int state, uint64_t length, uint32_t crc,
                                 const std::string& task_id, const std::string& detail)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -532,6 +538,7 @@ class Agent {
   std::unique_ptr<transport::Handler> peer_handler_;
   bool data_plane_started_ = false;
   std::map<std::string, transport::PeerId> peer_by_address_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, std::pair<absl::Time, absl::Status>> failed_connects_ ABSL_GUARDED_BY(mu_);
   std::map<uint64_t, OutPut> out_puts_ ABSL_GUARDED_BY(mu_);  // by xfer id
   std::map<std::pair<transport::PeerId, uint64_t>, InPut> in_puts_ ABSL_GUARDED_BY(mu_);
   std::map<SegmentId, ParityBuild> parity_builds_ ABSL_GUARDED_BY(mu_);

@@ -133,13 +133,23 @@ absl::StatusOr<PeerId> Agent::PeerFor(const PeerEndpoint& ep) {
     absl::MutexLock lock(&mu_);
     auto it = peer_by_address_.find(ep.data_address);
     if (it != peer_by_address_.end()) return it->second;
+    // A node that just refused us is not asked again for a moment (a decode
+    // would otherwise try a dead holder once per stripe).
+    auto f = failed_connects_.find(ep.data_address);
+    if (f != failed_connects_.end() && clock_->MonotonicNow() - f->second.first < absl::Seconds(2)) {
+      return f->second.second;
+    }
   }
   absl::StatusOr<PeerId> p = options_.transport->Connect(ep.data_address, options_.peer_timeout_ms);
   if (!p.ok()) {
-    return absl::UnavailableError(absl::StrCat("cannot reach node \"", ep.node_id, "\" at ", ep.data_address,
-                                               ": ", p.status().message()));
+    const absl::Status why = absl::UnavailableError(absl::StrCat(
+        "cannot reach node \"", ep.node_id, "\" at ", ep.data_address, ": ", p.status().message()));
+    absl::MutexLock lock(&mu_);
+    failed_connects_[ep.data_address] = {clock_->MonotonicNow(), why};
+    return why;
   }
   absl::MutexLock lock(&mu_);
+  failed_connects_.erase(ep.data_address);
   auto [it, added] = peer_by_address_.emplace(ep.data_address, *p);
   if (!added) {
     // Another thread connected meanwhile; keep one connection.
@@ -424,6 +434,21 @@ void Agent::HandlePutBegin(const Inbound& msg, const absl::Status& status) {
     if (ack.ok() && b->total_bytes == 0) in.finishing = true;
   }
   if (!ack.ok()) return refuse(ack);
+  if (b->kind == PutKind::kEcData) {
+    // A new parity starts as zeros; zeroing (possibly cold) memory takes a
+    // while, so not under the lock. No chunk of this stripe is folded before
+    // this returns: they arrive on this same thread.
+    std::vector<Extent> zero;
+    {
+      absl::MutexLock lock(&mu_);
+      auto pit = parity_builds_.find(SegmentId{b->job_id, b->step, b->group, b->stripe, b->parity_position});
+      if (pit != parity_builds_.end() && pit->second.needs_zeroing) {
+        zero = pit->second.rec.extents;
+        pit->second.needs_zeroing = false;
+      }
+    }
+    arena_->ForEachPiece(zero, b->stripe_bytes, [](std::byte* p, uint64_t n) { std::memset(p, 0, n); });
+  }
   SendMessage(msg.from, kPutAck, EncodeResult(Result{b->xfer, absl::OkStatus()}));
   if (b->total_bytes == 0) {
     const PeerId from = msg.from;
@@ -435,78 +460,89 @@ void Agent::HandlePutBegin(const Inbound& msg, const absl::Status& status) {
 void Agent::HandlePutChunk(const Inbound& msg, const absl::Status& status) {
   absl::StatusOr<Chunk> c = DecodeChunk(msg.header);
   if (!c.ok()) return;
-  bool complete = false;
-  absl::Status fail;
+  // Look up under the lock, then check and fold without it (the heartbeat
+  // and the trainers' calls must never wait behind a fold). Only this
+  // transport thread touches a push's bytes and a parity being folded until
+  // the push completes, so the extents stay put meanwhile.
+  std::vector<std::byte> scratch;
+  PutBegin begin;
+  MutablePieces target;  // replica: where the chunk landed; EC: the parity range
+  uint32_t data_k = 0, parity_m = 0;
+  absl::Status fail = status;
   {
     absl::MutexLock lock(&mu_);
-    std::vector<std::byte> scratch;
-    if (auto s = scratch_used_.find({msg.from, {c->id, c->offset}}); s != scratch_used_.end()) {
-      scratch = std::move(s->second);
-      scratch_used_.erase(s);
+    if (auto sc = scratch_used_.find({msg.from, {c->id, c->offset}}); sc != scratch_used_.end()) {
+      scratch = std::move(sc->second);
+      scratch_used_.erase(sc);
+    }
+    auto it = in_puts_.find({msg.from, c->id});
+    if (it == in_puts_.end()) return;
+    begin = it->second.begin;
+    if (begin.kind == PutKind::kReplica) {
+      target = MutablePiecesOf(it->second.extents, c->offset, msg.payload_bytes);
+    } else if (fail.ok()) {
+      auto pit = parity_builds_.find(
+          SegmentId{begin.job_id, begin.step, begin.group, begin.stripe, begin.parity_position});
+      if (pit == parity_builds_.end() || pit->second.finished || !pit->second.error.ok()) {
+        fail = absl::FailedPreconditionError("no parity is being built for this stripe");
+      } else {
+        target = MutablePiecesOf(pit->second.rec.extents, c->offset, scratch.size());
+        data_k = pit->second.data_k;
+        parity_m = pit->second.parity_m;
+      }
+    }
+  }
+  uint32_t crc = 0;
+  if (fail.ok()) {
+    if (begin.kind == PutKind::kReplica) {
+      for (const auto& p : target) crc = Crc32cExtend(crc, p.data(), p.size());
+    } else {
+      crc = Crc32c(scratch.data(), scratch.size());
+    }
+    if (crc != c->crc32c) {
+      fail = absl::DataLossError(absl::StrFormat("chunk at offset %d arrived with crc32c 0x%08x, sent 0x%08x",
+                                                 c->offset, crc, c->crc32c));
+    }
+  }
+  if (fail.ok() && begin.kind == PutKind::kEcData) {
+    absl::StatusOr<const ec::Codec*> codec = CodecFor(data_k, parity_m);
+    if (!codec.ok()) fail = codec.status();
+    uint64_t done = 0;
+    for (const auto& piece : target) {
+      if (!fail.ok()) break;
+      fail = (*codec)->EncodeUpdateRow(
+          static_cast<int>(begin.data_position), static_cast<int>(begin.parity_position - data_k),
+          ec::ConstBuffer(reinterpret_cast<const uint8_t*>(scratch.data()) + done, piece.size()),
+          ec::MutableBuffer(reinterpret_cast<uint8_t*>(piece.data()), piece.size()));
+      done += piece.size();
+    }
+  }
+  bool complete = false;
+  {
+    absl::MutexLock lock(&mu_);
+    if (!scratch.empty() || scratch.capacity() > 0) {
+      scratch.clear();
+      if (scratch_free_.size() < 8) scratch_free_.push_back(std::move(scratch));
     }
     auto it = in_puts_.find({msg.from, c->id});
     if (it == in_puts_.end()) return;
     InPut& in = it->second;
-    if (!status.ok()) {
-      fail = status;
-    } else if (in.begin.kind == PutKind::kReplica) {
-      uint32_t crc = 0;
-      for (const auto& p : MutablePiecesOf(in.extents, c->offset, msg.payload_bytes)) {
-        crc = Crc32cExtend(crc, p.data(), p.size());
-      }
-      if (crc != c->crc32c) {
-        fail = absl::DataLossError(absl::StrFormat("chunk at offset %d arrived with crc32c 0x%08x, sent 0x%08x",
-                                                   c->offset, crc, c->crc32c));
-      } else {
-        in.chunks[c->offset] = {crc, msg.payload_bytes};
-        in.received += msg.payload_bytes;
-        m_peer_received_bytes_->Increment(static_cast<double>(msg.payload_bytes));
+    auto pit = begin.kind == PutKind::kEcData
+                   ? parity_builds_.find(SegmentId{begin.job_id, begin.step, begin.group, begin.stripe,
+                                                   begin.parity_position})
+                   : parity_builds_.end();
+    if (fail.ok()) {
+      in.chunks[c->offset] = {crc, msg.payload_bytes};
+      in.received += msg.payload_bytes;
+      if (pit != parity_builds_.end()) pit->second.folded[begin.data_position] += msg.payload_bytes;
+      m_peer_received_bytes_->Increment(static_cast<double>(msg.payload_bytes));
+      if (in.received == in.begin.total_bytes && !in.finishing) {
+        in.finishing = true;
+        complete = true;
       }
     } else {
-      const uint32_t crc = Crc32c(scratch.data(), scratch.size());
-      const SegmentId sid{in.begin.job_id, in.begin.step, in.begin.group, in.begin.stripe, in.begin.parity_position};
-      auto pit = parity_builds_.find(sid);
-      if (crc != c->crc32c) {
-        fail = absl::DataLossError(absl::StrFormat("EC chunk at offset %d arrived with crc32c 0x%08x, sent 0x%08x",
-                                                   c->offset, crc, c->crc32c));
-      } else if (pit == parity_builds_.end() || pit->second.finished) {
-        fail = absl::FailedPreconditionError("no parity is being built for this stripe");
-      } else {
-        ParityBuild& pb = pit->second;
-        absl::StatusOr<const ec::Codec*> codec = CodecFor(pb.data_k, pb.parity_m);
-        uint64_t done = 0;
-        for (const auto& piece : MutablePiecesOf(pb.rec.extents, c->offset, scratch.size())) {
-          if (!codec.ok()) break;
-          absl::Status f = (*codec)->EncodeUpdateRow(
-              static_cast<int>(in.begin.data_position), static_cast<int>(in.begin.parity_position - pb.data_k),
-              ec::ConstBuffer(reinterpret_cast<const uint8_t*>(scratch.data()) + done, piece.size()),
-              ec::MutableBuffer(reinterpret_cast<uint8_t*>(piece.data()), piece.size()));
-          if (!f.ok()) fail = f;
-          done += piece.size();
-        }
-        if (!codec.ok()) fail = codec.status();
-        if (fail.ok()) {
-          in.chunks[c->offset] = {crc, msg.payload_bytes};
-          in.received += msg.payload_bytes;
-          pb.folded[in.begin.data_position] += msg.payload_bytes;
-          m_peer_received_bytes_->Increment(static_cast<double>(msg.payload_bytes));
-        } else {
-          pb.error = fail;  // parity is now unusable: the task fails and meta re-plans
-        }
-      }
-      scratch.clear();
-      if (scratch_free_.size() < 8) scratch_free_.push_back(std::move(scratch));
-    }
-    if (fail.ok() && in.received == in.begin.total_bytes && !in.finishing) {
-      in.finishing = true;
-      complete = true;
-    }
-    if (!fail.ok()) {
-      if (in.begin.kind == PutKind::kEcData) {
-        const PutBegin& b = in.begin;
-        auto pb = parity_builds_.find(SegmentId{b.job_id, b.step, b.group, b.stripe, b.parity_position});
-        if (pb != parity_builds_.end() && !pb->second.finished) pb->second.error = fail;
-      }
+      // A partial fold spoils the parity: the task fails and meta re-plans.
+      if (pit != parity_builds_.end() && !pit->second.finished) pit->second.error = fail;
       arena_->Free(in.extents);
       in_puts_.erase(it);
     }
@@ -623,7 +659,7 @@ Agent::ParityBuild* Agent::ParityBuildLocked(const PutBegin& b) {
   pb.data_k = b.data_k;
   pb.parity_m = b.parity_m;
   pb.expect_mask = b.expect_mask;
-  arena_->ForEachPiece(pb.rec.extents, b.stripe_bytes, [](std::byte* p, uint64_t n) { std::memset(p, 0, n); });
+  pb.needs_zeroing = true;  // done by the caller outside the lock
   return &parity_builds_.emplace(sid, std::move(pb)).first->second;
 }
 
@@ -935,7 +971,7 @@ std::vector<absl::Status> Agent::Push(const std::vector<PeerEndpoint>& targets, 
   return out;
 }
 
-absl::StatusOr<uint32_t> Agent::ReadFromPeer(const PeerEndpoint& ep, ReadReq req, MutablePieces dest) {
+absl::StatusOr<uint64_t> Agent::StartRead(const PeerEndpoint& ep, ReadReq req, MutablePieces dest) {
   CKPT_ASSIGN_OR_RETURN(PeerId peer, PeerFor(ep));
   req.target_incarnation = ep.incarnation;
   {
@@ -948,8 +984,11 @@ absl::StatusOr<uint32_t> Agent::ReadFromPeer(const PeerEndpoint& ep, ReadReq req
     reads_[req.id] = std::move(r);
   }
   SendMessage(peer, kReadReq, EncodeReadReq(req));
+  return req.id;
+}
+
+absl::StatusOr<uint32_t> Agent::FinishRead(uint64_t id, const std::string& node_id) {
   absl::MutexLock lock(&mu_);
-  const uint64_t id = req.id;
   auto complete = [this, id]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     const PendingRead& r = reads_[id];
     return r.ended && (!r.status.ok() || r.received == r.expected);
@@ -960,18 +999,23 @@ absl::StatusOr<uint32_t> Agent::ReadFromPeer(const PeerEndpoint& ep, ReadReq req
   PendingRead r = std::move(reads_[id]);
   reads_.erase(id);
   if (!ok) {
-    return absl::DeadlineExceededError(absl::StrCat("node \"", ep.node_id, "\" did not answer a read within ",
+    return absl::DeadlineExceededError(absl::StrCat("node \"", node_id, "\" did not answer a read within ",
                                                     options_.peer_timeout_ms, " ms"));
   }
   if (!r.status.ok()) {
-    return absl::Status(r.status.code(), absl::StrCat("reading from node \"", ep.node_id, "\": ", r.status.message()));
+    return absl::Status(r.status.code(), absl::StrCat("reading from node \"", node_id, "\": ", r.status.message()));
   }
   CKPT_ASSIGN_OR_RETURN(uint32_t crc, CombineChunks(r.chunks, r.expected));
   if (crc != r.end_crc) {
     return absl::DataLossError(absl::StrFormat("node \"%s\" sent bytes with crc32c 0x%08x, it announced 0x%08x",
-                                               ep.node_id, crc, r.end_crc));
+                                               node_id, crc, r.end_crc));
   }
   return crc;
+}
+
+absl::StatusOr<uint32_t> Agent::ReadFromPeer(const PeerEndpoint& ep, ReadReq req, MutablePieces dest) {
+  CKPT_ASSIGN_OR_RETURN(uint64_t id, StartRead(ep, std::move(req), std::move(dest)));
+  return FinishRead(id, ep.node_id);
 }
 
 // ---------------------------------------------------------------------------
@@ -1050,8 +1094,8 @@ absl::StatusOr<OpenResult> Agent::RestoreFromPeer(const ShardRecord& expected, c
   return OpenShard(id, true, client_pid, ttl_ms);
 }
 
-absl::Status Agent::ReadSegment(const SegmentLocation& loc, uint32_t data_k, uint32_t blob_segment_index,
-                                std::span<std::byte> out) {
+ReadReq Agent::SegmentReadReq(const SegmentLocation& loc, uint32_t data_k, uint32_t blob_segment_index,
+                              uint64_t offset, uint64_t length) {
   ReadReq req;
   req.what = ReadWhat::kSegment;
   req.job_id = loc.key.job_id;
@@ -1061,61 +1105,107 @@ absl::Status Agent::ReadSegment(const SegmentLocation& loc, uint32_t data_k, uin
   req.position = loc.key.position;
   req.data_k = data_k;
   req.blob_segment_index = blob_segment_index;
-  req.length = loc.length_bytes;
-  CKPT_ASSIGN_OR_RETURN(uint32_t crc, ReadFromPeer(loc.holder, req, MutablePieces{out.first(loc.length_bytes)}));
-  if (loc.crc32c != 0 && crc != loc.crc32c) {
-    return absl::DataLossError(absl::StrFormat("segment %s on node \"%s\": crc32c 0x%08x != 0x%08x",
-                                               SegmentIdString(loc.key), loc.holder.node_id, crc, loc.crc32c));
-  }
-  return absl::OkStatus();
+  req.offset = offset;
+  req.length = length;
+  return req;
 }
 
-absl::Status Agent::DecodeFragment(const std::vector<SegmentLocation>& sources, uint32_t data_k,
-                                   uint32_t parity_m, uint64_t stripe_bytes, uint32_t position,
-                                   std::span<std::byte> out) {
+absl::Status Agent::DecodeRange(const std::vector<SegmentLocation>& sources, uint32_t data_k, uint32_t parity_m,
+                                uint64_t stripe_bytes, uint32_t position, uint64_t offset, const MutablePieces& out) {
   CKPT_ASSIGN_OR_RETURN(const ec::Codec* codec, CodecFor(data_k, parity_m));
+  const uint64_t len = transport::TotalBytes(out);
+  if (len == 0) return absl::OkStatus();
   const uint32_t n = data_k + parity_m;
-  std::vector<std::vector<std::byte>> bufs(n);
-  std::vector<ec::Fragment> frags(n);
+  if (position >= n || offset + len > stripe_bytes) {
+    return absl::InvalidArgumentError("decode range outside the stripe");
+  }
+  // Bytes [x, y) of the missing fragment depend only on bytes [x, y) of k
+  // others. The range is decoded slice by slice: each slice's bytes are read
+  // from k survivors at once into small buffers that are reused (and so stay
+  // hot), decoded, and written out; nothing the size of a stripe is buffered.
+  const uint64_t slice = std::min<uint64_t>(len, std::max<uint64_t>(options_.bulk.chunk_bytes / 2, 1 << 20));
+  std::vector<std::vector<uint8_t>> bufs(n + 1, std::vector<uint8_t>(slice));
+  std::vector<bool> usable(sources.size(), true);  // false once a source failed
   std::vector<std::string> errors;
-  uint32_t have = 0;
-  for (const SegmentLocation& loc : sources) {
-    if (have == data_k) break;
-    const uint32_t p = loc.key.position;
-    if (p >= n || p == position || frags[p].present) continue;
-    if (loc.length_bytes > stripe_bytes) continue;
-    bufs[p].assign(std::max<uint64_t>(stripe_bytes, 1), std::byte{0});
-    // An empty data segment needs no read (it is all padding). Others are
-    // asked for by key: the holder serves a parity or rebuilt holding, or
-    // cuts a data segment from its own blob.
-    absl::Status s = loc.length_bytes == 0 ? absl::OkStatus()
-                                           : ReadSegment(loc, 0, 0, std::span<std::byte>(bufs[p]));
-    if (!s.ok()) {
-      errors.push_back(std::string(s.message()));
-      continue;
+  std::vector<int> chosen;  // source indexes in use, by position order of choice
+  std::vector<ec::Fragment> frags(n);
+  for (uint64_t off = 0; off < len; off += slice) {
+    const uint64_t cnt = std::min(slice, len - off);
+    std::vector<bool> present(n, false);
+    std::vector<uint64_t> real(n, 0);
+    size_t next = 0;
+    uint32_t have = 0;
+    std::vector<int> keep;
+    // Start with the sources that worked for the previous slice.
+    std::vector<int> order = chosen;
+    for (size_t i = 0; i < sources.size(); ++i) {
+      if (std::find(chosen.begin(), chosen.end(), static_cast<int>(i)) == chosen.end()) {
+        order.push_back(static_cast<int>(i));
+      }
     }
-    frags[p].data = reinterpret_cast<uint8_t*>(bufs[p].data());
-    frags[p].size = p < data_k ? loc.length_bytes : stripe_bytes;
-    frags[p].present = true;
-    ++have;
-  }
-  if (have < data_k) {
-    return absl::DataLossError(absl::StrCat("only ", have, " of the ", data_k, " segments needed could be read: ",
-                                            absl::StrJoin(errors, "; ")));
-  }
-  std::vector<std::byte> target(stripe_bytes);
-  frags[position].data = reinterpret_cast<uint8_t*>(target.data());
-  frags[position].size = out.size();
-  frags[position].present = false;
-  for (uint32_t p = 0; p < n; ++p) {
-    if (!frags[p].present && p != position) {
-      bufs[p].assign(1, std::byte{0});
-      frags[p].data = reinterpret_cast<uint8_t*>(bufs[p].data());
-      frags[p].size = 0;  // missing, nothing wanted
+    while (have < data_k && next < order.size()) {
+      std::vector<std::pair<int, uint64_t>> started;  // (source index, read id or 0)
+      while (have + started.size() < data_k && next < order.size()) {
+        const int si = order[next++];
+        const SegmentLocation& loc = sources[si];
+        const uint32_t p = loc.key.position;
+        if (!usable[si] || p >= n || p == position || present[p]) continue;
+        bool dup = false;
+        for (const auto& [other, id] : started) dup |= sources[other].key.position == p;
+        if (dup) continue;
+        const uint64_t at = offset + off;
+        real[p] = loc.length_bytes > at ? std::min(cnt, loc.length_bytes - at) : 0;
+        uint64_t id = 0;
+        if (real[p] > 0) {
+          absl::StatusOr<uint64_t> r =
+              StartRead(loc.holder, SegmentReadReq(loc, 0, 0, at, real[p]),
+                        MutablePieces{std::span<std::byte>(reinterpret_cast<std::byte*>(bufs[p].data()), real[p])});
+          if (!r.ok()) {
+            usable[si] = false;
+            errors.push_back(std::string(r.status().message()));
+            continue;
+          }
+          id = *r;
+        }
+        started.emplace_back(si, id);
+      }
+      for (const auto& [si, id] : started) {
+        const uint32_t p = sources[si].key.position;
+        if (id != 0) {
+          absl::StatusOr<uint32_t> crc = FinishRead(id, sources[si].holder.node_id);
+          if (!crc.ok()) {
+            usable[si] = false;
+            errors.push_back(std::string(crc.status().message()));
+            continue;
+          }
+        }
+        std::memset(bufs[p].data() + real[p], 0, cnt - real[p]);  // zero padding of a short fragment
+        present[p] = true;
+        keep.push_back(si);
+        ++have;
+      }
+    }
+    if (have < data_k) {
+      return absl::DataLossError(absl::StrCat("only ", have, " of the ", data_k, " segments needed could be read",
+                                              errors.empty() ? "" : ": ", absl::StrJoin(errors, "; ")));
+    }
+    chosen = keep;
+    for (uint32_t p = 0; p < n; ++p) {
+      if (present[p]) {
+        frags[p] = ec::Fragment{bufs[p].data(), cnt, true};
+      } else if (p == position) {
+        frags[p] = ec::Fragment{bufs[n].data(), cnt, false};
+      } else {
+        frags[p] = ec::Fragment{bufs[n].data(), 0, false};  // missing, nothing wanted
+      }
+    }
+    CKPT_RETURN_IF_ERROR(codec->Decode(frags, cnt));
+    uint64_t done = 0;
+    for (const auto& piece : transport::SlicePieces(out, off, cnt)) {
+      std::memcpy(piece.data(), bufs[n].data() + done, piece.size());
+      done += piece.size();
     }
   }
-  CKPT_RETURN_IF_ERROR(codec->Decode(frags, stripe_bytes));
-  std::memcpy(out.data(), target.data(), out.size());
   return absl::OkStatus();
 }
 
@@ -1134,47 +1224,39 @@ absl::StatusOr<OpenResult> Agent::RestoreByDecode(const ShardRecord& expected, c
     if (!e.ok()) return absl::ResourceExhaustedError(BudgetMessageLocked(expected.size_bytes));
     extents = *std::move(e);
   }
-  absl::Status st;
   const uint64_t shard_start = src.blob_offset_bytes;
   const uint64_t shard_end = shard_start + expected.size_bytes;
-  std::vector<std::byte> seg;
-  for (const EcStripeSource& s : src.stripes) {
-    if (!st.ok()) break;
+  // Each stripe holding part of the shard is rebuilt straight into the
+  // shard's extents: read from the surviving data segment, else decoded.
+  // Stripes run concurrently.
+  std::vector<absl::Status> results(src.stripes.size());
+  auto one = [&](size_t i) {
+    const EcStripeSource& s = src.stripes[i];
     const uint64_t seg_start = static_cast<uint64_t>(s.blob_segment_index) * src.segment_bytes;
-    const uint64_t seg_end = seg_start + src.segment_bytes;
     const uint64_t a = std::max(seg_start, shard_start);
-    const uint64_t b = std::min(seg_end, shard_end);
-    if (a >= b) continue;
-    // Its length: the data segment's own location says it, or the stripe.
-    uint64_t seg_len = 0;
-    const SegmentLocation* direct = nullptr;
+    const uint64_t b = std::min(seg_start + src.segment_bytes, shard_end);
+    if (a >= b) return;
+    const MutablePieces dest = MutablePiecesOf(extents, a - shard_start, b - a);
     for (const SegmentLocation& l : s.segments) {
-      if (l.kind == kSegmentData && l.key.position == s.position) {
-        direct = &l;
-        seg_len = l.length_bytes;
-      }
+      if (l.kind != kSegmentData || l.key.position != s.position) continue;
+      absl::StatusOr<uint32_t> got = ReadFromPeer(
+          l.holder, SegmentReadReq(l, src.data_k, s.blob_segment_index, a - seg_start, b - a), dest);
+      if (got.ok()) return;
+      log::Warn("restore {}: reading stripe {} directly failed ({}); decoding", ShardIdString(id), s.stripe_index,
+                got.status().ToString());
     }
-    if (seg_len == 0) seg_len = std::min<uint64_t>(src.segment_bytes, s.stripe_length_bytes);
-    seg.assign(std::max(seg_len, b - seg_start), std::byte{0});
-    absl::Status got = absl::NotFoundError("no surviving copy of the data segment");
-    if (direct != nullptr) {
-      got = ReadSegment(*direct, src.data_k, s.blob_segment_index, std::span<std::byte>(seg));
-      if (!got.ok()) log::Warn("restore {}: direct segment read failed ({}); decoding", ShardIdString(id), got.ToString());
-    }
-    if (!got.ok()) {
-      got = DecodeFragment(s.segments, src.data_k, src.parity_m, s.stripe_length_bytes, s.position,
-                           std::span<std::byte>(seg.data(), seg_len));
-    }
-    if (!got.ok()) {
-      st = absl::Status(got.code(), absl::StrCat("stripe ", s.stripe_index, ": ", got.message()));
-      break;
-    }
-    // Copy [a, b) of the blob into the shard at a - shard_start.
-    uint64_t done = 0;
-    for (const auto& piece : MutablePiecesOf(extents, a - shard_start, b - a)) {
-      std::memcpy(piece.data(), seg.data() + (a - seg_start) + done, piece.size());
-      done += piece.size();
-    }
+    absl::Status d =
+        DecodeRange(s.segments, src.data_k, src.parity_m, s.stripe_length_bytes, s.position, a - seg_start, dest);
+    if (!d.ok()) results[i] = absl::Status(d.code(), absl::StrCat("stripe ", s.stripe_index, ": ", d.message()));
+  };
+  {
+    std::vector<std::thread> workers;
+    for (size_t i = 0; i < src.stripes.size(); ++i) workers.emplace_back(one, i);
+    for (std::thread& w : workers) w.join();
+  }
+  absl::Status st;
+  for (const absl::Status& r : results) {
+    if (!r.ok() && st.ok()) st = r;
   }
   uint32_t crc = 0;
   if (st.ok()) {
@@ -1433,19 +1515,27 @@ absl::Status Agent::RunRebuild(QueuedTask& qt) {
       absl::MutexLock lock(&mu_);
       if (auto it = segments_.find(r.target); it != segments_.end() && !it->second.corrupt) continue;
     }
-    std::vector<std::byte> out(std::max<uint64_t>(r.length_bytes, 1));
-    absl::Status s = DecodeFragment(r.sources, t.data_k, t.parity_m, r.stripe_length_bytes, r.target.position,
-                                    std::span<std::byte>(out.data(), r.length_bytes));
-    const uint32_t crc = Crc32c(out.data(), r.length_bytes);
+    std::vector<Extent> extents;
+    {
+      absl::MutexLock lock(&mu_);
+      absl::StatusOr<std::vector<Extent>> e = arena_->Allocate(std::max<uint64_t>(r.length_bytes, 1));
+      if (!e.ok()) {
+        failures.push_back(absl::StrCat(SegmentIdString(r.target), ": ", BudgetMessageLocked(r.length_bytes)));
+        continue;
+      }
+      extents = *std::move(e);
+    }
+    absl::Status s = DecodeRange(r.sources, t.data_k, t.parity_m, r.stripe_length_bytes, r.target.position, 0,
+                                 MutablePiecesOf(extents, 0, r.length_bytes));
+    const uint32_t crc = s.ok() ? arena_->Checksum(extents, r.length_bytes) : 0;
     if (s.ok() && r.expected_crc32c != 0 && crc != r.expected_crc32c) {
       s = absl::DataLossError(absl::StrFormat("rebuilt %s has crc32c 0x%08x, expected 0x%08x",
                                               SegmentIdString(r.target), crc, r.expected_crc32c));
     }
-    if (s.ok()) {
+    {
       absl::MutexLock lock(&mu_);
-      absl::StatusOr<std::vector<Extent>> e = arena_->Allocate(std::max<uint64_t>(r.length_bytes, 1));
-      if (!e.ok()) {
-        s = absl::ResourceExhaustedError(BudgetMessageLocked(r.length_bytes));
+      if (!s.ok()) {
+        arena_->Free(extents);
       } else {
         ShardRecord rec;
         rec.id = ShardId{t.job_id, t.step, 0};
@@ -1453,13 +1543,8 @@ absl::Status Agent::RunRebuild(QueuedTask& qt) {
         rec.segment_kind = r.kind;
         rec.size_bytes = r.length_bytes;
         rec.crc32c = crc;
-        rec.extents = *std::move(e);
+        rec.extents = std::move(extents);
         rec.staged_unix_ms = clock_->NowUnixMillis();
-        uint64_t done = 0;
-        for (const auto& piece : MutablePiecesOf(rec.extents, 0, r.length_bytes)) {
-          std::memcpy(piece.data(), out.data() + done, piece.size());
-          done += piece.size();
-        }
         s = StoreSegmentLocked(std::move(rec), t.id);
         if (s.ok()) {
           qt.bytes_done += r.length_bytes;

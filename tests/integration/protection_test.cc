@@ -199,6 +199,29 @@ TEST_F(ProtectionTest, RingReplicasSurviveAKillThenReprotectAndSurviveAnother) {
   // Re-protection: rank 0 lost its copy on n1, rank 1 its primary; both get
   // new copies on survivors.
   ASSERT_TRUE(WaitState("ring", 10, v1::VERSION_STATE_PROTECTED)) << Logs();
+  // n1 comes back (new incarnation, its memory tier intact): its replica of
+  // rank 0 was re-protected elsewhere, so meta has it dropped; its primary of
+  // rank 1 matches and is adopted again (the rank's own node keeps it).
+  ASSERT_TRUE(agents_[1]->Restart().ok()) << Logs();
+  alive_[1] = true;
+  {
+    const absl::Time deadline = absl::Now() + kLong;
+    std::string held = "?";
+    while (absl::Now() < deadline) {
+      v1::GetInventoryRequest req;
+      req.set_job_id("ring");
+      v1::GetInventoryResponse inv;
+      grpc::ClientContext ctx;
+      if (agents_[1]->stub()->GetInventory(&ctx, req, &inv).ok()) {
+        held.clear();
+        for (const auto& e : inv.entries()) absl::StrAppend(&held, e.shard().rank(), ":", e.role(), " ");
+        if (held == "1:1 ") break;
+      }
+      absl::SleepFor(absl::Milliseconds(50));  // bounded poll of a real process
+    }
+    EXPECT_EQ(held, "1:1 ") << "rank:role of what the restarted node holds\n" << Logs();
+  }
+  ASSERT_EQ(State("ring", 10), v1::VERSION_STATE_PROTECTED);
   Kill(2);
   ASSERT_TRUE(WaitDead(2)) << Logs();
   LoadAll("ring", 10, 4, kBytes, [&](uint32_t r) { return alive_[r] ? static_cast<int>(r) : AliveAfter(r); });

@@ -219,8 +219,41 @@ int RestoreOnline(const DataOptions& o, const std::string& job, uint64_t step, s
     absl::StatusOr<std::vector<char>> bytes = absl::NotFoundError("no live source");
     std::string served, why;
     for (const v1::ShardSource& src : loc.sources()) {
+      if (src.kind() == v1::SOURCE_KIND_EC_DECODE) {
+        // An agent that holds segments of the stripes decodes the shard into
+        // its memory tier (a RESTORED copy); then it is read like a replica.
+        std::string node;
+        for (const auto& st : src.ec().stripes())
+          for (const auto& seg : st.segments())
+            if (node.empty()) node = seg.holder().node_id();
+        const std::string address = (*addresses)[node];
+        auto stub = v1::AgentService::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+        v1::OpenShardRequest oreq;
+        *oreq.mutable_key() = loc.shard().key();
+        *oreq.add_sources() = src;
+        *oreq.mutable_expected() = loc.shard();
+        v1::OpenShardResponse oresp;
+        auto ctx = Context(o);
+        absl::Status s = FromGrpc(stub->OpenShard(ctx.get(), oreq, &oresp), absl::StrCat("OpenShard on ", node));
+        if (!s.ok()) {
+          absl::StrAppend(&why, "; decode on ", node, ": ", s.message());
+          continue;
+        }
+        bytes = ReadFromAgent(o, address, loc.shard());
+        v1::CloseShardRequest creq;
+        creq.set_handle_id(oresp.handle_id());
+        v1::CloseShardResponse cresp;
+        auto cctx = Context(o);
+        (void)stub->CloseShard(cctx.get(), creq, &cresp);
+        if (bytes.ok()) {
+          served = absl::StrCat(node, " (ec decode)");
+          break;
+        }
+        absl::StrAppend(&why, "; decode on ", node, ": ", bytes.status().message());
+        continue;
+      }
       if (src.kind() != v1::SOURCE_KIND_LOCAL && src.kind() != v1::SOURCE_KIND_REPLICA) {
-        absl::StrAppend(&why, "; ", v1::SourceKind_Name(src.kind()), ": not readable by ckptctl yet");
+        absl::StrAppend(&why, "; ", v1::SourceKind_Name(src.kind()), ": not readable by ckptctl (use --from-dir)");
         continue;
       }
       std::string address = src.holder().grpc_address();

@@ -320,6 +320,10 @@ int VerifyVersion(const DataOptions& o, const std::string& job, uint64_t step) {
       if (c.state() == v1::COPY_STATE_VALID) holders.insert(c.node_id());
     }
   }
+  // Parity and rebuilt segments live on nodes that may hold no full copy.
+  for (const v1::SegmentInfo& seg : vresp.version().segments()) {
+    if (seg.state() == v1::COPY_STATE_VALID && seg.length_bytes() > 0) holders.insert(seg.holder_node_id());
+  }
   Json findings = Json::array();
   int problems = 0;
   uint64_t checked = 0;
@@ -339,9 +343,15 @@ int VerifyVersion(const DataOptions& o, const std::string& job, uint64_t step) {
     checked += resp.bytes_checked();
     for (const v1::VerifyFinding& f : resp.findings()) {
       problems += f.ok() ? 0 : 1;
-      findings.push_back(Json{{"node", node}, {"rank", f.holding().shard().rank()}, {"ok", f.ok()},
-                              {"expected_crc32c", Hex(f.expected_crc32c())}, {"actual_crc32c", Hex(f.actual_crc32c())},
-                              {"bad_item", f.bad_item()}, {"message", f.message()}});
+      Json finding{{"node", node}, {"ok", f.ok()}, {"expected_crc32c", Hex(f.expected_crc32c())},
+                   {"actual_crc32c", Hex(f.actual_crc32c())}, {"bad_item", f.bad_item()}, {"message", f.message()}};
+      if (f.holding().has_segment()) {
+        const v1::SegmentKey& k = f.holding().segment();
+        finding["segment"] = absl::StrCat("g", k.group_index(), ".s", k.stripe_index(), ".p", k.position());
+      } else {
+        finding["rank"] = f.holding().shard().rank();
+      }
+      findings.push_back(std::move(finding));
     }
   }
   if (o.json) {
@@ -353,6 +363,7 @@ int VerifyVersion(const DataOptions& o, const std::string& job, uint64_t step) {
     for (const Json& f : findings) {
       std::cout << (f["ok"].get<bool>() ? "ok   " : "BAD  ") << f["node"].get<std::string>();
       if (f.contains("rank")) std::cout << " rank " << f["rank"].get<uint32_t>();
+      if (f.contains("segment")) std::cout << " segment " << f["segment"].get<std::string>();
       if (!f["message"].get<std::string>().empty()) std::cout << ": " << f["message"].get<std::string>();
       std::cout << "\n";
     }

@@ -780,11 +780,50 @@ absl::StatusOr<std::vector<VerifyFinding>> Agent::Verify(const std::string& job_
       }
     }
   }
-  if (recs.empty()) {
+  std::vector<ShardRecord> segs;
+  {
+    absl::MutexLock lock(&mu_);
+    for (auto& [id, h] : segments_) {
+      if (id.job_id == job_id && id.step == step && !h.evict_pending) {
+        h.pins++;
+        segs.push_back(h.rec);
+      }
+    }
+  }
+  if (recs.empty() && segs.empty()) {
     return absl::NotFoundError(absl::StrCat("nothing of ", job_id, " step ", step, " is held here"));
   }
   std::vector<VerifyFinding> out;
   uint64_t checked = 0;
+  // EC segments (parity, rebuilt data): their bytes against their crc32c.
+  for (const ShardRecord& rec : segs) {
+    VerifyFinding f;
+    f.actual_crc32c = arena_->Checksum(rec.extents, rec.size_bytes);
+    checked += rec.size_bytes;
+    f.ok = f.actual_crc32c == rec.crc32c;
+    if (!f.ok) {
+      f.message = absl::StrFormat("segment crc32c 0x%08x != recorded 0x%08x", f.actual_crc32c, rec.crc32c);
+    }
+    absl::MutexLock lock(&mu_);
+    auto it = segments_.find(*rec.segment);
+    if (it == segments_.end()) continue;
+    if (!f.ok && !dry_run && !it->second.corrupt) {
+      it->second.corrupt = true;
+      m_corrupt_->Increment();
+      log::Error("quarantined corrupt segment {}: {}", SegmentIdString(*rec.segment), f.message);
+      QueueSegmentReportLocked(*rec.segment, rec.segment_kind, kCopyStateCorrupt, rec.size_bytes, f.actual_crc32c,
+                               "", f.message);
+    }
+    f.holding.id = rec.id;
+    f.holding.segment = rec.segment;
+    f.holding.segment_kind = rec.segment_kind;
+    f.holding.state = it->second.corrupt ? kCopyStateCorrupt : kCopyStateValid;
+    f.holding.size_bytes = rec.size_bytes;
+    f.holding.crc32c = rec.crc32c;
+    f.holding.stored_unix_ms = rec.staged_unix_ms;
+    if (--it->second.pins == 0 && it->second.evict_pending) FreeSegmentLocked(*rec.segment);
+    out.push_back(std::move(f));
+  }
   for (const ShardRecord& rec : recs) {
     VerifyFinding f;
     std::string bad;

@@ -113,6 +113,8 @@ struct OpenResult {
 
 struct HoldingInfo {
   ShardId id;
+  std::optional<SegmentId> segment;  // set for an EC segment holding
+  int segment_kind = 0;
   int role = 1;
   int state = 2;  // ckpt.v1.CopyState
   uint64_t size_bytes = 0;

@@ -61,8 +61,13 @@ void RegionToProto(const agent::Region& region, v1::MemoryRegion* out) {
 }
 
 void HoldingToProto(const agent::HoldingInfo& h, v1::InventoryEntry* out) {
-  ShardIdToProto(h.id, out->mutable_shard());
-  out->set_role(static_cast<v1::CopyRole>(h.role));
+  if (h.segment) {
+    SegmentIdToProto(*h.segment, out->mutable_segment());
+    out->set_segment_kind(static_cast<v1::SegmentKind>(h.segment_kind));
+  } else {
+    ShardIdToProto(h.id, out->mutable_shard());
+    out->set_role(static_cast<v1::CopyRole>(h.role));
+  }
   out->set_size_bytes(h.size_bytes);
   out->set_crc32c(h.crc32c);
   out->set_manifest_digest(h.manifest_digest);

@@ -247,6 +247,17 @@ TEST_F(ProtectionTest, ErasureCodedStripesSurviveTwoKillsByDecodeAndReprotect) {
   StartCluster(6);
   constexpr size_t kBytes = 2 << 20;
   SaveAll("ec", 7, 6, Protection::ErasureCode(4, 2), kBytes);
+  {
+    // Every shard copy and every parity segment checks out.
+    testing::SubprocessOptions o;
+    o.argv = {testing::BinaryPath("ckptctl"), "--meta", meta_->address(), "--json", "verify", "ec", "7"};
+    o.name = "ckptctl";
+    absl::StatusOr<testing::RunResult> r = testing::RunToCompletion(o, kLong);
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_TRUE(r->status.success()) << r->stdout_text << r->stderr_text;
+    EXPECT_THAT(r->stdout_text, ::testing::HasSubstr("\"segment\": \"g0.s0.p4\""));
+    EXPECT_THAT(r->stdout_text, ::testing::HasSubstr("\"problems\": 0"));
+  }
   Kill(1);
   Kill(4);
   {

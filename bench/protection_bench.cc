@@ -37,6 +37,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
+#include "bench/bench_support.h"
 #include "ckpt/client.h"
 #include "common/config.h"
 #include "integration/agent_process.h"
@@ -50,22 +51,10 @@ using testing::AgentProcess;
 using testing::AgentProcessOptions;
 using testing::MetaProcess;
 
-double Seconds(absl::Duration d) { return absl::ToDoubleSeconds(d); }
+using bench::Buffer;
+using bench::Seconds;
 double GBps(uint64_t bytes, double s) { return s > 0 ? bytes / s / 1e9 : 0; }
 
-struct Buffer {
-  explicit Buffer(size_t n) : size(n) {
-    data = static_cast<std::byte*>(
-        ::mmap(nullptr, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0));
-    if (data == MAP_FAILED) {
-      std::perror("mmap");
-      std::exit(1);
-    }
-  }
-  ~Buffer() { ::munmap(data, size); }
-  std::byte* data;
-  size_t size;
-};
 
 std::function<void()> g_cleanup = [] {};
 
@@ -302,13 +291,13 @@ int main(int argc, char** argv) {
   const double perf = ckpt::PerftestGBps(tls);
   double memcpy_s;
   {
-    ckpt::Buffer a(size), b(size);
+    ckpt::bench::Buffer a(size), b(size);
     std::memset(a.data, 1, size);
     std::vector<double> t;
     for (int i = 0; i < 5; ++i) {
       const absl::Time t0 = absl::Now();
       std::memcpy(b.data, a.data, size);
-      t.push_back(ckpt::Seconds(absl::Now() - t0));
+      t.push_back(ckpt::bench::Seconds(absl::Now() - t0));
     }
     std::sort(t.begin(), t.end());
     memcpy_s = t[2];

@@ -38,6 +38,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
+#include "bench/bench_support.h"
 #include "ckpt/client.h"
 #include "common/config.h"
 #include "integration/agent_process.h"
@@ -51,26 +52,14 @@ using testing::AgentProcess;
 using testing::AgentProcessOptions;
 using testing::MetaProcess;
 
-double Seconds(absl::Duration d) { return absl::ToDoubleSeconds(d); }
+using bench::Buffer;
+using bench::Seconds;
 
 double Median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v.empty() ? 0 : v[v.size() / 2];
 }
 
-// A private, pre-faulted buffer.
-struct Buffer {
-  explicit Buffer(size_t n) : size(n) {
-    data = static_cast<std::byte*>(::mmap(nullptr, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0));
-    if (data == MAP_FAILED) {
-      std::perror("mmap");
-      std::exit(1);
-    }
-  }
-  ~Buffer() { ::munmap(data, size); }
-  std::byte* data;
-  size_t size;
-};
 
 uint64_t RssAnonBytes(pid_t pid) {
   std::ifstream in(absl::StrCat("/proc/", pid, "/status"));

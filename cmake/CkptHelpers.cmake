@@ -68,6 +68,7 @@ function(ckpt_cc_benchmark)
   cmake_parse_arguments(ARG "" "NAME" "SRCS;DEPS" ${ARGN})
   add_executable(${ARG_NAME} ${ARG_SRCS})
   target_link_libraries(${ARG_NAME} PRIVATE ${ARG_DEPS} benchmark::benchmark)
+  target_include_directories(${ARG_NAME} PRIVATE ${PROJECT_SOURCE_DIR})  # "bench/bench_support.h"
   set_target_properties(${ARG_NAME} PROPERTIES RUNTIME_OUTPUT_DIRECTORY ${PROJECT_BINARY_DIR}/bench)
   ckpt_set_warnings(${ARG_NAME})
 endfunction()

@@ -442,6 +442,13 @@ class Agent {
   absl::Status AdoptRestoredLocked(const ShardRecord& expected, std::vector<Extent> extents,
                                    const std::string& durable_path, const std::string& source)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Room in the memory tier for a shard being restored (its manifest checked).
+  absl::StatusOr<std::vector<Extent>> ReserveForRestore(const ShardRecord& expected);
+  // Keeps the fetched bytes as a RESTORED copy and opens it, or frees them
+  // and returns why the fetch failed.
+  absl::StatusOr<OpenResult> FinishPeerRestore(const ShardRecord& expected, std::vector<Extent> extents,
+                                               const absl::Status& fetched, const std::string& source,
+                                               uint32_t client_pid, int64_t ttl_ms);
   absl::Status StoreSegmentLocked(ShardRecord rec, const std::string& task_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void FreeSegmentLocked(const SegmentId& id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   ParityBuild* ParityBuildLocked(const PutBegin& b) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

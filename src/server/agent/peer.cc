@@ -1054,21 +1054,38 @@ absl::Status Agent::AdoptRestoredLocked(const ShardRecord& expected, std::vector
   return absl::OkStatus();
 }
 
+absl::StatusOr<std::vector<Extent>> Agent::ReserveForRestore(const ShardRecord& expected) {
+  CKPT_RETURN_IF_ERROR(ValidateManifest(expected.items, expected.size_bytes));
+  absl::MutexLock lock(&mu_);
+  absl::StatusOr<std::vector<Extent>> e = arena_->Allocate(expected.size_bytes);
+  if (!e.ok()) return absl::ResourceExhaustedError(BudgetMessageLocked(expected.size_bytes));
+  return *std::move(e);
+}
+
+absl::StatusOr<OpenResult> Agent::FinishPeerRestore(const ShardRecord& expected, std::vector<Extent> extents,
+                                                    const absl::Status& fetched, const std::string& source,
+                                                    uint32_t client_pid, int64_t ttl_ms) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (!fetched.ok()) {
+      arena_->Free(extents);
+      m_peer_errors_->Increment();
+      return fetched;
+    }
+    CKPT_RETURN_IF_ERROR(AdoptRestoredLocked(expected, std::move(extents), "", source));
+    m_peer_restores_->Increment();
+  }
+  return OpenShard(expected.id, true, client_pid, ttl_ms);
+}
+
 absl::StatusOr<OpenResult> Agent::RestoreFromPeer(const ShardRecord& expected, const PeerEndpoint& holder,
                                                   uint32_t client_pid, int64_t ttl_ms) {
   const ShardId& id = expected.id;
-  std::vector<Extent> extents;
   if (absl::StatusOr<OpenResult> held = OpenShard(id, false, client_pid, ttl_ms);
       held.ok() || !absl::IsNotFound(held.status())) {
     return held;  // a local copy (or its quarantine) decides
   }
-  {
-    absl::MutexLock lock(&mu_);
-    CKPT_RETURN_IF_ERROR(ValidateManifest(expected.items, expected.size_bytes));
-    absl::StatusOr<std::vector<Extent>> e = arena_->Allocate(expected.size_bytes);
-    if (!e.ok()) return absl::ResourceExhaustedError(BudgetMessageLocked(expected.size_bytes));
-    extents = *std::move(e);
-  }
+  CKPT_ASSIGN_OR_RETURN(std::vector<Extent> extents, ReserveForRestore(expected));
   ReadReq req;
   req.what = ReadWhat::kShard;
   req.job_id = id.job_id;
@@ -1080,18 +1097,8 @@ absl::StatusOr<OpenResult> Agent::RestoreFromPeer(const ShardRecord& expected, c
     crc = absl::DataLossError(absl::StrFormat("copy on node \"%s\" has crc32c 0x%08x, the shard 0x%08x",
                                               holder.node_id, *crc, expected.crc32c));
   }
-  {
-    absl::MutexLock lock(&mu_);
-    if (!crc.ok()) {
-      arena_->Free(extents);
-      m_peer_errors_->Increment();
-      return crc.status();
-    }
-    CKPT_RETURN_IF_ERROR(AdoptRestoredLocked(expected, std::move(extents), "",
-                                             absl::StrCat("node \"", holder.node_id, "\"")));
-    m_peer_restores_->Increment();
-  }
-  return OpenShard(id, true, client_pid, ttl_ms);
+  return FinishPeerRestore(expected, std::move(extents), crc.status(), absl::StrCat("node \"", holder.node_id, "\""),
+                           client_pid, ttl_ms);
 }
 
 ReadReq Agent::SegmentReadReq(const SegmentLocation& loc, uint32_t data_k, uint32_t blob_segment_index,
@@ -1212,18 +1219,11 @@ absl::Status Agent::DecodeRange(const std::vector<SegmentLocation>& sources, uin
 absl::StatusOr<OpenResult> Agent::RestoreByDecode(const ShardRecord& expected, const EcDecodeSource& src,
                                                   uint32_t client_pid, int64_t ttl_ms) {
   const ShardId& id = expected.id;
-  std::vector<Extent> extents;
   if (absl::StatusOr<OpenResult> held = OpenShard(id, false, client_pid, ttl_ms);
       held.ok() || !absl::IsNotFound(held.status())) {
     return held;  // a local copy (or its quarantine) decides
   }
-  {
-    absl::MutexLock lock(&mu_);
-    CKPT_RETURN_IF_ERROR(ValidateManifest(expected.items, expected.size_bytes));
-    absl::StatusOr<std::vector<Extent>> e = arena_->Allocate(expected.size_bytes);
-    if (!e.ok()) return absl::ResourceExhaustedError(BudgetMessageLocked(expected.size_bytes));
-    extents = *std::move(e);
-  }
+  CKPT_ASSIGN_OR_RETURN(std::vector<Extent> extents, ReserveForRestore(expected));
   const uint64_t shard_start = src.blob_offset_bytes;
   const uint64_t shard_end = shard_start + expected.size_bytes;
   // Each stripe holding part of the shard is rebuilt straight into the
@@ -1266,18 +1266,8 @@ absl::StatusOr<OpenResult> Agent::RestoreByDecode(const ShardRecord& expected, c
                                                expected.crc32c));
     }
   }
-  {
-    absl::MutexLock lock(&mu_);
-    if (!st.ok()) {
-      arena_->Free(extents);
-      m_peer_errors_->Increment();
-      return st;
-    }
-    m_peer_restores_->Increment();
-    CKPT_RETURN_IF_ERROR(AdoptRestoredLocked(expected, std::move(extents), "",
-                                             absl::StrCat("EC stripes of node \"", src.owner_node_id, "\"")));
-  }
-  return OpenShard(id, true, client_pid, ttl_ms);
+  return FinishPeerRestore(expected, std::move(extents), st,
+                           absl::StrCat("EC stripes of node \"", src.owner_node_id, "\""), client_pid, ttl_ms);
 }
 
 // ---------------------------------------------------------------------------

@@ -364,6 +364,12 @@ class Client:
         _, items = self._c.load_items(int(step))
         return _unflatten(items)
 
+    def load_with_source(self, step):
+        """Like load(), but returns (served_from, state): where the shard came from,
+        "local", "replica", "ec_decode", "durable" or "unknown"."""
+        served_from, items = self._c.load_items(int(step))
+        return served_from, _unflatten(items)
+
     def load_into(self, step, targets):
         """Copies items of `step` straight into existing arrays or tensors, in place.
 

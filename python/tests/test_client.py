@@ -129,6 +129,8 @@ def test_wait_levels_and_latest(cluster, job):
         h.wait("persisted", timeout=0.2)  # no flush policy: never persisted
     with pytest.raises(ckpt.InvalidArgumentError):
         h.wait("sometime", timeout=1)
+    src, state = c.load_with_source(7)
+    assert src == "local" and state == {"a": b"x"}
 
 
 def test_errors_are_exceptions(cluster, job):

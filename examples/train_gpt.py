@@ -109,6 +109,8 @@ def parse_args(argv):
                    help="SIGKILL this process right after the save of this step is protected")
     p.add_argument("--resume", action="store_true", help="restore the newest protected version first")
     p.add_argument("--log", default=None, help="loss curve, JSON lines {step, loss}")
+    p.add_argument("--protection", default="replicate:2:ring",
+                   help='job protection: "none", "replicate:COPIES[:ring|group]" or "ec:K+M"')
     p.add_argument("--seed", type=int, default=1234)
     p.add_argument("--batch", type=positive("--batch"), default=8)
     p.add_argument("--protect-timeout", type=float, default=60.0, help="seconds to wait for 'protected'")
@@ -155,7 +157,7 @@ def main(argv):
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{a.dist_port}", rank=a.rank,
                             world_size=a.world_size, timeout=datetime.timedelta(seconds=60))
     client = ckpt.Client(job=a.job, rank=a.rank, world_size=a.world_size, meta=a.meta,
-                         agent_socket=a.agent_socket)
+                         agent_socket=a.agent_socket, protection=a.protection)
 
     step = 0
     if a.resume:

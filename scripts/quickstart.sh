@@ -169,13 +169,16 @@ run_ranks() {
     pids+=($!)
   done
   local deadline=$(( $(date +%s) + 120 )) rc
+  # stderr of the loop goes to /dev/null: bash's "Killed" notice for the rank that SIGKILLs itself.
   for r in $(seq 0 $((world - 1))); do
-    while kill -0 "${rpids[r]}" 2>/dev/null && [ "$(date +%s)" -lt "${deadline}" ]; do sleep 0.1; done
-    if kill -0 "${rpids[r]}" 2>/dev/null; then
-      echo "   rank ${r} still running after 120 s: kill -9 ${rpids[r]}" >&2
-      kill -9 "${rpids[r]}" 2>/dev/null || true
-    fi
-    rc=0; wait "${rpids[r]}" 2>/dev/null || rc=$?
+    {
+      while kill -0 "${rpids[r]}" && [ "$(date +%s)" -lt "${deadline}" ]; do sleep 0.1; done
+      if kill -0 "${rpids[r]}"; then
+        echo "   rank ${r} still running after 120 s: kill -9 ${rpids[r]}" >&3
+        kill -9 "${rpids[r]}" || true
+      fi
+      rc=0; wait "${rpids[r]}" || rc=$?
+    } 3>&2 2>/dev/null
     echo "${rc}" >"${work}/${name}-rank-${r}.rc"
   done
 }

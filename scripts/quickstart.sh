@@ -5,22 +5,24 @@
 # Installs what is missing, builds, starts ckpt-meta and 4 ckpt-agents ("nodes" node-0..3 on
 # 127.0.0.1, state in a temp dir, memory tiers under /dev/shm), rank r talking to node-r.
 #   1. reference: an uninterrupted run (job qs-ref-*) records the loss curve;
-#   2. the same run (job qs-run-*, replicate 2 on a ring) where the victim rank SIGKILLs itself
+#   2. the same run (job qs-run-*, replicate 2 on a ring by default) where the victim rank SIGKILLs itself
 #      right after its step-CRASH_AT save is PROTECTED, and the script kill -9s that rank's
 #      agent; the other ranks fail on the broken all-reduce;
 #   3. all 4 ranks restart with --resume: the victim rank connects to a surviving agent that
-#      holds no copy of its shard, so its state must come from a peer replica.
+#      holds no copy of its shard, so its state must come from a peer replica (or, with
+#      QS_PROTECTION=ec:K+M, be decoded from erasure-coded segments on the peers).
 # Then prints the per-save blocking time, where each rank's restore came from, and whether the
 # loss curve (and final model+optimizer state) equals the uninterrupted run. Stops everything it
 # started (by PID).
 #
 #   scripts/quickstart.sh [--no-build]     # exit 0 iff the curves match and the victim rank
-#                                          # restored from a peer replica
+#                                          # restored from a peer (replica / ec_decode)
 #
 # Environment: CKPT_BUILD_DIR (default build), CKPT_SKIP_BUILD=1 (same as --no-build),
 # CKPT_JOBS (build parallelism, default 2), QS_STEPS (default 40), QS_EVERY (save every N
-# steps, default 5), QS_CRASH_AT (default 20), QS_VICTIM (rank, default 2), CKPT_KEEP=1 keeps
-# the temp dir.
+# steps, default 5), QS_CRASH_AT (default 20), QS_VICTIM (rank, default 2), QS_PROTECTION
+# (replicate:COPIES:ring|group or ec:K+M, default replicate:2:ring), CKPT_KEEP=1 keeps the
+# temp dir.
 set -euo pipefail
 
 usage() { sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed -e '$d' -e 's/^# \{0,1\}//'; }
@@ -54,6 +56,17 @@ if [ $((crash_at % every)) -ne 0 ] || [ "${crash_at}" -ge "${steps}" ]; then
 fi
 if [ "${victim}" -ge "${world}" ]; then
   echo "quickstart.sh: QS_VICTIM must be a rank in [0, ${world}), got ${victim}" >&2; exit 2
+fi
+protection="${QS_PROTECTION:-replicate:2:ring}"
+if [[ "${protection}" =~ ^replicate:([2-9]):(ring|group)$ ]]; then
+  create_flags=(--replicate "${BASH_REMATCH[1]}" --placement "${BASH_REMATCH[2]}")
+  expect_source=replica
+elif [[ "${protection}" =~ ^ec:([1-9][0-9]*)\+([1-9][0-9]*)$ ]]; then
+  create_flags=(--ec "${BASH_REMATCH[1]}+${BASH_REMATCH[2]}")
+  expect_source=ec_decode
+else
+  echo "quickstart.sh: QS_PROTECTION must be replicate:COPIES:ring|group (COPIES 2..9) or ec:K+M, got '${protection}'" >&2
+  exit 2
 fi
 case "${skip_build}" in 0|1) ;; *) echo "quickstart.sh: CKPT_SKIP_BUILD must be 0 or 1, got '${skip_build}'" >&2; exit 2 ;; esac
 
@@ -146,9 +159,9 @@ echo "== 4 ckpt-agents alive: node-0..node-3 (memory tiers under ${shm})"
 ref_job="qs-ref-$$"
 run_job="qs-run-$$"
 for j in "${ref_job}" "${run_job}"; do
-  ctl create-job "${j}" --world-size "${world}" --replicate 2 --placement ring >/dev/null
+  ctl create-job "${j}" --world-size "${world}" "${create_flags[@]}" >/dev/null
 done
-echo "== jobs ${ref_job} and ${run_job}: ${world} ranks, replicate 2 (ring)"
+echo "== jobs ${ref_job} and ${run_job}: ${world} ranks, protection ${protection}"
 
 # run_ranks NAME JOB EXTRA_VICTIM_ARGS VICTIM_SOCKET [common args...]: starts 4 ranks, waits for all.
 # Rank r uses node-r's socket, except the victim, which uses VICTIM_SOCKET. Returns nothing;
@@ -163,7 +176,7 @@ run_ranks() {
     # shellcheck disable=SC2086
     "${py}" "${root}/examples/train_gpt.py" --meta "${meta}" --agent-socket "${sock}" --job "${job}" \
       --rank "${r}" --world-size "${world}" --dist-port "${dport}" --steps "${steps}" --every "${every}" \
-      --log "${work}/${name}-loss-${r}.jsonl" ${extra} "$@" \
+      --log "${work}/${name}-loss-${r}.jsonl" --protection "${protection}" ${extra} "$@" \
       >"${work}/${name}-rank-${r}.out" 2>"${work}/${name}-rank-${r}.err" &
     rpids+=($!)
     pids+=($!)
@@ -231,7 +244,8 @@ shard = next(s for s in d["shards"] if s["rank"] == victim)
 holders = {c["node_id"] for c in shard["copies"] if c["state"].lower() == "valid"}
 free = [n for n in range(world) if n != victim and f"node-{n}" not in holders]
 print(free[0] if free else "")
-print(f"   rank {victim}'s shard of step {d['step']} is held by {', '.join(sorted(holders))}", file=sys.stderr)
+held = ", ".join(sorted(holders)) or "no node as a whole copy (erasure-coded segments)"
+print(f"   rank {victim}'s shard of step {d['step']} is held by {held}", file=sys.stderr)
 EOF
 )"
 [ -n "${target}" ] || { echo "FAILED: every surviving node holds rank ${victim}'s shard; cannot show a peer restore"; exit 1; }
@@ -245,9 +259,9 @@ echo "   done in $(elapsed "${t0}") s"
 
 echo "== summary"
 set +e
-"${py}" - "${work}" "${world}" "${victim}" "${crash_at}" <<'EOF'
+"${py}" - "${work}" "${world}" "${victim}" "${crash_at}" "${expect_source}" <<'EOF'
 import json, os, statistics, sys
-work, world, victim, crash_at = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+work, world, victim, crash_at, expect = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
 
 def events(name, r):
     out = []
@@ -280,7 +294,7 @@ for r in range(world):
     if e["step"] != crash_at:
         print(f"rank {r}: expected to restore step {crash_at}"); ok = False
     if r == victim:
-        peer_ok = e["served_from"] == "replica"
+        peer_ok = e["served_from"] == expect
 
 curve_ok = state_ok = True
 for r in range(world):
@@ -299,7 +313,8 @@ for r in range(world):
 ref0 = losses("ref", 0)
 print(f"rank 0 loss: step 1 {ref0[0]['loss']:.4f} -> step {ref0[-1]['step']} {ref0[-1]['loss']:.4f}")
 print(f"final model+optimizer state equal to the uninterrupted run: {'yes' if state_ok else 'no'}")
-print(f"rank {victim} (dead agent) restored from a peer replica: {'yes' if peer_ok else 'no'}")
+how = "a peer replica" if expect == "replica" else "EC decode from peers"
+print(f"rank {victim} (dead agent) restored from {how}: {'yes' if peer_ok else 'no'}")
 print(f"loss curve matches uninterrupted run: {'yes' if curve_ok else 'no'}")
 sys.exit(0 if (ok and curve_ok and state_ok and peer_ok) else 1)
 EOF

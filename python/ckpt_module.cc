@@ -29,6 +29,8 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "ckpt/client.h"
@@ -172,6 +174,41 @@ class PySaveHandle {
   SaveHandle handle_;
 };
 
+// "" or "none" | "replicate:COPIES[:ring|group]" | "ec:K+M" (ckptctl's spelling).
+Protection ParseProtection(const std::string& text) {
+  auto bad = [&](const std::string& why) {
+    ThrowStatus(absl::InvalidArgumentError(
+        "protection \"" + text + "\": " + why +
+        " (expected \"none\", \"replicate:COPIES[:ring|group]\" or \"ec:K+M\")"));
+  };
+  if (text.empty() || text == "none") return Protection::None();
+  std::vector<std::string> parts = absl::StrSplit(text, ':');
+  uint32_t a = 0, b = 0;
+  if (parts[0] == "replicate") {
+    if (parts.size() < 2 || parts.size() > 3) bad("wrong number of ':' fields");
+    if (!absl::SimpleAtoi(parts[1], &a)) bad("COPIES is not a number");
+    Protection::Placement placement = Protection::Placement::kRing;
+    if (parts.size() == 3) {
+      if (parts[2] == "group") {
+        placement = Protection::Placement::kGroup;
+      } else if (parts[2] != "ring") {
+        bad("placement must be ring or group");
+      }
+    }
+    return Protection::Replicate(a, placement);
+  }
+  if (parts[0] == "ec") {
+    if (parts.size() != 2) bad("wrong number of ':' fields");
+    std::vector<std::string> km = absl::StrSplit(parts[1], '+');
+    if (km.size() != 2 || !absl::SimpleAtoi(km[0], &a) || !absl::SimpleAtoi(km[1], &b)) {
+      bad("K+M must be two numbers");
+    }
+    return Protection::ErasureCode(a, b);
+  }
+  bad("unknown kind");
+  return Protection::None();
+}
+
 class PyClient {
  public:
   explicit PyClient(Client client) : client_(std::move(client)) {}
@@ -181,8 +218,10 @@ class PyClient {
                                            uint32_t flush_every, uint32_t flush_every_seconds,
                                            uint32_t keep_in_memory, uint32_t keep_durable,
                                            std::string run_id, double connect_timeout,
-                                           double rpc_timeout, double load_timeout) {
+                                           double rpc_timeout, double load_timeout,
+                                           const std::string& protection) {
     ClientOptions o;
+    o.protection = ParseProtection(protection);
     o.job_id = std::move(job);
     o.rank = rank;
     o.world_size = world_size;
@@ -377,7 +416,8 @@ PYBIND11_MODULE(_ckpt, m) {
                   py::arg("meta"), py::arg("agent_socket"), py::arg("flush_every") = 0,
                   py::arg("flush_every_seconds") = 0, py::arg("keep_in_memory") = 0,
                   py::arg("keep_durable") = 0, py::arg("run_id") = "", py::arg("connect_timeout") = 30.0,
-                  py::arg("rpc_timeout") = 60.0, py::arg("load_timeout") = 600.0)
+                  py::arg("rpc_timeout") = 60.0, py::arg("load_timeout") = 600.0,
+                  py::arg("protection") = "")
       .def("save_items", &PyClient::SaveItems, py::arg("step"), py::arg("items"))
       .def("wait", &PyClient::WaitVersion, py::arg("step"), py::arg("level") = "protected",
            py::arg("timeout") = py::none())

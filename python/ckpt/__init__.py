@@ -307,18 +307,24 @@ class Client:
     the agent's memory tier. Blocks up to connect_timeout seconds while meta or
     the agent is unreachable: then ckpt.DeadlineExceededError. A bad job id,
     rank or world size raises ckpt.InvalidArgumentError; a job that exists
-    with another world size ckpt.FailedPreconditionError.
+    with another world size or protection ckpt.FailedPreconditionError.
+
+    protection (used when rank 0 creates the job, compared when it exists):
+    "none" (local memory only), "replicate:COPIES[:ring|group]" (e.g.
+    "replicate:2:ring") or "ec:K+M" (e.g. "ec:4+2"); anything else raises
+    ckpt.InvalidArgumentError.
     """
 
     def __init__(self, job, rank, world_size, meta, agent_socket="/run/ckpt/agent.sock", *,
                  flush_every=0, flush_every_seconds=0, keep_in_memory=0, keep_durable=0,
-                 run_id="", connect_timeout=30.0, rpc_timeout=60.0, load_timeout=600.0):
+                 run_id="", connect_timeout=30.0, rpc_timeout=60.0, load_timeout=600.0,
+                 protection="none"):
         self._c = _ckpt.Client.connect(
             job=job, rank=rank, world_size=world_size, meta=meta, agent_socket=str(agent_socket),
             flush_every=flush_every, flush_every_seconds=flush_every_seconds,
             keep_in_memory=keep_in_memory, keep_durable=keep_durable, run_id=run_id,
             connect_timeout=float(connect_timeout), rpc_timeout=float(rpc_timeout),
-            load_timeout=float(load_timeout))
+            load_timeout=float(load_timeout), protection=str(protection))
         self.job = job
         self.rank = rank
         self.world_size = world_size
@@ -363,6 +369,12 @@ class Client:
         """
         _, items = self._c.load_items(int(step))
         return _unflatten(items)
+
+    def load_with_source(self, step):
+        """Like load(), but returns (served_from, state): where the shard came from,
+        "local", "replica", "ec_decode", "durable" or "unknown"."""
+        served_from, items = self._c.load_items(int(step))
+        return served_from, _unflatten(items)
 
     def load_into(self, step, targets):
         """Copies items of `step` straight into existing arrays or tensors, in place.

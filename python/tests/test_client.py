@@ -129,6 +129,8 @@ def test_wait_levels_and_latest(cluster, job):
         h.wait("persisted", timeout=0.2)  # no flush policy: never persisted
     with pytest.raises(ckpt.InvalidArgumentError):
         h.wait("sometime", timeout=1)
+    src, state = c.load_with_source(7)
+    assert src == "local" and state == {"a": b"x"}
 
 
 def test_errors_are_exceptions(cluster, job):
@@ -276,3 +278,13 @@ def test_corrupted_memory_tier_byte_is_data_loss(cluster, job):
         with pytest.raises(ckpt.Error) as e:
             load()
         assert isinstance(e.value, ckpt.DataLossError) or "data lost" in str(e.value), repr(e.value)
+
+
+def test_protection_spec(cluster, job):
+    for bad in ("replicate", "replicate:x", "replicate:2:star", "ec:4", "ec:4+x", "mirror:2"):
+        with pytest.raises(ckpt.InvalidArgumentError, match="protection"):
+            cluster.client(job + "-bad", protection=bad)
+    c = cluster.client(job, protection="none")
+    c.save(1, {"a": b"x"}).wait("protected", timeout=30)
+    with pytest.raises(ckpt.FailedPreconditionError):
+        cluster.client(job, protection="replicate:2:ring")  # the job exists with "none"

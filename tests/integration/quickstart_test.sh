@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# Runs scripts/quickstart.sh in a small configuration against a prebuilt build dir
+# (no cmake from inside ctest) and checks: exit 0, the "matches: yes" and peer-replica lines,
+# and that it left nothing behind (its temp dir, its /dev/shm memory tiers, its processes).
+#
+#   tests/integration/quickstart_test.sh SOURCE_DIR BUILD_DIR [PROTECTION]
+# PROTECTION: replicate:2:ring (default; the orphaned rank must restore from "replica") or
+# ec:K+M (it must restore by "ec_decode").
+# Exit 77 (ctest: skipped) when /usr/bin/python3 has no torch.
+set -euo pipefail
+
+if [ "$#" -lt 2 ] || [ "$#" -gt 3 ]; then
+  echo "usage: $0 SOURCE_DIR BUILD_DIR [PROTECTION]" >&2; exit 2
+fi
+src="$1"; build="$2"; protection="${3:-replicate:2:ring}"
+case "${protection}" in
+  replicate:*) source=replica ;;
+  ec:*) source=ec_decode ;;
+  *) echo "PROTECTION must be replicate:... or ec:..., got '${protection}'" >&2; exit 2 ;;
+esac
+[ -x "${src}/scripts/quickstart.sh" ] || { echo "no ${src}/scripts/quickstart.sh" >&2; exit 2; }
+[ -x "${build}/bin/ckpt-agent" ] || { echo "no ${build}/bin/ckpt-agent: build first" >&2; exit 2; }
+if ! /usr/bin/python3 -c 'import torch' 2>/dev/null; then
+  echo "SKIP: /usr/bin/python3 cannot import torch"; exit 77
+fi
+
+tmp="$(mktemp -d "${TMPDIR:-/tmp}/ckpt-quickstart-test.XXXXXX")"
+trap 'rm -rf "${tmp}"' EXIT
+out="${tmp}/out.txt"
+
+rc=0
+TMPDIR="${tmp}" QS_PROTECTION="${protection}" CKPT_BUILD_DIR="${build}" CKPT_SKIP_BUILD=1 QS_STEPS=20 QS_EVERY=5 QS_CRASH_AT=10 \
+  "${src}/scripts/quickstart.sh" >"${out}" 2>&1 &
+qs=$!
+wait "${qs}" || rc=$?
+cat "${out}"
+
+fail() { echo "quickstart_test: FAIL: $*" >&2; exit 1; }
+[ "${rc}" -eq 0 ] || fail "quickstart.sh exited ${rc}"
+grep -qx "loss curve matches uninterrupted run: yes" "${out}" || fail "no 'loss curve matches uninterrupted run: yes' line"
+grep -Eq "^rank [0-9] \(dead agent\) restored from .*: yes$" "${out}" || fail "the dead agent's rank did not restore from its peers"
+grep -Eq "^rank [0-9]: restored step 10 through node-[0-9] from ${source} .*its agent was killed" "${out}" \
+  || fail "no '${source}' restore line for the rank whose agent was killed"
+# Clean-up: no temp dir left in our TMPDIR, no memory tier left under /dev/shm, no children.
+left="$(find "${tmp}" -mindepth 1 -maxdepth 1 ! -name out.txt)"
+[ -z "${left}" ] || fail "quickstart.sh left ${left}"
+[ ! -e "/dev/shm/ckpt-quickstart-${qs}" ] || fail "quickstart.sh left /dev/shm/ckpt-quickstart-${qs}"
+# Every daemon and rank it started had a path under ${tmp} on its command line.
+/usr/bin/python3 - "${tmp}" <<'PY' || fail "processes started by quickstart.sh are still running"
+import os, sys
+me, tmp = os.getpid(), sys.argv[1].encode()
+left = []
+for pid in filter(str.isdigit, os.listdir("/proc")):
+    try:
+        cmd = open(f"/proc/{pid}/cmdline", "rb").read()
+    except OSError:
+        continue
+    if int(pid) != me and tmp in cmd and b"quickstart_test.sh" not in cmd:
+        text = cmd.replace(bytes(1), b" ").decode(errors="replace")[:120]
+        left.append(f"{pid}: {text}")
+print("\n".join(left), file=sys.stderr)
+sys.exit(1 if left else 0)
+PY
+echo "quickstart_test: OK"

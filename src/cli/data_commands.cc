@@ -25,6 +25,7 @@
 #include "common/durable_format.h"
 #include "common/file_system.h"
 #include "common/names.h"
+#include "common/status_macros.h"
 
 namespace ckpt::cli {
 namespace {
@@ -176,20 +177,54 @@ int SaveFile(const DataOptions& o, const std::string& job, uint64_t step, uint32
   return 0;
 }
 
+// The version's record at meta (with its shards, copies and segments).
+absl::Status GetVersion(const DataOptions& o, v1::MetaService::Stub* meta, const std::string& job, uint64_t step,
+                        v1::GetVersionResponse* out) {
+  v1::GetVersionRequest req;
+  req.set_job_id(job);
+  req.set_step(step);
+  auto ctx = Context(o);
+  return FromGrpc(meta->GetVersion(ctx.get(), req, out), "GetVersion");
+}
+
+// A shard left only as EC stripes: an agent holding segments of them decodes
+// it into its memory tier (it keeps a RESTORED copy), and it is read back from
+// there with every crc checked. `*node` names the agent asked.
+absl::StatusOr<std::vector<char>> DecodeOnAgent(const DataOptions& o,
+                                                const std::map<std::string, std::string>& addresses,
+                                                const v1::ShardInfo& info, const v1::ShardSource& src,
+                                                std::string* node) {
+  for (const auto& st : src.ec().stripes())
+    for (const auto& seg : st.segments())
+      if (node->empty()) *node = seg.holder().node_id();
+  auto it = addresses.find(*node);
+  if (it == addresses.end()) return absl::UnavailableError("no node holding a segment is known");
+  auto stub = v1::AgentService::NewStub(grpc::CreateChannel(it->second, grpc::InsecureChannelCredentials()));
+  v1::OpenShardRequest oreq;
+  *oreq.mutable_key() = info.key();
+  *oreq.add_sources() = src;
+  *oreq.mutable_expected() = info;
+  v1::OpenShardResponse oresp;
+  {
+    auto ctx = Context(o);
+    CKPT_RETURN_IF_ERROR(FromGrpc(stub->OpenShard(ctx.get(), oreq, &oresp), absl::StrCat("OpenShard on ", *node)));
+  }
+  absl::StatusOr<std::vector<char>> bytes = ReadFromAgent(o, it->second, info);
+  v1::CloseShardRequest creq;
+  creq.set_handle_id(oresp.handle_id());
+  v1::CloseShardResponse cresp;
+  auto ctx = Context(o);
+  (void)stub->CloseShard(ctx.get(), creq, &cresp);  // the handle also expires on its own
+  return bytes;
+}
+
 int RestoreOnline(const DataOptions& o, const std::string& job, uint64_t step, std::optional<uint32_t> rank,
                   const std::string& out_dir) {
   auto meta = v1::MetaService::NewStub(grpc::CreateChannel(o.meta, grpc::InsecureChannelCredentials()));
   absl::StatusOr<std::map<std::string, std::string>> addresses = NodeAddresses(o, meta.get());
   if (!addresses.ok()) return Fail(addresses.status());
-  v1::GetVersionRequest vreq;
-  vreq.set_job_id(job);
-  vreq.set_step(step);
   v1::GetVersionResponse vresp;
-  {
-    auto ctx = Context(o);
-    absl::Status s = FromGrpc(meta->GetVersion(ctx.get(), vreq, &vresp), "GetVersion");
-    if (!s.ok()) return Fail(s);
-  }
+  if (absl::Status s = GetVersion(o, meta.get(), job, step, &vresp); !s.ok()) return Fail(s);
   const uint32_t world = vresp.version().world_size();
   if (rank && *rank >= world) {
     return Fail(absl::InvalidArgumentError(absl::StrCat("rank ", *rank, " is out of range: world size ", world)));
@@ -220,31 +255,8 @@ int RestoreOnline(const DataOptions& o, const std::string& job, uint64_t step, s
     std::string served, why;
     for (const v1::ShardSource& src : loc.sources()) {
       if (src.kind() == v1::SOURCE_KIND_EC_DECODE) {
-        // An agent that holds segments of the stripes decodes the shard into
-        // its memory tier (a RESTORED copy); then it is read like a replica.
         std::string node;
-        for (const auto& st : src.ec().stripes())
-          for (const auto& seg : st.segments())
-            if (node.empty()) node = seg.holder().node_id();
-        const std::string address = (*addresses)[node];
-        auto stub = v1::AgentService::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
-        v1::OpenShardRequest oreq;
-        *oreq.mutable_key() = loc.shard().key();
-        *oreq.add_sources() = src;
-        *oreq.mutable_expected() = loc.shard();
-        v1::OpenShardResponse oresp;
-        auto ctx = Context(o);
-        absl::Status s = FromGrpc(stub->OpenShard(ctx.get(), oreq, &oresp), absl::StrCat("OpenShard on ", node));
-        if (!s.ok()) {
-          absl::StrAppend(&why, "; decode on ", node, ": ", s.message());
-          continue;
-        }
-        bytes = ReadFromAgent(o, address, loc.shard());
-        v1::CloseShardRequest creq;
-        creq.set_handle_id(oresp.handle_id());
-        v1::CloseShardResponse cresp;
-        auto cctx = Context(o);
-        (void)stub->CloseShard(cctx.get(), creq, &cresp);
+        bytes = DecodeOnAgent(o, *addresses, loc.shard(), src, &node);
         if (bytes.ok()) {
           served = absl::StrCat(node, " (ec decode)");
           break;
@@ -305,15 +317,8 @@ int VerifyVersion(const DataOptions& o, const std::string& job, uint64_t step) {
   auto meta = v1::MetaService::NewStub(grpc::CreateChannel(o.meta, grpc::InsecureChannelCredentials()));
   absl::StatusOr<std::map<std::string, std::string>> addresses = NodeAddresses(o, meta.get());
   if (!addresses.ok()) return Fail(addresses.status());
-  v1::GetVersionRequest vreq;
-  vreq.set_job_id(job);
-  vreq.set_step(step);
   v1::GetVersionResponse vresp;
-  {
-    auto ctx = Context(o);
-    absl::Status s = FromGrpc(meta->GetVersion(ctx.get(), vreq, &vresp), "GetVersion");
-    if (!s.ok()) return Fail(s);
-  }
+  if (absl::Status s = GetVersion(o, meta.get(), job, step, &vresp); !s.ok()) return Fail(s);
   std::set<std::string> holders;
   for (const v1::ShardDetail& d : vresp.version().shards()) {
     for (const v1::ShardCopy& c : d.copies()) {

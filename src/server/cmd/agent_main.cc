@@ -219,7 +219,7 @@ int Serve(const Settings& settings, const sigset_t& signals) {
   absl::StatusOr<std::unique_ptr<agent::Agent>> agent =
       agent::Agent::Create(options, meta.get(), RealClock(), PosixFileSystem(), &registry);
   if (!agent.ok()) {
-    log::Error("{}: cannot open the memory tier: {}", kProgram, agent.status().ToString());
+    log::Error("{}: cannot start (memory tier or data plane): {}", kProgram, agent.status().ToString());
     return kExitFailure;
   }
   log::Info("{}: memory tier ready in {} ms ({} bytes free)", kProgram,

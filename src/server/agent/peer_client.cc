@@ -317,7 +317,9 @@ absl::StatusOr<MutablePieces> PeerClient::Allocate(const Inbound& msg) {
   CKPT_ASSIGN_OR_RETURN(Chunk c, DecodeChunk(msg.header));
   absl::MutexLock lock(&mu_);
   auto it = reads_.find(c.id);
-  if (it == reads_.end() || it->second.ended || it->second.peer != msg.from) {
+  // (Ids are unique per requester; `from` is not compared: with connections
+  // both ways between two nodes a reply may name either.)
+  if (it == reads_.end() || it->second.ended) {
     return absl::FailedPreconditionError(absl::StrCat("unknown read ", c.id));
   }
   PendingRead& r = it->second;
@@ -352,7 +354,7 @@ void PeerClient::OnAck(const Inbound& msg, bool done) {
   }
   absl::MutexLock lock(&mu_);
   auto it = out_puts_.find(r->id);
-  if (it == out_puts_.end() || it->second.peer != msg.from) return;
+  if (it == out_puts_.end()) return;
   if (done) {
     it->second.done = true;
     it->second.result = r->status;
@@ -402,7 +404,7 @@ void PeerClient::OnReadEnd(const Inbound& msg) {
   if (!e.ok()) return;
   absl::MutexLock lock(&mu_);
   auto it = reads_.find(e->id);
-  if (it == reads_.end() || it->second.ended || it->second.peer != msg.from) return;
+  if (it == reads_.end() || it->second.ended) return;
   it->second.ended = true;
   it->second.status = e->status;
   it->second.end_crc = e->crc32c;

@@ -198,9 +198,12 @@ void PeerServer::OnPutBegin(const Inbound& msg, const absl::Status& status) {
     }
     duplicate = in_puts_.count({msg.from, b->xfer}) != 0;
   }
-  absl::StatusOr<InPut> in = status;
-  if (status.ok() && duplicate) in = absl::InvalidArgumentError("this push has begun already");
-  if (in.ok()) {
+  absl::StatusOr<InPut> in = absl::UnknownError("unset");
+  if (!status.ok()) {
+    in = status;
+  } else if (duplicate) {
+    in = absl::InvalidArgumentError("this push has begun already");
+  } else {
     in = Admit(*b, record == nullptr ? std::string()
                                      : std::string(reinterpret_cast<const char*>(record->data()), record->size()));
   }

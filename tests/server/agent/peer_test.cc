@@ -82,7 +82,7 @@ class PeerTest : public ::testing::Test {
     std::mt19937_64 rng(seed);
     std::string bytes(size, '\0');
     for (auto& c : bytes) c = static_cast<char>(rng());
-    absl::StatusOr<LeaseGrant> g = n.agent->AcquireLease(LeaseRequest{"job", step, rank, size, "run", 0, 0});
+    absl::StatusOr<LeaseGrant> g = n.agent->AcquireLease(LeaseRequest{"job", step, rank, size, "run", 0, 0, ""});
     EXPECT_TRUE(g.ok()) << g.status();
     uint64_t off = 0;
     for (const Region& r : g->regions) {
@@ -165,14 +165,14 @@ TEST_F(PeerTest, ReplicatesRestoresFromPeerAndQuarantinesABadCopy) {
   for (Node* n : {&b, &c}) {
     std::vector<HoldingInfo> inv = n->agent->Inventory("job", 5);
     ASSERT_EQ(inv.size(), 1u) << n->id;
-    EXPECT_EQ(inv[0].role, 2);
+    EXPECT_EQ(inv[0].role, CopyRole::kReplica);
     EXPECT_EQ(inv[0].crc32c, rec.crc32c);
     EXPECT_EQ(Bytes(*n->agent, id), Content("n0", 0));
     // The replica was reported to meta before the sender's result.
     absl::MutexLock lock(&n->meta.mu);
     bool reported = false;
     for (const HoldingReport& r : n->meta.reports)
-      reported |= r.kind == HoldingReport::Kind::kCopyState && r.copy_role == 2 && r.task_id == "t-rep";
+      reported |= r.kind == HoldingReport::Kind::kCopyState && r.copy_role == CopyRole::kReplica && r.task_id == "t-rep";
     EXPECT_TRUE(reported) << n->id;
   }
   // Running the task again changes nothing (receivers already hold it).
@@ -184,7 +184,7 @@ TEST_F(PeerTest, ReplicatesRestoresFromPeerAndQuarantinesABadCopy) {
   absl::StatusOr<OpenResult> r = d.agent->RestoreFromPeer(rec, b.endpoint, 0, 0);
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ(Bytes(*d.agent, id), Content("n0", 0));
-  EXPECT_EQ(d.agent->Inventory("job", 5)[0].role, 3);
+  EXPECT_EQ(d.agent->Inventory("job", 5)[0].role, CopyRole::kRestored);
   ASSERT_TRUE(d.agent->CloseShard(r->handle_id).ok());
 
   // c's copy rots in memory: a restore from it fails with DataLoss, c
@@ -204,7 +204,7 @@ TEST_F(PeerTest, ReplicatesRestoresFromPeerAndQuarantinesABadCopy) {
   ASSERT_FALSE(bad.ok());
   EXPECT_EQ(bad.status().code(), absl::StatusCode::kDataLoss) << bad.status();
   EXPECT_TRUE(e.agent->Inventory("job", 5).empty());
-  EXPECT_EQ(c.agent->Inventory("job", 5)[0].state, 3);  // CORRUPT
+  EXPECT_EQ(c.agent->Inventory("job", 5)[0].state, CopyState::kCorrupt);
   // A dead peer: Unavailable, promptly.
   b.agent->Stop();
   absl::StatusOr<OpenResult> gone = e.agent->RestoreFromPeer(rec, b.endpoint, 0, 0);
@@ -289,7 +289,7 @@ TEST_F(PeerTest, EncodesParityDecodesWithOwnerGoneAndRebuildsParity) {
   auto loc = [&](uint32_t s, uint32_t p, const Node& holder) {
     SegmentLocation l;
     l.key = SegmentId{"job", 9, 0, s, p};
-    l.kind = p < 2 ? kSegmentData : kSegmentParity;
+    l.kind = p < 2 ? SegmentKind::kData : SegmentKind::kParity;
     l.length_bytes = seg[s][p].size_bytes;
     l.crc32c = seg[s][p].crc32c;
     l.holder = holder.endpoint;
@@ -320,7 +320,7 @@ TEST_F(PeerTest, EncodesParityDecodesWithOwnerGoneAndRebuildsParity) {
   rb.parity_m = 1;
   SegmentRebuild want;
   want.target = SegmentId{"job", 9, 0, 0, 2};
-  want.kind = kSegmentParity;
+  want.kind = SegmentKind::kParity;
   want.length_bytes = seg[0][2].size_bytes;
   want.stripe_length_bytes = seg[0][2].size_bytes;
   want.expected_crc32c = seg[0][2].crc32c;
@@ -398,7 +398,7 @@ TEST_F(PeerTest, FaultsInFlightAreVisibleAndLeaveNoBytesBehind) {
   ASSERT_TRUE(good.ok()) << good.status();
   EXPECT_EQ(Bytes(*d.agent, ShardId{"job", 5, 0}), Content("n0", 0));
   // a's own copy was never touched by any of this.
-  EXPECT_EQ(a.agent->Inventory("job", 5)[0].state, 2);
+  EXPECT_EQ(a.agent->Inventory("job", 5)[0].state, CopyState::kValid);
 
   // 4. The receiver dies mid-push: the sender's task fails promptly
   // (Unavailable), not after the peer timeout.

@@ -356,6 +356,24 @@ TEST_F(AgentTest, AVersionMetaRefusesInTheBackgroundIsDroppedHere) {
   EXPECT_EQ(agent_->Inventory("job", 30).size(), 1u);
 }
 
+// Issue 12 #4: a transient error from meta on BeginVersion (Internal,
+// Unknown, Cancelled: meta restarting or a broken RPC) used to drop the
+// version's committed shards; only a refusal may.
+TEST_F(AgentTest, TransientMetaErrorsNeverDropCommittedShards) {
+  Save(50, 0);
+  Save(50, 1);
+  meta_.begin_errors = {absl::InternalError("boom"), absl::UnknownError("rpc broke"),
+                        absl::CancelledError("meta stopping"), absl::ResourceExhaustedError("busy"),
+                        absl::AbortedError("conflict"), absl::DeadlineExceededError("slow")};
+  for (int i = 0; i < 8; ++i) {
+    agent_->ControlOnce();
+    clock_.Advance(absl::Seconds(10));
+  }
+  EXPECT_EQ(agent_->Inventory("job", 50).size(), 2u);
+  EXPECT_EQ(meta_.staged.size(), 2u);
+  EXPECT_TRUE(meta_.begin_errors.empty());
+}
+
 TEST_F(AgentTest, NodeLocalEvictFollowsRetentionRules) {
   Save(40, 0);
   Save(41, 0);

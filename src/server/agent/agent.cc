@@ -17,11 +17,6 @@
 namespace ckpt::agent {
 namespace {
 
-bool ProcessGone(uint32_t pid) {
-  if (pid == 0) return false;
-  return ::kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH;
-}
-
 std::string FormatBytes(uint64_t b) {
   if (b >= (uint64_t{1} << 30)) return absl::StrFormat("%.2f GiB", b / double(uint64_t{1} << 30));
   if (b >= (uint64_t{1} << 20)) return absl::StrFormat("%.1f MiB", b / double(uint64_t{1} << 20));
@@ -66,7 +61,23 @@ absl::Status Agent::Init() {
   session_ = std::make_unique<MetaSession>(meta_, clock_, &metrics_, so, static_cast<MetaSession::Delegate*>(this));
   holdings_ = std::make_unique<HoldingTable>(arena_.get(), clock_, &metrics_,
                                              [this](HoldingReport r) { session_->Report(std::move(r)); });
-  leases_ = std::make_unique<LeaseTable>(clock_, &metrics_, [](const ClientRef& c) { return ProcessGone(c.pid); });
+  // Liveness comes from the client's session connection, never from pids
+  // (a trainer in its own PID namespace has a pid that means nothing here).
+  leases_ = std::make_unique<LeaseTable>(clock_, &metrics_, [this](const ClientRef& c) {
+    return !c.session_id.empty() && (sessions_ == nullptr || !sessions_->Alive(c.session_id));
+  });
+  if (!options_.session_socket.empty()) {
+    SessionServer::Options so;
+    so.socket_path = options_.session_socket;
+    so.grace = absl::Milliseconds(options_.session_grace_ms);
+    CKPT_ASSIGN_OR_RETURN(
+        sessions_, SessionServer::Start(so, {PoolFile{arena_->pool_path(), arena_->pool_fd(), arena_->capacity_bytes()}},
+                                        clock_, [this](const std::string& id) {
+                                          const int n = leases_->ReleaseSession(id);
+                                          if (n > 0) log::Info("released {} leases and handles of ended session {}", n, id);
+                                          UpdateGauges();
+                                        }));
+  }
   flusher_ = std::make_unique<Flusher>(options_.durable_root, durable_fs_, holdings_.get(), session_.get(), meta_,
                                        clock_, &metrics_, absl::StrCat("ckpt-agent ", options_.node_id));
   TaskRunner::Hooks hooks;
@@ -205,6 +216,7 @@ void Agent::Stop() {
   plane_->Stop();
   peer_server_->Stop();
   stripes_->Stop();
+  if (sessions_) sessions_->Stop();
   for (std::thread& t : threads_) t.join();
   threads_.clear();
 }
@@ -239,6 +251,7 @@ absl::StatusOr<LeaseGrant> Agent::AcquireLease(const LeaseRequest& req) {
     absl::MutexLock lock(&loop_mu_);
     if (stopping_) return absl::UnavailableError("agent is shutting down");
   }
+  CKPT_RETURN_IF_ERROR(CheckSession(req.session_id));
   const ShardId id{req.job_id, req.step, req.rank};
   if (holdings_->HoldsValid(id)) {
     return absl::AlreadyExistsError(absl::StrCat("shard ", ShardIdString(id), " is already committed on this node"));
@@ -279,13 +292,13 @@ absl::StatusOr<LeaseGrant> Agent::AcquireLease(const LeaseRequest& req) {
     metrics_.lease_rejected->Increment();
     return absl::ResourceExhaustedError(BudgetMessage(req.size_bytes));
   }
-  const int64_t ttl = req.ttl_ms > 0 ? req.ttl_ms : options_.default_lease_ttl_ms;
+  const absl::Duration ttl = TtlFor(req.session_id, req.ttl_ms, options_.default_lease_ttl_ms);
   LeaseGrant grant;
   grant.regions = RegionsOf(arena_->pool_path(), (*bytes)->extents(), req.size_bytes);
-  grant.expires_in_ms = ttl;
+  grant.expires_in_ms = ttl == absl::InfiniteDuration() ? 0 : absl::ToInt64Milliseconds(ttl);
   grant.item_alignment_bytes = options_.item_alignment_bytes;
   grant.lease_id = leases_->Add(id, req.size_bytes, *std::move(bytes), req.run_id,
-                                ClientRef{req.client_pid, req.session_id}, absl::Milliseconds(ttl));
+                                ClientRef{req.client_pid, req.session_id}, ttl);
   UpdateGauges();
   return grant;
 }
@@ -363,7 +376,25 @@ absl::StatusOr<OpenResult> Agent::OpenShard(const ShardId& id, bool skip_verify,
   return restorer_->OpenLocal(id, skip_verify, ClientOf(client_pid), ttl_ms);
 }
 
-absl::StatusOr<OpenOutcome> Agent::Open(const OpenRequest& request) { return restorer_->Open(request); }
+absl::StatusOr<OpenOutcome> Agent::Open(const OpenRequest& request) {
+  CKPT_RETURN_IF_ERROR(CheckSession(request.client.session_id));
+  return restorer_->Open(request);
+}
+
+absl::Status Agent::CheckSession(const std::string& session_id) const {
+  if (session_id.empty()) return absl::OkStatus();
+  if (sessions_ == nullptr || !sessions_->Open(session_id)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "client session \"", session_id, "\" is not open on this agent (it restarted, or the client's session "
+        "connection closed); reconnect"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Duration Agent::TtlFor(const std::string& session_id, int64_t ttl_ms, int64_t default_ms) const {
+  if (!session_id.empty()) return absl::InfiniteDuration();  // lives with the session
+  return absl::Milliseconds(ttl_ms > 0 ? ttl_ms : default_ms);
+}
 
 absl::StatusOr<OpenResult> Agent::RestoreFromDurable(const ShardRecord& expected, const std::string& durable_path,
                                                      uint32_t client_pid, int64_t ttl_ms) {

@@ -59,6 +59,7 @@
 #include "server/agent/protection.h"
 #include "server/agent/reconstructor.h"
 #include "server/agent/restorer.h"
+#include "server/agent/session_server.h"
 #include "server/agent/task_runner.h"
 #include "transport/bulk.h"
 #include "transport/transport.h"
@@ -91,6 +92,11 @@ struct AgentOptions {
   // How long a stripe read waits on a silent holder before also reading
   // other survivors (0: min(1 s, peer timeout / 4)).
   int64_t hedge_ms = 0;
+  // The client session socket (session_server.h): "" for none. Clients of
+  // a session hold leases and handles for as long as their connection lives,
+  // plus `session_grace_ms` after it closes.
+  std::string session_socket;
+  int64_t session_grace_ms = 10000;
   int serve_threads = 2;   // serving peers' reads
   int finish_threads = 2;  // storing finished pushes
   int stripe_threads = 4;  // stripes pushed / restored concurrently
@@ -227,12 +233,18 @@ class Agent : private MetaSession::Delegate {
   PeerClient* peer_client_for_test() { return peer_client_.get(); }
   ParityBuilder* parity_for_test() { return parity_.get(); }
   PeerServer* peer_server_for_test() { return peer_server_.get(); }
+  // The session socket's path ("" without one).
+  std::string session_socket() const { return sessions_ ? sessions_->socket_path() : std::string(); }
 
  private:
   Agent(const AgentOptions& options, MetaLink* meta, Clock* clock, FileSystem* durable_fs, MetricsRegistry* metrics);
   absl::Status Init();
   std::string BudgetMessage(uint64_t want) const;
   ClientRef ClientOf(uint32_t pid) const { return ClientRef{pid, ""}; }
+  // A session the client names must be open here (FailedPrecondition).
+  absl::Status CheckSession(const std::string& session_id) const;
+  // Leases and handles of a session never expire by ttl.
+  absl::Duration TtlFor(const std::string& session_id, int64_t ttl_ms, int64_t default_ms) const;
   absl::Status RunStep(QueuedTask& qt, bool* finished);
   absl::Status FlushStep(QueuedTask& qt, bool* finished);
   void UpdateGauges();
@@ -260,6 +272,7 @@ class Agent : private MetaSession::Delegate {
   std::unique_ptr<MetaSession> session_;
   std::unique_ptr<HoldingTable> holdings_;
   std::unique_ptr<LeaseTable> leases_;
+  std::unique_ptr<SessionServer> sessions_;
   std::unique_ptr<Flusher> flusher_;
   std::unique_ptr<TaskRunner> runner_;
   std::unique_ptr<Executor> stripes_;

@@ -141,6 +141,8 @@ class Arena {
   std::byte* Data(uint64_t offset) const { return base_ + offset; }
 
   const std::string& pool_path() const { return pool_path_; }
+  // The pool file's descriptor (handed to clients over the session socket).
+  int pool_fd() const { return fd_; }
   const std::string& dir() const { return dir_; }
   uint64_t capacity_bytes() const { return capacity_; }
   uint64_t free_bytes() const;

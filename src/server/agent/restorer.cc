@@ -52,13 +52,15 @@ absl::StatusOr<OpenResult> Restorer::OpenLocal(const ShardId& id, bool skip_veri
     d_.holdings->MarkVerified(pin);
     verified = true;
   }
-  const int64_t ttl = ttl_ms > 0 ? ttl_ms : d_.default_handle_ttl_ms;
+  // A session's handles live as long as the session; others by ttl.
+  const absl::Duration ttl = !client.session_id.empty() ? absl::InfiniteDuration()
+                                                        : absl::Milliseconds(ttl_ms > 0 ? ttl_ms : d_.default_handle_ttl_ms);
   OpenResult out;
   out.shard.record = *pin.rec;
   out.shard.regions = RegionsOf(d_.arena->pool_path(), pin.rec->extents, pin.rec->size_bytes);
   out.verified = verified;
-  out.expires_in_ms = ttl;
-  out.handle_id = d_.leases->OpenHandle(id, std::move(pin), client, absl::Milliseconds(ttl));
+  out.expires_in_ms = ttl == absl::InfiniteDuration() ? 0 : absl::ToInt64Milliseconds(ttl);
+  out.handle_id = d_.leases->OpenHandle(id, std::move(pin), client, ttl);
   return out;
 }
 

@@ -33,6 +33,7 @@ grpc::Status AgentServiceImpl::AcquireStagingLease(grpc::ServerContext*, const v
   r.run_id = req->run_id();
   r.client_pid = req->client_pid();
   r.ttl_ms = req->ttl_ms();
+  r.session_id = req->session_id();
   if (r.ttl_ms < 0) return Invalid("ttl_ms must not be negative");
   absl::StatusOr<agent::LeaseGrant> g = agent_->AcquireLease(r);
   if (!g.ok()) return ToGrpcStatus(g.status());
@@ -67,7 +68,7 @@ grpc::Status AgentServiceImpl::OpenShard(grpc::ServerContext*, const v1::OpenSha
   agent::OpenRequest open;
   open.id = *id;
   open.skip_verify = req->skip_verify();
-  open.client = agent::ClientRef{req->client_pid(), ""};
+  open.client = agent::ClientRef{req->client_pid(), req->session_id()};
   open.ttl_ms = req->ttl_ms();
   if (req->has_expected() && req->expected().size_bytes() != 0) {
     agent::ShardRecord expected;

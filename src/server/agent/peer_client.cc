@@ -367,26 +367,32 @@ void PeerClient::OnAck(const Inbound& msg, bool done) {
 void PeerClient::OnReadChunk(const Inbound& msg, const absl::Status& status) {
   absl::StatusOr<Chunk> c = DecodeChunk(msg.header);
   if (!c.ok()) return;
-  std::shared_ptr<void> landed;  // released after the lock
-  absl::MutexLock lock(&mu_);
-  if (msg.payload_bytes > 0) {
-    auto slot = landings_.find({c->id, c->offset});
-    if (slot == landings_.end()) return;  // Allocate refused it: nothing landed
-    landed = std::move(slot->second);
-    landings_.erase(slot);
+  std::shared_ptr<void> landed;  // keeps the bytes alive while we check them; released last
+  MutablePieces where;
+  {
+    absl::MutexLock lock(&mu_);
+    if (msg.payload_bytes > 0) {
+      auto slot = landings_.find({c->id, c->offset});
+      if (slot == landings_.end()) return;  // Allocate refused it: nothing landed
+      landed = std::move(slot->second);
+      landings_.erase(slot);
+    }
+    auto it = reads_.find(c->id);
+    if (it == reads_.end() || it->second.ended) return;
+    if (!status.ok()) {
+      it->second.ended = true;
+      it->second.status = status;
+      return;
+    }
+    where = transport::SlicePieces(it->second.dest, c->offset, msg.payload_bytes);
   }
+  // The crc runs without the lock, on memory `landed` keeps alive.
+  uint32_t crc = 0;
+  for (const auto& p : where) crc = Crc32cExtend(crc, p.data(), p.size());
+  absl::MutexLock lock(&mu_);
   auto it = reads_.find(c->id);
   if (it == reads_.end() || it->second.ended) return;
   PendingRead& r = it->second;
-  if (!status.ok()) {
-    r.ended = true;
-    r.status = status;
-    return;
-  }
-  uint32_t crc = 0;
-  for (const auto& p : transport::SlicePieces(r.dest, c->offset, msg.payload_bytes)) {
-    crc = Crc32cExtend(crc, p.data(), p.size());
-  }
   if (crc != c->crc32c) {
     r.ended = true;
     r.status = absl::DataLossError(absl::StrFormat("chunk at offset %d: crc32c 0x%08x != sender's 0x%08x",

@@ -43,6 +43,7 @@ void Engine::SetState(Version& v, VersionState to, const std::string& reason) {
   if (v.state == to) return;
   const VersionState from = v.state;
   v.state = to;
+  if (from == VersionState::kOpen) s_.open_progress.erase({v.job_id, v.step});
   const int64_t now = NowMs();
   switch (to) {
     case VersionState::kStaged:
@@ -65,6 +66,45 @@ void Engine::SetState(Version& v, VersionState to, const std::string& reason) {
   txn_.Header(v);
   log::Info("version {}/{}: {} -> {}{}{}", v.job_id, v.step, VersionStateName(from),
             VersionStateName(to), reason.empty() ? "" : ": ", reason);
+}
+
+std::string StagedRanksText(const Version& v) {
+  std::string text = absl::StrCat(v.shards.size(), " of ", v.world_size, " shards staged");
+  if (v.shards.size() >= v.world_size) return text;
+  constexpr int kNamed = 8;
+  std::vector<std::string> missing;
+  uint32_t more = 0;
+  for (uint32_t r = 0; r < v.world_size; ++r) {
+    if (v.shards.count(r)) continue;
+    if (missing.size() < kNamed) {
+      missing.push_back(absl::StrCat(r));
+    } else {
+      ++more;
+    }
+  }
+  absl::StrAppend(&text, " (rank", missing.size() + more > 1 ? "s " : " ",
+                  absl::StrJoin(missing, ", "), more > 0 ? absl::StrCat(" and ", more, " more") : "",
+                  " missing)");
+  return text;
+}
+
+void Engine::AbortOpenVersion(Version& v, const std::string& reason) {
+  CancelVersionTasks(v);
+  EvictVersion(v);
+  SetState(v, VersionState::kAborted, reason);
+}
+
+void Engine::AbortOpenVersionsBelow(const Version& staged) {
+  if (IsTerminal(staged.state) || staged.state == VersionState::kOpen) return;
+  auto j = s_.versions.find(staged.job_id);
+  if (j == s_.versions.end()) return;
+  for (auto it = j->second.begin(); it != j->second.end() && it->first < staged.step; ++it) {
+    Version& old = it->second;
+    if (old.state != VersionState::kOpen) continue;
+    AbortOpenVersion(old, absl::StrCat("superseded: step ", staged.step,
+                                       " was staged first, while this version had ",
+                                       StagedRanksText(old)));
+  }
 }
 
 bool Engine::ShardReadable(const Version& v, const Shard& shard) const {
@@ -253,11 +293,18 @@ void Engine::PlanRecovery(Version& v) {
     for (auto& [rank, sh] : v.shards) {
       std::set<std::string> holders;
       int protective = 0;
+      // The source: a holder on a node that is not SUSPECT if there is one,
+      // the primary first.
       std::string source;
+      int source_rank = INT32_MAX;
       for (const Copy& c : sh.copies) {
         if (c.state == CopyState::kValid || c.state == CopyState::kPending) holders.insert(c.node_id);
         if (Usable(c.state) && IsUsable(c.node_id)) {
-          if (source.empty() || c.role == CopyRole::kPrimary) source = c.node_id;
+          const int rank = (IsSuspect(c.node_id) ? 2 : 0) + (c.role == CopyRole::kPrimary ? 0 : 1);
+          if (rank < source_rank) {
+            source = c.node_id;
+            source_rank = rank;
+          }
           if (c.role != CopyRole::kRestored && CountsForProtection(c.node_id)) ++protective;
         }
       }
@@ -524,7 +571,10 @@ std::vector<Source> Engine::Sources(const Version& v, const Shard& shard,
   if (auto n = s_.nodes.find(near_node_id); n != s_.nodes.end()) {
     near_domain = n->second.failure_domain;
   }
-  std::vector<Source> replicas;
+  // Holders on DEAD or LEFT nodes are never sources (IsUsable); replicas on
+  // SUSPECT nodes (missing heartbeats: a stopped or overloaded agent would
+  // hold a reader for the whole peer timeout) come after every other source.
+  std::vector<Source> replicas, suspect;
   for (const Copy& c : shard.copies) {
     if (!Usable(c.state) || !IsUsable(c.node_id)) continue;
     Source src;
@@ -533,6 +583,8 @@ std::vector<Source> Engine::Sources(const Version& v, const Shard& shard,
     src.role = c.role;
     if (src.kind == SourceKind::kLocal) {
       out.push_back(src);
+    } else if (IsSuspect(c.node_id)) {
+      suspect.push_back(src);
     } else {
       replicas.push_back(src);
     }
@@ -545,8 +597,9 @@ std::vector<Source> Engine::Sources(const Version& v, const Shard& shard,
     }
     return r;
   };
-  std::stable_sort(replicas.begin(), replicas.end(),
-                   [&](const Source& a, const Source& b) { return rank_of(a) < rank_of(b); });
+  auto by_rank = [&](const Source& a, const Source& b) { return rank_of(a) < rank_of(b); };
+  std::stable_sort(replicas.begin(), replicas.end(), by_rank);
+  std::stable_sort(suspect.begin(), suspect.end(), by_rank);
   out.insert(out.end(), replicas.begin(), replicas.end());
 
   // EC decode from the owner's stripes.
@@ -588,10 +641,10 @@ std::vector<Source> Engine::Sources(const Version& v, const Shard& shard,
           if (seg.kind == SegmentKind::kParity) {
             ss.stripe_length_bytes = seg.length_bytes;
           }
-          if (!Usable(seg.state) || !IsUsable(seg.holder_node_id)) continue;
-          if (seg.key.position == slot.position) wanted_valid = true;
-          ss.segments.push_back(SegmentLocation{seg.key, seg.kind, seg.length_bytes, seg.crc32c,
-                                                EndpointOf(seg.holder_node_id)});
+        }
+        ss.segments = StripeLocations(v, g->index, slot.stripe, nullptr);
+        for (const SegmentLocation& loc : ss.segments) {
+          if (loc.key.position == slot.position) wanted_valid = true;
         }
         if (!wanted_valid && static_cast<int>(ss.segments.size()) < g->data_k) ok = false;
         ec.stripes.push_back(std::move(ss));
@@ -610,6 +663,31 @@ std::vector<Source> Engine::Sources(const Version& v, const Shard& shard,
     src.durable_path = shard.durable_path;
     out.push_back(src);
   }
+  out.insert(out.end(), suspect.begin(), suspect.end());
+  return out;
+}
+
+std::vector<SegmentLocation> Engine::StripeLocations(const Version& v, int group, int stripe,
+                                                     const SegmentKey* exclude) const {
+  std::vector<const Segment*> segs;
+  for (const Segment& seg : v.segments) {
+    if (seg.key.group != group || seg.key.stripe != stripe) continue;
+    if (exclude != nullptr && seg.key == *exclude) continue;
+    if (!Usable(seg.state) || !IsUsable(seg.holder_node_id)) continue;
+    segs.push_back(&seg);
+  }
+  // Position order (data before parity), SUSPECT holders last.
+  std::stable_sort(segs.begin(), segs.end(), [&](const Segment* a, const Segment* b) {
+    const bool sa = IsSuspect(a->holder_node_id), sb = IsSuspect(b->holder_node_id);
+    if (sa != sb) return sb;
+    return a->key.position < b->key.position;
+  });
+  std::vector<SegmentLocation> out;
+  out.reserve(segs.size());
+  for (const Segment* seg : segs) {
+    out.push_back(SegmentLocation{seg->key, seg->kind, seg->length_bytes, seg->crc32c,
+                                  EndpointOf(seg->holder_node_id)});
+  }
   return out;
 }
 
@@ -619,10 +697,11 @@ std::vector<Source> Engine::Sources(const Version& v, const Shard& shard,
 absl::StatusOr<InventoryResult> MetaCore::ReportInventory(const std::string& node_id,
                                                           uint64_t incarnation,
                                                           const std::vector<Holding>& holdings) {
-  InventoryResult result;
   uint64_t seq = 0;
-  {
+  absl::StatusOr<InventoryResult> answer = [&]() -> absl::StatusOr<InventoryResult> {
+    InventoryResult result;
     absl::MutexLock lock(&mu_);
+    seq = VisibleSeqLocked();
     Txn txn;
     Engine e(*state_, clock_, options_, txn);
     CKPT_ASSIGN_OR_RETURN(Node * node, e.CheckNode(node_id, incarnation));
@@ -809,10 +888,10 @@ absl::StatusOr<InventoryResult> MetaCore::ReportInventory(const std::string& nod
     }
     log::Info("inventory of node {}: {} entries, {} kept, {} decisions, {} missing", node_id,
               holdings.size(), result.kept, result.decisions.size(), result.missing.size());
-    seq = txn.Submit(store_, state_->versions);
-  }
-  CKPT_RETURN_IF_ERROR(store_->AwaitDurable(seq));
-  return result;
+    seq = SubmitLocked(txn);
+    return result;
+  }();
+  return WhenDurableAnswer(seq, std::move(answer));
 }
 
 absl::Status MetaCore::Tick() {
@@ -892,6 +971,26 @@ absl::Status MetaCore::Tick() {
         txn.Task(t);
       }
     }
+    // OPEN versions that stopped progressing (a rank died while saving, and
+    // no newer version was staged to supersede them) end, so they hold no
+    // memory and no trainer waits on them for ever.
+    if (options_.open_version_timeout > absl::ZeroDuration()) {
+      std::vector<std::pair<std::string, uint64_t>> stalled;
+      for (const auto& [key, since] : state_->open_progress) {
+        if (mono - since >= options_.open_version_timeout) stalled.push_back(key);
+      }
+      for (const auto& [job_id, step] : stalled) {
+        auto v = e.FindVersion(job_id, step);
+        if (!v.ok() || (*v)->state != VersionState::kOpen) {
+          state_->open_progress.erase({job_id, step});
+          continue;
+        }
+        e.AbortOpenVersion(
+            **v, absl::StrCat("no progress for ", absl::FormatDuration(options_.open_version_timeout),
+                              " with ", StagedRanksText(**v),
+                              " (did a rank die while saving?)"));
+      }
+    }
     // Jobs being deleted whose clean-up finished disappear.
     std::vector<std::string> gone;
     for (auto& [job_id, job] : state_->jobs) {
@@ -914,7 +1013,7 @@ absl::Status MetaCore::Tick() {
       txn.DeleteJob(job_id);
       log::Info("job {} removed", job_id);
     }
-    seq = txn.Submit(store_, state_->versions);
+    seq = SubmitLocked(txn);
   }
   return store_->AwaitDurable(seq);
 }
@@ -926,128 +1025,133 @@ bool MetaCore::ActiveTasksEmpty(Engine& e, const Version& v) {
   return true;
 }
 
-ClusterStatusView MetaCore::ClusterStatus(bool include_nodes, uint32_t max_problems) const {
-  absl::MutexLock lock(&mu_);
+absl::StatusOr<ClusterStatusView> MetaCore::ClusterStatus(bool include_nodes,
+                                                         uint32_t max_problems) const {
+  uint64_t seq = 0;
   ClusterStatusView out;
-  out.meta_instance_id = instance_id_;
-  out.meta_start_ms = start_ms_;
-  out.meta_version = options_.version;
-  std::vector<Problem> problems;
-  std::map<std::string, uint32_t> pending;
-  for (const auto& [id, t] : state_->tasks) {
-    if (Engine::Active(t)) ++pending[t.node_id];
-  }
-  for (const auto& [id, n] : state_->nodes) {
-    ++out.nodes_by_state[n.state];
-    if (include_nodes) {
-      out.nodes.push_back(n);
-      out.nodes.back().pending_tasks = pending[id];
+  {
+    absl::MutexLock lock(&mu_);
+    seq = VisibleSeqLocked();
+    out.meta_instance_id = instance_id_;
+    out.meta_start_ms = start_ms_;
+    out.meta_version = options_.version;
+    std::vector<Problem> problems;
+    std::map<std::string, uint32_t> pending;
+    for (const auto& [id, t] : state_->tasks) {
+      if (Engine::Active(t)) ++pending[t.node_id];
     }
-    if (n.state == NodeState::kAlive || n.state == NodeState::kSuspect ||
-        n.state == NodeState::kDraining) {
-      out.memory_capacity_bytes += n.memory_capacity_bytes;
-      out.memory_used_bytes += n.memory_used_bytes;
-      out.memory_free_bytes += n.memory_free_bytes;
-      out.flush_lag_bytes += n.flush_lag_bytes;
-      out.flush_lag_ms = std::max(out.flush_lag_ms, n.flush_lag_ms);
-      if (n.memory_capacity_bytes > 0 && n.memory_free_bytes * 10 < n.memory_capacity_bytes) {
-        problems.push_back({Problem::Kind::kMemoryLow, false,
-                            absl::StrCat("node ", id, " memory tier is ",
-                                         100 - n.memory_free_bytes * 100 / n.memory_capacity_bytes,
-                                         "% full"),
-                            id, "", std::nullopt, n.last_heartbeat_ms});
+    for (const auto& [id, n] : state_->nodes) {
+      ++out.nodes_by_state[n.state];
+      if (include_nodes) {
+        out.nodes.push_back(n);
+        out.nodes.back().pending_tasks = pending[id];
       }
-      if (n.flush_errors_total > 0) {
-        problems.push_back({Problem::Kind::kFlushFailing, false,
-                            absl::StrCat("node ", id, " had ", n.flush_errors_total,
-                                         " durable-tier write errors"),
-                            id, "", std::nullopt, n.last_heartbeat_ms});
+      if (n.state == NodeState::kAlive || n.state == NodeState::kSuspect ||
+          n.state == NodeState::kDraining) {
+        out.memory_capacity_bytes += n.memory_capacity_bytes;
+        out.memory_used_bytes += n.memory_used_bytes;
+        out.memory_free_bytes += n.memory_free_bytes;
+        out.flush_lag_bytes += n.flush_lag_bytes;
+        out.flush_lag_ms = std::max(out.flush_lag_ms, n.flush_lag_ms);
+        if (n.memory_capacity_bytes > 0 && n.memory_free_bytes * 10 < n.memory_capacity_bytes) {
+          problems.push_back({Problem::Kind::kMemoryLow, false,
+                              absl::StrCat("node ", id, " memory tier is ",
+                                           100 - n.memory_free_bytes * 100 / n.memory_capacity_bytes,
+                                           "% full"),
+                              id, "", std::nullopt, n.last_heartbeat_ms});
+        }
+        if (n.flush_errors_total > 0) {
+          problems.push_back({Problem::Kind::kFlushFailing, false,
+                              absl::StrCat("node ", id, " had ", n.flush_errors_total,
+                                           " durable-tier write errors"),
+                              id, "", std::nullopt, n.last_heartbeat_ms});
+        }
+      }
+      if (n.state == NodeState::kDead) {
+        problems.push_back({Problem::Kind::kNodeDead, true,
+                            absl::StrCat("node ", id, " is dead (lease expired)"), id, "",
+                            std::nullopt, n.state_since_ms});
+      } else if (n.state == NodeState::kSuspect) {
+        problems.push_back({Problem::Kind::kNodeSuspect, false,
+                            absl::StrCat("node ", id, " is missing heartbeats"), id, "",
+                            std::nullopt, n.last_heartbeat_ms});
       }
     }
-    if (n.state == NodeState::kDead) {
-      problems.push_back({Problem::Kind::kNodeDead, true,
-                          absl::StrCat("node ", id, " is dead (lease expired)"), id, "",
-                          std::nullopt, n.state_since_ms});
-    } else if (n.state == NodeState::kSuspect) {
-      problems.push_back({Problem::Kind::kNodeSuspect, false,
-                          absl::StrCat("node ", id, " is missing heartbeats"), id, "",
-                          std::nullopt, n.last_heartbeat_ms});
-    }
-  }
-  for (const auto& [node, list] : state_->unknown) {
-    for (const auto& u : list) {
-      problems.push_back({Problem::Kind::kUnknownData, false,
-                          absl::StrCat("node ", node, " holds data of unknown ", u.holding.job_id,
-                                       "/", u.holding.step),
-                          node, u.holding.job_id, u.holding.step, u.since_ms});
-    }
-  }
-  out.jobs = static_cast<uint32_t>(state_->jobs.size());
-  Txn unused;
-  Engine e(*state_, clock_, options_, unused);
-  for (const auto& [job_id, job] : state_->jobs) {
-    if (job.spec.protection.kind != ProtectionPolicy::Kind::kNone &&
-        !PlanPlacement(e.AliveNodes(), job.spec.protection).ok()) {
-      problems.push_back({Problem::Kind::kPlacementImpossible, true,
-                          absl::StrCat("job ", job_id, ": not enough alive nodes for ",
-                                       job.spec.protection.ToString()),
-                          "", job_id, std::nullopt, clock_->NowUnixMillis()});
-    }
-  }
-  for (const auto& [job_id, by_step] : state_->versions) {
-    for (const auto& [step, v] : by_step) {
-      if (v.state != VersionState::kDeleted) ++out.versions_by_state[v.state];
-      if (v.state == VersionState::kDegraded) {
-        problems.push_back({Problem::Kind::kVersionDegraded, false,
-                            absl::StrCat("version ", job_id, "/", step,
-                                         " lost redundancy and is being re-protected"),
-                            "", job_id, step, v.protected_ms});
-      } else if (v.state == VersionState::kAborted &&
-                 v.abort_reason.find("lost") != std::string::npos) {
-        problems.push_back({Problem::Kind::kVersionLost, true,
-                            absl::StrCat("version ", job_id, "/", step, ": ", v.abort_reason), "",
-                            job_id, step, v.ended_ms});
+    for (const auto& [node, list] : state_->unknown) {
+      for (const auto& u : list) {
+        problems.push_back({Problem::Kind::kUnknownData, false,
+                            absl::StrCat("node ", node, " holds data of unknown ", u.holding.job_id,
+                                         "/", u.holding.step),
+                            node, u.holding.job_id, u.holding.step, u.since_ms});
       }
-      if (IsTerminal(v.state)) continue;
-      for (const auto& [rank, sh] : v.shards) {
-        for (const Copy& c : sh.copies) {
-          if (c.state == CopyState::kCorrupt) {
-            problems.push_back({Problem::Kind::kCorruptCopy, true,
-                                absl::StrCat("copy of ", job_id, "/", step, " rank ", rank,
-                                             " on node ", c.node_id, " is corrupt: ", c.detail),
-                                c.node_id, job_id, step, c.updated_ms});
+    }
+    out.jobs = static_cast<uint32_t>(state_->jobs.size());
+    Txn unused;
+    Engine e(*state_, clock_, options_, unused);
+    for (const auto& [job_id, job] : state_->jobs) {
+      if (job.spec.protection.kind != ProtectionPolicy::Kind::kNone &&
+          !PlanPlacement(e.AliveNodes(), job.spec.protection).ok()) {
+        problems.push_back({Problem::Kind::kPlacementImpossible, true,
+                            absl::StrCat("job ", job_id, ": not enough alive nodes for ",
+                                         job.spec.protection.ToString()),
+                            "", job_id, std::nullopt, clock_->NowUnixMillis()});
+      }
+    }
+    for (const auto& [job_id, by_step] : state_->versions) {
+      for (const auto& [step, v] : by_step) {
+        if (v.state != VersionState::kDeleted) ++out.versions_by_state[v.state];
+        if (v.state == VersionState::kDegraded) {
+          problems.push_back({Problem::Kind::kVersionDegraded, false,
+                              absl::StrCat("version ", job_id, "/", step,
+                                           " lost redundancy and is being re-protected"),
+                              "", job_id, step, v.protected_ms});
+        } else if (v.state == VersionState::kAborted &&
+                   v.abort_reason.find("lost") != std::string::npos) {
+          problems.push_back({Problem::Kind::kVersionLost, true,
+                              absl::StrCat("version ", job_id, "/", step, ": ", v.abort_reason), "",
+                              job_id, step, v.ended_ms});
+        }
+        if (IsTerminal(v.state)) continue;
+        for (const auto& [rank, sh] : v.shards) {
+          for (const Copy& c : sh.copies) {
+            if (c.state == CopyState::kCorrupt) {
+              problems.push_back({Problem::Kind::kCorruptCopy, true,
+                                  absl::StrCat("copy of ", job_id, "/", step, " rank ", rank,
+                                               " on node ", c.node_id, " is corrupt: ", c.detail),
+                                  c.node_id, job_id, step, c.updated_ms});
+            }
           }
         }
       }
     }
-  }
-  for (const auto& [id, t] : state_->tasks) {
-    switch (t.state) {
-      case TaskState::kPending: ++out.tasks_pending; break;
-      case TaskState::kRunning: ++out.tasks_running; break;
-      case TaskState::kRetryWait: ++out.tasks_retrying; break;
-      default: break;
+    for (const auto& [id, t] : state_->tasks) {
+      switch (t.state) {
+        case TaskState::kPending: ++out.tasks_pending; break;
+        case TaskState::kRunning: ++out.tasks_running; break;
+        case TaskState::kRetryWait: ++out.tasks_retrying; break;
+        default: break;
+      }
+      if ((t.state == TaskState::kFailed && t.created_ms > 0) ||
+          (e.Active(t) && t.attempt >= 3)) {
+        if (t.state == TaskState::kFailed && t.kind == TaskKind::kDrop) continue;
+        problems.push_back({Problem::Kind::kTaskFailing, t.state == TaskState::kFailed,
+                            absl::StrCat("task ", id, " (", TaskKindName(t.kind), " ", t.job_id, "/",
+                                         t.step, ") on node ", t.node_id, " ",
+                                         TaskStateName(t.state), " after ", t.attempt,
+                                         " attempts: ", t.last_error),
+                            t.node_id, t.job_id, t.step, t.created_ms});
+      }
     }
-    if ((t.state == TaskState::kFailed && t.created_ms > 0) ||
-        (e.Active(t) && t.attempt >= 3)) {
-      if (t.state == TaskState::kFailed && t.kind == TaskKind::kDrop) continue;
-      problems.push_back({Problem::Kind::kTaskFailing, t.state == TaskState::kFailed,
-                          absl::StrCat("task ", id, " (", TaskKindName(t.kind), " ", t.job_id, "/",
-                                       t.step, ") on node ", t.node_id, " ",
-                                       TaskStateName(t.state), " after ", t.attempt,
-                                       " attempts: ", t.last_error),
-                          t.node_id, t.job_id, t.step, t.created_ms});
-    }
+    std::stable_sort(problems.begin(), problems.end(), [](const Problem& a, const Problem& b) {
+      if (a.error != b.error) return a.error;
+      return a.since_ms < b.since_ms;
+    });
+    out.problems_total = static_cast<uint32_t>(problems.size());
+    const uint32_t limit = max_problems == 0 ? 100 : max_problems;
+    if (problems.size() > limit) problems.resize(limit);
+    out.problems = std::move(problems);
   }
-  std::stable_sort(problems.begin(), problems.end(), [](const Problem& a, const Problem& b) {
-    if (a.error != b.error) return a.error;
-    return a.since_ms < b.since_ms;
-  });
-  out.problems_total = static_cast<uint32_t>(problems.size());
-  const uint32_t limit = max_problems == 0 ? 100 : max_problems;
-  if (problems.size() > limit) problems.resize(limit);
-  out.problems = std::move(problems);
-  return out;
+  return WhenDurableAnswer<absl::StatusOr<ClusterStatusView>>(seq, std::move(out));
 }
 
 }  // namespace ckpt::meta

@@ -15,6 +15,9 @@ absl::StatusOr<agent::ShardId> ShardIdFromProto(const v1::ShardKey& key, const s
   if (absl::Status s = ValidateJobId(key.job_id()); !s.ok()) {
     return absl::InvalidArgumentError(absl::StrCat(field, ".job_id: ", s.message()));
   }
+  if (absl::Status s = ValidateStep(key.step()); !s.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(field, ".step: ", s.message()));
+  }
   return agent::ShardId{key.job_id(), key.step(), key.rank()};
 }
 

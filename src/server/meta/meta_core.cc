@@ -70,8 +70,9 @@ absl::StatusOr<Version*> Engine::FindVersion(const std::string& job_id, uint64_t
     if (const Version* newer = NewestReadableAbove(job_id, step)) {
       // The usual reason a trainer waits for a step that never appears: its
       // agent's BeginVersion was refused.
-      why = absl::StrCat("; a save of step ", step, " is refused because the job's newest version is step ",
-                         newer->step, " (", VersionStateName(newer->state),
+      why = absl::StrCat("; a save of step ", step,
+                         " is refused because the job's newest version is step ", newer->step,
+                         " (", VersionStateName(newer->state),
                          ") and steps must increase (delete the newer versions to rewind)");
     }
     return absl::NotFoundError(
@@ -376,7 +377,9 @@ bool SamePolicy(const ProtectionPolicy& a, const ProtectionPolicy& b) {
 std::string FlushString(const FlushPolicy& f) {
   if (f.every_n_versions == 0 && f.every_seconds == 0) return "never";
   std::vector<std::string> rules;
-  if (f.every_n_versions != 0) rules.push_back(absl::StrCat("every ", f.every_n_versions, " versions"));
+  if (f.every_n_versions != 0) {
+    rules.push_back(absl::StrCat("every ", f.every_n_versions, " versions"));
+  }
   if (f.every_seconds != 0) rules.push_back(absl::StrCat("every ", f.every_seconds, " s"));
   return absl::StrJoin(rules, " or ");
 }

@@ -490,6 +490,8 @@ class MetaCore {
   // wait for: the newest change visible in memory (this one, or an earlier
   // one when `txn` is empty).
   uint64_t SubmitLocked(Txn& txn) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  ClusterStatusView ClusterStatusLocked(bool include_nodes, uint32_t max_problems) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The sequence of the newest change visible in memory.
   uint64_t VisibleSeqLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // `answer` once batch `seq` (and so every earlier one) is durable, or the

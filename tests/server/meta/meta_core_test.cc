@@ -890,6 +890,49 @@ TEST_F(MetaCoreTest, EcStripesAndRebuildSourcesSkipDeadAndListSuspectLast) {
   EXPECT_GT(rebuilds, 0);
 }
 
+TEST_F(MetaCoreTest, ReReplicationReadsFromAHolderThatIsNotSuspect) {
+  const std::vector<std::string> nodes = {"a", "b", "c", "d", "e"};
+  for (const auto& n : nodes) Register(n);
+  CreateJob("gpt", 1, ProtectionPolicy::Replicate(3, ProtectionPolicy::Placement::kRing));
+  ASSERT_TRUE(core_->BeginVersion("gpt", 1, "").ok());
+  ASSERT_TRUE(Stage("a", "gpt", 1, 0).ok());
+  RunAgents();
+  ASSERT_EQ(StateOf("gpt", 1), VersionState::kProtected);
+  auto v = core_->GetVersion("gpt", 1, false);
+  ASSERT_TRUE(v.ok());
+  std::vector<std::string> holders;
+  for (const auto& c : v->shards.at(0).copies) holders.push_back(c.node_id);
+  ASSERT_EQ(holders.size(), 3u);
+  ASSERT_EQ(holders[0], "a");  // the primary
+  const std::string dying = holders[2];
+  // `dying` stops at once, the primary `a` three seconds later: when
+  // `dying` is declared DEAD, `a` is SUSPECT.
+  for (int i = 1; i <= 6; ++i) {
+    clock_.Advance(absl::Seconds(1));
+    for (const auto& n : nodes) {
+      if (n == dying || (n == "a" && i >= 3)) continue;
+      Beat(n);
+    }
+    ASSERT_TRUE(core_->Tick().ok());
+    if ((*core_->ListNodes({NodeState::kDead})).size() == 1) break;
+  }
+  ASSERT_EQ((*core_->ListNodes({NodeState::kDead})).size(), 1u);
+  ASSERT_EQ((*core_->ListNodes({NodeState::kSuspect}))[0].id, "a");
+  // The lost copy is re-made from the healthy replica, not the SUSPECT primary.
+  int replicates = 0;
+  for (const auto& n : nodes) {
+    if (n == dying) continue;
+    auto tasks = core_->PendingTasks(n, inc_[n], false);
+    ASSERT_TRUE(tasks.ok()) << tasks.status();
+    for (const TaskBundle& b : *tasks) {
+      if (b.task.kind != TaskKind::kReplicate) continue;
+      ++replicates;
+      EXPECT_EQ(b.task.node_id, holders[1]) << "re-replication reads from " << b.task.node_id;
+    }
+  }
+  EXPECT_EQ(replicates, 1);
+}
+
 // ---- Issue 13 #7: what ends a version that can never complete ----
 
 TEST_F(MetaCoreTest, StepsAboveTheMaximumAreRefusedAndTheJobKeepsWorking) {

@@ -194,7 +194,8 @@ TEST_F(JobLifecycleTest, OperatorCreatedJobsOpenWithoutRepeatingTheirProtection)
   other.protection = Protection::None();
   absl::StatusOr<Client> refused = Client::Connect(other);
   EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition) << refused.status();
-  EXPECT_THAT(refused.status().message(), HasSubstr("protection (stored replicate{2, ring}, asked none)"));
+  EXPECT_THAT(std::string(refused.status().message()),
+              HasSubstr("protection (stored replicate{2, ring}, asked none)"));
   other.protection = Protection::Replicate(2);
   EXPECT_TRUE(Client::Connect(other).ok()) << "the same protection, stated, opens the job";
 
@@ -218,9 +219,23 @@ TEST_F(JobLifecycleTest, AVersionARankNeverFinishedNeverBlocksTheJob) {
   }
   // Step 100: ranks 0-2 save; rank 3 dies before its save.
   for (uint32_t rank = 0; rank < 3; ++rank) ASSERT_TRUE(Save(clients[rank], 100).ok());
-  absl::Status staged = clients[0].WaitVersion(100, Level::kStaged, absl::Now() + absl::Seconds(2));
+  // The agents report in the background: wait (bounded) until meta has the three.
+  const absl::Time give_up = absl::Now() + kLong;
+  auto staged_ranks = [&] {
+    v1::GetVersionRequest req;
+    req.set_job_id("train");
+    req.set_step(100);
+    v1::GetVersionResponse resp;
+    grpc::ClientContext ctx;
+    // NOT_FOUND until an agent has begun the version.
+    return meta_->stub()->GetVersion(&ctx, req, &resp).ok() ? resp.version().shards_staged() : 0;
+  };
+  while (staged_ranks() < 3 && absl::Now() < give_up) {
+    absl::SleepFor(absl::Milliseconds(20));  // bounded poll of real processes
+  }
+  absl::Status staged = clients[0].WaitVersion(100, Level::kStaged, absl::Now() + absl::Seconds(1));
   EXPECT_EQ(staged.code(), absl::StatusCode::kDeadlineExceeded) << staged;
-  EXPECT_THAT(staged.message(), HasSubstr("3 of 4 shards staged (rank 3 missing)"));
+  EXPECT_THAT(std::string(staged.message()), HasSubstr("3 of 4 shards staged (rank 3 missing)"));
   clients.pop_back();
   absl::StatusOr<Client> restarted = Client::Connect(Options("train", 3, kWorld));
   ASSERT_TRUE(restarted.ok()) << restarted.status();
@@ -246,7 +261,7 @@ TEST_F(JobLifecycleTest, AVersionARankNeverFinishedNeverBlocksTheJob) {
   EXPECT_THAT(old.abort_reason(), HasSubstr("rank 3 missing"));
   absl::Status waited = clients[0].WaitVersion(100, Level::kProtected, absl::Now() + kLong);
   EXPECT_EQ(waited.code(), absl::StatusCode::kFailedPrecondition) << waited;
-  EXPECT_THAT(waited.message(), HasSubstr("superseded"));
+  EXPECT_THAT(std::string(waited.message()), HasSubstr("superseded"));
   RunResult r = Ctl({"versions", "train"});
   ASSERT_TRUE(r.status.success()) << r.stderr_text;
   EXPECT_THAT(r.stdout_text, HasSubstr("REASON"));
@@ -255,7 +270,7 @@ TEST_F(JobLifecycleTest, AVersionARankNeverFinishedNeverBlocksTheJob) {
   // A step of 2^64-1 is refused at every entry, and opens nothing.
   absl::StatusOr<SaveHandle> huge = Save(clients[0], kHugeStep);
   EXPECT_EQ(huge.status().code(), absl::StatusCode::kInvalidArgument) << huge.status();
-  EXPECT_THAT(huge.status().message(), HasSubstr("9007199254740991"));
+  EXPECT_THAT(std::string(huge.status().message()), HasSubstr("9007199254740991"));
   {
     auto agent = v1::AgentService::NewStub(
         grpc::CreateChannel("unix:" + agents_[0]->socket_path(), grpc::InsecureChannelCredentials()));
@@ -300,7 +315,7 @@ TEST_F(JobLifecycleTest, AVersionARankNeverFinishedNeverBlocksTheJob) {
   ASSERT_TRUE(Save(clients[0], 115).ok());
   absl::Status lower = clients[0].WaitVersion(115, Level::kStaged, absl::Now() + kLong);
   EXPECT_EQ(lower.code(), absl::StatusCode::kNotFound) << lower;
-  EXPECT_THAT(lower.message(), HasSubstr("newest version is step 120 (PROTECTED)"));
+  EXPECT_THAT(std::string(lower.message()), HasSubstr("newest version is step 120 (PROTECTED)"));
 }
 
 }  // namespace

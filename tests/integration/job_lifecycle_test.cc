@@ -127,9 +127,16 @@ class JobLifecycleTest : public ::testing::Test {
     req.set_step(step);
     req.set_level(v1::DURABILITY_LEVEL_PROTECTED);
     req.set_timeout_ms(absl::ToInt64Milliseconds(kLong));
-    v1::WaitVersionResponse resp;
-    grpc::ClientContext ctx;
-    return meta_->stub()->WaitVersion(&ctx, req, &resp);
+    // The agents begin versions in the background: NOT_FOUND is retried for
+    // 10 s (bounded polling), as the client's SaveHandle::Wait does.
+    const absl::Time give_up = absl::Now() + absl::Seconds(10);
+    while (true) {
+      v1::WaitVersionResponse resp;
+      grpc::ClientContext ctx;
+      grpc::Status s = meta_->stub()->WaitVersion(&ctx, req, &resp);
+      if (s.error_code() != grpc::StatusCode::NOT_FOUND || absl::Now() > give_up) return s;
+      absl::SleepFor(absl::Milliseconds(20));
+    }
   }
 
   v1::JobSpec Spec(const std::string& job) {

@@ -102,25 +102,28 @@ v1::JobSpec MakeSpec(const ClientOptions& o) {
   v1::JobSpec spec;
   spec.set_job_id(o.job_id);
   spec.set_world_size(o.world_size);
-  v1::ProtectionPolicy* p = spec.mutable_protection();
-  switch (o.protection.kind) {
-    case Protection::Kind::kNone:
-      p->mutable_none();
-      break;
-    case Protection::Kind::kReplicate:
-      p->mutable_replicate()->set_copies(o.protection.copies);
-      p->mutable_replicate()->set_placement(o.protection.placement ==
-                                                    Protection::Placement::kGroup
-                                                ? v1::REPLICA_PLACEMENT_GROUP
-                                                : v1::REPLICA_PLACEMENT_RING);
-      break;
-    case Protection::Kind::kErasureCode:
-      p->mutable_ec()->set_data_k(o.protection.data_k);
-      p->mutable_ec()->set_parity_m(o.protection.parity_m);
-      break;
+  // Only what the user set: meta leaves unset policies uncompared when the
+  // job exists (it keeps the stored ones) and applies its defaults when it
+  // creates the job.
+  if (o.protection.has_value()) {
+    v1::ProtectionPolicy* p = spec.mutable_protection();
+    switch (o.protection->kind) {
+      case Protection::Kind::kNone:
+        p->mutable_none();
+        break;
+      case Protection::Kind::kReplicate:
+        p->mutable_replicate()->set_copies(o.protection->copies);
+        p->mutable_replicate()->set_placement(o.protection->placement ==
+                                                      Protection::Placement::kGroup
+                                                  ? v1::REPLICA_PLACEMENT_GROUP
+                                                  : v1::REPLICA_PLACEMENT_RING);
+        break;
+      case Protection::Kind::kErasureCode:
+        p->mutable_ec()->set_data_k(o.protection->data_k);
+        p->mutable_ec()->set_parity_m(o.protection->parity_m);
+        break;
+    }
   }
-  // Only what the user set: meta then leaves unset policies uncompared when
-  // the job exists.
   if (o.flush_every_n_versions != 0 || o.flush_every_seconds != 0) {
     spec.mutable_flush()->set_every_n_versions(o.flush_every_n_versions);
     spec.mutable_flush()->set_every_seconds(o.flush_every_seconds);
@@ -290,6 +293,7 @@ absl::StatusOr<std::string> SessionId(ClientCore& core) {
 
 absl::Status WaitForVersion(const ClientCore& core, uint64_t step, Level level,
                             absl::Time deadline, absl::Time not_found_until) {
+  CKPT_RETURN_IF_ERROR(ValidateStep(step));
   v1::WaitVersionRequest req;
   req.set_job_id(core.options.job_id);
   req.set_step(step);
@@ -310,8 +314,12 @@ absl::Status WaitForVersion(const ClientCore& core, uint64_t step, Level level,
       if (time_left) continue;  // one long poll ended; poll again
       return last;              // says the version's current state
     }
+    // Right after a commit the agent may not have begun the version at meta
+    // yet: NotFound is retried for a grace period, unless meta already says
+    // why the step can never appear (a newer version refuses it).
     const bool begin_pending = absl::IsNotFound(last) && absl::Now() < not_found_until &&
-                               last.message().find("no version") != absl::string_view::npos;
+                               last.message().find("no version") != absl::string_view::npos &&
+                               last.message().find("is refused") == absl::string_view::npos;
     if (!absl::IsUnavailable(last) && !begin_pending) return last;
     if (!time_left) {
       return absl::DeadlineExceededError(absl::StrCat(

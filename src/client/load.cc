@@ -79,6 +79,7 @@ struct OpenedShard {
 namespace {
 
 absl::StatusOr<v1::LocateResponse> Locate(const ClientCore& core, uint64_t step) {
+  CKPT_RETURN_IF_ERROR(ValidateStep(step));
   v1::LocateRequest req;
   req.set_job_id(core.options.job_id);
   req.set_step(step);

@@ -120,6 +120,7 @@ absl::StatusOr<SaveHandle> SaveBuilder::Commit() {
   spent_ = true;
   ClientCore& core = *core_;
   const ClientOptions& o = core.options;
+  CKPT_RETURN_IF_ERROR(ValidateStep(step_));
 
   std::vector<uint64_t> lengths;
   lengths.reserve(items_.size());

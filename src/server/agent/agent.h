@@ -233,6 +233,8 @@ class Agent : private MetaSession::Delegate {
   PeerClient* peer_client_for_test() { return peer_client_.get(); }
   ParityBuilder* parity_for_test() { return parity_.get(); }
   PeerServer* peer_server_for_test() { return peer_server_.get(); }
+  // Whether a client session is open (connected) here.
+  bool SessionOpen(const std::string& session_id) const { return sessions_ && sessions_->Open(session_id); }
   // The session socket's path ("" without one).
   std::string session_socket() const { return sessions_ ? sessions_->socket_path() : std::string(); }
 

@@ -83,6 +83,9 @@ struct PeerEndpoint {
   std::string node_id;
   uint64_t incarnation = 0;
   std::string data_address;
+  // Meta saw the node SUSPECT (missed heartbeats) when it answered: read
+  // from it last.
+  bool suspect = false;
 };
 
 

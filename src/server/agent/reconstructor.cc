@@ -86,8 +86,9 @@ absl::Status Reconstructor::Rebuild(const std::vector<SegmentLocation>& sources,
     for (size_t i = 0; i < sources.size(); ++i) {
       if (std::find(order.begin(), order.end(), i) == order.end()) order.push_back(i);
     }
-    std::stable_partition(order.begin(), order.end(),
-                          [&](size_t i) { return !IsSlow(sources[i].holder.node_id); });
+    std::stable_partition(order.begin(), order.end(), [&](size_t i) {
+      return !sources[i].holder.suspect && !IsSlow(sources[i].holder.node_id);
+    });
     std::vector<bool> present(n, false);
     std::vector<uint64_t> real(n, 0);  // bytes of the slice a fragment really has (rest: zero padding)
     std::map<uint64_t, size_t> active;  // read id -> source index
@@ -140,13 +141,18 @@ absl::Status Reconstructor::Rebuild(const std::vector<SegmentLocation>& sources,
     };
     // Keeps enough reads going: the wanted fragment alone, or k others.
     auto top_up = [&](bool hedge) {
+      // Read the wanted fragment itself only from a healthy holder; one meta
+      // calls SUSPECT or that was slow lately is decoded around at once.
       bool direct_possible = false;
       for (size_t i : order) {
-        if (usable[i] && sources[i].key.position == position) direct_possible = true;
+        if (usable[i] && sources[i].key.position == position && !sources[i].holder.suspect &&
+            !IsSlow(sources[i].holder.node_id)) {
+          direct_possible = true;
+        }
       }
       if (!hedge && direct_possible && others_present() + others_active() == 0) {
         for (size_t i : order) {
-          if (sources[i].key.position == position && start(i)) return;
+          if (sources[i].key.position == position && !sources[i].holder.suspect && start(i)) return;
         }
       }
       uint32_t want = data_k;
@@ -155,6 +161,13 @@ absl::Status Reconstructor::Rebuild(const std::vector<SegmentLocation>& sources,
         if (others_present() + others_active() >= want) break;
         if (sources[i].key.position == position) continue;
         start(i);
+      }
+      // Too few others to decode: the wanted fragment's holder after all,
+      // even a suspect or slow one.
+      if (active.empty() && others_present() < data_k) {
+        for (size_t i : order) {
+          if (sources[i].key.position == position && start(i)) return;
+        }
       }
     };
     top_up(false);

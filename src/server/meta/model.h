@@ -90,6 +90,9 @@ struct Endpoint {
   uint64_t incarnation = 0;
   std::string grpc_address;
   std::string data_address;
+  // The node's state when the snapshot was taken (readers may start a
+  // fallback early for a SUSPECT holder).
+  NodeState state = NodeState::kAlive;
 };
 
 // ---------------------------------------------------------------------------

@@ -15,6 +15,9 @@ absl::StatusOr<agent::ShardId> ShardIdFromProto(const v1::ShardKey& key, const s
   if (absl::Status s = ValidateJobId(key.job_id()); !s.ok()) {
     return absl::InvalidArgumentError(absl::StrCat(field, ".job_id: ", s.message()));
   }
+  if (absl::Status s = ValidateStep(key.step()); !s.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(field, ".step: ", s.message()));
+  }
   return agent::ShardId{key.job_id(), key.step(), key.rank()};
 }
 
@@ -112,7 +115,7 @@ absl::StatusOr<DurableManifest> ManifestFromVersion(const v1::VersionInfo& versi
 }
 
 agent::PeerEndpoint EndpointFromProto(const v1::NodeEndpoint& e) {
-  return agent::PeerEndpoint{e.node_id(), e.incarnation(), e.data_address()};
+  return agent::PeerEndpoint{e.node_id(), e.incarnation(), e.data_address(), e.state() == v1::NODE_STATE_SUSPECT};
 }
 
 agent::SegmentId SegmentIdFromProto(const v1::SegmentKey& k) {

@@ -25,6 +25,10 @@ AgentServiceImpl::AgentServiceImpl(agent::Agent* agent, std::string data_transpo
 
 grpc::Status AgentServiceImpl::AcquireStagingLease(grpc::ServerContext*, const v1::AcquireStagingLeaseRequest* req,
                                                    v1::AcquireStagingLeaseResponse* resp) {
+  // Checked here, before the agent reserves memory or begins the version at
+  // meta: a step such as 2^64-1 would otherwise open a version that refuses
+  // every later save of the job.
+  if (absl::Status s = ValidateStep(req->step()); !s.ok()) return ToGrpcStatus(s);
   agent::LeaseRequest r;
   r.job_id = req->job_id();
   r.step = req->step();

@@ -83,7 +83,7 @@ class AgentCluster : public ::testing::Test {
     EXPECT_TRUE(a.ok()) << a.status();
     n->agent = *std::move(a);
     n->agent->ControlOnce();  // registers: incarnation 1
-    n->endpoint = PeerEndpoint{n->id, 1, n->agent->data_address()};
+    n->endpoint = PeerEndpoint{n->id, 1, n->agent->data_address(), false};
     nodes_.push_back(std::move(n));
     return *nodes_.back();
   }

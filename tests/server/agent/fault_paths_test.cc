@@ -149,6 +149,39 @@ TEST_F(FaultPathsTest, ADecodeRoutesAroundASilentHolderAndItsLateDataHarmsNothin
   EXPECT_EQ(Bytes(*reader.agent, ShardId{"job", 9, 0}), Content("n0", 0));
 }
 
+// Issue 12 #11: a holder meta reports SUSPECT is not asked for the wanted
+// segment at all: the reader decodes from the others at once.
+TEST_F(FaultPathsTest, ADecodeNeverWaitsOnAHolderMetaCallsSuspect) {
+  for (int i = 0; i < 3; ++i) AddNode(3, NodeOptions{.faulty = true, .peer_timeout_ms = 60000, .hedge_ms = 60000});
+  Node& reader = AddNode(3, NodeOptions{.peer_timeout_ms = 60000, .hedge_ms = 60000});
+  const uint64_t sizes[3] = {20000, 21000, 22000};
+  EncodeRs21(11, sizes);
+  nodes_[0]->fault->StallNthSend(1, kReadChunk);  // n0 would never answer
+  nodes_[0]->fault->StallNthSend(2, kReadChunk);
+  PeerEndpoint suspect = nodes_[0]->endpoint;
+  suspect.suspect = true;
+  auto loc = [&](uint32_t s, uint32_t p, const Node& holder) {
+    SegmentLocation l = Loc(11, s, p, holder);
+    if (&holder == nodes_[0].get()) l.holder = suspect;
+    return l;
+  };
+  EcDecodeSource src;
+  src.data_k = 2;
+  src.parity_m = 1;
+  src.owner_node_id = "n0";
+  src.segment_bytes = (sizes[0] + 1) / 2;
+  src.stripes = {{2, 0, 0, std::max(seg_[2][0].size_bytes, seg_[2][1].size_bytes),
+                  {loc(2, 0, *nodes_[0]), loc(2, 1, *nodes_[1]), loc(2, 2, *nodes_[2])}},
+                 {1, 1, 1, std::max(seg_[1][0].size_bytes, seg_[1][1].size_bytes),
+                  {loc(1, 0, *nodes_[2]), loc(1, 1, *nodes_[0]), loc(1, 2, *nodes_[1])}}};
+  absl::StatusOr<OpenResult> r = reader.agent->RestoreByDecode(recs_[0], src, 0, 0);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(Bytes(*reader.agent, ShardId{"job", 11, 0}), Content("n0", 0));
+  EXPECT_EQ(nodes_[0]->fault->stalled(), 0);  // never asked
+  EXPECT_EQ(Metric(reader, "ckpt_agent_hedged_reads_total"), 0);
+  ASSERT_TRUE(reader.agent->CloseShard(r->handle_id).ok());
+}
+
 // Issue 12 #2. A parity build whose other data segment never arrives used to
 // keep its stripe's memory forever; now an eviction, a cancelled task or the
 // expiry (no progress for 4x the peer timeout) frees it.

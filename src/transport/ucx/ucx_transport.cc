@@ -143,10 +143,24 @@ enum class PeerState {
   kConnected,     // usable both ways; the handler may know its id
 };
 
+// The UCX endpoint to one remote worker, shared by every connection (Peer)
+// with that worker, outbound and inbound alike, and closed when the last of
+// them goes. One endpoint per worker pair matters: UCX pairs the endpoints two
+// workers create to each other by a per-pair sequence number, not by which
+// connection they were made for, so with an endpoint per connection the
+// other side's endpoint for connection X could be paired with ours for
+// connection Y, and closing Y would silently break X. Lives in remotes_ until
+// Stop (the raw pointer is the endpoint's error-callback argument).
+struct Remote {
+  UcxTransport* owner = nullptr;
+  std::string worker_address;
+  ucp_ep_h ep = nullptr;  // null once closed
+  int refs = 0;           // connections (Peers) using it that have not failed
+};
+
 // One connection, outbound (Connect) or inbound (accepted on the data port).
-// A peer that ever had a UCX endpoint lives in peers_ until Stop: the raw
-// pointer is the endpoint's error-callback argument and sends in flight point
-// to it. One that failed before it had an endpoint is dropped at once.
+// A peer that ever had a Remote lives in peers_ until Stop (sends in flight
+// point to it); one that failed before it had one is dropped at once.
 struct Peer {
   UcxTransport* owner = nullptr;
   PeerId id = 0;
@@ -163,8 +177,7 @@ struct Peer {
   uint64_t remote_nonce = 0;
   std::string remote_worker;  // inbound: the connecting side's address, until its hello
   absl::Time deadline = absl::InfiniteFuture();  // inbound: handshake must finish by then
-  ucp_ep_h ep = nullptr;
-  bool had_ep = false;
+  Remote* remote = nullptr;  // set once the UCX endpoint exists; holds a ref until failed
   bool failed = false;
   absl::Status fail_status;              // what sends still in flight complete with
   std::shared_ptr<ConnectWait> connect;  // set while Connect() waits
@@ -452,11 +465,14 @@ class UcxTransport : public Transport {
       peer->connect = nullptr;
       if (!peer->failed) FailPeer(peer.get(), absl::CancelledError("self-check done"));
     }
+    for (auto& r : remotes_) CloseRemote(r.get());
     for (Pending& p : pending_) CloseFd(&p.fd);
     pending_.clear();
     const absl::Time close_deadline = absl::Now() + absl::Milliseconds(options_.stop_timeout_ms);
     while (closing_ > 0 && absl::Now() < close_deadline) ProgressOrWait();
     peers_.clear();
+    remote_by_address_.clear();
+    remotes_.clear();
     deferred_accepts_.clear();
     probing_ = false;
     if (!result.ok()) {
@@ -818,7 +834,7 @@ class UcxTransport : public Transport {
     const ucx_wire::Greeting& g = p->reader.greeting();
     p->remote_id = g.peer_id;
     p->remote_nonce = g.nonce;
-    if (absl::Status s = CreateEndpoint(p, g.worker_address); !s.ok()) {
+    if (absl::Status s = AttachRemote(p, g.worker_address); !s.ok()) {
       PeerDown(p, s);
       return;
     }
@@ -835,7 +851,7 @@ class UcxTransport : public Transport {
     Peer* p = it->second.get();
     const std::string remote = std::move(p->remote_worker);
     p->remote_worker.clear();
-    if (absl::Status s = CreateEndpoint(p, remote); !s.ok()) {
+    if (absl::Status s = AttachRemote(p, remote); !s.ok()) {
       log::Warn("data plane: cannot open an endpoint back to {}: {}", p->address, std::string(s.message()));
       PeerDown(p, s);
       return;
@@ -845,22 +861,61 @@ class UcxTransport : public Transport {
     SendControl(p, kReadyAmId);
   }
 
-  absl::Status CreateEndpoint(Peer* p, const std::string& worker_address) {
-    ucp_ep_params_t ep{};
-    ep.field_mask = UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE | UCP_EP_PARAM_FIELD_ERR_HANDLER |
-                    UCP_EP_PARAM_FIELD_REMOTE_ADDRESS;
-    ep.err_mode = UCP_ERR_HANDLING_MODE_PEER;
-    ep.err_handler.cb = &UcxTransport::OnEpError;
-    ep.err_handler.arg = p;
-    ep.address = reinterpret_cast<const ucp_address_t*>(worker_address.data());
-    ucp_ep_h handle = nullptr;
-    const ucs_status_t st = ucp_ep_create(worker_, &ep, &handle);
-    if (st != UCS_OK) {
-      return absl::UnavailableError(absl::StrCat("UCX cannot reach the peer's worker: ", UcsError(st)));
+  // Gives `p` the endpoint to the worker at `worker_address`: the one already
+  // open to it, or a new one.
+  absl::Status AttachRemote(Peer* p, const std::string& worker_address) {
+    Remote* r = nullptr;
+    auto it = remote_by_address_.find(worker_address);
+    if (it != remote_by_address_.end()) {
+      r = it->second;
+    } else {
+      auto owned = std::make_unique<Remote>();
+      owned->owner = this;
+      owned->worker_address = worker_address;
+      ucp_ep_params_t ep{};
+      ep.field_mask = UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE | UCP_EP_PARAM_FIELD_ERR_HANDLER |
+                      UCP_EP_PARAM_FIELD_REMOTE_ADDRESS;
+      ep.err_mode = UCP_ERR_HANDLING_MODE_PEER;
+      ep.err_handler.cb = &UcxTransport::OnEpError;
+      ep.err_handler.arg = owned.get();
+      ep.address = reinterpret_cast<const ucp_address_t*>(worker_address.data());
+      ucp_ep_h handle = nullptr;
+      const ucs_status_t st = ucp_ep_create(worker_, &ep, &handle);
+      if (st != UCS_OK) {
+        return absl::UnavailableError(absl::StrCat("UCX cannot reach the peer's worker: ", UcsError(st)));
+      }
+      owned->ep = handle;
+      r = owned.get();
+      remote_by_address_[worker_address] = r;
+      remotes_.push_back(std::move(owned));
     }
-    p->ep = handle;
-    p->had_ep = true;
+    ++r->refs;
+    p->remote = r;
     return absl::OkStatus();
+  }
+
+  // `p` no longer uses its endpoint; the last user closes it.
+  void DetachRemote(Peer* p) {
+    Remote* r = p->remote;
+    if (r == nullptr || --r->refs > 0) return;
+    CloseRemote(r);
+  }
+
+  // Force-closes the endpoint: UCX completes the sends in flight on it with
+  // an error, which OnSendDone reports as their peer's failure.
+  void CloseRemote(Remote* r) {
+    if (r->ep == nullptr) return;
+    auto it = remote_by_address_.find(r->worker_address);
+    if (it != remote_by_address_.end() && it->second == r) remote_by_address_.erase(it);
+    ucp_ep_h ep = r->ep;
+    r->ep = nullptr;
+    ucp_request_param_t rp{};
+    rp.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS | UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+    rp.flags = UCP_EP_CLOSE_FLAG_FORCE;
+    rp.cb.send = &UcxTransport::OnClosed;
+    rp.user_data = this;
+    void* req = ucp_ep_close_nbx(ep, &rp);
+    if (UCS_PTR_IS_PTR(req)) ++closing_;
   }
 
   void SendControl(Peer* p, unsigned am_id) {
@@ -873,7 +928,7 @@ class UcxTransport : public Transport {
     rp.cb.send = &UcxTransport::OnControlSent;
     rp.user_data = op.get();
     rp.flags = UCP_AM_SEND_FLAG_EAGER;
-    void* req = ucp_am_send_nbx(p->ep, am_id, op->header.data(), op->header.size(), nullptr, 0, &rp);
+    void* req = ucp_am_send_nbx(p->remote->ep, am_id, op->header.data(), op->header.size(), nullptr, 0, &rp);
     if (UCS_PTR_IS_PTR(req)) {
       op.release();  // OnControlSent owns it now
     } else if (UCS_PTR_IS_ERR(req)) {
@@ -895,7 +950,7 @@ class UcxTransport : public Transport {
   void SweepPeers() {
     std::erase_if(peers_, [](const auto& entry) {
       const Peer& p = *entry.second;
-      return p.failed && !p.had_ep && p.connect == nullptr;
+      return p.failed && p.remote == nullptr && p.connect == nullptr;
     });
   }
 
@@ -908,6 +963,7 @@ class UcxTransport : public Transport {
       if (!peer->failed) FailPeer(peer.get(), absl::CancelledError("UCX transport stopped"));
       if (peer->connect) FinishConnect(peer.get(), absl::UnavailableError("UCX transport stopped"));
     }
+    for (auto& r : remotes_) CloseRemote(r.get());
     const absl::Time deadline = absl::Now() + absl::Milliseconds(options_.stop_timeout_ms);
     while ((closing_ > 0 || sends_in_flight_ > 0 || recvs_in_flight_ > 0) && absl::Now() < deadline) {
       ProgressOrWait();
@@ -919,27 +975,20 @@ class UcxTransport : public Transport {
     for (ucp_mem_h memh : memhs_) ucp_mem_unmap(context_, memh);
     memhs_.clear();
     peers_.clear();
+    remote_by_address_.clear();
+    remotes_.clear();
   }
 
   // Marks `p` failed, closes its liveness socket (so the other side learns
-  // at once) and force-closes its endpoint: UCX completes its sends in
-  // flight with an error, which OnSendDone reports as `why`.
+  // at once) and lets go of its endpoint (closed if no other connection to
+  // that worker uses it). Its sends still in flight complete with `why`.
   void FailPeer(Peer* p, absl::Status why) {
     p->failed = true;
     p->fail_status = std::move(why);
     CloseFd(&p->fd);
     p->out.clear();
     p->remote_worker.clear();
-    if (p->ep == nullptr) return;
-    ucp_ep_h ep = p->ep;
-    p->ep = nullptr;
-    ucp_request_param_t rp{};
-    rp.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS | UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
-    rp.flags = UCP_EP_CLOSE_FLAG_FORCE;
-    rp.cb.send = &UcxTransport::OnClosed;
-    rp.user_data = this;
-    void* req = ucp_ep_close_nbx(ep, &rp);
-    if (UCS_PTR_IS_PTR(req)) ++closing_;
+    DetachRemote(p);
   }
 
   // A connection failed (UCX error, liveness socket closed, handshake
@@ -993,8 +1042,8 @@ class UcxTransport : public Transport {
       return;
     }
     auto it = peers_.find(peer_id);
-    if (it == peers_.end() || it->second->failed || it->second->ep == nullptr ||
-        it->second->state != PeerState::kConnected) {
+    if (it == peers_.end() || it->second->failed || it->second->remote == nullptr ||
+        it->second->remote->ep == nullptr || it->second->state != PeerState::kConnected) {
       op->done(absl::UnavailableError(absl::StrCat("peer ", peer_id, " is not connected")));
       return;
     }
@@ -1021,7 +1070,7 @@ class UcxTransport : public Transport {
       buffer = op->iov.data();
       count = op->iov.size();
     }
-    void* req = ucp_am_send_nbx(p->ep, kAmId, op->am_header.data(), op->am_header.size(), buffer,
+    void* req = ucp_am_send_nbx(p->remote->ep, kAmId, op->am_header.data(), op->am_header.size(), buffer,
                                 count, &rp);
     if (req == nullptr) {
       op->done(absl::OkStatus());
@@ -1061,10 +1110,16 @@ class UcxTransport : public Transport {
 
   // --- UCX callbacks (progress thread, inside ucp_worker_progress) ---
 
+  // The endpoint to a worker broke: every connection over it fails.
   static void OnEpError(void* arg, ucp_ep_h, ucs_status_t status) {
-    auto* p = static_cast<Peer*>(arg);
-    if (p->failed) return;  // we closed it ourselves
-    p->owner->PeerDown(p, absl::UnavailableError(UcsError(status)));
+    auto* r = static_cast<Remote*>(arg);
+    UcxTransport* self = r->owner;
+    if (r->ep == nullptr) return;  // we closed it ourselves
+    self->CloseRemote(r);
+    const absl::Status why = absl::UnavailableError(UcsError(status));
+    for (auto& [id, p] : self->peers_) {
+      if (p->remote == r && !p->failed) self->PeerDown(p.get(), why);
+    }
   }
 
   // Inbound side: the connecting side's endpoint works.
@@ -1111,10 +1166,12 @@ class UcxTransport : public Transport {
     std::unique_ptr<SendOp> op(static_cast<SendOp*>(user_data));
     --op->owner->sends_in_flight_;
     ucp_request_free(request);
-    if (status == UCS_OK) {
-      op->done(absl::OkStatus());
-    } else if (op->peer->failed) {
+    // The endpoint may outlive a disconnected peer (other connections to the
+    // same worker use it): its sends still end with the peer's status.
+    if (op->peer->failed) {
       op->done(op->peer->fail_status);
+    } else if (status == UCS_OK) {
+      op->done(absl::OkStatus());
     } else {
       op->done(absl::UnavailableError(
           absl::StrCat("send to peer ", op->peer->id, ": ", UcsError(status))));
@@ -1238,6 +1295,8 @@ class UcxTransport : public Transport {
   bool probing_ = false;  // SelfCheck running: new peers are silent
   PeerId next_peer_ = 1;
   std::map<PeerId, std::unique_ptr<Peer>> peers_;
+  std::vector<std::unique_ptr<Remote>> remotes_;        // every endpoint ever opened
+  std::map<std::string, Remote*> remote_by_address_;   // the open one per worker address
   std::deque<PeerId> deferred_accepts_;  // hellos received inside ucp_worker_progress
   std::vector<ucp_mem_h> memhs_;
   int closing_ = 0;

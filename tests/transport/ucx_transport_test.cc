@@ -506,8 +506,8 @@ TEST(UcxTransport, AGreetingWithoutAUcxHelloIsAnsweredThenClosed) {
   EXPECT_TRUE(r->closed_by_peer);
 }
 
-// Idle connections cannot pile up: beyond max_pending_handshakes a new one
-// is closed at once; once they go, peers connect again.
+// Idle or half-done connections cannot pile up: beyond max_pending_handshakes
+// a new one is closed at once; once they go, peers connect again.
 TEST(UcxTransport, IdleConnectionsBeyondTheLimitAreClosedAtOnce) {
   UcxOptions o = NoSelfCheck();
   o.max_pending_handshakes = 2;
@@ -519,7 +519,12 @@ TEST(UcxTransport, IdleConnectionsBeyondTheLimitAreClosedAtOnce) {
   ASSERT_TRUE(b->Start("127.0.0.1:0", &hb).ok());
   const ListeningSocket port = DataPort(*b);
   const int idle1 = IdleConnection(port.port);
+  // The second sends a whole greeting but never the UCX hello: it counts too.
   const int idle2 = IdleConnection(port.port);
+  const std::string greeting = *ucx_wire::EncodeGreeting({9, 9, ckpt::testing::SeededRandomBytes(200, 9)});
+  ASSERT_EQ(send(idle2, greeting.data(), greeting.size(), MSG_NOSIGNAL), static_cast<ssize_t>(greeting.size()));
+  char reply[ucx_wire::kGreetingFixedBytes];
+  ASSERT_EQ(recv(idle2, reply, sizeof(reply), MSG_WAITALL), static_cast<ssize_t>(sizeof(reply)));
   // The third: closed without waiting for the 60 s handshake timeout.
   absl::StatusOr<GarbageResult> r = SendGarbage(port, "", absl::Seconds(20));
   ASSERT_TRUE(r.ok()) << r.status();

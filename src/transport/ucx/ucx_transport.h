@@ -55,6 +55,13 @@
 // socket fds reused across workers). One transport per process, as the
 // agents run, is not affected; in-process tests keep churn low.
 //
+// Endpoints use UCX's peer-failure error mode. With it, UCX 1.13 carries
+// rendezvous payloads over TCP as active-message fragments (TCP cannot
+// invalidate memory, which UCX requires of RMA lanes then), so the TCP
+// receive segment defaults to 512 KiB here instead of UCX's 64 KiB
+// (UCX_TCP_RX_SEG_SIZE overrides). RDMA devices that support invalidation
+// keep zero-copy rendezvous.
+//
 // UCX_* environment variables (UCX_TLS, UCX_NET_DEVICES, ...) pass through;
 // UcxOptions::config overrides them for this transport only.
 //
@@ -87,8 +94,9 @@ struct UcxOptions {
   // An accepted data-port connection must complete the handshake (greeting
   // and UCX hello) within this time, or it is closed.
   int64_t handshake_timeout_ms = 10000;
-  // Accepted connections that have not sent their greeting yet, at most;
-  // more are closed at once (a flood of idle connections cannot pile up).
+  // Accepted connections that have not finished the handshake yet, at most;
+  // more are closed at once (a flood of idle or half-done connections cannot
+  // pile up; real peers finish in milliseconds).
   int max_pending_handshakes = 64;
   // UCX configuration overrides, e.g. {"TLS", "tcp"} (names without "UCX_").
   std::vector<std::pair<std::string, std::string>> config;

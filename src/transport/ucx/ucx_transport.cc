@@ -162,7 +162,6 @@ struct Remote {
 // A peer that ever had a Remote lives in peers_ until Stop (sends in flight
 // point to it); one that failed before it had one is dropped at once.
 struct Peer {
-  UcxTransport* owner = nullptr;
   PeerId id = 0;
   std::string address;  // outbound: "host:port"; inbound: "inbound from ip:port"
   bool inbound = false;
@@ -707,7 +706,6 @@ class UcxTransport : public Transport {
     const ucx_wire::Greeting& g = it->reader.greeting();
     auto owned = std::make_unique<Peer>();
     Peer* p = owned.get();
-    p->owner = this;
     p->id = next_peer_++;
     p->address = absl::StrCat("inbound from ", it->from);
     p->inbound = true;
@@ -815,7 +813,6 @@ class UcxTransport : public Transport {
   void StartConnect(const std::shared_ptr<ConnectWait>& wait, sockaddr_in addr, const std::string& address) {
     auto owned = std::make_unique<Peer>();
     Peer* p = owned.get();
-    p->owner = this;
     p->id = next_peer_++;
     p->address = address;
     p->connect = wait;

@@ -46,9 +46,20 @@
 // that Handler::Allocate returned; smaller ones arrive eagerly and are copied
 // once. RMA (ucp_put/get) is never used: UCX emulates it in software over TCP.
 //
-// A failed peer gets Handler::OnPeerFailed(Unavailable) and its sends in
-// flight complete with Unavailable; Disconnect and Stop force-close
-// endpoints and their sends complete with Cancelled.
+// Endpoints: one UCX endpoint per remote worker, shared by every connection
+// with it (both directions) and closed with the last one. UCX pairs the
+// endpoints two workers open to each other by a per-pair sequence number,
+// not by connection, so an endpoint per connection let closing one
+// connection silently break another. A failed peer gets
+// Handler::OnPeerFailed(Unavailable) and its sends in flight complete with
+// Unavailable; after Disconnect or Stop they complete with Cancelled. Those
+// completions come when UCX is done with the memory: an endpoint is closed
+// by flushing it (only one UCX reported broken is force-closed), because
+// UCX 1.13's TCP transport, torn down with a message half written, writes
+// its goodbye into the middle of that message and the peer, still alive,
+// crashes (tcp_ep.c:939 and heap corruption). A flush towards a peer that is
+// gone ends when UCX notices (socket error or its keepalive); Stop waits at
+// most UcxOptions::stop_timeout_ms for closes.
 //
 // Known UCX 1.13 limitation: with two workers (two UcxTransports) in one
 // process, socket churn can hit an abort in UCX's async layer (async.c:643,

@@ -228,11 +228,18 @@ absl::Status ConnectAgent(ClientCore& core, absl::Time deadline) {
     log::Warn("agent lists {} pool files but {} sizes; ignoring the sizes",
               resp.pool_files_size(), resp.pool_file_bytes_size());
   }
-  for (const std::string& path : resp.pool_files()) {
-    CKPT_RETURN_IF_ERROR_CTX(core.mappings.AddPoolFile(path), "mapping the agent's pool file");
+  // The pool comes over the session socket as a descriptor: the trainer
+  // needs nothing of the agent's file system but the socket directory. An
+  // older agent without one: map the pool files by path.
+  absl::StatusOr<std::string> session = SessionId(core);
+  if (!session.ok()) return session.status();
+  if (session->empty()) {
+    for (const std::string& path : resp.pool_files()) {
+      CKPT_RETURN_IF_ERROR_CTX(core.mappings.AddPoolFile(path), "mapping the agent's pool file");
+    }
   }
-  log::Debug("connected to agent {} ({} pool files mapped)", core.node_id,
-             resp.pool_files_size());
+  log::Debug("connected to agent {} (session {}, {} pool files mapped)", core.node_id,
+             session->empty() ? "none" : *session, resp.pool_files_size());
   return absl::OkStatus();
 }
 
@@ -250,6 +257,36 @@ std::shared_ptr<grpc::Channel> MakeChannel(const std::string& target) {
 }
 
 }  // namespace
+
+absl::StatusOr<std::string> SessionId(ClientCore& core) {
+  std::string resume;
+  {
+    absl::MutexLock lock(&core.session_mu);
+    if (!core.sessions_supported) return std::string();
+    if (core.session != nullptr && !core.session->Closed()) return core.session->id();
+    if (core.session != nullptr) resume = core.session->id();
+  }
+  // (Re)open without holding the lock: it talks to the agent.
+  absl::StatusOr<std::unique_ptr<AgentSession>> opened =
+      AgentSession::Open(AgentSession::SocketFor(core.options.agent_socket), resume, core.options.rpc_timeout);
+  if (absl::IsNotFound(opened.status()) && resume.empty()) {
+    absl::MutexLock lock(&core.session_mu);
+    core.sessions_supported = false;  // an older agent: leases expire by ttl
+    return std::string();
+  }
+  if (!opened.ok()) return opened.status();
+  for (const AgentSession::Pool& pool : (*opened)->pools()) {
+    CKPT_RETURN_IF_ERROR_CTX(core.mappings.AddPoolFd(pool.path, pool.fd), "mapping the agent's pool");
+  }
+  absl::MutexLock lock(&core.session_mu);
+  if (core.session != nullptr && !core.session->Closed()) return core.session->id();  // another thread won
+  if (!resume.empty() && (*opened)->id() != resume) {
+    log::Warn("the agent restarted: new session {} (leases and handles of session {} are gone)", (*opened)->id(),
+              resume);
+  }
+  core.session = *std::move(opened);
+  return core.session->id();
+}
 
 absl::Status WaitForVersion(const ClientCore& core, uint64_t step, Level level,
                             absl::Time deadline, absl::Time not_found_until) {

@@ -67,7 +67,7 @@ const std::set<std::string>& KnownKeys() {
   static const auto* keys = new std::set<std::string>{
       "node_id", "meta", "listen", "data_listen", "run_dir", "memory", "memory_dir", "durable_root",
       "failure_domain", "metrics_listen", "lease_ttl_ms", "rpc_timeout_ms", "log_level", "log_json", "log_file",
-      "data_transport", "data_chunk", "data_rate", "data_in_flight", "peer_timeout_ms",
+      "data_transport", "data_chunk", "data_rate", "data_in_flight", "peer_timeout_ms", "session_grace_ms",
   };
   return *keys;
 }
@@ -144,6 +144,10 @@ absl::StatusOr<Settings> LoadSettings(const std::string& config_file, const std:
   absl::StatusOr<absl::Duration> ttl = config->GetDurationOr("lease_ttl_ms", absl::Seconds(60));
   if (!ttl.ok()) return ttl.status();
   a.default_lease_ttl_ms = absl::ToInt64Milliseconds(*ttl);
+  absl::StatusOr<absl::Duration> grace = config->GetDurationOr("session_grace_ms", absl::Seconds(10));
+  if (!grace.ok()) return grace.status();
+  if (*grace < absl::ZeroDuration()) return absl::InvalidArgumentError("--session-grace-ms must not be negative");
+  a.session_grace_ms = absl::ToInt64Milliseconds(*grace);
   absl::StatusOr<absl::Duration> rpc_timeout = config->GetDurationOr("rpc_timeout_ms", absl::Seconds(10));
   if (!rpc_timeout.ok()) return rpc_timeout.status();
   out.rpc_timeout = *rpc_timeout;
@@ -200,6 +204,9 @@ int Serve(const Settings& settings, const sigset_t& signals) {
   std::unique_ptr<agent::MetaLink> meta = rpc::NewGrpcMetaLink(settings.meta, settings.rpc_timeout);
   agent::AgentOptions options = settings.agent;
   options.grpc_address = settings.listen;
+  // Clients keep a session open on this socket: it hands them the pool's
+  // descriptor and its hang-up releases their leases (docs/agent.md).
+  options.session_socket = settings.run_dir + "/session.sock";
   // The data plane: UCX picks RDMA, shared memory or TCP from what both
   // ends have (UCX_TLS and other UCX_* variables pass through).
   std::unique_ptr<transport::Transport> data_plane;
@@ -320,7 +327,10 @@ int Main(int argc, char** argv) {
   option("--data-in-flight", "Chunks in flight per peer.", "N", "4");
   option("--data-rate", "Per-peer send limit in bytes per second (e.g. 2GiB); 0: unlimited.", "SIZE", "0");
   option("--peer-timeout-ms", "How long a peer may take to answer one step of a transfer.", "MS", "30000");
-  option("--run-dir", "Directory of the local socket agent.sock (mode 0660).", "DIR", kDefaultRunDir);
+  option("--run-dir", "Directory of the local sockets agent.sock and session.sock (mode 0660); the only thing "
+         "a trainer needs mounted.", "DIR", kDefaultRunDir);
+  option("--session-grace-ms", "How long a client's leases and handles outlive its session connection.", "MS",
+         "10000");
   option("--memory", "Memory-tier budget, reserved and pre-faulted at start (e.g. 4GiB).", "SIZE", "4GiB");
   option("--memory-dir", "tmpfs directory of the memory tier; default /dev/shm/ckpt-<node-id>.", "DIR");
   option("--durable-root", "Root of the durable tier (local path or a shared mount); empty: no flush.", "DIR");

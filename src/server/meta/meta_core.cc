@@ -1224,7 +1224,7 @@ absl::Status ApplySegment(Engine& e, const std::string& node_id, const SegmentRe
                                                         " differs from the layout's ",
                                                         seg->length_bytes));
     }
-    if (seg->state == CopyState::kValid && seg->crc32c != 0 && seg->crc32c != r.crc32c &&
+    if (seg->state == CopyState::kValid && (seg->crc_known || seg->crc32c != 0) && seg->crc32c != r.crc32c &&
         seg->holder_node_id != node_id) {
       // A rebuilt copy must reproduce the known contents.
       return absl::FailedPreconditionError(absl::StrCat("segment crc ", absl::Hex(r.crc32c),
@@ -1237,6 +1237,7 @@ absl::Status ApplySegment(Engine& e, const std::string& node_id, const SegmentRe
     }
     seg->holder_node_id = node_id;
     seg->crc32c = r.crc32c;
+    seg->crc_known = true;
   } else {
     if (seg->holder_node_id != node_id) {
       return absl::FailedPreconditionError(absl::StrCat("node \"", node_id,

@@ -723,7 +723,8 @@ absl::StatusOr<InventoryResult> MetaCore::ReportInventory(const std::string& nod
           continue;
         }
         if (h.state == CopyState::kCorrupt ||
-            (seg->crc32c != 0 && h.crc32c != seg->crc32c) || h.size_bytes != seg->length_bytes) {
+            ((seg->crc_known || seg->crc32c != 0) && h.crc32c != seg->crc32c) ||
+            h.size_bytes != seg->length_bytes) {
           if (seg->holder_node_id == node_id && seg->state != CopyState::kCorrupt) {
             seg->state = CopyState::kCorrupt;
             seg->updated_ms = now;
@@ -744,6 +745,7 @@ absl::StatusOr<InventoryResult> MetaCore::ReportInventory(const std::string& nod
         seg->holder_node_id = node_id;
         seg->state = CopyState::kValid;
         seg->crc32c = h.crc32c;
+        seg->crc_known = true;
         seg->updated_ms = now;
         txn.Segments(v);
         touched.insert(&v);

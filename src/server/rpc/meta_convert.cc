@@ -1019,7 +1019,7 @@ absl::Status TaskToProto(const meta::TaskBundle& bundle, v1::Task* out) {
         uint64_t stripe_length = 0;
         for (const meta::Segment* s : it->second) stripe_length = std::max(stripe_length, s->length_bytes);
         sr->set_stripe_length_bytes(stripe_length);
-        sr->set_expected_crc32c(seg->crc32c);
+        if (seg->crc_known || seg->crc32c != 0) sr->set_expected_crc32c(seg->crc32c);
         for (const meta::Segment* s : it->second) {
           if (s->key == target || s->state != meta::CopyState::kValid) continue;
           v1::SegmentLocation* loc = sr->add_sources();

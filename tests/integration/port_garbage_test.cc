@@ -155,7 +155,8 @@ TEST_F(PortGarbageTest, EveryDaemonSurvivesGarbageOnEverySocketAndStillWorks) {
     per_process.push_back(SocketsOf(a->proc()->pid(), {absl::StrCat("tcp 127.0.0.1:", a->port()),
                                                        absl::StrCat("tcp 127.0.0.1:", a->data_port()),
                                                        absl::StrCat("tcp 127.0.0.1:", a->metrics_port()),
-                                                       "unix-stream " + a->socket_path()}));
+                                                       "unix-stream " + a->socket_path(),
+                                                       "unix-seqpacket " + a->run_dir() + "/session.sock"}));
   }
   std::vector<std::string> all;
   for (const auto& sockets : per_process) {

@@ -128,6 +128,8 @@ absl::Status AddUnix(pid_t pid, const std::set<uint64_t>& inodes, std::vector<Li
     s.address = f[7];
     if (type == SOCK_STREAM && (flags & 0x10000)) {  // __SO_ACCEPTCON: listening
       s.kind = ListeningSocket::Kind::kUnixStream;
+    } else if (type == SOCK_SEQPACKET && (flags & 0x10000)) {
+      s.kind = ListeningSocket::Kind::kUnixSeqpacket;
     } else if (type == SOCK_DGRAM) {
       s.kind = ListeningSocket::Kind::kUnixDatagram;
     } else {
@@ -169,7 +171,9 @@ absl::StatusOr<int> Open(const ListeningSocket& target, sockaddr_storage* addr, 
     }
   } else {
     family = AF_UNIX;
-    type = target.kind == ListeningSocket::Kind::kUnixStream ? SOCK_STREAM : SOCK_DGRAM;
+    type = target.kind == ListeningSocket::Kind::kUnixStream      ? SOCK_STREAM
+           : target.kind == ListeningSocket::Kind::kUnixSeqpacket ? SOCK_SEQPACKET
+                                                                  : SOCK_DGRAM;
     auto* a = reinterpret_cast<sockaddr_un*>(addr);
     a->sun_family = AF_UNIX;
     std::string path = target.address;
@@ -180,7 +184,7 @@ absl::StatusOr<int> Open(const ListeningSocket& target, sockaddr_storage* addr, 
   }
   const int fd = socket(family, type | SOCK_CLOEXEC, 0);
   if (fd < 0) return PosixErrorToStatus(errno, "socket", target.ToString());
-  if (type == SOCK_STREAM && connect(fd, reinterpret_cast<sockaddr*>(addr), *len) != 0) {
+  if (type != SOCK_DGRAM && connect(fd, reinterpret_cast<sockaddr*>(addr), *len) != 0) {
     const int err = errno;
     close(fd);
     if (err == ECONNREFUSED) return absl::UnavailableError(absl::StrCat("connect to ", target.ToString(), " refused"));
@@ -198,6 +202,8 @@ std::string ListeningSocket::ToString() const {
       return ipv6 ? absl::StrCat("tcp [", address, "]:", port) : absl::StrCat("tcp ", address, ":", port);
     case Kind::kUnixStream:
       return absl::StrCat("unix-stream ", address);
+    case Kind::kUnixSeqpacket:
+      return absl::StrCat("unix-seqpacket ", address);
     case Kind::kUnixDatagram:
       return absl::StrCat("unix-dgram ", address);
   }
@@ -251,7 +257,11 @@ absl::StatusOr<GarbageResult> SendGarbage(const ListeningSocket& target, std::st
       if (r > 0) result.bytes_received += r;
     }
     if (writing && (p.revents & POLLOUT)) {
-      const ssize_t w = send(fd, bytes.data() + off, bytes.size() - off, MSG_NOSIGNAL);
+      // Records of a seqpacket socket must fit the socket buffer.
+      const size_t n = target.kind == ListeningSocket::Kind::kUnixSeqpacket
+                           ? std::min<size_t>(bytes.size() - off, 64 << 10)
+                           : bytes.size() - off;
+      const ssize_t w = send(fd, bytes.data() + off, n, MSG_NOSIGNAL);
       if (w < 0 && errno != EAGAIN && errno != EINTR) {
         // EPIPE / ECONNRESET: the peer closed on us mid-write.
         result.closed_by_peer = true;

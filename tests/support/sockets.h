@@ -31,7 +31,7 @@
 namespace ckpt::testing {
 
 struct ListeningSocket {
-  enum class Kind { kTcp, kUnixStream, kUnixDatagram };
+  enum class Kind { kTcp, kUnixStream, kUnixSeqpacket, kUnixDatagram };
   Kind kind = Kind::kTcp;
   // kTcp: the bound address, IPv4 dotted or IPv6 without brackets (an
   // IPv4-mapped IPv6 address is given as IPv4); unix: the path, or
@@ -40,13 +40,14 @@ struct ListeningSocket {
   int port = 0;  // kTcp only
   bool ipv6 = false;
 
-  // "tcp 127.0.0.1:7402", "unix-stream /run/ckpt/agent.sock", "unix-dgram @1a2b3".
+  // "tcp 127.0.0.1:7402", "unix-stream /run/ckpt/agent.sock",
+  // "unix-seqpacket /run/ckpt/session.sock", "unix-dgram @1a2b3".
   std::string ToString() const;
 };
 
 // Every listening TCP socket (state LISTEN) and every bound unix socket
-// (listening stream sockets, bound datagram sockets) that process `pid`
-// holds. Errors: NotFound if the process is gone; PermissionDenied or other
+// (listening stream and seqpacket sockets, bound datagram sockets) that
+// process `pid` holds. Errors: NotFound if the process is gone; PermissionDenied or other
 // read errors as a Status.
 absl::StatusOr<std::vector<ListeningSocket>> ListeningSockets(pid_t pid);
 
@@ -60,7 +61,8 @@ struct GarbageResult {
 // quietly when the peer closes or resets the connection), then waits up to
 // `wait_for_close` for the peer to close, reading and counting what it
 // answers. A datagram socket gets `bytes` in datagrams of at most 64 KiB
-// and `closed_by_peer` stays false. Errors: Unavailable if the connection is
+// and `closed_by_peer` stays false; a seqpacket socket gets it in records of
+// at most 64 KiB. Errors: Unavailable if the connection is
 // refused; FailedPrecondition for a non-loopback address; other socket
 // errors as a Status. Blocks at most about `wait_for_close` plus the writes.
 absl::StatusOr<GarbageResult> SendGarbage(const ListeningSocket& target, std::string_view bytes,

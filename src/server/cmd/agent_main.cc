@@ -211,11 +211,8 @@ int Serve(const Settings& settings, const sigset_t& signals) {
   // ends have (UCX_TLS and other UCX_* variables pass through).
   std::unique_ptr<transport::Transport> data_plane;
   if (settings.data_transport == "ucx") {
-    // A restarted agent must be able to listen on its data port again at
-    // once, while the old connections sit in TIME_WAIT (unless the operator
-    // chose otherwise in the environment).
-    ::setenv("UCX_TCP_CM_REUSEADDR", "y", 0);
-    ::setenv("UCX_RDMA_CM_REUSEADDR", "y", 0);
+    // The data port speaks only ckpt's handshake (no UCX listener behind
+    // it) and reuses its address, so a restarted agent listens again at once.
     data_plane = transport::NewUcxTransport();
     options.transport = data_plane.get();
     options.data_listen_address = settings.data_listen;

@@ -54,7 +54,16 @@ absl::Status Agent::Init() {
   MetaSession::Options so;
   so.node_id = options_.node_id;
   so.grpc_address = options_.grpc_address;
-  so.data_address = [this] { return options_.data_address.empty() ? data_address() : options_.data_address; };
+  so.data_address = [this] {
+    if (!options_.data_address.empty()) return options_.data_address;
+    std::string a = data_address();
+    const size_t colon = a.rfind(':');
+    const std::string host = colon == std::string::npos ? a : a.substr(0, colon);
+    if (!options_.advertise_host.empty() && (host == "0.0.0.0" || host == "[::]" || host == "::")) {
+      a = absl::StrCat(options_.advertise_host, a.substr(colon));
+    }
+    return a;
+  };
   so.failure_domain = options_.failure_domain;
   so.memory_capacity_bytes = arena_->capacity_bytes();
   so.memory_dir = options_.memory_dir;

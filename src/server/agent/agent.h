@@ -70,6 +70,9 @@ struct AgentOptions {
   std::string node_id;
   std::string grpc_address;  // advertised to meta
   std::string data_address;  // advertised to meta ("": the transport's address)
+  // Replaces a wildcard host (0.0.0.0, [::]) in the transport's address when
+  // data_address is "" (a port picked at start on all interfaces).
+  std::string advertise_host;
   std::string failure_domain;
   std::string memory_dir;
   uint64_t memory_bytes = 0;

@@ -68,6 +68,7 @@ const std::set<std::string>& KnownKeys() {
       "node_id", "meta", "listen", "data_listen", "run_dir", "memory", "memory_dir", "durable_root",
       "failure_domain", "metrics_listen", "lease_ttl_ms", "rpc_timeout_ms", "log_level", "log_json", "log_file",
       "data_transport", "data_chunk", "data_rate", "data_in_flight", "peer_timeout_ms", "session_grace_ms",
+      "advertise_host",
   };
   return *keys;
 }
@@ -78,6 +79,7 @@ struct Settings {
   std::string listen;
   std::string data_listen;
   std::string data_transport;  // "ucx" or "none"
+  std::string advertise_host;  // for wildcard listen addresses
   std::string run_dir;
   std::string metrics_listen;
   absl::Duration rpc_timeout;
@@ -108,6 +110,10 @@ absl::StatusOr<Settings> LoadSettings(const std::string& config_file, const std:
   if (absl::Status s = daemon::ValidateHostPort("listen", out.listen); !s.ok()) return s;
   out.data_listen = config->GetStringOr("data_listen", kDefaultDataListen);
   if (absl::Status s = daemon::ValidateHostPort("data_listen", out.data_listen); !s.ok()) return s;
+  out.advertise_host = config->GetStringOr("advertise_host", "");
+  if (out.advertise_host.find_first_of(":/ ") != std::string::npos && out.advertise_host.front() != '[') {
+    return absl::InvalidArgumentError("--advertise-host must be a host name or address (IPv6 in brackets)");
+  }
   out.data_transport = config->GetStringOr("data_transport", "ucx");
   if (out.data_transport != "ucx" && out.data_transport != "none") {
     return absl::InvalidArgumentError(
@@ -203,7 +209,14 @@ int Serve(const Settings& settings, const sigset_t& signals) {
   MetricsRegistry registry;
   std::unique_ptr<agent::MetaLink> meta = rpc::NewGrpcMetaLink(settings.meta, settings.rpc_timeout);
   agent::AgentOptions options = settings.agent;
-  options.grpc_address = settings.listen;
+  // Peers and tools dial what the agent advertises: never a wildcard.
+  absl::StatusOr<std::string> grpc_address = daemon::AdvertisedAddress(settings.listen, settings.advertise_host);
+  if (!grpc_address.ok()) {
+    log::Error("{}: {}", kProgram, grpc_address.status().ToString());
+    return kExitFailure;
+  }
+  options.grpc_address = *grpc_address;
+
   // Clients keep a session open on this socket: it hands them the pool's
   // descriptor and its hang-up releases their leases (docs/agent.md).
   options.session_socket = settings.run_dir + "/session.sock";
@@ -217,7 +230,16 @@ int Serve(const Settings& settings, const sigset_t& signals) {
     options.transport = data_plane.get();
     options.data_listen_address = settings.data_listen;
     // Port 0 picks a free port: advertise what the transport bound.
-    if (!absl::EndsWith(settings.data_listen, ":0")) options.data_address = settings.data_listen;
+    absl::StatusOr<std::string> data = daemon::AdvertisedAddress(settings.data_listen, settings.advertise_host);
+    if (!data.ok()) {
+      log::Error("{}: {}", kProgram, data.status().ToString());
+      return kExitFailure;
+    }
+    if (!absl::EndsWith(settings.data_listen, ":0")) {
+      options.data_address = *data;
+    } else {
+      options.advertise_host = daemon::HostOf(*data);
+    }
   }
   const absl::Time t0 = absl::Now();
   absl::StatusOr<std::unique_ptr<agent::Agent>> agent =
@@ -329,6 +351,8 @@ int Main(int argc, char** argv) {
   option("--peer-timeout-ms", "How long a peer may take to answer one step of a transfer.", "MS", "30000");
   option("--run-dir", "Directory of the local sockets agent.sock and session.sock (mode 0660); the only thing "
          "a trainer needs mounted.", "DIR", kDefaultRunDir);
+  option("--advertise-host", "Host peers and tools dial when --listen/--data-listen is a wildcard (0.0.0.0); "
+         "default: this machine's first non-loopback IPv4 address.", "HOST");
   option("--session-grace-ms", "How long a client's leases and handles outlive its session connection.", "MS",
          "10000");
   option("--memory", "Memory-tier budget, reserved and pre-faulted at start (e.g. 4GiB).", "SIZE", "4GiB");

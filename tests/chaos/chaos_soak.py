@@ -345,6 +345,7 @@ class Soak:
         self.filler = None
         self.log_file = open(self.work / "soak.log", "a")
         self.log_lock = threading.Lock()
+        self.tls = threading.local()
         self.failures = []
         self.counts = collections.Counter()
         self.faults = collections.Counter()
@@ -521,17 +522,22 @@ class Soak:
                                env=self.daemon_env())
         except subprocess.TimeoutExpired:
             self.log(f"ckptctl {' '.join(map(str, args))}: timed out", echo=False)
+            self.tls.ctl_error = "ckptctl timed out"
             return None
         if r.returncode != 0:
             if check:
                 self.log(f"ckptctl {' '.join(map(str, args))}: exit {r.returncode}: {r.stderr.strip()[:300]}",
                          echo=False)
-            self.last_ctl_error = r.stderr.strip()
+            self.tls.ctl_error = r.stderr.strip()
             return None
         try:
             return json.loads(r.stdout)
         except ValueError:
             return None
+
+    def ctl_error(self):
+        """stderr of this thread's last failed ckptctl call."""
+        return getattr(self.tls, "ctl_error", "")
 
     def node_states(self):
         d = self.ctl("nodes", timeout=5, check=False)
@@ -709,7 +715,7 @@ class Soak:
         for j in self.jobs:
             d = self.ctl("create-job", j.name, "--world-size", j.world, *j.ctl_flags, "--keep-in-memory", j.keep)
             if d is None:
-                raise Failure(f"create-job {j.name} failed: {getattr(self, 'last_ctl_error', '')}")
+                raise Failure(f"create-job {j.name} failed: {self.ctl_error()}")
         # Checkpoint sizes: fixed per (job, rank), awkward ones included, one large.
         self.fixed_sizes = {}
         rng = self.rng_sizes
@@ -792,17 +798,30 @@ class Soak:
         return versions
 
     def save_rank(self, v, rank):
+        """Saves one rank's shard; None if committed, else the error. UNAVAILABLE
+        means "retry" (docs/protocol.md): retried twice, as a trainer would; an
+        ALREADY_EXISTS answer to a retry means the first attempt committed."""
         import ckpt
-        try:
-            c = self.client(v.job, rank, v.via[rank])
-            state = {"payload": payload(self.seed, v.job, v.step, rank, v.sizes[rank]),
-                     "tag": tag(v.job, v.step, rank)}
-            c.save(v.step, state)
-            return None
-        except ckpt.Error as e:
-            return f"{type(e).__name__}: {e}"
-        except Exception as e:  # noqa: BLE001 - reported as the rank's error
-            return f"{type(e).__name__}: {e}"
+        state = {"payload": payload(self.seed, v.job, v.step, rank, v.sizes[rank]),
+                 "tag": tag(v.job, v.step, rank)}
+        for attempt in range(3):
+            try:
+                c = self.client(v.job, rank, v.via[rank])
+                c.save(v.step, state)
+                return None
+            except ckpt.AlreadyExistsError as e:
+                if attempt > 0:
+                    return None
+                return f"{type(e).__name__}: {e}"
+            except ckpt.UnavailableError as e:
+                if attempt == 2:
+                    return f"{type(e).__name__}: {e}"
+                self.inc("retries_unavailable")
+                time.sleep(0.5)
+            except ckpt.Error as e:
+                return f"{type(e).__name__}: {e}"
+            except Exception as e:  # noqa: BLE001 - reported as the rank's error
+                return f"{type(e).__name__}: {e}"
 
     def wait_protected(self, v, timeout):
         import ckpt
@@ -844,7 +863,7 @@ class Soak:
             return mv[step]
         d = self.ctl("inspect", job.name, step, timeout=10, check=False)
         if d is None:
-            err = getattr(self, "last_ctl_error", "")
+            err = self.ctl_error()
             return {"state": "missing", "abort_reason": err} if "NOT_FOUND" in err else None
         return d
 
@@ -852,9 +871,8 @@ class Soak:
         """True if retention may have evicted `step`: at least keep newer versions
         reached PROTECTED (and were not lost since)."""
         newer = [x for s, x in mv.items()
-                 if s > step and x["state"].lower() != "aborted" and
-                 (x["state"].lower() in ("protected", "persisted", "degraded") or
-                  x.get("protected_unix_ms", 0) > 0 or x.get("persisted_unix_ms", 0) > 0)]
+                 if s > step and (x["state"].lower() in ("protected", "persisted", "degraded") or
+                                  x.get("protected_unix_ms", 0) > 0 or x.get("persisted_unix_ms", 0) > 0)]
         return len(newer) >= job.keep
 
     def audit(self, phase):
@@ -942,15 +960,25 @@ class Soak:
         """One restore: a rank through the client (rank is not None) or the whole
         version through ckptctl. Returns True if every byte matched."""
         import ckpt
+        if rank is None:
+            return self.restore_ctl(v, during_fault)
         t = now()
-        try:
-            if rank is None:
-                return self.restore_ctl(v, during_fault)
-            c = self.client(v.job, rank, via)
-            served, items = c.load_items(v.step)
-        except ckpt.Error as e:
-            self.restore_error(v, rank, via, f"{type(e).__name__}: {e}", during_fault)
-            return False
+        for attempt in range(3):
+            try:
+                c = self.client(v.job, rank, via)
+                served, items = c.load_items(v.step)
+                break
+            except ckpt.UnavailableError as e:
+                # "Retry" by contract (e.g. the first call on a channel to a
+                # restarted meta fails with a broken pipe).
+                if attempt == 2:
+                    self.restore_error(v, rank, via, f"{type(e).__name__}: {e} (3 tries)", during_fault)
+                    return False
+                self.inc("retries_unavailable")
+                time.sleep(0.5)
+            except ckpt.Error as e:
+                self.restore_error(v, rank, via, f"{type(e).__name__}: {e}", during_fault)
+                return False
         ms = (now() - t) * 1000
         self.restore_ms["during_fault" if during_fault else "healthy"].append(ms)
         self.served_from[served] += 1
@@ -964,9 +992,15 @@ class Soak:
         out = self.work / "restore" / f"{v.job.name}-{v.step}-{self.ckptctl_restores}"
         self.ckptctl_restores += 1
         out.parent.mkdir(exist_ok=True)
-        d = self.ctl("restore", v.job.name, v.step, "--out", out, timeout=self.args.load_timeout)
+        for attempt in range(3):
+            d = self.ctl("restore", v.job.name, v.step, "--out", out, timeout=self.args.load_timeout)
+            if d is not None or "UNAVAILABLE" not in self.ctl_error() or attempt == 2:
+                break
+            self.inc("retries_unavailable")
+            shutil.rmtree(out, ignore_errors=True)
+            time.sleep(0.5)
         if d is None:
-            self.restore_error(v, None, None, f"ckptctl restore: {getattr(self, 'last_ctl_error', '')}",
+            self.restore_error(v, None, None, f"ckptctl restore: {self.ctl_error()}",
                                during_fault)
             shutil.rmtree(out, ignore_errors=True)
             return False
@@ -1114,7 +1148,7 @@ class Soak:
                         v.deleted = True
                         self.inc("abandoned_versions_deleted", 1)
                     else:
-                        err = getattr(self, "last_ctl_error", "")
+                        err = self.ctl_error()
                         if "NOT_FOUND" in err:
                             v.deleted = True
                         else:
@@ -1376,19 +1410,13 @@ class Soak:
 
     def fill_disk(self):
         self.filler = self.durable / "filler.bin"
-        with open(self.filler, "wb") as f:
-            chunk = b"\0" * MiB
-            try:
-                while True:
-                    f.write(chunk)
-            except OSError:
-                pass
-            try:
-                while True:
-                    f.write(b"\0" * 4096)
-                    f.flush()
-            except OSError:
-                pass
+        with open(self.filler, "wb", buffering=0) as f:
+            for chunk in (b"\0" * MiB, b"\0" * 4096, b"\0"):
+                try:
+                    while f.write(chunk):
+                        pass
+                except OSError:
+                    pass
         st = os.statvfs(self.durable)
         self.log(f"  durable tier: {st.f_bavail * st.f_frsize} bytes free", echo=False)
 
@@ -1444,6 +1472,11 @@ class Soak:
             kinds.append(("kill_two_agents", 1))
         if self.durable_mounted:
             kinds.append(("disk_full", 1))
+        if a.faults:
+            kinds = [(k, w) for k, w in kinds if k in a.faults]
+            if not kinds:
+                raise Failure(f"none of --faults {','.join(a.faults)} can run here "
+                              f"(disk_full: {self.disk_full_reason or 'ok'})")
         order = {"kill_agent": self.fault_kill_agent, "kill_meta": self.fault_kill_meta,
                  "stop_agent": self.fault_stop_agent, "kill_two_agents": self.fault_kill_two,
                  "disk_full": self.fault_disk_full}
@@ -1552,6 +1585,7 @@ class Soak:
                          "ms_during_fault_p50": pct(ms_f, 0.5), "ms_during_fault_max": ms_f[-1] if ms_f else None,
                          "ms_healthy_p50": pct(ms_h, 0.5), "ms_healthy_max": ms_h[-1] if ms_h else None,
                          "errors_exempt": self.counts["restore_errors_exempt"],
+                         "retries_after_unavailable": self.counts["retries_unavailable"],
                          "skipped_retired": self.counts["restores_skipped_retired"]},
             "versions": {"saved": self.counts["versions_saved"], "protected": self.counts["versions_protected"],
                          "bytes_saved": self.counts["bytes_saved"], "by_status": dict(statuses),
@@ -1599,6 +1633,22 @@ class Soak:
         print("SUMMARY_JSON " + json.dumps({k: s[k] for k in s if k not in ("failures", "crashes")}, sort_keys=True))
 
 
+def repro_args(argv, seed):
+    """The arguments of this run with its seed made explicit (and --keep)."""
+    out, skip = [], False
+    for a in argv:
+        if skip:
+            skip = False
+            continue
+        if a in ("--seed", "--build-dir"):
+            skip = True
+            continue
+        if a.startswith(("--seed=", "--build-dir=")) or a == "--keep":
+            continue
+        out.append(a)
+    return out + ["--seed", str(seed), "--keep"]
+
+
 def in_namespace_or_reexec():
     """Re-executes this program in a private mount namespace (for the full-disk
     tmpfs) when possible; returns if it stays in this process."""
@@ -1639,6 +1689,9 @@ def main():
     p.add_argument("--memory-tolerance", type=parse_size, default=64 * KiB,
                    help="growth per agent allowed at a memory checkpoint (default 64KiB)")
     p.add_argument("--ctl-share", type=float, default=0.3, help="share of version checks also done by ckptctl restore")
+    p.add_argument("--faults", type=lambda t: [x for x in t.split(",") if x],
+                   help="only these fault kinds (comma list of kill_agent, kill_meta, stop_agent, "
+                        "kill_two_agents, disk_full)")
     p.add_argument("--sabotage", choices=["crash", "lose", "wrong-bytes", "leak"],
                    help="damage on purpose to show the soak catches it (the run must fail)")
     args = p.parse_args()
@@ -1648,6 +1701,9 @@ def main():
         p.error("--duration must be > 0 and --mem-every >= 1")
     if args.peer_timeout_ms >= args.lease_ms:
         p.error("--peer-timeout-ms must be below --lease-ms (stops between the two are one fault variant)")
+    bad = set(args.faults or []) - {"kill_agent", "kill_meta", "stop_agent", "kill_two_agents", "disk_full"}
+    if bad:
+        p.error(f"unknown fault kind(s) {', '.join(sorted(bad))}")
     if args.seed is None:
         args.seed = int(time.time()) % 100000
     build = pathlib.Path(args.build_dir)
@@ -1694,8 +1750,7 @@ def main():
             json.dump(s, f, indent=1, sort_keys=True)
         soak.print_summary(s)
         soak.cleanup(keep_logs=args.keep or failed)
-    cmd = (f"/usr/bin/python3 tests/chaos/chaos_soak.py --duration {args.duration:g} --seed {args.seed} "
-           f"--nodes {args.nodes}")
+    cmd = "/usr/bin/python3 tests/chaos/chaos_soak.py " + " ".join(repro_args(sys.argv[1:], args.seed))
     if soak.interrupted:
         print(f"INTERRUPTED; logs kept in {soak.work}")
         code = 130

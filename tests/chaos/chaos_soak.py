@@ -1640,10 +1640,10 @@ def repro_args(argv, seed):
         if skip:
             skip = False
             continue
-        if a in ("--seed", "--build-dir"):
+        if a == "--seed":
             skip = True
             continue
-        if a.startswith(("--seed=", "--build-dir=")) or a == "--keep":
+        if a.startswith("--seed=") or a == "--keep":
             continue
         out.append(a)
     return out + ["--seed", str(seed), "--keep"]
@@ -1680,10 +1680,12 @@ def main():
     p.add_argument("--lease-ms", type=int, default=4000)
     p.add_argument("--heartbeat-ms", type=int, default=1000)
     p.add_argument("--peer-timeout-ms", type=int, default=2000)
-    p.add_argument("--protect-timeout", type=float, default=120, help="seconds a save may take to be PROTECTED")
+    p.add_argument("--protect-timeout", type=float, default=60,
+                   help="seconds a save on a healthy cluster may take to be PROTECTED")
     p.add_argument("--fault-protect-timeout", type=float, default=30,
                    help="seconds a save made during a fault is waited for before healing (then heal waits)")
-    p.add_argument("--heal-timeout", type=float, default=120, help="seconds re-protection may take")
+    p.add_argument("--heal-timeout", type=float, default=60,
+                   help="seconds re-protection (and the flush catching up) may take after healing")
     p.add_argument("--load-timeout", type=float, default=120, help="seconds one restore may take")
     p.add_argument("--mem-every", type=int, default=3, help="memory checkpoint every N faults")
     p.add_argument("--memory-tolerance", type=parse_size, default=64 * KiB,

@@ -8,8 +8,8 @@ timeouts and meta lease), then, for --duration seconds, loops:
   1. clients (the Python `ckpt` module, one per rank) save a version of every
      rank of every job (replicate ring, replicate group, EC with m = 2, and a
      replicated job flushed to the durable tier), seeded random sizes including
-     awkward ones (0 and 1 byte, 4 KiB +- 1, 4 MiB +- 1, a few tens of MiB), and
-     wait until meta says PROTECTED;
+     awkward ones (0 and 1 byte, 4 KiB +- 1, 4 MiB +- 1, 8/12/16 MiB +- 1, a few
+     tens of MiB), and wait until meta says PROTECTED;
   2. injects one fault chosen at random (seeded): kill -9 of an agent (restarted
      on the same dirs and ports at once, after meta declares it dead, or after
      re-protection), kill -9 of meta (restarted; optionally while a save is being
@@ -40,6 +40,8 @@ restore that fails while within tolerance; daemon crashes (unexpected exit,
 sanitizer or assertion reports in a log; a non-zero exit or a hang on SIGTERM at
 the end); memory growth across retention cycles; saves that fail or never reach
 PROTECTED on a healthy cluster; versions not re-protected after healing.
+
+docs/testing.md has the details (rules, memory tolerance, output, self-checks).
 
   /usr/bin/python3 tests/chaos/chaos_soak.py --duration 180 --seed 1 --nodes 4
   /usr/bin/python3 tests/chaos/chaos_soak.py --duration 1800 --seed 7 --nodes 6 --keep
@@ -349,7 +351,6 @@ class Soak:
         self.failures = []
         self.counts = collections.Counter()
         self.faults = collections.Counter()
-        self.faults_skipped = collections.Counter()
         self.served_from = collections.Counter()
         self.restore_ms = {"during_fault": [], "healthy": []}
         self.down = []            # [node, start, end or None]
@@ -1007,7 +1008,7 @@ class Soak:
         try:
             ranks = ckpt.read_durable(out)
         except ckpt.Error as e:
-            self.fail("wrong_bytes", f"{v.key}: ckptctl restore wrote a directory read_durable refuses: {e}")
+            self.fail("restore_failed", f"{v.key}: ckptctl restore wrote a directory read_durable refuses: {e}")
             return False
         finally:
             shutil.rmtree(out, ignore_errors=True)

@@ -450,7 +450,17 @@ class Soak:
         self.durable_mounted = True
 
     # ---- cluster
+    def remove_stale_tiers(self):
+        """Memory tiers left by soaks that were SIGKILLed (their dir names carry the
+        soak's PID; only dirs whose PID is gone are removed)."""
+        for d in pathlib.Path("/dev/shm").glob("ckpt-chaos-*"):
+            pid = d.name.rsplit("-", 1)[-1]
+            if pid.isdigit() and not pathlib.Path(f"/proc/{pid}").exists():
+                shutil.rmtree(d, ignore_errors=True)
+                self.log(f"removed the stale memory tiers {d}", echo=False)
+
     def start_cluster(self):
+        self.remove_stale_tiers()
         self.shm.mkdir(parents=True)
         self.setup_durable()
         prefix = []
@@ -583,10 +593,10 @@ class Soak:
                             continue
                         m = self.agent_metrics(d, timeout=1.0)
                         if m:
-                            series.write(f"{now() - self.t0:.1f},{d.name},{int(m.get('ckpt_agent_memory_used_bytes', -1))},"
-                                         f"{int(m.get('ckpt_agent_holdings', -1))},"
-                                         f"{int(m.get('ckpt_agent_flush_errors_total', 0))},"
-                                         f"{int(m.get('ckpt_agent_peer_errors_total', 0))}\n")
+                            cols = [int(m.get(k, -1)) for k in (
+                                "ckpt_agent_memory_used_bytes", "ckpt_agent_holdings",
+                                "ckpt_agent_flush_errors_total", "ckpt_agent_peer_errors_total")]
+                            series.write(f"{now() - self.t0:.1f},{d.name}," + ",".join(map(str, cols)) + "\n")
                     series.flush()
                 self.stop_monitor.wait(0.2)
 
@@ -788,7 +798,8 @@ class Soak:
         for v in versions:
             if v.status == "protected":
                 continue
-            what = f"{v.key} ({kind} save): {v.status}: {v.detail or 'not PROTECTED within ' + str(wait_timeout) + ' s'}"
+            why = v.detail or f"not PROTECTED within {wait_timeout} s"
+            what = f"{v.key} ({kind} save): {v.status}: {why}"
             if healthy or (kind == "fault" and self.disk_full_active):
                 self.fail("save_failed_healthy", what)
             else:
@@ -1625,7 +1636,8 @@ class Soak:
         print(f"{'restores (client / ckptctl / disk)':34} {r['client']} / {r['ckptctl']} / {r['durable_reads']}"
               f"  served from {dict(sorted(r['served_from'].items()))}")
         print(f"{'bytes compared':34} {r['bytes_compared']} ({fmt_bytes(r['bytes_compared'])})")
-        print(f"{'restore ms healthy p50 / max':34} {r['ms_healthy_p50']} / {r['ms_healthy_max'] and round(r['ms_healthy_max'])}")
+        print(f"{'restore ms healthy p50 / max':34} {r['ms_healthy_p50']} / "
+              f"{r['ms_healthy_max'] and round(r['ms_healthy_max'])}")
         print(f"{'restore ms during faults p50 / max':34} {r['ms_during_fault_p50']} / "
               f"{r['ms_during_fault_max'] and round(r['ms_during_fault_max'])}")
         v = s["versions"]
@@ -1635,7 +1647,8 @@ class Soak:
         print(f"{'lost beyond tolerance (exempt)':34} {v['exempt_lost']}")
         m = s["memory"]
         for node, x in m["nodes"].items():
-            print(f"{'memory ' + node + ' baseline -> last':34} {x['baseline_used_bytes']} -> {x['last_used_bytes']} B, "
+            print(f"{'memory ' + node + ' baseline -> last':34} {x['baseline_used_bytes']} -> "
+                  f"{x['last_used_bytes']} B, "
                   f"{x['baseline_holdings']} -> {x['last_holdings']} holdings")
         print("failures:")
         fk = s["failures_by_kind"]
@@ -1742,7 +1755,10 @@ def main():
     def on_term(signum, frame):
         raise KeyboardInterrupt(f"signal {signum}")
 
+    # Both, explicitly: a shell starts background jobs with SIGINT ignored, and
+    # Python then would not turn it into KeyboardInterrupt.
     signal.signal(signal.SIGTERM, on_term)
+    signal.signal(signal.SIGINT, on_term)
     graceful = False
     try:
         soak.run()

@@ -267,7 +267,9 @@ void MetaSession::SendOutbox() {
         const bool staged = reports[i].kind == HoldingReport::Kind::kStaged;
         const ShardId id = staged ? reports[i].record.id : reports[i].id;
         if (!s.ok() && !absl::IsAlreadyExists(s)) {
-          if (staged && absl::IsFailedPrecondition(s)) {
+          // FailedPrecondition: meta refuses this copy; NotFound: meta has no
+          // such version (refused or deleted): either way it can never count.
+          if (staged && (absl::IsFailedPrecondition(s) || absl::IsNotFound(s))) {
             refused.emplace_back(id, s);
           } else {
             log::Warn("meta refused a report about {}: {}", ShardIdString(id), s.ToString());

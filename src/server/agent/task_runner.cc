@@ -18,7 +18,10 @@ void TaskRunner::Enqueue(std::vector<AgentTask> tasks) {
     absl::MutexLock lock(&mu_);
     const absl::Time now = clock_->MonotonicNow();
     for (AgentTask& t : tasks) {
-      if (finished_.count(t.id) != 0) continue;
+      if (auto f = finished_.find(t.id); f != finished_.end()) {
+        if (t.attempt <= f->second) continue;  // a duplicate of what already ended
+        finished_.erase(f);                      // meta retries it: run it again
+      }
       auto it = tasks_.find(t.id);
       if (it != tasks_.end()) {
         it->second.task.attempt = std::max(it->second.task.attempt, t.attempt);
@@ -50,7 +53,7 @@ void TaskRunner::Cancel(const std::vector<std::string>& ids) {
         cancelled.push_back(it->second.task);
         tasks_.erase(it);  // a running step finds it gone and drops its result
       }
-      finished_.insert(id);
+      finished_[id] = UINT32_MAX;  // never again
     }
   }
   for (const AgentTask& t : cancelled) {
@@ -105,7 +108,7 @@ bool TaskRunner::RunOnce() {
                qt.task.step, s.ToString());
   }
   tasks_.erase(it);
-  finished_.insert(qt.task.id);
+  finished_[qt.task.id] = qt.task.attempt;
   if (finished_.size() > kFinishedMemory) finished_.erase(finished_.begin());
   ++wake_;
   // The result follows the reports the task produced (both leave in order

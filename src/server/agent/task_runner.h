@@ -61,7 +61,8 @@ class TaskRunner {
 
   TaskRunner(Clock* clock, MetaSession* session, Options options, Hooks hooks);
 
-  // Queues tasks (known ids only raise the attempt number).
+  // Queues tasks. A known id only raises the attempt number; a finished one
+  // runs again only as a later attempt (meta's retry of a failure).
   void Enqueue(std::vector<AgentTask> tasks);
   // Meta cancelled these tasks: they are dropped (a running one when its
   // step returns) and never reported.
@@ -85,7 +86,10 @@ class TaskRunner {
   uint64_t wake_ ABSL_GUARDED_BY(mu_) = 0;
   std::map<std::string, QueuedTask> tasks_ ABSL_GUARDED_BY(mu_);
   std::set<std::string> running_ ABSL_GUARDED_BY(mu_);
-  std::set<std::string> finished_ ABSL_GUARDED_BY(mu_);
+  // Tasks this node finished or that meta cancelled, with the attempt that
+  // ended them: meta retries a failed task under the same id with a higher
+  // attempt number, and only such a retry runs again.
+  std::map<std::string, uint32_t> finished_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace ckpt::agent

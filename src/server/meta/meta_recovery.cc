@@ -517,14 +517,23 @@ void Engine::ApplyRetention(Job& job) {
 
 void Engine::NodeLost(const std::string& node_id, const std::string& reason) {
   const int64_t now = NowMs();
-  // Its unfinished tasks go elsewhere (re-planned below).
+  // Its unfinished tasks go elsewhere (re-planned below), and so do pushes
+  // other nodes were asked to make to it: it will never acknowledge them.
+  std::set<std::pair<std::string, uint64_t>> retarget;
   for (auto& [id, t] : s_.tasks) {
-    if (t.node_id == node_id && Active(t)) CancelTask(t);
+    if (!Active(t)) continue;
+    if (t.node_id == node_id) {
+      CancelTask(t);
+    } else if (t.kind == TaskKind::kReplicate &&
+               std::find(t.targets.begin(), t.targets.end(), node_id) != t.targets.end()) {
+      CancelTask(t);
+      retarget.insert({t.job_id, t.step});
+    }
   }
   for (auto& [job_id, by_step] : s_.versions) {
     for (auto& [step, v] : by_step) {
       if (IsTerminal(v.state)) continue;
-      bool touched = false;
+      bool touched = retarget.count({job_id, step}) != 0;
       for (auto& [rank, sh] : v.shards) {
         for (Copy& c : sh.copies) {
           if (c.node_id == node_id && (c.state == CopyState::kValid || c.state == CopyState::kPending)) {

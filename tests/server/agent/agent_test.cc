@@ -299,6 +299,27 @@ TEST_F(AgentTest, FlushGivesUpAfterMaxTriesAndReportsTheError) {
   agent_->ControlOnce();
   ASSERT_EQ(meta_.results.size(), 1u);
   EXPECT_EQ(meta_.results[0].second.code(), absl::StatusCode::kUnavailable);
+  // Meta retries the failed task under the same id with the next attempt
+  // number: it runs again (the disk is fine now) and succeeds. A replay of
+  // an attempt that already ended is ignored.
+  fault_fs_.FailAllWrites(false);
+  AgentTask retry;
+  {
+    absl::MutexLock lock(&meta_.mu);
+    ASSERT_FALSE(meta_.flushes.empty());
+    retry = meta_.flushes.back();
+  }
+  const std::string id = meta_.results[0].first;
+  retry.id = id;
+  agent_->EnqueueTasks({retry});  // attempt 1 again: a duplicate
+  EXPECT_FALSE(agent_->TasksOnce());
+  retry.attempt = 2;
+  agent_->EnqueueTasks({retry});
+  EXPECT_TRUE(agent_->TasksOnce());
+  agent_->ControlOnce();
+  ASSERT_EQ(meta_.results.size(), 2u);
+  EXPECT_EQ(meta_.results[1].first, id);
+  EXPECT_TRUE(meta_.results[1].second.ok()) << meta_.results[1].second;
 }
 
 TEST_F(AgentTest, RestartReadoptsHoldingsAndReplaysStagedReports) {

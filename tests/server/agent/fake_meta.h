@@ -91,6 +91,7 @@ class FakeMeta : public MetaLink {
                                        absl::StrCat(t.durable_dir, "/", RankFileName(h.record.id.rank)),
                                        h.record.size_bytes, h.record.crc32c});
           r.tasks.push_back(t);
+          flushes.push_back(t);
         }
       } else {
         r.results.push_back(absl::OkStatus());
@@ -150,6 +151,7 @@ class FakeMeta : public MetaLink {
   std::vector<std::vector<InventoryItem>> inventories;
   std::vector<std::pair<std::string, absl::Status>> results;
   std::vector<AgentTask> pending_tasks;
+  std::vector<AgentTask> flushes;  // flush tasks handed out
   std::vector<std::string> pending_cancels;  // cancelled with the next heartbeat
   LoadReport last_load;
 };

@@ -465,6 +465,31 @@ TEST_F(MetaCoreTest, RingReplicationProtectsThenRecoversAfterNodeDeath) {
   EXPECT_EQ(StateOf("gpt", 100), VersionState::kProtected);
 }
 
+// A push target that dies before it holds anything: the replicate task aimed
+// at it is re-planned onto a live node (the chaos soak found versions stuck
+// STAGED with a task retrying forever against a dead target).
+TEST_F(MetaCoreTest, AReplicateTaskWhoseTargetDiesIsReplannedElsewhere) {
+  for (const char* n : {"a", "b", "c"}) Register(n);
+  CreateJob("gpt", 1, ProtectionPolicy::Replicate(2, ProtectionPolicy::Placement::kRing));
+  ASSERT_TRUE(core_->BeginVersion("gpt", 5, "").ok());
+  ASSERT_TRUE(Stage("a", "gpt", 5, 0).ok());
+  auto tasks = core_->PendingTasks("a", inc_["a"], false);
+  ASSERT_TRUE(tasks.ok());
+  ASSERT_EQ(tasks->size(), 1u);
+  const std::string target = (*tasks)[0].task.targets.at(0);
+  const std::string old_id = (*tasks)[0].task.id;
+  Kill(target);  // dies before it received anything
+  tasks = core_->PendingTasks("a", inc_["a"], false);
+  ASSERT_TRUE(tasks.ok());
+  ASSERT_EQ(tasks->size(), 1u);
+  EXPECT_NE((*tasks)[0].task.id, old_id);
+  ASSERT_EQ((*tasks)[0].task.targets.size(), 1u);
+  EXPECT_NE((*tasks)[0].task.targets[0], target);
+  EXPECT_NE((*tasks)[0].task.targets[0], "a");
+  RunAgents();
+  EXPECT_EQ(StateOf("gpt", 5), VersionState::kProtected);
+}
+
 TEST_F(MetaCoreTest, ErasureCodedVersionEncodesDecodesAndRebuilds) {
   const std::vector<std::string> nodes = {"n0", "n1", "n2", "n3", "n4", "n5"};
   for (const auto& n : nodes) Register(n);

@@ -721,8 +721,21 @@ void Agent::OnVersionRefused(const std::string& job, uint64_t step, const std::s
   UpdateGauges();
 }
 
-void Agent::OnStagedRefused(const ShardId& id, const absl::Status&) {
-  holdings_->DropShard(id);
+void Agent::OnCopyRefused(const HoldingReport& r, const absl::Status& why) {
+  if (r.kind == HoldingReport::Kind::kSegment) {
+    log::Warn("meta refused segment {}: {}; dropping it", SegmentIdString(r.segment), why.ToString());
+    holdings_->DropSegment(r.segment);
+  } else {
+    const ShardRecord& rec = r.record;
+    const ShardId id = r.kind == HoldingReport::Kind::kStaged ? rec.id : r.id;
+    const uint32_t crc = r.kind == HoldingReport::Kind::kStaged ? rec.crc32c : r.crc32c;
+    // Only the copy the report was about (a newer one of the same shard may
+    // have been stored since).
+    absl::StatusOr<Pin> held = holdings_->PinValid(id);
+    if (held.ok() && held->rec->crc32c != crc) return;
+    log::Warn("meta refused {}: {}; dropping this copy", ShardIdString(id), why.ToString());
+    holdings_->DropShard(id);
+  }
   UpdateGauges();
 }
 

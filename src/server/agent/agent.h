@@ -262,7 +262,7 @@ class Agent : private MetaSession::Delegate {
   void OnDrop(const std::vector<ShardId>& shards, const std::vector<SegmentId>& segments) override;
   void OnVersionRefused(const std::string& job, uint64_t step, const std::string& run_id,
                         const absl::Status& why) override;
-  void OnStagedRefused(const ShardId& id, const absl::Status& why) override;
+  void OnCopyRefused(const HoldingReport& report, const absl::Status& why) override;
 
   const AgentOptions options_;
   MetaLink* const meta_;

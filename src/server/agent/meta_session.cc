@@ -247,7 +247,7 @@ void MetaSession::SendOutbox() {
     for (const Outbound& o : batch) reports.push_back(o.report);
     absl::StatusOr<ReportReply> r = meta_->ReportShards(options_.node_id, inc, reports);
     std::vector<std::pair<Done, absl::Status>> done;
-    std::vector<std::pair<ShardId, absl::Status>> refused;
+    std::vector<std::pair<HoldingReport, absl::Status>> refused;
     {
       absl::MutexLock lock(&mu_);
       if (!r.ok()) {
@@ -267,10 +267,15 @@ void MetaSession::SendOutbox() {
         const bool staged = reports[i].kind == HoldingReport::Kind::kStaged;
         const ShardId id = staged ? reports[i].record.id : reports[i].id;
         if (!s.ok() && !absl::IsAlreadyExists(s)) {
-          // FailedPrecondition: meta refuses this copy; NotFound: meta has no
-          // such version (refused or deleted): either way it can never count.
-          if (staged && (absl::IsFailedPrecondition(s) || absl::IsNotFound(s))) {
-            refused.emplace_back(id, s);
+          // FailedPrecondition: meta refuses this copy (it does not match, its
+          // version ended); NotFound: meta has no such version (refused or
+          // deleted). Either way a copy that was reported VALID can never count:
+          // it must not stay in memory for good.
+          const bool valid_copy = staged || ((reports[i].kind == HoldingReport::Kind::kCopyState ||
+                                              reports[i].kind == HoldingReport::Kind::kSegment) &&
+                                             reports[i].copy_state == CopyState::kValid);
+          if (valid_copy && (absl::IsFailedPrecondition(s) || absl::IsNotFound(s))) {
+            refused.emplace_back(reports[i], s);
           } else {
             log::Warn("meta refused a report about {}: {}", ShardIdString(id), s.ToString());
           }
@@ -283,10 +288,7 @@ void MetaSession::SendOutbox() {
         return true;
       });
     }
-    for (auto& [id, s] : refused) {
-      log::Warn("meta refused {}: {}; dropping this copy", ShardIdString(id), s.ToString());
-      delegate_->OnStagedRefused(id, s);
-    }
+    for (auto& [report, s] : refused) delegate_->OnCopyRefused(report, s);
     for (auto& [fn, s] : done) fn(s);
     if (!r->tasks.empty()) delegate_->OnTasks(std::move(r->tasks), {});
   }

@@ -54,8 +54,9 @@ class MetaSession {
     // Meta refused a version for good: its shards here can never be staged.
     virtual void OnVersionRefused(const std::string& job, uint64_t step, const std::string& run_id,
                                   const absl::Status& why) = 0;
-    // Meta refused a STAGED report (FailedPrecondition): drop the copy.
-    virtual void OnStagedRefused(const ShardId& id, const absl::Status& why) = 0;
+    // Meta refused a report of a VALID copy or segment (FailedPrecondition,
+    // NotFound): drop it, it can never count.
+    virtual void OnCopyRefused(const HoldingReport& report, const absl::Status& why) = 0;
   };
 
   struct Options {

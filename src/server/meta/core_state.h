@@ -172,6 +172,11 @@ class Engine {
   std::vector<SegmentLocation> StripeLocations(const Version& v, int group, int stripe,
                                                const SegmentKey* exclude) const;
   bool ShardReadable(const Version& v, const Shard& shard) const;
+  // The stripe survives any `parity_m` of the nodes holding it failing: its
+  // VALID segments on nodes that count for protection, less those on the m
+  // nodes holding most of them, still number `data_k` (empty segments need
+  // no node). False when a rebuild doubled segments up on one node.
+  bool StripeTolerates(const Version& v, const EcGroup& group, int stripe) const;
 
  private:
   MetaCore::State& s_;

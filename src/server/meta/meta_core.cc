@@ -1385,6 +1385,23 @@ absl::Status ApplySegment(Engine& e, const std::string& node_id, const SegmentRe
         seg->crc32c == r.crc32c) {
       return absl::AlreadyExistsError("segment state unchanged");
     }
+    if (seg->state == CopyState::kValid && seg->holder_node_id != node_id &&
+        seg->length_bytes > 0 && e.IsUsable(seg->holder_node_id)) {
+      // Moved (a rebalance of a stripe doubled up on one node): the old
+      // holder's copy would otherwise stay in its memory for good.
+      Holding h;
+      h.is_segment = true;
+      h.job_id = r.job_id;
+      h.step = r.step;
+      h.segment = seg->key;
+      h.kind = seg->kind;
+      h.size_bytes = seg->length_bytes;
+      h.crc32c = seg->crc32c;
+      Task& t = e.NewTask(seg->holder_node_id, TaskKind::kDrop, "", 0, 0);
+      t.drop = {h};
+      t.reason = absl::StrCat("segment moved to node \"", node_id, "\"");
+      e.txn().Task(t);
+    }
     seg->holder_node_id = node_id;
     seg->crc32c = r.crc32c;
     seg->crc_known = true;

@@ -164,9 +164,18 @@ void Engine::Recompute(Version& v) {
   }
   if (policy.kind == ProtectionPolicy::Kind::kErasureCode) {
     if (v.segments.empty()) complete = false;
+    std::set<std::pair<int, int>> stripes;
     for (const Segment& seg : v.segments) {
       if (seg.state == CopyState::kLost || seg.state == CopyState::kCorrupt) lost_something = true;
       if (!Usable(seg.state) || !CountsForProtection(seg.holder_node_id)) complete = false;
+      stripes.insert({seg.key.group, seg.key.stripe});
+    }
+    // Every segment in place is not enough: a stripe whose rebuilt segments
+    // share a node would not survive m losses.
+    for (const EcGroup& g : v.plan.groups) {
+      for (const auto& [group, stripe] : stripes) {
+        if (complete && group == g.index && !StripeTolerates(v, g, stripe)) complete = false;
+      }
     }
   }
   if (complete) {
@@ -180,6 +189,30 @@ void Engine::Recompute(Version& v) {
   }
   if (!complete) PlanRecovery(v);
   PlanFlush(v);
+}
+
+bool Engine::StripeTolerates(const Version& v, const EcGroup& group, int stripe) const {
+  std::map<std::string, int> held;
+  int total = 0;
+  for (const Segment& seg : v.segments) {
+    if (seg.key.group != group.index || seg.key.stripe != stripe) continue;
+    if (!Usable(seg.state)) continue;
+    ++total;
+    if (seg.length_bytes == 0) continue;  // nothing to lose
+    if (!CountsForProtection(seg.holder_node_id)) {
+      --total;
+      continue;
+    }
+    ++held[seg.holder_node_id];
+  }
+  std::vector<int> counts;
+  for (const auto& [node, n] : held) counts.push_back(n);
+  std::sort(counts.rbegin(), counts.rend());
+  int survive = total;
+  for (size_t i = 0; i < counts.size() && static_cast<int>(i) < group.parity_m; ++i) {
+    survive -= counts[i];
+  }
+  return survive >= group.data_k;
 }
 
 void Engine::StartErasureCoding(Version& v) {
@@ -393,6 +426,55 @@ void Engine::PlanRecovery(Version& v) {
       if (target.empty()) continue;
       rebuilds[target].push_back(seg.key);
       ++held[target];
+    }
+    // A stripe whose segments doubled up on one node (a rebuild had nowhere
+    // else to go) does not survive m losses: once a node holding none of it
+    // counts for protection, one doubled segment moves there. ApplySegment
+    // drops the old copy when the new one reports VALID.
+    std::set<std::pair<int, int>> seen;
+    for (const Segment& seg : v.segments) {
+      if (encoding) break;
+      if (!seen.insert({seg.key.group, seg.key.stripe}).second) continue;
+      const EcGroup* group = nullptr;
+      for (const EcGroup& g : v.plan.groups)
+        if (g.index == seg.key.group) group = &g;
+      if (group == nullptr || StripeTolerates(v, *group, seg.key.stripe)) continue;
+      bool busy = false;  // a rebuild of this stripe is under way or planned
+      std::map<std::string, std::vector<const Segment*>> held;
+      for (const Segment& o : v.segments) {
+        if (o.key.group != seg.key.group || o.key.stripe != seg.key.stripe) continue;
+        if (pending.count(o.key)) busy = true;
+        for (const auto& [node, keys] : rebuilds)
+          busy = busy || std::find(keys.begin(), keys.end(), o.key) != keys.end();
+        if (Usable(o.state) && o.length_bytes > 0 && CountsForProtection(o.holder_node_id)) {
+          held[o.holder_node_id].push_back(&o);
+        }
+      }
+      if (busy) continue;
+      const Segment* move = nullptr;
+      for (const auto& [node, segs] : held) {
+        if (segs.size() < 2) continue;
+        // A parity or rebuilt segment, not the owner's own data.
+        for (const Segment* o : segs)
+          if (move == nullptr || o->holder_node_id != o->owner_node_id) move = o;
+        break;
+      }
+      if (move == nullptr) continue;
+      // The node holding none of the stripe with the fewest rebuilds planned.
+      auto planned = [&](const std::string& id) {
+        auto it = rebuilds.find(id);
+        return it == rebuilds.end() ? size_t{0} : it->second.size();
+      };
+      std::string target;
+      for (const auto& [id, n] : s_.nodes) {
+        if (!CountsForProtection(id) || held.count(id)) continue;
+        if (target.empty() || planned(target) > planned(id)) target = id;
+      }
+      if (target.empty()) continue;
+      log::Info("version {}/{}: stripe {}/{} has segments doubled up on node {}; moving {} to {}",
+                v.job_id, v.step, seg.key.group, seg.key.stripe, move->holder_node_id,
+                move->key.position, target);
+      rebuilds[target].push_back(move->key);
     }
     for (auto& [node, keys] : rebuilds) {
       Task& t = NewTask(node, TaskKind::kRebuildSegments, v.job_id, v.step, kPriorityRecovery);

@@ -144,6 +144,8 @@ class MetaCoreTest : public ::testing::Test {
         r.segment.crc32c = seg.crc32c != 0 ? seg.crc32c : 0xABC;
         reports.push_back(r);
       }
+    } else if (t.kind == TaskKind::kDrop) {
+      for (const Holding& h : t.drop) dropped_.emplace_back(node, h);
     } else if (t.kind == TaskKind::kFlush) {
       for (uint32_t rank : t.ranks) {
         const Shard& sh = b.version->shards.at(rank);
@@ -184,6 +186,7 @@ class MetaCoreTest : public ::testing::Test {
     inc_.erase(node);
   }
 
+  std::vector<std::pair<std::string, Holding>> dropped_;  // (node, holding) of drop tasks
   FakeClock clock_;
   MetaOptions options_;
   std::unique_ptr<MetaStore> store_ = NewMemMetaStore();
@@ -516,7 +519,9 @@ TEST_F(MetaCoreTest, ErasureCodedVersionEncodesDecodesAndRebuilds) {
     for (const auto& s : ec.stripes) EXPECT_GE(s.segments.size(), 4u);
   }
   RunAgents();
-  EXPECT_EQ(StateOf("ec", 7), VersionState::kProtected);
+  // Four nodes cannot hold a 6-wide stripe so that any two may fail: every
+  // segment is back, but the version says DEGRADED, not PROTECTED.
+  EXPECT_EQ(StateOf("ec", 7), VersionState::kDegraded);
   // The rebuilt segments are spread so that no survivor holds more than m
   // of a stripe (n1's rebuilds were still pending when n4 died: they count
   // where they will land). Any third loss is then still decodable.
@@ -528,8 +533,32 @@ TEST_F(MetaCoreTest, ErasureCodedVersionEncodesDecodesAndRebuilds) {
     EXPECT_LE(held, 2)
         << "stripe " << seg.key.stripe << " node " << seg.holder_node_id;
   }
+  // Two nodes join: one segment of each doubled-up pair moves to them, the
+  // old holder is told to drop its copy, and the version is PROTECTED again.
+  Register("n6");
+  Register("n7");
+  RunAgents();
+  EXPECT_EQ(StateOf("ec", 7), VersionState::kProtected);
+  v = core_->GetVersion("ec", 7, false);
+  per_node.clear();
+  for (const auto& seg : v->segments) {
+    EXPECT_EQ(seg.state, CopyState::kValid);
+    EXPECT_EQ(++per_node[std::make_pair(seg.key.stripe, seg.holder_node_id)], 1)
+        << "stripe " << seg.key.stripe << " node " << seg.holder_node_id;
+  }
+  ASSERT_FALSE(dropped_.empty());
+  for (const auto& [node, h] : dropped_) {
+    ASSERT_TRUE(h.is_segment);
+    for (const auto& seg : v->segments) {
+      if (seg.key == h.segment) {
+        EXPECT_NE(seg.holder_node_id, node) << "dropped where it is held";
+      }
+    }
+  }
+  // Two more losses (the tolerated m) leave every rank readable.
   Kill("n0");
-  for (uint32_t r = 0; r < 6; ++r) EXPECT_TRUE(core_->Locate("ec", 7, r, "n2").ok()) << r;
+  Kill("n2");
+  for (uint32_t r = 0; r < 6; ++r) EXPECT_TRUE(core_->Locate("ec", 7, r, "n3").ok()) << r;
   EXPECT_NE(StateOf("ec", 7), VersionState::kAborted);
 }
 

@@ -1,5 +1,6 @@
 # ckpt_cc_library() / ckpt_cc_test() / ckpt_cc_binary(): one library per folder,
-# explicit source lists, a ckpt:: alias, the project's warning set.
+# explicit source lists, a ckpt:: alias, the project's warning set. In a sanitizer
+# build every executable links ${CKPT_SANITIZER_LINK} first (tests/sanitizers/).
 #
 #   ckpt_cc_library(NAME common
 #     HDRS status_macros.h ...   SRCS crc32c.cc ...
@@ -14,6 +15,9 @@ function(ckpt_set_warnings target)
   target_compile_options(${target} PRIVATE -Wall -Wextra -Wno-unused-parameter)
   if(CKPT_WERROR)
     target_compile_options(${target} PRIVATE -Werror)
+  endif()
+  if(CKPT_SANITIZER_WARNING_OPTIONS)  # see CkptSanitizers.cmake
+    target_compile_options(${target} PRIVATE ${CKPT_SANITIZER_WARNING_OPTIONS})
   endif()
 endfunction()
 
@@ -36,12 +40,20 @@ endfunction()
 function(ckpt_cc_binary)
   cmake_parse_arguments(ARG "" "NAME;OUTPUT_NAME" "SRCS;DEPS" ${ARGN})
   add_executable(${ARG_NAME} ${ARG_SRCS})
-  target_link_libraries(${ARG_NAME} PRIVATE ${ARG_DEPS})
+  target_link_libraries(${ARG_NAME} PRIVATE ${CKPT_SANITIZER_LINK} ${ARG_DEPS})
   if(ARG_OUTPUT_NAME)
     set_target_properties(${ARG_NAME} PROPERTIES OUTPUT_NAME ${ARG_OUTPUT_NAME})
   endif()
   set_target_properties(${ARG_NAME} PROPERTIES RUNTIME_OUTPUT_DIRECTORY ${PROJECT_BINARY_DIR}/bin)
   ckpt_set_warnings(${ARG_NAME})
+  if(CKPT_SANITIZE_ADDRESS)  # leak checks stay on under a foreign parent (CkptSanitizers.cmake)
+    if(ARG_OUTPUT_NAME)
+      set(exe ${ARG_OUTPUT_NAME})
+    else()
+      set(exe ${ARG_NAME})
+    endif()
+    file(WRITE ${CKPT_SANITIZER_OPTIONS_DIR}/${exe}.asan-options "detect_leaks=1\n")
+  endif()
 endfunction()
 
 # LABELS: unit | integration | fault | hw. TIMEOUT: seconds per test (default 120).
@@ -54,7 +66,8 @@ function(ckpt_cc_test)
     set(ARG_TIMEOUT 120)
   endif()
   add_executable(${ARG_NAME} ${ARG_SRCS})
-  target_link_libraries(${ARG_NAME} PRIVATE ${ARG_DEPS} GTest::gtest GTest::gmock GTest::gtest_main)
+  target_link_libraries(${ARG_NAME} PRIVATE ${CKPT_SANITIZER_LINK}
+    ${ARG_DEPS} GTest::gtest GTest::gmock GTest::gtest_main)
   target_compile_definitions(${ARG_NAME} PRIVATE
     CKPT_BINARY_DIR="${PROJECT_BINARY_DIR}" CKPT_SOURCE_DIR="${PROJECT_SOURCE_DIR}")
   set_target_properties(${ARG_NAME} PROPERTIES RUNTIME_OUTPUT_DIRECTORY ${PROJECT_BINARY_DIR}/tests)
@@ -67,7 +80,7 @@ endfunction()
 function(ckpt_cc_benchmark)
   cmake_parse_arguments(ARG "" "NAME" "SRCS;DEPS" ${ARGN})
   add_executable(${ARG_NAME} ${ARG_SRCS})
-  target_link_libraries(${ARG_NAME} PRIVATE ${ARG_DEPS} benchmark::benchmark)
+  target_link_libraries(${ARG_NAME} PRIVATE ${CKPT_SANITIZER_LINK} ${ARG_DEPS} benchmark::benchmark)
   target_include_directories(${ARG_NAME} PRIVATE ${PROJECT_SOURCE_DIR})  # "bench/bench_support.h"
   set_target_properties(${ARG_NAME} PROPERTIES RUNTIME_OUTPUT_DIRECTORY ${PROJECT_BINARY_DIR}/bench)
   ckpt_set_warnings(${ARG_NAME})

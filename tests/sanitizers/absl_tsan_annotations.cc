@@ -3,7 +3,7 @@
 // Debian's Abseil (20220623) is built without TSan, so its locks are invisible to TSan:
 // without this file every absl::Mutex looks unsynchronized (thousands of false races).
 // This shared library is linked first into every executable of the TSan build
-// (ckpt_add_sanitizer_runtime() in cmake/CkptHelpers.cmake), so its definitions of the
+// (CKPT_SANITIZER_LINK in cmake/CkptSanitizers.cmake), so its definitions of the
 // out-of-line member functions below come before libabsl_synchronization.so in symbol
 // lookup and interpose on every call made through the PLT: ours, gRPC's (grpc_core::Mutex
 // is an absl::Mutex) and Abseil's own. Each wrapper calls the real function, found with

@@ -1,15 +1,13 @@
 // Default runtime options of the sanitizers, compiled into every executable of a
-// sanitizer build (tests, daemons, tools, benchmarks; see ckpt_add_sanitizer_runtime()
-// in cmake/CkptHelpers.cmake), so that a finding fails whatever runs the binary: a
-// test under ctest, a daemon started by a test, a script.
+// sanitizer build (tests, daemons, tools, benchmarks; see CKPT_SANITIZER_LINK in
+// cmake/CkptSanitizers.cmake), so that a finding fails whatever runs the binary: a test
+// under ctest, a daemon started by a test, a script.
 //
 // The runtimes call these hooks once, at start-up, before main(). Options set in the
 // environment (ASAN_OPTIONS, UBSAN_OPTIONS, LSAN_OPTIONS, TSAN_OPTIONS) are parsed after
-// them and win, with one deliberate exception: LSan reads __lsan_default_options() after
-// ASAN_OPTIONS, so our binaries check leaks even when they inherit
-// ASAN_OPTIONS=detect_leaks=0 from an uninstrumented parent (the Python interpreter of the
-// Python tests runs with that, and the daemons it starts must still check). To turn leak
-// checks off for our binaries, set LSAN_OPTIONS=detect_leaks=0.
+// them and win. (Tests run by an uninstrumented interpreter get ASAN_OPTIONS with
+// detect_leaks=0 plus an include_if_exists of <build>/sanitizer/<program>.asan-options,
+// which turns leak checks back on for our programs: cmake/CkptSanitizers.cmake.)
 //
 // The suppression files are the checked-in ones in this directory (their absolute path
 // is compiled in as CKPT_LSAN_SUPPRESSIONS / CKPT_TSAN_SUPPRESSIONS); docs/building.md

@@ -21,13 +21,17 @@ build="${CKPT_BUILD_DIR:-${root}/build-tsan}"
 jobs="${CKPT_JOBS:-2}"
 timeout_s="${CKPT_TSAN_TIMEOUT:-1800}"
 
-# The programs this run covers: tests/server/agent, tests/transport, tests/server/meta
-# (with store/), and the integration tests that start real agents.
+# The programs this run covers: the TSan set-up's own check (tests/sanitizers), then
+# tests/server/agent, tests/transport, tests/server/meta
+# (with store/), and the integration tests that start real agents (tests/integration,
+# tests/cli).
 default_programs=(
+  tsan_selftest
   arena_test agent_test peer_test peer_wire_test
   transport_test ucx_transport_test
   planner_test meta_core_test records_test meta_store_test rocksdb_meta_store_test
   meta_integration_test agent_integration_test client_integration_test protection_test
+  ckptctl_test
 )
 
 regex=""
@@ -95,11 +99,13 @@ if [ "${#failed[@]}" -gt 0 ]; then
 fi
 mapfile -t found < <(find "${reports}" -type f | sort)
 if [ "${#found[@]}" -gt 0 ]; then
-  echo "== ${#found[@]} TSan report file(s) in ${reports}:"
+  echo "== ${#found[@]} TSan report file(s) in ${reports} (one per process; SUMMARY lines):"
   for f in "${found[@]}"; do
     echo "---- ${f}"
-    cat "${f}"
+    grep -h '^SUMMARY' "${f}" | sort | uniq -c || true
   done
+  echo "== the first report in full (at most 200 lines): ${found[0]}"
+  head -n 200 "${found[0]}"
   rc=1
 else
   echo "== no TSan reports"

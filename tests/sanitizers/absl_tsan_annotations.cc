@@ -18,9 +18,17 @@
 // Condition only inside such a call (Lock/LockWhen, Unlock, Await, CondVar::Wait), so those
 // evaluations never show up as races; they are also not checked (TSan cannot see the
 // mutex held there).
+// ~Mutex is not wrapped: a destroy annotation is a write to the mutex, and gRPC frees its
+// mutexes on whichever thread drops the last reference (an atomic TSan cannot see), which
+// TSan would report. Freeing the memory clears TSan's state for it anyway.
 // Notification: Notify releases, the waits acquire on return, and Notify also releases
 // the address of the inline-read `notified_yet_` flag, so HasBeenNotified() (an inline
 // acquire load in our instrumented code) synchronizes with it.
+// absl::Status: copies share a reference-counted rep, and the last Unref frees it inside
+// libabsl_status after an atomic decrement TSan cannot see, so TSan pairs that free with
+// earlier reads of the rep by other holders. UnrefNonInlined releases the rep's address
+// before dropping a reference, and acquires it before dropping the last one, as the
+// acq_rel decrement does.
 //
 // At load time every wrapped function is checked to resolve to this library and to have
 // a real definition behind it; if not (an Abseil with other symbols), the process aborts
@@ -39,6 +47,7 @@
 #include <cstring>
 #include <string>
 
+#include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
@@ -71,7 +80,6 @@ enum Fn {
   kAwait,
   kAwaitWithTimeout,
   kAwaitWithDeadline,
-  kMutexDtor,
   kCondVarWait,
   kCondVarWaitWithTimeout,
   kCondVarWaitWithDeadline,
@@ -79,6 +87,7 @@ enum Fn {
   kWaitForNotification,
   kWaitForNotificationWithTimeout,
   kWaitForNotificationWithDeadline,
+  kStatusUnrefNonInlined,
   kFnCount
 };
 
@@ -103,7 +112,6 @@ constexpr Entry kEntries[kFnCount] = {
     {"_ZN", "5Mutex5AwaitERKNS0_9ConditionE"},
     {"_ZN", "5Mutex16AwaitWithTimeoutERKNS0_9ConditionENS0_8DurationE"},
     {"_ZN", "5Mutex17AwaitWithDeadlineERKNS0_9ConditionENS0_4TimeE"},
-    {"_ZN", "5MutexD1Ev"},
     {"_ZN", "7CondVar4WaitEPNS0_5MutexE"},
     {"_ZN", "7CondVar15WaitWithTimeoutEPNS0_5MutexENS0_8DurationE"},
     {"_ZN", "7CondVar16WaitWithDeadlineEPNS0_5MutexENS0_4TimeE"},
@@ -111,6 +119,7 @@ constexpr Entry kEntries[kFnCount] = {
     {"_ZNK", "12Notification19WaitForNotificationEv"},
     {"_ZNK", "12Notification30WaitForNotificationWithTimeoutENS0_8DurationE"},
     {"_ZNK", "12Notification31WaitForNotificationWithDeadlineENS0_4TimeE"},
+    {"_ZN", "6Status15UnrefNonInlinedEm"},
 };
 
 void* g_real[kFnCount];
@@ -162,20 +171,61 @@ using absl::Mutex;
 using absl::Notification;
 using absl::Time;
 
+// > 0 while this thread is inside a real Abseil call made by a wrapper. Abseil calls its
+// own exported functions through the PLT too (AwaitWithTimeout calls AwaitWithDeadline,
+// Notify locks its mutex), which lands in the wrappers again: those nested calls are
+// forwarded without annotations, so each user-level call is annotated exactly once.
+thread_local int t_inside_abseil = 0;
+
+template <typename Call>
+auto Forward(Call call) {
+  ++t_inside_abseil;
+  auto r = call();
+  --t_inside_abseil;
+  return r;
+}
+
 // Lock-type call: the mutex is held (shared if `flags` has kRead) when `call` returns.
-template <typename R, typename Call>
-R AnnotatedLock(Mutex* mu, unsigned flags, Call call) {
+template <typename Call>
+auto AnnotatedLock(Mutex* mu, unsigned flags, Call call) {
+  if (t_inside_abseil > 0) return call();
   __tsan_mutex_pre_lock(mu, flags);
-  R r = call();
+  auto r = Forward(call);
   __tsan_mutex_post_lock(mu, flags, 0);
   return r;
 }
 
-// The mutex (held on entry) is released inside `call` and held again on return.
-template <typename R, typename Call>
-R AnnotatedRelock(Mutex* mu, unsigned flags, Call call) {
+// TryLock-type call: `call` returns whether it got the mutex.
+template <typename Call>
+bool AnnotatedTryLock(Mutex* mu, unsigned flags, Call call) {
+  if (t_inside_abseil > 0) return call();
+  __tsan_mutex_pre_lock(mu, flags | kTry);
+  const bool ok = Forward(call);
+  __tsan_mutex_post_lock(mu, flags | kTry | (ok ? 0 : kTryFailed), 0);
+  return ok;
+}
+
+// Unlock-type call.
+template <typename Call>
+void AnnotatedUnlock(Mutex* mu, unsigned flags, Call call) {
+  if (t_inside_abseil > 0) {
+    call();
+    return;
+  }
   __tsan_mutex_pre_unlock(mu, flags);
-  R r = call();
+  Forward([&] {
+    call();
+    return 0;
+  });
+  __tsan_mutex_post_unlock(mu, flags);
+}
+
+// The mutex (held on entry) is released inside `call` and held again on return.
+template <typename Call>
+auto AnnotatedRelock(Mutex* mu, unsigned flags, Call call) {
+  if (t_inside_abseil > 0) return call();
+  __tsan_mutex_pre_unlock(mu, flags);
+  auto r = Forward(call);
   __tsan_mutex_post_unlock(mu, flags);
   __tsan_mutex_pre_lock(mu, flags);
   __tsan_mutex_post_lock(mu, flags, 0);
@@ -198,56 +248,48 @@ void* NotifiedFlag(const Notification* n) {
 }  // namespace
 
 // --- absl::Mutex ----------------------------------------------------------------------
+// Lambdas return a value (0 for void calls) so that one helper fits every signature.
 
 void Mutex::Lock() {
-  AnnotatedLock<int>(this, 0, [&] {
+  AnnotatedLock(this, 0, [&] {
     Real<void (*)(Mutex*)>(kLock)(this);
     return 0;
   });
 }
 
 void Mutex::Unlock() {
-  __tsan_mutex_pre_unlock(this, 0);
-  Real<void (*)(Mutex*)>(kUnlock)(this);
-  __tsan_mutex_post_unlock(this, 0);
+  AnnotatedUnlock(this, 0, [&] { Real<void (*)(Mutex*)>(kUnlock)(this); });
 }
 
 bool Mutex::TryLock() {
-  __tsan_mutex_pre_lock(this, kTry);
-  const bool ok = Real<bool (*)(Mutex*)>(kTryLock)(this);
-  __tsan_mutex_post_lock(this, kTry | (ok ? 0 : kTryFailed), 0);
-  return ok;
+  return AnnotatedTryLock(this, 0, [&] { return Real<bool (*)(Mutex*)>(kTryLock)(this); });
 }
 
 void Mutex::ReaderLock() {
-  AnnotatedLock<int>(this, kRead, [&] {
+  AnnotatedLock(this, kRead, [&] {
     Real<void (*)(Mutex*)>(kReaderLock)(this);
     return 0;
   });
 }
 
 void Mutex::ReaderUnlock() {
-  __tsan_mutex_pre_unlock(this, kRead);
-  Real<void (*)(Mutex*)>(kReaderUnlock)(this);
-  __tsan_mutex_post_unlock(this, kRead);
+  AnnotatedUnlock(this, kRead, [&] { Real<void (*)(Mutex*)>(kReaderUnlock)(this); });
 }
 
 bool Mutex::ReaderTryLock() {
-  __tsan_mutex_pre_lock(this, kRead | kTry);
-  const bool ok = Real<bool (*)(Mutex*)>(kReaderTryLock)(this);
-  __tsan_mutex_post_lock(this, kRead | kTry | (ok ? 0 : kTryFailed), 0);
-  return ok;
+  return AnnotatedTryLock(this, kRead,
+                          [&] { return Real<bool (*)(Mutex*)>(kReaderTryLock)(this); });
 }
 
 void Mutex::LockWhen(const Condition& cond) {
-  AnnotatedLock<int>(this, 0, [&] {
+  AnnotatedLock(this, 0, [&] {
     Real<void (*)(Mutex*, const Condition&)>(kLockWhen)(this, cond);
     return 0;
   });
 }
 
 void Mutex::ReaderLockWhen(const Condition& cond) {
-  AnnotatedLock<int>(this, kRead, [&] {
+  AnnotatedLock(this, kRead, [&] {
     Real<void (*)(Mutex*, const Condition&)>(kReaderLockWhen)(this, cond);
     return 0;
   });
@@ -255,28 +297,28 @@ void Mutex::ReaderLockWhen(const Condition& cond) {
 
 // The *WithTimeout / *WithDeadline variants hold the mutex on return whatever they return.
 bool Mutex::LockWhenWithTimeout(const Condition& cond, Duration timeout) {
-  return AnnotatedLock<bool>(this, 0, [&] {
+  return AnnotatedLock(this, 0, [&] {
     return Real<bool (*)(Mutex*, const Condition&, Duration)>(kLockWhenWithTimeout)(
         this, cond, timeout);
   });
 }
 
 bool Mutex::ReaderLockWhenWithTimeout(const Condition& cond, Duration timeout) {
-  return AnnotatedLock<bool>(this, kRead, [&] {
+  return AnnotatedLock(this, kRead, [&] {
     return Real<bool (*)(Mutex*, const Condition&, Duration)>(kReaderLockWhenWithTimeout)(
         this, cond, timeout);
   });
 }
 
 bool Mutex::LockWhenWithDeadline(const Condition& cond, Time deadline) {
-  return AnnotatedLock<bool>(this, 0, [&] {
+  return AnnotatedLock(this, 0, [&] {
     return Real<bool (*)(Mutex*, const Condition&, Time)>(kLockWhenWithDeadline)(this, cond,
                                                                                  deadline);
   });
 }
 
 bool Mutex::ReaderLockWhenWithDeadline(const Condition& cond, Time deadline) {
-  return AnnotatedLock<bool>(this, kRead, [&] {
+  return AnnotatedLock(this, kRead, [&] {
     return Real<bool (*)(Mutex*, const Condition&, Time)>(kReaderLockWhenWithDeadline)(
         this, cond, deadline);
   });
@@ -287,49 +329,44 @@ bool Mutex::ReaderLockWhenWithDeadline(const Condition& cond, Time deadline) {
 // and, for a reader, only makes TSan see a stronger release/acquire than happened (it may
 // miss a race, never invent one); no caller in this repository awaits under a reader lock.
 void Mutex::Await(const Condition& cond) {
-  AnnotatedRelock<int>(this, 0, [&] {
+  AnnotatedRelock(this, 0, [&] {
     Real<void (*)(Mutex*, const Condition&)>(kAwait)(this, cond);
     return 0;
   });
 }
 
 bool Mutex::AwaitWithTimeout(const Condition& cond, Duration timeout) {
-  return AnnotatedRelock<bool>(this, 0, [&] {
+  return AnnotatedRelock(this, 0, [&] {
     return Real<bool (*)(Mutex*, const Condition&, Duration)>(kAwaitWithTimeout)(this, cond,
                                                                                  timeout);
   });
 }
 
 bool Mutex::AwaitWithDeadline(const Condition& cond, Time deadline) {
-  return AnnotatedRelock<bool>(this, 0, [&] {
+  return AnnotatedRelock(this, 0, [&] {
     return Real<bool (*)(Mutex*, const Condition&, Time)>(kAwaitWithDeadline)(this, cond,
                                                                               deadline);
   });
 }
 
-Mutex::~Mutex() {
-  __tsan_mutex_destroy(this, 0);
-  Real<void (*)(Mutex*)>(kMutexDtor)(this);
-}
-
 // --- absl::CondVar --------------------------------------------------------------------
 
 void CondVar::Wait(Mutex* mu) {
-  AnnotatedRelock<int>(mu, 0, [&] {
+  AnnotatedRelock(mu, 0, [&] {
     Real<void (*)(CondVar*, Mutex*)>(kCondVarWait)(this, mu);
     return 0;
   });
 }
 
 bool CondVar::WaitWithTimeout(Mutex* mu, Duration timeout) {
-  return AnnotatedRelock<bool>(mu, 0, [&] {
+  return AnnotatedRelock(mu, 0, [&] {
     return Real<bool (*)(CondVar*, Mutex*, Duration)>(kCondVarWaitWithTimeout)(this, mu,
                                                                                timeout);
   });
 }
 
 bool CondVar::WaitWithDeadline(Mutex* mu, Time deadline) {
-  return AnnotatedRelock<bool>(mu, 0, [&] {
+  return AnnotatedRelock(mu, 0, [&] {
     return Real<bool (*)(CondVar*, Mutex*, Time)>(kCondVarWaitWithDeadline)(this, mu,
                                                                             deadline);
   });
@@ -338,26 +375,54 @@ bool CondVar::WaitWithDeadline(Mutex* mu, Time deadline) {
 // --- absl::Notification ---------------------------------------------------------------
 
 void Notification::Notify() {
-  __tsan_release(this);
-  __tsan_release(NotifiedFlag(this));
-  Real<void (*)(Notification*)>(kNotify)(this);
+  if (t_inside_abseil == 0) {
+    __tsan_release(this);
+    __tsan_release(NotifiedFlag(this));
+  }
+  Forward([&] {
+    Real<void (*)(Notification*)>(kNotify)(this);
+    return 0;
+  });
 }
 
 void Notification::WaitForNotification() const {
-  Real<void (*)(const Notification*)>(kWaitForNotification)(this);
-  __tsan_acquire(const_cast<Notification*>(this));
+  const bool outer = t_inside_abseil == 0;
+  Forward([&] {
+    Real<void (*)(const Notification*)>(kWaitForNotification)(this);
+    return 0;
+  });
+  if (outer) __tsan_acquire(const_cast<Notification*>(this));
 }
 
 bool Notification::WaitForNotificationWithTimeout(Duration timeout) const {
-  const bool notified = Real<bool (*)(const Notification*, Duration)>(
-      kWaitForNotificationWithTimeout)(this, timeout);
-  if (notified) __tsan_acquire(const_cast<Notification*>(this));
+  const bool outer = t_inside_abseil == 0;
+  const bool notified = Forward([&] {
+    return Real<bool (*)(const Notification*, Duration)>(kWaitForNotificationWithTimeout)(
+        this, timeout);
+  });
+  if (outer && notified) __tsan_acquire(const_cast<Notification*>(this));
   return notified;
 }
 
 bool Notification::WaitForNotificationWithDeadline(Time deadline) const {
-  const bool notified = Real<bool (*)(const Notification*, Time)>(
-      kWaitForNotificationWithDeadline)(this, deadline);
-  if (notified) __tsan_acquire(const_cast<Notification*>(this));
+  const bool outer = t_inside_abseil == 0;
+  const bool notified = Forward([&] {
+    return Real<bool (*)(const Notification*, Time)>(kWaitForNotificationWithDeadline)(
+        this, deadline);
+  });
+  if (outer && notified) __tsan_acquire(const_cast<Notification*>(this));
   return notified;
+}
+
+// --- absl::Status ---------------------------------------------------------------------
+
+void absl::Status::UnrefNonInlined(uintptr_t rep) {
+  // rep is a pointer to the StatusRep plus 1 (Status::PointerToRep, status.h).
+  auto* r = reinterpret_cast<absl::status_internal::StatusRep*>(rep - 1);
+  // 1: this call drops the last reference and frees the rep; nobody else holds it, so the
+  // count cannot change under us. Read before the release, so that the release covers it.
+  const bool last = r->ref.load(std::memory_order_acquire) == 1;
+  __tsan_release(r);
+  if (last) __tsan_acquire(r);
+  Real<void (*)(uintptr_t)>(kStatusUnrefNonInlined)(rep);
 }

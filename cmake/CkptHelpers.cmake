@@ -11,6 +11,14 @@
 #   ckpt_cc_test(NAME crc32c_test SRCS crc32c_test.cc DEPS ckpt::common LABELS unit)
 #   -> GoogleTest binary, each TEST registered with ctest under the given labels.
 
+# ASan builds: <build>/sanitizer/<exe>.asan-options keeps leak checks on for one of our
+# programs when a foreign parent turned them off (see CkptSanitizers.cmake).
+function(ckpt_write_asan_options exe)
+  if(CKPT_SANITIZE_ADDRESS)
+    file(WRITE ${CKPT_SANITIZER_OPTIONS_DIR}/${exe}.asan-options "detect_leaks=1\n")
+  endif()
+endfunction()
+
 function(ckpt_set_warnings target)
   target_compile_options(${target} PRIVATE -Wall -Wextra -Wno-unused-parameter)
   if(CKPT_WERROR)
@@ -46,13 +54,10 @@ function(ckpt_cc_binary)
   endif()
   set_target_properties(${ARG_NAME} PROPERTIES RUNTIME_OUTPUT_DIRECTORY ${PROJECT_BINARY_DIR}/bin)
   ckpt_set_warnings(${ARG_NAME})
-  if(CKPT_SANITIZE_ADDRESS)  # leak checks stay on under a foreign parent (CkptSanitizers.cmake)
-    if(ARG_OUTPUT_NAME)
-      set(exe ${ARG_OUTPUT_NAME})
-    else()
-      set(exe ${ARG_NAME})
-    endif()
-    file(WRITE ${CKPT_SANITIZER_OPTIONS_DIR}/${exe}.asan-options "detect_leaks=1\n")
+  if(ARG_OUTPUT_NAME)
+    ckpt_write_asan_options(${ARG_OUTPUT_NAME})
+  else()
+    ckpt_write_asan_options(${ARG_NAME})
   endif()
 endfunction()
 
@@ -72,6 +77,7 @@ function(ckpt_cc_test)
     CKPT_BINARY_DIR="${PROJECT_BINARY_DIR}" CKPT_SOURCE_DIR="${PROJECT_SOURCE_DIR}")
   set_target_properties(${ARG_NAME} PROPERTIES RUNTIME_OUTPUT_DIRECTORY ${PROJECT_BINARY_DIR}/tests)
   ckpt_set_warnings(${ARG_NAME})
+  ckpt_write_asan_options(${ARG_NAME})
   gtest_discover_tests(${ARG_NAME}
     DISCOVERY_MODE PRE_TEST
     PROPERTIES LABELS "${ARG_LABELS}" TIMEOUT ${ARG_TIMEOUT})

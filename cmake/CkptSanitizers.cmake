@@ -73,8 +73,9 @@ endif()
 # libasan alone aborts in its __cxa_throw hook) and must not check their own leaks
 # (Python frees little at exit). Our own binaries started from them must still check:
 # their ASAN_OPTIONS is extended with include_if_exists=<build>/sanitizer/%b.asan-options
-# (%b: the program's name), a file that ckpt_cc_binary() writes for each of ours and that
-# turns leak checks back on. Tests apply both with ckpt_sanitize_foreign_test().
+# (%b: the program's name), a file that ckpt_write_asan_options() writes for each of ours
+# (daemons, tools, tests) and that turns leak checks back on. Tests apply both with
+# ckpt_sanitize_foreign_test().
 set(CKPT_SANITIZER_OPTIONS_DIR ${PROJECT_BINARY_DIR}/sanitizer)
 set(CKPT_FOREIGN_TEST_ENVIRONMENT)
 set(CKPT_FOREIGN_TEST_ENVIRONMENT_MODIFICATION)

@@ -155,10 +155,19 @@ TEST(TsanChild, DISABLED_Main) {
   else _exit(4);
 }
 
+// This binary's path. Not "/proc/self/exe": the sanitizers take the program's name (%b in
+// their options) from argv[0].
+std::string SelfPath() {
+  char path[4096];
+  const ssize_t n = readlink("/proc/self/exe", path, sizeof(path) - 1);
+  if (n <= 0) return "/proc/self/exe";
+  return std::string(path, static_cast<size_t>(n));
+}
+
 // Runs one scenario in a child; its output (TSan reports go to stderr) and exit status.
 RunResult RunScenario(const std::string& scenario) {
   SubprocessOptions o;
-  o.argv = {"/proc/self/exe", "--gtest_filter=TsanChild.DISABLED_Main",
+  o.argv = {SelfPath(), "--gtest_filter=TsanChild.DISABLED_Main",
             "--gtest_also_run_disabled_tests"};
   // Replaces scripts/tsan.sh's log_path: the compiled-in defaults (suppressions) stay.
   o.env = {{kScenarioEnv, scenario}, {"TSAN_OPTIONS", "log_path=stderr"}};

@@ -19,8 +19,24 @@ set(CKPT_SANITIZE_UNDEFINED OFF)
 set(CKPT_SANITIZE_THREAD OFF)
 set(CKPT_SANITIZER_WARNING_OPTIONS)
 set(CKPT_SANITIZER_LINK)
+set(CKPT_SANITIZER_OPTIONS_DIR ${PROJECT_BINARY_DIR}/sanitizer)
+set(CKPT_FOREIGN_TEST_ENVIRONMENT)
+set(CKPT_FOREIGN_TEST_ENVIRONMENT_MODIFICATION)
+
+# For a test whose command is not one of our binaries (python3, a shell script) but which
+# loads our Python module or starts our daemons: sets the environment described at the end
+# of this file. No-op unless CKPT_SANITIZE contains address.
+function(ckpt_sanitize_foreign_test)
+  if(NOT CKPT_SANITIZE_ADDRESS)
+    return()
+  endif()
+  set_property(TEST ${ARGN} APPEND PROPERTY ENVIRONMENT ${CKPT_FOREIGN_TEST_ENVIRONMENT})
+  set_property(TEST ${ARGN} APPEND PROPERTY ENVIRONMENT_MODIFICATION
+    ${CKPT_FOREIGN_TEST_ENVIRONMENT_MODIFICATION})
+endfunction()
+
 if(NOT CKPT_SANITIZE)
-  return()
+  return()  # everything below is for sanitizer builds
 endif()
 
 string(REPLACE "," ";" _ckpt_sanitizers "${CKPT_SANITIZE}")
@@ -76,9 +92,6 @@ endif()
 # (%b: the program's name), a file that ckpt_write_asan_options() writes for each of ours
 # (daemons, tools, tests) and that turns leak checks back on. Tests apply both with
 # ckpt_sanitize_foreign_test().
-set(CKPT_SANITIZER_OPTIONS_DIR ${PROJECT_BINARY_DIR}/sanitizer)
-set(CKPT_FOREIGN_TEST_ENVIRONMENT)
-set(CKPT_FOREIGN_TEST_ENVIRONMENT_MODIFICATION)
 if(CKPT_SANITIZE_ADDRESS)
   execute_process(COMMAND ${CMAKE_CXX_COMPILER} -print-file-name=libasan.so
     OUTPUT_VARIABLE _ckpt_libasan OUTPUT_STRIP_TRAILING_WHITESPACE)
@@ -91,15 +104,3 @@ if(CKPT_SANITIZE_ADDRESS)
   list(APPEND CKPT_FOREIGN_TEST_ENVIRONMENT_MODIFICATION
     "ASAN_OPTIONS=string_append::detect_leaks=0:include_if_exists=${CKPT_SANITIZER_OPTIONS_DIR}/%b.asan-options")
 endif()
-
-# For a test whose command is not one of our binaries (python3, a shell script) but which
-# loads our Python module or starts our daemons: see above. No-op unless CKPT_SANITIZE
-# contains address.
-function(ckpt_sanitize_foreign_test)
-  if(NOT CKPT_SANITIZE_ADDRESS)
-    return()
-  endif()
-  set_property(TEST ${ARGN} APPEND PROPERTY ENVIRONMENT ${CKPT_FOREIGN_TEST_ENVIRONMENT})
-  set_property(TEST ${ARGN} APPEND PROPERTY ENVIRONMENT_MODIFICATION
-    ${CKPT_FOREIGN_TEST_ENVIRONMENT_MODIFICATION})
-endfunction()

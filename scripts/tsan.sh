@@ -4,6 +4,7 @@
 # and no process (test or daemon) reported anything.
 #
 #   scripts/tsan.sh                      # the default set of test programs (below)
+#   scripts/tsan.sh --list               # print that set
 #   scripts/tsan.sh 'agent|peer'         # only programs whose name matches this regex
 #   scripts/tsan.sh peer_test -- --gtest_filter='PeerTest.*'   # extra arguments for them
 #   CKPT_BUILD_DIR=... CKPT_JOBS=N scripts/tsan.sh
@@ -21,25 +22,26 @@ build="${CKPT_BUILD_DIR:-${root}/build-tsan}"
 jobs="${CKPT_JOBS:-2}"
 timeout_s="${CKPT_TSAN_TIMEOUT:-1800}"
 
-# The programs this run covers: the TSan set-up's own check (tests/sanitizers), then
-# tests/server/agent, tests/transport, tests/server/meta
-# (with store/), and the integration tests that start real agents (tests/integration,
-# tests/cli).
-default_programs=(
-  tsan_selftest
-  arena_test agent_test peer_test peer_wire_test
-  transport_test ucx_transport_test
-  planner_test meta_core_test records_test meta_store_test rocksdb_meta_store_test
-  meta_integration_test agent_integration_test client_integration_test protection_test
-  ckptctl_test
-)
+# The programs this run covers: the TSan set-up's own check, then every test program
+# declared (ckpt_cc_test(NAME ...)) in these directories, read from their CMakeLists.txt so
+# that tests added with the agent's rewrite are picked up: the agent, transport and meta
+# tests, the daemons' entry points, and the tests that start real daemons.
+test_dirs=(tests/server/agent tests/transport tests/server/meta tests/server/meta/store
+           tests/server/cmd tests/integration tests/cli)
+default_programs=(tsan_selftest)
+for d in "${test_dirs[@]}"; do
+  [ -f "${root}/${d}/CMakeLists.txt" ] || continue
+  while read -r name; do default_programs+=("${name}"); done < <(
+    grep -oE 'ckpt_cc_test\(NAME [A-Za-z0-9_]+' "${root}/${d}/CMakeLists.txt" | awk '{print $2}')
+done
 
 regex=""
 extra=()
 while [ "$#" -gt 0 ]; do
   case "$1" in
     --) shift; extra=("$@"); break ;;
-    -h|--help) sed -n '2,17p' "${BASH_SOURCE[0]}"; exit 0 ;;
+    --list) printf '%s\n' "${default_programs[@]}"; exit 0 ;;
+    -h|--help) sed -n '2,18p' "${BASH_SOURCE[0]}"; exit 0 ;;
     -*) echo "usage: $0 [PROGRAM_REGEX] [-- GTEST_ARGS...]" >&2; exit 2 ;;
     *) [ -z "${regex}" ] || { echo "usage: $0 [PROGRAM_REGEX] [-- GTEST_ARGS...]" >&2; exit 2; }
        regex="$1"; shift ;;

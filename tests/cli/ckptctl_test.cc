@@ -127,6 +127,12 @@ TEST_F(CkptctlTest, CreateJobThenJobsVersionsStatusNodesHumanAndJson) {
   r = Ctl({"create-job", "llm", "--world-size", "8"});
   EXPECT_EQ(r.status.exit_code(), 1) << r.stdout_text;
   EXPECT_THAT(r.stderr_text, HasSubstr("ckptctl: "));
+
+  // No protection flag: the server's default, none on this one-node cluster
+  // (issue 13 #3: this used to be refused with "spec.protection is required").
+  r = Ctl({"create-job", "solo", "--world-size", "1"});
+  ASSERT_TRUE(r.status.success()) << r.stderr_text;
+  EXPECT_THAT(r.stdout_text, HasSubstr("protection none, the server's default"));
 }
 
 TEST_F(CkptctlTest, SavedVersionVisibleThenFlushedPersistedAndRestoredByteExact) {
@@ -306,6 +312,8 @@ TEST_F(CkptctlTest, UsageErrorsExitTwo) {
            {"create-job", "j", "--world-size", "2", "--replicate", "2", "--placement", "star"},
            {"create-job", "j"},
            {"inspect", "j", "notanumber"},
+           {"inspect", "j", "9007199254740992"},  // steps stop at 2^53-1
+           {"flush", "j", "18446744073709551615"},
            {"--timeout", "-1", "jobs"},
        }) {
     RunResult r = Ctl(args);

@@ -52,6 +52,16 @@ std::unique_ptr<grpc::ClientContext> Context(const DataOptions& o) {
 
 std::string Hex(uint32_t crc) { return absl::StrFormat("%08x", crc); }
 
+// A stub for an agent's AgentService. ReadShard streams chunks of up to 4 MiB
+// of data plus their offset and crc, more than gRPC's default 4 MiB receive
+// limit, so the limit is lifted (as the client library does).
+std::unique_ptr<v1::AgentService::Stub> AgentStub(const std::string& address) {
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(-1);
+  return v1::AgentService::NewStub(
+      grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args));
+}
+
 ManifestItem ItemOf(const v1::Item& item) {
   ManifestItem m;
   m.name = item.name();
@@ -92,7 +102,7 @@ absl::StatusOr<std::map<std::string, std::string>> NodeAddresses(const DataOptio
 // crc, then every item's and the shard's against `info`.
 absl::StatusOr<std::vector<char>> ReadFromAgent(const DataOptions& o, const std::string& address,
                                                 const v1::ShardInfo& info) {
-  auto stub = v1::AgentService::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+  auto stub = AgentStub(address);
   v1::ReadShardRequest req;
   *req.mutable_shard() = info.key();
   req.set_chunk_bytes(4 << 20);
@@ -199,7 +209,7 @@ absl::StatusOr<std::vector<char>> DecodeOnAgent(const DataOptions& o,
       if (node->empty()) *node = seg.holder().node_id();
   auto it = addresses.find(*node);
   if (it == addresses.end()) return absl::UnavailableError("no node holding a segment is known");
-  auto stub = v1::AgentService::NewStub(grpc::CreateChannel(it->second, grpc::InsecureChannelCredentials()));
+  auto stub = AgentStub(it->second);
   v1::OpenShardRequest oreq;
   *oreq.mutable_key() = info.key();
   *oreq.add_sources() = src;
@@ -333,7 +343,7 @@ int VerifyVersion(const DataOptions& o, const std::string& job, uint64_t step) {
   int problems = 0;
   uint64_t checked = 0;
   for (const std::string& node : holders) {
-    auto stub = v1::AgentService::NewStub(grpc::CreateChannel((*addresses)[node], grpc::InsecureChannelCredentials()));
+    auto stub = AgentStub((*addresses)[node]);
     v1::VerifyRequest req;
     req.set_job_id(job);
     req.set_step(step);

@@ -219,6 +219,30 @@ TEST_F(CkptctlTest, ServerErrorsExitOneWithTheServersMessage) {
   EXPECT_THAT(r.stderr_text, HasSubstr("NOT_FOUND"));
 }
 
+// A shard several ReadShard chunks long (4 MiB each, plus the message's own
+// fields: more than gRPC's default 4 MiB receive limit) comes back whole.
+// Found by the chaos soak (tests/chaos): ckptctl's agent channels kept the
+// default limit, so every online restore of a shard over 4 MiB failed.
+TEST_F(CkptctlTest, OnlineRestoreOfAShardOfSeveralChunks) {
+  std::string content(9 * (1 << 20) + 1, '\0');
+  std::mt19937 rng(7);
+  for (char& c : content) c = static_cast<char>(rng());
+  const std::string file = dir_->path() + "/big.bin";
+  std::ofstream(file, std::ios::binary) << content;
+  RunResult s = Ctl({"save", "big", "1", file, "--rank", "0", "--world-size", "1", "--agent-socket",
+                     agent_->socket_path()});
+  ASSERT_TRUE(s.status.success()) << s.stderr_text;
+  const std::string out = dir_->path() + "/big-restored";
+  RunResult r = Ctl({"restore", "big", "1", "--out", out});
+  ASSERT_TRUE(r.status.success()) << r.stderr_text;
+  absl::StatusOr<DurableManifest> m = ReadDurableManifest(PosixFileSystem(), out);
+  ASSERT_TRUE(m.ok()) << m.status();
+  std::vector<std::byte> bytes(m->shards[0].size_bytes);
+  ASSERT_TRUE(ReadRankFile(PosixFileSystem(), out, m->shards[0], bytes).ok());
+  ASSERT_GE(bytes.size(), content.size());
+  EXPECT_EQ(std::memcmp(bytes.data(), content.data(), content.size()), 0);
+}
+
 TEST_F(CkptctlTest, SaveThenOnlineRestoreAndVerify) {
   // Two ranks saved from files with `ckptctl save`.
   std::vector<std::string> contents;

@@ -137,7 +137,7 @@ void PeerServer::OnReceived(const Inbound& msg, const absl::Status& status) {
   }
 }
 
-absl::StatusOr<PeerServer::InPut> PeerServer::Admit(const PutBegin& b, const std::string& record) {
+absl::StatusOr<PeerServer::InPut> PeerServer::Check(const PutBegin& b, const std::string& record) {
   if (b.target_incarnation != 0 && b.target_incarnation != d_.incarnation()) {
     return absl::FailedPreconditionError(absl::StrCat("push is for incarnation ", b.target_incarnation,
                                                       ", this agent is ", d_.incarnation()));
@@ -187,6 +187,7 @@ void PeerServer::OnPutBegin(const Inbound& msg, const absl::Status& status) {
     log::Warn("data plane: bad push from peer {}: {}", msg.from, b.status().ToString());
     return;
   }
+  const PushKey key{msg.from, b->xfer};
   std::shared_ptr<std::vector<std::byte>> record;
   bool duplicate = false;
   {
@@ -196,37 +197,52 @@ void PeerServer::OnPutBegin(const Inbound& msg, const absl::Status& status) {
       record = std::move(slot->second.scratch);
       landings_.erase(slot);
     }
-    duplicate = in_puts_.count({msg.from, b->xfer}) != 0;
+    duplicate = in_puts_.count(key) != 0 || !admitting_.insert(key).second;
   }
+  if (duplicate) {
+    d_.plane->Send(msg.from, kPutAck,
+                   EncodeResult(Result{b->xfer, absl::InvalidArgumentError("this push has begun already")}));
+    return;
+  }
+  // Admission (parsing the record, reserving, zeroing a new parity) can take
+  // a while on big shards and stripes: off the transport's thread.
+  if (!finish_.TrySubmit([this, key, begin = *b, record, status] { Admit(key, begin, record, status); })) {
+    {
+      absl::MutexLock lock(&mu_);
+      admitting_.erase(key);
+    }
+    d_.plane->Send(msg.from, kPutAck,
+                   EncodeResult(Result{b->xfer, absl::ResourceExhaustedError("this agent is too busy; retry")}));
+  }
+}
+
+void PeerServer::Admit(const PushKey& key, const PutBegin& b, std::shared_ptr<std::vector<std::byte>> record,
+                       const absl::Status& status) {
   absl::StatusOr<InPut> in = absl::UnknownError("unset");
   if (!status.ok()) {
     in = status;
-  } else if (duplicate) {
-    in = absl::InvalidArgumentError("this push has begun already");
   } else {
-    in = Admit(*b, record == nullptr ? std::string()
-                                     : std::string(reinterpret_cast<const char*>(record->data()), record->size()));
+    in = Check(b, record == nullptr ? std::string()
+                                    : std::string(reinterpret_cast<const char*>(record->data()), record->size()));
   }
-  if (!in.ok()) {
-    d_.plane->Send(msg.from, kPutAck, EncodeResult(Result{b->xfer, in.status()}));
-    return;
+  if (in.ok()) {
+    in->last_progress = d_.clock->MonotonicNow();
+    in->finishing = b.total_bytes == 0;
   }
-  in->last_progress = d_.clock->MonotonicNow();
-  const bool empty = b->total_bytes == 0;
-  in->finishing = empty;
   {
     absl::MutexLock lock(&mu_);
-    in_puts_.emplace(PushKey{msg.from, b->xfer}, *std::move(in));
-    d_.metrics->pushes_receiving->Set(static_cast<double>(in_puts_.size()));
-  }
-  d_.plane->Send(msg.from, kPutAck, EncodeResult(Result{b->xfer, absl::OkStatus()}));
-  if (empty) {
-    const PeerId from = msg.from;
-    const uint64_t xfer = b->xfer;
-    if (!finish_.TrySubmit([this, from, xfer] { FinishPut(from, xfer); })) {
-      DropPush({from, xfer}, absl::ResourceExhaustedError("this agent is too busy to store pushes; retry"));
+    admitting_.erase(key);
+    if (in.ok()) {
+      in_puts_.emplace(key, *std::move(in));
+      d_.metrics->pushes_receiving->Set(static_cast<double>(in_puts_.size()));
     }
   }
+  if (!in.ok()) {
+    d_.plane->Send(key.first, kPutAck, EncodeResult(Result{b.xfer, in.status()}));
+    return;
+  }
+  d_.plane->Send(key.first, kPutAck, EncodeResult(Result{b.xfer, absl::OkStatus()}));
+  if (b.total_bytes == 0) FinishPut(key.first, key.second);
 }
 
 void PeerServer::OnPutChunk(const Inbound& msg, const absl::Status& status) {

@@ -10,8 +10,9 @@
 // space only after its last payload has landed.
 //
 // Threads: the PeerFlows methods run on the transport's thread and never
-// block (crc and folds of one chunk run there, outside the lock). Storing a
-// finished push (record write, report to meta, then the acknowledgement) runs
+// block (crc and folds of one chunk run there, outside the lock). Admitting
+// a push (parsing its record, reserving, zeroing a new parity) and storing a
+// finished one (record write, report to meta, then the acknowledgement) run
 // on the `finish` executor, serving reads on the `serve` executor: separate
 // bounded pools, so slow readers never delay pushes and a full queue is
 // answered "busy" instead of growing without bound.
@@ -21,6 +22,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -101,7 +103,10 @@ class PeerServer : public PeerFlows {
   void OnPutAbort(const transport::Inbound& msg);
   void OnReadReq(const transport::Inbound& msg);
   // Validates a push and reserves for it; the InPut on success.
-  absl::StatusOr<InPut> Admit(const PutBegin& b, const std::string& record);
+  absl::StatusOr<InPut> Check(const PutBegin& b, const std::string& record);
+  // On the finish executor: checks, registers and acknowledges a push.
+  void Admit(const PushKey& key, const PutBegin& b, std::shared_ptr<std::vector<std::byte>> record,
+             const absl::Status& status);
   // Drops a push (its landings keep their memory) and tells the parity.
   void DropPush(const PushKey& key, const absl::Status& why);
   void FinishPut(transport::PeerId from, uint64_t xfer);
@@ -116,6 +121,7 @@ class PeerServer : public PeerFlows {
 
   mutable absl::Mutex mu_;
   std::map<PushKey, InPut> in_puts_ ABSL_GUARDED_BY(mu_);
+  std::set<PushKey> admitting_ ABSL_GUARDED_BY(mu_);  // begun, being admitted
   std::map<std::tuple<transport::PeerId, uint64_t, uint64_t>, Landing> landings_ ABSL_GUARDED_BY(mu_);
   std::vector<std::shared_ptr<std::vector<std::byte>>> scratch_free_ ABSL_GUARDED_BY(mu_);
 };

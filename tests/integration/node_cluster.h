@@ -35,6 +35,20 @@ class NodeClusterTest : public ::testing::Test {
     agent_ = *std::move(agent);
   }
 
+  // Stops `proc` (if it is still running) with SIGTERM and expects it to exit 0 within
+  // 60 s. In a sanitizer build this is also when the daemon checks for leaks: a leak or
+  // any other finding fails the exit.
+  static void ExpectCleanStop(Subprocess& proc) {
+    if (!proc.IsRunning()) {
+      ADD_FAILURE() << proc.name() << " is not running:\n" << proc.LogTail(16384);
+      return;
+    }
+    absl::StatusOr<ExitStatus> exit = proc.Terminate(absl::Seconds(60));
+    ASSERT_TRUE(exit.ok()) << exit.status();
+    EXPECT_TRUE(exit->success()) << proc.name() << " " << *exit << " after SIGTERM:\n"
+                                 << proc.LogTail(16384);
+  }
+
   const std::string memory_;
   std::unique_ptr<TempDir> dir_;
   std::unique_ptr<MetaProcess> meta_;

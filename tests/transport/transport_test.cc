@@ -35,6 +35,12 @@ struct Pair {
     }
     b = NewLoopbackTransport();
   }
+  // A transport's handler must outlive it (transport.h), and `a` may belong to the test
+  // (declared before the Pair, so destroyed after ha): stop both before ha and hb go.
+  ~Pair() {
+    a->Stop();
+    b->Stop();
+  }
   void Start() {
     ASSERT_TRUE(a->Start(Unique("a"), &ha).ok());
     ASSERT_TRUE(b->Start(Unique("b"), &hb).ok());
@@ -73,6 +79,10 @@ TEST(Loopback, EmptyPayloadSkipsAllocate) {
   DoneLog done;
   p.a->Send(p.to_b, 1, "empty", {}, done.Callback());
   ASSERT_TRUE(p.hb.WaitReceived(1));
+  // The completion runs after delivery, on a's thread: wait for it, or it would write
+  // into `done` after the test returned.
+  ASSERT_TRUE(done.Wait(1));
+  EXPECT_TRUE(done.statuses()[0].ok());
   EXPECT_EQ(p.hb.allocations(), 0);
   EXPECT_TRUE(p.hb.received()[0].status.ok());
   EXPECT_EQ(p.hb.received()[0].msg.payload_bytes, 0u);
@@ -176,11 +186,12 @@ struct Reassembler {
 std::string OffsetHeader(const ChunkInfo& c) { return absl::StrCat(c.offset); }
 
 TEST(Bulk, FanOutToTwoPeersReassemblesAndKeepsWindow) {
+  // Handlers first: a transport's handler must outlive it (destroyed in reverse order).
+  const auto data = Pattern((1 << 20) + 12345, 3);
+  TestHandler ha;
+  Reassembler r1(data.size()), r2(data.size());
   auto a_inner = NewLoopbackTransport();
   CountingTransport a(a_inner.get());
-  TestHandler ha;
-  const auto data = Pattern((1 << 20) + 12345, 3);
-  Reassembler r1(data.size()), r2(data.size());
   auto b1 = NewLoopbackTransport();
   auto b2 = NewLoopbackTransport();
   ASSERT_TRUE(a.Start(Unique("a"), &ha).ok());
@@ -208,11 +219,12 @@ TEST(Bulk, FanOutToTwoPeersReassemblesAndKeepsWindow) {
 }
 
 TEST(Bulk, OnePeerFailingLeavesTheOtherOk) {
+  // Handlers first: a transport's handler must outlive it (destroyed in reverse order).
+  const auto data = Pattern(10 * 1000, 4);
+  TestHandler ha;
+  Reassembler r1(data.size()), r2(data.size());
   auto a_inner = NewLoopbackTransport();
   FaultTransport a(a_inner.get());
-  TestHandler ha;
-  const auto data = Pattern(10 * 1000, 4);
-  Reassembler r1(data.size()), r2(data.size());
   auto b1 = NewLoopbackTransport();
   auto b2 = NewLoopbackTransport();
   ASSERT_TRUE(a.Start(Unique("a"), &ha).ok());
@@ -306,7 +318,8 @@ TEST(FaultTransport, CorruptsExactlyOneByteInFlight) {
   p.a->Send(p.to_b, 1, "c", src, done.Callback());
   ASSERT_TRUE(p.hb.WaitReceived(1));
   ASSERT_TRUE(done.Wait(1));
-  const auto& got = p.hb.received()[0].bytes;
+  const std::vector<TestHandler::Got> received = p.hb.received();  // a copy: keep it alive
+  const std::vector<std::byte>& got = received[0].bytes;
   ASSERT_EQ(got.size(), data.size());
   int diffs = 0;
   for (size_t i = 0; i < got.size(); ++i) diffs += got[i] != data[i];

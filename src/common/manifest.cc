@@ -7,6 +7,8 @@
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/crc32c.h"
 #include "common/names.h"
 
 namespace ckpt {
@@ -126,6 +128,47 @@ absl::Status ValidateManifest(std::span<const ManifestItem> items, uint64_t shar
     }
   }
   return absl::OkStatus();
+}
+
+ItemCrcStream::ItemCrcStream(std::span<const ManifestItem> items) {
+  sorted_.reserve(items.size());
+  for (const ManifestItem& it : items) {
+    sorted_.push_back(Entry{it.offset_bytes, it.length_bytes, it.crc32c, it.name});
+  }
+  std::stable_sort(sorted_.begin(), sorted_.end(),
+                   [](const Entry& a, const Entry& b) { return a.offset < b.offset; });
+}
+
+absl::Status ItemCrcStream::Update(std::span<const std::byte> piece) {
+  const uint64_t begin = pos_;
+  const uint64_t end = pos_ + piece.size();
+  pos_ = end;
+  while (next_ < sorted_.size()) {
+    const Entry& e = sorted_[next_];
+    const uint64_t item_end = e.offset + e.length;
+    // An item that starts at `end` has none of its bytes in this piece (an
+    // empty one there is complete, though).
+    if (e.offset > end || (e.offset == end && e.length > 0)) break;
+    const uint64_t lo = std::max(e.offset, begin);
+    const uint64_t hi = std::min(item_end, end);
+    if (hi > lo) crc_ = Crc32cExtend(crc_, piece.data() + (lo - begin), hi - lo);
+    if (item_end > end) break;  // continues in the next piece
+    if (crc_ != e.crc32c) {
+      return absl::DataLossError(absl::StrFormat("item %s: crc32c %08x != manifest %08x",
+                                                 QuoteForMessage(e.name), crc_, e.crc32c));
+    }
+    crc_ = 0;
+    ++next_;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ItemCrcStream::Finish() const {
+  if (next_ == sorted_.size()) return absl::OkStatus();
+  const Entry& e = sorted_[next_];
+  return absl::DataLossError(absl::StrCat("the shard's bytes ended at ", pos_, " before item ",
+                                          QuoteForMessage(e.name), " [", e.offset, ", +", e.length,
+                                          ") was complete"));
 }
 
 uint64_t ManifestDigest(std::span<const ManifestItem> items) {

@@ -69,4 +69,38 @@ uint64_t ManifestDigest(std::span<const ManifestItem> items);
 // Returns `items` sorted by offset_bytes (the order shards are laid out in).
 std::vector<ManifestItem> SortedByOffset(std::span<const ManifestItem> items);
 
+// Checks every item's CRC-32C while a shard's bytes go by once, in order
+// (e.g. streamed from an agent into a file), without holding the shard:
+//
+//   ItemCrcStream check(items);           // a manifest ValidateManifest accepts
+//   for (each piece, in shard order from byte 0) CKPT_RETURN_IF_ERROR(check.Update(piece));
+//   CKPT_RETURN_IF_ERROR(check.Finish());
+//
+// Update() extends the crc of the items the piece touches and returns
+// DataLoss naming the first item that is complete and does not match.
+// Finish() returns DataLoss if some item was not complete (the bytes ended
+// early). Items may come in any order; overlapping items (which
+// ValidateManifest rejects) give wrong answers. Copies what it needs from
+// `items`. Not thread-safe.
+class ItemCrcStream {
+ public:
+  explicit ItemCrcStream(std::span<const ManifestItem> items);
+  absl::Status Update(std::span<const std::byte> piece);
+  absl::Status Finish() const;
+  // Bytes fed so far.
+  uint64_t position() const { return pos_; }
+
+ private:
+  struct Entry {
+    uint64_t offset;
+    uint64_t length;
+    uint32_t crc32c;
+    std::string name;
+  };
+  std::vector<Entry> sorted_;  // by offset
+  size_t next_ = 0;            // first item not yet complete
+  uint32_t crc_ = 0;           // crc of sorted_[next_]'s bytes seen so far
+  uint64_t pos_ = 0;
+};
+
 }  // namespace ckpt

@@ -2,7 +2,11 @@
 
 #include <gtest/gtest.h>
 
+#include <random>
+#include <span>
 #include <vector>
+
+#include "common/crc32c.h"
 
 namespace ckpt {
 namespace {
@@ -92,6 +96,78 @@ TEST(Manifest, DTypeNamesRoundTrip) {
   EXPECT_EQ(DTypeElementSize(1), 4u);
   EXPECT_EQ(DTypeElementSize(16), 16u);
   EXPECT_FALSE(DTypeFromName("f128").ok());
+}
+
+// A shard of `size` seeded random bytes with items at the given (offset,
+// length) ranges, their crcs filled in.
+struct Shard {
+  std::vector<std::byte> bytes;
+  std::vector<ManifestItem> items;
+};
+Shard MakeShard(uint64_t size, const std::vector<std::pair<uint64_t, uint64_t>>& ranges) {
+  Shard s;
+  std::mt19937 rng(7);
+  s.bytes.resize(size);
+  for (std::byte& b : s.bytes) b = static_cast<std::byte>(rng());
+  for (size_t i = 0; i < ranges.size(); ++i) {
+    ManifestItem it;
+    it.name = "item" + std::to_string(i);
+    it.dtype = kDTypeBytes;
+    it.offset_bytes = ranges[i].first;
+    it.length_bytes = ranges[i].second;
+    it.crc32c = Crc32c(s.bytes.data() + it.offset_bytes, it.length_bytes);
+    s.items.push_back(std::move(it));
+  }
+  return s;
+}
+
+// Feeds `bytes` to `check` in pieces of `piece` bytes.
+absl::Status Feed(ItemCrcStream& check, std::span<const std::byte> bytes, size_t piece) {
+  for (size_t off = 0; off < bytes.size(); off += piece) {
+    absl::Status s = check.Update(bytes.subspan(off, std::min(piece, bytes.size() - off)));
+    if (!s.ok()) return s;
+  }
+  return check.Finish();
+}
+
+TEST(ItemCrcStream, AcceptsMatchingItemsWhateverThePieceSize) {
+  // Items out of order, with padding, an empty item inside the gap and one
+  // at the very end.
+  Shard s = MakeShard(1000, {{500, 300}, {0, 100}, {128, 0}, {160, 333}, {1000, 0}});
+  ASSERT_TRUE(ValidateManifest(s.items, 1000).ok());
+  for (size_t piece : {1, 7, 64, 100, 333, 999, 1000, 4096}) {
+    ItemCrcStream check(s.items);
+    EXPECT_TRUE(Feed(check, s.bytes, piece).ok()) << "piece " << piece;
+    EXPECT_EQ(check.position(), 1000u);
+  }
+}
+
+TEST(ItemCrcStream, NamesTheCorruptItemAsSoonAsItIsComplete) {
+  Shard s = MakeShard(1000, {{0, 100}, {160, 333}, {500, 300}});
+  s.bytes[170] ^= std::byte{1};
+  ItemCrcStream check(s.items);
+  ASSERT_TRUE(check.Update(std::span(s.bytes).first(400)).ok());  // item1 not complete yet
+  absl::Status st = check.Update(std::span(s.bytes).subspan(400, 100));
+  EXPECT_EQ(st.code(), absl::StatusCode::kDataLoss);
+  EXPECT_NE(st.message().find("item1"), std::string::npos) << st;
+}
+
+TEST(ItemCrcStream, PaddingIsNotChecked) {
+  Shard s = MakeShard(1000, {{0, 100}, {500, 300}});
+  s.bytes[300] ^= std::byte{1};  // between the items
+  ItemCrcStream check(s.items);
+  EXPECT_TRUE(Feed(check, s.bytes, 64).ok());
+}
+
+TEST(ItemCrcStream, BytesEndingEarlyAreDataLoss) {
+  Shard s = MakeShard(1000, {{0, 100}, {500, 300}});
+  ItemCrcStream check(s.items);
+  ASSERT_TRUE(check.Update(std::span(s.bytes).first(600)).ok());
+  absl::Status st = check.Finish();
+  EXPECT_EQ(st.code(), absl::StatusCode::kDataLoss);
+  EXPECT_NE(st.message().find("item1"), std::string::npos) << st;
+  ItemCrcStream none({});
+  EXPECT_TRUE(none.Finish().ok());
 }
 
 }  // namespace

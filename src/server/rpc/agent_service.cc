@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/crc32c.h"
 #include "common/names.h"
+#include "common/status_macros.h"
 #include "server/rpc/agent_convert.h"
 #include "server/rpc/status_convert.h"
 
@@ -15,7 +16,11 @@ namespace {
 
 grpc::Status Invalid(const std::string& msg) { return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, msg); }
 
+// ReadShard chunk sizes: below 4 KiB the per-message cost dominates; above
+// 4 MiB a message no longer fits gRPC's default receive limit, and the agent
+// would hold that much per stream.
 constexpr uint64_t kDefaultChunk = 1 << 20;
+constexpr uint64_t kMinChunk = 4 << 10;
 constexpr uint64_t kMaxChunk = 4 << 20;
 
 }  // namespace
@@ -143,24 +148,33 @@ grpc::Status AgentServiceImpl::ReadShard(grpc::ServerContext* ctx, const v1::Rea
   absl::StatusOr<agent::ShardId> id = ShardIdFromProto(req->shard(), "shard");
   if (!id.ok()) return ToGrpcStatus(id.status());
   const uint64_t chunk = req->chunk_bytes() == 0 ? kDefaultChunk : req->chunk_bytes();
-  if (chunk > kMaxChunk) return Invalid(absl::StrCat("chunk_bytes is at most ", kMaxChunk));
-  bool first = true;
-  uint64_t offset = req->offset_bytes();
+  if (chunk < kMinChunk || chunk > kMaxChunk) {
+    return Invalid(absl::StrCat("chunk_bytes ", chunk, " is out of range: a ReadShard message carries ",
+                                kMinChunk, " to ", kMaxChunk, " bytes (0 means ", kDefaultChunk, ")"));
+  }
+  // Message 1 carries the shard's record only, so that no data message is
+  // larger than chunk_bytes plus a few bytes of framing whatever the size of
+  // the manifest. The data buffer (msg.data) is reused from chunk to chunk.
   agent::ShardRecord rec;
+  bool header_sent = false;
+  uint64_t offset = req->offset_bytes();
   v1::ReadShardResponse msg;
-  std::string buf;
-  auto send = [&](bool final) -> absl::Status {
-    if (buf.empty() && !final) return absl::OkStatus();
-    if (buf.empty() && !first) return absl::OkStatus();
+  std::string* buf = msg.mutable_data();
+  buf->reserve(chunk);
+  auto send_header = [&]() -> absl::Status {
+    header_sent = true;
+    v1::ReadShardResponse head;
+    RecordToShardInfo(rec, agent_->Status().node_id, /*with_items=*/true, head.mutable_shard());
+    head.set_offset_bytes(offset);
+    if (!writer->Write(head)) return absl::CancelledError("client went away");
+    return absl::OkStatus();
+  };
+  auto send_data = [&]() -> absl::Status {
     msg.set_offset_bytes(offset);
-    msg.set_chunk_crc32c(Crc32c(buf));
-    msg.set_data(std::move(buf));
-    if (first) RecordToShardInfo(rec, agent_->Status().node_id, true, msg.mutable_shard());
-    first = false;
-    offset += msg.data().size();
-    buf.clear();
+    msg.set_chunk_crc32c(Crc32c(*buf));
     if (!writer->Write(msg)) return absl::CancelledError("client went away");
-    msg.Clear();
+    offset += buf->size();
+    buf->clear();  // keeps its capacity
     return absl::OkStatus();
   };
   // The callback sees the record before the first piece.
@@ -168,20 +182,21 @@ grpc::Status AgentServiceImpl::ReadShard(grpc::ServerContext* ctx, const v1::Rea
       *id, req->offset_bytes(), req->length_bytes(),
       [&](const std::byte* p, uint64_t n) -> absl::Status {
         if (ctx->IsCancelled()) return absl::CancelledError("client went away");
+        if (!header_sent) CKPT_RETURN_IF_ERROR(send_header());
         while (n > 0) {
-          const uint64_t take = std::min<uint64_t>(n, chunk - buf.size());
-          buf.append(reinterpret_cast<const char*>(p), take);
+          const uint64_t take = std::min<uint64_t>(n, chunk - buf->size());
+          buf->append(reinterpret_cast<const char*>(p), take);
           p += take;
           n -= take;
-          if (buf.size() == chunk) {
-            if (absl::Status st = send(false); !st.ok()) return st;
-          }
+          if (buf->size() == chunk) CKPT_RETURN_IF_ERROR(send_data());
         }
         return absl::OkStatus();
       },
       &rec);
   if (!s.ok()) return ToGrpcStatus(s);
-  return ToGrpcStatus(send(true));
+  if (!header_sent) s = send_header();
+  if (s.ok() && !buf->empty()) s = send_data();
+  return ToGrpcStatus(s);
 }
 
 grpc::Status AgentServiceImpl::GetInventory(grpc::ServerContext*, const v1::GetInventoryRequest* req,

@@ -65,6 +65,112 @@ TEST(Manifest, RejectsLengthInconsistentWithShape) {
   EXPECT_NE(ValidateManifest(items, 4096).message().find("dtype"), std::string::npos);
 }
 
+TEST(Manifest, RejectsAnOverlapWithAnEmptyItemBetween) {
+  // "e" (empty) sorts between "a" and "b", which overlap: the empty item must
+  // not hide that.
+  ManifestItem e = F32("e", 50, 0);
+  e.shape = {0};
+  std::vector<ManifestItem> items = {F32("a", 0, 25), e, F32("b", 60, 4)};
+  absl::Status s = ValidateManifest(items, 4096);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("overlap"), std::string::npos) << s;
+  EXPECT_NE(s.message().find("\"a\""), std::string::npos) << s;
+  // Empty items may sit anywhere, even inside another item.
+  items = {F32("a", 0, 25), e, F32("b", 100, 4)};
+  EXPECT_TRUE(ValidateManifest(items, 4096).ok());
+}
+
+ManifestItem Rich(std::string name, uint64_t offset) {
+  ManifestItem it = F32(std::move(name), offset, 6);
+  it.shape = {2, 3};
+  it.crc32c = 0xdeadbeef;
+  it.attributes = {{"py.type", "torch"}, {"a", ""}};
+  return it;
+}
+
+TEST(Manifest, EncodingIsTheDocumentedCanonicalLayout) {
+  // docs/protocol.md "Manifest digest", built by hand for one item.
+  ManifestItem it = F32("w", 64, 2);
+  it.crc32c = 0x01020304;
+  it.attributes = {{"k", "v"}};
+  std::string want = "ckpt-manifest-v1";
+  auto u32 = [&](uint32_t v) { for (int i = 0; i < 4; ++i) want.push_back(static_cast<char>(v >> (8 * i))); };
+  auto u64 = [&](uint64_t v) { for (int i = 0; i < 8; ++i) want.push_back(static_cast<char>(v >> (8 * i))); };
+  u32(1);
+  u32(1), want += "w";
+  u32(1);           // dtype f32
+  u32(1), u64(2);   // shape [2]
+  u64(64), u64(8);  // offset, length
+  u32(0x01020304);
+  u32(1);
+  u32(1), want += "k", u32(1), want += "v";
+  std::vector<ManifestItem> items = {it};
+  EXPECT_EQ(EncodeManifest(items), want);
+  EXPECT_EQ(ManifestDigest(items), ManifestDigestOfEncoding(want));
+}
+
+TEST(Manifest, EncodeDecodeRoundTripInOffsetOrder) {
+  std::vector<ManifestItem> items = {Rich("z", 128), Rich("héllo/wörld", 0), F32("m", 64, 0)};
+  items[2].shape = {};
+  items[2].length_bytes = 4;
+  const std::string enc = EncodeManifest(items);
+  absl::StatusOr<std::vector<ManifestItem>> back = DecodeManifest(enc);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(*back, SortedByOffset(items));
+  EXPECT_EQ(ManifestDigest(*back), ManifestDigest(items));
+  // The incremental encoder gives the same bytes, and can be reused.
+  ManifestEncoder e;
+  for (const ManifestItem& it : SortedByOffset(items)) e.Add(it);
+  EXPECT_EQ(e.count(), 3u);
+  EXPECT_EQ(e.Finish(), enc);
+  EXPECT_EQ(e.count(), 0u);
+  EXPECT_EQ(e.Finish(), EncodeManifest({}));
+  // The smallest items: a one-byte name, no dimensions, no attributes.
+  std::vector<ManifestItem> tiny(3);
+  for (size_t i = 0; i < tiny.size(); ++i) {
+    tiny[i].name = std::string(1, static_cast<char>('a' + i));
+    tiny[i].dtype = kDTypeBytes;
+    tiny[i].offset_bytes = i;
+    tiny[i].length_bytes = 1;
+  }
+  back = DecodeManifest(EncodeManifest(tiny));
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(*back, tiny);
+  absl::StatusOr<std::vector<ManifestItem>> none = DecodeManifest(EncodeManifest({}));
+  ASSERT_TRUE(none.ok());
+  EXPECT_TRUE(none->empty());
+}
+
+TEST(Manifest, DecodeRejectsEveryMalformedEncoding) {
+  const std::string enc = EncodeManifest(std::vector<ManifestItem>{Rich("a", 0), Rich("b", 64)});
+  // Every truncation, and anything appended.
+  for (size_t n = 0; n < enc.size(); ++n) {
+    EXPECT_EQ(DecodeManifest(enc.substr(0, n)).status().code(), absl::StatusCode::kInvalidArgument) << n;
+  }
+  EXPECT_FALSE(DecodeManifest(enc + "x").ok());
+  std::string tag = enc;
+  tag[0] = 'K';
+  EXPECT_FALSE(DecodeManifest(tag).ok());
+  // A count far beyond the bytes: refused before allocating.
+  std::string count = enc;
+  count[16] = count[17] = count[18] = count[19] = '\xff';
+  absl::Status s = DecodeManifest(count).status();
+  EXPECT_NE(s.message().find("cannot hold"), std::string::npos) << s;
+  // Out of offset order: not canonical.
+  ManifestEncoder e;
+  e.Add(Rich("b", 64));
+  e.Add(Rich("a", 0));
+  s = DecodeManifest(e.Finish()).status();
+  EXPECT_NE(s.message().find("offset"), std::string::npos) << s;
+  // Attribute keys out of order (or repeated).
+  ManifestItem dup = Rich("a", 0);
+  std::string bytes = EncodeManifest(std::vector<ManifestItem>{dup});
+  const size_t at = bytes.find("py.type");
+  ASSERT_NE(at, std::string::npos);
+  bytes.replace(at, 7, "0000000");  // "0000000" < "a": the order breaks
+  EXPECT_FALSE(DecodeManifest(bytes).ok());
+}
+
 TEST(Manifest, DigestIgnoresItemOrderButSeesEveryField) {
   std::vector<ManifestItem> a = {F32("x", 0, 4), F32("y", 64, 4)};
   std::vector<ManifestItem> b = {a[1], a[0]};

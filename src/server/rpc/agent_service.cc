@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/crc32c.h"
+#include "common/manifest.h"
 #include "common/names.h"
 #include "common/status_macros.h"
 #include "server/rpc/agent_convert.h"
@@ -51,8 +52,15 @@ grpc::Status AgentServiceImpl::AcquireStagingLease(grpc::ServerContext*, const v
 grpc::Status AgentServiceImpl::CommitShard(grpc::ServerContext*, const v1::CommitShardRequest* req,
                                            v1::CommitShardResponse* resp) {
   std::vector<ManifestItem> items;
-  items.reserve(static_cast<size_t>(req->items_size()));
-  for (const v1::Item& item : req->items()) items.push_back(ItemFromProto(item));
+  if (!req->manifest().empty()) {
+    if (req->items_size() != 0) return Invalid("set either items or manifest, not both");
+    absl::StatusOr<std::vector<ManifestItem>> decoded = DecodeManifest(req->manifest());
+    if (!decoded.ok()) return ToGrpcStatus(decoded.status());
+    items = *std::move(decoded);
+  } else {
+    items.reserve(static_cast<size_t>(req->items_size()));
+    for (const v1::Item& item : req->items()) items.push_back(ItemFromProto(item));
+  }
   absl::StatusOr<agent::ShardRecord> rec = agent_->Commit(req->lease_id(), req->size_bytes(), std::move(items));
   if (!rec.ok()) return ToGrpcStatus(rec.status());
   RecordToShardInfo(*rec, agent_->Status().node_id, /*with_items=*/false, resp->mutable_shard());
@@ -82,6 +90,9 @@ grpc::Status AgentServiceImpl::OpenShard(grpc::ServerContext*, const v1::OpenSha
       *attempt->mutable_source() = src;
       if (!req->has_expected() || req->expected().size_bytes() == 0) {
         return Invalid("expected (the shard's size, crc32c and items from Locate) is required with sources");
+      }
+      if (req->expected().items_size() == 0 && req->expected().manifest_digest() != ManifestDigest({})) {
+        return Invalid("expected.items (from Locate without omit_items) is required with sources other than LOCAL");
       }
       agent::ShardRecord expected;
       expected.id = *id;
@@ -127,7 +138,9 @@ grpc::Status AgentServiceImpl::OpenShard(grpc::ServerContext*, const v1::OpenSha
                                      " differs from the expected shard (size/crc32c)"));
   }
   resp->set_handle_id(r->handle_id);
-  RecordToShardInfo(r->shard.record, agent_->Status().node_id, /*with_items=*/true, resp->mutable_shard());
+  RecordToShardInfo(r->shard.record, agent_->Status().node_id, /*with_items=*/!req->packed_manifest(),
+                    resp->mutable_shard());
+  if (req->packed_manifest()) resp->set_manifest(EncodeManifest(r->shard.record.items));
   for (const agent::Region& region : r->shard.regions) RegionToProto(region, resp->add_regions());
   *resp->mutable_served_from() = served;
   resp->set_verified(r->verified);

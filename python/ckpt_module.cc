@@ -264,9 +264,11 @@ struct PyTypes {
   }
 };
 
+// Filled at module import (numpy and the attribute names) and, for torch,
+// on first use; every access holds the GIL. Lives as long as the
+// interpreter: never destroyed (no reference is dropped after finalization).
 PyTypes& Types() {
-  static PyTypes* types = new PyTypes();  // lives as long as the interpreter; never destroyed
-  types->InitCommon();
+  static PyTypes* types = new PyTypes();
   return *types;
 }
 
@@ -275,13 +277,19 @@ void CheckPy(bool ok) {
   if (!ok) throw py::error_already_set();
 }
 
-// numpy dtype of a ckpt dtype (bf16 as uint16 bit patterns), or None.
+// numpy dtype of a ckpt dtype (bf16 as uint16 bit patterns), or None. The
+// dtype objects are made once.
 py::object NumpyDType(int dtype) {
   static const char* const kNames[] = {nullptr,   "float32", "float16", "uint16",    "float64", "int8",
                                        "int16",   "int32",   "int64",   "uint8",     "uint16",  "uint32",
                                        "uint64",  "bool",    nullptr,   "complex64", "complex128"};
-  if (dtype < 1 || dtype > 16 || kNames[dtype] == nullptr) return py::none();
-  return py::dtype(kNames[dtype]);
+  static std::vector<py::object>* cache = [] {
+    auto* c = new std::vector<py::object>();  // lives as long as the interpreter
+    for (const char* name : kNames) c->push_back(name == nullptr ? py::object(py::none()) : py::object(py::dtype(name)));
+    return c;
+  }();
+  if (dtype < 1 || dtype > 16) return py::none();
+  return (*cache)[static_cast<size_t>(dtype)];
 }
 
 // ckpt dtype of a native-byte-order numpy dtype, or 0.
@@ -551,7 +559,7 @@ class Unflattener {
       py::object np_dtype = array_like ? NumpyDType(static_cast<int>(it.dtype)) : py::object(py::none());
       if (array_like && !np_dtype.is_none()) {
         std::vector<py::ssize_t> shape(it.shape.begin(), it.shape.end());
-        py::array arr(py::dtype::from_args(np_dtype), shape);
+        py::array arr(py::reinterpret_borrow<py::dtype>(np_dtype), shape);
         if (static_cast<uint64_t>(arr.nbytes()) != it.length_bytes) {
           ThrowStatus(absl::DataLossError("item \"" + it.name + "\": its length does not match its dtype and shape"));
         }
@@ -658,7 +666,8 @@ class Unflattener {
   };
 
   static const std::string* Kind(const LoadedItem& it) {
-    auto found = it.attributes.find(kTypeKey);
+    static const std::string key = kTypeKey;
+    auto found = it.attributes.find(key);
     return found == it.attributes.end() ? nullptr : &found->second;
   }
 
@@ -699,7 +708,7 @@ class Unflattener {
       }
       if (!leaf_[i]) return Fallback(i);
       if (it.dtype == DType::kBF16) {
-        py::object t = types_.from_numpy(leaf_[i].attr("view")(py::dtype("int16")));
+        py::object t = types_.from_numpy(leaf_[i].attr(types_.view)(NumpyDType(6)));  // int16
         return t.attr(types_.view)(types_.bfloat16);
       }
       return types_.from_numpy(leaf_[i]);
@@ -1127,6 +1136,7 @@ py::tuple ReadDurable(const std::string& version_dir) {
 
 PYBIND11_MODULE(_ckpt, m) {
   using namespace ckpt::python;
+  Types().InitCommon();
   m.doc() = "Low-level binding of the ckpt C++ client; use the `ckpt` package instead.";
 
   PyObject* base = PyErr_NewExceptionWithDoc("ckpt.Error", "An error reported by ckpt (an absl::Status).",

@@ -36,16 +36,6 @@ void PutU32(std::string& out, uint32_t v) {
   for (int i = 0; i < 4; ++i) b[i] = static_cast<char>(v >> (8 * i));
   out.append(b, 4);
 }
-void PutU64(std::string& out, uint64_t v) {
-  char b[8];
-  for (int i = 0; i < 8; ++i) b[i] = static_cast<char>(v >> (8 * i));
-  out.append(b, 8);
-}
-void PutStr(std::string& out, std::string_view s) {
-  PutU32(out, static_cast<uint32_t>(s.size()));
-  out.append(s);
-}
-
 // Reads the encoding front to back; any read past the end sets `bad` and
 // returns zeros (the caller checks ok() at points where it matters).
 class Reader {
@@ -247,17 +237,35 @@ ManifestEncoder::ManifestEncoder(size_t reserve_bytes) {
 void ManifestEncoder::Add(std::string_view name, int dtype, std::span<const uint64_t> shape,
                           uint64_t offset_bytes, uint64_t length_bytes, uint32_t crc32c,
                           const std::map<std::string, std::string>& attributes) {
-  PutStr(out_, name);
-  PutU32(out_, static_cast<uint32_t>(dtype));
-  PutU32(out_, static_cast<uint32_t>(shape.size()));
-  for (uint64_t d : shape) PutU64(out_, d);
-  PutU64(out_, offset_bytes);
-  PutU64(out_, length_bytes);
-  PutU32(out_, crc32c);
-  PutU32(out_, static_cast<uint32_t>(attributes.size()));
+  // One resize per item, then fixed-width stores: a shard may have tens of
+  // thousands of items.
+  size_t n = 4 + name.size() + 4 + 4 + 8 * shape.size() + 8 + 8 + 4 + 4;
+  for (const auto& [k, v] : attributes) n += 8 + k.size() + v.size();
+  const size_t at = out_.size();
+  out_.resize(at + n);
+  char* p = out_.data() + at;
+  const auto u32 = [&p](uint32_t v) {
+    for (int i = 0; i < 4; ++i) *p++ = static_cast<char>(v >> (8 * i));
+  };
+  const auto u64 = [&p](uint64_t v) {
+    for (int i = 0; i < 8; ++i) *p++ = static_cast<char>(v >> (8 * i));
+  };
+  const auto str = [&](std::string_view s) {
+    u32(static_cast<uint32_t>(s.size()));
+    if (!s.empty()) std::memcpy(p, s.data(), s.size());
+    p += s.size();
+  };
+  str(name);
+  u32(static_cast<uint32_t>(dtype));
+  u32(static_cast<uint32_t>(shape.size()));
+  for (uint64_t d : shape) u64(d);
+  u64(offset_bytes);
+  u64(length_bytes);
+  u32(crc32c);
+  u32(static_cast<uint32_t>(attributes.size()));
   for (const auto& [k, v] : attributes) {  // std::map: bytewise key order
-    PutStr(out_, k);
-    PutStr(out_, v);
+    str(k);
+    str(v);
   }
   ++count_;
 }

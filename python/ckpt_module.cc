@@ -14,9 +14,10 @@
 //
 // The GIL is released around every call that blocks: Connect, the copy of a
 // save (SaveBuilder::Commit), Wait, Latest, Load and the copies of a load, and
-// the reads of read_durable. The caller's buffers are held (Py_buffer) for the
-// whole of a save, so they cannot be freed while the copy runs; the caller
-// must not modify them concurrently (as with any save).
+// the reads of read_durable. The objects a save reads (tensors, arrays, bytes;
+// Py_buffer views where Python offers them) are referenced for the whole of
+// the save, so they cannot be freed while the copy runs; the caller must not
+// modify or resize them concurrently (as with any save).
 //
 // Thread safety: a Client object may be used from several Python threads at
 // once (the C++ Client is thread-safe); SaveHandle likewise.

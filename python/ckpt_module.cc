@@ -482,14 +482,16 @@ class Flattener {
     if (h.attr(types_.is_contiguous)().ptr() != Py_True) return false;
     if (h.attr(types_.is_neg)().ptr() != Py_False) return false;
     if (dt->complex && h.attr(types_.is_conj)().ptr() != Py_False) return false;
-    py::tuple shape = py::reinterpret_borrow<py::tuple>(h.attr(types_.shape));
-    std::vector<uint64_t> dims;
-    dims.reserve(shape.size());
+    py::object shape = h.attr(types_.shape);  // torch.Size, a tuple
+    if (!PyTuple_Check(shape.ptr())) return false;
+    const Py_ssize_t ndim = PyTuple_GET_SIZE(shape.ptr());
+    std::vector<uint64_t> dims(static_cast<size_t>(ndim));
     uint64_t elements = 1;
-    for (py::handle d : shape) {
-      dims.push_back(d.cast<uint64_t>());
-      elements *= dims.back();
+    for (Py_ssize_t d = 0; d < ndim; ++d) {
+      dims[static_cast<size_t>(d)] = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(shape.ptr(), d));
+      elements *= dims[static_cast<size_t>(d)];
     }
+    CheckPy(!PyErr_Occurred());
     const uint64_t bytes = elements * dt->size;
     const auto* data = bytes == 0 ? nullptr
                                   : static_cast<const std::byte*>(PyLong_AsVoidPtr(h.attr(types_.data_ptr)().ptr()));
@@ -613,11 +615,15 @@ class Unflattener {
         value = Leaf(i, kind);
       }
       if (p.seq != nullptr) {
-        const py::object index = py::int_(py::reinterpret_steal<py::object>(
-            PyLong_FromString(std::string(seg).c_str(), nullptr, 10)));
-        CheckPy(index.ptr() != nullptr);
-        const long long at = index.cast<long long>();
-        if (at < 0) ThrowStatus(absl::DataLossError("item '" + it.name + "': negative index"));
+        PyObject* raw = PyLong_FromString(std::string(seg).c_str(), nullptr, 10);  // int(seg), as _unflatten
+        CheckPy(raw != nullptr);
+        const py::object index = py::reinterpret_steal<py::object>(raw);
+        const long long at = PyLong_AsLongLong(raw);
+        CheckPy(!(at == -1 && PyErr_Occurred()));
+        // Each element is an item: an index past the item count cannot be.
+        if (at < 0 || static_cast<size_t>(at) >= items_->size()) {
+          ThrowStatus(absl::DataLossError("item '" + it.name + "': index out of range"));
+        }
         if (p.seq->entries.size() <= static_cast<size_t>(at)) p.seq->entries.resize(static_cast<size_t>(at) + 1);
         p.seq->entries[static_cast<size_t>(at)] = Entry{value, seq, true};
       } else {

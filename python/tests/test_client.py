@@ -368,3 +368,18 @@ def test_loads_items_written_with_the_old_torch_dtype_attribute(cluster, job):
                          {"py.type": "torch", "py.torch_dtype": "int32"})]).wait("staged", timeout=30)
     back = c.load(3)
     assert back["w"].dtype == torch.int32 and torch.equal(back["w"], t)
+
+
+def test_load_of_items_that_do_not_form_a_state_is_data_loss(cluster, job):
+    # Written by hand (or by another client): a list element far past the
+    # list's items, and an item whose parent container does not exist.
+    c = cluster.client(job)
+    c._c.save_items(4, [("l", b"", ckpt.DType.BYTES, [], {"py.type": "list"}),
+                        ("l/7", b"x", ckpt.DType.BYTES, [], {"py.type": "bytes"})]).wait("staged", timeout=30)
+    with pytest.raises(ckpt.DataLossError, match="index"):
+        c.load(4)
+    c._c.save_items(5, [("x/y", b"1", ckpt.DType.BYTES, [], {"py.type": "int"})]).wait("staged", timeout=30)
+    with pytest.raises(ckpt.DataLossError, match="no parent"):
+        c.load(5)
+    # The raw items are still readable.
+    assert [i[0] for i in c.load_items(5)[1]] == ["x/y"]

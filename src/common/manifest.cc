@@ -10,6 +10,7 @@
 #include "absl/strings/str_format.h"
 #include "common/crc32c.h"
 #include "common/names.h"
+#include "common/status_macros.h"
 
 namespace ckpt {
 namespace {
@@ -174,8 +175,8 @@ absl::Status ValidateManifest(std::span<const ManifestItem> items, uint64_t shar
   // the previous non-empty one (empty items may sit anywhere, even inside
   // another item, and must not hide an overlap of their neighbours).
   const ManifestItem* last = nullptr;  // the previous non-empty item
-  for (const ManifestItem* cur : OffsetOrder(items)) {
-    if (cur->length_bytes == 0) continue;
+  auto check = [&last](const ManifestItem* cur) -> absl::Status {
+    if (cur->length_bytes == 0) return absl::OkStatus();
     if (last != nullptr && cur->offset_bytes < last->offset_bytes + last->length_bytes) {
       return absl::InvalidArgumentError(absl::StrCat(
           "manifest: items ", QuoteForMessage(last->name), " [", last->offset_bytes, ", +",
@@ -183,6 +184,12 @@ absl::Status ValidateManifest(std::span<const ManifestItem> items, uint64_t shar
           cur->length_bytes, ") overlap"));
     }
     last = cur;
+    return absl::OkStatus();
+  };
+  if (SortedByOffsetAlready(items)) {  // the usual case: no index to build
+    for (const ManifestItem& cur : items) CKPT_RETURN_IF_ERROR(check(&cur));
+  } else {
+    for (const ManifestItem* cur : OffsetOrder(items)) CKPT_RETURN_IF_ERROR(check(cur));
   }
   return absl::OkStatus();
 }

@@ -1,14 +1,16 @@
 // manifest_bench: what one shard's manifest costs the agent, step by step,
 // for shards of many small items (the per-item cost of a save and a load).
 //
-// Builds the CommitShardRequest a client sends for N items (names like a
-// model's parameters, f32, 1 KiB each), then times, in this process, each
-// step the agent's CommitShard and OpenShard take on it: parsing the request,
-// converting items to ManifestItems, ValidateManifest, SortedByOffset,
+// Builds a manifest of N items (names like a model's parameters, f32, 1 KiB
+// each), then times, in this process, each step the agent's CommitShard and
+// OpenShard take on it: parsing a CommitShardRequest of Item messages (the
+// old wire form) and converting them, encoding and decoding the packed
+// manifest (the current one), ValidateManifest, SortedByOffset,
 // ManifestDigest, EncodeShardRecord + Arena::WriteRecord (to a tmpfs),
 // DecodeShardRecord (re-adoption), copying a ShardRecord (Agent::Commit keeps
-// copies), and RecordToShardInfo with items (OpenShard's response) plus
-// its serialisation. Median of --runs, in ms and ns per item.
+// copies), and RecordToShardInfo with items plus its serialisation (an
+// OpenShard answer without packed_manifest). Median of --runs, in ms and ns
+// per item, and the sizes of the two wire forms and of the record.
 //
 //   manifest_bench [--items 1000,10000] [--runs 9] [--dir /dev/shm]
 #include <unistd.h>
@@ -73,7 +75,7 @@ int Run(const std::vector<uint64_t>& counts, int runs, const std::string& dir) {
       std::printf("%-7llu %-44s %10.3f %10.0f\n", static_cast<unsigned long long>(n), what, med,
                   med * 1e6 / static_cast<double>(n));
     };
-    time("parse CommitShardRequest", [&] {
+    time("parse CommitShardRequest (Item messages)", [&] {
       v1::CommitShardRequest parsed;
       parsed.ParseFromString(wire);
     });
@@ -93,6 +95,11 @@ int Run(const std::vector<uint64_t>& counts, int runs, const std::string& dir) {
     rec.size_bytes = off;
     rec.items = items;
     rec.extents = {{0, (off + 4095) / 4096 * 4096}};
+    std::string packed;
+    time("EncodeManifest (packed manifest)", [&] { packed = EncodeManifest(items); });
+    time("DecodeManifest", [&] {
+      if (!DecodeManifest(packed).ok()) std::abort();
+    });
     std::string encoded;
     time("EncodeShardRecord", [&] { encoded = agent::EncodeShardRecord(rec); });
     time("Arena::WriteRecord (encode + write tmpfs)", [&] {
@@ -110,6 +117,10 @@ int Run(const std::vector<uint64_t>& counts, int runs, const std::string& dir) {
       rpc::RecordToShardInfo(rec, "node-1", true, resp.mutable_shard());
       (void)resp.SerializeAsString();
     });
+    std::printf("%-7llu %-44s %10.3f MB\n", static_cast<unsigned long long>(n), "manifest as Item messages",
+                static_cast<double>(wire.size()) / 1e6);
+    std::printf("%-7llu %-44s %10.3f MB\n", static_cast<unsigned long long>(n), "manifest packed",
+                static_cast<double>(packed.size()) / 1e6);
     std::printf("%-7llu %-44s %10.3f MB\n", static_cast<unsigned long long>(n), "record size",
                 static_cast<double>(encoded.size()) / 1e6);
     std::printf("\n");

@@ -790,14 +790,14 @@ class PySaveHandle {
   SaveHandle handle_;
 };
 
-// "" or "none" | "replicate:COPIES[:ring|group]" | "ec:K+M" (ckptctl's spelling).
+// "none" | "replicate:COPIES[:ring|group]" | "ec:K+M" (ckptctl's spelling).
 Protection ParseProtection(const std::string& text) {
   auto bad = [&](const std::string& why) {
     ThrowStatus(absl::InvalidArgumentError(
         "protection \"" + text + "\": " + why +
         " (expected \"none\", \"replicate:COPIES[:ring|group]\" or \"ec:K+M\")"));
   };
-  if (text.empty() || text == "none") return Protection::None();
+  if (text == "none") return Protection::None();
   std::vector<std::string> parts = absl::StrSplit(text, ':');
   uint32_t a = 0, b = 0;
   if (parts[0] == "replicate") {
@@ -835,9 +835,11 @@ class PyClient {
                                            uint32_t keep_in_memory, uint32_t keep_durable,
                                            std::string run_id, double connect_timeout,
                                            double rpc_timeout, double load_timeout,
-                                           const std::string& protection) {
+                                           const std::optional<std::string>& protection) {
     ClientOptions o;
-    o.protection = ParseProtection(protection);
+    // None: the job's stored protection, or the server's default if rank 0
+    // creates it.
+    if (protection.has_value()) o.protection = ParseProtection(*protection);
     o.job_id = std::move(job);
     o.rank = rank;
     o.world_size = world_size;
@@ -1171,7 +1173,7 @@ PYBIND11_MODULE(_ckpt, m) {
                   py::arg("flush_every_seconds") = 0, py::arg("keep_in_memory") = 0,
                   py::arg("keep_durable") = 0, py::arg("run_id") = "", py::arg("connect_timeout") = 30.0,
                   py::arg("rpc_timeout") = 60.0, py::arg("load_timeout") = 600.0,
-                  py::arg("protection") = "")
+                  py::arg("protection") = py::none())
       .def("save_items", &PyClient::SaveItems, py::arg("step"), py::arg("items"))
       .def("save_state", &PyClient::SaveState, py::arg("step"), py::arg("state"))
       .def("load_state", &PyClient::LoadState, py::arg("step"))

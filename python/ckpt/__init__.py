@@ -50,8 +50,20 @@ UnavailableError = _ckpt.UnavailableError
 DataLossError = _ckpt.DataLossError
 UnauthenticatedError = _ckpt.UnauthenticatedError
 
-__all__ = ["Client", "SaveHandle", "DType", "read_durable", "Error"] + [
+__all__ = ["Client", "SaveHandle", "DType", "read_durable", "Error", "MAX_STEP"] + [
     n for n in dir(_ckpt) if n.endswith("Error")]
+
+# The largest step ckpt accepts (2**53 - 1: exact as a float and in JSON).
+MAX_STEP = 2**53 - 1
+
+
+def _step(step):
+    """`step` as an int in 0..MAX_STEP, else ckpt.InvalidArgumentError."""
+    value = int(step)
+    if not 0 <= value <= MAX_STEP:
+        raise InvalidArgumentError(
+            f"step {value} is out of range: steps must be 0..{MAX_STEP} (2^53-1)")
+    return value
 
 
 class DType:
@@ -329,22 +341,31 @@ class Client:
     rank or world size raises ckpt.InvalidArgumentError; a job that exists
     with another world size or protection ckpt.FailedPreconditionError.
 
-    protection (used when rank 0 creates the job, compared when it exists):
-    "none" (local memory only), "replicate:COPIES[:ring|group]" (e.g.
-    "replicate:2:ring") or "ec:K+M" (e.g. "ec:4+2"); anything else raises
+    protection: None (the default) means "whatever the job has": a job that
+    exists keeps its stored protection (e.g. one an operator created with
+    `ckptctl create-job --replicate 2`), and a job rank 0 creates gets the
+    server's default (replicate:2 on a cluster of two or more nodes, none on a
+    single node; see docs/python.md). A string states it: "none" (local memory
+    only), "replicate:COPIES[:ring|group]" (e.g. "replicate:2:ring") or
+    "ec:K+M" (e.g. "ec:4+2"); rank 0 creates the job with it, and an existing
+    job with another protection raises ckpt.FailedPreconditionError naming
+    both. Anything else raises ckpt.InvalidArgumentError.
+
+    Steps are integers 0..2**53-1 (ckpt.MAX_STEP); a larger one raises
     ckpt.InvalidArgumentError.
     """
 
     def __init__(self, job, rank, world_size, meta, agent_socket="/run/ckpt/agent.sock", *,
                  flush_every=0, flush_every_seconds=0, keep_in_memory=0, keep_durable=0,
                  run_id="", connect_timeout=30.0, rpc_timeout=60.0, load_timeout=600.0,
-                 protection="none"):
+                 protection=None):
         self._c = _ckpt.Client.connect(
             job=job, rank=rank, world_size=world_size, meta=meta, agent_socket=str(agent_socket),
             flush_every=flush_every, flush_every_seconds=flush_every_seconds,
             keep_in_memory=keep_in_memory, keep_durable=keep_durable, run_id=run_id,
             connect_timeout=float(connect_timeout), rpc_timeout=float(rpc_timeout),
-            load_timeout=float(load_timeout), protection=str(protection))
+            load_timeout=float(load_timeout),
+            protection=None if protection is None else str(protection))
         self.job = job
         self.rank = rank
         self.world_size = world_size
@@ -359,8 +380,8 @@ class Client:
         Blocks only for the copy into the agent's memory tier (the GIL is
         released meanwhile); returns a SaveHandle to wait for a durability
         level. The state must not be modified until save returns. Errors:
-        ckpt.InvalidArgumentError (unsupported value, or a step lower than the
-        job's newest), ckpt.ResourceExhaustedError (the memory tier is full),
+        ckpt.InvalidArgumentError (unsupported value, a step outside
+        0..ckpt.MAX_STEP), ckpt.ResourceExhaustedError (the memory tier is full),
         ckpt.AlreadyExistsError (this rank already saved this step),
         ckpt.UnavailableError (agent or meta down).
         """
@@ -368,11 +389,11 @@ class Client:
             raise InvalidArgumentError(f"a state must be a dict, not {type(state).__name__}")
         # The walk (_flatten's rules) runs in C++; leaves it does not cover
         # come back to _flatten.
-        return self._c.save_state(int(step), state)
+        return self._c.save_state(_step(step), state)
 
     def wait(self, step, level="protected", timeout=None):
         """Waits until version `step` (of any rank) reaches `level`; timeout in seconds (None: forever)."""
-        self._c.wait(int(step), level, None if timeout is None else float(timeout))
+        self._c.wait(_step(step), level, None if timeout is None else float(timeout))
 
     def latest(self, level="protected"):
         """The newest step at `level` or better, or None if there is none."""
@@ -387,12 +408,12 @@ class Client:
         Errors: ckpt.NotFoundError (unknown step), ckpt.FailedPreconditionError
         (version not staged), ckpt.DataLossError (every copy is corrupt or lost).
         """
-        return self._c.load_state(int(step))[1]
+        return self._c.load_state(_step(step))[1]
 
     def load_with_source(self, step):
         """Like load(), but returns (served_from, state): where the shard came from,
         "local", "replica", "ec_decode", "durable" or "unknown"."""
-        served_from, state = self._c.load_state(int(step))
+        served_from, state = self._c.load_state(_step(step))
         return served_from, state
 
     def load_into(self, step, targets):
@@ -409,11 +430,11 @@ class Client:
         """
         # Tensors and arrays are resolved in C++; anything else comes back to
         # _load_into_buffer.
-        self._c.load_into_targets(int(step), targets)
+        self._c.load_into_targets(_step(step), targets)
 
     def load_items(self, step):
         """Raw items: (served_from, [(name, dtype, shape, attributes, uint8 array)])."""
-        return self._c.load_items(int(step))
+        return self._c.load_items(_step(step))
 
 
 def read_durable(path, structured=False):

@@ -42,29 +42,38 @@ def wait_tcp(port, proc, timeout):
 
 
 class Cluster:
-    def __init__(self, root):
+    def __init__(self, root, agents=1, memory="160MiB"):
         self.root = root
         self.procs = []
-        meta_port, meta_metrics, port, data_port, metrics_port = free_ports(5)
+        meta_port, meta_metrics = free_ports(2)
         self.meta = f"127.0.0.1:{meta_port}"
         self.durable_root = root / "durable"
-        self.run_dir = root / "run"
-        self.socket = self.run_dir / "agent.sock"
-        for d in ("meta", "mem", "durable", "run"):
+        for d in ("meta", "durable"):
             (root / d).mkdir()
         meta = self._start("ckpt-meta", [
             "--listen", self.meta, "--metrics-listen", f"127.0.0.1:{meta_metrics}",
             "--data-dir", str(root / "meta")])
         wait_tcp(meta_port, meta, 30)
-        agent = self._start("ckpt-agent", [
-            "--node-id", "node-1", "--meta", self.meta,
-            "--listen", f"127.0.0.1:{port}", "--data-listen", f"127.0.0.1:{data_port}",
-            "--metrics-listen", f"127.0.0.1:{metrics_port}", "--run-dir", str(self.run_dir),
-            "--memory", "160MiB", "--memory-dir", str(root / "mem"),
-            "--durable-root", str(self.durable_root)])
-        wait_tcp(port, agent, 60)
+        # Agent i: node-<i+1>, its run dir run<i> (run for the first) and socket.
+        self.sockets = []
+        for i in range(agents):
+            suffix = "" if i == 0 else str(i)
+            run_dir, mem = root / f"run{suffix}", root / f"mem{suffix}"
+            run_dir.mkdir()
+            mem.mkdir()
+            port, data_port, metrics_port = free_ports(3)
+            agent = self._start(f"ckpt-agent{suffix}", [
+                "--node-id", f"node-{i + 1}", "--meta", self.meta,
+                "--listen", f"127.0.0.1:{port}", "--data-listen", f"127.0.0.1:{data_port}",
+                "--metrics-listen", f"127.0.0.1:{metrics_port}", "--run-dir", str(run_dir),
+                "--memory", memory, "--memory-dir", str(mem),
+                "--durable-root", str(self.durable_root)], binary="ckpt-agent")
+            wait_tcp(port, agent, 60)
+            self.sockets.append(run_dir / "agent.sock")
+        self.run_dir = root / "run"
+        self.socket = self.sockets[0]
         deadline = time.monotonic() + 30
-        while not self.socket.exists():
+        while not all(s.exists() for s in self.sockets):
             if time.monotonic() > deadline:
                 raise RuntimeError("agent socket did not appear:\n" + self.logs())
             time.sleep(0.05)
@@ -79,9 +88,10 @@ class Cluster:
                     raise RuntimeError("agent never accepted a save:\n" + self.logs())
                 time.sleep(0.1)
 
-    def _start(self, name, args):
+    def _start(self, name, args, binary=None):
         log = open(self.root / f"{name}.log", "wb")
-        p = subprocess.Popen([str(BUILD_DIR / "bin" / name)] + args, stdout=log, stderr=subprocess.STDOUT)
+        p = subprocess.Popen([str(BUILD_DIR / "bin" / (binary or name))] + args, stdout=log,
+                             stderr=subprocess.STDOUT)
         log.close()
         self.procs.append(p)
         return p
@@ -92,9 +102,14 @@ class Cluster:
             out.append(f"== {f.name}\n" + f.read_text(errors="replace")[-4000:])
         return "\n".join(out)
 
-    def client(self, job, rank=0, world_size=1, **kw):
+    def client(self, job, rank=0, world_size=1, agent=0, **kw):
         return ckpt.Client(job=job, rank=rank, world_size=world_size, meta=self.meta,
-                           agent_socket=str(self.socket), **kw)
+                           agent_socket=str(self.sockets[agent]), **kw)
+
+    def ctl(self, *args):
+        """Runs ckptctl against this cluster's meta; returns the CompletedProcess."""
+        return subprocess.run([str(BUILD_DIR / "bin" / "ckptctl"), "--meta", self.meta] + list(args),
+                              capture_output=True, text=True, timeout=60)
 
     def stop(self):
         for p in reversed(self.procs):
@@ -110,6 +125,19 @@ def cluster(tmp_path_factory):
     c.procs = []
     try:
         c.__init__(root)
+        yield c
+    finally:
+        c.stop()
+
+
+@pytest.fixture(scope="session")
+def cluster2(tmp_path_factory):
+    """Meta and two agents: enough nodes for replicate:2 and ec:1+1."""
+    root = tmp_path_factory.mktemp("ckpt2")
+    c = Cluster.__new__(Cluster)
+    c.procs = []
+    try:
+        c.__init__(root, agents=2, memory="64MiB")
         yield c
     finally:
         c.stop()

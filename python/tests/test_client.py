@@ -287,8 +287,44 @@ def test_protection_spec(cluster, job):
             cluster.client(job + "-bad", protection=bad)
     c = cluster.client(job, protection="none")
     c.save(1, {"a": b"x"}).wait("protected", timeout=30)
-    with pytest.raises(ckpt.FailedPreconditionError):
+    with pytest.raises(ckpt.FailedPreconditionError, match=r"protection \(stored none, asked replicate\{2, ring\}\)"):
         cluster.client(job, protection="replicate:2:ring")  # the job exists with "none"
+    cluster.client(job)  # protection=None: whatever the job has
+
+
+def test_no_stated_protection_opens_a_job_created_with_replicate_or_ec(cluster2, job):
+    for flags, name in ((["--replicate", "2"], job + "-rep"), (["--ec", "1+1"], job + "-ec")):
+        r = cluster2.ctl("create-job", name, "--world-size", "2", *flags)
+        assert r.returncode == 0, r.stderr
+        ranks = [cluster2.client(name, rank=rank, world_size=2, agent=rank) for rank in range(2)]
+        handles = [c.save(7, {"w": np.arange(4096, dtype=np.float32) + rank})
+                   for rank, c in enumerate(ranks)]
+        for h in handles:
+            h.wait("protected", timeout=60)
+        assert ranks[1].load(7)["w"][0] == 1.0
+        with pytest.raises(ckpt.FailedPreconditionError, match="protection"):
+            cluster2.client(name, world_size=2, protection="none")
+    # No protection stated by anyone: the server's default, replicate:2 on two nodes.
+    fresh = cluster2.client(job + "-dflt")
+    fresh.save(1, {"a": b"x"}).wait("protected", timeout=60)
+    jobs = cluster2.ctl("--json", "jobs")
+    assert f'"{job}-dflt"' in jobs.stdout
+    assert '"replicate:2:ring"' in jobs.stdout
+
+
+def test_steps_outside_0_to_max_step_are_invalid(cluster, job):
+    assert ckpt.MAX_STEP == 2**53 - 1
+    c = cluster.client(job)
+    for bad in (ckpt.MAX_STEP + 1, 2**64 - 1, -1):
+        with pytest.raises(ckpt.InvalidArgumentError, match="out of range"):
+            c.save(bad, {"a": b"x"})
+        with pytest.raises(ckpt.InvalidArgumentError, match="out of range"):
+            c.wait(bad, "staged", timeout=1)
+        with pytest.raises(ckpt.InvalidArgumentError, match="out of range"):
+            c.load(bad)
+    # The job keeps working.
+    c.save(20, {"a": b"x"}).wait("protected", timeout=30)
+    assert c.latest("protected") == 20
 
 
 def flat_items(state):

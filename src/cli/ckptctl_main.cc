@@ -31,6 +31,7 @@
 #include "ckpt/v1/meta.grpc.pb.h"
 #include "cli/data_commands.h"
 #include "common/durable_format.h"
+#include "common/names.h"
 #include "common/file_system.h"
 
 namespace ckpt::cli {
@@ -425,9 +426,10 @@ class Ctl {
     for (const auto& v : versions) {
       rows.push_back({std::to_string(v.step()), VersionStateName(v.state()),
                       absl::StrCat(v.shards_staged(), "/", v.world_size()),
-                      HumanSize(v.total_bytes()), Age(v.created_unix_ms())});
+                      HumanSize(v.total_bytes()), Age(v.created_unix_ms()),
+                      v.abort_reason().empty() ? "-" : v.abort_reason()});
     }
-    PrintTable({"STEP", "STATE", "SHARDS", "SIZE", "CREATED"}, rows);
+    PrintTable({"STEP", "STATE", "SHARDS", "SIZE", "CREATED", "REASON"}, rows);
     return kExitOk;
   }
 
@@ -476,6 +478,7 @@ class Ctl {
   }
 
   int CreateJob(const v1::JobSpec& spec) {
+    const bool defaulted = !spec.has_protection();
     v1::CreateJobRequest req;
     *req.mutable_spec() = spec;
     v1::CreateJobResponse resp;
@@ -489,7 +492,8 @@ class Ctl {
     } else {
       std::cout << "created job " << resp.job().spec().job_id() << " (world size "
                 << resp.job().spec().world_size() << ", protection "
-                << ProtectionString(resp.job().spec().protection()) << ")\n";
+                << ProtectionString(resp.job().spec().protection())
+                << (defaulted ? ", the server's default" : "") << ")\n";
     }
     return kExitOk;
   }
@@ -736,7 +740,10 @@ int Main(int argc, char** argv) {
   CLI::Option* ec_opt =
       create->add_option("--ec", ec_spec, "Erasure coding with K data and M parity segments")
           ->type_name("K+M");
-  CLI::Option* none_opt = create->add_flag("--no-protection", no_protection, "No protection");
+  CLI::Option* none_opt = create->add_flag(
+      "--no-protection", no_protection,
+      "No protection (local memory only). With no protection flag the server's default applies "
+      "(ckpt-meta --default-protection; auto: replicate 2 on two or more nodes, none on one)");
   rep_opt->excludes(ec_opt)->excludes(none_opt);
   ec_opt->excludes(none_opt)->excludes(rep_opt);
   none_opt->excludes(rep_opt)->excludes(ec_opt);
@@ -806,6 +813,12 @@ int Main(int argc, char** argv) {
     const int code = app.exit(e);
     return code == 0 ? kExitOk : kExitUsage;
   }
+  // Every STEP argument, whatever the command: a step above 2^53-1 is a
+  // usage error, refused before anything is sent.
+  if (absl::Status s = ValidateStep(step); !s.ok()) {
+    std::fprintf(stderr, "%s: STEP: %s\n", kProgram, std::string(s.message()).c_str());
+    return kExitUsage;
+  }
 
   DataOptions data{g.meta, agent_socket, g.timeout_s, g.json};
   if (*restore) {
@@ -850,7 +863,7 @@ int Main(int argc, char** argv) {
       spec.mutable_protection()->mutable_ec()->set_parity_m(km->second);
     } else if (no_protection) {
       spec.mutable_protection()->mutable_none();
-    }
+    }  // else: unset, the server's default applies
     spec.mutable_flush()->set_every_n_versions(flush_every);
     spec.mutable_retention()->set_keep_in_memory(keep_mem);
     spec.mutable_retention()->set_keep_durable(keep_durable);

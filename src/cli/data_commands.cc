@@ -52,6 +52,24 @@ std::unique_ptr<grpc::ClientContext> Context(const DataOptions& o) {
 
 std::string Hex(uint32_t crc) { return absl::StrFormat("%08x", crc); }
 
+// gRPC channel to ckpt-meta or an agent. Responses carry whole manifests
+// (Locate, OpenShard) and ReadShard chunks: no size limit on what we receive.
+// gRPC's bandwidth-delay probing grows a stream's receive window without
+// bound while we write to a slower disk (100+ MB buffered for a 1 GiB
+// shard); a fixed 8 MiB window keeps the read just as fast here.
+std::shared_ptr<grpc::Channel> Channel(const std::string& target) {
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(-1);
+  args.SetInt(GRPC_ARG_HTTP2_BDP_PROBE, 0);
+  args.SetInt(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, 8 << 20);
+  return grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), args);
+}
+
+// A stub for an agent's AgentService (see Channel).
+std::unique_ptr<v1::AgentService::Stub> AgentStub(const std::string& address) {
+  return v1::AgentService::NewStub(Channel(address));
+}
+
 ManifestItem ItemOf(const v1::Item& item) {
   ManifestItem m;
   m.name = item.name();
@@ -88,19 +106,6 @@ absl::StatusOr<std::map<std::string, std::string>> NodeAddresses(const DataOptio
   return out;
 }
 
-// gRPC channel to ckpt-meta or an agent. Responses carry whole manifests
-// (Locate, OpenShard) and ReadShard chunks: no size limit on what we receive.
-// gRPC's bandwidth-delay probing grows a stream's receive window without
-// bound while we write to a slower disk (100+ MB buffered for a 1 GiB
-// shard); a fixed 8 MiB window keeps the read just as fast here.
-std::shared_ptr<grpc::Channel> Channel(const std::string& target) {
-  grpc::ChannelArguments args;
-  args.SetMaxReceiveMessageSize(-1);
-  args.SetInt(GRPC_ARG_HTTP2_BDP_PROBE, 0);
-  args.SetInt(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, 8 << 20);
-  return grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), args);
-}
-
 // ReadShard chunk size: big enough that per-message costs vanish, small
 // enough that the stream holds little memory on either side.
 constexpr uint64_t kReadChunkBytes = 1 << 20;
@@ -122,7 +127,7 @@ absl::Status StreamFromAgent(const DataOptions& o, const std::string& address, c
   CKPT_ASSIGN_OR_RETURN(std::unique_ptr<RankFileWriter> out,
                         RankFileWriter::Create(PosixFileSystem(), path, shard.size_bytes, shard.crc32c));
   ItemCrcStream items(shard.items);
-  auto stub = v1::AgentService::NewStub(Channel(address));
+  auto stub = AgentStub(address);
   v1::ReadShardRequest req;
   *req.mutable_shard() = info.key();
   req.set_chunk_bytes(kReadChunkBytes);
@@ -234,7 +239,7 @@ absl::Status DecodeOnAgent(const DataOptions& o, const std::map<std::string, std
       if (node->empty()) *node = seg.holder().node_id();
   auto it = addresses.find(*node);
   if (it == addresses.end()) return absl::UnavailableError("no node holding a segment is known");
-  auto stub = v1::AgentService::NewStub(Channel(it->second));
+  auto stub = AgentStub(it->second);
   v1::OpenShardRequest oreq;
   *oreq.mutable_key() = info.key();
   *oreq.add_sources() = src;
@@ -364,7 +369,7 @@ int VerifyVersion(const DataOptions& o, const std::string& job, uint64_t step) {
   int problems = 0;
   uint64_t checked = 0;
   for (const std::string& node : holders) {
-    auto stub = v1::AgentService::NewStub(Channel((*addresses)[node]));
+    auto stub = AgentStub((*addresses)[node]);
     v1::VerifyRequest req;
     req.set_job_id(job);
     req.set_step(step);

@@ -102,25 +102,28 @@ v1::JobSpec MakeSpec(const ClientOptions& o) {
   v1::JobSpec spec;
   spec.set_job_id(o.job_id);
   spec.set_world_size(o.world_size);
-  v1::ProtectionPolicy* p = spec.mutable_protection();
-  switch (o.protection.kind) {
-    case Protection::Kind::kNone:
-      p->mutable_none();
-      break;
-    case Protection::Kind::kReplicate:
-      p->mutable_replicate()->set_copies(o.protection.copies);
-      p->mutable_replicate()->set_placement(o.protection.placement ==
-                                                    Protection::Placement::kGroup
-                                                ? v1::REPLICA_PLACEMENT_GROUP
-                                                : v1::REPLICA_PLACEMENT_RING);
-      break;
-    case Protection::Kind::kErasureCode:
-      p->mutable_ec()->set_data_k(o.protection.data_k);
-      p->mutable_ec()->set_parity_m(o.protection.parity_m);
-      break;
+  // Only what the user set: meta leaves unset policies uncompared when the
+  // job exists (it keeps the stored ones) and applies its defaults when it
+  // creates the job.
+  if (o.protection.has_value()) {
+    v1::ProtectionPolicy* p = spec.mutable_protection();
+    switch (o.protection->kind) {
+      case Protection::Kind::kNone:
+        p->mutable_none();
+        break;
+      case Protection::Kind::kReplicate:
+        p->mutable_replicate()->set_copies(o.protection->copies);
+        p->mutable_replicate()->set_placement(o.protection->placement ==
+                                                      Protection::Placement::kGroup
+                                                  ? v1::REPLICA_PLACEMENT_GROUP
+                                                  : v1::REPLICA_PLACEMENT_RING);
+        break;
+      case Protection::Kind::kErasureCode:
+        p->mutable_ec()->set_data_k(o.protection->data_k);
+        p->mutable_ec()->set_parity_m(o.protection->parity_m);
+        break;
+    }
   }
-  // Only what the user set: meta then leaves unset policies uncompared when
-  // the job exists.
   if (o.flush_every_n_versions != 0 || o.flush_every_seconds != 0) {
     spec.mutable_flush()->set_every_n_versions(o.flush_every_n_versions);
     spec.mutable_flush()->set_every_seconds(o.flush_every_seconds);
@@ -228,11 +231,18 @@ absl::Status ConnectAgent(ClientCore& core, absl::Time deadline) {
     log::Warn("agent lists {} pool files but {} sizes; ignoring the sizes",
               resp.pool_files_size(), resp.pool_file_bytes_size());
   }
-  for (const std::string& path : resp.pool_files()) {
-    CKPT_RETURN_IF_ERROR_CTX(core.mappings.AddPoolFile(path), "mapping the agent's pool file");
+  // The pool comes over the session socket as a descriptor: the trainer
+  // needs nothing of the agent's file system but the socket directory. An
+  // older agent without one: map the pool files by path.
+  absl::StatusOr<std::string> session = SessionId(core);
+  if (!session.ok()) return session.status();
+  if (session->empty()) {
+    for (const std::string& path : resp.pool_files()) {
+      CKPT_RETURN_IF_ERROR_CTX(core.mappings.AddPoolFile(path), "mapping the agent's pool file");
+    }
   }
-  log::Debug("connected to agent {} ({} pool files mapped)", core.node_id,
-             resp.pool_files_size());
+  log::Debug("connected to agent {} (session {}, {} pool files mapped)", core.node_id,
+             session->empty() ? "none" : *session, resp.pool_files_size());
   return absl::OkStatus();
 }
 
@@ -251,8 +261,39 @@ std::shared_ptr<grpc::Channel> MakeChannel(const std::string& target) {
 
 }  // namespace
 
+absl::StatusOr<std::string> SessionId(ClientCore& core) {
+  std::string resume;
+  {
+    absl::MutexLock lock(&core.session_mu);
+    if (!core.sessions_supported) return std::string();
+    if (core.session != nullptr && !core.session->Closed()) return core.session->id();
+    if (core.session != nullptr) resume = core.session->id();
+  }
+  // (Re)open without holding the lock: it talks to the agent.
+  absl::StatusOr<std::unique_ptr<AgentSession>> opened =
+      AgentSession::Open(AgentSession::SocketFor(core.options.agent_socket), resume, core.options.rpc_timeout);
+  if (absl::IsNotFound(opened.status()) && resume.empty()) {
+    absl::MutexLock lock(&core.session_mu);
+    core.sessions_supported = false;  // an older agent: leases expire by ttl
+    return std::string();
+  }
+  if (!opened.ok()) return opened.status();
+  for (const AgentSession::Pool& pool : (*opened)->pools()) {
+    CKPT_RETURN_IF_ERROR_CTX(core.mappings.AddPoolFd(pool.path, pool.fd), "mapping the agent's pool");
+  }
+  absl::MutexLock lock(&core.session_mu);
+  if (core.session != nullptr && !core.session->Closed()) return core.session->id();  // another thread won
+  if (!resume.empty() && (*opened)->id() != resume) {
+    log::Warn("the agent restarted: new session {} (leases and handles of session {} are gone)", (*opened)->id(),
+              resume);
+  }
+  core.session = *std::move(opened);
+  return core.session->id();
+}
+
 absl::Status WaitForVersion(const ClientCore& core, uint64_t step, Level level,
                             absl::Time deadline, absl::Time not_found_until) {
+  CKPT_RETURN_IF_ERROR(ValidateStep(step));
   v1::WaitVersionRequest req;
   req.set_job_id(core.options.job_id);
   req.set_step(step);
@@ -273,8 +314,12 @@ absl::Status WaitForVersion(const ClientCore& core, uint64_t step, Level level,
       if (time_left) continue;  // one long poll ended; poll again
       return last;              // says the version's current state
     }
+    // Right after a commit the agent may not have begun the version at meta
+    // yet: NotFound is retried for a grace period, unless meta already says
+    // why the step can never appear (a newer version refuses it).
     const bool begin_pending = absl::IsNotFound(last) && absl::Now() < not_found_until &&
-                               last.message().find("no version") != absl::string_view::npos;
+                               last.message().find("no version") != absl::string_view::npos &&
+                               last.message().find("is refused") == absl::string_view::npos;
     if (!absl::IsUnavailable(last) && !begin_pending) return last;
     if (!time_left) {
       return absl::DeadlineExceededError(absl::StrCat(

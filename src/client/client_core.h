@@ -24,6 +24,7 @@
 #include "ckpt/v1/meta.grpc.pb.h"
 #include "client/mapped_file.h"
 #include "client/region_io.h"
+#include "client/session.h"
 
 namespace ckpt::client {
 
@@ -44,7 +45,18 @@ struct ClientCore {
   // rides out the agent's background BeginVersion (see SaveHandle::Wait).
   absl::Mutex committed_mu;
   std::map<uint64_t, absl::Time> committed_at ABSL_GUARDED_BY(committed_mu);
+  // The session with the local agent (client/session.h); null before Connect
+  // and with an older agent that has no session socket.
+  absl::Mutex session_mu;
+  std::unique_ptr<AgentSession> session ABSL_GUARDED_BY(session_mu);
+  bool sessions_supported ABSL_GUARDED_BY(session_mu) = true;
 };
+
+// The id of the client's open session with the local agent, reopening it
+// (and re-mapping the pool if it changed) when the agent hung up, e.g. after
+// a restart. "" with an agent that has no session socket. Errors: those of
+// AgentSession::Open and of mapping the pool.
+absl::StatusOr<std::string> SessionId(ClientCore& core);
 
 // gRPC status -> absl::Status with the same code and the server's message,
 // prefixed with `call` ("CommitShard: ...").

@@ -80,6 +80,7 @@ struct OpenedShard {
 namespace {
 
 absl::StatusOr<v1::LocateResponse> Locate(const ClientCore& core, uint64_t step, bool omit_items) {
+  CKPT_RETURN_IF_ERROR(ValidateStep(step));
   v1::LocateRequest req;
   req.set_job_id(core.options.job_id);
   req.set_step(step);
@@ -135,6 +136,9 @@ absl::StatusOr<std::unique_ptr<OpenedShard>> Open(const std::shared_ptr<ClientCo
   req.set_skip_verify(skip_verify);
   req.set_client_pid(static_cast<uint32_t>(::getpid()));
   req.set_packed_manifest(true);
+  // The handle (and the views on it) lives until Close or the session's end.
+  CKPT_ASSIGN_OR_RETURN(std::string session, client::SessionId(*core));
+  req.set_session_id(session);
   v1::OpenShardResponse resp;
   auto ctx = client::ContextWithTimeout(core->options.load_timeout);
   CKPT_RETURN_IF_ERROR(FromGrpc(core->agent->OpenShard(ctx.get(), req, &resp), "OpenShard"));

@@ -20,14 +20,17 @@ absl::StatusOr<std::shared_ptr<MappedFile>> MappedFile::Map(const std::string& p
   const bool rw = access == Access::kReadWrite;
   int fd = ::open(path.c_str(), (rw ? O_RDWR : O_RDONLY) | O_CLOEXEC);
   if (fd < 0) return PosixErrorToStatus(errno, "open", path);
+  absl::StatusOr<std::shared_ptr<MappedFile>> m = MapFd(path, fd, access, populate);
+  ::close(fd);  // the mapping keeps the file open
+  return m;
+}
+
+absl::StatusOr<std::shared_ptr<MappedFile>> MappedFile::MapFd(const std::string& path, int fd, Access access,
+                                                              bool populate) {
+  const bool rw = access == Access::kReadWrite;
   struct stat st {};
-  if (::fstat(fd, &st) != 0) {
-    const int err = errno;
-    ::close(fd);
-    return PosixErrorToStatus(err, "fstat", path);
-  }
+  if (::fstat(fd, &st) != 0) return PosixErrorToStatus(errno, "fstat", path);
   if (!S_ISREG(st.st_mode) || st.st_size <= 0) {
-    ::close(fd);
     return absl::FailedPreconditionError(
         absl::StrCat("cannot map '", path, "': ",
                      S_ISREG(st.st_mode) ? "the file is empty" : "not a regular file"));
@@ -36,13 +39,11 @@ absl::StatusOr<std::shared_ptr<MappedFile>> MappedFile::Map(const std::string& p
   int flags = MAP_SHARED;
   if (populate) flags |= MAP_POPULATE;
   void* p = ::mmap(nullptr, size, rw ? (PROT_READ | PROT_WRITE) : PROT_READ, flags, fd, 0);
-  const int err = errno;
-  ::close(fd);  // the mapping keeps the file open
-  if (p == MAP_FAILED) return PosixErrorToStatus(err, "mmap", path);
+  if (p == MAP_FAILED) return PosixErrorToStatus(errno, "mmap", path);
   // The first save must not pay the first-write cost of a fresh mapping.
   if (populate && rw) PrefaultForWrite(p, size);
-  return std::shared_ptr<MappedFile>(
-      new MappedFile(path, static_cast<std::byte*>(p), size, access));
+  return std::shared_ptr<MappedFile>(new MappedFile(path, static_cast<std::byte*>(p), size, access,
+                                                    {static_cast<uint64_t>(st.st_dev), static_cast<uint64_t>(st.st_ino)}));
 }
 
 MappedFile::~MappedFile() {
@@ -57,6 +58,26 @@ absl::Status MappingCache::AddPoolFile(const std::string& path) {
   if (!m.ok()) return m.status();
   absl::MutexLock lock(&mu_);
   files_[path] = *std::move(m);
+  return absl::OkStatus();
+}
+
+absl::Status MappingCache::AddPoolFd(const std::string& path, int fd) {
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) return PosixErrorToStatus(errno, "fstat", path);
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = files_.find(path);
+    if (it != files_.end() && it->second->access() == MappedFile::Access::kReadWrite &&
+        it->second->size() == static_cast<uint64_t>(st.st_size) &&
+        it->second->identity() == std::make_pair(static_cast<uint64_t>(st.st_dev), static_cast<uint64_t>(st.st_ino))) {
+      return absl::OkStatus();  // the same pool (e.g. after an agent restart): keep the mapping
+    }
+  }
+  absl::StatusOr<std::shared_ptr<MappedFile>> m =
+      MappedFile::MapFd(path, fd, MappedFile::Access::kReadWrite, /*populate=*/true);
+  if (!m.ok()) return m.status();
+  absl::MutexLock lock(&mu_);
+  files_[path] = *std::move(m);  // views of the old pool keep their own mapping alive
   return absl::OkStatus();
 }
 

@@ -38,24 +38,31 @@ class MappedFile {
   // that is not a regular file.
   static absl::StatusOr<std::shared_ptr<MappedFile>> Map(const std::string& path, Access access,
                                                          bool populate);
+  // Maps the whole of an open file (e.g. a pool descriptor the agent handed
+  // over its session socket), naming it `path`. The caller keeps `fd`.
+  static absl::StatusOr<std::shared_ptr<MappedFile>> MapFd(const std::string& path, int fd, Access access,
+                                                           bool populate);
 
   ~MappedFile();
   MappedFile(const MappedFile&) = delete;
   MappedFile& operator=(const MappedFile&) = delete;
 
   const std::string& path() const { return path_; }
+  // The mapped file's identity (st_dev, st_ino).
+  std::pair<uint64_t, uint64_t> identity() const { return identity_; }
   std::byte* data() const { return data_; }
   uint64_t size() const { return size_; }
   Access access() const { return access_; }
 
  private:
-  MappedFile(std::string path, std::byte* data, uint64_t size, Access access)
-      : path_(std::move(path)), data_(data), size_(size), access_(access) {}
+  MappedFile(std::string path, std::byte* data, uint64_t size, Access access, std::pair<uint64_t, uint64_t> identity)
+      : path_(std::move(path)), data_(data), size_(size), access_(access), identity_(identity) {}
 
   const std::string path_;
   std::byte* const data_;
   const uint64_t size_;
   const Access access_;
+  const std::pair<uint64_t, uint64_t> identity_;
 };
 
 class MappingCache {
@@ -63,6 +70,11 @@ class MappingCache {
   // Maps `path` read-write with MAP_POPULATE and keeps it (Client::Connect,
   // for every pool file). Errors as MappedFile::Map.
   absl::Status AddPoolFile(const std::string& path);
+  // Maps a pool descriptor received from the agent's session socket under
+  // the pool's `path` (the name its regions use), read-write with
+  // MAP_POPULATE, unless the same file (st_dev, st_ino) is mapped there
+  // already. The caller keeps `fd`. Errors as MappedFile::MapFd.
+  absl::Status AddPoolFd(const std::string& path, int fd);
 
   // Returns a mapping of `path` that covers [offset, offset + length) and
   // allows `access` (a read-write mapping serves read-only requests too):

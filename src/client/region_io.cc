@@ -77,7 +77,11 @@ uint32_t ParallelCrc32cCopy(void* dst, const void* src, size_t n, uint32_t crc) 
   // is blocked anyway, so its idle cores help.
   static const unsigned kThreads = std::clamp(std::thread::hardware_concurrency(), 1u, 4u);
   if (n < kParallelCopyMinBytes || kThreads == 1) return Crc32cCopy(dst, src, n, crc);
-  const size_t part = (n / kThreads + kCopyAlign - 1) / kCopyAlign * kCopyAlign;
+  // Each part is ceil(n / kThreads) rounded up to kCopyAlign, so the parts
+  // cover all n bytes (rounding n / kThreads down would drop the remainder
+  // whenever n / kThreads is already aligned).
+  const size_t per_thread = (n + kThreads - 1) / kThreads;
+  const size_t part = (per_thread + kCopyAlign - 1) / kCopyAlign * kCopyAlign;
   std::vector<uint32_t> crcs(kThreads, 0);
   std::vector<size_t> lens(kThreads, 0);
   std::vector<std::thread> helpers;

@@ -128,6 +128,7 @@ absl::StatusOr<SaveHandle> SaveBuilder::Commit() {
   spent_ = true;
   ClientCore& core = *core_;
   const ClientOptions& o = core.options;
+  CKPT_RETURN_IF_ERROR(ValidateStep(step_));
 
   std::vector<uint64_t> lengths;
   lengths.reserve(items_.size());
@@ -141,6 +142,9 @@ absl::StatusOr<SaveHandle> SaveBuilder::Commit() {
   lease_req.set_rank(o.rank);
   lease_req.set_run_id(o.run_id);
   lease_req.set_client_pid(static_cast<uint32_t>(::getpid()));
+  // The lease lives as long as this client's session with the agent.
+  CKPT_ASSIGN_OR_RETURN(std::string session, client::SessionId(core));
+  lease_req.set_session_id(session);
   v1::AcquireStagingLeaseResponse lease;
   // At most twice: once more if the agent asks for a coarser alignment than
   // we laid out with (then the shard may not fit the first lease).

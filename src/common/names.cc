@@ -236,6 +236,13 @@ absl::StatusOr<std::string> JoinUnderRoot(std::string_view root,
   return JoinUnderRootImpl(root, components);
 }
 
+absl::Status ValidateStep(uint64_t step) {
+  if (step <= kMaxStep) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(
+      "step ", step, " is out of range: steps must be 0..", kMaxStep,
+      " (2^53-1, exact in JSON and Python floats)"));
+}
+
 std::string RankFileName(uint32_t rank) { return absl::StrFormat("rank-%05u.bin", rank); }
 
 }  // namespace ckpt

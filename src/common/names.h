@@ -37,6 +37,17 @@ inline constexpr size_t kMaxItemNameLength = 1024;
 // Longest single path component accepted by JoinUnderRoot() (Linux NAME_MAX).
 inline constexpr size_t kMaxPathComponentLength = 255;
 
+// Highest step a version may have: 2^53 - 1, so every step is exact as a
+// JSON number and a Python float (training steps never come near it). Steps
+// are 0..kMaxStep.
+inline constexpr uint64_t kMaxStep = (uint64_t{1} << 53) - 1;
+
+// OK iff step <= kMaxStep; otherwise InvalidArgument naming the step and the
+// limit. Every entry point that takes a step from a user or a peer calls it
+// (meta's version RPCs, the agent's staging lease, the clients, ckptctl), so a
+// typo such as 2^64-1 is refused before it opens a version.
+absl::Status ValidateStep(uint64_t step);
+
 // OK iff `job_id` matches [a-z0-9][a-z0-9._-]{0,62} and does not contain "..".
 // Lower case only, so ids cannot collide on case-insensitive file systems or
 // object stores.

@@ -127,6 +127,12 @@ TEST_F(CkptctlTest, CreateJobThenJobsVersionsStatusNodesHumanAndJson) {
   r = Ctl({"create-job", "llm", "--world-size", "8"});
   EXPECT_EQ(r.status.exit_code(), 1) << r.stdout_text;
   EXPECT_THAT(r.stderr_text, HasSubstr("ckptctl: "));
+
+  // No protection flag: the server's default, none on this one-node cluster
+  // (issue 13 #3: this used to be refused with "spec.protection is required").
+  r = Ctl({"create-job", "solo", "--world-size", "1"});
+  ASSERT_TRUE(r.status.success()) << r.stderr_text;
+  EXPECT_THAT(r.stdout_text, HasSubstr("protection none, the server's default"));
 }
 
 TEST_F(CkptctlTest, SavedVersionVisibleThenFlushedPersistedAndRestoredByteExact) {
@@ -211,6 +217,30 @@ TEST_F(CkptctlTest, ServerErrorsExitOneWithTheServersMessage) {
   r = Ctl({"restore", "--from-dir", dir_->path() + "/none/1", "--out", dir_->path() + "/o"});
   EXPECT_EQ(r.status.exit_code(), 1);
   EXPECT_THAT(r.stderr_text, HasSubstr("NOT_FOUND"));
+}
+
+// A shard several ReadShard chunks long (4 MiB each, plus the message's own
+// fields: more than gRPC's default 4 MiB receive limit) comes back whole.
+// Found by the chaos soak (tests/chaos): ckptctl's agent channels kept the
+// default limit, so every online restore of a shard over 4 MiB failed.
+TEST_F(CkptctlTest, OnlineRestoreOfAShardOfSeveralChunks) {
+  std::string content(9 * (1 << 20) + 1, '\0');
+  std::mt19937 rng(7);
+  for (char& c : content) c = static_cast<char>(rng());
+  const std::string file = dir_->path() + "/big.bin";
+  std::ofstream(file, std::ios::binary) << content;
+  RunResult s = Ctl({"save", "big", "1", file, "--rank", "0", "--world-size", "1", "--agent-socket",
+                     agent_->socket_path()});
+  ASSERT_TRUE(s.status.success()) << s.stderr_text;
+  const std::string out = dir_->path() + "/big-restored";
+  RunResult r = Ctl({"restore", "big", "1", "--out", out});
+  ASSERT_TRUE(r.status.success()) << r.stderr_text;
+  absl::StatusOr<DurableManifest> m = ReadDurableManifest(PosixFileSystem(), out);
+  ASSERT_TRUE(m.ok()) << m.status();
+  std::vector<std::byte> bytes(m->shards[0].size_bytes);
+  ASSERT_TRUE(ReadRankFile(PosixFileSystem(), out, m->shards[0], bytes).ok());
+  ASSERT_GE(bytes.size(), content.size());
+  EXPECT_EQ(std::memcmp(bytes.data(), content.data(), content.size()), 0);
 }
 
 TEST_F(CkptctlTest, SaveThenOnlineRestoreAndVerify) {
@@ -434,6 +464,8 @@ TEST_F(CkptctlTest, UsageErrorsExitTwo) {
            {"create-job", "j", "--world-size", "2", "--replicate", "2", "--placement", "star"},
            {"create-job", "j"},
            {"inspect", "j", "notanumber"},
+           {"inspect", "j", "9007199254740992"},  // steps stop at 2^53-1
+           {"flush", "j", "18446744073709551615"},
            {"--timeout", "-1", "jobs"},
        }) {
     RunResult r = Ctl(args);

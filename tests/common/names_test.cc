@@ -279,3 +279,25 @@ TEST(RankFileName, PadsToFiveDigits) {
 
 }  // namespace
 }  // namespace ckpt
+
+namespace ckpt {
+namespace {
+
+TEST(ValidateStep, AcceptsZeroToTwoPow53MinusOne) {
+  EXPECT_TRUE(ValidateStep(0).ok());
+  EXPECT_TRUE(ValidateStep(1).ok());
+  EXPECT_TRUE(ValidateStep(kMaxStep).ok());
+  EXPECT_EQ(kMaxStep, 9007199254740991u);
+}
+
+TEST(ValidateStep, RejectsLargerStepsNamingTheLimit) {
+  for (uint64_t step : {kMaxStep + 1, uint64_t{1} << 62, ~uint64_t{0}}) {
+    const absl::Status s = ValidateStep(step);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << step;
+    EXPECT_NE(s.message().find(std::to_string(step)), std::string::npos) << s;
+    EXPECT_NE(s.message().find("9007199254740991"), std::string::npos) << s;
+  }
+}
+
+}  // namespace
+}  // namespace ckpt

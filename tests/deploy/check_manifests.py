@@ -85,6 +85,7 @@ def main():
     check_systemd_env(src, flags)
     check_dockerfile(src, ports)
     check_metrics(src)
+    check_trainer_example(src)
     if failures:
         print(f"{len(failures)} failure(s)")
         return 1
@@ -292,6 +293,43 @@ def check_agent_pod(wname, spec, configmaps):
     node = envs.get("CKPT_NODE_ID", {}).get("valueFrom", {}).get("fieldRef", {}).get("fieldPath")
     if node != "spec.nodeName":
         fail(f"{wname}: CKPT_NODE_ID does not come from spec.nodeName")
+
+
+def check_trainer_example(src):
+    # A trainer pod needs the host's /run/ckpt and nothing else of the agent:
+    # the pool comes over session.sock as a descriptor (docs/operations.md).
+    path = os.path.join(src, "deploy", "k8s", "examples", "trainer.yaml")
+    if not os.path.exists(path):
+        fail(f"{path}: missing (the trainer pod example)")
+        return
+    pods = [d for d in load_docs(path) if d.get("kind") == "Pod"]
+    if len(pods) != 1:
+        fail(f"{path}: want one Pod")
+        return
+    spec = pods[0]["spec"]
+    for host_ns in ("hostPID", "hostIPC", "hostNetwork"):
+        if spec.get(host_ns):
+            fail(f"{path}: the trainer must not need {host_ns}")
+    if 65532 not in spec.get("securityContext", {}).get("supplementalGroups", []):
+        fail(f"{path}: supplementalGroups lacks the agent's group 65532 (the sockets are 0660)")
+    volumes = {v["name"]: v for v in spec.get("volumes", [])}
+    host_paths = [v["hostPath"]["path"] for v in volumes.values() if "hostPath" in v]
+    if host_paths != ["/run/ckpt"]:
+        fail(f"{path}: host paths {host_paths}, want only /run/ckpt")
+    for v in volumes.values():
+        if v.get("emptyDir", {}).get("medium") == "Memory" or "persistentVolumeClaim" in v:
+            fail(f"{path}: volume {v['name']} looks like the agent's memory or durable tier")
+    for c in spec["containers"]:
+        mounts = {m["mountPath"]: m["name"] for m in c.get("volumeMounts", [])}
+        run = volumes.get(mounts.get("/run/ckpt"), {})
+        if run.get("hostPath", {}).get("path") != "/run/ckpt":
+            fail(f"{path}: container {c['name']} does not mount the host's /run/ckpt at /run/ckpt")
+        for m in mounts:
+            if m.startswith("/dev/shm") or m.startswith("/ckpt"):
+                fail(f"{path}: container {c['name']} mounts {m}, which the agent's pod owns")
+        socket_args = [a for a in c.get("args", []) if a.startswith("--agent-socket")]
+        if socket_args and not socket_args[0].endswith("/run/ckpt/agent.sock"):
+            fail(f"{path}: container {c['name']} points at {socket_args[0]}, not /run/ckpt/agent.sock")
 
 
 def check_systemd_env(src, flags):

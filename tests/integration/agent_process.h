@@ -87,6 +87,7 @@ class AgentProcess {
   std::string memory_dir() const { return options_.memory_dir.empty() ? options_.dir + "/mem" : options_.memory_dir; }
   int port() const { return port_; }
   int metrics_port() const { return metrics_port_; }
+  int data_port() const { return data_port_; }
   const AgentProcessOptions& options() const { return options_; }
 
  private:

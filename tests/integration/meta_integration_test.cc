@@ -197,9 +197,16 @@ TEST_F(MetaIntegration, BadInputGetsClearErrors) {
   EXPECT_EQ(Begin("no-such-job", 1).error_code(), StatusCode::NOT_FOUND);
   ASSERT_TRUE(CreateJob("ok", 1, false).ok());
   ASSERT_TRUE(Begin("ok", 10).ok());
+  // An OPEN newer version does not refuse a lower step; a staged one does.
+  EXPECT_TRUE(Begin("ok", 7).ok());
+  ASSERT_EQ(Report("node-a", Staged("ok", 10, 0)), 0);
   st = Begin("ok", 5);
   EXPECT_EQ(st.error_code(), StatusCode::INVALID_ARGUMENT);
   EXPECT_NE(st.error_message().find("steps must increase"), std::string::npos);
+  // Steps stop at 2^53-1.
+  st = Begin("ok", ~uint64_t{0});
+  EXPECT_EQ(st.error_code(), StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(st.error_message().find("9007199254740991"), std::string::npos) << st.error_message();
   grpc::Status gst;
   GetVersion("ok", 11, &gst);
   EXPECT_EQ(gst.error_code(), StatusCode::NOT_FOUND);

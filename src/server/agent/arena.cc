@@ -26,7 +26,12 @@
 namespace ckpt::agent {
 namespace {
 
-uint64_t RoundUp(uint64_t v) { return (v + kArenaPageBytes - 1) / kArenaPageBytes * kArenaPageBytes; }
+// Rounds up to whole pages; values within a page of 2^64 saturate to the
+// largest page multiple (callers compare against the capacity first).
+uint64_t RoundUp(uint64_t v) {
+  if (v > UINT64_MAX - (kArenaPageBytes - 1)) return UINT64_MAX / kArenaPageBytes * kArenaPageBytes;
+  return (v + kArenaPageBytes - 1) / kArenaPageBytes * kArenaPageBytes;
+}
 
 absl::Status Errno(const std::string& what, int err) {
   const std::string msg = absl::StrCat(what, ": ", std::strerror(err));
@@ -52,6 +57,15 @@ absl::StatusOr<uint64_t> ParseHex(const nlohmann::json& j, const char* key) {
 }
 
 }  // namespace
+
+const char* CopyRoleName(CopyRole role) {
+  switch (role) {
+    case CopyRole::kPrimary: return "primary";
+    case CopyRole::kReplica: return "replica";
+    case CopyRole::kRestored: return "restored";
+  }
+  return "unknown";
+}
 
 std::string ShardIdString(const ShardId& id) {
   return absl::StrCat(id.job_id, "/", id.step, "/", id.rank);
@@ -140,18 +154,23 @@ absl::StatusOr<ShardRecord> DecodeJsonRecord(std::string_view json) {
     CKPT_RETURN_IF_ERROR(ValidateJobId(r.id.job_id));
     r.id.step = j.at("step").get<uint64_t>();
     r.id.rank = j.at("rank").get<uint32_t>();
-    r.role = j.at("role").get<int>();
+    const int role = j.at("role").get<int>();
+    if (role < 1 || role > 3) return absl::InvalidArgumentError(absl::StrCat("record: unknown role ", role));
+    r.role = static_cast<CopyRole>(role);
     r.size_bytes = j.at("size").get<uint64_t>();
     r.crc32c = j.at("crc32c").get<uint32_t>();
     CKPT_ASSIGN_OR_RETURN(r.manifest_digest, ParseHex(j, "digest"));
     r.run_id = j.value("run_id", "");
     r.staged_unix_ms = j.value("staged_ms", int64_t{0});
     r.durable_path = j.value("durable_path", "");
+    r.seq = j.value("seq", uint64_t{0});
     if (j.contains("segment")) {
       const auto& g = j.at("segment");
       r.segment = SegmentId{r.id.job_id, r.id.step, g.at(0).get<uint32_t>(), g.at(1).get<uint32_t>(),
                             g.at(2).get<uint32_t>()};
-      r.segment_kind = g.at(3).get<int>();
+      const int kind = g.at(3).get<int>();
+      if (kind != 1 && kind != 2) return absl::InvalidArgumentError(absl::StrCat("record: unknown segment kind ", kind));
+      r.segment_kind = static_cast<SegmentKind>(kind);
     }
     for (const auto& e : j.at("extents")) {
       r.extents.push_back(Extent{e.at(0).get<uint64_t>(), e.at(1).get<uint64_t>()});
@@ -193,6 +212,7 @@ std::string EncodeShardRecord(const ShardRecord& r) {
   w.Str(r.run_id);
   w.U64(static_cast<uint64_t>(r.staged_unix_ms));
   w.Str(r.durable_path);
+  w.U64(r.seq);
   w.U8(r.segment ? 1 : 0);
   if (r.segment) {
     w.U32(r.segment->group);
@@ -226,20 +246,22 @@ absl::StatusOr<ShardRecord> DecodeShardRecord(std::string_view bytes) {
   r.id.job_id = std::string(in.Str());
   r.id.step = in.U64();
   r.id.rank = in.U32();
-  r.role = static_cast<int>(in.U32());
+  const uint32_t role = in.U32();
   r.size_bytes = in.U64();
   r.crc32c = in.U32();
   r.manifest_digest = in.U64();
   r.run_id = std::string(in.Str());
   r.staged_unix_ms = static_cast<int64_t>(in.U64());
   r.durable_path = std::string(in.Str());
+  r.seq = in.U64();
+  uint32_t segment_kind = 1;
   if (in.U8() != 0) {
     SegmentId seg{r.id.job_id, r.id.step, 0, 0, 0};
     seg.group = in.U32();
     seg.stripe = in.U32();
     seg.position = in.U32();
     r.segment = seg;
-    r.segment_kind = static_cast<int>(in.U32());
+    segment_kind = in.U32();
   }
   const uint32_t extents = in.U32();
   if (!in.ok() || extents > in.left() / 16) return absl::InvalidArgumentError("record: truncated");
@@ -251,15 +273,120 @@ absl::StatusOr<ShardRecord> DecodeShardRecord(std::string_view bytes) {
   const std::string_view manifest = in.Str();
   if (!in.ok() || in.left() != 0) return absl::InvalidArgumentError("record: truncated or with trailing bytes");
   CKPT_RETURN_IF_ERROR(ValidateJobId(r.id.job_id));
+  if (role < 1 || role > 3) return absl::InvalidArgumentError(absl::StrCat("record: unknown role ", role));
+  r.role = static_cast<CopyRole>(role);
+  if (segment_kind != 1 && segment_kind != 2) {
+    return absl::InvalidArgumentError(absl::StrCat("record: unknown segment kind ", segment_kind));
+  }
+  r.segment_kind = static_cast<SegmentKind>(segment_kind);
   absl::StatusOr<std::vector<ManifestItem>> items = DecodeManifest(manifest);
   if (!items.ok()) return absl::InvalidArgumentError(absl::StrCat("record: ", items.status().message()));
   r.items = *std::move(items);
   return r;
 }
 
+// ---------------------------------------------------------------------------
+// Reservation
+
+Reservation::Reservation(Arena* arena, std::vector<Extent> extents)
+    : arena_(arena), extents_(std::move(extents)) {
+  for (const Extent& e : extents_) reserved_ += e.length;
+  arena_->live_.fetch_add(1);
+}
+
+Reservation::~Reservation() {
+  arena_->Free(extents_);
+  arena_->live_.fetch_sub(1);
+}
+
+transport::ConstPieces Reservation::Pieces(uint64_t offset, uint64_t length) const {
+  transport::ConstPieces out;
+  uint64_t pos = 0;  // reservation offset of the current extent
+  for (const Extent& e : extents_) {
+    if (length == 0) break;
+    const uint64_t end = pos + e.length;
+    if (offset < end) {
+      const uint64_t in = offset - pos;
+      const uint64_t n = std::min(length, e.length - in);
+      out.emplace_back(arena_->Data(e.offset + in), n);
+      offset += n;
+      length -= n;
+    }
+    pos = end;
+  }
+  return out;
+}
+
+transport::MutablePieces Reservation::MutablePieces(uint64_t offset, uint64_t length) const {
+  transport::MutablePieces out;
+  for (const auto& p : Pieces(offset, length)) out.emplace_back(const_cast<std::byte*>(p.data()), p.size());
+  return out;
+}
+
+uint32_t Reservation::Crc(uint64_t offset, uint64_t length) const {
+  uint32_t crc = 0;
+  for (const auto& p : Pieces(offset, length)) crc = Crc32cExtend(crc, p.data(), p.size());
+  return crc;
+}
+
+void Reservation::CopyOut(uint64_t offset, std::span<std::byte> out) const {
+  uint64_t done = 0;
+  for (const auto& p : Pieces(offset, out.size())) {
+    std::memcpy(out.data() + done, p.data(), p.size());
+    done += p.size();
+  }
+}
+
+void Reservation::CopyIn(uint64_t offset, std::span<const std::byte> in) const {
+  uint64_t done = 0;
+  for (const auto& p : MutablePieces(offset, in.size())) {
+    std::memcpy(p.data(), in.data() + done, p.size());
+    done += p.size();
+  }
+}
+
+void Reservation::Zero(uint64_t offset, uint64_t length) const {
+  for (const auto& p : MutablePieces(offset, length)) std::memset(p.data(), 0, p.size());
+}
+
+std::vector<Extent> Reservation::TrimmedExtents(uint64_t size_bytes) const {
+  uint64_t keep = RoundUp(std::max<uint64_t>(size_bytes, 1));
+  std::vector<Extent> out;
+  for (const Extent& e : extents_) {
+    if (keep == 0) break;
+    out.push_back(Extent{e.offset, std::min(keep, e.length)});
+    keep -= out.back().length;
+  }
+  return out;
+}
+
+void Reservation::Trim(uint64_t size_bytes) {
+  std::vector<Extent> keep = TrimmedExtents(size_bytes);
+  std::vector<Extent> tail;
+  for (size_t i = 0; i < extents_.size(); ++i) {
+    const Extent& e = extents_[i];
+    if (i >= keep.size()) {
+      tail.push_back(e);
+    } else if (keep[i].length < e.length) {
+      tail.push_back(Extent{e.offset + keep[i].length, e.length - keep[i].length});
+    }
+  }
+  arena_->Free(tail);
+  extents_ = std::move(keep);
+  reserved_ = 0;
+  for (const Extent& e : extents_) reserved_ += e.length;
+}
+
+// ---------------------------------------------------------------------------
+// Arena
+
 absl::StatusOr<std::unique_ptr<Arena>> Arena::Open(const Options& options) {
   if (options.capacity_bytes == 0) {
     return absl::InvalidArgumentError("memory capacity must be larger than 0");
+  }
+  if (options.capacity_bytes > (uint64_t{1} << 56)) {
+    return absl::InvalidArgumentError(absl::StrCat("memory capacity of ", options.capacity_bytes,
+                                                   " bytes is beyond what a pool can map"));
   }
   std::unique_ptr<Arena> arena(new Arena());
   CKPT_RETURN_IF_ERROR(arena->Init(options));
@@ -323,9 +450,38 @@ absl::Status Arena::Init(const Options& options) {
 }
 
 Arena::~Arena() {
+  adopted_.clear();  // reservations nobody took
+  if (live_.load() != 0) {
+    log::Error("memory tier closed with {} reservations still alive (a component outlived the arena)", live_.load());
+  }
   if (base_ != nullptr) ::munmap(base_, capacity_);
   if (fd_ >= 0) ::close(fd_);
 }
+
+namespace {
+
+std::string ReadWholeFile(const std::string& path, std::string* error) {
+  std::string text;
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    *error = absl::StrCat("cannot open record: ", std::strerror(errno));
+    return text;
+  }
+  char buf[65536];
+  ssize_t n;
+  while ((n = ::read(fd, buf, sizeof(buf))) > 0) text.append(buf, static_cast<size_t>(n));
+  if (n < 0) *error = absl::StrCat("cannot read record: ", std::strerror(errno));
+  ::close(fd);
+  return text;
+}
+
+// What identifies a holding across its records: a shard copy or a segment.
+std::string HoldingKey(const ShardRecord& r) {
+  if (r.segment) return absl::StrCat("seg:", SegmentIdString(*r.segment));
+  return absl::StrCat("shard:", ShardIdString(r.id));
+}
+
+}  // namespace
 
 void Arena::Adopt() {
   DIR* d = ::opendir(records_dir_.c_str());
@@ -338,63 +494,101 @@ void Arena::Adopt() {
   }
   ::closedir(d);
   std::sort(names.begin(), names.end());
+  auto lose = [&](const std::string& name, ShardId id, std::string reason) {
+    log::Warn("memory tier: dropping holding {} ({}): {}", ShardIdString(id), name, reason);
+    lost_.push_back(LostHolding{std::move(id), name, std::move(reason)});
+    ::unlink((records_dir_ + "/" + name).c_str());
+  };
+  // The newest record of each holding; older ones were superseded (a crash
+  // between writing a new record and removing the old one).
+  std::map<std::string, ShardRecord> newest;
+  uint64_t max_seq = 0;
   for (const std::string& name : names) {
     const std::string path = records_dir_ + "/" + name;
-    auto lose = [&](ShardId id, std::string reason) {
-      log::Warn("memory tier: dropping holding {} ({}): {}", ShardIdString(id), name, reason);
-      lost_.push_back(LostHolding{std::move(id), name, std::move(reason)});
-      ::unlink(path.c_str());
-    };
     if (name.size() < 4 || name.substr(name.size() - 4) != ".rec") {
       ::unlink(path.c_str());  // a temp file of an interrupted record write
       continue;
     }
-    std::string text;
-    {
-      const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-      if (fd < 0) {
-        lose({}, absl::StrCat("cannot open record: ", std::strerror(errno)));
-        continue;
-      }
-      char buf[65536];
-      ssize_t n;
-      while ((n = ::read(fd, buf, sizeof(buf))) > 0) text.append(buf, static_cast<size_t>(n));
-      ::close(fd);
+    std::string error;
+    const std::string text = ReadWholeFile(path, &error);
+    if (!error.empty()) {
+      lose(name, {}, error);
+      continue;
     }
     absl::StatusOr<ShardRecord> rec = DecodeShardRecord(text);
     if (!rec.ok()) {
-      lose({}, std::string(rec.status().message()));
+      lose(name, {}, std::string(rec.status().message()));
       continue;
     }
-    // The extents must lie inside the pool, be free, and cover the size.
+    rec->file = name;
+    max_seq = std::max(max_seq, rec->seq);
+    auto [it, added] = newest.emplace(HoldingKey(*rec), *rec);
+    if (added) continue;
+    ShardRecord& kept = it->second;
+    const bool newer = rec->seq > kept.seq || (rec->seq == kept.seq && rec->file > kept.file);
+    const std::string old = newer ? kept.file : rec->file;
+    if (newer) kept = *std::move(rec);
+    log::Info("memory tier: record {} superseded by {}", old, kept.file);
+    ::unlink((records_dir_ + "/" + old).c_str());
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    last_seq_ = max_seq;
+  }
+  for (auto& [key, rec] : newest) {
+    // The extents must lie inside the pool (no sum may wrap), be free, and
+    // cover the size.
     uint64_t covered = 0;
     bool fits = true;
     {
       absl::MutexLock lock(&mu_);
-      for (const Extent& e : rec->extents) {
-        covered += e.length;
-        auto it = free_.upper_bound(e.offset);
-        if (e.length == 0 || e.offset % kArenaPageBytes != 0 || e.offset + e.length > capacity_ ||
-            it == free_.begin() || std::prev(it)->first + std::prev(it)->second < e.offset + e.length) {
+      for (const Extent& e : rec.extents) {
+        if (e.length == 0 || e.offset % kArenaPageBytes != 0 || e.length > capacity_ ||
+            e.offset > capacity_ - e.length || covered > UINT64_MAX - e.length || !ExtentFreeLocked(e)) {
           fits = false;
+          break;
         }
+        covered += e.length;
+      }
+      // Two extents of one record must not overlap each other either.
+      std::vector<Extent> sorted = rec.extents;
+      std::sort(sorted.begin(), sorted.end(), [](const Extent& a, const Extent& b) { return a.offset < b.offset; });
+      for (size_t i = 1; fits && i < sorted.size(); ++i) {
+        if (sorted[i - 1].offset + sorted[i - 1].length > sorted[i].offset) fits = false;
       }
     }
-    if (!fits || covered < rec->size_bytes) {
-      lose(rec->id, "record's extents lie outside the pool or overlap another holding");
+    if (!fits || covered < rec.size_bytes) {
+      lose(rec.file, rec.id, "record's extents lie outside the pool or overlap another holding");
       continue;
     }
-    const uint32_t crc = Checksum(rec->extents, rec->size_bytes);
-    if (crc != rec->crc32c) {
-      lose(rec->id, absl::StrFormat("crc32c 0x%08x != recorded 0x%08x", crc, rec->crc32c));
+    uint32_t crc = 0;
+    uint64_t left = rec.size_bytes;
+    for (const Extent& e : rec.extents) {
+      if (left == 0) break;
+      const uint64_t n = std::min(left, e.length);
+      crc = Crc32cExtend(crc, Data(e.offset), n);
+      left -= n;
+    }
+    if (crc != rec.crc32c) {
+      lose(rec.file, rec.id, absl::StrFormat("crc32c 0x%08x != recorded 0x%08x", crc, rec.crc32c));
       continue;
     }
     {
       absl::MutexLock lock(&mu_);
-      for (const Extent& e : rec->extents) ReserveLocked(e);
+      for (const Extent& e : rec.extents) ReserveLocked(e);
     }
-    adopted_.push_back(*std::move(rec));
+    ReservationPtr bytes(new Reservation(this, rec.extents));
+    adopted_.push_back(AdoptedHolding{std::move(rec), std::move(bytes)});
   }
+}
+
+std::vector<AdoptedHolding> Arena::TakeAdopted() { return std::move(adopted_); }
+
+bool Arena::ExtentFreeLocked(const Extent& e) const {
+  auto it = free_.upper_bound(e.offset);
+  if (it == free_.begin()) return false;
+  --it;
+  return it->first <= e.offset && it->first + it->second >= e.offset + e.length;
 }
 
 void Arena::ReserveLocked(const Extent& e) {
@@ -408,35 +602,40 @@ void Arena::ReserveLocked(const Extent& e) {
   free_total_ -= e.length;
 }
 
-absl::StatusOr<std::vector<Extent>> Arena::Allocate(uint64_t size_bytes) {
+absl::StatusOr<ReservationPtr> Arena::Reserve(uint64_t size_bytes) {
+  if (size_bytes > capacity_) {
+    return absl::ResourceExhaustedError(absl::StrCat("needs ", size_bytes, " bytes, the pool has ", capacity_));
+  }
   const uint64_t want = RoundUp(std::max<uint64_t>(size_bytes, 1));
-  absl::MutexLock lock(&mu_);
-  if (want > free_total_) {
-    return absl::ResourceExhaustedError(
-        absl::StrCat("needs ", want, " bytes, ", free_total_, " free"));
-  }
-  // First fit in one extent.
-  for (auto it = free_.begin(); it != free_.end(); ++it) {
-    if (it->second >= want) {
-      Extent e{it->first, want};
-      ReserveLocked(e);
-      return std::vector<Extent>{e};
-    }
-  }
-  // Otherwise gather the largest holes first (fewest extents).
-  std::vector<std::pair<uint64_t, uint64_t>> holes(free_.begin(), free_.end());
-  std::sort(holes.begin(), holes.end(), [](auto& a, auto& b) { return a.second > b.second; });
   std::vector<Extent> out;
-  uint64_t left = want;
-  for (const auto& [off, len] : holes) {
-    if (left == 0) break;
-    const uint64_t take = std::min(len, left);
-    out.push_back(Extent{off, take});
-    left -= take;
+  {
+    absl::MutexLock lock(&mu_);
+    if (want > free_total_) {
+      return absl::ResourceExhaustedError(absl::StrCat("needs ", want, " bytes, ", free_total_, " free"));
+    }
+    // First fit in one extent.
+    for (auto it = free_.begin(); it != free_.end(); ++it) {
+      if (it->second >= want) {
+        out.push_back(Extent{it->first, want});
+        break;
+      }
+    }
+    if (out.empty()) {
+      // Otherwise gather the largest holes first (fewest extents).
+      std::vector<std::pair<uint64_t, uint64_t>> holes(free_.begin(), free_.end());
+      std::sort(holes.begin(), holes.end(), [](auto& a, auto& b) { return a.second > b.second; });
+      uint64_t left = want;
+      for (const auto& [off, len] : holes) {
+        if (left == 0) break;
+        const uint64_t take = std::min(len, left);
+        out.push_back(Extent{off, take});
+        left -= take;
+      }
+      std::sort(out.begin(), out.end(), [](const Extent& a, const Extent& b) { return a.offset < b.offset; });
+    }
+    for (const Extent& e : out) ReserveLocked(e);
   }
-  std::sort(out.begin(), out.end(), [](const Extent& a, const Extent& b) { return a.offset < b.offset; });
-  for (const Extent& e : out) ReserveLocked(e);
-  return out;
+  return ReservationPtr(new Reservation(this, std::move(out)));
 }
 
 void Arena::Free(std::span<const Extent> extents) {
@@ -446,14 +645,22 @@ void Arena::Free(std::span<const Extent> extents) {
     uint64_t off = e.offset;
     uint64_t len = e.length;
     auto next = free_.lower_bound(off);
-    assert(next == free_.end() || next->first >= off + len);
+    const bool inside = len <= capacity_ && off <= capacity_ - len;
+    const bool overlaps_next = next != free_.end() && next->first < off + len;
+    const bool overlaps_prev = next != free_.begin() && std::prev(next)->first + std::prev(next)->second > off;
+    if (!inside || overlaps_next || overlaps_prev) {
+      // Never corrupt the free list: a double free would hand the same pages
+      // to two owners. Refuse, count, and say so loudly.
+      bad_frees_.fetch_add(1);
+      log::Error("memory tier: refused to free [{}, +{}): not allocated (double free?)", off, len);
+      continue;
+    }
     if (next != free_.end() && next->first == off + len) {
       len += next->second;
       next = free_.erase(next);
     }
     if (next != free_.begin()) {
       auto prev = std::prev(next);
-      assert(prev->first + prev->second <= off);
       if (prev->first + prev->second == off) {
         off = prev->first;
         len += prev->second;
@@ -463,32 +670,6 @@ void Arena::Free(std::span<const Extent> extents) {
     free_[off] = len;
     free_total_ += e.length;
   }
-}
-
-std::vector<Extent> Arena::Trim(std::vector<Extent> extents, uint64_t size_bytes) {
-  uint64_t keep = RoundUp(std::max<uint64_t>(size_bytes, 1));
-  std::vector<Extent> out;
-  std::vector<Extent> tail;
-  for (const Extent& e : extents) {
-    if (keep >= e.length) {
-      out.push_back(e);
-      keep -= e.length;
-    } else if (keep > 0) {
-      out.push_back(Extent{e.offset, keep});
-      tail.push_back(Extent{e.offset + keep, e.length - keep});
-      keep = 0;
-    } else {
-      tail.push_back(e);
-    }
-  }
-  Free(tail);
-  return out;
-}
-
-uint32_t Arena::Checksum(std::span<const Extent> extents, uint64_t size) const {
-  uint32_t crc = 0;
-  ForEachPiece(extents, size, [&](const std::byte* p, uint64_t n) { crc = Crc32cExtend(crc, p, n); });
-  return crc;
 }
 
 uint64_t Arena::free_bytes() const {
@@ -503,29 +684,26 @@ uint64_t Arena::largest_free_extent() const {
   return best;
 }
 
-std::string Arena::RecordPath(const ShardId& id) const {
-  return absl::StrCat(records_dir_, "/", id.job_id, ".", id.step, ".", id.rank, ".rec");
+std::string Arena::RecordName(const ShardRecord& r, uint64_t seq) const {
+  const std::string what = r.segment ? absl::StrCat("g", r.segment->group, ".s", r.segment->stripe, ".p",
+                                                    r.segment->position, ".seg")
+                                     : absl::StrCat(r.id.rank);
+  return absl::StrCat(r.id.job_id, ".", r.id.step, ".", what, ".", absl::Hex(seq, absl::kZeroPad16), ".rec");
 }
 
-std::string Arena::SegmentRecordPath(const SegmentId& id) const {
-  return absl::StrCat(records_dir_, "/", id.job_id, ".", id.step, ".g", id.group, ".s", id.stripe, ".p",
-                      id.position, ".seg.rec");
-}
-
-absl::Status Arena::RemoveSegmentRecord(const SegmentId& id) {
-  const std::string path = SegmentRecordPath(id);
-  if (::unlink(path.c_str()) != 0 && errno != ENOENT) {
-    return Errno(absl::StrCat("remove '", path, "'"), errno);
-  }
-  return absl::OkStatus();
-}
-
-absl::Status Arena::WriteRecord(const ShardRecord& record) {
-  CKPT_RETURN_IF_ERROR(ValidateJobId(record.id.job_id));
+absl::Status Arena::WriteRecord(ShardRecord* record) {
+  CKPT_RETURN_IF_ERROR(ValidateJobId(record->id.job_id));
   static std::atomic<uint64_t> counter{0};
-  const std::string path = record.segment ? SegmentRecordPath(*record.segment) : RecordPath(record.id);
+  uint64_t seq;
+  {
+    absl::MutexLock lock(&mu_);
+    seq = ++last_seq_;
+  }
+  record->seq = seq;
+  const std::string name = RecordName(*record, seq);
+  const std::string path = absl::StrCat(records_dir_, "/", name);
   const std::string tmp = absl::StrCat(path, ".tmp-", ::getpid(), "-", counter.fetch_add(1));
-  const std::string text = EncodeShardRecord(record);
+  const std::string text = EncodeShardRecord(*record);
   const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0640);
   if (fd < 0) return Errno(absl::StrCat("create '", tmp, "'"), errno);
   size_t done = 0;
@@ -546,11 +724,16 @@ absl::Status Arena::WriteRecord(const ShardRecord& record) {
     ::unlink(tmp.c_str());
     return Errno(absl::StrCat("rename '", tmp, "'"), err);
   }
+  record->file = name;
   return absl::OkStatus();
 }
 
-absl::Status Arena::RemoveRecord(const ShardId& id) {
-  const std::string path = RecordPath(id);
+absl::Status Arena::RemoveRecord(const std::string& file) {
+  if (file.empty()) return absl::OkStatus();
+  if (file.find('/') != std::string::npos || file == "." || file == "..") {
+    return absl::InvalidArgumentError(absl::StrCat("bad record file name '", file, "'"));
+  }
+  const std::string path = absl::StrCat(records_dir_, "/", file);
   if (::unlink(path.c_str()) != 0 && errno != ENOENT) {
     return Errno(absl::StrCat("remove '", path, "'"), errno);
   }

@@ -1,4 +1,5 @@
-// Arena: the agent's memory tier, a pre-allocated pool on a tmpfs.
+// Arena: the agent's memory tier, a pre-allocated pool on a tmpfs, and
+// Reservation, the one owner of pool space.
 //
 // Shard bytes live in one file, `<memory-dir>/pool.bin`, sized to the agent's
 // memory budget, allocated (fallocate) and mapped with MAP_POPULATE when the
@@ -7,25 +8,32 @@
 // on a tmpfs owned by the agent, its bytes outlive both the trainer and the
 // agent process; they are lost only with the machine.
 //
-// Space is handed out in 4 KiB pages as a list of extents (first fit, several
-// extents when no single hole is large enough). Every committed holding has a
-// record, `<memory-dir>/records/<job>.<step>.<rank>.rec` (JSON, written to a
-// temporary name and renamed, so a record is either whole or absent). On
-// Open() after a restart, every record whose extents still hash to its crc32c
-// is re-adopted; the others are returned as lost (and their records removed),
-// and all space not covered by an adopted record is free again (open leases
-// of a crashed agent are simply forgotten).
+// Space is handed out in 4 KiB pages as a Reservation: a list of extents
+// (first fit, several extents when no single hole is large enough) that is
+// returned to the free list when the Reservation is destroyed. Reservations
+// are shared (std::shared_ptr) by everything that may still touch their
+// bytes: the holding that keeps them, an open client handle, a read or push
+// whose data may still land, a parity fold in progress. So pool space is freed
+// exactly when the last of those lets go, never earlier; nothing else in the
+// agent frees pool space.
 //
-// Thread safety: all methods are safe to call concurrently. The bytes of an
-// extent are not protected by the arena's lock: whoever holds the allocation
-// owns them (a client writing a lease, readers of a committed holding).
+// Every holding has a record file in `<memory-dir>/records/` (JSON, written to
+// a temporary name and renamed, so a record is either whole or absent; each
+// write gets a new file name, so writing and removing records needs no lock).
+// On Open() after a restart, the newest record of each holding whose extents
+// lie inside the pool, do not overlap, and still hash to its crc32c is
+// re-adopted; the others are returned as lost (and their records removed),
+// and all space not covered by an adopted record is free again.
+//
+// Thread safety: all methods are safe to call concurrently. The bytes of a
+// reservation are not protected by the arena's lock: its owners coordinate.
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <map>
 #include <memory>
-#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -34,63 +42,50 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
-#include "common/manifest.h"
+#include "server/agent/types.h"
+#include "transport/transport.h"
 
 namespace ckpt::agent {
 
-inline constexpr uint64_t kArenaPageBytes = 4096;
+class Arena;
 
-// A byte range of the pool file. offset and length are multiples of
-// kArenaPageBytes except that the last extent of an allocation may be used
-// only partly (the allocation's size says how much).
-struct Extent {
-  uint64_t offset = 0;
-  uint64_t length = 0;
-  bool operator==(const Extent&) const = default;
+// Pool space owned by whoever holds the (shared) pointer; freed on
+// destruction. Immutable once made, except Trim before it is shared.
+class Reservation {
+ public:
+  ~Reservation();
+  Reservation(const Reservation&) = delete;
+  Reservation& operator=(const Reservation&) = delete;
+
+  const std::vector<Extent>& extents() const { return extents_; }
+  // Bytes reserved (whole pages).
+  uint64_t reserved_bytes() const { return reserved_; }
+
+  // Gather lists over [offset, offset + length) of the reservation's bytes
+  // (clamped to what is reserved), in order.
+  transport::ConstPieces Pieces(uint64_t offset, uint64_t length) const;
+  transport::MutablePieces MutablePieces(uint64_t offset, uint64_t length) const;
+  // CRC-32C of [offset, offset + length).
+  uint32_t Crc(uint64_t offset, uint64_t length) const;
+  // Copies [offset, offset + out.size()) out / `in` to [offset, ...).
+  void CopyOut(uint64_t offset, std::span<std::byte> out) const;
+  void CopyIn(uint64_t offset, std::span<const std::byte> in) const;
+  void Zero(uint64_t offset, uint64_t length) const;
+
+  // The extents that would remain after Trim(size_bytes).
+  std::vector<Extent> TrimmedExtents(uint64_t size_bytes) const;
+  // Returns the pages past `size_bytes` to the arena. Only while no other
+  // thread reads this reservation's extents.
+  void Trim(uint64_t size_bytes);
+
+ private:
+  friend class Arena;
+  Reservation(Arena* arena, std::vector<Extent> extents);
+  Arena* const arena_;
+  std::vector<Extent> extents_;
+  uint64_t reserved_ = 0;
 };
-
-// Identifies a shard: one rank's bytes of one version.
-struct ShardId {
-  std::string job_id;
-  uint64_t step = 0;
-  uint32_t rank = 0;
-  auto operator<=>(const ShardId&) const = default;
-};
-std::string ShardIdString(const ShardId& id);  // "job/step/rank" for messages
-
-// One EC segment of a version (ckpt.v1.SegmentKey): position `position` of
-// stripe `stripe` of group `group`; positions k.. are parity.
-struct SegmentId {
-  std::string job_id;
-  uint64_t step = 0;
-  uint32_t group = 0;
-  uint32_t stripe = 0;
-  uint32_t position = 0;
-  auto operator<=>(const SegmentId&) const = default;
-};
-std::string SegmentIdString(const SegmentId& id);  // "job/step/g0.s1.p2"
-
-inline constexpr int kSegmentData = 1;    // ckpt.v1.SegmentKind
-inline constexpr int kSegmentParity = 2;
-
-// What the agent keeps about a committed shard, persisted in its record.
-struct ShardRecord {
-  ShardId id;
-  int role = 1;  // ckpt.v1.CopyRole number (1 primary, 2 replica, 3 restored)
-  uint64_t size_bytes = 0;
-  uint32_t crc32c = 0;
-  uint64_t manifest_digest = 0;
-  std::vector<ManifestItem> items;
-  std::vector<Extent> extents;  // cover size_bytes, in shard order
-  std::string run_id;
-  int64_t staged_unix_ms = 0;
-  // Relative durable path once this node wrote the shard to the durable tier.
-  std::string durable_path;
-  // Set for an EC segment holding (parity, or a data segment rebuilt on this
-  // node) instead of a shard copy: id.rank is then 0 and items are empty.
-  std::optional<SegmentId> segment;
-  int segment_kind = 0;  // kSegmentData / kSegmentParity
-};
+using ReservationPtr = std::shared_ptr<Reservation>;
 
 // A record found on Open() whose bytes no longer match (or whose record was
 // unreadable): the holding is gone.
@@ -100,12 +95,18 @@ struct LostHolding {
   std::string reason;
 };
 
+// A holding re-adopted by Open(), with the space it owns.
+struct AdoptedHolding {
+  ShardRecord record;
+  ReservationPtr bytes;
+};
+
 class Arena {
  public:
   struct Options {
-    std::string dir;            // the memory directory (created 0750 if missing)
+    std::string dir;              // the memory directory (created 0750 if missing)
     uint64_t capacity_bytes = 0;  // rounded up to a page
-    bool populate = true;       // fallocate + MAP_POPULATE now (tests may skip)
+    bool populate = true;         // fallocate + MAP_POPULATE now (tests may skip)
   };
 
   // Opens (creating if needed) the pool and re-adopts committed holdings.
@@ -113,67 +114,59 @@ class Arena {
   // tmpfs cannot hold the pool (the message says how much it has), or the
   // underlying I/O error. Blocks while pre-faulting (about 0.1 s per GiB).
   static absl::StatusOr<std::unique_ptr<Arena>> Open(const Options& options);
+  // Every Reservation must be gone first (logged as an error otherwise).
   ~Arena();
 
   Arena(const Arena&) = delete;
   Arena& operator=(const Arena&) = delete;
 
-  // Reserves `size_bytes` (rounded up to pages) as one or more extents.
-  // ResourceExhausted if the free space is smaller (the caller adds context).
-  absl::StatusOr<std::vector<Extent>> Allocate(uint64_t size_bytes);
+  // Reserves `size_bytes` (rounded up to pages; 0 reserves one page).
+  // ResourceExhausted if the free space is smaller (the caller adds context),
+  // also for sizes near 2^64.
+  absl::StatusOr<ReservationPtr> Reserve(uint64_t size_bytes);
 
-  // Returns extents to the free list (and coalesces). Extents must come from
-  // Allocate() and must not be freed twice.
-  void Free(std::span<const Extent> extents);
+  // Writes `record`'s file atomically (temp + rename) under a new name, which
+  // it stores in record->file, and gives it the next sequence number. The
+  // previous file (if any) is left for the caller to remove. Errors from the
+  // file system are returned as they are. No lock held during the I/O.
+  absl::Status WriteRecord(ShardRecord* record);
+  // Removes a record file by name; OK if it is already gone or `file` is "".
+  absl::Status RemoveRecord(const std::string& file);
 
-  // Shrinks an allocation to `size_bytes` (page-rounded), freeing the tail.
-  std::vector<Extent> Trim(std::vector<Extent> extents, uint64_t size_bytes);
-
-  // Writes `record`'s file atomically (temp + rename). The extents must be
-  // allocated. Errors from the file system are returned as they are.
-  absl::Status WriteRecord(const ShardRecord& record);
-
-  // Removes a record file; OK if it is already gone.
-  absl::Status RemoveRecord(const ShardId& id);
-  absl::Status RemoveSegmentRecord(const SegmentId& id);
-
-  // Holdings re-adopted by Open() (their extents are allocated), and the ones
-  // that were lost. Both are filled once, at Open().
-  const std::vector<ShardRecord>& adopted() const { return adopted_; }
+  // Holdings re-adopted by Open(); the caller takes them once.
+  std::vector<AdoptedHolding> TakeAdopted();
   const std::vector<LostHolding>& lost() const { return lost_; }
 
   // Address of pool byte `offset` in the agent's own mapping.
   std::byte* Data(uint64_t offset) const { return base_ + offset; }
 
-  // Calls fn(ptr, len) for the bytes [0, size) of an allocation, extent by
-  // extent, in shard order.
-  template <typename Fn>
-  void ForEachPiece(std::span<const Extent> extents, uint64_t size, Fn&& fn) const {
-    uint64_t left = size;
-    for (const Extent& e : extents) {
-      if (left == 0) break;
-      const uint64_t n = e.length < left ? e.length : left;
-      fn(Data(e.offset), n);
-      left -= n;
-    }
-  }
-
-  // CRC-32C of the first `size` bytes of an allocation.
-  uint32_t Checksum(std::span<const Extent> extents, uint64_t size) const;
-
   const std::string& pool_path() const { return pool_path_; }
+  // The pool file's descriptor (handed to clients over the session socket).
+  int pool_fd() const { return fd_; }
   const std::string& dir() const { return dir_; }
   uint64_t capacity_bytes() const { return capacity_; }
   uint64_t free_bytes() const;
   uint64_t largest_free_extent() const;
+  // Live reservations (for leak checks in tests and status).
+  int64_t live_reservations() const { return live_.load(); }
+  // Extents a Free refused because they were not allocated (a bug; logged).
+  uint64_t bad_frees() const { return bad_frees_.load(); }
+  // Frees extents directly, as a Reservation's destructor does (tests of the
+  // double-free guard only).
+  void FreeForTest(std::span<const Extent> extents) { Free(extents); }
 
  private:
+  friend class Reservation;
   Arena() = default;
   absl::Status Init(const Options& options);
   void Adopt();
-  std::string RecordPath(const ShardId& id) const;
-  std::string SegmentRecordPath(const SegmentId& id) const;
+  // Returns extents to the free list and coalesces. An extent that is not
+  // wholly allocated (outside the pool, or overlapping free space: a double
+  // free) is refused and logged; the free list is never corrupted.
+  void Free(std::span<const Extent> extents);
+  bool ExtentFreeLocked(const Extent& e) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ReserveLocked(const Extent& e) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  std::string RecordName(const ShardRecord& r, uint64_t seq) const;
 
   std::string dir_;
   std::string pool_path_;
@@ -185,8 +178,11 @@ class Arena {
   mutable absl::Mutex mu_;
   std::map<uint64_t, uint64_t> free_ ABSL_GUARDED_BY(mu_);  // offset -> length
   uint64_t free_total_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t last_seq_ ABSL_GUARDED_BY(mu_) = 0;
 
-  std::vector<ShardRecord> adopted_;
+  std::atomic<int64_t> live_{0};
+  std::atomic<uint64_t> bad_frees_{0};
+  std::vector<AdoptedHolding> adopted_;
   std::vector<LostHolding> lost_;
 };
 

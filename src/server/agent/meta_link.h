@@ -19,7 +19,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "common/durable_format.h"
-#include "server/agent/arena.h"
+#include "server/agent/types.h"
 
 namespace ckpt::agent {
 
@@ -83,13 +83,16 @@ struct PeerEndpoint {
   std::string node_id;
   uint64_t incarnation = 0;
   std::string data_address;
+  // Meta saw the node SUSPECT (missed heartbeats) when it answered: read
+  // from it last.
+  bool suspect = false;
 };
 
 
 // Where one EC segment can be read (ckpt.v1.SegmentLocation).
 struct SegmentLocation {
   SegmentId key;
-  int kind = kSegmentData;
+  SegmentKind kind = SegmentKind::kData;
   uint64_t length_bytes = 0;
   uint32_t crc32c = 0;
   PeerEndpoint holder;
@@ -124,10 +127,12 @@ struct NodeBlob {
 // One segment to rebuild (ckpt.v1.SegmentRebuild).
 struct SegmentRebuild {
   SegmentId target;
-  int kind = kSegmentData;
+  SegmentKind kind = SegmentKind::kData;
   uint64_t length_bytes = 0;
   uint64_t stripe_length_bytes = 0;
-  uint32_t expected_crc32c = 0;
+  // The crc32c the rebuilt segment must have; nullopt when meta has never
+  // seen the segment's contents (a parity that was never completed).
+  std::optional<uint32_t> expected_crc32c;
   std::vector<SegmentLocation> sources;
 };
 
@@ -195,11 +200,11 @@ struct HoldingReport {
   uint64_t size_bytes = 0;
   uint32_t crc32c = 0;
   std::string task_id;
-  int copy_role = 1;   // ckpt.v1.CopyRole
-  int copy_state = 2;  // ckpt.v1.CopyState (kCopyState, kSegment)
+  CopyRole copy_role = CopyRole::kPrimary;
+  CopyState copy_state = CopyState::kValid;  // kCopyState, kSegment
   std::string detail;
   SegmentId segment;   // kSegment (size_bytes = unpadded length)
-  int segment_kind = kSegmentData;
+  SegmentKind segment_kind = SegmentKind::kData;
 };
 
 struct ReportReply {
@@ -212,9 +217,9 @@ struct InventoryItem {
   ShardId id;
   bool is_segment = false;  // then `segment` and `segment_kind` say which
   SegmentId segment;
-  int segment_kind = kSegmentData;
-  int role = 1;
-  int state = 2;  // ckpt.v1.CopyState
+  SegmentKind segment_kind = SegmentKind::kData;
+  CopyRole role = CopyRole::kPrimary;
+  CopyState state = CopyState::kValid;
   uint64_t size_bytes = 0;
   uint32_t crc32c = 0;
   uint64_t manifest_digest = 0;

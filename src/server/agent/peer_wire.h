@@ -11,6 +11,8 @@
 //     B -> A  kPutAck    {Result}         space reserved, or why not
 //     A -> B  kPutChunk  {PutChunk} *     payload: chunk bytes (crc in header)
 //     B -> A  kPutDone   {Result}         stored, verified, reported to meta
+//     A -> B  kPutAbort  {Result}         the sender gave up (timeout, error):
+//                                         B frees what it reserved
 //   read (restores, decode, rebuild)
 //     A -> B  kReadReq   {ReadReq}
 //     B -> A  kReadChunk {ReadChunk} *    payload: chunk bytes
@@ -34,6 +36,7 @@ enum PeerMessage : uint16_t {
   kReadReq = 5,
   kReadChunk = 6,
   kReadEnd = 7,
+  kPutAbort = 8,
 };
 
 class WireWriter {

@@ -67,7 +67,8 @@ const std::set<std::string>& KnownKeys() {
   static const auto* keys = new std::set<std::string>{
       "node_id", "meta", "listen", "data_listen", "run_dir", "memory", "memory_dir", "durable_root",
       "failure_domain", "metrics_listen", "lease_ttl_ms", "rpc_timeout_ms", "log_level", "log_json", "log_file",
-      "data_transport", "data_chunk", "data_rate", "data_in_flight", "peer_timeout_ms",
+      "data_transport", "data_chunk", "data_rate", "data_in_flight", "peer_timeout_ms", "session_grace_ms",
+      "advertise_host",
   };
   return *keys;
 }
@@ -78,6 +79,7 @@ struct Settings {
   std::string listen;
   std::string data_listen;
   std::string data_transport;  // "ucx" or "none"
+  std::string advertise_host;  // for wildcard listen addresses
   std::string run_dir;
   std::string metrics_listen;
   absl::Duration rpc_timeout;
@@ -108,6 +110,10 @@ absl::StatusOr<Settings> LoadSettings(const std::string& config_file, const std:
   if (absl::Status s = daemon::ValidateHostPort("listen", out.listen); !s.ok()) return s;
   out.data_listen = config->GetStringOr("data_listen", kDefaultDataListen);
   if (absl::Status s = daemon::ValidateHostPort("data_listen", out.data_listen); !s.ok()) return s;
+  out.advertise_host = config->GetStringOr("advertise_host", "");
+  if (out.advertise_host.find_first_of(":/ ") != std::string::npos && out.advertise_host.front() != '[') {
+    return absl::InvalidArgumentError("--advertise-host must be a host name or address (IPv6 in brackets)");
+  }
   out.data_transport = config->GetStringOr("data_transport", "ucx");
   if (out.data_transport != "ucx" && out.data_transport != "none") {
     return absl::InvalidArgumentError(
@@ -144,6 +150,10 @@ absl::StatusOr<Settings> LoadSettings(const std::string& config_file, const std:
   absl::StatusOr<absl::Duration> ttl = config->GetDurationOr("lease_ttl_ms", absl::Seconds(60));
   if (!ttl.ok()) return ttl.status();
   a.default_lease_ttl_ms = absl::ToInt64Milliseconds(*ttl);
+  absl::StatusOr<absl::Duration> grace = config->GetDurationOr("session_grace_ms", absl::Seconds(10));
+  if (!grace.ok()) return grace.status();
+  if (*grace < absl::ZeroDuration()) return absl::InvalidArgumentError("--session-grace-ms must not be negative");
+  a.session_grace_ms = absl::ToInt64Milliseconds(*grace);
   absl::StatusOr<absl::Duration> rpc_timeout = config->GetDurationOr("rpc_timeout_ms", absl::Seconds(10));
   if (!rpc_timeout.ok()) return rpc_timeout.status();
   out.rpc_timeout = *rpc_timeout;
@@ -199,21 +209,37 @@ int Serve(const Settings& settings, const sigset_t& signals) {
   MetricsRegistry registry;
   std::unique_ptr<agent::MetaLink> meta = rpc::NewGrpcMetaLink(settings.meta, settings.rpc_timeout);
   agent::AgentOptions options = settings.agent;
-  options.grpc_address = settings.listen;
+  // Peers and tools dial what the agent advertises: never a wildcard.
+  absl::StatusOr<std::string> grpc_address = daemon::AdvertisedAddress(settings.listen, settings.advertise_host);
+  if (!grpc_address.ok()) {
+    log::Error("{}: {}", kProgram, grpc_address.status().ToString());
+    return kExitFailure;
+  }
+  options.grpc_address = *grpc_address;
+
+  // Clients keep a session open on this socket: it hands them the pool's
+  // descriptor and its hang-up releases their leases (docs/agent.md).
+  options.session_socket = settings.run_dir + "/session.sock";
   // The data plane: UCX picks RDMA, shared memory or TCP from what both
   // ends have (UCX_TLS and other UCX_* variables pass through).
   std::unique_ptr<transport::Transport> data_plane;
   if (settings.data_transport == "ucx") {
-    // A restarted agent must be able to listen on its data port again at
-    // once, while the old connections sit in TIME_WAIT (unless the operator
-    // chose otherwise in the environment).
-    ::setenv("UCX_TCP_CM_REUSEADDR", "y", 0);
-    ::setenv("UCX_RDMA_CM_REUSEADDR", "y", 0);
+    // The data port speaks only ckpt's handshake (no UCX listener behind
+    // it) and reuses its address, so a restarted agent listens again at once.
     data_plane = transport::NewUcxTransport();
     options.transport = data_plane.get();
     options.data_listen_address = settings.data_listen;
     // Port 0 picks a free port: advertise what the transport bound.
-    if (!absl::EndsWith(settings.data_listen, ":0")) options.data_address = settings.data_listen;
+    absl::StatusOr<std::string> data = daemon::AdvertisedAddress(settings.data_listen, settings.advertise_host);
+    if (!data.ok()) {
+      log::Error("{}: {}", kProgram, data.status().ToString());
+      return kExitFailure;
+    }
+    if (!absl::EndsWith(settings.data_listen, ":0")) {
+      options.data_address = *data;
+    } else {
+      options.advertise_host = daemon::HostOf(*data);
+    }
   }
   const absl::Time t0 = absl::Now();
   absl::StatusOr<std::unique_ptr<agent::Agent>> agent =
@@ -323,7 +349,12 @@ int Main(int argc, char** argv) {
   option("--data-in-flight", "Chunks in flight per peer.", "N", "4");
   option("--data-rate", "Per-peer send limit in bytes per second (e.g. 2GiB); 0: unlimited.", "SIZE", "0");
   option("--peer-timeout-ms", "How long a peer may take to answer one step of a transfer.", "MS", "30000");
-  option("--run-dir", "Directory of the local socket agent.sock (mode 0660).", "DIR", kDefaultRunDir);
+  option("--run-dir", "Directory of the local sockets agent.sock and session.sock (mode 0660); the only thing "
+         "a trainer needs mounted.", "DIR", kDefaultRunDir);
+  option("--advertise-host", "Host peers and tools dial when --listen/--data-listen is a wildcard (0.0.0.0); "
+         "default: this machine's first non-loopback IPv4 address.", "HOST");
+  option("--session-grace-ms", "How long a client's leases and handles outlive its session connection.", "MS",
+         "10000");
   option("--memory", "Memory-tier budget, reserved and pre-faulted at start (e.g. 4GiB).", "SIZE", "4GiB");
   option("--memory-dir", "tmpfs directory of the memory tier; default /dev/shm/ckpt-<node-id>.", "DIR");
   option("--durable-root", "Root of the durable tier (local path or a shared mount); empty: no flush.", "DIR");

@@ -1,5 +1,10 @@
 #include "server/cmd/daemon.h"
 
+#include <arpa/inet.h>
+#include <ifaddrs.h>
+#include <net/if.h>
+#include <netinet/in.h>
+
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
@@ -7,6 +12,36 @@
 #include "absl/strings/numbers.h"
 
 namespace ckpt::daemon {
+
+absl::StatusOr<std::string> AdvertisedAddress(const std::string& listen, const std::string& advertise_host) {
+  const size_t colon = listen.rfind(':');
+  if (colon == std::string::npos) return absl::InvalidArgumentError(absl::StrCat("no port in \"", listen, "\""));
+  const std::string host = listen.substr(0, colon);
+  const std::string port = listen.substr(colon + 1);
+  if (host != "0.0.0.0" && host != "[::]" && host != "*" && host != "::") return listen;
+  if (!advertise_host.empty()) return absl::StrCat(advertise_host, ":", port);
+  ifaddrs* ifs = nullptr;
+  if (::getifaddrs(&ifs) != 0) {
+    return absl::FailedPreconditionError(absl::StrCat("cannot list interfaces to advertise ", listen,
+                                                      "; pass --advertise-host"));
+  }
+  std::string found;
+  for (ifaddrs* i = ifs; i != nullptr && found.empty(); i = i->ifa_next) {
+    if (i->ifa_addr == nullptr || i->ifa_addr->sa_family != AF_INET) continue;
+    if ((i->ifa_flags & IFF_UP) == 0 || (i->ifa_flags & IFF_LOOPBACK) != 0) continue;
+    char buf[INET_ADDRSTRLEN] = {};
+    if (::inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(i->ifa_addr)->sin_addr, buf, sizeof(buf)) != nullptr) {
+      found = buf;
+    }
+  }
+  ::freeifaddrs(ifs);
+  if (found.empty()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "listening on ", listen, " but this machine has no non-loopback IPv4 address to advertise to peers; "
+        "pass --advertise-host"));
+  }
+  return absl::StrCat(found, ":", port);
+}
 
 absl::Status ValidateHostPort(const std::string& key, const std::string& value) {
   auto bad = [&](const std::string& why) {

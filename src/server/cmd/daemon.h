@@ -55,6 +55,12 @@ absl::StatusOr<Config> LoadDaemonConfig(const std::string& config_file,
 
 inline std::string HostOf(const std::string& address) { return address.substr(0, address.rfind(':')); }
 
+// The address peers should dial for a listen address: a wildcard host
+// (0.0.0.0, [::], *) is replaced by `advertise_host` if given, else by this
+// machine's first non-loopback IPv4 address that is up; other addresses are
+// returned as they are. FailedPrecondition if a wildcard cannot be resolved.
+absl::StatusOr<std::string> AdvertisedAddress(const std::string& listen, const std::string& advertise_host);
+
 inline void NameThisThread(const char* name) {
   // Linux limits thread names to 15 bytes; ours fit.
   pthread_setname_np(pthread_self(), name);

@@ -28,6 +28,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <set>
 #include <string>
 #include <string_view>
@@ -50,6 +51,7 @@
 #include "common/sd_notify.h"
 #include "server/meta/meta_core.h"
 #include "server/meta/model.h"
+#include "server/meta/policy.h"
 #include "server/meta/store/meta_store.h"
 #include "server/meta/store/rocksdb_meta_store.h"
 #include "server/rpc/meta_service.h"
@@ -74,6 +76,7 @@ constexpr char kDefaultListen[] = "127.0.0.1:7400";
 constexpr char kDefaultMetricsListen[] = "127.0.0.1:9400";
 constexpr int64_t kDefaultLeaseMs = 5000;
 constexpr int64_t kDefaultHeartbeatMs = 1000;
+constexpr int64_t kDefaultOpenVersionTimeoutMs = 10 * 60 * 1000;
 constexpr int kMaxReceiveMessageBytes = 64 << 20;  // ReportInventory (meta.proto)
 constexpr absl::Duration kTickInterval = absl::Milliseconds(200);
 constexpr absl::Duration kStatsInterval = absl::Seconds(1);
@@ -88,6 +91,7 @@ const std::set<std::string>& KnownKeys() {
   static const auto* keys = new std::set<std::string>{
       "listen",       "data_dir",  "metrics_listen", "lease_ms",
       "heartbeat_ms", "log_level", "log_json",       "log_file",
+      "default_protection", "open_version_timeout_ms",
   };
   return *keys;
 }
@@ -98,6 +102,9 @@ struct Settings {
   std::string metrics_listen;
   absl::Duration lease;
   absl::Duration heartbeat;
+  // nullopt: "auto" (meta::AutoProtection).
+  std::optional<meta::ProtectionPolicy> default_protection;
+  absl::Duration open_version_timeout;
   log::Level log_level = log::Level::kInfo;
   bool log_json = false;
   std::string log_file;
@@ -139,6 +146,22 @@ absl::StatusOr<Settings> LoadSettings(const std::string& config_file,
   }
   out.lease = *lease;
   out.heartbeat = *heartbeat;
+  const std::string protection = config->GetStringOr("default_protection", "auto");
+  if (protection != "auto") {
+    absl::StatusOr<meta::ProtectionPolicy> p = meta::ParseProtectionPolicy(protection);
+    if (!p.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("default_protection: ", p.status().message(), ", or auto"));
+    }
+    out.default_protection = *p;
+  }
+  absl::StatusOr<absl::Duration> open_timeout = config->GetDurationOr(
+      "open_version_timeout_ms", absl::Milliseconds(kDefaultOpenVersionTimeoutMs));
+  if (!open_timeout.ok()) return open_timeout.status();
+  if (*open_timeout < absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("open_version_timeout_ms must not be negative (0: never)");
+  }
+  out.open_version_timeout = *open_timeout;
   absl::StatusOr<log::Level> level = log::ParseLevel(config->GetStringOr("log_level", "info"));
   if (!level.ok()) return level.status();
   out.log_level = *level;
@@ -210,8 +233,10 @@ class MetaMetrics {
   }
 
   void Refresh(meta::MetaCore* core, meta::MetaStore* store) {
-    const meta::ClusterStatusView status =
+    absl::StatusOr<meta::ClusterStatusView> answer =
         core->ClusterStatus(/*include_nodes=*/false, /*max_problems=*/1);
+    if (!answer.ok()) return;  // the store failed: the daemon is exiting
+    const meta::ClusterStatusView& status = *answer;
     for (auto& [state, gauge] : nodes_) {
       auto it = status.nodes_by_state.find(state);
       gauge->Set(it == status.nodes_by_state.end() ? 0 : it->second);
@@ -299,6 +324,8 @@ int Serve(const Settings& settings, const sigset_t& signals) {
   meta::MetaOptions options;
   options.lease = settings.lease;
   options.heartbeat_interval = settings.heartbeat;
+  options.default_protection = settings.default_protection;
+  options.open_version_timeout = settings.open_version_timeout;
   absl::StatusOr<std::unique_ptr<meta::MetaCore>> core =
       meta::MetaCore::Open(store->get(), RealClock(), options);
   if (!core.ok()) {
@@ -413,7 +440,7 @@ int Main(int argc, char** argv) {
   app.get_formatter()->column_width(34);
 
   std::string listen, data_dir, metrics_listen, config_file, lease_ms, heartbeat_ms, log_level,
-      log_file;
+      log_file, default_protection, open_version_timeout_ms;
   bool log_json = false;
   CLI::Option* listen_opt =
       app.add_option("--listen", listen,
@@ -450,6 +477,20 @@ int Main(int argc, char** argv) {
                      "be less than --lease-ms.")
           ->type_name("MS")
           ->default_str(std::to_string(kDefaultHeartbeatMs));
+  CLI::Option* default_protection_opt =
+      app.add_option("--default-protection", default_protection,
+                     "Protection of a job created without one (ckptctl create-job with no "
+                     "protection flag, clients that state none): none, "
+                     "replicate:COPIES[:ring|group], ec:K+M, or auto = replicate:2 when at least "
+                     "two nodes are alive when the job is created, none on a single node.")
+          ->type_name("POLICY")
+          ->default_str("auto");
+  CLI::Option* open_timeout_opt =
+      app.add_option("--open-version-timeout-ms", open_version_timeout_ms,
+                     "An OPEN version no rank has staged a shard of for this long is ABORTED "
+                     "(reason shown by ckptctl versions) and its shards are freed. 0: never.")
+          ->type_name("MS")
+          ->default_str(std::to_string(kDefaultOpenVersionTimeoutMs));
   CLI::Option* log_level_opt =
       app.add_option("--log-level", log_level,
                      "Log level: trace, debug, info, warn, error or off. Successful RPCs are "
@@ -481,6 +522,8 @@ int Main(int argc, char** argv) {
   set(metrics_opt, "--metrics-listen", metrics_listen);
   set(lease_opt, "--lease-ms", lease_ms);
   set(heartbeat_opt, "--heartbeat-ms", heartbeat_ms);
+  set(default_protection_opt, "--default-protection", default_protection);
+  set(open_timeout_opt, "--open-version-timeout-ms", open_version_timeout_ms);
   set(log_level_opt, "--log-level", log_level);
   set(log_json_opt, "--log-json", log_json ? "true" : "false");
   set(log_file_opt, "--log-file", log_file);

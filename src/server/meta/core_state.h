@@ -47,6 +47,10 @@ class Txn {
 // counts and totals stay right).
 Version Summary(const Version& v);
 
+// "3 of 4 shards staged (rank 2 missing)": how far a version got, naming the
+// first few ranks that never arrived.
+std::string StagedRanksText(const Version& v);
+
 struct UnknownHolding {
   Holding holding;
   int64_t since_ms = 0;
@@ -65,6 +69,13 @@ struct MetaCore::State {
   std::map<std::string, std::vector<UnknownHolding>> unknown;
   uint64_t next_task_id = 1;
   uint64_t task_generation = 0;
+  // Store sequence of the newest change applied to this state (0: none since
+  // Open; what Open loaded is durable). Answers wait for it (meta_core.h).
+  uint64_t last_seq = 0;
+  // OPEN versions -> when this process last saw them progress (begun, or a
+  // shard staged), on Clock::MonotonicNow(); for open_version_timeout. Not
+  // persisted: Open() starts every OPEN version's count afresh.
+  std::map<std::pair<std::string, uint64_t>, absl::Time> open_progress;
   MetaCounters counters;
   // Tasks created during the current operation, for ReportShards' answer.
   std::vector<std::string> created_tasks;
@@ -89,13 +100,22 @@ class Engine {
 
   // ---- lookups (meta_core.cc)
   absl::StatusOr<Job*> FindJob(const std::string& job_id);
+  // InvalidArgument for a step above kMaxStep; NotFound for an unknown job or
+  // step (saying when a newer version refuses the step, see
+  // NewestReadableAbove).
   absl::StatusOr<Version*> FindVersion(const std::string& job_id, uint64_t step);
+  // The job's newest version above `step` at STAGED level or better (not
+  // OPEN, not ABORTED or DELETED), or nullptr: the version that makes a new
+  // version at `step` a rewind.
+  const Version* NewestReadableAbove(const std::string& job_id, uint64_t step) const;
   // The node, if `incarnation` is current and it is not DEAD/LEFT.
   absl::StatusOr<Node*> CheckNode(const std::string& node_id, uint64_t incarnation);
   // Can serve reads and run tasks: ALIVE, SUSPECT or DRAINING.
   bool IsUsable(const std::string& node_id) const;
   // Holdings on it count toward protection: ALIVE or SUSPECT.
   bool CountsForProtection(const std::string& node_id) const;
+  // Missing heartbeats: read from it only when nothing else serves.
+  bool IsSuspect(const std::string& node_id) const;
   Endpoint EndpointOf(const std::string& node_id) const;
   // The first usable node by id, or "" if none.
   std::string AnyUsableNode() const;
@@ -124,6 +144,13 @@ class Engine {
   // Re-derives the version's state from its holdings (PROTECTED, DEGRADED,
   // ABORTED), then plans recovery and flush and applies retention.
   void Recompute(Version& v);
+  // `staged` just became STAGED: every OPEN version of its job with a lower
+  // step is ABORTED (superseded) and its shards evicted. No-op if `staged`
+  // is terminal.
+  void AbortOpenVersionsBelow(const Version& staged);
+  // Aborts an OPEN version that can never complete (superseded, no
+  // progress): cancels its tasks, evicts its shards, records `reason`.
+  void AbortOpenVersion(Version& v, const std::string& reason);
   // After the last rank staged: EC layout + encode tasks.
   void StartErasureCoding(Version& v);
   // Replication tasks for shards with too few copies, rebuild tasks for lost
@@ -137,8 +164,13 @@ class Engine {
   // The node's holdings are gone (death) or leaving (drain).
   void NodeLost(const std::string& node_id, const std::string& reason);
   void ReplanAll();
+  // Where the shard can be read, best first (MetaCore::Locate's order).
   std::vector<Source> Sources(const Version& v, const Shard& shard,
                               const std::string& near_node_id) const;
+  // The VALID segments of one stripe on usable nodes (never DEAD or LEFT),
+  // `exclude` left out: in position order, those on SUSPECT nodes last.
+  std::vector<SegmentLocation> StripeLocations(const Version& v, int group, int stripe,
+                                               const SegmentKey* exclude) const;
   bool ShardReadable(const Version& v, const Shard& shard) const;
 
  private:

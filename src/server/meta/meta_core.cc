@@ -61,14 +61,34 @@ absl::StatusOr<Job*> Engine::FindJob(const std::string& job_id) {
 }
 
 absl::StatusOr<Version*> Engine::FindVersion(const std::string& job_id, uint64_t step) {
+  CKPT_RETURN_IF_ERROR(ValidateStep(step));
   CKPT_RETURN_IF_ERROR(FindJob(job_id).status());
   auto& by_step = s_.versions[job_id];
   auto it = by_step.find(step);
   if (it == by_step.end()) {
+    std::string why;
+    if (const Version* newer = NewestReadableAbove(job_id, step)) {
+      // The usual reason a trainer waits for a step that never appears: its
+      // agent's BeginVersion was refused.
+      why = absl::StrCat("; a save of step ", step,
+                         " is refused because the job's newest version is step ", newer->step,
+                         " (", VersionStateName(newer->state),
+                         ") and steps must increase (delete the newer versions to rewind)");
+    }
     return absl::NotFoundError(
-        absl::StrCat("job \"", job_id, "\" has no version at step ", step));
+        absl::StrCat("job \"", job_id, "\" has no version at step ", step, why));
   }
   return &it->second;
+}
+
+const Version* Engine::NewestReadableAbove(const std::string& job_id, uint64_t step) const {
+  auto j = s_.versions.find(job_id);
+  if (j == s_.versions.end()) return nullptr;
+  for (auto r = j->second.rbegin(); r != j->second.rend() && r->first > step; ++r) {
+    const Version& v = r->second;
+    if (!IsTerminal(v.state) && v.state != VersionState::kOpen) return &v;
+  }
+  return nullptr;
 }
 
 absl::StatusOr<Node*> Engine::CheckNode(const std::string& node_id, uint64_t incarnation) {
@@ -105,6 +125,11 @@ bool Engine::CountsForProtection(const std::string& node_id) const {
   return st == NodeState::kAlive || st == NodeState::kSuspect;
 }
 
+bool Engine::IsSuspect(const std::string& node_id) const {
+  auto it = s_.nodes.find(node_id);
+  return it != s_.nodes.end() && it->second.state == NodeState::kSuspect;
+}
+
 Endpoint Engine::EndpointOf(const std::string& node_id) const {
   Endpoint e;
   e.node_id = node_id;
@@ -113,6 +138,7 @@ Endpoint Engine::EndpointOf(const std::string& node_id) const {
     e.incarnation = it->second.incarnation;
     e.grpc_address = it->second.grpc_address;
     e.data_address = it->second.data_address;
+    e.state = it->second.state;
   }
   return e;
 }
@@ -276,6 +302,11 @@ TaskBundle Engine::Bundle(const Task& t) {
           b.sources[rank] = Sources(v, sh->second, t.node_id);
         }
       }
+      if (t.kind == TaskKind::kRebuildSegments) {
+        for (const SegmentKey& key : t.segments) {
+          b.segment_sources[key] = StripeLocations(v, key.group, key.stripe, &key);
+        }
+      }
       b.version = std::move(copy);
     }
   }
@@ -302,18 +333,25 @@ uint64_t RandomInstanceId() {
   return (static_cast<uint64_t>(rd()) << 32) ^ rd() ^ 1;
 }
 
-absl::Status ValidateSpec(const JobSpec& spec) {
-  CKPT_RETURN_IF_ERROR(ValidateJobId(spec.job_id));
-  if (spec.world_size == 0 || spec.world_size > JobSpec::kMaxWorldSize) {
+absl::Status ValidateWorldSize(uint32_t world_size) {
+  if (world_size == 0 || world_size > JobSpec::kMaxWorldSize) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "world size ", spec.world_size, " is invalid: it must be 1..", JobSpec::kMaxWorldSize,
+        "world size ", world_size, " is invalid: it must be 1..", JobSpec::kMaxWorldSize,
         " (the number of ranks that save a shard per version)"));
   }
-  CKPT_RETURN_IF_ERROR(spec.protection.Validate());
-  if (spec.labels.size() > 32) {
+  return absl::OkStatus();
+}
+
+// Checks what the request states; whether a job can be created from it is
+// checked when it is (a world size is then required).
+absl::Status ValidateRequest(const JobRequest& req) {
+  CKPT_RETURN_IF_ERROR(ValidateJobId(req.job_id));
+  if (req.world_size != 0) CKPT_RETURN_IF_ERROR(ValidateWorldSize(req.world_size));
+  if (req.protection.has_value()) CKPT_RETURN_IF_ERROR(req.protection->Validate());
+  if (req.labels.size() > 32) {
     return absl::InvalidArgumentError("a job may carry at most 32 labels");
   }
-  for (const auto& [k, v] : spec.labels) {
+  for (const auto& [k, v] : req.labels) {
     if (k.empty() || k.size() > 256 || v.size() > 256) {
       return absl::InvalidArgumentError(
           "label keys must be 1..256 bytes and values at most 256 bytes");
@@ -322,30 +360,55 @@ absl::Status ValidateSpec(const JobSpec& spec) {
   return absl::OkStatus();
 }
 
-std::string DiffSpecs(const JobSpec& stored, const JobSpec& asked) {
+// Policies equal in the fields their kind uses.
+bool SamePolicy(const ProtectionPolicy& a, const ProtectionPolicy& b) {
+  if (a.kind != b.kind) return false;
+  switch (a.kind) {
+    case ProtectionPolicy::Kind::kReplicate:
+      return a.copies == b.copies && a.placement == b.placement;
+    case ProtectionPolicy::Kind::kErasureCode:
+      return a.data_k == b.data_k && a.parity_m == b.parity_m;
+    case ProtectionPolicy::Kind::kNone:
+      break;
+  }
+  return true;
+}
+
+std::string FlushString(const FlushPolicy& f) {
+  if (f.every_n_versions == 0 && f.every_seconds == 0) return "never";
+  std::vector<std::string> rules;
+  if (f.every_n_versions != 0) {
+    rules.push_back(absl::StrCat("every ", f.every_n_versions, " versions"));
+  }
+  if (f.every_seconds != 0) rules.push_back(absl::StrCat("every ", f.every_seconds, " s"));
+  return absl::StrJoin(rules, " or ");
+}
+
+std::string RetentionString(const RetentionPolicy& r) {
+  return absl::StrCat("keep_in_memory ", r.EffectiveKeepInMemory(), ", keep_durable ",
+                      r.keep_durable == 0 ? std::string("all") : absl::StrCat(r.keep_durable));
+}
+
+// The stated parts of `asked` that differ from `stored`, each with both
+// values; empty when the job can be opened.
+std::string DiffSpecs(const JobSpec& stored, const JobRequest& asked) {
   std::vector<std::string> diffs;
-  if (stored.world_size != asked.world_size)
+  if (asked.world_size != 0 && stored.world_size != asked.world_size)
     diffs.push_back(absl::StrCat("world_size (stored ", stored.world_size, ", asked ",
                                  asked.world_size, ")"));
-  const auto& a = stored.protection;
-  const auto& b = asked.protection;
-  if (a.kind != b.kind || (a.kind == ProtectionPolicy::Kind::kReplicate &&
-                           (a.copies != b.copies || a.placement != b.placement)) ||
-      (a.kind == ProtectionPolicy::Kind::kErasureCode &&
-       (a.data_k != b.data_k || a.parity_m != b.parity_m)))
-    diffs.push_back("protection");
-  // Open mode: a flush or retention policy left at its defaults (all zero)
-  // is not compared, so a client that only knows the world size and the
-  // protection can open a job an operator created with more settings.
-  const bool asked_flush = asked.flush.every_n_versions != 0 || asked.flush.every_seconds != 0;
-  if (asked_flush && (stored.flush.every_n_versions != asked.flush.every_n_versions ||
-                      stored.flush.every_seconds != asked.flush.every_seconds))
-    diffs.push_back("flush");
-  const bool asked_retention =
-      asked.retention.keep_in_memory != 0 || asked.retention.keep_durable != 0;
-  if (asked_retention && (stored.retention.keep_in_memory != asked.retention.keep_in_memory ||
-                          stored.retention.keep_durable != asked.retention.keep_durable))
-    diffs.push_back("retention");
+  if (asked.protection.has_value() && !SamePolicy(stored.protection, *asked.protection))
+    diffs.push_back(absl::StrCat("protection (stored ", stored.protection.ToString(), ", asked ",
+                                 asked.protection->ToString(), ")"));
+  if (asked.flush.has_value() &&
+      (stored.flush.every_n_versions != asked.flush->every_n_versions ||
+       stored.flush.every_seconds != asked.flush->every_seconds))
+    diffs.push_back(absl::StrCat("flush (stored ", FlushString(stored.flush), ", asked ",
+                                 FlushString(*asked.flush), ")"));
+  if (asked.retention.has_value() &&
+      (stored.retention.EffectiveKeepInMemory() != asked.retention->EffectiveKeepInMemory() ||
+       stored.retention.keep_durable != asked.retention->keep_durable))
+    diffs.push_back(absl::StrCat("retention (stored ", RetentionString(stored.retention),
+                                 ", asked ", RetentionString(*asked.retention), ")"));
   return absl::StrJoin(diffs, ", ");
 }
 }  // namespace
@@ -382,6 +445,14 @@ void MetaCore::WhenDurable(uint64_t seq, std::function<void(absl::Status)> done)
   }
   done(store_->AwaitDurable(seq));  // after Stop(): nobody else would call it
 }
+
+uint64_t MetaCore::SubmitLocked(Txn& txn) {
+  const uint64_t seq = txn.Submit(store_, state_->versions);
+  if (seq != 0) state_->last_seq = seq;
+  return state_->last_seq;
+}
+
+uint64_t MetaCore::VisibleSeqLocked() const { return state_->last_seq; }
 
 void MetaCore::DurableLoop() {
   // Linux limits thread names to 15 bytes.
@@ -470,6 +541,11 @@ absl::StatusOr<std::unique_ptr<MetaCore>> MetaCore::Open(MetaStore* store, Clock
     s.tasks[t.id] = std::move(t);
     return absl::OkStatus();
   }));
+  for (const auto& [job_id, by_step] : s.versions) {
+    for (const auto& [step, v] : by_step) {
+      if (v.state == VersionState::kOpen) s.open_progress[{job_id, step}] = mono;
+    }
+  }
   auto next = store->Get(records::kNextTaskIdKey);
   if (next.ok()) {
     s.next_task_id = std::stoull(*next);
@@ -491,10 +567,11 @@ absl::StatusOr<RegisterResult> MetaCore::RegisterNode(const RegisterRequest& req
     return absl::InvalidArgumentError(absl::StrCat(
         "node \"", req.node_id, "\": grpc_address and data_address are required (host:port)"));
   }
-  RegisterResult result;
   uint64_t seq = 0;
-  {
+  absl::StatusOr<RegisterResult> answer = [&]() -> absl::StatusOr<RegisterResult> {
+    RegisterResult result;
     absl::MutexLock lock(&mu_);
+    seq = VisibleSeqLocked();
     Txn txn;
     Engine e(*state_, clock_, options_, txn);
     const absl::Time mono = e.Mono();
@@ -549,13 +626,13 @@ absl::StatusOr<RegisterResult> MetaCore::RegisterNode(const RegisterRequest& req
               n.id, n.incarnation, n.grpc_address, n.data_address, n.failure_domain,
               n.memory_capacity_bytes);
     result.incarnation = incarnation;
-    seq = txn.Submit(store_, state_->versions);
-  }
-  result.lease = options_.lease;
-  result.heartbeat_interval = options_.heartbeat_interval;
-  result.meta_instance_id = instance_id_;
-  CKPT_RETURN_IF_ERROR(store_->AwaitDurable(seq));
-  return result;
+    result.lease = options_.lease;
+    result.heartbeat_interval = options_.heartbeat_interval;
+    result.meta_instance_id = instance_id_;
+    seq = SubmitLocked(txn);
+    return result;
+  }();
+  return WhenDurableAnswer(seq, std::move(answer));
 }
 
 absl::StatusOr<HeartbeatResult> MetaCore::Heartbeat(const HeartbeatRequest& req) {
@@ -607,7 +684,7 @@ absl::StatusOr<HeartbeatResult> MetaCore::SubmitHeartbeat(const HeartbeatRequest
         result.cancelled_task_ids.push_back(id);
       }
     }
-    seq = txn.Submit(store_, state_->versions);
+    seq = SubmitLocked(txn);
   }
   result.lease = options_.lease;
   result.heartbeat_interval = options_.heartbeat_interval;
@@ -618,18 +695,24 @@ absl::StatusOr<HeartbeatResult> MetaCore::SubmitHeartbeat(const HeartbeatRequest
 
 absl::StatusOr<std::vector<TaskBundle>> MetaCore::PendingTasks(const std::string& node_id,
                                                               uint64_t incarnation, bool all) {
-  absl::MutexLock lock(&mu_);
-  Txn txn;
-  Engine e(*state_, clock_, options_, txn);
-  CKPT_RETURN_IF_ERROR(e.CheckNode(node_id, incarnation).status());
-  std::vector<TaskBundle> out;
-  for (auto& [id, t] : state_->tasks) {
-    if (t.node_id != node_id) continue;
-    if (t.state == TaskState::kPending || (all && t.state == TaskState::kRunning)) {
-      out.push_back(e.Bundle(t));
+  uint64_t seq = 0;
+  absl::StatusOr<std::vector<TaskBundle>> answer =
+      [&]() -> absl::StatusOr<std::vector<TaskBundle>> {
+    absl::MutexLock lock(&mu_);
+    seq = VisibleSeqLocked();
+    Txn txn;
+    Engine e(*state_, clock_, options_, txn);
+    CKPT_RETURN_IF_ERROR(e.CheckNode(node_id, incarnation).status());
+    std::vector<TaskBundle> out;
+    for (auto& [id, t] : state_->tasks) {
+      if (t.node_id != node_id) continue;
+      if (t.state == TaskState::kPending || (all && t.state == TaskState::kRunning)) {
+        out.push_back(e.Bundle(t));
+      }
     }
-  }
-  return out;
+    return out;
+  }();
+  return WhenDurableAnswer(seq, std::move(answer));
 }
 
 uint64_t MetaCore::WaitForTaskChange(uint64_t seen_generation, absl::Duration timeout) {
@@ -646,10 +729,11 @@ absl::StatusOr<TaskDisposition> MetaCore::ReportTaskResult(const std::string& no
                                                            const std::string& task_id,
                                                            uint32_t attempt,
                                                            const absl::Status& outcome) {
-  TaskDisposition disposition = TaskDisposition::kCompleted;
   uint64_t seq = 0;
-  {
+  absl::StatusOr<TaskDisposition> answer = [&]() -> absl::StatusOr<TaskDisposition> {
+    TaskDisposition disposition = TaskDisposition::kCompleted;
     absl::MutexLock lock(&mu_);
+    seq = VisibleSeqLocked();
     Txn txn;
     Engine e(*state_, clock_, options_, txn);
     CKPT_RETURN_IF_ERROR(e.CheckNode(node_id, incarnation).status());
@@ -733,17 +817,17 @@ absl::StatusOr<TaskDisposition> MetaCore::ReportTaskResult(const std::string& no
       }
       txn.Task(t);
     }
-    seq = txn.Submit(store_, state_->versions);
-  }
-  CKPT_RETURN_IF_ERROR(store_->AwaitDurable(seq));
-  return disposition;
+    seq = SubmitLocked(txn);
+    return disposition;
+  }();
+  return WhenDurableAnswer(seq, std::move(answer));
 }
 
 absl::StatusOr<Node> MetaCore::DrainNode(const std::string& node_id) {
-  Node result;
   uint64_t seq = 0;
-  {
+  absl::StatusOr<Node> answer = [&]() -> absl::StatusOr<Node> {
     absl::MutexLock lock(&mu_);
+    seq = VisibleSeqLocked();
     Txn txn;
     Engine e(*state_, clock_, options_, txn);
     auto it = state_->nodes.find(node_id);
@@ -761,17 +845,18 @@ absl::StatusOr<Node> MetaCore::DrainNode(const std::string& node_id) {
       txn.Node(n);
       e.ReplanAll();
     }
-    result = n;
-    seq = txn.Submit(store_, state_->versions);
-  }
-  CKPT_RETURN_IF_ERROR(store_->AwaitDurable(seq));
-  return result;
+    Node result = n;
+    seq = SubmitLocked(txn);
+    return result;
+  }();
+  return WhenDurableAnswer(seq, std::move(answer));
 }
 
 absl::Status MetaCore::RemoveNode(const std::string& node_id) {
   uint64_t seq = 0;
-  {
+  absl::Status answer = [&]() -> absl::Status {
     absl::MutexLock lock(&mu_);
+    seq = VisibleSeqLocked();
     auto it = state_->nodes.find(node_id);
     if (it == state_->nodes.end()) {
       return absl::NotFoundError(absl::StrCat("node \"", node_id, "\" is not registered"));
@@ -785,25 +870,30 @@ absl::Status MetaCore::RemoveNode(const std::string& node_id) {
     txn.DeleteNode(node_id);
     state_->nodes.erase(it);
     state_->unknown.erase(node_id);
-    seq = txn.Submit(store_, state_->versions);
-  }
-  return store_->AwaitDurable(seq);
+    seq = SubmitLocked(txn);
+    return absl::OkStatus();
+  }();
+  return WhenDurableAnswer(seq, std::move(answer));
 }
 
-std::vector<Node> MetaCore::ListNodes(const std::vector<NodeState>& states) const {
-  absl::MutexLock lock(&mu_);
-  std::map<std::string, uint32_t> pending;
-  for (const auto& [id, t] : state_->tasks) {
-    if (Engine::Active(t)) ++pending[t.node_id];
-  }
+absl::StatusOr<std::vector<Node>> MetaCore::ListNodes(const std::vector<NodeState>& states) const {
+  uint64_t seq = 0;
   std::vector<Node> out;
-  for (const auto& [id, n] : state_->nodes) {
-    if (states.empty() || std::find(states.begin(), states.end(), n.state) != states.end()) {
-      out.push_back(n);
-      out.back().pending_tasks = pending[id];
+  {
+    absl::MutexLock lock(&mu_);
+    seq = VisibleSeqLocked();
+    std::map<std::string, uint32_t> pending;
+    for (const auto& [id, t] : state_->tasks) {
+      if (Engine::Active(t)) ++pending[t.node_id];
+    }
+    for (const auto& [id, n] : state_->nodes) {
+      if (states.empty() || std::find(states.begin(), states.end(), n.state) != states.end()) {
+        out.push_back(n);
+        out.back().pending_tasks = pending[id];
+      }
     }
   }
-  return out;
+  return WhenDurableAnswer<absl::StatusOr<std::vector<Node>>>(seq, std::move(out));
 }
 
 // ---- Jobs -------------------------------------------------------------------
@@ -834,86 +924,136 @@ JobView MakeJobView(const Job& job, const std::map<uint64_t, Version>* versions)
 }
 }  // namespace
 
+JobRequest JobRequest::Stating(const JobSpec& spec) {
+  JobRequest r;
+  r.job_id = spec.job_id;
+  r.world_size = spec.world_size;
+  r.protection = spec.protection;
+  if (spec.flush.every_n_versions != 0 || spec.flush.every_seconds != 0) r.flush = spec.flush;
+  if (spec.retention.keep_in_memory != 0 || spec.retention.keep_durable != 0) {
+    r.retention = spec.retention;
+  }
+  r.labels = spec.labels;
+  return r;
+}
+
+ProtectionPolicy AutoProtection(size_t alive_nodes) {
+  return alive_nodes >= 2 ? ProtectionPolicy::Replicate(2, ProtectionPolicy::Placement::kRing)
+                          : ProtectionPolicy::None();
+}
+
 absl::StatusOr<std::pair<JobView, bool>> MetaCore::CreateJob(const JobSpec& spec,
                                                             bool open_if_exists) {
-  CKPT_RETURN_IF_ERROR(ValidateSpec(spec));
-  JobView view;
-  bool created = false;
+  return CreateJob(JobRequest::Stating(spec), open_if_exists);
+}
+
+absl::StatusOr<std::pair<JobView, bool>> MetaCore::CreateJob(const JobRequest& req,
+                                                            bool open_if_exists) {
+  CKPT_RETURN_IF_ERROR(ValidateRequest(req));
   uint64_t seq = 0;
-  {
+  absl::StatusOr<std::pair<JobView, bool>> answer =
+      [&]() -> absl::StatusOr<std::pair<JobView, bool>> {
     absl::MutexLock lock(&mu_);
+    seq = VisibleSeqLocked();
     Txn txn;
     Engine e(*state_, clock_, options_, txn);
-    auto it = state_->jobs.find(spec.job_id);
+    auto it = state_->jobs.find(req.job_id);
     if (it != state_->jobs.end()) {
       if (!open_if_exists) {
-        return absl::AlreadyExistsError(absl::StrCat("job \"", spec.job_id, "\" already exists"));
+        return absl::AlreadyExistsError(absl::StrCat("job \"", req.job_id, "\" already exists"));
       }
       if (it->second.deleting) {
         return absl::FailedPreconditionError(
-            absl::StrCat("job \"", spec.job_id, "\" is being deleted; use another id"));
+            absl::StrCat("job \"", req.job_id, "\" is being deleted; use another id"));
       }
-      const std::string diff = DiffSpecs(it->second.spec, spec);
+      const std::string diff = DiffSpecs(it->second.spec, req);
       if (!diff.empty()) {
         return absl::FailedPreconditionError(absl::StrCat(
-            "job \"", spec.job_id, "\" exists with a different spec: ", diff,
-            " differ; open it with the stored values or create a job with another id"));
+            "job \"", req.job_id, "\" exists with a different spec: ", diff,
+            "; leave out what you do not mean to change (it is then taken from the stored job), "
+            "or create a job with another id"));
       }
-      auto vs = state_->versions.find(spec.job_id);
-      view = MakeJobView(it->second, vs == state_->versions.end() ? nullptr : &vs->second);
-    } else {
-      // The policy must be plannable over the nodes that are alive now.
-      if (spec.protection.kind != ProtectionPolicy::Kind::kNone) {
-        auto plan = PlanPlacement(e.AliveNodes(), spec.protection);
-        if (!plan.ok()) {
-          return absl::InvalidArgumentError(absl::StrCat(
-              "job \"", spec.job_id, "\": protection policy cannot be placed: ",
-              plan.status().message()));
-        }
-      }
-      Job job;
-      job.spec = spec;
-      job.created_ms = e.NowMs();
-      Job& stored = state_->jobs[spec.job_id] = job;
-      CKPT_RETURN_IF_ERROR(e.CurrentPlan(stored).status());
-      txn.Job(stored);
-      view = MakeJobView(stored, nullptr);
-      created = true;
-      log::Info("job {} created: world size {}", spec.job_id, spec.world_size);
+      auto vs = state_->versions.find(req.job_id);
+      return std::make_pair(
+          MakeJobView(it->second, vs == state_->versions.end() ? nullptr : &vs->second), false);
     }
-    seq = txn.Submit(store_, state_->versions);
-  }
-  CKPT_RETURN_IF_ERROR(store_->AwaitDurable(seq));
-  return std::make_pair(view, created);
+    if (req.world_size == 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "job \"", req.job_id, "\" does not exist; creating it needs a world size (1..",
+          JobSpec::kMaxWorldSize, ")"));
+    }
+    const std::vector<PlannerNode> alive = e.AliveNodes();
+    const bool defaulted = !req.protection.has_value();
+    Job job;
+    job.spec.job_id = req.job_id;
+    job.spec.world_size = req.world_size;
+    job.spec.protection = req.protection.value_or(
+        options_.default_protection.value_or(AutoProtection(alive.size())));
+    job.spec.flush = req.flush.value_or(FlushPolicy{});
+    job.spec.retention = req.retention.value_or(RetentionPolicy{});
+    job.spec.labels = req.labels;
+    job.created_ms = e.NowMs();
+    // The policy must be plannable over the nodes that are alive now.
+    if (job.spec.protection.kind != ProtectionPolicy::Kind::kNone) {
+      auto plan = PlanPlacement(alive, job.spec.protection);
+      if (!plan.ok()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "job \"", req.job_id, "\": ", defaulted ? "the server's default " : "",
+            "protection policy ", job.spec.protection.ToString(), " cannot be placed: ",
+            plan.status().message()));
+      }
+    }
+    // Planned before the job enters the state, so a failure leaves nothing.
+    CKPT_RETURN_IF_ERROR(e.CurrentPlan(job).status());
+    Job& stored = state_->jobs[req.job_id] = std::move(job);
+    txn.Job(stored);
+    log::Info("job {} created: world size {}, protection {}{}", req.job_id, req.world_size,
+              stored.spec.protection.ToString(), defaulted ? " (server default)" : "");
+    JobView view = MakeJobView(stored, nullptr);
+    seq = SubmitLocked(txn);
+    return std::make_pair(std::move(view), true);
+  }();
+  return WhenDurableAnswer(seq, std::move(answer));
 }
 
 absl::StatusOr<JobView> MetaCore::GetJob(const std::string& job_id) const {
   CKPT_RETURN_IF_ERROR(ValidateJobId(job_id));
-  absl::MutexLock lock(&mu_);
-  auto it = state_->jobs.find(job_id);
-  if (it == state_->jobs.end()) {
-    return absl::NotFoundError(absl::StrCat("job \"", job_id, "\" does not exist"));
-  }
-  auto vs = state_->versions.find(job_id);
-  return MakeJobView(it->second, vs == state_->versions.end() ? nullptr : &vs->second);
+  uint64_t seq = 0;
+  absl::StatusOr<JobView> answer = [&]() -> absl::StatusOr<JobView> {
+    absl::MutexLock lock(&mu_);
+    seq = VisibleSeqLocked();
+    auto it = state_->jobs.find(job_id);
+    if (it == state_->jobs.end()) {
+      return absl::NotFoundError(absl::StrCat("job \"", job_id, "\" does not exist"));
+    }
+    auto vs = state_->versions.find(job_id);
+    return MakeJobView(it->second, vs == state_->versions.end() ? nullptr : &vs->second);
+  }();
+  return WhenDurableAnswer(seq, std::move(answer));
 }
 
-std::vector<JobView> MetaCore::ListJobs(const std::string& after, uint32_t limit) const {
-  absl::MutexLock lock(&mu_);
+absl::StatusOr<std::vector<JobView>> MetaCore::ListJobs(const std::string& after,
+                                                        uint32_t limit) const {
+  uint64_t seq = 0;
   std::vector<JobView> out;
-  for (auto it = state_->jobs.upper_bound(after); it != state_->jobs.end(); ++it) {
-    if (limit != 0 && out.size() >= limit) break;
-    auto vs = state_->versions.find(it->first);
-    out.push_back(MakeJobView(it->second, vs == state_->versions.end() ? nullptr : &vs->second));
+  {
+    absl::MutexLock lock(&mu_);
+    seq = VisibleSeqLocked();
+    for (auto it = state_->jobs.upper_bound(after); it != state_->jobs.end(); ++it) {
+      if (limit != 0 && out.size() >= limit) break;
+      auto vs = state_->versions.find(it->first);
+      out.push_back(
+          MakeJobView(it->second, vs == state_->versions.end() ? nullptr : &vs->second));
+    }
   }
-  return out;
+  return WhenDurableAnswer<absl::StatusOr<std::vector<JobView>>>(seq, std::move(out));
 }
 
 absl::StatusOr<JobView> MetaCore::DeleteJob(const std::string& job_id, bool delete_durable_files) {
-  JobView view;
   uint64_t seq = 0;
-  {
+  absl::StatusOr<JobView> answer = [&]() -> absl::StatusOr<JobView> {
     absl::MutexLock lock(&mu_);
+    seq = VisibleSeqLocked();
     Txn txn;
     Engine e(*state_, clock_, options_, txn);
     CKPT_ASSIGN_OR_RETURN(Job * job, e.FindJob(job_id));
@@ -936,11 +1076,11 @@ absl::StatusOr<JobView> MetaCore::DeleteJob(const std::string& job_id, bool dele
                 delete_durable_files ? "deleted" : "kept");
     }
     auto vs = state_->versions.find(job_id);
-    view = MakeJobView(*job, vs == state_->versions.end() ? nullptr : &vs->second);
-    seq = txn.Submit(store_, state_->versions);
-  }
-  CKPT_RETURN_IF_ERROR(store_->AwaitDurable(seq));
-  return view;
+    JobView view = MakeJobView(*job, vs == state_->versions.end() ? nullptr : &vs->second);
+    seq = SubmitLocked(txn);
+    return view;
+  }();
+  return WhenDurableAnswer(seq, std::move(answer));
 }
 
 absl::StatusOr<PlacementView> MetaCore::GetPlacement(
@@ -948,8 +1088,10 @@ absl::StatusOr<PlacementView> MetaCore::GetPlacement(
     const std::optional<ProtectionPolicy>& override, SurvivalOptions survival) const {
   PlacementPlan plan;
   PlacementView view;
+  uint64_t seq = 0;
   {
     absl::MutexLock lock(&mu_);
+    seq = VisibleSeqLocked();
     CKPT_RETURN_IF_ERROR(ValidateJobId(job_id));
     auto it = state_->jobs.find(job_id);
     if (it == state_->jobs.end()) {
@@ -964,6 +1106,8 @@ absl::StatusOr<PlacementView> MetaCore::GetPlacement(
     view.job_id = job_id;
     view.created_ms = clock_->NowUnixMillis();
   }
+  // The plan is over the alive nodes and the job as they are durably.
+  CKPT_RETURN_IF_ERROR(store_->AwaitDurable(seq));
   CKPT_ASSIGN_OR_RETURN(VersionPlan vp, PlanToVersionPlan(plan));
   vp.epoch = view.plan.epoch;
   view.plan = std::move(vp);
@@ -979,11 +1123,12 @@ absl::StatusOr<PlacementView> MetaCore::GetPlacement(
 absl::StatusOr<std::pair<Version, bool>> MetaCore::BeginVersion(const std::string& job_id,
                                                                 uint64_t step,
                                                                 const std::string& run_id) {
-  Version result;
-  bool created = false;
+  CKPT_RETURN_IF_ERROR(ValidateStep(step));
   uint64_t seq = 0;
-  {
+  absl::StatusOr<std::pair<Version, bool>> answer =
+      [&]() -> absl::StatusOr<std::pair<Version, bool>> {
     absl::MutexLock lock(&mu_);
+    seq = VisibleSeqLocked();
     Txn txn;
     Engine e(*state_, clock_, options_, txn);
     CKPT_ASSIGN_OR_RETURN(Job * job, e.FindJob(job_id));
@@ -993,32 +1138,32 @@ absl::StatusOr<std::pair<Version, bool>> MetaCore::BeginVersion(const std::strin
     }
     auto& by_step = state_->versions[job_id];
     auto it = by_step.find(step);
+    bool superseded = false;
     if (it != by_step.end()) {
       Version& v = it->second;
-      const bool superseded = v.state == VersionState::kOpen && !run_id.empty() &&
-                              !v.run_id.empty() && v.run_id != run_id;
+      superseded = v.state == VersionState::kOpen && !run_id.empty() && !v.run_id.empty() &&
+                   v.run_id != run_id;
       if (!superseded && !IsTerminal(v.state)) {
         return std::make_pair(Summary(v), false);
       }
-      if (superseded) {
-        e.CancelVersionTasks(v);
-        e.EvictVersion(v);
-        e.SetState(v, VersionState::kAborted, absl::StrCat("superseded by run ", run_id));
-      }
-      // An ABORTED or DELETED step is begun afresh below.
-    } else {
-      for (auto r = by_step.rbegin(); r != by_step.rend(); ++r) {
-        if (IsTerminal(r->second.state)) continue;
-        if (r->first > step) {
-          return absl::InvalidArgumentError(absl::StrCat(
-              "step ", step, " is lower than job \"", job_id, "\"'s newest version ", r->first,
-              " (", VersionStateName(r->second.state),
-              "); steps must increase: delete the newer versions to rewind"));
-        }
-        break;
-      }
+      // An OPEN step of another run, or an ABORTED or DELETED step, is begun
+      // afresh below.
+    }
+    // Everything that can refuse the version comes before any change.
+    if (const Version* newer = e.NewestReadableAbove(job_id, step)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "step ", step, " is lower than job \"", job_id, "\"'s newest version ", newer->step,
+          " (", VersionStateName(newer->state),
+          "); steps must increase: delete the newer versions to rewind (ckptctl delete ", job_id,
+          " ", newer->step, ")"));
     }
     CKPT_ASSIGN_OR_RETURN(VersionPlan plan, e.CurrentPlan(*job));
+    if (superseded) {
+      Version& v = it->second;
+      e.CancelVersionTasks(v);
+      e.EvictVersion(v);
+      e.SetState(v, VersionState::kAborted, absl::StrCat("superseded by run ", run_id));
+    }
     if (it != by_step.end()) {
       // Replace the terminal version's records.
       for (const auto& [rank, sh] : it->second.shards) {
@@ -1059,13 +1204,13 @@ absl::StatusOr<std::pair<Version, bool>> MetaCore::BeginVersion(const std::strin
     txn.Job(*job);
     Version& stored = by_step[step] = std::move(v);
     txn.Header(stored);
+    state_->open_progress[{job_id, step}] = e.Mono();
     ++state_->counters.versions_begun_total;
-    result = stored;
-    created = true;
-    seq = txn.Submit(store_, state_->versions);
-  }
-  CKPT_RETURN_IF_ERROR(store_->AwaitDurable(seq));
-  return std::make_pair(result, created);
+    Version result = stored;
+    seq = SubmitLocked(txn);
+    return std::make_pair(std::move(result), true);
+  }();
+  return WhenDurableAnswer(seq, std::move(answer));
 }
 
 namespace {
@@ -1134,9 +1279,10 @@ absl::Status ApplyStaged(Engine& e, const std::string& node_id, StagedReport& r)
         " vs ", absl::Hex(in.crc32c), ")"));
   }
   if (v->state != VersionState::kOpen) {
-    return absl::FailedPreconditionError(absl::StrCat("version ", r.job_id, "/", r.step, " is ",
-                                                      VersionStateName(v->state),
-                                                      "; it accepts no new shards"));
+    return absl::FailedPreconditionError(absl::StrCat(
+        "version ", r.job_id, "/", r.step, " is ", VersionStateName(v->state),
+        v->abort_reason.empty() ? "" : absl::StrCat(" (", v->abort_reason, ")"),
+        "; it accepts no new shards"));
   }
   if (!r.run_id.empty() && !v->run_id.empty() && r.run_id != v->run_id) {
     return absl::FailedPreconditionError(absl::StrCat("shard's run \"", r.run_id,
@@ -1163,6 +1309,10 @@ absl::Status ApplyStaged(Engine& e, const std::string& node_id, StagedReport& r)
     e.SetState(*v, VersionState::kStaged);
     if (v->plan.policy.kind == ProtectionPolicy::Kind::kErasureCode) e.StartErasureCoding(*v);
     e.Recompute(*v);
+    // Older versions still OPEN can never be the newest restorable one now.
+    e.AbortOpenVersionsBelow(*v);
+  } else if (v->state == VersionState::kOpen) {
+    e.state().open_progress[{v->job_id, v->step}] = e.Mono();
   }
   return absl::OkStatus();
 }
@@ -1224,7 +1374,7 @@ absl::Status ApplySegment(Engine& e, const std::string& node_id, const SegmentRe
                                                         " differs from the layout's ",
                                                         seg->length_bytes));
     }
-    if (seg->state == CopyState::kValid && seg->crc32c != 0 && seg->crc32c != r.crc32c &&
+    if (seg->state == CopyState::kValid && (seg->crc_known || seg->crc32c != 0) && seg->crc32c != r.crc32c &&
         seg->holder_node_id != node_id) {
       // A rebuilt copy must reproduce the known contents.
       return absl::FailedPreconditionError(absl::StrCat("segment crc ", absl::Hex(r.crc32c),
@@ -1237,6 +1387,7 @@ absl::Status ApplySegment(Engine& e, const std::string& node_id, const SegmentRe
     }
     seg->holder_node_id = node_id;
     seg->crc32c = r.crc32c;
+    seg->crc_known = true;
   } else {
     if (seg->holder_node_id != node_id) {
       return absl::FailedPreconditionError(absl::StrCat("node \"", node_id,
@@ -1328,7 +1479,7 @@ absl::StatusOr<ReportResult> MetaCore::SubmitReportShards(const std::string& nod
       }
     }
     state_->created_tasks.clear();
-    seq = txn.Submit(store_, state_->versions);
+    seq = SubmitLocked(txn);
   }
   *durable_seq = seq;
   return result;
@@ -1336,141 +1487,171 @@ absl::StatusOr<ReportResult> MetaCore::SubmitReportShards(const std::string& nod
 
 absl::StatusOr<Version> MetaCore::GetVersion(const std::string& job_id, uint64_t step,
                                              bool include_items) const {
-  absl::MutexLock lock(&mu_);
-  Txn unused;
-  Engine e(*state_, clock_, options_, unused);
-  CKPT_ASSIGN_OR_RETURN(Version * v, e.FindVersion(job_id, step));
-  Version copy = *v;
-  if (!include_items) {
-    for (auto& [rank, sh] : copy.shards) sh.items.clear();
-  }
-  return copy;
+  uint64_t seq = 0;
+  absl::StatusOr<Version> answer = [&]() -> absl::StatusOr<Version> {
+    absl::MutexLock lock(&mu_);
+    seq = VisibleSeqLocked();
+    Txn unused;
+    Engine e(*state_, clock_, options_, unused);
+    CKPT_ASSIGN_OR_RETURN(Version * v, e.FindVersion(job_id, step));
+    Version copy = *v;
+    if (!include_items) {
+      for (auto& [rank, sh] : copy.shards) sh.items.clear();
+    }
+    return copy;
+  }();
+  return WhenDurableAnswer(seq, std::move(answer));
 }
 
 absl::StatusOr<std::vector<Version>> MetaCore::ListVersions(
     const std::string& job_id, const std::vector<VersionState>& states, bool newest_first,
     std::optional<uint64_t> after, uint32_t limit) const {
-  absl::MutexLock lock(&mu_);
-  Txn unused;
-  Engine e(*state_, clock_, options_, unused);
-  CKPT_RETURN_IF_ERROR(e.FindJob(job_id).status());
-  std::vector<Version> out;
-  auto add = [&](const Version& v) {
-    const bool match = states.empty() ? v.state != VersionState::kDeleted
-                                      : std::find(states.begin(), states.end(), v.state) !=
-                                            states.end();
-    if (!match) return;
-    out.push_back(Summary(v));
-  };
-  const auto& by_step = state_->versions[job_id];
-  if (newest_first) {
-    for (auto it = by_step.rbegin(); it != by_step.rend(); ++it) {
-      if (after.has_value() && it->first >= *after) continue;
-      if (limit != 0 && out.size() >= limit) break;
-      add(it->second);
+  uint64_t seq = 0;
+  absl::StatusOr<std::vector<Version>> answer = [&]() -> absl::StatusOr<std::vector<Version>> {
+    absl::MutexLock lock(&mu_);
+    seq = VisibleSeqLocked();
+    Txn unused;
+    Engine e(*state_, clock_, options_, unused);
+    CKPT_RETURN_IF_ERROR(e.FindJob(job_id).status());
+    std::vector<Version> out;
+    auto add = [&](const Version& v) {
+      const bool match = states.empty() ? v.state != VersionState::kDeleted
+                                        : std::find(states.begin(), states.end(), v.state) !=
+                                              states.end();
+      if (!match) return;
+      out.push_back(Summary(v));
+    };
+    const auto& by_step = state_->versions[job_id];
+    if (newest_first) {
+      for (auto it = by_step.rbegin(); it != by_step.rend(); ++it) {
+        if (after.has_value() && it->first >= *after) continue;
+        if (limit != 0 && out.size() >= limit) break;
+        add(it->second);
+      }
+    } else {
+      for (auto it = after.has_value() ? by_step.upper_bound(*after) : by_step.begin();
+           it != by_step.end(); ++it) {
+        if (limit != 0 && out.size() >= limit) break;
+        add(it->second);
+      }
     }
-  } else {
-    for (auto it = after.has_value() ? by_step.upper_bound(*after) : by_step.begin();
-         it != by_step.end(); ++it) {
-      if (limit != 0 && out.size() >= limit) break;
-      add(it->second);
-    }
-  }
-  return out;
+    return out;
+  }();
+  return WhenDurableAnswer(seq, std::move(answer));
 }
 
 absl::StatusOr<Version> MetaCore::Latest(const std::string& job_id, Level min_level) const {
-  absl::MutexLock lock(&mu_);
-  Txn unused;
-  Engine e(*state_, clock_, options_, unused);
-  CKPT_RETURN_IF_ERROR(e.FindJob(job_id).status());
-  const auto& by_step = state_->versions[job_id];
-  for (auto it = by_step.rbegin(); it != by_step.rend(); ++it) {
-    if (SatisfiesLevel(it->second.state, min_level)) {
-      Version copy = it->second;
-      for (auto& [rank, sh] : copy.shards) sh.items.clear();
-      return copy;
+  uint64_t seq = 0;
+  absl::StatusOr<Version> answer = [&]() -> absl::StatusOr<Version> {
+    absl::MutexLock lock(&mu_);
+    seq = VisibleSeqLocked();
+    Txn unused;
+    Engine e(*state_, clock_, options_, unused);
+    CKPT_RETURN_IF_ERROR(e.FindJob(job_id).status());
+    const auto& by_step = state_->versions[job_id];
+    for (auto it = by_step.rbegin(); it != by_step.rend(); ++it) {
+      if (SatisfiesLevel(it->second.state, min_level)) {
+        Version copy = it->second;
+        for (auto& [rank, sh] : copy.shards) sh.items.clear();
+        return copy;
+      }
     }
-  }
-  return absl::NotFoundError(absl::StrCat("job \"", job_id, "\" has no version at level ",
-                                          LevelName(min_level), " or better"));
+    return absl::NotFoundError(absl::StrCat("job \"", job_id, "\" has no version at level ",
+                                            LevelName(min_level), " or better"));
+  }();
+  return WhenDurableAnswer(seq, std::move(answer));
 }
 
 absl::StatusOr<LocateResult> MetaCore::Locate(const std::string& job_id, uint64_t step,
                                               uint32_t rank,
                                               const std::string& near_node_id) const {
-  absl::MutexLock lock(&mu_);
-  Txn unused;
-  Engine e(*state_, clock_, options_, unused);
-  CKPT_ASSIGN_OR_RETURN(Version * v, e.FindVersion(job_id, step));
-  if (rank >= v->world_size) {
-    return absl::NotFoundError(absl::StrCat("rank ", rank, " is out of range: version ", job_id,
-                                            "/", step, " has world size ", v->world_size));
-  }
-  if (!SatisfiesLevel(v->state, Level::kStaged)) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("version ", job_id, "/", step, " is ", VersionStateName(v->state),
-                     v->abort_reason.empty() ? "" : absl::StrCat(" (", v->abort_reason, ")"),
-                     "; it cannot be restored"));
-  }
-  auto it = v->shards.find(rank);
-  if (it == v->shards.end()) {
-    return absl::NotFoundError(absl::StrCat("rank ", rank, " of ", job_id, "/", step,
-                                            " is not staged"));
-  }
-  LocateResult result;
-  result.shard = it->second;
-  result.shard.copies.clear();
-  result.sources = e.Sources(*v, it->second, near_node_id);
-  if (result.sources.empty()) {
-    return absl::DataLossError(absl::StrCat("rank ", rank, " of ", job_id, "/", step,
-                                            " has no readable source left"));
-  }
-  return result;
+  uint64_t seq = 0;
+  absl::StatusOr<LocateResult> answer = [&]() -> absl::StatusOr<LocateResult> {
+    absl::MutexLock lock(&mu_);
+    seq = VisibleSeqLocked();
+    Txn unused;
+    Engine e(*state_, clock_, options_, unused);
+    CKPT_ASSIGN_OR_RETURN(Version * v, e.FindVersion(job_id, step));
+    if (rank >= v->world_size) {
+      return absl::NotFoundError(absl::StrCat("rank ", rank, " is out of range: version ",
+                                              job_id, "/", step, " has world size ",
+                                              v->world_size));
+    }
+    if (!SatisfiesLevel(v->state, Level::kStaged)) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("version ", job_id, "/", step, " is ", VersionStateName(v->state),
+                       v->abort_reason.empty() ? "" : absl::StrCat(" (", v->abort_reason, ")"),
+                       "; it cannot be restored"));
+    }
+    auto it = v->shards.find(rank);
+    if (it == v->shards.end()) {
+      return absl::NotFoundError(absl::StrCat("rank ", rank, " of ", job_id, "/", step,
+                                              " is not staged"));
+    }
+    LocateResult result;
+    result.shard = it->second;
+    result.shard.copies.clear();
+    result.sources = e.Sources(*v, it->second, near_node_id);
+    if (result.sources.empty()) {
+      return absl::DataLossError(absl::StrCat("rank ", rank, " of ", job_id, "/", step,
+                                              " has no readable source left"));
+    }
+    return result;
+  }();
+  return WhenDurableAnswer(seq, std::move(answer));
 }
 
 absl::StatusOr<Version> MetaCore::WaitVersion(const std::string& job_id, uint64_t step,
                                               Level level, absl::Duration timeout) {
-  absl::MutexLock lock(&mu_);
-  Txn unused;
-  Engine e(*state_, clock_, options_, unused);
-  CKPT_RETURN_IF_ERROR(e.FindVersion(job_id, step).status());
-  auto done = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    auto j = state_->versions.find(job_id);
-    if (j == state_->versions.end()) return true;
-    auto v = j->second.find(step);
-    if (v == j->second.end()) return true;
-    return SatisfiesLevel(v->second.state, level) || IsTerminal(v->second.state);
-  };
-  clock_->AwaitWithTimeout(&mu_, absl::Condition(&done), timeout);
-  auto v = e.FindVersion(job_id, step);
-  if (!v.ok()) return v.status();
-  const Version& ver = **v;
-  if (SatisfiesLevel(ver.state, level)) {
-    Version copy = ver;
-    for (auto& [rank, sh] : copy.shards) sh.items.clear();
-    return copy;
-  }
-  if (ver.state == VersionState::kDeleted) {
-    return absl::NotFoundError(absl::StrCat("version ", job_id, "/", step, " was deleted"));
-  }
-  if (ver.state == VersionState::kAborted) {
-    const bool lost = ver.abort_reason.find("lost") != std::string::npos;
-    const std::string msg = absl::StrCat("version ", job_id, "/", step,
-                                         " was aborted: ", ver.abort_reason);
-    return lost ? absl::DataLossError(msg) : absl::FailedPreconditionError(msg);
-  }
-  return absl::DeadlineExceededError(absl::StrCat(
-      "version ", job_id, "/", step, " did not reach ", LevelName(level), " within ",
-      absl::FormatDuration(timeout), "; it is ", VersionStateName(ver.state), " with ",
-      ver.shards.size(), " of ", ver.world_size, " shards staged"));
+  uint64_t seq = 0;
+  absl::StatusOr<Version> answer = [&]() -> absl::StatusOr<Version> {
+    absl::MutexLock lock(&mu_);
+    Txn unused;
+    Engine e(*state_, clock_, options_, unused);
+    seq = VisibleSeqLocked();
+    CKPT_RETURN_IF_ERROR(e.FindVersion(job_id, step).status());
+    auto done = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      auto j = state_->versions.find(job_id);
+      if (j == state_->versions.end()) return true;
+      auto v = j->second.find(step);
+      if (v == j->second.end()) return true;
+      return SatisfiesLevel(v->second.state, level) || IsTerminal(v->second.state);
+    };
+    clock_->AwaitWithTimeout(&mu_, absl::Condition(&done), timeout);
+    // The answer reflects the state now; it is returned once that is durable.
+    seq = VisibleSeqLocked();
+    auto v = e.FindVersion(job_id, step);
+    if (!v.ok()) return v.status();
+    const Version& ver = **v;
+    if (SatisfiesLevel(ver.state, level)) {
+      Version copy = ver;
+      for (auto& [rank, sh] : copy.shards) sh.items.clear();
+      return copy;
+    }
+    if (ver.state == VersionState::kDeleted) {
+      return absl::NotFoundError(absl::StrCat("version ", job_id, "/", step, " was deleted",
+                                              ver.abort_reason.empty() ? "" : absl::StrCat(
+                                                  " (", ver.abort_reason, ")")));
+    }
+    if (ver.state == VersionState::kAborted) {
+      const bool lost = ver.abort_reason.find("lost") != std::string::npos;
+      const std::string msg = absl::StrCat("version ", job_id, "/", step,
+                                           " was aborted: ", ver.abort_reason);
+      return lost ? absl::DataLossError(msg) : absl::FailedPreconditionError(msg);
+    }
+    return absl::DeadlineExceededError(absl::StrCat(
+        "version ", job_id, "/", step, " did not reach ", LevelName(level), " within ",
+        absl::FormatDuration(timeout), "; it is ", VersionStateName(ver.state), " with ",
+        StagedRanksText(ver)));
+  }();
+  return WhenDurableAnswer(seq, std::move(answer));
 }
 
 absl::StatusOr<Version> MetaCore::FlushVersion(const std::string& job_id, uint64_t step) {
-  Version result;
   uint64_t seq = 0;
-  {
+  absl::StatusOr<Version> answer = [&]() -> absl::StatusOr<Version> {
     absl::MutexLock lock(&mu_);
+    seq = VisibleSeqLocked();
     Txn txn;
     Engine e(*state_, clock_, options_, txn);
     CKPT_ASSIGN_OR_RETURN(Version * v, e.FindVersion(job_id, step));
@@ -1492,20 +1673,20 @@ absl::StatusOr<Version> MetaCore::FlushVersion(const std::string& job_id, uint64
       txn.Header(*v);
       e.PlanFlush(*v);
     }
-    result = *v;
+    Version result = *v;
     for (auto& [rank, sh] : result.shards) sh.items.clear();
-    seq = txn.Submit(store_, state_->versions);
-  }
-  CKPT_RETURN_IF_ERROR(store_->AwaitDurable(seq));
-  return result;
+    seq = SubmitLocked(txn);
+    return result;
+  }();
+  return WhenDurableAnswer(seq, std::move(answer));
 }
 
 absl::StatusOr<Version> MetaCore::DeleteVersion(const std::string& job_id, uint64_t step,
                                                 bool force) {
-  Version result;
   uint64_t seq = 0;
-  {
+  absl::StatusOr<Version> answer = [&]() -> absl::StatusOr<Version> {
     absl::MutexLock lock(&mu_);
+    seq = VisibleSeqLocked();
     Txn txn;
     Engine e(*state_, clock_, options_, txn);
     CKPT_ASSIGN_OR_RETURN(Version * v, e.FindVersion(job_id, step));
@@ -1532,12 +1713,12 @@ absl::StatusOr<Version> MetaCore::DeleteVersion(const std::string& job_id, uint6
       }
       e.SetState(*v, VersionState::kDeleted, "deleted by operator");
     }
-    result = *v;
+    Version result = *v;
     for (auto& [rank, sh] : result.shards) sh.items.clear();
-    seq = txn.Submit(store_, state_->versions);
-  }
-  CKPT_RETURN_IF_ERROR(store_->AwaitDurable(seq));
-  return result;
+    seq = SubmitLocked(txn);
+    return result;
+  }();
+  return WhenDurableAnswer(seq, std::move(answer));
 }
 
 MetaCounters MetaCore::counters() const {

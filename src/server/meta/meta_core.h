@@ -11,6 +11,18 @@
 // in the order they were decided; the fsync wait happens outside the mutex, so
 // concurrent callers share fsyncs (group commit).
 //
+// Answers come only from durable state. The in-memory state runs ahead of the
+// disk by the batches submitted but not yet fsynced (another caller's change
+// is visible in memory before its group commit completes). Every answer,
+// success or error, of every call (reads such as GetVersion, WaitVersion,
+// Latest and Locate included) is therefore returned only once the store
+// sequence of the newest change visible when the answer was computed is
+// durable: a crash can never roll back a state a caller was shown (a trainer
+// told PROTECTED keeps a PROTECTED version). Readers never hold the mutex
+// while they wait, and add no fsync of their own: they ride the group commit
+// in flight. If that wait fails (the store's sticky write error) the call
+// returns the store's error instead of its answer.
+//
 // Time: everything uses the injected Clock. Lease expiry, task time-outs,
 // retries and the flush-by-time rule advance only in Tick(), which the daemon
 // calls periodically and unit tests call after FakeClock::Advance().
@@ -56,6 +68,7 @@
 namespace ckpt::meta {
 
 class Engine;
+class Txn;
 
 struct MetaOptions {
   absl::Duration lease = absl::Seconds(5);
@@ -68,7 +81,26 @@ struct MetaOptions {
   std::string version = "0.1.0";
   // Survival estimates: samples for Monte Carlo.
   uint64_t survival_samples = 1'000'000;
+  // The protection of a job created without one (CreateJob with no stated
+  // protection). nullopt: the automatic default, AutoProtection().
+  std::optional<ProtectionPolicy> default_protection;
+  // An OPEN version with no progress (begun, or a rank's shard staged) for
+  // this long is ABORTED with a reason saying which ranks never arrived, and
+  // its shards are evicted: a rank that died while saving never leaves its
+  // version OPEN for good. Zero disables the rule. Measured on the monotonic
+  // clock from when this meta process last saw progress (a restart restarts
+  // the count, as for leases).
+  absl::Duration open_version_timeout = absl::Minutes(10);
 };
+
+// The automatic default protection for a job created with none stated, over
+// `alive_nodes` ALIVE (or SUSPECT) nodes: replicate{2, ring} (PROTECTED then
+// means every shard has a copy on a second node and survives one node loss)
+// when there are at least two, otherwise none (single-node cluster: PROTECTED
+// then means STAGED, in the agent's memory: it survives a trainer crash but
+// not the loss of the node). Never a policy the cluster cannot place, so a job
+// created with the default can always reach PROTECTED.
+ProtectionPolicy AutoProtection(size_t alive_nodes);
 
 // ---- Requests and results (domain forms of the ckpt.v1 messages) ----------
 
@@ -118,6 +150,9 @@ struct TaskBundle {
   std::map<std::string, Endpoint> endpoints;
   // kFlush: per rank, sources to read from when this node has no VALID copy.
   std::map<uint32_t, std::vector<struct Source>> sources;
+  // kRebuildSegments: per segment to rebuild, the stripe's other VALID
+  // segments on usable nodes (never DEAD or LEFT), SUSPECT holders last.
+  std::map<SegmentKey, std::vector<struct SegmentLocation>> segment_sources;
 };
 
 struct HeartbeatResult {
@@ -142,6 +177,28 @@ struct InventoryResult {
   std::vector<InventoryDecision> decisions;
   uint32_t kept = 0;
   std::vector<Holding> missing;
+};
+
+// A CreateJob call: what the caller states about the job. Unstated parts take
+// the stored values when the job exists (open mode) and are not compared;
+// when the call creates the job they take the defaults. Only stated parts are
+// compared with an existing job.
+struct JobRequest {
+  std::string job_id;
+  // 0: unstated (creating a job requires it).
+  uint32_t world_size = 0;
+  // nullopt: unstated; creating uses MetaOptions::default_protection.
+  std::optional<ProtectionPolicy> protection;
+  // nullopt: unstated; creating means never flush automatically.
+  std::optional<FlushPolicy> flush;
+  // nullopt: unstated; creating means the server defaults.
+  std::optional<RetentionPolicy> retention;
+  // Stored when the call creates the job; never compared.
+  std::map<std::string, std::string> labels;
+
+  // Every field of `spec` stated, except a flush or retention policy left at
+  // its defaults (all zero), which is unstated.
+  static JobRequest Stating(const JobSpec& spec);
 };
 
 struct JobView {
@@ -326,7 +383,7 @@ class MetaCore {
                                                   const std::vector<Holding>& holdings);
   absl::StatusOr<Node> DrainNode(const std::string& node_id);
   absl::Status RemoveNode(const std::string& node_id);
-  std::vector<Node> ListNodes(const std::vector<NodeState>& states) const;
+  absl::StatusOr<std::vector<Node>> ListNodes(const std::vector<NodeState>& states) const;
   // Unfinished tasks of a node incarnation not yet acknowledged, or (all=true)
   // every unfinished one (WatchTasks on open). FailedPrecondition if stale.
   absl::StatusOr<std::vector<TaskBundle>> PendingTasks(const std::string& node_id,
@@ -336,11 +393,19 @@ class MetaCore {
   uint64_t WaitForTaskChange(uint64_t seen_generation, absl::Duration timeout);
 
   // ---- Jobs ----
-  // Returns the job and whether this call created it.
+  // Creates the job, or (open_if_exists) opens it when it exists and every
+  // stated part of `req` equals the stored one (see JobRequest). Returns the
+  // job and whether this call created it. Errors: InvalidArgument (bad id,
+  // world size or policy; creating without a world size; a policy the alive
+  // nodes cannot place), AlreadyExists (exists, not open mode),
+  // FailedPrecondition (exists with a different stated part: the message
+  // names each with the stored and the asked value; or being deleted).
+  absl::StatusOr<std::pair<JobView, bool>> CreateJob(const JobRequest& req, bool open_if_exists);
+  // CreateJob(JobRequest::Stating(spec), open_if_exists).
   absl::StatusOr<std::pair<JobView, bool>> CreateJob(const JobSpec& spec, bool open_if_exists);
   absl::StatusOr<JobView> GetJob(const std::string& job_id) const;
   // Jobs with id > after (empty: from the start), at most `limit`.
-  std::vector<JobView> ListJobs(const std::string& after, uint32_t limit) const;
+  absl::StatusOr<std::vector<JobView>> ListJobs(const std::string& after, uint32_t limit) const;
   absl::StatusOr<JobView> DeleteJob(const std::string& job_id, bool delete_durable_files);
   // The job's current plan (or `override`'s over the same alive nodes) and
   // survival estimates for each failure count.
@@ -350,7 +415,15 @@ class MetaCore {
                                              SurvivalOptions survival) const;
 
   // ---- Versions ----
-  // Returns (version summary, created).
+  // Every call naming a step refuses one above kMaxStep (common/names.h) with
+  // InvalidArgument.
+  //
+  // Begins version `step` of the job, or returns the existing one (idempotent
+  // per run). Returns (version summary, created). A step lower than the job's
+  // newest version at STAGED level or better is refused (InvalidArgument,
+  // naming that version: steps must increase; delete newer versions to
+  // rewind); newer versions that are still OPEN do not block it. An OPEN
+  // version of the same step begun by another run is ABORTED and replaced.
   absl::StatusOr<std::pair<Version, bool>> BeginVersion(const std::string& job_id, uint64_t step,
                                                         const std::string& run_id);
   absl::StatusOr<ReportResult> ReportShards(const std::string& node_id, uint64_t incarnation,
@@ -377,16 +450,27 @@ class MetaCore {
                                                     std::optional<uint64_t> after,
                                                     uint32_t limit) const;
   absl::StatusOr<Version> Latest(const std::string& job_id, Level min_level) const;
+  // Where rank's shard of the version can be read, best first. Holders on
+  // nodes meta considers DEAD (or LEFT) are never listed; holders on SUSPECT
+  // nodes (missing heartbeats) come after every other holder of the same
+  // kind, and an EC stripe lists its segments on SUSPECT nodes last. Errors:
+  // NotFound (job, step or rank), FailedPrecondition (version not restorable:
+  // OPEN, ABORTED, DELETED), DataLoss (no readable source left).
   absl::StatusOr<LocateResult> Locate(const std::string& job_id, uint64_t step, uint32_t rank,
                                       const std::string& near_node_id) const;
   // Blocks (on the Clock) until the version satisfies `level` or `timeout`.
+  // Errors: NotFound (no such version: the message names the job's newest
+  // version when that explains why, e.g. a save refused because a newer
+  // version exists), FailedPrecondition or DataLoss (ABORTED: the message
+  // gives the reason), DeadlineExceeded (the message gives the state and the
+  // ranks still missing).
   absl::StatusOr<Version> WaitVersion(const std::string& job_id, uint64_t step, Level level,
                                       absl::Duration timeout);
   absl::StatusOr<Version> FlushVersion(const std::string& job_id, uint64_t step);
   absl::StatusOr<Version> DeleteVersion(const std::string& job_id, uint64_t step, bool force);
 
   // ---- Cluster ----
-  ClusterStatusView ClusterStatus(bool include_nodes, uint32_t max_problems) const;
+  absl::StatusOr<ClusterStatusView> ClusterStatus(bool include_nodes, uint32_t max_problems) const;
   MetaCounters counters() const;
   // True once Open() loaded the store (readiness).
   bool ready() const { return true; }
@@ -402,6 +486,22 @@ class MetaCore {
   static bool ActiveTasksEmpty(Engine& e, const Version& v);
   // Body of the durability thread.
   void DurableLoop();
+  // Submits `txn` and returns the store sequence an answer computed now must
+  // wait for: the newest change visible in memory (this one, or an earlier
+  // one when `txn` is empty).
+  uint64_t SubmitLocked(Txn& txn) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  ClusterStatusView ClusterStatusLocked(bool include_nodes, uint32_t max_problems) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The sequence of the newest change visible in memory.
+  uint64_t VisibleSeqLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // `answer` once batch `seq` (and so every earlier one) is durable, or the
+  // store's error. Blocks on the store; never call it holding mu_.
+  template <typename T>
+  T WhenDurableAnswer(uint64_t seq, T answer) const {
+    absl::Status st = store_->AwaitDurable(seq);
+    if (!st.ok()) return st;
+    return answer;
+  }
 
   MetaStore* const store_;
   Clock* const clock_;

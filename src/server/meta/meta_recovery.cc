@@ -43,6 +43,7 @@ void Engine::SetState(Version& v, VersionState to, const std::string& reason) {
   if (v.state == to) return;
   const VersionState from = v.state;
   v.state = to;
+  if (from == VersionState::kOpen) s_.open_progress.erase({v.job_id, v.step});
   const int64_t now = NowMs();
   switch (to) {
     case VersionState::kStaged:
@@ -65,6 +66,45 @@ void Engine::SetState(Version& v, VersionState to, const std::string& reason) {
   txn_.Header(v);
   log::Info("version {}/{}: {} -> {}{}{}", v.job_id, v.step, VersionStateName(from),
             VersionStateName(to), reason.empty() ? "" : ": ", reason);
+}
+
+std::string StagedRanksText(const Version& v) {
+  std::string text = absl::StrCat(v.shards.size(), " of ", v.world_size, " shards staged");
+  if (v.shards.size() >= v.world_size) return text;
+  constexpr int kNamed = 8;
+  std::vector<std::string> missing;
+  uint32_t more = 0;
+  for (uint32_t r = 0; r < v.world_size; ++r) {
+    if (v.shards.count(r)) continue;
+    if (missing.size() < kNamed) {
+      missing.push_back(absl::StrCat(r));
+    } else {
+      ++more;
+    }
+  }
+  absl::StrAppend(&text, " (rank", missing.size() + more > 1 ? "s " : " ",
+                  absl::StrJoin(missing, ", "),
+                  more > 0 ? absl::StrCat(" and ", more, " more") : "", " missing)");
+  return text;
+}
+
+void Engine::AbortOpenVersion(Version& v, const std::string& reason) {
+  CancelVersionTasks(v);
+  EvictVersion(v);
+  SetState(v, VersionState::kAborted, reason);
+}
+
+void Engine::AbortOpenVersionsBelow(const Version& staged) {
+  if (IsTerminal(staged.state) || staged.state == VersionState::kOpen) return;
+  auto j = s_.versions.find(staged.job_id);
+  if (j == s_.versions.end()) return;
+  for (auto it = j->second.begin(); it != j->second.end() && it->first < staged.step; ++it) {
+    Version& old = it->second;
+    if (old.state != VersionState::kOpen) continue;
+    AbortOpenVersion(old, absl::StrCat("superseded: step ", staged.step,
+                                       " was staged first, while this version had ",
+                                       StagedRanksText(old)));
+  }
 }
 
 bool Engine::ShardReadable(const Version& v, const Shard& shard) const {
@@ -253,11 +293,18 @@ void Engine::PlanRecovery(Version& v) {
     for (auto& [rank, sh] : v.shards) {
       std::set<std::string> holders;
       int protective = 0;
+      // The source: a holder on a node that is not SUSPECT if there is one,
+      // the primary first.
       std::string source;
+      int source_rank = INT32_MAX;
       for (const Copy& c : sh.copies) {
         if (c.state == CopyState::kValid || c.state == CopyState::kPending) holders.insert(c.node_id);
         if (Usable(c.state) && IsUsable(c.node_id)) {
-          if (source.empty() || c.role == CopyRole::kPrimary) source = c.node_id;
+          const int rank = (IsSuspect(c.node_id) ? 2 : 0) + (c.role == CopyRole::kPrimary ? 0 : 1);
+          if (rank < source_rank) {
+            source = c.node_id;
+            source_rank = rank;
+          }
           if (c.role != CopyRole::kRestored && CountsForProtection(c.node_id)) ++protective;
         }
       }
@@ -524,7 +571,10 @@ std::vector<Source> Engine::Sources(const Version& v, const Shard& shard,
   if (auto n = s_.nodes.find(near_node_id); n != s_.nodes.end()) {
     near_domain = n->second.failure_domain;
   }
-  std::vector<Source> replicas;
+  // Holders on DEAD or LEFT nodes are never sources (IsUsable); replicas on
+  // SUSPECT nodes (missing heartbeats: a stopped or overloaded agent would
+  // hold a reader for the whole peer timeout) come after every other source.
+  std::vector<Source> replicas, suspect;
   for (const Copy& c : shard.copies) {
     if (!Usable(c.state) || !IsUsable(c.node_id)) continue;
     Source src;
@@ -533,6 +583,8 @@ std::vector<Source> Engine::Sources(const Version& v, const Shard& shard,
     src.role = c.role;
     if (src.kind == SourceKind::kLocal) {
       out.push_back(src);
+    } else if (IsSuspect(c.node_id)) {
+      suspect.push_back(src);
     } else {
       replicas.push_back(src);
     }
@@ -545,8 +597,9 @@ std::vector<Source> Engine::Sources(const Version& v, const Shard& shard,
     }
     return r;
   };
-  std::stable_sort(replicas.begin(), replicas.end(),
-                   [&](const Source& a, const Source& b) { return rank_of(a) < rank_of(b); });
+  auto by_rank = [&](const Source& a, const Source& b) { return rank_of(a) < rank_of(b); };
+  std::stable_sort(replicas.begin(), replicas.end(), by_rank);
+  std::stable_sort(suspect.begin(), suspect.end(), by_rank);
   out.insert(out.end(), replicas.begin(), replicas.end());
 
   // EC decode from the owner's stripes.
@@ -588,10 +641,10 @@ std::vector<Source> Engine::Sources(const Version& v, const Shard& shard,
           if (seg.kind == SegmentKind::kParity) {
             ss.stripe_length_bytes = seg.length_bytes;
           }
-          if (!Usable(seg.state) || !IsUsable(seg.holder_node_id)) continue;
-          if (seg.key.position == slot.position) wanted_valid = true;
-          ss.segments.push_back(SegmentLocation{seg.key, seg.kind, seg.length_bytes, seg.crc32c,
-                                                EndpointOf(seg.holder_node_id)});
+        }
+        ss.segments = StripeLocations(v, g->index, slot.stripe, nullptr);
+        for (const SegmentLocation& loc : ss.segments) {
+          if (loc.key.position == slot.position) wanted_valid = true;
         }
         if (!wanted_valid && static_cast<int>(ss.segments.size()) < g->data_k) ok = false;
         ec.stripes.push_back(std::move(ss));
@@ -610,6 +663,31 @@ std::vector<Source> Engine::Sources(const Version& v, const Shard& shard,
     src.durable_path = shard.durable_path;
     out.push_back(src);
   }
+  out.insert(out.end(), suspect.begin(), suspect.end());
+  return out;
+}
+
+std::vector<SegmentLocation> Engine::StripeLocations(const Version& v, int group, int stripe,
+                                                     const SegmentKey* exclude) const {
+  std::vector<const Segment*> segs;
+  for (const Segment& seg : v.segments) {
+    if (seg.key.group != group || seg.key.stripe != stripe) continue;
+    if (exclude != nullptr && seg.key == *exclude) continue;
+    if (!Usable(seg.state) || !IsUsable(seg.holder_node_id)) continue;
+    segs.push_back(&seg);
+  }
+  // Position order (data before parity), SUSPECT holders last.
+  std::stable_sort(segs.begin(), segs.end(), [&](const Segment* a, const Segment* b) {
+    const bool sa = IsSuspect(a->holder_node_id), sb = IsSuspect(b->holder_node_id);
+    if (sa != sb) return sb;
+    return a->key.position < b->key.position;
+  });
+  std::vector<SegmentLocation> out;
+  out.reserve(segs.size());
+  for (const Segment* seg : segs) {
+    out.push_back(SegmentLocation{seg->key, seg->kind, seg->length_bytes, seg->crc32c,
+                                  EndpointOf(seg->holder_node_id)});
+  }
   return out;
 }
 
@@ -619,10 +697,11 @@ std::vector<Source> Engine::Sources(const Version& v, const Shard& shard,
 absl::StatusOr<InventoryResult> MetaCore::ReportInventory(const std::string& node_id,
                                                           uint64_t incarnation,
                                                           const std::vector<Holding>& holdings) {
-  InventoryResult result;
   uint64_t seq = 0;
-  {
+  absl::StatusOr<InventoryResult> answer = [&]() -> absl::StatusOr<InventoryResult> {
+    InventoryResult result;
     absl::MutexLock lock(&mu_);
+    seq = VisibleSeqLocked();
     Txn txn;
     Engine e(*state_, clock_, options_, txn);
     CKPT_ASSIGN_OR_RETURN(Node * node, e.CheckNode(node_id, incarnation));
@@ -723,7 +802,8 @@ absl::StatusOr<InventoryResult> MetaCore::ReportInventory(const std::string& nod
           continue;
         }
         if (h.state == CopyState::kCorrupt ||
-            (seg->crc32c != 0 && h.crc32c != seg->crc32c) || h.size_bytes != seg->length_bytes) {
+            ((seg->crc_known || seg->crc32c != 0) && h.crc32c != seg->crc32c) ||
+            h.size_bytes != seg->length_bytes) {
           if (seg->holder_node_id == node_id && seg->state != CopyState::kCorrupt) {
             seg->state = CopyState::kCorrupt;
             seg->updated_ms = now;
@@ -744,6 +824,7 @@ absl::StatusOr<InventoryResult> MetaCore::ReportInventory(const std::string& nod
         seg->holder_node_id = node_id;
         seg->state = CopyState::kValid;
         seg->crc32c = h.crc32c;
+        seg->crc_known = true;
         seg->updated_ms = now;
         txn.Segments(v);
         touched.insert(&v);
@@ -809,10 +890,10 @@ absl::StatusOr<InventoryResult> MetaCore::ReportInventory(const std::string& nod
     }
     log::Info("inventory of node {}: {} entries, {} kept, {} decisions, {} missing", node_id,
               holdings.size(), result.kept, result.decisions.size(), result.missing.size());
-    seq = txn.Submit(store_, state_->versions);
-  }
-  CKPT_RETURN_IF_ERROR(store_->AwaitDurable(seq));
-  return result;
+    seq = SubmitLocked(txn);
+    return result;
+  }();
+  return WhenDurableAnswer(seq, std::move(answer));
 }
 
 absl::Status MetaCore::Tick() {
@@ -892,6 +973,26 @@ absl::Status MetaCore::Tick() {
         txn.Task(t);
       }
     }
+    // OPEN versions that stopped progressing (a rank died while saving, and
+    // no newer version was staged to supersede them) end, so they hold no
+    // memory and no trainer waits on them for ever.
+    if (options_.open_version_timeout > absl::ZeroDuration()) {
+      std::vector<std::pair<std::string, uint64_t>> stalled;
+      for (const auto& [key, since] : state_->open_progress) {
+        if (mono - since >= options_.open_version_timeout) stalled.push_back(key);
+      }
+      for (const auto& [job_id, step] : stalled) {
+        auto v = e.FindVersion(job_id, step);
+        if (!v.ok() || (*v)->state != VersionState::kOpen) {
+          state_->open_progress.erase({job_id, step});
+          continue;
+        }
+        e.AbortOpenVersion(**v, absl::StrCat("no progress for ",
+                                             absl::FormatDuration(options_.open_version_timeout),
+                                             " with ", StagedRanksText(**v),
+                                             " (did a rank die while saving?)"));
+      }
+    }
     // Jobs being deleted whose clean-up finished disappear.
     std::vector<std::string> gone;
     for (auto& [job_id, job] : state_->jobs) {
@@ -914,7 +1015,7 @@ absl::Status MetaCore::Tick() {
       txn.DeleteJob(job_id);
       log::Info("job {} removed", job_id);
     }
-    seq = txn.Submit(store_, state_->versions);
+    seq = SubmitLocked(txn);
   }
   return store_->AwaitDurable(seq);
 }
@@ -926,8 +1027,19 @@ bool MetaCore::ActiveTasksEmpty(Engine& e, const Version& v) {
   return true;
 }
 
-ClusterStatusView MetaCore::ClusterStatus(bool include_nodes, uint32_t max_problems) const {
-  absl::MutexLock lock(&mu_);
+absl::StatusOr<ClusterStatusView> MetaCore::ClusterStatus(bool include_nodes,
+                                                         uint32_t max_problems) const {
+  uint64_t seq = 0;
+  ClusterStatusView out;
+  {
+    absl::MutexLock lock(&mu_);
+    seq = VisibleSeqLocked();
+    out = ClusterStatusLocked(include_nodes, max_problems);
+  }
+  return WhenDurableAnswer<absl::StatusOr<ClusterStatusView>>(seq, std::move(out));
+}
+
+ClusterStatusView MetaCore::ClusterStatusLocked(bool include_nodes, uint32_t max_problems) const {
   ClusterStatusView out;
   out.meta_instance_id = instance_id_;
   out.meta_start_ms = start_ms_;
@@ -953,7 +1065,8 @@ ClusterStatusView MetaCore::ClusterStatus(bool include_nodes, uint32_t max_probl
       if (n.memory_capacity_bytes > 0 && n.memory_free_bytes * 10 < n.memory_capacity_bytes) {
         problems.push_back({Problem::Kind::kMemoryLow, false,
                             absl::StrCat("node ", id, " memory tier is ",
-                                         100 - n.memory_free_bytes * 100 / n.memory_capacity_bytes,
+                                         100 - n.memory_free_bytes * 100 /
+                                                   n.memory_capacity_bytes,
                                          "% full"),
                             id, "", std::nullopt, n.last_heartbeat_ms});
       }
@@ -1032,8 +1145,8 @@ ClusterStatusView MetaCore::ClusterStatus(bool include_nodes, uint32_t max_probl
         (e.Active(t) && t.attempt >= 3)) {
       if (t.state == TaskState::kFailed && t.kind == TaskKind::kDrop) continue;
       problems.push_back({Problem::Kind::kTaskFailing, t.state == TaskState::kFailed,
-                          absl::StrCat("task ", id, " (", TaskKindName(t.kind), " ", t.job_id, "/",
-                                       t.step, ") on node ", t.node_id, " ",
+                          absl::StrCat("task ", id, " (", TaskKindName(t.kind), " ", t.job_id,
+                                       "/", t.step, ") on node ", t.node_id, " ",
                                        TaskStateName(t.state), " after ", t.attempt,
                                        " attempts: ", t.last_error),
                           t.node_id, t.job_id, t.step, t.created_ms});

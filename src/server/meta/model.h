@@ -90,6 +90,9 @@ struct Endpoint {
   uint64_t incarnation = 0;
   std::string grpc_address;
   std::string data_address;
+  // The node's state when the snapshot was taken (readers may start a
+  // fallback early for a SUSPECT holder).
+  NodeState state = NodeState::kAlive;
 };
 
 // ---------------------------------------------------------------------------
@@ -202,6 +205,7 @@ struct Segment {
   int blob_segment = 0;       // data only
   uint64_t length_bytes = 0;  // unpadded (parity: stripe length)
   uint32_t crc32c = 0;        // 0 until reported
+  bool crc_known = false;     // crc32c was reported (0 is a valid crc)
   std::string holder_node_id;
   CopyState state = CopyState::kPending;
   int64_t updated_ms = 0;

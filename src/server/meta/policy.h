@@ -17,8 +17,10 @@
 #pragma once
 
 #include <string>
+#include <string_view>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 
 namespace ckpt::meta {
@@ -143,5 +145,11 @@ struct ProtectionPolicy {
   // that came from different sources.
   friend bool operator==(const ProtectionPolicy&, const ProtectionPolicy&) = default;
 };
+
+// Parses the command-line spelling shared by ckpt-meta's --default-protection,
+// the Python client and quickstart: "none", "replicate:COPIES[:ring|group]"
+// (ring when omitted) or "ec:K+M". The result is Validate()d. InvalidArgument
+// quoting `text` and the expected forms otherwise.
+absl::StatusOr<ProtectionPolicy> ParseProtectionPolicy(std::string_view text);
 
 }  // namespace ckpt::meta

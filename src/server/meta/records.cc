@@ -38,8 +38,8 @@ NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(NodeBlob, node_id, parts, size_b
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(EcGroup, index, members, data_k, parity_m)
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(SegmentKey, group, stripe, position)
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(Segment, key, kind, owner_node_id, blob_segment,
-                                                length_bytes, crc32c, holder_node_id, state,
-                                                updated_ms, detail)
+                                                length_bytes, crc32c, crc_known, holder_node_id,
+                                                state, updated_ms, detail)
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(VersionPlan, policy, epoch, nodes, protectors,
                                                 groups)
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(Holding, is_segment, job_id, step, rank, segment,

@@ -15,6 +15,9 @@ absl::StatusOr<agent::ShardId> ShardIdFromProto(const v1::ShardKey& key, const s
   if (absl::Status s = ValidateJobId(key.job_id()); !s.ok()) {
     return absl::InvalidArgumentError(absl::StrCat(field, ".job_id: ", s.message()));
   }
+  if (absl::Status s = ValidateStep(key.step()); !s.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(field, ".step: ", s.message()));
+  }
   return agent::ShardId{key.job_id(), key.step(), key.rank()};
 }
 
@@ -112,7 +115,7 @@ absl::StatusOr<DurableManifest> ManifestFromVersion(const v1::VersionInfo& versi
 }
 
 agent::PeerEndpoint EndpointFromProto(const v1::NodeEndpoint& e) {
-  return agent::PeerEndpoint{e.node_id(), e.incarnation(), e.data_address()};
+  return agent::PeerEndpoint{e.node_id(), e.incarnation(), e.data_address(), e.state() == v1::NODE_STATE_SUSPECT};
 }
 
 agent::SegmentId SegmentIdFromProto(const v1::SegmentKey& k) {
@@ -127,10 +130,14 @@ void SegmentIdToProto(const agent::SegmentId& id, v1::SegmentKey* out) {
   out->set_position(id.position);
 }
 
+agent::SegmentKind SegmentKindFromProto(v1::SegmentKind kind) {
+  return kind == v1::SEGMENT_KIND_PARITY ? agent::SegmentKind::kParity : agent::SegmentKind::kData;
+}
+
 agent::SegmentLocation SegmentLocationFromProto(const v1::SegmentLocation& l) {
   agent::SegmentLocation out;
   out.key = SegmentIdFromProto(l.key());
-  out.kind = l.kind();
+  out.kind = SegmentKindFromProto(l.kind());
   out.length_bytes = l.length_bytes();
   out.crc32c = l.crc32c();
   out.holder = EndpointFromProto(l.holder());
@@ -180,6 +187,30 @@ agent::EcDecodeSource EcDecodeSourceFromProto(const v1::EcDecodeSource& s) {
     o.stripe_length_bytes = st.stripe_length_bytes();
     for (const v1::SegmentLocation& l : st.segments()) o.segments.push_back(SegmentLocationFromProto(l));
     out.stripes.push_back(std::move(o));
+  }
+  return out;
+}
+
+absl::StatusOr<agent::ShardSource> ShardSourceFromProto(const v1::ShardSource& s) {
+  agent::ShardSource out;
+  switch (s.kind()) {
+    case v1::SOURCE_KIND_LOCAL:
+      out.kind = agent::ShardSource::Kind::kLocal;
+      break;
+    case v1::SOURCE_KIND_REPLICA:
+      out.kind = agent::ShardSource::Kind::kReplica;
+      out.holder = EndpointFromProto(s.holder());
+      break;
+    case v1::SOURCE_KIND_EC_DECODE:
+      out.kind = agent::ShardSource::Kind::kEcDecode;
+      out.ec = EcDecodeSourceFromProto(s.ec());
+      break;
+    case v1::SOURCE_KIND_DURABLE:
+      out.kind = agent::ShardSource::Kind::kDurable;
+      out.durable_path = s.durable_path();
+      break;
+    default:
+      return absl::InvalidArgumentError(absl::StrCat("unknown source kind ", static_cast<int>(s.kind())));
   }
   return out;
 }

@@ -32,10 +32,13 @@ void HoldingToProto(const agent::HoldingInfo& h, v1::InventoryEntry* out);
 agent::PeerEndpoint EndpointFromProto(const v1::NodeEndpoint& e);
 agent::SegmentId SegmentIdFromProto(const v1::SegmentKey& k);
 void SegmentIdToProto(const agent::SegmentId& id, v1::SegmentKey* out);
+agent::SegmentKind SegmentKindFromProto(v1::SegmentKind kind);
 agent::SegmentLocation SegmentLocationFromProto(const v1::SegmentLocation& l);
 agent::EcGroupLayout EcGroupFromProto(const v1::EcGroupLayout& g);
 agent::NodeBlob NodeBlobFromProto(const v1::NodeBlob& b);
 agent::EcDecodeSource EcDecodeSourceFromProto(const v1::EcDecodeSource& s);
+// A restore source; InvalidArgument for an unknown kind.
+absl::StatusOr<agent::ShardSource> ShardSourceFromProto(const v1::ShardSource& s);
 
 // The durable manifest of a version returned by GetVersion(include_items).
 // FailedPrecondition if some rank has no staged shard.

@@ -31,6 +31,10 @@ AgentServiceImpl::AgentServiceImpl(agent::Agent* agent, std::string data_transpo
 
 grpc::Status AgentServiceImpl::AcquireStagingLease(grpc::ServerContext*, const v1::AcquireStagingLeaseRequest* req,
                                                    v1::AcquireStagingLeaseResponse* resp) {
+  // Checked here, before the agent reserves memory or begins the version at
+  // meta: a step such as 2^64-1 would otherwise open a version that refuses
+  // every later save of the job.
+  if (absl::Status s = ValidateStep(req->step()); !s.ok()) return ToGrpcStatus(s);
   agent::LeaseRequest r;
   r.job_id = req->job_id();
   r.step = req->step();
@@ -39,6 +43,7 @@ grpc::Status AgentServiceImpl::AcquireStagingLease(grpc::ServerContext*, const v
   r.run_id = req->run_id();
   r.client_pid = req->client_pid();
   r.ttl_ms = req->ttl_ms();
+  r.session_id = req->session_id();
   if (r.ttl_ms < 0) return Invalid("ttl_ms must not be negative");
   absl::StatusOr<agent::LeaseGrant> g = agent_->AcquireLease(r);
   if (!g.ok()) return ToGrpcStatus(g.status());
@@ -77,74 +82,52 @@ grpc::Status AgentServiceImpl::OpenShard(grpc::ServerContext*, const v1::OpenSha
   absl::StatusOr<agent::ShardId> id = ShardIdFromProto(req->key(), "key");
   if (!id.ok()) return ToGrpcStatus(id.status());
   if (req->ttl_ms() < 0) return Invalid("ttl_ms must not be negative");
-  absl::StatusOr<agent::OpenResult> r = agent_->OpenShard(*id, req->skip_verify(), req->client_pid(), req->ttl_ms());
-  v1::ShardSource served;
-  served.set_kind(v1::SOURCE_KIND_LOCAL);
-  if (!r.ok() && (absl::IsNotFound(r.status()) || absl::IsDataLoss(r.status()))) {
-    // Try the given sources in order: a peer's replica, a decode from EC
-    // stripes, the durable tier.
-    const absl::Status local = r.status();
-    for (const v1::ShardSource& src : req->sources()) {
-      if (src.kind() == v1::SOURCE_KIND_LOCAL) continue;
-      v1::SourceAttempt* attempt = resp->add_failed_sources();
-      *attempt->mutable_source() = src;
-      if (!req->has_expected() || req->expected().size_bytes() == 0) {
-        return Invalid("expected (the shard's size, crc32c and items from Locate) is required with sources");
-      }
-      if (req->expected().items_size() == 0 && req->expected().manifest_digest() != ManifestDigest({})) {
-        return Invalid("expected.items (from Locate without omit_items) is required with sources other than LOCAL");
-      }
-      agent::ShardRecord expected;
-      expected.id = *id;
-      expected.size_bytes = req->expected().size_bytes();
-      expected.crc32c = req->expected().crc32c();
-      for (const v1::Item& item : req->expected().items()) expected.items.push_back(ItemFromProto(item));
-      switch (src.kind()) {
-        case v1::SOURCE_KIND_REPLICA:
-          r = agent_->RestoreFromPeer(expected, EndpointFromProto(src.holder()), req->client_pid(), req->ttl_ms());
-          break;
-        case v1::SOURCE_KIND_EC_DECODE:
-          r = agent_->RestoreByDecode(expected, EcDecodeSourceFromProto(src.ec()), req->client_pid(), req->ttl_ms());
-          break;
-        case v1::SOURCE_KIND_DURABLE:
-          r = agent_->RestoreFromDurable(expected, src.durable_path(), req->client_pid(), req->ttl_ms());
-          break;
-        default:
-          r = absl::InvalidArgumentError("unknown source kind");
-      }
-      if (r.ok()) {
-        resp->mutable_failed_sources()->RemoveLast();
-        served = src;
-        break;
-      }
-      ToProto(r.status(), attempt->mutable_status());
-    }
-    if (!r.ok()) {
-      std::string why = std::string(local.message());
-      for (const v1::SourceAttempt& a : resp->failed_sources()) {
-        absl::StrAppend(&why, "; source ", v1::SourceKind_Name(a.source().kind()), ": ", a.status().message());
-      }
-      const bool tried = resp->failed_sources_size() > 0;
-      return grpc::Status(tried ? grpc::StatusCode::DATA_LOSS : static_cast<grpc::StatusCode>(local.code()), why);
-    }
+  agent::OpenRequest open;
+  open.id = *id;
+  open.skip_verify = req->skip_verify();
+  open.client = agent::ClientRef{req->client_pid(), req->session_id()};
+  open.ttl_ms = req->ttl_ms();
+  if (req->has_expected() && req->expected().size_bytes() != 0) {
+    agent::ShardRecord expected;
+    expected.id = *id;
+    expected.size_bytes = req->expected().size_bytes();
+    expected.crc32c = req->expected().crc32c();
+    for (const v1::Item& item : req->expected().items()) expected.items.push_back(ItemFromProto(item));
+    open.expected = std::move(expected);
   }
+  // A client that reads its manifest from this agent (packed_manifest)
+  // leaves the expected items out when it opens a LOCAL copy alone; any
+  // other source needs them to rebuild and check the shard.
+  const bool items_left_out =
+      req->expected().items_size() == 0 && req->expected().manifest_digest() != ManifestDigest({});
+  for (const v1::ShardSource& src : req->sources()) {
+    if (items_left_out && req->expected().size_bytes() != 0 && src.kind() != v1::SOURCE_KIND_LOCAL) {
+      return Invalid("expected.items (from Locate without omit_items) is required with sources other than LOCAL");
+    }
+    absl::StatusOr<agent::ShardSource> s = ShardSourceFromProto(src);
+    if (!s.ok()) return ToGrpcStatus(s.status());
+    open.sources.push_back(*std::move(s));
+  }
+  absl::StatusOr<agent::OpenOutcome> r = agent_->Open(open);
   if (!r.ok()) return ToGrpcStatus(r.status());
-  if (req->has_expected() && req->expected().size_bytes() != 0 &&
-      (req->expected().size_bytes() != r->shard.record.size_bytes ||
-       req->expected().crc32c() != r->shard.record.crc32c)) {
-    agent_->CloseShard(r->handle_id).IgnoreError();
-    return grpc::Status(grpc::StatusCode::DATA_LOSS,
-                        absl::StrCat("the local copy of ", agent::ShardIdString(*id),
-                                     " differs from the expected shard (size/crc32c)"));
+  for (const agent::SourceAttempt& a : r->failed) {
+    v1::SourceAttempt* attempt = resp->add_failed_sources();
+    *attempt->mutable_source() = req->sources(static_cast<int>(a.index));
+    ToProto(a.status, attempt->mutable_status());
   }
-  resp->set_handle_id(r->handle_id);
-  RecordToShardInfo(r->shard.record, agent_->Status().node_id, /*with_items=*/!req->packed_manifest(),
+  if (r->served_by) {
+    *resp->mutable_served_from() = req->sources(static_cast<int>(*r->served_by));
+  } else {
+    resp->mutable_served_from()->set_kind(v1::SOURCE_KIND_LOCAL);
+  }
+  const agent::OpenResult& o = r->result;
+  resp->set_handle_id(o.handle_id);
+  RecordToShardInfo(o.shard.record, agent_->Status().node_id, /*with_items=*/!req->packed_manifest(),
                     resp->mutable_shard());
-  if (req->packed_manifest()) resp->set_manifest(EncodeManifest(r->shard.record.items));
-  for (const agent::Region& region : r->shard.regions) RegionToProto(region, resp->add_regions());
-  *resp->mutable_served_from() = served;
-  resp->set_verified(r->verified);
-  resp->set_expires_in_ms(r->expires_in_ms);
+  if (req->packed_manifest()) resp->set_manifest(EncodeManifest(o.shard.record.items));
+  for (const agent::Region& region : o.shard.regions) RegionToProto(region, resp->add_regions());
+  resp->set_verified(o.verified);
+  resp->set_expires_in_ms(o.expires_in_ms);
   return grpc::Status::OK;
 }
 
@@ -290,7 +273,7 @@ grpc::Status AgentServiceImpl::AgentStatus(grpc::ServerContext*, const v1::Agent
   resp->set_memory_leased_bytes(s.leased_bytes);
   std::map<std::tuple<int, int>, std::pair<uint32_t, uint64_t>> counts;
   for (const agent::HoldingInfo& h : s.holdings) {
-    auto& c = counts[{h.role, h.state}];
+    auto& c = counts[{static_cast<int>(h.role), static_cast<int>(h.state)}];
     c.first++;
     c.second += h.size_bytes;
   }

@@ -317,22 +317,26 @@ void ToProto(const meta::ProtectionPolicy& policy, v1::ProtectionPolicy* out) {
   }
 }
 
-absl::StatusOr<meta::JobSpec> JobSpecFromProto(const v1::JobSpec& spec, const std::string& field) {
-  meta::JobSpec out;
+absl::StatusOr<meta::JobRequest> JobRequestFromProto(const v1::JobSpec& spec,
+                                                     const std::string& field) {
+  meta::JobRequest out;
   out.job_id = spec.job_id();
   out.world_size = spec.world_size();
-  if (!spec.has_protection()) {
-    return Missing(field + ".protection",
-                   "set none, replicate {copies, placement} or ec {data_k, parity_m}");
+  if (spec.has_protection()) {
+    absl::StatusOr<meta::ProtectionPolicy> policy =
+        PolicyFromProto(spec.protection(), field + ".protection");
+    if (!policy.ok()) return policy.status();
+    out.protection = *policy;
   }
-  absl::StatusOr<meta::ProtectionPolicy> policy =
-      PolicyFromProto(spec.protection(), field + ".protection");
-  if (!policy.ok()) return policy.status();
-  out.protection = *policy;
-  out.flush.every_n_versions = spec.flush().every_n_versions();
-  out.flush.every_seconds = spec.flush().every_seconds();
-  out.retention.keep_in_memory = spec.retention().keep_in_memory();
-  out.retention.keep_durable = spec.retention().keep_durable();
+  if (spec.flush().every_n_versions() != 0 || spec.flush().every_seconds() != 0) {
+    out.flush = meta::FlushPolicy{spec.flush().every_n_versions(), spec.flush().every_seconds()};
+  }
+  if (spec.retention().keep_in_memory() != 0 || spec.retention().keep_durable() != 0) {
+    meta::RetentionPolicy r;
+    r.keep_in_memory = spec.retention().keep_in_memory();
+    r.keep_durable = spec.retention().keep_durable();
+    out.retention = r;
+  }
   for (const auto& [k, v] : spec.labels()) out.labels.emplace(k, v);
   return out;
 }
@@ -374,6 +378,7 @@ void ToProto(const meta::Endpoint& endpoint, v1::NodeEndpoint* out) {
   out->set_incarnation(endpoint.incarnation);
   out->set_grpc_address(endpoint.grpc_address);
   out->set_data_address(endpoint.data_address);
+  out->set_state(ToProto(endpoint.state));
 }
 
 void ToProto(const meta::Node& node, v1::NodeInfo* out) {
@@ -382,6 +387,7 @@ void ToProto(const meta::Node& node, v1::NodeInfo* out) {
   e->set_incarnation(node.incarnation);
   e->set_grpc_address(node.grpc_address);
   e->set_data_address(node.data_address);
+  e->set_state(ToProto(node.state));
   out->set_role(ToProto(node.role));
   out->set_state(ToProto(node.state));
   out->set_failure_domain(node.failure_domain);
@@ -1019,15 +1025,17 @@ absl::Status TaskToProto(const meta::TaskBundle& bundle, v1::Task* out) {
         uint64_t stripe_length = 0;
         for (const meta::Segment* s : it->second) stripe_length = std::max(stripe_length, s->length_bytes);
         sr->set_stripe_length_bytes(stripe_length);
-        sr->set_expected_crc32c(seg->crc32c);
-        for (const meta::Segment* s : it->second) {
-          if (s->key == target || s->state != meta::CopyState::kValid) continue;
+        if (seg->crc_known || seg->crc32c != 0) sr->set_expected_crc32c(seg->crc32c);
+        // The core chose the sources (usable holders, SUSPECT ones last).
+        auto sources = bundle.segment_sources.find(target);
+        if (sources == bundle.segment_sources.end()) continue;
+        for (const meta::SegmentLocation& src : sources->second) {
           v1::SegmentLocation* loc = sr->add_sources();
-          SegmentKeyToProto(task.job_id, task.step, s->key, loc->mutable_key());
-          loc->set_kind(ToProto(s->kind));
-          loc->set_length_bytes(s->length_bytes);
-          loc->set_crc32c(s->crc32c);
-          EndpointFor(bundle, s->holder_node_id, loc->mutable_holder());
+          SegmentKeyToProto(task.job_id, task.step, src.key, loc->mutable_key());
+          loc->set_kind(ToProto(src.kind));
+          loc->set_length_bytes(src.length_bytes);
+          loc->set_crc32c(src.crc32c);
+          ToProto(src.holder, loc->mutable_holder());
         }
       }
       return absl::OkStatus();

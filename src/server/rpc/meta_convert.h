@@ -106,9 +106,13 @@ absl::StatusOr<meta::ProtectionPolicy> PolicyFromProto(const v1::ProtectionPolic
                                                        const std::string& field);
 void ToProto(const meta::ProtectionPolicy& policy, v1::ProtectionPolicy* out);
 
-// `field` is the path of the spec ("spec"). The protection policy is required;
-// an unset flush policy means never, an unset retention the server defaults.
-absl::StatusOr<meta::JobSpec> JobSpecFromProto(const v1::JobSpec& spec, const std::string& field);
+// What a CreateJob spec states (meta::JobRequest). `field` is the path of the
+// spec ("spec"). Stated: the protection when `protection` is set (its kind is
+// then required); the flush or retention policy when its message is set with
+// a non-zero field (all zero means unstated, as clients before field presence
+// sent it); the world size when non-zero; labels always.
+absl::StatusOr<meta::JobRequest> JobRequestFromProto(const v1::JobSpec& spec,
+                                                     const std::string& field);
 void ToProto(const meta::JobSpec& spec, v1::JobSpec* out);
 // Job counts per state omit states with no version.
 void ToProto(const meta::JobView& view, v1::JobInfo* out);

@@ -87,10 +87,10 @@ AgentTask TaskFromProto(const v1::Task& t) {
       for (const v1::SegmentRebuild& r : t.rebuild_segments().segments()) {
         agent::SegmentRebuild o;
         o.target = SegmentIdFromProto(r.target());
-        o.kind = r.kind();
+        o.kind = SegmentKindFromProto(r.kind());
         o.length_bytes = r.length_bytes();
         o.stripe_length_bytes = r.stripe_length_bytes();
-        o.expected_crc32c = r.expected_crc32c();
+        if (r.has_expected_crc32c()) o.expected_crc32c = r.expected_crc32c();
         for (const v1::SegmentLocation& l : r.sources()) o.sources.push_back(SegmentLocationFromProto(l));
         a.rebuilds.push_back(std::move(o));
       }

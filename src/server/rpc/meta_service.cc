@@ -396,7 +396,9 @@ grpc::Status MetaServiceImpl::ListNodes(grpc::ServerContext*, const v1::ListNode
     states = {meta::NodeState::kAlive, meta::NodeState::kSuspect, meta::NodeState::kDead,
               meta::NodeState::kDraining, meta::NodeState::kLeft};
   }
-  for (const meta::Node& node : core_->ListNodes(states)) ToProto(node, resp->add_nodes());
+  absl::StatusOr<std::vector<meta::Node>> nodes = core_->ListNodes(states);
+  if (!nodes.ok()) return Fail("ListNodes", nodes.status());
+  for (const meta::Node& node : *nodes) ToProto(node, resp->add_nodes());
   return grpc::Status::OK;
 }
 
@@ -407,9 +409,9 @@ grpc::Status MetaServiceImpl::CreateJob(grpc::ServerContext*, const v1::CreateJo
                                         v1::CreateJobResponse* resp) {
   if (!req->has_spec()) {
     return Fail("CreateJob", absl::InvalidArgumentError(
-                                 "spec is required: job_id, world_size and protection"));
+                                 "spec is required: job_id, and world_size to create the job"));
   }
-  absl::StatusOr<meta::JobSpec> spec = JobSpecFromProto(req->spec(), "spec");
+  absl::StatusOr<meta::JobRequest> spec = JobRequestFromProto(req->spec(), "spec");
   if (!spec.ok()) return Fail("CreateJob", spec.status());
   absl::StatusOr<std::pair<meta::JobView, bool>> result =
       core_->CreateJob(*spec, req->open_if_exists());
@@ -437,7 +439,9 @@ grpc::Status MetaServiceImpl::ListJobs(grpc::ServerContext*, const v1::ListJobsR
   }
   const uint32_t limit = PageSize(req->page_size());
   // One more than the page: tells whether another page follows.
-  std::vector<meta::JobView> jobs = core_->ListJobs(after, limit + 1);
+  absl::StatusOr<std::vector<meta::JobView>> listed = core_->ListJobs(after, limit + 1);
+  if (!listed.ok()) return Fail("ListJobs", listed.status());
+  std::vector<meta::JobView>& jobs = *listed;
   const bool more = jobs.size() > limit;
   if (more) jobs.resize(limit);
   for (const meta::JobView& job : jobs) ToProto(job, resp->add_jobs());
@@ -688,7 +692,10 @@ grpc::Status MetaServiceImpl::ClusterStatus(grpc::ServerContext*,
                                             const v1::ClusterStatusRequest* req,
                                             v1::ClusterStatusResponse* resp) {
   const uint32_t max_problems = req->max_problems() == 0 ? kDefaultMaxProblems : req->max_problems();
-  ToProto(core_->ClusterStatus(req->include_nodes(), max_problems), resp);
+  absl::StatusOr<meta::ClusterStatusView> status =
+      core_->ClusterStatus(req->include_nodes(), max_problems);
+  if (!status.ok()) return Fail("ClusterStatus", status.status());
+  ToProto(*status, resp);
   return grpc::Status::OK;
 }
 

@@ -22,6 +22,13 @@ struct Rule {
   std::optional<uint16_t> type;
   uint64_t offset = 0;
 };
+struct HeldReceive {
+  Inbound msg;
+  MutablePieces app_pieces;                      // where the application wants it
+  std::shared_ptr<std::vector<std::byte>> data;  // where it waits meanwhile
+  bool received = false;                         // the inner transport finished it
+  absl::Status status;
+};
 struct HeldSend {
   PeerId peer;
   uint16_t type;
@@ -36,13 +43,36 @@ struct FaultTransport::State : public Handler {
     thread = std::thread([this] { RunCompletions(); });
   }
 
-  // Handler wrapper: blackholes dropped peers.
+  // Handler wrapper: blackholes dropped peers, stalls chosen receives.
   absl::StatusOr<MutablePieces> Allocate(const Inbound& msg) override {
     if (IsDropped(msg.from)) return absl::UnavailableError("peer dropped by fault plan");
-    return app->Allocate(msg);
+    absl::StatusOr<MutablePieces> pieces = app->Allocate(msg);
+    if (!pieces.ok()) return pieces;
+    absl::MutexLock lock(&mu);
+    const int total = ++receives;
+    const int of_type = ++receives_per_type[msg.type];
+    for (auto it = receive_rules.begin(); it != receive_rules.end(); ++it) {
+      const int count = it->type.has_value() ? (*it->type == msg.type ? of_type : -1) : total;
+      if (count != it->n) continue;
+      receive_rules.erase(it);
+      auto buf = std::make_shared<std::vector<std::byte>>(msg.payload_bytes);
+      held_receives.push_back(HeldReceive{msg, *pieces, buf, false, absl::OkStatus()});
+      return MutablePieces{std::span<std::byte>(buf->data(), buf->size())};
+    }
+    return pieces;
   }
   void OnReceived(const Inbound& msg, const absl::Status& status) override {
     if (IsDropped(msg.from)) return;
+    {
+      absl::MutexLock lock(&mu);
+      for (HeldReceive& h : held_receives) {
+        if (!h.received && h.msg.from == msg.from && h.msg.type == msg.type && h.msg.header == msg.header) {
+          h.received = true;  // landed in our buffer; the application sees it on release
+          h.status = status;
+          return;
+        }
+      }
+    }
     app->OnReceived(msg, status);
   }
   void OnPeerFailed(PeerId peer, const absl::Status& why) override { app->OnPeerFailed(peer, why); }
@@ -92,6 +122,10 @@ struct FaultTransport::State : public Handler {
   std::map<uint16_t, int> per_type ABSL_GUARDED_BY(mu);
   std::set<PeerId> dropped ABSL_GUARDED_BY(mu);
   std::vector<HeldSend> held ABSL_GUARDED_BY(mu);
+  std::vector<Rule> receive_rules ABSL_GUARDED_BY(mu);
+  int receives ABSL_GUARDED_BY(mu) = 0;
+  std::map<uint16_t, int> receives_per_type ABSL_GUARDED_BY(mu);
+  std::vector<HeldReceive> held_receives ABSL_GUARDED_BY(mu);
 };
 
 FaultTransport::FaultTransport(Transport* inner)
@@ -132,6 +166,32 @@ void FaultTransport::Release() {
   for (HeldSend& h : held) {
     inner_->Send(h.peer, h.type, std::move(h.header), std::move(h.payload), std::move(h.done));
   }
+}
+
+void FaultTransport::StallNthReceive(int n, std::optional<uint16_t> type) {
+  absl::MutexLock lock(&state_->mu);
+  state_->receive_rules.push_back(Rule{Kind::kStall, n, type});
+}
+
+void FaultTransport::ReleaseReceives() {
+  std::vector<HeldReceive> held;
+  {
+    absl::MutexLock lock(&state_->mu);
+    held.swap(state_->held_receives);
+  }
+  for (HeldReceive& h : held) {
+    uint64_t done = 0;
+    for (const auto& p : h.app_pieces) {
+      std::memcpy(p.data(), h.data->data() + done, p.size());
+      done += p.size();
+    }
+    state_->app->OnReceived(h.msg, h.received ? h.status : absl::OkStatus());
+  }
+}
+
+int FaultTransport::stalled_receives() const {
+  absl::MutexLock lock(&state_->mu);
+  return static_cast<int>(state_->held_receives.size());
 }
 
 int FaultTransport::sends() const {

@@ -11,6 +11,11 @@
 //                   untouched).
 // DropPeer(p) disconnects p in the inner transport; later sends to p fail
 // with Unavailable and messages still arriving from p are ignored.
+// On the receiving side, StallNthReceive holds the Nth received payload as if
+// the transport were still writing it (rendezvous/RDMA data that lands late):
+// the application's Allocate runs, the bytes wait in a private buffer, and
+// they are written into the application's pieces, followed by OnReceived,
+// only on ReleaseReceives() (from the calling thread).
 //
 // Completions the decorator produces itself (failed sends) run on its own
 // completion thread, never inline, so callers keep transport.h's "done runs
@@ -45,6 +50,12 @@ class FaultTransport : public Transport {
   void DropPeer(PeerId peer);
   // Lets every stalled send through (in the order they were stalled).
   void Release();
+  // Receive-side stall of the Nth payload received (of `type` if given).
+  void StallNthReceive(int n, std::optional<uint16_t> type = std::nullopt);
+  // Lands every stalled receive now (copies into the application's pieces,
+  // then calls its OnReceived), in the order they were stalled.
+  void ReleaseReceives();
+  int stalled_receives() const;
 
   // Sends seen so far (all types), and sends currently stalled.
   int sends() const;

@@ -1,34 +1,77 @@
 // UcxTransport: the Transport over UCX active messages (transport.h).
 //
 // One ucp_context, one ucp_worker (UCS_THREAD_MODE_SINGLE) and one progress
-// thread that alone touches UCX. The thread sleeps on the worker's event fd
-// and on an eventfd that other threads write after queueing a command (Send,
-// Connect, Disconnect, RegisterMemory, Stop), so an idle transport costs no CPU.
+// thread that alone touches UCX and the transport's sockets. The thread
+// sleeps in poll() on the worker's event fd, an eventfd that other threads
+// write after queueing a command (Send, Connect, Disconnect, RegisterMemory,
+// Stop), the data port and the handshake / liveness sockets, so an idle
+// transport costs no CPU.
+//
+// Connecting (docs/protocol.md §8b): UCX never listens for ckpt. The data
+// port (Start's listen address, what address() returns and peers Connect
+// to) is a plain TCP socket of our own that speaks only the handshake of
+// handshake.h: the connecting side sends a Greeting (its PeerId, a nonce and
+// its UCX worker address), the accepting side answers with its own; the
+// connecting side then opens a UCX endpoint to the accepting worker's
+// address and sends a hello active message; the accepting side, on that
+// hello, opens its endpoint back (UCX pairs the two when it can) and answers
+// ready, which completes Connect. Bytes that are not a Greeting are refused
+// at the first wrong byte (logged at most once a second) and never reach
+// UCX, and a connection that does not finish the handshake within
+// UcxOptions::handshake_timeout_ms is closed. This replaces UCX's sockaddr
+// connection manager, whose TCP listener aborts the process on malformed
+// input (UCX 1.13, tcp_sockcm_ep.c:825).
+//
+// The TCP connection stays open, idle, as the pair's liveness channel: a
+// side that fails or disconnects the peer closes it, and a process that dies
+// has it closed by the kernel, so the other side learns at once (TCP
+// keepalive covers a vanished host); UCX's own error handling (mode PEER)
+// reports endpoint failures too. Either way the handler gets OnPeerFailed
+// once, for inbound connections as well.
+//
+// Still exposed: UCX's TCP transport (uct tcp) listens on an ephemeral port
+// per network device UCX uses, for worker-to-worker connections. It drops
+// connections that do not start with UCX's 8-byte magic number, so garbage
+// cannot hurt it, but a client that speaks UCX's own protocol can still make
+// UCX 1.13 abort (e.g. tcp_ep.c:1404). When the listen address is a loopback
+// address and UCX_NET_DEVICES is not set, UCX is limited to the loopback
+// interface; otherwise set UCX_NET_DEVICES to the data network's devices.
 //
 // Wire format of a message: one active message (id 0) whose AM header is
-// [uint16 type, little-endian][application header] and whose data is the
-// payload (an IOV when the sender has several pieces). Payloads larger than
-// UcxOptions::rndv_threshold_bytes are forced to rendezvous, so the receiver
-// pulls them straight into the pieces that Handler::Allocate returned; smaller
-// ones arrive eagerly and are copied once. Every send carries
-// UCP_AM_SEND_FLAG_REPLY so the receiver learns the endpoint it came on and
-// maps it to the PeerId of that connection (inbound connections get PeerIds
-// when they are accepted, so Send(msg.from, ...) replies on them).
-// RMA (ucp_put/get) is never used: UCX emulates it in software over TCP.
+// [uint64 receiver's PeerId][uint16 type][application header], little-endian,
+// and whose data is the payload (an IOV when the sender has several pieces).
+// The receiver maps the id, not the endpoint the message came on, to the
+// connection. Payloads larger than UcxOptions::rndv_threshold_bytes are
+// forced to rendezvous, so the receiver pulls them straight into the pieces
+// that Handler::Allocate returned; smaller ones arrive eagerly and are copied
+// once. RMA (ucp_put/get) is never used: UCX emulates it in software over TCP.
 //
-// Connecting: ucp_ep_create on the peer's sockaddr with error handling mode
-// PEER. Connect returns once the server, on accepting, has sent a one-off
-// hello (AM id 1) back over the new endpoint: nothing is queued on the
-// client's endpoint before that, because UCX 1.13 aborts (wireup_ep.c:494)
-// when a request is pending on an endpoint whose connection is refused.
-// A failed peer (error callback) gets Handler::OnPeerFailed(Unavailable) and
-// its sends in flight complete with Unavailable; Disconnect and Stop
-// force-close endpoints and their sends complete with Cancelled.
+// Endpoints: one UCX endpoint per remote worker, shared by every connection
+// with it (both directions) and closed with the last one. UCX pairs the
+// endpoints two workers open to each other by a per-pair sequence number,
+// not by connection, so an endpoint per connection let closing one
+// connection silently break another. A failed peer gets
+// Handler::OnPeerFailed(Unavailable) and its sends in flight complete with
+// Unavailable; after Disconnect or Stop they complete with Cancelled. Those
+// completions come when UCX is done with the memory: an endpoint is closed
+// by flushing it (only one UCX reported broken is force-closed), because
+// UCX 1.13's TCP transport, torn down with a message half written, writes
+// its goodbye into the middle of that message and the peer, still alive,
+// crashes (tcp_ep.c:939 and heap corruption). A flush towards a peer that is
+// gone ends when UCX notices (socket error or its keepalive); Stop waits at
+// most UcxOptions::stop_timeout_ms for closes.
 //
 // Known UCX 1.13 limitation: with two workers (two UcxTransports) in one
 // process, socket churn can hit an abort in UCX's async layer (async.c:643,
 // socket fds reused across workers). One transport per process, as the
 // agents run, is not affected; in-process tests keep churn low.
+//
+// Endpoints use UCX's peer-failure error mode. With it, UCX 1.13 carries
+// rendezvous payloads over TCP as active-message fragments (TCP cannot
+// invalidate memory, which UCX requires of RMA lanes then), so the TCP
+// receive segment defaults to 512 KiB here instead of UCX's 64 KiB
+// (UCX_TCP_RX_SEG_SIZE overrides). RDMA devices that support invalidation
+// keep zero-copy rendezvous.
 //
 // UCX_* environment variables (UCX_TLS, UCX_NET_DEVICES, ...) pass through;
 // UcxOptions::config overrides them for this transport only.
@@ -55,17 +98,27 @@ struct UcxOptions {
   uint64_t rndv_threshold_bytes = 64 << 10;
   // How long Stop() lets UCX close endpoints before giving up on them.
   int64_t stop_timeout_ms = 2000;
-  // Start() connects to a private listener on 127.0.0.1 to prove UCX has a
-  // transport that can carry messages (a bad UCX_TLS otherwise only shows as
-  // Connect timeouts). 0 skips the check.
+  // Start() connects the transport to itself through its own data port to
+  // prove the handshake and UCX work (a bad UCX_TLS otherwise only shows as
+  // failed Connects). 0 skips the check.
   int64_t self_check_timeout_ms = 5000;
+  // An accepted data-port connection must complete the handshake (greeting
+  // and UCX hello) within this time, or it is closed.
+  int64_t handshake_timeout_ms = 10000;
+  // Accepted connections that have not finished the handshake yet, at most;
+  // more are closed at once (a flood of idle or half-done connections cannot
+  // pile up; real peers finish in milliseconds).
+  int max_pending_handshakes = 64;
   // UCX configuration overrides, e.g. {"TLS", "tcp"} (names without "UCX_").
   std::vector<std::pair<std::string, std::string>> config;
 };
 
 // A new, not yet started, UCX transport. Start() fails with Unavailable and
-// UCX's reason if UCX cannot initialise, find a usable transport (the
-// self-check), or listen; InvalidArgument for a bad address or UCX option.
+// the reason if UCX cannot initialise, find a usable transport (the
+// self-check), or the data port cannot listen (e.g. in use); InvalidArgument
+// for a bad address or UCX option. Connect() fails with Unavailable naming
+// the address when the data port refuses or does not answer the handshake,
+// or UCX cannot reach the peer's worker.
 // RegisterMemory blocks until the progress thread has mapped the range with
 // ucp_mem_map (mappings live until Stop); a failure is logged and returned
 // as Unavailable, and callers may treat it as non-fatal: sends work without

@@ -1,5 +1,6 @@
 #include "server/agent/arena.h"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <unistd.h>
 
@@ -25,20 +26,19 @@ std::unique_ptr<Arena> OpenArena(const std::string& dir, uint64_t capacity) {
   return a.ok() ? *std::move(a) : nullptr;
 }
 
-void Fill(Arena& arena, const std::vector<Extent>& extents, uint64_t size, uint32_t seed) {
+void Fill(const Reservation& r, uint64_t size, uint32_t seed) {
   std::mt19937 rng(seed);
-  arena.ForEachPiece(extents, size, [&](std::byte* p, uint64_t n) {
-    for (uint64_t i = 0; i < n; ++i) p[i] = static_cast<std::byte>(rng());
-  });
+  for (const auto& p : r.MutablePieces(0, size)) {
+    for (auto& b : p) b = static_cast<std::byte>(rng());
+  }
 }
 
-ShardRecord Record(Arena& arena, std::string job, uint64_t step, uint32_t rank,
-                   std::vector<Extent> extents, uint64_t size) {
+ShardRecord Record(const Reservation& bytes, std::string job, uint64_t step, uint32_t rank, uint64_t size) {
   ShardRecord r;
   r.id = {std::move(job), step, rank};
   r.size_bytes = size;
-  r.extents = std::move(extents);
-  r.crc32c = arena.Checksum(r.extents, size);
+  r.extents = bytes.TrimmedExtents(size);
+  r.crc32c = bytes.Crc(0, size);
   ManifestItem item;
   item.name = "w";
   item.dtype = kDTypeBytes;
@@ -48,71 +48,136 @@ ShardRecord Record(Arena& arena, std::string job, uint64_t step, uint32_t rank,
   return r;
 }
 
-TEST(Arena, AllocatesPagesAndCoalescesOnFree) {
+size_t RecordFiles(const std::string& dir) {
+  size_t n = 0;
+  DIR* d = ::opendir((dir + "/records").c_str());
+  while (dirent* e = ::readdir(d)) n += std::string(e->d_name).ends_with(".rec") ? 1 : 0;
+  ::closedir(d);
+  return n;
+}
+
+TEST(Arena, ReservesPagesAndFreesWithTheLastReference) {
   TempDir dir = *TempDir::Create();
   auto arena = OpenArena(dir.path(), 16 * kPage);
   EXPECT_EQ(arena->free_bytes(), 16 * kPage);
-  auto a = *arena->Allocate(1);          // 1 page
-  auto b = *arena->Allocate(3 * kPage);  // 3 pages
-  auto c = *arena->Allocate(kPage + 1);  // 2 pages
-  EXPECT_EQ(a, (std::vector<Extent>{{0, kPage}}));
-  EXPECT_EQ(b, (std::vector<Extent>{{kPage, 3 * kPage}}));
-  EXPECT_EQ(c, (std::vector<Extent>{{4 * kPage, 2 * kPage}}));
+  ReservationPtr a = *arena->Reserve(1);          // 1 page
+  ReservationPtr b = *arena->Reserve(3 * kPage);  // 3 pages
+  ReservationPtr c = *arena->Reserve(kPage + 1);  // 2 pages
+  EXPECT_EQ(a->extents(), (std::vector<Extent>{{0, kPage}}));
+  EXPECT_EQ(b->extents(), (std::vector<Extent>{{kPage, 3 * kPage}}));
+  EXPECT_EQ(c->extents(), (std::vector<Extent>{{4 * kPage, 2 * kPage}}));
   EXPECT_EQ(arena->free_bytes(), 10 * kPage);
-  arena->Free(b);
-  arena->Free(a);
-  arena->Free(c);
+  EXPECT_EQ(arena->live_reservations(), 3);
+  ReservationPtr pin = b;  // a reader still holds b
+  b.reset();
+  EXPECT_EQ(arena->free_bytes(), 10 * kPage);
+  pin.reset();
+  a.reset();
+  c.reset();
   EXPECT_EQ(arena->free_bytes(), 16 * kPage);
   EXPECT_EQ(arena->largest_free_extent(), 16 * kPage);
+  EXPECT_EQ(arena->live_reservations(), 0);
 }
 
 TEST(Arena, SplitsAcrossHolesWhenNoSingleHoleFits) {
   TempDir dir = *TempDir::Create();
   auto arena = OpenArena(dir.path(), 8 * kPage);
-  std::vector<std::vector<Extent>> pages;
-  for (int i = 0; i < 8; ++i) pages.push_back(*arena->Allocate(kPage));
-  arena->Free(pages[1]);
-  arena->Free(pages[2]);
-  arena->Free(pages[5]);
-  auto e = *arena->Allocate(3 * kPage);
-  ASSERT_EQ(e.size(), 2u);
-  EXPECT_EQ(e[0], (Extent{kPage, 2 * kPage}));
-  EXPECT_EQ(e[1], (Extent{5 * kPage, kPage}));
+  std::vector<ReservationPtr> pages;
+  for (int i = 0; i < 8; ++i) pages.push_back(*arena->Reserve(kPage));
+  pages[1].reset();
+  pages[2].reset();
+  pages[5].reset();
+  ReservationPtr e = *arena->Reserve(3 * kPage);
+  ASSERT_EQ(e->extents().size(), 2u);
+  EXPECT_EQ(e->extents()[0], (Extent{kPage, 2 * kPage}));
+  EXPECT_EQ(e->extents()[1], (Extent{5 * kPage, kPage}));
   EXPECT_EQ(arena->free_bytes(), 0u);
-  absl::StatusOr<std::vector<Extent>> full = arena->Allocate(1);
-  EXPECT_EQ(full.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(arena->Reserve(1).status().code(), absl::StatusCode::kResourceExhausted);
+  // Pieces and crc follow the extents in order.
+  Fill(*e, 3 * kPage, 4);
+  uint32_t crc = 0;
+  for (const Extent& x : e->extents()) crc = Crc32cExtend(crc, arena->Data(x.offset), x.length);
+  EXPECT_EQ(e->Crc(0, 3 * kPage), crc);
+  EXPECT_EQ(e->Pieces(kPage + 10, kPage).size(), 2u);
 }
 
 TEST(Arena, TrimReturnsTheTail) {
   TempDir dir = *TempDir::Create();
   auto arena = OpenArena(dir.path(), 8 * kPage);
-  auto e = *arena->Allocate(6 * kPage);
-  e = arena->Trim(e, 2 * kPage - 10);
-  EXPECT_EQ(e, (std::vector<Extent>{{0, 2 * kPage}}));
+  ReservationPtr e = *arena->Reserve(6 * kPage);
+  EXPECT_EQ(e->TrimmedExtents(2 * kPage - 10), (std::vector<Extent>{{0, 2 * kPage}}));
+  e->Trim(2 * kPage - 10);
+  EXPECT_EQ(e->extents(), (std::vector<Extent>{{0, 2 * kPage}}));
   EXPECT_EQ(arena->free_bytes(), 6 * kPage);
+  e.reset();
+  EXPECT_EQ(arena->free_bytes(), 8 * kPage);
+}
+
+// Issue 12 #6: sizes from the wire near 2^64 used to wrap in the page
+// rounding and "succeed" with zero bytes.
+TEST(Arena, SizesNearTwoToTheSixtyFourAreRefusedNotWrapped) {
+  TempDir dir = *TempDir::Create();
+  auto arena = OpenArena(dir.path(), 8 * kPage);
+  for (uint64_t size : {UINT64_MAX, UINT64_MAX - 100, UINT64_MAX - kPage + 2, 8 * kPage + 1}) {
+    absl::StatusOr<ReservationPtr> r = arena->Reserve(size);
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kResourceExhausted) << size;
+  }
+  EXPECT_EQ(arena->free_bytes(), 8 * kPage);
+  EXPECT_EQ(arena->live_reservations(), 0);
+}
+
+// Issue 12 #6: a double free was caught only by assert (which aborted the
+// daemon) or, without asserts, corrupted the free list.
+TEST(Arena, DoubleFreeIsRefusedAndTheFreeListStaysIntact) {
+  TempDir dir = *TempDir::Create();
+  auto arena = OpenArena(dir.path(), 8 * kPage);
+  ReservationPtr a = *arena->Reserve(2 * kPage);
+  ReservationPtr b = *arena->Reserve(2 * kPage);
+  const std::vector<Extent> a_extents = a->extents();
+  a.reset();
+  EXPECT_EQ(arena->free_bytes(), 6 * kPage);
+  arena->FreeForTest(a_extents);                         // again: refused
+  arena->FreeForTest(std::vector<Extent>{{kPage, 2 * kPage}});  // half free, half b's
+  arena->FreeForTest(std::vector<Extent>{{64 * kPage, kPage}});  // outside the pool
+  EXPECT_EQ(arena->bad_frees(), 3u);
+  EXPECT_EQ(arena->free_bytes(), 6 * kPage);
+  // b's pages are still b's: the next reservations never overlap them.
+  ReservationPtr c = *arena->Reserve(6 * kPage);
+  for (const Extent& x : c->extents()) {
+    for (const Extent& y : b->extents()) EXPECT_TRUE(x.offset + x.length <= y.offset || y.offset + y.length <= x.offset);
+  }
 }
 
 TEST(Arena, ReadoptsIntactRecordsAfterRestartAndReportsCorruptOnes) {
   TempDir dir = *TempDir::Create();
   const uint64_t size = 3 * kPage + 100;
-  std::vector<Extent> good_ext, bad_ext;
+  std::vector<Extent> good_ext;
   {
     auto arena = OpenArena(dir.path(), 32 * kPage);
-    good_ext = *arena->Allocate(size);
-    bad_ext = *arena->Allocate(size);
-    auto lease = *arena->Allocate(5 * kPage);  // an open lease: forgotten on restart
-    Fill(*arena, good_ext, size, 1);
-    Fill(*arena, bad_ext, size, 2);
-    ASSERT_TRUE(arena->WriteRecord(Record(*arena, "job-a", 10, 0, good_ext, size)).ok());
-    ASSERT_TRUE(arena->WriteRecord(Record(*arena, "job-a", 10, 1, bad_ext, size)).ok());
+    ReservationPtr good = *arena->Reserve(size);
+    ReservationPtr bad = *arena->Reserve(size);
+    ReservationPtr lease = *arena->Reserve(5 * kPage);  // an open lease: forgotten on restart
+    Fill(*good, size, 1);
+    Fill(*bad, size, 2);
+    ShardRecord g = Record(*good, "job-a", 10, 0, size);
+    ShardRecord b = Record(*bad, "job-a", 10, 1, size);
+    ASSERT_TRUE(arena->WriteRecord(&g).ok());
+    ASSERT_TRUE(arena->WriteRecord(&b).ok());
+    EXPECT_NE(g.file, b.file);
+    good_ext = good->extents();
     // Corrupt one byte of the second holding behind the record's back.
-    arena->Data(bad_ext[0].offset)[17] ^= std::byte{1};
+    arena->Data(bad->extents()[0].offset)[17] ^= std::byte{1};
+    good.reset();
+    bad.reset();
+    lease.reset();
   }  // the agent "dies": the pool file stays on the tmpfs
   auto arena = OpenArena(dir.path(), 32 * kPage);
-  ASSERT_EQ(arena->adopted().size(), 1u);
-  const ShardRecord& r = arena->adopted()[0];
+  std::vector<AdoptedHolding> adopted = arena->TakeAdopted();
+  ASSERT_EQ(adopted.size(), 1u);
+  const ShardRecord& r = adopted[0].record;
   EXPECT_EQ(r.id.rank, 0u);
   EXPECT_EQ(r.extents, good_ext);
+  EXPECT_EQ(adopted[0].bytes->extents(), good_ext);
   EXPECT_EQ(r.items.size(), 1u);
   EXPECT_EQ(r.manifest_digest, ManifestDigest(r.items));
   ASSERT_EQ(arena->lost().size(), 1u);
@@ -120,9 +185,12 @@ TEST(Arena, ReadoptsIntactRecordsAfterRestartAndReportsCorruptOnes) {
   EXPECT_NE(arena->lost()[0].reason.find("crc32c"), std::string::npos);
   // Only the adopted holding's pages stay allocated.
   EXPECT_EQ(arena->free_bytes(), 32 * kPage - 4 * kPage);
+  adopted.clear();
+  EXPECT_EQ(arena->free_bytes(), 32 * kPage);
+  arena.reset();
   // The lost record is gone for good.
   auto again = OpenArena(dir.path(), 32 * kPage);
-  EXPECT_EQ(again->adopted().size(), 1u);
+  EXPECT_EQ(again->TakeAdopted().size(), 1u);
   EXPECT_TRUE(again->lost().empty());
 }
 
@@ -130,13 +198,15 @@ TEST(Arena, UnreadableAndOverlappingRecordsAreLostNotTrusted) {
   TempDir dir = *TempDir::Create();
   {
     auto arena = OpenArena(dir.path(), 16 * kPage);
-    auto e = *arena->Allocate(kPage);
-    Fill(*arena, e, kPage, 3);
-    ASSERT_TRUE(arena->WriteRecord(Record(*arena, "j", 1, 0, e, kPage)).ok());
-    // A second record claiming the same pages.
-    ASSERT_TRUE(arena->WriteRecord(Record(*arena, "j", 1, 1, e, kPage)).ok());
-    // A record pointing past the pool.
-    ASSERT_TRUE(arena->WriteRecord(Record(*arena, "j", 1, 2, {{64 * kPage, kPage}}, kPage)).ok());
+    ReservationPtr e = *arena->Reserve(kPage);
+    Fill(*e, kPage, 3);
+    ShardRecord r0 = Record(*e, "j", 1, 0, kPage);
+    ShardRecord r1 = Record(*e, "j", 1, 1, kPage);  // a second record claiming the same pages
+    ShardRecord r2 = Record(*e, "j", 1, 2, kPage);
+    r2.extents = {{64 * kPage, kPage}};  // past the pool
+    ASSERT_TRUE(arena->WriteRecord(&r0).ok());
+    ASSERT_TRUE(arena->WriteRecord(&r1).ok());
+    ASSERT_TRUE(arena->WriteRecord(&r2).ok());
   }
   {
     const std::string junk = dir.path() + "/records/j.1.9.rec";
@@ -145,15 +215,66 @@ TEST(Arena, UnreadableAndOverlappingRecordsAreLostNotTrusted) {
     ::close(fd);
   }
   auto arena = OpenArena(dir.path(), 16 * kPage);
-  ASSERT_EQ(arena->adopted().size(), 1u);
-  EXPECT_EQ(arena->adopted()[0].id.rank, 0u);
+  std::vector<AdoptedHolding> adopted = arena->TakeAdopted();
+  ASSERT_EQ(adopted.size(), 1u);
+  EXPECT_EQ(adopted[0].record.id.rank, 0u);
   EXPECT_EQ(arena->lost().size(), 3u);
+}
+
+// Issue 12 #10: an extent [24186880, 2^64-4096] passed `offset + length >
+// capacity` (the sum wraps), was adopted, and wrapped the free total too.
+TEST(Arena, ExtentsWhoseEndWrapsAreLostNotAdopted) {
+  TempDir dir = *TempDir::Create();
+  const uint64_t capacity = 8192 * kPage;  // 32 MiB
+  {
+    auto arena = OpenArena(dir.path(), capacity);
+    ReservationPtr e = *arena->Reserve(kPage);
+    Fill(*e, kPage, 5);
+    ShardRecord r = Record(*e, "j", 3, 0, kPage);
+    r.extents = {{24186880, UINT64_MAX - 4095}};
+    ASSERT_TRUE(arena->WriteRecord(&r).ok());
+    ShardRecord r2 = Record(*e, "j", 3, 1, kPage);
+    r2.extents = {{0, kPage}, {kPage, UINT64_MAX - kPage + 1}};  // the sum of lengths wraps
+    ASSERT_TRUE(arena->WriteRecord(&r2).ok());
+  }
+  auto arena = OpenArena(dir.path(), capacity);
+  EXPECT_TRUE(arena->TakeAdopted().empty());
+  EXPECT_EQ(arena->lost().size(), 2u);
+  EXPECT_EQ(arena->free_bytes(), capacity);
+  // The whole pool is still usable, once.
+  ReservationPtr all = *arena->Reserve(capacity);
+  EXPECT_EQ(arena->Reserve(1).status().code(), absl::StatusCode::kResourceExhausted);
+}
+
+TEST(Arena, ANewerRecordOfAHoldingSupersedesTheOlderOne) {
+  TempDir dir = *TempDir::Create();
+  {
+    auto arena = OpenArena(dir.path(), 16 * kPage);
+    ReservationPtr e = *arena->Reserve(kPage);
+    Fill(*e, kPage, 6);
+    ShardRecord r = Record(*e, "j", 4, 0, kPage);
+    ASSERT_TRUE(arena->WriteRecord(&r).ok());
+    const std::string first = r.file;
+    r.durable_path = "j/4/rank-00000.bin";
+    ASSERT_TRUE(arena->WriteRecord(&r).ok());  // a crash before `first` was removed
+    EXPECT_NE(r.file, first);
+    EXPECT_EQ(RecordFiles(dir.path()), 2u);
+  }
+  auto arena = OpenArena(dir.path(), 16 * kPage);
+  std::vector<AdoptedHolding> adopted = arena->TakeAdopted();
+  ASSERT_EQ(adopted.size(), 1u);
+  EXPECT_EQ(adopted[0].record.durable_path, "j/4/rank-00000.bin");
+  EXPECT_TRUE(arena->lost().empty());
+  EXPECT_EQ(RecordFiles(dir.path()), 1u);
+  ASSERT_TRUE(arena->RemoveRecord(adopted[0].record.file).ok());
+  EXPECT_EQ(RecordFiles(dir.path()), 0u);
+  EXPECT_FALSE(arena->RemoveRecord("../pool.bin").ok());
 }
 
 TEST(Arena, RecordRoundTripsEveryField) {
   ShardRecord r;
   r.id = {"job", 7, 3};
-  r.role = 2;
+  r.role = CopyRole::kReplica;
   r.size_bytes = 12345;
   r.crc32c = 0xdeadbeef;
   r.manifest_digest = 0xfedcba9876543210ull;
@@ -161,6 +282,7 @@ TEST(Arena, RecordRoundTripsEveryField) {
   r.run_id = "run-1";
   r.staged_unix_ms = 1700000000000;
   r.durable_path = "job/7/rank-00003.bin";
+  r.seq = 99;
   ManifestItem it;
   it.name = "layer.0/w";
   it.dtype = 1;
@@ -175,7 +297,7 @@ TEST(Arena, RecordRoundTripsEveryField) {
   absl::StatusOr<ShardRecord> back = DecodeShardRecord(enc);
   ASSERT_TRUE(back.ok()) << back.status();
   EXPECT_EQ(back->id, r.id);
-  EXPECT_EQ(back->role, 2);
+  EXPECT_EQ(back->role, CopyRole::kReplica);
   EXPECT_EQ(back->size_bytes, r.size_bytes);
   EXPECT_EQ(back->crc32c, r.crc32c);
   EXPECT_EQ(back->manifest_digest, r.manifest_digest);
@@ -184,18 +306,29 @@ TEST(Arena, RecordRoundTripsEveryField) {
   EXPECT_EQ(back->run_id, r.run_id);
   EXPECT_EQ(back->staged_unix_ms, r.staged_unix_ms);
   EXPECT_EQ(back->durable_path, r.durable_path);
+  EXPECT_EQ(back->seq, 99u);
   EXPECT_FALSE(back->segment.has_value());
   // An EC segment holding: no items, the segment's key and kind.
   r.items.clear();
   r.segment = SegmentId{"job", 7, 1, 2, 3};
-  r.segment_kind = kSegmentParity;
+  r.segment_kind = SegmentKind::kParity;
   back = DecodeShardRecord(EncodeShardRecord(r));
   ASSERT_TRUE(back.ok()) << back.status();
   ASSERT_TRUE(back->segment.has_value());
   EXPECT_EQ(*back->segment, *r.segment);
-  EXPECT_EQ(back->segment_kind, kSegmentParity);
+  EXPECT_EQ(back->segment_kind, SegmentKind::kParity);
   EXPECT_TRUE(back->items.empty());
   EXPECT_FALSE(DecodeShardRecord("{\"format\":1,\"job\":\"../x\"}").ok());
+  // A role or segment kind out of range is refused, in either format.
+  EXPECT_FALSE(DecodeShardRecord(
+                   R"({"format":1,"job":"j","step":1,"rank":0,"role":9,"size":1,"crc32c":0,"digest":"0x0",)"
+                   R"("extents":[],"items":[]})")
+                   .ok());
+  r.role = static_cast<CopyRole>(9);
+  EXPECT_FALSE(DecodeShardRecord(EncodeShardRecord(r)).ok());
+  r.role = CopyRole::kPrimary;
+  r.segment_kind = static_cast<SegmentKind>(7);
+  EXPECT_FALSE(DecodeShardRecord(EncodeShardRecord(r)).ok());
 }
 
 TEST(Arena, TornOrCorruptRecordsAreRefused) {
@@ -230,44 +363,54 @@ TEST(Arena, ReadoptsRecordsOfThePreviousJsonFormat) {
   uint32_t crc = 0;
   {
     auto arena = OpenArena(dir.path(), 16 * kPage);
-    auto e = *arena->Allocate(2 * kPage);
-    ASSERT_EQ(e, (std::vector<Extent>{{0, 2 * kPage}}));
-    Fill(*arena, e, 5000, 11);
-    crc = arena->Checksum(e, 5000);
+    ReservationPtr e = *arena->Reserve(2 * kPage);
+    ASSERT_EQ(e->extents(), (std::vector<Extent>{{0, 2 * kPage}}));
+    Fill(*e, 5000, 11);
+    crc = e->Crc(0, 5000);
   }
   // What the format-1 encoder wrote (nlohmann::json::dump of the record).
   const std::string json = absl::StrFormat(
       R"({"crc32c":%u,"digest":"0x00000000deadbeef","durable_path":"j/4/rank-00002.bin","extents":[[0,8192]],)"
       R"("format":1,"items":[{"attributes":{"py.type":"torch"},"crc32c":7,"dtype":1,"length":4000,"name":"w",)"
       R"("offset":0,"shape":[10,100]},{"crc32c":8,"dtype":14,"length":1000,"name":"b","offset":4000,"shape":[]}],)"
-      R"("job":"j","rank":2,"role":1,"run_id":"r1","size":5000,"staged_ms":1700000000000,"step":4})",
+      R"("job":"j","rank":2,"role":1,"run_id":"r1","seq":5,"size":5000,"staged_ms":1700000000000,"step":4})",
       crc);
   {
-    const std::string path = dir.path() + "/records/j.4.2.rec";
+    const std::string path = dir.path() + "/records/j.4.2.0000000000000005.rec";
     const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT, 0600);
     ASSERT_EQ(::write(fd, json.data(), json.size()), static_cast<ssize_t>(json.size()));
     ::close(fd);
   }
   auto arena = OpenArena(dir.path(), 16 * kPage);
   ASSERT_TRUE(arena->lost().empty()) << arena->lost()[0].reason;
-  ASSERT_EQ(arena->adopted().size(), 1u);
-  const ShardRecord& r = arena->adopted()[0];
+  std::vector<AdoptedHolding> adopted = arena->TakeAdopted();
+  ASSERT_EQ(adopted.size(), 1u);
+  ShardRecord r = adopted[0].record;
   EXPECT_EQ(r.id, (ShardId{"j", 4, 2}));
   EXPECT_EQ(r.size_bytes, 5000u);
   EXPECT_EQ(r.crc32c, crc);
   EXPECT_EQ(r.manifest_digest, 0xdeadbeefu);
   EXPECT_EQ(r.run_id, "r1");
+  EXPECT_EQ(r.seq, 5u);
   EXPECT_EQ(r.durable_path, "j/4/rank-00002.bin");
   ASSERT_EQ(r.items.size(), 2u);
   EXPECT_EQ(r.items[0].shape, (std::vector<uint64_t>{10, 100}));
   EXPECT_EQ(r.items[0].attributes.at("py.type"), "torch");
   EXPECT_EQ(r.items[1].offset_bytes, 4000u);
   EXPECT_EQ(arena->free_bytes(), 14 * kPage);
-  // Written again (e.g. on flush), it is in the current format.
-  ASSERT_TRUE(arena->WriteRecord(r).ok());
+  // Written again (e.g. on flush), it is in the current format and supersedes
+  // the JSON one.
+  const std::string old_file = r.file;
+  ASSERT_TRUE(arena->WriteRecord(&r).ok());
+  EXPECT_GT(r.seq, 5u);
+  ASSERT_TRUE(arena->RemoveRecord(old_file).ok());
+  adopted.clear();
+  arena.reset();
   auto again = OpenArena(dir.path(), 16 * kPage);
-  ASSERT_EQ(again->adopted().size(), 1u);
-  EXPECT_EQ(again->adopted()[0].items, r.items);
+  std::vector<AdoptedHolding> back = again->TakeAdopted();
+  ASSERT_EQ(back.size(), 1u);
+  EXPECT_EQ(back[0].record.items, r.items);
+  EXPECT_TRUE(again->lost().empty());
 }
 
 TEST(Arena, RefusesZeroCapacity) {

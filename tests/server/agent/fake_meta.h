@@ -3,6 +3,7 @@
 // Thread-safe (one mutex).
 #pragma once
 
+#include <deque>
 #include <map>
 #include <optional>
 #include <set>
@@ -33,6 +34,8 @@ class FakeMeta : public MetaLink {
     HeartbeatReply r;
     r.tasks = std::move(pending_tasks);
     pending_tasks.clear();
+    r.cancelled_task_ids = std::move(pending_cancels);
+    pending_cancels.clear();
     return r;
   }
   absl::StatusOr<InventoryReply> ReportInventory(const std::string&, uint64_t,
@@ -53,6 +56,11 @@ class FakeMeta : public MetaLink {
                                         const std::string&) override {
     absl::MutexLock lock(&mu);
     if (!up) return absl::UnavailableError("meta down");
+    if (!begin_errors.empty()) {
+      absl::Status e = begin_errors.front();
+      begin_errors.pop_front();
+      return e;
+    }
     auto it = world.find(job);
     if (it == world.end()) return absl::NotFoundError(absl::StrCat("job ", job, " not found"));
     if (refuse_step.count(step) != 0) return absl::InvalidArgumentError("step lower than the newest");
@@ -134,6 +142,7 @@ class FakeMeta : public MetaLink {
   int task_counter = 0;
   std::map<std::string, uint32_t> world;
   std::set<uint64_t> refuse_step;
+  std::deque<absl::Status> begin_errors;  // answered to the next BeginVersion calls, in order
   std::map<uint64_t, int> version_state;  // ckpt.v1.VersionState by step
   std::optional<uint64_t> newest_protected;
   std::map<ShardId, ShardRecord> staged;
@@ -141,6 +150,7 @@ class FakeMeta : public MetaLink {
   std::vector<std::vector<InventoryItem>> inventories;
   std::vector<std::pair<std::string, absl::Status>> results;
   std::vector<AgentTask> pending_tasks;
+  std::vector<std::string> pending_cancels;  // cancelled with the next heartbeat
   LoadReport last_load;
 };
 

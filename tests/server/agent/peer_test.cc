@@ -3,145 +3,17 @@
 // whose copy went bad), EC parity folding, restore by decode with the owner
 // gone, and rebuilding a lost parity segment. The agents run their threads
 // on the real clock; every wait is bounded, nothing sleeps.
-#include <cstring>
-#include <memory>
-#include <random>
-
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
-#include "absl/strings/str_cat.h"
-#include "common/crc32c.h"
-#include "common/mem_file_system.h"
+#include "agent_cluster.h"
 #include "ec/codec.h"
-#include "fake_meta.h"
-#include "server/agent/agent.h"
-#include "support/temp_dir.h"
-#include "transport/fault/fault_transport.h"
-#include "transport/loopback/loopback_transport.h"
 
 namespace ckpt::agent {
 namespace {
 
 using ::testing::HasSubstr;
-using ckpt::testing::TempDir;
-
-constexpr uint64_t kMiB = 1 << 20;
-constexpr absl::Duration kWait = absl::Seconds(30);
-
-struct Node {
-  std::string id;
-  FakeMeta meta;
-  MetricsRegistry metrics;
-  std::unique_ptr<transport::Transport> transport;
-  transport::FaultTransport* fault = nullptr;  // when the node injects faults
-  std::unique_ptr<Agent> agent;
-  PeerEndpoint endpoint;
-};
-
-class PeerTest : public ::testing::Test {
- protected:
-  void SetUp() override { dir_ = std::make_unique<TempDir>(*TempDir::Create()); }
-  void TearDown() override {
-    for (auto& n : nodes_)
-      if (n->agent) n->agent->Stop();
-  }
-
-  Node& AddNode(uint32_t world, bool faulty = false) {
-    static int counter = 0;
-    auto n = std::make_unique<Node>();
-    n->id = absl::StrCat("n", nodes_.size());
-    n->meta.world["job"] = world;
-    n->transport = transport::NewLoopbackTransport();
-    if (faulty) {
-      auto f = std::make_unique<transport::FaultTransport>(std::move(n->transport));
-      n->fault = f.get();
-      n->transport = std::move(f);
-    }
-    AgentOptions o;
-    o.node_id = n->id;
-    o.memory_dir = absl::StrCat(dir_->path(), "/", n->id);
-    o.memory_bytes = 8 * kMiB;
-    o.populate = false;
-    o.transport = n->transport.get();
-    o.data_listen_address = absl::StrCat("loop:peer-test-", ::getpid(), "-", counter++);
-    o.bulk.chunk_bytes = 1000;  // several chunks per shard, unaligned
-    o.bulk.max_in_flight = 2;
-    o.peer_timeout_ms = 20000;
-    absl::StatusOr<std::unique_ptr<Agent>> a = Agent::Create(o, &n->meta, RealClock(), &fs_, &n->metrics);
-    EXPECT_TRUE(a.ok()) << a.status();
-    n->agent = *std::move(a);
-    n->agent->ControlOnce();  // registers: incarnation 1
-    n->endpoint = PeerEndpoint{n->id, 1, n->agent->data_address()};
-    nodes_.push_back(std::move(n));
-    return *nodes_.back();
-  }
-
-  // Saves `size` random bytes as one item of `rank`; verified and reported.
-  ShardRecord Save(Node& n, uint64_t step, uint32_t rank, uint64_t size, uint64_t seed) {
-    std::mt19937_64 rng(seed);
-    std::string bytes(size, '\0');
-    for (auto& c : bytes) c = static_cast<char>(rng());
-    absl::StatusOr<LeaseGrant> g = n.agent->AcquireLease(LeaseRequest{"job", step, rank, size, "run", 0, 0});
-    EXPECT_TRUE(g.ok()) << g.status();
-    uint64_t off = 0;
-    for (const Region& r : g->regions) {
-      const uint64_t len = std::min<uint64_t>(r.length, size - off);
-      std::memcpy(const_cast<std::byte*>(n.agent->arena().Data(r.file_offset)), bytes.data() + off, len);
-      off += len;
-      if (off == size) break;
-    }
-    ManifestItem it;
-    it.name = "w";
-    it.dtype = kDTypeBytes;
-    it.length_bytes = size;
-    it.crc32c = Crc32c(bytes);
-    absl::StatusOr<ShardRecord> rec = n.agent->Commit(g->lease_id, size, {it});
-    EXPECT_TRUE(rec.ok()) << rec.status();
-    n.agent->VerifyOnce();
-    contents_[{n.id, rank}] = bytes;
-    return *rec;
-  }
-
-  std::string Bytes(Agent& a, const ShardId& id) {
-    std::string out;
-    absl::Status s = a.ReadShard(id, 0, 0, [&](const std::byte* p, uint64_t n) {
-      out.append(reinterpret_cast<const char*>(p), n);
-      return absl::OkStatus();
-    }, nullptr);
-    EXPECT_TRUE(s.ok()) << s;
-    return out;
-  }
-
-  // Waits until meta got a result for `task`; returns it.
-  absl::Status WaitResult(Node& n, const std::string& task) {
-    absl::MutexLock lock(&n.meta.mu);
-    auto has = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(n.meta.mu) {
-      for (const auto& [id, st] : n.meta.results)
-        if (id == task) return true;
-      return false;
-    };
-    if (!n.meta.mu.AwaitWithTimeout(absl::Condition(&has), kWait)) return absl::DeadlineExceededError(task);
-    for (const auto& [id, st] : n.meta.results)
-      if (id == task) return st;
-    return absl::InternalError("unreachable");
-  }
-
-  std::vector<HoldingReport> SegmentReports(Node& n) {
-    absl::MutexLock lock(&n.meta.mu);
-    std::vector<HoldingReport> out;
-    for (const HoldingReport& r : n.meta.reports)
-      if (r.kind == HoldingReport::Kind::kSegment) out.push_back(r);
-    return out;
-  }
-
-  std::string Content(const std::string& node, uint32_t rank) { return contents_[{node, rank}]; }
-
-  std::unique_ptr<TempDir> dir_;
-  MemFileSystem fs_;
-  std::vector<std::unique_ptr<Node>> nodes_;
-  std::map<std::pair<std::string, uint32_t>, std::string> contents_;
-};
+using PeerTest = AgentCluster;
 
 TEST_F(PeerTest, ReplicatesRestoresFromPeerAndQuarantinesABadCopy) {
   Node& a = AddNode(1);
@@ -165,14 +37,14 @@ TEST_F(PeerTest, ReplicatesRestoresFromPeerAndQuarantinesABadCopy) {
   for (Node* n : {&b, &c}) {
     std::vector<HoldingInfo> inv = n->agent->Inventory("job", 5);
     ASSERT_EQ(inv.size(), 1u) << n->id;
-    EXPECT_EQ(inv[0].role, 2);
+    EXPECT_EQ(inv[0].role, CopyRole::kReplica);
     EXPECT_EQ(inv[0].crc32c, rec.crc32c);
     EXPECT_EQ(Bytes(*n->agent, id), Content("n0", 0));
     // The replica was reported to meta before the sender's result.
     absl::MutexLock lock(&n->meta.mu);
     bool reported = false;
     for (const HoldingReport& r : n->meta.reports)
-      reported |= r.kind == HoldingReport::Kind::kCopyState && r.copy_role == 2 && r.task_id == "t-rep";
+      reported |= r.kind == HoldingReport::Kind::kCopyState && r.copy_role == CopyRole::kReplica && r.task_id == "t-rep";
     EXPECT_TRUE(reported) << n->id;
   }
   // Running the task again changes nothing (receivers already hold it).
@@ -184,7 +56,7 @@ TEST_F(PeerTest, ReplicatesRestoresFromPeerAndQuarantinesABadCopy) {
   absl::StatusOr<OpenResult> r = d.agent->RestoreFromPeer(rec, b.endpoint, 0, 0);
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ(Bytes(*d.agent, id), Content("n0", 0));
-  EXPECT_EQ(d.agent->Inventory("job", 5)[0].role, 3);
+  EXPECT_EQ(d.agent->Inventory("job", 5)[0].role, CopyRole::kRestored);
   ASSERT_TRUE(d.agent->CloseShard(r->handle_id).ok());
 
   // c's copy rots in memory: a restore from it fails with DataLoss, c
@@ -204,7 +76,7 @@ TEST_F(PeerTest, ReplicatesRestoresFromPeerAndQuarantinesABadCopy) {
   ASSERT_FALSE(bad.ok());
   EXPECT_EQ(bad.status().code(), absl::StatusCode::kDataLoss) << bad.status();
   EXPECT_TRUE(e.agent->Inventory("job", 5).empty());
-  EXPECT_EQ(c.agent->Inventory("job", 5)[0].state, 3);  // CORRUPT
+  EXPECT_EQ(c.agent->Inventory("job", 5)[0].state, CopyState::kCorrupt);
   // A dead peer: Unavailable, promptly.
   b.agent->Stop();
   absl::StatusOr<OpenResult> gone = e.agent->RestoreFromPeer(rec, b.endpoint, 0, 0);
@@ -289,7 +161,7 @@ TEST_F(PeerTest, EncodesParityDecodesWithOwnerGoneAndRebuildsParity) {
   auto loc = [&](uint32_t s, uint32_t p, const Node& holder) {
     SegmentLocation l;
     l.key = SegmentId{"job", 9, 0, s, p};
-    l.kind = p < 2 ? kSegmentData : kSegmentParity;
+    l.kind = p < 2 ? SegmentKind::kData : SegmentKind::kParity;
     l.length_bytes = seg[s][p].size_bytes;
     l.crc32c = seg[s][p].crc32c;
     l.holder = holder.endpoint;
@@ -320,7 +192,7 @@ TEST_F(PeerTest, EncodesParityDecodesWithOwnerGoneAndRebuildsParity) {
   rb.parity_m = 1;
   SegmentRebuild want;
   want.target = SegmentId{"job", 9, 0, 0, 2};
-  want.kind = kSegmentParity;
+  want.kind = SegmentKind::kParity;
   want.length_bytes = seg[0][2].size_bytes;
   want.stripe_length_bytes = seg[0][2].size_bytes;
   want.expected_crc32c = seg[0][2].crc32c;
@@ -347,7 +219,7 @@ TEST_F(PeerTest, EncodesParityDecodesWithOwnerGoneAndRebuildsParity) {
 // mid-push. Each failure is visible in the task result or the restore error,
 // and the receiver keeps nothing of a failed transfer.
 TEST_F(PeerTest, FaultsInFlightAreVisibleAndLeaveNoBytesBehind) {
-  Node& a = AddNode(1, /*faulty=*/true);
+  Node& a = AddNode(1, NodeOptions{.faulty = true});
   Node& b = AddNode(1);
   Node& c = AddNode(1);
   Node& d = AddNode(1);
@@ -398,7 +270,7 @@ TEST_F(PeerTest, FaultsInFlightAreVisibleAndLeaveNoBytesBehind) {
   ASSERT_TRUE(good.ok()) << good.status();
   EXPECT_EQ(Bytes(*d.agent, ShardId{"job", 5, 0}), Content("n0", 0));
   // a's own copy was never touched by any of this.
-  EXPECT_EQ(a.agent->Inventory("job", 5)[0].state, 2);
+  EXPECT_EQ(a.agent->Inventory("job", 5)[0].state, CopyState::kValid);
 
   // 4. The receiver dies mid-push: the sender's task fails promptly
   // (Unavailable), not after the peer timeout.

@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
+#include "common/names.h"
 #include "server/meta/records.h"
 #include "server/meta/store/mem_meta_store.h"
 
@@ -221,7 +222,7 @@ TEST_F(MetaCoreTest, LeaseExpiryMarksDeadAndHeartbeatsKeepAlive) {
     Beat("n1");
     ASSERT_TRUE(core_->Tick().ok());
   }
-  auto nodes = core_->ListNodes({});
+  auto nodes = *core_->ListNodes({});
   ASSERT_EQ(nodes.size(), 2u);
   EXPECT_EQ(nodes[0].state, NodeState::kAlive);
   EXPECT_EQ(nodes[1].state, NodeState::kDead);
@@ -229,7 +230,7 @@ TEST_F(MetaCoreTest, LeaseExpiryMarksDeadAndHeartbeatsKeepAlive) {
   h.node_id = "n2";
   h.incarnation = inc_["n2"];
   EXPECT_EQ(core_->Heartbeat(h).status().code(), absl::StatusCode::kFailedPrecondition);
-  auto status = core_->ClusterStatus(false, 0);
+  auto status = *core_->ClusterStatus(false, 0);
   EXPECT_EQ(status.nodes_by_state[NodeState::kDead], 1u);
   ASSERT_FALSE(status.problems.empty());
   EXPECT_EQ(status.problems[0].kind, Problem::Kind::kNodeDead);
@@ -292,7 +293,17 @@ TEST_F(MetaCoreTest, StepsMustIncreaseAndBeginIsIdempotent) {
   auto again = core_->BeginVersion("gpt", 10, "");
   ASSERT_TRUE(again.ok());
   EXPECT_FALSE(again->second);
-  EXPECT_EQ(core_->BeginVersion("gpt", 5, "").status().code(), absl::StatusCode::kInvalidArgument);
+  ASSERT_TRUE(Stage("n1", "gpt", 10, 0).ok());  // PROTECTED (policy none)
+  auto lower = core_->BeginVersion("gpt", 5, "");
+  EXPECT_EQ(lower.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(lower.status().message().find("newest version 10 (PROTECTED)"), std::string::npos)
+      << lower.status();
+  // A trainer waiting for the refused step is told why it never appears.
+  auto wait = core_->WaitVersion("gpt", 5, Level::kStaged, absl::ZeroDuration());
+  EXPECT_EQ(wait.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_NE(wait.status().message().find("newest version is step 10 (PROTECTED)"),
+            std::string::npos)
+      << wait.status();
   EXPECT_EQ(core_->BeginVersion("nojob", 5, "").status().code(), absl::StatusCode::kNotFound);
 }
 
@@ -581,7 +592,7 @@ TEST_F(MetaCoreTest, TasksRetryThenFailAndTimeOut) {
   const Task t = (*tasks)[0].task;
   EXPECT_EQ(t.kind, TaskKind::kReplicate);
   EXPECT_EQ(t.targets, std::vector<std::string>{"b"});
-  EXPECT_EQ(core_->ListNodes({})[0].pending_tasks, 1u);
+  EXPECT_EQ((*core_->ListNodes({}))[0].pending_tasks, 1u);
   auto d = core_->ReportTaskResult("a", inc_["a"], t.id, 1, absl::UnavailableError("peer down"));
   EXPECT_EQ(*d, TaskDisposition::kRetry);
   EXPECT_TRUE(core_->PendingTasks("a", inc_["a"], false)->empty());
@@ -640,7 +651,7 @@ TEST_F(MetaCoreTest, StateSurvivesReopenAndInventoryReconciles) {
   EXPECT_EQ(StateOf("gpt", 5), VersionState::kDegraded);
   RunAgents();
   EXPECT_EQ(StateOf("gpt", 5), VersionState::kProtected);
-  auto status = core_->ClusterStatus(false, 0);
+  auto status = *core_->ClusterStatus(false, 0);
   bool unknown = false;
   for (const auto& p : status.problems) unknown = unknown || p.kind == Problem::Kind::kUnknownData;
   EXPECT_TRUE(unknown);
@@ -744,11 +755,393 @@ TEST_F(MetaCoreTest, DrainReprotectsElsewhereThenNodeLeaves) {
   Beat("b");
   Beat("c");
   ASSERT_TRUE(core_->Tick().ok());
-  auto nodes = core_->ListNodes({NodeState::kLeft});
+  auto nodes = *core_->ListNodes({NodeState::kLeft});
   ASSERT_EQ(nodes.size(), 1u);
   EXPECT_EQ(nodes[0].id, "b");
   EXPECT_EQ(core_->RemoveNode("a").code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_TRUE(core_->RemoveNode("b").ok());
+}
+
+}  // namespace
+}  // namespace ckpt::meta
+
+namespace ckpt::meta {
+namespace {
+
+// ---- Issue 12 #11: readers are never sent to a node meta knows is gone ----
+
+TEST_F(MetaCoreTest, LocateLeavesOutDeadHoldersAndPutsSuspectOnesLast) {
+  for (const char* n : {"a", "b", "c", "d"}) Register(n);
+  CreateJob("gpt", 4, ProtectionPolicy::Replicate(3, ProtectionPolicy::Placement::kRing));
+  ASSERT_TRUE(core_->BeginVersion("gpt", 1, "").ok());
+  const char* nodes[] = {"a", "b", "c", "d"};
+  for (uint32_t r = 0; r < 4; ++r) ASSERT_TRUE(Stage(nodes[r], "gpt", 1, r).ok());
+  RunAgents();
+  ASSERT_EQ(StateOf("gpt", 1), VersionState::kProtected);
+  // Rank 0: primary on a, replicas on b and c (ring).
+  auto before = core_->Locate("gpt", 1, 0, "d");
+  ASSERT_TRUE(before.ok()) << before.status();
+  ASSERT_EQ(before->sources.size(), 3u);
+  EXPECT_EQ(before->sources[1].holder.node_id, "b");
+  EXPECT_EQ(before->sources[2].holder.node_id, "c");
+
+  // b misses two heartbeats: SUSPECT, still counted, but read last.
+  for (int i = 0; i < 3; ++i) {
+    clock_.Advance(absl::Seconds(1));
+    for (const char* n : {"a", "c", "d"}) Beat(n);
+    ASSERT_TRUE(core_->Tick().ok());
+  }
+  ASSERT_EQ((*core_->ListNodes({NodeState::kSuspect})).size(), 1u);
+  auto suspect = core_->Locate("gpt", 1, 0, "d");
+  ASSERT_TRUE(suspect.ok()) << suspect.status();
+  ASSERT_EQ(suspect->sources.size(), 3u);
+  EXPECT_EQ(suspect->sources[0].holder.node_id, "a");
+  EXPECT_EQ(suspect->sources[1].holder.node_id, "c");
+  EXPECT_EQ(suspect->sources[2].holder.node_id, "b") << "a SUSPECT holder must come last";
+  EXPECT_EQ(suspect->sources[2].holder.state, NodeState::kSuspect);
+  EXPECT_EQ(suspect->sources[1].holder.state, NodeState::kAlive);
+
+  // b's lease runs out: DEAD, never named again.
+  for (int i = 0; i < 3; ++i) {
+    clock_.Advance(absl::Seconds(1));
+    for (const char* n : {"a", "c", "d"}) Beat(n);
+    ASSERT_TRUE(core_->Tick().ok());
+  }
+  inc_.erase("b");
+  dead_.insert("b");
+  for (uint32_t r = 0; r < 4; ++r) {
+    auto loc = core_->Locate("gpt", 1, r, "d");
+    ASSERT_TRUE(loc.ok()) << loc.status();
+    for (const Source& s : loc->sources) EXPECT_NE(s.holder.node_id, "b") << "rank " << r;
+  }
+}
+
+TEST_F(MetaCoreTest, EcStripesAndRebuildSourcesSkipDeadAndListSuspectLast) {
+  const std::vector<std::string> nodes = {"n0", "n1", "n2", "n3", "n4", "n5", "n6"};
+  for (const auto& n : nodes) Register(n);
+  CreateJob("ec", 6, ProtectionPolicy::ErasureCode(4, 2));
+  ASSERT_TRUE(core_->BeginVersion("ec", 7, "").ok());
+  auto v = core_->GetVersion("ec", 7, false);
+  ASSERT_TRUE(v.ok());
+  ASSERT_EQ(v->plan.groups.size(), 1u);
+  const std::vector<std::string> members = v->plan.groups[0].members;
+  for (uint32_t r = 0; r < 6; ++r) ASSERT_TRUE(Stage(members[r], "ec", 7, r, 4000 + r).ok());
+  RunAgents();
+  ASSERT_EQ(StateOf("ec", 7), VersionState::kProtected);
+  const std::string dying = members[1], slow = members[2];
+
+  // `dying` stops at once, `slow` two seconds later: when `dying` is
+  // declared DEAD, `slow` is SUSPECT.
+  for (int i = 1; i <= 6; ++i) {
+    clock_.Advance(absl::Seconds(1));
+    for (const auto& n : nodes) {
+      if (n == dying || (n == slow && i >= 3)) continue;
+      Beat(n);
+    }
+    ASSERT_TRUE(core_->Tick().ok());
+    if ((*core_->ListNodes({NodeState::kDead})).size() == 1) break;
+  }
+  ASSERT_EQ((*core_->ListNodes({NodeState::kDead})).size(), 1u);
+  ASSERT_EQ((*core_->ListNodes({NodeState::kSuspect})).size(), 1u);
+
+  auto check_order = [&](const std::vector<SegmentLocation>& segs, const std::string& what) {
+    bool seen_suspect = false;
+    for (const SegmentLocation& s : segs) {
+      EXPECT_NE(s.holder.node_id, dying) << what << ": a DEAD holder is listed";
+      if (s.holder.node_id == slow) {
+        seen_suspect = true;
+      } else {
+        EXPECT_FALSE(seen_suspect) << what << ": a SUSPECT holder comes before a healthy one";
+      }
+    }
+  };
+  // The dead node's rank decodes from the stripes.
+  auto loc = core_->Locate("ec", 7, 1, members[0]);
+  ASSERT_TRUE(loc.ok()) << loc.status();
+  bool suspect_not_last_by_position = false;
+  for (const Source& src : loc->sources) {
+    if (src.kind != SourceKind::kEcDecode) continue;
+    for (const EcStripeSource& st : src.ec.stripes) {
+      check_order(st.segments, "Locate stripe " + std::to_string(st.stripe));
+      for (const SegmentLocation& s : st.segments) {
+        if (s.holder.node_id == slow && s.key.position < 5) suspect_not_last_by_position = true;
+      }
+    }
+  }
+  EXPECT_TRUE(suspect_not_last_by_position) << "the test needs a SUSPECT segment that position order would not put last";
+  // Rebuild tasks for the dead node's segments read from usable holders,
+  // SUSPECT ones last.
+  int rebuilds = 0;
+  for (const auto& n : nodes) {
+    if (n == dying) continue;
+    auto tasks = core_->PendingTasks(n, inc_[n], false);
+    ASSERT_TRUE(tasks.ok()) << tasks.status();
+    for (const TaskBundle& b : *tasks) {
+      if (b.task.kind != TaskKind::kRebuildSegments) continue;
+      for (const SegmentKey& key : b.task.segments) {
+        ++rebuilds;
+        auto it = b.segment_sources.find(key);
+        ASSERT_NE(it, b.segment_sources.end());
+        EXPECT_GE(it->second.size(), 4u);
+        check_order(it->second, "rebuild of stripe " + std::to_string(key.stripe));
+      }
+    }
+  }
+  EXPECT_GT(rebuilds, 0);
+}
+
+TEST_F(MetaCoreTest, ReReplicationReadsFromAHolderThatIsNotSuspect) {
+  const std::vector<std::string> nodes = {"a", "b", "c", "d", "e"};
+  for (const auto& n : nodes) Register(n);
+  CreateJob("gpt", 1, ProtectionPolicy::Replicate(3, ProtectionPolicy::Placement::kRing));
+  ASSERT_TRUE(core_->BeginVersion("gpt", 1, "").ok());
+  ASSERT_TRUE(Stage("a", "gpt", 1, 0).ok());
+  RunAgents();
+  ASSERT_EQ(StateOf("gpt", 1), VersionState::kProtected);
+  auto v = core_->GetVersion("gpt", 1, false);
+  ASSERT_TRUE(v.ok());
+  std::vector<std::string> holders;
+  for (const auto& c : v->shards.at(0).copies) holders.push_back(c.node_id);
+  ASSERT_EQ(holders.size(), 3u);
+  ASSERT_EQ(holders[0], "a");  // the primary
+  const std::string dying = holders[2];
+  // `dying` stops at once, the primary `a` three seconds later: when
+  // `dying` is declared DEAD, `a` is SUSPECT.
+  for (int i = 1; i <= 6; ++i) {
+    clock_.Advance(absl::Seconds(1));
+    for (const auto& n : nodes) {
+      if (n == dying || (n == "a" && i >= 3)) continue;
+      Beat(n);
+    }
+    ASSERT_TRUE(core_->Tick().ok());
+    if ((*core_->ListNodes({NodeState::kDead})).size() == 1) break;
+  }
+  ASSERT_EQ((*core_->ListNodes({NodeState::kDead})).size(), 1u);
+  ASSERT_EQ((*core_->ListNodes({NodeState::kSuspect}))[0].id, "a");
+  // The lost copy is re-made from the healthy replica, not the SUSPECT primary.
+  int replicates = 0;
+  for (const auto& n : nodes) {
+    if (n == dying) continue;
+    auto tasks = core_->PendingTasks(n, inc_[n], false);
+    ASSERT_TRUE(tasks.ok()) << tasks.status();
+    for (const TaskBundle& b : *tasks) {
+      if (b.task.kind != TaskKind::kReplicate) continue;
+      ++replicates;
+      EXPECT_EQ(b.task.node_id, holders[1]) << "re-replication reads from " << b.task.node_id;
+    }
+  }
+  EXPECT_EQ(replicates, 1);
+}
+
+// ---- Issue 13 #7: what ends a version that can never complete ----
+
+TEST_F(MetaCoreTest, StepsAboveTheMaximumAreRefusedAndTheJobKeepsWorking) {
+  Register("n1");
+  CreateJob("gpt", 1, ProtectionPolicy::None());
+  for (uint64_t bad : {kMaxStep + 1, ~uint64_t{0}}) {
+    auto b = core_->BeginVersion("gpt", bad, "");
+    EXPECT_EQ(b.status().code(), absl::StatusCode::kInvalidArgument) << bad;
+    EXPECT_NE(b.status().message().find("9007199254740991"), std::string::npos) << b.status();
+    EXPECT_EQ(core_->GetVersion("gpt", bad, false).status().code(),
+              absl::StatusCode::kInvalidArgument);
+    EXPECT_EQ(core_->WaitVersion("gpt", bad, Level::kStaged, absl::ZeroDuration()).status().code(),
+              absl::StatusCode::kInvalidArgument);
+    EXPECT_EQ(Stage("n1", "gpt", bad, 0).code(), absl::StatusCode::kInvalidArgument);
+  }
+  EXPECT_TRUE(core_->ListVersions("gpt", {}, false, std::nullopt, 0)->empty());
+  ASSERT_TRUE(core_->BeginVersion("gpt", 20, "").ok());
+  ASSERT_TRUE(Stage("n1", "gpt", 20, 0).ok());
+  EXPECT_EQ(StateOf("gpt", 20), VersionState::kProtected);
+  ASSERT_TRUE(core_->BeginVersion("gpt", kMaxStep, "").ok());  // the maximum itself is a step
+}
+
+TEST_F(MetaCoreTest, NewerOpenVersionDoesNotBlockLowerSteps) {
+  Register("n1");
+  CreateJob("gpt", 1, ProtectionPolicy::None());
+  // A bogus far-future step that no rank ever completes.
+  ASSERT_TRUE(core_->BeginVersion("gpt", 1'000'000'000, "").ok());
+  ASSERT_TRUE(core_->BeginVersion("gpt", 20, "").ok());
+  ASSERT_TRUE(Stage("n1", "gpt", 20, 0).ok());
+  EXPECT_EQ(StateOf("gpt", 20), VersionState::kProtected);
+  ASSERT_TRUE(core_->BeginVersion("gpt", 30, "").ok());
+  ASSERT_TRUE(Stage("n1", "gpt", 30, 0).ok());
+  EXPECT_EQ(core_->Latest("gpt", Level::kProtected)->step, 30u);
+  EXPECT_EQ(StateOf("gpt", 1'000'000'000), VersionState::kOpen);  // ends by the time-out
+}
+
+TEST_F(MetaCoreTest, StagedVersionSupersedesOlderOpenOnes) {
+  for (const char* n : {"a", "b", "c", "d"}) Register(n);
+  CreateJob("gpt", 4, ProtectionPolicy::None());
+  const char* nodes[] = {"a", "b", "c", "d"};
+  // Step 10: ranks 0-2 stage, rank 3 dies while saving.
+  ASSERT_TRUE(core_->BeginVersion("gpt", 10, "").ok());
+  for (uint32_t r = 0; r < 3; ++r) ASSERT_TRUE(Stage(nodes[r], "gpt", 10, r).ok());
+  auto stuck = core_->WaitVersion("gpt", 10, Level::kStaged, absl::ZeroDuration());
+  EXPECT_EQ(stuck.status().code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_NE(stuck.status().message().find("3 of 4 shards staged (rank 3 missing)"),
+            std::string::npos)
+      << stuck.status();
+  // Step 15 begun by some ranks only; step 20 saved by every rank.
+  ASSERT_TRUE(core_->BeginVersion("gpt", 15, "").ok());
+  ASSERT_TRUE(Stage("a", "gpt", 15, 0).ok());
+  ASSERT_TRUE(core_->BeginVersion("gpt", 20, "").ok());
+  for (uint32_t r = 0; r < 4; ++r) ASSERT_TRUE(Stage(nodes[r], "gpt", 20, r).ok());
+  EXPECT_EQ(StateOf("gpt", 20), VersionState::kProtected);
+  for (uint64_t step : {10u, 15u}) {
+    auto v = core_->GetVersion("gpt", step, false);
+    ASSERT_TRUE(v.ok());
+    EXPECT_EQ(v->state, VersionState::kAborted) << step;
+    EXPECT_NE(v->abort_reason.find("superseded: step 20 was staged first"), std::string::npos)
+        << v->abort_reason;
+    EXPECT_TRUE(v->evicted) << step;
+  }
+  auto w = core_->WaitVersion("gpt", 10, Level::kProtected, absl::ZeroDuration());
+  EXPECT_EQ(w.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(w.status().message().find("rank 3 missing"), std::string::npos) << w.status();
+  // Its shards are freed on the nodes that hold them.
+  int evicts = 0;
+  for (const char* n : {"a", "b", "c"}) {
+    auto tasks = core_->PendingTasks(n, inc_[n], false);
+    ASSERT_TRUE(tasks.ok()) << tasks.status();
+    for (const TaskBundle& b : *tasks) {
+      if (b.task.kind == TaskKind::kEvict && b.task.step == 10) ++evicts;
+    }
+  }
+  EXPECT_EQ(evicts, 3);
+  // The late rank's shard is refused with the reason.
+  auto late = Stage("d", "gpt", 10, 3);
+  EXPECT_EQ(late.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(late.message().find("superseded"), std::string::npos) << late;
+}
+
+TEST_F(MetaCoreTest, OpenVersionWithoutProgressIsAbortedAfterTheTimeout) {
+  options_.open_version_timeout = absl::Seconds(60);
+  Reopen();
+  Register("a");
+  Register("b");
+  CreateJob("gpt", 2, ProtectionPolicy::None());
+  ASSERT_TRUE(core_->BeginVersion("gpt", 5, "").ok());
+  auto tick = [&](int seconds) {
+    for (int i = 0; i < seconds; ++i) {
+      clock_.Advance(absl::Seconds(1));
+      Beat("a");
+      Beat("b");
+      ASSERT_TRUE(core_->Tick().ok());
+    }
+  };
+  tick(40);
+  ASSERT_TRUE(Stage("a", "gpt", 5, 0).ok());  // progress: the count restarts
+  tick(40);
+  EXPECT_EQ(StateOf("gpt", 5), VersionState::kOpen);
+  Reopen();  // a meta restart restarts the count too
+  tick(59);
+  EXPECT_EQ(StateOf("gpt", 5), VersionState::kOpen);
+  tick(1);
+  auto v = core_->GetVersion("gpt", 5, false);
+  ASSERT_TRUE(v.ok());
+  EXPECT_EQ(v->state, VersionState::kAborted);
+  EXPECT_NE(v->abort_reason.find("no progress for 1m"), std::string::npos) << v->abort_reason;
+  EXPECT_NE(v->abort_reason.find("1 of 2 shards staged (rank 1 missing)"), std::string::npos)
+      << v->abort_reason;
+  auto w = core_->WaitVersion("gpt", 5, Level::kProtected, absl::ZeroDuration());
+  EXPECT_EQ(w.status().code(), absl::StatusCode::kFailedPrecondition) << w.status();
+  // The job goes on.
+  ASSERT_TRUE(core_->BeginVersion("gpt", 6, "").ok());
+  ASSERT_TRUE(Stage("a", "gpt", 6, 0).ok());
+  ASSERT_TRUE(Stage("b", "gpt", 6, 1).ok());
+  EXPECT_EQ(StateOf("gpt", 6), VersionState::kProtected);
+}
+
+// ---- Issue 13 #2, #3: opening a job with what the caller states ----
+
+TEST_F(MetaCoreTest, UnstatedPartsOpenTheStoredJobAndStatedOnesAreCompared) {
+  for (const char* n : {"a", "b", "c"}) Register(n);
+  FlushPolicy every3;
+  every3.every_n_versions = 3;
+  CreateJob("rep", 4, ProtectionPolicy::Replicate(2, ProtectionPolicy::Placement::kRing), every3);
+  JobRequest open;
+  open.job_id = "rep";
+  auto opened = core_->CreateJob(open, true);  // nothing stated, not even the world size
+  ASSERT_TRUE(opened.ok()) << opened.status();
+  EXPECT_FALSE(opened->second);
+  EXPECT_EQ(opened->first.job.spec.protection.kind, ProtectionPolicy::Kind::kReplicate);
+  open.world_size = 4;
+  ASSERT_TRUE(core_->CreateJob(open, true).ok());
+  open.protection = ProtectionPolicy::Replicate(2, ProtectionPolicy::Placement::kRing);
+  ASSERT_TRUE(core_->CreateJob(open, true).ok());
+  open.protection = ProtectionPolicy::None();
+  auto differs = core_->CreateJob(open, true);
+  EXPECT_EQ(differs.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(differs.status().message().find("protection (stored replicate{2, ring}, asked none)"),
+            std::string::npos)
+      << differs.status();
+  open.protection.reset();
+  open.flush = FlushPolicy{};  // stated: never flush
+  differs = core_->CreateJob(open, true);
+  EXPECT_EQ(differs.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(differs.status().message().find("flush (stored every 3 versions, asked never)"),
+            std::string::npos)
+      << differs.status();
+  // The same request cannot create a job: a world size is needed for that.
+  JobRequest fresh;
+  fresh.job_id = "fresh";
+  auto refused = core_->CreateJob(fresh, true);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(refused.status().message().find("needs a world size"), std::string::npos);
+}
+
+TEST_F(MetaCoreTest, DefaultProtectionCanAlwaysReachProtected) {
+  JobRequest req;
+  req.world_size = 1;
+  // Single node: none (PROTECTED = STAGED).
+  Register("a");
+  req.job_id = "single";
+  auto single = core_->CreateJob(req, false);
+  ASSERT_TRUE(single.ok()) << single.status();
+  EXPECT_EQ(single->first.job.spec.protection.kind, ProtectionPolicy::Kind::kNone);
+  ASSERT_TRUE(core_->BeginVersion("single", 1, "").ok());
+  ASSERT_TRUE(Stage("a", "single", 1, 0).ok());
+  EXPECT_EQ(StateOf("single", 1), VersionState::kProtected);
+  // Two nodes or more: one copy on a second node.
+  Register("b");
+  req.job_id = "pair";
+  auto pair = core_->CreateJob(req, false);
+  ASSERT_TRUE(pair.ok()) << pair.status();
+  EXPECT_EQ(pair->first.job.spec.protection,
+            ProtectionPolicy::Replicate(2, ProtectionPolicy::Placement::kRing));
+  ASSERT_TRUE(core_->BeginVersion("pair", 1, "").ok());
+  ASSERT_TRUE(Stage("a", "pair", 1, 0).ok());
+  RunAgents();
+  EXPECT_EQ(StateOf("pair", 1), VersionState::kProtected);
+  // A configured default is used as given, and refused clearly when the
+  // cluster cannot place it.
+  options_.default_protection = ProtectionPolicy::ErasureCode(4, 2);
+  Reopen();
+  req.job_id = "ec";
+  auto ec = core_->CreateJob(req, false);
+  EXPECT_EQ(ec.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(ec.status().message().find("the server's default protection policy ec{4, 2}"),
+            std::string::npos)
+      << ec.status();
+  options_.default_protection = ProtectionPolicy::None();
+  Reopen();
+  ec = core_->CreateJob(req, false);
+  ASSERT_TRUE(ec.ok()) << ec.status();
+  EXPECT_EQ(ec->first.job.spec.protection.kind, ProtectionPolicy::Kind::kNone);
+}
+
+TEST(ParseProtectionPolicy, AcceptsTheCommandLineSpellings) {
+  EXPECT_EQ(*ParseProtectionPolicy("none"), ProtectionPolicy::None());
+  EXPECT_EQ(*ParseProtectionPolicy("replicate:3"),
+            ProtectionPolicy::Replicate(3, ProtectionPolicy::Placement::kRing));
+  EXPECT_EQ(*ParseProtectionPolicy("replicate:2:group"),
+            ProtectionPolicy::Replicate(2, ProtectionPolicy::Placement::kGroup));
+  EXPECT_EQ(*ParseProtectionPolicy("ec:4+2"), ProtectionPolicy::ErasureCode(4, 2));
+  for (const char* bad : {"", "auto", "replicate", "replicate:x", "replicate:1", "replicate:2:star",
+                          "ec:4", "ec:4+0", "ec:4+2:1"}) {
+    auto p = ParseProtectionPolicy(bad);
+    EXPECT_EQ(p.status().code(), absl::StatusCode::kInvalidArgument) << bad;
+  }
 }
 
 }  // namespace

@@ -57,6 +57,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <utility>
@@ -123,14 +124,14 @@ enum class ServedFrom {
 // "local", "replica", "ec_decode", "durable" or "unknown".
 const char* ServedFromName(ServedFrom served_from);
 
-// How a job's shards are protected against node loss (DESIGN §4), used when
-// rank 0 creates the job. Meta compares it when the job already exists, so
-// every launch of a job must use the same protection.
+// How a job's shards are protected against node loss (DESIGN §4), if the
+// trainer states one (ClientOptions::protection): rank 0 creates the job with
+// it, and meta compares it when the job already exists.
 struct Protection {
   enum class Kind { kNone, kReplicate, kErasureCode };
   enum class Placement { kRing, kGroup };
 
-  // Local memory only (the default).
+  // Local memory only: survives a trainer crash, not a node loss.
   static Protection None() { return Protection{}; }
   // `copies` in-memory copies (2..8) counting the primary.
   static Protection Replicate(uint32_t copies, Placement placement = Placement::kRing) {
@@ -176,8 +177,13 @@ struct ClientOptions {
   std::string run_id;
 
   // ---- Job spec, used by rank 0 to create the job (create-or-open) ----
-  // Compared with the stored job when it exists.
-  Protection protection;
+  // Unset (the default): a job that exists keeps its stored protection (an
+  // operator's `ckptctl create-job --replicate 2`, say), and a job rank 0
+  // creates gets the server's default (docs/meta.md: replicate{2, ring} when
+  // the cluster has at least two alive nodes, none on a single node). Set:
+  // the job is created with it, and an existing job must have it
+  // (kFailedPrecondition naming both otherwise).
+  std::optional<Protection> protection;
   // Flush every Nth version / every N seconds to the durable tier (0: rule
   // off). Left at 0 both, the stored flush policy is not compared.
   uint32_t flush_every_n_versions = 0;
@@ -280,7 +286,8 @@ class SaveBuilder {
   // Errors: kResourceExhausted (does not fit in the agent's memory tier: the
   // message says what holds it), kAlreadyExists (this rank's shard of the step
   // is already committed on this node: a previous save of the same step),
-  // kInvalidArgument (bad item or rank), kNotFound (job unknown to meta, on
+  // kInvalidArgument (bad item or rank, or a step above 2^53-1, the largest
+  // step ckpt accepts: see kMaxStep in docs/protocol.md), kNotFound (job unknown to meta, on
   // the job's first save on this node), kUnavailable (agent down; meta is
   // needed only for the job's first save on the node),
   // kInternal (the agent handed out regions that do not cover the lease),
@@ -291,7 +298,8 @@ class SaveBuilder {
   // spent afterwards, whatever the outcome. The agent begins the version at
   // meta in the background: a version meta refuses (e.g. a step lower than
   // the job's newest) is dropped by the agent, and SaveHandle::Wait reports
-  // it (kNotFound after its grace period).
+  // it (kNotFound after its grace period, naming the newer version that
+  // refused it).
   absl::StatusOr<SaveHandle> Commit();
 
  private:
@@ -392,8 +400,9 @@ struct LoadOptions {
 class Client {
  public:
   // Connects and makes sure the job exists. Rank 0 creates the job, or opens
-  // it if it exists with the same world size and protection (and flush and
-  // retention, if set): it is safe to call on every start. Other ranks wait
+  // it if it exists with the same world size (and protection, flush and
+  // retention, where set; unset ones take the stored values): it is safe to
+  // call on every start. Other ranks wait
   // (polling with backoff) until the job exists. Then asks the agent for its
   // node id and pool files and maps every pool file whole, read-write, with
   // its page tables populated, so the first save pays no page faults.
@@ -401,7 +410,8 @@ class Client {
   // unreachable or the job does not exist yet.
   // Errors: kInvalidArgument (bad job id, world size 0, rank >= world size,
   // no meta address; or meta rejects the spec), kFailedPrecondition (the job
-  // exists with another world size or protection: the message names them,
+  // exists with another world size, or another protection, flush or
+  // retention than one set here: the message names each with both values;
   // or is being deleted), kDeadlineExceeded (connect_timeout passed: the
   // message says what was missing), errors of mmap of a pool file as in
   // PosixErrorToStatus (e.g. kPermissionDenied).
@@ -419,8 +429,8 @@ class Client {
   // The agent's node id (as registered with meta).
   const std::string& node_id() const;
 
-  // Starts a save of `step` for this rank. Does not block, cannot fail: the
-  // checks happen in Add and Commit.
+  // Starts a save of `step` (0..2^53-1) for this rank. Does not block, cannot
+  // fail: the checks happen in Add and Commit.
   SaveBuilder BeginSave(uint64_t step);
 
   // As SaveHandle::Wait, for any step of the job (e.g. one saved by an

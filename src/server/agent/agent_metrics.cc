@@ -1,0 +1,48 @@
+#include "server/agent/agent_metrics.h"
+
+namespace ckpt::agent {
+
+AgentMetrics::AgentMetrics(MetricsRegistry& m)
+    : staged_bytes(&m.AddCounter("ckpt_agent_staged_bytes_total", "Bytes of shards committed by local clients")),
+      staged_shards(&m.AddCounter("ckpt_agent_staged_shards_total", "Shards committed by local clients")),
+      flush_bytes(&m.AddCounter("ckpt_agent_flush_bytes_total", "Bytes written to the durable tier")),
+      flush_shards(&m.AddCounter("ckpt_agent_flush_shards_total", "Rank files written to the durable tier")),
+      flush_errors(&m.AddCounter("ckpt_agent_flush_errors_total", "Failed durable-tier writes (each retry counts)")),
+      corrupt(&m.AddCounter("ckpt_agent_corrupt_copies_total", "Holdings whose bytes failed their crc32c")),
+      lease_rejected(&m.AddCounter("ckpt_agent_lease_rejected_total", "Staging leases refused for lack of memory")),
+      meta_errors(&m.AddCounter("ckpt_agent_meta_errors_total", "Failed calls to ckpt-meta")),
+      peer_sent_bytes(
+          &m.AddCounter("ckpt_agent_peer_sent_bytes_total", "Bytes sent to peers (pushes and reads served)")),
+      peer_received_bytes(
+          &m.AddCounter("ckpt_agent_peer_received_bytes_total", "Bytes received from peers (pushes and reads)")),
+      replicas_stored(&m.AddCounter("ckpt_agent_replicas_stored_total", "Replica copies received and stored")),
+      parity_stored(&m.AddCounter("ckpt_agent_parity_segments_total", "EC parity segments completed on this node")),
+      segments_rebuilt(&m.AddCounter("ckpt_agent_segments_rebuilt_total", "EC segments rebuilt on this node")),
+      peer_restores(
+          &m.AddCounter("ckpt_agent_peer_restores_total", "Shards restored from a peer replica or by EC decode")),
+      peer_errors(&m.AddCounter("ckpt_agent_peer_errors_total", "Failed pushes, reads and decodes")),
+      peer_timeouts(&m.AddCounter("ckpt_agent_peer_timeouts_total",
+                                  "Peer requests that got no answer within --peer-timeout-ms")),
+      hedged_reads(&m.AddCounter("ckpt_agent_hedged_reads_total",
+                                 "Extra segment reads started because a holder was slow")),
+      parity_builds_dropped(&m.AddCounter("ckpt_agent_parity_builds_dropped_total",
+                                          "Parity builds abandoned (failed, cancelled, evicted or expired)")),
+      pushes_expired(&m.AddCounter("ckpt_agent_pushes_expired_total",
+                                   "Incoming pushes dropped after no progress for the peer timeout")),
+      leases_expired(&m.AddCounter("ckpt_agent_leases_expired_total",
+                                   "Staging leases and handles released because their client went away")),
+      used(&m.AddGauge("ckpt_agent_memory_used_bytes", "Memory-tier bytes in use (holdings and leases)")),
+      free(&m.AddGauge("ckpt_agent_memory_free_bytes", "Memory-tier bytes free")),
+      leased(&m.AddGauge("ckpt_agent_memory_leased_bytes", "Memory-tier bytes reserved by open staging leases")),
+      capacity(&m.AddGauge("ckpt_agent_memory_capacity_bytes", "Memory-tier capacity")),
+      flush_lag_bytes(&m.AddGauge("ckpt_agent_flush_lag_bytes", "Bytes chosen for flush and not yet durable")),
+      flush_lag_seconds(
+          &m.AddGauge("ckpt_agent_flush_lag_seconds", "Age of the oldest shard waiting to be flushed")),
+      holdings(&m.AddGauge("ckpt_agent_holdings", "Committed shard copies held in memory")),
+      registered(&m.AddGauge("ckpt_agent_registered", "1 while registered with ckpt-meta")),
+      reservations(&m.AddGauge("ckpt_agent_memory_reservations",
+                               "Live memory-tier reservations (holdings, leases, transfers in flight)")),
+      parity_builds(&m.AddGauge("ckpt_agent_parity_builds", "EC parity segments being folded on this node")),
+      pushes_receiving(&m.AddGauge("ckpt_agent_pushes_receiving", "Incoming pushes in progress")) {}
+
+}  // namespace ckpt::agent

@@ -1,0 +1,48 @@
+// AgentMetrics: every Prometheus metric the node agent exports, created once
+// and shared (by pointer) with the components that count. docs/agent.md and
+// docs/operations.md list them.
+//
+// Thread safety: handles may be used from any thread (see common/metrics.h).
+#pragma once
+
+#include "common/metrics.h"
+
+namespace ckpt::agent {
+
+struct AgentMetrics {
+  explicit AgentMetrics(MetricsRegistry& m);
+
+  Counter* staged_bytes;
+  Counter* staged_shards;
+  Counter* flush_bytes;
+  Counter* flush_shards;
+  Counter* flush_errors;
+  Counter* corrupt;
+  Counter* lease_rejected;
+  Counter* meta_errors;
+  Counter* peer_sent_bytes;
+  Counter* peer_received_bytes;
+  Counter* replicas_stored;
+  Counter* parity_stored;
+  Counter* segments_rebuilt;
+  Counter* peer_restores;
+  Counter* peer_errors;
+  Counter* peer_timeouts;
+  Counter* hedged_reads;
+  Counter* parity_builds_dropped;
+  Counter* pushes_expired;
+  Counter* leases_expired;
+  Gauge* used;
+  Gauge* free;
+  Gauge* leased;
+  Gauge* capacity;
+  Gauge* flush_lag_bytes;
+  Gauge* flush_lag_seconds;
+  Gauge* holdings;
+  Gauge* registered;
+  Gauge* reservations;
+  Gauge* parity_builds;
+  Gauge* pushes_receiving;
+};
+
+}  // namespace ckpt::agent

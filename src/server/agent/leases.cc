@@ -1,0 +1,251 @@
+#include "server/agent/leases.h"
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/log.h"
+
+namespace ckpt::agent {
+namespace {
+constexpr size_t kCommittedLeaseMemory = 4096;
+}  // namespace
+
+std::vector<Region> RegionsOf(const std::string& pool_path, const std::vector<Extent>& extents, uint64_t size) {
+  std::vector<Region> out;
+  uint64_t shard_off = 0;
+  for (const Extent& e : extents) {
+    if (shard_off >= size) break;
+    const uint64_t len = std::min(e.length, size - shard_off);
+    out.push_back(Region{pool_path, e.offset, len, shard_off});
+    shard_off += len;
+  }
+  return out;
+}
+
+LeaseTable::LeaseTable(Clock* clock, AgentMetrics* metrics, GoneFn is_gone)
+    : clock_(clock), metrics_(metrics), is_gone_(std::move(is_gone)) {}
+
+std::string LeaseTable::NewId(const char* prefix) {
+  return absl::StrFormat("%s-%x-%d", prefix, absl::ToUnixNanos(clock_->Now()) & 0xffffffffff, next_id_++);
+}
+
+std::string LeaseTable::Add(const ShardId& shard, uint64_t size_bytes, ReservationPtr bytes,
+                            const std::string& run_id, const ClientRef& client, absl::Duration ttl) {
+  ReservationPtr replaced;
+  std::string id;
+  {
+    absl::MutexLock lock(&mu_);
+    // A trainer restarted mid-copy: its old lease for this rank is void.
+    if (auto old = lease_of_shard_.find(shard); old != lease_of_shard_.end()) {
+      auto l = leases_.find(old->second);
+      if (l != leases_.end() && !l->second.committing) {
+        log::Info("lease {} for {} replaced by a new lease", l->first, ShardIdString(shard));
+        replaced = std::move(l->second.bytes);
+        leases_.erase(l);
+      }
+      lease_of_shard_.erase(old);
+    }
+    id = NewId("l");
+    Lease l;
+    l.shard = shard;
+    l.size_bytes = size_bytes;
+    l.bytes = std::move(bytes);
+    l.run_id = run_id;
+    l.client = client;
+    l.expires = clock_->MonotonicNow() + ttl;
+    leases_.emplace(id, std::move(l));
+    lease_of_shard_[shard] = id;
+  }
+  return id;
+}
+
+absl::StatusOr<CommittingLease> LeaseTable::BeginCommit(const std::string& lease_id, uint64_t size_bytes) {
+  absl::MutexLock lock(&mu_);
+  auto it = leases_.find(lease_id);
+  if (it == leases_.end()) {
+    if (committed_.count(lease_id) != 0) {
+      return absl::AlreadyExistsError(absl::StrCat("lease ", lease_id, " is already committed"));
+    }
+    return absl::FailedPreconditionError(
+        absl::StrCat("lease \"", lease_id, "\" is unknown, aborted or expired; acquire a new one"));
+  }
+  if (it->second.committing) {
+    return absl::AbortedError(absl::StrCat("lease ", lease_id, " is being committed by another call"));
+  }
+  Lease& l = it->second;
+  if (size_bytes == 0) size_bytes = l.size_bytes;
+  if (size_bytes > l.size_bytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("commit of ", size_bytes, " bytes exceeds the lease's ", l.size_bytes, " bytes"));
+  }
+  // Nobody else reads the lease's extents (the client is done writing), so
+  // the unused tail can go back to the pool now.
+  l.bytes->Trim(size_bytes);
+  l.size_bytes = size_bytes;
+  l.committing = true;
+  return CommittingLease{lease_id, it->second.shard, it->second.size_bytes, it->second.run_id, it->second.bytes};
+}
+
+bool LeaseTable::FinishCommit(const std::string& lease_id, const ShardId& shard) {
+  ReservationPtr release;
+  absl::MutexLock lock(&mu_);
+  auto it = leases_.find(lease_id);
+  if (it == leases_.end()) return false;
+  release = std::move(it->second.bytes);
+  leases_.erase(it);
+  if (auto s = lease_of_shard_.find(shard); s != lease_of_shard_.end() && s->second == lease_id) {
+    lease_of_shard_.erase(s);
+  }
+  committed_[lease_id] = shard;
+  if (committed_.size() > kCommittedLeaseMemory) committed_.erase(committed_.begin());
+  return true;
+}
+
+void LeaseTable::CancelCommit(const std::string& lease_id) {
+  absl::MutexLock lock(&mu_);
+  auto it = leases_.find(lease_id);
+  if (it != leases_.end()) it->second.committing = false;
+}
+
+absl::Status LeaseTable::Abort(const std::string& lease_id) {
+  ReservationPtr release;
+  absl::MutexLock lock(&mu_);
+  auto it = leases_.find(lease_id);
+  if (it == leases_.end()) {
+    if (committed_.count(lease_id) != 0) {
+      return absl::FailedPreconditionError(absl::StrCat("lease ", lease_id, " is committed"));
+    }
+    return absl::OkStatus();
+  }
+  if (it->second.committing) {
+    return absl::FailedPreconditionError(absl::StrCat("lease ", lease_id, " is being committed"));
+  }
+  release = std::move(it->second.bytes);
+  if (auto s = lease_of_shard_.find(it->second.shard); s != lease_of_shard_.end() && s->second == lease_id) {
+    lease_of_shard_.erase(s);
+  }
+  leases_.erase(it);
+  return absl::OkStatus();
+}
+
+std::string LeaseTable::OpenHandle(const ShardId& shard, Pin pin, const ClientRef& client, absl::Duration ttl) {
+  absl::MutexLock lock(&mu_);
+  const std::string id = NewId("h");
+  handles_.emplace(id, Handle{shard, std::move(pin), client, clock_->MonotonicNow() + ttl});
+  return id;
+}
+
+void LeaseTable::CloseHandle(const std::string& handle_id) {
+  Pin release;
+  absl::MutexLock lock(&mu_);
+  auto it = handles_.find(handle_id);
+  if (it == handles_.end()) return;
+  release = std::move(it->second.pin);
+  handles_.erase(it);
+}
+
+int LeaseTable::Expire() {
+  // Decide liveness without the lock (it may look at processes or sessions).
+  std::vector<std::pair<std::string, ClientRef>> leases, handles;
+  const absl::Time now = clock_->MonotonicNow();
+  {
+    absl::MutexLock lock(&mu_);
+    for (const auto& [id, l] : leases_) {
+      if (!l.committing) leases.emplace_back(id, l.client);
+    }
+    for (const auto& [id, h] : handles_) handles.emplace_back(id, h.client);
+  }
+  std::vector<std::string> gone_leases, gone_handles;
+  for (const auto& [id, c] : leases) {
+    if (is_gone_ && is_gone_(c)) gone_leases.push_back(id);
+  }
+  for (const auto& [id, c] : handles) {
+    if (is_gone_ && is_gone_(c)) gone_handles.push_back(id);
+  }
+  std::vector<ReservationPtr> release;
+  std::vector<Pin> unpin;
+  int n = 0;
+  {
+    absl::MutexLock lock(&mu_);
+    for (auto it = leases_.begin(); it != leases_.end();) {
+      const bool gone = std::find(gone_leases.begin(), gone_leases.end(), it->first) != gone_leases.end();
+      if (it->second.committing || (!gone && it->second.expires > now)) {
+        ++it;
+        continue;
+      }
+      log::Info("lease {} for {} released ({})", it->first, ShardIdString(it->second.shard),
+                gone ? "its client is gone" : "its ttl passed");
+      release.push_back(std::move(it->second.bytes));
+      if (auto s = lease_of_shard_.find(it->second.shard); s != lease_of_shard_.end() && s->second == it->first) {
+        lease_of_shard_.erase(s);
+      }
+      it = leases_.erase(it);
+      ++n;
+    }
+    for (auto it = handles_.begin(); it != handles_.end();) {
+      const bool gone = std::find(gone_handles.begin(), gone_handles.end(), it->first) != gone_handles.end();
+      if (!gone && it->second.expires > now) {
+        ++it;
+        continue;
+      }
+      unpin.push_back(std::move(it->second.pin));
+      it = handles_.erase(it);
+      ++n;
+    }
+  }
+  if (n > 0) metrics_->leases_expired->Increment(n);
+  return n;
+}
+
+int LeaseTable::ReleaseSession(const std::string& session_id) {
+  if (session_id.empty()) return 0;
+  std::vector<ReservationPtr> release;
+  std::vector<Pin> unpin;
+  int n = 0;
+  {
+    absl::MutexLock lock(&mu_);
+    for (auto it = leases_.begin(); it != leases_.end();) {
+      if (it->second.committing || it->second.client.session_id != session_id) {
+        ++it;
+        continue;
+      }
+      log::Info("lease {} for {} released (its client's session ended)", it->first,
+                ShardIdString(it->second.shard));
+      release.push_back(std::move(it->second.bytes));
+      if (auto s = lease_of_shard_.find(it->second.shard); s != lease_of_shard_.end() && s->second == it->first) {
+        lease_of_shard_.erase(s);
+      }
+      it = leases_.erase(it);
+      ++n;
+    }
+    for (auto it = handles_.begin(); it != handles_.end();) {
+      if (it->second.client.session_id != session_id) {
+        ++it;
+        continue;
+      }
+      unpin.push_back(std::move(it->second.pin));
+      it = handles_.erase(it);
+      ++n;
+    }
+  }
+  if (n > 0) metrics_->leases_expired->Increment(n);
+  return n;
+}
+
+uint64_t LeaseTable::LeasedBytes() const {
+  absl::MutexLock lock(&mu_);
+  uint64_t total = 0;
+  for (const auto& [id, l] : leases_) total += l.bytes->reserved_bytes();
+  return total;
+}
+
+uint32_t LeaseTable::lease_count() const {
+  absl::MutexLock lock(&mu_);
+  return static_cast<uint32_t>(leases_.size());
+}
+
+uint32_t LeaseTable::handle_count() const {
+  absl::MutexLock lock(&mu_);
+  return static_cast<uint32_t>(handles_.size());
+}
+
+}  // namespace ckpt::agent

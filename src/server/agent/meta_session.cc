@@ -1,0 +1,439 @@
+#include "server/agent/meta_session.h"
+
+#include <fstream>
+#include <map>
+
+#include "absl/strings/str_cat.h"
+#include "common/log.h"
+
+namespace ckpt::agent {
+namespace {
+
+constexpr size_t kMaxReportBatch = 512;
+constexpr absl::Duration kFirstBackoff = absl::Milliseconds(200);
+constexpr absl::Duration kMaxBackoff = absl::Seconds(5);
+
+bool IsFencing(const absl::Status& s) { return absl::IsFailedPrecondition(s) || absl::IsNotFound(s); }
+
+}  // namespace
+
+bool IsPermanentRefusal(const absl::Status& s) {
+  switch (s.code()) {
+    case absl::StatusCode::kInvalidArgument:
+    case absl::StatusCode::kFailedPrecondition:
+    case absl::StatusCode::kNotFound:
+    case absl::StatusCode::kOutOfRange:
+      return true;
+    default:
+      return false;
+  }
+}
+
+MetaSession::MetaSession(MetaLink* meta, Clock* clock, AgentMetrics* metrics, Options options, Delegate* delegate)
+    : meta_(meta), clock_(clock), metrics_(metrics), options_(std::move(options)), delegate_(delegate) {
+  std::ifstream in(options_.memory_dir + "/incarnation");
+  uint64_t inc = 0;
+  if (in >> inc) {
+    absl::MutexLock lock(&mu_);
+    previous_incarnation_ = inc;
+  }
+}
+
+void MetaSession::PushLocked(Outbound o) {
+  o.seq = next_seq_++;
+  outbox_.push_back(std::move(o));
+  ++wake_;
+}
+
+void MetaSession::Begin(const std::string& job, uint64_t step, const std::string& run_id) {
+  Outbound o;
+  o.kind = Outbound::Kind::kBegin;
+  o.report.id = ShardId{job, step, 0};
+  o.run_id = run_id;
+  absl::MutexLock lock(&mu_);
+  PushLocked(std::move(o));
+}
+
+void MetaSession::Report(HoldingReport report, Done on_done) {
+  Outbound o;
+  o.report = std::move(report);
+  o.on_done = std::move(on_done);
+  {
+    absl::MutexLock lock(&mu_);
+    if (!stopping_) {
+      PushLocked(std::move(o));
+      return;
+    }
+  }
+  if (o.on_done) o.on_done(absl::CancelledError("agent is shutting down"));
+}
+
+void MetaSession::Result(const std::string& task_id, uint32_t attempt, const absl::Status& result, uint64_t bytes,
+                         int64_t duration_ms) {
+  Outbound o;
+  o.kind = Outbound::Kind::kResult;
+  o.task_id = task_id;
+  o.attempt = attempt;
+  o.result = result;
+  o.bytes = bytes;
+  o.duration_ms = duration_ms;
+  absl::MutexLock lock(&mu_);
+  PushLocked(std::move(o));
+}
+
+void MetaSession::ForgetVersion(const std::string& job, uint64_t step) {
+  std::vector<Done> cancelled;
+  {
+    absl::MutexLock lock(&mu_);
+    std::erase_if(outbox_, [&](Outbound& o) {
+      const bool match = o.kind == Outbound::Kind::kReport && o.report.kind == HoldingReport::Kind::kStaged &&
+                         o.report.record.id.job_id == job && o.report.record.id.step == step;
+      if (match && o.on_done) cancelled.push_back(std::move(o.on_done));
+      return match;
+    });
+  }
+  for (Done& d : cancelled) d(absl::CancelledError("the version was refused by meta"));
+}
+
+void MetaSession::BackOffLocked(const absl::Status& why) {
+  metrics_->meta_errors->Increment();
+  if (meta_reachable_) log::Warn("meta call failed, will retry: {}", why.ToString());
+  meta_reachable_ = false;
+  backoff_ = backoff_ == absl::ZeroDuration() ? kFirstBackoff : std::min(backoff_ * 2, kMaxBackoff);
+  next_send_ = clock_->MonotonicNow() + backoff_;
+}
+
+void MetaSession::FencedLocked(const absl::Status& why) {
+  metrics_->meta_errors->Increment();
+  log::Warn("meta fenced this agent ({}); registering again", why.ToString());
+  registered_ = false;
+  metrics_->registered->Set(0);
+  next_register_ = clock_->MonotonicNow();
+}
+
+void MetaSession::Register() {
+  NodeRegistration reg;
+  reg.node_id = options_.node_id;
+  reg.grpc_address = options_.grpc_address;
+  reg.data_address = options_.data_address ? options_.data_address() : std::string();
+  reg.failure_domain = options_.failure_domain;
+  reg.agent_version = "0.1.0";
+  reg.memory_capacity_bytes = options_.memory_capacity_bytes;
+  {
+    absl::MutexLock lock(&mu_);
+    reg.previous_incarnation = std::max(previous_incarnation_, incarnation_);
+  }
+  absl::StatusOr<RegistrationReply> r = meta_->Register(reg);
+  if (r.ok()) {
+    // Remembered across restarts so meta can fence the old incarnation.
+    std::ofstream(options_.memory_dir + "/incarnation") << r->incarnation << "\n";
+  }
+  absl::MutexLock lock(&mu_);
+  const absl::Time now = clock_->MonotonicNow();
+  if (!r.ok()) {
+    metrics_->meta_errors->Increment();
+    if (meta_reachable_ || next_register_ == absl::InfinitePast()) {
+      log::Warn("cannot register with meta: {}", r.status().ToString());
+    }
+    meta_reachable_ = false;
+    next_register_ = now + absl::Seconds(1);
+    return;
+  }
+  incarnation_ = r->incarnation;
+  registered_ = true;
+  meta_reachable_ = true;
+  inventory_due_ = true;
+  backoff_ = absl::ZeroDuration();
+  next_send_ = absl::InfinitePast();
+  heartbeat_ms_ = r->heartbeat_ms > 0 ? r->heartbeat_ms : 1000;
+  lease_ms_ = r->lease_ms > 0 ? r->lease_ms : 5000;
+  lease_valid_until_ = now + absl::Milliseconds(lease_ms_);
+  next_heartbeat_ = now + absl::Milliseconds(heartbeat_ms_);
+  last_heartbeat_unix_ms_ = clock_->NowUnixMillis();
+  metrics_->registered->Set(1);
+  log::Info("registered with meta as {} incarnation {}", options_.node_id, incarnation_);
+}
+
+void MetaSession::SendInventory() {
+  const std::vector<InventoryItem> items = delegate_->InventoryItems();
+  uint64_t inc;
+  {
+    absl::MutexLock lock(&mu_);
+    inc = incarnation_;
+  }
+  absl::StatusOr<InventoryReply> r = meta_->ReportInventory(options_.node_id, inc, items);
+  {
+    absl::MutexLock lock(&mu_);
+    if (!r.ok()) {
+      if (IsFencing(r.status())) {
+        FencedLocked(r.status());
+      } else {
+        BackOffLocked(r.status());
+      }
+      return;
+    }
+    inventory_due_ = false;
+  }
+  for (const ShardId& id : r->unknown) {
+    log::Warn("meta does not know {} (kept; see ckptctl status)", ShardIdString(id));
+  }
+  if (!r->drop.empty() || !r->drop_segments.empty()) delegate_->OnDrop(r->drop, r->drop_segments);
+}
+
+void MetaSession::SendOutbox() {
+  while (true) {
+    std::vector<Outbound> batch;  // reports: copies (the originals stay queued until answered)
+    std::optional<Outbound> head;
+    uint64_t inc;
+    {
+      absl::MutexLock lock(&mu_);
+      if (outbox_.empty() || !registered_ || stopping_ || clock_->MonotonicNow() < next_send_) return;
+      inc = incarnation_;
+      if (outbox_.front().kind != Outbound::Kind::kReport) {
+        head = outbox_.front();
+        head->on_done = nullptr;
+      } else {
+        for (const Outbound& o : outbox_) {
+          if (o.kind != Outbound::Kind::kReport || batch.size() == kMaxReportBatch) break;
+          Outbound copy = o;
+          copy.on_done = nullptr;
+          batch.push_back(std::move(copy));
+        }
+      }
+    }
+    if (head && head->kind == Outbound::Kind::kBegin) {
+      const ShardId& v = head->report.id;
+      absl::StatusOr<uint32_t> ws = meta_->BeginVersion(v.job_id, v.step, head->run_id, options_.node_id);
+      {
+        absl::MutexLock lock(&mu_);
+        if (!ws.ok() && !IsPermanentRefusal(ws.status())) {
+          BackOffLocked(ws.status());
+          return;  // keep it queued, and everything after it
+        }
+        backoff_ = absl::ZeroDuration();
+        meta_reachable_ = true;
+        if (!outbox_.empty() && outbox_.front().seq == head->seq) outbox_.pop_front();
+      }
+      if (!ws.ok()) {
+        // Meta refused the version for good (a step lower than the job's
+        // newest, a deleted job...): its shards here can never be staged.
+        log::Error("meta refused version {} step {} ({}); dropping its shards on this node", v.job_id, v.step,
+                   ws.status().ToString());
+        ForgetVersion(v.job_id, v.step);
+        delegate_->OnVersionRefused(v.job_id, v.step, head->run_id, ws.status());
+      }
+      continue;
+    }
+    if (head) {  // a task result
+      absl::Status s = meta_->ReportTaskResult(options_.node_id, inc, head->task_id, head->attempt, head->result,
+                                               head->bytes, head->duration_ms);
+      absl::MutexLock lock(&mu_);
+      if (!s.ok() && absl::IsFailedPrecondition(s)) {
+        FencedLocked(s);
+        return;  // keep it: the new incarnation sends it
+      }
+      if (!s.ok() && !IsPermanentRefusal(s)) {
+        BackOffLocked(s);
+        return;
+      }
+      if (!s.ok()) log::Warn("task result for {} not accepted: {}", head->task_id, s.ToString());
+      backoff_ = absl::ZeroDuration();
+      meta_reachable_ = true;
+      if (!outbox_.empty() && outbox_.front().seq == head->seq) outbox_.pop_front();
+      continue;
+    }
+    std::vector<HoldingReport> reports;
+    reports.reserve(batch.size());
+    for (const Outbound& o : batch) reports.push_back(o.report);
+    absl::StatusOr<ReportReply> r = meta_->ReportShards(options_.node_id, inc, reports);
+    std::vector<std::pair<Done, absl::Status>> done;
+    std::vector<std::pair<ShardId, absl::Status>> refused;
+    {
+      absl::MutexLock lock(&mu_);
+      if (!r.ok()) {
+        if (IsFencing(r.status())) {
+          FencedLocked(r.status());
+        } else {
+          BackOffLocked(r.status());
+        }
+        return;  // everything stays queued
+      }
+      backoff_ = absl::ZeroDuration();
+      meta_reachable_ = true;
+      std::map<uint64_t, absl::Status> answered;
+      for (size_t i = 0; i < reports.size(); ++i) {
+        const absl::Status s = i < r->results.size() ? r->results[i] : absl::OkStatus();
+        answered[batch[i].seq] = s;
+        const bool staged = reports[i].kind == HoldingReport::Kind::kStaged;
+        const ShardId id = staged ? reports[i].record.id : reports[i].id;
+        if (!s.ok() && !absl::IsAlreadyExists(s)) {
+          if (staged && absl::IsFailedPrecondition(s)) {
+            refused.emplace_back(id, s);
+          } else {
+            log::Warn("meta refused a report about {}: {}", ShardIdString(id), s.ToString());
+          }
+        }
+      }
+      std::erase_if(outbox_, [&](Outbound& o) {
+        auto a = answered.find(o.seq);
+        if (a == answered.end()) return false;
+        if (o.on_done) done.emplace_back(std::move(o.on_done), a->second);
+        return true;
+      });
+    }
+    for (auto& [id, s] : refused) {
+      log::Warn("meta refused {}: {}; dropping this copy", ShardIdString(id), s.ToString());
+      delegate_->OnStagedRefused(id, s);
+    }
+    for (auto& [fn, s] : done) fn(s);
+    if (!r->tasks.empty()) delegate_->OnTasks(std::move(r->tasks), {});
+  }
+}
+
+void MetaSession::Heartbeat() {
+  const LoadReport load = delegate_->Load();
+  uint64_t inc;
+  {
+    absl::MutexLock lock(&mu_);
+    inc = incarnation_;
+  }
+  const absl::Time sent = clock_->MonotonicNow();
+  absl::StatusOr<HeartbeatReply> r = meta_->Heartbeat(options_.node_id, inc, load);
+  {
+    absl::MutexLock lock(&mu_);
+    const absl::Time now = clock_->MonotonicNow();
+    if (!r.ok()) {
+      if (IsFencing(r.status())) {
+        FencedLocked(r.status());
+      } else {
+        metrics_->meta_errors->Increment();
+        if (meta_reachable_) log::Warn("heartbeat failed: {}", r.status().ToString());
+        meta_reachable_ = false;
+        next_heartbeat_ = now + absl::Milliseconds(heartbeat_ms_);
+      }
+      return;
+    }
+    meta_reachable_ = true;
+    node_state_ = r->node_state;
+    lease_ms_ = r->lease_ms > 0 ? r->lease_ms : lease_ms_;
+    heartbeat_ms_ = r->heartbeat_ms > 0 ? r->heartbeat_ms : heartbeat_ms_;
+    lease_valid_until_ = sent + absl::Milliseconds(lease_ms_);
+    next_heartbeat_ = now + absl::Milliseconds(heartbeat_ms_);
+    last_heartbeat_unix_ms_ = clock_->NowUnixMillis();
+    if (r->inventory_required) inventory_due_ = true;  // meta restarted
+  }
+  if (!r->tasks.empty() || !r->cancelled_task_ids.empty()) {
+    delegate_->OnTasks(std::move(r->tasks), std::move(r->cancelled_task_ids));
+  }
+}
+
+void MetaSession::ControlOnce() {
+  const absl::Time round_start = clock_->MonotonicNow();
+  bool registered, register_due, inventory_due, heartbeat_due, have_outbox;
+  {
+    absl::MutexLock lock(&mu_);
+    if (stopping_) return;
+    const absl::Time now = clock_->MonotonicNow();
+    registered = registered_;
+    register_due = !registered_ && now >= next_register_;
+  }
+  if (!registered) {
+    if (register_due) Register();
+    absl::MutexLock lock(&mu_);
+    if (!registered_) return;
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    inventory_due = inventory_due_;
+    have_outbox = !outbox_.empty();
+  }
+  // Reports before the inventory: meta must know a shard before it judges
+  // the holding.
+  const absl::Time outbox_start = clock_->MonotonicNow();
+  if (have_outbox || inventory_due) SendOutbox();
+  const absl::Time outbox_done = clock_->MonotonicNow();
+  {
+    absl::MutexLock lock(&mu_);
+    inventory_due = inventory_due_ && registered_;
+  }
+  if (inventory_due) SendInventory();
+  {
+    absl::MutexLock lock(&mu_);
+    heartbeat_due = registered_ && clock_->MonotonicNow() >= next_heartbeat_;
+  }
+  if (heartbeat_due) Heartbeat();
+  // A slow round delays the heartbeat and risks the lease: say why.
+  const absl::Duration took = clock_->MonotonicNow() - round_start;
+  if (took > absl::Milliseconds(500)) {
+    log::Warn("control round took {} ms (outbox {} ms, rest {} ms)", absl::ToInt64Milliseconds(took),
+              absl::ToInt64Milliseconds(outbox_done - outbox_start),
+              absl::ToInt64Milliseconds(clock_->MonotonicNow() - outbox_done));
+  }
+}
+
+void MetaSession::WatchLoop() {
+  while (true) {
+    uint64_t inc;
+    {
+      absl::MutexLock lock(&mu_);
+      auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stopping_ || registered_; };
+      mu_.Await(absl::Condition(&ready));
+      if (stopping_) return;
+      inc = incarnation_;
+    }
+    absl::Status s = meta_->WatchTasks(options_.node_id, inc,
+                                       [this](std::vector<AgentTask> tasks, std::vector<std::string> cancelled) {
+                                         delegate_->OnTasks(std::move(tasks), std::move(cancelled));
+                                       });
+    absl::MutexLock lock(&mu_);
+    if (stopping_) return;
+    if (absl::IsUnimplemented(s)) return;  // no stream: heartbeats deliver tasks
+    log::Debug("task stream ended: {}", s.ToString());
+    // Reopen after a pause (or at once after re-registration).
+    const uint64_t seen = incarnation_;
+    auto changed = [this, seen]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stopping_ || incarnation_ != seen; };
+    clock_->AwaitWithTimeout(&mu_, absl::Condition(&changed), absl::Seconds(1));
+  }
+}
+
+void MetaSession::Stop() {
+  std::vector<Done> cancelled;
+  {
+    absl::MutexLock lock(&mu_);
+    stopping_ = true;
+    ++wake_;
+    for (Outbound& o : outbox_) {
+      if (o.on_done) cancelled.push_back(std::move(o.on_done));
+    }
+  }
+  meta_->CancelWatch();
+  for (Done& d : cancelled) d(absl::CancelledError("agent is shutting down"));
+}
+
+void MetaSession::AwaitWork(absl::Duration timeout) {
+  absl::MutexLock lock(&mu_);
+  const uint64_t seen = wake_;
+  auto woken = [this, seen]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stopping_ || wake_ != seen; };
+  clock_->AwaitWithTimeout(&mu_, absl::Condition(&woken), timeout);
+}
+
+MetaSession::Snapshot MetaSession::Status() const {
+  absl::MutexLock lock(&mu_);
+  Snapshot s;
+  s.incarnation = incarnation_;
+  s.registered = registered_ && !inventory_due_;
+  s.meta_reachable = meta_reachable_;
+  s.last_heartbeat_unix_ms = last_heartbeat_unix_ms_;
+  s.lease_remaining_ms =
+      registered_ ? absl::ToInt64Milliseconds(lease_valid_until_ - clock_->MonotonicNow()) : 0;
+  s.node_state = node_state_;
+  s.outbox = outbox_.size();
+  return s;
+}
+
+uint64_t MetaSession::incarnation() const {
+  absl::MutexLock lock(&mu_);
+  return incarnation_;
+}
+
+}  // namespace ckpt::agent

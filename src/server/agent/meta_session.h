@@ -1,0 +1,159 @@
+// MetaSession: the agent's session with ckpt-meta: registration (and
+// re-registration when fenced), heartbeats, inventory, the outbox of
+// messages meta must get in order (versions to begin, holding reports, task
+// results), and the task stream.
+//
+// The outbox keeps everything until meta has answered it. Only an explicit
+// refusal (InvalidArgument, FailedPrecondition, NotFound, OutOfRange) ends an
+// entry; any other error (Unavailable, DeadlineExceeded, Internal, Unknown,
+// Cancelled, ResourceExhausted, Aborted: meta restarting, overloaded, a
+// transient RPC failure) keeps it queued and retries with backoff, so a
+// transient error never costs committed shards.
+//
+// Threads: ControlOnce runs on the agent's control thread (one round: send
+// what is due), WatchLoop on its own; other components only queue (Begin,
+// Report, Result) and read snapshots. The lock is never held across a call to
+// meta, the file system or the Delegate.
+//
+// Thread safety: every method may be called from any thread.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "common/clock.h"
+#include "server/agent/agent_metrics.h"
+#include "server/agent/meta_link.h"
+
+namespace ckpt::agent {
+
+// True for meta's answers that are final refusals (not worth a retry).
+bool IsPermanentRefusal(const absl::Status& s);
+
+class MetaSession {
+ public:
+  // What the session needs from the rest of the agent. Called without the
+  // session's lock, from the control or watch thread.
+  class Delegate {
+   public:
+    virtual ~Delegate() = default;
+    virtual std::vector<InventoryItem> InventoryItems() = 0;
+    virtual LoadReport Load() = 0;
+    virtual void OnTasks(std::vector<AgentTask> tasks, std::vector<std::string> cancelled) = 0;
+    // Meta's inventory answer: holdings to delete.
+    virtual void OnDrop(const std::vector<ShardId>& shards, const std::vector<SegmentId>& segments) = 0;
+    // Meta refused a version for good: its shards here can never be staged.
+    virtual void OnVersionRefused(const std::string& job, uint64_t step, const std::string& run_id,
+                                  const absl::Status& why) = 0;
+    // Meta refused a STAGED report (FailedPrecondition): drop the copy.
+    virtual void OnStagedRefused(const ShardId& id, const absl::Status& why) = 0;
+  };
+
+  struct Options {
+    std::string node_id;
+    std::string grpc_address;
+    std::function<std::string()> data_address;  // what peers reach us on
+    std::string failure_domain;
+    uint64_t memory_capacity_bytes = 0;
+    std::string memory_dir;  // holds the "incarnation" file
+  };
+
+  struct Snapshot {
+    uint64_t incarnation = 0;
+    bool registered = false;
+    bool meta_reachable = false;
+    int64_t last_heartbeat_unix_ms = 0;
+    int64_t lease_remaining_ms = 0;
+    int node_state = 0;
+    size_t outbox = 0;
+  };
+
+  using Done = std::function<void(const absl::Status&)>;
+
+  MetaSession(MetaLink* meta, Clock* clock, AgentMetrics* metrics, Options options, Delegate* delegate);
+
+  // Queues a BeginVersion for (job, step, run) (once per key).
+  void Begin(const std::string& job, uint64_t step, const std::string& run_id);
+  // Queues a report; `on_done` runs (on the control thread, or with
+  // Cancelled at Stop) once meta answered it, with its per-report status.
+  void Report(HoldingReport report, Done on_done = nullptr);
+  // Queues a task result; it goes out after the reports queued before it.
+  void Result(const std::string& task_id, uint32_t attempt, const absl::Status& result, uint64_t bytes,
+              int64_t duration_ms);
+  // Drops queued STAGED reports of a version (meta refused it).
+  void ForgetVersion(const std::string& job, uint64_t step);
+
+  // One control round: register if due, send the outbox, the inventory and
+  // the heartbeat. Public for deterministic tests.
+  void ControlOnce();
+  // Keeps meta's task stream open until Stop().
+  void WatchLoop();
+  // Wakes waits, ends the task stream, cancels pending callbacks. Idempotent.
+  void Stop();
+
+  // Waits until something is queued or `timeout` passes (or Stop).
+  void AwaitWork(absl::Duration timeout);
+  Snapshot Status() const;
+  uint64_t incarnation() const;
+
+ private:
+  struct Outbound {
+    enum class Kind { kReport, kResult, kBegin };
+    Kind kind = Kind::kReport;
+    uint64_t seq = 0;    // queue order, unique
+    std::string run_id;  // kBegin (report.id names the version)
+    HoldingReport report;
+    Done on_done;
+    std::string task_id;
+    uint32_t attempt = 0;
+    absl::Status result;
+    uint64_t bytes = 0;
+    int64_t duration_ms = 0;
+  };
+
+  void Register();
+  void SendOutbox();
+  void SendInventory();
+  void Heartbeat();
+  // After a transient failure: keep everything queued, back off.
+  void BackOffLocked(const absl::Status& why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void FencedLocked(const absl::Status& why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void PushLocked(Outbound o) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  MetaLink* const meta_;
+  Clock* const clock_;
+  AgentMetrics* const metrics_;
+  const Options options_;
+  Delegate* const delegate_;
+
+  mutable absl::Mutex mu_;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  uint64_t wake_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t next_seq_ ABSL_GUARDED_BY(mu_) = 1;
+  std::deque<Outbound> outbox_ ABSL_GUARDED_BY(mu_);
+  absl::Time next_send_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+  absl::Duration backoff_ ABSL_GUARDED_BY(mu_) = absl::ZeroDuration();
+  bool registered_ ABSL_GUARDED_BY(mu_) = false;
+  bool inventory_due_ ABSL_GUARDED_BY(mu_) = false;
+  uint64_t incarnation_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t previous_incarnation_ ABSL_GUARDED_BY(mu_) = 0;
+  bool meta_reachable_ ABSL_GUARDED_BY(mu_) = false;
+  int node_state_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t heartbeat_ms_ ABSL_GUARDED_BY(mu_) = 1000;
+  int64_t lease_ms_ ABSL_GUARDED_BY(mu_) = 5000;
+  absl::Time next_heartbeat_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+  absl::Time next_register_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+  absl::Time lease_valid_until_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+  int64_t last_heartbeat_unix_ms_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+}  // namespace ckpt::agent

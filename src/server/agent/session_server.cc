@@ -1,0 +1,286 @@
+#include "server/agent/session_server.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <random>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
+#include "common/log.h"
+
+namespace ckpt::agent {
+namespace {
+
+constexpr size_t kMaxMessage = 512;
+constexpr absl::Duration kHelloTimeout = absl::Seconds(5);
+
+std::string NewSessionId() {
+  std::random_device rd;
+  return absl::StrFormat("%08x%08x%08x%08x", rd(), rd(), rd(), rd());
+}
+
+absl::Status Errno(const std::string& what) {
+  return absl::UnavailableError(absl::StrCat(what, ": ", std::strerror(errno)));
+}
+
+bool ValidSessionId(const std::string& id) {
+  if (id.empty() || id.size() > 64) return false;
+  for (char c : id) {
+    if (!((c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'))) return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+SessionServer::SessionServer(Options options, std::vector<PoolFile> pools, Clock* clock,
+                             std::function<void(const std::string&)> on_ended)
+    : options_(std::move(options)), pools_(std::move(pools)), clock_(clock), on_ended_(std::move(on_ended)) {}
+
+absl::StatusOr<std::unique_ptr<SessionServer>> SessionServer::Start(Options options, std::vector<PoolFile> pools,
+                                                                    Clock* clock,
+                                                                    std::function<void(const std::string&)> on_ended) {
+  sockaddr_un addr{};
+  if (options.socket_path.size() >= sizeof(addr.sun_path)) {
+    return absl::InvalidArgumentError(absl::StrCat("session socket path '", options.socket_path, "' is too long"));
+  }
+  std::unique_ptr<SessionServer> s(new SessionServer(std::move(options), std::move(pools), clock, std::move(on_ended)));
+  s->listen_fd_ = ::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+  if (s->listen_fd_ < 0) return Errno("session socket");
+  addr.sun_family = AF_UNIX;
+  std::memcpy(addr.sun_path, s->options_.socket_path.c_str(), s->options_.socket_path.size());
+  ::unlink(s->options_.socket_path.c_str());  // a stale socket of an earlier agent
+  if (::bind(s->listen_fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    return Errno(absl::StrCat("bind '", s->options_.socket_path, "'"));
+  }
+  ::chmod(s->options_.socket_path.c_str(), 0660);
+  if (::listen(s->listen_fd_, 128) != 0) return Errno("listen on the session socket");
+  s->wake_fd_ = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  if (s->wake_fd_ < 0) return Errno("eventfd");
+  s->thread_ = std::thread([raw = s.get()] {
+    pthread_setname_np(pthread_self(), "ckpt-agent-sess");
+    raw->Loop();
+  });
+  return s;
+}
+
+SessionServer::~SessionServer() {
+  Stop();
+  if (wake_fd_ >= 0) ::close(wake_fd_);
+}
+
+void SessionServer::Stop() {
+  {
+    absl::MutexLock lock(&mu_);
+    if (stopping_) return;
+    stopping_ = true;
+  }
+  if (wake_fd_ >= 0) {
+    const uint64_t one = 1;
+    [[maybe_unused]] ssize_t n = ::write(wake_fd_, &one, sizeof(one));
+  }
+  if (thread_.joinable()) thread_.join();
+  absl::MutexLock lock(&mu_);
+  for (const auto& [fd, id] : by_fd_) ::close(fd);
+  for (int fd : pending_) ::close(fd);
+  by_fd_.clear();
+  pending_.clear();
+  if (listen_fd_ >= 0) {
+    ::close(listen_fd_);
+    listen_fd_ = -1;
+    ::unlink(options_.socket_path.c_str());
+  }
+}
+
+bool SessionServer::Alive(const std::string& session_id) const {
+  absl::MutexLock lock(&mu_);
+  auto it = sessions_.find(session_id);
+  if (it == sessions_.end()) return false;
+  return it->second.fd >= 0 || clock_->MonotonicNow() - it->second.closed_at < options_.grace;
+}
+
+bool SessionServer::Open(const std::string& session_id) const {
+  absl::MutexLock lock(&mu_);
+  auto it = sessions_.find(session_id);
+  return it != sessions_.end() && it->second.fd >= 0;
+}
+
+size_t SessionServer::open_sessions() const {
+  absl::MutexLock lock(&mu_);
+  return by_fd_.size();
+}
+
+void SessionServer::Loop() {
+  std::map<int, absl::Time> pending_since;
+  while (true) {
+    std::vector<pollfd> fds;
+    fds.push_back(pollfd{wake_fd_, POLLIN, 0});
+    fds.push_back(pollfd{listen_fd_, POLLIN, 0});
+    {
+      absl::MutexLock lock(&mu_);
+      if (stopping_) return;
+      for (int fd : pending_) fds.push_back(pollfd{fd, POLLIN, 0});
+      for (const auto& [fd, id] : by_fd_) fds.push_back(pollfd{fd, POLLIN | POLLRDHUP, 0});
+    }
+    const int n = ::poll(fds.data(), fds.size(), 200);
+    if (n < 0 && errno != EINTR) {
+      log::Error("session socket: poll failed: {}", std::strerror(errno));
+      return;
+    }
+    if (fds[0].revents != 0) return;  // Stop
+    if (fds[1].revents & POLLIN) Accept();
+    const absl::Time now = clock_->MonotonicNow();
+    for (size_t i = 2; i < fds.size(); ++i) {
+      const int fd = fds[i].fd;
+      bool greeted;
+      {
+        absl::MutexLock lock(&mu_);
+        greeted = by_fd_.count(fd) != 0;
+      }
+      if (!greeted) {
+        if (!pending_since.count(fd)) pending_since[fd] = now;
+        if (fds[i].revents == 0 && now - pending_since[fd] < kHelloTimeout) continue;
+        pending_since.erase(fd);
+        {
+          absl::MutexLock lock(&mu_);
+          std::erase(pending_, fd);
+        }
+        if (fds[i].revents == 0 || !Greet(fd)) ::close(fd);
+        continue;
+      }
+      if (fds[i].revents & (POLLHUP | POLLERR | POLLRDHUP)) {
+        Hangup(fd);
+      } else if (fds[i].revents & POLLIN) {
+        char buf[kMaxMessage];
+        const ssize_t got = ::recv(fd, buf, sizeof(buf), MSG_DONTWAIT);
+        if (got == 0 || (got < 0 && errno != EAGAIN && errno != EINTR)) Hangup(fd);
+        // Anything a greeted client sends is ignored.
+      }
+    }
+    ExpireClosed();
+  }
+}
+
+void SessionServer::Accept() {
+  while (true) {
+    const int fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+    if (fd < 0) return;
+    absl::MutexLock lock(&mu_);
+    if (sessions_.size() + pending_.size() >= options_.max_sessions) {
+      ::close(fd);  // refuse: the table is full
+      continue;
+    }
+    pending_.push_back(fd);
+  }
+}
+
+bool SessionServer::Greet(int fd) {
+  char buf[kMaxMessage];
+  const ssize_t got = ::recv(fd, buf, sizeof(buf) - 1, MSG_DONTWAIT | MSG_TRUNC);
+  auto refuse = [fd](const std::string& why) {
+    const std::string msg = absl::StrCat("ERR ", why, "\n");
+    [[maybe_unused]] ssize_t n = ::send(fd, msg.data(), msg.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+    return false;
+  };
+  if (got <= 0) return false;
+  if (static_cast<size_t>(got) >= sizeof(buf)) return refuse("hello message too long");
+  std::string hello(buf, static_cast<size_t>(got));
+  while (!hello.empty() && (hello.back() == '\n' || hello.back() == '\r')) hello.pop_back();
+  const std::vector<std::string> words = absl::StrSplit(hello, ' ');
+  if (words.size() < 2 || words.size() > 3 || words[0] != "HELLO" || words[1] != "1") {
+    return refuse("expected \"HELLO 1 [session-id]\"");
+  }
+  std::string id;
+  {
+    absl::MutexLock lock(&mu_);
+    if (words.size() == 3 && ValidSessionId(words[2])) {
+      auto it = sessions_.find(words[2]);
+      if (it != sessions_.end() && it->second.fd >= 0) return refuse("session is in use by another connection");
+      if (it != sessions_.end()) id = words[2];  // resumed within its grace
+    }
+    if (id.empty()) {
+      do {
+        id = NewSessionId();
+      } while (sessions_.count(id) != 0);
+    }
+    sessions_[id] = Session{fd, absl::InfinitePast()};
+    by_fd_[fd] = id;
+  }
+  std::string reply = absl::StrCat("OK ", id, " ", pools_.size(), "\n");
+  std::vector<int> fds;
+  for (const PoolFile& p : pools_) {
+    struct stat st {};
+    ::fstat(p.fd, &st);
+    absl::StrAppend(&reply, p.path, "\t", p.bytes, "\t", static_cast<uint64_t>(st.st_dev), "\t",
+                    static_cast<uint64_t>(st.st_ino), "\n");
+    fds.push_back(p.fd);
+  }
+  iovec iov{reply.data(), reply.size()};
+  msghdr msg{};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  std::vector<char> control(CMSG_SPACE(sizeof(int) * fds.size()));
+  if (!fds.empty()) {
+    msg.msg_control = control.data();
+    msg.msg_controllen = control.size();
+    cmsghdr* c = CMSG_FIRSTHDR(&msg);
+    c->cmsg_level = SOL_SOCKET;
+    c->cmsg_type = SCM_RIGHTS;
+    c->cmsg_len = CMSG_LEN(sizeof(int) * fds.size());
+    std::memcpy(CMSG_DATA(c), fds.data(), sizeof(int) * fds.size());
+  }
+  if (::sendmsg(fd, &msg, MSG_NOSIGNAL) < 0) {
+    log::Warn("session socket: cannot answer a client: {}", std::strerror(errno));
+    absl::MutexLock lock(&mu_);
+    sessions_.erase(id);
+    by_fd_.erase(fd);
+    return false;
+  }
+  log::Debug("client session {} opened", id);
+  return true;
+}
+
+void SessionServer::Hangup(int fd) {
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = by_fd_.find(fd);
+    if (it == by_fd_.end()) return;
+    auto s = sessions_.find(it->second);
+    if (s != sessions_.end()) {
+      s->second.fd = -1;
+      s->second.closed_at = clock_->MonotonicNow();
+      log::Info("client session {} closed; its leases and handles go in {}", it->second,
+                absl::FormatDuration(options_.grace));
+    }
+    by_fd_.erase(it);
+  }
+  ::close(fd);
+}
+
+void SessionServer::ExpireClosed() {
+  std::vector<std::string> ended;
+  {
+    absl::MutexLock lock(&mu_);
+    const absl::Time now = clock_->MonotonicNow();
+    for (auto it = sessions_.begin(); it != sessions_.end();) {
+      if (it->second.fd < 0 && now - it->second.closed_at >= options_.grace) {
+        ended.push_back(it->first);
+        it = sessions_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+  for (const std::string& id : ended) on_ended_(id);
+}
+
+}  // namespace ckpt::agent

@@ -1,0 +1,100 @@
+// SessionServer: the unix socket `<run-dir>/session.sock` a local client
+// keeps open for as long as it runs (docs/agent.md "Client sessions").
+//
+// On connect the agent hands the client the memory tier's pool file itself
+// (its descriptor, with SCM_RIGHTS), so a trainer needs nothing of the
+// agent's file system but the socket directory: its own mount, PID and IPC
+// namespaces (a container without hostPID or the agent's volumes) work. The
+// connection is also the client's liveness: the leases and handles of a
+// session live while it is open (no ttl, no pid look-ups, which mean nothing
+// across PID namespaces); when it closes (the client exited, crashed or was
+// killed) they are released after a grace period, during which the client may
+// reconnect and resume the session.
+//
+// Protocol (SOCK_SEQPACKET, one message per line of text):
+//   client -> agent   "HELLO 1" or "HELLO 1 <session-id>" (resume)
+//   agent -> client   "OK <session-id> <n>\n" then n lines
+//                     "<pool path>\t<bytes>\t<st_dev>\t<st_ino>\n", with the n
+//                     pool descriptors attached (SCM_RIGHTS), or "ERR <why>"
+// after which the client sends nothing; the agent only watches for hang-up.
+//
+// Threads: one, ckpt-agent-sess, owned and joined by Stop(). The lock guards
+// the session table only; socket I/O happens on that thread without it.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "common/clock.h"
+
+namespace ckpt::agent {
+
+struct PoolFile {
+  std::string path;  // the name regions use for it
+  int fd = -1;       // borrowed: must outlive the server
+  uint64_t bytes = 0;
+};
+
+class SessionServer {
+ public:
+  struct Options {
+    std::string socket_path;
+    absl::Duration grace = absl::Seconds(10);
+    size_t max_sessions = 4096;
+  };
+  // Listens on `options.socket_path` (mode 0660, replacing a stale socket).
+  // `on_ended(session_id)` runs on the session thread once a closed
+  // session's grace has passed (without the server's lock).
+  static absl::StatusOr<std::unique_ptr<SessionServer>> Start(Options options, std::vector<PoolFile> pools,
+                                                              Clock* clock,
+                                                              std::function<void(const std::string&)> on_ended);
+  ~SessionServer();  // Stop()
+  // Closes the socket and every session (without calling on_ended), joins.
+  void Stop();
+
+  // True while the session's connection is open or within its grace.
+  bool Alive(const std::string& session_id) const;
+  // Known and open (not closing).
+  bool Open(const std::string& session_id) const;
+  size_t open_sessions() const;
+  const std::string& socket_path() const { return options_.socket_path; }
+
+ private:
+  SessionServer(Options options, std::vector<PoolFile> pools, Clock* clock,
+                std::function<void(const std::string&)> on_ended);
+  void Loop();
+  void Accept();
+  // Reads the client's hello and answers it; false if the connection is done.
+  bool Greet(int fd);
+  void Hangup(int fd);
+  void ExpireClosed();
+
+  const Options options_;
+  const std::vector<PoolFile> pools_;
+  Clock* const clock_;
+  const std::function<void(const std::string&)> on_ended_;
+  int listen_fd_ = -1;
+  int wake_fd_ = -1;  // eventfd: Stop wakes the loop
+  std::thread thread_;
+
+  struct Session {
+    int fd = -1;           // -1 once the connection closed
+    absl::Time closed_at;  // when it closed
+  };
+  mutable absl::Mutex mu_;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  std::map<std::string, Session> sessions_ ABSL_GUARDED_BY(mu_);
+  std::map<int, std::string> by_fd_ ABSL_GUARDED_BY(mu_);  // greeted connections
+  std::vector<int> pending_ ABSL_GUARDED_BY(mu_);          // connected, hello not yet read
+};
+
+}  // namespace ckpt::agent

@@ -1,0 +1,87 @@
+#include "transport/ucx/handshake.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+
+namespace ckpt::transport::ucx_wire {
+namespace {
+
+void PutLe(std::string* out, uint64_t v, int bytes) {
+  for (int i = 0; i < bytes; ++i) out->push_back(static_cast<char>((v >> (8 * i)) & 0xff));
+}
+
+uint64_t GetLe(std::string_view in, size_t offset, int bytes) {
+  uint64_t v = 0;
+  for (int i = 0; i < bytes; ++i) v |= uint64_t{static_cast<unsigned char>(in[offset + i])} << (8 * i);
+  return v;
+}
+
+}  // namespace
+
+absl::StatusOr<std::string> EncodeGreeting(const Greeting& g) {
+  if (g.peer_id == 0) return absl::InvalidArgumentError("greeting: peer id 0");
+  if (g.worker_address.empty() || g.worker_address.size() > kMaxWorkerAddressBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("greeting: worker address of ", g.worker_address.size(),
+                                                   " bytes (1..", kMaxWorkerAddressBytes, ")"));
+  }
+  std::string out(kGreetingMagic);
+  out.reserve(kGreetingFixedBytes + g.worker_address.size());
+  PutLe(&out, g.peer_id, 8);
+  PutLe(&out, g.nonce, 8);
+  PutLe(&out, g.worker_address.size(), 4);
+  out += g.worker_address;
+  return out;
+}
+
+size_t GreetingReader::wanted() const {
+  if (done_ || !error_.ok()) return 0;
+  if (fixed_.size() < kGreetingFixedBytes) return kGreetingFixedBytes - fixed_.size();
+  return address_bytes_ - greeting_.worker_address.size();
+}
+
+absl::StatusOr<size_t> GreetingReader::Feed(std::string_view data) {
+  if (!error_.ok()) return error_;
+  size_t taken = 0;
+  while (taken < data.size() && !done_) {
+    if (fixed_.size() < kGreetingFixedBytes) {
+      const char c = data[taken];
+      const size_t at = fixed_.size();
+      if (at < kGreetingMagic.size() && c != kGreetingMagic[at]) {
+        error_ = absl::InvalidArgumentError(absl::StrCat(
+            "not a ckpt data-plane greeting: byte ", consumed_, " is 0x",
+            absl::Hex(static_cast<unsigned char>(c), absl::kZeroPad2), " (expected \"",
+            std::string(kGreetingMagic), "\")"));
+        return error_;
+      }
+      fixed_.push_back(c);
+      ++taken;
+      ++consumed_;
+      if (fixed_.size() == kGreetingFixedBytes) {
+        greeting_.peer_id = GetLe(fixed_, 8, 8);
+        greeting_.nonce = GetLe(fixed_, 16, 8);
+        address_bytes_ = GetLe(fixed_, 24, 4);
+        if (greeting_.peer_id == 0) {
+          error_ = absl::InvalidArgumentError("data-plane greeting with peer id 0");
+          return error_;
+        }
+        if (address_bytes_ == 0 || address_bytes_ > kMaxWorkerAddressBytes) {
+          error_ = absl::InvalidArgumentError(absl::StrCat("data-plane greeting announces a worker address of ",
+                                                           address_bytes_, " bytes (1..", kMaxWorkerAddressBytes,
+                                                           ")"));
+          return error_;
+        }
+        greeting_.worker_address.reserve(address_bytes_);
+      }
+      continue;
+    }
+    const size_t n = std::min(data.size() - taken, address_bytes_ - greeting_.worker_address.size());
+    greeting_.worker_address.append(data.data() + taken, n);
+    taken += n;
+    consumed_ += n;
+    if (greeting_.worker_address.size() == address_bytes_) done_ = true;
+  }
+  return taken;
+}
+
+}  // namespace ckpt::transport::ucx_wire

@@ -1,0 +1,198 @@
+// AgentCluster: a test fixture of several in-process agents joined by the
+// loopback transport (optionally behind a FaultTransport), each with its own
+// FakeMeta, memory tier in a temp dir, and helpers to save a shard, read a
+// holding's bytes, and wait (bounded) for a task result. The agents run their
+// threads on the real clock; every wait is bounded, nothing sleeps.
+#pragma once
+
+#include <unistd.h>
+
+#include <cstring>
+#include <map>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "absl/strings/str_cat.h"
+#include "common/crc32c.h"
+#include "common/mem_file_system.h"
+#include "fake_meta.h"
+#include "server/agent/agent.h"
+#include "support/temp_dir.h"
+#include "transport/fault/fault_transport.h"
+#include "transport/loopback/loopback_transport.h"
+
+namespace ckpt::agent {
+
+inline constexpr uint64_t kMiB = 1 << 20;
+inline constexpr absl::Duration kWait = absl::Seconds(30);
+
+struct Node {
+  std::string id;
+  FakeMeta meta;
+  MetricsRegistry metrics;
+  std::unique_ptr<transport::Transport> transport;
+  transport::FaultTransport* fault = nullptr;  // when the node injects faults
+  std::unique_ptr<Agent> agent;
+  PeerEndpoint endpoint;
+};
+
+struct NodeOptions {
+  bool faulty = false;
+  int64_t peer_timeout_ms = 20000;
+  int64_t hedge_ms = 0;
+  uint64_t memory_bytes = 8 * kMiB;
+  uint64_t chunk_bytes = 1000;  // several chunks per shard, unaligned
+};
+
+class AgentCluster : public ::testing::Test {
+ protected:
+  void SetUp() override { dir_ = std::make_unique<ckpt::testing::TempDir>(*ckpt::testing::TempDir::Create()); }
+  void TearDown() override {
+    for (auto& n : nodes_) {
+      if (n->agent) n->agent->Stop();
+    }
+  }
+
+  Node& AddNode(uint32_t world, NodeOptions no = {}) {
+    static int counter = 0;
+    auto n = std::make_unique<Node>();
+    n->id = absl::StrCat("n", nodes_.size());
+    n->meta.world["job"] = world;
+    n->transport = transport::NewLoopbackTransport();
+    if (no.faulty) {
+      auto f = std::make_unique<transport::FaultTransport>(std::move(n->transport));
+      n->fault = f.get();
+      n->transport = std::move(f);
+    }
+    AgentOptions o;
+    o.node_id = n->id;
+    o.memory_dir = absl::StrCat(dir_->path(), "/", n->id);
+    o.memory_bytes = no.memory_bytes;
+    o.populate = false;
+    o.transport = n->transport.get();
+    o.data_listen_address = absl::StrCat("loop:agent-cluster-", ::getpid(), "-", counter++);
+    o.bulk.chunk_bytes = no.chunk_bytes;
+    o.bulk.max_in_flight = 2;
+    o.peer_timeout_ms = no.peer_timeout_ms;
+    o.hedge_ms = no.hedge_ms;
+    absl::StatusOr<std::unique_ptr<Agent>> a = Agent::Create(o, &n->meta, RealClock(), &fs_, &n->metrics);
+    EXPECT_TRUE(a.ok()) << a.status();
+    n->agent = *std::move(a);
+    n->agent->ControlOnce();  // registers: incarnation 1
+    n->endpoint = PeerEndpoint{n->id, 1, n->agent->data_address(), false};
+    nodes_.push_back(std::move(n));
+    return *nodes_.back();
+  }
+
+  static std::string RandomBytes(uint64_t size, uint64_t seed) {
+    std::mt19937_64 rng(seed);
+    std::string bytes(size, '\0');
+    for (auto& c : bytes) c = static_cast<char>(rng());
+    return bytes;
+  }
+
+  // Saves `size` random bytes as one item of `rank`; verified and reported.
+  ShardRecord Save(Node& n, uint64_t step, uint32_t rank, uint64_t size, uint64_t seed) {
+    const std::string bytes = RandomBytes(size, seed);
+    absl::StatusOr<LeaseGrant> g = n.agent->AcquireLease(LeaseRequest{"job", step, rank, size, "run", 0, 0, ""});
+    EXPECT_TRUE(g.ok()) << g.status();
+    if (!g.ok()) return {};
+    uint64_t off = 0;
+    for (const Region& r : g->regions) {
+      const uint64_t len = std::min<uint64_t>(r.length, size - off);
+      std::memcpy(const_cast<std::byte*>(n.agent->arena().Data(r.file_offset)), bytes.data() + off, len);
+      off += len;
+      if (off == size) break;
+    }
+    ManifestItem it;
+    it.name = "w";
+    it.dtype = kDTypeBytes;
+    it.length_bytes = size;
+    it.crc32c = Crc32c(bytes);
+    absl::StatusOr<ShardRecord> rec = n.agent->Commit(g->lease_id, size, {it});
+    EXPECT_TRUE(rec.ok()) << rec.status();
+    n.agent->VerifyOnce();
+    contents_[{n.id, rank}] = bytes;
+    return rec.ok() ? *rec : ShardRecord{};
+  }
+
+  std::string Bytes(Agent& a, const ShardId& id) {
+    std::string out;
+    absl::Status s = a.ReadShard(id, 0, 0, [&](const std::byte* p, uint64_t n) {
+      out.append(reinterpret_cast<const char*>(p), n);
+      return absl::OkStatus();
+    }, nullptr);
+    EXPECT_TRUE(s.ok()) << s;
+    return out;
+  }
+
+  // Waits until meta got a result for `task`; returns it.
+  absl::Status WaitResult(Node& n, const std::string& task) {
+    absl::MutexLock lock(&n.meta.mu);
+    auto has = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(n.meta.mu) {
+      for (const auto& [id, st] : n.meta.results)
+        if (id == task) return true;
+      return false;
+    };
+    if (!n.meta.mu.AwaitWithTimeout(absl::Condition(&has), kWait)) return absl::DeadlineExceededError(task);
+    for (const auto& [id, st] : n.meta.results)
+      if (id == task) return st;
+    return absl::InternalError("unreachable");
+  }
+
+  // Waits (bounded, polling another agent's threads) until `cond` holds.
+  template <typename Cond>
+  static bool Eventually(Cond cond) {
+    const absl::Time deadline = absl::Now() + kWait;
+    while (!cond()) {
+      if (absl::Now() > deadline) return false;
+      absl::SleepFor(absl::Milliseconds(1));
+    }
+    return true;
+  }
+
+  // The value of a metric (without labels) in a node's registry; -1 if absent.
+  static double Metric(Node& n, const std::string& name) {
+    const std::string text = n.metrics.SerializeText();
+    size_t pos = 0;
+    while ((pos = text.find(name + " ", pos)) != std::string::npos) {
+      if (pos == 0 || text[pos - 1] == '\n') return std::stod(text.substr(pos + name.size() + 1));
+      pos += name.size();
+    }
+    return -1;
+  }
+
+  std::vector<HoldingReport> SegmentReports(Node& n) {
+    absl::MutexLock lock(&n.meta.mu);
+    std::vector<HoldingReport> out;
+    for (const HoldingReport& r : n.meta.reports)
+      if (r.kind == HoldingReport::Kind::kSegment) out.push_back(r);
+    return out;
+  }
+
+  std::string Content(const std::string& node, uint32_t rank) { return contents_[{node, rank}]; }
+
+  AgentTask ReplicateTask(const std::string& id, uint64_t step, uint32_t rank,
+                          const std::vector<PeerEndpoint>& targets) {
+    AgentTask t;
+    t.id = id;
+    t.kind = TaskKind::kReplicate;
+    t.kind_name = "replicate";
+    t.job_id = "job";
+    t.step = step;
+    t.ranks = {rank};
+    t.targets = targets;
+    return t;
+  }
+
+  std::unique_ptr<ckpt::testing::TempDir> dir_;
+  MemFileSystem fs_;
+  std::vector<std::unique_ptr<Node>> nodes_;
+  std::map<std::pair<std::string, uint32_t>, std::string> contents_;
+};
+
+}  // namespace ckpt::agent

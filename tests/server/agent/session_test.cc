@@ -1,0 +1,199 @@
+// Client sessions (issue 13 #4, #5): the agent hands the pool's descriptor
+// over its session socket, and a session's leases and handles live exactly as
+// long as its connection (plus the grace period), with no ttl and no pid
+// look-up. The agent side (SessionServer, Agent) against the client side
+// (client::AgentSession); time is a FakeClock, waits on the server's thread
+// are bounded.
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <cstring>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "absl/strings/str_cat.h"
+#include "client/session.h"
+#include "common/crc32c.h"
+#include "common/mem_file_system.h"
+#include "fake_meta.h"
+#include "server/agent/agent.h"
+#include "support/temp_dir.h"
+
+namespace ckpt::agent {
+namespace {
+
+using ::testing::HasSubstr;
+using ckpt::client::AgentSession;
+using ckpt::testing::TempDir;
+
+template <typename Cond>
+bool Eventually(Cond cond) {
+  const absl::Time deadline = absl::Now() + absl::Seconds(30);
+  while (!cond()) {
+    if (absl::Now() > deadline) return false;
+    absl::SleepFor(absl::Milliseconds(1));  // the server's own thread decides
+  }
+  return true;
+}
+
+// Sends raw bytes to a SOCK_SEQPACKET socket and returns the reply ("" if
+// the server just closed).
+std::string Raw(const std::string& path, const std::string& bytes) {
+  const int fd = ::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::strncpy(addr.sun_path, path.c_str(), sizeof(addr.sun_path) - 1);
+  EXPECT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  ::send(fd, bytes.data(), bytes.size(), MSG_NOSIGNAL);
+  char buf[1024];
+  const ssize_t n = ::recv(fd, buf, sizeof(buf), 0);
+  ::close(fd);
+  return n > 0 ? std::string(buf, static_cast<size_t>(n)) : std::string();
+}
+
+class SessionTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = std::make_unique<TempDir>(*TempDir::Create());
+    meta_.world["job"] = 1;
+    AgentOptions o;
+    o.node_id = "node-1";
+    o.memory_dir = dir_->path() + "/mem";
+    o.memory_bytes = 4 << 20;
+    o.populate = false;
+    o.session_socket = dir_->path() + "/session.sock";
+    o.session_grace_ms = 5000;
+    o.default_lease_ttl_ms = 1000;
+    o.default_handle_ttl_ms = 1000;
+    absl::StatusOr<std::unique_ptr<Agent>> a = Agent::Create(o, &meta_, &clock_, &fs_, &metrics_);
+    ASSERT_TRUE(a.ok()) << a.status();
+    agent_ = *std::move(a);
+    agent_->ControlOnce();
+  }
+
+  std::unique_ptr<AgentSession> Connect(const std::string& resume = "") {
+    absl::StatusOr<std::unique_ptr<AgentSession>> s =
+        AgentSession::Open(agent_->session_socket(), resume, absl::Seconds(10));
+    EXPECT_TRUE(s.ok()) << s.status();
+    return s.ok() ? *std::move(s) : nullptr;
+  }
+
+  std::unique_ptr<TempDir> dir_;
+  FakeMeta meta_;
+  FakeClock clock_;
+  MemFileSystem fs_;
+  MetricsRegistry metrics_;
+  std::unique_ptr<Agent> agent_;
+};
+
+TEST_F(SessionTest, TheSessionHandsOverThePoolDescriptor) {
+  std::unique_ptr<AgentSession> s = Connect();
+  ASSERT_NE(s, nullptr);
+  EXPECT_EQ(s->id().size(), 32u);
+  ASSERT_EQ(s->pools().size(), 1u);
+  const AgentSession::Pool& pool = s->pools()[0];
+  EXPECT_EQ(pool.path, agent_->arena().pool_path());
+  EXPECT_EQ(pool.bytes, 4u << 20);
+  // The descriptor is the pool itself: a write through it shows in the
+  // agent's mapping, without opening any path.
+  void* p = ::mmap(nullptr, pool.bytes, PROT_READ | PROT_WRITE, MAP_SHARED, pool.fd, 0);
+  ASSERT_NE(p, MAP_FAILED);
+  static_cast<char*>(p)[12345] = 'x';
+  EXPECT_EQ(static_cast<char>(agent_->arena().Data(12345)[0]), 'x');
+  ::munmap(p, pool.bytes);
+}
+
+TEST_F(SessionTest, ASessionsLeaseOutlivesAnyTtlAndGoesWithTheSessionAfterTheGrace) {
+  std::unique_ptr<AgentSession> s = Connect();
+  ASSERT_NE(s, nullptr);
+  const uint64_t free0 = agent_->arena().free_bytes();
+  absl::StatusOr<LeaseGrant> g =
+      agent_->AcquireLease(LeaseRequest{"job", 1, 0, 8192, "run", /*pid of another namespace*/ 999999, 0, s->id()});
+  ASSERT_TRUE(g.ok()) << g.status();
+  EXPECT_EQ(g->expires_in_ms, 0);  // lives with the session
+  // Far past any ttl, while the session is open: still there (a pid that
+  // does not exist here means nothing).
+  clock_.Advance(absl::Hours(1));
+  agent_->ControlOnce();
+  EXPECT_EQ(agent_->Status().open_leases, 1u);
+  // The client goes away: within the grace period the lease stays...
+  const std::string id = s->id();
+  s.reset();
+  ASSERT_TRUE(Eventually([&] { return !agent_->SessionOpen(id); }));  // the agent saw the hang-up
+  EXPECT_EQ(agent_->Status().open_leases, 1u);
+  clock_.Advance(absl::Seconds(4));
+  agent_->ControlOnce();
+  EXPECT_EQ(agent_->Status().open_leases, 1u);
+  // ...then it is released and its memory is free again.
+  clock_.Advance(absl::Seconds(2));
+  EXPECT_TRUE(Eventually([&] {
+    agent_->ControlOnce();
+    return agent_->Status().open_leases == 0;
+  }));
+  EXPECT_EQ(agent_->arena().free_bytes(), free0);
+  // Without a session the ttl applies as before.
+  absl::StatusOr<LeaseGrant> t = agent_->AcquireLease(LeaseRequest{"job", 1, 0, 8192, "run", 0, 0, ""});
+  ASSERT_TRUE(t.ok());
+  clock_.Advance(absl::Seconds(2));
+  agent_->ControlOnce();
+  EXPECT_EQ(agent_->Status().open_leases, 0u);
+}
+
+TEST_F(SessionTest, HandlesLiveWithTheSessionAndAResumedSessionKeepsThem) {
+  std::unique_ptr<AgentSession> s = Connect();
+  ASSERT_NE(s, nullptr);
+  const std::string id = s->id();
+  absl::StatusOr<LeaseGrant> g = agent_->AcquireLease(LeaseRequest{"job", 2, 0, 100, "run", 0, 0, id});
+  ASSERT_TRUE(g.ok()) << g.status();
+  const std::string bytes(100, 'z');
+  std::memcpy(agent_->arena().Data(g->regions[0].file_offset), bytes.data(), bytes.size());
+  ManifestItem it;
+  it.name = "w";
+  it.dtype = kDTypeBytes;
+  it.length_bytes = 100;
+  it.crc32c = Crc32c(bytes);
+  ASSERT_TRUE(agent_->Commit(g->lease_id, 100, {it}).ok());
+  OpenRequest open;
+  open.id = ShardId{"job", 2, 0};
+  open.client = ClientRef{0, id};
+  absl::StatusOr<OpenOutcome> h = agent_->Open(open);
+  ASSERT_TRUE(h.ok()) << h.status();
+  EXPECT_EQ(h->result.expires_in_ms, 0);
+  clock_.Advance(absl::Hours(2));  // far past the 1 s handle ttl
+  agent_->ControlOnce();
+  EXPECT_EQ(agent_->Status().open_handles, 1u);
+  // The connection drops and comes back within the grace: same session, the
+  // handle is still there.
+  s.reset();
+  ASSERT_TRUE(Eventually([&] { return !agent_->SessionOpen(id); }));  // the agent saw the hang-up
+  std::unique_ptr<AgentSession> again = Connect(id);
+  ASSERT_NE(again, nullptr);
+  EXPECT_EQ(again->id(), id);
+  clock_.Advance(absl::Seconds(30));
+  agent_->ControlOnce();
+  EXPECT_EQ(agent_->Status().open_handles, 1u);
+  // A session nobody opened is refused with a clear error.
+  absl::StatusOr<LeaseGrant> bad = agent_->AcquireLease(LeaseRequest{"job", 3, 0, 100, "run", 0, 0, "feedbeef"});
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(bad.status().message(), HasSubstr("reconnect"));
+}
+
+TEST_F(SessionTest, GarbageOnTheSessionSocketIsRefusedAndTheAgentLivesOn) {
+  const std::string path = agent_->session_socket();
+  EXPECT_THAT(Raw(path, std::string(16, '\0')), HasSubstr("ERR"));
+  EXPECT_THAT(Raw(path, "HELLO 2"), HasSubstr("ERR"));
+  EXPECT_THAT(Raw(path, "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"), HasSubstr("ERR"));
+  std::string big(1 << 16, 'A');
+  EXPECT_THAT(Raw(path, big), HasSubstr("ERR"));
+  EXPECT_THAT(Raw(path, "HELLO 1 ../../etc/passwd"), HasSubstr("OK"));  // not a session id: a new session
+  // Still serving.
+  std::unique_ptr<AgentSession> s = Connect();
+  ASSERT_NE(s, nullptr);
+  EXPECT_EQ(s->pools().size(), 1u);
+}
+
+}  // namespace
+}  // namespace ckpt::agent

@@ -1,7 +1,11 @@
 // ckpt._ckpt: the pybind11 layer of the Python client. It exposes the C++
 // client (ckpt/client.h) at the level of flat items (name, buffer, dtype,
-// shape, attributes); the package python/ckpt/ flattens nested Python state
-// into such items and back.
+// shape, attributes), and walks nested Python state into such items and back
+// (save_state / load_state): a state of ten thousand tensors costs about a
+// microsecond per item, where Python code would take several. Leaves the
+// fast paths do not cover (non-contiguous or non-CPU tensors, numpy scalars,
+// memoryviews, anything unknown) go through the package's Python helpers
+// (ckpt._flatten, ckpt._leaf), so both paths write and read the same items.
 //
 // Errors: every absl::Status that is not OK becomes a Python exception of a
 // ckpt.Error subclass chosen by its code (ckpt.NotFoundError, ...), carrying
@@ -10,9 +14,10 @@
 //
 // The GIL is released around every call that blocks: Connect, the copy of a
 // save (SaveBuilder::Commit), Wait, Latest, Load and the copies of a load, and
-// the reads of read_durable. The caller's buffers are held (Py_buffer) for the
-// whole of a save, so they cannot be freed while the copy runs; the caller
-// must not modify them concurrently (as with any save).
+// the reads of read_durable. The objects a save reads (tensors, arrays, bytes;
+// Py_buffer views where Python offers them) are referenced for the whole of
+// the save, so they cannot be freed while the copy runs; the caller must not
+// modify or resize them concurrently (as with any save).
 //
 // Thread safety: a Client object may be used from several Python threads at
 // once (the C++ Client is thread-safe); SaveHandle likewise.
@@ -20,7 +25,9 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <bit>
 #include <cstring>
+#include <deque>
 #include <map>
 #include <optional>
 #include <string>
@@ -28,6 +35,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
@@ -36,6 +44,7 @@
 #include "ckpt/client.h"
 #include "common/durable_format.h"
 #include "common/file_system.h"
+#include "common/status_macros.h"
 
 namespace py = pybind11;
 
@@ -152,6 +161,613 @@ py::tuple ItemTuple(const std::string& name, int dtype, const std::vector<uint64
   for (const auto& [k, v] : attributes) attrs[py::str(k)] = py::str(v);
   return py::make_tuple(name, dtype, py::cast(shape), attrs, std::move(data));
 }
+
+// ---- State <-> items ---------------------------------------------------------
+
+// Attribute key holding an item's Python type (see python/ckpt/__init__.py).
+constexpr const char* kTypeKey = "py.type";
+
+// A torch dtype as ckpt sees it.
+struct TorchDType {
+  DType dtype;
+  uint32_t size;
+  bool complex;
+};
+
+// What the fast paths need from torch and numpy, looked up once. torch is
+// only touched if the state holds tensors (or, on load, torch items).
+struct PyTypes {
+  bool torch_ready = false;
+  py::object torch;
+  PyObject* tensor_type = nullptr;  // torch.Tensor
+  py::object strided;               // torch.strided
+  py::object from_numpy, bfloat16, int16;
+  std::vector<std::pair<py::object, TorchDType>> torch_dtypes;  // few: linear search by identity
+  py::object numpy, ndarray, generic;
+  py::str is_cpu, layout, dtype, shape, data_ptr, is_contiguous, is_neg, is_conj, view;
+
+  // torch is imported by the caller already if a value can be a tensor.
+  bool TorchLoaded() {
+    if (torch_ready) return true;
+    PyObject* mod = PyImport_GetModule(py::str("torch").ptr());  // new ref or NULL, no import
+    if (mod == nullptr) {
+      PyErr_Clear();
+      return false;
+    }
+    InitTorch(py::reinterpret_steal<py::object>(mod));
+    return true;
+  }
+  // For load: imports torch. False if it is not installed.
+  bool ImportTorch() {
+    if (torch_ready) return true;
+    try {
+      InitTorch(py::module_::import("torch"));
+    } catch (const py::error_already_set&) {
+      PyErr_Clear();
+      return false;
+    }
+    return true;
+  }
+  void InitTorch(py::object mod) {
+    torch = std::move(mod);
+    tensor_type = torch.attr("Tensor").ptr();
+    strided = torch.attr("strided");
+    from_numpy = torch.attr("from_numpy");
+    bfloat16 = torch.attr("bfloat16");
+    int16 = torch.attr("int16");
+    const std::tuple<const char*, DType, uint32_t, bool> kinds[] = {
+        {"float32", DType::kF32, 4, false}, {"float16", DType::kF16, 2, false},
+        {"bfloat16", DType::kBF16, 2, false}, {"float64", DType::kF64, 8, false},
+        {"int8", DType::kI8, 1, false},       {"int16", DType::kI16, 2, false},
+        {"int32", DType::kI32, 4, false},     {"int64", DType::kI64, 8, false},
+        {"uint8", DType::kU8, 1, false},      {"bool", DType::kBool, 1, false},
+        {"complex64", DType::kC64, 8, true},  {"complex128", DType::kC128, 16, true},
+    };
+    for (const auto& [name, d, size, complex] : kinds) {
+      if (!py::hasattr(torch, name)) continue;
+      torch_dtypes.emplace_back(torch.attr(name), TorchDType{d, size, complex});
+    }
+    torch_ready = true;
+  }
+  const TorchDType* FindTorchDType(PyObject* dt) const {
+    for (const auto& [obj, info] : torch_dtypes) {
+      if (obj.ptr() == dt) return &info;
+    }
+    return nullptr;
+  }
+  const TorchDType* TorchDTypeFor(DType d) const {
+    for (const auto& [obj, info] : torch_dtypes) {
+      if (info.dtype == d) return &info;
+    }
+    return nullptr;
+  }
+  PyObject* TorchDTypeObject(DType d) const {
+    for (const auto& [obj, info] : torch_dtypes) {
+      if (info.dtype == d) return obj.ptr();
+    }
+    return nullptr;
+  }
+
+  void InitCommon() {
+    if (numpy) return;
+    numpy = py::module_::import("numpy");
+    ndarray = numpy.attr("ndarray");
+    generic = numpy.attr("generic");
+    is_cpu = py::str("is_cpu");
+    layout = py::str("layout");
+    dtype = py::str("dtype");
+    shape = py::str("shape");
+    data_ptr = py::str("data_ptr");
+    is_contiguous = py::str("is_contiguous");
+    is_neg = py::str("is_neg");
+    is_conj = py::str("is_conj");
+    view = py::str("view");
+  }
+};
+
+// Filled at module import (numpy and the attribute names) and, for torch,
+// on first use; every access holds the GIL. Lives as long as the
+// interpreter: never destroyed (no reference is dropped after finalization).
+PyTypes& Types() {
+  static PyTypes* types = new PyTypes();
+  return *types;
+}
+
+// Python errors raised by the C API as a C++ exception pybind11 passes on.
+void CheckPy(bool ok) {
+  if (!ok) throw py::error_already_set();
+}
+
+// numpy dtype of a ckpt dtype (bf16 as uint16 bit patterns), or None. The
+// dtype objects are made once.
+py::object NumpyDType(int dtype) {
+  static const char* const kNames[] = {nullptr,   "float32", "float16", "uint16",    "float64", "int8",
+                                       "int16",   "int32",   "int64",   "uint8",     "uint16",  "uint32",
+                                       "uint64",  "bool",    nullptr,   "complex64", "complex128"};
+  static std::vector<py::object>* cache = [] {
+    auto* c = new std::vector<py::object>();  // lives as long as the interpreter
+    for (const char* name : kNames) c->push_back(name == nullptr ? py::object(py::none()) : py::object(py::dtype(name)));
+    return c;
+  }();
+  if (dtype < 1 || dtype > 16) return py::none();
+  return (*cache)[static_cast<size_t>(dtype)];
+}
+
+// ckpt dtype of a native-byte-order numpy dtype, or 0.
+int DTypeOfNumpy(const py::dtype& dt) {
+  const char order = dt.byteorder();
+  if (order != '=' && order != '|' && !(order == '<' && std::endian::native == std::endian::little)) return 0;
+  const char kind = dt.kind();
+  const auto size = dt.itemsize();
+  switch (kind) {
+    case 'f':
+      return size == 2 ? 2 : size == 4 ? 1 : size == 8 ? 4 : 0;
+    case 'i':
+      return size == 1 ? 5 : size == 2 ? 6 : size == 4 ? 7 : size == 8 ? 8 : 0;
+    case 'u':
+      return size == 1 ? 9 : size == 2 ? 10 : size == 4 ? 11 : size == 8 ? 12 : 0;
+    case 'b':
+      return size == 1 ? 13 : 0;
+    case 'c':
+      return size == 8 ? 15 : size == 16 ? 16 : 0;
+    default:
+      return 0;
+  }
+}
+
+// Walks a state (python/ckpt/__init__.py's _flatten, item for item) into a
+// SaveBuilder, keeping every object whose memory an item points into alive
+// until the save is committed.
+class Flattener {
+ public:
+  explicit Flattener(SaveBuilder* builder) : builder_(builder), types_(Types()) {}
+
+  void Walk(PyObject* value) {
+    if (PyDict_Check(value)) {
+      if (!path_.empty()) Marker("dict");
+      const size_t len = path_.size();
+      auto child = [&](PyObject* k, PyObject* v) {
+        AppendKey(k);
+        Walk(v);
+        path_.resize(len);
+      };
+      if (PyDict_CheckExact(value)) {
+        PyObject *k, *v;
+        Py_ssize_t pos = 0;
+        // Keep the dict alive and its entries referenced while walking.
+        py::object hold = py::reinterpret_borrow<py::object>(value);
+        while (PyDict_Next(value, &pos, &k, &v)) {
+          py::object kk = py::reinterpret_borrow<py::object>(k), vv = py::reinterpret_borrow<py::object>(v);
+          child(k, v);
+        }
+      } else {  // OrderedDict and other subclasses: their own order
+        py::object items = py::reinterpret_borrow<py::object>(value).attr("items")();
+        for (py::handle kv : items) {
+          py::tuple t = py::reinterpret_borrow<py::tuple>(kv);
+          child(t[0].ptr(), t[1].ptr());
+        }
+      }
+      return;
+    }
+    if (path_.empty()) {
+      ThrowStatus(absl::InvalidArgumentError(std::string("a state must be a dict, not ") + Py_TYPE(value)->tp_name));
+    }
+    if (PyList_Check(value) || PyTuple_Check(value)) {
+      Marker(PyList_Check(value) ? "list" : "tuple");
+      py::object hold = py::reinterpret_borrow<py::object>(value);
+      const size_t len = path_.size();
+      const Py_ssize_t n = PyList_Check(value) ? PyList_GET_SIZE(value) : PyTuple_GET_SIZE(value);
+      for (Py_ssize_t i = 0; i < n; ++i) {
+        PyObject* v = PyList_Check(value) ? PyList_GET_ITEM(value, i) : PyTuple_GET_ITEM(value, i);
+        path_ += '/';
+        path_ += std::to_string(i);
+        py::object vv = py::reinterpret_borrow<py::object>(v);
+        Walk(v);
+        path_.resize(len);
+      }
+      return;
+    }
+    if (types_.TorchLoaded() && PyObject_TypeCheck(value, reinterpret_cast<PyTypeObject*>(types_.tensor_type))) {
+      if (!Tensor(value)) Fallback(value);
+      return;
+    }
+    if (PyObject_TypeCheck(value, reinterpret_cast<PyTypeObject*>(types_.ndarray.ptr()))) {
+      if (!Array(value)) Fallback(value);
+      return;
+    }
+    if (PyObject_TypeCheck(value, reinterpret_cast<PyTypeObject*>(types_.generic.ptr()))) {
+      Fallback(value);  // numpy scalars (some are also Python floats/ints)
+      return;
+    }
+    if (PyBytes_Check(value)) {
+      Hold(value);
+      Add(std::span(reinterpret_cast<const std::byte*>(PyBytes_AS_STRING(value)),
+                    static_cast<size_t>(PyBytes_GET_SIZE(value))),
+          "bytes");
+      return;
+    }
+    if (PyByteArray_CheckExact(value)) {
+      // Its buffer may move if the bytearray is resized: hold it through the
+      // buffer protocol, which forbids that.
+      views_.emplace_back(py::handle(value));
+      Add(views_.back().bytes(), "bytearray");
+      return;
+    }
+    if (value == Py_None) {
+      Add({}, "none");
+      return;
+    }
+    if (PyBool_Check(value)) {
+      Add(Own(value == Py_True ? "1" : "0"), "bool");
+      return;
+    }
+    if (PyLong_Check(value)) {
+      Add(Own(py::str(py::handle(value)).cast<std::string>()), "int");
+      return;
+    }
+    if (PyFloat_Check(value)) {
+      Add(Own(py::repr(py::handle(value)).cast<std::string>()), "float");
+      return;
+    }
+    if (PyUnicode_Check(value)) {
+      Py_ssize_t n = 0;
+      const char* utf8 = PyUnicode_AsUTF8AndSize(value, &n);
+      CheckPy(utf8 != nullptr);
+      Hold(value);  // utf8 lives in the str object
+      Add(std::span(reinterpret_cast<const std::byte*>(utf8), static_cast<size_t>(n)), "str");
+      return;
+    }
+    Fallback(value);
+  }
+
+ private:
+  // Appends "/<segment>" (or "<segment>" at the root) for a dict key, as
+  // _encode_key does.
+  void AppendKey(PyObject* key) {
+    if (!path_.empty()) path_ += '/';
+    if (PyUnicode_Check(key)) {
+      Py_ssize_t n = 0;
+      const char* s = PyUnicode_AsUTF8AndSize(key, &n);
+      CheckPy(s != nullptr);
+      if (n == 0) ThrowStatus(absl::InvalidArgumentError("dict keys must not be empty strings"));
+      for (Py_ssize_t i = 0; i < n; ++i) {
+        const char c = s[i];
+        if (c == '%') {
+          path_ += "%25";
+        } else if (c == '/') {
+          path_ += "%2F";
+        } else if (c == '#' && i == 0) {
+          path_ += "%23";
+        } else {
+          path_ += c;
+        }
+      }
+      return;
+    }
+    if (PyLong_Check(key) && !PyBool_Check(key)) {
+      path_ += '#';
+      path_ += py::str(py::handle(key)).cast<std::string>();
+      return;
+    }
+    ThrowStatus(absl::InvalidArgumentError(std::string("dict keys must be str or int, not ") +
+                                           Py_TYPE(key)->tp_name + ": " +
+                                           py::repr(py::handle(key)).cast<std::string>()));
+  }
+
+  void Marker(const char* kind) { Add({}, kind); }
+
+  void Add(std::span<const std::byte> bytes, const char* kind, DType dtype = DType::kBytes,
+           std::vector<uint64_t> shape = {}) {
+    std::map<std::string, std::string> attrs;
+    attrs.emplace(kTypeKey, kind);
+    Check(builder_->Add(path_, bytes, dtype, std::move(shape), std::move(attrs)));
+  }
+
+  // Bytes this walk owns (small scalar encodings), at stable addresses.
+  std::span<const std::byte> Own(std::string s) {
+    owned_.push_back(std::move(s));
+    const std::string& o = owned_.back();
+    return {reinterpret_cast<const std::byte*>(o.data()), o.size()};
+  }
+  void Hold(PyObject* obj) { keep_.push_back(py::reinterpret_borrow<py::object>(obj)); }
+
+  // A CPU, strided, contiguous tensor of a known dtype without lazy
+  // conjugation or negation: saved from its own memory. False otherwise.
+  bool Tensor(PyObject* t) {
+    py::handle h(t);
+    if (h.attr(types_.is_cpu).ptr() != Py_True) return false;
+    if (h.attr(types_.layout).ptr() != types_.strided.ptr()) return false;
+    const TorchDType* dt = types_.FindTorchDType(h.attr(types_.dtype).ptr());
+    if (dt == nullptr) return false;
+    if (h.attr(types_.is_contiguous)().ptr() != Py_True) return false;
+    if (h.attr(types_.is_neg)().ptr() != Py_False) return false;
+    if (dt->complex && h.attr(types_.is_conj)().ptr() != Py_False) return false;
+    py::object shape = h.attr(types_.shape);  // torch.Size, a tuple
+    if (!PyTuple_Check(shape.ptr())) return false;
+    const Py_ssize_t ndim = PyTuple_GET_SIZE(shape.ptr());
+    std::vector<uint64_t> dims(static_cast<size_t>(ndim));
+    uint64_t elements = 1;
+    for (Py_ssize_t d = 0; d < ndim; ++d) {
+      dims[static_cast<size_t>(d)] = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(shape.ptr(), d));
+      elements *= dims[static_cast<size_t>(d)];
+    }
+    CheckPy(!PyErr_Occurred());
+    const uint64_t bytes = elements * dt->size;
+    const auto* data = bytes == 0 ? nullptr
+                                  : static_cast<const std::byte*>(PyLong_AsVoidPtr(h.attr(types_.data_ptr)().ptr()));
+    CheckPy(!PyErr_Occurred());
+    Hold(t);
+    Add(std::span(data, bytes), "torch", dt->dtype, std::move(dims));
+    return true;
+  }
+
+  // A C-contiguous numpy array of a known native dtype. False otherwise.
+  bool Array(PyObject* a) {
+    py::array arr = py::reinterpret_borrow<py::array>(a);
+    if ((arr.flags() & py::array::c_style) == 0) return false;
+    const int d = DTypeOfNumpy(arr.dtype());
+    if (d == 0) return false;
+    std::vector<uint64_t> dims(arr.shape(), arr.shape() + arr.ndim());
+    const auto bytes = static_cast<size_t>(arr.nbytes());
+    Hold(a);
+    Add(std::span(static_cast<const std::byte*>(arr.data()), bytes), "numpy", static_cast<DType>(d), std::move(dims));
+    return true;
+  }
+
+  // Any other leaf: ckpt._flatten (Python) turns it into items, or raises.
+  void Fallback(PyObject* value) {
+    if (!flatten_) flatten_ = py::module_::import("ckpt").attr("_flatten");
+    py::list out;
+    flatten_(path_, py::handle(value), out);
+    for (py::handle item : out) {
+      auto t = item.cast<py::tuple>();
+      keep_.push_back(py::reinterpret_borrow<py::object>(item));  // holds the buffer's owner too
+      views_.emplace_back(t[1]);
+      Check(builder_->Add(t[0].cast<std::string>(), views_.back().bytes(), static_cast<DType>(t[2].cast<int>()),
+                          t[3].cast<std::vector<uint64_t>>(), t[4].cast<std::map<std::string, std::string>>()));
+    }
+  }
+
+  SaveBuilder* builder_;
+  PyTypes& types_;
+  std::string path_;
+  std::vector<py::object> keep_;
+  std::deque<BufferView> views_;  // stable: items point into them
+  std::deque<std::string> owned_;
+  py::object flatten_;
+};
+
+// Rebuilds a state from a loaded shard (python/ckpt/__init__.py's _unflatten
+// and _leaf, item for item): arrays and tensors are allocated here and filled
+// by LoadedShard::CopyItem (crc-checked) with the GIL released.
+class Unflattener {
+ public:
+  explicit Unflattener(const std::vector<LoadedItem>& items) : items_(&items), types_(Types()) {}
+
+  // The same items (equal in every field) held by another LoadedShard.
+  void Rebind(const std::vector<LoadedItem>& items) { items_ = &items; }
+
+  // Allocates each item's destination (GIL held).
+  void Allocate() {
+    dst_.resize(items_->size());
+    leaf_.resize(items_->size());
+    raw_.resize(items_->size());
+    for (size_t i = 0; i < items_->size(); ++i) {
+      const LoadedItem& it = (*items_)[i];
+      const std::string* kind = Kind(it);
+      if (kind != nullptr && (*kind == "dict" || *kind == "list" || *kind == "tuple")) continue;
+      const bool array_like =
+          kind != nullptr ? (*kind == "torch" || *kind == "numpy" || *kind == "numpy_scalar")
+                          : it.dtype != DType::kBytes;
+      py::object np_dtype = array_like ? NumpyDType(static_cast<int>(it.dtype)) : py::object(py::none());
+      if (array_like && !np_dtype.is_none()) {
+        std::vector<py::ssize_t> shape(it.shape.begin(), it.shape.end());
+        py::array arr(py::reinterpret_borrow<py::dtype>(np_dtype), shape);
+        if (static_cast<uint64_t>(arr.nbytes()) != it.length_bytes) {
+          ThrowStatus(absl::DataLossError("item \"" + it.name + "\": its length does not match its dtype and shape"));
+        }
+        dst_[i] = std::span(static_cast<std::byte*>(arr.mutable_data()), it.length_bytes);
+        leaf_[i] = std::move(arr);
+      } else {
+        raw_[i].resize(it.length_bytes);
+        dst_[i] = std::span(reinterpret_cast<std::byte*>(raw_[i].data()), raw_[i].size());
+      }
+    }
+  }
+
+  // Copies every item (GIL released by the caller). The first error.
+  absl::Status Copy(const LoadedShard& shard) const {
+    for (size_t i = 0; i < items_->size(); ++i) {
+      if (dst_[i].data() == nullptr && (*items_)[i].length_bytes != 0) continue;  // containers
+      if (absl::Status s = shard.CopyItem(i, dst_[i]); !s.ok()) return s;
+    }
+    return absl::OkStatus();
+  }
+
+  // Builds the nested state (GIL held).
+  py::dict Build() {
+    py::dict root;
+    nodes_.emplace(std::string_view(), Node{root, nullptr});
+    for (size_t i = 0; i < items_->size(); ++i) {
+      const LoadedItem& it = (*items_)[i];
+      const std::string_view name = it.name;
+      const size_t slash = name.rfind('/');
+      const std::string_view parent_path = slash == std::string_view::npos ? std::string_view() : name.substr(0, slash);
+      const std::string_view seg = slash == std::string_view::npos ? name : name.substr(slash + 1);
+      auto parent = nodes_.find(parent_path);
+      if (parent == nodes_.end()) {
+        ThrowStatus(absl::DataLossError("item '" + it.name + "' has no parent container in the checkpoint"));
+      }
+      const Node p = parent->second;  // a copy: the emplace below may rehash nodes_
+      const std::string* kind = Kind(it);
+      py::object value;
+      Seq* seq = nullptr;
+      if (kind != nullptr && (*kind == "dict" || *kind == "list" || *kind == "tuple")) {
+        if (*kind == "dict") {
+          value = py::dict();
+        } else {
+          seqs_.push_back(std::make_unique<Seq>());
+          seq = seqs_.back().get();
+          seq->tuple = *kind == "tuple";
+        }
+        nodes_.emplace(name, Node{value, seq});
+      } else {
+        value = Leaf(i, kind);
+      }
+      if (p.seq != nullptr) {
+        PyObject* raw = PyLong_FromString(std::string(seg).c_str(), nullptr, 10);  // int(seg), as _unflatten
+        CheckPy(raw != nullptr);
+        const py::object index = py::reinterpret_steal<py::object>(raw);
+        const long long at = PyLong_AsLongLong(raw);
+        CheckPy(!(at == -1 && PyErr_Occurred()));
+        // Each element is an item: an index past the item count cannot be.
+        if (at < 0 || static_cast<size_t>(at) >= items_->size()) {
+          ThrowStatus(absl::DataLossError("item '" + it.name + "': index out of range"));
+        }
+        if (p.seq->entries.size() <= static_cast<size_t>(at)) p.seq->entries.resize(static_cast<size_t>(at) + 1);
+        p.seq->entries[static_cast<size_t>(at)] = Entry{value, seq, true};
+      } else {
+        const py::object key = DecodeKey(seg);
+        if (seq != nullptr) {
+          seq->parent = p.obj;
+          seq->key = key;
+        }
+        CheckPy(PyDict_SetItem(p.obj.ptr(), key.ptr(), seq != nullptr ? Py_None : value.ptr()) == 0);
+      }
+    }
+    // Innermost first (created after their parents): children are built
+    // before the sequences that hold them.
+    for (auto it = seqs_.rbegin(); it != seqs_.rend(); ++it) {
+      Seq& s = **it;
+      py::list values;
+      for (size_t k = 0; k < s.entries.size(); ++k) {
+        const Entry& e = s.entries[k];
+        if (!e.set) {
+          PyErr_SetObject(PyExc_KeyError, py::int_(k).ptr());
+          throw py::error_already_set();
+        }
+        values.append(e.seq != nullptr ? e.seq->built : e.value);
+      }
+      s.built = s.tuple ? py::object(py::tuple(values)) : py::object(values);
+      if (s.parent) CheckPy(PyDict_SetItem(s.parent.ptr(), s.key.ptr(), s.built.ptr()) == 0);
+    }
+    return root;
+  }
+
+ private:
+  struct Seq;
+  struct Entry {
+    py::object value;
+    Seq* seq = nullptr;  // a sequence: its built value once built
+    bool set = false;
+  };
+  struct Seq {
+    bool tuple = false;
+    std::vector<Entry> entries;
+    py::object parent, key;  // set when the parent is a dict
+    py::object built;
+  };
+  struct Node {
+    py::object obj;  // dict (or None for a sequence)
+    Seq* seq;
+  };
+
+  static const std::string* Kind(const LoadedItem& it) {
+    static const std::string key = kTypeKey;
+    auto found = it.attributes.find(key);
+    return found == it.attributes.end() ? nullptr : &found->second;
+  }
+
+  // _decode_key: "#<n>" is an int, anything else is unquoted ("%XX").
+  static py::object DecodeKey(std::string_view seg) {
+    if (!seg.empty() && seg[0] == '#') {
+      PyObject* v = PyLong_FromString(std::string(seg.substr(1)).c_str(), nullptr, 10);
+      CheckPy(v != nullptr);
+      return py::reinterpret_steal<py::object>(v);
+    }
+    std::string bytes;
+    bytes.reserve(seg.size());
+    auto hex = [](char c) -> int {
+      if (c >= '0' && c <= '9') return c - '0';
+      if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+      if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+      return -1;
+    };
+    for (size_t i = 0; i < seg.size(); ++i) {
+      if (seg[i] == '%' && i + 2 < seg.size() && hex(seg[i + 1]) >= 0 && hex(seg[i + 2]) >= 0) {
+        bytes += static_cast<char>(hex(seg[i + 1]) * 16 + hex(seg[i + 2]));
+        i += 2;
+      } else {
+        bytes += seg[i];
+      }
+    }
+    PyObject* s = PyUnicode_DecodeUTF8(bytes.data(), static_cast<Py_ssize_t>(bytes.size()), "replace");
+    CheckPy(s != nullptr);
+    return py::reinterpret_steal<py::object>(s);
+  }
+
+  // _leaf, with the item's bytes already in place.
+  py::object Leaf(size_t i, const std::string* kind) {
+    const LoadedItem& it = (*items_)[i];
+    if (kind != nullptr && *kind == "torch") {
+      if (!types_.ImportTorch()) {
+        ThrowStatus(absl::FailedPreconditionError("this item was saved from torch, which is not installed"));
+      }
+      if (!leaf_[i]) return Fallback(i);
+      if (it.dtype == DType::kBF16) {
+        py::object t = types_.from_numpy(leaf_[i].attr(types_.view)(NumpyDType(6)));  // int16
+        return t.attr(types_.view)(types_.bfloat16);
+      }
+      return types_.from_numpy(leaf_[i]);
+    }
+    if (kind != nullptr && *kind == "numpy") {
+      if (!leaf_[i]) return Fallback(i);
+      return leaf_[i];
+    }
+    if (kind != nullptr && *kind == "numpy_scalar") {
+      if (!leaf_[i]) return Fallback(i);
+      return leaf_[i][py::tuple()];
+    }
+    const std::string& raw = raw_[i];
+    if (kind == nullptr) {
+      if (leaf_[i]) return leaf_[i];
+      if (it.dtype == DType::kBytes) return py::bytes(raw);
+      return Fallback(i);
+    }
+    if (*kind == "bytes") return py::bytes(raw);
+    if (*kind == "bytearray") {
+      return py::reinterpret_steal<py::object>(PyByteArray_FromStringAndSize(raw.data(), static_cast<Py_ssize_t>(raw.size())));
+    }
+    if (*kind == "none") return py::none();
+    if (*kind == "bool") return py::bool_(raw == "1");
+    if (*kind == "str") {
+      PyObject* s = PyUnicode_DecodeUTF8(raw.data(), static_cast<Py_ssize_t>(raw.size()), nullptr);
+      CheckPy(s != nullptr);
+      return py::reinterpret_steal<py::object>(s);
+    }
+    return Fallback(i);  // int, float and anything else: as Python parses them
+  }
+
+  // ckpt._leaf(dtype, shape, attributes, data) with the bytes as a uint8 array.
+  py::object Fallback(size_t i) {
+    const LoadedItem& it = (*items_)[i];
+    if (!leaf_fn_) leaf_fn_ = py::module_::import("ckpt").attr("_leaf");
+    py::array_t<uint8_t> data(static_cast<py::ssize_t>(it.length_bytes));
+    if (it.length_bytes > 0) std::memcpy(data.mutable_data(), dst_[i].data(), it.length_bytes);
+    py::dict attrs;
+    for (const auto& [k, v] : it.attributes) attrs[py::str(k)] = py::str(v);
+    return leaf_fn_(static_cast<int>(it.dtype), py::cast(it.shape), attrs, data);
+  }
+
+  const std::vector<LoadedItem>* items_;
+  PyTypes& types_;
+  std::vector<std::span<std::byte>> dst_;
+  std::vector<py::object> leaf_;  // arrays allocated for array-like items
+  std::vector<std::string> raw_;  // bytes of the other items
+  absl::flat_hash_map<std::string_view, Node> nodes_;
+  std::vector<std::unique_ptr<Seq>> seqs_;
+  py::object leaf_fn_;
+};
 
 class PySaveHandle {
  public:
@@ -273,6 +889,84 @@ class PyClient {
     return PySaveHandle(std::move(*handle));
   }
 
+  // Walks `state` (a dict) into items and saves them; see Flattener.
+  PySaveHandle SaveState(uint64_t step, const py::object& state) {
+    if (!PyDict_Check(state.ptr())) {
+      ThrowStatus(absl::InvalidArgumentError(std::string("a state must be a dict, not ") +
+                                             Py_TYPE(state.ptr())->tp_name));
+    }
+    SaveBuilder builder = client_.BeginSave(step);
+    Flattener flat(&builder);
+    flat.Walk(state.ptr());
+    absl::StatusOr<SaveHandle> handle = absl::UnknownError("not committed");
+    {
+      py::gil_scoped_release release;
+      handle = builder.Commit();
+    }
+    if (!handle.ok()) ThrowStatus(handle.status());
+    return PySaveHandle(std::move(*handle));
+  }
+
+  // Opens the shard without the agent's pass over it and copies every item
+  // into its destination with its crc checked (fill(shard) allocates the
+  // destinations, GIL held; copy(shard) runs with the GIL released). On a
+  // checksum mismatch, opens it again with the agent verifying (which
+  // quarantines a corrupt local copy and uses the next source) and copies
+  // once more. Returns the shard, closed (its items stay readable).
+  template <typename Fill, typename Copy>
+  LoadedShard LoadAndCopy(uint64_t step, Fill&& fill, Copy&& copy) const {
+    std::string first_error;
+    const std::vector<LoadedItem>* first_items = nullptr;
+    std::optional<LoadedShard> first;
+    for (int attempt = 0; attempt < 2; ++attempt) {
+      absl::StatusOr<LoadedShard> shard = absl::UnknownError("not loaded");
+      {
+        py::gil_scoped_release release;
+        shard = client_.Load(step, LoadOptions{.verify = attempt == 1});
+      }
+      if (!shard.ok()) {
+        if (attempt == 0) ThrowStatus(shard.status());
+        ThrowStatus(absl::Status(shard.status().code(), first_error + "; re-opening with verification failed: " +
+                                                            std::string(shard.status().message())));
+      }
+      if (attempt == 0) {
+        fill(*shard);
+      } else if (!SameItems(*first_items, shard->items())) {
+        // The destinations were made for the first manifest.
+        ThrowStatus(absl::DataLossError(first_error + "; the verified copy's manifest differs from the first one's"));
+      }
+      absl::Status copied;
+      {
+        py::gil_scoped_release release;
+        copied = copy(*shard);
+        absl::Status closed = shard->Close();
+        if (copied.ok()) copied = closed;
+      }
+      if (copied.ok()) return *std::move(shard);
+      if (attempt == 1 || copied.code() != absl::StatusCode::kDataLoss) ThrowStatus(copied);
+      first_error = std::string(copied.message());
+      first = *std::move(shard);  // the destinations point at its items' sizes
+      first_items = &first->items();
+    }
+    ThrowStatus(absl::InternalError("unreachable"));
+  }
+
+  // (served_from, state): the state rebuilt from `step`; see Unflattener.
+  py::tuple LoadState(uint64_t step) const {
+    std::unique_ptr<Unflattener> un;
+    LoadedShard shard = LoadAndCopy(
+        step,
+        [&](const LoadedShard& s) {
+          un = std::make_unique<Unflattener>(s.items());
+          un->Allocate();
+        },
+        [&](const LoadedShard& s) { return un->Copy(s); });
+    // The destinations were laid out for the first manifest, which the
+    // verified one (if it came to that) equals: its items serve the build.
+    un->Rebind(shard.items());
+    return py::make_tuple(ServedFromName(shard.served_from()), un->Build());
+  }
+
   void WaitVersion(uint64_t step, const std::string& level, std::optional<double> timeout_s) const {
     const Level l = ParseLevel(level);
     const absl::Time deadline = DeadlineFrom(timeout_s);
@@ -298,35 +992,82 @@ class PyClient {
   }
 
   // Returns (served_from, [(name, dtype, shape, attributes, uint8 array)]):
-  // every item copied out of the agent's memory tier.
+  // every item copied out of the agent's memory tier (crc-checked).
   py::tuple LoadItems(uint64_t step) const {
-    absl::StatusOr<LoadedShard> shard = absl::UnknownError("not loaded");
-    {
-      py::gil_scoped_release release;
-      shard = client_.Load(step);
-    }
-    if (!shard.ok()) ThrowStatus(shard.status());
+    std::vector<py::array_t<uint8_t>> arrays;
+    std::vector<std::span<std::byte>> dst;
+    LoadedShard shard = LoadAndCopy(
+        step,
+        [&](const LoadedShard& s) {
+          for (const LoadedItem& item : s.items()) {
+            arrays.push_back(NewByteArray(item.length_bytes));
+            dst.emplace_back(reinterpret_cast<std::byte*>(arrays.back().mutable_data()), item.length_bytes);
+          }
+        },
+        [&](const LoadedShard& s) -> absl::Status {
+          for (size_t i = 0; i < dst.size(); ++i) CKPT_RETURN_IF_ERROR(s.CopyItem(i, dst[i]));
+          return absl::OkStatus();
+        });
     py::list out;
-    for (const LoadedItem& item : shard->items()) {
-      absl::StatusOr<std::span<const std::byte>> bytes = shard->View(item.name);
-      if (!bytes.ok()) ThrowStatus(bytes.status());
-      py::array_t<uint8_t> data = NewByteArray(bytes->size());
-      uint8_t* dst = data.mutable_data();
-      {
-        py::gil_scoped_release release;
-        if (!bytes->empty()) std::memcpy(dst, bytes->data(), bytes->size());
-      }
+    const std::vector<LoadedItem>& items = shard.items();
+    for (size_t i = 0; i < items.size(); ++i) {
+      const LoadedItem& item = items[i];
       out.append(ItemTuple(item.name, static_cast<int>(item.dtype), item.shape, item.attributes,
-                           std::move(data)));
+                           std::move(arrays[i])));
     }
-    const char* served_from = ServedFromName(shard->served_from());
-    absl::Status closed;
+    return py::make_tuple(ServedFromName(shard.served_from()), out);
+  }
+
+  // load_into: copies the named items of `step` into the targets (dict name
+  // -> tensor or array) in place. CPU, contiguous tensors and C-contiguous
+  // writable arrays are resolved here; other targets go to
+  // ckpt._load_into_buffer (which raises for what cannot be loaded into).
+  void LoadIntoTargets(uint64_t step, const py::dict& targets) const {
+    PyTypes& types = Types();
+    std::vector<WritableView> views;
+    views.reserve(targets.size());
+    std::vector<py::object> keep;
+    keep.reserve(targets.size());
+    std::map<std::string, std::span<std::byte>> spans;
+    py::object fallback;
+    for (const auto& [name, target] : targets) {
+      std::span<std::byte> span;
+      bool done = false;
+      if (types.TorchLoaded() &&
+          PyObject_TypeCheck(target.ptr(), reinterpret_cast<PyTypeObject*>(types.tensor_type))) {
+        const TorchDType* dt = nullptr;
+        if (target.attr(types.is_cpu).ptr() == Py_True && target.attr(types.layout).ptr() == types.strided.ptr() &&
+            (dt = types.FindTorchDType(target.attr(types.dtype).ptr())) != nullptr &&
+            target.attr(types.is_contiguous)().ptr() == Py_True) {
+          uint64_t elements = 1;
+          for (py::handle d : py::reinterpret_borrow<py::tuple>(target.attr(types.shape))) elements *= d.cast<uint64_t>();
+          auto* data = static_cast<std::byte*>(PyLong_AsVoidPtr(target.attr(types.data_ptr)().ptr()));
+          CheckPy(!PyErr_Occurred());
+          span = std::span(data, elements * dt->size);
+          keep.push_back(py::reinterpret_borrow<py::object>(target));
+          done = true;
+        }
+      } else if (PyObject_TypeCheck(target.ptr(), reinterpret_cast<PyTypeObject*>(types.ndarray.ptr()))) {
+        py::array arr = py::reinterpret_borrow<py::array>(target);
+        if ((arr.flags() & py::array::c_style) != 0 && arr.writeable()) {
+          views.emplace_back(target);
+          span = views.back().bytes();
+          done = true;
+        }
+      }
+      if (!done) {
+        if (!fallback) fallback = py::module_::import("ckpt").attr("_load_into_buffer");
+        views.emplace_back(fallback(name, target));
+        span = views.back().bytes();
+      }
+      spans.emplace(name.cast<std::string>(), span);
+    }
+    absl::Status status;
     {
       py::gil_scoped_release release;
-      closed = shard->Close();
+      status = client_.LoadInto(step, spans);
     }
-    Check(closed);
-    return py::make_tuple(served_from, out);
+    Check(status);
   }
 
   // Copies the named items of `step` straight into the caller's writable,
@@ -351,6 +1092,18 @@ class PyClient {
   std::string node_id() const { return client_.node_id(); }
 
  private:
+  static bool SameItems(const std::vector<LoadedItem>& a, const std::vector<LoadedItem>& b) {
+    if (a.size() != b.size()) return false;
+    for (size_t i = 0; i < a.size(); ++i) {
+      if (a[i].name != b[i].name || a[i].dtype != b[i].dtype || a[i].shape != b[i].shape ||
+          a[i].offset_bytes != b[i].offset_bytes || a[i].length_bytes != b[i].length_bytes ||
+          a[i].crc32c != b[i].crc32c || a[i].attributes != b[i].attributes) {
+        return false;
+      }
+    }
+    return true;
+  }
+
   Client client_;
 };
 
@@ -392,6 +1145,7 @@ py::tuple ReadDurable(const std::string& version_dir) {
 
 PYBIND11_MODULE(_ckpt, m) {
   using namespace ckpt::python;
+  Types().InitCommon();
   m.doc() = "Low-level binding of the ckpt C++ client; use the `ckpt` package instead.";
 
   PyObject* base = PyErr_NewExceptionWithDoc("ckpt.Error", "An error reported by ckpt (an absl::Status).",
@@ -421,11 +1175,14 @@ PYBIND11_MODULE(_ckpt, m) {
                   py::arg("rpc_timeout") = 60.0, py::arg("load_timeout") = 600.0,
                   py::arg("protection") = py::none())
       .def("save_items", &PyClient::SaveItems, py::arg("step"), py::arg("items"))
+      .def("save_state", &PyClient::SaveState, py::arg("step"), py::arg("state"))
+      .def("load_state", &PyClient::LoadState, py::arg("step"))
       .def("wait", &PyClient::WaitVersion, py::arg("step"), py::arg("level") = "protected",
            py::arg("timeout") = py::none())
       .def("latest", &PyClient::Latest, py::arg("level") = "protected")
       .def("load_items", &PyClient::LoadItems, py::arg("step"))
       .def("load_into", &PyClient::LoadInto, py::arg("step"), py::arg("buffers"))
+      .def("load_into_targets", &PyClient::LoadIntoTargets, py::arg("step"), py::arg("targets"))
       .def_property_readonly("node_id", &PyClient::node_id);
 
   m.def("read_durable", &ReadDurable, py::arg("version_dir"));

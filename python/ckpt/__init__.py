@@ -108,8 +108,8 @@ _DTYPE_TO_NUMPY[DType.BF16] = _np.dtype(_np.uint16)
 
 # Attribute holding the Python type of an item: how load() rebuilds it.
 _TYPE_KEY = "py.type"
-# Attribute holding the torch dtype name of a torch item ("float32", ...).
-_TORCH_DTYPE_KEY = "py.torch_dtype"
+# Older versions also wrote "py.torch_dtype" (the torch dtype's name) on torch
+# items; the item's dtype says the same, so it is no longer written nor read.
 _CONTAINERS = ("dict", "list", "tuple")
 
 
@@ -152,8 +152,9 @@ def _tensor_item(value):
     t = value.detach()
     if t.device.type != "cpu":
         t = t.cpu()
-    t = t.contiguous()
-    attrs = {_TYPE_KEY: "torch", _TORCH_DTYPE_KEY: str(t.dtype).replace("torch.", "")}
+    # Lazily conjugated or negated views: their memory holds the other values.
+    t = t.resolve_conj().resolve_neg().contiguous()
+    attrs = {_TYPE_KEY: "torch"}
     shape = list(t.shape)
     if t.dtype == torch.bfloat16:
         arr = t.view(torch.int16).numpy()
@@ -311,6 +312,25 @@ class _Seq(dict):
         return self.built
 
 
+def _load_into_buffer(name, target):
+    """The writable uint8 view of a load_into target (tensor or array), or raises."""
+    if _is_torch_tensor(target):
+        torch = _torch()
+        t = target.detach()
+        if t.device.type != "cpu" or not t.is_contiguous():
+            raise InvalidArgumentError(f"{name!r}: load_into needs a contiguous CPU tensor")
+        if t.dtype == torch.bfloat16:
+            t = t.view(torch.int16)
+        arr = t.numpy()
+    else:
+        arr = target
+    if isinstance(arr, _np.ndarray):
+        if not arr.flags.c_contiguous or not arr.flags.writeable:
+            raise InvalidArgumentError(f"{name!r}: load_into needs a C-contiguous writable array")
+        arr = arr.reshape(-1).view(_np.uint8) if arr.size else _np.zeros(0, _np.uint8)
+    return arr
+
+
 class Client:
     """A connection to ckpt-meta and the node's agent, for one rank of one job.
 
@@ -367,11 +387,9 @@ class Client:
         """
         if not isinstance(state, dict):
             raise InvalidArgumentError(f"a state must be a dict, not {type(state).__name__}")
-        flat = []
-        _flatten("", state, flat)
-        # Entries may carry a 6th element: the array that owns the buffer, kept alive here.
-        items = [(e[0], e[1], e[2], e[3], e[4]) for e in flat]
-        return self._c.save_items(_step(step), items)
+        # The walk (_flatten's rules) runs in C++; leaves it does not cover
+        # come back to _flatten.
+        return self._c.save_state(_step(step), state)
 
     def wait(self, step, level="protected", timeout=None):
         """Waits until version `step` (of any rank) reaches `level`; timeout in seconds (None: forever)."""
@@ -384,18 +402,19 @@ class Client:
     def load(self, step):
         """This rank's state of `step`, in the structure it was saved in.
 
-        Every item is copied out of the store (the agent verifies checksums).
+        Every item is copied out of the store into fresh arrays or tensors,
+        its checksum checked while it is copied (a corrupt local copy makes
+        the agent verify and fall back to another source).
         Errors: ckpt.NotFoundError (unknown step), ckpt.FailedPreconditionError
         (version not staged), ckpt.DataLossError (every copy is corrupt or lost).
         """
-        _, items = self._c.load_items(_step(step))
-        return _unflatten(items)
+        return self._c.load_state(_step(step))[1]
 
     def load_with_source(self, step):
         """Like load(), but returns (served_from, state): where the shard came from,
         "local", "replica", "ec_decode", "durable" or "unknown"."""
-        served_from, items = self._c.load_items(_step(step))
-        return served_from, _unflatten(items)
+        served_from, state = self._c.load_state(_step(step))
+        return served_from, state
 
     def load_into(self, step, targets):
         """Copies items of `step` straight into existing arrays or tensors, in place.
@@ -409,24 +428,9 @@ class Client:
         the shard), ckpt.InvalidArgumentError (a size differs),
         ckpt.DataLossError.
         """
-        buffers = {}
-        for name, target in targets.items():
-            if _is_torch_tensor(target):
-                torch = _torch()
-                t = target.detach()
-                if t.device.type != "cpu" or not t.is_contiguous():
-                    raise InvalidArgumentError(f"{name!r}: load_into needs a contiguous CPU tensor")
-                if t.dtype == torch.bfloat16:
-                    t = t.view(torch.int16)
-                arr = t.numpy()
-            else:
-                arr = target
-            if isinstance(arr, _np.ndarray):
-                if not arr.flags.c_contiguous or not arr.flags.writeable:
-                    raise InvalidArgumentError(f"{name!r}: load_into needs a C-contiguous writable array")
-                arr = arr.reshape(-1).view(_np.uint8) if arr.size else _np.zeros(0, _np.uint8)
-            buffers[name] = arr
-        self._c.load_into(_step(step), buffers)
+        # Tensors and arrays are resolved in C++; anything else comes back to
+        # _load_into_buffer.
+        self._c.load_into_targets(_step(step), targets)
 
     def load_items(self, step):
         """Raw items: (served_from, [(name, dtype, shape, attributes, uint8 array)])."""

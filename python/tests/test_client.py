@@ -1,4 +1,5 @@
 """The Python client against real ckpt-meta and ckpt-agent processes."""
+import collections
 import socket
 import time
 
@@ -324,3 +325,97 @@ def test_steps_outside_0_to_max_step_are_invalid(cluster, job):
     # The job keeps working.
     c.save(20, {"a": b"x"}).wait("protected", timeout=30)
     assert c.latest("protected") == 20
+
+
+def flat_items(state):
+    """What ckpt._flatten (the Python walk) makes of `state`: (name, dtype, shape, attributes, bytes)."""
+    out = []
+    ckpt._flatten("", state, out)
+    return [(e[0], e[2], list(e[3]), e[4], bytes(memoryview(e[1]).cast("B"))) for e in out]
+
+
+def test_fast_walk_writes_what_flatten_writes(cluster, job):
+    # Every kind of leaf, including those the C++ walk hands back to Python:
+    # non-contiguous, conjugated and negated tensors, numpy scalars, memoryviews.
+    rng = np.random.default_rng(3)
+    c64 = torch.complex(torch.randn(3), torch.randn(3))
+    od = collections.OrderedDict([("z", 1), ("a", 2), ("m", 3)])
+    od.move_to_end("z")
+    state = {
+        "torch": {str(d): (torch.rand(2, 3) * 100).to(d) for d in TORCH_DTYPES},
+        "param": torch.nn.Parameter(torch.randn(4)),
+        "grad": torch.randn(3, requires_grad=True) * 2,
+        "t_noncontig": torch.arange(12.0).reshape(3, 4).t(),
+        "t_conj": c64.conj(),
+        "t_neg": c64.conj().imag,
+        "t_empty": torch.zeros(0, 3),
+        "np": rng.random((2, 2)),
+        "np_noncontig": np.arange(20, dtype=np.int32).reshape(4, 5)[:, ::2],
+        "np_scalar": np.float64(1.25),
+        "np_int": np.int64(-3),
+        "bytes": b"\x00\x01", "bytearray": bytearray(b"ab"), "memoryview": memoryview(b"mv"),
+        "none": None, "true": True, "int": 2**70, "float": float("nan"), "str": "ü/%#",
+        "list": [1, [2, (3, {})]], "tuple": (), "#odd": {"%2F": {7: "int key", -1: "neg"}},
+        "ordered": od,
+    }
+    c = cluster.client(job)
+    c.save(1, state).wait("staged", timeout=30)
+    _, items = c.load_items(1)
+    got = [(i[0], i[1], list(i[2]), i[3], i[4].tobytes()) for i in items]
+    want = flat_items(state)
+    assert [g[0] for g in got] == [w[0] for w in want]
+    for g, w in zip(got, want):
+        assert g == w, g[0]
+    back = c.load(1)
+    assert torch.equal(back["t_conj"], c64.conj().resolve_conj())
+    assert torch.equal(back["t_neg"], c64.conj().imag.resolve_neg())
+    assert torch.equal(back["t_noncontig"], state["t_noncontig"].contiguous())
+    assert back["np_scalar"] == np.float64(1.25) and isinstance(back["np_scalar"], np.float64)
+    assert back["memoryview"] == b"mv" and back["bytearray"] == bytearray(b"ab")
+    assert back["int"] == 2**70 and np.isnan(back["float"]) and back["str"] == "ü/%#"
+    assert back["list"] == [1, [2, (3, {})]] and back["tuple"] == ()
+    assert back["#odd"] == {"%2F": {7: "int key", -1: "neg"}}
+    assert list(back["ordered"]) == ["a", "m", "z"] and dict(back["ordered"]) == dict(od)
+    assert torch.equal(back["param"], state["param"].detach())
+
+
+def test_many_tensors_round_trip_in_order(cluster, job):
+    n = 10000
+    g = torch.Generator().manual_seed(5)
+    sd = collections.OrderedDict(
+        (f"layers.{i // 10}.p{i % 10}", torch.randn(16, generator=g).to(torch.bfloat16 if i % 7 == 0 else torch.float32))
+        for i in range(n))
+    c = cluster.client(job, keep_in_memory=1)
+    c.save(2, {"model": sd, "step": 2}).wait("staged", timeout=60)
+    back = c.load(2)
+    assert list(back["model"].keys()) == list(sd.keys())
+    for k, v in sd.items():
+        assert back["model"][k].dtype == v.dtype and torch.equal(back["model"][k], v), k
+    live = {f"model/{k}": torch.zeros_like(v) for k, v in sd.items()}
+    c.load_into(2, live)
+    assert all(torch.equal(live[f"model/{k}"], v) for k, v in sd.items())
+
+
+def test_loads_items_written_with_the_old_torch_dtype_attribute(cluster, job):
+    # Earlier versions wrote py.torch_dtype on torch items; it is ignored.
+    t = torch.arange(6, dtype=torch.int32).reshape(2, 3)
+    c = cluster.client(job)
+    c._c.save_items(3, [("w", t.numpy().reshape(-1).view(np.uint8), ckpt.DType.I32, [2, 3],
+                         {"py.type": "torch", "py.torch_dtype": "int32"})]).wait("staged", timeout=30)
+    back = c.load(3)
+    assert back["w"].dtype == torch.int32 and torch.equal(back["w"], t)
+
+
+def test_load_of_items_that_do_not_form_a_state_is_data_loss(cluster, job):
+    # Written by hand (or by another client): a list element far past the
+    # list's items, and an item whose parent container does not exist.
+    c = cluster.client(job)
+    c._c.save_items(4, [("l", b"", ckpt.DType.BYTES, [], {"py.type": "list"}),
+                        ("l/7", b"x", ckpt.DType.BYTES, [], {"py.type": "bytes"})]).wait("staged", timeout=30)
+    with pytest.raises(ckpt.DataLossError, match="index"):
+        c.load(4)
+    c._c.save_items(5, [("x/y", b"1", ckpt.DType.BYTES, [], {"py.type": "int"})]).wait("staged", timeout=30)
+    with pytest.raises(ckpt.DataLossError, match="no parent"):
+        c.load(5)
+    # The raw items are still readable.
+    assert [i[0] for i in c.load_items(5)[1]] == ["x/y"]

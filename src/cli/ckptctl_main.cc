@@ -253,8 +253,12 @@ struct Globals {
 class Ctl {
  public:
   explicit Ctl(const Globals& g) : g_(g) {
+    // Versions and shards of big models carry megabytes of manifest
+    // (inspect): no limit on what we receive.
+    grpc::ChannelArguments args;
+    args.SetMaxReceiveMessageSize(-1);
     stub_ = v1::MetaService::NewStub(
-        grpc::CreateChannel(g.meta, grpc::InsecureChannelCredentials()));
+        grpc::CreateCustomChannel(g.meta, grpc::InsecureChannelCredentials(), args));
   }
 
   // Runs `call` on a fresh context with the --timeout deadline. Returns true

@@ -52,14 +52,22 @@ std::unique_ptr<grpc::ClientContext> Context(const DataOptions& o) {
 
 std::string Hex(uint32_t crc) { return absl::StrFormat("%08x", crc); }
 
-// A stub for an agent's AgentService. ReadShard streams chunks of up to 4 MiB
-// of data plus their offset and crc, more than gRPC's default 4 MiB receive
-// limit, so the limit is lifted (as the client library does).
-std::unique_ptr<v1::AgentService::Stub> AgentStub(const std::string& address) {
+// gRPC channel to ckpt-meta or an agent. Responses carry whole manifests
+// (Locate, OpenShard) and ReadShard chunks: no size limit on what we receive.
+// gRPC's bandwidth-delay probing grows a stream's receive window without
+// bound while we write to a slower disk (100+ MB buffered for a 1 GiB
+// shard); a fixed 8 MiB window keeps the read just as fast here.
+std::shared_ptr<grpc::Channel> Channel(const std::string& target) {
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(-1);
-  return v1::AgentService::NewStub(
-      grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args));
+  args.SetInt(GRPC_ARG_HTTP2_BDP_PROBE, 0);
+  args.SetInt(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, 8 << 20);
+  return grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), args);
+}
+
+// A stub for an agent's AgentService (see Channel).
+std::unique_ptr<v1::AgentService::Stub> AgentStub(const std::string& address) {
+  return v1::AgentService::NewStub(Channel(address));
 }
 
 ManifestItem ItemOf(const v1::Item& item) {
@@ -98,46 +106,68 @@ absl::StatusOr<std::map<std::string, std::string>> NodeAddresses(const DataOptio
   return out;
 }
 
-// Reads a whole shard from an agent with ReadShard, checking every chunk's
-// crc, then every item's and the shard's against `info`.
-absl::StatusOr<std::vector<char>> ReadFromAgent(const DataOptions& o, const std::string& address,
-                                                const v1::ShardInfo& info) {
+// ReadShard chunk size: big enough that per-message costs vanish, small
+// enough that the stream holds little memory on either side.
+constexpr uint64_t kReadChunkBytes = 1 << 20;
+// A ReadShard stream's deadline: --timeout plus the time the shard takes at
+// this (slow) rate, so that shards of any size can finish.
+constexpr double kSlowestStreamBytesPerSecond = 32.0 * (1 << 20);
+
+// Streams a whole shard from the agent at `address` (ReadShard) into the
+// rank file `path`, checking every chunk's crc, every item's crc32c (while
+// the bytes go by) and the whole file's crc against `info`. Holds one chunk
+// at a time. The file appears complete and checked, or not at all
+// (RankFileWriter: temporary file, fsync, rename).
+absl::Status StreamFromAgent(const DataOptions& o, const std::string& address, const v1::ShardInfo& info,
+                             const std::string& path) {
+  const DurableShard shard = ShardOf(info);
+  if (absl::Status s = ValidateManifest(shard.items, shard.size_bytes); !s.ok()) {
+    return absl::DataLossError(absl::StrCat("the shard's manifest is bad: ", s.message()));
+  }
+  CKPT_ASSIGN_OR_RETURN(std::unique_ptr<RankFileWriter> out,
+                        RankFileWriter::Create(PosixFileSystem(), path, shard.size_bytes, shard.crc32c));
+  ItemCrcStream items(shard.items);
   auto stub = AgentStub(address);
   v1::ReadShardRequest req;
   *req.mutable_shard() = info.key();
-  req.set_chunk_bytes(4 << 20);
-  auto ctx = Context(o);
-  auto reader = stub->ReadShard(ctx.get(), req);
-  std::vector<char> bytes(info.size_bytes());
-  uint64_t got = 0;
+  req.set_chunk_bytes(kReadChunkBytes);
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() +
+                   std::chrono::milliseconds(static_cast<int64_t>(
+                       (o.timeout_s + static_cast<double>(shard.size_bytes) / kSlowestStreamBytesPerSecond) * 1000)));
+  auto reader = stub->ReadShard(&ctx, req);
   v1::ReadShardResponse msg;
-  while (reader->Read(&msg)) {
-    if (Crc32c(msg.data()) != msg.chunk_crc32c()) {
-      reader->Finish().ok();
-      return absl::DataLossError(absl::StrCat("chunk at ", msg.offset_bytes(), " failed its crc32c"));
-    }
-    if (msg.offset_bytes() + msg.data().size() > bytes.size()) {
-      return absl::DataLossError("the agent sent more bytes than the shard has");
-    }
-    std::memcpy(bytes.data() + msg.offset_bytes(), msg.data().data(), msg.data().size());
-    got += msg.data().size();
-  }
-  absl::Status s = FromGrpc(reader->Finish(), absl::StrCat("ReadShard from ", address));
-  if (!s.ok()) return s;
-  if (got != info.size_bytes()) {
-    return absl::DataLossError(absl::StrCat("got ", got, " of ", info.size_bytes(), " bytes"));
-  }
-  for (const v1::Item& item : info.items()) {
-    const uint32_t crc = Crc32c(bytes.data() + item.offset_bytes(), item.length_bytes());
-    if (crc != item.crc32c()) {
-      return absl::DataLossError(absl::StrCat("item ", QuoteForMessage(item.name()), ": crc32c ", Hex(crc),
-                                              " != manifest ", Hex(item.crc32c())));
+  absl::Status bad;
+  while (bad.ok() && reader->Read(&msg)) {
+    if (msg.has_shard() && (msg.shard().size_bytes() != shard.size_bytes || msg.shard().crc32c() != shard.crc32c)) {
+      bad = absl::DataLossError(absl::StrCat("the agent's copy is ", msg.shard().size_bytes(), " bytes with crc32c ",
+                                             Hex(msg.shard().crc32c()), ", the version's ", shard.size_bytes,
+                                             " bytes with crc32c ", Hex(shard.crc32c)));
+    } else if (msg.offset_bytes() != items.position() && !msg.data().empty()) {
+      bad = absl::DataLossError(absl::StrCat("the agent sent bytes at ", msg.offset_bytes(), ", expected ",
+                                             items.position()));
+    } else if (msg.data().size() > shard.size_bytes - items.position()) {
+      bad = absl::DataLossError("the agent sent more bytes than the shard has");
+    } else if (Crc32c(msg.data()) != msg.chunk_crc32c()) {
+      bad = absl::DataLossError(absl::StrCat("chunk at ", msg.offset_bytes(), " failed its crc32c"));
+    } else {
+      const auto piece = std::as_bytes(std::span<const char>(msg.data()));
+      bad = items.Update(piece);
+      if (bad.ok()) bad = out->Append(piece);
     }
   }
-  if (Crc32c(bytes.data(), bytes.size()) != info.crc32c()) {
-    return absl::DataLossError("the shard's crc32c does not match");
+  if (!bad.ok()) {
+    ctx.TryCancel();
+    reader->Finish().ok();  // cancelled by us: its status says nothing new
+    return bad;
   }
-  return bytes;
+  CKPT_RETURN_IF_ERROR(FromGrpc(reader->Finish(), absl::StrCat("ReadShard from ", address)));
+  if (items.position() != shard.size_bytes) {
+    return absl::DataLossError(absl::StrCat("got ", items.position(), " of ", shard.size_bytes, " bytes"));
+  }
+  CKPT_RETURN_IF_ERROR(items.Finish());
+  // Size and whole-file crc32c (DataLoss if they differ), then durable.
+  return out->Commit();
 }
 
 }  // namespace
@@ -148,7 +178,7 @@ int SaveFile(const DataOptions& o, const std::string& job, uint64_t step, uint32
   if (!in) return Fail(absl::NotFoundError(absl::StrCat("cannot read '", file, "'")));
   std::vector<char> data((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   if (world_size == 0) {
-    auto meta = v1::MetaService::NewStub(grpc::CreateChannel(o.meta, grpc::InsecureChannelCredentials()));
+    auto meta = v1::MetaService::NewStub(Channel(o.meta));
     v1::GetJobRequest req;
     req.set_job_id(job);
     v1::GetJobResponse resp;
@@ -198,12 +228,12 @@ absl::Status GetVersion(const DataOptions& o, v1::MetaService::Stub* meta, const
 }
 
 // A shard left only as EC stripes: an agent holding segments of them decodes
-// it into its memory tier (it keeps a RESTORED copy), and it is read back from
-// there with every crc checked. `*node` names the agent asked.
-absl::StatusOr<std::vector<char>> DecodeOnAgent(const DataOptions& o,
-                                                const std::map<std::string, std::string>& addresses,
-                                                const v1::ShardInfo& info, const v1::ShardSource& src,
-                                                std::string* node) {
+// it into its memory tier (it keeps a RESTORED copy), and it is streamed
+// from there into `path` with every crc checked. `*node` names the agent
+// asked.
+absl::Status DecodeOnAgent(const DataOptions& o, const std::map<std::string, std::string>& addresses,
+                           const v1::ShardInfo& info, const v1::ShardSource& src, const std::string& path,
+                           std::string* node) {
   for (const auto& st : src.ec().stripes())
     for (const auto& seg : st.segments())
       if (node->empty()) *node = seg.holder().node_id();
@@ -219,18 +249,18 @@ absl::StatusOr<std::vector<char>> DecodeOnAgent(const DataOptions& o,
     auto ctx = Context(o);
     CKPT_RETURN_IF_ERROR(FromGrpc(stub->OpenShard(ctx.get(), oreq, &oresp), absl::StrCat("OpenShard on ", *node)));
   }
-  absl::StatusOr<std::vector<char>> bytes = ReadFromAgent(o, it->second, info);
+  absl::Status read = StreamFromAgent(o, it->second, info, path);
   v1::CloseShardRequest creq;
   creq.set_handle_id(oresp.handle_id());
   v1::CloseShardResponse cresp;
   auto ctx = Context(o);
   (void)stub->CloseShard(ctx.get(), creq, &cresp);  // the handle also expires on its own
-  return bytes;
+  return read;
 }
 
 int RestoreOnline(const DataOptions& o, const std::string& job, uint64_t step, std::optional<uint32_t> rank,
                   const std::string& out_dir) {
-  auto meta = v1::MetaService::NewStub(grpc::CreateChannel(o.meta, grpc::InsecureChannelCredentials()));
+  auto meta = v1::MetaService::NewStub(Channel(o.meta));
   absl::StatusOr<std::map<std::string, std::string>> addresses = NodeAddresses(o, meta.get());
   if (!addresses.ok()) return Fail(addresses.status());
   v1::GetVersionResponse vresp;
@@ -261,17 +291,19 @@ int RestoreOnline(const DataOptions& o, const std::string& job, uint64_t step, s
       absl::Status s = FromGrpc(meta->Locate(ctx.get(), lreq, &loc), "Locate");
       if (!s.ok()) return Fail(s);
     }
-    absl::StatusOr<std::vector<char>> bytes = absl::NotFoundError("no live source");
+    DurableShard shard = ShardOf(loc.shard());
+    const std::string path = absl::StrCat(out_dir, "/", shard.file);
+    absl::Status read = absl::NotFoundError("no live source");
     std::string served, why;
     for (const v1::ShardSource& src : loc.sources()) {
       if (src.kind() == v1::SOURCE_KIND_EC_DECODE) {
         std::string node;
-        bytes = DecodeOnAgent(o, *addresses, loc.shard(), src, &node);
-        if (bytes.ok()) {
+        read = DecodeOnAgent(o, *addresses, loc.shard(), src, path, &node);
+        if (read.ok()) {
           served = absl::StrCat(node, " (ec decode)");
           break;
         }
-        absl::StrAppend(&why, "; decode on ", node, ": ", bytes.status().message());
+        absl::StrAppend(&why, "; decode on ", node, ": ", read.message());
         continue;
       }
       if (src.kind() != v1::SOURCE_KIND_LOCAL && src.kind() != v1::SOURCE_KIND_REPLICA) {
@@ -280,23 +312,17 @@ int RestoreOnline(const DataOptions& o, const std::string& job, uint64_t step, s
       }
       std::string address = src.holder().grpc_address();
       if (address.empty()) address = (*addresses)[src.holder().node_id()];
-      bytes = ReadFromAgent(o, address, loc.shard());
-      if (bytes.ok()) {
+      read = StreamFromAgent(o, address, loc.shard(), path);
+      if (read.ok()) {
         served = src.holder().node_id();
         break;
       }
-      absl::StrAppend(&why, "; ", src.holder().node_id(), ": ", bytes.status().message());
+      absl::StrAppend(&why, "; ", src.holder().node_id(), ": ", read.message());
     }
-    if (!bytes.ok()) {
+    if (!read.ok()) {
       return Fail(absl::DataLossError(absl::StrCat("rank ", r, ": no source could be read", why,
                                                    " (for a flushed version, use restore --from-dir)")));
     }
-    DurableShard shard = ShardOf(loc.shard());
-    const std::string path = absl::StrCat(out_dir, "/", shard.file);
-    std::ofstream out(path, std::ios::binary | std::ios::trunc);
-    out.write(bytes->data(), static_cast<std::streamsize>(bytes->size()));
-    out.close();
-    if (!out) return Fail(absl::UnavailableError(absl::StrCat("cannot write '", path, "'")));
     files.push_back(Json{{"rank", r}, {"path", path}, {"size_bytes", shard.size_bytes},
                          {"crc32c", Hex(shard.crc32c)}, {"served_from", served}});
     if (!o.json) {
@@ -324,7 +350,7 @@ int RestoreOnline(const DataOptions& o, const std::string& job, uint64_t step, s
 }
 
 int VerifyVersion(const DataOptions& o, const std::string& job, uint64_t step) {
-  auto meta = v1::MetaService::NewStub(grpc::CreateChannel(o.meta, grpc::InsecureChannelCredentials()));
+  auto meta = v1::MetaService::NewStub(Channel(o.meta));
   absl::StatusOr<std::map<std::string, std::string>> addresses = NodeAddresses(o, meta.get());
   if (!addresses.ok()) return Fail(addresses.status());
   v1::GetVersionResponse vresp;

@@ -28,7 +28,9 @@ int SaveFile(const DataOptions& o, const std::string& job, uint64_t step, uint32
 // Writes each rank's shard of (job, step) (or only `rank`) to
 // `out_dir/rank-NNNNN.bin`, read from the best live copy (the agents that
 // hold it, over gRPC ReadShard), checking every chunk's and item's crc32c and
-// trying the next source on a mismatch. A full restore also writes
+// trying the next source on a mismatch. Shards of any size are streamed to
+// their file chunk by chunk (bounded memory); a rank file appears complete
+// and checked, or not at all. A full restore also writes
 // manifest.json and COMMITTED, so `out_dir` is a durable-tier version
 // directory (`restore --from-dir` and the Python reader load it).
 int RestoreOnline(const DataOptions& o, const std::string& job, uint64_t step,

@@ -38,6 +38,9 @@ struct ClientCore {
   MappingCache mappings;
   // Item alignment the agent recommended in its last lease (64 until then).
   std::atomic<uint64_t> item_alignment{64};
+  // Items in the last save: the next SaveBuilder reserves room for as many
+  // (a trainer saves the same structure every time).
+  std::atomic<size_t> last_save_items{0};
   // When this client last committed each step: WaitVersion on such a step
   // rides out the agent's background BeginVersion (see SaveHandle::Wait).
   absl::Mutex committed_mu;

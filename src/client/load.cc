@@ -49,7 +49,8 @@ ServedFrom FromProto(v1::SourceKind kind) {
 struct OpenedShard {
   std::shared_ptr<ClientCore> core;
   std::string handle_id;
-  v1::ShardInfo shard;  // size, crc, items (from OpenShard, or Locate's)
+  v1::ShardInfo shard;              // key, size, crc, digest (items left out)
+  std::vector<ManifestItem> items;  // the manifest, in offset order, validated (Load moves it out)
   ServedFrom served_from = ServedFrom::kUnknown;
   bool verified = false;
   std::vector<std::shared_ptr<client::MappedFile>> files;
@@ -78,13 +79,14 @@ struct OpenedShard {
 
 namespace {
 
-absl::StatusOr<v1::LocateResponse> Locate(const ClientCore& core, uint64_t step) {
+absl::StatusOr<v1::LocateResponse> Locate(const ClientCore& core, uint64_t step, bool omit_items) {
   CKPT_RETURN_IF_ERROR(ValidateStep(step));
   v1::LocateRequest req;
   req.set_job_id(core.options.job_id);
   req.set_step(step);
   req.set_rank(core.options.rank);
   req.set_near_node_id(core.node_id);
+  req.set_omit_items(omit_items);
   v1::LocateResponse resp;
   auto ctx = client::ContextWithTimeout(core.options.rpc_timeout);
   CKPT_RETURN_IF_ERROR(FromGrpc(core.meta->Locate(ctx.get(), req, &resp), "Locate"));
@@ -105,12 +107,25 @@ std::vector<ManifestItem> ToManifest(const v1::ShardInfo& shard) {
     m.attributes.insert(it.attributes().begin(), it.attributes().end());
     items.push_back(std::move(m));
   }
-  return items;
+  return SortedByOffset(items);
+}
+
+// OK iff every item lies inside a shard of `size` bytes.
+absl::Status ItemsInside(const std::vector<ManifestItem>& items, uint64_t size) {
+  for (const ManifestItem& it : items) {
+    if (it.offset_bytes > size || it.length_bytes > size - it.offset_bytes) {
+      return absl::InvalidArgumentError(absl::StrCat("item ", QuoteForMessage(it.name), " [", it.offset_bytes,
+                                                     ", +", it.length_bytes, ") lies outside the shard of ",
+                                                     size, " bytes"));
+    }
+  }
+  return absl::OkStatus();
 }
 
 // OpenShard with Locate's answer, then maps the regions read-only. The
-// manifest is checked (items inside the shard, no overlaps) before any view
-// is built on it.
+// manifest comes packed from the agent (checked against its digest and the
+// version's) and is validated (items inside the shard, no overlaps) before
+// any view is built on it.
 absl::StatusOr<std::unique_ptr<OpenedShard>> Open(const std::shared_ptr<ClientCore>& core,
                                                   const v1::LocateResponse& located,
                                                   bool skip_verify) {
@@ -120,6 +135,7 @@ absl::StatusOr<std::unique_ptr<OpenedShard>> Open(const std::shared_ptr<ClientCo
   *req.mutable_expected() = located.shard();
   req.set_skip_verify(skip_verify);
   req.set_client_pid(static_cast<uint32_t>(::getpid()));
+  req.set_packed_manifest(true);
   // The handle (and the views on it) lives until Close or the session's end.
   CKPT_ASSIGN_OR_RETURN(std::string session, client::SessionId(*core));
   req.set_session_id(session);
@@ -130,8 +146,7 @@ absl::StatusOr<std::unique_ptr<OpenedShard>> Open(const std::shared_ptr<ClientCo
   auto opened = std::make_unique<OpenedShard>();
   opened->core = core;
   opened->handle_id = resp.handle_id();  // closed by ~OpenedShard on any error below
-  opened->shard = resp.has_shard() ? resp.shard() : located.shard();
-  if (opened->shard.items_size() == 0) *opened->shard.mutable_items() = located.shard().items();
+  opened->shard = resp.has_shard() ? std::move(*resp.mutable_shard()) : located.shard();
   if (!opened->shard.has_key()) *opened->shard.mutable_key() = located.shard().key();
   opened->served_from = FromProto(resp.served_from().kind());
   opened->verified = resp.verified();
@@ -140,10 +155,36 @@ absl::StatusOr<std::unique_ptr<OpenedShard>> Open(const std::shared_ptr<ClientCo
               located.shard().key().step(), core->options.rank,
               ServedFromName(FromProto(f.source().kind())), f.status().message());
   }
-
-  const std::vector<ManifestItem> manifest = ToManifest(opened->shard);
-  if (absl::Status s = ValidateManifest(manifest, opened->shard.size_bytes()); !s.ok()) {
-    return absl::InternalError(absl::StrCat("OpenShard returned a bad manifest: ", s.message()));
+  const uint64_t digest = opened->shard.manifest_digest();
+  if (!resp.manifest().empty()) {
+    if (ManifestDigestOfEncoding(resp.manifest()) != digest) {
+      return absl::DataLossError(absl::StrCat("OpenShard returned a manifest that does not match its digest ",
+                                              absl::Hex(digest, absl::kZeroPad16)));
+    }
+    absl::StatusOr<std::vector<ManifestItem>> items = DecodeManifest(resp.manifest());
+    if (!items.ok()) {
+      return absl::InternalError(absl::StrCat("OpenShard returned a bad manifest: ", items.status().message()));
+    }
+    opened->items = *std::move(items);
+  } else {
+    // An agent that does not pack manifests: items in the shard info.
+    opened->items = ToManifest(opened->shard.items_size() > 0 ? opened->shard : located.shard());
+    opened->shard.clear_items();
+  }
+  if (located.shard().manifest_digest() != 0 && digest != 0 && digest != located.shard().manifest_digest()) {
+    return absl::DataLossError(absl::StrCat(
+        "the manifest of the ", ServedFromName(opened->served_from), " copy (digest ",
+        absl::Hex(digest, absl::kZeroPad16), ") differs from the version's (",
+        absl::Hex(located.shard().manifest_digest(), absl::kZeroPad16), ")"));
+  }
+  // A packed manifest that hashes to the version's digest is the very one the
+  // agent validated at commit: only what the views rely on (every item inside
+  // the shard) is checked again. Anything else is validated in full.
+  const bool committed = !resp.manifest().empty() && digest != 0 && digest == located.shard().manifest_digest();
+  const absl::Status valid = committed ? ItemsInside(opened->items, opened->shard.size_bytes())
+                                       : ValidateManifest(opened->items, opened->shard.size_bytes());
+  if (!valid.ok()) {
+    return absl::InternalError(absl::StrCat("OpenShard returned a bad manifest: ", valid.message()));
   }
   absl::StatusOr<std::vector<client::ShardRegion>> regions =
       client::MapRegions(*core, resp.regions(), opened->shard.size_bytes(),
@@ -155,18 +196,40 @@ absl::StatusOr<std::unique_ptr<OpenedShard>> Open(const std::shared_ptr<ClientCo
   return opened;
 }
 
-std::string ItemMismatch(const v1::Item& item, uint32_t actual) {
-  return absl::StrCat("item ", QuoteForMessage(item.name()), " fails its checksum: crc32c ",
+// Opens this rank's shard of `step`. Meta is asked where it lives without
+// the manifest; a local copy is opened with the manifest from the agent
+// alone. Without a local copy, or if it cannot be used (missing, corrupt),
+// the full manifest and every source go to the agent, which fetches the
+// shard from the next one.
+absl::StatusOr<std::unique_ptr<OpenedShard>> OpenBest(const std::shared_ptr<ClientCore>& core, uint64_t step,
+                                                      bool skip_verify) {
+  CKPT_ASSIGN_OR_RETURN(v1::LocateResponse located, Locate(*core, step, /*omit_items=*/true));
+  if (located.sources_size() > 0 && located.sources(0).kind() == v1::SOURCE_KIND_LOCAL) {
+    v1::LocateResponse local;
+    *local.mutable_shard() = located.shard();
+    *local.add_sources() = located.sources(0);
+    absl::StatusOr<std::unique_ptr<OpenedShard>> opened = Open(core, local, skip_verify);
+    if (opened.ok() || !(absl::IsNotFound(opened.status()) || absl::IsDataLoss(opened.status()))) {
+      return opened;
+    }
+    log::Info("{}/{} rank {}: the local copy cannot be used ({}); trying every source", core->options.job_id,
+              step, core->options.rank, std::string(opened.status().message()));
+  }
+  CKPT_ASSIGN_OR_RETURN(located, Locate(*core, step, /*omit_items=*/false));
+  return Open(core, located, skip_verify);
+}
+
+std::string ItemMismatch(const std::string& name, uint32_t expected, uint32_t actual) {
+  return absl::StrCat("item ", QuoteForMessage(name), " fails its checksum: crc32c ",
                       absl::Hex(actual, absl::kZeroPad8), ", manifest says ",
-                      absl::Hex(item.crc32c(), absl::kZeroPad8));
+                      absl::Hex(expected, absl::kZeroPad8));
 }
 
 }  // namespace
 }  // namespace client
 
 using client::ItemMismatch;
-using client::Locate;
-using client::Open;
+using client::OpenBest;
 using client::OpenedShard;
 
 // ---- LoadedShard --------------------------------------------------------------
@@ -174,7 +237,7 @@ using client::OpenedShard;
 struct LoadedShard::Impl {
   std::unique_ptr<OpenedShard> opened;
   std::vector<LoadedItem> items;
-  absl::flat_hash_map<std::string, size_t> index;  // name -> items[i]
+  absl::flat_hash_map<std::string_view, size_t> index;  // name (in items) -> items[i]
   absl::Mutex mu;
   // Items copied out of non-adjacent regions, by index.
   absl::flat_hash_map<size_t, std::unique_ptr<std::byte[]>> copies ABSL_GUARDED_BY(mu);
@@ -208,6 +271,24 @@ const LoadedItem* LoadedShard::Find(const std::string& name) const {
   return it == impl_->index.end() ? nullptr : &impl_->items[it->second];
 }
 
+absl::Status LoadedShard::CopyItem(size_t index, std::span<std::byte> dst) const {
+  if (impl_ == nullptr || impl_->opened->handle_id.empty()) {
+    return absl::FailedPreconditionError("LoadedShard is closed");
+  }
+  if (index >= impl_->items.size()) {
+    return absl::OutOfRangeError(absl::StrCat("item index ", index, " is out of range: the shard has ",
+                                              impl_->items.size(), " items"));
+  }
+  const LoadedItem& item = impl_->items[index];
+  if (dst.size() != item.length_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat("buffer for item ", QuoteForMessage(item.name), " is ",
+                                                   dst.size(), " bytes, the item is ", item.length_bytes));
+  }
+  const uint32_t crc = client::CopyFromShard(impl_->opened->regions, item.offset_bytes, dst);
+  if (crc != item.crc32c) return absl::DataLossError(ItemMismatch(item.name, item.crc32c, crc));
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::span<const std::byte>> LoadedShard::View(const std::string& name) {
   if (impl_ == nullptr || impl_->opened->handle_id.empty()) {
     return absl::FailedPreconditionError("LoadedShard is closed");
@@ -233,8 +314,7 @@ absl::StatusOr<std::span<const std::byte>> LoadedShard::View(const std::string& 
         regions, item.offset_bytes, std::span<std::byte>(buf.get(), item.length_bytes));
     if (crc != item.crc32c) {
       impl_->copies.erase(i);
-      return absl::DataLossError(
-          ItemMismatch(impl_->opened->shard.items(static_cast<int>(i)), crc));
+      return absl::DataLossError(ItemMismatch(item.name, item.crc32c, crc));
     }
     copy = std::move(buf);
   }
@@ -251,32 +331,30 @@ absl::Status LoadedShard::Close() {
 
 // ---- Client::Load / LoadInto --------------------------------------------------
 
-absl::StatusOr<LoadedShard> Client::Load(uint64_t step) const {
-  CKPT_ASSIGN_OR_RETURN(v1::LocateResponse located, Locate(*core_, step));
-  CKPT_ASSIGN_OR_RETURN(std::unique_ptr<OpenedShard> opened,
-                        Open(core_, located, /*skip_verify=*/false));
+absl::StatusOr<LoadedShard> Client::Load(uint64_t step, const LoadOptions& options) const {
+  CKPT_ASSIGN_OR_RETURN(std::unique_ptr<OpenedShard> opened, OpenBest(core_, step, !options.verify));
   auto impl = std::make_unique<LoadedShard::Impl>();
-  const v1::ShardInfo& shard = opened->shard;
-  impl->items.reserve(shard.items_size());
-  for (const v1::Item& it : shard.items()) {
+  impl->items.reserve(opened->items.size());
+  for (ManifestItem& it : opened->items) {
     LoadedItem item;
-    item.name = it.name();
-    item.dtype = static_cast<DType>(it.dtype());
-    item.shape.assign(it.shape().begin(), it.shape().end());
-    item.offset_bytes = it.offset_bytes();
-    item.length_bytes = it.length_bytes();
-    item.crc32c = it.crc32c();
-    item.attributes.insert(it.attributes().begin(), it.attributes().end());
-    impl->index.emplace(item.name, impl->items.size());
+    item.name = std::move(it.name);
+    item.dtype = static_cast<DType>(it.dtype);
+    item.shape = std::move(it.shape);
+    item.offset_bytes = it.offset_bytes;
+    item.length_bytes = it.length_bytes;
+    item.crc32c = it.crc32c;
+    item.attributes = std::move(it.attributes);
     impl->items.push_back(std::move(item));
   }
+  opened->items.clear();  // moved into impl->items
+  impl->index.reserve(impl->items.size());
+  for (size_t i = 0; i < impl->items.size(); ++i) impl->index.emplace(impl->items[i].name, i);
   impl->opened = std::move(opened);
   return LoadedShard(std::move(impl));
 }
 
 absl::Status Client::LoadInto(uint64_t step,
                               const std::map<std::string, std::span<std::byte>>& buffers) const {
-  CKPT_ASSIGN_OR_RETURN(v1::LocateResponse located, Locate(*core_, step));
   const std::string what =
       absl::StrCat(core_->options.job_id, "/", step, " rank ", core_->options.rank);
 
@@ -285,8 +363,7 @@ absl::Status Client::LoadInto(uint64_t step,
   // and falls back to the other sources.
   std::string first_mismatch;
   for (int attempt = 0; attempt < 2; ++attempt) {
-    absl::StatusOr<std::unique_ptr<OpenedShard>> opened =
-        Open(core_, located, /*skip_verify=*/attempt == 0);
+    absl::StatusOr<std::unique_ptr<OpenedShard>> opened = OpenBest(core_, step, /*skip_verify=*/attempt == 0);
     if (!opened.ok()) {
       if (attempt == 0) return opened.status();
       return absl::Status(opened.status().code(),
@@ -294,33 +371,33 @@ absl::Status Client::LoadInto(uint64_t step,
                                        "; re-opening with verification failed: ",
                                        opened.status().message()));
     }
-    const v1::ShardInfo& shard = (*opened)->shard;
+    const std::vector<ManifestItem>& items = (*opened)->items;
     // Resolve and check every buffer before copying anything.
-    std::vector<std::pair<const v1::Item*, std::span<std::byte>>> plan;
+    std::vector<std::pair<const ManifestItem*, std::span<std::byte>>> plan;
     plan.reserve(buffers.size());
     {
-      absl::flat_hash_map<std::string_view, const v1::Item*> by_name;
-      by_name.reserve(shard.items_size());
-      for (const v1::Item& it : shard.items()) by_name.emplace(it.name(), &it);
+      absl::flat_hash_map<std::string_view, const ManifestItem*> by_name;
+      by_name.reserve(items.size());
+      for (const ManifestItem& it : items) by_name.emplace(it.name, &it);
       for (const auto& [name, buf] : buffers) {
         auto it = by_name.find(name);
         if (it == by_name.end()) {
           return absl::NotFoundError(
               absl::StrCat("no item ", QuoteForMessage(name), " in ", what));
         }
-        if (buf.size() != it->second->length_bytes()) {
+        if (buf.size() != it->second->length_bytes) {
           return absl::InvalidArgumentError(
               absl::StrCat("buffer for item ", QuoteForMessage(name), " is ", buf.size(),
-                           " bytes, the item is ", it->second->length_bytes()));
+                           " bytes, the item is ", it->second->length_bytes));
         }
         plan.emplace_back(it->second, buf);
       }
     }
     std::string mismatch;
     for (const auto& [item, buf] : plan) {
-      const uint32_t crc = client::CopyFromShard((*opened)->regions, item->offset_bytes(), buf);
-      if (crc != item->crc32c()) {
-        mismatch = ItemMismatch(*item, crc);
+      const uint32_t crc = client::CopyFromShard((*opened)->regions, item->offset_bytes, buf);
+      if (crc != item->crc32c) {
+        mismatch = ItemMismatch(item->name, item->crc32c, crc);
         break;
       }
     }

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <utility>
 
+#include "absl/container/node_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "ckpt/client.h"
@@ -22,15 +23,23 @@ constexpr size_t kMaxAttributes = 16;
 constexpr size_t kMaxAttributeBytes = 256;
 
 struct SaveBuilder::Item {
-  std::string name;
+  const std::string* name;  // owned by names_ (stable address)
   std::span<const std::byte> bytes;
   DType dtype;
   std::vector<uint64_t> shape;
   std::map<std::string, std::string> attributes;
 };
 
+struct SaveBuilder::Names {
+  absl::node_hash_set<std::string> set;
+};
+
 SaveBuilder::SaveBuilder(std::shared_ptr<client::ClientCore> core, uint64_t step)
-    : core_(std::move(core)), step_(step) {}
+    : core_(std::move(core)), step_(step), names_(std::make_unique<Names>()) {
+  const size_t expect = core_->last_save_items.load(std::memory_order_relaxed);
+  items_.reserve(expect);
+  names_->set.reserve(expect);
+}
 SaveBuilder::SaveBuilder(SaveBuilder&&) noexcept = default;
 SaveBuilder& SaveBuilder::operator=(SaveBuilder&&) noexcept = default;
 SaveBuilder::~SaveBuilder() = default;
@@ -77,15 +86,14 @@ absl::Status SaveBuilder::Add(std::string name, std::span<const std::byte> bytes
                        " has a key or value longer than 256 bytes"));
     }
   }
-  // Linear scan: a shard has hundreds to a few thousand items and Add runs
-  // once per item; a set would cost an allocation per item instead.
-  for (const Item& it : items_) {
-    if (it.name == name) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("item ", QuoteForMessage(name), " was already added to this save"));
-    }
+  // One hash of the name: the set takes it only if it is new.
+  const size_t before = names_->set.size();
+  auto it = names_->set.lazy_emplace(name, [&](const auto& ctor) { ctor(std::move(name)); });
+  if (names_->set.size() == before) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("item ", QuoteForMessage(*it), " was already added to this save"));
   }
-  items_.push_back(Item{std::move(name), bytes, dtype, std::move(shape), std::move(attributes)});
+  items_.push_back(Item{&*it, bytes, dtype, std::move(shape), std::move(attributes)});
   return absl::OkStatus();
 }
 
@@ -183,7 +191,14 @@ absl::StatusOr<SaveHandle> SaveBuilder::Commit() {
   v1::CommitShardRequest commit;
   commit.set_lease_id(lease_id);
   commit.set_size_bytes(layout.size);
-  commit.mutable_items()->Reserve(static_cast<int>(items_.size()));
+  // The manifest goes packed (docs/protocol.md "Manifest digest"): one
+  // string for the whole shard instead of a message per item.
+  size_t manifest_bytes = 32;
+  for (const Item& it : items_) {
+    manifest_bytes += 48 + it.name->size() + 8 * it.shape.size();
+    for (const auto& [k, v] : it.attributes) manifest_bytes += 8 + k.size() + v.size();
+  }
+  ManifestEncoder manifest(manifest_bytes);
   uint32_t shard_crc = 0;
   uint64_t pos = 0;  // end of the bytes accounted for in shard_crc
   for (size_t i = 0; i < items_.size(); ++i) {
@@ -196,20 +211,14 @@ absl::StatusOr<SaveHandle> SaveBuilder::Commit() {
     shard_crc = Crc32cCombine(shard_crc, crc, it.bytes.size());
     pos = off + it.bytes.size();
 
-    v1::Item* item = commit.add_items();
-    item->set_name(it.name);
-    item->set_dtype(static_cast<v1::DType>(it.dtype));
-    for (uint64_t dim : it.shape) item->add_shape(dim);
-    item->set_offset_bytes(off);
-    item->set_length_bytes(it.bytes.size());
-    item->set_crc32c(crc);
-    for (const auto& [k, v] : it.attributes) (*item->mutable_attributes())[k] = v;
+    manifest.Add(*it.name, static_cast<int>(it.dtype), it.shape, off, it.bytes.size(), crc, it.attributes);
   }
   if (layout.size > pos) {
     shard_crc = Crc32cCombine(shard_crc, client::ZeroShard(*regions, pos, layout.size - pos),
                               layout.size - pos);
   }
   keep.clear();  // the agent owns the bytes now; the cache keeps its mappings
+  commit.set_manifest(manifest.Finish());
 
   v1::CommitShardResponse resp;
   auto ctx = client::ContextWithTimeout(o.rpc_timeout);
@@ -235,7 +244,9 @@ absl::StatusOr<SaveHandle> SaveBuilder::Commit() {
         ", the client ", absl::Hex(shard_crc), " for ", o.job_id, "/", step_, " rank ",
         o.rank));
   }
+  core.last_save_items.store(items_.size(), std::memory_order_relaxed);
   items_.clear();
+  names_->set.clear();
   const absl::Time now = absl::Now();
   {
     absl::MutexLock lock(&core.committed_mu);

@@ -80,7 +80,15 @@ uint32_t Crc32cExtend(uint32_t crc, const void* data, size_t size) {
 uint32_t Crc32cCombine(uint32_t crc_a, uint32_t crc_b, uint64_t size_b) {
   // Appending size_b bytes multiplies A's register by x^(8*size_b); the
   // initial/final inversions cancel (same algebra as zlib's crc32_combine).
-  return MultModP(XPow2N(size_b, 3), crc_a) ^ crc_b;
+  // Shards of many items combine one crc per item, mostly of a few sizes:
+  // the power for the last size is kept per thread.
+  thread_local uint64_t last_size = 0;
+  thread_local uint32_t last_power = 1u << 31;  // x^0 = x^(8*0)
+  if (size_b != last_size) {
+    last_power = XPow2N(size_b, 3);
+    last_size = size_b;
+  }
+  return MultModP(last_power, crc_a) ^ crc_b;
 }
 
 uint32_t Crc32cCopy(void* dst, const void* src, size_t size, uint32_t crc) {

@@ -7,7 +7,10 @@
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/crc32c.h"
 #include "common/names.h"
+#include "common/status_macros.h"
 
 namespace ckpt {
 namespace {
@@ -26,28 +29,81 @@ constexpr DTypeInfo kDTypes[] = {
 };
 static_assert(sizeof(kDTypes) / sizeof(kDTypes[0]) == kMaxDType + 1);
 
-class Encoder {
+constexpr std::string_view kManifestTag = "ckpt-manifest-v1";
+constexpr size_t kCountAt = 16;  // where the u32 item count sits
+
+void PutU32(std::string& out, uint32_t v) {
+  char b[4];
+  for (int i = 0; i < 4; ++i) b[i] = static_cast<char>(v >> (8 * i));
+  out.append(b, 4);
+}
+// Reads the encoding front to back; any read past the end sets `bad` and
+// returns zeros (the caller checks ok() at points where it matters).
+class Reader {
  public:
-  void U32(uint32_t v) {
-    unsigned char b[4];
-    for (int i = 0; i < 4; ++i) b[i] = static_cast<unsigned char>(v >> (8 * i));
-    out_.append(reinterpret_cast<const char*>(b), 4);
+  explicit Reader(std::string_view in) : in_(in) {}
+  bool ok() const { return ok_; }
+  size_t left() const { return in_.size() - pos_; }
+  uint32_t U32() {
+    if (!Need(4)) return 0;
+    uint32_t v = 0;
+    for (int i = 0; i < 4; ++i) v |= static_cast<uint32_t>(static_cast<unsigned char>(in_[pos_ + i])) << (8 * i);
+    pos_ += 4;
+    return v;
   }
-  void U64(uint64_t v) {
-    unsigned char b[8];
-    for (int i = 0; i < 8; ++i) b[i] = static_cast<unsigned char>(v >> (8 * i));
-    out_.append(reinterpret_cast<const char*>(b), 8);
+  uint64_t U64() {
+    if (!Need(8)) return 0;
+    uint64_t v = 0;
+    for (int i = 0; i < 8; ++i) v |= static_cast<uint64_t>(static_cast<unsigned char>(in_[pos_ + i])) << (8 * i);
+    pos_ += 8;
+    return v;
   }
-  void Str(const std::string& s) {
-    U32(static_cast<uint32_t>(s.size()));
-    out_.append(s);
+  std::string_view Str() {
+    const uint32_t n = U32();
+    if (!Need(n)) return {};
+    std::string_view s = in_.substr(pos_, n);
+    pos_ += n;
+    return s;
   }
-  void Raw(const char* s, size_t n) { out_.append(s, n); }
-  const std::string& out() const { return out_; }
+  std::string_view Raw(size_t n) {
+    if (!Need(n)) return {};
+    std::string_view s = in_.substr(pos_, n);
+    pos_ += n;
+    return s;
+  }
 
  private:
-  std::string out_;
+  bool Need(size_t n) {
+    if (!ok_ || n > left()) {
+      ok_ = false;
+      return false;
+    }
+    return true;
+  }
+  std::string_view in_;
+  size_t pos_ = 0;
+  bool ok_ = true;
 };
+
+bool SortedByOffsetAlready(std::span<const ManifestItem> items) {
+  for (size_t i = 1; i < items.size(); ++i) {
+    if (items[i].offset_bytes < items[i - 1].offset_bytes) return false;
+  }
+  return true;
+}
+
+// Pointers to `items` in ascending offset order (stable).
+std::vector<const ManifestItem*> OffsetOrder(std::span<const ManifestItem> items) {
+  std::vector<const ManifestItem*> order;
+  order.reserve(items.size());
+  for (const ManifestItem& it : items) order.push_back(&it);
+  if (!SortedByOffsetAlready(items)) {
+    std::stable_sort(order.begin(), order.end(), [](const ManifestItem* a, const ManifestItem* b) {
+      return a->offset_bytes < b->offset_bytes;
+    });
+  }
+  return order;
+}
 
 }  // namespace
 
@@ -70,6 +126,7 @@ absl::StatusOr<int> DTypeFromName(const std::string& name) {
 
 std::vector<ManifestItem> SortedByOffset(std::span<const ManifestItem> items) {
   std::vector<ManifestItem> sorted(items.begin(), items.end());
+  if (SortedByOffsetAlready(items)) return sorted;  // the usual case: a client's layout
   std::stable_sort(sorted.begin(), sorted.end(), [](const ManifestItem& a, const ManifestItem& b) {
     return a.offset_bytes < b.offset_bytes;
   });
@@ -77,23 +134,24 @@ std::vector<ManifestItem> SortedByOffset(std::span<const ManifestItem> items) {
 }
 
 absl::Status ValidateManifest(std::span<const ManifestItem> items, uint64_t shard_size_bytes) {
-  absl::flat_hash_set<std::string> names;
+  absl::flat_hash_set<std::string_view> names;
+  names.reserve(items.size());
   for (const ManifestItem& item : items) {
     if (absl::Status s = ValidateItemName(item.name); !s.ok()) {
       return absl::InvalidArgumentError(absl::StrCat("manifest: ", s.message()));
     }
-    const std::string quoted = QuoteForMessage(item.name);
     if (!names.insert(item.name).second) {
-      return absl::InvalidArgumentError(absl::StrCat("manifest: item ", quoted, " appears twice"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("manifest: item ", QuoteForMessage(item.name), " appears twice"));
     }
     if (item.dtype < 1 || item.dtype > kMaxDType) {
       return absl::InvalidArgumentError(
-          absl::StrCat("manifest: item ", quoted, " has unknown dtype ", item.dtype));
+          absl::StrCat("manifest: item ", QuoteForMessage(item.name), " has unknown dtype ", item.dtype));
     }
     if (item.offset_bytes > shard_size_bytes ||
         item.length_bytes > shard_size_bytes - item.offset_bytes) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "manifest: item ", quoted, " [", item.offset_bytes, ", +", item.length_bytes,
+          "manifest: item ", QuoteForMessage(item.name), " [", item.offset_bytes, ", +", item.length_bytes,
           ") lies outside the shard of ", shard_size_bytes, " bytes"));
     }
     const uint32_t elem = DTypeElementSize(item.dtype);
@@ -106,47 +164,190 @@ absl::Status ValidateManifest(std::span<const ManifestItem> items, uint64_t shar
       const unsigned __int128 expect = elements * elem;
       if (expect != item.length_bytes) {
         return absl::InvalidArgumentError(absl::StrCat(
-            "manifest: item ", quoted, " is ", item.length_bytes, " bytes but dtype ",
+            "manifest: item ", QuoteForMessage(item.name), " is ", item.length_bytes, " bytes but dtype ",
             DTypeName(item.dtype), " with its shape needs ",
             expect > UINT64_MAX ? std::string("more than 2^64") : absl::StrCat(static_cast<uint64_t>(expect)),
             " bytes"));
       }
     }
   }
-  const std::vector<ManifestItem> sorted = SortedByOffset(items);
-  for (size_t i = 1; i < sorted.size(); ++i) {
-    const ManifestItem& prev = sorted[i - 1];
-    const ManifestItem& cur = sorted[i];
-    if (cur.length_bytes == 0 || prev.length_bytes == 0) continue;
-    if (cur.offset_bytes < prev.offset_bytes + prev.length_bytes) {
+  // In offset order every non-empty item must start at or after the end of
+  // the previous non-empty one (empty items may sit anywhere, even inside
+  // another item, and must not hide an overlap of their neighbours).
+  const ManifestItem* last = nullptr;  // the previous non-empty item
+  auto check = [&last](const ManifestItem* cur) -> absl::Status {
+    if (cur->length_bytes == 0) return absl::OkStatus();
+    if (last != nullptr && cur->offset_bytes < last->offset_bytes + last->length_bytes) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "manifest: items ", QuoteForMessage(prev.name), " [", prev.offset_bytes, ", +",
-          prev.length_bytes, ") and ", QuoteForMessage(cur.name), " [", cur.offset_bytes, ", +",
-          cur.length_bytes, ") overlap"));
+          "manifest: items ", QuoteForMessage(last->name), " [", last->offset_bytes, ", +",
+          last->length_bytes, ") and ", QuoteForMessage(cur->name), " [", cur->offset_bytes, ", +",
+          cur->length_bytes, ") overlap"));
     }
+    last = cur;
+    return absl::OkStatus();
+  };
+  if (SortedByOffsetAlready(items)) {  // the usual case: no index to build
+    for (const ManifestItem& cur : items) CKPT_RETURN_IF_ERROR(check(&cur));
+  } else {
+    for (const ManifestItem* cur : OffsetOrder(items)) CKPT_RETURN_IF_ERROR(check(cur));
   }
   return absl::OkStatus();
 }
 
-uint64_t ManifestDigest(std::span<const ManifestItem> items) {
-  Encoder e;
-  e.Raw("ckpt-manifest-v1", 16);
-  e.U32(static_cast<uint32_t>(items.size()));
-  for (const ManifestItem& item : SortedByOffset(items)) {
-    e.Str(item.name);
-    e.U32(static_cast<uint32_t>(item.dtype));
-    e.U32(static_cast<uint32_t>(item.shape.size()));
-    for (uint64_t d : item.shape) e.U64(d);
-    e.U64(item.offset_bytes);
-    e.U64(item.length_bytes);
-    e.U32(item.crc32c);
-    e.U32(static_cast<uint32_t>(item.attributes.size()));
-    for (const auto& [k, v] : item.attributes) {  // std::map: bytewise key order
-      e.Str(k);
-      e.Str(v);
-    }
+ItemCrcStream::ItemCrcStream(std::span<const ManifestItem> items) {
+  sorted_.reserve(items.size());
+  for (const ManifestItem& it : items) {
+    sorted_.push_back(Entry{it.offset_bytes, it.length_bytes, it.crc32c, it.name});
   }
-  return XXH3_64bits(e.out().data(), e.out().size());
+  std::stable_sort(sorted_.begin(), sorted_.end(),
+                   [](const Entry& a, const Entry& b) { return a.offset < b.offset; });
+}
+
+absl::Status ItemCrcStream::Update(std::span<const std::byte> piece) {
+  const uint64_t begin = pos_;
+  const uint64_t end = pos_ + piece.size();
+  pos_ = end;
+  while (next_ < sorted_.size()) {
+    const Entry& e = sorted_[next_];
+    const uint64_t item_end = e.offset + e.length;
+    // An item that starts at `end` has none of its bytes in this piece (an
+    // empty one there is complete, though).
+    if (e.offset > end || (e.offset == end && e.length > 0)) break;
+    const uint64_t lo = std::max(e.offset, begin);
+    const uint64_t hi = std::min(item_end, end);
+    if (hi > lo) crc_ = Crc32cExtend(crc_, piece.data() + (lo - begin), hi - lo);
+    if (item_end > end) break;  // continues in the next piece
+    if (crc_ != e.crc32c) {
+      return absl::DataLossError(absl::StrFormat("item %s: crc32c %08x != manifest %08x",
+                                                 QuoteForMessage(e.name), crc_, e.crc32c));
+    }
+    crc_ = 0;
+    ++next_;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ItemCrcStream::Finish() const {
+  if (next_ == sorted_.size()) return absl::OkStatus();
+  const Entry& e = sorted_[next_];
+  return absl::DataLossError(absl::StrCat("the shard's bytes ended at ", pos_, " before item ",
+                                          QuoteForMessage(e.name), " [", e.offset, ", +", e.length,
+                                          ") was complete"));
+}
+
+ManifestEncoder::ManifestEncoder(size_t reserve_bytes) {
+  out_.reserve(std::max<size_t>(reserve_bytes, kCountAt + 4));
+  out_.append(kManifestTag);
+  PutU32(out_, 0);  // the count, patched by Finish()
+}
+
+void ManifestEncoder::Add(std::string_view name, int dtype, std::span<const uint64_t> shape,
+                          uint64_t offset_bytes, uint64_t length_bytes, uint32_t crc32c,
+                          const std::map<std::string, std::string>& attributes) {
+  // One resize per item, then fixed-width stores: a shard may have tens of
+  // thousands of items.
+  size_t n = 4 + name.size() + 4 + 4 + 8 * shape.size() + 8 + 8 + 4 + 4;
+  for (const auto& [k, v] : attributes) n += 8 + k.size() + v.size();
+  const size_t at = out_.size();
+  out_.resize(at + n);
+  char* p = out_.data() + at;
+  const auto u32 = [&p](uint32_t v) {
+    for (int i = 0; i < 4; ++i) *p++ = static_cast<char>(v >> (8 * i));
+  };
+  const auto u64 = [&p](uint64_t v) {
+    for (int i = 0; i < 8; ++i) *p++ = static_cast<char>(v >> (8 * i));
+  };
+  const auto str = [&](std::string_view s) {
+    u32(static_cast<uint32_t>(s.size()));
+    if (!s.empty()) std::memcpy(p, s.data(), s.size());
+    p += s.size();
+  };
+  str(name);
+  u32(static_cast<uint32_t>(dtype));
+  u32(static_cast<uint32_t>(shape.size()));
+  for (uint64_t d : shape) u64(d);
+  u64(offset_bytes);
+  u64(length_bytes);
+  u32(crc32c);
+  u32(static_cast<uint32_t>(attributes.size()));
+  for (const auto& [k, v] : attributes) {  // std::map: bytewise key order
+    str(k);
+    str(v);
+  }
+  ++count_;
+}
+
+std::string ManifestEncoder::Finish() {
+  for (int i = 0; i < 4; ++i) out_[kCountAt + i] = static_cast<char>(count_ >> (8 * i));
+  std::string done = std::move(out_);
+  out_.clear();
+  out_.append(kManifestTag);
+  PutU32(out_, 0);
+  count_ = 0;
+  return done;
+}
+
+std::string EncodeManifest(std::span<const ManifestItem> items) {
+  size_t bytes = kCountAt + 4;
+  for (const ManifestItem& it : items) {
+    bytes += 48 + it.name.size() + 8 * it.shape.size();
+    for (const auto& [k, v] : it.attributes) bytes += 8 + k.size() + v.size();
+  }
+  ManifestEncoder e(bytes);
+  for (const ManifestItem* it : OffsetOrder(items)) e.Add(*it);
+  return e.Finish();
+}
+
+uint64_t ManifestDigestOfEncoding(std::string_view encoded) {
+  return XXH3_64bits(encoded.data(), encoded.size());
+}
+
+uint64_t ManifestDigest(std::span<const ManifestItem> items) {
+  return ManifestDigestOfEncoding(EncodeManifest(items));
+}
+
+absl::StatusOr<std::vector<ManifestItem>> DecodeManifest(std::string_view encoded) {
+  const auto bad = [](const std::string& why) {
+    return absl::InvalidArgumentError(absl::StrCat("packed manifest: ", why));
+  };
+  Reader r(encoded);
+  if (r.Raw(kManifestTag.size()) != kManifestTag) return bad("it does not start with 'ckpt-manifest-v1'");
+  const uint32_t count = r.U32();
+  // An item takes at least 36 bytes (empty name, no dims, no attributes).
+  if (!r.ok() || count > r.left() / 36) return bad(absl::StrCat("it cannot hold the ", count, " items it declares"));
+  std::vector<ManifestItem> items(count);
+  uint64_t prev_offset = 0;
+  for (uint32_t i = 0; i < count; ++i) {
+    ManifestItem& it = items[i];
+    it.name = r.Str();
+    it.dtype = static_cast<int>(r.U32());
+    const uint32_t dims = r.U32();
+    if (!r.ok() || dims > r.left() / 8) return bad(absl::StrCat("item ", i, " is cut short"));
+    it.shape.resize(dims);
+    for (uint64_t& d : it.shape) d = r.U64();
+    it.offset_bytes = r.U64();
+    it.length_bytes = r.U64();
+    it.crc32c = r.U32();
+    const uint32_t attrs = r.U32();
+    if (!r.ok() || attrs > r.left() / 8) return bad(absl::StrCat("item ", i, " is cut short"));
+    std::string_view prev_key;
+    for (uint32_t a = 0; a < attrs; ++a) {
+      const std::string_view k = r.Str();
+      const std::string_view v = r.Str();
+      if (a > 0 && !(prev_key < k)) {
+        return bad(absl::StrCat("item ", i, ": attribute keys are not in ascending order"));
+      }
+      prev_key = k;
+      it.attributes.emplace_hint(it.attributes.end(), k, v);
+    }
+    if (!r.ok()) return bad(absl::StrCat("item ", i, " is cut short"));
+    if (i > 0 && it.offset_bytes < prev_offset) {
+      return bad(absl::StrCat("item ", i, " (", QuoteForMessage(it.name), ") comes before the previous one's offset"));
+    }
+    prev_offset = it.offset_bytes;
+  }
+  if (r.left() != 0) return bad(absl::StrCat(r.left(), " bytes are left over after the last item"));
+  return items;
 }
 
 }  // namespace ckpt

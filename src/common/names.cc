@@ -159,7 +159,9 @@ absl::Status ValidateItemName(std::string_view name) {
     return fail(absl::StrFormat("it is %d bytes long, at most %d are allowed", name.size(),
                                 kMaxItemNameLength));
   }
+  // Printable ASCII (nearly every name) needs no decoding.
   size_t i = 0;
+  while (i < name.size() && static_cast<unsigned char>(name[i]) - 0x20u < 0x5Fu) ++i;
   while (i < name.size()) {
     uint32_t cp = 0;
     const size_t len = DecodeUtf8(name, i, &cp);

@@ -264,6 +264,12 @@ Status FakeAgent::ApplyCommit(Lease& lease, const v1::CommitShardRequest& req,
                   absl::StrCat("size ", size, " is larger than the lease (", lease.size, ")"));
   }
   std::vector<ManifestItem> manifest;
+  if (!req.manifest().empty()) {  // packed, as the client sends it
+    if (req.items_size() != 0) return Status(StatusCode::INVALID_ARGUMENT, "both items and manifest");
+    absl::StatusOr<std::vector<ManifestItem>> decoded = DecodeManifest(req.manifest());
+    if (!decoded.ok()) return ToGrpc(decoded.status());
+    manifest = *std::move(decoded);
+  }
   for (const v1::Item& it : req.items()) {
     ManifestItem m;
     m.name = it.name();
@@ -316,10 +322,16 @@ Status FakeAgent::ApplyCommit(Lease& lease, const v1::CommitShardRequest& req,
   info.set_primary_node_id(options_.node_id);
   info.set_staged_unix_ms(absl::ToUnixMillis(absl::Now()));
   for (const ManifestItem& m : sorted) {
-    for (const v1::Item& it : req.items()) {
-      if (it.name() == m.name) *info.add_items() = it;
-    }
+    v1::Item* it = info.add_items();
+    it->set_name(m.name);
+    it->set_dtype(static_cast<v1::DType>(m.dtype));
+    for (uint64_t d : m.shape) it->add_shape(d);
+    it->set_offset_bytes(m.offset_bytes);
+    it->set_length_bytes(m.length_bytes);
+    it->set_crc32c(m.crc32c);
+    for (const auto& [k, v] : m.attributes) (*it->mutable_attributes())[k] = v;
   }
+  shard.manifest = EncodeManifest(sorted);
   // Regions trimmed to the committed size.
   uint64_t left = size;
   for (v1::MemoryRegion r : lease.regions) {
@@ -416,6 +428,11 @@ Status FakeAgent::OpenShard(grpc::ServerContext*, const v1::OpenShardRequest* re
   handles_[id] = key;
   resp->set_handle_id(id);
   *resp->mutable_shard() = shard.info;
+  if (req->packed_manifest() && options_.packs_manifests) {
+    resp->mutable_shard()->clear_items();
+    resp->set_manifest(shard.manifest);
+    if (options_.tamper_manifest) (*resp->mutable_manifest())[resp->manifest().size() - 5] ^= 1;
+  }
   for (const auto& r : shard.regions) *resp->add_regions() = r;
   resp->mutable_served_from()->set_kind(v1::SOURCE_KIND_LOCAL);
   resp->set_verified(!req->skip_verify());

@@ -60,6 +60,12 @@ class FakeAgent final : public ckpt::v1::AgentService::Service {
     // List the pool file in AgentStatus (false: the client must map the
     // regions' file on demand).
     bool list_pool_files = true;
+    // Answer OpenShardRequest.packed_manifest with a packed manifest (false:
+    // as an agent that predates it, with shard.items).
+    bool packs_manifests = true;
+    // Change one byte of every packed manifest it returns (its digest then
+    // no longer matches).
+    bool tamper_manifest = false;
   };
 
   static absl::StatusOr<std::unique_ptr<FakeAgent>> Start(Options options);
@@ -112,6 +118,7 @@ class FakeAgent final : public ckpt::v1::AgentService::Service {
   };
   struct Shard {
     ckpt::v1::ShardInfo info;
+    std::string manifest;  // packed, in offset order
     std::vector<ckpt::v1::MemoryRegion> regions;
   };
 

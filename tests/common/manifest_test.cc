@@ -2,7 +2,11 @@
 
 #include <gtest/gtest.h>
 
+#include <random>
+#include <span>
 #include <vector>
+
+#include "common/crc32c.h"
 
 namespace ckpt {
 namespace {
@@ -61,6 +65,112 @@ TEST(Manifest, RejectsLengthInconsistentWithShape) {
   EXPECT_NE(ValidateManifest(items, 4096).message().find("dtype"), std::string::npos);
 }
 
+TEST(Manifest, RejectsAnOverlapWithAnEmptyItemBetween) {
+  // "e" (empty) sorts between "a" and "b", which overlap: the empty item must
+  // not hide that.
+  ManifestItem e = F32("e", 50, 0);
+  e.shape = {0};
+  std::vector<ManifestItem> items = {F32("a", 0, 25), e, F32("b", 60, 4)};
+  absl::Status s = ValidateManifest(items, 4096);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("overlap"), std::string::npos) << s;
+  EXPECT_NE(s.message().find("\"a\""), std::string::npos) << s;
+  // Empty items may sit anywhere, even inside another item.
+  items = {F32("a", 0, 25), e, F32("b", 100, 4)};
+  EXPECT_TRUE(ValidateManifest(items, 4096).ok());
+}
+
+ManifestItem Rich(std::string name, uint64_t offset) {
+  ManifestItem it = F32(std::move(name), offset, 6);
+  it.shape = {2, 3};
+  it.crc32c = 0xdeadbeef;
+  it.attributes = {{"py.type", "torch"}, {"a", ""}};
+  return it;
+}
+
+TEST(Manifest, EncodingIsTheDocumentedCanonicalLayout) {
+  // docs/protocol.md "Manifest digest", built by hand for one item.
+  ManifestItem it = F32("w", 64, 2);
+  it.crc32c = 0x01020304;
+  it.attributes = {{"k", "v"}};
+  std::string want = "ckpt-manifest-v1";
+  auto u32 = [&](uint32_t v) { for (int i = 0; i < 4; ++i) want.push_back(static_cast<char>(v >> (8 * i))); };
+  auto u64 = [&](uint64_t v) { for (int i = 0; i < 8; ++i) want.push_back(static_cast<char>(v >> (8 * i))); };
+  u32(1);
+  u32(1), want += "w";
+  u32(1);           // dtype f32
+  u32(1), u64(2);   // shape [2]
+  u64(64), u64(8);  // offset, length
+  u32(0x01020304);
+  u32(1);
+  u32(1), want += "k", u32(1), want += "v";
+  std::vector<ManifestItem> items = {it};
+  EXPECT_EQ(EncodeManifest(items), want);
+  EXPECT_EQ(ManifestDigest(items), ManifestDigestOfEncoding(want));
+}
+
+TEST(Manifest, EncodeDecodeRoundTripInOffsetOrder) {
+  std::vector<ManifestItem> items = {Rich("z", 128), Rich("héllo/wörld", 0), F32("m", 64, 0)};
+  items[2].shape = {};
+  items[2].length_bytes = 4;
+  const std::string enc = EncodeManifest(items);
+  absl::StatusOr<std::vector<ManifestItem>> back = DecodeManifest(enc);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(*back, SortedByOffset(items));
+  EXPECT_EQ(ManifestDigest(*back), ManifestDigest(items));
+  // The incremental encoder gives the same bytes, and can be reused.
+  ManifestEncoder e;
+  for (const ManifestItem& it : SortedByOffset(items)) e.Add(it);
+  EXPECT_EQ(e.count(), 3u);
+  EXPECT_EQ(e.Finish(), enc);
+  EXPECT_EQ(e.count(), 0u);
+  EXPECT_EQ(e.Finish(), EncodeManifest({}));
+  // The smallest items: a one-byte name, no dimensions, no attributes.
+  std::vector<ManifestItem> tiny(3);
+  for (size_t i = 0; i < tiny.size(); ++i) {
+    tiny[i].name = std::string(1, static_cast<char>('a' + i));
+    tiny[i].dtype = kDTypeBytes;
+    tiny[i].offset_bytes = i;
+    tiny[i].length_bytes = 1;
+  }
+  back = DecodeManifest(EncodeManifest(tiny));
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(*back, tiny);
+  absl::StatusOr<std::vector<ManifestItem>> none = DecodeManifest(EncodeManifest({}));
+  ASSERT_TRUE(none.ok());
+  EXPECT_TRUE(none->empty());
+}
+
+TEST(Manifest, DecodeRejectsEveryMalformedEncoding) {
+  const std::string enc = EncodeManifest(std::vector<ManifestItem>{Rich("a", 0), Rich("b", 64)});
+  // Every truncation, and anything appended.
+  for (size_t n = 0; n < enc.size(); ++n) {
+    EXPECT_EQ(DecodeManifest(enc.substr(0, n)).status().code(), absl::StatusCode::kInvalidArgument) << n;
+  }
+  EXPECT_FALSE(DecodeManifest(enc + "x").ok());
+  std::string tag = enc;
+  tag[0] = 'K';
+  EXPECT_FALSE(DecodeManifest(tag).ok());
+  // A count far beyond the bytes: refused before allocating.
+  std::string count = enc;
+  count[16] = count[17] = count[18] = count[19] = '\xff';
+  absl::Status s = DecodeManifest(count).status();
+  EXPECT_NE(s.message().find("cannot hold"), std::string::npos) << s;
+  // Out of offset order: not canonical.
+  ManifestEncoder e;
+  e.Add(Rich("b", 64));
+  e.Add(Rich("a", 0));
+  s = DecodeManifest(e.Finish()).status();
+  EXPECT_NE(s.message().find("offset"), std::string::npos) << s;
+  // Attribute keys out of order (or repeated).
+  ManifestItem dup = Rich("a", 0);
+  std::string bytes = EncodeManifest(std::vector<ManifestItem>{dup});
+  const size_t at = bytes.find("py.type");
+  ASSERT_NE(at, std::string::npos);
+  bytes.replace(at, 7, "0000000");  // "0000000" < "a": the order breaks
+  EXPECT_FALSE(DecodeManifest(bytes).ok());
+}
+
 TEST(Manifest, DigestIgnoresItemOrderButSeesEveryField) {
   std::vector<ManifestItem> a = {F32("x", 0, 4), F32("y", 64, 4)};
   std::vector<ManifestItem> b = {a[1], a[0]};
@@ -92,6 +202,78 @@ TEST(Manifest, DTypeNamesRoundTrip) {
   EXPECT_EQ(DTypeElementSize(1), 4u);
   EXPECT_EQ(DTypeElementSize(16), 16u);
   EXPECT_FALSE(DTypeFromName("f128").ok());
+}
+
+// A shard of `size` seeded random bytes with items at the given (offset,
+// length) ranges, their crcs filled in.
+struct Shard {
+  std::vector<std::byte> bytes;
+  std::vector<ManifestItem> items;
+};
+Shard MakeShard(uint64_t size, const std::vector<std::pair<uint64_t, uint64_t>>& ranges) {
+  Shard s;
+  std::mt19937 rng(7);
+  s.bytes.resize(size);
+  for (std::byte& b : s.bytes) b = static_cast<std::byte>(rng());
+  for (size_t i = 0; i < ranges.size(); ++i) {
+    ManifestItem it;
+    it.name = "item" + std::to_string(i);
+    it.dtype = kDTypeBytes;
+    it.offset_bytes = ranges[i].first;
+    it.length_bytes = ranges[i].second;
+    it.crc32c = Crc32c(s.bytes.data() + it.offset_bytes, it.length_bytes);
+    s.items.push_back(std::move(it));
+  }
+  return s;
+}
+
+// Feeds `bytes` to `check` in pieces of `piece` bytes.
+absl::Status Feed(ItemCrcStream& check, std::span<const std::byte> bytes, size_t piece) {
+  for (size_t off = 0; off < bytes.size(); off += piece) {
+    absl::Status s = check.Update(bytes.subspan(off, std::min(piece, bytes.size() - off)));
+    if (!s.ok()) return s;
+  }
+  return check.Finish();
+}
+
+TEST(ItemCrcStream, AcceptsMatchingItemsWhateverThePieceSize) {
+  // Items out of order, with padding, an empty item inside the gap and one
+  // at the very end.
+  Shard s = MakeShard(1000, {{500, 300}, {0, 100}, {128, 0}, {160, 333}, {1000, 0}});
+  ASSERT_TRUE(ValidateManifest(s.items, 1000).ok());
+  for (size_t piece : {1, 7, 64, 100, 333, 999, 1000, 4096}) {
+    ItemCrcStream check(s.items);
+    EXPECT_TRUE(Feed(check, s.bytes, piece).ok()) << "piece " << piece;
+    EXPECT_EQ(check.position(), 1000u);
+  }
+}
+
+TEST(ItemCrcStream, NamesTheCorruptItemAsSoonAsItIsComplete) {
+  Shard s = MakeShard(1000, {{0, 100}, {160, 333}, {500, 300}});
+  s.bytes[170] ^= std::byte{1};
+  ItemCrcStream check(s.items);
+  ASSERT_TRUE(check.Update(std::span(s.bytes).first(400)).ok());  // item1 not complete yet
+  absl::Status st = check.Update(std::span(s.bytes).subspan(400, 100));
+  EXPECT_EQ(st.code(), absl::StatusCode::kDataLoss);
+  EXPECT_NE(st.message().find("item1"), std::string::npos) << st;
+}
+
+TEST(ItemCrcStream, PaddingIsNotChecked) {
+  Shard s = MakeShard(1000, {{0, 100}, {500, 300}});
+  s.bytes[300] ^= std::byte{1};  // between the items
+  ItemCrcStream check(s.items);
+  EXPECT_TRUE(Feed(check, s.bytes, 64).ok());
+}
+
+TEST(ItemCrcStream, BytesEndingEarlyAreDataLoss) {
+  Shard s = MakeShard(1000, {{0, 100}, {500, 300}});
+  ItemCrcStream check(s.items);
+  ASSERT_TRUE(check.Update(std::span(s.bytes).first(600)).ok());
+  absl::Status st = check.Finish();
+  EXPECT_EQ(st.code(), absl::StatusCode::kDataLoss);
+  EXPECT_NE(st.message().find("item1"), std::string::npos) << st;
+  ItemCrcStream none({});
+  EXPECT_TRUE(none.Finish().ok());
 }
 
 }  // namespace

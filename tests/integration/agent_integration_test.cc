@@ -340,5 +340,53 @@ TEST_F(AgentIntegrationTest, BadInputGetsClearErrors) {
   EXPECT_EQ(s.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
 }
 
+// ReadShard on the wire: the first message is the shard's record alone, every
+// data message carries at most chunk_bytes (so any shard size fits any
+// client's message limit), and a chunk size out of range is a clear error.
+TEST_F(AgentIntegrationTest, ReadShardStreamsBoundedChunksAfterTheRecord) {
+  ASSERT_TRUE(CreateJob("rd", 1, 0).ok());
+  const std::string data = Pattern(50000, 9);
+  Save("rd", 1, 0, data);
+  auto read = [&](uint64_t chunk, std::vector<v1::ReadShardResponse>* msgs) {
+    v1::ReadShardRequest req;
+    req.mutable_shard()->set_job_id("rd");
+    req.mutable_shard()->set_step(1);
+    req.mutable_shard()->set_rank(0);
+    req.set_chunk_bytes(chunk);
+    grpc::ClientContext ctx;
+    auto reader = local_->ReadShard(&ctx, req);
+    v1::ReadShardResponse m;
+    while (reader->Read(&m)) msgs->push_back(m);
+    return reader->Finish();
+  };
+  std::vector<v1::ReadShardResponse> msgs;
+  grpc::Status s = read(4096, &msgs);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  ASSERT_GE(msgs.size(), 2u);
+  EXPECT_TRUE(msgs[0].has_shard());
+  EXPECT_TRUE(msgs[0].data().empty());
+  EXPECT_EQ(msgs[0].shard().items_size(), 2);
+  const uint64_t size = msgs[0].shard().size_bytes();
+  std::string got;
+  for (size_t i = 1; i < msgs.size(); ++i) {
+    EXPECT_FALSE(msgs[i].has_shard());
+    EXPECT_EQ(msgs[i].offset_bytes(), got.size());
+    EXPECT_LE(msgs[i].data().size(), 4096u);
+    EXPECT_EQ(Crc32c(msgs[i].data()), msgs[i].chunk_crc32c());
+    got += msgs[i].data();
+  }
+  ASSERT_EQ(got.size(), size);
+  EXPECT_EQ(got.substr(0, data.size()), data);
+  EXPECT_EQ(Crc32c(got), msgs[0].shard().crc32c());
+
+  for (uint64_t bad : {uint64_t{1}, uint64_t{4095}, (uint64_t{4} << 20) + 1, uint64_t{1} << 40}) {
+    msgs.clear();
+    s = read(bad, &msgs);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << bad;
+    EXPECT_THAT(s.error_message(), HasSubstr("chunk_bytes")) << bad;
+    EXPECT_TRUE(msgs.empty());
+  }
+}
+
 }  // namespace
 }  // namespace ckpt

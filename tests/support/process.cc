@@ -4,6 +4,7 @@
 #include <netdb.h>
 #include <poll.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
@@ -540,12 +541,14 @@ absl::StatusOr<ExitStatus> Subprocess::ReapLocked() {
   // cannot be reused: it is safe to kill what is left of the group.
   ::kill(-pid_, SIGKILL);
   int wait_status = 0;
-  while (::waitpid(pid_, &wait_status, 0) < 0) {
+  struct rusage usage {};
+  while (::wait4(pid_, &wait_status, 0, &usage) < 0) {
     if (errno != EINTR) {
       return absl::InternalError(absl::StrCat("waitpid ", options_.name, " (pid ", pid_,
                                               "): ", std::strerror(errno)));
     }
   }
+  max_rss_bytes_ = static_cast<uint64_t>(usage.ru_maxrss) * 1024;  // Linux: KiB
   exit_status_.emplace(wait_status);
   return *exit_status_;
 }
@@ -635,6 +638,11 @@ bool Subprocess::IsRunning() {
 }
 
 
+uint64_t Subprocess::max_rss_bytes() const {
+  absl::MutexLock lock(&mu_);
+  return max_rss_bytes_;
+}
+
 const std::string& Subprocess::log_path() const {
   return !stdout_file_.empty() ? stdout_file_ : stderr_file_;
 }
@@ -705,7 +713,7 @@ absl::StatusOr<RunResult> RunToCompletion(SubprocessOptions options, absl::Durat
         " and was killed; stdout so far:\n", out.ok() ? Tail(*out, 2048) : out.status().ToString(),
         "\nstderr so far:\n", err.ok() ? Tail(*err, 2048) : err.status().ToString()));
   }
-  RunResult result{*status, "", ""};
+  RunResult result{*status, "", "", proc->max_rss_bytes()};
   CKPT_ASSIGN_OR_RETURN(result.stdout_text, ReadFileToString(PosixFileSystem(), out_path));
   CKPT_ASSIGN_OR_RETURN(result.stderr_text, ReadFileToString(PosixFileSystem(), err_path));
   return result;

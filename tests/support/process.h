@@ -171,6 +171,11 @@ class Subprocess {
   // (see Wait(); Wait() then reports the error). Does not block.
   bool IsRunning();
 
+  // Peak resident set size of the child (getrusage's ru_maxrss), in bytes,
+  // once it has been reaped; 0 before. Counts the child itself, not its own
+  // children.
+  uint64_t max_rss_bytes() const;
+
   // Path of the file the child's stdout goes to, or of stderr's if stdout is
   // not captured; empty if neither is captured.
   const std::string& log_path() const;
@@ -205,6 +210,7 @@ class Subprocess {
   const int pidfd_;  // -1 if pidfd_open is unavailable; closed by the destructor
   mutable absl::Mutex mu_;
   std::optional<ExitStatus> exit_status_ ABSL_GUARDED_BY(mu_);  // set once reaped
+  uint64_t max_rss_bytes_ ABSL_GUARDED_BY(mu_) = 0;            // set once reaped
 };
 
 // What RunToCompletion() saw.
@@ -212,6 +218,9 @@ struct RunResult {
   ExitStatus status;
   std::string stdout_text;
   std::string stderr_text;
+  // Peak resident set size of the process, in bytes (e.g. to check that a
+  // tool streams rather than holding its data).
+  uint64_t max_rss_bytes = 0;
 };
 
 // Runs a short command (e.g. ckptctl) to completion and returns how it ended

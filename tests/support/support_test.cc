@@ -469,6 +469,19 @@ TEST(RunToCompletion, CapturesStdoutAndStderrSeparately) {
   EXPECT_EQ(result->stderr_text, "to-err\n");
 }
 
+TEST(RunToCompletion, ReportsThePeakResidentSetSize) {
+  // dd reads into one buffer of bs bytes: 64 MiB resident at its peak.
+  absl::StatusOr<RunResult> big = RunToCompletion(
+      Shell("exec dd if=/dev/zero of=/dev/null bs=64M count=1 status=none"), kLong);
+  ASSERT_TRUE(IsOk(big));
+  ASSERT_TRUE(big->status.success()) << big->stderr_text;
+  EXPECT_GE(big->max_rss_bytes, uint64_t{64} << 20);
+  absl::StatusOr<RunResult> small = RunToCompletion(Shell("exec true"), kLong);
+  ASSERT_TRUE(IsOk(small));
+  EXPECT_GT(small->max_rss_bytes, 0u);
+  EXPECT_LT(small->max_rss_bytes, uint64_t{16} << 20);
+}
+
 TEST(RunToCompletion, KillsACommandThatRunsTooLong) {
   absl::StatusOr<RunResult> result =
       RunToCompletion(Shell("exec sleep 100"), absl::Milliseconds(50));

@@ -41,7 +41,6 @@ absl::Status Errno(const std::string& what, int err) {
   return absl::UnavailableError(msg);
 }
 
-std::string Hex(uint64_t v) { return absl::StrFormat("0x%016x", v); }
 
 absl::StatusOr<uint64_t> ParseHex(const nlohmann::json& j, const char* key) {
   if (!j.contains(key) || !j[key].is_string()) {
@@ -76,43 +75,77 @@ std::string SegmentIdString(const SegmentId& id) {
   return absl::StrCat(id.job_id, "/", id.step, "/g", id.group, ".s", id.stripe, ".p", id.position);
 }
 
-std::string EncodeShardRecord(const ShardRecord& r) {
-  nlohmann::json j;
-  j["format"] = 1;
-  j["job"] = r.id.job_id;
-  j["step"] = r.id.step;
-  j["rank"] = r.id.rank;
-  j["role"] = static_cast<int>(r.role);
-  j["size"] = r.size_bytes;
-  j["crc32c"] = r.crc32c;
-  j["digest"] = Hex(r.manifest_digest);
-  j["run_id"] = r.run_id;
-  j["staged_ms"] = r.staged_unix_ms;
-  j["durable_path"] = r.durable_path;
-  j["seq"] = r.seq;
-  if (r.segment) {
-    j["segment"] = {r.segment->group, r.segment->stripe, r.segment->position, static_cast<int>(r.segment_kind)};
-  }
-  nlohmann::json ext = nlohmann::json::array();
-  for (const Extent& e : r.extents) ext.push_back({e.offset, e.length});
-  j["extents"] = std::move(ext);
-  nlohmann::json items = nlohmann::json::array();
-  for (const ManifestItem& it : r.items) {
-    nlohmann::json ji;
-    ji["name"] = it.name;
-    ji["dtype"] = it.dtype;
-    ji["shape"] = it.shape;
-    ji["offset"] = it.offset_bytes;
-    ji["length"] = it.length_bytes;
-    ji["crc32c"] = it.crc32c;
-    if (!it.attributes.empty()) ji["attributes"] = it.attributes;
-    items.push_back(std::move(ji));
-  }
-  j["items"] = std::move(items);
-  return j.dump();
-}
+namespace {
 
-absl::StatusOr<ShardRecord> DecodeShardRecord(std::string_view json) {
+// Record format 2 (docs/agent.md "Records"): little-endian fixed-width
+// integers and u32-length-prefixed strings in field order, the manifest in its
+// canonical encoding, and a CRC-32C of everything before it.
+constexpr std::string_view kRecordTag = "ckpt-record-v2\n";
+
+class RecordWriter {
+ public:
+  explicit RecordWriter(size_t reserve) { out_.reserve(reserve); }
+  void U8(uint8_t v) { out_.push_back(static_cast<char>(v)); }
+  void U32(uint32_t v) {
+    for (int i = 0; i < 4; ++i) out_.push_back(static_cast<char>(v >> (8 * i)));
+  }
+  void U64(uint64_t v) {
+    for (int i = 0; i < 8; ++i) out_.push_back(static_cast<char>(v >> (8 * i)));
+  }
+  void Str(std::string_view s) {
+    U32(static_cast<uint32_t>(s.size()));
+    out_.append(s);
+  }
+  void Raw(std::string_view s) { out_.append(s); }
+  std::string& out() { return out_; }
+
+ private:
+  std::string out_;
+};
+
+class RecordReader {
+ public:
+  explicit RecordReader(std::string_view in) : in_(in) {}
+  bool ok() const { return ok_; }
+  size_t left() const { return in_.size() - pos_; }
+  uint8_t U8() { return Need(1) ? static_cast<uint8_t>(in_[pos_++]) : 0; }
+  uint32_t U32() {
+    if (!Need(4)) return 0;
+    uint32_t v = 0;
+    for (int i = 0; i < 4; ++i) v |= static_cast<uint32_t>(static_cast<uint8_t>(in_[pos_ + i])) << (8 * i);
+    pos_ += 4;
+    return v;
+  }
+  uint64_t U64() {
+    if (!Need(8)) return 0;
+    uint64_t v = 0;
+    for (int i = 0; i < 8; ++i) v |= static_cast<uint64_t>(static_cast<uint8_t>(in_[pos_ + i])) << (8 * i);
+    pos_ += 8;
+    return v;
+  }
+  std::string_view Str() {
+    const uint32_t n = U32();
+    if (!Need(n)) return {};
+    std::string_view s = in_.substr(pos_, n);
+    pos_ += n;
+    return s;
+  }
+
+ private:
+  bool Need(size_t n) {
+    if (!ok_ || left() < n) {
+      ok_ = false;
+      return false;
+    }
+    return true;
+  }
+  std::string_view in_;
+  size_t pos_ = 0;
+  bool ok_ = true;
+};
+
+// Format 1: the JSON records of earlier versions (still re-adopted).
+absl::StatusOr<ShardRecord> DecodeJsonRecord(std::string_view json) {
   try {
     const nlohmann::json j = nlohmann::json::parse(json);
     if (j.value("format", 0) != 1) return absl::InvalidArgumentError("record: unknown format");
@@ -159,6 +192,97 @@ absl::StatusOr<ShardRecord> DecodeShardRecord(std::string_view json) {
   } catch (const nlohmann::json::exception& e) {
     return absl::InvalidArgumentError(absl::StrCat("record: ", e.what()));
   }
+}
+
+
+}  // namespace
+
+std::string EncodeShardRecord(const ShardRecord& r) {
+  const std::string manifest = EncodeManifest(r.items);
+  RecordWriter w(manifest.size() + 256 + r.id.job_id.size() + r.run_id.size() + r.durable_path.size() +
+                 16 * r.extents.size());
+  w.Raw(kRecordTag);
+  w.Str(r.id.job_id);
+  w.U64(r.id.step);
+  w.U32(r.id.rank);
+  w.U32(static_cast<uint32_t>(r.role));
+  w.U64(r.size_bytes);
+  w.U32(r.crc32c);
+  w.U64(r.manifest_digest);
+  w.Str(r.run_id);
+  w.U64(static_cast<uint64_t>(r.staged_unix_ms));
+  w.Str(r.durable_path);
+  w.U64(r.seq);
+  w.U8(r.segment ? 1 : 0);
+  if (r.segment) {
+    w.U32(r.segment->group);
+    w.U32(r.segment->stripe);
+    w.U32(r.segment->position);
+    w.U32(static_cast<uint32_t>(r.segment_kind));
+  }
+  w.U32(static_cast<uint32_t>(r.extents.size()));
+  for (const Extent& e : r.extents) {
+    w.U64(e.offset);
+    w.U64(e.length);
+  }
+  w.Str(manifest);
+  w.U32(Crc32c(w.out()));
+  return std::move(w.out());
+}
+
+absl::StatusOr<ShardRecord> DecodeShardRecord(std::string_view bytes) {
+  if (!bytes.empty() && bytes.front() == '{') return DecodeJsonRecord(bytes);
+  if (bytes.substr(0, kRecordTag.size()) != kRecordTag) {
+    return absl::InvalidArgumentError("record: unknown format");
+  }
+  if (bytes.size() < kRecordTag.size() + 4) return absl::InvalidArgumentError("record: truncated");
+  const std::string_view body = bytes.substr(0, bytes.size() - 4);
+  RecordReader crc_reader(bytes.substr(body.size()));
+  if (crc_reader.U32() != Crc32c(body)) {
+    return absl::InvalidArgumentError("record: its crc32c does not match (torn or corrupt)");
+  }
+  RecordReader in(body.substr(kRecordTag.size()));
+  ShardRecord r;
+  r.id.job_id = std::string(in.Str());
+  r.id.step = in.U64();
+  r.id.rank = in.U32();
+  const uint32_t role = in.U32();
+  r.size_bytes = in.U64();
+  r.crc32c = in.U32();
+  r.manifest_digest = in.U64();
+  r.run_id = std::string(in.Str());
+  r.staged_unix_ms = static_cast<int64_t>(in.U64());
+  r.durable_path = std::string(in.Str());
+  r.seq = in.U64();
+  uint32_t segment_kind = 1;
+  if (in.U8() != 0) {
+    SegmentId seg{r.id.job_id, r.id.step, 0, 0, 0};
+    seg.group = in.U32();
+    seg.stripe = in.U32();
+    seg.position = in.U32();
+    r.segment = seg;
+    segment_kind = in.U32();
+  }
+  const uint32_t extents = in.U32();
+  if (!in.ok() || extents > in.left() / 16) return absl::InvalidArgumentError("record: truncated");
+  r.extents.reserve(extents);
+  for (uint32_t i = 0; i < extents; ++i) {
+    const uint64_t off = in.U64();
+    r.extents.push_back(Extent{off, in.U64()});
+  }
+  const std::string_view manifest = in.Str();
+  if (!in.ok() || in.left() != 0) return absl::InvalidArgumentError("record: truncated or with trailing bytes");
+  CKPT_RETURN_IF_ERROR(ValidateJobId(r.id.job_id));
+  if (role < 1 || role > 3) return absl::InvalidArgumentError(absl::StrCat("record: unknown role ", role));
+  r.role = static_cast<CopyRole>(role);
+  if (segment_kind != 1 && segment_kind != 2) {
+    return absl::InvalidArgumentError(absl::StrCat("record: unknown segment kind ", segment_kind));
+  }
+  r.segment_kind = static_cast<SegmentKind>(segment_kind);
+  absl::StatusOr<std::vector<ManifestItem>> items = DecodeManifest(manifest);
+  if (!items.ok()) return absl::InvalidArgumentError(absl::StrCat("record: ", items.status().message()));
+  r.items = *std::move(items);
+  return r;
 }
 
 // ---------------------------------------------------------------------------

@@ -6,7 +6,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/crc32c.h"
+#include "common/manifest.h"
 #include "common/names.h"
+#include "common/status_macros.h"
 #include "server/rpc/agent_convert.h"
 #include "server/rpc/status_convert.h"
 
@@ -15,7 +17,11 @@ namespace {
 
 grpc::Status Invalid(const std::string& msg) { return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, msg); }
 
+// ReadShard chunk sizes: below 4 KiB the per-message cost dominates; above
+// 4 MiB a message no longer fits gRPC's default receive limit, and the agent
+// would hold that much per stream.
 constexpr uint64_t kDefaultChunk = 1 << 20;
+constexpr uint64_t kMinChunk = 4 << 10;
 constexpr uint64_t kMaxChunk = 4 << 20;
 
 }  // namespace
@@ -51,8 +57,15 @@ grpc::Status AgentServiceImpl::AcquireStagingLease(grpc::ServerContext*, const v
 grpc::Status AgentServiceImpl::CommitShard(grpc::ServerContext*, const v1::CommitShardRequest* req,
                                            v1::CommitShardResponse* resp) {
   std::vector<ManifestItem> items;
-  items.reserve(static_cast<size_t>(req->items_size()));
-  for (const v1::Item& item : req->items()) items.push_back(ItemFromProto(item));
+  if (!req->manifest().empty()) {
+    if (req->items_size() != 0) return Invalid("set either items or manifest, not both");
+    absl::StatusOr<std::vector<ManifestItem>> decoded = DecodeManifest(req->manifest());
+    if (!decoded.ok()) return ToGrpcStatus(decoded.status());
+    items = *std::move(decoded);
+  } else {
+    items.reserve(static_cast<size_t>(req->items_size()));
+    for (const v1::Item& item : req->items()) items.push_back(ItemFromProto(item));
+  }
   absl::StatusOr<agent::ShardRecord> rec = agent_->Commit(req->lease_id(), req->size_bytes(), std::move(items));
   if (!rec.ok()) return ToGrpcStatus(rec.status());
   RecordToShardInfo(*rec, agent_->Status().node_id, /*with_items=*/false, resp->mutable_shard());
@@ -82,7 +95,15 @@ grpc::Status AgentServiceImpl::OpenShard(grpc::ServerContext*, const v1::OpenSha
     for (const v1::Item& item : req->expected().items()) expected.items.push_back(ItemFromProto(item));
     open.expected = std::move(expected);
   }
+  // A client that reads its manifest from this agent (packed_manifest)
+  // leaves the expected items out when it opens a LOCAL copy alone; any
+  // other source needs them to rebuild and check the shard.
+  const bool items_left_out =
+      req->expected().items_size() == 0 && req->expected().manifest_digest() != ManifestDigest({});
   for (const v1::ShardSource& src : req->sources()) {
+    if (items_left_out && req->expected().size_bytes() != 0 && src.kind() != v1::SOURCE_KIND_LOCAL) {
+      return Invalid("expected.items (from Locate without omit_items) is required with sources other than LOCAL");
+    }
     absl::StatusOr<agent::ShardSource> s = ShardSourceFromProto(src);
     if (!s.ok()) return ToGrpcStatus(s.status());
     open.sources.push_back(*std::move(s));
@@ -101,7 +122,9 @@ grpc::Status AgentServiceImpl::OpenShard(grpc::ServerContext*, const v1::OpenSha
   }
   const agent::OpenResult& o = r->result;
   resp->set_handle_id(o.handle_id);
-  RecordToShardInfo(o.shard.record, agent_->Status().node_id, /*with_items=*/true, resp->mutable_shard());
+  RecordToShardInfo(o.shard.record, agent_->Status().node_id, /*with_items=*/!req->packed_manifest(),
+                    resp->mutable_shard());
+  if (req->packed_manifest()) resp->set_manifest(EncodeManifest(o.shard.record.items));
   for (const agent::Region& region : o.shard.regions) RegionToProto(region, resp->add_regions());
   resp->set_verified(o.verified);
   resp->set_expires_in_ms(o.expires_in_ms);
@@ -121,24 +144,33 @@ grpc::Status AgentServiceImpl::ReadShard(grpc::ServerContext* ctx, const v1::Rea
   absl::StatusOr<agent::ShardId> id = ShardIdFromProto(req->shard(), "shard");
   if (!id.ok()) return ToGrpcStatus(id.status());
   const uint64_t chunk = req->chunk_bytes() == 0 ? kDefaultChunk : req->chunk_bytes();
-  if (chunk > kMaxChunk) return Invalid(absl::StrCat("chunk_bytes is at most ", kMaxChunk));
-  bool first = true;
-  uint64_t offset = req->offset_bytes();
+  if (chunk < kMinChunk || chunk > kMaxChunk) {
+    return Invalid(absl::StrCat("chunk_bytes ", chunk, " is out of range: a ReadShard message carries ",
+                                kMinChunk, " to ", kMaxChunk, " bytes (0 means ", kDefaultChunk, ")"));
+  }
+  // Message 1 carries the shard's record only, so that no data message is
+  // larger than chunk_bytes plus a few bytes of framing whatever the size of
+  // the manifest. The data buffer (msg.data) is reused from chunk to chunk.
   agent::ShardRecord rec;
+  bool header_sent = false;
+  uint64_t offset = req->offset_bytes();
   v1::ReadShardResponse msg;
-  std::string buf;
-  auto send = [&](bool final) -> absl::Status {
-    if (buf.empty() && !final) return absl::OkStatus();
-    if (buf.empty() && !first) return absl::OkStatus();
+  std::string* buf = msg.mutable_data();
+  buf->reserve(chunk);
+  auto send_header = [&]() -> absl::Status {
+    header_sent = true;
+    v1::ReadShardResponse head;
+    RecordToShardInfo(rec, agent_->Status().node_id, /*with_items=*/true, head.mutable_shard());
+    head.set_offset_bytes(offset);
+    if (!writer->Write(head)) return absl::CancelledError("client went away");
+    return absl::OkStatus();
+  };
+  auto send_data = [&]() -> absl::Status {
     msg.set_offset_bytes(offset);
-    msg.set_chunk_crc32c(Crc32c(buf));
-    msg.set_data(std::move(buf));
-    if (first) RecordToShardInfo(rec, agent_->Status().node_id, true, msg.mutable_shard());
-    first = false;
-    offset += msg.data().size();
-    buf.clear();
+    msg.set_chunk_crc32c(Crc32c(*buf));
     if (!writer->Write(msg)) return absl::CancelledError("client went away");
-    msg.Clear();
+    offset += buf->size();
+    buf->clear();  // keeps its capacity
     return absl::OkStatus();
   };
   // The callback sees the record before the first piece.
@@ -146,20 +178,21 @@ grpc::Status AgentServiceImpl::ReadShard(grpc::ServerContext* ctx, const v1::Rea
       *id, req->offset_bytes(), req->length_bytes(),
       [&](const std::byte* p, uint64_t n) -> absl::Status {
         if (ctx->IsCancelled()) return absl::CancelledError("client went away");
+        if (!header_sent) CKPT_RETURN_IF_ERROR(send_header());
         while (n > 0) {
-          const uint64_t take = std::min<uint64_t>(n, chunk - buf.size());
-          buf.append(reinterpret_cast<const char*>(p), take);
+          const uint64_t take = std::min<uint64_t>(n, chunk - buf->size());
+          buf->append(reinterpret_cast<const char*>(p), take);
           p += take;
           n -= take;
-          if (buf.size() == chunk) {
-            if (absl::Status st = send(false); !st.ok()) return st;
-          }
+          if (buf->size() == chunk) CKPT_RETURN_IF_ERROR(send_data());
         }
         return absl::OkStatus();
       },
       &rec);
   if (!s.ok()) return ToGrpcStatus(s);
-  return ToGrpcStatus(send(true));
+  if (!header_sent) s = send_header();
+  if (s.ok() && !buf->empty()) s = send_data();
+  return ToGrpcStatus(s);
 }
 
 grpc::Status AgentServiceImpl::GetInventory(grpc::ServerContext*, const v1::GetInventoryRequest* req,

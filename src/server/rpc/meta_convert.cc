@@ -922,8 +922,8 @@ void SourceToProto(const std::string& job_id, uint64_t step, const meta::Source&
 }
 
 void ToProto(const std::string& job_id, uint64_t step, const meta::LocateResult& result,
-             v1::LocateResponse* out) {
-  ShardInfoToProto(job_id, step, result.shard, /*include_items=*/true, out->mutable_shard());
+             v1::LocateResponse* out, bool include_items) {
+  ShardInfoToProto(job_id, step, result.shard, include_items, out->mutable_shard());
   for (const meta::Source& source : result.sources) {
     SourceToProto(job_id, step, source, out->add_sources());
   }

@@ -201,7 +201,7 @@ absl::Status ToProto(const meta::PlacementView& view, v1::GetPlacementResponse* 
 void SourceToProto(const std::string& job_id, uint64_t step, const meta::Source& source,
                    v1::ShardSource* out);
 void ToProto(const std::string& job_id, uint64_t step, const meta::LocateResult& result,
-             v1::LocateResponse* out);
+             v1::LocateResponse* out, bool include_items = true);
 
 // ---------------------------------------------------------------------------
 // Tasks

@@ -623,7 +623,7 @@ grpc::Status MetaServiceImpl::Locate(grpc::ServerContext*, const v1::LocateReque
   absl::StatusOr<meta::LocateResult> result =
       core_->Locate(req->job_id(), req->step(), req->rank(), req->near_node_id());
   if (!result.ok()) return Fail("Locate", result.status());
-  ToProto(req->job_id(), req->step(), *result, resp);
+  ToProto(req->job_id(), req->step(), *result, resp, /*include_items=*/!req->omit_items());
   return grpc::Status::OK;
 }
 

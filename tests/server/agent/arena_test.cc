@@ -9,6 +9,7 @@
 
 #include <gtest/gtest.h>
 
+#include "absl/strings/str_format.h"
 #include "common/crc32c.h"
 #include "support/temp_dir.h"
 
@@ -291,19 +292,125 @@ TEST(Arena, RecordRoundTripsEveryField) {
   it.crc32c = 42;
   it.attributes = {{"k", "v"}};
   r.items = {it};
-  absl::StatusOr<ShardRecord> back = DecodeShardRecord(EncodeShardRecord(r));
+  const std::string enc = EncodeShardRecord(r);
+  EXPECT_EQ(enc.rfind("ckpt-record-v2\n", 0), 0u);
+  absl::StatusOr<ShardRecord> back = DecodeShardRecord(enc);
   ASSERT_TRUE(back.ok()) << back.status();
   EXPECT_EQ(back->id, r.id);
   EXPECT_EQ(back->role, CopyRole::kReplica);
+  EXPECT_EQ(back->size_bytes, r.size_bytes);
+  EXPECT_EQ(back->crc32c, r.crc32c);
   EXPECT_EQ(back->manifest_digest, r.manifest_digest);
   EXPECT_EQ(back->extents, r.extents);
   EXPECT_EQ(back->items, r.items);
+  EXPECT_EQ(back->run_id, r.run_id);
+  EXPECT_EQ(back->staged_unix_ms, r.staged_unix_ms);
   EXPECT_EQ(back->durable_path, r.durable_path);
   EXPECT_EQ(back->seq, 99u);
+  EXPECT_FALSE(back->segment.has_value());
+  // An EC segment holding: no items, the segment's key and kind.
+  r.items.clear();
+  r.segment = SegmentId{"job", 7, 1, 2, 3};
+  r.segment_kind = SegmentKind::kParity;
+  back = DecodeShardRecord(EncodeShardRecord(r));
+  ASSERT_TRUE(back.ok()) << back.status();
+  ASSERT_TRUE(back->segment.has_value());
+  EXPECT_EQ(*back->segment, *r.segment);
+  EXPECT_EQ(back->segment_kind, SegmentKind::kParity);
+  EXPECT_TRUE(back->items.empty());
   EXPECT_FALSE(DecodeShardRecord("{\"format\":1,\"job\":\"../x\"}").ok());
-  std::string bad_role = EncodeShardRecord(r);
-  bad_role.replace(bad_role.find("\"role\":2"), 8, "\"role\":9");
-  EXPECT_FALSE(DecodeShardRecord(bad_role).ok());
+  // A role or segment kind out of range is refused, in either format.
+  EXPECT_FALSE(DecodeShardRecord(
+                   R"({"format":1,"job":"j","step":1,"rank":0,"role":9,"size":1,"crc32c":0,"digest":"0x0",)"
+                   R"("extents":[],"items":[]})")
+                   .ok());
+  r.role = static_cast<CopyRole>(9);
+  EXPECT_FALSE(DecodeShardRecord(EncodeShardRecord(r)).ok());
+  r.role = CopyRole::kPrimary;
+  r.segment_kind = static_cast<SegmentKind>(7);
+  EXPECT_FALSE(DecodeShardRecord(EncodeShardRecord(r)).ok());
+}
+
+TEST(Arena, TornOrCorruptRecordsAreRefused) {
+  ShardRecord r;
+  r.id = {"job", 7, 3};
+  r.size_bytes = 100;
+  r.extents = {{0, 4096}};
+  ManifestItem it;
+  it.name = "w";
+  it.dtype = kDTypeBytes;
+  it.length_bytes = 100;
+  r.items = {it};
+  const std::string enc = EncodeShardRecord(r);
+  for (size_t n = 0; n < enc.size(); ++n) {
+    EXPECT_FALSE(DecodeShardRecord(enc.substr(0, n)).ok()) << n;
+  }
+  for (size_t i = 0; i < enc.size(); i += 7) {
+    std::string bad = enc;
+    bad[i] ^= 0x20;
+    EXPECT_FALSE(DecodeShardRecord(bad).ok()) << i;
+  }
+  EXPECT_FALSE(DecodeShardRecord(enc + "x").ok());
+  EXPECT_FALSE(DecodeShardRecord("").ok());
+  r.id.job_id = "../x";
+  EXPECT_FALSE(DecodeShardRecord(EncodeShardRecord(r)).ok());
+}
+
+// Records written by earlier versions (JSON, format 1) are still re-adopted
+// after an upgrade.
+TEST(Arena, ReadoptsRecordsOfThePreviousJsonFormat) {
+  TempDir dir = *TempDir::Create();
+  uint32_t crc = 0;
+  {
+    auto arena = OpenArena(dir.path(), 16 * kPage);
+    ReservationPtr e = *arena->Reserve(2 * kPage);
+    ASSERT_EQ(e->extents(), (std::vector<Extent>{{0, 2 * kPage}}));
+    Fill(*e, 5000, 11);
+    crc = e->Crc(0, 5000);
+  }
+  // What the format-1 encoder wrote (nlohmann::json::dump of the record).
+  const std::string json = absl::StrFormat(
+      R"({"crc32c":%u,"digest":"0x00000000deadbeef","durable_path":"j/4/rank-00002.bin","extents":[[0,8192]],)"
+      R"("format":1,"items":[{"attributes":{"py.type":"torch"},"crc32c":7,"dtype":1,"length":4000,"name":"w",)"
+      R"("offset":0,"shape":[10,100]},{"crc32c":8,"dtype":14,"length":1000,"name":"b","offset":4000,"shape":[]}],)"
+      R"("job":"j","rank":2,"role":1,"run_id":"r1","seq":5,"size":5000,"staged_ms":1700000000000,"step":4})",
+      crc);
+  {
+    const std::string path = dir.path() + "/records/j.4.2.0000000000000005.rec";
+    const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT, 0600);
+    ASSERT_EQ(::write(fd, json.data(), json.size()), static_cast<ssize_t>(json.size()));
+    ::close(fd);
+  }
+  auto arena = OpenArena(dir.path(), 16 * kPage);
+  ASSERT_TRUE(arena->lost().empty()) << arena->lost()[0].reason;
+  std::vector<AdoptedHolding> adopted = arena->TakeAdopted();
+  ASSERT_EQ(adopted.size(), 1u);
+  ShardRecord r = adopted[0].record;
+  EXPECT_EQ(r.id, (ShardId{"j", 4, 2}));
+  EXPECT_EQ(r.size_bytes, 5000u);
+  EXPECT_EQ(r.crc32c, crc);
+  EXPECT_EQ(r.manifest_digest, 0xdeadbeefu);
+  EXPECT_EQ(r.run_id, "r1");
+  EXPECT_EQ(r.seq, 5u);
+  EXPECT_EQ(r.durable_path, "j/4/rank-00002.bin");
+  ASSERT_EQ(r.items.size(), 2u);
+  EXPECT_EQ(r.items[0].shape, (std::vector<uint64_t>{10, 100}));
+  EXPECT_EQ(r.items[0].attributes.at("py.type"), "torch");
+  EXPECT_EQ(r.items[1].offset_bytes, 4000u);
+  EXPECT_EQ(arena->free_bytes(), 14 * kPage);
+  // Written again (e.g. on flush), it is in the current format and supersedes
+  // the JSON one.
+  const std::string old_file = r.file;
+  ASSERT_TRUE(arena->WriteRecord(&r).ok());
+  EXPECT_GT(r.seq, 5u);
+  ASSERT_TRUE(arena->RemoveRecord(old_file).ok());
+  adopted.clear();
+  arena.reset();
+  auto again = OpenArena(dir.path(), 16 * kPage);
+  std::vector<AdoptedHolding> back = again->TakeAdopted();
+  ASSERT_EQ(back.size(), 1u);
+  EXPECT_EQ(back[0].record.items, r.items);
+  EXPECT_TRUE(again->lost().empty());
 }
 
 TEST(Arena, RefusesZeroCapacity) {

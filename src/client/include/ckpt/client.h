@@ -259,7 +259,8 @@ class SaveBuilder {
 
   // Adds an item. Records the pointer only: nothing is copied until Commit,
   // so the caller must keep `bytes` alive and unchanged until Commit returns.
-  // Does not block. Errors (kInvalidArgument, the builder is unchanged): a
+  // Does not block; constant time (a shard may have tens of thousands of
+  // items). Errors (kInvalidArgument, the builder is unchanged): a
   // bad name (1..1024 bytes of printable UTF-8), a name already added, an
   // unknown dtype, a length that does not match dtype and shape (see DType),
   // more than 16 attributes or an attribute key or value over 256 bytes;
@@ -275,8 +276,8 @@ class SaveBuilder {
   // Lays the items out in Add order at offsets aligned to the agent's
   // recommended alignment (64 bytes by default), acquires a staging lease of
   // that size, copies each item with its CRC-32C computed in the same pass,
-  // zeroes the padding, and commits the manifest. Blocks for the copy and two
-  // local RPCs: this is the only part of a save the trainer waits for; use
+  // zeroes the padding, and commits the manifest (packed: docs/protocol.md
+  // "Manifest digest"). Blocks for the copy and two local RPCs: this is the only part of a save the trainer waits for; use
   // the handle to wait for redundancy. The bytes belong to the agent from the
   // OK on (they survive this process's death). A replayed commit the agent
   // already holds (kAlreadyExists from CommitShard, or a commit whose
@@ -304,12 +305,14 @@ class SaveBuilder {
  private:
   friend class Client;
   struct Item;
+  struct Names;  // the names added so far, for constant-time duplicate checks
   SaveBuilder(std::shared_ptr<client::ClientCore> core, uint64_t step);
 
   std::shared_ptr<client::ClientCore> core_;
   uint64_t step_ = 0;
   bool spent_ = false;
   std::vector<Item> items_;
+  std::unique_ptr<Names> names_;
 };
 
 // One item of a loaded shard, as recorded in its manifest.
@@ -351,6 +354,16 @@ class LoadedShard {
   // The item named `name`, or nullptr.
   const LoadedItem* Find(const std::string& name) const;
 
+  // Copies item `index` (of items()) into `dst`, which must be exactly its
+  // length_bytes, and checks its CRC-32C while copying (one pass over the
+  // bytes): the way to read a shard loaded with LoadOptions::verify = false.
+  // Does not block on the agent; may be called from several threads at once
+  // (for different destinations). Errors: kOutOfRange (no such index),
+  // kInvalidArgument (dst has another size), kFailedPrecondition (closed),
+  // kDataLoss (the bytes do not match the item's crc32c; dst then holds
+  // them anyway).
+  absl::Status CopyItem(size_t index, std::span<std::byte> dst) const;
+
   // The item's bytes, read-only. Zero copy: a view into the agent's memory
   // tier, unless the item straddles two regions that are not adjacent in this
   // process's address space; then the bytes are copied once (on the first
@@ -370,6 +383,16 @@ class LoadedShard {
   struct Impl;
   explicit LoadedShard(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
+};
+
+// How Client::Load opens a shard.
+struct LoadOptions {
+  // True: the agent checks every item's crc32c before Load returns (a copy
+  // that fails is quarantined and the next source used). False: it does not,
+  // and the caller reads items only through LoadedShard::CopyItem, which
+  // checks each one while copying; on kDataLoss, load again with verify =
+  // true. Saves one pass over the shard when every item is copied anyway.
+  bool verify = true;
 };
 
 // A connection to ckpt-meta and to the node's agent, for one rank of one job.
@@ -424,14 +447,16 @@ class Client {
   // it lives (Locate, preferring this node), then asks the agent to open it
   // (OpenShard): a local copy is used in place; otherwise the agent fetches
   // it from the next source (peer replica, EC decode, durable tier) into its
-  // memory tier first. The agent checks every item's crc32c. Blocks for that
-  // (up to options.load_timeout).
+  // memory tier first. The agent checks every item's crc32c (unless
+  // options.verify is false). The manifest travels packed, once (from the
+  // agent when the copy is local). Blocks for that (up to
+  // options.load_timeout).
   // Errors: kNotFound (job, version or this rank's shard unknown),
   // kFailedPrecondition (version not at the STAGED level: open, aborted,
   // deleted), kDataLoss (every source failed its checksum or is gone; the
   // message says why), kResourceExhausted (no room for a restored copy),
   // kInternal (the agent returned regions or a manifest that do not fit).
-  absl::StatusOr<LoadedShard> Load(uint64_t step) const;
+  absl::StatusOr<LoadedShard> Load(uint64_t step, const LoadOptions& options = {}) const;
 
   // Copies the named items of this rank's shard of `step` into the caller's
   // buffers: the fastest way to restore into live tensors. Opens the shard as

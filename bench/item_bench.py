@@ -1,0 +1,188 @@
+#!/usr/bin/python3
+"""item_bench.py: the per-item cost of ckpt's Python client against torch's
+clone() of the same state, measured in the same run.
+
+Starts a real ckpt-meta and ckpt-agent (memory tier on /dev/shm) from
+$CKPT_BUILD_DIR (default: ./build), then for every (item count, item size)
+pair builds a model-like state, {"model": {name: tensor}} with that many f32
+tensors, and measures each --runs times:
+
+  clone          {k: v.clone() for k, v in sd.items()}, the baseline
+  save blocking  Client.save(step, state): walk, copy + crc into the agent's
+                 pool, commit
+  load           Client.load(step): the same structure back, fresh tensors
+  load_into      Client.load_into(step, live tensors), in place
+
+Each measurement follows a pause (--gap-ms, a stand-in training step) in
+which the daemons' background work runs. Prints the first run apart and the
+median of the others, each as a ratio to the clone's median of the same case.
+
+  PYTHONPATH=build/python CKPT_BUILD_DIR=build /usr/bin/python3 bench/item_bench.py \\
+      [--items 1000,10000] [--item-bytes 1024,4096] [--runs 7] [--gap-ms 300]
+"""
+import argparse
+import os
+import pathlib
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+import torch
+
+import ckpt
+
+BUILD_DIR = pathlib.Path(os.environ.get("CKPT_BUILD_DIR", "build")).resolve()
+
+
+def free_ports(n):
+    socks = []
+    try:
+        for _ in range(n):
+            s = socket.socket()
+            s.bind(("127.0.0.1", 0))
+            socks.append(s)
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def wait_tcp(port, proc, timeout):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"process exited with {proc.returncode}")
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+            return
+        except OSError:
+            time.sleep(0.05)  # bounded poll for process start-up
+    raise RuntimeError(f"port {port} not listening after {timeout} s")
+
+
+class Daemons:
+    """ckpt-meta and one ckpt-agent on free 127.0.0.1 ports; stop() kills them by PID."""
+
+    def __init__(self, root, memory):
+        self.root = root
+        self.procs = []
+        meta_port, meta_metrics, port, data_port, metrics_port = free_ports(5)
+        self.meta = f"127.0.0.1:{meta_port}"
+        self.socket = root / "run" / "agent.sock"
+        self.shm = pathlib.Path(f"/dev/shm/ckpt-item-bench-py-{os.getpid()}")
+        for d in ("meta", "run"):
+            (root / d).mkdir()
+        meta = self._start("ckpt-meta", ["--listen", self.meta, "--metrics-listen", f"127.0.0.1:{meta_metrics}",
+                                         "--data-dir", str(root / "meta")])
+        wait_tcp(meta_port, meta, 30)
+        agent = self._start("ckpt-agent", [
+            "--node-id", "node-1", "--meta", self.meta, "--listen", f"127.0.0.1:{port}",
+            "--data-listen", f"127.0.0.1:{data_port}", "--metrics-listen", f"127.0.0.1:{metrics_port}",
+            "--run-dir", str(root / "run"), "--memory", memory, "--memory-dir", str(self.shm),
+            "--log-level", "warn"])
+        wait_tcp(port, agent, 60)
+        deadline = time.monotonic() + 30
+        while True:  # registered with meta once a save goes through
+            try:
+                c = self.client("ready-probe", connect_timeout=5)
+                c.save(1, {"x": b"1"}).wait("staged", timeout=10)
+                return
+            except ckpt.Error:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.1)
+
+    def _start(self, name, args):
+        log = open(self.root / f"{name}.log", "wb")
+        p = subprocess.Popen([str(BUILD_DIR / "bin" / name)] + args, stdout=log, stderr=subprocess.STDOUT)
+        log.close()
+        self.procs.append(p)
+        return p
+
+    def client(self, job, **kw):
+        return ckpt.Client(job=job, rank=0, world_size=1, meta=self.meta, agent_socket=str(self.socket), **kw)
+
+    def stop(self):
+        for p in reversed(self.procs):
+            if p.poll() is None:
+                p.send_signal(signal.SIGKILL)
+                p.wait(timeout=30)
+        shutil.rmtree(self.shm, ignore_errors=True)
+
+
+def run_case(d, job, n, item_bytes, runs, gap):
+    elems = item_bytes // 4
+    g = torch.Generator().manual_seed(42)
+    sd = {f"layers.{i // 8}.block.{i % 8}.weight": torch.randn(elems, generator=g) for i in range(n)}
+    state = {"model": sd}
+    live = {f"model/{k}": torch.zeros(elems) for k in sd}
+    c = d.client(job, keep_in_memory=2)
+    rows = {"clone": [], "save blocking": [], "load": [], "load_into (live tensors)": []}
+    for r in range(runs):
+        step = r + 1
+        time.sleep(gap)
+        t0 = time.perf_counter()
+        copy = {k: v.clone() for k, v in sd.items()}
+        rows["clone"].append(time.perf_counter() - t0)
+        del copy
+        time.sleep(gap)
+        t0 = time.perf_counter()
+        h = c.save(step, state)
+        rows["save blocking"].append(time.perf_counter() - t0)
+        h.wait("staged", timeout=60)
+        time.sleep(gap)
+        t0 = time.perf_counter()
+        back = c.load(step)
+        rows["load"].append(time.perf_counter() - t0)
+        time.sleep(gap)
+        t0 = time.perf_counter()
+        c.load_into(step, live)
+        rows["load_into (live tensors)"].append(time.perf_counter() - t0)
+        last = f"layers.{(n - 1) // 8}.block.{(n - 1) % 8}.weight"
+        if not (torch.equal(back["model"][last], sd[last]) and torch.equal(live[f"model/{last}"], sd[last])):
+            raise SystemExit("item_bench.py: loaded bytes differ")
+        del back
+    base = statistics.median(rows["clone"][1:])
+    for what, t in rows.items():
+        med = statistics.median(t[1:])
+        print(f"{n:<7} {item_bytes:<6} {what:<34} {t[0] * 1e3:10.2f} {med * 1e3:10.2f} {med / base:7.2f}x")
+    print()
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--items", default="1000,10000")
+    ap.add_argument("--item-bytes", default="1024,4096")
+    ap.add_argument("--runs", type=int, default=7)
+    ap.add_argument("--gap-ms", type=int, default=300)
+    a = ap.parse_args()
+    counts = [int(x) for x in a.items.split(",")]
+    sizes = [int(x) for x in a.item_bytes.split(",")]
+    runs = max(3, a.runs)
+    memory = f"{(4 * max(counts) * max(sizes) + (64 << 20)) >> 20}MiB"
+    root = pathlib.Path(tempfile.mkdtemp(prefix="ckpt-item-bench-py-"))
+    d = None
+    try:
+        d = Daemons(root, memory)
+        print(f"item_bench.py: {runs} runs per case; first run apart, then the median of the rest; "
+              f"ratios to the clone median of the same case (torch {torch.__version__}, "
+              f"{torch.get_num_threads()} intra-op thread(s))\n")
+        print(f"{'items':<7} {'bytes':<6} {'measure':<34} {'first ms':>10} {'median ms':>10} {'ratio':>8}")
+        job = 0
+        for n in counts:
+            for b in sizes:
+                run_case(d, f"items-py-{job}", n, b, runs, a.gap_ms / 1000)
+                job += 1
+    finally:
+        if d is not None:
+            d.stop()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

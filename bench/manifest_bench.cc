@@ -103,7 +103,7 @@ int Run(const std::vector<uint64_t>& counts, int runs, const std::string& dir) {
     std::string encoded;
     time("EncodeShardRecord", [&] { encoded = agent::EncodeShardRecord(rec); });
     time("Arena::WriteRecord (encode + write tmpfs)", [&] {
-      if (!(*arena)->WriteRecord(rec).ok()) std::abort();
+      if (!(*arena)->WriteRecord(&rec).ok()) std::abort();
     });
     time("DecodeShardRecord", [&] {
       if (!agent::DecodeShardRecord(encoded).ok()) std::abort();

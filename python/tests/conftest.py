@@ -1,8 +1,10 @@
 """Fixtures: a real ckpt-meta and ckpt-agent from $CKPT_BUILD_DIR/bin on free
 127.0.0.1 ports with temporary directories, shared by the session and killed
 by PID at the end."""
+import ctypes
 import os
 import pathlib
+import signal
 import socket
 import subprocess
 import time
@@ -13,6 +15,13 @@ import pytest
 import ckpt
 
 BUILD_DIR = pathlib.Path(os.environ.get("CKPT_BUILD_DIR", pathlib.Path(__file__).resolve().parents[2] / "build"))
+
+
+def _die_with_parent():
+    # A pytest run killed (timeout, SIGKILL) takes its daemons with it: no
+    # orphans holding ports and memory after the session.
+    PR_SET_PDEATHSIG = 1
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
 def free_ports(n):
@@ -91,7 +100,7 @@ class Cluster:
     def _start(self, name, args, binary=None):
         log = open(self.root / f"{name}.log", "wb")
         p = subprocess.Popen([str(BUILD_DIR / "bin" / (binary or name))] + args, stdout=log,
-                             stderr=subprocess.STDOUT)
+                             stderr=subprocess.STDOUT, preexec_fn=_die_with_parent)
         log.close()
         self.procs.append(p)
         return p

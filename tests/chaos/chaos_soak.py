@@ -263,8 +263,12 @@ class Daemon:
 
 
 class Job:
-    def __init__(self, name, idx, world, protection, ctl_flags, tolerance, flush=False, large=True):
+    def __init__(self, name, idx, world, protection, ctl_flags, tolerance, flush=False, large=True,
+                 width=0):
         self.name = name
+        # Nodes the protection needs to survive `tolerance` losses (an EC stripe's
+        # k+m): with fewer up, meta keeps the version DEGRADED, not PROTECTED.
+        self.width = width
         self.idx = idx
         self.world = world
         self.protection = protection   # Python client spelling
@@ -720,7 +724,7 @@ class Soak:
             Job("ring", 0, n, "replicate:2:ring", ["--replicate", 2, "--placement", "ring"], 1),
             Job("grp", 1, n, f"replicate:{grp_copies}:group",
                 ["--replicate", grp_copies, "--placement", "group"], grp_copies - 1),
-            Job("ec", 2, 2 * n, f"ec:{k}+2", ["--ec", f"{k}+2"], 2),
+            Job("ec", 2, 2 * n, f"ec:{k}+2", ["--ec", f"{k}+2"], 2, width=k + 2),
             Job("flush", 3, n, "replicate:2:ring", ["--replicate", 2, "--placement", "ring",
                                                     "--flush-every", 1, "--keep-durable", 2], 1,
                 flush=True, large=False),
@@ -1331,7 +1335,10 @@ class Soak:
         pending = {}
         while now() < deadline:
             pending = {}
+            up = len(self.up_agents())
             for job in self.jobs:
+                if job.width > up:
+                    continue  # cannot be placed to survive its tolerance until the node is back
                 mv = self.versions_of(job)
                 v = self.newest_protected(job)
                 if v is None or mv is None:

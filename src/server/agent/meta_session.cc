@@ -107,6 +107,7 @@ void MetaSession::FencedLocked(const absl::Status& why) {
   metrics_->meta_errors->Increment();
   log::Warn("meta fenced this agent ({}); registering again", why.ToString());
   registered_ = false;
+  inventory_applied_ = false;
   metrics_->registered->Set(0);
   next_register_ = clock_->MonotonicNow();
 }
@@ -143,6 +144,8 @@ void MetaSession::Register() {
   registered_ = true;
   meta_reachable_ = true;
   inventory_due_ = true;
+  inventory_applied_ = false;
+  deferred_tasks_.clear();  // the new incarnation's stream delivers them again
   backoff_ = absl::ZeroDuration();
   next_send_ = absl::InfinitePast();
   heartbeat_ms_ = r->heartbeat_ms > 0 ? r->heartbeat_ms : 1000;
@@ -178,6 +181,20 @@ void MetaSession::SendInventory() {
     log::Warn("meta does not know {} (kept; see ckptctl status)", ShardIdString(id));
   }
   if (!r->drop.empty() || !r->drop_segments.empty()) delegate_->OnDrop(r->drop, r->drop_segments);
+  std::vector<AgentTask> deferred;
+  {
+    absl::MutexLock lock(&mu_);
+    if (inventory_due_) return;  // meta restarted meanwhile: another inventory first
+    inventory_applied_ = true;  // opens the task stream
+    deferred.swap(deferred_tasks_);
+  }
+  if (!deferred.empty()) delegate_->OnTasks(std::move(deferred), {});
+}
+
+void MetaSession::DeferTasksLocked(std::vector<AgentTask>& tasks) {
+  if (inventory_applied_) return;
+  for (AgentTask& t : tasks) deferred_tasks_.push_back(std::move(t));
+  tasks.clear();
 }
 
 void MetaSession::SendOutbox() {
@@ -290,6 +307,10 @@ void MetaSession::SendOutbox() {
     }
     for (auto& [report, s] : refused) delegate_->OnCopyRefused(report, s);
     for (auto& [fn, s] : done) fn(s);
+    {
+      absl::MutexLock lock(&mu_);
+      DeferTasksLocked(r->tasks);
+    }
     if (!r->tasks.empty()) delegate_->OnTasks(std::move(r->tasks), {});
   }
 }
@@ -324,7 +345,11 @@ void MetaSession::Heartbeat() {
     lease_valid_until_ = sent + absl::Milliseconds(lease_ms_);
     next_heartbeat_ = now + absl::Milliseconds(heartbeat_ms_);
     last_heartbeat_unix_ms_ = clock_->NowUnixMillis();
-    if (r->inventory_required) inventory_due_ = true;  // meta restarted
+    if (r->inventory_required) {  // meta restarted
+      inventory_due_ = true;
+      inventory_applied_ = false;
+    }
+    DeferTasksLocked(r->tasks);
   }
   if (!r->tasks.empty() || !r->cancelled_task_ids.empty()) {
     delegate_->OnTasks(std::move(r->tasks), std::move(r->cancelled_task_ids));
@@ -380,7 +405,9 @@ void MetaSession::WatchLoop() {
     uint64_t inc;
     {
       absl::MutexLock lock(&mu_);
-      auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stopping_ || registered_; };
+      auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        return stopping_ || (registered_ && inventory_applied_);
+      };
       mu_.Await(absl::Condition(&ready));
       if (stopping_) return;
       inc = incarnation_;

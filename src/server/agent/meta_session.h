@@ -127,6 +127,8 @@ class MetaSession {
   void Heartbeat();
   // After a transient failure: keep everything queued, back off.
   void BackOffLocked(const absl::Status& why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Until the inventory is applied, moves `tasks` to deferred_tasks_.
+  void DeferTasksLocked(std::vector<AgentTask>& tasks) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void FencedLocked(const absl::Status& why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void PushLocked(Outbound o) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
@@ -145,6 +147,13 @@ class MetaSession {
   absl::Duration backoff_ ABSL_GUARDED_BY(mu_) = absl::ZeroDuration();
   bool registered_ ABSL_GUARDED_BY(mu_) = false;
   bool inventory_due_ ABSL_GUARDED_BY(mu_) = false;
+  // Meta's answer to the last inventory was applied (its drops done). Tasks
+  // wait for it: a task that stores a copy here before the drops would have
+  // that copy dropped with the stale one of the same id.
+  bool inventory_applied_ ABSL_GUARDED_BY(mu_) = false;
+  // Tasks that came with report or heartbeat answers before that: run once
+  // the inventory is applied.
+  std::vector<AgentTask> deferred_tasks_ ABSL_GUARDED_BY(mu_);
   uint64_t incarnation_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t previous_incarnation_ ABSL_GUARDED_BY(mu_) = 0;
   bool meta_reachable_ ABSL_GUARDED_BY(mu_) = false;

@@ -969,16 +969,10 @@ absl::StatusOr<InventoryResult> MetaCore::ReportInventory(const std::string& nod
     }
     for (Version* v : touched) e.Recompute(*v);
     node->inventory_received = true;
-    // Drop what the decisions said to drop.
-    std::vector<Holding> drops;
-    for (const auto& d : result.decisions)
-      if (d.action == InventoryDecision::Action::kDrop) drops.push_back(d.holding);
-    if (!drops.empty()) {
-      Task& t = e.NewTask(node_id, TaskKind::kDrop, "", 0, 0);
-      t.drop = std::move(drops);
-      t.reason = "not assigned to this node after inventory reconciliation";
-      txn.Task(t);
-    }
+    // The drop decisions travel in the answer, which the agent applies before
+    // it runs tasks (an agent that dies first asks again on restart). Never as
+    // a drop task too: one delivered after a rebuild put a new copy of the
+    // same segment here would drop the new copy.
     log::Info("inventory of node {}: {} entries, {} kept, {} decisions, {} missing", node_id,
               holdings.size(), result.kept, result.decisions.size(), result.missing.size());
     seq = SubmitLocked(txn);

@@ -126,6 +126,34 @@ TEST(Loopback, PeerStopFailsPeerAndLaterSends) {
   EXPECT_EQ(done.statuses()[0].code(), absl::StatusCode::kUnavailable);
 }
 
+// Two connections between the same pair (two threads connected at once and
+// one is closed): closing one fails only that one, at both ends; replies on
+// the other still arrive. The loopback used to fail every connection of the
+// pair at the accepting end, so its replies went nowhere and a read waited
+// out the peer timeout (the flaky ADecodeNeverWaitsOnAHolderMetaCallsSuspect).
+TEST(Loopback, ClosingOneConnectionKeepsTheOther) {
+  Pair p;
+  Transport* b = nullptr;
+  p.hb.on_received = [&b](const Inbound& msg, const absl::Status&) {
+    b->Send(msg.from, 2, absl::StrCat("pong-", msg.header), {}, [](const absl::Status&) {});
+  };
+  b = p.b.get();
+  ASSERT_NO_FATAL_FAILURE(p.Start());
+  absl::StatusOr<PeerId> extra = p.a->Connect(p.b->address(), 1000);
+  ASSERT_TRUE(extra.ok()) << extra.status();
+  ASSERT_NE(*extra, p.to_b);
+  p.a->Disconnect(*extra);
+  ASSERT_TRUE(p.hb.WaitPeerFailed(1));  // b sees exactly the closed connection go
+  ASSERT_TRUE(p.ha.WaitPeerFailed(1));
+  EXPECT_EQ(p.ha.failed()[0].first, *extra);
+  p.a->Send(p.to_b, 1, "ping", {}, [](const absl::Status&) {});
+  ASSERT_TRUE(p.ha.WaitReceived(1));
+  EXPECT_EQ(p.ha.received()[0].msg.header, "pong-ping");
+  EXPECT_EQ(p.ha.received()[0].msg.from, p.to_b);
+  EXPECT_EQ(p.hb.failed().size(), 1u);
+  EXPECT_EQ(p.ha.failed().size(), 1u);
+}
+
 // Counts sends in flight per peer, to check SendChunked's window.
 class CountingTransport : public Transport {
  public:

@@ -62,20 +62,31 @@ class Loopback : public std::enable_shared_from_this<Loopback> {
       if (it != GlobalRegistry().by_name.end()) remote = it->second;
     }
     if (remote == nullptr) return absl::UnavailableError(absl::StrCat("no transport listens on ", address));
-    const PeerId remote_side = remote->Accept(shared_from_this());
-    if (remote_side == 0) return absl::UnavailableError(absl::StrCat(address, " is shutting down"));
+    // Each connection is a pair of ids, one per side, that know each other:
+    // closing one connection never touches another between the same two.
+    PeerId id = 0;
+    {
+      absl::MutexLock lock(&mu_);
+      id = next_peer_++;
+      peers_[id] = Peer{remote, 0, /*failed=*/true};  // usable once accepted
+    }
+    const PeerId remote_side = remote->Accept(shared_from_this(), id);
     absl::MutexLock lock(&mu_);
-    const PeerId id = next_peer_++;
-    peers_[id] = Peer{remote, remote_side};
+    if (remote_side == 0) {
+      peers_.erase(id);
+      return absl::UnavailableError(absl::StrCat(address, " is shutting down"));
+    }
+    peers_[id] = Peer{remote, remote_side, false};
     return id;
   }
 
-  // The remote side of a new connection: registers `from` as a peer.
-  PeerId Accept(const std::shared_ptr<Loopback>& from) {
+  // The remote side of a new connection: registers `from`'s connection
+  // `from_id` as a peer.
+  PeerId Accept(const std::shared_ptr<Loopback>& from, PeerId from_id) {
     absl::MutexLock lock(&mu_);
     if (stopped_) return 0;
     const PeerId id = next_peer_++;
-    peers_[id] = Peer{from, 0};
+    peers_[id] = Peer{from, from_id, false};
     return id;
   }
 
@@ -95,9 +106,6 @@ class Loopback : public std::enable_shared_from_this<Loopback> {
         remote_id = it->second.remote_id;
       }
     }
-    // The accepted side looks its id up at the other end (never under our
-    // lock: two transports may send to each other at once).
-    if (remote_id == 0 && remote != nullptr) remote_id = remote->PeerIdOf(this);
     if (remote == nullptr || remote_id == 0) {
       Complete(std::move(done), absl::UnavailableError(absl::StrCat("peer ", peer, " is not connected")));
       return;
@@ -131,24 +139,30 @@ class Loopback : public std::enable_shared_from_this<Loopback> {
     if (!posted) Complete(std::move(done), absl::UnavailableError("peer stopped"));
   }
 
-  PeerId PeerIdOf(const Loopback* other) {
-    absl::MutexLock lock(&mu_);
-    for (const auto& [id, p] : peers_)
-      if (!p.failed && p.remote.lock().get() == other) return id;
-    return 0;
-  }
-
   void Disconnect(PeerId peer) {
     std::shared_ptr<Loopback> remote;
+    PeerId remote_id = 0;
     {
       absl::MutexLock lock(&mu_);
       auto it = peers_.find(peer);
       if (it == peers_.end() || it->second.failed) return;
       it->second.failed = true;
       remote = it->second.remote.lock();
+      remote_id = it->second.remote_id;
     }
     Post([this, peer] { handler_->OnPeerFailed(peer, absl::CancelledError("disconnected")); });
-    if (remote) remote->RemoteGone(this);
+    if (remote) remote->ConnectionClosed(remote_id);
+  }
+
+  // The other end closed connection `id` (only that one).
+  void ConnectionClosed(PeerId id) {
+    {
+      absl::MutexLock lock(&mu_);
+      auto it = peers_.find(id);
+      if (it == peers_.end() || it->second.failed) return;
+      it->second.failed = true;
+    }
+    Post([this, id] { handler_->OnPeerFailed(id, absl::UnavailableError("peer closed the connection")); });
   }
 
   // The process at the other end of some connections died or disconnected.
@@ -193,7 +207,7 @@ class Loopback : public std::enable_shared_from_this<Loopback> {
  private:
   struct Peer {
     std::weak_ptr<Loopback> remote;
-    PeerId remote_id = 0;  // 0: look it up (accepted side)
+    PeerId remote_id = 0;  // this connection's id at the other end
     bool failed = false;
   };
 

@@ -72,18 +72,6 @@ ctest --test-dir "${build}" -L 'unit|integration|fault' --output-on-failure \
 echo "== tests took $(( $(date +%s) - start )) s"
 
 if [ -n "${reports}" ]; then
-  mapfile -t found < <(find "${reports}" -type f | sort)
-  if [ "${#found[@]}" -gt 0 ]; then
-    echo "== ${#found[@]} sanitizer report file(s) in ${reports} (one per process; SUMMARY lines):"
-    for f in "${found[@]}"; do
-      echo "---- ${f}"
-      grep -h '^SUMMARY' "${f}" | sort | uniq -c || true
-    done
-    echo "== the first report in full (at most 200 lines): ${found[0]}"
-    head -n 200 "${found[0]}"
-    rc=1
-  else
-    echo "== no sanitizer reports"
-  fi
+  "${root}/scripts/sanitizer-reports.sh" "${reports}" sanitizer || rc=1
 fi
 exit "${rc}"

@@ -99,17 +99,5 @@ if [ "${#failed[@]}" -gt 0 ]; then
   done
   rc=1
 fi
-mapfile -t found < <(find "${reports}" -type f | sort)
-if [ "${#found[@]}" -gt 0 ]; then
-  echo "== ${#found[@]} TSan report file(s) in ${reports} (one per process; SUMMARY lines):"
-  for f in "${found[@]}"; do
-    echo "---- ${f}"
-    grep -h '^SUMMARY' "${f}" | sort | uniq -c || true
-  done
-  echo "== the first report in full (at most 200 lines): ${found[0]}"
-  head -n 200 "${found[0]}"
-  rc=1
-else
-  echo "== no TSan reports"
-fi
+"${root}/scripts/sanitizer-reports.sh" "${reports}" TSan || rc=1
 exit "${rc}"

@@ -5,14 +5,16 @@ import ctypes
 import os
 import pathlib
 import signal
-import socket
 import subprocess
+import sys
 import time
 import uuid
 
 import pytest
 
 import ckpt
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "tests" / "support"))
+from localnet import free_ports, wait_tcp  # noqa: E402
 
 BUILD_DIR = pathlib.Path(os.environ.get("CKPT_BUILD_DIR", pathlib.Path(__file__).resolve().parents[2] / "build"))
 
@@ -22,32 +24,6 @@ def _die_with_parent():
     # orphans holding ports and memory after the session.
     PR_SET_PDEATHSIG = 1
     ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-
-
-def free_ports(n):
-    socks = []
-    try:
-        for _ in range(n):
-            s = socket.socket()
-            s.bind(("127.0.0.1", 0))
-            socks.append(s)
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
-
-
-def wait_tcp(port, proc, timeout):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"process exited with {proc.returncode}")
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
-            return
-        except OSError:
-            time.sleep(0.05)  # bounded poll for process start-up
-    raise RuntimeError(f"port {port} not listening after {timeout} s")
 
 
 class Cluster:

@@ -78,6 +78,8 @@ import time
 import traceback
 import urllib.error
 import urllib.request
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "tests" / "support"))
+from localnet import free_ports  # noqa: E402
 
 KiB = 1 << 10
 MiB = 1 << 20
@@ -126,19 +128,6 @@ def fmt_bytes(n):
         if abs(n) >= f:
             return f"{n / f:.1f} {unit}"
     return f"{n} B"
-
-
-def free_ports(n):
-    socks = []
-    try:
-        for _ in range(n):
-            s = socket.socket()
-            s.bind(("127.0.0.1", 0))
-            socks.append(s)
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
 
 
 def http_get(port, path, timeout=2.0):

@@ -390,8 +390,15 @@ TEST_F(CkptctlBigShardTest, OnlineRestoreOfAOneGiBShardStreams) {
   Json j = Json::parse(r->stdout_text);
   ASSERT_EQ(j["files"].size(), 1u);
   EXPECT_EQ(j["files"][0]["size_bytes"], kSize);
-  // Streams: a few chunks in flight, never the shard (about 25 MB here).
-  EXPECT_LT(r->max_rss_bytes, uint64_t{64} << 20) << "ckptctl held " << r->max_rss_bytes << " bytes";
+  // Streams: a few chunks in flight, never the shard (about 25 MB here). Under
+  // ASan freed chunks sit in its quarantine (256 MiB by default) and every
+  // byte has shadow: the bound there is only "well under the 1 GiB shard".
+#if defined(__SANITIZE_ADDRESS__)
+  constexpr uint64_t kMaxRss = uint64_t{640} << 20;
+#else
+  constexpr uint64_t kMaxRss = uint64_t{64} << 20;
+#endif
+  EXPECT_LT(r->max_rss_bytes, kMaxRss) << "ckptctl held " << r->max_rss_bytes << " bytes";
   // Byte for byte, read back in pieces against the regenerated pattern.
   std::ifstream in(out + "/rank-00000.bin", std::ios::binary);
   constexpr uint64_t kPiece = 16 << 20;

@@ -29,6 +29,7 @@
 #include "integration/agent_process.h"
 #include "integration/client_options.h"
 #include "integration/meta_process.h"
+#include "integration/node_cluster.h"
 #include "support/process.h"
 #include "support/temp_dir.h"
 
@@ -52,32 +53,9 @@ std::vector<uint8_t> RankBytes(uint32_t rank, uint64_t step, size_t n) {
   return v;
 }
 
-class JobLifecycleTest : public ::testing::Test {
+class JobLifecycleTest : public testing::NodesClusterTest {
  protected:
-  void SetUp() override {
-    absl::StatusOr<TempDir> dir = TempDir::Create();
-    ASSERT_TRUE(dir.ok()) << dir.status();
-    dir_ = std::make_unique<TempDir>(*std::move(dir));
-    absl::StatusOr<std::unique_ptr<MetaProcess>> meta = MetaProcess::Start(*dir_->Sub("meta"), dir_->path());
-    ASSERT_TRUE(meta.ok()) << meta.status();
-    meta_ = *std::move(meta);
-    for (int i = 0; i < 3; ++i) {
-      AgentProcessOptions o;
-      o.node_id = absl::StrCat("n", i);
-      o.meta_address = meta_->address();
-      o.dir = *dir_->Sub(o.node_id);
-      o.memory = "48MiB";
-      absl::StatusOr<std::unique_ptr<AgentProcess>> a = AgentProcess::Start(o);
-      ASSERT_TRUE(a.ok()) << a.status();
-      agents_.push_back(*std::move(a));
-    }
-  }
-
-  std::string Logs() {
-    std::string out = "--- meta ---\n" + meta_->proc()->LogTail();
-    for (size_t i = 0; i < agents_.size(); ++i) absl::StrAppend(&out, "--- n", i, " ---\n", agents_[i]->proc()->LogTail());
-    return out;
-  }
+  JobLifecycleTest() : NodesClusterTest(3, "48MiB") {}
 
   RunResult Ctl(std::vector<std::string> args) {
     testing::SubprocessOptions o;
@@ -148,10 +126,6 @@ class JobLifecycleTest : public ::testing::Test {
     EXPECT_TRUE(s.ok()) << s.error_message();
     return resp.job().spec();
   }
-
-  std::unique_ptr<TempDir> dir_;
-  std::unique_ptr<MetaProcess> meta_;
-  std::vector<std::unique_ptr<AgentProcess>> agents_;
 };
 
 TEST_F(JobLifecycleTest, OperatorCreatedJobsOpenWithoutRepeatingTheirProtection) {

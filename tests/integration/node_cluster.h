@@ -1,12 +1,16 @@
-// A one-node cluster for integration tests: a real ckpt-meta and one
-// ckpt-agent (durable root included) in a fresh temp dir, as a GoogleTest
-// fixture base. Subclasses pick the agent's memory budget.
+// Clusters for integration tests, as GoogleTest fixture bases, in a fresh
+// temp dir: NodeClusterTest is a real ckpt-meta and one ckpt-agent (durable
+// root included); NodesClusterTest is ckpt-meta and agents n0, n1, ...
+// Subclasses pick the agents' memory budget (and arguments).
 #pragma once
 
 #include <gtest/gtest.h>
 
 #include <memory>
 #include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
 
 #include "integration/agent_process.h"
 #include "integration/meta_process.h"
@@ -53,6 +57,49 @@ class NodeClusterTest : public ::testing::Test {
   std::unique_ptr<TempDir> dir_;
   std::unique_ptr<MetaProcess> meta_;
   std::unique_ptr<AgentProcess> agent_;
+};
+
+// ckpt-meta and `nodes` agents named n0, n1, ... (no durable root), each with
+// `memory` and `extra_args`; Logs() is every daemon's log tail.
+class NodesClusterTest : public ::testing::Test {
+ protected:
+  NodesClusterTest(int nodes, std::string memory, std::vector<std::string> extra_args = {})
+      : nodes_(nodes), memory_(std::move(memory)), extra_args_(std::move(extra_args)) {}
+
+  void SetUp() override {
+    absl::StatusOr<TempDir> dir = TempDir::Create();
+    ASSERT_TRUE(dir.ok()) << dir.status();
+    dir_ = std::make_unique<TempDir>(*std::move(dir));
+    absl::StatusOr<std::unique_ptr<MetaProcess>> meta = MetaProcess::Start(*dir_->Sub("meta"), dir_->path());
+    ASSERT_TRUE(meta.ok()) << meta.status();
+    meta_ = *std::move(meta);
+    for (int i = 0; i < nodes_; ++i) {
+      AgentProcessOptions o;
+      o.node_id = absl::StrCat("n", i);
+      o.meta_address = meta_->address();
+      o.dir = *dir_->Sub(o.node_id);
+      o.memory = memory_;
+      o.extra_args = extra_args_;
+      absl::StatusOr<std::unique_ptr<AgentProcess>> a = AgentProcess::Start(o);
+      ASSERT_TRUE(a.ok()) << a.status();
+      agents_.push_back(*std::move(a));
+    }
+  }
+
+  std::string Logs() {
+    std::string out = "--- meta ---\n" + meta_->proc()->LogTail();
+    for (size_t i = 0; i < agents_.size(); ++i) {
+      absl::StrAppend(&out, "--- n", i, " ---\n", agents_[i]->proc()->LogTail());
+    }
+    return out;
+  }
+
+  const int nodes_;
+  const std::string memory_;
+  const std::vector<std::string> extra_args_;
+  std::unique_ptr<TempDir> dir_;
+  std::unique_ptr<MetaProcess> meta_;
+  std::vector<std::unique_ptr<AgentProcess>> agents_;
 };
 
 }  // namespace ckpt::testing

@@ -24,6 +24,7 @@
 #include "integration/agent_process.h"
 #include "integration/client_options.h"
 #include "integration/meta_process.h"
+#include "integration/node_cluster.h"
 #include "support/sockets.h"
 #include "support/temp_dir.h"
 
@@ -56,35 +57,9 @@ struct Hit {
   absl::StatusOr<GarbageResult> result = absl::UnknownError("not run");
 };
 
-class PortGarbageTest : public ::testing::Test {
+class PortGarbageTest : public testing::NodesClusterTest {
  protected:
-  void SetUp() override {
-    absl::StatusOr<TempDir> dir = TempDir::Create();
-    ASSERT_TRUE(dir.ok()) << dir.status();
-    dir_ = std::make_unique<TempDir>(*std::move(dir));
-    absl::StatusOr<std::unique_ptr<MetaProcess>> meta = MetaProcess::Start(*dir_->Sub("meta"), dir_->path());
-    ASSERT_TRUE(meta.ok()) << meta.status();
-    meta_ = *std::move(meta);
-    for (int i = 0; i < 3; ++i) {
-      AgentProcessOptions o;
-      o.node_id = absl::StrCat("n", i);
-      o.meta_address = meta_->address();
-      o.dir = *dir_->Sub(o.node_id);
-      o.memory = "48MiB";
-      o.extra_args = {"--data-chunk", "1MiB"};
-      absl::StatusOr<std::unique_ptr<AgentProcess>> a = AgentProcess::Start(o);
-      ASSERT_TRUE(a.ok()) << a.status();
-      agents_.push_back(*std::move(a));
-    }
-  }
-
-  std::string Logs() {
-    std::string out = "--- meta ---\n" + meta_->proc()->LogTail();
-    for (size_t i = 0; i < agents_.size(); ++i) {
-      absl::StrAppend(&out, "--- n", i, " ---\n", agents_[i]->proc()->LogTail());
-    }
-    return out;
-  }
+  PortGarbageTest() : NodesClusterTest(3, "48MiB", {"--data-chunk", "1MiB"}) {}
 
   // Every listening socket of `pid`, checked to include `must_have`
   // ("tcp 127.0.0.1:7402", ...).
@@ -140,10 +115,6 @@ class PortGarbageTest : public ::testing::Test {
       EXPECT_TRUE(s.ok() && st.registered()) << s.error_message();
     }
   }
-
-  std::unique_ptr<TempDir> dir_;
-  std::unique_ptr<MetaProcess> meta_;
-  std::vector<std::unique_ptr<AgentProcess>> agents_;
 };
 
 TEST_F(PortGarbageTest, EveryDaemonSurvivesGarbageOnEverySocketAndStillWorks) {

@@ -189,10 +189,64 @@ class AgentCluster : public ::testing::Test {
     return t;
   }
 
+  // Saves one shard of `sizes[j]` bytes on nodes_[j] (j < 3) and runs an
+  // RS(2,1) encode over them: stripe s has its parity on node s and data
+  // segments of nodes s+1 (position 0) and s+2 (position 1). Returns the
+  // segment reports by stripe and position.
+  std::map<uint32_t, std::map<uint32_t, HoldingReport>> EncodeRs21(uint64_t step, const uint64_t sizes[3]) {
+    for (uint32_t j = 0; j < 3; ++j) recs_.push_back(Save(*nodes_[j], step, j, sizes[j], 20 + j));
+    for (auto& n : nodes_) n->agent->Start();
+    AgentTask t;
+    t.kind = TaskKind::kEcEncode;
+    t.kind_name = "ec_encode";
+    t.job_id = "job";
+    t.step = step;
+    t.group.data_k = 2;
+    t.group.parity_m = 1;
+    for (uint32_t s = 0; s < 3; ++s) {
+      t.group.node_ids.push_back(nodes_[s]->id);
+      EcStripeLayout st;
+      st.stripe_index = s;
+      st.data_node_ids = {nodes_[(s + 1) % 3]->id, nodes_[(s + 2) % 3]->id};
+      st.data_segment_indices = {0, 1};
+      st.parity_node_ids = {nodes_[s]->id};
+      t.group.stripes.push_back(st);
+      NodeBlob b;
+      b.node_id = nodes_[s]->id;
+      b.parts.push_back(BlobPart{s, 0, sizes[s]});
+      b.size_bytes = sizes[s];
+      b.segment_bytes = (sizes[s] + 1) / 2;
+      t.blobs.push_back(b);
+      t.members.push_back(nodes_[s]->endpoint);
+    }
+    for (uint32_t j = 0; j < 3; ++j) {
+      t.id = absl::StrCat("t-ec-", j);
+      nodes_[j]->agent->EnqueueTasks({t});
+    }
+    std::map<uint32_t, std::map<uint32_t, HoldingReport>> seg;
+    for (uint32_t j = 0; j < 3; ++j) {
+      EXPECT_TRUE(WaitResult(*nodes_[j], absl::StrCat("t-ec-", j)).ok());
+      for (const HoldingReport& r : SegmentReports(*nodes_[j])) seg[r.segment.stripe][r.segment.position] = r;
+    }
+    seg_ = seg;
+    return seg;
+  }
+  SegmentLocation Loc(uint64_t step, uint32_t s, uint32_t p, const Node& holder) {
+    SegmentLocation l;
+    l.key = SegmentId{"job", step, 0, s, p};
+    l.kind = p < 2 ? SegmentKind::kData : SegmentKind::kParity;
+    l.length_bytes = seg_[s][p].size_bytes;
+    l.crc32c = seg_[s][p].crc32c;
+    l.holder = holder.endpoint;
+    return l;
+  }
+
   std::unique_ptr<ckpt::testing::TempDir> dir_;
   MemFileSystem fs_;
   std::vector<std::unique_ptr<Node>> nodes_;
   std::map<std::pair<std::string, uint32_t>, std::string> contents_;
+  std::vector<ShardRecord> recs_;                               // EncodeRs21's shards
+  std::map<uint32_t, std::map<uint32_t, HoldingReport>> seg_;  // EncodeRs21's segments
 };
 
 }  // namespace ckpt::agent

@@ -98,44 +98,10 @@ TEST_F(PeerTest, ReplicatesRestoresFromPeerAndQuarantinesABadCopy) {
 // of nodes s+1 (position 0) and s+2 (position 1); each blob is cut in 2.
 TEST_F(PeerTest, EncodesParityDecodesWithOwnerGoneAndRebuildsParity) {
   for (int i = 0; i < 3; ++i) AddNode(3);
-  std::vector<ShardRecord> recs;
   const uint64_t sizes[3] = {4097, 3000, 1};  // unequal blobs, one tiny
-  for (uint32_t j = 0; j < 3; ++j) recs.push_back(Save(*nodes_[j], 9, j, sizes[j], 10 + j));
-  for (auto& n : nodes_) n->agent->Start();
-
-  AgentTask t;
-  t.kind = TaskKind::kEcEncode;
-  t.kind_name = "ec_encode";
-  t.job_id = "job";
-  t.step = 9;
-  t.group.group_index = 0;
-  t.group.data_k = 2;
-  t.group.parity_m = 1;
-  for (uint32_t s = 0; s < 3; ++s) {
-    t.group.node_ids.push_back(nodes_[s]->id);
-    EcStripeLayout st;
-    st.stripe_index = s;
-    st.data_node_ids = {nodes_[(s + 1) % 3]->id, nodes_[(s + 2) % 3]->id};
-    st.data_segment_indices = {0, 1};
-    st.parity_node_ids = {nodes_[s]->id};
-    t.group.stripes.push_back(st);
-    NodeBlob b;
-    b.node_id = nodes_[s]->id;
-    b.parts.push_back(BlobPart{s, 0, sizes[s]});
-    b.size_bytes = sizes[s];
-    b.segment_bytes = (sizes[s] + 1) / 2;
-    t.blobs.push_back(b);
-    t.members.push_back(nodes_[s]->endpoint);
-  }
-  for (uint32_t j = 0; j < 3; ++j) {
-    t.id = absl::StrCat("t-ec-", j);
-    nodes_[j]->agent->EnqueueTasks({t});
-  }
-  std::map<uint32_t, std::map<uint32_t, HoldingReport>> seg;  // stripe -> position -> report
-  for (uint32_t j = 0; j < 3; ++j) {
-    ASSERT_TRUE(WaitResult(*nodes_[j], absl::StrCat("t-ec-", j)).ok());
-    for (const HoldingReport& r : SegmentReports(*nodes_[j])) seg[r.segment.stripe][r.segment.position] = r;
-  }
+  std::map<uint32_t, std::map<uint32_t, HoldingReport>> seg = EncodeRs21(9, sizes);  // stripe -> position -> report
+  ASSERT_FALSE(HasFailure());
+  const std::vector<ShardRecord>& recs = recs_;
   // Parity equals a full encode of each stripe's (zero-padded) data.
   auto codec = ec::Codec::Create(2, 1);
   for (uint32_t s = 0; s < 3; ++s) {
@@ -158,15 +124,7 @@ TEST_F(PeerTest, EncodesParityDecodesWithOwnerGoneAndRebuildsParity) {
   // Node 0 dies. Its shard is rebuilt on node 1: its segment 0 sits in
   // stripe 2 (position 0), its segment 1 in stripe 1 (position 1).
   nodes_[0]->agent->Stop();
-  auto loc = [&](uint32_t s, uint32_t p, const Node& holder) {
-    SegmentLocation l;
-    l.key = SegmentId{"job", 9, 0, s, p};
-    l.kind = p < 2 ? SegmentKind::kData : SegmentKind::kParity;
-    l.length_bytes = seg[s][p].size_bytes;
-    l.crc32c = seg[s][p].crc32c;
-    l.holder = holder.endpoint;
-    return l;
-  };
+  auto loc = [&](uint32_t s, uint32_t p, const Node& holder) { return Loc(9, s, p, holder); };
   EcDecodeSource src;
   src.data_k = 2;
   src.parity_m = 1;

@@ -1,0 +1,34 @@
+"""Helpers for Python programs that start ckpt daemons on 127.0.0.1: free ports
+and waiting for a daemon to listen. Shared by python/tests/conftest.py,
+bench/item_bench.py and tests/chaos/chaos_soak.py (each puts this directory on
+sys.path)."""
+import socket
+import time
+
+
+def free_ports(n):
+    """n distinct TCP ports that were free on 127.0.0.1 a moment ago."""
+    socks = []
+    try:
+        for _ in range(n):
+            s = socket.socket()
+            s.bind(("127.0.0.1", 0))
+            socks.append(s)
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def wait_tcp(port, proc, timeout):
+    """Returns once 127.0.0.1:port accepts; raises if proc exits or timeout s pass."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"process exited with {proc.returncode}")
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+            return
+        except OSError:
+            time.sleep(0.05)  # bounded poll for process start-up
+    raise RuntimeError(f"port {port} not listening after {timeout} s")

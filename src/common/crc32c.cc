@@ -6,6 +6,8 @@
 #include <cassert>
 #include <cstring>
 
+#include "common/lock_check.h"
+
 namespace ckpt {
 namespace {
 
@@ -64,6 +66,8 @@ constexpr size_t kCopyBlock = 64 * 1024;
 uint32_t Crc32c(const void* data, size_t size) { return Crc32cExtend(0, data, size); }
 
 uint32_t Crc32cExtend(uint32_t crc, const void* data, size_t size) {
+  // A page or more is real work: never under a component's lock.
+  if (size >= 4096) AssertNoCheckedLock("crc32c of 4 KiB or more");
   // ISA-L's crc32_iscsi has neither the initial nor the final inversion, and
   // takes an int length: feed it at most 1 GiB at a time.
   auto* p = static_cast<unsigned char*>(const_cast<void*>(data));

@@ -15,6 +15,7 @@
 #include <utility>
 #include <vector>
 
+#include "common/lock_check.h"
 
 namespace ckpt {
 namespace mem_fs_internal {
@@ -133,18 +134,21 @@ class MemFileSystem::MemWritableFile : public WritableFile {
       : fs_(fs), node_(std::move(node)), path_(std::move(path)), generation_(generation) {}
 
   absl::Status Append(std::span<const std::byte> data) override {
+    AssertNoCheckedLock("file I/O");
     absl::MutexLock lock(&fs_->mu_);
     if (absl::Status s = Check("append to"); !s.ok()) return s;
     return WriteLocked(node_->data.size(), data);
   }
 
   absl::Status PositionedWrite(uint64_t offset, std::span<const std::byte> data) override {
+    AssertNoCheckedLock("file I/O");
     absl::MutexLock lock(&fs_->mu_);
     if (absl::Status s = Check("write to"); !s.ok()) return s;
     return WriteLocked(offset, data);
   }
 
   absl::Status Preallocate(uint64_t size_bytes) override {
+    AssertNoCheckedLock("file I/O");
     absl::MutexLock lock(&fs_->mu_);
     if (absl::Status s = Check("preallocate"); !s.ok()) return s;
     if (!FitsInMemFile(0, size_bytes)) return PosixErrorToStatus(EFBIG, "preallocate", path_);
@@ -152,6 +156,7 @@ class MemFileSystem::MemWritableFile : public WritableFile {
   }
 
   absl::Status Sync() override {
+    AssertNoCheckedLock("file I/O");
     absl::MutexLock lock(&fs_->mu_);
     if (absl::Status s = Check("sync"); !s.ok()) return s;
     node_->synced_data = node_->data;
@@ -159,6 +164,7 @@ class MemFileSystem::MemWritableFile : public WritableFile {
   }
 
   absl::Status Close() override {
+    AssertNoCheckedLock("file I/O");
     absl::MutexLock lock(&fs_->mu_);
     closed_ = true;
     return absl::OkStatus();
@@ -200,6 +206,7 @@ class MemFileSystem::MemReadableFile : public ReadableFile {
         size_(size) {}
 
   absl::StatusOr<size_t> PositionedRead(uint64_t offset, std::span<std::byte> out) override {
+    AssertNoCheckedLock("file I/O");
     absl::MutexLock lock(&fs_->mu_);
     if (generation_ != fs_->generation_) return HandleError("read", path_, /*closed=*/false);
     const std::string& content = node_->data;
@@ -237,6 +244,7 @@ MemFileSystem::~MemFileSystem() {
 
 absl::StatusOr<std::unique_ptr<WritableFile>> MemFileSystem::NewWritableFile(
     const std::string& path, OpenMode mode) {
+  AssertNoCheckedLock("file I/O");
   absl::MutexLock lock(&mu_);
   absl::StatusOr<Resolved> r = Resolve(root_, path, "open", path);
   if (!r.ok()) return r.status();
@@ -254,6 +262,7 @@ absl::StatusOr<std::unique_ptr<WritableFile>> MemFileSystem::NewWritableFile(
 
 absl::StatusOr<std::unique_ptr<ReadableFile>> MemFileSystem::NewReadableFile(
     const std::string& path) {
+  AssertNoCheckedLock("file I/O");
   absl::MutexLock lock(&mu_);
   absl::StatusOr<std::shared_ptr<Node>> node = Lookup(root_, path, "open");
   if (!node.ok()) return node.status();
@@ -263,6 +272,7 @@ absl::StatusOr<std::unique_ptr<ReadableFile>> MemFileSystem::NewReadableFile(
 }
 
 absl::StatusOr<FileStat> MemFileSystem::Stat(const std::string& path) {
+  AssertNoCheckedLock("file I/O");
   absl::MutexLock lock(&mu_);
   absl::StatusOr<std::shared_ptr<Node>> node = Lookup(root_, path, "stat");
   if (!node.ok()) return node.status();
@@ -273,6 +283,7 @@ absl::StatusOr<FileStat> MemFileSystem::Stat(const std::string& path) {
 }
 
 absl::StatusOr<std::vector<std::string>> MemFileSystem::ListDir(const std::string& path) {
+  AssertNoCheckedLock("file I/O");
   absl::MutexLock lock(&mu_);
   absl::StatusOr<std::shared_ptr<Node>> node = Lookup(root_, path, "opendir");
   if (!node.ok()) return node.status();
@@ -284,6 +295,7 @@ absl::StatusOr<std::vector<std::string>> MemFileSystem::ListDir(const std::strin
 }
 
 absl::Status MemFileSystem::CreateDir(const std::string& path) {
+  AssertNoCheckedLock("file I/O");
   absl::MutexLock lock(&mu_);
   absl::StatusOr<Resolved> r = Resolve(root_, path, "mkdir", path);
   if (!r.ok()) return r.status();
@@ -295,6 +307,7 @@ absl::Status MemFileSystem::CreateDir(const std::string& path) {
 }
 
 absl::Status MemFileSystem::CreateDirs(const std::string& path) {
+  AssertNoCheckedLock("file I/O");
   absl::MutexLock lock(&mu_);
   absl::StatusOr<Components> components = SplitPath(path, "mkdir", path);
   if (!components.ok()) return components.status();
@@ -313,6 +326,7 @@ absl::Status MemFileSystem::CreateDirs(const std::string& path) {
 }
 
 absl::Status MemFileSystem::DeleteFile(const std::string& path) {
+  AssertNoCheckedLock("file I/O");
   absl::MutexLock lock(&mu_);
   absl::StatusOr<Resolved> r = Resolve(root_, path, "unlink", path);
   if (!r.ok()) return r.status();
@@ -323,6 +337,7 @@ absl::Status MemFileSystem::DeleteFile(const std::string& path) {
 }
 
 absl::Status MemFileSystem::DeleteDir(const std::string& path) {
+  AssertNoCheckedLock("file I/O");
   absl::MutexLock lock(&mu_);
   absl::StatusOr<Resolved> r = Resolve(root_, path, "rmdir", path);
   if (!r.ok()) return r.status();
@@ -335,6 +350,7 @@ absl::Status MemFileSystem::DeleteDir(const std::string& path) {
 }
 
 absl::Status MemFileSystem::Rename(const std::string& src, const std::string& dst) {
+  AssertNoCheckedLock("file I/O");
   absl::MutexLock lock(&mu_);
   const std::string shown = src + "' to '" + dst;
   absl::StatusOr<Resolved> from = Resolve(root_, src, "rename", shown);
@@ -367,6 +383,7 @@ absl::Status MemFileSystem::Rename(const std::string& src, const std::string& ds
 }
 
 absl::Status MemFileSystem::SyncDir(const std::string& path) {
+  AssertNoCheckedLock("file I/O");
   absl::MutexLock lock(&mu_);
   absl::StatusOr<std::shared_ptr<Node>> node = Lookup(root_, path, "open directory");
   if (!node.ok()) return node.status();
@@ -376,6 +393,7 @@ absl::Status MemFileSystem::SyncDir(const std::string& path) {
 }
 
 absl::Status MemFileSystem::Truncate(const std::string& path, uint64_t size_bytes) {
+  AssertNoCheckedLock("file I/O");
   absl::MutexLock lock(&mu_);
   absl::StatusOr<std::shared_ptr<Node>> node = Lookup(root_, path, "truncate");
   if (!node.ok()) return node.status();
@@ -386,6 +404,7 @@ absl::Status MemFileSystem::Truncate(const std::string& path, uint64_t size_byte
 }
 
 absl::StatusOr<uint64_t> MemFileSystem::FreeSpaceBytes(const std::string& path) {
+  AssertNoCheckedLock("file I/O");
   absl::MutexLock lock(&mu_);
   absl::StatusOr<std::shared_ptr<Node>> node = Lookup(root_, path, "statvfs");
   if (!node.ok()) return node.status();

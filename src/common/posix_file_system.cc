@@ -22,6 +22,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "common/file_system.h"
+#include "common/lock_check.h"
 
 namespace ckpt {
 namespace {
@@ -120,6 +121,7 @@ class PosixWritableFile : public WritableFile {
   }
 
   absl::Status Append(std::span<const std::byte> data) override {
+    AssertNoCheckedLock("file I/O");
     uint64_t offset;
     {
       absl::MutexLock lock(&mu_);
@@ -131,6 +133,7 @@ class PosixWritableFile : public WritableFile {
   }
 
   absl::Status PositionedWrite(uint64_t offset, std::span<const std::byte> data) override {
+    AssertNoCheckedLock("file I/O");
     {
       absl::MutexLock lock(&mu_);
       if (closed_) return Closed("write to");
@@ -143,6 +146,7 @@ class PosixWritableFile : public WritableFile {
   }
 
   absl::Status Preallocate(uint64_t size_bytes) override {
+    AssertNoCheckedLock("file I/O");
     if (absl::Status s = CheckOpen("preallocate"); !s.ok()) return s;
     if (size_bytes == 0) return absl::OkStatus();
     const int rc = RetryOnEintr(
@@ -154,6 +158,7 @@ class PosixWritableFile : public WritableFile {
   }
 
   absl::Status Sync() override {
+    AssertNoCheckedLock("file I/O");
     if (absl::Status s = CheckOpen("sync"); !s.ok()) return s;
     if (RetryOnEintr([&] { return ::fdatasync(fd_); }) != 0) {
       return PosixErrorToStatus(errno, "fdatasync", path_);
@@ -162,6 +167,7 @@ class PosixWritableFile : public WritableFile {
   }
 
   absl::Status Close() override {
+    AssertNoCheckedLock("file I/O");
     {
       absl::MutexLock lock(&mu_);
       if (closed_) return absl::OkStatus();
@@ -204,6 +210,7 @@ class PosixReadableFile : public ReadableFile {
   ~PosixReadableFile() override { ::close(fd_); }  // read-only: nothing to lose
 
   absl::StatusOr<size_t> PositionedRead(uint64_t offset, std::span<std::byte> out) override {
+    AssertNoCheckedLock("file I/O");
     size_t total = 0;
     while (total < out.size()) {
       const ssize_t n = RetryOnEintr([&] {
@@ -244,6 +251,7 @@ class PosixFileSystemImpl : public FileSystem {
   }
 
   absl::StatusOr<std::unique_ptr<ReadableFile>> NewReadableFile(const std::string& path) override {
+    AssertNoCheckedLock("file I/O");
     const int fd = RetryOnEintr([&] { return ::open(path.c_str(), O_RDONLY | O_CLOEXEC); });
     if (fd < 0) return PosixErrorToStatus(errno, "open", path);
     struct stat st;
@@ -261,6 +269,7 @@ class PosixFileSystemImpl : public FileSystem {
   }
 
   absl::StatusOr<FileStat> Stat(const std::string& path) override {
+    AssertNoCheckedLock("file I/O");
     struct stat st;
     if (::stat(path.c_str(), &st) != 0) return PosixErrorToStatus(errno, "stat", path);
     FileStat result;
@@ -270,6 +279,7 @@ class PosixFileSystemImpl : public FileSystem {
   }
 
   absl::StatusOr<std::vector<std::string>> ListDir(const std::string& path) override {
+    AssertNoCheckedLock("file I/O");
     DIR* dir = ::opendir(path.c_str());
     if (dir == nullptr) return PosixErrorToStatus(errno, "opendir", path);
     std::vector<std::string> names;
@@ -292,11 +302,13 @@ class PosixFileSystemImpl : public FileSystem {
   }
 
   absl::Status CreateDir(const std::string& path) override {
+    AssertNoCheckedLock("file I/O");
     if (::mkdir(path.c_str(), 0755) != 0) return PosixErrorToStatus(errno, "mkdir", path);
     return absl::OkStatus();
   }
 
   absl::Status CreateDirs(const std::string& path) override {
+    AssertNoCheckedLock("file I/O");
     if (path.empty()) return PosixErrorToStatus(ENOENT, "mkdir", path);
     // Create each prefix ending before a '/' (skipping the root and repeated
     // slashes), then the whole path.
@@ -319,11 +331,13 @@ class PosixFileSystemImpl : public FileSystem {
   }
 
   absl::Status DeleteFile(const std::string& path) override {
+    AssertNoCheckedLock("file I/O");
     if (::unlink(path.c_str()) != 0) return PosixErrorToStatus(errno, "unlink", path);
     return absl::OkStatus();
   }
 
   absl::Status DeleteDir(const std::string& path) override {
+    AssertNoCheckedLock("file I/O");
     if (::rmdir(path.c_str()) != 0) {
       // POSIX allows EEXIST for a non-empty directory; report it as Linux does.
       const int err = errno == EEXIST ? ENOTEMPTY : errno;
@@ -333,6 +347,7 @@ class PosixFileSystemImpl : public FileSystem {
   }
 
   absl::Status Rename(const std::string& src, const std::string& dst) override {
+    AssertNoCheckedLock("file I/O");
     if (::rename(src.c_str(), dst.c_str()) != 0) {
       const int err = errno == EEXIST ? ENOTEMPTY : errno;
       return PosixErrorToStatus(err, "rename", src + "' to '" + dst);
@@ -341,6 +356,7 @@ class PosixFileSystemImpl : public FileSystem {
   }
 
   absl::Status SyncDir(const std::string& path) override {
+    AssertNoCheckedLock("file I/O");
     const int fd = RetryOnEintr(
         [&] { return ::open(path.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC); });
     if (fd < 0) return PosixErrorToStatus(errno, "open directory", path);
@@ -353,6 +369,7 @@ class PosixFileSystemImpl : public FileSystem {
   }
 
   absl::Status Truncate(const std::string& path, uint64_t size_bytes) override {
+    AssertNoCheckedLock("file I/O");
     if (RetryOnEintr([&] { return ::truncate(path.c_str(), static_cast<off_t>(size_bytes)); }) !=
         0) {
       return PosixErrorToStatus(errno, "truncate", path);
@@ -361,6 +378,7 @@ class PosixFileSystemImpl : public FileSystem {
   }
 
   absl::StatusOr<uint64_t> FreeSpaceBytes(const std::string& path) override {
+    AssertNoCheckedLock("file I/O");
     struct statvfs st;
     if (RetryOnEintr([&] { return ::statvfs(path.c_str(), &st); }) != 0) {
       return PosixErrorToStatus(errno, "statvfs", path);

@@ -4,6 +4,7 @@
 #include <memory>
 
 #include "absl/synchronization/mutex.h"
+#include "common/lock_check.h"
 
 namespace ckpt::transport {
 
@@ -85,6 +86,7 @@ std::vector<absl::Status> SendChunked(Transport& transport, std::span<const Peer
                                       uint16_t type, const ConstPieces& source,
                                       const BulkOptions& options, const PeerChunkHeader& header_for,
                                       Clock* clock) {
+  AssertNoCheckedLock("a chunked send (waits on the network)");
   const uint64_t total = TotalBytes(source);
   const uint64_t chunk = std::max<uint64_t>(options.chunk_bytes, 1);
   const int window = std::max(options.max_in_flight, 1);

@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/crc32c.h"
+#include "common/lock_check.h"
 #include "common/log.h"
 #include "common/names.h"
 #include "common/status_macros.h"
@@ -186,7 +187,7 @@ void Agent::Start() {
       pthread_setname_np(pthread_self(), name);
       while (true) {
         {
-          absl::MutexLock lock(&loop_mu_);
+          CheckedLock lock(&loop_mu_);
           if (stopping_) return;
         }
         if (!once()) wait();
@@ -197,7 +198,7 @@ void Agent::Start() {
        [this] { session_->AwaitWork(absl::Milliseconds(50)); });
   loop("ckpt-agent-vfy", [this] { return VerifyOnce(); },
        [this] {
-         absl::MutexLock lock(&loop_mu_);
+         CheckedLock lock(&loop_mu_);
          const uint64_t seen = verify_wake_;
          auto woken = [this, seen]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(loop_mu_) {
            return stopping_ || verify_wake_ != seen;
@@ -212,9 +213,11 @@ void Agent::Start() {
 }
 
 void Agent::Stop() {
+  // A gate, not state: held across the whole shutdown (which joins threads and
+  // makes RPCs) by design, so a plain lock, not a CheckedLock.
   absl::MutexLock stop(&stop_mu_);
   {
-    absl::MutexLock lock(&loop_mu_);
+    CheckedLock lock(&loop_mu_);
     stopping_ = true;
     ++verify_wake_;
   }
@@ -231,7 +234,7 @@ void Agent::Stop() {
 }
 
 void Agent::NotifyVerifier() {
-  absl::MutexLock lock(&loop_mu_);
+  CheckedLock lock(&loop_mu_);
   ++verify_wake_;
 }
 
@@ -257,7 +260,7 @@ absl::StatusOr<LeaseGrant> Agent::AcquireLease(const LeaseRequest& req) {
                                                      FormatBytes(arena_->capacity_bytes()), "); raise --memory"));
   }
   {
-    absl::MutexLock lock(&loop_mu_);
+    CheckedLock lock(&loop_mu_);
     if (stopping_) return absl::UnavailableError("agent is shutting down");
   }
   CKPT_RETURN_IF_ERROR(CheckSession(req.session_id));
@@ -268,7 +271,7 @@ absl::StatusOr<LeaseGrant> Agent::AcquireLease(const LeaseRequest& req) {
   const auto begun_key = std::make_tuple(req.job_id, req.step, req.run_id);
   std::optional<uint32_t> world_size;
   {
-    absl::MutexLock lock(&jobs_mu_);
+    CheckedLock lock(&jobs_mu_);
     if (auto b = begun_.find(begun_key); b != begun_.end()) world_size = b->second;
     if (auto j = job_world_.find(req.job_id); !world_size && j != job_world_.end()) world_size = j->second;
   }
@@ -288,7 +291,7 @@ absl::StatusOr<LeaseGrant> Agent::AcquireLease(const LeaseRequest& req) {
   }
   bool begin = false;
   {
-    absl::MutexLock lock(&jobs_mu_);
+    CheckedLock lock(&jobs_mu_);
     job_world_[req.job_id] = *world_size;
     begin = begun_.emplace(begun_key, *world_size).second;
   }
@@ -712,7 +715,7 @@ void Agent::OnDrop(const std::vector<ShardId>& shards, const std::vector<Segment
 void Agent::OnVersionRefused(const std::string& job, uint64_t step, const std::string& run_id,
                              const absl::Status& why) {
   {
-    absl::MutexLock lock(&jobs_mu_);
+    CheckedLock lock(&jobs_mu_);
     begun_.erase(std::make_tuple(job, step, run_id));
   }
   holdings_->DropShards([&](const ShardRecord& r) {

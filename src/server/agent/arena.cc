@@ -18,6 +18,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/crc32c.h"
+#include "common/lock_check.h"
 #include "common/log.h"
 #include "common/names.h"
 #include "common/prefault.h"
@@ -443,7 +444,7 @@ absl::Status Arena::Init(const Options& options) {
   // Verifying and flushing a shard must not pay the first-touch cost of a
   // fresh mapping either (contents are kept: re-adoption reads them next).
   if (options.populate) PrefaultForWrite(base_, capacity_, kArenaPageBytes);
-  absl::MutexLock lock(&mu_);
+  CheckedLock lock(&mu_);
   free_[0] = capacity_;
   free_total_ = capacity_;
   return absl::OkStatus();
@@ -532,7 +533,7 @@ void Arena::Adopt() {
     ::unlink((records_dir_ + "/" + old).c_str());
   }
   {
-    absl::MutexLock lock(&mu_);
+    CheckedLock lock(&mu_);
     last_seq_ = max_seq;
   }
   for (auto& [key, rec] : newest) {
@@ -541,7 +542,7 @@ void Arena::Adopt() {
     uint64_t covered = 0;
     bool fits = true;
     {
-      absl::MutexLock lock(&mu_);
+      CheckedLock lock(&mu_);
       for (const Extent& e : rec.extents) {
         if (e.length == 0 || e.offset % kArenaPageBytes != 0 || e.length > capacity_ ||
             e.offset > capacity_ - e.length || covered > UINT64_MAX - e.length || !ExtentFreeLocked(e)) {
@@ -574,7 +575,7 @@ void Arena::Adopt() {
       continue;
     }
     {
-      absl::MutexLock lock(&mu_);
+      CheckedLock lock(&mu_);
       for (const Extent& e : rec.extents) ReserveLocked(e);
     }
     ReservationPtr bytes(new Reservation(this, rec.extents));
@@ -609,7 +610,7 @@ absl::StatusOr<ReservationPtr> Arena::Reserve(uint64_t size_bytes) {
   const uint64_t want = RoundUp(std::max<uint64_t>(size_bytes, 1));
   std::vector<Extent> out;
   {
-    absl::MutexLock lock(&mu_);
+    CheckedLock lock(&mu_);
     if (want > free_total_) {
       return absl::ResourceExhaustedError(absl::StrCat("needs ", want, " bytes, ", free_total_, " free"));
     }
@@ -639,7 +640,7 @@ absl::StatusOr<ReservationPtr> Arena::Reserve(uint64_t size_bytes) {
 }
 
 void Arena::Free(std::span<const Extent> extents) {
-  absl::MutexLock lock(&mu_);
+  CheckedLock lock(&mu_);
   for (const Extent& e : extents) {
     if (e.length == 0) continue;
     uint64_t off = e.offset;
@@ -673,12 +674,12 @@ void Arena::Free(std::span<const Extent> extents) {
 }
 
 uint64_t Arena::free_bytes() const {
-  absl::MutexLock lock(&mu_);
+  CheckedLock lock(&mu_);
   return free_total_;
 }
 
 uint64_t Arena::largest_free_extent() const {
-  absl::MutexLock lock(&mu_);
+  CheckedLock lock(&mu_);
   uint64_t best = 0;
   for (const auto& [off, len] : free_) best = std::max(best, len);
   return best;
@@ -696,7 +697,7 @@ absl::Status Arena::WriteRecord(ShardRecord* record) {
   static std::atomic<uint64_t> counter{0};
   uint64_t seq;
   {
-    absl::MutexLock lock(&mu_);
+    CheckedLock lock(&mu_);
     seq = ++last_seq_;
   }
   record->seq = seq;

@@ -1,6 +1,7 @@
 #include "server/agent/data_plane.h"
 
 #include "absl/strings/str_cat.h"
+#include "common/lock_check.h"
 #include "common/log.h"
 #include "common/status_macros.h"
 #include "server/agent/peer_wire.h"
@@ -35,12 +36,13 @@ void DataPlane::Stop() {
 std::string DataPlane::address() const { return started_ ? transport_->address() : std::string(); }
 
 absl::StatusOr<PeerId> DataPlane::PeerFor(const PeerEndpoint& ep) {
+  AssertNoCheckedLock("a data-plane connect");
   if (!started_) return absl::UnavailableError("this agent has no data plane");
   if (ep.data_address.empty()) {
     return absl::UnavailableError(absl::StrCat("node \"", ep.node_id, "\" has no data-plane address"));
   }
   {
-    absl::MutexLock lock(&mu_);
+    CheckedLock lock(&mu_);
     auto it = peer_by_address_.find(ep.data_address);
     if (it != peer_by_address_.end()) return it->second;
     auto f = failed_connects_.find(ep.data_address);
@@ -52,14 +54,14 @@ absl::StatusOr<PeerId> DataPlane::PeerFor(const PeerEndpoint& ep) {
   if (!p.ok()) {
     const absl::Status why = absl::UnavailableError(absl::StrCat("cannot reach node \"", ep.node_id, "\" at ",
                                                                  ep.data_address, ": ", p.status().message()));
-    absl::MutexLock lock(&mu_);
+    CheckedLock lock(&mu_);
     failed_connects_[ep.data_address] = {clock_->MonotonicNow(), why};
     return why;
   }
   PeerId extra = 0;
   PeerId keep = *p;
   {
-    absl::MutexLock lock(&mu_);
+    CheckedLock lock(&mu_);
     failed_connects_.erase(ep.data_address);
     auto [it, added] = peer_by_address_.emplace(ep.data_address, *p);
     if (!added) {
@@ -73,6 +75,7 @@ absl::StatusOr<PeerId> DataPlane::PeerFor(const PeerEndpoint& ep) {
 }
 
 void DataPlane::Send(PeerId peer, uint16_t type, std::string header, transport::ConstPieces payload) {
+  AssertNoCheckedLock("a data-plane send");
   transport_->Send(peer, type, std::move(header), std::move(payload), [type](const absl::Status& s) {
     if (!s.ok()) log::Debug("data plane: message {} not sent: {}", type, s.ToString());
   });
@@ -112,7 +115,7 @@ void DataPlane::OnReceived(const transport::Inbound& msg, const absl::Status& st
 
 void DataPlane::OnPeerFailed(PeerId peer, const absl::Status& why) {
   {
-    absl::MutexLock lock(&mu_);
+    CheckedLock lock(&mu_);
     for (auto it = peer_by_address_.begin(); it != peer_by_address_.end();) {
       it = it->second == peer ? peer_by_address_.erase(it) : std::next(it);
     }

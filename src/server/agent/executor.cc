@@ -5,6 +5,8 @@
 #include <atomic>
 #include <memory>
 
+#include "common/lock_check.h"
+
 namespace ckpt::agent {
 
 Executor::Executor(std::string name, int threads, size_t max_queued)
@@ -21,7 +23,7 @@ Executor::Executor(std::string name, int threads, size_t max_queued)
 Executor::~Executor() { Stop(); }
 
 bool Executor::TrySubmit(std::function<void()> fn) {
-  absl::MutexLock lock(&mu_);
+  CheckedLock lock(&mu_);
   if (stopping_ || queue_.size() >= max_queued_ || threads_.empty()) return false;
   queue_.push_back(std::move(fn));
   return true;
@@ -39,22 +41,22 @@ void Executor::RunAll(std::vector<std::function<void()>> fns) {
   inline_fns.push_back(std::move(fns[0]));
   for (size_t i = 1; i < fns.size(); ++i) {
     {
-      absl::MutexLock lock(&group->mu);
+      CheckedLock lock(&group->mu);
       group->left++;
     }
     auto wrapped = [group, fn = std::move(fns[i])] {
       fn();
-      absl::MutexLock lock(&group->mu);
+      CheckedLock lock(&group->mu);
       group->left--;
     };
     if (!TrySubmit(wrapped)) {
-      absl::MutexLock lock(&group->mu);
+      CheckedLock lock(&group->mu);
       group->left--;
       inline_fns.push_back(std::move(wrapped));
     }
   }
   for (auto& fn : inline_fns) fn();
-  absl::MutexLock lock(&group->mu);
+  CheckedLock lock(&group->mu);
   group->mu.Await(absl::Condition(
       +[](size_t* left) { return *left == 0; }, &group->left));
 }
@@ -63,7 +65,7 @@ void Executor::Loop() {
   for (;;) {
     std::function<void()> fn;
     {
-      absl::MutexLock lock(&mu_);
+      CheckedLock lock(&mu_);
       auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stopping_ || !queue_.empty(); };
       mu_.Await(absl::Condition(&ready));
       if (queue_.empty()) return;  // stopping and drained
@@ -75,9 +77,9 @@ void Executor::Loop() {
 }
 
 void Executor::Stop() {
-  absl::MutexLock join(&join_mu_);
+  absl::MutexLock join(&join_mu_);  // a gate held across the join by design (not a CheckedLock)
   {
-    absl::MutexLock lock(&mu_);
+    CheckedLock lock(&mu_);
     stopping_ = true;
   }
   for (std::thread& t : threads_) t.join();
@@ -85,7 +87,7 @@ void Executor::Stop() {
 }
 
 size_t Executor::queued() const {
-  absl::MutexLock lock(&mu_);
+  CheckedLock lock(&mu_);
   return queue_.size();
 }
 

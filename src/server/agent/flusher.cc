@@ -7,6 +7,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "common/durable_format.h"
+#include "common/lock_check.h"
 #include "common/log.h"
 #include "common/names.h"
 #include "common/status_macros.h"
@@ -64,7 +65,7 @@ absl::Status Flusher::FlushOne(const std::string& task_id, const FlushOrder& ord
   }
   auto done = [&] {
     {
-      absl::MutexLock lock(&mu_);
+      CheckedLock lock(&mu_);
       waiting_.erase(id);
     }
     session_->Report(PersistedReport(id, rec, order.durable_path, task_id));
@@ -140,19 +141,19 @@ absl::Status Flusher::DeleteVersion(const AgentTask& t) {
 }
 
 void Flusher::Want(const AgentTask& t) {
-  absl::MutexLock lock(&mu_);
+  CheckedLock lock(&mu_);
   const absl::Time now = clock_->MonotonicNow();
   for (const FlushOrder& o : t.flush) waiting_.emplace(ShardId{t.job_id, t.step, o.rank}, now);
 }
 
 void Flusher::Unwant(const AgentTask& t) {
-  absl::MutexLock lock(&mu_);
+  CheckedLock lock(&mu_);
   for (const FlushOrder& o : t.flush) waiting_.erase(ShardId{t.job_id, t.step, o.rank});
 }
 
 void Flusher::RecordError(const absl::Status& s) {
   metrics_->flush_errors->Increment();
-  absl::MutexLock lock(&mu_);
+  CheckedLock lock(&mu_);
   errors_total_++;
   last_error_ = s.ToString();
   last_error_unix_ms_ = clock_->NowUnixMillis();
@@ -162,7 +163,7 @@ FlushStats Flusher::Stats() const {
   std::map<ShardId, absl::Time> waiting;
   FlushStats s;
   {
-    absl::MutexLock lock(&mu_);
+    CheckedLock lock(&mu_);
     waiting = waiting_;
     s.errors_total = errors_total_;
     s.last_error = last_error_;
@@ -182,7 +183,7 @@ FlushStats Flusher::Stats() const {
   }
   s.lag_ms = absl::ToInt64Milliseconds(now - oldest);
   if (!gone.empty()) {
-    absl::MutexLock lock(&mu_);
+    CheckedLock lock(&mu_);
     for (const ShardId& id : gone) waiting_.erase(id);
   }
   return s;

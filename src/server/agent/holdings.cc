@@ -3,6 +3,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/crc32c.h"
+#include "common/lock_check.h"
 #include "common/log.h"
 #include "common/names.h"
 
@@ -51,7 +52,7 @@ HoldingTable::HoldingTable(Arena* arena, Clock* clock, AgentMetrics* metrics, Re
 
 std::vector<ShardRecord> HoldingTable::Adopt(std::vector<AdoptedHolding> adopted) {
   std::vector<ShardRecord> primaries;
-  absl::MutexLock lock(&mu_);
+  CheckedLock lock(&mu_);
   for (AdoptedHolding& a : adopted) {
     Holding h;
     h.verified = true;  // Open() checked the crc
@@ -89,7 +90,7 @@ absl::Status HoldingTable::Add(ShardRecord rec, ReservationPtr bytes, bool verif
   const ShardId id = rec.id;
   std::string stale;
   {
-    absl::MutexLock lock(&mu_);
+    CheckedLock lock(&mu_);
     auto it = shards_.find(id);
     if (it != shards_.end() && if_absent && !it->second.corrupt) {
       stale = rec.file;  // ours: the held copy stays
@@ -110,7 +111,7 @@ absl::Status HoldingTable::Add(ShardRecord rec, ReservationPtr bytes, bool verif
 }
 
 absl::StatusOr<Pin> HoldingTable::PinValid(const ShardId& id) const {
-  absl::MutexLock lock(&mu_);
+  CheckedLock lock(&mu_);
   auto it = shards_.find(id);
   if (it == shards_.end()) {
     return absl::NotFoundError(absl::StrCat("shard ", ShardIdString(id), " is not held by this agent"));
@@ -123,24 +124,24 @@ absl::StatusOr<Pin> HoldingTable::PinValid(const ShardId& id) const {
 }
 
 bool HoldingTable::HoldsValid(const ShardId& id) const {
-  absl::MutexLock lock(&mu_);
+  CheckedLock lock(&mu_);
   auto it = shards_.find(id);
   return it != shards_.end() && !it->second.corrupt;
 }
 
 bool HoldingTable::Holds(const ShardId& id) const {
-  absl::MutexLock lock(&mu_);
+  CheckedLock lock(&mu_);
   return shards_.count(id) != 0;
 }
 
 bool HoldingTable::Verified(const ShardId& id) const {
-  absl::MutexLock lock(&mu_);
+  CheckedLock lock(&mu_);
   auto it = shards_.find(id);
   return it != shards_.end() && it->second.verified;
 }
 
 void HoldingTable::MarkVerified(const Pin& pin) {
-  absl::MutexLock lock(&mu_);
+  CheckedLock lock(&mu_);
   auto it = shards_.find(pin.rec->id);
   if (it != shards_.end() && it->second.bytes == pin.bytes) it->second.verified = true;
 }
@@ -148,7 +149,7 @@ void HoldingTable::MarkVerified(const Pin& pin) {
 void HoldingTable::Quarantine(const Pin& pin, const std::string& why) {
   HoldingReport r;
   {
-    absl::MutexLock lock(&mu_);
+    CheckedLock lock(&mu_);
     auto it = shards_.find(pin.rec->id);
     if (it == shards_.end() || it->second.bytes != pin.bytes || it->second.corrupt) return;
     it->second.corrupt = true;
@@ -172,7 +173,7 @@ absl::Status HoldingTable::SetDurablePath(const Pin& pin, const std::string& pat
   if (absl::Status s = arena_->WriteRecord(&rec); !s.ok()) return s;
   std::string stale = rec.file;
   {
-    absl::MutexLock lock(&mu_);
+    CheckedLock lock(&mu_);
     auto it = shards_.find(rec.id);
     if (it != shards_.end() && it->second.bytes == pin.bytes) {
       stale = it->second.rec->file;
@@ -188,7 +189,7 @@ std::vector<HoldingInfo> HoldingTable::DropShards(const std::function<bool(const
   std::vector<std::string> files;
   std::vector<ReservationPtr> release;  // freed after the lock
   {
-    absl::MutexLock lock(&mu_);
+    CheckedLock lock(&mu_);
     for (auto it = shards_.begin(); it != shards_.end();) {
       if (!which(*it->second.rec)) {
         ++it;
@@ -210,12 +211,12 @@ void HoldingTable::DropShard(const ShardId& id) {
 }
 
 void HoldingTable::QueueVerify(const ShardId& id) {
-  absl::MutexLock lock(&mu_);
+  CheckedLock lock(&mu_);
   verify_queue_.push_back(id);
 }
 
 std::optional<Pin> HoldingTable::NextToVerify() {
-  absl::MutexLock lock(&mu_);
+  CheckedLock lock(&mu_);
   while (!verify_queue_.empty()) {
     const ShardId id = verify_queue_.front();
     verify_queue_.pop_front();
@@ -228,7 +229,7 @@ std::optional<Pin> HoldingTable::NextToVerify() {
 
 absl::StatusOr<BlobPin> HoldingTable::PinBlob(const std::string& job, uint64_t step) const {
   BlobPin out;
-  absl::MutexLock lock(&mu_);
+  CheckedLock lock(&mu_);
   for (auto it = shards_.lower_bound(ShardId{job, step, 0});
        it != shards_.end() && it->first.job_id == job && it->first.step == step; ++it) {
     const Holding& h = it->second;
@@ -265,7 +266,7 @@ absl::Status HoldingTable::AddSegment(ShardRecord rec, ReservationPtr bytes, con
   std::string stale;
   ReservationPtr old;
   {
-    absl::MutexLock lock(&mu_);
+    CheckedLock lock(&mu_);
     auto it = segments_.find(id);
     if (it != segments_.end()) {
       stale = it->second.rec->file;
@@ -283,7 +284,7 @@ absl::Status HoldingTable::AddSegment(ShardRecord rec, ReservationPtr bytes, con
 }
 
 absl::StatusOr<Pin> HoldingTable::PinSegment(const SegmentId& id) const {
-  absl::MutexLock lock(&mu_);
+  CheckedLock lock(&mu_);
   auto it = segments_.find(id);
   if (it == segments_.end() || it->second.corrupt) {
     return absl::NotFoundError(absl::StrCat("segment ", SegmentIdString(id), " is not held here"));
@@ -292,7 +293,7 @@ absl::StatusOr<Pin> HoldingTable::PinSegment(const SegmentId& id) const {
 }
 
 bool HoldingTable::HasValidSegment(const SegmentId& id) const {
-  absl::MutexLock lock(&mu_);
+  CheckedLock lock(&mu_);
   auto it = segments_.find(id);
   return it != segments_.end() && !it->second.corrupt;
 }
@@ -300,7 +301,7 @@ bool HoldingTable::HasValidSegment(const SegmentId& id) const {
 void HoldingTable::QuarantineSegment(const Pin& pin, const std::string& why, uint32_t actual_crc) {
   HoldingReport r;
   {
-    absl::MutexLock lock(&mu_);
+    CheckedLock lock(&mu_);
     auto it = segments_.find(*pin.rec->segment);
     if (it == segments_.end() || it->second.bytes != pin.bytes || it->second.corrupt) return;
     it->second.corrupt = true;
@@ -319,12 +320,12 @@ void HoldingTable::QuarantineSegment(const Pin& pin, const std::string& why, uin
 }
 
 void HoldingTable::SetOwned(const SegmentId& id, const OwnedSegment& owned) {
-  absl::MutexLock lock(&mu_);
+  CheckedLock lock(&mu_);
   owned_[id] = owned;
 }
 
 std::optional<OwnedSegment> HoldingTable::Owned(const SegmentId& id) const {
-  absl::MutexLock lock(&mu_);
+  CheckedLock lock(&mu_);
   auto it = owned_.find(id);
   if (it == owned_.end()) return std::nullopt;
   return it->second;
@@ -334,7 +335,7 @@ void HoldingTable::DropSegment(const SegmentId& id) {
   std::string file;
   ReservationPtr release;
   {
-    absl::MutexLock lock(&mu_);
+    CheckedLock lock(&mu_);
     owned_.erase(id);
     auto it = segments_.find(id);
     if (it == segments_.end()) return;
@@ -351,7 +352,7 @@ size_t HoldingTable::DropVersion(const std::string& job, uint64_t step) {
   std::vector<std::string> files;
   std::vector<ReservationPtr> release;
   {
-    absl::MutexLock lock(&mu_);
+    CheckedLock lock(&mu_);
     for (auto it = segments_.begin(); it != segments_.end();) {
       if (it->first.job_id == job && it->first.step == step) {
         files.push_back(it->second.rec->file);
@@ -384,7 +385,7 @@ HoldingInfo HoldingTable::InfoOf(const Holding& h) {
 }
 
 std::vector<HoldingInfo> HoldingTable::Infos(const std::string& job, std::optional<uint64_t> step) const {
-  absl::MutexLock lock(&mu_);
+  CheckedLock lock(&mu_);
   std::vector<HoldingInfo> out;
   for (const auto& [id, h] : shards_) {
     if (!job.empty() && id.job_id != job) continue;
@@ -395,7 +396,7 @@ std::vector<HoldingInfo> HoldingTable::Infos(const std::string& job, std::option
 }
 
 std::vector<HoldingInfo> HoldingTable::SegmentInfos(const std::string& job, std::optional<uint64_t> step) const {
-  absl::MutexLock lock(&mu_);
+  CheckedLock lock(&mu_);
   std::vector<HoldingInfo> out;
   for (const auto& [id, h] : segments_) {
     if (!job.empty() && id.job_id != job) continue;
@@ -406,7 +407,7 @@ std::vector<HoldingInfo> HoldingTable::SegmentInfos(const std::string& job, std:
 }
 
 std::vector<InventoryItem> HoldingTable::InventoryItems() const {
-  absl::MutexLock lock(&mu_);
+  CheckedLock lock(&mu_);
   std::vector<InventoryItem> items;
   for (const auto& [id, h] : shards_) {
     InventoryItem it;
@@ -446,7 +447,7 @@ std::vector<InventoryItem> HoldingTable::InventoryItems() const {
 }
 
 std::vector<Pin> HoldingTable::PinShardsOf(const std::string& job, uint64_t step) const {
-  absl::MutexLock lock(&mu_);
+  CheckedLock lock(&mu_);
   std::vector<Pin> out;
   for (auto it = shards_.lower_bound(ShardId{job, step, 0});
        it != shards_.end() && it->first.job_id == job && it->first.step == step; ++it) {
@@ -456,7 +457,7 @@ std::vector<Pin> HoldingTable::PinShardsOf(const std::string& job, uint64_t step
 }
 
 std::vector<Pin> HoldingTable::PinSegmentsOf(const std::string& job, uint64_t step) const {
-  absl::MutexLock lock(&mu_);
+  CheckedLock lock(&mu_);
   std::vector<Pin> out;
   for (const auto& [id, h] : segments_) {
     if (id.job_id == job && id.step == step) out.push_back(Pin{h.rec, h.bytes});
@@ -467,7 +468,7 @@ std::vector<Pin> HoldingTable::PinSegmentsOf(const std::string& job, uint64_t st
 std::string HoldingTable::HeldSummary() const {
   std::map<std::pair<std::string, uint64_t>, std::pair<uint64_t, int>> by_version;
   {
-    absl::MutexLock lock(&mu_);
+    CheckedLock lock(&mu_);
     for (const auto& [id, h] : shards_) {
       auto& v = by_version[{id.job_id, id.step}];
       v.first += h.bytes->reserved_bytes();
@@ -488,12 +489,12 @@ std::string HoldingTable::HeldSummary() const {
 }
 
 size_t HoldingTable::shard_count() const {
-  absl::MutexLock lock(&mu_);
+  CheckedLock lock(&mu_);
   return shards_.size();
 }
 
 uint64_t HoldingTable::SizeOf(const ShardId& id) const {
-  absl::MutexLock lock(&mu_);
+  CheckedLock lock(&mu_);
   auto it = shards_.find(id);
   return it == shards_.end() ? 0 : it->second.rec->size_bytes;
 }

@@ -2,6 +2,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/lock_check.h"
 #include "common/log.h"
 
 namespace ckpt::agent {
@@ -33,7 +34,7 @@ std::string LeaseTable::Add(const ShardId& shard, uint64_t size_bytes, Reservati
   ReservationPtr replaced;
   std::string id;
   {
-    absl::MutexLock lock(&mu_);
+    CheckedLock lock(&mu_);
     // A trainer restarted mid-copy: its old lease for this rank is void.
     if (auto old = lease_of_shard_.find(shard); old != lease_of_shard_.end()) {
       auto l = leases_.find(old->second);
@@ -59,7 +60,7 @@ std::string LeaseTable::Add(const ShardId& shard, uint64_t size_bytes, Reservati
 }
 
 absl::StatusOr<CommittingLease> LeaseTable::BeginCommit(const std::string& lease_id, uint64_t size_bytes) {
-  absl::MutexLock lock(&mu_);
+  CheckedLock lock(&mu_);
   auto it = leases_.find(lease_id);
   if (it == leases_.end()) {
     if (committed_.count(lease_id) != 0) {
@@ -87,7 +88,7 @@ absl::StatusOr<CommittingLease> LeaseTable::BeginCommit(const std::string& lease
 
 bool LeaseTable::FinishCommit(const std::string& lease_id, const ShardId& shard) {
   ReservationPtr release;
-  absl::MutexLock lock(&mu_);
+  CheckedLock lock(&mu_);
   auto it = leases_.find(lease_id);
   if (it == leases_.end()) return false;
   release = std::move(it->second.bytes);
@@ -101,14 +102,14 @@ bool LeaseTable::FinishCommit(const std::string& lease_id, const ShardId& shard)
 }
 
 void LeaseTable::CancelCommit(const std::string& lease_id) {
-  absl::MutexLock lock(&mu_);
+  CheckedLock lock(&mu_);
   auto it = leases_.find(lease_id);
   if (it != leases_.end()) it->second.committing = false;
 }
 
 absl::Status LeaseTable::Abort(const std::string& lease_id) {
   ReservationPtr release;
-  absl::MutexLock lock(&mu_);
+  CheckedLock lock(&mu_);
   auto it = leases_.find(lease_id);
   if (it == leases_.end()) {
     if (committed_.count(lease_id) != 0) {
@@ -128,7 +129,7 @@ absl::Status LeaseTable::Abort(const std::string& lease_id) {
 }
 
 std::string LeaseTable::OpenHandle(const ShardId& shard, Pin pin, const ClientRef& client, absl::Duration ttl) {
-  absl::MutexLock lock(&mu_);
+  CheckedLock lock(&mu_);
   const std::string id = NewId("h");
   handles_.emplace(id, Handle{shard, std::move(pin), client, clock_->MonotonicNow() + ttl});
   return id;
@@ -136,7 +137,7 @@ std::string LeaseTable::OpenHandle(const ShardId& shard, Pin pin, const ClientRe
 
 void LeaseTable::CloseHandle(const std::string& handle_id) {
   Pin release;
-  absl::MutexLock lock(&mu_);
+  CheckedLock lock(&mu_);
   auto it = handles_.find(handle_id);
   if (it == handles_.end()) return;
   release = std::move(it->second.pin);
@@ -148,7 +149,7 @@ int LeaseTable::Expire() {
   std::vector<std::pair<std::string, ClientRef>> leases, handles;
   const absl::Time now = clock_->MonotonicNow();
   {
-    absl::MutexLock lock(&mu_);
+    CheckedLock lock(&mu_);
     for (const auto& [id, l] : leases_) {
       if (!l.committing) leases.emplace_back(id, l.client);
     }
@@ -165,7 +166,7 @@ int LeaseTable::Expire() {
   std::vector<Pin> unpin;
   int n = 0;
   {
-    absl::MutexLock lock(&mu_);
+    CheckedLock lock(&mu_);
     for (auto it = leases_.begin(); it != leases_.end();) {
       const bool gone = std::find(gone_leases.begin(), gone_leases.end(), it->first) != gone_leases.end();
       if (it->second.committing || (!gone && it->second.expires > now)) {
@@ -202,7 +203,7 @@ int LeaseTable::ReleaseSession(const std::string& session_id) {
   std::vector<Pin> unpin;
   int n = 0;
   {
-    absl::MutexLock lock(&mu_);
+    CheckedLock lock(&mu_);
     for (auto it = leases_.begin(); it != leases_.end();) {
       if (it->second.committing || it->second.client.session_id != session_id) {
         ++it;
@@ -232,19 +233,19 @@ int LeaseTable::ReleaseSession(const std::string& session_id) {
 }
 
 uint64_t LeaseTable::LeasedBytes() const {
-  absl::MutexLock lock(&mu_);
+  CheckedLock lock(&mu_);
   uint64_t total = 0;
   for (const auto& [id, l] : leases_) total += l.bytes->reserved_bytes();
   return total;
 }
 
 uint32_t LeaseTable::lease_count() const {
-  absl::MutexLock lock(&mu_);
+  CheckedLock lock(&mu_);
   return static_cast<uint32_t>(leases_.size());
 }
 
 uint32_t LeaseTable::handle_count() const {
-  absl::MutexLock lock(&mu_);
+  CheckedLock lock(&mu_);
   return static_cast<uint32_t>(handles_.size());
 }
 

@@ -4,6 +4,7 @@
 #include <map>
 
 #include "absl/strings/str_cat.h"
+#include "common/lock_check.h"
 #include "common/log.h"
 
 namespace ckpt::agent {
@@ -34,7 +35,7 @@ MetaSession::MetaSession(MetaLink* meta, Clock* clock, AgentMetrics* metrics, Op
   std::ifstream in(options_.memory_dir + "/incarnation");
   uint64_t inc = 0;
   if (in >> inc) {
-    absl::MutexLock lock(&mu_);
+    CheckedLock lock(&mu_);
     previous_incarnation_ = inc;
   }
 }
@@ -50,7 +51,7 @@ void MetaSession::Begin(const std::string& job, uint64_t step, const std::string
   o.kind = Outbound::Kind::kBegin;
   o.report.id = ShardId{job, step, 0};
   o.run_id = run_id;
-  absl::MutexLock lock(&mu_);
+  CheckedLock lock(&mu_);
   PushLocked(std::move(o));
 }
 
@@ -59,7 +60,7 @@ void MetaSession::Report(HoldingReport report, Done on_done) {
   o.report = std::move(report);
   o.on_done = std::move(on_done);
   {
-    absl::MutexLock lock(&mu_);
+    CheckedLock lock(&mu_);
     if (!stopping_) {
       PushLocked(std::move(o));
       return;
@@ -77,14 +78,14 @@ void MetaSession::Result(const std::string& task_id, uint32_t attempt, const abs
   o.result = result;
   o.bytes = bytes;
   o.duration_ms = duration_ms;
-  absl::MutexLock lock(&mu_);
+  CheckedLock lock(&mu_);
   PushLocked(std::move(o));
 }
 
 void MetaSession::ForgetVersion(const std::string& job, uint64_t step) {
   std::vector<Done> cancelled;
   {
-    absl::MutexLock lock(&mu_);
+    CheckedLock lock(&mu_);
     std::erase_if(outbox_, [&](Outbound& o) {
       const bool match = o.kind == Outbound::Kind::kReport && o.report.kind == HoldingReport::Kind::kStaged &&
                          o.report.record.id.job_id == job && o.report.record.id.step == step;
@@ -121,7 +122,7 @@ void MetaSession::Register() {
   reg.agent_version = "0.1.0";
   reg.memory_capacity_bytes = options_.memory_capacity_bytes;
   {
-    absl::MutexLock lock(&mu_);
+    CheckedLock lock(&mu_);
     reg.previous_incarnation = std::max(previous_incarnation_, incarnation_);
   }
   absl::StatusOr<RegistrationReply> r = meta_->Register(reg);
@@ -129,7 +130,7 @@ void MetaSession::Register() {
     // Remembered across restarts so meta can fence the old incarnation.
     std::ofstream(options_.memory_dir + "/incarnation") << r->incarnation << "\n";
   }
-  absl::MutexLock lock(&mu_);
+  CheckedLock lock(&mu_);
   const absl::Time now = clock_->MonotonicNow();
   if (!r.ok()) {
     metrics_->meta_errors->Increment();
@@ -161,12 +162,12 @@ void MetaSession::SendInventory() {
   const std::vector<InventoryItem> items = delegate_->InventoryItems();
   uint64_t inc;
   {
-    absl::MutexLock lock(&mu_);
+    CheckedLock lock(&mu_);
     inc = incarnation_;
   }
   absl::StatusOr<InventoryReply> r = meta_->ReportInventory(options_.node_id, inc, items);
   {
-    absl::MutexLock lock(&mu_);
+    CheckedLock lock(&mu_);
     if (!r.ok()) {
       if (IsFencing(r.status())) {
         FencedLocked(r.status());
@@ -183,7 +184,7 @@ void MetaSession::SendInventory() {
   if (!r->drop.empty() || !r->drop_segments.empty()) delegate_->OnDrop(r->drop, r->drop_segments);
   std::vector<AgentTask> deferred;
   {
-    absl::MutexLock lock(&mu_);
+    CheckedLock lock(&mu_);
     if (inventory_due_) return;  // meta restarted meanwhile: another inventory first
     inventory_applied_ = true;  // opens the task stream
     deferred.swap(deferred_tasks_);
@@ -203,7 +204,7 @@ void MetaSession::SendOutbox() {
     std::optional<Outbound> head;
     uint64_t inc;
     {
-      absl::MutexLock lock(&mu_);
+      CheckedLock lock(&mu_);
       if (outbox_.empty() || !registered_ || stopping_ || clock_->MonotonicNow() < next_send_) return;
       inc = incarnation_;
       if (outbox_.front().kind != Outbound::Kind::kReport) {
@@ -222,7 +223,7 @@ void MetaSession::SendOutbox() {
       const ShardId& v = head->report.id;
       absl::StatusOr<uint32_t> ws = meta_->BeginVersion(v.job_id, v.step, head->run_id, options_.node_id);
       {
-        absl::MutexLock lock(&mu_);
+        CheckedLock lock(&mu_);
         if (!ws.ok() && !IsPermanentRefusal(ws.status())) {
           BackOffLocked(ws.status());
           return;  // keep it queued, and everything after it
@@ -244,7 +245,7 @@ void MetaSession::SendOutbox() {
     if (head) {  // a task result
       absl::Status s = meta_->ReportTaskResult(options_.node_id, inc, head->task_id, head->attempt, head->result,
                                                head->bytes, head->duration_ms);
-      absl::MutexLock lock(&mu_);
+      CheckedLock lock(&mu_);
       if (!s.ok() && absl::IsFailedPrecondition(s)) {
         FencedLocked(s);
         return;  // keep it: the new incarnation sends it
@@ -266,7 +267,7 @@ void MetaSession::SendOutbox() {
     std::vector<std::pair<Done, absl::Status>> done;
     std::vector<std::pair<HoldingReport, absl::Status>> refused;
     {
-      absl::MutexLock lock(&mu_);
+      CheckedLock lock(&mu_);
       if (!r.ok()) {
         if (IsFencing(r.status())) {
           FencedLocked(r.status());
@@ -308,7 +309,7 @@ void MetaSession::SendOutbox() {
     for (auto& [report, s] : refused) delegate_->OnCopyRefused(report, s);
     for (auto& [fn, s] : done) fn(s);
     {
-      absl::MutexLock lock(&mu_);
+      CheckedLock lock(&mu_);
       DeferTasksLocked(r->tasks);
     }
     if (!r->tasks.empty()) delegate_->OnTasks(std::move(r->tasks), {});
@@ -319,13 +320,13 @@ void MetaSession::Heartbeat() {
   const LoadReport load = delegate_->Load();
   uint64_t inc;
   {
-    absl::MutexLock lock(&mu_);
+    CheckedLock lock(&mu_);
     inc = incarnation_;
   }
   const absl::Time sent = clock_->MonotonicNow();
   absl::StatusOr<HeartbeatReply> r = meta_->Heartbeat(options_.node_id, inc, load);
   {
-    absl::MutexLock lock(&mu_);
+    CheckedLock lock(&mu_);
     const absl::Time now = clock_->MonotonicNow();
     if (!r.ok()) {
       if (IsFencing(r.status())) {
@@ -360,7 +361,7 @@ void MetaSession::ControlOnce() {
   const absl::Time round_start = clock_->MonotonicNow();
   bool registered, register_due, inventory_due, heartbeat_due, have_outbox;
   {
-    absl::MutexLock lock(&mu_);
+    CheckedLock lock(&mu_);
     if (stopping_) return;
     const absl::Time now = clock_->MonotonicNow();
     registered = registered_;
@@ -368,11 +369,11 @@ void MetaSession::ControlOnce() {
   }
   if (!registered) {
     if (register_due) Register();
-    absl::MutexLock lock(&mu_);
+    CheckedLock lock(&mu_);
     if (!registered_) return;
   }
   {
-    absl::MutexLock lock(&mu_);
+    CheckedLock lock(&mu_);
     inventory_due = inventory_due_;
     have_outbox = !outbox_.empty();
   }
@@ -382,12 +383,12 @@ void MetaSession::ControlOnce() {
   if (have_outbox || inventory_due) SendOutbox();
   const absl::Time outbox_done = clock_->MonotonicNow();
   {
-    absl::MutexLock lock(&mu_);
+    CheckedLock lock(&mu_);
     inventory_due = inventory_due_ && registered_;
   }
   if (inventory_due) SendInventory();
   {
-    absl::MutexLock lock(&mu_);
+    CheckedLock lock(&mu_);
     heartbeat_due = registered_ && clock_->MonotonicNow() >= next_heartbeat_;
   }
   if (heartbeat_due) Heartbeat();
@@ -404,7 +405,7 @@ void MetaSession::WatchLoop() {
   while (true) {
     uint64_t inc;
     {
-      absl::MutexLock lock(&mu_);
+      CheckedLock lock(&mu_);
       auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
         return stopping_ || (registered_ && inventory_applied_);
       };
@@ -416,7 +417,7 @@ void MetaSession::WatchLoop() {
                                        [this](std::vector<AgentTask> tasks, std::vector<std::string> cancelled) {
                                          delegate_->OnTasks(std::move(tasks), std::move(cancelled));
                                        });
-    absl::MutexLock lock(&mu_);
+    CheckedLock lock(&mu_);
     if (stopping_) return;
     if (absl::IsUnimplemented(s)) return;  // no stream: heartbeats deliver tasks
     log::Debug("task stream ended: {}", s.ToString());
@@ -430,7 +431,7 @@ void MetaSession::WatchLoop() {
 void MetaSession::Stop() {
   std::vector<Done> cancelled;
   {
-    absl::MutexLock lock(&mu_);
+    CheckedLock lock(&mu_);
     stopping_ = true;
     ++wake_;
     for (Outbound& o : outbox_) {
@@ -442,14 +443,14 @@ void MetaSession::Stop() {
 }
 
 void MetaSession::AwaitWork(absl::Duration timeout) {
-  absl::MutexLock lock(&mu_);
+  CheckedLock lock(&mu_);
   const uint64_t seen = wake_;
   auto woken = [this, seen]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stopping_ || wake_ != seen; };
   clock_->AwaitWithTimeout(&mu_, absl::Condition(&woken), timeout);
 }
 
 MetaSession::Snapshot MetaSession::Status() const {
-  absl::MutexLock lock(&mu_);
+  CheckedLock lock(&mu_);
   Snapshot s;
   s.incarnation = incarnation_;
   s.registered = registered_ && !inventory_due_;
@@ -463,7 +464,7 @@ MetaSession::Snapshot MetaSession::Status() const {
 }
 
 uint64_t MetaSession::incarnation() const {
-  absl::MutexLock lock(&mu_);
+  CheckedLock lock(&mu_);
   return incarnation_;
 }
 

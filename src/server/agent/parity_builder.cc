@@ -1,6 +1,7 @@
 #include "server/agent/parity_builder.h"
 
 #include "absl/strings/str_cat.h"
+#include "common/lock_check.h"
 #include "common/log.h"
 #include "common/status_macros.h"
 #include "server/agent/ec_support.h"
@@ -34,7 +35,7 @@ absl::Status ParityBuilder::BeginPush(const PutBegin& b) {
   ReservationPtr fresh;
   for (int round = 0; round < 2; ++round) {
     {
-      absl::MutexLock lock(&mu_);
+      CheckedLock lock(&mu_);
       auto it = builds_.find(sid);
       if (it == builds_.end() && fresh != nullptr) {
         Build nb;
@@ -85,7 +86,7 @@ absl::Status ParityBuilder::Fold(const PutBegin& b, uint64_t offset, std::span<c
   ReservationPtr bytes;
   uint32_t k, m;
   {
-    absl::MutexLock lock(&mu_);
+    CheckedLock lock(&mu_);
     auto it = builds_.find(KeyOf(b));
     if (it == builds_.end() || it->second.finishing || !it->second.error.ok() ||
         it->second.receiving.count(b.data_position) == 0) {
@@ -107,7 +108,7 @@ absl::Status ParityBuilder::Fold(const PutBegin& b, uint64_t offset, std::span<c
         ec::MutableBuffer(reinterpret_cast<uint8_t*>(piece.data()), piece.size())));
     done += piece.size();
   }
-  absl::MutexLock lock(&mu_);
+  CheckedLock lock(&mu_);
   auto it = builds_.find(KeyOf(b));
   if (it != builds_.end() && it->second.bytes == bytes) {
     it->second.folded[b.data_position] += data.size();
@@ -117,7 +118,7 @@ absl::Status ParityBuilder::Fold(const PutBegin& b, uint64_t offset, std::span<c
 }
 
 void ParityBuilder::PushFailed(const PutBegin& b, const absl::Status& why) {
-  absl::MutexLock lock(&mu_);
+  CheckedLock lock(&mu_);
   auto it = builds_.find(KeyOf(b));
   if (it == builds_.end() || it->second.finishing) return;
   Build& pb = it->second;
@@ -141,7 +142,7 @@ absl::Status ParityBuilder::PushComplete(const PutBegin& b) {
   ReservationPtr bytes;
   uint64_t stripe_bytes = 0;
   {
-    absl::MutexLock lock(&mu_);
+    CheckedLock lock(&mu_);
     auto it = builds_.find(sid);
     if (it == builds_.end()) return absl::FailedPreconditionError("the parity build was dropped");
     Build& pb = it->second;
@@ -166,7 +167,7 @@ absl::Status ParityBuilder::PushComplete(const PutBegin& b) {
   rec.crc32c = bytes->Crc(0, stripe_bytes);
   rec.staged_unix_ms = clock_->NowUnixMillis();
   absl::Status s = holdings_->AddSegment(rec, bytes, "");
-  absl::MutexLock lock(&mu_);
+  CheckedLock lock(&mu_);
   auto it = builds_.find(sid);
   if (!s.ok()) {
     log::Error("cannot store parity {}: {}", SegmentIdString(sid), s.ToString());
@@ -182,7 +183,7 @@ absl::Status ParityBuilder::PushComplete(const PutBegin& b) {
 }
 
 absl::Status ParityBuilder::TakeFailure(const SegmentId& id) {
-  absl::MutexLock lock(&mu_);
+  CheckedLock lock(&mu_);
   auto it = builds_.find(id);
   if (it != builds_.end() && !it->second.error.ok() && !it->second.finishing) {
     const absl::Status e = it->second.error;
@@ -197,7 +198,7 @@ absl::Status ParityBuilder::TakeFailure(const SegmentId& id) {
 }
 
 void ParityBuilder::DropVersion(const std::string& job, uint64_t step) {
-  absl::MutexLock lock(&mu_);
+  CheckedLock lock(&mu_);
   for (auto it = builds_.begin(); it != builds_.end();) {
     auto next = std::next(it);
     if (it->first.job_id == job && it->first.step == step && !it->second.finishing) {
@@ -209,7 +210,7 @@ void ParityBuilder::DropVersion(const std::string& job, uint64_t step) {
 }
 
 int ParityBuilder::Expire() {
-  absl::MutexLock lock(&mu_);
+  CheckedLock lock(&mu_);
   const absl::Time now = clock_->MonotonicNow();
   int n = 0;
   for (auto it = builds_.begin(); it != builds_.end();) {
@@ -228,7 +229,7 @@ int ParityBuilder::Expire() {
 }
 
 size_t ParityBuilder::size() const {
-  absl::MutexLock lock(&mu_);
+  CheckedLock lock(&mu_);
   return builds_.size();
 }
 

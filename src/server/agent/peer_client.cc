@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/crc32c.h"
+#include "common/lock_check.h"
 #include "common/log.h"
 #include "common/status_macros.h"
 
@@ -71,7 +72,7 @@ std::vector<absl::Status> PeerClient::Push(const std::vector<PeerEndpoint>& targ
     b.target_incarnation = targets[i].incarnation;
     if (customize) customize(i, b);
     {
-      absl::MutexLock lock(&mu_);
+      CheckedLock lock(&mu_);
       if (stopping_) {
         out[i] = absl::CancelledError("agent is shutting down");
         continue;
@@ -98,7 +99,7 @@ std::vector<absl::Status> PeerClient::Push(const std::vector<PeerEndpoint>& targ
     const uint64_t x = xfers[i];
     absl::Status ack;
     {
-      absl::MutexLock lock(&mu_);
+      CheckedLock lock(&mu_);
       const bool acked = AwaitLocked([&]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return out_puts_[x].acked; });
       if (!acked) {
         ack = stopping_ ? absl::CancelledError("agent is shutting down")
@@ -124,7 +125,7 @@ std::vector<absl::Status> PeerClient::Push(const std::vector<PeerEndpoint>& targ
     } else {
       continue;  // nothing to send: wait for done below
     }
-    absl::MutexLock lock(&mu_);
+    CheckedLock lock(&mu_);
     out_puts_.erase(x);
     xfers[i] = 0;
   }
@@ -159,7 +160,7 @@ std::vector<absl::Status> PeerClient::Push(const std::vector<PeerEndpoint>& targ
     const uint64_t x = xfers[i];
     bool timed_out = false;
     {
-      absl::MutexLock lock(&mu_);
+      CheckedLock lock(&mu_);
       if (out[i].ok()) {
         const bool done = AwaitLocked([&]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return out_puts_[x].done; });
         if (done) {
@@ -191,7 +192,7 @@ absl::StatusOr<uint64_t> PeerClient::StartRead(const PeerEndpoint& ep, ReadReq r
   CKPT_ASSIGN_OR_RETURN(PeerId peer, plane_->PeerFor(ep));
   req.target_incarnation = ep.incarnation;
   {
-    absl::MutexLock lock(&mu_);
+    CheckedLock lock(&mu_);
     if (stopping_) return absl::CancelledError("agent is shutting down");
     req.id = next_id_++;
     PendingRead r;
@@ -237,7 +238,7 @@ absl::Time PeerClient::ExpireStalledLocked(const std::vector<uint64_t>& ids) {
 }
 
 uint64_t PeerClient::AwaitAny(const std::vector<uint64_t>& ids, absl::Time until) {
-  absl::MutexLock lock(&mu_);
+  CheckedLock lock(&mu_);
   while (true) {
     const absl::Time stall = ExpireStalledLocked(ids);
     for (uint64_t id : ids) {
@@ -261,7 +262,7 @@ uint64_t PeerClient::AwaitAny(const std::vector<uint64_t>& ids, absl::Time until
 absl::StatusOr<uint32_t> PeerClient::FinishRead(uint64_t id) {
   PendingRead r;
   {
-    absl::MutexLock lock(&mu_);
+    CheckedLock lock(&mu_);
     while (!EndedLocked(id) && !stopping_) {
       const absl::Time stall = ExpireStalledLocked({id});
       if (EndedLocked(id)) break;
@@ -287,7 +288,7 @@ absl::StatusOr<uint32_t> PeerClient::FinishRead(uint64_t id) {
 }
 
 void PeerClient::Abandon(uint64_t id) {
-  absl::MutexLock lock(&mu_);
+  CheckedLock lock(&mu_);
   reads_.erase(id);  // landings in flight keep the memory alive
 }
 
@@ -298,12 +299,12 @@ absl::StatusOr<uint32_t> PeerClient::Read(const PeerEndpoint& ep, ReadReq req, M
 }
 
 void PeerClient::Stop() {
-  absl::MutexLock lock(&mu_);
+  CheckedLock lock(&mu_);
   stopping_ = true;
 }
 
 size_t PeerClient::landings() const {
-  absl::MutexLock lock(&mu_);
+  CheckedLock lock(&mu_);
   return landings_.size();
 }
 
@@ -315,7 +316,7 @@ absl::StatusOr<MutablePieces> PeerClient::Allocate(const Inbound& msg) {
     return absl::InvalidArgumentError(absl::StrCat("message type ", msg.type, " carries no payload"));
   }
   CKPT_ASSIGN_OR_RETURN(Chunk c, DecodeChunk(msg.header));
-  absl::MutexLock lock(&mu_);
+  CheckedLock lock(&mu_);
   auto it = reads_.find(c.id);
   // (Ids are unique per requester; `from` is not compared: with connections
   // both ways between two nodes a reply may name either.)
@@ -352,7 +353,7 @@ void PeerClient::OnAck(const Inbound& msg, bool done) {
     log::Warn("data plane: bad acknowledgement from peer {}: {}", msg.from, r.status().ToString());
     return;
   }
-  absl::MutexLock lock(&mu_);
+  CheckedLock lock(&mu_);
   auto it = out_puts_.find(r->id);
   if (it == out_puts_.end()) return;
   if (done) {
@@ -370,7 +371,7 @@ void PeerClient::OnReadChunk(const Inbound& msg, const absl::Status& status) {
   std::shared_ptr<void> landed;  // keeps the bytes alive while we check them; released last
   MutablePieces where;
   {
-    absl::MutexLock lock(&mu_);
+    CheckedLock lock(&mu_);
     if (msg.payload_bytes > 0) {
       auto slot = landings_.find({c->id, c->offset});
       if (slot == landings_.end()) return;  // Allocate refused it: nothing landed
@@ -389,7 +390,7 @@ void PeerClient::OnReadChunk(const Inbound& msg, const absl::Status& status) {
   // The crc runs without the lock, on memory `landed` keeps alive.
   uint32_t crc = 0;
   for (const auto& p : where) crc = Crc32cExtend(crc, p.data(), p.size());
-  absl::MutexLock lock(&mu_);
+  CheckedLock lock(&mu_);
   auto it = reads_.find(c->id);
   if (it == reads_.end() || it->second.ended) return;
   PendingRead& r = it->second;
@@ -408,7 +409,7 @@ void PeerClient::OnReadChunk(const Inbound& msg, const absl::Status& status) {
 void PeerClient::OnReadEnd(const Inbound& msg) {
   absl::StatusOr<Result> e = DecodeResult(msg.header);
   if (!e.ok()) return;
-  absl::MutexLock lock(&mu_);
+  CheckedLock lock(&mu_);
   auto it = reads_.find(e->id);
   if (it == reads_.end() || it->second.ended) return;
   it->second.ended = true;
@@ -419,7 +420,7 @@ void PeerClient::OnReadEnd(const Inbound& msg) {
 
 void PeerClient::OnPeerFailed(PeerId peer, const absl::Status& why) {
   const absl::Status lost = absl::UnavailableError(absl::StrCat("peer connection lost: ", why.message()));
-  absl::MutexLock lock(&mu_);
+  CheckedLock lock(&mu_);
   for (auto& [id, op] : out_puts_) {
     if (op.peer != peer) continue;
     if (!op.acked) {

@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/crc32c.h"
+#include "common/lock_check.h"
 #include "common/log.h"
 #include "common/names.h"
 #include "common/status_macros.h"
@@ -51,14 +52,14 @@ void PeerServer::Stop() {
 }
 
 size_t PeerServer::receiving() const {
-  absl::MutexLock lock(&mu_);
+  CheckedLock lock(&mu_);
   return in_puts_.size();
 }
 
 std::shared_ptr<std::vector<std::byte>> PeerServer::TakeScratch(uint64_t size) {
   std::shared_ptr<std::vector<std::byte>> buf;
   {
-    absl::MutexLock lock(&mu_);
+    CheckedLock lock(&mu_);
     if (!scratch_free_.empty()) {
       buf = std::move(scratch_free_.back());
       scratch_free_.pop_back();
@@ -71,7 +72,7 @@ std::shared_ptr<std::vector<std::byte>> PeerServer::TakeScratch(uint64_t size) {
 
 void PeerServer::ReturnScratch(std::shared_ptr<std::vector<std::byte>> buf) {
   if (buf == nullptr || buf.use_count() != 1) return;
-  absl::MutexLock lock(&mu_);
+  CheckedLock lock(&mu_);
   if (scratch_free_.size() < kScratchPool) scratch_free_.push_back(std::move(buf));
 }
 
@@ -86,7 +87,7 @@ absl::StatusOr<MutablePieces> PeerServer::Allocate(const Inbound& msg) {
         return absl::InvalidArgumentError(absl::StrCat("a push's record of ", msg.payload_bytes, " bytes is too large"));
       }
       auto buf = std::make_shared<std::vector<std::byte>>(msg.payload_bytes);
-      absl::MutexLock lock(&mu_);
+      CheckedLock lock(&mu_);
       auto [slot, added] = landings_.emplace(std::make_tuple(msg.from, b.xfer, kBeginSlot), Landing{nullptr, buf});
       if (!added) return absl::InvalidArgumentError("this push has begun already");
       return MutablePieces{std::span<std::byte>(buf->data(), buf->size())};
@@ -95,7 +96,7 @@ absl::StatusOr<MutablePieces> PeerServer::Allocate(const Inbound& msg) {
       CKPT_ASSIGN_OR_RETURN(Chunk c, DecodeChunk(msg.header));
       std::shared_ptr<std::vector<std::byte>> scratch;
       {
-        absl::MutexLock lock(&mu_);
+        CheckedLock lock(&mu_);
         auto it = in_puts_.find({msg.from, c.id});
         if (it == in_puts_.end() || it->second.finishing) {
           return absl::FailedPreconditionError(absl::StrCat("unknown push ", c.id));
@@ -113,7 +114,7 @@ absl::StatusOr<MutablePieces> PeerServer::Allocate(const Inbound& msg) {
       }
       // EC data: into a scratch buffer, folded into the parity on arrival.
       scratch = TakeScratch(msg.payload_bytes);
-      absl::MutexLock lock(&mu_);
+      CheckedLock lock(&mu_);
       landings_.emplace(std::make_tuple(msg.from, c.id, c.offset), Landing{nullptr, scratch});
       return MutablePieces{std::span<std::byte>(scratch->data(), scratch->size())};
     }
@@ -191,7 +192,7 @@ void PeerServer::OnPutBegin(const Inbound& msg, const absl::Status& status) {
   std::shared_ptr<std::vector<std::byte>> record;
   bool duplicate = false;
   {
-    absl::MutexLock lock(&mu_);
+    CheckedLock lock(&mu_);
     auto slot = landings_.find(std::make_tuple(msg.from, b->xfer, kBeginSlot));
     if (slot != landings_.end()) {
       record = std::move(slot->second.scratch);
@@ -208,7 +209,7 @@ void PeerServer::OnPutBegin(const Inbound& msg, const absl::Status& status) {
   // a while on big shards and stripes: off the transport's thread.
   if (!finish_.TrySubmit([this, key, begin = *b, record, status] { Admit(key, begin, record, status); })) {
     {
-      absl::MutexLock lock(&mu_);
+      CheckedLock lock(&mu_);
       admitting_.erase(key);
     }
     d_.plane->Send(msg.from, kPutAck,
@@ -230,7 +231,7 @@ void PeerServer::Admit(const PushKey& key, const PutBegin& b, std::shared_ptr<st
     in->finishing = b.total_bytes == 0;
   }
   {
-    absl::MutexLock lock(&mu_);
+    CheckedLock lock(&mu_);
     admitting_.erase(key);
     if (in.ok()) {
       in_puts_.emplace(key, *std::move(in));
@@ -254,7 +255,7 @@ void PeerServer::OnPutChunk(const Inbound& msg, const absl::Status& status) {
   ReservationPtr bytes;
   absl::Status fail = status;
   {
-    absl::MutexLock lock(&mu_);
+    CheckedLock lock(&mu_);
     bool had_landing = false;
     auto slot = landings_.find(std::make_tuple(msg.from, c->id, c->offset));
     if (slot != landings_.end()) {
@@ -292,7 +293,7 @@ void PeerServer::OnPutChunk(const Inbound& msg, const absl::Status& status) {
   }
   bool complete = false;
   {
-    absl::MutexLock lock(&mu_);
+    CheckedLock lock(&mu_);
     auto it = in_puts_.find(key);
     if (it == in_puts_.end()) return;
     InPut& in = it->second;
@@ -317,7 +318,7 @@ void PeerServer::OnPutChunk(const Inbound& msg, const absl::Status& status) {
 void PeerServer::DropPush(const PushKey& key, const absl::Status& why) {
   std::optional<InPut> dropped;
   {
-    absl::MutexLock lock(&mu_);
+    CheckedLock lock(&mu_);
     auto it = in_puts_.find(key);
     if (it == in_puts_.end()) return;
     dropped = std::move(it->second);
@@ -332,7 +333,7 @@ void PeerServer::OnPutAbort(const Inbound& msg) {
   absl::StatusOr<Result> r = DecodeResult(msg.header);
   if (!r.ok()) return;
   {
-    absl::MutexLock lock(&mu_);
+    CheckedLock lock(&mu_);
     auto it = in_puts_.find({msg.from, r->id});
     if (it == in_puts_.end() || it->second.finishing) return;
     log::Warn("data plane: peer {} abandoned push {} ({} of {} bytes): {}", msg.from, r->id, it->second.received,
@@ -344,7 +345,7 @@ void PeerServer::OnPutAbort(const Inbound& msg) {
 void PeerServer::OnPeerFailed(PeerId peer, const absl::Status& why) {
   std::vector<PushKey> gone;
   {
-    absl::MutexLock lock(&mu_);
+    CheckedLock lock(&mu_);
     for (const auto& [key, in] : in_puts_) {
       if (key.first == peer && !in.finishing) gone.push_back(key);
     }
@@ -359,7 +360,7 @@ void PeerServer::OnPeerFailed(PeerId peer, const absl::Status& why) {
 int PeerServer::Expire() {
   std::vector<PushKey> stale;
   {
-    absl::MutexLock lock(&mu_);
+    CheckedLock lock(&mu_);
     const absl::Time now = d_.clock->MonotonicNow();
     for (const auto& [key, in] : in_puts_) {
       if (!in.finishing && now - in.last_progress > absl::Milliseconds(options_.peer_timeout_ms)) {
@@ -384,7 +385,7 @@ int PeerServer::Expire() {
 void PeerServer::FinishPut(PeerId from, uint64_t xfer) {
   std::optional<InPut> taken;
   {
-    absl::MutexLock lock(&mu_);
+    CheckedLock lock(&mu_);
     auto it = in_puts_.find({from, xfer});
     if (it == in_puts_.end()) return;
     taken = std::move(it->second);

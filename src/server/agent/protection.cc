@@ -7,6 +7,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "common/crc32c.h"
+#include "common/lock_check.h"
 #include "common/log.h"
 #include "common/status_macros.h"
 
@@ -132,7 +133,7 @@ absl::Status Protector::PushDataSegments(QueuedTask& qt, bool* finished) {
         for (uint32_t p = 0; p < st.parity_node_ids.size(); ++p) {
           auto e = members.find(st.parity_node_ids[p]);
           if (e == members.end()) {
-            absl::MutexLock lock(&fail_mu);
+            CheckedLock lock(&fail_mu);
             failures.push_back(absl::StrCat("parity node \"", st.parity_node_ids[p], "\" has no endpoint"));
             continue;
           }
@@ -160,7 +161,7 @@ absl::Status Protector::PushDataSegments(QueuedTask& qt, bool* finished) {
             sent += len;
             continue;
           }
-          absl::MutexLock lock(&fail_mu);
+          CheckedLock lock(&fail_mu);
           failures.push_back(
               absl::StrCat("stripe ", st.stripe_index, " to node \"", targets[i].node_id, "\": ", r[i].message()));
         }

@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/lock_check.h"
 #include "common/log.h"
 #include "common/status_macros.h"
 #include "server/agent/ec_support.h"
@@ -41,7 +42,7 @@ ReadReq Reconstructor::SegmentReadReq(const SegmentLocation& loc, uint32_t data_
 }
 
 bool Reconstructor::IsSlow(const std::string& node_id) {
-  absl::MutexLock lock(&mu_);
+  CheckedLock lock(&mu_);
   auto it = slow_.find(node_id);
   if (it == slow_.end()) return false;
   if (clock_->MonotonicNow() - it->second > options_.remember_slow) {
@@ -52,7 +53,7 @@ bool Reconstructor::IsSlow(const std::string& node_id) {
 }
 
 void Reconstructor::MarkSlow(const std::string& node_id) {
-  absl::MutexLock lock(&mu_);
+  CheckedLock lock(&mu_);
   slow_[node_id] = clock_->MonotonicNow();
 }
 

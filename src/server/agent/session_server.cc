@@ -15,6 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
+#include "common/lock_check.h"
 #include "common/log.h"
 
 namespace ckpt::agent {
@@ -80,7 +81,7 @@ SessionServer::~SessionServer() {
 
 void SessionServer::Stop() {
   {
-    absl::MutexLock lock(&mu_);
+    CheckedLock lock(&mu_);
     if (stopping_) return;
     stopping_ = true;
   }
@@ -89,7 +90,7 @@ void SessionServer::Stop() {
     [[maybe_unused]] ssize_t n = ::write(wake_fd_, &one, sizeof(one));
   }
   if (thread_.joinable()) thread_.join();
-  absl::MutexLock lock(&mu_);
+  CheckedLock lock(&mu_);
   for (const auto& [fd, id] : by_fd_) ::close(fd);
   for (int fd : pending_) ::close(fd);
   by_fd_.clear();
@@ -102,20 +103,20 @@ void SessionServer::Stop() {
 }
 
 bool SessionServer::Alive(const std::string& session_id) const {
-  absl::MutexLock lock(&mu_);
+  CheckedLock lock(&mu_);
   auto it = sessions_.find(session_id);
   if (it == sessions_.end()) return false;
   return it->second.fd >= 0 || clock_->MonotonicNow() - it->second.closed_at < options_.grace;
 }
 
 bool SessionServer::Open(const std::string& session_id) const {
-  absl::MutexLock lock(&mu_);
+  CheckedLock lock(&mu_);
   auto it = sessions_.find(session_id);
   return it != sessions_.end() && it->second.fd >= 0;
 }
 
 size_t SessionServer::open_sessions() const {
-  absl::MutexLock lock(&mu_);
+  CheckedLock lock(&mu_);
   return by_fd_.size();
 }
 
@@ -126,7 +127,7 @@ void SessionServer::Loop() {
     fds.push_back(pollfd{wake_fd_, POLLIN, 0});
     fds.push_back(pollfd{listen_fd_, POLLIN, 0});
     {
-      absl::MutexLock lock(&mu_);
+      CheckedLock lock(&mu_);
       if (stopping_) return;
       for (int fd : pending_) fds.push_back(pollfd{fd, POLLIN, 0});
       for (const auto& [fd, id] : by_fd_) fds.push_back(pollfd{fd, POLLIN | POLLRDHUP, 0});
@@ -143,7 +144,7 @@ void SessionServer::Loop() {
       const int fd = fds[i].fd;
       bool greeted;
       {
-        absl::MutexLock lock(&mu_);
+        CheckedLock lock(&mu_);
         greeted = by_fd_.count(fd) != 0;
       }
       if (!greeted) {
@@ -151,7 +152,7 @@ void SessionServer::Loop() {
         if (fds[i].revents == 0 && now - pending_since[fd] < kHelloTimeout) continue;
         pending_since.erase(fd);
         {
-          absl::MutexLock lock(&mu_);
+          CheckedLock lock(&mu_);
           std::erase(pending_, fd);
         }
         if (fds[i].revents == 0 || !Greet(fd)) ::close(fd);
@@ -174,7 +175,7 @@ void SessionServer::Accept() {
   while (true) {
     const int fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
     if (fd < 0) return;
-    absl::MutexLock lock(&mu_);
+    CheckedLock lock(&mu_);
     if (sessions_.size() + pending_.size() >= options_.max_sessions) {
       ::close(fd);  // refuse: the table is full
       continue;
@@ -201,7 +202,7 @@ bool SessionServer::Greet(int fd) {
   }
   std::string id;
   {
-    absl::MutexLock lock(&mu_);
+    CheckedLock lock(&mu_);
     if (words.size() == 3 && ValidSessionId(words[2])) {
       auto it = sessions_.find(words[2]);
       if (it != sessions_.end() && it->second.fd >= 0) return refuse("session is in use by another connection");
@@ -240,7 +241,7 @@ bool SessionServer::Greet(int fd) {
   }
   if (::sendmsg(fd, &msg, MSG_NOSIGNAL) < 0) {
     log::Warn("session socket: cannot answer a client: {}", std::strerror(errno));
-    absl::MutexLock lock(&mu_);
+    CheckedLock lock(&mu_);
     sessions_.erase(id);
     by_fd_.erase(fd);
     return false;
@@ -251,7 +252,7 @@ bool SessionServer::Greet(int fd) {
 
 void SessionServer::Hangup(int fd) {
   {
-    absl::MutexLock lock(&mu_);
+    CheckedLock lock(&mu_);
     auto it = by_fd_.find(fd);
     if (it == by_fd_.end()) return;
     auto s = sessions_.find(it->second);
@@ -269,7 +270,7 @@ void SessionServer::Hangup(int fd) {
 void SessionServer::ExpireClosed() {
   std::vector<std::string> ended;
   {
-    absl::MutexLock lock(&mu_);
+    CheckedLock lock(&mu_);
     const absl::Time now = clock_->MonotonicNow();
     for (auto it = sessions_.begin(); it != sessions_.end();) {
       if (it->second.fd < 0 && now - it->second.closed_at >= options_.grace) {

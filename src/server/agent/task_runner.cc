@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "common/lock_check.h"
 #include "common/log.h"
 
 namespace ckpt::agent {
@@ -15,7 +16,7 @@ TaskRunner::TaskRunner(Clock* clock, MetaSession* session, Options options, Hook
 void TaskRunner::Enqueue(std::vector<AgentTask> tasks) {
   std::vector<AgentTask> queued;
   {
-    absl::MutexLock lock(&mu_);
+    CheckedLock lock(&mu_);
     const absl::Time now = clock_->MonotonicNow();
     for (AgentTask& t : tasks) {
       if (auto f = finished_.find(t.id); f != finished_.end()) {
@@ -46,7 +47,7 @@ void TaskRunner::Enqueue(std::vector<AgentTask> tasks) {
 void TaskRunner::Cancel(const std::vector<std::string>& ids) {
   std::vector<AgentTask> cancelled;
   {
-    absl::MutexLock lock(&mu_);
+    CheckedLock lock(&mu_);
     for (const std::string& id : ids) {
       auto it = tasks_.find(id);
       if (it != tasks_.end()) {
@@ -65,7 +66,7 @@ void TaskRunner::Cancel(const std::vector<std::string>& ids) {
 bool TaskRunner::RunOnce() {
   QueuedTask qt;
   {
-    absl::MutexLock lock(&mu_);
+    CheckedLock lock(&mu_);
     if (stopping_) return false;
     const absl::Time now = clock_->MonotonicNow();
     const QueuedTask* best = nullptr;
@@ -81,7 +82,7 @@ bool TaskRunner::RunOnce() {
   const absl::Status s = hooks_.step(qt, &finished);
   const bool is_flush = qt.task.kind == TaskKind::kFlush;
   if (!s.ok() && is_flush && hooks_.on_flush_error) hooks_.on_flush_error(s);
-  absl::MutexLock lock(&mu_);
+  CheckedLock lock(&mu_);
   running_.erase(qt.task.id);
   auto it = tasks_.find(qt.task.id);
   if (it == tasks_.end()) return true;  // cancelled meanwhile
@@ -119,21 +120,21 @@ bool TaskRunner::RunOnce() {
 }
 
 std::vector<RunningTask> TaskRunner::Running() const {
-  absl::MutexLock lock(&mu_);
+  CheckedLock lock(&mu_);
   std::vector<RunningTask> out;
   for (const auto& [id, t] : tasks_) out.push_back(RunningTask{id, t.task.attempt, t.bytes_done, 0});
   return out;
 }
 
 void TaskRunner::AwaitWork(absl::Duration timeout) {
-  absl::MutexLock lock(&mu_);
+  CheckedLock lock(&mu_);
   const uint64_t seen = wake_;
   auto woken = [this, seen]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stopping_ || wake_ != seen; };
   clock_->AwaitWithTimeout(&mu_, absl::Condition(&woken), timeout);
 }
 
 void TaskRunner::Stop() {
-  absl::MutexLock lock(&mu_);
+  CheckedLock lock(&mu_);
   stopping_ = true;
   ++wake_;
 }

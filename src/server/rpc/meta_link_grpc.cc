@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "ckpt/v1/meta.grpc.pb.h"
+#include "common/lock_check.h"
 #include "server/rpc/agent_convert.h"
 #include "server/rpc/status_convert.h"
 
@@ -119,6 +120,7 @@ class GrpcMetaLink : public agent::MetaLink {
         timeout_(timeout) {}
 
   absl::StatusOr<agent::RegistrationReply> Register(const agent::NodeRegistration& n) override {
+    AssertNoCheckedLock("an RPC to meta");
     v1::RegisterNodeRequest req;
     req.set_node_id(n.node_id);
     req.set_grpc_address(n.grpc_address);
@@ -139,6 +141,7 @@ class GrpcMetaLink : public agent::MetaLink {
 
   absl::StatusOr<agent::HeartbeatReply> Heartbeat(const std::string& node_id, uint64_t incarnation,
                                                   const agent::LoadReport& load) override {
+    AssertNoCheckedLock("an RPC to meta");
     v1::HeartbeatRequest req;
     req.set_node_id(node_id);
     req.set_incarnation(incarnation);
@@ -174,6 +177,7 @@ class GrpcMetaLink : public agent::MetaLink {
 
   absl::StatusOr<agent::InventoryReply> ReportInventory(const std::string& node_id, uint64_t incarnation,
                                                         const std::vector<agent::InventoryItem>& items) override {
+    AssertNoCheckedLock("an RPC to meta");
     v1::ReportInventoryRequest req;
     req.set_node_id(node_id);
     req.set_incarnation(incarnation);
@@ -213,6 +217,7 @@ class GrpcMetaLink : public agent::MetaLink {
   }
 
   absl::StatusOr<uint32_t> JobWorldSize(const std::string& job_id) override {
+    AssertNoCheckedLock("an RPC to meta");
     v1::GetJobRequest req;
     req.set_job_id(job_id);
     v1::GetJobResponse resp;
@@ -225,6 +230,7 @@ class GrpcMetaLink : public agent::MetaLink {
 
   absl::StatusOr<uint32_t> BeginVersion(const std::string& job_id, uint64_t step, const std::string& run_id,
                                         const std::string& node_id) override {
+    AssertNoCheckedLock("an RPC to meta");
     v1::BeginVersionRequest req;
     req.set_job_id(job_id);
     req.set_step(step);
@@ -240,6 +246,7 @@ class GrpcMetaLink : public agent::MetaLink {
 
   absl::StatusOr<agent::ReportReply> ReportShards(const std::string& node_id, uint64_t incarnation,
                                                   const std::vector<agent::HoldingReport>& reports) override {
+    AssertNoCheckedLock("an RPC to meta");
     v1::ReportShardsRequest req;
     req.set_node_id(node_id);
     req.set_incarnation(incarnation);
@@ -302,6 +309,7 @@ class GrpcMetaLink : public agent::MetaLink {
   absl::Status ReportTaskResult(const std::string& node_id, uint64_t incarnation, const std::string& task_id,
                                 uint32_t attempt, const absl::Status& result, uint64_t bytes_processed,
                                 int64_t duration_ms) override {
+    AssertNoCheckedLock("an RPC to meta");
     v1::ReportTaskResultRequest req;
     req.set_node_id(node_id);
     req.set_incarnation(incarnation);
@@ -317,6 +325,7 @@ class GrpcMetaLink : public agent::MetaLink {
   }
 
   absl::StatusOr<EvictFacts> GetEvictFacts(const std::string& job_id, uint64_t step) override {
+    AssertNoCheckedLock("an RPC to meta");
     EvictFacts facts;
     {
       v1::GetVersionRequest req;
@@ -345,6 +354,7 @@ class GrpcMetaLink : public agent::MetaLink {
   }
 
   absl::StatusOr<DurableManifest> GetVersionManifest(const std::string& job_id, uint64_t step) override {
+    AssertNoCheckedLock("an RPC to meta");
     v1::GetVersionRequest req;
     req.set_job_id(job_id);
     req.set_step(step);
@@ -358,6 +368,7 @@ class GrpcMetaLink : public agent::MetaLink {
   }
 
   absl::Status WatchTasks(const std::string& node_id, uint64_t incarnation, const TaskPush& on_push) override {
+    AssertNoCheckedLock("an RPC to meta");
     v1::WatchTasksRequest req;
     req.set_node_id(node_id);
     req.set_incarnation(incarnation);
@@ -382,6 +393,7 @@ class GrpcMetaLink : public agent::MetaLink {
   }
 
   void CancelWatch() override {
+    AssertNoCheckedLock("an RPC to meta");
     absl::MutexLock lock(&mu_);
     cancelled_ = true;
     if (watch_ctx_ != nullptr) watch_ctx_->TryCancel();
@@ -389,6 +401,7 @@ class GrpcMetaLink : public agent::MetaLink {
 
  private:
   void SetDeadline(grpc::ClientContext* ctx) const {
+    AssertNoCheckedLock("an RPC to meta");
     ctx->set_deadline(std::chrono::system_clock::now() + absl::ToChronoMilliseconds(timeout_));
   }
 

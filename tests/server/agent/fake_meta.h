@@ -12,6 +12,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "common/lock_check.h"
 #include "common/durable_format.h"
 #include "common/names.h"
 #include "server/agent/meta_link.h"
@@ -21,12 +22,14 @@ namespace ckpt::agent {
 class FakeMeta : public MetaLink {
  public:
   absl::StatusOr<RegistrationReply> Register(const NodeRegistration& node) override {
+    AssertNoCheckedLock("an RPC to meta");
     absl::MutexLock lock(&mu);
     if (!up) return absl::UnavailableError("meta down");
     registrations++;
     return RegistrationReply{++incarnation, 5000, 1000, 7};
   }
   absl::StatusOr<HeartbeatReply> Heartbeat(const std::string&, uint64_t inc, const LoadReport& load) override {
+    AssertNoCheckedLock("an RPC to meta");
     absl::MutexLock lock(&mu);
     if (!up) return absl::UnavailableError("meta down");
     if (inc != incarnation) return absl::FailedPreconditionError("stale incarnation");
@@ -40,12 +43,14 @@ class FakeMeta : public MetaLink {
   }
   absl::StatusOr<InventoryReply> ReportInventory(const std::string&, uint64_t,
                                                  const std::vector<InventoryItem>& items) override {
+    AssertNoCheckedLock("an RPC to meta");
     absl::MutexLock lock(&mu);
     if (!up) return absl::UnavailableError("meta down");
     inventories.push_back(items);
     return InventoryReply{};
   }
   absl::StatusOr<uint32_t> JobWorldSize(const std::string& job) override {
+    AssertNoCheckedLock("an RPC to meta");
     absl::MutexLock lock(&mu);
     if (!up) return absl::UnavailableError("meta down");
     auto it = world.find(job);
@@ -54,6 +59,7 @@ class FakeMeta : public MetaLink {
   }
   absl::StatusOr<uint32_t> BeginVersion(const std::string& job, uint64_t step, const std::string&,
                                         const std::string&) override {
+    AssertNoCheckedLock("an RPC to meta");
     absl::MutexLock lock(&mu);
     if (!up) return absl::UnavailableError("meta down");
     if (!begin_errors.empty()) {
@@ -69,6 +75,7 @@ class FakeMeta : public MetaLink {
   }
   absl::StatusOr<ReportReply> ReportShards(const std::string&, uint64_t,
                                            const std::vector<HoldingReport>& reports) override {
+    AssertNoCheckedLock("an RPC to meta");
     absl::MutexLock lock(&mu);
     if (!up) return absl::UnavailableError("meta down");
     ReportReply r;
@@ -101,12 +108,14 @@ class FakeMeta : public MetaLink {
   }
   absl::Status ReportTaskResult(const std::string&, uint64_t, const std::string& task_id, uint32_t,
                                 const absl::Status& result, uint64_t, int64_t) override {
+    AssertNoCheckedLock("an RPC to meta");
     absl::MutexLock lock(&mu);
     if (!up) return absl::UnavailableError("meta down");
     results.emplace_back(task_id, result);
     return absl::OkStatus();
   }
   absl::StatusOr<EvictFacts> GetEvictFacts(const std::string& job, uint64_t step) override {
+    AssertNoCheckedLock("an RPC to meta");
     absl::MutexLock lock(&mu);
     if (!up) return absl::UnavailableError("meta down");
     EvictFacts f;
@@ -115,6 +124,7 @@ class FakeMeta : public MetaLink {
     return f;
   }
   absl::StatusOr<DurableManifest> GetVersionManifest(const std::string& job, uint64_t step) override {
+    AssertNoCheckedLock("an RPC to meta");
     absl::MutexLock lock(&mu);
     DurableManifest m;
     m.job_id = job;

@@ -6,8 +6,8 @@
 #   CKPT_BUILD_DIR=... CKPT_CMAKE_ARGS="..." CKPT_JOBS=N scripts/test.sh [--sanitize]
 #
 # Release build with asserts kept, -j2 (this machine has 2 cores), ccache when
-# present. Exits non-zero on any failure. `.ci/run` calls this script
-# (plain; --sanitize is run by hand for now).
+# present. Exits non-zero on any failure. `.ci/run` calls this script twice:
+# plain, then with --sanitize.
 #
 # --sanitize: CKPT_SANITIZE=address,undefined. Every process of ours (tests, the daemons
 # they start, the Python interpreter with the module preloaded) writes its sanitizer report

@@ -790,6 +790,49 @@ class PySaveHandle {
   SaveHandle handle_;
 };
 
+// A lazy save (SaveBuilder::CommitLazy) and the Python objects its items
+// point into: they stay referenced until the save has finished. Dropping it
+// waits for that with the GIL released.
+class PyLazySave {
+ public:
+  PyLazySave(LazySave lazy, std::unique_ptr<Flattener> keep) : lazy_(std::move(lazy)), keep_(std::move(keep)) {}
+  PyLazySave(const PyLazySave&) = delete;
+  PyLazySave& operator=(const PyLazySave&) = delete;
+  ~PyLazySave() {
+    {
+      py::gil_scoped_release release;
+      lazy_ = LazySave();  // the last handle: waits until the save finished
+    }
+    keep_.reset();  // the items' owners, with the GIL
+  }
+  uint64_t step() const { return lazy_.step(); }
+  size_t item_count() const { return lazy_.item_count(); }
+  size_t copied_items() const { return lazy_.copied_items(); }
+  void WaitCopied(std::optional<double> timeout_s) const {
+    const absl::Time deadline = DeadlineFrom(timeout_s);
+    absl::Status status;
+    {
+      py::gil_scoped_release release;
+      status = lazy_.WaitCopied(deadline);
+    }
+    Check(status);
+  }
+  PySaveHandle Result(std::optional<double> timeout_s) const {
+    const absl::Time deadline = DeadlineFrom(timeout_s);
+    absl::StatusOr<SaveHandle> h = absl::UnknownError("not committed");
+    {
+      py::gil_scoped_release release;
+      h = lazy_.Wait(deadline);
+    }
+    if (!h.ok()) ThrowStatus(h.status());
+    return PySaveHandle(std::move(*h));
+  }
+
+ private:
+  LazySave lazy_;
+  std::unique_ptr<Flattener> keep_;
+};
+
 // "none" | "replicate:COPIES[:ring|group]" | "ec:K+M" (ckptctl's spelling).
 Protection ParseProtection(const std::string& text) {
   auto bad = [&](const std::string& why) {
@@ -905,6 +948,20 @@ class PyClient {
     }
     if (!handle.ok()) ThrowStatus(handle.status());
     return PySaveHandle(std::move(*handle));
+  }
+
+  // As SaveState, in the background: returns once the state is walked.
+  std::unique_ptr<PyLazySave> SaveStateLazy(uint64_t step, const py::object& state) {
+    if (!PyDict_Check(state.ptr())) {
+      ThrowStatus(absl::InvalidArgumentError(std::string("a state must be a dict, not ") +
+                                             Py_TYPE(state.ptr())->tp_name));
+    }
+    SaveBuilder builder = client_.BeginSave(step);
+    auto flat = std::make_unique<Flattener>(&builder);
+    flat->Walk(state.ptr());
+    absl::StatusOr<LazySave> lazy = builder.CommitLazy();
+    if (!lazy.ok()) ThrowStatus(lazy.status());
+    return std::make_unique<PyLazySave>(std::move(*lazy), std::move(flat));
   }
 
   // Opens the shard without the agent's pass over it and copies every item
@@ -1167,6 +1224,12 @@ PYBIND11_MODULE(_ckpt, m) {
       .def_property_readonly("crc32c", &PySaveHandle::crc32c)
       .def("wait", &PySaveHandle::Wait, py::arg("level") = "protected", py::arg("timeout") = py::none());
 
+  py::class_<PyLazySave>(m, "LazySave")
+      .def_property_readonly("step", &PyLazySave::step)
+      .def_property_readonly("item_count", &PyLazySave::item_count)
+      .def_property_readonly("copied_items", &PyLazySave::copied_items)
+      .def("wait_copied", &PyLazySave::WaitCopied, py::arg("timeout") = py::none())
+      .def("result", &PyLazySave::Result, py::arg("timeout") = py::none());
   py::class_<PyClient>(m, "Client")
       .def_static("connect", &PyClient::Connect, py::arg("job"), py::arg("rank"), py::arg("world_size"),
                   py::arg("meta"), py::arg("agent_socket"), py::arg("flush_every") = 0,
@@ -1176,6 +1239,7 @@ PYBIND11_MODULE(_ckpt, m) {
                   py::arg("protection") = py::none())
       .def("save_items", &PyClient::SaveItems, py::arg("step"), py::arg("items"))
       .def("save_state", &PyClient::SaveState, py::arg("step"), py::arg("state"))
+      .def("save_state_lazy", &PyClient::SaveStateLazy, py::arg("step"), py::arg("state"))
       .def("load_state", &PyClient::LoadState, py::arg("step"))
       .def("wait", &PyClient::WaitVersion, py::arg("step"), py::arg("level") = "protected",
            py::arg("timeout") = py::none())

@@ -23,6 +23,10 @@ with the server's message.
 
 Thread safety: a Client and its SaveHandles may be used from several threads;
 save() releases the GIL while it copies.
+
+Lazy saves: c.save(step, state, lazy=True) returns at once and copies in the
+background; the state's arrays and tensors must not change until the copy is
+done: c.wait_copied() (ckpt.torch does it before the optimizer step).
 """
 
 from urllib.parse import unquote as _unquote
@@ -50,7 +54,7 @@ UnavailableError = _ckpt.UnavailableError
 DataLossError = _ckpt.DataLossError
 UnauthenticatedError = _ckpt.UnauthenticatedError
 
-__all__ = ["Client", "SaveHandle", "DType", "read_durable", "Error", "MAX_STEP"] + [
+__all__ = ["Client", "SaveHandle", "LazySave", "DType", "read_durable", "Error", "MAX_STEP"] + [
     n for n in dir(_ckpt) if n.endswith("Error")]
 
 # The largest step ckpt accepts (2**53 - 1: exact as a float and in JSON).
@@ -331,6 +335,46 @@ def _load_into_buffer(name, target):
     return arr
 
 
+class LazySave:
+    """A save running in the background (Client.save(step, state, lazy=True)).
+
+    The copy into the agent's memory tier (each item with its crc32c) and the
+    commit run on a thread of their own. The arrays and tensors of the state
+    must not change until wait_copied() returned (or the Client's
+    wait_copied()). Errors of the save (those save() raises eagerly) are
+    raised by the waits. Dropping the last reference waits for the save to
+    finish (the GIL released meanwhile), so its memory is never read later.
+    """
+
+    def __init__(self, impl):
+        self._impl = impl
+
+    @property
+    def step(self):
+        return self._impl.step
+
+    @property
+    def copied(self):
+        """True once every item is copied (does not block)."""
+        return self._impl.copied_items == self._impl.item_count
+
+    def wait_copied(self, timeout=None):
+        """Blocks until every item is copied; raises the save's error if it failed before that."""
+        self._impl.wait_copied(None if timeout is None else float(timeout))
+
+    def result(self, timeout=None):
+        """Blocks until the save is committed; returns its SaveHandle or raises its error."""
+        return self._impl.result(None if timeout is None else float(timeout))
+
+    def wait(self, level="protected", timeout=None):
+        """As SaveHandle.wait, after the commit (timeout counts both)."""
+        import time
+        start = time.monotonic()
+        handle = self.result(timeout)
+        left = None if timeout is None else max(0.0, float(timeout) - (time.monotonic() - start))
+        handle.wait(level, left)
+
+
 class Client:
     """A connection to ckpt-meta and the node's agent, for one rank of one job.
 
@@ -369,12 +413,13 @@ class Client:
         self.job = job
         self.rank = rank
         self.world_size = world_size
+        self._lazy = None  # the newest lazy save whose copy may still run
 
     @property
     def node_id(self):
         return self._c.node_id
 
-    def save(self, step, state):
+    def save(self, step, state, lazy=False):
         """Saves `state` (a dict, see the module doc) as this rank's shard of `step`.
 
         Blocks only for the copy into the agent's memory tier (the GIL is
@@ -384,12 +429,42 @@ class Client:
         0..ckpt.MAX_STEP), ckpt.ResourceExhaustedError (the memory tier is full),
         ckpt.AlreadyExistsError (this rank already saved this step),
         ckpt.UnavailableError (agent or meta down).
+
+        lazy=True: returns a LazySave at once (after walking the state; values
+        that are not arrays or tensors are captured then) and copies in the
+        background; the arrays and tensors must not change until
+        wait_copied(). A save first waits for the copy of the previous lazy
+        save (raising its error, once, if it failed).
         """
         if not isinstance(state, dict):
             raise InvalidArgumentError(f"a state must be a dict, not {type(state).__name__}")
+        self.wait_copied()
         # The walk (_flatten's rules) runs in C++; leaves it does not cover
         # come back to _flatten.
+        if lazy:
+            self._lazy = LazySave(self._c.save_state_lazy(_step(step), state))
+            return self._lazy
         return self._c.save_state(_step(step), state)
+
+    def wait_copied(self, timeout=None):
+        """Blocks until the newest lazy save has copied the state (at once if none runs).
+
+        Raises that save's error (once) if it failed before copying everything.
+        """
+        lazy = self._lazy
+        if lazy is None:
+            return
+        try:
+            lazy.wait_copied(timeout)
+        except DeadlineExceededError:
+            if timeout is not None:
+                raise  # our timeout: the copy is still running
+            self._lazy = None
+            raise
+        except Error:
+            self._lazy = None  # the save failed: said once
+            raise
+        self._lazy = None
 
     def wait(self, step, level="protected", timeout=None):
         """Waits until version `step` (of any rank) reaches `level`; timeout in seconds (None: forever)."""

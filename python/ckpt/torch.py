@@ -8,11 +8,21 @@ The state saved is {"model": model.state_dict(), "optimizer":
 optimizer.state_dict(), "extra": extra} (entries left out when None). load()
 copies the tensors back into the live model and optimizer (load_state_dict),
 so a resumed run continues bit-identically, and returns `extra`.
+
+lazy=True saves in the background (Client.save(..., lazy=True)): the copy
+overlaps the next forward and backward passes, which do not change the
+parameters or the optimizer state, and the optimizer's step() waits for the
+copy before it changes them (save() wraps optimizer.step once). A model with
+persistent buffers (BatchNorm's running statistics, which the forward pass
+updates) also waits before its forward pass.
 """
 
 
-def save(client, step, model=None, optimizer=None, extra=None):
-    """Saves model/optimizer state dicts and `extra` at `step`; returns the SaveHandle."""
+def save(client, step, model=None, optimizer=None, extra=None, lazy=False):
+    """Saves model/optimizer state dicts and `extra` at `step`.
+
+    Returns the SaveHandle, or with lazy=True a ckpt.LazySave (see the module doc).
+    """
     state = {}
     if model is not None:
         state["model"] = model.state_dict()
@@ -20,7 +30,44 @@ def save(client, step, model=None, optimizer=None, extra=None):
         state["optimizer"] = optimizer.state_dict()
     if extra is not None:
         state["extra"] = extra
-    return client.save(step, state)
+    if lazy:
+        if optimizer is not None:
+            _wait_before_step(client, optimizer)
+        if model is not None and _has_persistent_buffers(model):
+            _wait_before_forward(client, model)
+    return client.save(step, state, lazy=lazy)
+
+
+def _wait_before_step(client, optimizer):
+    """Wraps optimizer.step (once per client) to wait for the client's lazy copy first."""
+    guarded = getattr(optimizer, "_ckpt_guarded", None)
+    if guarded is None:
+        guarded = optimizer._ckpt_guarded = []
+    if any(c is client for c in guarded):
+        return
+    guarded.append(client)
+    inner = optimizer.step
+
+    def step(*args, **kwargs):
+        client.wait_copied()
+        return inner(*args, **kwargs)
+
+    optimizer.step = step
+
+
+def _has_persistent_buffers(model):
+    params = {name for name, _ in model.named_parameters()}
+    return any(name not in params for name in model.state_dict())
+
+
+def _wait_before_forward(client, model):
+    guarded = getattr(model, "_ckpt_guarded", None)
+    if guarded is None:
+        guarded = model._ckpt_guarded = []
+    if any(c is client for c in guarded):
+        return
+    guarded.append(client)
+    model.register_forward_pre_hook(lambda module, inputs: client.wait_copied())
 
 
 def load(client, step, model=None, optimizer=None, strict=True):

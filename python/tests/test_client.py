@@ -89,6 +89,15 @@ def train(model, opt, steps, seed):
         opt.step()
 
 
+def train_wide(model, opt, steps, seed):
+    g = torch.Generator().manual_seed(seed)
+    n = model.in_features
+    for _ in range(steps):
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(model(torch.randn(8, n, generator=g)), torch.randn(8, n, generator=g)).backward()
+        opt.step()
+
+
 @pytest.mark.parametrize("make_opt", [
     lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9),
     lambda p: torch.optim.Adam(p, lr=0.01),
@@ -419,3 +428,110 @@ def test_load_of_items_that_do_not_form_a_state_is_data_loss(cluster, job):
         c.load(5)
     # The raw items are still readable.
     assert [i[0] for i in c.load_items(5)[1]] == ["x/y"]
+
+
+# ---- lazy saves (issue 16) ----
+
+class RecordingClient:
+    """A ckpt.Client that counts the waits for the lazy copy made through it."""
+
+    def __init__(self, client):
+        self.client = client
+        self.waits = 0
+
+    def save(self, *args, **kwargs):
+        return self.client.save(*args, **kwargs)
+
+    def wait_copied(self, timeout=None):
+        self.waits += 1
+        return self.client.wait_copied(timeout)
+
+
+def test_lazy_torch_save_restores_the_values_from_before_the_optimizer_step(cluster, job):
+    # 2 x 4 MiB (weights and momentum): the copy takes a while, and the very
+    # next optimizer step would change them under it without the wait.
+    torch.manual_seed(0)
+    model = torch.nn.Linear(1024, 1024, bias=False)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    train_wide(model, opt, 2, seed=1)
+    expected_model = {k: v.clone() for k, v in model.state_dict().items()}
+    expected_momentum = opt.state_dict()["state"][0]["momentum_buffer"].clone()
+    c = cluster.client(job)
+    lazy = ckpt.torch.save(c, 2, model=model, optimizer=opt, lazy=True)
+    assert isinstance(lazy, ckpt.LazySave)
+    opt.step()  # at once (the gradients of the last step are still there): it waits for the copy
+    assert lazy.copied
+    train_wide(model, opt, 1, seed=2)
+    assert not torch.equal(model.weight, expected_model["weight"])
+    lazy.wait("protected", timeout=60)
+
+    model2 = torch.nn.Linear(1024, 1024, bias=False)
+    opt2 = torch.optim.SGD(model2.parameters(), lr=0.1, momentum=0.9)
+    ckpt.torch.load(c, 2, model=model2, optimizer=opt2)
+    for k, v in model2.state_dict().items():
+        assert torch.equal(v, expected_model[k]), k
+    assert torch.equal(opt2.state_dict()["state"][0]["momentum_buffer"], expected_momentum)
+    # The wrapper is installed once per client, however often it saves.
+    ckpt.torch.save(c, 3, model=model, optimizer=opt, lazy=True).wait("staged", timeout=60)
+    assert len(opt._ckpt_guarded) == 1
+
+
+def test_lazy_save_of_a_model_whose_forward_changes_buffers_waits_before_forward(cluster, job):
+    # The 16 MiB weight is copied before the BatchNorm statistics, and the
+    # forward pass (a small batch) updates them at once.
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(256, 16384, bias=False), torch.nn.BatchNorm1d(16384))
+    model.train()
+    model(torch.randn(4, 256))
+    expected = {k: v.clone() for k, v in model.state_dict().items()}
+    c = cluster.client(job)
+    rec = RecordingClient(c)
+    lazy = ckpt.torch.save(rec, 1, model=model, lazy=True)
+    assert rec.waits == 0
+    model(torch.randn(4, 256) * 10)  # waits for the copy, then updates running_mean/var
+    assert rec.waits == 1 and lazy.copied
+    assert not torch.equal(model[1].running_mean, expected["1.running_mean"])
+    lazy.wait("staged", timeout=60)
+    state = c.load(1)
+    for k, v in state["model"].items():
+        assert torch.equal(v, expected[k]), k
+
+
+def test_lazy_save_of_arrays_changed_after_wait_copied(cluster, job):
+    c = cluster.client(job)
+    a = np.arange(1_000_000, dtype=np.float32)
+    b = np.ones((1000, 17), np.int64)
+    lazy = c.save(7, {"a": a, "b": b, "n": 5, "s": "text"}, lazy=True)
+    assert lazy.step == 7
+    c.wait_copied()
+    a[:] = -1
+    b[:] = 0
+    handle = lazy.result(timeout=60)
+    assert handle.step == 7
+    handle.wait("staged", timeout=30)
+    state = c.load(7)
+    assert np.array_equal(state["a"], np.arange(1_000_000, dtype=np.float32))
+    assert np.array_equal(state["b"], np.ones((1000, 17), np.int64))
+    assert state["n"] == 5 and state["s"] == "text"
+    # A save that is not kept finishes anyway (the client holds it until copied).
+    c.save(8, {"a": a}, lazy=True)
+    c.save(9, {"a": a}).wait("staged", timeout=30)  # waits for step 8's copy first
+    c.wait(8, "staged", timeout=30)
+    assert c.latest("staged") == 9
+    assert np.array_equal(c.load(8)["a"], a)
+
+
+def test_lazy_save_errors_are_raised_by_the_waits_once(cluster, job):
+    c = cluster.client(job)
+    too_big = np.zeros(200 * 1024 * 1024, np.uint8)  # the agent has 160 MiB
+    lazy = c.save(1, {"x": too_big}, lazy=True)  # returns: the lease is asked for in the background
+    with pytest.raises(ckpt.ResourceExhaustedError):
+        c.wait_copied()
+    c.wait_copied()  # said once
+    with pytest.raises(ckpt.ResourceExhaustedError):
+        lazy.result()
+    with pytest.raises(ckpt.ResourceExhaustedError):
+        lazy.wait_copied()
+    with pytest.raises(ckpt.InvalidArgumentError):
+        c.save(ckpt.MAX_STEP + 1, {"x": b"1"}, lazy=True)
+    c.save(2, {"x": b"ok"}, lazy=True).wait("staged", timeout=30)

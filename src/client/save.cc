@@ -10,6 +10,7 @@
 #include "absl/strings/str_join.h"
 #include "ckpt/client.h"
 #include "client/client_core.h"
+#include "client/lazy_save.h"
 #include "common/crc32c.h"
 #include "common/log.h"
 #include "common/manifest.h"
@@ -126,6 +127,10 @@ absl::StatusOr<SaveHandle> SaveBuilder::Commit() {
     return absl::FailedPreconditionError("SaveBuilder::Commit called twice");
   }
   spent_ = true;
+  return CommitItems(nullptr);
+}
+
+absl::StatusOr<SaveHandle> SaveBuilder::CommitItems(client::LazyState* progress) {
   ClientCore& core = *core_;
   const ClientOptions& o = core.options;
   CKPT_RETURN_IF_ERROR(ValidateStep(step_));
@@ -212,7 +217,9 @@ absl::StatusOr<SaveHandle> SaveBuilder::Commit() {
     pos = off + it.bytes.size();
 
     manifest.Add(*it.name, static_cast<int>(it.dtype), it.shape, off, it.bytes.size(), crc, it.attributes);
+    if (progress != nullptr) progress->MarkCopied(i + 1);  // the caller may change item i now
   }
+  if (progress != nullptr && items_.empty()) progress->MarkCopied(0);
   if (layout.size > pos) {
     shard_crc = Crc32cCombine(shard_crc, client::ZeroShard(*regions, pos, layout.size - pos),
                               layout.size - pos);

@@ -683,5 +683,105 @@ TEST_F(ClientTest, EmptySaveStagesTheRank) {
   EXPECT_TRUE(shard->items().empty());
 }
 
+// Issue 16: a lazy save returns before anything is copied (the agent holds
+// the lease back), the trainer waits for the copy only before it changes the
+// items, and what is committed is what was there before the change.
+TEST_F(ClientTest, LazySaveCommitsTheBytesAsTheyWereBeforeTheyChanged) {
+  StartAgent();
+  Client client = Connect();
+  std::vector<float> w = Floats(5000, 1.0f);
+  std::vector<float> b = Floats(300, 7.0f);
+  const std::vector<float> w0 = w, b0 = b;
+  SaveBuilder save = client.BeginSave(20);
+  ASSERT_TRUE(save.Add("w", Bytes(w), DType::kF32, {5000}).ok());
+  ASSERT_TRUE(save.Add("b", Bytes(b), DType::kF32, {300}).ok());
+  agent_->HoldLeases(true);
+  absl::StatusOr<LazySave> lazy = save.CommitLazy();
+  ASSERT_TRUE(lazy.ok()) << lazy.status();
+  EXPECT_EQ(lazy->step(), 20u);
+  EXPECT_EQ(lazy->item_count(), 2u);
+  EXPECT_EQ(lazy->copied_items(), 0u);  // returned while the lease is still held back
+  EXPECT_EQ(lazy->WaitCopied(absl::Now()).code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_EQ(lazy->Wait(absl::Now()).status().code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_EQ(save.Commit().status().code(), absl::StatusCode::kFailedPrecondition);  // spent
+  agent_->HoldLeases(false);
+  ASSERT_TRUE(lazy->WaitItemCopied(0).ok());
+  EXPECT_GE(lazy->copied_items(), 1u);
+  ASSERT_TRUE(lazy->WaitCopied().ok());
+  EXPECT_EQ(lazy->copied_items(), 2u);
+  // The optimizer step: every item changes in place.
+  for (float& x : w) x += 100.0f;
+  for (float& x : b) x = -x;
+  absl::StatusOr<SaveHandle> handle = lazy->Wait();
+  ASSERT_TRUE(handle.ok()) << handle.status();
+  EXPECT_EQ(agent_->crc_mismatches(), 0);
+  EXPECT_EQ(handle->crc32c(), agent_->Committed(job_, 20, 0)->crc32c());
+  std::vector<float> w_back(5000), b_back(300);
+  ASSERT_TRUE(client
+                  .LoadInto(20, {{"w", std::as_writable_bytes(std::span(w_back))},
+                                 {"b", std::as_writable_bytes(std::span(b_back))}})
+                  .ok());
+  EXPECT_EQ(w_back, w0);
+  EXPECT_EQ(b_back, b0);
+  EXPECT_EQ(lazy->WaitItemCopied(2).code(), absl::StatusCode::kInvalidArgument);
+}
+
+// A lazy save reports what Commit would: a failed lease before the copy (the
+// items were never read), a failed commit after it (the lease is released).
+TEST_F(ClientTest, LazySaveReportsFailuresThroughItsWaits) {
+  StartAgent(FakeAgent::Options{.pool_bytes = 1 << 20});
+  Client client = Connect();
+  const auto big = Pattern(2 << 20, 3);
+  SaveBuilder save = client.BeginSave(30);
+  ASSERT_TRUE(save.Add("big", big, DType::kU8, {big.size()}).ok());
+  absl::StatusOr<LazySave> lazy = save.CommitLazy();
+  ASSERT_TRUE(lazy.ok()) << lazy.status();
+  const absl::Status copied = lazy->WaitCopied();
+  EXPECT_FALSE(copied.ok());
+  EXPECT_EQ(lazy->copied_items(), 0u);
+  EXPECT_EQ(lazy->Wait().status(), copied);
+  EXPECT_EQ(agent_->commits(), 0);
+
+  const auto a = Pattern(100, 1);
+  agent_->FailNextCommit(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "injected"), false);
+  SaveBuilder save2 = client.BeginSave(31);
+  ASSERT_TRUE(save2.Add("a", a, DType::kU8, {100}).ok());
+  absl::StatusOr<LazySave> lazy2 = save2.CommitLazy();
+  ASSERT_TRUE(lazy2.ok());
+  EXPECT_TRUE(lazy2->WaitCopied().ok());
+  absl::StatusOr<SaveHandle> h = lazy2->Wait();
+  EXPECT_EQ(h.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(h.status().message()), HasSubstr("CommitShard: injected"));
+  EXPECT_EQ(agent_->open_leases(), 0);
+
+  // Checks that need no I/O fail at once.
+  SaveBuilder bad = client.BeginSave(uint64_t{1} << 60);
+  EXPECT_EQ(bad.CommitLazy().status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(LazySave().WaitCopied().code(), absl::StatusCode::kFailedPrecondition);
+}
+
+// Dropping every handle of a lazy save waits for it: nothing reads the items
+// after that, and the save is committed.
+TEST_F(ClientTest, DroppingALazySaveWaitsForItAndItCommits) {
+  StartAgent();
+  Client client = Connect();
+  {
+    const auto a = Pattern(70000, 5);
+    SaveBuilder save = client.BeginSave(40);
+    ASSERT_TRUE(save.Add("a", a, DType::kU8, {a.size()}).ok());
+    absl::StatusOr<LazySave> lazy = save.CommitLazy();
+    ASSERT_TRUE(lazy.ok());
+    LazySave copy = *lazy;  // copies share the save
+  }  // `a` goes after the handles: their destructor waited for the copy
+  EXPECT_EQ(agent_->commits(), 1);
+  EXPECT_TRUE(agent_->Committed(job_, 40, 0).has_value());
+  // An empty lazy save stages the rank as an empty Commit does.
+  SaveBuilder empty = client.BeginSave(41);
+  absl::StatusOr<LazySave> lazy = empty.CommitLazy();
+  ASSERT_TRUE(lazy.ok());
+  EXPECT_TRUE(lazy->WaitCopied().ok());
+  EXPECT_TRUE(lazy->Wait().ok());
+}
+
 }  // namespace
 }  // namespace ckpt

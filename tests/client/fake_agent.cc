@@ -188,9 +188,19 @@ Status FakeAgent::AgentStatus(grpc::ServerContext*, const v1::AgentStatusRequest
   return Status::OK;
 }
 
+void FakeAgent::HoldLeases(bool hold) {
+  absl::MutexLock lock(&hold_mu_);
+  hold_leases_ = hold;
+}
+
 Status FakeAgent::AcquireStagingLease(grpc::ServerContext*,
                                       const v1::AcquireStagingLeaseRequest* req,
                                       v1::AcquireStagingLeaseResponse* resp) {
+  {
+    absl::MutexLock hold(&hold_mu_);
+    hold_mu_.AwaitWithTimeout(absl::Condition(+[](bool* held) { return !*held; }, &hold_leases_),
+                              absl::Seconds(60));
+  }
   if (req->size_bytes() == 0) return Status(StatusCode::INVALID_ARGUMENT, "size_bytes is 0");
   if (req->job_id().empty()) return Status(StatusCode::INVALID_ARGUMENT, "job_id is empty");
   absl::MutexLock lock(&mu_);

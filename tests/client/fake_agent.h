@@ -78,6 +78,8 @@ class FakeAgent final : public ckpt::v1::AgentService::Service {
   // The next CommitShard returns `status`; with `apply_first`, the commit
   // takes effect before (a lost response).
   void FailNextCommit(grpc::Status status, bool apply_first);
+  // While held, AcquireStagingLease waits (up to 60 s) before it answers.
+  void HoldLeases(bool hold);
   // Flips the bits of shard byte `shard_offset` of a committed shard, in the
   // pool file. False if there is no such shard.
   bool Corrupt(const std::string& job, uint64_t step, uint32_t rank, uint64_t shard_offset);
@@ -144,6 +146,8 @@ class FakeAgent final : public ckpt::v1::AgentService::Service {
   std::map<std::string, Key> handles_ ABSL_GUARDED_BY(mu_);
   std::map<std::pair<std::string, uint64_t>, bool> begun_ ABSL_GUARDED_BY(mu_);
   std::optional<std::pair<grpc::Status, bool>> fail_next_commit_ ABSL_GUARDED_BY(mu_);
+  absl::Mutex hold_mu_;
+  bool hold_leases_ ABSL_GUARDED_BY(hold_mu_) = false;
   int leases_granted_ ABSL_GUARDED_BY(mu_) = 0;
   int aborts_ ABSL_GUARDED_BY(mu_) = 0;
   int commits_ ABSL_GUARDED_BY(mu_) = 0;

@@ -71,6 +71,7 @@ namespace ckpt {
 
 namespace client {
 struct ClientCore;  // connection state shared by a Client and its handles
+struct LazyState;   // a lazy save in progress (LazySave)
 }  // namespace client
 
 // Element type of an item. The numbers are those of ckpt.v1.DType
@@ -234,6 +235,7 @@ class SaveHandle {
 
  private:
   friend class SaveBuilder;
+  friend class LazySave;
   SaveHandle(std::shared_ptr<client::ClientCore> core, uint64_t step, uint64_t size_bytes,
              uint32_t crc32c, absl::Time committed_at)
       : core_(std::move(core)), step_(step), size_bytes_(size_bytes), crc32c_(crc32c),
@@ -244,6 +246,46 @@ class SaveHandle {
   uint64_t size_bytes_;
   uint32_t crc32c_;
   absl::Time committed_at_;
+};
+
+// A save running in the background (SaveBuilder::CommitLazy): the staging
+// lease, the copy of the items (in Add order, each with its CRC-32C) and the
+// commit happen on a thread of their own while the trainer goes on. The
+// caller keeps every item's bytes alive and unchanged until that item is
+// copied: WaitCopied() (all of them) or WaitItemCopied(i) (the first i+1 in
+// Add order), e.g. right before the optimizer step that changes them.
+// Integrity is that of Commit: what was copied is what is checksummed and
+// committed.
+//
+// Copyable (copies share the save) and thread-safe. The last copy to go
+// waits, in its destructor, until the save has finished (copied and
+// committed or failed): the items' memory can never be read after the
+// handles are gone, and no thread outlives them.
+class LazySave {
+ public:
+  LazySave() = default;  // empty: every wait returns kFailedPrecondition
+  uint64_t step() const { return step_; }
+  // Number of items of the save.
+  size_t item_count() const;
+  // Items copied so far (Add order). Does not block.
+  size_t copied_items() const;
+  // Blocks until every item is copied (then the caller may change them) or
+  // the save failed before that. Returns the save's error if it failed
+  // before or while copying (nothing is committed then), kDeadlineExceeded
+  // at `deadline`.
+  absl::Status WaitCopied(absl::Time deadline = absl::InfiniteFuture()) const;
+  // Blocks until items 0..index (Add order) are copied; as WaitCopied.
+  // kInvalidArgument for an index past the last item.
+  absl::Status WaitItemCopied(size_t index, absl::Time deadline = absl::InfiniteFuture()) const;
+  // Blocks until the save is committed and returns its SaveHandle, or the
+  // error Commit would have returned; kDeadlineExceeded at `deadline`.
+  absl::StatusOr<SaveHandle> Wait(absl::Time deadline = absl::InfiniteFuture()) const;
+
+ private:
+  friend class SaveBuilder;
+  LazySave(std::shared_ptr<client::LazyState> state, uint64_t step) : state_(std::move(state)), step_(step) {}
+  std::shared_ptr<client::LazyState> state_;
+  uint64_t step_ = 0;
 };
 
 // Collects the items of one save (one rank's shard of one step) and commits
@@ -302,8 +344,20 @@ class SaveBuilder {
   // refused it).
   absl::StatusOr<SaveHandle> Commit();
 
+  // Commit in the background: returns at once (after the checks that need
+  // no I/O) with a LazySave; the lease, copy and commit run on their own
+  // thread, with the errors Commit would return reported by the LazySave's
+  // waits. The items' bytes must stay alive and unchanged until they are
+  // copied (LazySave::WaitCopied / WaitItemCopied). The builder is spent
+  // afterwards. Errors here: kFailedPrecondition if already spent,
+  // kInvalidArgument for a step above 2^53-1.
+  absl::StatusOr<LazySave> CommitLazy();
+
  private:
   friend class Client;
+  friend struct client::LazyState;
+  // The work of Commit. `progress`, if not null, hears of every item copied.
+  absl::StatusOr<SaveHandle> CommitItems(client::LazyState* progress);
   struct Item;
   struct Names;  // the names added so far, for constant-time duplicate checks
   SaveBuilder(std::shared_ptr<client::ClientCore> core, uint64_t step);

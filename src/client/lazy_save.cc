@@ -1,0 +1,104 @@
+// LazySave: SaveBuilder::CommitItems on a thread of its own, with waits for
+// the copy (all items or the first few) and for the commit.
+#include "client/lazy_save.h"
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "client/client_core.h"
+#include "common/names.h"
+#include "common/status_macros.h"
+
+namespace ckpt {
+namespace client {
+
+LazyState::~LazyState() {
+  if (thread.joinable()) thread.join();
+}
+
+void LazyState::Start() {
+  items = builder.item_count();
+  thread = std::thread([this] {
+    absl::StatusOr<SaveHandle> h = builder.CommitItems(this);
+    absl::MutexLock lock(&mu);
+    copy_ended = true;  // (a failure before or during the copy ends it too)
+    done = true;
+    if (h.ok()) {
+      handle = *std::move(h);
+    } else {
+      status = h.status();
+    }
+  });
+}
+
+void LazyState::MarkCopied(size_t n) {
+  absl::MutexLock lock(&mu);
+  copied = n;
+  if (n == items) copy_ended = true;
+}
+
+}  // namespace client
+
+namespace {
+
+absl::Status Timeout(const char* what, uint64_t step) {
+  return absl::DeadlineExceededError(absl::StrCat("lazy save of step ", step, ": ", what, " not done by the deadline"));
+}
+
+}  // namespace
+
+size_t LazySave::item_count() const { return state_ == nullptr ? 0 : state_->items; }
+
+size_t LazySave::copied_items() const {
+  if (state_ == nullptr) return 0;
+  absl::MutexLock lock(&state_->mu);
+  return state_->copied;
+}
+
+absl::Status LazySave::WaitItemCopied(size_t index, absl::Time deadline) const {
+  if (state_ == nullptr) return absl::FailedPreconditionError("LazySave is empty");
+  if (index >= state_->items) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("item index ", index, " is past the save's ", state_->items, " items"));
+  }
+  client::LazyState& st = *state_;
+  absl::MutexLock lock(&st.mu);
+  auto ready = [&st, index]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(st.mu) { return st.copied > index || st.copy_ended; };
+  if (!st.mu.AwaitWithDeadline(absl::Condition(&ready), deadline)) return Timeout("the copy", step_);
+  if (st.copied > index) return absl::OkStatus();
+  return st.done ? st.status : absl::OkStatus();
+}
+
+absl::Status LazySave::WaitCopied(absl::Time deadline) const {
+  if (state_ == nullptr) return absl::FailedPreconditionError("LazySave is empty");
+  client::LazyState& st = *state_;
+  absl::MutexLock lock(&st.mu);
+  auto ready = [&st]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(st.mu) { return st.copy_ended; };
+  if (!st.mu.AwaitWithDeadline(absl::Condition(&ready), deadline)) return Timeout("the copy", step_);
+  if (st.copied == st.items) return absl::OkStatus();
+  return st.status;  // failed before every item was copied: nothing is committed
+}
+
+absl::StatusOr<SaveHandle> LazySave::Wait(absl::Time deadline) const {
+  if (state_ == nullptr) return absl::FailedPreconditionError("LazySave is empty");
+  client::LazyState& st = *state_;
+  absl::MutexLock lock(&st.mu);
+  auto ready = [&st]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(st.mu) { return st.done; };
+  if (!st.mu.AwaitWithDeadline(absl::Condition(&ready), deadline)) return Timeout("the commit", step_);
+  if (!st.status.ok()) return st.status;
+  return *st.handle;
+}
+
+absl::StatusOr<LazySave> SaveBuilder::CommitLazy() {
+  if (spent_ || core_ == nullptr) {
+    return absl::FailedPreconditionError("SaveBuilder::CommitLazy after Commit");
+  }
+  CKPT_RETURN_IF_ERROR(ValidateStep(step_));
+  const uint64_t step = step_;
+  auto state = std::make_shared<client::LazyState>(std::move(*this));
+  spent_ = true;  // this (moved-from) builder is spent
+  state->Start();
+  return LazySave(std::move(state), step);
+}
+
+}  // namespace ckpt

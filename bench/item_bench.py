@@ -21,73 +21,16 @@ median of the others, each as a ratio to the clone's median of the same case.
       [--items 1000,10000] [--item-bytes 1024,4096] [--runs 7] [--gap-ms 300]
 """
 import argparse
-import os
 import pathlib
 import shutil
-import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 
 import torch
 
-import ckpt
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "tests" / "support"))
-from localnet import free_ports, wait_tcp  # noqa: E402
-
-BUILD_DIR = pathlib.Path(os.environ.get("CKPT_BUILD_DIR", "build")).resolve()
-
-
-class Daemons:
-    """ckpt-meta and one ckpt-agent on free 127.0.0.1 ports; stop() kills them by PID."""
-
-    def __init__(self, root, memory):
-        self.root = root
-        self.procs = []
-        meta_port, meta_metrics, port, data_port, metrics_port = free_ports(5)
-        self.meta = f"127.0.0.1:{meta_port}"
-        self.socket = root / "run" / "agent.sock"
-        self.shm = pathlib.Path(f"/dev/shm/ckpt-item-bench-py-{os.getpid()}")
-        for d in ("meta", "run"):
-            (root / d).mkdir()
-        meta = self._start("ckpt-meta", ["--listen", self.meta, "--metrics-listen", f"127.0.0.1:{meta_metrics}",
-                                         "--data-dir", str(root / "meta")])
-        wait_tcp(meta_port, meta, 30)
-        agent = self._start("ckpt-agent", [
-            "--node-id", "node-1", "--meta", self.meta, "--listen", f"127.0.0.1:{port}",
-            "--data-listen", f"127.0.0.1:{data_port}", "--metrics-listen", f"127.0.0.1:{metrics_port}",
-            "--run-dir", str(root / "run"), "--memory", memory, "--memory-dir", str(self.shm),
-            "--log-level", "warn"])
-        wait_tcp(port, agent, 60)
-        deadline = time.monotonic() + 30
-        while True:  # registered with meta once a save goes through
-            try:
-                c = self.client("ready-probe", connect_timeout=5)
-                c.save(1, {"x": b"1"}).wait("staged", timeout=10)
-                return
-            except ckpt.Error:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.1)
-
-    def _start(self, name, args):
-        log = open(self.root / f"{name}.log", "wb")
-        p = subprocess.Popen([str(BUILD_DIR / "bin" / name)] + args, stdout=log, stderr=subprocess.STDOUT)
-        log.close()
-        self.procs.append(p)
-        return p
-
-    def client(self, job, **kw):
-        return ckpt.Client(job=job, rank=0, world_size=1, meta=self.meta, agent_socket=str(self.socket), **kw)
-
-    def stop(self):
-        for p in reversed(self.procs):
-            if p.poll() is None:
-                p.send_signal(signal.SIGKILL)
-                p.wait(timeout=30)
-        shutil.rmtree(self.shm, ignore_errors=True)
+from bench_daemons import Daemons  # bench/ (this script's directory)
 
 
 def run_case(d, job, n, item_bytes, runs, gap):
@@ -143,7 +86,7 @@ def main():
     root = pathlib.Path(tempfile.mkdtemp(prefix="ckpt-item-bench-py-"))
     d = None
     try:
-        d = Daemons(root, memory)
+        d = Daemons(root, memory, "item-bench-py")
         print(f"item_bench.py: {runs} runs per case; first run apart, then the median of the rest; "
               f"ratios to the clone median of the same case (torch {torch.__version__}, "
               f"{torch.get_num_threads()} intra-op thread(s))\n")

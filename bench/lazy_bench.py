@@ -1,0 +1,173 @@
+#!/usr/bin/python3
+"""lazy_bench.py: what checkpointing every iteration costs a training loop,
+eager saves against lazy ones (issue 16), for a CPU state of --state-bytes.
+
+Starts a real ckpt-meta and ckpt-agent (memory tier on /dev/shm) from
+$CKPT_BUILD_DIR (default: ./build). The state is --tensors f32 tensors
+(1 GiB in all by default). One iteration of the stand-in training loop is
+
+  forward + backward   compute that does not touch the state: --compute-threads
+                       torch threads multiplying small matrices, sized to take
+                       --iteration-x times the measured copy time of the state
+  optimizer step       every state tensor changed in place (t.add_(1)), as an
+                       optimizer changes the parameters and its own state
+
+and is timed in three modes, --iterations each (after one warm-up):
+
+  none    no checkpoint
+  eager   client.save(step, state) before the forward pass (blocks for the copy)
+  lazy    client.save(step, state, lazy=True) before the forward pass; the
+          optimizer step waits (client.wait_copied()) for the copy first
+
+The copy time is the median blocking time of eager saves of the state,
+measured first in the same run (a clone's time is printed too). Overhead = (median
+iteration of the mode - median iteration with none) / median with none. After
+the lazy runs, the newest lazy version is loaded back and compared with the
+values the state had when it was saved (the pre-step values).
+
+  PYTHONPATH=build/python CKPT_BUILD_DIR=build /usr/bin/python3 bench/lazy_bench.py \\
+      [--state-bytes 1GiB] [--tensors 64] [--iteration-x 5] [--iterations 8] [--compute-threads 1]
+
+--compute-threads 1 (the default) leaves the second core of this 2-core machine
+to the copy, as a GPU trainer's host CPU is mostly idle during a step; with 2,
+the copy competes with the compute for both cores.
+"""
+import argparse
+import pathlib
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+
+import torch
+
+from bench_daemons import Daemons  # bench/ (this script's directory)
+
+KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
+
+
+def parse_bytes(text):
+    for suffix, f in (("GiB", GiB), ("MiB", MiB), ("KiB", KiB), ("B", 1)):
+        if text.endswith(suffix):
+            return int(float(text[: -len(suffix)]) * f)
+    return int(text)
+
+
+def median_s(fn, n=3):
+    times = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+class Compute:
+    """Matrix products on small operands (cache-resident: no memory traffic) for ~`seconds`."""
+
+    def __init__(self, seconds):
+        self.a = torch.randn(256, 256)
+        self.b = torch.randn(256, 256)
+        one = median_s(lambda: self._run(20), 5) / 20
+        self.reps = max(1, int(seconds / one))
+
+    def _run(self, reps):
+        x = self.a
+        for _ in range(reps):
+            x = torch.mm(x, self.b).tanh_()
+        return x
+
+    def __call__(self):
+        self._run(self.reps)
+
+
+def run_mode(mode, client, state, compute, iterations, first_step):
+    tensors = list(state["model"].values())
+    times = []
+    step = first_step
+    for i in range(iterations + 1):
+        t0 = time.perf_counter()
+        if mode == "eager":
+            client.save(step, state)
+        elif mode == "lazy":
+            client.save(step, state, lazy=True)
+        compute()
+        if mode == "lazy":
+            client.wait_copied()
+        for t in tensors:
+            t.add_(1.0)
+        if i > 0:  # the first iteration is a warm-up
+            times.append(time.perf_counter() - t0)
+        step += 1
+    client.wait_copied()
+    return times, step
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--state-bytes", default="1GiB")
+    ap.add_argument("--tensors", type=int, default=64)
+    ap.add_argument("--iteration-x", type=float, default=5.0)
+    ap.add_argument("--iterations", type=int, default=8)
+    ap.add_argument("--compute-threads", type=int, default=1)
+    a = ap.parse_args()
+    total = parse_bytes(a.state_bytes)
+    n = max(1, a.tensors)
+    elems = total // 4 // n
+    torch.set_num_threads(a.compute_threads)
+    g = torch.Generator().manual_seed(7)
+    # Small integers as f32: adding 1 and subtracting it again is exact.
+    state = {"model": {f"layers.{i}.weight": torch.randint(-1000, 1000, (elems,), generator=g).float()
+                       for i in range(n)}}
+    size = elems * 4 * n
+
+    root = pathlib.Path(tempfile.mkdtemp(prefix="ckpt-lazy-bench-"))
+    d = None
+    try:
+        d = Daemons(root, f"{(3 * size + 256 * MiB) >> 20}MiB", "lazy-bench")
+        c = d.client("lazy-bench", keep_in_memory=1)
+        # The copy time: an eager save's blocking time (copy + crc into the
+        # agent's pool and the commit), median of three after a first one.
+        step = 1
+        saves = []
+        for _ in range(4):
+            t0 = time.perf_counter()
+            c.save(step, state)
+            saves.append(time.perf_counter() - t0)
+            step += 1
+        copy_s = statistics.median(saves[1:])
+        clone_s = median_s(lambda: [t.clone() for t in state["model"].values()])
+        compute = Compute(a.iteration_x * copy_s)
+        compute_s = median_s(compute)
+        print(f"lazy_bench.py: state {size / GiB:.2f} GiB in {n} tensors; copy (eager save) {copy_s * 1e3:.0f} ms "
+              f"(a clone: {clone_s * 1e3:.0f} ms); compute {compute_s * 1e3:.0f} ms ({compute_s / copy_s:.1f}x the "
+              f"copy, {a.compute_threads} torch thread(s)); {a.iterations} iterations per mode after a warm-up\n")
+        print(f"{'mode':<6} {'median iteration ms':>20} {'min ms':>8} {'max ms':>8} {'overhead':>9}")
+        base = None
+        results = {}
+        for mode in ("none", "eager", "lazy"):
+            times, step = run_mode(mode, c, state, compute, a.iterations, step)
+            med = statistics.median(times)
+            base = med if base is None else base
+            results[mode] = med
+            print(f"{mode:<6} {med * 1e3:>20.1f} {min(times) * 1e3:>8.1f} {max(times) * 1e3:>8.1f} "
+                  f"{(med - base) / base * 100:>8.1f}%")
+        # The newest lazy version holds the values from before its step.
+        last = step - 1
+        expected = {k: v - 1.0 for k, v in state["model"].items()}  # undo that step's add_
+        c.wait(last, "staged", timeout=120)
+        back = c.load(last)["model"]
+        ok = all(torch.equal(back[k], expected[k]) for k in expected)
+        print(f"\nstep {last} (lazy) restored {'byte-identical to the pre-step state' if ok else 'WRONG'}")
+        print(f"lazy overhead {(results['lazy'] - base) / base * 100:.1f}% of the iteration "
+              f"(goal <= 2% at >= 5x the copy time); eager {(results['eager'] - base) / base * 100:.1f}%")
+        return 0 if ok else 1
+    finally:
+        if d is not None:
+            d.stop()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

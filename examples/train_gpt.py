@@ -13,8 +13,12 @@ never crashed.
         --rank R --world-size 4 --dist-port 29500 --steps 40 --every 5 --log loss-R.jsonl
     ... --crash-at 20    # SIGKILL itself right after the step-20 save is protected
     ... --resume         # restore the newest protected version in place and continue
+    ... --every auto     # save at step 1, then every Young/Daly interval
+                         # (Client.recommended_interval from the measured save cost
+                         # and step time and meta's MTBF; the ranks agree on the
+                         # smallest); each choice is printed ("event": "interval")
 
-stdout: one JSON object per line ("event": "save" | "resume" | "done").
+stdout: one JSON object per line ("event": "save" | "interval" | "resume" | "done").
 --log: JSON lines {"step": S, "loss": L} (L exact: Python float repr).
 Exit status: 0 finished, 2 bad arguments, 1 any other error.
 """
@@ -95,6 +99,10 @@ def positive(name):
     return parse
 
 
+def every_arg(text):
+    return "auto" if text == "auto" else positive("--every")(text)
+
+
 def parse_args(argv):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--meta", required=True, help="ckpt-meta address, e.g. 127.0.0.1:7400")
@@ -104,7 +112,8 @@ def parse_args(argv):
     p.add_argument("--world-size", type=positive("--world-size"), required=True)
     p.add_argument("--dist-port", type=int, required=True, help="torch.distributed rendezvous port on 127.0.0.1")
     p.add_argument("--steps", type=positive("--steps"), default=40)
-    p.add_argument("--every", type=positive("--every"), default=5, help="save every N steps")
+    p.add_argument("--every", type=every_arg, default=5,
+                   help='save every N steps, or "auto" (the Young/Daly interval, re-chosen after each save)')
     p.add_argument("--crash-at", type=positive("--crash-at"), default=None,
                    help="SIGKILL this process right after the save of this step is protected")
     p.add_argument("--resume", action="store_true", help="restore the newest protected version first")
@@ -119,6 +128,8 @@ def parse_args(argv):
         p.error(f"--rank must be in [0, {a.world_size}), got {a.rank}")
     if not 0 < a.dist_port < 65536:
         p.error(f"--dist-port must be a TCP port (1..65535), got {a.dist_port}")
+    if a.crash_at is not None and a.every == "auto":
+        p.error("--crash-at needs a fixed --every (with auto the saved steps are not known in advance)")
     if a.crash_at is not None and (a.crash_at % a.every != 0 or a.crash_at > a.steps):
         p.error(f"--crash-at {a.crash_at} must be a saved step: a multiple of --every {a.every} "
                 f"and at most --steps {a.steps}")
@@ -183,8 +194,12 @@ def main(argv):
 
     log = open(a.log, "a") if a.log else None
     model.train()
+    auto = a.every == "auto"
+    next_save = step + 1 if auto else (step // a.every + 1) * a.every
+    step_times = []  # seconds per training step (saves excluded)
     while step < a.steps:
         step += 1
+        t_step = time.perf_counter()
         x, y = batch(data_gen, a.batch, seq, vocab)
         logits = model(x)
         loss = F.cross_entropy(logits.reshape(-1, vocab), y.reshape(-1))
@@ -197,10 +212,11 @@ def main(argv):
         lv = loss.item()
         if not math.isfinite(lv):
             raise RuntimeError(f"loss is {lv} at step {step}")
+        step_times.append(time.perf_counter() - t_step)
         if log:
             log.write(json.dumps({"step": step, "loss": lv}) + "\n")
             log.flush()
-        if step % a.every == 0:
+        if step == next_save:
             extra = {"step": step, "rank": a.rank, "torch_rng": torch.get_rng_state(),
                      "data_rng": data_gen.get_state()}
             t0 = time.perf_counter()
@@ -210,6 +226,16 @@ def main(argv):
             t2 = time.perf_counter()
             emit(event="save", rank=a.rank, step=step, bytes=h.size_bytes,
                  blocking_ms=round((t1 - t0) * 1e3, 3), protected_ms=round((t2 - t0) * 1e3, 3))
+            if auto:
+                recent = sorted(step_times[-20:])
+                advice = client.recommended_interval(recent[len(recent) // 2])
+                agreed = torch.tensor([advice["steps"]], dtype=torch.int64)
+                dist.all_reduce(agreed, op=dist.ReduceOp.MIN)  # every rank saves the same steps
+                next_save = step + int(agreed.item())
+                emit(event="interval", rank=a.rank, step=step, steps=int(agreed.item()), mine=advice["steps"],
+                     next_save=next_save, why=advice["explanation"])
+            else:
+                next_save = step + a.every
             if a.crash_at == step:
                 emit(event="crash", rank=a.rank, step=step, pid=os.getpid())
                 if log:

@@ -1036,6 +1036,26 @@ class PyClient {
   }
 
   // The newest step at `level`, or None if there is none.
+  py::dict RecommendedInterval(double step_time_s) const {
+    absl::StatusOr<IntervalAdvice> a = absl::UnknownError("not asked");
+    {
+      py::gil_scoped_release release;
+      a = client_.RecommendedInterval(absl::Seconds(step_time_s));
+    }
+    if (!a.ok()) ThrowStatus(a.status());
+    py::dict d;
+    d["steps"] = a->steps;
+    d["interval_s"] = absl::ToDoubleSeconds(a->interval);
+    d["checkpoint_cost_s"] = absl::ToDoubleSeconds(a->checkpoint_cost);
+    d["mtbf_s"] = absl::ToDoubleSeconds(a->mtbf);
+    d["mtbf_is_lower_bound"] = a->mtbf_is_lower_bound;
+    d["failures_seen"] = a->failures_seen;
+    d["observed_node_s"] = absl::ToDoubleSeconds(a->observed_node_time);
+    d["job_nodes"] = a->job_nodes;
+    d["explanation"] = a->explanation;
+    return d;
+  }
+
   std::optional<uint64_t> Latest(const std::string& level) const {
     const Level l = ParseLevel(level);
     absl::StatusOr<uint64_t> step = absl::UnknownError("no answer");
@@ -1244,6 +1264,7 @@ PYBIND11_MODULE(_ckpt, m) {
       .def("wait", &PyClient::WaitVersion, py::arg("step"), py::arg("level") = "protected",
            py::arg("timeout") = py::none())
       .def("latest", &PyClient::Latest, py::arg("level") = "protected")
+      .def("recommended_interval", &PyClient::RecommendedInterval, py::arg("step_time"))
       .def("load_items", &PyClient::LoadItems, py::arg("step"))
       .def("load_into", &PyClient::LoadInto, py::arg("step"), py::arg("buffers"))
       .def("load_into_targets", &PyClient::LoadIntoTargets, py::arg("step"), py::arg("targets"))

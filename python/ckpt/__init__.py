@@ -470,6 +470,20 @@ class Client:
         """Waits until version `step` (of any rank) reaches `level`; timeout in seconds (None: forever)."""
         self._c.wait(_step(step), level, None if timeout is None else float(timeout))
 
+    def recommended_interval(self, step_time):
+        """How often to checkpoint, for a training step of `step_time` seconds.
+
+        The Young/Daly interval sqrt(2 x C x M): C the median time this client's
+        recent saves blocked training (eager: the save; lazy: the save call and
+        the waits for its copy), M the job's mean time between failures from
+        meta's history of node failures (with none seen yet, the node time meta
+        has observed: a lower bound). Returns a dict: steps (>= 1), interval_s,
+        checkpoint_cost_s, mtbf_s, mtbf_is_lower_bound, failures_seen,
+        observed_node_s, job_nodes and explanation (one sentence with the
+        numbers). Raises ckpt.FailedPreconditionError before the first save.
+        """
+        return self._c.recommended_interval(float(step_time))
+
     def latest(self, level="protected"):
         """The newest step at `level` or better, or None if there is none."""
         return self._c.latest(level)

@@ -1,5 +1,6 @@
 """The Python client against real ckpt-meta and ckpt-agent processes."""
 import collections
+import pathlib
 import socket
 import time
 
@@ -9,7 +10,7 @@ import torch
 
 import ckpt
 
-from conftest import free_ports
+from conftest import BUILD_DIR, free_ports
 
 NUMPY_DTYPES = [np.float32, np.float16, np.float64, np.int8, np.int16, np.int32, np.int64,
                 np.uint8, np.uint16, np.uint32, np.uint64, np.bool_, np.complex64, np.complex128]
@@ -535,3 +536,45 @@ def test_lazy_save_errors_are_raised_by_the_waits_once(cluster, job):
     with pytest.raises(ckpt.InvalidArgumentError):
         c.save(ckpt.MAX_STEP + 1, {"x": b"1"}, lazy=True)
     c.save(2, {"x": b"ok"}, lazy=True).wait("staged", timeout=30)
+
+
+def test_recommended_interval_is_young_daly(cluster, job):
+    c = cluster.client(job)
+    with pytest.raises(ckpt.FailedPreconditionError):
+        c.recommended_interval(0.1)  # no save measured yet
+    c.save(1, {"w": np.ones(1 << 20, np.float32)}).wait("staged", timeout=30)
+    c.save(2, {"w": np.ones(1 << 20, np.float32)}, lazy=True).wait("staged", timeout=30)
+    a = c.recommended_interval(0.01)
+    assert a["checkpoint_cost_s"] > 0 and a["mtbf_s"] > 0 and a["job_nodes"] >= 1
+    t = (2 * a["checkpoint_cost_s"] * a["mtbf_s"]) ** 0.5
+    assert abs(a["interval_s"] - t) < 1e-6
+    assert a["steps"] == max(1, round(t / 0.01))
+    assert "Young/Daly" in a["explanation"]
+    with pytest.raises(ckpt.InvalidArgumentError):
+        c.recommended_interval(0)
+
+
+def test_example_trainer_every_auto_saves_at_the_intervals_it_prints(cluster, job):
+    import json
+    import os
+    import subprocess
+    import sys
+    example = pathlib.Path(__file__).resolve().parents[2] / "examples" / "train_gpt.py"
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(BUILD_DIR / "python"), env.get("PYTHONPATH", "")])
+    port = free_ports(1)[0]
+    r = subprocess.run([sys.executable, str(example), "--meta", cluster.meta, "--agent-socket", str(cluster.socket),
+                        "--job", job, "--rank", "0", "--world-size", "1", "--dist-port", str(port),
+                        "--steps", "12", "--every", "auto", "--protection", "none"],
+                       capture_output=True, text=True, timeout=300, env=env)
+    assert r.returncode == 0, r.stderr
+    events = [json.loads(line) for line in r.stdout.splitlines()]
+    saves = [e["step"] for e in events if e["event"] == "save"]
+    intervals = [e for e in events if e["event"] == "interval"]
+    assert saves[0] == 1 and len(intervals) == len(saves)
+    for i, e in enumerate(intervals):
+        assert e["steps"] >= 1 and e["next_save"] == e["step"] + e["steps"]
+        assert "Young/Daly" in e["why"]
+        if i + 1 < len(saves):
+            assert saves[i + 1] == e["next_save"]
+    assert events[-1]["event"] == "done"

@@ -100,6 +100,15 @@ std::string DurationMs(int64_t ms) {
   return absl::StrCat(ms / 60000, "m");
 }
 
+// Long durations (node time, MTBF): "42s", "12.5m", "3.2h", "4.1d".
+std::string LongDuration(int64_t ms) {
+  const double s = static_cast<double>(ms) / 1000.0;
+  if (s < 60) return absl::StrFormat("%.0fs", s);
+  if (s < 3600) return absl::StrFormat("%.1fm", s / 60);
+  if (s < 2 * 86400) return absl::StrFormat("%.1fh", s / 3600);
+  return absl::StrFormat("%.1fd", s / 86400);
+}
+
 // Prints `rows` under `header`, columns left-aligned and separated by two
 // spaces.
 void PrintTable(const std::vector<std::string>& header,
@@ -282,10 +291,12 @@ class Ctl {
 
   void PrintJson(const Json& j) { std::cout << j.dump(2) << "\n"; }
 
-  int Status() {
+  // `job` (may be empty): also that job's MTBF.
+  int Status(const std::string& job) {
     v1::ClusterStatusRequest req;
     req.set_include_nodes(false);
     req.set_max_problems(100);
+    req.set_job_id(job);
     v1::ClusterStatusResponse resp;
     if (!Call([&](grpc::ClientContext* c) { return stub_->ClusterStatus(c, req, &resp); })) {
       return kExitFailure;
@@ -302,6 +313,7 @@ class Ctl {
                               {"step", p.has_step() ? Json(p.step()) : Json(nullptr)},
                               {"since_unix_ms", p.since_unix_ms()}});
     }
+    const v1::FailureStats& f = resp.failure_stats();
     if (g_.json) {
       PrintJson(Json{{"meta_instance_id", resp.meta_instance_id()},
                      {"meta_version", resp.meta_version()},
@@ -318,7 +330,14 @@ class Ctl {
                      {"tasks_running", resp.tasks_running()},
                      {"tasks_retrying", resp.tasks_retrying()},
                      {"problems", problems},
-                     {"problems_total", resp.problems_total()}});
+                     {"problems_total", resp.problems_total()},
+                     {"failure_stats", Json{{"observed_node_ms", f.observed_node_ms()},
+                                            {"failures", f.failures()},
+                                            {"node_mtbf_ms", f.node_mtbf_ms()},
+                                            {"mtbf_is_lower_bound", f.mtbf_is_lower_bound()},
+                                            {"job_id", job},
+                                            {"job_nodes", f.job_nodes()},
+                                            {"job_mtbf_ms", f.job_mtbf_ms()}}}});
       return kExitOk;
     }
     auto counts = [](const Json& j) {
@@ -342,6 +361,14 @@ class Ctl {
               << DurationMs(resp.flush_lag_ms()) << "\n"
               << "tasks:     " << resp.tasks_pending() << " pending, " << resp.tasks_running()
               << " running, " << resp.tasks_retrying() << " retrying\n"
+              << "failures:  " << f.failures() << " seen in " << LongDuration(f.observed_node_ms())
+              << " of node time; MTBF per node " << (f.mtbf_is_lower_bound() ? ">= " : "")
+              << LongDuration(f.node_mtbf_ms());
+    if (!job.empty()) {
+      std::cout << "; job " << job << " on " << f.job_nodes() << " node(s): "
+                << (f.mtbf_is_lower_bound() ? ">= " : "") << LongDuration(f.job_mtbf_ms());
+    }
+    std::cout << "\n"
               << "problems:  " << resp.problems_total() << "\n";
     for (const auto& p : resp.problems()) {
       std::cout << "  [" << SeverityName(p.severity()) << "] " << ProblemKindName(p.kind())
@@ -709,7 +736,9 @@ int Main(int argc, char** argv) {
       ->check(CLI::PositiveNumber)
       ->default_str("30");
 
-  CLI::App* status = app.add_subcommand("status", "Cluster summary and problems.");
+  CLI::App* status = app.add_subcommand("status", "Cluster summary, node failure history (MTBF) and problems.");
+  std::string status_job;
+  status->add_option("--job", status_job, "Also the MTBF of this job's nodes");
   CLI::App* nodes = app.add_subcommand("nodes", "List agent nodes.");
   CLI::App* jobs = app.add_subcommand("jobs", "List jobs.");
 
@@ -839,7 +868,7 @@ int Main(int argc, char** argv) {
   if (*verify) return VerifyVersion(data, job, step);
 
   Ctl ctl(g);
-  if (*status) return ctl.Status();
+  if (*status) return ctl.Status(status_job);
   if (*nodes) return ctl.Nodes();
   if (*jobs) return ctl.Jobs();
   if (*versions) return ctl.Versions(job);

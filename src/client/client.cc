@@ -5,11 +5,13 @@
 #include <grpcpp/grpcpp.h>
 
 #include <algorithm>
+#include <cmath>
 #include <chrono>
 #include <utility>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "client/client_core.h"
 #include "common/log.h"
@@ -387,6 +389,66 @@ absl::StatusOr<uint64_t> Client::Latest(Level level) const {
   auto ctx = client::ContextWithTimeout(core_->options.rpc_timeout);
   CKPT_RETURN_IF_ERROR(client::FromGrpc(core_->meta->Latest(ctx.get(), req, &resp), "Latest"));
   return resp.version().step();
+}
+
+namespace {
+
+// "12.3 ms", "4.5 s", "3.2 h": durations for people.
+std::string Human(absl::Duration d) {
+  const double s = absl::ToDoubleSeconds(d);
+  if (s < 1) return absl::StrFormat("%.1f ms", s * 1e3);
+  if (s < 120) return absl::StrFormat("%.1f s", s);
+  if (s < 7200) return absl::StrFormat("%.1f min", s / 60);
+  if (s < 2 * 86400) return absl::StrFormat("%.1f h", s / 3600);
+  return absl::StrFormat("%.1f days", s / 86400);
+}
+
+}  // namespace
+
+absl::StatusOr<IntervalAdvice> Client::RecommendedInterval(absl::Duration step_time) const {
+  if (step_time <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(absl::StrCat("step_time must be positive, got ", absl::FormatDuration(step_time)));
+  }
+  std::vector<absl::Duration> costs;
+  {
+    absl::MutexLock lock(&core_->cost_mu);
+    for (const auto& [step, d] : core_->save_costs) costs.push_back(d);
+  }
+  if (costs.empty()) {
+    return absl::FailedPreconditionError(
+        "no save of this client measured yet: the interval needs what a checkpoint costs (save once, then ask)");
+  }
+  std::sort(costs.begin(), costs.end());
+  IntervalAdvice a;
+  a.checkpoint_cost = costs[costs.size() / 2];
+  v1::ClusterStatusRequest req;
+  req.set_job_id(core_->options.job_id);
+  req.set_max_problems(1);
+  v1::ClusterStatusResponse resp;
+  auto ctx = client::ContextWithTimeout(core_->options.rpc_timeout);
+  CKPT_RETURN_IF_ERROR(client::FromGrpc(core_->meta->ClusterStatus(ctx.get(), req, &resp), "ClusterStatus"));
+  const v1::FailureStats& f = resp.failure_stats();
+  if (f.job_mtbf_ms() <= 0) {
+    return absl::FailedPreconditionError("meta has observed no node time yet: no MTBF to plan with");
+  }
+  a.mtbf = absl::Milliseconds(f.job_mtbf_ms());
+  a.mtbf_is_lower_bound = f.mtbf_is_lower_bound();
+  a.failures_seen = f.failures();
+  a.observed_node_time = absl::Milliseconds(f.observed_node_ms());
+  a.job_nodes = f.job_nodes();
+  const double c = absl::ToDoubleSeconds(a.checkpoint_cost);
+  const double m = absl::ToDoubleSeconds(a.mtbf);
+  const double t = std::sqrt(2.0 * c * m);
+  a.interval = absl::Seconds(t);
+  const double steps = std::round(t / absl::ToDoubleSeconds(step_time));
+  a.steps = steps < 1 ? 1 : static_cast<uint64_t>(std::min(steps, 1e18));
+  a.explanation = absl::StrCat(
+      "Young/Daly: sqrt(2 x checkpoint cost ", Human(a.checkpoint_cost), " x MTBF ", a.mtbf_is_lower_bound ? ">= " : "",
+      Human(a.mtbf), ") = ", Human(a.interval), " = ", a.steps, " step(s) of ", Human(step_time), "; MTBF: ",
+      a.failures_seen, " failure(s) in ", Human(a.observed_node_time), " of node time, job on ", a.job_nodes,
+      " node(s)", a.mtbf_is_lower_bound ? " (no failure seen yet: a lower bound)" : "", "; cost: median of ",
+      costs.size(), " save(s)");
+  return a;
 }
 
 }  // namespace ckpt

@@ -45,6 +45,15 @@ struct ClientCore {
   // rides out the agent's background BeginVersion (see SaveHandle::Wait).
   absl::Mutex committed_mu;
   std::map<uint64_t, absl::Time> committed_at ABSL_GUARDED_BY(committed_mu);
+  // What the recent saves blocked the trainer, by step (at most 16 steps).
+  absl::Mutex cost_mu;
+  std::map<uint64_t, absl::Duration> save_costs ABSL_GUARDED_BY(cost_mu);
+  // Adds `blocked` to the cost of `step`'s save.
+  void AddSaveCost(uint64_t step, absl::Duration blocked) {
+    absl::MutexLock lock(&cost_mu);
+    save_costs[step] += blocked;
+    while (save_costs.size() > 16) save_costs.erase(save_costs.begin());
+  }
   // The session with the local agent (client/session.h); null before Connect
   // and with an older agent that has no session socket.
   absl::Mutex session_mu;

@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "client/client_core.h"
 #include "common/names.h"
 #include "common/status_macros.h"
@@ -45,6 +46,24 @@ absl::Status Timeout(const char* what, uint64_t step) {
   return absl::DeadlineExceededError(absl::StrCat("lazy save of step ", step, ": ", what, " not done by the deadline"));
 }
 
+// Waits until `want` items are copied (or the save failed first). The time
+// waited counts as the save's cost (the trainer was blocked).
+absl::Status AwaitCopy(client::LazyState& st, size_t want, uint64_t step, absl::Time deadline) {
+  const absl::Time start = absl::Now();
+  absl::Status out;
+  {
+    absl::MutexLock lock(&st.mu);
+    auto ready = [&st, want]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(st.mu) { return st.copied >= want || st.copy_ended; };
+    if (!st.mu.AwaitWithDeadline(absl::Condition(&ready), deadline)) {
+      out = Timeout("the copy", step);
+    } else if (st.copied < want) {
+      out = st.status;  // failed before: nothing is committed
+    }
+  }
+  st.core->AddSaveCost(step, absl::Now() - start);
+  return out;
+}
+
 }  // namespace
 
 size_t LazySave::item_count() const { return state_ == nullptr ? 0 : state_->items; }
@@ -61,22 +80,12 @@ absl::Status LazySave::WaitItemCopied(size_t index, absl::Time deadline) const {
     return absl::InvalidArgumentError(
         absl::StrCat("item index ", index, " is past the save's ", state_->items, " items"));
   }
-  client::LazyState& st = *state_;
-  absl::MutexLock lock(&st.mu);
-  auto ready = [&st, index]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(st.mu) { return st.copied > index || st.copy_ended; };
-  if (!st.mu.AwaitWithDeadline(absl::Condition(&ready), deadline)) return Timeout("the copy", step_);
-  if (st.copied > index) return absl::OkStatus();
-  return st.done ? st.status : absl::OkStatus();
+  return AwaitCopy(*state_, index + 1, step_, deadline);
 }
 
 absl::Status LazySave::WaitCopied(absl::Time deadline) const {
   if (state_ == nullptr) return absl::FailedPreconditionError("LazySave is empty");
-  client::LazyState& st = *state_;
-  absl::MutexLock lock(&st.mu);
-  auto ready = [&st]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(st.mu) { return st.copy_ended; };
-  if (!st.mu.AwaitWithDeadline(absl::Condition(&ready), deadline)) return Timeout("the copy", step_);
-  if (st.copied == st.items) return absl::OkStatus();
-  return st.status;  // failed before every item was copied: nothing is committed
+  return AwaitCopy(*state_, state_->items, step_, deadline);
 }
 
 absl::StatusOr<SaveHandle> LazySave::Wait(absl::Time deadline) const {
@@ -95,9 +104,13 @@ absl::StatusOr<LazySave> SaveBuilder::CommitLazy() {
   }
   CKPT_RETURN_IF_ERROR(ValidateStep(step_));
   const uint64_t step = step_;
+  const absl::Time start = absl::Now();
+  std::shared_ptr<client::ClientCore> core = core_;
   auto state = std::make_shared<client::LazyState>(std::move(*this));
   spent_ = true;  // this (moved-from) builder is spent
+  state->core = core;
   state->Start();
+  core->AddSaveCost(step, absl::Now() - start);
   return LazySave(std::move(state), step);
 }
 

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstddef>
+#include <memory>
 #include <optional>
 #include <thread>
 
@@ -25,6 +26,7 @@ struct LazyState {
   void MarkCopied(size_t n);
 
   SaveBuilder builder;  // the save's thread alone uses it while it runs
+  std::shared_ptr<ClientCore> core;  // for the save's cost (AddSaveCost)
   size_t items = 0;     // const after Start
   std::thread thread;
 

@@ -127,7 +127,12 @@ absl::StatusOr<SaveHandle> SaveBuilder::Commit() {
     return absl::FailedPreconditionError("SaveBuilder::Commit called twice");
   }
   spent_ = true;
-  return CommitItems(nullptr);
+  const absl::Time start = absl::Now();
+  std::shared_ptr<ClientCore> core = core_;  // CommitItems may leave the builder empty
+  const uint64_t step = step_;
+  absl::StatusOr<SaveHandle> h = CommitItems(nullptr);
+  if (h.ok()) core->AddSaveCost(step, absl::Now() - start);
+  return h;
 }
 
 absl::StatusOr<SaveHandle> SaveBuilder::CommitItems(client::LazyState* progress) {

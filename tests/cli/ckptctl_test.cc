@@ -112,6 +112,16 @@ TEST_F(CkptctlTest, CreateJobThenJobsVersionsStatusNodesHumanAndJson) {
   EXPECT_EQ(status["nodes_by_state"]["alive"], 1);
   EXPECT_GT(status["memory_capacity_bytes"].get<uint64_t>(), 0u);
   EXPECT_TRUE(status["problems"].is_array());
+  // The failure history (no failure yet: the MTBF is a lower bound).
+  EXPECT_EQ(status["failure_stats"]["failures"], 0);
+  EXPECT_EQ(status["failure_stats"]["mtbf_is_lower_bound"], true);
+  r = Ctl({"status", "--job", "llm"});
+  ASSERT_TRUE(r.status.success()) << r.stderr_text;
+  EXPECT_THAT(r.stdout_text, HasSubstr("failures:  0 seen in"));
+  EXPECT_THAT(r.stdout_text, HasSubstr("job llm on 1 node(s): >= "));
+  Json job_status = CtlJson({"status", "--job", "llm"});
+  EXPECT_EQ(job_status["failure_stats"]["job_nodes"], 1);
+  EXPECT_EQ(job_status["failure_stats"]["job_mtbf_ms"], job_status["failure_stats"]["node_mtbf_ms"]);
 
   r = Ctl({"nodes"});
   ASSERT_TRUE(r.status.success()) << r.stderr_text;

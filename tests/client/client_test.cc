@@ -6,11 +6,13 @@
 #include <gtest/gtest.h>
 
 #include <cctype>
+#include <cmath>
 #include <cstring>
 #include <thread>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "ckpt/v1/meta.grpc.pb.h"
 #include "client/fake_agent.h"
 #include "common/crc32c.h"
 #include "integration/meta_process.h"
@@ -781,6 +783,47 @@ TEST_F(ClientTest, DroppingALazySaveWaitsForItAndItCommits) {
   ASSERT_TRUE(lazy.ok());
   EXPECT_TRUE(lazy->WaitCopied().ok());
   EXPECT_TRUE(lazy->Wait().ok());
+}
+
+// Issue 16: the Young/Daly interval from this client's measured save cost and
+// the MTBF meta reports (here: a node meta has watched without a failure, so
+// the MTBF is a lower bound: the time observed).
+TEST_F(ClientTest, RecommendedIntervalIsYoungDalyFromTheSaveCostAndMetasMtbf) {
+  StartAgent();
+  Client client = Connect();
+  EXPECT_EQ(client.RecommendedInterval(absl::Milliseconds(100)).status().code(),
+            absl::StatusCode::kFailedPrecondition);  // nothing saved yet
+  EXPECT_EQ(client.RecommendedInterval(absl::ZeroDuration()).status().code(), absl::StatusCode::kInvalidArgument);
+  const auto a = Pattern(1 << 20, 2);
+  SaveBuilder save = client.BeginSave(1);
+  ASSERT_TRUE(save.Add("a", a, DType::kU8, {a.size()}).ok());
+  ASSERT_TRUE(save.Commit().ok());
+  // The fake agent does not register with meta: register a node by hand.
+  {
+    auto stub = ckpt::v1::MetaService::NewStub(
+        grpc::CreateChannel(meta_->address(), grpc::InsecureChannelCredentials()));
+    ckpt::v1::RegisterNodeRequest req;
+    req.set_node_id("mtbf-" + job_.substr(0, 20));
+    req.set_grpc_address("127.0.0.1:1");
+    req.set_data_address("127.0.0.1:2");
+    req.set_memory_capacity_bytes(1 << 20);
+    req.set_role(ckpt::v1::NODE_ROLE_HOST);
+    ckpt::v1::RegisterNodeResponse resp;
+    grpc::ClientContext ctx;
+    const grpc::Status st = stub->RegisterNode(&ctx, req, &resp);
+    ASSERT_TRUE(st.ok()) << st.error_code() << " " << st.error_message() << " " << meta_->address();
+  }
+  absl::SleepFor(absl::Milliseconds(50));  // some node time to observe (real meta, real clock)
+  absl::StatusOr<IntervalAdvice> adv = client.RecommendedInterval(absl::Milliseconds(10));
+  ASSERT_TRUE(adv.ok()) << adv.status();
+  EXPECT_GT(adv->checkpoint_cost, absl::ZeroDuration());
+  EXPECT_GT(adv->mtbf, absl::ZeroDuration());
+  EXPECT_GE(adv->job_nodes, 1u);
+  EXPECT_EQ(adv->mtbf_is_lower_bound, adv->failures_seen == 0);
+  const double c = absl::ToDoubleSeconds(adv->checkpoint_cost), m = absl::ToDoubleSeconds(adv->mtbf);
+  EXPECT_NEAR(absl::ToDoubleSeconds(adv->interval), std::sqrt(2 * c * m), 1e-6);
+  EXPECT_EQ(adv->steps, std::max<uint64_t>(1, static_cast<uint64_t>(std::llround(std::sqrt(2 * c * m) / 0.01))));
+  EXPECT_THAT(adv->explanation, HasSubstr("Young/Daly"));
 }
 
 }  // namespace

@@ -592,8 +592,12 @@ absl::StatusOr<RegisterResult> MetaCore::RegisterNode(const RegisterRequest& req
       }
       incarnation = old.incarnation + 1;
       was_dead = old.state == NodeState::kDead || old.state == NodeState::kLeft;
+      // A new incarnation while the old one's lease still ran: the agent
+      // crashed (or was killed) and came back before meta noticed.
+      if (live) ++old.failures;
     }
     Node& n = state_->nodes[req.node_id];
+    if (n.first_seen_ms == 0) n.first_seen_ms = n.registered_ms != 0 ? n.registered_ms : e.NowMs();
     const bool draining = !was_dead && n.state == NodeState::kDraining;
     n.id = req.node_id;
     n.grpc_address = req.grpc_address;

@@ -335,6 +335,13 @@ struct ClusterStatusView {
   uint32_t tasks_retrying = 0;
   std::vector<Problem> problems;
   uint32_t problems_total = 0;
+  // Node failure history (ckpt.v1.FailureStats).
+  int64_t observed_node_ms = 0;
+  uint64_t failures = 0;
+  int64_t node_mtbf_ms = 0;
+  bool mtbf_is_lower_bound = true;
+  uint32_t job_nodes = 0;
+  int64_t job_mtbf_ms = 0;
 };
 
 // Counters for /metrics.
@@ -470,7 +477,9 @@ class MetaCore {
   absl::StatusOr<Version> DeleteVersion(const std::string& job_id, uint64_t step, bool force);
 
   // ---- Cluster ----
-  absl::StatusOr<ClusterStatusView> ClusterStatus(bool include_nodes, uint32_t max_problems) const;
+  // `job_id` (may be empty): also that job's MTBF (ClusterStatusView::job_*).
+  absl::StatusOr<ClusterStatusView> ClusterStatus(bool include_nodes, uint32_t max_problems,
+                                                  const std::string& job_id = "") const;
   MetaCounters counters() const;
   // True once Open() loaded the store (readiness).
   bool ready() const { return true; }
@@ -490,7 +499,9 @@ class MetaCore {
   // wait for: the newest change visible in memory (this one, or an earlier
   // one when `txn` is empty).
   uint64_t SubmitLocked(Txn& txn) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  ClusterStatusView ClusterStatusLocked(bool include_nodes, uint32_t max_problems) const
+  // Fills `out`'s failure history fields (and the job's, if `job_id` is set).
+  void FailureStatsLocked(const std::string& job_id, ClusterStatusView* out) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  ClusterStatusView ClusterStatusLocked(bool include_nodes, uint32_t max_problems, const std::string& job_id) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The sequence of the newest change visible in memory.
   uint64_t VisibleSeqLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -1006,6 +1006,7 @@ absl::Status MetaCore::Tick() {
       Node& n = state_->nodes[id];
       n.state = NodeState::kDead;
       n.state_since_ms = now;
+      ++n.failures;
       txn.Node(n);
       ++state_->counters.nodes_declared_dead_total;
       log::Warn("node {} declared DEAD: lease expired (last heartbeat {} ms ago)", id,
@@ -1112,23 +1113,48 @@ bool MetaCore::ActiveTasksEmpty(Engine& e, const Version& v) {
   return true;
 }
 
-absl::StatusOr<ClusterStatusView> MetaCore::ClusterStatus(bool include_nodes,
-                                                         uint32_t max_problems) const {
+void MetaCore::FailureStatsLocked(const std::string& job_id, ClusterStatusView* out) const {
+  const int64_t now = clock_->NowUnixMillis();
+  uint32_t alive = 0;
+  for (const auto& [id, n] : state_->nodes) {
+    const int64_t since = n.first_seen_ms != 0 ? n.first_seen_ms : n.registered_ms;
+    const int64_t until = n.state == NodeState::kLeft ? n.state_since_ms : now;
+    out->observed_node_ms += std::max<int64_t>(0, until - since);
+    out->failures += n.failures;
+    if (n.state == NodeState::kAlive || n.state == NodeState::kSuspect || n.state == NodeState::kDraining) ++alive;
+  }
+  out->mtbf_is_lower_bound = out->failures == 0;
+  out->node_mtbf_ms = out->observed_node_ms / static_cast<int64_t>(std::max<uint64_t>(out->failures, 1));
+  if (job_id.empty()) return;
+  std::set<std::string> nodes;  // holding the newest version's shards
+  if (auto it = state_->versions.find(job_id); it != state_->versions.end()) {
+    for (auto v = it->second.rbegin(); v != it->second.rend() && nodes.empty(); ++v) {
+      for (const auto& [rank, shard] : v->second.shards) nodes.insert(shard.primary_node_id);
+    }
+  }
+  out->job_nodes = nodes.empty() ? alive : static_cast<uint32_t>(nodes.size());
+  out->job_mtbf_ms = out->node_mtbf_ms / std::max<uint32_t>(out->job_nodes, 1);
+}
+
+absl::StatusOr<ClusterStatusView> MetaCore::ClusterStatus(bool include_nodes, uint32_t max_problems,
+                                                         const std::string& job_id) const {
   uint64_t seq = 0;
   ClusterStatusView out;
   {
     absl::MutexLock lock(&mu_);
     seq = VisibleSeqLocked();
-    out = ClusterStatusLocked(include_nodes, max_problems);
+    out = ClusterStatusLocked(include_nodes, max_problems, job_id);
   }
   return WhenDurableAnswer<absl::StatusOr<ClusterStatusView>>(seq, std::move(out));
 }
 
-ClusterStatusView MetaCore::ClusterStatusLocked(bool include_nodes, uint32_t max_problems) const {
+ClusterStatusView MetaCore::ClusterStatusLocked(bool include_nodes, uint32_t max_problems,
+                                                const std::string& job_id) const {
   ClusterStatusView out;
   out.meta_instance_id = instance_id_;
   out.meta_start_ms = start_ms_;
   out.meta_version = options_.version;
+  FailureStatsLocked(job_id, &out);
   std::vector<Problem> problems;
   std::map<std::string, uint32_t> pending;
   for (const auto& [id, t] : state_->tasks) {

@@ -76,6 +76,8 @@ struct Node {
   int64_t last_heartbeat_ms = 0;
   int64_t lease_expiry_ms = 0;
   int64_t state_since_ms = 0;
+  int64_t first_seen_ms = 0;  // first registration of this node id (any incarnation)
+  uint64_t failures = 0;      // leases expired + re-registrations while the lease ran
 
   // Not persisted: per meta process.
   absl::Time lease_deadline;        // on Clock::MonotonicNow()

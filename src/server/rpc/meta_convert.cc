@@ -401,6 +401,8 @@ void ToProto(const meta::Node& node, v1::NodeInfo* out) {
   out->set_lease_expiry_unix_ms(node.lease_expiry_ms);
   out->set_agent_version(node.agent_version);
   out->set_pending_tasks(node.pending_tasks);
+  out->set_first_seen_unix_ms(node.first_seen_ms);
+  out->set_failures(node.failures);
 }
 
 absl::StatusOr<meta::RegisterRequest> RegisterFromProto(const v1::RegisterNodeRequest& req) {
@@ -1144,6 +1146,13 @@ void ToProto(const meta::ClusterStatusView& view, v1::ClusterStatusResponse* out
   out->set_tasks_retrying(view.tasks_retrying);
   for (const meta::Problem& p : view.problems) ToProto(p, out->add_problems());
   out->set_problems_total(view.problems_total);
+  v1::FailureStats* f = out->mutable_failure_stats();
+  f->set_observed_node_ms(view.observed_node_ms);
+  f->set_failures(view.failures);
+  f->set_node_mtbf_ms(view.node_mtbf_ms);
+  f->set_mtbf_is_lower_bound(view.mtbf_is_lower_bound);
+  f->set_job_nodes(view.job_nodes);
+  f->set_job_mtbf_ms(view.job_mtbf_ms);
 }
 
 }  // namespace ckpt::rpc

@@ -693,7 +693,7 @@ grpc::Status MetaServiceImpl::ClusterStatus(grpc::ServerContext*,
                                             v1::ClusterStatusResponse* resp) {
   const uint32_t max_problems = req->max_problems() == 0 ? kDefaultMaxProblems : req->max_problems();
   absl::StatusOr<meta::ClusterStatusView> status =
-      core_->ClusterStatus(req->include_nodes(), max_problems);
+      core_->ClusterStatus(req->include_nodes(), max_problems, req->job_id());
   if (!status.ok()) return Fail("ClusterStatus", status.status());
   ToProto(*status, resp);
   return grpc::Status::OK;

@@ -239,6 +239,50 @@ TEST_F(MetaCoreTest, LeaseExpiryMarksDeadAndHeartbeatsKeepAlive) {
   EXPECT_EQ(status.problems[0].kind, Problem::Kind::kNodeDead);
 }
 
+// Issue 16: meta's history of node failures gives an MTBF per node and per
+// job. Three nodes watched for T; one lease runs out (DEAD, a failure), it
+// comes back (no second failure), and another node re-registers while its
+// lease still runs (a crash and restart: a failure). Node MTBF = 3T / 2; the
+// job whose newest version lives on two nodes: 3T / 4.
+TEST_F(MetaCoreTest, FailureHistoryGivesTheMtbfOfANodeAndOfAJob) {
+  const int64_t t0 = clock_.NowUnixMillis();
+  for (const char* n : {"n1", "n2", "n3"}) Register(n);
+  {
+    auto none = *core_->ClusterStatus(false, 0, "nojob");
+    EXPECT_EQ(none.failures, 0u);
+    EXPECT_TRUE(none.mtbf_is_lower_bound);
+    EXPECT_EQ(none.job_nodes, 3u);  // no version yet: the alive nodes
+  }
+  for (int i = 0; i < 100; ++i) {
+    clock_.Advance(absl::Seconds(1));
+    for (const char* n : {"n1", "n2", "n3"}) Beat(n);
+    ASSERT_TRUE(core_->Tick().ok());
+  }
+  Kill("n3");  // lease expires: failure 1
+  Register("n3");  // back from DEAD: not another failure
+  Register("n2");  // while its lease runs: failure 2
+  CreateJob("j", 2, ProtectionPolicy{});
+  ASSERT_TRUE(core_->BeginVersion("j", 5, "").ok());
+  ASSERT_TRUE(Stage("n1", "j", 5, 0).ok());
+  ASSERT_TRUE(Stage("n2", "j", 5, 1).ok());
+  const int64_t t = clock_.NowUnixMillis() - t0;
+  auto s = *core_->ClusterStatus(true, 0, "j");
+  EXPECT_EQ(s.failures, 2u);
+  EXPECT_FALSE(s.mtbf_is_lower_bound);
+  EXPECT_EQ(s.observed_node_ms, 3 * t);
+  EXPECT_EQ(s.node_mtbf_ms, 3 * t / 2);
+  EXPECT_EQ(s.job_nodes, 2u);
+  EXPECT_EQ(s.job_mtbf_ms, 3 * t / 4);
+  std::map<std::string, uint64_t> failures;
+  for (const Node& n : s.nodes) failures[n.id] = n.failures;
+  EXPECT_EQ(failures, (std::map<std::string, uint64_t>{{"n1", 0}, {"n2", 1}, {"n3", 1}}));
+  // The history survives a meta restart (it is persisted with the nodes).
+  Reopen();
+  auto after = *core_->ClusterStatus(false, 0, "j");
+  EXPECT_EQ(after.failures, 2u);
+  EXPECT_EQ(after.node_mtbf_ms, 3 * t / 2);
+}
+
 TEST_F(MetaCoreTest, JobValidation) {
   Register("n1");
   JobSpec spec;

@@ -207,6 +207,22 @@ struct ClientOptions {
   absl::Duration load_timeout = absl::Minutes(10);
 };
 
+// How often to checkpoint (Client::RecommendedInterval): the Young/Daly
+// interval sqrt(2 x C x M) for a checkpoint cost C (what this client's saves
+// blocked the trainer, measured) and the job's mean time between failures M
+// (from meta's history of node failures).
+struct IntervalAdvice {
+  uint64_t steps = 1;                  // the interval in training steps (at least 1)
+  absl::Duration interval;             // sqrt(2 x C x M)
+  absl::Duration checkpoint_cost;      // C: median blocking time of the recent saves
+  absl::Duration mtbf;                 // M: the job's MTBF
+  bool mtbf_is_lower_bound = false;    // meta has seen no failure: M is the time observed
+  uint64_t failures_seen = 0;          // node failures meta has seen (all nodes)
+  absl::Duration observed_node_time;   // node time meta has watched (all nodes)
+  uint32_t job_nodes = 0;              // nodes the job runs on
+  std::string explanation;             // the numbers in one sentence
+};
+
 class Client;
 class SaveBuilder;
 
@@ -496,6 +512,17 @@ class Client {
   // The newest step of the job at `level` or better. One RPC to meta.
   // Errors: kNotFound (no version at that level, or the job is gone).
   absl::StatusOr<uint64_t> Latest(Level level) const;
+
+  // The checkpoint interval in steps for a training step of `step_time`:
+  // Young/Daly, sqrt(2 x C x M), C the median time this client's recent saves
+  // blocked (an eager save's Commit; a lazy save's CommitLazy plus its waits
+  // for the copy), M the job's MTBF from meta (ClusterStatus: node time
+  // observed / failures seen, divided by the job's nodes; with no failure seen
+  // the observed time, a lower bound, which errs toward checkpointing more
+  // often). One RPC to meta. Errors: kInvalidArgument (step_time <= 0),
+  // kFailedPrecondition (no save measured yet, or meta has observed no node
+  // time), those of the RPC.
+  absl::StatusOr<IntervalAdvice> RecommendedInterval(absl::Duration step_time) const;
 
   // Opens this rank's shard of `step` for zero-copy reading: asks meta where
   // it lives (Locate, preferring this node), then asks the agent to open it

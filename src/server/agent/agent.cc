@@ -108,7 +108,9 @@ absl::Status Agent::Init() {
 
   plane_ = std::make_unique<DataPlane>(options_.transport, clock_, options_.peer_timeout_ms);
   const absl::Duration peer_timeout = absl::Milliseconds(options_.peer_timeout_ms);
-  parity_ = std::make_unique<ParityBuilder>(arena_.get(), holdings_.get(), clock_, &metrics_, peer_timeout * 4);
+  const absl::Duration parity_expire = options_.parity_expire_ms > 0 ? absl::Milliseconds(options_.parity_expire_ms)
+                                                                     : std::max(peer_timeout * 4, absl::Seconds(30));
+  parity_ = std::make_unique<ParityBuilder>(arena_.get(), holdings_.get(), clock_, &metrics_, parity_expire);
   peer_client_ = std::make_unique<PeerClient>(plane_.get(), clock_, &metrics_,
                                               PeerClient::Options{options_.peer_timeout_ms, options_.bulk});
   PeerServer::Deps sd{plane_.get(), holdings_.get(), parity_.get(), session_.get(), arena_.get(), clock_, &metrics_,

@@ -92,6 +92,11 @@ struct AgentOptions {
   transport::BulkOptions bulk;
   // How long a peer may stay silent during one step of a transfer.
   int64_t peer_timeout_ms = 30000;
+  // How long a parity build may go without progress before it is dropped
+  // (its memory freed, its task told). 0: max(4 x peer timeout, 30 s), which
+  // outlasts meta's task retry backoff, so a build waiting for a peer whose
+  // encode task is being retried keeps what it folded.
+  int64_t parity_expire_ms = 0;
   // How long a stripe read waits on a silent holder before also reading
   // other survivors (0: min(1 s, peer timeout / 4)).
   int64_t hedge_ms = 0;

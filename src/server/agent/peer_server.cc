@@ -174,6 +174,11 @@ absl::StatusOr<PeerServer::InPut> PeerServer::Check(const PutBegin& b, const std
         b.stripe_bytes > d_.arena->capacity_bytes()) {
       return absl::InvalidArgumentError("malformed EC push");
     }
+    // The parity is complete and held: this data segment is in it (a retried
+    // encode pushes again what an earlier attempt delivered).
+    if (d_.holdings->HasValidSegment(SegmentId{b.job_id, b.step, b.group, b.stripe, b.parity_position})) {
+      return absl::AlreadyExistsError("this stripe's parity is complete here");
+    }
     absl::Status s = d_.parity->BeginPush(b);
     if (absl::IsResourceExhausted(s)) return absl::ResourceExhaustedError(d_.budget_message(b.stripe_bytes));
     CKPT_RETURN_IF_ERROR(s);

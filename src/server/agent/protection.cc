@@ -194,11 +194,13 @@ absl::Status Protector::EcEncode(QueuedTask& qt, bool* finished) {
   if (!d_.data_plane) return NoDataPlane();
   if (k == 0 || g.parity_m == 0 || k > 32 || g.parity_m > 8) return absl::InvalidArgumentError("bad EC group in task");
   if (!qt.sends_done) {
+    // A failed push fails this task (meta retries it), but the parities
+    // this node is building stay: other nodes' data segments already folded
+    // into them are not sent again (their pushes succeeded). They end when
+    // complete, when they make no progress for a while (ParityBuilder::
+    // Expire), or when the version is evicted or the task cancelled.
     absl::Status s = PushDataSegments(qt, finished);
-    if (!s.ok()) {
-      d_.parity->DropVersion(t.job_id, t.step);  // the task fails: meta re-plans
-      return s;
-    }
+    if (!s.ok()) return s;
     if (!*finished) return absl::OkStatus();
     qt.sends_done = true;
     qt.deadline = d_.clock->MonotonicNow() + absl::Milliseconds(d_.peer_timeout_ms) * 4;
@@ -218,16 +220,12 @@ absl::Status Protector::EcEncode(QueuedTask& qt, bool* finished) {
       if (stripe_bytes == 0) continue;
       const SegmentId sid{t.job_id, t.step, g.group_index, s.stripe_index, k + p};
       if (d_.holdings->HasValidSegment(sid)) continue;
-      if (absl::Status e = d_.parity->TakeFailure(sid); !e.ok()) {
-        d_.parity->DropVersion(t.job_id, t.step);
-        return e;
-      }
+      if (absl::Status e = d_.parity->TakeFailure(sid); !e.ok()) return e;  // (that build is gone)
       waiting.push_back(SegmentIdString(sid));
     }
   }
   if (waiting.empty()) return absl::OkStatus();
   if (d_.clock->MonotonicNow() > qt.deadline) {
-    d_.parity->DropVersion(t.job_id, t.step);
     return absl::DeadlineExceededError(absl::StrCat("parity never completed: ", absl::StrJoin(waiting, ", ")));
   }
   *finished = false;

@@ -564,7 +564,23 @@ void Engine::ApplyRetention(Job& job) {
   uint32_t kept = 0;
   for (auto it = by_step.rbegin(); it != by_step.rend(); ++it) {
     Version& v = it->second;
-    if (!SatisfiesLevel(v.state, Level::kProtected) || v.evicted) continue;
+    if (v.evicted) continue;
+    if (!SatisfiesLevel(v.state, Level::kProtected)) {
+      // A version that never reached PROTECTED (or lost it and cannot be
+      // re-protected) while keep_in_memory newer ones did: no restore picks
+      // it any more, and keeping it would hold its memory for good.
+      const bool superseded = kept >= keep_mem && (v.state == VersionState::kStaged ||
+                                                   v.state == VersionState::kDegraded);
+      // (One chosen for flush stays: once PERSISTED the rule below evicts it.)
+      if (superseded && !v.flush_planned) {
+        CancelVersionTasks(v);
+        EvictVersion(v);
+        SetState(v, VersionState::kDeleted,
+                 absl::StrCat("superseded: ", keep_mem, " newer version(s) PROTECTED (keep_in_memory=",
+                              keep_mem, ") while this one was ", VersionStateName(v.state)));
+      }
+      continue;
+    }
     if (kept < keep_mem) {
       ++kept;
       continue;

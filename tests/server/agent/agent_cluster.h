@@ -44,6 +44,7 @@ struct NodeOptions {
   bool faulty = false;
   int64_t peer_timeout_ms = 20000;
   int64_t hedge_ms = 0;
+  int64_t parity_expire_ms = 0;  // 0: the agent's default
   uint64_t memory_bytes = 8 * kMiB;
   uint64_t chunk_bytes = 1000;  // several chunks per shard, unaligned
 };
@@ -78,6 +79,7 @@ class AgentCluster : public ::testing::Test {
     o.bulk.chunk_bytes = no.chunk_bytes;
     o.bulk.max_in_flight = 2;
     o.peer_timeout_ms = no.peer_timeout_ms;
+    o.parity_expire_ms = no.parity_expire_ms;
     o.hedge_ms = no.hedge_ms;
     absl::StatusOr<std::unique_ptr<Agent>> a = Agent::Create(o, &n->meta, RealClock(), &fs_, &n->metrics);
     EXPECT_TRUE(a.ok()) << a.status();
@@ -189,13 +191,8 @@ class AgentCluster : public ::testing::Test {
     return t;
   }
 
-  // Saves one shard of `sizes[j]` bytes on nodes_[j] (j < 3) and runs an
-  // RS(2,1) encode over them: stripe s has its parity on node s and data
-  // segments of nodes s+1 (position 0) and s+2 (position 1). Returns the
-  // segment reports by stripe and position.
-  std::map<uint32_t, std::map<uint32_t, HoldingReport>> EncodeRs21(uint64_t step, const uint64_t sizes[3]) {
-    for (uint32_t j = 0; j < 3; ++j) recs_.push_back(Save(*nodes_[j], step, j, sizes[j], 20 + j));
-    for (auto& n : nodes_) n->agent->Start();
+  // The ec_encode task of EncodeRs21's layout (the id left for the caller).
+  AgentTask Rs21EncodeTask(uint64_t step, const uint64_t sizes[3]) {
     AgentTask t;
     t.kind = TaskKind::kEcEncode;
     t.kind_name = "ec_encode";
@@ -219,6 +216,17 @@ class AgentCluster : public ::testing::Test {
       t.blobs.push_back(b);
       t.members.push_back(nodes_[s]->endpoint);
     }
+    return t;
+  }
+
+  // Saves one shard of `sizes[j]` bytes on nodes_[j] (j < 3) and runs an
+  // RS(2,1) encode over them: stripe s has its parity on node s and data
+  // segments of nodes s+1 (position 0) and s+2 (position 1). Returns the
+  // segment reports by stripe and position.
+  std::map<uint32_t, std::map<uint32_t, HoldingReport>> EncodeRs21(uint64_t step, const uint64_t sizes[3]) {
+    for (uint32_t j = 0; j < 3; ++j) recs_.push_back(Save(*nodes_[j], step, j, sizes[j], 20 + j));
+    for (auto& n : nodes_) n->agent->Start();
+    AgentTask t = Rs21EncodeTask(step, sizes);
     for (uint32_t j = 0; j < 3; ++j) {
       t.id = absl::StrCat("t-ec-", j);
       nodes_[j]->agent->EnqueueTasks({t});

@@ -131,10 +131,10 @@ TEST_F(FaultPathsTest, ADecodeNeverWaitsOnAHolderMetaCallsSuspect) {
 
 // Issue 12 #2. A parity build whose other data segment never arrives used to
 // keep its stripe's memory forever; now an eviction, a cancelled task or the
-// expiry (no progress for 4x the peer timeout) frees it.
+// expiry (no progress for --parity-expire, here 400 ms) frees it.
 TEST_F(FaultPathsTest, AbandonedParityBuildsGiveTheirMemoryBack) {
   Node& owner = AddNode(2);
-  Node& parity = AddNode(2, NodeOptions{.peer_timeout_ms = 100});
+  Node& parity = AddNode(2, NodeOptions{.peer_timeout_ms = 100, .parity_expire_ms = 400});
   Save(owner, 7, 0, 6000, 3);
   owner.agent->Start();
   parity.agent->Start();
@@ -190,12 +190,70 @@ TEST_F(FaultPathsTest, AbandonedParityBuildsGiveTheirMemoryBack) {
   }
   EXPECT_TRUE(Eventually([&] { return parity.agent->parity_for_test()->size() == 0; }));
   EXPECT_EQ(Free(parity), baseline);
-  // 3. Nothing happens for 4x the peer timeout: the build expires.
+  // 3. Nothing happens for 400 ms: the build expires.
   ASSERT_TRUE(push(9)[0].ok());
   EXPECT_LT(Free(parity), baseline);
   EXPECT_TRUE(Eventually([&] { return parity.agent->parity_for_test()->size() == 0; }));
   EXPECT_EQ(Free(parity), baseline);
   EXPECT_EQ(Metric(parity, "ckpt_agent_parity_builds_dropped_total"), 3);
+}
+
+// Seen in the 30-minute chaos soak: one node's ec_encode task failed (a push
+// to a stopped peer timed out) and dropped the parities it was building from
+// the other nodes' segments; those nodes had delivered and never sent again,
+// so every retry waited for data that would not come, and the version was
+// never PROTECTED. Now a failed task keeps its builds, and its retry
+// completes every parity (a re-push of a segment already folded, or of a
+// stripe whose parity is stored, counts as done).
+TEST_F(FaultPathsTest, ARetriedEncodeCompletesEveryParityAfterOneNodesPushFailed) {
+  for (int i = 0; i < 3; ++i) AddNode(3, NodeOptions{.faulty = true, .peer_timeout_ms = 300});
+  const uint64_t sizes[3] = {20000, 21000, 22000};
+  for (uint32_t j = 0; j < 3; ++j) recs_.push_back(Save(*nodes_[j], 12, j, sizes[j], 40 + j));
+  for (auto& n : nodes_) n->agent->Start();
+  // n0's first push (a data segment for stripe 1's or stripe 2's parity) fails.
+  nodes_[0]->fault->FailNthSend(1, kPutBegin);
+  AgentTask t = Rs21EncodeTask(12, sizes);
+  for (uint32_t j = 0; j < 3; ++j) {
+    t.id = absl::StrCat("t-ec-", j);
+    nodes_[j]->agent->EnqueueTasks({t});
+  }
+  EXPECT_FALSE(WaitResult(*nodes_[0], "t-ec-0").ok());  // its push failed
+  // One of n1, n2 waits in vain for n0's segment; its task fails too, later.
+  const bool ok1 = WaitResult(*nodes_[1], "t-ec-1").ok();
+  const bool ok2 = WaitResult(*nodes_[2], "t-ec-2").ok();
+  EXPECT_NE(ok1, ok2);
+  // Meta retries the failed tasks (new attempts of the same work).
+  t.id = "t-ec-0-retry";
+  nodes_[0]->agent->EnqueueTasks({t});
+  const std::string other = ok1 ? "t-ec-2-retry" : "t-ec-1-retry";
+  t.id = other;
+  nodes_[ok1 ? 2 : 1]->agent->EnqueueTasks({t});
+  EXPECT_TRUE(WaitResult(*nodes_[0], "t-ec-0-retry").ok());
+  EXPECT_TRUE(WaitResult(*nodes_[ok1 ? 2 : 1], other).ok());
+  // Every stripe's parity is stored, and right: n0's shard decodes from the
+  // other nodes' segments.
+  std::map<uint32_t, std::map<uint32_t, HoldingReport>> seg;
+  for (uint32_t j = 0; j < 3; ++j) {
+    for (const HoldingReport& r : SegmentReports(*nodes_[j])) seg[r.segment.stripe][r.segment.position] = r;
+  }
+  for (uint32_t s = 0; s < 3; ++s) EXPECT_EQ(seg[s].count(2), 1u) << "stripe " << s << " has no parity";
+  seg_ = seg;
+  Node& reader = AddNode(3);
+  reader.agent->Start();
+  nodes_[0]->agent->Stop();
+  EcDecodeSource src;
+  src.data_k = 2;
+  src.parity_m = 1;
+  src.owner_node_id = "n0";
+  src.segment_bytes = (sizes[0] + 1) / 2;
+  src.stripes = {{2, 0, 0, std::max(seg_[2][0].size_bytes, seg_[2][1].size_bytes),
+                  {Loc(12, 2, 0, *nodes_[0]), Loc(12, 2, 1, *nodes_[1]), Loc(12, 2, 2, *nodes_[2])}},
+                 {1, 1, 1, std::max(seg_[1][0].size_bytes, seg_[1][1].size_bytes),
+                  {Loc(12, 1, 0, *nodes_[2]), Loc(12, 1, 1, *nodes_[0]), Loc(12, 1, 2, *nodes_[1])}}};
+  absl::StatusOr<OpenResult> r = reader.agent->RestoreByDecode(recs_[0], src, 0, 0);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(Bytes(*reader.agent, ShardId{"job", 12, 0}), Content("n0", 0));
+  ASSERT_TRUE(reader.agent->CloseShard(r->handle_id).ok());
 }
 
 // Issue 12 #6. An existing parity build used to be reused for a push whose

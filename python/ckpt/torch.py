@@ -38,14 +38,21 @@ def save(client, step, model=None, optimizer=None, extra=None, lazy=False):
     return client.save(step, state, lazy=lazy)
 
 
+def _first_guard(obj, client):
+    """True the first time `client` guards `obj` (a model or optimizer); records it."""
+    guarded = getattr(obj, "_ckpt_guarded", None)
+    if guarded is None:
+        guarded = obj._ckpt_guarded = []
+    if any(c is client for c in guarded):
+        return False
+    guarded.append(client)
+    return True
+
+
 def _wait_before_step(client, optimizer):
     """Wraps optimizer.step (once per client) to wait for the client's lazy copy first."""
-    guarded = getattr(optimizer, "_ckpt_guarded", None)
-    if guarded is None:
-        guarded = optimizer._ckpt_guarded = []
-    if any(c is client for c in guarded):
+    if not _first_guard(optimizer, client):
         return
-    guarded.append(client)
     inner = optimizer.step
 
     def step(*args, **kwargs):
@@ -61,30 +68,5 @@ def _has_persistent_buffers(model):
 
 
 def _wait_before_forward(client, model):
-    guarded = getattr(model, "_ckpt_guarded", None)
-    if guarded is None:
-        guarded = model._ckpt_guarded = []
-    if any(c is client for c in guarded):
-        return
-    guarded.append(client)
-    model.register_forward_pre_hook(lambda module, inputs: client.wait_copied())
-
-
-def load(client, step, model=None, optimizer=None, strict=True):
-    """Restores `model` and `optimizer` in place from `step`; returns the saved `extra` (or None).
-
-    Raises ckpt.NotFoundError if the step (or, for a model/optimizer given,
-    its part of the state) is missing.
-    """
-    from . import NotFoundError
-
-    state = client.load(step)
-    if model is not None:
-        if "model" not in state:
-            raise NotFoundError(f"step {step} holds no model state")
-        model.load_state_dict(state["model"], strict=strict)
-    if optimizer is not None:
-        if "optimizer" not in state:
-            raise NotFoundError(f"step {step} holds no optimizer state")
-        optimizer.load_state_dict(state["optimizer"])
-    return state.get("extra")
+    if _first_guard(model, client):
+        model.register_forward_pre_hook(lambda module, inputs: client.wait_copied())

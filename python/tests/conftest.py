@@ -30,7 +30,8 @@ class Cluster:
     def __init__(self, root, agents=1, memory="160MiB"):
         self.root = root
         self.procs = []
-        meta_port, meta_metrics = free_ports(2)
+        ports = free_ports(2 + 3 * agents)  # all at once: separate calls may repeat a port
+        meta_port, meta_metrics = ports[0], ports[1]
         self.meta = f"127.0.0.1:{meta_port}"
         self.durable_root = root / "durable"
         for d in ("meta", "durable"):
@@ -46,7 +47,7 @@ class Cluster:
             run_dir, mem = root / f"run{suffix}", root / f"mem{suffix}"
             run_dir.mkdir()
             mem.mkdir()
-            port, data_port, metrics_port = free_ports(3)
+            port, data_port, metrics_port = ports[2 + 3 * i: 5 + 3 * i]
             agent = self._start(f"ckpt-agent{suffix}", [
                 "--node-id", f"node-{i + 1}", "--meta", self.meta,
                 "--listen", f"127.0.0.1:{port}", "--data-listen", f"127.0.0.1:{data_port}",

@@ -461,7 +461,10 @@ class Soak:
             prefix = ["setpriv", "--pdeathsig", "KILL", "--"]
         env = self.daemon_env()
         a = self.args
-        meta_port, meta_metrics = free_ports(2)
+        # Every port at once: ports picked in separate calls may repeat (a port
+        # handed to one agent is free until that agent binds it).
+        ports = free_ports(2 + 3 * self.n)
+        meta_port, meta_metrics = ports[0], ports[1]
         self.meta_addr = f"127.0.0.1:{meta_port}"
         self.meta_port = meta_port
         self.meta = Daemon("meta", [str(self.bin / "ckpt-meta"), "--listen", self.meta_addr,
@@ -473,7 +476,7 @@ class Soak:
         self.wait_port(meta_port, self.meta, 30)
         for i in range(self.n):
             node = f"n{i}"
-            port, data_port, metrics = free_ports(3)
+            port, data_port, metrics = ports[2 + 3 * i: 5 + 3 * i]
             (self.work / node / "run").mkdir(parents=True)
             (self.shm / node).mkdir()
             d = Daemon(node, [str(self.bin / "ckpt-agent"), "--node-id", node, "--meta", self.meta_addr,

@@ -18,17 +18,22 @@
 
 namespace ckpt::testing {
 
+// A fresh temp dir and a real ckpt-meta with its data in <dir>/meta.
+inline void StartMetaInTempDir(std::unique_ptr<TempDir>* dir, std::unique_ptr<MetaProcess>* meta) {
+  absl::StatusOr<TempDir> d = TempDir::Create();
+  ASSERT_TRUE(d.ok()) << d.status();
+  *dir = std::make_unique<TempDir>(*std::move(d));
+  absl::StatusOr<std::unique_ptr<MetaProcess>> m = MetaProcess::Start(*(*dir)->Sub("meta"), (*dir)->path());
+  ASSERT_TRUE(m.ok()) << m.status();
+  *meta = *std::move(m);
+}
+
 class NodeClusterTest : public ::testing::Test {
  protected:
   explicit NodeClusterTest(std::string memory) : memory_(std::move(memory)) {}
 
   void SetUp() override {
-    absl::StatusOr<TempDir> dir = TempDir::Create();
-    ASSERT_TRUE(dir.ok()) << dir.status();
-    dir_ = std::make_unique<TempDir>(*std::move(dir));
-    absl::StatusOr<std::unique_ptr<MetaProcess>> meta = MetaProcess::Start(*dir_->Sub("meta"), dir_->path());
-    ASSERT_TRUE(meta.ok()) << meta.status();
-    meta_ = *std::move(meta);
+    ASSERT_NO_FATAL_FAILURE(StartMetaInTempDir(&dir_, &meta_));
     AgentProcessOptions o;
     o.meta_address = meta_->address();
     o.dir = *dir_->Sub("agent");
@@ -67,12 +72,7 @@ class NodesClusterTest : public ::testing::Test {
       : nodes_(nodes), memory_(std::move(memory)), extra_args_(std::move(extra_args)) {}
 
   void SetUp() override {
-    absl::StatusOr<TempDir> dir = TempDir::Create();
-    ASSERT_TRUE(dir.ok()) << dir.status();
-    dir_ = std::make_unique<TempDir>(*std::move(dir));
-    absl::StatusOr<std::unique_ptr<MetaProcess>> meta = MetaProcess::Start(*dir_->Sub("meta"), dir_->path());
-    ASSERT_TRUE(meta.ok()) << meta.status();
-    meta_ = *std::move(meta);
+    ASSERT_NO_FATAL_FAILURE(StartMetaInTempDir(&dir_, &meta_));
     for (int i = 0; i < nodes_; ++i) {
       AgentProcessOptions o;
       o.node_id = absl::StrCat("n", i);

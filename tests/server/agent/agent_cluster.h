@@ -7,7 +7,9 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <memory>
 #include <random>
@@ -247,6 +249,28 @@ class AgentCluster : public ::testing::Test {
     l.crc32c = seg_[s][p].crc32c;
     l.holder = holder.endpoint;
     return l;
+  }
+
+  // Where n0's shard of EncodeRs21's layout is: its segment 0 in stripe 2
+  // (position 0), its segment 1 in stripe 1 (position 1). `adjust` may change
+  // each location (e.g. mark a holder SUSPECT).
+  EcDecodeSource N0DecodeSource(uint64_t step, const uint64_t sizes[3],
+                                const std::function<void(SegmentLocation&)>& adjust = nullptr) {
+    auto loc = [&](uint32_t s, uint32_t p, const Node& holder) {
+      SegmentLocation l = Loc(step, s, p, holder);
+      if (adjust) adjust(l);
+      return l;
+    };
+    EcDecodeSource src;
+    src.data_k = 2;
+    src.parity_m = 1;
+    src.owner_node_id = "n0";
+    src.segment_bytes = (sizes[0] + 1) / 2;
+    src.stripes = {{2, 0, 0, std::max(seg_[2][0].size_bytes, seg_[2][1].size_bytes),
+                    {loc(2, 0, *nodes_[0]), loc(2, 1, *nodes_[1]), loc(2, 2, *nodes_[2])}},
+                   {1, 1, 1, std::max(seg_[1][0].size_bytes, seg_[1][1].size_bytes),
+                    {loc(1, 0, *nodes_[2]), loc(1, 1, *nodes_[0]), loc(1, 2, *nodes_[1])}}};
+    return src;
   }
 
   std::unique_ptr<ckpt::testing::TempDir> dir_;

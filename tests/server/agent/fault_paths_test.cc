@@ -61,22 +61,12 @@ TEST_F(FaultPathsTest, ADecodeRoutesAroundASilentHolderAndItsLateDataHarmsNothin
   Node& reader = AddNode(3, NodeOptions{.faulty = true, .peer_timeout_ms = 60000, .hedge_ms = 50});
   const uint64_t sizes[3] = {30000, 29000, 31000};
   EncodeRs21(9, sizes);
-  auto loc = [&](uint32_t s, uint32_t p, const Node& holder) { return Loc(9, s, p, holder); };
   // n0's shard lives in stripe 2 (position 0) and stripe 1 (position 1). n0
   // itself stops answering reads (every chunk it sends is held back), while
   // the other holders answer.
   nodes_[0]->fault->StallNthSend(1, kReadChunk);  // n0 has sent no read data yet
   nodes_[0]->fault->StallNthSend(2, kReadChunk);
-  EcDecodeSource src;
-  src.data_k = 2;
-  src.parity_m = 1;
-  src.owner_node_id = "n0";
-  src.segment_bytes = (sizes[0] + 1) / 2;
-  EcStripeSource s2{2, 0, 0, std::max(seg_[2][0].size_bytes, seg_[2][1].size_bytes),
-                    {loc(2, 0, *nodes_[0]), loc(2, 1, *nodes_[1]), loc(2, 2, *nodes_[2])}};
-  EcStripeSource s1{1, 1, 1, std::max(seg_[1][0].size_bytes, seg_[1][1].size_bytes),
-                    {loc(1, 0, *nodes_[2]), loc(1, 1, *nodes_[0]), loc(1, 2, *nodes_[1])}};
-  src.stripes = {s2, s1};
+  const EcDecodeSource src = N0DecodeSource(9, sizes);
   absl::StatusOr<OpenResult> r = reader.agent->RestoreByDecode(recs_[0], src, 0, 0);
   ASSERT_TRUE(r.ok()) << r.status();
   // It finished while n0 still holds its answers back: it never waited for
@@ -97,7 +87,7 @@ TEST_F(FaultPathsTest, ADecodeRoutesAroundASilentHolderAndItsLateDataHarmsNothin
 // (It hung in about 1 run of 10: the two stripes connected to n2 at once, the
 // data plane closed the extra connection, and the loopback transport closed
 // every connection between the pair, so n2's answers went nowhere. Fixed in
-// the transport; LoopbackTransportTest.ClosingOneConnectionKeepsTheOther.)
+// the transport; Loopback.ClosingOneConnectionKeepsTheOther in transport_test.)
 TEST_F(FaultPathsTest, ADecodeNeverWaitsOnAHolderMetaCallsSuspect) {
   for (int i = 0; i < 3; ++i) AddNode(3, NodeOptions{.faulty = true, .peer_timeout_ms = 60000, .hedge_ms = 60000});
   Node& reader = AddNode(3, NodeOptions{.peer_timeout_ms = 60000, .hedge_ms = 60000});
@@ -107,20 +97,9 @@ TEST_F(FaultPathsTest, ADecodeNeverWaitsOnAHolderMetaCallsSuspect) {
   nodes_[0]->fault->StallNthSend(2, kReadChunk);
   PeerEndpoint suspect = nodes_[0]->endpoint;
   suspect.suspect = true;
-  auto loc = [&](uint32_t s, uint32_t p, const Node& holder) {
-    SegmentLocation l = Loc(11, s, p, holder);
-    if (&holder == nodes_[0].get()) l.holder = suspect;
-    return l;
-  };
-  EcDecodeSource src;
-  src.data_k = 2;
-  src.parity_m = 1;
-  src.owner_node_id = "n0";
-  src.segment_bytes = (sizes[0] + 1) / 2;
-  src.stripes = {{2, 0, 0, std::max(seg_[2][0].size_bytes, seg_[2][1].size_bytes),
-                  {loc(2, 0, *nodes_[0]), loc(2, 1, *nodes_[1]), loc(2, 2, *nodes_[2])}},
-                 {1, 1, 1, std::max(seg_[1][0].size_bytes, seg_[1][1].size_bytes),
-                  {loc(1, 0, *nodes_[2]), loc(1, 1, *nodes_[0]), loc(1, 2, *nodes_[1])}}};
+  const EcDecodeSource src = N0DecodeSource(11, sizes, [&](SegmentLocation& l) {
+    if (l.holder.node_id == suspect.node_id) l.holder = suspect;
+  });
   absl::StatusOr<OpenResult> r = reader.agent->RestoreByDecode(recs_[0], src, 0, 0);
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ(Bytes(*reader.agent, ShardId{"job", 11, 0}), Content("n0", 0));
@@ -241,15 +220,7 @@ TEST_F(FaultPathsTest, ARetriedEncodeCompletesEveryParityAfterOneNodesPushFailed
   Node& reader = AddNode(3);
   reader.agent->Start();
   nodes_[0]->agent->Stop();
-  EcDecodeSource src;
-  src.data_k = 2;
-  src.parity_m = 1;
-  src.owner_node_id = "n0";
-  src.segment_bytes = (sizes[0] + 1) / 2;
-  src.stripes = {{2, 0, 0, std::max(seg_[2][0].size_bytes, seg_[2][1].size_bytes),
-                  {Loc(12, 2, 0, *nodes_[0]), Loc(12, 2, 1, *nodes_[1]), Loc(12, 2, 2, *nodes_[2])}},
-                 {1, 1, 1, std::max(seg_[1][0].size_bytes, seg_[1][1].size_bytes),
-                  {Loc(12, 1, 0, *nodes_[2]), Loc(12, 1, 1, *nodes_[0]), Loc(12, 1, 2, *nodes_[1])}}};
+  const EcDecodeSource src = N0DecodeSource(12, sizes);
   absl::StatusOr<OpenResult> r = reader.agent->RestoreByDecode(recs_[0], src, 0, 0);
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ(Bytes(*reader.agent, ShardId{"job", 12, 0}), Content("n0", 0));

@@ -125,16 +125,7 @@ TEST_F(PeerTest, EncodesParityDecodesWithOwnerGoneAndRebuildsParity) {
   // stripe 2 (position 0), its segment 1 in stripe 1 (position 1).
   nodes_[0]->agent->Stop();
   auto loc = [&](uint32_t s, uint32_t p, const Node& holder) { return Loc(9, s, p, holder); };
-  EcDecodeSource src;
-  src.data_k = 2;
-  src.parity_m = 1;
-  src.owner_node_id = "n0";
-  src.segment_bytes = (sizes[0] + 1) / 2;
-  EcStripeSource s2{2, 0, 0, std::max(seg[2][0].size_bytes, seg[2][1].size_bytes),
-                    {loc(2, 0, *nodes_[0]), loc(2, 1, *nodes_[1]), loc(2, 2, *nodes_[2])}};
-  EcStripeSource s1{1, 1, 1, std::max(seg[1][0].size_bytes, seg[1][1].size_bytes),
-                    {loc(1, 0, *nodes_[2]), loc(1, 1, *nodes_[0]), loc(1, 2, *nodes_[1])}};
-  src.stripes = {s2, s1};
+  const EcDecodeSource src = N0DecodeSource(9, sizes);
   absl::StatusOr<OpenResult> r = nodes_[1]->agent->RestoreByDecode(recs[0], src, 0, 0);
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ(Bytes(*nodes_[1]->agent, ShardId{"job", 9, 0}), Content("n0", 0));

@@ -1036,6 +1036,16 @@ class PyClient {
   }
 
   // The newest step at `level`, or None if there is none.
+  double PauseProtection(double seconds) const {
+    absl::StatusOr<absl::Duration> left = absl::UnknownError("not asked");
+    {
+      py::gil_scoped_release release;
+      left = client_.PauseProtection(absl::Seconds(seconds));
+    }
+    if (!left.ok()) ThrowStatus(left.status());
+    return absl::ToDoubleSeconds(*left);
+  }
+
   py::dict RecommendedInterval(double step_time_s) const {
     absl::StatusOr<IntervalAdvice> a = absl::UnknownError("not asked");
     {
@@ -1265,6 +1275,7 @@ PYBIND11_MODULE(_ckpt, m) {
            py::arg("timeout") = py::none())
       .def("latest", &PyClient::Latest, py::arg("level") = "protected")
       .def("recommended_interval", &PyClient::RecommendedInterval, py::arg("step_time"))
+      .def("pause_protection", &PyClient::PauseProtection, py::arg("seconds"))
       .def("load_items", &PyClient::LoadItems, py::arg("step"))
       .def("load_into", &PyClient::LoadInto, py::arg("step"), py::arg("buffers"))
       .def("load_into_targets", &PyClient::LoadIntoTargets, py::arg("step"), py::arg("targets"))

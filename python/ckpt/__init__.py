@@ -375,6 +375,20 @@ class LazySave:
         handle.wait(level, left)
 
 
+class _PausedProtection:
+    def __init__(self, client, max_seconds):
+        self._client = client
+        self._max = float(max_seconds)
+
+    def __enter__(self):
+        self._client.pause_protection(self._max)
+        return self
+
+    def __exit__(self, *exc):
+        self._client.resume_protection()
+        return False
+
+
 class Client:
     """A connection to ckpt-meta and the node's agent, for one rank of one job.
 
@@ -483,6 +497,26 @@ class Client:
         numbers). Raises ckpt.FailedPreconditionError before the first save.
         """
         return self._c.recommended_interval(float(step_time))
+
+    def pause_protection(self, seconds):
+        """Holds this node's protection traffic back for `seconds` (at most 60; 0 resumes).
+
+        No new push of replicas or EC segments to peers starts meanwhile (one
+        already sending finishes). Returns how long the pause in force lasts.
+        """
+        return self._c.pause_protection(float(seconds))
+
+    def resume_protection(self):
+        """Ends a pause at once."""
+        self._c.pause_protection(0.0)
+
+    def protection_paused(self, max_seconds=10.0):
+        """Context manager: protection traffic paused for the block (at most max_seconds).
+
+            with client.protection_paused():
+                dist.all_reduce(grads)
+        """
+        return _PausedProtection(self, max_seconds)
 
     def latest(self, level="protected"):
         """The newest step at `level` or better, or None if there is none."""

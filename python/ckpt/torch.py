@@ -70,3 +70,23 @@ def _has_persistent_buffers(model):
 def _wait_before_forward(client, model):
     if _first_guard(model, client):
         model.register_forward_pre_hook(lambda module, inputs: client.wait_copied())
+
+
+def load(client, step, model=None, optimizer=None, strict=True):
+    """Restores `model` and `optimizer` in place from `step`; returns the saved `extra` (or None).
+
+    Raises ckpt.NotFoundError if the step (or, for a model/optimizer given,
+    its part of the state) is missing.
+    """
+    from . import NotFoundError
+
+    state = client.load(step)
+    if model is not None:
+        if "model" not in state:
+            raise NotFoundError(f"step {step} holds no model state")
+        model.load_state_dict(state["model"], strict=strict)
+    if optimizer is not None:
+        if "optimizer" not in state:
+            raise NotFoundError(f"step {step} holds no optimizer state")
+        optimizer.load_state_dict(state["optimizer"])
+    return state.get("extra")

@@ -42,6 +42,7 @@ class Cluster:
         wait_tcp(meta_port, meta, 30)
         # Agent i: node-<i+1>, its run dir run<i> (run for the first) and socket.
         self.sockets = []
+        self.metrics_ports = []
         for i in range(agents):
             suffix = "" if i == 0 else str(i)
             run_dir, mem = root / f"run{suffix}", root / f"mem{suffix}"
@@ -56,6 +57,7 @@ class Cluster:
                 "--durable-root", str(self.durable_root)], binary="ckpt-agent")
             wait_tcp(port, agent, 60)
             self.sockets.append(run_dir / "agent.sock")
+            self.metrics_ports.append(metrics_port)
         self.run_dir = root / "run"
         self.socket = self.sockets[0]
         deadline = time.monotonic() + 30
@@ -81,6 +83,16 @@ class Cluster:
         log.close()
         self.procs.append(p)
         return p
+
+    def metric(self, agent, name):
+        """The value of metric `name` on agent `agent`'s /metrics (0 if absent)."""
+        import urllib.request
+        opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+        with opener.open(f"http://127.0.0.1:{self.metrics_ports[agent]}/metrics", timeout=5) as r:
+            for line in r.read().decode().splitlines():
+                if line.startswith(name + " "):
+                    return float(line.split()[1])
+        return 0.0
 
     def logs(self):
         out = []

@@ -578,3 +578,28 @@ def test_example_trainer_every_auto_saves_at_the_intervals_it_prints(cluster, jo
         if i + 1 < len(saves):
             assert saves[i + 1] == e["next_save"]
     assert events[-1]["event"] == "done"
+
+
+def test_pause_holds_protection_back_and_resume_finishes_it(cluster2, job):
+    c = cluster2.client(job, protection="replicate:2")
+    w = np.arange(1 << 20, dtype=np.float32)
+    c.save(1, {"w": w}).wait("protected", timeout=60)
+    sent = cluster2.metric(0, "ckpt_agent_peer_sent_bytes_total")
+    paused_s = cluster2.metric(0, "ckpt_agent_protection_paused_seconds_total")
+    assert c.pause_protection(30) > 25
+    assert cluster2.metric(0, "ckpt_agent_protection_paused") == 1
+    h = c.save(2, {"w": w + 1})
+    h.wait("staged", timeout=30)
+    with pytest.raises(ckpt.DeadlineExceededError):
+        h.wait("protected", timeout=1.5)  # the replica push waits for the pause
+    assert cluster2.metric(0, "ckpt_agent_peer_sent_bytes_total") == sent
+    c.resume_protection()
+    h.wait("protected", timeout=60)
+    assert cluster2.metric(0, "ckpt_agent_peer_sent_bytes_total") >= sent + w.nbytes
+    assert cluster2.metric(0, "ckpt_agent_protection_paused") == 0
+    assert cluster2.metric(0, "ckpt_agent_protection_paused_seconds_total") >= paused_s + 1.5
+    with c.protection_paused(5):
+        assert cluster2.metric(0, "ckpt_agent_protection_paused") == 1
+    assert cluster2.metric(0, "ckpt_agent_protection_paused") == 0
+    with pytest.raises(ckpt.InvalidArgumentError):
+        c.pause_protection(61)

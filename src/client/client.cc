@@ -405,6 +405,16 @@ std::string Human(absl::Duration d) {
 
 }  // namespace
 
+absl::StatusOr<absl::Duration> Client::PauseProtection(absl::Duration d) const {
+  v1::PauseProtectionRequest req;
+  req.set_duration_ms(absl::ToInt64Milliseconds(d));
+  v1::PauseProtectionResponse resp;
+  auto ctx = client::ContextWithTimeout(core_->options.rpc_timeout);
+  CKPT_RETURN_IF_ERROR(
+      client::FromGrpc(core_->agent->PauseProtection(ctx.get(), req, &resp), "PauseProtection"));
+  return absl::Milliseconds(resp.remaining_ms());
+}
+
 absl::StatusOr<IntervalAdvice> Client::RecommendedInterval(absl::Duration step_time) const {
   if (step_time <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError(absl::StrCat("step_time must be positive, got ", absl::FormatDuration(step_time)));

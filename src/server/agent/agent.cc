@@ -235,6 +235,14 @@ void Agent::Stop() {
   threads_.clear();
 }
 
+absl::StatusOr<absl::Duration> Agent::PauseProtection(absl::Duration d) {
+  if (d < absl::ZeroDuration() || d > absl::Seconds(60)) {
+    return absl::InvalidArgumentError(absl::StrCat("a pause lasts 0 to 60000 ms, not ", absl::ToInt64Milliseconds(d),
+                                                   " (renew a longer one by calling again)"));
+  }
+  return protector_->Pause(d);
+}
+
 void Agent::NotifyVerifier() {
   CheckedLock lock(&loop_mu_);
   ++verify_wake_;

@@ -224,6 +224,9 @@ class Agent : private MetaSession::Delegate {
   absl::StatusOr<std::vector<VerifyFinding>> Verify(const std::string& job_id, uint64_t step, bool dry_run,
                                                     uint64_t* bytes_checked);
   AgentStatusSnapshot Status() const;
+  // AgentService.PauseProtection: see Protector::Pause. InvalidArgument for
+  // a negative duration or one over 60 s.
+  absl::StatusOr<absl::Duration> PauseProtection(absl::Duration d);
 
   // ---- loops (public for deterministic tests) ----
   void ControlOnce();

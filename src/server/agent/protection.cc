@@ -26,9 +26,43 @@ uint32_t PiecesCrc(const transport::ConstPieces& pieces) {
 
 Protector::Protector(Deps deps) : d_(std::move(deps)) {}
 
+void Protector::SettleLocked(absl::Time now) {
+  if (pause_until_ == absl::InfinitePast() || now < pause_until_) return;
+  d_.metrics->protection_paused_seconds->Increment(absl::ToDoubleSeconds(pause_until_ - pause_start_));
+  d_.metrics->protection_paused->Set(0);
+  pause_start_ = pause_until_ = absl::InfinitePast();
+}
+
+absl::Duration Protector::Pause(absl::Duration d) {
+  const absl::Time now = d_.clock->MonotonicNow();
+  CheckedLock lock(&pause_mu_);
+  SettleLocked(now);
+  if (d <= absl::ZeroDuration()) {  // resume: account what ran of the pause
+    if (pause_until_ != absl::InfinitePast()) pause_until_ = now;
+    SettleLocked(now);
+    return absl::ZeroDuration();
+  }
+  if (pause_until_ == absl::InfinitePast()) {
+    pause_start_ = now;
+    d_.metrics->protection_paused->Set(1);
+  }
+  pause_until_ = std::max(pause_until_, now + d);
+  return pause_until_ - now;
+}
+
+bool Protector::Paused() {
+  CheckedLock lock(&pause_mu_);
+  SettleLocked(d_.clock->MonotonicNow());
+  return pause_until_ != absl::InfinitePast();
+}
+
 absl::Status Protector::Replicate(QueuedTask& qt, bool* finished) {
   const AgentTask& t = qt.task;
   if (!d_.data_plane) return NoDataPlane();
+  if (Paused()) {  // a trainer's collectives first; come back later
+    *finished = false;
+    return absl::OkStatus();
+  }
   // Never send bytes the verifier has not checked yet; come back later.
   for (uint32_t rank : t.ranks) {
     const ShardId id{t.job_id, t.step, rank};
@@ -193,6 +227,10 @@ absl::Status Protector::EcEncode(QueuedTask& qt, bool* finished) {
   const uint32_t k = g.data_k;
   if (!d_.data_plane) return NoDataPlane();
   if (k == 0 || g.parity_m == 0 || k > 32 || g.parity_m > 8) return absl::InvalidArgumentError("bad EC group in task");
+  if (!qt.sends_done && Paused()) {
+    *finished = false;
+    return absl::OkStatus();
+  }
   if (!qt.sends_done) {
     // A failed push fails this task (meta retries it), but the parities
     // this node is building stay: other nodes' data segments already folded

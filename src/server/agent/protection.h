@@ -12,7 +12,10 @@
 
 #include <string>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "common/clock.h"
 #include "server/agent/agent_metrics.h"
 #include "server/agent/executor.h"
@@ -47,10 +50,23 @@ class Protector {
   absl::Status EcEncode(QueuedTask& qt, bool* finished);
   absl::Status RebuildSegments(QueuedTask& qt);
 
+  // A trainer's pause (AgentService.PauseProtection): for `d` (0: resume now)
+  // Replicate and EcEncode start no new push; their tasks come back later
+  // (*finished = false). A push already sending finishes. Returns how long
+  // the pause in force lasts from now.
+  absl::Duration Pause(absl::Duration d);
+  // True while a pause is in force (and accounts the paused time).
+  bool Paused();
+
  private:
   absl::Status PushDataSegments(QueuedTask& qt, bool* finished);
+  // Ends a pause that ran out, adding its time to the metric.
+  void SettleLocked(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(pause_mu_);
 
   const Deps d_;
+  absl::Mutex pause_mu_;
+  absl::Time pause_start_ ABSL_GUARDED_BY(pause_mu_) = absl::InfinitePast();
+  absl::Time pause_until_ ABSL_GUARDED_BY(pause_mu_) = absl::InfinitePast();
 };
 
 }  // namespace ckpt::agent

@@ -120,6 +120,7 @@ void Engine::Recompute(Version& v) {
         for (const Copy& c : sh.copies) any = any || (Usable(c.state) && IsUsable(c.node_id));
         if (!any) {
           CancelVersionTasks(v);
+          EvictVersion(v);  // the ranks that survive can never be restored: free them
           SetState(v, VersionState::kAborted,
                    absl::StrCat("rank ", rank, " was lost on node ", sh.primary_node_id,
                                 " before every rank was staged"));
@@ -138,6 +139,7 @@ void Engine::Recompute(Version& v) {
   for (const auto& [rank, sh] : v.shards) {
     if (!ShardReadable(v, sh)) {
       CancelVersionTasks(v);
+      EvictVersion(v);  // the other ranks' copies can never be restored: free them
       SetState(v, VersionState::kAborted,
                absl::StrCat("data lost: rank ", rank, " has no readable copy left"));
       ++s_.counters.reports_rejected_total;  // visible in metrics as a failure

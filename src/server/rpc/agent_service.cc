@@ -254,6 +254,14 @@ grpc::Status AgentServiceImpl::Verify(grpc::ServerContext*, const v1::VerifyRequ
   return grpc::Status::OK;
 }
 
+grpc::Status AgentServiceImpl::PauseProtection(grpc::ServerContext*, const v1::PauseProtectionRequest* req,
+                                               v1::PauseProtectionResponse* resp) {
+  absl::StatusOr<absl::Duration> left = agent_->PauseProtection(absl::Milliseconds(req->duration_ms()));
+  if (!left.ok()) return ToGrpcStatus(left.status());
+  resp->set_remaining_ms(absl::ToInt64Milliseconds(*left));
+  return grpc::Status::OK;
+}
+
 grpc::Status AgentServiceImpl::AgentStatus(grpc::ServerContext*, const v1::AgentStatusRequest*,
                                            v1::AgentStatusResponse* resp) {
   const agent::AgentStatusSnapshot s = agent_->Status();

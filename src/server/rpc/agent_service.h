@@ -33,6 +33,8 @@ class AgentServiceImpl final : public v1::AgentService::Service {
   grpc::Status Evict(grpc::ServerContext*, const v1::EvictRequest*, v1::EvictResponse*) override;
   grpc::Status Verify(grpc::ServerContext*, const v1::VerifyRequest*, v1::VerifyResponse*) override;
   grpc::Status AgentStatus(grpc::ServerContext*, const v1::AgentStatusRequest*, v1::AgentStatusResponse*) override;
+  grpc::Status PauseProtection(grpc::ServerContext*, const v1::PauseProtectionRequest*,
+                               v1::PauseProtectionResponse*) override;
 
  private:
   agent::Agent* const agent_;

@@ -703,6 +703,30 @@ TEST_F(MetaCoreTest, RetentionEvictsVersionsThatNeverReachedProtectedOnceSuperse
   EXPECT_TRUE(v1->evicted);
 }
 
+// A version aborted because a rank lost its last copy can never be restored;
+// the other ranks' copies used to stay in the agents' memory until they
+// restarted (the 30-minute chaos soak saw it as memory growth). Now they are
+// evicted.
+TEST_F(MetaCoreTest, AVersionAbortedForLostDataFreesTheCopiesThatSurvive) {
+  Register("a");
+  Register("b");
+  CreateJob("gpt", 2, ProtectionPolicy::None());
+  ASSERT_TRUE(core_->BeginVersion("gpt", 1, "").ok());
+  ASSERT_TRUE(Stage("a", "gpt", 1, 0).ok());
+  ASSERT_TRUE(Stage("b", "gpt", 1, 1).ok());
+  ASSERT_EQ(StateOf("gpt", 1), VersionState::kProtected);
+  Kill("a");  // rank 0's only copy is gone
+  ASSERT_EQ(StateOf("gpt", 1), VersionState::kAborted);
+  auto tasks = core_->PendingTasks("b", inc_["b"], /*all=*/true);
+  ASSERT_TRUE(tasks.ok());
+  bool evict = false;
+  for (const TaskBundle& bundle : *tasks) {
+    evict |= bundle.task.kind == TaskKind::kEvict && bundle.task.job_id == "gpt" && bundle.task.step == 1;
+  }
+  EXPECT_TRUE(evict) << "no evict task for b's copy of the aborted version";
+  EXPECT_TRUE(core_->GetVersion("gpt", 1, false)->evicted);
+}
+
 TEST_F(MetaCoreTest, WaitVersionBlocksUntilLevelOnFakeTime) {
   Register("n1");
   CreateJob("gpt", 1, ProtectionPolicy::None());

@@ -524,6 +524,13 @@ class Client {
   // time), those of the RPC.
   absl::StatusOr<IntervalAdvice> RecommendedInterval(absl::Duration step_time) const;
 
+  // Asks this node's agent to hold protection traffic (replica and EC pushes
+  // to peers) back for `d` (at most 60 s; 0 resumes at once), e.g. around the
+  // trainer's own collectives: no new push starts meanwhile, one already
+  // sending finishes. Returns how long the pause in force lasts. Errors:
+  // kInvalidArgument (d negative or over 60 s), kUnavailable (agent down).
+  absl::StatusOr<absl::Duration> PauseProtection(absl::Duration d) const;
+
   // Opens this rank's shard of `step` for zero-copy reading: asks meta where
   // it lives (Locate, preferring this node), then asks the agent to open it
   // (OpenShard): a local copy is used in place; otherwise the agent fetches

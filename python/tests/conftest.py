@@ -2,6 +2,7 @@
 127.0.0.1 ports with temporary directories, shared by the session and killed
 by PID at the end."""
 import ctypes
+import json
 import os
 import pathlib
 import signal
@@ -75,6 +76,18 @@ class Cluster:
                 if time.monotonic() > deadline:
                     raise RuntimeError("agent never accepted a save:\n" + self.logs())
                 time.sleep(0.1)
+        # And every agent ALIVE at meta (tests placing replicas need them all; a
+        # slow machine or a sanitizer build can register the second one late).
+        deadline = time.monotonic() + 60
+        while True:
+            r = self.ctl("--json", "nodes")
+            if r.returncode == 0:
+                nodes = json.loads(r.stdout).get("nodes", [])
+                if sum(1 for n in nodes if n.get("state") == "alive") >= agents:
+                    break
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"not all {agents} agents ALIVE at meta:\n{r.stdout}{r.stderr}\n" + self.logs())
+            time.sleep(0.1)
 
     def _start(self, name, args, binary=None):
         log = open(self.root / f"{name}.log", "wb")

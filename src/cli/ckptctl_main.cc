@@ -832,6 +832,10 @@ int Main(int argc, char** argv) {
   save->add_option("--agent-socket", agent_socket,
                    "The local agent's socket (default: $CKPT_AGENT_SOCKET, else /run/ckpt/agent.sock)");
 
+  CLI::App* holdings = app.add_subcommand("holdings", "What one node holds in its memory tier (from its agent).");
+  std::string holdings_node, holdings_job;
+  holdings->add_option("NODE", holdings_node, "Node id")->required();
+  holdings->add_option("--job", holdings_job, "Only this job");
   CLI::App* verify = app.add_subcommand("verify", "Have every holder re-read a version and check its crcs.");
   verify->add_option("JOB", job, "Job id")->required();
   verify->add_option("STEP", step, "Step")->required();
@@ -866,6 +870,7 @@ int Main(int argc, char** argv) {
   }
   if (*save) return SaveFile(data, job, step, save_rank, save_world, file);
   if (*verify) return VerifyVersion(data, job, step);
+  if (*holdings) return NodeHoldings(data, holdings_node, holdings_job);
 
   Ctl ctl(g);
   if (*status) return ctl.Status(status_job);

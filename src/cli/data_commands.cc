@@ -2,8 +2,10 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <cctype>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -345,6 +347,61 @@ int RestoreOnline(const DataOptions& o, const std::string& job, uint64_t step, s
               << "\n";
   } else if (committed) {
     std::cout << "wrote manifest.json and COMMITTED: " << out_dir << " is a loadable version directory\n";
+  }
+  return 0;
+}
+
+int NodeHoldings(const DataOptions& o, const std::string& node, const std::string& job) {
+  auto meta = v1::MetaService::NewStub(Channel(o.meta));
+  absl::StatusOr<std::map<std::string, std::string>> addresses = NodeAddresses(o, meta.get());
+  if (!addresses.ok()) return Fail(addresses.status());
+  auto it = addresses->find(node);
+  if (it == addresses->end()) return Fail(absl::NotFoundError(absl::StrCat("meta knows no node \"", node, "\"")));
+  auto stub = AgentStub(it->second);
+  v1::GetInventoryRequest req;
+  req.set_job_id(job);
+  v1::GetInventoryResponse resp;
+  auto ctx = Context(o);
+  if (absl::Status s = FromGrpc(stub->GetInventory(ctx.get(), req, &resp), absl::StrCat("GetInventory on ", node));
+      !s.ok()) {
+    return Fail(s);
+  }
+  auto name = [](const std::string& full, const char* prefix) {
+    std::string n = full.rfind(prefix, 0) == 0 ? full.substr(std::strlen(prefix)) : full;
+    for (char& c : n) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+    return n;
+  };
+  Json rows = Json::array();
+  for (const v1::InventoryEntry& e : resp.entries()) {
+    Json r;
+    if (e.has_shard()) {
+      r["job"] = e.shard().job_id();
+      r["step"] = e.shard().step();
+      r["what"] = absl::StrCat("rank ", e.shard().rank());
+      r["role"] = name(v1::CopyRole_Name(e.role()), "COPY_ROLE_");
+    } else {
+      r["job"] = e.segment().job_id();
+      r["step"] = e.segment().step();
+      r["what"] = absl::StrCat("g", e.segment().group_index(), ".s", e.segment().stripe_index(), ".p",
+                               e.segment().position());
+      r["role"] = name(v1::SegmentKind_Name(e.segment_kind()), "SEGMENT_KIND_");
+    }
+    r["size_bytes"] = e.size_bytes();
+    r["state"] = name(v1::CopyState_Name(e.state()), "COPY_STATE_");
+    r["stored_unix_ms"] = e.stored_unix_ms();
+    rows.push_back(std::move(r));
+  }
+  if (o.json) {
+    std::cout << Json{{"node_id", resp.node_id()}, {"incarnation", resp.incarnation()}, {"holdings", rows}}.dump(2)
+              << "\n";
+    return 0;
+  }
+  std::cout << "node " << resp.node_id() << " (incarnation " << resp.incarnation() << "): " << rows.size()
+            << " holding(s)\n";
+  for (const Json& r : rows) {
+    std::cout << "  " << r["job"].get<std::string>() << "/" << r["step"].get<uint64_t>() << " "
+              << r["what"].get<std::string>() << "  " << r["role"].get<std::string>() << "  "
+              << r["size_bytes"].get<uint64_t>() << " bytes  " << r["state"].get<std::string>() << "\n";
   }
   return 0;
 }

@@ -41,4 +41,9 @@ int RestoreOnline(const DataOptions& o, const std::string& job, uint64_t step,
 // holder cannot be asked.
 int VerifyVersion(const DataOptions& o, const std::string& job, uint64_t step);
 
+// Lists what node `node` holds in its memory tier (AgentService.GetInventory on
+// the address meta has for it), optionally only `job`'s: one row per shard
+// copy or EC segment with its role or kind, size, state and when it was stored.
+int NodeHoldings(const DataOptions& o, const std::string& node, const std::string& job);
+
 }  // namespace ckpt::cli

@@ -1184,6 +1184,17 @@ class Soak:
             json.dump(out, f, indent=1)
         return str(path)
 
+    def dump_holdings(self, label):
+        """Writes what every agent holds (ckptctl holdings) and meta's status to a
+        diagnostics file; returns its path."""
+        self.diag_count = getattr(self, "diag_count", 0) + 1
+        path = self.work / f"diagnostics-{self.diag_count}.json"
+        out = {"label": label, "t_s": round(now() - self.t0, 1), "status": self.cluster_status(),
+               "holdings": {d.name: self.ctl("holdings", d.name, timeout=10, check=False) for d in self.agents}}
+        with open(path, "w") as f:
+            json.dump(out, f, indent=1)
+        return str(path)
+
     def cluster_status(self):
         return self.ctl("status", timeout=10, check=False)
 
@@ -1237,7 +1248,9 @@ class Soak:
             f"{n} {used - self.baseline[n][0]:+d} B/{h - self.baseline[n][1]:+d} holdings"
             for n, (used, h) in sorted(sample.items())))
         if grew and new:
-            self.fail("memory_growth", f"after retention ({label}): " + "; ".join(grew))
+            path = self.dump_holdings(label)
+            self.fail("memory_growth", f"after retention ({label}): " + "; ".join(grew) +
+                      f" (each agent's holdings and meta's status: {path})")
         elif grew:
             self.log("  memory still above baseline, no more than at the last failing checkpoint")
 
@@ -1471,12 +1484,17 @@ class Soak:
             v.sizes[0] += 1    # the soak now expects one more byte than was saved
             self.check("after sabotage", during_fault=False)
         elif kind == "leak":
-            # One rank of a never-completed version: meta never evicts it (no retention
-            # for OPEN versions), so memory stays above baseline.
-            job = self.jobs[0]
-            v = Version(job, job.next_step, [4 * MiB], [0], "sabotage")
-            job.next_step += 1
-            self.save_rank(v, 0)
+            # One rank of a two-rank job nobody saves again: its version stays OPEN
+            # (until meta's open-version timeout, 10 min), so memory stays above
+            # baseline. (A rank of one of the soak's own jobs would not do: the
+            # job's next version supersedes and evicts it.)
+            path = self.work / "leak.bin"
+            path.write_bytes(os.urandom(4 * MiB))
+            d = self.agents[0]
+            r = subprocess.run([str(self.bin / "ckptctl"), "--meta", self.meta_addr, "save", "leak", "1", str(path),
+                                "--rank", "0", "--world-size", "2", "--agent-socket", str(d.socket)],
+                               capture_output=True, text=True, timeout=60, env=self.daemon_env())
+            self.log(f"  leak: ckptctl save exit {r.returncode} {r.stderr.strip()[:200]}")
 
     # ---- main loop
     def run(self):

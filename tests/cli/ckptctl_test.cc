@@ -293,6 +293,18 @@ TEST_F(CkptctlTest, SaveThenOnlineRestoreAndVerify) {
   Json v = CtlJson({"verify", "files", "3"});
   EXPECT_EQ(v["problems"], 0);
   EXPECT_EQ(v["findings"].size(), 2u);
+  // What the node holds, from its agent: both primaries of files/3.
+  Json h = CtlJson({"holdings", "node-1", "--job", "files"});
+  EXPECT_EQ(h["node_id"], "node-1");
+  ASSERT_EQ(h["holdings"].size(), 2u);
+  EXPECT_EQ(h["holdings"][0]["job"], "files");
+  EXPECT_EQ(h["holdings"][0]["step"], 3);
+  EXPECT_EQ(h["holdings"][0]["role"], "primary");
+  EXPECT_EQ(h["holdings"][0]["state"], "valid");
+  RunResult table = Ctl({"holdings", "node-1"});
+  EXPECT_TRUE(table.status.success()) << table.stderr_text;
+  EXPECT_THAT(table.stdout_text, HasSubstr("files/3 rank 1  primary"));
+  EXPECT_EQ(Ctl({"holdings", "no-such-node"}).status.exit_code(), 1);
   // Bad input: unknown step, a rank out of range, both forms of restore.
   EXPECT_EQ(Ctl({"restore", "files", "99", "--out", out}).status.exit_code(), 1);
   EXPECT_EQ(Ctl({"restore", "files", "3", "--rank", "5", "--out", out}).status.exit_code(), 1);

@@ -519,7 +519,18 @@ void Engine::PlanFlush(Version& v) {
     t.ranks = ranks;
     txn_.Task(t);
   }
-  if (all_written && !v.commit_issued) {
+  // The commit goes out again if its task was cancelled (its node died
+  // before running it): issued once only, the version stayed unflushed and,
+  // planned for flush, was never evicted from memory either.
+  bool committing = false;
+  for (Task* t : ActiveTasks(v.job_id, v.step, TaskKind::kCommitDurable)) {
+    if (!IsUsable(t->node_id)) {
+      CancelTask(*t);
+      continue;
+    }
+    committing = true;
+  }
+  if (all_written && !committing) {
     std::string node;
     auto r0 = v.shards.find(0);
     if (r0 != v.shards.end() && IsUsable(r0->second.primary_node_id)) {

@@ -133,6 +133,13 @@ std::vector<ManifestItem> SortedByOffset(std::span<const ManifestItem> items) {
   return sorted;
 }
 
+void SortByOffset(std::vector<ManifestItem>& items) {
+  if (SortedByOffsetAlready(items)) return;
+  std::stable_sort(items.begin(), items.end(), [](const ManifestItem& a, const ManifestItem& b) {
+    return a.offset_bytes < b.offset_bytes;
+  });
+}
+
 absl::Status ValidateManifest(std::span<const ManifestItem> items, uint64_t shard_size_bytes) {
   absl::flat_hash_set<std::string_view> names;
   names.reserve(items.size());

@@ -110,6 +110,8 @@ class ManifestEncoder {
 
 // Returns `items` sorted by offset_bytes (the order shards are laid out in).
 std::vector<ManifestItem> SortedByOffset(std::span<const ManifestItem> items);
+// The same, in place (no copy of the items when they are in order already).
+void SortByOffset(std::vector<ManifestItem>& items);
 
 // Checks every item's CRC-32C while a shard's bytes go by once, in order
 // (e.g. streamed from an agent into a file), without holding the shard:

@@ -165,10 +165,10 @@ absl::Status Agent::Init() {
   const size_t lost = arena_->lost().size();
   std::vector<AdoptedHolding> adopted = arena_->TakeAdopted();
   const size_t count = adopted.size();
-  for (const ShardRecord& rec : holdings_->Adopt(std::move(adopted))) {
+  for (ShardRecord& rec : holdings_->Adopt(std::move(adopted))) {
     HoldingReport r;
     r.kind = HoldingReport::Kind::kStaged;
-    r.record = rec;
+    r.record = std::make_shared<const ShardRecord>(std::move(rec));
     session_->Report(std::move(r));
   }
   if (count != 0 || lost != 0) log::Info("memory tier: re-adopted {} holdings, {} lost", count, lost);
@@ -325,7 +325,7 @@ absl::StatusOr<LeaseGrant> Agent::AcquireLease(const LeaseRequest& req) {
   return grant;
 }
 
-absl::StatusOr<ShardRecord> Agent::Commit(const std::string& lease_id, uint64_t size_bytes,
+absl::StatusOr<std::shared_ptr<const ShardRecord>> Agent::Commit(const std::string& lease_id, uint64_t size_bytes,
                                           std::vector<ManifestItem> items) {
   CKPT_ASSIGN_OR_RETURN(CommittingLease l, leases_->BeginCommit(lease_id, size_bytes));
   // Validation and the padding's crc run without any lock; the lease stays
@@ -335,7 +335,7 @@ absl::StatusOr<ShardRecord> Agent::Commit(const std::string& lease_id, uint64_t 
     leases_->CancelCommit(lease_id);
     return valid;
   }
-  items = SortedByOffset(items);
+  SortByOffset(items);
   // The shard crc from the items' crcs and the padding between them: no pass
   // over the item bytes (the verifier does that in the background).
   uint32_t crc = 0;
@@ -357,31 +357,34 @@ absl::StatusOr<ShardRecord> Agent::Commit(const std::string& lease_id, uint64_t 
   rec.items = std::move(items);
   rec.run_id = l.run_id;
   rec.staged_unix_ms = clock_->NowUnixMillis();
-  if (absl::Status s = holdings_->Add(rec, l.bytes, /*verified=*/false, /*if_absent=*/true); !s.ok()) {
+  const ShardId id = rec.id;
+  const uint64_t size = rec.size_bytes;
+  std::shared_ptr<const ShardRecord> stored;  // the held record: no copy of its items
+  if (absl::Status s = holdings_->Add(std::move(rec), l.bytes, /*verified=*/false, /*if_absent=*/true, &stored);
+      !s.ok()) {
     leases_->CancelCommit(lease_id);
     if (absl::IsAlreadyExists(s)) {
-      return absl::AlreadyExistsError(absl::StrCat("shard ", ShardIdString(rec.id), " is already committed on this node"));
+      return absl::AlreadyExistsError(absl::StrCat("shard ", ShardIdString(id), " is already committed on this node"));
     }
-    log::Error("cannot record shard {}: {}", ShardIdString(rec.id), s.ToString());
+    log::Error("cannot record shard {}: {}", ShardIdString(id), s.ToString());
     return s;
   }
-  if (!leases_->FinishCommit(lease_id, rec.id)) {
+  if (!leases_->FinishCommit(lease_id, id)) {
     // The lease vanished meanwhile (replaced by a newer lease of the rank):
     // the newer save wins.
-    holdings_->DropShard(rec.id);
+    holdings_->DropShard(id);
     return absl::FailedPreconditionError(absl::StrCat("lease \"", lease_id, "\" was replaced while committing"));
   }
-  rec.extents = l.bytes->TrimmedExtents(rec.size_bytes);
-  holdings_->QueueVerify(rec.id);
+  holdings_->QueueVerify(id);
   NotifyVerifier();
   HoldingReport r;
   r.kind = HoldingReport::Kind::kStaged;
-  r.record = rec;
+  r.record = stored;
   session_->Report(std::move(r));
-  metrics_.staged_bytes->Increment(static_cast<double>(rec.size_bytes));
+  metrics_.staged_bytes->Increment(static_cast<double>(size));
   metrics_.staged_shards->Increment();
   UpdateGauges();
-  return rec;
+  return stored;
 }
 
 absl::Status Agent::AbortLease(const std::string& lease_id) {
@@ -739,9 +742,9 @@ void Agent::OnCopyRefused(const HoldingReport& r, const absl::Status& why) {
     log::Warn("meta refused segment {}: {}; dropping it", SegmentIdString(r.segment), why.ToString());
     holdings_->DropSegment(r.segment);
   } else {
-    const ShardRecord& rec = r.record;
-    const ShardId id = r.kind == HoldingReport::Kind::kStaged ? rec.id : r.id;
-    const uint32_t crc = r.kind == HoldingReport::Kind::kStaged ? rec.crc32c : r.crc32c;
+    const bool staged = r.kind == HoldingReport::Kind::kStaged && r.record != nullptr;
+    const ShardId id = staged ? r.record->id : r.id;
+    const uint32_t crc = staged ? r.record->crc32c : r.crc32c;
     // Only the copy the report was about (a newer one of the same shard may
     // have been stored since).
     absl::StatusOr<Pin> held = holdings_->PinValid(id);

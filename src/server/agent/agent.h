@@ -189,7 +189,7 @@ class Agent : private MetaSession::Delegate {
   // See AgentService.CommitShard: validates, records, queues the STAGED report
   // and the background verification; never waits for meta. AlreadyExists for
   // a lease committed before.
-  absl::StatusOr<ShardRecord> Commit(const std::string& lease_id, uint64_t size_bytes,
+  absl::StatusOr<std::shared_ptr<const ShardRecord>> Commit(const std::string& lease_id, uint64_t size_bytes,
                                      std::vector<ManifestItem> items);
   absl::Status AbortLease(const std::string& lease_id);
 

@@ -80,7 +80,8 @@ void HoldingTable::RemoveRecords(const std::vector<std::string>& files) {
   }
 }
 
-absl::Status HoldingTable::Add(ShardRecord rec, ReservationPtr bytes, bool verified, bool if_absent) {
+absl::Status HoldingTable::Add(ShardRecord rec, ReservationPtr bytes, bool verified, bool if_absent,
+                               std::shared_ptr<const ShardRecord>* stored) {
   rec.extents = bytes->TrimmedExtents(rec.size_bytes);
   rec.segment.reset();
   if (absl::Status s = arena_->WriteRecord(&rec); !s.ok()) {
@@ -98,6 +99,7 @@ absl::Status HoldingTable::Add(ShardRecord rec, ReservationPtr bytes, bool verif
       if (it != shards_.end()) stale = it->second.rec->file;
       Holding h;
       h.rec = std::make_shared<const ShardRecord>(std::move(rec));
+      if (stored != nullptr) *stored = h.rec;
       h.bytes = std::move(bytes);
       h.verified = verified;
       shards_[id] = std::move(h);

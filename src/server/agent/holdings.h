@@ -98,7 +98,9 @@ class HoldingTable {
   // if_absent, AlreadyExists when a VALID copy is already held (and nothing
   // changes); otherwise a held copy (e.g. a quarantined one) is replaced.
   // Unavailable when the record cannot be written (nothing is kept).
-  absl::Status Add(ShardRecord rec, ReservationPtr bytes, bool verified, bool if_absent);
+  // `stored`, if given, receives the record as held (no copy of its items).
+  absl::Status Add(ShardRecord rec, ReservationPtr bytes, bool verified, bool if_absent,
+                   std::shared_ptr<const ShardRecord>* stored = nullptr);
   // A VALID copy, pinned. NotFound when none is held; DataLoss naming the
   // reason when the copy here is quarantined.
   absl::StatusOr<Pin> PinValid(const ShardId& id) const;

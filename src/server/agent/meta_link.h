@@ -12,6 +12,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -194,7 +195,9 @@ struct HeartbeatReply {
 struct HoldingReport {
   enum class Kind { kStaged, kPersisted, kCopyState, kSegment };
   Kind kind = Kind::kStaged;
-  ShardRecord record;  // kStaged: the full record (items, crc, digest, run id)
+  // kStaged: the full record (items, crc, digest, run id), shared with the
+  // holding table (a commit of 10,000 items does not copy them again).
+  std::shared_ptr<const ShardRecord> record;
   ShardId id;          // kPersisted, kCopyState
   std::string durable_path;
   uint64_t size_bytes = 0;

@@ -88,7 +88,8 @@ void MetaSession::ForgetVersion(const std::string& job, uint64_t step) {
     CheckedLock lock(&mu_);
     std::erase_if(outbox_, [&](Outbound& o) {
       const bool match = o.kind == Outbound::Kind::kReport && o.report.kind == HoldingReport::Kind::kStaged &&
-                         o.report.record.id.job_id == job && o.report.record.id.step == step;
+                         o.report.record != nullptr && o.report.record->id.job_id == job &&
+                         o.report.record->id.step == step;
       if (match && o.on_done) cancelled.push_back(std::move(o.on_done));
       return match;
     });
@@ -283,7 +284,7 @@ void MetaSession::SendOutbox() {
         const absl::Status s = i < r->results.size() ? r->results[i] : absl::OkStatus();
         answered[batch[i].seq] = s;
         const bool staged = reports[i].kind == HoldingReport::Kind::kStaged;
-        const ShardId id = staged ? reports[i].record.id : reports[i].id;
+        const ShardId id = staged ? reports[i].record->id : reports[i].id;
         if (!s.ok() && !absl::IsAlreadyExists(s)) {
           // FailedPrecondition: meta refuses this copy (it does not match, its
           // version ended); NotFound: meta has no such version (refused or

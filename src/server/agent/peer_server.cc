@@ -424,7 +424,7 @@ void PeerServer::FinishPut(PeerId from, uint64_t xfer) {
   const uint64_t size = in.rec.size_bytes;
   const uint32_t rec_crc = in.rec.crc32c;
   in.rec.staged_unix_ms = d_.clock->NowUnixMillis();
-  absl::Status s = d_.holdings->Add(in.rec, std::move(in.bytes), /*verified=*/true, /*if_absent=*/true);
+  absl::Status s = d_.holdings->Add(std::move(in.rec), std::move(in.bytes), /*verified=*/true, /*if_absent=*/true);
   if (absl::IsAlreadyExists(s)) {
     ack(absl::OkStatus());  // arrived twice (a re-sent task): the first copy stays
     return;

@@ -56,7 +56,7 @@ absl::StatusOr<OpenResult> Restorer::OpenLocal(const ShardId& id, bool skip_veri
   const absl::Duration ttl = !client.session_id.empty() ? absl::InfiniteDuration()
                                                         : absl::Milliseconds(ttl_ms > 0 ? ttl_ms : d_.default_handle_ttl_ms);
   OpenResult out;
-  out.shard.record = *pin.rec;
+  out.shard.record = pin.rec;
   out.shard.regions = RegionsOf(d_.arena->pool_path(), pin.rec->extents, pin.rec->size_bytes);
   out.verified = verified;
   out.expires_in_ms = ttl == absl::InfiniteDuration() ? 0 : absl::ToInt64Milliseconds(ttl);
@@ -107,7 +107,7 @@ absl::StatusOr<OpenOutcome> Restorer::Open(const OpenRequest& req) {
   }
   CKPT_RETURN_IF_ERROR(r.status());
   if (req.expected && req.expected->size_bytes != 0 &&
-      (req.expected->size_bytes != r->shard.record.size_bytes || req.expected->crc32c != r->shard.record.crc32c)) {
+      (req.expected->size_bytes != r->shard.record->size_bytes || req.expected->crc32c != r->shard.record->crc32c)) {
     d_.leases->CloseHandle(r->handle_id);
     return absl::DataLossError(absl::StrCat("the local copy of ", ShardIdString(req.id),
                                             " differs from the expected shard (size/crc32c)"));

@@ -15,6 +15,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -35,7 +36,7 @@ namespace ckpt::agent {
 
 // What a committed shard looks like to callers.
 struct ShardView {
-  ShardRecord record;
+  std::shared_ptr<const ShardRecord> record;  // the held record, shared (never null)
   std::vector<Region> regions;
 };
 

@@ -66,9 +66,10 @@ grpc::Status AgentServiceImpl::CommitShard(grpc::ServerContext*, const v1::Commi
     items.reserve(static_cast<size_t>(req->items_size()));
     for (const v1::Item& item : req->items()) items.push_back(ItemFromProto(item));
   }
-  absl::StatusOr<agent::ShardRecord> rec = agent_->Commit(req->lease_id(), req->size_bytes(), std::move(items));
+  absl::StatusOr<std::shared_ptr<const agent::ShardRecord>> rec =
+      agent_->Commit(req->lease_id(), req->size_bytes(), std::move(items));
   if (!rec.ok()) return ToGrpcStatus(rec.status());
-  RecordToShardInfo(*rec, agent_->Status().node_id, /*with_items=*/false, resp->mutable_shard());
+  RecordToShardInfo(**rec, agent_->Status().node_id, /*with_items=*/false, resp->mutable_shard());
   return grpc::Status::OK;
 }
 
@@ -122,9 +123,9 @@ grpc::Status AgentServiceImpl::OpenShard(grpc::ServerContext*, const v1::OpenSha
   }
   const agent::OpenResult& o = r->result;
   resp->set_handle_id(o.handle_id);
-  RecordToShardInfo(o.shard.record, agent_->Status().node_id, /*with_items=*/!req->packed_manifest(),
+  RecordToShardInfo(*o.shard.record, agent_->Status().node_id, /*with_items=*/!req->packed_manifest(),
                     resp->mutable_shard());
-  if (req->packed_manifest()) resp->set_manifest(EncodeManifest(o.shard.record.items));
+  if (req->packed_manifest()) resp->set_manifest(EncodeManifest(o.shard.record->items));
   for (const agent::Region& region : o.shard.regions) RegionToProto(region, resp->add_regions());
   resp->set_verified(o.verified);
   resp->set_expires_in_ms(o.expires_in_ms);

@@ -255,8 +255,8 @@ class GrpcMetaLink : public agent::MetaLink {
       switch (r.kind) {
         case agent::HoldingReport::Kind::kStaged: {
           v1::StagedReport* st = out->mutable_staged();
-          RecordToShardInfo(r.record, node_id, /*with_items=*/true, st->mutable_shard());
-          st->set_run_id(r.record.run_id);
+          RecordToShardInfo(*r.record, node_id, /*with_items=*/true, st->mutable_shard());
+          st->set_run_id(r.record->run_id);
           break;
         }
         case agent::HoldingReport::Kind::kPersisted: {

@@ -117,11 +117,11 @@ class AgentCluster : public ::testing::Test {
     it.dtype = kDTypeBytes;
     it.length_bytes = size;
     it.crc32c = Crc32c(bytes);
-    absl::StatusOr<ShardRecord> rec = n.agent->Commit(g->lease_id, size, {it});
+    absl::StatusOr<std::shared_ptr<const ShardRecord>> rec = n.agent->Commit(g->lease_id, size, {it});
     EXPECT_TRUE(rec.ok()) << rec.status();
     n.agent->VerifyOnce();
     contents_[{n.id, rank}] = bytes;
-    return rec.ok() ? *rec : ShardRecord{};
+    return rec.ok() ? **rec : ShardRecord{};
   }
 
   std::string Bytes(Agent& a, const ShardId& id) {

@@ -80,9 +80,10 @@ class AgentTest : public ::testing::Test {
     EXPECT_TRUE(g.ok()) << g.status();
     Write(*g, 0, a);
     Write(*g, 64, b);
-    absl::StatusOr<ShardRecord> rec = agent_->Commit(g->lease_id, 128, {Item("a", 0, a), Item("b", 64, b)});
+    absl::StatusOr<std::shared_ptr<const ShardRecord>> rec =
+        agent_->Commit(g->lease_id, 128, {Item("a", 0, a), Item("b", 64, b)});
     EXPECT_TRUE(rec.ok()) << rec.status();
-    return *rec;
+    return rec.ok() ? **rec : ShardRecord{};
   }
 
   std::unique_ptr<TempDir> dir_;

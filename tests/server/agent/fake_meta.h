@@ -82,8 +82,8 @@ class FakeMeta : public MetaLink {
     for (const HoldingReport& h : reports) {
       this->reports.push_back(h);
       if (h.kind == HoldingReport::Kind::kStaged) {
-        const bool seen = staged.count(h.record.id) != 0;
-        staged[h.record.id] = h.record;
+        const bool seen = staged.count(h.record->id) != 0;
+        staged[h.record->id] = *h.record;
         r.results.push_back(seen ? absl::AlreadyExistsError("replay") : absl::OkStatus());
         if (!seen && flush_on_stage) {
           AgentTask t;
@@ -91,12 +91,12 @@ class FakeMeta : public MetaLink {
           t.kind = TaskKind::kFlush;
           t.kind_name = "flush";
           t.priority = 100;
-          t.job_id = h.record.id.job_id;
-          t.step = h.record.id.step;
+          t.job_id = h.record->id.job_id;
+          t.step = h.record->id.step;
           t.durable_dir = absl::StrCat(t.job_id, "/", t.step);
-          t.flush.push_back(FlushOrder{h.record.id.rank,
-                                       absl::StrCat(t.durable_dir, "/", RankFileName(h.record.id.rank)),
-                                       h.record.size_bytes, h.record.crc32c});
+          t.flush.push_back(FlushOrder{h.record->id.rank,
+                                       absl::StrCat(t.durable_dir, "/", RankFileName(h.record->id.rank)),
+                                       h.record->size_bytes, h.record->crc32c});
           r.tasks.push_back(t);
           flushes.push_back(t);
         }

@@ -31,6 +31,7 @@
 #include "ckpt/v1/meta.grpc.pb.h"
 #include "cli/data_commands.h"
 #include "common/durable_format.h"
+#include "common/grpc_security.h"
 #include "common/names.h"
 #include "common/file_system.h"
 
@@ -257,6 +258,10 @@ struct Globals {
   std::string meta;
   bool json = false;
   double timeout_s = 30;
+  TlsFiles tls;                                         // --tls-*, else CKPT_TLS_*
+  std::shared_ptr<grpc::ChannelCredentials> credentials;  // from tls
+  std::string token_file;                               // --token-file
+  std::string token;                                    // sent with every call to meta
 };
 
 class Ctl {
@@ -266,8 +271,7 @@ class Ctl {
     // (inspect): no limit on what we receive.
     grpc::ChannelArguments args;
     args.SetMaxReceiveMessageSize(-1);
-    stub_ = v1::MetaService::NewStub(
-        grpc::CreateCustomChannel(g.meta, grpc::InsecureChannelCredentials(), args));
+    stub_ = v1::MetaService::NewStub(grpc::CreateCustomChannel(g.meta, g.credentials, args));
   }
 
   // Runs `call` on a fresh context with the --timeout deadline. Returns true
@@ -277,6 +281,7 @@ class Ctl {
     grpc::ClientContext ctx;
     ctx.set_deadline(std::chrono::system_clock::now() +
                      std::chrono::milliseconds(static_cast<int64_t>(g_.timeout_s * 1000)));
+    AddToken(&ctx, g_.token);
     grpc::Status st = call(&ctx);
     if (st.ok()) return true;
     std::string code = absl::StatusCodeToString(static_cast<absl::StatusCode>(st.error_code()));
@@ -284,6 +289,14 @@ class Ctl {
     if (st.error_code() == grpc::StatusCode::UNAVAILABLE ||
         st.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) {
       msg = absl::StrCat("ckpt-meta at ", g_.meta, ": ", msg);
+      // A TLS mismatch looks like a closed socket from here.
+      if (st.error_code() == grpc::StatusCode::UNAVAILABLE) {
+        absl::StrAppend(&msg, g_.tls.enabled()
+                                  ? " (TLS: is --tls-ca the CA that signed ckpt-meta's certificate, and "
+                                    "does ckpt-meta's CA accept --tls-cert? docs/security.md)"
+                                  : " (if ckpt-meta requires TLS: --tls-ca, --tls-cert, --tls-key; "
+                                    "docs/security.md)");
+      }
     }
     std::fprintf(stderr, "%s: %s: %s\n", kProgram, code.c_str(), msg.c_str());
     return false;
@@ -735,6 +748,20 @@ int Main(int argc, char** argv) {
   app.add_option("--timeout", g.timeout_s, "Deadline of each RPC in seconds.")
       ->check(CLI::PositiveNumber)
       ->default_str("30");
+  app.add_option("--tls-ca", g.tls.ca_file,
+                 "PEM file of the CA that signed ckpt-meta's and the agents' certificates: talk "
+                 "TLS (default: $CKPT_TLS_CA; docs/security.md)")
+      ->type_name("FILE");
+  app.add_option("--tls-cert", g.tls.cert_file,
+                 "PEM certificate to present (servers with mutual TLS require one; default: "
+                 "$CKPT_TLS_CERT)")
+      ->type_name("FILE");
+  app.add_option("--tls-key", g.tls.key_file, "PEM key of --tls-cert (default: $CKPT_TLS_KEY)")
+      ->type_name("FILE");
+  app.add_option("--token-file", g.token_file,
+                 "File holding the token to send (the admin token for delete, delete-job, drain, "
+                 "remove-node; default: $CKPT_TOKEN_FILE, else $CKPT_TOKEN)")
+      ->type_name("FILE");
 
   CLI::App* status = app.add_subcommand("status", "Cluster summary, node failure history (MTBF) and problems.");
   std::string status_job;
@@ -853,7 +880,20 @@ int Main(int argc, char** argv) {
     return kExitUsage;
   }
 
-  DataOptions data{g.meta, agent_socket, g.timeout_s, g.json};
+  TlsFilesFromEnvironment(&g.tls);
+  if (absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> c = ChannelCredentials(g.tls); c.ok()) {
+    g.credentials = *c;
+  } else {
+    std::fprintf(stderr, "%s: %s\n", kProgram, std::string(c.status().message()).c_str());
+    return kExitUsage;
+  }
+  if (absl::StatusOr<std::string> t = TokenFromEnvironment(g.token_file); t.ok()) {
+    g.token = *t;
+  } else {
+    std::fprintf(stderr, "%s: %s\n", kProgram, std::string(t.status().message()).c_str());
+    return kExitUsage;
+  }
+  DataOptions data{g.meta, agent_socket, g.timeout_s, g.json, g.credentials};
   if (*restore) {
     if (from_opt->count() > 0) {
       if (!job.empty()) {

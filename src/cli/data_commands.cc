@@ -59,17 +59,18 @@ std::string Hex(uint32_t crc) { return absl::StrFormat("%08x", crc); }
 // gRPC's bandwidth-delay probing grows a stream's receive window without
 // bound while we write to a slower disk (100+ MB buffered for a 1 GiB
 // shard); a fixed 8 MiB window keeps the read just as fast here.
-std::shared_ptr<grpc::Channel> Channel(const std::string& target) {
+std::shared_ptr<grpc::Channel> Channel(const DataOptions& o, const std::string& target) {
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(-1);
   args.SetInt(GRPC_ARG_HTTP2_BDP_PROBE, 0);
   args.SetInt(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, 8 << 20);
-  return grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), args);
+  return grpc::CreateCustomChannel(
+      target, o.credentials != nullptr ? o.credentials : grpc::InsecureChannelCredentials(), args);
 }
 
 // A stub for an agent's AgentService (see Channel).
-std::unique_ptr<v1::AgentService::Stub> AgentStub(const std::string& address) {
-  return v1::AgentService::NewStub(Channel(address));
+std::unique_ptr<v1::AgentService::Stub> AgentStub(const DataOptions& o, const std::string& address) {
+  return v1::AgentService::NewStub(Channel(o, address));
 }
 
 ManifestItem ItemOf(const v1::Item& item) {
@@ -129,7 +130,7 @@ absl::Status StreamFromAgent(const DataOptions& o, const std::string& address, c
   CKPT_ASSIGN_OR_RETURN(std::unique_ptr<RankFileWriter> out,
                         RankFileWriter::Create(PosixFileSystem(), path, shard.size_bytes, shard.crc32c));
   ItemCrcStream items(shard.items);
-  auto stub = AgentStub(address);
+  auto stub = AgentStub(o, address);
   v1::ReadShardRequest req;
   *req.mutable_shard() = info.key();
   req.set_chunk_bytes(kReadChunkBytes);
@@ -180,7 +181,7 @@ int SaveFile(const DataOptions& o, const std::string& job, uint64_t step, uint32
   if (!in) return Fail(absl::NotFoundError(absl::StrCat("cannot read '", file, "'")));
   std::vector<char> data((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   if (world_size == 0) {
-    auto meta = v1::MetaService::NewStub(Channel(o.meta));
+    auto meta = v1::MetaService::NewStub(Channel(o, o.meta));
     v1::GetJobRequest req;
     req.set_job_id(job);
     v1::GetJobResponse resp;
@@ -241,7 +242,7 @@ absl::Status DecodeOnAgent(const DataOptions& o, const std::map<std::string, std
       if (node->empty()) *node = seg.holder().node_id();
   auto it = addresses.find(*node);
   if (it == addresses.end()) return absl::UnavailableError("no node holding a segment is known");
-  auto stub = AgentStub(it->second);
+  auto stub = AgentStub(o, it->second);
   v1::OpenShardRequest oreq;
   *oreq.mutable_key() = info.key();
   *oreq.add_sources() = src;
@@ -262,7 +263,7 @@ absl::Status DecodeOnAgent(const DataOptions& o, const std::map<std::string, std
 
 int RestoreOnline(const DataOptions& o, const std::string& job, uint64_t step, std::optional<uint32_t> rank,
                   const std::string& out_dir) {
-  auto meta = v1::MetaService::NewStub(Channel(o.meta));
+  auto meta = v1::MetaService::NewStub(Channel(o, o.meta));
   absl::StatusOr<std::map<std::string, std::string>> addresses = NodeAddresses(o, meta.get());
   if (!addresses.ok()) return Fail(addresses.status());
   v1::GetVersionResponse vresp;
@@ -352,12 +353,12 @@ int RestoreOnline(const DataOptions& o, const std::string& job, uint64_t step, s
 }
 
 int NodeHoldings(const DataOptions& o, const std::string& node, const std::string& job) {
-  auto meta = v1::MetaService::NewStub(Channel(o.meta));
+  auto meta = v1::MetaService::NewStub(Channel(o, o.meta));
   absl::StatusOr<std::map<std::string, std::string>> addresses = NodeAddresses(o, meta.get());
   if (!addresses.ok()) return Fail(addresses.status());
   auto it = addresses->find(node);
   if (it == addresses->end()) return Fail(absl::NotFoundError(absl::StrCat("meta knows no node \"", node, "\"")));
-  auto stub = AgentStub(it->second);
+  auto stub = AgentStub(o, it->second);
   v1::GetInventoryRequest req;
   req.set_job_id(job);
   v1::GetInventoryResponse resp;
@@ -407,7 +408,7 @@ int NodeHoldings(const DataOptions& o, const std::string& node, const std::strin
 }
 
 int VerifyVersion(const DataOptions& o, const std::string& job, uint64_t step) {
-  auto meta = v1::MetaService::NewStub(Channel(o.meta));
+  auto meta = v1::MetaService::NewStub(Channel(o, o.meta));
   absl::StatusOr<std::map<std::string, std::string>> addresses = NodeAddresses(o, meta.get());
   if (!addresses.ok()) return Fail(addresses.status());
   v1::GetVersionResponse vresp;
@@ -426,7 +427,7 @@ int VerifyVersion(const DataOptions& o, const std::string& job, uint64_t step) {
   int problems = 0;
   uint64_t checked = 0;
   for (const std::string& node : holders) {
-    auto stub = AgentStub((*addresses)[node]);
+    auto stub = AgentStub(o, (*addresses)[node]);
     v1::VerifyRequest req;
     req.set_job_id(job);
     req.set_step(step);

@@ -7,7 +7,10 @@
 // stderr) and prints a table, or one JSON document with `json`.
 #pragma once
 
+#include <grpcpp/security/credentials.h>
+
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 
@@ -18,6 +21,8 @@ struct DataOptions {
   std::string agent_socket;  // the local agent's socket (save)
   double timeout_s = 30;
   bool json = false;
+  // For ckpt-meta and the agents' gRPC endpoints (plaintext or TLS).
+  std::shared_ptr<grpc::ChannelCredentials> credentials;
 };
 
 // Stores `file` as rank `rank`'s shard of (job, step): one item named after

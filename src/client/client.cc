@@ -14,6 +14,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "client/client_core.h"
+#include "common/grpc_security.h"
 #include "common/log.h"
 #include "common/manifest.h"
 #include "common/names.h"
@@ -248,7 +249,8 @@ absl::Status ConnectAgent(ClientCore& core, absl::Time deadline) {
   return absl::OkStatus();
 }
 
-std::shared_ptr<grpc::Channel> MakeChannel(const std::string& target) {
+std::shared_ptr<grpc::Channel> MakeChannel(const std::string& target,
+                                           std::shared_ptr<grpc::ChannelCredentials> credentials) {
   grpc::ChannelArguments args;
   // Manifests of big models run to megabytes (Locate, OpenShard).
   args.SetMaxReceiveMessageSize(-1);
@@ -258,7 +260,7 @@ std::shared_ptr<grpc::Channel> MakeChannel(const std::string& target) {
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
-  return grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), args);
+  return grpc::CreateCustomChannel(target, std::move(credentials), args);
 }
 
 }  // namespace
@@ -344,11 +346,14 @@ absl::StatusOr<Client> Client::Connect(const ClientOptions& options) {
   const absl::Time deadline = absl::Now() + options.connect_timeout;
   auto core = std::make_shared<client::ClientCore>();
   core->options = options;
-  core->meta = v1::MetaService::NewStub(client::MakeChannel(options.meta_address));
+  TlsFiles tls{options.tls_ca_file, options.tls_cert_file, options.tls_key_file};
+  TlsFilesFromEnvironment(&tls);
+  CKPT_ASSIGN_OR_RETURN(std::shared_ptr<grpc::ChannelCredentials> meta_credentials, ChannelCredentials(tls));
+  core->meta = v1::MetaService::NewStub(client::MakeChannel(options.meta_address, meta_credentials));
   const std::string agent_target = absl::StartsWith(options.agent_socket, "unix:")
                                        ? options.agent_socket
                                        : absl::StrCat("unix:", options.agent_socket);
-  core->agent = v1::AgentService::NewStub(client::MakeChannel(agent_target));
+  core->agent = v1::AgentService::NewStub(client::MakeChannel(agent_target, grpc::InsecureChannelCredentials()));
   if (options.rank == 0) {
     CKPT_RETURN_IF_ERROR(client::CreateOrOpenJob(*core, deadline));
   } else {

@@ -43,6 +43,7 @@
 #include "common/sd_notify.h"
 #include "server/agent/agent.h"
 #include "server/cmd/daemon.h"
+#include "server/cmd/daemon_tls.h"
 #include "server/rpc/agent_service.h"
 #include "server/rpc/meta_link_grpc.h"
 #include "transport/ucx/ucx_transport.h"
@@ -68,7 +69,7 @@ const std::set<std::string>& KnownKeys() {
       "node_id", "meta", "listen", "data_listen", "run_dir", "memory", "memory_dir", "durable_root",
       "failure_domain", "metrics_listen", "lease_ttl_ms", "rpc_timeout_ms", "log_level", "log_json", "log_file",
       "data_transport", "data_chunk", "data_rate", "data_in_flight", "peer_timeout_ms", "session_grace_ms",
-      "advertise_host",
+      "advertise_host", "tls_ca", "tls_cert", "tls_key",
   };
   return *keys;
 }
@@ -86,6 +87,9 @@ struct Settings {
   log::Level log_level = log::Level::kInfo;
   bool log_json = false;
   std::string log_file;
+  TlsFiles tls;
+  std::shared_ptr<grpc::ServerCredentials> server_credentials;   // --listen (TCP)
+  std::shared_ptr<grpc::ChannelCredentials> meta_credentials;    // to ckpt-meta
 };
 
 absl::StatusOr<Settings> LoadSettings(const std::string& config_file, const std::map<std::string, std::string>& flags) {
@@ -164,6 +168,13 @@ absl::StatusOr<Settings> LoadSettings(const std::string& config_file, const std:
   if (!json.ok()) return json.status();
   out.log_json = *json;
   out.log_file = config->GetStringOr("log_file", "");
+  out.tls = daemon::TlsSettings(*config);
+  absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> server = ServerCredentials(out.tls);
+  if (!server.ok()) return server.status();
+  out.server_credentials = *server;
+  absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> client = ChannelCredentials(out.tls);
+  if (!client.ok()) return client.status();
+  out.meta_credentials = *client;
   return out;
 }
 
@@ -207,7 +218,7 @@ int Serve(const Settings& settings, const sigset_t& signals) {
   }
 
   MetricsRegistry registry;
-  std::unique_ptr<agent::MetaLink> meta = rpc::NewGrpcMetaLink(settings.meta, settings.rpc_timeout);
+  std::unique_ptr<agent::MetaLink> meta = rpc::NewGrpcMetaLink(settings.meta, settings.rpc_timeout, settings.meta_credentials);
   agent::AgentOptions options = settings.agent;
   // Peers and tools dial what the agent advertises: never a wildcard.
   absl::StatusOr<std::string> grpc_address = daemon::AdvertisedAddress(settings.listen, settings.advertise_host);
@@ -266,6 +277,7 @@ int Serve(const Settings& settings, const sigset_t& signals) {
         return true;
       });
   rpc::AgentServiceImpl service(a, "none");
+  daemon::WarnIfOpen(kProgram, settings.listen, settings.tls, /*admin_token=*/true);
   std::unique_ptr<grpc::Server> server;
   if (!metrics_server.ok()) {
     log::Error("{}: cannot serve metrics on {}: {}", kProgram, settings.metrics_listen,
@@ -274,7 +286,9 @@ int Serve(const Settings& settings, const sigset_t& signals) {
   } else {
     grpc::ServerBuilder builder;
     int port = 0;
-    builder.AddListeningPort(settings.listen, grpc::InsecureServerCredentials(), &port);
+    // TCP (peers' tools, ckptctl) with TLS when configured; the local socket
+    // is guarded by its mode (0660, the agent's group).
+    builder.AddListeningPort(settings.listen, settings.server_credentials, &port);
     builder.AddListeningPort("unix:" + socket_path, grpc::InsecureServerCredentials());
     builder.SetMaxReceiveMessageSize(kMaxMessageBytes);
     builder.SetMaxSendMessageSize(kMaxMessageBytes);
@@ -368,6 +382,8 @@ int Main(int argc, char** argv) {
   app.add_option("--config", config_file, "YAML config file with any of these keys.")->type_name("FILE");
   bool log_json = false;
   CLI::Option* json_opt = app.add_flag("--log-json", log_json, "Write logs as JSON lines.");
+  daemon::TlsFlags tls_flags;
+  daemon::AddTlsFlags(app, &tls_flags, /*server=*/true);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -378,6 +394,7 @@ int Main(int argc, char** argv) {
     if (o->count() > 0) flags[flag] = values[flag];
   }
   if (json_opt->count() > 0) flags["--log-json"] = log_json ? "true" : "false";
+  daemon::SetTlsFlags(tls_flags, &flags);
   absl::StatusOr<Settings> settings = LoadSettings(config_file, flags);
   if (!settings.ok()) {
     std::fprintf(stderr, "%s: %s\nRun with --help for more information.\n", kProgram,

@@ -46,9 +46,11 @@
 #include "absl/time/time.h"
 #include "common/clock.h"
 #include "common/config.h"
+#include "common/grpc_security.h"
 #include "common/log.h"
 #include "common/metrics.h"
 #include "common/sd_notify.h"
+#include "common/status_macros.h"
 #include "server/meta/meta_core.h"
 #include "server/meta/model.h"
 #include "server/meta/policy.h"
@@ -56,6 +58,7 @@
 #include "server/meta/store/rocksdb_meta_store.h"
 #include "server/rpc/meta_service.h"
 #include "server/cmd/daemon.h"
+#include "server/cmd/daemon_tls.h"
 
 namespace ckpt {
 
@@ -92,6 +95,7 @@ const std::set<std::string>& KnownKeys() {
       "listen",       "data_dir",  "metrics_listen", "lease_ms",
       "heartbeat_ms", "log_level", "log_json",       "log_file",
       "default_protection", "open_version_timeout_ms",
+      "tls_ca",       "tls_cert",  "tls_key",        "admin_token_file",
   };
   return *keys;
 }
@@ -108,6 +112,9 @@ struct Settings {
   log::Level log_level = log::Level::kInfo;
   bool log_json = false;
   std::string log_file;
+  TlsFiles tls;
+  std::shared_ptr<grpc::ServerCredentials> credentials;  // from tls (plaintext if none)
+  std::string admin_token;  // empty: admin RPCs open to every caller
 };
 
 // Reads the layered configuration (file, CKPT_* environment, set flags) into
@@ -169,6 +176,15 @@ absl::StatusOr<Settings> LoadSettings(const std::string& config_file,
   if (!json.ok()) return json.status();
   out.log_json = *json;
   out.log_file = config->GetStringOr("log_file", "");
+  out.tls = daemon::TlsSettings(*config);
+  absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> creds = ServerCredentials(out.tls);
+  if (!creds.ok()) return creds.status();
+  out.credentials = *creds;
+  if (const std::string f = config->GetStringOr("admin_token_file", ""); !f.empty()) {
+    absl::StatusOr<std::string> token = ReadTokenFile(f);
+    if (!token.ok()) return absl::InvalidArgumentError(absl::StrCat("admin_token_file: ", token.status().message()));
+    out.admin_token = *token;
+  }
   return out;
 }
 
@@ -368,7 +384,8 @@ int Serve(const Settings& settings, const sigset_t& signals) {
         return false;
       });
 
-  rpc::MetaServiceImpl service(c);
+  rpc::MetaServiceImpl service(c, RealClock(), settings.admin_token);
+  daemon::WarnIfOpen(kProgram, settings.listen, settings.tls, !settings.admin_token.empty());
   std::unique_ptr<grpc::Server> server;
   if (!metrics_server.ok()) {
     log::Error("{}: cannot serve metrics on {}: {}", kProgram, settings.metrics_listen,
@@ -377,7 +394,7 @@ int Serve(const Settings& settings, const sigset_t& signals) {
   } else {
     grpc::ServerBuilder builder;
     int port = 0;
-    builder.AddListeningPort(settings.listen, grpc::InsecureServerCredentials(), &port);
+    builder.AddListeningPort(settings.listen, settings.credentials, &port);
     builder.SetMaxReceiveMessageSize(kMaxReceiveMessageBytes);
     // gRPC sets SO_REUSEPORT by default, which would let a second ckpt-meta
     // bind the same port and silently share the traffic: refuse instead.
@@ -440,7 +457,8 @@ int Main(int argc, char** argv) {
   app.get_formatter()->column_width(34);
 
   std::string listen, data_dir, metrics_listen, config_file, lease_ms, heartbeat_ms, log_level,
-      log_file, default_protection, open_version_timeout_ms;
+      log_file, default_protection, open_version_timeout_ms, admin_token_file;
+  daemon::TlsFlags tls_flags;
   bool log_json = false;
   CLI::Option* listen_opt =
       app.add_option("--listen", listen,
@@ -504,6 +522,14 @@ int Main(int argc, char** argv) {
       app.add_option("--log-file", log_file, "Append logs to this file instead of stderr.")
           ->type_name("FILE");
 
+  daemon::AddTlsFlags(app, &tls_flags, /*server=*/true);
+  CLI::Option* admin_token_opt =
+      app.add_option("--admin-token-file", admin_token_file,
+                     "File holding the admin token (mode 0600 or 0640). With it, DeleteVersion, "
+                     "DeleteJob, DrainNode and RemoveNode need 'authorization: Bearer TOKEN' "
+                     "(ckptctl --token-file); without it they are open to every caller.")
+          ->type_name("FILE");
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -527,6 +553,8 @@ int Main(int argc, char** argv) {
   set(log_level_opt, "--log-level", log_level);
   set(log_json_opt, "--log-json", log_json ? "true" : "false");
   set(log_file_opt, "--log-file", log_file);
+  set(admin_token_opt, "--admin-token-file", admin_token_file);
+  daemon::SetTlsFlags(tls_flags, &flags);
 
   absl::StatusOr<Settings> settings = LoadSettings(config_file, flags);
   if (!settings.ok()) {

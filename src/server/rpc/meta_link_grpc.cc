@@ -104,19 +104,22 @@ AgentTask TaskFromProto(const v1::Task& t) {
 
 // After meta restarts the agent must be back within a heartbeat or two, not
 // after gRPC's default reconnect backoff (which grows to 2 minutes).
-std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address) {
+std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address,
+                                           const std::shared_ptr<grpc::ChannelCredentials>& credentials) {
   grpc::ChannelArguments args;
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
   args.SetMaxReceiveMessageSize(-1);
-  return grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
+  return grpc::CreateCustomChannel(
+      address, credentials != nullptr ? credentials : grpc::InsecureChannelCredentials(), args);
 }
 
 class GrpcMetaLink : public agent::MetaLink {
  public:
-  GrpcMetaLink(const std::string& address, absl::Duration timeout)
-      : stub_(v1::MetaService::NewStub(MakeChannel(address))),
+  GrpcMetaLink(const std::string& address, absl::Duration timeout,
+               const std::shared_ptr<grpc::ChannelCredentials>& credentials)
+      : stub_(v1::MetaService::NewStub(MakeChannel(address, credentials))),
         timeout_(timeout) {}
 
   absl::StatusOr<agent::RegistrationReply> Register(const agent::NodeRegistration& n) override {
@@ -414,8 +417,9 @@ class GrpcMetaLink : public agent::MetaLink {
 
 }  // namespace
 
-std::unique_ptr<agent::MetaLink> NewGrpcMetaLink(const std::string& meta_address, absl::Duration rpc_timeout) {
-  return std::make_unique<GrpcMetaLink>(meta_address, rpc_timeout);
+std::unique_ptr<agent::MetaLink> NewGrpcMetaLink(const std::string& meta_address, absl::Duration rpc_timeout,
+                                                 std::shared_ptr<grpc::ChannelCredentials> credentials) {
+  return std::make_unique<GrpcMetaLink>(meta_address, rpc_timeout, credentials);
 }
 
 }  // namespace ckpt::rpc

@@ -7,6 +7,9 @@
 #pragma once
 
 #include <memory>
+#include <grpcpp/security/credentials.h>
+
+#include <memory>
 #include <string>
 
 #include "absl/time/time.h"
@@ -14,8 +17,9 @@
 
 namespace ckpt::rpc {
 
-// Connects lazily to `meta_address` ("host:port").
-std::unique_ptr<agent::MetaLink> NewGrpcMetaLink(const std::string& meta_address,
-                                                 absl::Duration rpc_timeout);
+// Connects lazily to `meta_address` ("host:port"), over `credentials`
+// (plaintext when null).
+std::unique_ptr<agent::MetaLink> NewGrpcMetaLink(const std::string& meta_address, absl::Duration rpc_timeout,
+                                                 std::shared_ptr<grpc::ChannelCredentials> credentials = nullptr);
 
 }  // namespace ckpt::rpc

@@ -18,6 +18,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/grpc_security.h"
 #include "common/log.h"
 #include "server/rpc/meta_convert.h"
 
@@ -222,9 +223,10 @@ absl::Status MetaServiceImpl::WaitTimedOut(const std::string& job_id, uint64_t s
       v->shards.size(), " of ", v->world_size, " shards staged"));
 }
 
-MetaServiceImpl::MetaServiceImpl(meta::MetaCore* core, Clock* clock)
+MetaServiceImpl::MetaServiceImpl(meta::MetaCore* core, Clock* clock, std::string admin_token)
     : core_(core),
       clock_(clock),
+      admin_token_(std::move(admin_token)),
       report_allocator_(std::make_unique<ArenaMessageAllocator<v1::ReportShardsRequest,
                                                                v1::ReportShardsResponse>>()),
       heartbeat_allocator_(
@@ -368,16 +370,18 @@ grpc::Status MetaServiceImpl::ReportInventory(grpc::ServerContext*,
   return grpc::Status::OK;
 }
 
-grpc::Status MetaServiceImpl::DrainNode(grpc::ServerContext*, const v1::DrainNodeRequest* req,
+grpc::Status MetaServiceImpl::DrainNode(grpc::ServerContext* ctx, const v1::DrainNodeRequest* req,
                                         v1::DrainNodeResponse* resp) {
+  if (grpc::Status a = CheckAdminToken(*ctx, admin_token_, "DrainNode"); !a.ok()) return a;
   absl::StatusOr<meta::Node> node = core_->DrainNode(req->node_id());
   if (!node.ok()) return Fail("DrainNode", node.status());
   ToProto(*node, resp->mutable_node());
   return grpc::Status::OK;
 }
 
-grpc::Status MetaServiceImpl::RemoveNode(grpc::ServerContext*, const v1::RemoveNodeRequest* req,
+grpc::Status MetaServiceImpl::RemoveNode(grpc::ServerContext* ctx, const v1::RemoveNodeRequest* req,
                                          v1::RemoveNodeResponse*) {
+  if (grpc::Status a = CheckAdminToken(*ctx, admin_token_, "RemoveNode"); !a.ok()) return a;
   absl::Status s = core_->RemoveNode(req->node_id());
   if (!s.ok()) return Fail("RemoveNode", s);
   return grpc::Status::OK;
@@ -449,8 +453,9 @@ grpc::Status MetaServiceImpl::ListJobs(grpc::ServerContext*, const v1::ListJobsR
   return grpc::Status::OK;
 }
 
-grpc::Status MetaServiceImpl::DeleteJob(grpc::ServerContext*, const v1::DeleteJobRequest* req,
+grpc::Status MetaServiceImpl::DeleteJob(grpc::ServerContext* ctx, const v1::DeleteJobRequest* req,
                                         v1::DeleteJobResponse* resp) {
+  if (grpc::Status a = CheckAdminToken(*ctx, admin_token_, "DeleteJob"); !a.ok()) return a;
   absl::StatusOr<meta::JobView> job = core_->DeleteJob(req->job_id(), req->delete_durable_files());
   if (!job.ok()) return Fail("DeleteJob", job.status());
   ToProto(*job, resp->mutable_job());
@@ -676,9 +681,10 @@ grpc::Status MetaServiceImpl::FlushVersion(grpc::ServerContext*,
   return grpc::Status::OK;
 }
 
-grpc::Status MetaServiceImpl::DeleteVersion(grpc::ServerContext*,
+grpc::Status MetaServiceImpl::DeleteVersion(grpc::ServerContext* ctx,
                                             const v1::DeleteVersionRequest* req,
                                             v1::DeleteVersionResponse* resp) {
+  if (grpc::Status a = CheckAdminToken(*ctx, admin_token_, "DeleteVersion"); !a.ok()) return a;
   absl::StatusOr<meta::Version> v = core_->DeleteVersion(req->job_id(), req->step(), req->force());
   if (!v.ok()) return Fail("DeleteVersion", v.status());
   VersionSummaryToProto(*v, resp->mutable_version());

@@ -51,7 +51,9 @@ class MetaServiceImpl final : public MetaServiceBase {
  public:
   // `core` and `clock` are not owned and must outlive this object. `clock`
   // paces WaitVersion's slices (use the core's clock).
-  explicit MetaServiceImpl(meta::MetaCore* core, Clock* clock = RealClock());
+  // A non-empty `admin_token` guards the admin RPCs (DeleteVersion,
+  // DeleteJob, DrainNode, RemoveNode): see common/grpc_security.h.
+  explicit MetaServiceImpl(meta::MetaCore* core, Clock* clock = RealClock(), std::string admin_token = "");
   ~MetaServiceImpl() override;
 
   MetaServiceImpl(const MetaServiceImpl&) = delete;
@@ -136,6 +138,7 @@ class MetaServiceImpl final : public MetaServiceBase {
 
   meta::MetaCore* const core_;
   Clock* const clock_;
+  const std::string admin_token_;
   // Put each hot call's request and response on one protobuf arena (one
   // allocation per call instead of one per string and repeated field).
   std::unique_ptr<grpc::MessageAllocator<v1::ReportShardsRequest, v1::ReportShardsResponse>>

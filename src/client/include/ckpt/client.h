@@ -162,6 +162,14 @@ struct ClientOptions {
   // ckpt-meta's gRPC address, "host:port" (any gRPC target string works).
   // Required.
   std::string meta_address;
+  // TLS to ckpt-meta (docs/security.md): PEM files of the CA that signed
+  // meta's certificate, and of this client's certificate and key (meta with
+  // mutual TLS requires them). Empty: $CKPT_TLS_CA, $CKPT_TLS_CERT,
+  // $CKPT_TLS_KEY; all empty: plaintext. (The agent is reached over its
+  // local socket, guarded by the socket's mode.)
+  std::string tls_ca_file;
+  std::string tls_cert_file;
+  std::string tls_key_file;
   // Path of the node agent's unix socket (its <run-dir>/agent.sock). A value
   // starting with "unix:" is used as a gRPC target as is.
   std::string agent_socket = "/run/ckpt/agent.sock";

@@ -1,0 +1,71 @@
+// gRPC credentials from a process's TLS files and bearer tokens
+// (docs/security.md).
+//
+// TLS: a CA bundle, a certificate and its key, all PEM files. A server with
+// all three serves TLS and requires every caller to present a certificate the
+// CA signed (mutual TLS); a client with the CA verifies the server, and with
+// a certificate and key also proves who it is. Nothing set: plaintext (the
+// quickstart's loopback cluster), which daemons log as a warning when they
+// listen beyond loopback.
+//
+// Tokens: a caller sends "authorization: Bearer TOKEN"; a server that has an
+// admin token refuses the admin RPCs (deleting versions and jobs, draining and
+// removing nodes) without it (UNAUTHENTICATED) or with another one
+// (PERMISSION_DENIED), and changes nothing.
+//
+// Thread safety: the functions are pure; the credentials they return are
+// gRPC's (thread-safe).
+#pragma once
+
+#include <grpcpp/grpcpp.h>
+
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+
+namespace ckpt {
+
+struct TlsFiles {
+  std::string ca_file;    // PEM: the CA that signs the peers' certificates
+  std::string cert_file;  // PEM: this process's certificate (chain)
+  std::string key_file;   // PEM: its private key
+  bool enabled() const { return !ca_file.empty() || !cert_file.empty() || !key_file.empty(); }
+};
+
+// Fills unset fields from CKPT_TLS_CA, CKPT_TLS_CERT, CKPT_TLS_KEY.
+void TlsFilesFromEnvironment(TlsFiles* files);
+
+// Plaintext when !files.enabled(); otherwise TLS requiring and verifying
+// client certificates. InvalidArgument naming the file when one is missing,
+// unreadable or not PEM; a server needs all three.
+absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> ServerCredentials(const TlsFiles& files);
+
+// Plaintext when !files.enabled(); otherwise TLS verifying the server with
+// the CA (required), presenting the certificate and key if both are given.
+absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> ChannelCredentials(const TlsFiles& files);
+
+// The token in `path` (surrounding whitespace removed). InvalidArgument when
+// the file cannot be read, is empty, or is readable by others than its owner
+// and group (mode & 0007).
+absl::StatusOr<std::string> ReadTokenFile(const std::string& path);
+
+// A token for outgoing calls: `token` if set, else the file CKPT_TOKEN_FILE
+// names, else CKPT_TOKEN; empty if none.
+absl::StatusOr<std::string> TokenFromEnvironment(const std::string& token_file);
+
+// Adds "authorization: Bearer TOKEN" to a call (nothing if token is empty).
+void AddToken(grpc::ClientContext* ctx, const std::string& token);
+
+// OK if `ctx` carries `admin_token` (or no admin token is configured);
+// UNAUTHENTICATED without a token, PERMISSION_DENIED with another one; the
+// message names the RPC.
+grpc::Status CheckAdminToken(const grpc::ServerContext& ctx, const std::string& admin_token,
+                             const char* rpc);
+
+// True if `listen` ("host:port") is a loopback address (127.0.0.0/8, ::1,
+// localhost) or a unix socket.
+bool IsLoopbackListen(const std::string& listen);
+
+}  // namespace ckpt

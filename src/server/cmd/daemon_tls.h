@@ -1,0 +1,67 @@
+// TLS and token flags shared by the daemons (docs/security.md): --tls-ca,
+// --tls-cert, --tls-key (config keys tls_ca, tls_cert, tls_key; environment
+// CKPT_TLS_CA, CKPT_TLS_CERT, CKPT_TLS_KEY through the layered config).
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+#include <map>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "common/config.h"
+#include "common/grpc_security.h"
+#include "common/log.h"
+
+namespace ckpt::daemon {
+
+struct TlsFlags {
+  std::string ca, cert, key;
+  CLI::Option* ca_opt = nullptr;
+  CLI::Option* cert_opt = nullptr;
+  CLI::Option* key_opt = nullptr;
+};
+
+inline void AddTlsFlags(CLI::App& app, TlsFlags* f, bool server) {
+  const std::string who = server ? "callers'" : "server's";
+  f->ca_opt = app.add_option("--tls-ca", f->ca,
+                             "PEM file of the CA that signs the " + who +
+                                 " certificates. With --tls-cert and --tls-key: gRPC over TLS" +
+                                 (server ? ", callers must present a certificate this CA signed "
+                                           "(mutual TLS)."
+                                         : "."))
+                  ->type_name("FILE");
+  f->cert_opt = app.add_option("--tls-cert", f->cert, "PEM file of this daemon's certificate (chain).")
+                    ->type_name("FILE");
+  f->key_opt = app.add_option("--tls-key", f->key, "PEM file of its private key.")->type_name("FILE");
+}
+
+inline void SetTlsFlags(const TlsFlags& f, std::map<std::string, std::string>* flags) {
+  if (f.ca_opt->count() > 0) (*flags)["--tls-ca"] = f.ca;
+  if (f.cert_opt->count() > 0) (*flags)["--tls-cert"] = f.cert;
+  if (f.key_opt->count() > 0) (*flags)["--tls-key"] = f.key;
+}
+
+inline TlsFiles TlsSettings(const Config& config) {
+  TlsFiles t;
+  t.ca_file = config.GetStringOr("tls_ca", "");
+  t.cert_file = config.GetStringOr("tls_cert", "");
+  t.key_file = config.GetStringOr("tls_key", "");
+  return t;
+}
+
+// A daemon reachable beyond loopback without TLS (or without an admin token)
+// lets anyone who reaches the port read and delete checkpoints: say so.
+inline void WarnIfOpen(const char* program, const std::string& listen, const TlsFiles& tls, bool admin_token) {
+  if (IsLoopbackListen(listen)) return;
+  if (!tls.enabled()) {
+    log::Warn("{}: listening on {} without TLS: any host that reaches it can call every RPC "
+              "(--tls-ca/--tls-cert/--tls-key; docs/security.md)", program, listen);
+  }
+  if (!admin_token) {
+    log::Warn("{}: no admin token: any caller may delete versions and jobs and drain nodes "
+              "(--admin-token-file; docs/security.md)", program);
+  }
+}
+
+}  // namespace ckpt::daemon

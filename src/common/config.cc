@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#include <yaml-cpp/eventhandler.h>
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
@@ -10,6 +11,7 @@
 #include <cstring>
 #include <limits>
 #include <optional>
+#include <sstream>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -446,19 +448,41 @@ class YamlFlattener {
   Config::ValueMap* out_;
 };
 
+// Counts a stream's documents without building them.
+class DocumentCounter : public YAML::EventHandler {
+ public:
+  void OnDocumentStart(const YAML::Mark&) override {}
+  void OnDocumentEnd() override {}
+  void OnNull(const YAML::Mark&, YAML::anchor_t) override {}
+  void OnAlias(const YAML::Mark&, YAML::anchor_t) override {}
+  void OnScalar(const YAML::Mark&, const std::string&, YAML::anchor_t, const std::string&) override {}
+  void OnSequenceStart(const YAML::Mark&, const std::string&, YAML::anchor_t, YAML::EmitterStyle::value) override {}
+  void OnSequenceEnd() override {}
+  void OnMapStart(const YAML::Mark&, const std::string&, YAML::anchor_t, YAML::EmitterStyle::value) override {}
+  void OnMapEnd() override {}
+};
+
 absl::Status LoadYamlFile(const std::string& path, Config::ValueMap* out) {
   auto text = ReadConfigFile(path);
   if (!text.ok()) return text.status();
   YamlFlattener flattener(path, out);
   try {
-    const std::vector<YAML::Node> docs = YAML::LoadAll(*text);
-    if (docs.empty()) return absl::OkStatus();
-    if (docs.size() > 1) {
-      return absl::InvalidArgumentError(absl::StrCat("config file ", QuoteForMessage(path),
-                                                     " holds ", docs.size(),
-                                                     " YAML documents; only one is allowed"));
+    // Count the documents first, stopping at the second: yaml-cpp 0.7's
+    // LoadAll never ends on a stream whose first token is ',' (an empty
+    // document that consumes nothing, forever: found by tests/fuzz/fuzz_config).
+    std::istringstream stream(*text);
+    YAML::Parser parser(stream);
+    DocumentCounter counter;
+    size_t docs = 0;
+    while (docs < 2 && parser.HandleNextDocument(counter)) ++docs;
+    if (docs == 0) return absl::OkStatus();
+    if (docs > 1) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "config file ", QuoteForMessage(path),
+          " holds more than one YAML document (or a stray ',' or other token outside any mapping); "
+          "only one mapping of keys to values is allowed"));
     }
-    return flattener.FlattenRoot(docs[0]);
+    return flattener.FlattenRoot(YAML::Load(*text));
   } catch (const YAML::Exception& e) {
     return absl::InvalidArgumentError(
         absl::StrCat("config file ", flattener.Where(e.mark), ": invalid YAML: ", e.msg));

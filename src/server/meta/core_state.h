@@ -158,6 +158,10 @@ class Engine {
   void PlanRecovery(Version& v);
   // Flush tasks for planned shards not yet written; commit when all are.
   void PlanFlush(Version& v);
+  // `node_id` restarted (a new incarnation while its lease ran): each EC
+  // group with a parity still being built there encodes again on every
+  // member whose encode task had finished.
+  void RestartEncodesBuiltOn(const std::string& node_id);
   void ApplyRetention(Job& job);
   // Evicts every memory holding of the version (EvictTask per holder).
   void EvictVersion(Version& v);

@@ -578,6 +578,7 @@ absl::StatusOr<RegisterResult> MetaCore::RegisterNode(const RegisterRequest& req
     auto it = state_->nodes.find(req.node_id);
     uint64_t incarnation = 1;
     bool was_dead = false;
+    bool restarted = false;  // a new incarnation while the old one's lease ran
     if (it != state_->nodes.end()) {
       Node& old = it->second;
       const bool live = (old.state == NodeState::kAlive || old.state == NodeState::kSuspect ||
@@ -595,6 +596,7 @@ absl::StatusOr<RegisterResult> MetaCore::RegisterNode(const RegisterRequest& req
       // A new incarnation while the old one's lease still ran: the agent
       // crashed (or was killed) and came back before meta noticed.
       if (live) ++old.failures;
+      restarted = live;
     }
     Node& n = state_->nodes[req.node_id];
     if (n.first_seen_ms == 0) n.first_seen_ms = n.registered_ms != 0 ? n.registered_ms : e.NowMs();
@@ -623,6 +625,11 @@ absl::StatusOr<RegisterResult> MetaCore::RegisterNode(const RegisterRequest& req
         t.last_progress = mono;
       }
     }
+    // The parities the old process was building died with it: the group's
+    // other members push their data segments again (their encodes had
+    // finished, so nothing else would: the restarted node waited for them
+    // until its encode failed for good; seen in the 30-minute chaos soak).
+    if (restarted) e.RestartEncodesBuiltOn(req.node_id);
     ++state_->task_generation;
     // A new node may be what degraded versions were waiting for.
     e.ReplanAll();

@@ -486,6 +486,35 @@ void Engine::PlanRecovery(Version& v) {
   }
 }
 
+void Engine::RestartEncodesBuiltOn(const std::string& node_id) {
+  for (auto& [job_id, by_step] : s_.versions) {
+    for (auto& [step, v] : by_step) {
+      if (IsTerminal(v.state) || v.plan.policy.kind != ProtectionPolicy::Kind::kErasureCode) continue;
+      std::set<int> groups;  // groups with a parity still being built on the node
+      for (const Segment& seg : v.segments) {
+        if (seg.holder_node_id == node_id && seg.kind == SegmentKind::kParity &&
+            seg.state == CopyState::kPending) {
+          groups.insert(seg.key.group);
+        }
+      }
+      if (groups.empty()) continue;
+      std::set<std::pair<std::string, int>> running;  // (node, group) with an encode task
+      for (Task* t : ActiveTasks(v.job_id, v.step, TaskKind::kEcEncode)) running.insert({t->node_id, t->group});
+      for (const EcGroup& g : v.plan.groups) {
+        if (!groups.count(g.index)) continue;
+        for (const std::string& m : g.members) {
+          if (running.count({m, g.index}) || !IsUsable(m)) continue;
+          Task& t = NewTask(m, TaskKind::kEcEncode, v.job_id, v.step, kPriorityProtection);
+          t.group = g.index;
+          txn_.Task(t);
+        }
+        log::Info("version {}/{}: node {} restarted while building parity of group {}; its members "
+                  "encode again", v.job_id, v.step, node_id, g.index);
+      }
+    }
+  }
+}
+
 void Engine::PlanFlush(Version& v) {
   if (!v.flush_planned || IsTerminal(v.state) || v.state == VersionState::kPersisted) return;
   std::set<uint32_t> covered;

@@ -610,6 +610,51 @@ TEST_F(MetaCoreTest, ErasureCodedVersionEncodesDecodesAndRebuilds) {
   EXPECT_NE(StateOf("ec", 7), VersionState::kAborted);
 }
 
+// A node restarts (a new incarnation before its lease ran out) while it
+// builds a parity: the data segments the other members pushed into it died
+// with the process and their encodes had finished, so nothing would send them
+// again (the restarted node waited until its encode failed for good: a
+// version left STAGED in the 30-minute chaos soak). Every member encodes again.
+TEST_F(MetaCoreTest, ANodeRestartedWhileBuildingParityHasItsGroupEncodeAgain) {
+  const std::vector<std::string> nodes = {"n0", "n1", "n2", "n3"};
+  for (const auto& n : nodes) Register(n);
+  CreateJob("ec", 4, ProtectionPolicy::ErasureCode(3, 1));
+  ASSERT_TRUE(core_->BeginVersion("ec", 1, "").ok());
+  for (uint32_t r = 0; r < 4; ++r) ASSERT_TRUE(Stage(nodes[r], "ec", 1, r).ok());
+  auto v = core_->GetVersion("ec", 1, false);
+  ASSERT_TRUE(v.ok());
+  // The node building the first parity.
+  std::string builder;
+  for (const Segment& seg : v->segments)
+    if (seg.kind == SegmentKind::kParity && builder.empty()) builder = seg.holder_node_id;
+  ASSERT_FALSE(builder.empty());
+  // Every other member's encode finishes (its segments reported); the
+  // builder's stays running.
+  for (const auto& n : nodes) {
+    if (n == builder) continue;
+    auto tasks = core_->PendingTasks(n, inc_[n], false);
+    ASSERT_TRUE(tasks.ok());
+    for (const TaskBundle& b : *tasks) {
+      if (b.task.kind == TaskKind::kEcEncode) Execute(n, b);
+    }
+  }
+  ASSERT_EQ(StateOf("ec", 1), VersionState::kStaged);
+  for (const auto& n : nodes) {
+    if (n == builder) continue;
+    EXPECT_TRUE(core_->PendingTasks(n, inc_[n], false)->empty()) << n;
+  }
+  Register(builder);  // restarted
+  for (const auto& n : nodes) {
+    auto tasks = core_->PendingTasks(n, inc_[n], false);
+    ASSERT_TRUE(tasks.ok());
+    bool encode = false;
+    for (const TaskBundle& b : *tasks) encode = encode || b.task.kind == TaskKind::kEcEncode;
+    EXPECT_TRUE(encode) << n << " has no encode task after " << builder << " restarted";
+  }
+  RunAgents();
+  EXPECT_EQ(StateOf("ec", 1), VersionState::kProtected);
+}
+
 TEST_F(MetaCoreTest, LosingMoreThanParityAbortsWithDataLoss) {
   const std::vector<std::string> nodes = {"n0", "n1", "n2", "n3"};
   for (const auto& n : nodes) Register(n);

@@ -1,0 +1,119 @@
+// fuzz_seeds DIR: writes valid inputs of every fuzzed format into
+// DIR/<target>/seed-N, the seed corpora checked in under tests/fuzz/corpus.
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "common/durable_format.h"
+#include "common/manifest.h"
+#include "common/names.h"
+#include "server/agent/arena.h"
+#include "server/agent/peer_wire.h"
+#include "transport/ucx/handshake.h"
+
+namespace {
+
+void Write(const std::filesystem::path& dir, const std::string& target, int n, const std::string& bytes) {
+  std::filesystem::create_directories(dir / target);
+  std::ofstream(dir / target / ("seed-" + std::to_string(n)), std::ios::binary) << bytes;
+}
+
+std::vector<ckpt::ManifestItem> Items() {
+  ckpt::ManifestItem a;
+  a.name = "model/layers.0.weight";
+  a.dtype = 1;
+  a.shape = {4, 4};
+  a.offset_bytes = 0;
+  a.length_bytes = 64;
+  a.crc32c = 0x1234;
+  ckpt::ManifestItem b = a;
+  b.name = "optimizer/step";
+  b.dtype = ckpt::kDTypeBytes;
+  b.shape = {};
+  b.offset_bytes = 64;
+  b.length_bytes = 8;
+  b.attributes = {{"torch.dtype", "int64"}};
+  return {a, b};
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc != 2) {
+    std::fprintf(stderr, "usage: fuzz_seeds DIR\n");
+    return 2;
+  }
+  const std::filesystem::path dir = argv[1];
+  const auto items = Items();
+  Write(dir, "fuzz_manifest", 0, ckpt::EncodeManifest(items));
+  Write(dir, "fuzz_manifest", 1, ckpt::EncodeManifest({}));
+
+  ckpt::DurableManifest m;
+  m.job_id = "llm";
+  m.step = 100;
+  m.world_size = 1;
+  m.writer = "fuzz_seeds";
+  ckpt::DurableShard s;
+  s.rank = 0;
+  s.file = ckpt::RankFileName(0);
+  s.size_bytes = 72;
+  s.crc32c = 0xabcd;
+  s.items = items;
+  s.manifest_digest = ckpt::ManifestDigest(items);
+  m.shards = {s};
+  auto json = ckpt::EncodeDurableManifest(m);
+  if (!json.ok()) {
+    std::fprintf(stderr, "fuzz_seeds: %s\n", json.status().ToString().c_str());
+    return 1;
+  }
+  Write(dir, "fuzz_durable_manifest", 0, *json);
+
+  ckpt::agent::ShardRecord r;
+  r.id = {"llm", 100, 0};
+  r.size_bytes = 72;
+  r.crc32c = 0xabcd;
+  r.items = items;
+  r.manifest_digest = ckpt::ManifestDigest(items);
+  r.extents = {{4096, 4096}};
+  r.run_id = "run-1";
+  Write(dir, "fuzz_agent_record", 0, ckpt::agent::EncodeShardRecord(r));
+  ckpt::agent::ShardRecord seg = r;
+  seg.items.clear();
+  seg.segment = ckpt::agent::SegmentId{"llm", 100, 0, 1, 4};
+  Write(dir, "fuzz_agent_record", 1, ckpt::agent::EncodeShardRecord(seg));
+
+  ckpt::agent::PutBegin pb;
+  pb.xfer = 7;
+  pb.task_id = "t-1";
+  pb.job_id = "llm";
+  pb.step = 100;
+  pb.total_bytes = 72;
+  Write(dir, "fuzz_peer_wire", 0, std::string(1, '\0') + ckpt::agent::EncodePutBegin(pb));
+  Write(dir, "fuzz_peer_wire", 1, std::string(1, '\1') + ckpt::agent::EncodeChunk({7, 0, 0x55}));
+  ckpt::agent::Result res;
+  res.id = 7;
+  res.status = absl::DataLossError("crc mismatch");
+  Write(dir, "fuzz_peer_wire", 2, std::string(1, '\2') + ckpt::agent::EncodeResult(res));
+  ckpt::agent::ReadReq rr;
+  rr.id = 9;
+  rr.job_id = "llm";
+  rr.step = 100;
+  rr.length = 72;
+  Write(dir, "fuzz_peer_wire", 3, std::string(1, '\3') + ckpt::agent::EncodeReadReq(rr));
+
+  ckpt::transport::ucx_wire::Greeting g;
+  g.peer_id = 42;
+  g.nonce = 99;
+  g.worker_address = std::string(200, 'w');
+  auto greeting = ckpt::transport::ucx_wire::EncodeGreeting(g);
+  if (!greeting.ok()) return 1;
+  Write(dir, "fuzz_greeting", 0, std::string(1, '\x07') + *greeting);
+
+  Write(dir, "fuzz_config", 0,
+        "listen: 127.0.0.1:7400\nmemory: 4GiB\nlease_ms: 5s\nlog_json: true\ndata_rate: 0\n");
+  Write(dir, "fuzz_config", 1, "agent:\n  memory: 1GiB\n  peer_timeout_ms: 30000\n");
+  return 0;
+}

@@ -5,14 +5,13 @@ import os
 import pathlib
 import shutil
 import signal
-import subprocess
 import sys
 import time
 
 import ckpt
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "tests" / "support"))
-from localnet import free_ports, wait_tcp  # noqa: E402
+from localnet import free_ports, start_daemon, wait_tcp  # noqa: E402
 
 BUILD_DIR = pathlib.Path(os.environ.get("CKPT_BUILD_DIR", "build")).resolve()
 
@@ -50,9 +49,7 @@ class Daemons:
                 time.sleep(0.1)
 
     def _start(self, name, args):
-        log = open(self.root / f"{name}.log", "wb")
-        p = subprocess.Popen([str(BUILD_DIR / "bin" / name)] + args, stdout=log, stderr=subprocess.STDOUT)
-        log.close()
+        p = start_daemon(BUILD_DIR / "bin", self.root, name, args)
         self.procs.append(p)
         return p
 

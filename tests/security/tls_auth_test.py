@@ -30,7 +30,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 BUILD = pathlib.Path(os.environ.get("CKPT_BUILD_DIR", ROOT / "build")).resolve()
 sys.path.insert(0, str(ROOT / "tests" / "support"))
 sys.path.insert(0, str(BUILD / "python"))
-from localnet import free_ports, wait_tcp  # noqa: E402
+from localnet import free_ports, start_daemon, wait_tcp  # noqa: E402
 
 failures = []
 
@@ -80,9 +80,7 @@ class Cluster:
                 "--tls-key", str(self.ca / f"{who}.key")]
 
     def start(self, name, args):
-        log = open(self.work / f"{name}.log", "ab")
-        p = subprocess.Popen([str(BUILD / "bin" / name)] + args, stdout=log, stderr=subprocess.STDOUT)
-        log.close()
+        p = start_daemon(BUILD / "bin", self.work, name, args)
         self.procs.append(p)
         return p
 

@@ -3,6 +3,7 @@ and waiting for a daemon to listen. Shared by python/tests/conftest.py,
 bench/item_bench.py and tests/chaos/chaos_soak.py (each puts this directory on
 sys.path)."""
 import socket
+import subprocess
 import time
 
 
@@ -32,3 +33,9 @@ def wait_tcp(port, proc, timeout):
         except OSError:
             time.sleep(0.05)  # bounded poll for process start-up
     raise RuntimeError(f"port {port} not listening after {timeout} s")
+
+
+def start_daemon(bin_dir, log_dir, name, args):
+    """Starts bin_dir/name with args, stdout and stderr appended to log_dir/name.log."""
+    with open(log_dir / f"{name}.log", "ab") as log:
+        return subprocess.Popen([str(bin_dir / name)] + list(args), stdout=log, stderr=subprocess.STDOUT)

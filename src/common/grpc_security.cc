@@ -5,6 +5,7 @@
 
 #include <cstdlib>
 #include <fstream>
+#include <optional>
 #include <sstream>
 
 #include "absl/strings/ascii.h"
@@ -116,26 +117,55 @@ void AddToken(grpc::ClientContext* ctx, const std::string& token) {
   if (!token.empty()) ctx->AddMetadata("authorization", absl::StrCat(kBearer, token));
 }
 
-grpc::Status CheckAdminToken(const grpc::ServerContext& ctx, const std::string& admin_token,
-                             const char* rpc) {
-  if (admin_token.empty()) return grpc::Status::OK;
+namespace {
+
+// The bearer token of a call, if it sent one.
+std::optional<absl::string_view> SentToken(const grpc::ServerContextBase& ctx) {
   const auto& md = ctx.client_metadata();
   auto it = md.find("authorization");
-  if (it == md.end()) {
+  if (it == md.end()) return std::nullopt;
+  const absl::string_view value(it->second.data(), it->second.size());
+  return absl::StartsWith(value, kBearer) ? value.substr(kBearer.size()) : absl::string_view();
+}
+
+// Equal, without stopping at the first differing byte.
+bool SameToken(absl::string_view got, const std::string& want) {
+  unsigned diff = got.size() == want.size() ? 0u : 1u;
+  for (size_t i = 0; i < want.size(); ++i) {
+    diff |= static_cast<unsigned char>(i < got.size() ? got[i] : 0) ^ static_cast<unsigned char>(want[i]);
+  }
+  return diff == 0;
+}
+
+}  // namespace
+
+grpc::Status CheckAdminToken(const grpc::ServerContextBase& ctx, const std::string& admin_token,
+                             const char* rpc) {
+  if (admin_token.empty()) return grpc::Status::OK;
+  const std::optional<absl::string_view> got = SentToken(ctx);
+  if (!got) {
     return grpc::Status(grpc::StatusCode::UNAUTHENTICATED,
                         absl::StrCat(rpc, " is an admin call: send the admin token (ckptctl --token-file, "
                                           "or CKPT_TOKEN_FILE)"));
   }
-  const absl::string_view value(it->second.data(), it->second.size());
-  // Compare without stopping at the first differing byte.
-  absl::string_view got = absl::StartsWith(value, kBearer) ? value.substr(kBearer.size()) : absl::string_view();
-  unsigned diff = got.size() == admin_token.size() ? 0u : 1u;
-  for (size_t i = 0; i < admin_token.size(); ++i) {
-    diff |= static_cast<unsigned char>(i < got.size() ? got[i] : 0) ^ static_cast<unsigned char>(admin_token[i]);
-  }
-  if (diff != 0) {
+  if (!SameToken(*got, admin_token)) {
     return grpc::Status(grpc::StatusCode::PERMISSION_DENIED,
                         absl::StrCat(rpc, " is an admin call and the token sent is not the admin token"));
+  }
+  return grpc::Status::OK;
+}
+
+grpc::Status CheckAgentToken(const grpc::ServerContextBase& ctx, const std::string& agent_token,
+                             const std::string& admin_token, const char* rpc) {
+  if (agent_token.empty()) return grpc::Status::OK;
+  const std::optional<absl::string_view> got = SentToken(ctx);
+  if (!got) {
+    return grpc::Status(grpc::StatusCode::UNAUTHENTICATED,
+                        absl::StrCat(rpc, " is an agent call: send the agent token (ckpt-agent --token-file)"));
+  }
+  if (!SameToken(*got, agent_token) && (admin_token.empty() || !SameToken(*got, admin_token))) {
+    return grpc::Status(grpc::StatusCode::PERMISSION_DENIED,
+                        absl::StrCat(rpc, " is an agent call and the token sent is not the agent token"));
   }
   return grpc::Status::OK;
 }

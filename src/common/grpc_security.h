@@ -61,8 +61,13 @@ void AddToken(grpc::ClientContext* ctx, const std::string& token);
 // OK if `ctx` carries `admin_token` (or no admin token is configured);
 // UNAUTHENTICATED without a token, PERMISSION_DENIED with another one; the
 // message names the RPC.
-grpc::Status CheckAdminToken(const grpc::ServerContext& ctx, const std::string& admin_token,
+grpc::Status CheckAdminToken(const grpc::ServerContextBase& ctx, const std::string& admin_token,
                              const char* rpc);
+
+// For the RPCs only agents make (RegisterNode, Heartbeat, ...): OK if no
+// agent token is configured, or `ctx` carries it or the admin token.
+grpc::Status CheckAgentToken(const grpc::ServerContextBase& ctx, const std::string& agent_token,
+                             const std::string& admin_token, const char* rpc);
 
 // True if `listen` ("host:port") is a loopback address (127.0.0.0/8, ::1,
 // localhost) or a unix socket.

@@ -50,6 +50,9 @@ class Cluster:
         self.admin = work / "admin.token"
         self.admin.write_text("admin-" + os.urandom(8).hex() + "\n")
         self.admin.chmod(0o600)
+        self.agent_token = work / "agent.token"
+        self.agent_token.write_text("agent-" + os.urandom(8).hex() + "\n")
+        self.agent_token.chmod(0o600)
         self.other = work / "other.token"
         self.other.write_text("not-the-admin\n")
         self.other.chmod(0o600)
@@ -63,13 +66,19 @@ class Cluster:
         self.run_dir.mkdir()
         tls = self.server_tls()
         m = self.start("ckpt-meta", ["--listen", self.meta, "--metrics-listen", f"127.0.0.1:{mm}",
-                                     "--data-dir", str(work / "meta"), "--admin-token-file", str(self.admin)] + tls)
+                                     "--data-dir", str(work / "meta"), "--admin-token-file", str(self.admin),
+                                     "--agent-token-file", str(self.agent_token)] + tls)
         wait_tcp(mp, m, 30)
-        a = self.start("ckpt-agent", ["--node-id", "n0", "--meta", self.meta, "--listen", self.agent_addr,
-                                      "--data-listen", f"127.0.0.1:{dp}", "--metrics-listen", f"127.0.0.1:{am}",
-                                      "--run-dir", str(self.run_dir), "--memory", "64MiB",
-                                      "--memory-dir", str(self.shm)] + tls)
+        a = self.start_agent("n0", ap, dp, am, self.run_dir, ["--token-file", str(self.agent_token)])
         wait_tcp(ap, a, 60)
+
+    def start_agent(self, node, port, data_port, metrics_port, run_dir, extra):
+        return self.start("ckpt-agent", ["--node-id", node, "--meta", self.meta, "--listen", f"127.0.0.1:{port}",
+                                         "--data-listen", f"127.0.0.1:{data_port}",
+                                         "--metrics-listen", f"127.0.0.1:{metrics_port}",
+                                         "--run-dir", str(run_dir), "--memory", "16MiB",
+                                         "--memory-dir", f"{self.shm}-{node}" if node != "n0" else str(self.shm),
+                                         "--log-level", "info"] + self.server_tls() + extra)
 
     def server_tls(self):
         return ["--tls-ca", str(self.ca / "ca.pem"), "--tls-cert", str(self.ca / "server.pem"),
@@ -96,7 +105,8 @@ class Cluster:
             if p.poll() is None:
                 p.send_signal(signal.SIGKILL)
                 p.wait()
-        shutil.rmtree(self.shm, ignore_errors=True)
+        for d in pathlib.Path("/dev/shm").glob(self.shm.name + "*"):
+            shutil.rmtree(d, ignore_errors=True)
 
 
 def wait_alive(c, timeout=30):
@@ -165,6 +175,7 @@ def main():
         check(r.returncode == 0 and (out / "rank-00000.bin").exists(), "ckptctl restores from the agent over TLS",
               r.stderr)
         agent_probe(c)
+        agent_rpcs(c)
         admin_rpcs(c)
         bad_setups(work)
     finally:
@@ -192,6 +203,35 @@ def agent_probe(c):
         r = probe(tls)
         check(r.returncode == 1 and "UNAVAILABLE" in r.stderr,
               f"the agent's TCP endpoint refuses a caller with {label}", r.stderr)
+
+
+def agent_rpcs(c):
+    """With an agent token at meta, an agent (with a certificate of the CA) without it, or
+    with another, cannot register: it never joins, and says why in its log."""
+    cases = [("n7", [], "UNAUTHENTICATED"), ("n8", ["--token-file", str(c.other)], "PERMISSION_DENIED")]
+    procs = []
+    for node, extra, _ in cases:
+        port, data_port, metrics_port = free_ports(3)
+        run_dir = c.work / f"run-{node}"
+        run_dir.mkdir()
+        procs.append(c.start_agent(node, port, data_port, metrics_port, run_dir, extra))
+    deadline = time.monotonic() + 30
+    logs = ""
+    while time.monotonic() < deadline:
+        logs = (c.work / "ckpt-agent.log").read_text(errors="replace")
+        if all(f"{want}: RegisterNode is an agent call" in logs for _, _, want in cases):
+            break
+        time.sleep(0.2)
+    for (node, _, want), p in zip(cases, procs):
+        check(f"{want}: RegisterNode is an agent call" in logs and p.poll() is None,
+              f"an agent with {'no' if want == 'UNAUTHENTICATED' else 'another'} token is refused {want} "
+              f"and keeps running", logs[-600:])
+    nodes = c.ctl("--json", "nodes").stdout
+    check('"n7"' not in nodes and '"n8"' not in nodes and '"n0"' in nodes,
+          "agents refused at registration are not members", nodes)
+    for p in procs:
+        p.send_signal(signal.SIGKILL)
+        p.wait()
 
 
 def admin_rpcs(c):

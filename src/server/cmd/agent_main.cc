@@ -69,7 +69,7 @@ const std::set<std::string>& KnownKeys() {
       "node_id", "meta", "listen", "data_listen", "run_dir", "memory", "memory_dir", "durable_root",
       "failure_domain", "metrics_listen", "lease_ttl_ms", "rpc_timeout_ms", "log_level", "log_json", "log_file",
       "data_transport", "data_chunk", "data_rate", "data_in_flight", "peer_timeout_ms", "session_grace_ms",
-      "advertise_host", "tls_ca", "tls_cert", "tls_key",
+      "advertise_host", "tls_ca", "tls_cert", "tls_key", "token_file",
   };
   return *keys;
 }
@@ -90,6 +90,7 @@ struct Settings {
   TlsFiles tls;
   std::shared_ptr<grpc::ServerCredentials> server_credentials;   // --listen (TCP)
   std::shared_ptr<grpc::ChannelCredentials> meta_credentials;    // to ckpt-meta
+  std::string meta_token;  // sent with every call to ckpt-meta (--token-file)
 };
 
 absl::StatusOr<Settings> LoadSettings(const std::string& config_file, const std::map<std::string, std::string>& flags) {
@@ -175,6 +176,11 @@ absl::StatusOr<Settings> LoadSettings(const std::string& config_file, const std:
   absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> client = ChannelCredentials(out.tls);
   if (!client.ok()) return client.status();
   out.meta_credentials = *client;
+  if (const std::string f = config->GetStringOr("token_file", ""); !f.empty()) {
+    absl::StatusOr<std::string> token = ReadTokenFile(f);
+    if (!token.ok()) return absl::InvalidArgumentError(absl::StrCat("token_file: ", token.status().message()));
+    out.meta_token = *token;
+  }
   return out;
 }
 
@@ -218,7 +224,7 @@ int Serve(const Settings& settings, const sigset_t& signals) {
   }
 
   MetricsRegistry registry;
-  std::unique_ptr<agent::MetaLink> meta = rpc::NewGrpcMetaLink(settings.meta, settings.rpc_timeout, settings.meta_credentials);
+  std::unique_ptr<agent::MetaLink> meta = rpc::NewGrpcMetaLink(settings.meta, settings.rpc_timeout, settings.meta_credentials, settings.meta_token);
   agent::AgentOptions options = settings.agent;
   // Peers and tools dial what the agent advertises: never a wildcard.
   absl::StatusOr<std::string> grpc_address = daemon::AdvertisedAddress(settings.listen, settings.advertise_host);
@@ -377,6 +383,7 @@ int Main(int argc, char** argv) {
          kDefaultMetricsListen);
   option("--lease-ttl-ms", "Default life of an uncommitted staging lease.", "MS", "60000");
   option("--rpc-timeout-ms", "Deadline of each call to ckpt-meta.", "MS", "10000");
+  option("--token-file", "File holding the token sent to ckpt-meta (its --agent-token-file); mode 0600.", "FILE");
   option("--log-level", "trace, debug, info, warn, error or off.", "LEVEL", "info");
   option("--log-file", "Append logs to this file instead of stderr.", "FILE");
   app.add_option("--config", config_file, "YAML config file with any of these keys.")->type_name("FILE");

@@ -95,7 +95,7 @@ const std::set<std::string>& KnownKeys() {
       "listen",       "data_dir",  "metrics_listen", "lease_ms",
       "heartbeat_ms", "log_level", "log_json",       "log_file",
       "default_protection", "open_version_timeout_ms",
-      "tls_ca",       "tls_cert",  "tls_key",        "admin_token_file",
+      "tls_ca",       "tls_cert",  "tls_key",        "admin_token_file", "agent_token_file",
   };
   return *keys;
 }
@@ -115,6 +115,7 @@ struct Settings {
   TlsFiles tls;
   std::shared_ptr<grpc::ServerCredentials> credentials;  // from tls (plaintext if none)
   std::string admin_token;  // empty: admin RPCs open to every caller
+  std::string agent_token;  // empty: agent RPCs open to every caller
 };
 
 // Reads the layered configuration (file, CKPT_* environment, set flags) into
@@ -184,6 +185,11 @@ absl::StatusOr<Settings> LoadSettings(const std::string& config_file,
     absl::StatusOr<std::string> token = ReadTokenFile(f);
     if (!token.ok()) return absl::InvalidArgumentError(absl::StrCat("admin_token_file: ", token.status().message()));
     out.admin_token = *token;
+  }
+  if (const std::string f = config->GetStringOr("agent_token_file", ""); !f.empty()) {
+    absl::StatusOr<std::string> token = ReadTokenFile(f);
+    if (!token.ok()) return absl::InvalidArgumentError(absl::StrCat("agent_token_file: ", token.status().message()));
+    out.agent_token = *token;
   }
   return out;
 }
@@ -384,7 +390,7 @@ int Serve(const Settings& settings, const sigset_t& signals) {
         return false;
       });
 
-  rpc::MetaServiceImpl service(c, RealClock(), settings.admin_token);
+  rpc::MetaServiceImpl service(c, RealClock(), settings.admin_token, settings.agent_token);
   daemon::WarnIfOpen(kProgram, settings.listen, settings.tls, !settings.admin_token.empty());
   std::unique_ptr<grpc::Server> server;
   if (!metrics_server.ok()) {
@@ -457,7 +463,7 @@ int Main(int argc, char** argv) {
   app.get_formatter()->column_width(34);
 
   std::string listen, data_dir, metrics_listen, config_file, lease_ms, heartbeat_ms, log_level,
-      log_file, default_protection, open_version_timeout_ms, admin_token_file;
+      log_file, default_protection, open_version_timeout_ms, admin_token_file, agent_token_file;
   daemon::TlsFlags tls_flags;
   bool log_json = false;
   CLI::Option* listen_opt =
@@ -529,6 +535,12 @@ int Main(int argc, char** argv) {
                      "DeleteJob, DrainNode and RemoveNode need 'authorization: Bearer TOKEN' "
                      "(ckptctl --token-file); without it they are open to every caller.")
           ->type_name("FILE");
+  CLI::Option* agent_token_opt =
+      app.add_option("--agent-token-file", agent_token_file,
+                     "File holding the agents' token. With it, the RPCs only agents make "
+                     "(RegisterNode, Heartbeat, WatchTasks, ReportTaskResult, ReportInventory, "
+                     "ReportShards, BeginVersion) need it (ckpt-agent --token-file) or the admin token.")
+          ->type_name("FILE");
 
   try {
     app.parse(argc, argv);
@@ -554,6 +566,7 @@ int Main(int argc, char** argv) {
   set(log_json_opt, "--log-json", log_json ? "true" : "false");
   set(log_file_opt, "--log-file", log_file);
   set(admin_token_opt, "--admin-token-file", admin_token_file);
+  set(agent_token_opt, "--agent-token-file", agent_token_file);
   daemon::SetTlsFlags(tls_flags, &flags);
 
   absl::StatusOr<Settings> settings = LoadSettings(config_file, flags);

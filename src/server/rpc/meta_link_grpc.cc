@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "ckpt/v1/meta.grpc.pb.h"
+#include "common/grpc_security.h"
 #include "common/lock_check.h"
 #include "server/rpc/agent_convert.h"
 #include "server/rpc/status_convert.h"
@@ -118,8 +119,9 @@ std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address,
 class GrpcMetaLink : public agent::MetaLink {
  public:
   GrpcMetaLink(const std::string& address, absl::Duration timeout,
-               const std::shared_ptr<grpc::ChannelCredentials>& credentials)
-      : stub_(v1::MetaService::NewStub(MakeChannel(address, credentials))),
+               const std::shared_ptr<grpc::ChannelCredentials>& credentials, std::string token)
+      : token_(std::move(token)),
+        stub_(v1::MetaService::NewStub(MakeChannel(address, credentials))),
         timeout_(timeout) {}
 
   absl::StatusOr<agent::RegistrationReply> Register(const agent::NodeRegistration& n) override {
@@ -376,6 +378,7 @@ class GrpcMetaLink : public agent::MetaLink {
     req.set_node_id(node_id);
     req.set_incarnation(incarnation);
     grpc::ClientContext ctx;
+    AddToken(&ctx, token_);
     {
       absl::MutexLock lock(&mu_);
       if (cancelled_) return absl::CancelledError("agent stopping");
@@ -406,8 +409,10 @@ class GrpcMetaLink : public agent::MetaLink {
   void SetDeadline(grpc::ClientContext* ctx) const {
     AssertNoCheckedLock("an RPC to meta");
     ctx->set_deadline(std::chrono::system_clock::now() + absl::ToChronoMilliseconds(timeout_));
+    AddToken(ctx, token_);
   }
 
+  const std::string token_;
   std::unique_ptr<v1::MetaService::Stub> stub_;
   const absl::Duration timeout_;
   absl::Mutex mu_;
@@ -418,8 +423,9 @@ class GrpcMetaLink : public agent::MetaLink {
 }  // namespace
 
 std::unique_ptr<agent::MetaLink> NewGrpcMetaLink(const std::string& meta_address, absl::Duration rpc_timeout,
-                                                 std::shared_ptr<grpc::ChannelCredentials> credentials) {
-  return std::make_unique<GrpcMetaLink>(meta_address, rpc_timeout, credentials);
+                                                 std::shared_ptr<grpc::ChannelCredentials> credentials,
+                                                 std::string token) {
+  return std::make_unique<GrpcMetaLink>(meta_address, rpc_timeout, credentials, std::move(token));
 }
 
 }  // namespace ckpt::rpc

@@ -19,7 +19,9 @@ namespace ckpt::rpc {
 
 // Connects lazily to `meta_address` ("host:port"), over `credentials`
 // (plaintext when null).
+// `token` (if not empty) goes with every call as "authorization: Bearer".
 std::unique_ptr<agent::MetaLink> NewGrpcMetaLink(const std::string& meta_address, absl::Duration rpc_timeout,
-                                                 std::shared_ptr<grpc::ChannelCredentials> credentials = nullptr);
+                                                 std::shared_ptr<grpc::ChannelCredentials> credentials = nullptr,
+                                                 std::string token = "");
 
 }  // namespace ckpt::rpc

@@ -223,10 +223,12 @@ absl::Status MetaServiceImpl::WaitTimedOut(const std::string& job_id, uint64_t s
       v->shards.size(), " of ", v->world_size, " shards staged"));
 }
 
-MetaServiceImpl::MetaServiceImpl(meta::MetaCore* core, Clock* clock, std::string admin_token)
+MetaServiceImpl::MetaServiceImpl(meta::MetaCore* core, Clock* clock, std::string admin_token,
+                                 std::string agent_token)
     : core_(core),
       clock_(clock),
       admin_token_(std::move(admin_token)),
+      agent_token_(std::move(agent_token)),
       report_allocator_(std::make_unique<ArenaMessageAllocator<v1::ReportShardsRequest,
                                                                v1::ReportShardsResponse>>()),
       heartbeat_allocator_(
@@ -241,9 +243,10 @@ void MetaServiceImpl::Shutdown() { shutting_down_.store(true, std::memory_order_
 // ---------------------------------------------------------------------------
 // Nodes and leases
 
-grpc::Status MetaServiceImpl::RegisterNode(grpc::ServerContext*,
+grpc::Status MetaServiceImpl::RegisterNode(grpc::ServerContext* ctx,
                                            const v1::RegisterNodeRequest* req,
                                            v1::RegisterNodeResponse* resp) {
+  if (grpc::Status a = AgentCall(*ctx, "RegisterNode"); !a.ok()) return a;
   absl::StatusOr<meta::RegisterRequest> request = RegisterFromProto(*req);
   if (!request.ok()) return Fail("RegisterNode", request.status());
   absl::StatusOr<meta::RegisterResult> result = core_->RegisterNode(*request);
@@ -256,6 +259,10 @@ grpc::ServerUnaryReactor* MetaServiceImpl::Heartbeat(grpc::CallbackServerContext
                                                      const v1::HeartbeatRequest* req,
                                                      v1::HeartbeatResponse* resp) {
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  if (grpc::Status a = AgentCall(*ctx, "Heartbeat"); !a.ok()) {
+    reactor->Finish(a);
+    return reactor;
+  }
   uint64_t seq = 0;
   absl::StatusOr<meta::HeartbeatResult> result =
       core_->SubmitHeartbeat(HeartbeatFromProto(*req), &seq);
@@ -281,6 +288,7 @@ grpc::Status MetaServiceImpl::WatchTasks(grpc::ServerContext* ctx,
                                          const v1::WatchTasksRequest* req,
                                          grpc::ServerWriter<v1::WatchTasksResponse>* writer) {
   if (shutting_down()) return ShuttingDown("WatchTasks");
+  if (grpc::Status a = AgentCall(*ctx, "WatchTasks"); !a.ok()) return a;
   const std::string& node = req->node_id();
   const uint64_t incarnation = req->incarnation();
 
@@ -338,9 +346,10 @@ grpc::Status MetaServiceImpl::WatchTasks(grpc::ServerContext* ctx,
   }
 }
 
-grpc::Status MetaServiceImpl::ReportTaskResult(grpc::ServerContext*,
+grpc::Status MetaServiceImpl::ReportTaskResult(grpc::ServerContext* ctx,
                                                const v1::ReportTaskResultRequest* req,
                                                v1::ReportTaskResultResponse* resp) {
+  if (grpc::Status a = AgentCall(*ctx, "ReportTaskResult"); !a.ok()) return a;
   absl::StatusOr<absl::Status> outcome = StatusFromProto(req->status(), "status");
   if (!outcome.ok()) return Fail("ReportTaskResult", outcome.status());
   absl::StatusOr<meta::TaskDisposition> disposition = core_->ReportTaskResult(
@@ -350,9 +359,10 @@ grpc::Status MetaServiceImpl::ReportTaskResult(grpc::ServerContext*,
   return grpc::Status::OK;
 }
 
-grpc::Status MetaServiceImpl::ReportInventory(grpc::ServerContext*,
+grpc::Status MetaServiceImpl::ReportInventory(grpc::ServerContext* ctx,
                                               const v1::ReportInventoryRequest* req,
                                               v1::ReportInventoryResponse* resp) {
+  if (grpc::Status a = AgentCall(*ctx, "ReportInventory"); !a.ok()) return a;
   // The list must be complete (missing holdings become LOST), so one bad
   // entry rejects the whole report.
   std::vector<meta::Holding> holdings;
@@ -494,9 +504,10 @@ grpc::Status MetaServiceImpl::GetPlacement(grpc::ServerContext*,
 // ---------------------------------------------------------------------------
 // Versions
 
-grpc::Status MetaServiceImpl::BeginVersion(grpc::ServerContext*,
+grpc::Status MetaServiceImpl::BeginVersion(grpc::ServerContext* ctx,
                                            const v1::BeginVersionRequest* req,
                                            v1::BeginVersionResponse* resp) {
+  if (grpc::Status a = AgentCall(*ctx, "BeginVersion"); !a.ok()) return a;
   absl::StatusOr<std::pair<meta::Version, bool>> result =
       core_->BeginVersion(req->job_id(), req->step(), req->run_id());
   if (!result.ok()) return Fail("BeginVersion", result.status());
@@ -521,6 +532,7 @@ grpc::ServerUnaryReactor* MetaServiceImpl::ReportShards(grpc::CallbackServerCont
     reactor->Finish(status);
     return reactor;
   };
+  if (grpc::Status a = AgentCall(*ctx, "ReportShards"); !a.ok()) return finish(a);
   const int n = req->reports_size();
   std::vector<absl::Status> results(static_cast<size_t>(n));
   std::vector<meta::ShardReport> reports;

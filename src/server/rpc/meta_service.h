@@ -40,6 +40,7 @@
 #include "absl/time/time.h"
 #include "ckpt/v1/meta.grpc.pb.h"
 #include "common/clock.h"
+#include "common/grpc_security.h"
 #include "server/meta/meta_core.h"
 
 namespace ckpt::rpc {
@@ -52,8 +53,11 @@ class MetaServiceImpl final : public MetaServiceBase {
   // `core` and `clock` are not owned and must outlive this object. `clock`
   // paces WaitVersion's slices (use the core's clock).
   // A non-empty `admin_token` guards the admin RPCs (DeleteVersion,
-  // DeleteJob, DrainNode, RemoveNode): see common/grpc_security.h.
-  explicit MetaServiceImpl(meta::MetaCore* core, Clock* clock = RealClock(), std::string admin_token = "");
+  // DeleteJob, DrainNode, RemoveNode), a non-empty `agent_token` the RPCs
+  // only agents make (RegisterNode, Heartbeat, WatchTasks, ReportTaskResult,
+  // ReportInventory, ReportShards, BeginVersion): see common/grpc_security.h.
+  explicit MetaServiceImpl(meta::MetaCore* core, Clock* clock = RealClock(), std::string admin_token = "",
+                           std::string agent_token = "");
   ~MetaServiceImpl() override;
 
   MetaServiceImpl(const MetaServiceImpl&) = delete;
@@ -139,6 +143,10 @@ class MetaServiceImpl final : public MetaServiceBase {
   meta::MetaCore* const core_;
   Clock* const clock_;
   const std::string admin_token_;
+  const std::string agent_token_;
+  grpc::Status AgentCall(const grpc::ServerContextBase& ctx, const char* rpc) const {
+    return CheckAgentToken(ctx, agent_token_, admin_token_, rpc);
+  }
   // Put each hot call's request and response on one protobuf arena (one
   // allocation per call instead of one per string and repeated field).
   std::unique_ptr<grpc::MessageAllocator<v1::ReportShardsRequest, v1::ReportShardsResponse>>

@@ -49,6 +49,27 @@ void TlsFilesFromEnvironment(TlsFiles* files) {
   if (files->key_file.empty()) files->key_file = EnvOr("CKPT_TLS_KEY");
 }
 
+absl::Status CheckTlsFiles(const TlsFiles& files, bool server) {
+  if (!files.enabled()) return absl::OkStatus();
+  if (server && (files.ca_file.empty() || files.cert_file.empty() || files.key_file.empty())) {
+    return absl::InvalidArgumentError(
+        "TLS needs all of --tls-ca, --tls-cert and --tls-key on a server (mutual TLS: the CA "
+        "checks the callers' certificates)");
+  }
+  if (files.ca_file.empty()) {
+    return absl::InvalidArgumentError("TLS needs --tls-ca (the CA that signed the server's certificate)");
+  }
+  if (files.cert_file.empty() != files.key_file.empty()) {
+    return absl::InvalidArgumentError("--tls-cert and --tls-key go together");
+  }
+  CKPT_RETURN_IF_ERROR(ReadPem(files.ca_file, "CA", "--tls-ca").status());
+  if (!files.cert_file.empty()) {
+    CKPT_RETURN_IF_ERROR(ReadPem(files.cert_file, "certificate", "--tls-cert").status());
+    CKPT_RETURN_IF_ERROR(ReadPem(files.key_file, "key", "--tls-key").status());
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> ServerCredentials(const TlsFiles& files) {
   if (!files.enabled()) return grpc::InsecureServerCredentials();
   if (files.ca_file.empty() || files.cert_file.empty() || files.key_file.empty()) {

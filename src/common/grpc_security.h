@@ -37,6 +37,11 @@ struct TlsFiles {
 // Fills unset fields from CKPT_TLS_CA, CKPT_TLS_CERT, CKPT_TLS_KEY.
 void TlsFilesFromEnvironment(TlsFiles* files);
 
+// Checks the files as ServerCredentials (server) or ChannelCredentials would,
+// without touching gRPC (daemons check their flags before they block signals,
+// and gRPC starts threads when first used).
+absl::Status CheckTlsFiles(const TlsFiles& files, bool server);
+
 // Plaintext when !files.enabled(); otherwise TLS requiring and verifying
 // client certificates. InvalidArgument naming the file when one is missing,
 // unreadable or not PEM; a server needs all three.

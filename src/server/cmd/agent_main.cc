@@ -87,9 +87,7 @@ struct Settings {
   log::Level log_level = log::Level::kInfo;
   bool log_json = false;
   std::string log_file;
-  TlsFiles tls;
-  std::shared_ptr<grpc::ServerCredentials> server_credentials;   // --listen (TCP)
-  std::shared_ptr<grpc::ChannelCredentials> meta_credentials;    // to ckpt-meta
+  TlsFiles tls;  // checked; credentials are made once signals are blocked (gRPC starts threads)
   std::string meta_token;  // sent with every call to ckpt-meta (--token-file)
 };
 
@@ -170,12 +168,7 @@ absl::StatusOr<Settings> LoadSettings(const std::string& config_file, const std:
   out.log_json = *json;
   out.log_file = config->GetStringOr("log_file", "");
   out.tls = daemon::TlsSettings(*config);
-  absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> server = ServerCredentials(out.tls);
-  if (!server.ok()) return server.status();
-  out.server_credentials = *server;
-  absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> client = ChannelCredentials(out.tls);
-  if (!client.ok()) return client.status();
-  out.meta_credentials = *client;
+  if (absl::Status s = CheckTlsFiles(out.tls, /*server=*/true); !s.ok()) return s;
   if (const std::string f = config->GetStringOr("token_file", ""); !f.empty()) {
     absl::StatusOr<std::string> token = ReadTokenFile(f);
     if (!token.ok()) return absl::InvalidArgumentError(absl::StrCat("token_file: ", token.status().message()));
@@ -223,8 +216,16 @@ int Serve(const Settings& settings, const sigset_t& signals) {
     return kExitFailure;
   }
 
+  absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> server_credentials = ServerCredentials(settings.tls);
+  absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> meta_credentials = ChannelCredentials(settings.tls);
+  if (!server_credentials.ok() || !meta_credentials.ok()) {  // checked at start; changed since?
+    log::Error("{}: {}", kProgram,
+               (!server_credentials.ok() ? server_credentials.status() : meta_credentials.status()).ToString());
+    return kExitFailure;
+  }
   MetricsRegistry registry;
-  std::unique_ptr<agent::MetaLink> meta = rpc::NewGrpcMetaLink(settings.meta, settings.rpc_timeout, settings.meta_credentials, settings.meta_token);
+  std::unique_ptr<agent::MetaLink> meta =
+      rpc::NewGrpcMetaLink(settings.meta, settings.rpc_timeout, *meta_credentials, settings.meta_token);
   agent::AgentOptions options = settings.agent;
   // Peers and tools dial what the agent advertises: never a wildcard.
   absl::StatusOr<std::string> grpc_address = daemon::AdvertisedAddress(settings.listen, settings.advertise_host);
@@ -294,7 +295,7 @@ int Serve(const Settings& settings, const sigset_t& signals) {
     int port = 0;
     // TCP (peers' tools, ckptctl) with TLS when configured; the local socket
     // is guarded by its mode (0660, the agent's group).
-    builder.AddListeningPort(settings.listen, settings.server_credentials, &port);
+    builder.AddListeningPort(settings.listen, *server_credentials, &port);
     builder.AddListeningPort("unix:" + socket_path, grpc::InsecureServerCredentials());
     builder.SetMaxReceiveMessageSize(kMaxMessageBytes);
     builder.SetMaxSendMessageSize(kMaxMessageBytes);

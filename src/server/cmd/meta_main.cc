@@ -112,8 +112,7 @@ struct Settings {
   log::Level log_level = log::Level::kInfo;
   bool log_json = false;
   std::string log_file;
-  TlsFiles tls;
-  std::shared_ptr<grpc::ServerCredentials> credentials;  // from tls (plaintext if none)
+  TlsFiles tls;  // checked; the credentials are made once signals are blocked
   std::string admin_token;  // empty: admin RPCs open to every caller
   std::string agent_token;  // empty: agent RPCs open to every caller
 };
@@ -178,9 +177,7 @@ absl::StatusOr<Settings> LoadSettings(const std::string& config_file,
   out.log_json = *json;
   out.log_file = config->GetStringOr("log_file", "");
   out.tls = daemon::TlsSettings(*config);
-  absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> creds = ServerCredentials(out.tls);
-  if (!creds.ok()) return creds.status();
-  out.credentials = *creds;
+  CKPT_RETURN_IF_ERROR(CheckTlsFiles(out.tls, /*server=*/true));
   if (const std::string f = config->GetStringOr("admin_token_file", ""); !f.empty()) {
     absl::StatusOr<std::string> token = ReadTokenFile(f);
     if (!token.ok()) return absl::InvalidArgumentError(absl::StrCat("admin_token_file: ", token.status().message()));
@@ -391,16 +388,20 @@ int Serve(const Settings& settings, const sigset_t& signals) {
       });
 
   rpc::MetaServiceImpl service(c, RealClock(), settings.admin_token, settings.agent_token);
+  absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> credentials = ServerCredentials(settings.tls);
   daemon::WarnIfOpen(kProgram, settings.listen, settings.tls, !settings.admin_token.empty());
   std::unique_ptr<grpc::Server> server;
-  if (!metrics_server.ok()) {
+  if (!credentials.ok()) {  // (the files were checked at start; changed since?)
+    log::Error("{}: {}", kProgram, credentials.status().ToString());
+    stop.Request(kExitFailure, "TLS files unreadable");
+  } else if (!metrics_server.ok()) {
     log::Error("{}: cannot serve metrics on {}: {}", kProgram, settings.metrics_listen,
                metrics_server.status().ToString());
     stop.Request(kExitFailure, "metrics server failed to start");
   } else {
     grpc::ServerBuilder builder;
     int port = 0;
-    builder.AddListeningPort(settings.listen, settings.credentials, &port);
+    builder.AddListeningPort(settings.listen, *credentials, &port);
     builder.SetMaxReceiveMessageSize(kMaxReceiveMessageBytes);
     // gRPC sets SO_REUSEPORT by default, which would let a second ckpt-meta
     // bind the same port and silently share the traffic: refuse instead.

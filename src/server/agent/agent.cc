@@ -69,8 +69,11 @@ absl::Status Agent::Init() {
   so.memory_capacity_bytes = arena_->capacity_bytes();
   so.memory_dir = options_.memory_dir;
   session_ = std::make_unique<MetaSession>(meta_, clock_, &metrics_, so, static_cast<MetaSession::Delegate*>(this));
-  holdings_ = std::make_unique<HoldingTable>(arena_.get(), clock_, &metrics_,
-                                             [this](HoldingReport r) { session_->Report(std::move(r)); });
+  // A stored segment or parity may be what a deferred EC task waits for.
+  holdings_ = std::make_unique<HoldingTable>(arena_.get(), clock_, &metrics_, [this](HoldingReport r) {
+    session_->Report(std::move(r));
+    if (runner_) runner_->Poke();
+  });
   // Liveness comes from the client's session connection, never from pids
   // (a trainer in its own PID namespace has a pid that means nothing here).
   leases_ = std::make_unique<LeaseTable>(clock_, &metrics_, [this](const ClientRef& c) {
@@ -100,6 +103,11 @@ absl::Status Agent::Init() {
     if (t.kind == TaskKind::kEcEncode) parity_->DropVersion(t.job_id, t.step);
   };
   hooks.on_flush_error = [this](const absl::Status& s) { flusher_->RecordError(s); };
+  // A flush that failed for good leaves its unwritten shards to meta's retry
+  // (here or on another holder): they stop counting as this node's lag.
+  hooks.on_ended = [this](const AgentTask& t, const absl::Status&) {
+    if (t.kind == TaskKind::kFlush) flusher_->Unwant(t);
+  };
   runner_ = std::make_unique<TaskRunner>(
       clock_, session_.get(),
       TaskRunner::Options{options_.flush_retry_initial_ms, options_.flush_retry_max_ms, options_.flush_max_tries},
@@ -200,12 +208,14 @@ void Agent::Start() {
        [this] { session_->AwaitWork(absl::Milliseconds(50)); });
   loop("ckpt-agent-vfy", [this] { return VerifyOnce(); },
        [this] {
+         // The loop is the one consumer of verify_wake_: a wake that came
+         // while VerifyOnce ran is not lost.
          CheckedLock lock(&loop_mu_);
-         const uint64_t seen = verify_wake_;
-         auto woken = [this, seen]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(loop_mu_) {
-           return stopping_ || verify_wake_ != seen;
+         auto woken = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(loop_mu_) {
+           return stopping_ || verify_wake_ != verify_seen_;
          };
          clock_->AwaitWithTimeout(&loop_mu_, absl::Condition(&woken), absl::Milliseconds(200));
+         verify_seen_ = verify_wake_;
        });
   loop("ckpt-agent-task", [this] { return TasksOnce(); }, [this] { runner_->AwaitWork(absl::Milliseconds(100)); });
   threads_.emplace_back([this] {
@@ -569,7 +579,7 @@ bool Agent::VerifyOnce() {
   absl::Status s = CheckShardBytes(*pin->rec, *pin->bytes, nullptr, nullptr);
   if (s.ok()) {
     holdings_->MarkVerified(*pin);
-    runner_->Enqueue({});  // a task may be waiting for it
+    runner_->Poke();  // a task may be waiting for it
   } else {
     holdings_->Quarantine(*pin, std::string(s.message()));
   }

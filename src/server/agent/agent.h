@@ -306,6 +306,7 @@ class Agent : private MetaSession::Delegate {
   mutable absl::Mutex loop_mu_;
   bool stopping_ ABSL_GUARDED_BY(loop_mu_) = false;
   uint64_t verify_wake_ ABSL_GUARDED_BY(loop_mu_) = 0;
+  uint64_t verify_seen_ ABSL_GUARDED_BY(loop_mu_) = 0;  // verify_wake_ when the loop last woke
   std::vector<std::thread> threads_;
   absl::Mutex stop_mu_;  // serialises Stop()
 };

@@ -42,8 +42,61 @@ MetaSession::MetaSession(MetaLink* meta, Clock* clock, AgentMetrics* metrics, Op
 
 void MetaSession::PushLocked(Outbound o) {
   o.seq = next_seq_++;
+  if (!parked_.empty()) {
+    if (std::optional<VersionKey> v = VersionOf(o); v) {
+      if (auto p = parked_.find(*v); p != parked_.end()) {
+        p->second.items.push_back(std::move(o));  // after its Begin
+        return;
+      }
+    }
+  }
   outbox_.push_back(std::move(o));
   ++wake_;
+}
+
+std::optional<MetaSession::VersionKey> MetaSession::VersionOf(const Outbound& o) {
+  if (o.kind == Outbound::Kind::kBegin) return VersionKey{o.report.id.job_id, o.report.id.step};
+  if (o.kind == Outbound::Kind::kReport && o.report.kind == HoldingReport::Kind::kStaged && o.report.record) {
+    return VersionKey{o.report.record->id.job_id, o.report.record->id.step};
+  }
+  return std::nullopt;
+}
+
+void MetaSession::ParkHeadLocked(const absl::Status& why) {
+  Outbound& head = outbox_.front();
+  const VersionKey key{head.report.id.job_id, head.report.id.step};
+  head.park_backoff = head.park_backoff == absl::ZeroDuration() ? kFirstBackoff
+                                                                : std::min(head.park_backoff * 2, kMaxBackoff);
+  Parked& p = parked_[key];
+  p.due = clock_->MonotonicNow() + head.park_backoff;
+  std::erase_if(outbox_, [&](Outbound& o) {
+    std::optional<VersionKey> v = VersionOf(o);
+    if (!v || *v != key) return false;
+    p.items.push_back(std::move(o));
+    return true;
+  });
+  const absl::Duration wait = p.items.front().park_backoff;
+  if (wait == kFirstBackoff) {
+    log::Warn("meta cannot begin version {} step {} yet ({}); its {} report(s) wait here, other reports go on",
+              key.first, key.second, why.ToString(), p.items.size() - 1);
+  } else {
+    log::Debug("version {} step {} still cannot begin ({}); retry in {} ms", key.first, key.second,
+               why.ToString(), absl::ToInt64Milliseconds(wait));
+  }
+}
+
+void MetaSession::UnparkDueLocked() {
+  const absl::Time now = clock_->MonotonicNow();
+  for (auto it = parked_.begin(); it != parked_.end();) {
+    if (it->second.due > now) {
+      ++it;
+      continue;
+    }
+    std::vector<Outbound>& items = it->second.items;
+    outbox_.insert(outbox_.begin(), std::make_move_iterator(items.begin()), std::make_move_iterator(items.end()));
+    it = parked_.erase(it);
+    ++wake_;
+  }
 }
 
 void MetaSession::Begin(const std::string& job, uint64_t step, const std::string& run_id) {
@@ -86,6 +139,12 @@ void MetaSession::ForgetVersion(const std::string& job, uint64_t step) {
   std::vector<Done> cancelled;
   {
     CheckedLock lock(&mu_);
+    if (auto p = parked_.find(VersionKey{job, step}); p != parked_.end()) {
+      for (Outbound& o : p->second.items) {
+        if (o.on_done) cancelled.push_back(std::move(o.on_done));
+      }
+      parked_.erase(p);
+    }
     std::erase_if(outbox_, [&](Outbound& o) {
       const bool match = o.kind == Outbound::Kind::kReport && o.report.kind == HoldingReport::Kind::kStaged &&
                          o.report.record != nullptr && o.report.record->id.job_id == job &&
@@ -206,6 +265,7 @@ void MetaSession::SendOutbox() {
     uint64_t inc;
     {
       CheckedLock lock(&mu_);
+      if (!parked_.empty()) UnparkDueLocked();
       if (outbox_.empty() || !registered_ || stopping_ || clock_->MonotonicNow() < next_send_) return;
       inc = incarnation_;
       if (outbox_.front().kind != Outbound::Kind::kReport) {
@@ -226,8 +286,11 @@ void MetaSession::SendOutbox() {
       {
         CheckedLock lock(&mu_);
         if (!ws.ok() && !IsPermanentRefusal(ws.status())) {
-          BackOffLocked(ws.status());
-          return;  // keep it queued, and everything after it
+          // Keep the version's shards (they are committed) and try again
+          // later; the rest of the outbox goes on (if meta is away, its next
+          // call fails too and backs off).
+          if (!outbox_.empty() && outbox_.front().seq == head->seq) ParkHeadLocked(ws.status());
+          continue;
         }
         backoff_ = absl::ZeroDuration();
         meta_reachable_ = true;
@@ -376,7 +439,7 @@ void MetaSession::ControlOnce() {
   {
     CheckedLock lock(&mu_);
     inventory_due = inventory_due_;
-    have_outbox = !outbox_.empty();
+    have_outbox = !outbox_.empty() || !parked_.empty();
   }
   // Reports before the inventory: meta must know a shard before it judges
   // the holding.
@@ -438,6 +501,11 @@ void MetaSession::Stop() {
     for (Outbound& o : outbox_) {
       if (o.on_done) cancelled.push_back(std::move(o.on_done));
     }
+    for (auto& [key, p] : parked_) {
+      for (Outbound& o : p.items) {
+        if (o.on_done) cancelled.push_back(std::move(o.on_done));
+      }
+    }
   }
   meta_->CancelWatch();
   for (Done& d : cancelled) d(absl::CancelledError("agent is shutting down"));
@@ -445,9 +513,9 @@ void MetaSession::Stop() {
 
 void MetaSession::AwaitWork(absl::Duration timeout) {
   CheckedLock lock(&mu_);
-  const uint64_t seen = wake_;
-  auto woken = [this, seen]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stopping_ || wake_ != seen; };
+  auto woken = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stopping_ || wake_ != wake_seen_; };
   clock_->AwaitWithTimeout(&mu_, absl::Condition(&woken), timeout);
+  wake_seen_ = wake_;
 }
 
 MetaSession::Snapshot MetaSession::Status() const {
@@ -461,6 +529,7 @@ MetaSession::Snapshot MetaSession::Status() const {
       registered_ ? absl::ToInt64Milliseconds(lease_valid_until_ - clock_->MonotonicNow()) : 0;
   s.node_state = node_state_;
   s.outbox = outbox_.size();
+  for (const auto& [key, p] : parked_) s.outbox += p.items.size();
   return s;
 }
 

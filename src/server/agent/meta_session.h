@@ -21,9 +21,11 @@
 #include <cstdint>
 #include <deque>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -119,7 +121,23 @@ class MetaSession {
     absl::Status result;
     uint64_t bytes = 0;
     int64_t duration_ms = 0;
+    absl::Duration park_backoff = absl::ZeroDuration();  // kBegin: the last wait while parked
   };
+  using VersionKey = std::pair<std::string, uint64_t>;
+  // A Begin that meta could not take yet (too few nodes alive, meta away)
+  // with the STAGED reports of its version: they wait here, off the outbox,
+  // so that they do not hold up the reports of other versions.
+  struct Parked {
+    std::vector<Outbound> items;  // the Begin first, in queue order
+    absl::Time due;
+  };
+  // The version a Begin or STAGED report is about (nullopt for the rest).
+  static std::optional<VersionKey> VersionOf(const Outbound& o);
+  // Moves the version at the outbox's head (a Begin that failed with `why`)
+  // and its STAGED reports to parked_, to try again after a backoff.
+  void ParkHeadLocked(const absl::Status& why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Puts parked versions that are due back at the head of the outbox.
+  void UnparkDueLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   void Register();
   void SendOutbox();
@@ -141,8 +159,10 @@ class MetaSession {
   mutable absl::Mutex mu_;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   uint64_t wake_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t wake_seen_ ABSL_GUARDED_BY(mu_) = 0;  // wake_ when AwaitWork last returned
   uint64_t next_seq_ ABSL_GUARDED_BY(mu_) = 1;
   std::deque<Outbound> outbox_ ABSL_GUARDED_BY(mu_);
+  std::map<VersionKey, Parked> parked_ ABSL_GUARDED_BY(mu_);
   absl::Time next_send_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   absl::Duration backoff_ ABSL_GUARDED_BY(mu_) = absl::ZeroDuration();
   bool registered_ ABSL_GUARDED_BY(mu_) = false;

@@ -89,6 +89,7 @@ bool TaskRunner::RunOnce() {
   qt.task.attempt = std::max(qt.task.attempt, it->second.task.attempt);
   if (s.ok() && !finished) {
     qt.not_before = clock_->MonotonicNow() + absl::Milliseconds(20);
+    qt.deferred = true;
     it->second = qt;
     return false;
   }
@@ -101,6 +102,7 @@ bool TaskRunner::RunOnce() {
     log::Warn("task {} ({} {} step {}) failed, retry {} in {} ms: {}", qt.task.id, qt.task.kind_name,
               qt.task.job_id, qt.task.step, qt.tries, backoff, s.ToString());
     qt.not_before = clock_->MonotonicNow() + absl::Milliseconds(backoff);
+    qt.deferred = false;  // a backoff is not cut short by Poke
     it->second = qt;
     return true;
   }
@@ -112,6 +114,7 @@ bool TaskRunner::RunOnce() {
   finished_[qt.task.id] = qt.task.attempt;
   if (finished_.size() > kFinishedMemory) finished_.erase(finished_.begin());
   ++wake_;
+  if (hooks_.on_ended) hooks_.on_ended(qt.task, s);
   // The result follows the reports the task produced (both leave in order
   // from the session's outbox).
   session_->Result(qt.task.id, qt.task.attempt, s, qt.bytes_done,
@@ -126,11 +129,24 @@ std::vector<RunningTask> TaskRunner::Running() const {
   return out;
 }
 
+void TaskRunner::Poke() {
+  CheckedLock lock(&mu_);
+  const absl::Time now = clock_->MonotonicNow();
+  for (auto& [id, t] : tasks_) {
+    if (t.deferred && t.not_before > now) t.not_before = now;
+  }
+  ++wake_;
+}
+
 void TaskRunner::AwaitWork(absl::Duration timeout) {
   CheckedLock lock(&mu_);
-  const uint64_t seen = wake_;
-  auto woken = [this, seen]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stopping_ || wake_ != seen; };
-  clock_->AwaitWithTimeout(&mu_, absl::Condition(&woken), timeout);
+  const absl::Time now = clock_->MonotonicNow();
+  for (const auto& [id, t] : tasks_) {
+    if (running_.count(id) == 0) timeout = std::min(timeout, std::max(t.not_before - now, absl::ZeroDuration()));
+  }
+  auto woken = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stopping_ || wake_ != wake_seen_; };
+  if (timeout > absl::ZeroDuration()) clock_->AwaitWithTimeout(&mu_, absl::Condition(&woken), timeout);
+  wake_seen_ = wake_;
 }
 
 void TaskRunner::Stop() {

@@ -39,6 +39,7 @@ struct QueuedTask {
   absl::Time started;
   bool sends_done = false;                       // ec_encode: data segments delivered
   absl::Time deadline = absl::InfiniteFuture();  // ec_encode: give up waiting for parity
+  bool deferred = false;  // its last step asked to be called again (not a backoff)
 };
 
 class TaskRunner {
@@ -50,6 +51,10 @@ class TaskRunner {
     // let go of parity being built for it).
     std::function<void(const AgentTask&)> on_queued;
     std::function<void(const AgentTask&)> on_cancelled;
+    // A task left the queue, finished or failed for good (its result goes to
+    // meta, which may retry it here or elsewhere). Runs under the runner's
+    // lock: it must be quick and must not call back into the runner.
+    std::function<void(const AgentTask&, const absl::Status&)> on_ended;
     // A flush step failed (counted in the flush error metrics).
     std::function<void(const absl::Status&)> on_flush_error;
   };
@@ -71,7 +76,13 @@ class TaskRunner {
   // that finished or failed (more may be runnable at once).
   bool RunOnce();
   std::vector<RunningTask> Running() const;
-  // Waits until a task may be runnable or `timeout` passes (or Stop).
+  // Something a deferred task may wait for happened (the verifier checked a
+  // shard, a segment or parity was stored): deferred tasks run again at once.
+  void Poke();
+  // Waits until a task may be runnable (woken since the last wait, or the
+  // earliest deferred task is due) or `timeout` passes (or Stop). A wake
+  // between RunOnce and AwaitWork is never lost: the loop that calls both is
+  // the one consumer of the wake count.
   void AwaitWork(absl::Duration timeout);
   void Stop();
 
@@ -84,6 +95,7 @@ class TaskRunner {
   mutable absl::Mutex mu_;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   uint64_t wake_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t wake_seen_ ABSL_GUARDED_BY(mu_) = 0;  // wake_ when AwaitWork last returned
   std::map<std::string, QueuedTask> tasks_ ABSL_GUARDED_BY(mu_);
   std::set<std::string> running_ ABSL_GUARDED_BY(mu_);
   // Tasks this node finished or that meta cancelled, with the attempt that

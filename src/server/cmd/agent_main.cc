@@ -38,6 +38,7 @@
 #include "common/config.h"
 #include "common/file_system.h"
 #include "common/log.h"
+#include "common/status_macros.h"
 #include "common/metrics.h"
 #include "common/names.h"
 #include "common/sd_notify.h"
@@ -169,11 +170,7 @@ absl::StatusOr<Settings> LoadSettings(const std::string& config_file, const std:
   out.log_file = config->GetStringOr("log_file", "");
   out.tls = daemon::TlsSettings(*config);
   if (absl::Status s = CheckTlsFiles(out.tls, /*server=*/true); !s.ok()) return s;
-  if (const std::string f = config->GetStringOr("token_file", ""); !f.empty()) {
-    absl::StatusOr<std::string> token = ReadTokenFile(f);
-    if (!token.ok()) return absl::InvalidArgumentError(absl::StrCat("token_file: ", token.status().message()));
-    out.meta_token = *token;
-  }
+  CKPT_ASSIGN_OR_RETURN(out.meta_token, daemon::TokenSetting(*config, "token_file"));
   return out;
 }
 

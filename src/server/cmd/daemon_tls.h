@@ -50,6 +50,15 @@ inline TlsFiles TlsSettings(const Config& config) {
   return t;
 }
 
+// The token in the file config key `key` names ("" if the key is unset).
+inline absl::StatusOr<std::string> TokenSetting(const Config& config, const std::string& key) {
+  const std::string file = config.GetStringOr(key, "");
+  if (file.empty()) return std::string();
+  absl::StatusOr<std::string> token = ReadTokenFile(file);
+  if (!token.ok()) return absl::InvalidArgumentError(absl::StrCat(key, ": ", token.status().message()));
+  return token;
+}
+
 // A daemon reachable beyond loopback without TLS (or without an admin token)
 // lets anyone who reaches the port read and delete checkpoints: say so.
 inline void WarnIfOpen(const char* program, const std::string& listen, const TlsFiles& tls, bool admin_token) {

@@ -178,16 +178,8 @@ absl::StatusOr<Settings> LoadSettings(const std::string& config_file,
   out.log_file = config->GetStringOr("log_file", "");
   out.tls = daemon::TlsSettings(*config);
   CKPT_RETURN_IF_ERROR(CheckTlsFiles(out.tls, /*server=*/true));
-  if (const std::string f = config->GetStringOr("admin_token_file", ""); !f.empty()) {
-    absl::StatusOr<std::string> token = ReadTokenFile(f);
-    if (!token.ok()) return absl::InvalidArgumentError(absl::StrCat("admin_token_file: ", token.status().message()));
-    out.admin_token = *token;
-  }
-  if (const std::string f = config->GetStringOr("agent_token_file", ""); !f.empty()) {
-    absl::StatusOr<std::string> token = ReadTokenFile(f);
-    if (!token.ok()) return absl::InvalidArgumentError(absl::StrCat("agent_token_file: ", token.status().message()));
-    out.agent_token = *token;
-  }
+  CKPT_ASSIGN_OR_RETURN(out.admin_token, daemon::TokenSetting(*config, "admin_token_file"));
+  CKPT_ASSIGN_OR_RETURN(out.agent_token, daemon::TokenSetting(*config, "agent_token_file"));
   return out;
 }
 

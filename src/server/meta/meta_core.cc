@@ -1168,7 +1168,17 @@ absl::StatusOr<std::pair<Version, bool>> MetaCore::BeginVersion(const std::strin
           "); steps must increase: delete the newer versions to rewind (ckptctl delete ", job_id,
           " ", newer->step, ")"));
     }
-    CKPT_ASSIGN_OR_RETURN(VersionPlan plan, e.CurrentPlan(*job));
+    absl::StatusOr<VersionPlan> planned = e.CurrentPlan(*job);
+    if (absl::IsFailedPrecondition(planned.status())) {
+      // Too few nodes alive for the policy: a node that is restarting or
+      // was stopped for a moment comes back. Retryable, so the agent keeps
+      // the committed shards and begins again (they would be dropped for good
+      // on a refusal).
+      return absl::UnavailableError(absl::StrCat("cannot begin ", job_id, "/", step, " now: ",
+                                                 planned.status().message(), "; retry when nodes return"));
+    }
+    CKPT_RETURN_IF_ERROR(planned.status());
+    VersionPlan plan = *std::move(planned);
     if (superseded) {
       Version& v = it->second;
       e.CancelVersionTasks(v);

@@ -300,6 +300,10 @@ TEST_F(AgentTest, FlushGivesUpAfterMaxTriesAndReportsTheError) {
   agent_->ControlOnce();
   ASSERT_EQ(meta_.results.size(), 1u);
   EXPECT_EQ(meta_.results[0].second.code(), absl::StatusCode::kUnavailable);
+  // The task left this node: its shard is meta's to retry (here or on another
+  // holder) and no longer this node's flush lag (it stayed stuck before).
+  EXPECT_EQ(agent_->Status().flush_pending_shards, 0u);
+  EXPECT_EQ(agent_->Status().flush_lag_bytes, 0u);
   // Meta retries the failed task under the same id with the next attempt
   // number: it runs again (the disk is fine now) and succeeds. A replay of
   // an attempt that already ended is ignored.
@@ -394,6 +398,27 @@ TEST_F(AgentTest, TransientMetaErrorsNeverDropCommittedShards) {
   EXPECT_EQ(agent_->Inventory("job", 50).size(), 2u);
   EXPECT_EQ(meta_.staged.size(), 2u);
   EXPECT_TRUE(meta_.begin_errors.empty());
+}
+
+// Meta cannot begin a version while too few nodes are alive for its policy
+// (UNAVAILABLE). That version's shards wait on this node, and the reports of
+// other versions go on meanwhile (they queued behind its Begin before).
+TEST_F(AgentTest, AVersionMetaCannotBeginYetWaitsWithoutHoldingUpOthers) {
+  Save(60, 0);
+  Save(61, 0);
+  meta_.begin_errors = {absl::UnavailableError("ec{2, 2} needs at least 4 alive nodes; 3 present")};
+  agent_->ControlOnce();
+  EXPECT_EQ(meta_.staged.count(ShardId{"job", 61, 0}), 1u);
+  EXPECT_EQ(meta_.staged.count(ShardId{"job", 60, 0}), 0u);
+  EXPECT_EQ(agent_->Inventory("job", 60).size(), 1u);  // kept
+  Save(60, 1);  // another rank of the waiting version waits with it
+  agent_->ControlOnce();
+  EXPECT_EQ(meta_.staged.count(ShardId{"job", 60, 1}), 0u);
+  clock_.Advance(absl::Milliseconds(200));  // the first retry
+  agent_->ControlOnce();
+  EXPECT_EQ(meta_.staged.count(ShardId{"job", 60, 0}), 1u);
+  EXPECT_EQ(meta_.staged.count(ShardId{"job", 60, 1}), 1u);
+  EXPECT_EQ(meta_.begins, 2);
 }
 
 TEST_F(AgentTest, NodeLocalEvictFollowsRetentionRules) {

@@ -358,6 +358,30 @@ TEST_F(MetaCoreTest, StepsMustIncreaseAndBeginIsIdempotent) {
   EXPECT_EQ(core_->BeginVersion("nojob", 5, "").status().code(), absl::StatusCode::kNotFound);
 }
 
+// Too few nodes alive for the policy is a moment (a node restarting, or
+// stopped past its lease), not a refusal: an agent told UNAVAILABLE keeps the
+// committed shards and begins again; a FAILED_PRECONDITION would make it drop
+// them for good (chaos soak, seed 1: ec/3 stayed OPEN with 2 of 8 shards).
+TEST_F(MetaCoreTest, ABeginWithTooFewNodesAliveIsRetryableAndSucceedsWhenTheyReturn) {
+  Register("n1");
+  Register("n2");
+  CreateJob("gpt", 2, ProtectionPolicy::Replicate(2, ProtectionPolicy::Placement::kRing));
+  Kill("n2");
+  auto few = core_->BeginVersion("gpt", 1, "");
+  EXPECT_EQ(few.status().code(), absl::StatusCode::kUnavailable) << few.status();
+  EXPECT_NE(few.status().message().find("needs at least 2 alive nodes; 1 present"), std::string::npos)
+      << few.status();
+  dead_.erase("n2");
+  Register("n2");  // back (a new incarnation)
+  auto begun = core_->BeginVersion("gpt", 1, "");
+  ASSERT_TRUE(begun.ok()) << begun.status();
+  EXPECT_TRUE(begun->second);
+  ASSERT_TRUE(Stage("n1", "gpt", 1, 0).ok());
+  ASSERT_TRUE(Stage("n2", "gpt", 1, 1).ok());
+  RunAgents();
+  EXPECT_EQ(StateOf("gpt", 1), VersionState::kProtected);
+}
+
 TEST_F(MetaCoreTest, NoProtectionStagedThenProtectedAndReportsAreIdempotent) {
   Register("n1");
   CreateJob("gpt", 2, ProtectionPolicy::None());

@@ -19,7 +19,7 @@ BUILD_DIR = pathlib.Path(os.environ.get("CKPT_BUILD_DIR", "build")).resolve()
 class Daemons:
     """ckpt-meta and one ckpt-agent on free 127.0.0.1 ports; stop() kills them by PID."""
 
-    def __init__(self, root, memory, name="bench"):
+    def __init__(self, root, memory, name="bench", agent_args=()):
         self.root = root
         self.procs = []
         meta_port, meta_metrics, port, data_port, metrics_port = free_ports(5)
@@ -35,7 +35,7 @@ class Daemons:
             "--node-id", "node-1", "--meta", self.meta, "--listen", f"127.0.0.1:{port}",
             "--data-listen", f"127.0.0.1:{data_port}", "--metrics-listen", f"127.0.0.1:{metrics_port}",
             "--run-dir", str(root / "run"), "--memory", memory, "--memory-dir", str(self.shm),
-            "--log-level", "warn"])
+            "--log-level", "warn", *agent_args])
         wait_tcp(port, agent, 60)
         deadline = time.monotonic() + 30
         while True:  # registered with meta once a save goes through

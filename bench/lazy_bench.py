@@ -26,7 +26,8 @@ the lazy runs, the newest lazy version is loaded back and compared with the
 values the state had when it was saved (the pre-step values).
 
   PYTHONPATH=build/python CKPT_BUILD_DIR=build /usr/bin/python3 bench/lazy_bench.py \\
-      [--state-bytes 1GiB] [--tensors 64] [--iteration-x 5] [--iterations 8] [--compute-threads 1]
+      [--state-bytes 1GiB] [--tensors 64] [--iteration-x 5] [--iterations 8] [--compute-threads 1] \\
+      [--agent-arg=--peer-timeout-ms=60000 ...]
 
 --compute-threads 1 (the default) leaves the second core of this 2-core machine
 to the copy, as a GPU trainer's host CPU is mostly idle during a step; with 2,
@@ -111,6 +112,8 @@ def main():
     ap.add_argument("--iteration-x", type=float, default=5.0)
     ap.add_argument("--iterations", type=int, default=8)
     ap.add_argument("--compute-threads", type=int, default=1)
+    ap.add_argument("--agent-arg", action="append", default=[],
+                    help="an extra ckpt-agent flag, e.g. --agent-arg=--log-level=info (repeatable)")
     a = ap.parse_args()
     total = parse_bytes(a.state_bytes)
     n = max(1, a.tensors)
@@ -125,7 +128,7 @@ def main():
     root = pathlib.Path(tempfile.mkdtemp(prefix="ckpt-lazy-bench-"))
     d = None
     try:
-        d = Daemons(root, f"{(3 * size + 256 * MiB) >> 20}MiB", "lazy-bench")
+        d = Daemons(root, f"{(3 * size + 256 * MiB) >> 20}MiB", "lazy-bench", agent_args=a.agent_arg)
         c = d.client("lazy-bench", keep_in_memory=1)
         # The copy time: an eager save's blocking time (copy + crc into the
         # agent's pool and the commit), median of three after a first one.

@@ -194,9 +194,12 @@ void MetaSession::Register() {
   const absl::Time now = clock_->MonotonicNow();
   if (!r.ok()) {
     metrics_->meta_errors->Increment();
-    if (meta_reachable_ || next_register_ == absl::InfinitePast()) {
+    // Said once per kind of failure: a refusal (UNAUTHENTICATED, a bad
+    // certificate) that follows a timeout must still reach the log.
+    if (meta_reachable_ || next_register_ == absl::InfinitePast() || r.status().code() != last_register_error_) {
       log::Warn("cannot register with meta: {}", r.status().ToString());
     }
+    last_register_error_ = r.status().code();
     meta_reachable_ = false;
     next_register_ = now + absl::Seconds(1);
     return;

@@ -182,6 +182,7 @@ class MetaSession {
   int64_t lease_ms_ ABSL_GUARDED_BY(mu_) = 5000;
   absl::Time next_heartbeat_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   absl::Time next_register_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+  absl::StatusCode last_register_error_ ABSL_GUARDED_BY(mu_) = absl::StatusCode::kOk;  // the last one logged
   absl::Time lease_valid_until_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   int64_t last_heartbeat_unix_ms_ ABSL_GUARDED_BY(mu_) = 0;
 };

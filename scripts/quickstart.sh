@@ -128,27 +128,43 @@ wait_json() {  # timeout_s description cond args...
   done
 }
 
-meta_port="$(free_port)"
-meta="127.0.0.1:${meta_port}"
-echo "== ckpt-meta on ${meta} (state in ${work})"
-"${build}/bin/ckpt-meta" --listen "${meta}" --metrics-listen "127.0.0.1:$(free_port)" \
-  --data-dir "${work}/meta" >"${work}/meta.log" 2>&1 &
-pids+=($!)
-wait_port "${meta_port}" "${pids[-1]}"
+# A port picked free can be taken by another program before the daemon binds it
+# (tests running side by side): a daemon that dies before it listens is started
+# again on other ports, up to 3 times.
+start_meta() {
+  local try
+  for try in 1 2 3; do
+    meta_port="$(free_port)"
+    meta="127.0.0.1:${meta_port}"
+    echo "== ckpt-meta on ${meta} (state in ${work})"
+    "${build}/bin/ckpt-meta" --listen "${meta}" --metrics-listen "127.0.0.1:$(free_port)" \
+      --data-dir "${work}/meta" >>"${work}/meta.log" 2>&1 &
+    pids+=($!)
+    if wait_port "${meta_port}" "${pids[-1]}"; then return 0; fi
+    kill -0 "${pids[-1]}" 2>/dev/null && return 1  # alive but not listening: a real failure
+    echo "   ckpt-meta exited before listening (try ${try}); starting it on other ports" >&2
+  done
+  return 1
+}
+start_meta
 
 declare -a agent_pid socket
 for n in $(seq 0 $((world - 1))); do
   node="node-${n}"
-  port="$(free_port)"
   mkdir -p "${work}/${node}/run" "${shm}/${node}"
-  "${build}/bin/ckpt-agent" --node-id "${node}" --meta "${meta}" --listen "127.0.0.1:${port}" \
-    --data-listen "127.0.0.1:$(free_port)" --metrics-listen "127.0.0.1:$(free_port)" \
-    --run-dir "${work}/${node}/run" --memory 64MiB --memory-dir "${shm}/${node}" \
-    --durable-root "${work}/durable" >"${work}/${node}.log" 2>&1 &
-  agent_pid[n]=$!
-  pids+=($!)
   socket[n]="${work}/${node}/run/agent.sock"
-  wait_port "${port}" "${agent_pid[n]}"
+  for try in 1 2 3; do
+    port="$(free_port)"
+    "${build}/bin/ckpt-agent" --node-id "${node}" --meta "${meta}" --listen "127.0.0.1:${port}" \
+      --data-listen "127.0.0.1:$(free_port)" --metrics-listen "127.0.0.1:$(free_port)" \
+      --run-dir "${work}/${node}/run" --memory 64MiB --memory-dir "${shm}/${node}" \
+      --durable-root "${work}/durable" >>"${work}/${node}.log" 2>&1 &
+    agent_pid[n]=$!
+    pids+=($!)
+    if wait_port "${port}" "${agent_pid[n]}"; then break; fi
+    if kill -0 "${agent_pid[n]}" 2>/dev/null || [ "${try}" -eq 3 ]; then exit 1; fi
+    echo "   ckpt-agent ${node} exited before listening (try ${try}); starting it on other ports" >&2
+  done
 done
 wait_json 30 "4 alive nodes" "sum(1 for n in d['nodes'] if n['state'].lower()=='alive')==${world}" nodes
 for n in $(seq 0 $((world - 1))); do

@@ -198,6 +198,11 @@ int FaultTransport::sends() const {
   absl::MutexLock lock(&state_->mu);
   return state_->total;
 }
+int FaultTransport::sends(uint16_t type) const {
+  absl::MutexLock lock(&state_->mu);
+  auto it = state_->per_type.find(type);
+  return it == state_->per_type.end() ? 0 : it->second;
+}
 int FaultTransport::stalled() const {
   absl::MutexLock lock(&state_->mu);
   return static_cast<int>(state_->held.size());

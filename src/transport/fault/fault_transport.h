@@ -57,8 +57,11 @@ class FaultTransport : public Transport {
   void ReleaseReceives();
   int stalled_receives() const;
 
-  // Sends seen so far (all types), and sends currently stalled.
+  // Sends seen so far (all types, or of one type), and sends currently stalled.
+  // Count by type where other traffic may still be going out (a read served
+  // on another thread), so a rule fires on the message the test means.
   int sends() const;
+  int sends(uint16_t type) const;
   int stalled() const;
 
   absl::Status Start(const std::string& listen_address, Handler* handler) override;

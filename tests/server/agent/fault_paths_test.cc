@@ -279,7 +279,7 @@ TEST_F(FaultPathsTest, ASenderThatGivesUpTellsTheReceiverToLetGo) {
   a.agent->Start();
   b.agent->Start();
   const uint64_t b_free = Free(b);
-  b.fault->StallNthSend(b.fault->sends() + 1, kPutAck);  // b's acknowledgement is held back
+  b.fault->StallNthSend(b.fault->sends(kPutAck) + 1, kPutAck);  // b's acknowledgement is held back
   a.agent->EnqueueTasks({ReplicateTask("t-1", 5, 0, {b.endpoint})});
   absl::Status st = WaitResult(a, "t-1");
   EXPECT_EQ(st.code(), absl::StatusCode::kUnavailable) << st;
@@ -342,7 +342,7 @@ TEST_F(FaultPathsTest, StopEndsWaitsOnSilentPeersAtOnce) {
   Save(a, 5, 0, 9000, 7);
   a.agent->Start();
   b.agent->Start();
-  b.fault->StallNthSend(b.fault->sends() + 1, kPutAck);
+  b.fault->StallNthSend(b.fault->sends(kPutAck) + 1, kPutAck);
   a.agent->EnqueueTasks({ReplicateTask("t-1", 5, 0, {b.endpoint})});
   ASSERT_TRUE(Eventually([&] { return b.fault->stalled() == 1; }));
   // An hour-long peer timeout: if Stop waited for it, this test would hit

@@ -189,11 +189,11 @@ TEST_F(PeerTest, FaultsInFlightAreVisibleAndLeaveNoBytesBehind) {
   };
 
   // 1. The 3rd chunk is lost: the task fails, b frees its reservation.
-  a.fault->FailNthSend(a.fault->sends() + 4);  // a's next sends: begin, chunks 1..3
+  a.fault->FailNthSend(a.fault->sends(kPutChunk) + 3, kPutChunk);  // chunk 3
   absl::Status failed = replicate("t-fail", b);
   EXPECT_EQ(failed.code(), absl::StatusCode::kUnavailable) << failed;
   // 2. A chunk is corrupted on the wire: c refuses it (crc), keeps nothing.
-  a.fault->CorruptNthSend(a.fault->sends() + 3, 17);  // chunk 2
+  a.fault->CorruptNthSend(a.fault->sends(kPutChunk) + 2, 17, kPutChunk);  // chunk 2
   absl::Status corrupt = replicate("t-corrupt", c);
   EXPECT_EQ(corrupt.code(), absl::StatusCode::kUnavailable) << corrupt;
   EXPECT_THAT(corrupt.message(), HasSubstr("crc32c"));
@@ -210,7 +210,7 @@ TEST_F(PeerTest, FaultsInFlightAreVisibleAndLeaveNoBytesBehind) {
 
   // 3. A read chunk is corrupted on the way to d: DataLoss, nothing kept;
   // the next attempt gets the right bytes.
-  a.fault->CorruptNthSend(a.fault->sends() + 2, 5);  // read chunk 2
+  a.fault->CorruptNthSend(a.fault->sends(kReadChunk) + 2, 5, kReadChunk);  // read chunk 2
   absl::StatusOr<OpenResult> bad = d.agent->RestoreFromPeer(rec, a.endpoint, 0, 0);
   ASSERT_FALSE(bad.ok());
   EXPECT_EQ(bad.status().code(), absl::StatusCode::kDataLoss) << bad.status();
@@ -223,7 +223,9 @@ TEST_F(PeerTest, FaultsInFlightAreVisibleAndLeaveNoBytesBehind) {
 
   // 4. The receiver dies mid-push: the sender's task fails promptly
   // (Unavailable), not after the peer timeout.
-  a.fault->StallNthSend(a.fault->sends() + 3);  // chunk 2
+  // Counted by type: the bad read above may still be sending its last chunks
+  // (its reader gave up at the bad one), which would shift a count of all sends.
+  a.fault->StallNthSend(a.fault->sends(kPutChunk) + 2, kPutChunk);  // chunk 2
   AgentTask t;
   t.id = "t-dies";
   t.kind = TaskKind::kReplicate;

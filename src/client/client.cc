@@ -250,7 +250,8 @@ absl::Status ConnectAgent(ClientCore& core, absl::Time deadline) {
 }
 
 std::shared_ptr<grpc::Channel> MakeChannel(const std::string& target,
-                                           std::shared_ptr<grpc::ChannelCredentials> credentials) {
+                                           std::shared_ptr<grpc::ChannelCredentials> credentials,
+                                           const std::string& token = "") {
   grpc::ChannelArguments args;
   // Manifests of big models run to megabytes (Locate, OpenShard).
   args.SetMaxReceiveMessageSize(-1);
@@ -260,7 +261,7 @@ std::shared_ptr<grpc::Channel> MakeChannel(const std::string& target,
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
-  return grpc::CreateCustomChannel(target, std::move(credentials), args);
+  return ChannelWithToken(target, std::move(credentials), args, token);
 }
 
 }  // namespace
@@ -349,7 +350,9 @@ absl::StatusOr<Client> Client::Connect(const ClientOptions& options) {
   TlsFiles tls{options.tls_ca_file, options.tls_cert_file, options.tls_key_file};
   TlsFilesFromEnvironment(&tls);
   CKPT_ASSIGN_OR_RETURN(std::shared_ptr<grpc::ChannelCredentials> meta_credentials, ChannelCredentials(tls));
-  core->meta = v1::MetaService::NewStub(client::MakeChannel(options.meta_address, meta_credentials));
+  absl::StatusOr<std::string> token = TokenFromEnvironment(options.token_file);
+  if (!token.ok()) return token.status();
+  core->meta = v1::MetaService::NewStub(client::MakeChannel(options.meta_address, meta_credentials, *token));
   const std::string agent_target = absl::StartsWith(options.agent_socket, "unix:")
                                        ? options.agent_socket
                                        : absl::StrCat("unix:", options.agent_socket);

@@ -12,6 +12,8 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
 #include "common/status_macros.h"
 
@@ -103,29 +105,105 @@ absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> ChannelCredentials(con
   return grpc::SslCredentials(opts);
 }
 
-absl::StatusOr<std::string> ReadTokenFile(const std::string& path) {
+namespace {
+
+// The text of a file that holds secrets (`what`: "token file", ...);
+// refused when every user may read it.
+absl::StatusOr<std::string> ReadPrivateText(const std::string& path, const char* what) {
   struct stat st {};
   if (::stat(path.c_str(), &st) != 0) {
-    return absl::InvalidArgumentError(absl::StrCat("token file \"", path, "\" cannot be read"));
+    return absl::InvalidArgumentError(absl::StrCat(what, " \"", path, "\" cannot be read"));
   }
   if ((st.st_mode & 0007) != 0) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "token file \"", path, "\" is readable by every user (mode ", absl::StrFormat("%04o", st.st_mode & 07777),
+        what, " \"", path, "\" is readable by every user (mode ", absl::StrFormat("%04o", st.st_mode & 07777),
         "): chmod o-rwx it"));
   }
   std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::InvalidArgumentError(absl::StrCat("token file \"", path, "\" cannot be read"));
+  if (!in) return absl::InvalidArgumentError(absl::StrCat(what, " \"", path, "\" cannot be read"));
   std::ostringstream text;
   text << in.rdbuf();
-  std::string token(absl::StripAsciiWhitespace(text.str()));
-  if (token.empty()) return absl::InvalidArgumentError(absl::StrCat("token file \"", path, "\" is empty"));
+  return text.str();
+}
+
+bool HeaderSafe(absl::string_view token) {
   for (char c : token) {
-    if (c < 0x21 || c > 0x7e) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("token file \"", path, "\" holds a character that cannot go in a header"));
-    }
+    if (c < 0x21 || c > 0x7e) return false;
+  }
+  return true;
+}
+
+// Job ids are [a-z0-9][a-z0-9._-]*; a pattern may end in '*'.
+bool ValidJobPattern(absl::string_view p) {
+  if (p == "*") return true;
+  absl::ConsumeSuffix(&p, "*");
+  const absl::string_view id = p;
+  if (id.empty() || id.size() > 63) return false;
+  for (size_t i = 0; i < id.size(); ++i) {
+    const char c = id[i];
+    const bool alnum = (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9');
+    if (!alnum && (i == 0 || (c != '.' && c != '_' && c != '-'))) return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+absl::StatusOr<std::string> ReadTokenFile(const std::string& path) {
+  CKPT_ASSIGN_OR_RETURN(std::string text, ReadPrivateText(path, "token file"));
+  std::string token(absl::StripAsciiWhitespace(text));
+  if (token.empty()) return absl::InvalidArgumentError(absl::StrCat("token file \"", path, "\" is empty"));
+  if (!HeaderSafe(token)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("token file \"", path, "\" holds a character that cannot go in a header"));
   }
   return token;
+}
+
+absl::StatusOr<std::vector<TrainerToken>> ParseTrainerTokens(absl::string_view text, const std::string& path) {
+  constexpr size_t kMinTokenChars = 16;
+  std::vector<TrainerToken> out;
+  int line_no = 0;
+  for (absl::string_view line : absl::StrSplit(text, '\n')) {
+    ++line_no;
+    line = absl::StripAsciiWhitespace(line);
+    if (line.empty() || line.front() == '#') continue;
+    auto bad = [&](absl::string_view why) {
+      return absl::InvalidArgumentError(absl::StrCat("trainer tokens file \"", path, "\" line ", line_no, ": ", why,
+                                                     " (a line is TOKEN JOB[,JOB...]; a job is an id, a prefix "
+                                                     "ending in '*', or '*')"));
+    };
+    std::vector<absl::string_view> fields = absl::StrSplit(line, absl::ByAnyChar(" \t"), absl::SkipEmpty());
+    if (fields.size() != 2) return bad(absl::StrCat("has ", fields.size(), " fields, not 2"));
+    TrainerToken t;
+    t.token = std::string(fields[0]);
+    if (t.token.size() < kMinTokenChars) return bad(absl::StrCat("the token is shorter than ", kMinTokenChars, " characters"));
+    if (!HeaderSafe(t.token)) return bad("the token holds a character that cannot go in a header");
+    for (absl::string_view job : absl::StrSplit(fields[1], ',')) {
+      if (!ValidJobPattern(job)) return bad(absl::StrCat("\"", job, "\" is not a job id or pattern"));
+      t.jobs.emplace_back(job);
+    }
+    for (const TrainerToken& other : out) {
+      if (other.token == t.token) return bad("the token is on an earlier line too");
+    }
+    out.push_back(std::move(t));
+  }
+  return out;
+}
+
+absl::StatusOr<std::vector<TrainerToken>> ReadTrainerTokensFile(const std::string& path) {
+  CKPT_ASSIGN_OR_RETURN(std::string text, ReadPrivateText(path, "trainer tokens file"));
+  CKPT_ASSIGN_OR_RETURN(std::vector<TrainerToken> tokens, ParseTrainerTokens(text, path));
+  if (tokens.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat("trainer tokens file \"", path, "\" names no token"));
+  }
+  return tokens;
+}
+
+bool JobPatternMatches(const std::string& pattern, const std::string& job) {
+  absl::string_view p = pattern;
+  if (absl::ConsumeSuffix(&p, "*")) return absl::StartsWith(job, p);
+  return p == job;
 }
 
 absl::StatusOr<std::string> TokenFromEnvironment(const std::string& token_file) {
@@ -136,6 +214,45 @@ absl::StatusOr<std::string> TokenFromEnvironment(const std::string& token_file) 
 
 void AddToken(grpc::ClientContext* ctx, const std::string& token) {
   if (!token.empty()) ctx->AddMetadata("authorization", absl::StrCat(kBearer, token));
+}
+
+namespace {
+
+// Adds the token to every call of a channel.
+class TokenInterceptor : public grpc::experimental::Interceptor {
+ public:
+  explicit TokenInterceptor(const std::string* header) : header_(header) {}
+  void Intercept(grpc::experimental::InterceptorBatchMethods* methods) override {
+    if (methods->QueryInterceptionHookPoint(grpc::experimental::InterceptionHookPoints::PRE_SEND_INITIAL_METADATA)) {
+      methods->GetSendInitialMetadata()->emplace("authorization", *header_);
+    }
+    methods->Proceed();
+  }
+
+ private:
+  const std::string* header_;  // owned by the factory, which the channel keeps
+};
+
+class TokenInterceptorFactory : public grpc::experimental::ClientInterceptorFactoryInterface {
+ public:
+  explicit TokenInterceptorFactory(const std::string& token) : header_(absl::StrCat(kBearer, token)) {}
+  grpc::experimental::Interceptor* CreateClientInterceptor(grpc::experimental::ClientRpcInfo*) override {
+    return new TokenInterceptor(&header_);
+  }
+
+ private:
+  const std::string header_;
+};
+
+}  // namespace
+
+std::shared_ptr<grpc::Channel> ChannelWithToken(const std::string& target,
+                                                std::shared_ptr<grpc::ChannelCredentials> credentials,
+                                                const grpc::ChannelArguments& args, const std::string& token) {
+  if (token.empty()) return grpc::CreateCustomChannel(target, credentials, args);
+  std::vector<std::unique_ptr<grpc::experimental::ClientInterceptorFactoryInterface>> interceptors;
+  interceptors.push_back(std::make_unique<TokenInterceptorFactory>(token));
+  return grpc::experimental::CreateCustomChannelWithInterceptors(target, credentials, args, std::move(interceptors));
 }
 
 namespace {
@@ -189,6 +306,59 @@ grpc::Status CheckAgentToken(const grpc::ServerContextBase& ctx, const std::stri
                         absl::StrCat(rpc, " is an agent call and the token sent is not the agent token"));
   }
   return grpc::Status::OK;
+}
+
+namespace {
+
+// The trainer identity whose token `got` is, if any (every entry compared:
+// the time taken does not say which one matched).
+const TrainerToken* FindTrainer(absl::string_view got, const std::vector<TrainerToken>& trainers) {
+  const TrainerToken* found = nullptr;
+  for (const TrainerToken& t : trainers) {
+    if (SameToken(got, t.token)) found = &t;
+  }
+  return found;
+}
+
+bool IsAdminOrAgent(absl::string_view got, const CallerTokens& tokens) {
+  return (!tokens.admin.empty() && SameToken(got, tokens.admin)) ||
+         (!tokens.agent.empty() && SameToken(got, tokens.agent));
+}
+
+}  // namespace
+
+grpc::Status CheckJobCaller(const grpc::ServerContextBase& ctx, const CallerTokens& tokens, const std::string& job_id,
+                            const char* rpc) {
+  if (tokens.trainers.empty()) return grpc::Status::OK;
+  const std::string job = job_id.empty() ? std::string() : absl::StrCat(" of job \"", job_id, "\"");
+  const std::optional<absl::string_view> got = SentToken(ctx);
+  if (!got) {
+    return grpc::Status(grpc::StatusCode::UNAUTHENTICATED,
+                        absl::StrCat(rpc, job, " needs a token: a trainer token for the job (ClientOptions::token_file, "
+                                               "CKPT_TOKEN_FILE) or the admin token (ckptctl --token-file)"));
+  }
+  if (IsAdminOrAgent(*got, tokens)) return grpc::Status::OK;
+  const TrainerToken* trainer = FindTrainer(*got, tokens.trainers);
+  if (trainer == nullptr) {
+    return grpc::Status(grpc::StatusCode::PERMISSION_DENIED,
+                        absl::StrCat(rpc, job, ": the token sent is not one ckpt-meta knows"));
+  }
+  if (job_id.empty()) return grpc::Status::OK;
+  for (const std::string& p : trainer->jobs) {
+    if (JobPatternMatches(p, job_id)) return grpc::Status::OK;
+  }
+  return grpc::Status(grpc::StatusCode::PERMISSION_DENIED,
+                      absl::StrCat(rpc, job, ": the token sent may use only jobs ",
+                                   absl::StrJoin(trainer->jobs, ",")));
+}
+
+std::optional<std::vector<std::string>> VisibleJobs(const grpc::ServerContextBase& ctx, const CallerTokens& tokens) {
+  if (tokens.trainers.empty()) return std::nullopt;
+  const std::optional<absl::string_view> got = SentToken(ctx);
+  if (!got) return std::vector<std::string>();
+  if (IsAdminOrAgent(*got, tokens)) return std::nullopt;
+  const TrainerToken* trainer = FindTrainer(*got, tokens.trainers);
+  return trainer == nullptr ? std::vector<std::string>() : trainer->jobs;
 }
 
 bool IsLoopbackListen(const std::string& listen) {

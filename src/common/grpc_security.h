@@ -20,10 +20,13 @@
 #include <grpcpp/grpcpp.h>
 
 #include <memory>
+#include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 
 namespace ckpt {
 
@@ -63,6 +66,12 @@ absl::StatusOr<std::string> TokenFromEnvironment(const std::string& token_file);
 // Adds "authorization: Bearer TOKEN" to a call (nothing if token is empty).
 void AddToken(grpc::ClientContext* ctx, const std::string& token);
 
+// A channel whose every call carries "authorization: Bearer TOKEN" (a plain
+// channel when token is empty).
+std::shared_ptr<grpc::Channel> ChannelWithToken(const std::string& target,
+                                                std::shared_ptr<grpc::ChannelCredentials> credentials,
+                                                const grpc::ChannelArguments& args, const std::string& token);
+
 // OK if `ctx` carries `admin_token` (or no admin token is configured);
 // UNAUTHENTICATED without a token, PERMISSION_DENIED with another one; the
 // message names the RPC.
@@ -73,6 +82,47 @@ grpc::Status CheckAdminToken(const grpc::ServerContextBase& ctx, const std::stri
 // agent token is configured, or `ctx` carries it or the admin token.
 grpc::Status CheckAgentToken(const grpc::ServerContextBase& ctx, const std::string& agent_token,
                              const std::string& admin_token, const char* rpc);
+
+// A trainer identity (ckpt-meta --trainer-tokens-file): a token and the jobs
+// it may use. A job pattern is a job id ("gpt-7b"), a prefix of one ending in
+// '*' ("exp-*"), or "*" (every job).
+struct TrainerToken {
+  std::string token;
+  std::vector<std::string> jobs;
+};
+
+// Parses a trainer tokens file: one identity per line, "TOKEN JOB[,JOB...]";
+// blank lines and lines starting with '#' are skipped. InvalidArgument naming
+// `path` and the line for a bad pattern, a token shorter than 16 characters
+// or one used twice. (Read with ReadTrainerTokensFile: mode checked as for a
+// token file.)
+absl::StatusOr<std::vector<TrainerToken>> ParseTrainerTokens(absl::string_view text, const std::string& path);
+absl::StatusOr<std::vector<TrainerToken>> ReadTrainerTokensFile(const std::string& path);
+
+// True if `job` is one of the jobs `pattern` names.
+bool JobPatternMatches(const std::string& pattern, const std::string& job);
+
+// Who meta lets in (docs/security.md "Identities"); empty: that check is off.
+struct CallerTokens {
+  std::string admin;
+  std::string agent;
+  std::vector<TrainerToken> trainers;
+};
+
+// For the job RPCs (CreateJob, GetVersion, Locate, WaitVersion, ...; `job_id`
+// set) and the cluster-wide reads (ListJobs, ListNodes, ClusterStatus;
+// `job_id` empty). OK when no trainer tokens are configured, or `ctx` carries
+// the admin or agent token, or a trainer token whose jobs include `job_id`
+// (any trainer token when `job_id` is empty). UNAUTHENTICATED without a
+// token, PERMISSION_DENIED with an unknown one or one for other jobs; the
+// message names the RPC and the job.
+grpc::Status CheckJobCaller(const grpc::ServerContextBase& ctx, const CallerTokens& tokens, const std::string& job_id,
+                            const char* rpc);
+
+// The job patterns a caller may see in a listing: nullopt for every job (no
+// trainer tokens configured, or the admin or agent token), else those of its
+// trainer token (empty if it has none).
+std::optional<std::vector<std::string>> VisibleJobs(const grpc::ServerContextBase& ctx, const CallerTokens& tokens);
 
 // True if `listen` ("host:port") is a loopback address (127.0.0.0/8, ::1,
 // localhost) or a unix socket.

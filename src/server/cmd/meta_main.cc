@@ -96,6 +96,7 @@ const std::set<std::string>& KnownKeys() {
       "heartbeat_ms", "log_level", "log_json",       "log_file",
       "default_protection", "open_version_timeout_ms",
       "tls_ca",       "tls_cert",  "tls_key",        "admin_token_file", "agent_token_file",
+      "trainer_tokens_file",
   };
   return *keys;
 }
@@ -115,6 +116,7 @@ struct Settings {
   TlsFiles tls;  // checked; the credentials are made once signals are blocked
   std::string admin_token;  // empty: admin RPCs open to every caller
   std::string agent_token;  // empty: agent RPCs open to every caller
+  std::vector<TrainerToken> trainers;  // empty: job RPCs open to every caller
 };
 
 // Reads the layered configuration (file, CKPT_* environment, set flags) into
@@ -180,6 +182,16 @@ absl::StatusOr<Settings> LoadSettings(const std::string& config_file,
   CKPT_RETURN_IF_ERROR(CheckTlsFiles(out.tls, /*server=*/true));
   CKPT_ASSIGN_OR_RETURN(out.admin_token, daemon::TokenSetting(*config, "admin_token_file"));
   CKPT_ASSIGN_OR_RETURN(out.agent_token, daemon::TokenSetting(*config, "agent_token_file"));
+  if (const std::string f = config->GetStringOr("trainer_tokens_file", ""); !f.empty()) {
+    absl::StatusOr<std::vector<TrainerToken>> t = ReadTrainerTokensFile(f);
+    if (!t.ok()) return absl::InvalidArgumentError(absl::StrCat("trainer_tokens_file: ", t.status().message()));
+    out.trainers = *std::move(t);
+    if (out.admin_token.empty() || out.agent_token.empty()) {
+      return absl::InvalidArgumentError(
+          "trainer_tokens_file needs admin_token_file and agent_token_file too: with trainer tokens every job "
+          "call needs a token, and the operators' tools and the agents send those two");
+    }
+  }
   return out;
 }
 
@@ -379,7 +391,8 @@ int Serve(const Settings& settings, const sigset_t& signals) {
         return false;
       });
 
-  rpc::MetaServiceImpl service(c, RealClock(), settings.admin_token, settings.agent_token);
+  rpc::MetaServiceImpl service(c, RealClock(),
+                               CallerTokens{settings.admin_token, settings.agent_token, settings.trainers});
   absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> credentials = ServerCredentials(settings.tls);
   daemon::WarnIfOpen(kProgram, settings.listen, settings.tls, !settings.admin_token.empty());
   std::unique_ptr<grpc::Server> server;
@@ -456,7 +469,8 @@ int Main(int argc, char** argv) {
   app.get_formatter()->column_width(34);
 
   std::string listen, data_dir, metrics_listen, config_file, lease_ms, heartbeat_ms, log_level,
-      log_file, default_protection, open_version_timeout_ms, admin_token_file, agent_token_file;
+      log_file, default_protection, open_version_timeout_ms, admin_token_file, agent_token_file,
+      trainer_tokens_file;
   daemon::TlsFlags tls_flags;
   bool log_json = false;
   CLI::Option* listen_opt =
@@ -534,6 +548,14 @@ int Main(int argc, char** argv) {
                      "(RegisterNode, Heartbeat, WatchTasks, ReportTaskResult, ReportInventory, "
                      "ReportShards, BeginVersion) need it (ckpt-agent --token-file) or the admin token.")
           ->type_name("FILE");
+  CLI::Option* trainer_tokens_opt =
+      app.add_option("--trainer-tokens-file", trainer_tokens_file,
+                     "File of trainer identities, a line 'TOKEN JOB[,JOB...]' each (a job is an id, a prefix "
+                     "ending in '*', or '*'); mode 0600 or 0640. With it, every job call (CreateJob, Latest, "
+                     "Locate, WaitVersion, ...) needs a trainer token for that job, the admin token or the "
+                     "agent token, and listings show a trainer only its jobs. Needs --admin-token-file and "
+                     "--agent-token-file.")
+          ->type_name("FILE");
 
   try {
     app.parse(argc, argv);
@@ -560,6 +582,7 @@ int Main(int argc, char** argv) {
   set(log_file_opt, "--log-file", log_file);
   set(admin_token_opt, "--admin-token-file", admin_token_file);
   set(agent_token_opt, "--agent-token-file", agent_token_file);
+  set(trainer_tokens_opt, "--trainer-tokens-file", trainer_tokens_file);
   daemon::SetTlsFlags(tls_flags, &flags);
 
   absl::StatusOr<Settings> settings = LoadSettings(config_file, flags);

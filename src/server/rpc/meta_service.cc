@@ -223,12 +223,10 @@ absl::Status MetaServiceImpl::WaitTimedOut(const std::string& job_id, uint64_t s
       v->shards.size(), " of ", v->world_size, " shards staged"));
 }
 
-MetaServiceImpl::MetaServiceImpl(meta::MetaCore* core, Clock* clock, std::string admin_token,
-                                 std::string agent_token)
+MetaServiceImpl::MetaServiceImpl(meta::MetaCore* core, Clock* clock, CallerTokens tokens)
     : core_(core),
       clock_(clock),
-      admin_token_(std::move(admin_token)),
-      agent_token_(std::move(agent_token)),
+      tokens_(std::move(tokens)),
       report_allocator_(std::make_unique<ArenaMessageAllocator<v1::ReportShardsRequest,
                                                                v1::ReportShardsResponse>>()),
       heartbeat_allocator_(
@@ -382,7 +380,7 @@ grpc::Status MetaServiceImpl::ReportInventory(grpc::ServerContext* ctx,
 
 grpc::Status MetaServiceImpl::DrainNode(grpc::ServerContext* ctx, const v1::DrainNodeRequest* req,
                                         v1::DrainNodeResponse* resp) {
-  if (grpc::Status a = CheckAdminToken(*ctx, admin_token_, "DrainNode"); !a.ok()) return a;
+  if (grpc::Status a = AdminCall(*ctx, "DrainNode"); !a.ok()) return a;
   absl::StatusOr<meta::Node> node = core_->DrainNode(req->node_id());
   if (!node.ok()) return Fail("DrainNode", node.status());
   ToProto(*node, resp->mutable_node());
@@ -391,14 +389,15 @@ grpc::Status MetaServiceImpl::DrainNode(grpc::ServerContext* ctx, const v1::Drai
 
 grpc::Status MetaServiceImpl::RemoveNode(grpc::ServerContext* ctx, const v1::RemoveNodeRequest* req,
                                          v1::RemoveNodeResponse*) {
-  if (grpc::Status a = CheckAdminToken(*ctx, admin_token_, "RemoveNode"); !a.ok()) return a;
+  if (grpc::Status a = AdminCall(*ctx, "RemoveNode"); !a.ok()) return a;
   absl::Status s = core_->RemoveNode(req->node_id());
   if (!s.ok()) return Fail("RemoveNode", s);
   return grpc::Status::OK;
 }
 
-grpc::Status MetaServiceImpl::ListNodes(grpc::ServerContext*, const v1::ListNodesRequest* req,
+grpc::Status MetaServiceImpl::ListNodes(grpc::ServerContext* ctx, const v1::ListNodesRequest* req,
                                         v1::ListNodesResponse* resp) {
+  if (grpc::Status a = JobCall(*ctx, std::string(), "ListNodes"); !a.ok()) return a;
   std::vector<meta::NodeState> states;
   for (int i = 0; i < req->states_size(); ++i) {
     absl::StatusOr<meta::NodeState> state =
@@ -419,8 +418,9 @@ grpc::Status MetaServiceImpl::ListNodes(grpc::ServerContext*, const v1::ListNode
 // ---------------------------------------------------------------------------
 // Jobs and placement
 
-grpc::Status MetaServiceImpl::CreateJob(grpc::ServerContext*, const v1::CreateJobRequest* req,
+grpc::Status MetaServiceImpl::CreateJob(grpc::ServerContext* ctx, const v1::CreateJobRequest* req,
                                         v1::CreateJobResponse* resp) {
+  if (grpc::Status a = JobCall(*ctx, req->spec().job_id(), "CreateJob"); !a.ok()) return a;
   if (!req->has_spec()) {
     return Fail("CreateJob", absl::InvalidArgumentError(
                                  "spec is required: job_id, and world_size to create the job"));
@@ -435,16 +435,18 @@ grpc::Status MetaServiceImpl::CreateJob(grpc::ServerContext*, const v1::CreateJo
   return grpc::Status::OK;
 }
 
-grpc::Status MetaServiceImpl::GetJob(grpc::ServerContext*, const v1::GetJobRequest* req,
+grpc::Status MetaServiceImpl::GetJob(grpc::ServerContext* ctx, const v1::GetJobRequest* req,
                                      v1::GetJobResponse* resp) {
+  if (grpc::Status a = JobCall(*ctx, req->job_id(), "GetJob"); !a.ok()) return a;
   absl::StatusOr<meta::JobView> job = core_->GetJob(req->job_id());
   if (!job.ok()) return Fail("GetJob", job.status());
   ToProto(*job, resp->mutable_job());
   return grpc::Status::OK;
 }
 
-grpc::Status MetaServiceImpl::ListJobs(grpc::ServerContext*, const v1::ListJobsRequest* req,
+grpc::Status MetaServiceImpl::ListJobs(grpc::ServerContext* ctx, const v1::ListJobsRequest* req,
                                        v1::ListJobsResponse* resp) {
+  if (grpc::Status a = JobCall(*ctx, std::string(), "ListJobs"); !a.ok()) return a;
   std::string after;
   if (!req->page_token().empty()) {
     absl::StatusOr<std::string> decoded = DecodeJobsToken(req->page_token());
@@ -458,23 +460,33 @@ grpc::Status MetaServiceImpl::ListJobs(grpc::ServerContext*, const v1::ListJobsR
   std::vector<meta::JobView>& jobs = *listed;
   const bool more = jobs.size() > limit;
   if (more) jobs.resize(limit);
-  for (const meta::JobView& job : jobs) ToProto(job, resp->add_jobs());
+  // A trainer token lists only its jobs (a page may then hold fewer).
+  const std::optional<std::vector<std::string>> visible = VisibleJobs(*ctx, tokens_);
+  for (const meta::JobView& job : jobs) {
+    if (visible && std::none_of(visible->begin(), visible->end(), [&](const std::string& p) {
+          return JobPatternMatches(p, job.job.spec.job_id);
+        })) {
+      continue;
+    }
+    ToProto(job, resp->add_jobs());
+  }
   if (more && !jobs.empty()) resp->set_next_page_token(EncodeJobsToken(jobs.back().job.spec.job_id));
   return grpc::Status::OK;
 }
 
 grpc::Status MetaServiceImpl::DeleteJob(grpc::ServerContext* ctx, const v1::DeleteJobRequest* req,
                                         v1::DeleteJobResponse* resp) {
-  if (grpc::Status a = CheckAdminToken(*ctx, admin_token_, "DeleteJob"); !a.ok()) return a;
+  if (grpc::Status a = AdminCall(*ctx, "DeleteJob"); !a.ok()) return a;
   absl::StatusOr<meta::JobView> job = core_->DeleteJob(req->job_id(), req->delete_durable_files());
   if (!job.ok()) return Fail("DeleteJob", job.status());
   ToProto(*job, resp->mutable_job());
   return grpc::Status::OK;
 }
 
-grpc::Status MetaServiceImpl::GetPlacement(grpc::ServerContext*,
+grpc::Status MetaServiceImpl::GetPlacement(grpc::ServerContext* ctx,
                                            const v1::GetPlacementRequest* req,
                                            v1::GetPlacementResponse* resp) {
+  if (grpc::Status a = JobCall(*ctx, req->job_id(), "GetPlacement"); !a.ok()) return a;
   std::vector<int> failures;
   failures.reserve(static_cast<size_t>(req->failures_size()));
   for (int i = 0; i < req->failures_size(); ++i) {
@@ -577,8 +589,9 @@ grpc::ServerUnaryReactor* MetaServiceImpl::ReportShards(grpc::CallbackServerCont
   return reactor;
 }
 
-grpc::Status MetaServiceImpl::GetVersion(grpc::ServerContext*, const v1::GetVersionRequest* req,
+grpc::Status MetaServiceImpl::GetVersion(grpc::ServerContext* ctx, const v1::GetVersionRequest* req,
                                          v1::GetVersionResponse* resp) {
+  if (grpc::Status a = JobCall(*ctx, req->job_id(), "GetVersion"); !a.ok()) return a;
   absl::StatusOr<meta::Version> v =
       core_->GetVersion(req->job_id(), req->step(), req->include_items());
   if (!v.ok()) return Fail("GetVersion", v.status());
@@ -589,9 +602,10 @@ grpc::Status MetaServiceImpl::GetVersion(grpc::ServerContext*, const v1::GetVers
   return grpc::Status::OK;
 }
 
-grpc::Status MetaServiceImpl::ListVersions(grpc::ServerContext*,
+grpc::Status MetaServiceImpl::ListVersions(grpc::ServerContext* ctx,
                                            const v1::ListVersionsRequest* req,
                                            v1::ListVersionsResponse* resp) {
+  if (grpc::Status a = JobCall(*ctx, req->job_id(), "ListVersions"); !a.ok()) return a;
   std::vector<meta::VersionState> states;
   for (int i = 0; i < req->states_size(); ++i) {
     absl::StatusOr<meta::VersionState> state =
@@ -625,8 +639,9 @@ grpc::Status MetaServiceImpl::ListVersions(grpc::ServerContext*,
   return grpc::Status::OK;
 }
 
-grpc::Status MetaServiceImpl::Latest(grpc::ServerContext*, const v1::LatestRequest* req,
+grpc::Status MetaServiceImpl::Latest(grpc::ServerContext* ctx, const v1::LatestRequest* req,
                                      v1::LatestResponse* resp) {
+  if (grpc::Status a = JobCall(*ctx, req->job_id(), "Latest"); !a.ok()) return a;
   absl::StatusOr<meta::Level> level = LevelFromProto(req->min_level(), "min_level");
   if (!level.ok()) return Fail("Latest", level.status());
   absl::StatusOr<meta::Version> v = core_->Latest(req->job_id(), *level);
@@ -635,8 +650,9 @@ grpc::Status MetaServiceImpl::Latest(grpc::ServerContext*, const v1::LatestReque
   return grpc::Status::OK;
 }
 
-grpc::Status MetaServiceImpl::Locate(grpc::ServerContext*, const v1::LocateRequest* req,
+grpc::Status MetaServiceImpl::Locate(grpc::ServerContext* ctx, const v1::LocateRequest* req,
                                      v1::LocateResponse* resp) {
+  if (grpc::Status a = JobCall(*ctx, req->job_id(), "Locate"); !a.ok()) return a;
   absl::StatusOr<meta::LocateResult> result =
       core_->Locate(req->job_id(), req->step(), req->rank(), req->near_node_id());
   if (!result.ok()) return Fail("Locate", result.status());
@@ -647,6 +663,7 @@ grpc::Status MetaServiceImpl::Locate(grpc::ServerContext*, const v1::LocateReque
 grpc::Status MetaServiceImpl::WaitVersion(grpc::ServerContext* ctx,
                                           const v1::WaitVersionRequest* req,
                                           v1::WaitVersionResponse* resp) {
+  if (grpc::Status a = JobCall(*ctx, req->job_id(), "WaitVersion"); !a.ok()) return a;
   absl::StatusOr<meta::Level> level = LevelFromProto(req->level(), "level");
   if (!level.ok()) return Fail("WaitVersion", level.status());
   if (req->timeout_ms() < 0) {
@@ -684,9 +701,10 @@ grpc::Status MetaServiceImpl::WaitVersion(grpc::ServerContext* ctx,
   }
 }
 
-grpc::Status MetaServiceImpl::FlushVersion(grpc::ServerContext*,
+grpc::Status MetaServiceImpl::FlushVersion(grpc::ServerContext* ctx,
                                            const v1::FlushVersionRequest* req,
                                            v1::FlushVersionResponse* resp) {
+  if (grpc::Status a = JobCall(*ctx, req->job_id(), "FlushVersion"); !a.ok()) return a;
   absl::StatusOr<meta::Version> v = core_->FlushVersion(req->job_id(), req->step());
   if (!v.ok()) return Fail("FlushVersion", v.status());
   VersionSummaryToProto(*v, resp->mutable_version());
@@ -696,7 +714,7 @@ grpc::Status MetaServiceImpl::FlushVersion(grpc::ServerContext*,
 grpc::Status MetaServiceImpl::DeleteVersion(grpc::ServerContext* ctx,
                                             const v1::DeleteVersionRequest* req,
                                             v1::DeleteVersionResponse* resp) {
-  if (grpc::Status a = CheckAdminToken(*ctx, admin_token_, "DeleteVersion"); !a.ok()) return a;
+  if (grpc::Status a = AdminCall(*ctx, "DeleteVersion"); !a.ok()) return a;
   absl::StatusOr<meta::Version> v = core_->DeleteVersion(req->job_id(), req->step(), req->force());
   if (!v.ok()) return Fail("DeleteVersion", v.status());
   VersionSummaryToProto(*v, resp->mutable_version());
@@ -706,9 +724,10 @@ grpc::Status MetaServiceImpl::DeleteVersion(grpc::ServerContext* ctx,
 // ---------------------------------------------------------------------------
 // Cluster
 
-grpc::Status MetaServiceImpl::ClusterStatus(grpc::ServerContext*,
+grpc::Status MetaServiceImpl::ClusterStatus(grpc::ServerContext* ctx,
                                             const v1::ClusterStatusRequest* req,
                                             v1::ClusterStatusResponse* resp) {
+  if (grpc::Status a = JobCall(*ctx, std::string(), "ClusterStatus"); !a.ok()) return a;
   const uint32_t max_problems = req->max_problems() == 0 ? kDefaultMaxProblems : req->max_problems();
   absl::StatusOr<meta::ClusterStatusView> status =
       core_->ClusterStatus(req->include_nodes(), max_problems, req->job_id());

@@ -55,9 +55,10 @@ class MetaServiceImpl final : public MetaServiceBase {
   // A non-empty `admin_token` guards the admin RPCs (DeleteVersion,
   // DeleteJob, DrainNode, RemoveNode), a non-empty `agent_token` the RPCs
   // only agents make (RegisterNode, Heartbeat, WatchTasks, ReportTaskResult,
-  // ReportInventory, ReportShards, BeginVersion): see common/grpc_security.h.
-  explicit MetaServiceImpl(meta::MetaCore* core, Clock* clock = RealClock(), std::string admin_token = "",
-                           std::string agent_token = "");
+  // ReportInventory, ReportShards, BeginVersion), and trainer tokens limit
+  // the job RPCs to the jobs each token names (CheckJobCaller): see
+  // common/grpc_security.h.
+  explicit MetaServiceImpl(meta::MetaCore* core, Clock* clock = RealClock(), CallerTokens tokens = {});
   ~MetaServiceImpl() override;
 
   MetaServiceImpl(const MetaServiceImpl&) = delete;
@@ -142,10 +143,16 @@ class MetaServiceImpl final : public MetaServiceBase {
 
   meta::MetaCore* const core_;
   Clock* const clock_;
-  const std::string admin_token_;
-  const std::string agent_token_;
+  const CallerTokens tokens_;
   grpc::Status AgentCall(const grpc::ServerContextBase& ctx, const char* rpc) const {
-    return CheckAgentToken(ctx, agent_token_, admin_token_, rpc);
+    return CheckAgentToken(ctx, tokens_.agent, tokens_.admin, rpc);
+  }
+  grpc::Status AdminCall(const grpc::ServerContextBase& ctx, const char* rpc) const {
+    return CheckAdminToken(ctx, tokens_.admin, rpc);
+  }
+  // A job RPC (or, with an empty job id, a cluster-wide read).
+  grpc::Status JobCall(const grpc::ServerContextBase& ctx, const std::string& job_id, const char* rpc) const {
+    return CheckJobCaller(ctx, tokens_, job_id, rpc);
   }
   // Put each hot call's request and response on one protobuf arena (one
   // allocation per call instead of one per string and repeated field).

@@ -170,6 +170,10 @@ struct ClientOptions {
   std::string tls_ca_file;
   std::string tls_cert_file;
   std::string tls_key_file;
+  // A trainer token for this job (ckpt-meta --trainer-tokens-file;
+  // docs/security.md), sent to meta on every call: the file holding it (mode
+  // 0600 or 0640). Empty: $CKPT_TOKEN_FILE, else $CKPT_TOKEN; none: no token.
+  std::string token_file;
   // Path of the node agent's unix socket (its <run-dir>/agent.sock). A value
   // starting with "unix:" is used as a gRPC target as is.
   std::string agent_socket = "/run/ckpt/agent.sock";

@@ -893,7 +893,7 @@ int Main(int argc, char** argv) {
     std::fprintf(stderr, "%s: %s\n", kProgram, std::string(t.status().message()).c_str());
     return kExitUsage;
   }
-  DataOptions data{g.meta, agent_socket, g.timeout_s, g.json, g.credentials};
+  DataOptions data{g.meta, agent_socket, g.timeout_s, g.json, g.credentials, g.token, g.tls, g.token_file};
   if (*restore) {
     if (from_opt->count() > 0) {
       if (!job.empty()) {

@@ -22,6 +22,7 @@
 #include "absl/time/clock.h"
 #include "ckpt/client.h"
 #include "ckpt/v1/agent.grpc.pb.h"
+#include "common/grpc_security.h"
 #include "ckpt/v1/meta.grpc.pb.h"
 #include "common/crc32c.h"
 #include "common/durable_format.h"
@@ -64,8 +65,8 @@ std::shared_ptr<grpc::Channel> Channel(const DataOptions& o, const std::string& 
   args.SetMaxReceiveMessageSize(-1);
   args.SetInt(GRPC_ARG_HTTP2_BDP_PROBE, 0);
   args.SetInt(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, 8 << 20);
-  return grpc::CreateCustomChannel(
-      target, o.credentials != nullptr ? o.credentials : grpc::InsecureChannelCredentials(), args);
+  return ChannelWithToken(target, o.credentials != nullptr ? o.credentials : grpc::InsecureChannelCredentials(), args,
+                          o.token);
 }
 
 // A stub for an agent's AgentService (see Channel).
@@ -200,6 +201,10 @@ int SaveFile(const DataOptions& o, const std::string& job, uint64_t step, uint32
   co.rank = rank;
   co.world_size = world_size;
   co.connect_timeout = absl::Seconds(o.timeout_s);
+  co.tls_ca_file = o.tls.ca_file;
+  co.tls_cert_file = o.tls.cert_file;
+  co.tls_key_file = o.tls.key_file;
+  co.token_file = o.token_file;
   absl::StatusOr<Client> client = Client::Connect(co);
   if (!client.ok()) return Fail(client.status());
   SaveBuilder b = client->BeginSave(step);
@@ -298,6 +303,7 @@ int RestoreOnline(const DataOptions& o, const std::string& job, uint64_t step, s
     const std::string path = absl::StrCat(out_dir, "/", shard.file);
     absl::Status read = absl::NotFoundError("no live source");
     std::string served, why;
+    std::optional<absl::StatusCode> refusal;
     for (const v1::ShardSource& src : loc.sources()) {
       if (src.kind() == v1::SOURCE_KIND_EC_DECODE) {
         std::string node;
@@ -320,7 +326,15 @@ int RestoreOnline(const DataOptions& o, const std::string& job, uint64_t step, s
         served = src.holder().node_id();
         break;
       }
-      absl::StrAppend(&why, "; ", src.holder().node_id(), ": ", read.message());
+      absl::StrAppend(&why, "; ", src.holder().node_id(), ": ", absl::StatusCodeToString(read.code()), ": ",
+                      read.message());
+      if (absl::IsUnauthenticated(read) || absl::IsPermissionDenied(read)) refusal = read.code();
+    }
+    if (!read.ok() && refusal) {
+      // Not lost: this caller may not read it (the agents' --admin-token-file).
+      return Fail(absl::Status(*refusal, absl::StrCat("rank ", r, ": the holders refused the read", why,
+                                                      " (the agents' TCP endpoint needs the admin token: "
+                                                      "--token-file)")));
     }
     if (!read.ok()) {
       return Fail(absl::DataLossError(absl::StrCat("rank ", r, ": no source could be read", why,

@@ -14,6 +14,8 @@
 #include <optional>
 #include <string>
 
+#include "common/grpc_security.h"
+
 namespace ckpt::cli {
 
 struct DataOptions {
@@ -23,6 +25,12 @@ struct DataOptions {
   bool json = false;
   // For ckpt-meta and the agents' gRPC endpoints (plaintext or TLS).
   std::shared_ptr<grpc::ChannelCredentials> credentials;
+  // Sent with every call, to meta and to the agents (--token-file).
+  std::string token;
+  // What `save` hands its ckpt::Client: the TLS files and the token file
+  // (empty: the client reads CKPT_TLS_* and CKPT_TOKEN_FILE / CKPT_TOKEN).
+  TlsFiles tls;
+  std::string token_file;
 };
 
 // Stores `file` as rank `rank`'s shard of (job, step): one item named after

@@ -12,6 +12,9 @@ ckpt-meta with an admin token, an agent token and two trainer identities
     show it only its jobs; with the admin token it sees both; without a token
     it is refused;
   - the agent (agent token) keeps working for both jobs;
+  - the agent's TCP endpoint (--admin-token-file) serves ckptctl restore,
+    holdings and verify with the admin token only; the trainers' local socket
+    is unchanged; ckptctl save passes its --token-file to the client;
   - bad set-ups are usage errors (exit 2): trainer tokens without the admin
     and agent tokens, a world-readable file, a bad line.
 Run: CKPT_BUILD_DIR=build /usr/bin/python3 tests/security/trainer_token_test.py
@@ -72,7 +75,8 @@ class Cluster:
         a = self.start("ckpt-agent", ["--node-id", "n0", "--meta", self.meta, "--listen", f"127.0.0.1:{ap}",
                                       "--data-listen", f"127.0.0.1:{dp}", "--metrics-listen", f"127.0.0.1:{am}",
                                       "--run-dir", str(self.run_dir), "--memory", "16MiB",
-                                      "--memory-dir", str(self.shm), "--token-file", str(self.agent_token)])
+                                      "--memory-dir", str(self.shm), "--token-file", str(self.agent_token),
+                                      "--admin-token-file", str(self.admin)])
         wait_tcp(ap, a, 60)
 
     def start(self, name, args):
@@ -174,6 +178,35 @@ def ctl_reads(c):
     check('"step"' in r.stdout, "refused calls deleted nothing", r.stdout + r.stderr)
 
 
+def agent_endpoint(c):
+    """The agent's TCP endpoint: the admin token only."""
+    out = c.work / "restored"
+    r = c.ctl("restore", "team-a-1", "1", "--out", str(out), token_file=c.admin)
+    check(r.returncode == 0 and (out / "rank-00000.bin").stat().st_size == 4 << 14,
+          "ckptctl restore with the admin token reads from the agent", r.stderr)
+    r = c.ctl("restore", "team-a-1", "1", "--out", str(c.work / "by-a"), token_file=c.file_a)
+    check(r.returncode != 0 and "PERMISSION_DENIED" in r.stderr and "ReadShard" in r.stderr
+          and not (c.work / "by-a" / "rank-00000.bin").exists(),
+          "the agent's TCP endpoint refuses a trainer token (restore)", r.stderr)
+    for args in (("holdings", "n0"), ("verify", "team-a-1", "1")):
+        r = c.ctl(*args, token_file=c.admin)
+        check(r.returncode == 0, f"ckptctl {args[0]} with the admin token works", r.stderr)
+    r = c.ctl("holdings", "n0", token_file=c.file_a)
+    check(r.returncode == 1 and "PERMISSION_DENIED" in r.stderr, "holdings with a trainer token is refused", r.stderr)
+    src = c.work / "blob.bin"
+    src.write_bytes(os.urandom(5000))
+    argv = [str(BUILD / "bin" / "ckptctl"), "--meta", c.meta, "--timeout", "10", "--token-file", str(c.file_a),
+            "save", "team-a-cli", "3", str(src), "--rank", "0", "--world-size", "1",
+            "--agent-socket", str(c.run_dir / "agent.sock")]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CKPT_")}
+    r = subprocess.run(argv, capture_output=True, text=True, timeout=60, env=env)
+    check(r.returncode == 0, "ckptctl save with a trainer token (--token-file) saves into its job", r.stderr)
+    argv[argv.index("team-a-cli")] = "team-b"
+    r = subprocess.run(argv, capture_output=True, text=True, timeout=60, env=env)
+    check(r.returncode == 1 and "PERMISSION_DENIED" in r.stderr, "ckptctl save with token A into team-b is refused",
+          r.stderr)
+
+
 def usage_error(argv, what, expect):
     r = subprocess.run(argv, capture_output=True, text=True, timeout=30)
     check(r.returncode == 2 and expect in r.stderr, what, f"exit {r.returncode}: {r.stderr.strip()[-300:]}")
@@ -207,6 +240,7 @@ def main():
         check(wait_alive(c), "the agent registers with its agent token", (work / "ckpt-agent.log").read_text()[-800:])
         trainers(c)
         ctl_reads(c)
+        agent_endpoint(c)
         bad_setups(c)
     finally:
         if c is not None:

@@ -70,7 +70,7 @@ const std::set<std::string>& KnownKeys() {
       "node_id", "meta", "listen", "data_listen", "run_dir", "memory", "memory_dir", "durable_root",
       "failure_domain", "metrics_listen", "lease_ttl_ms", "rpc_timeout_ms", "log_level", "log_json", "log_file",
       "data_transport", "data_chunk", "data_rate", "data_in_flight", "peer_timeout_ms", "session_grace_ms",
-      "advertise_host", "tls_ca", "tls_cert", "tls_key", "token_file",
+      "advertise_host", "tls_ca", "tls_cert", "tls_key", "token_file", "admin_token_file",
   };
   return *keys;
 }
@@ -90,6 +90,7 @@ struct Settings {
   std::string log_file;
   TlsFiles tls;  // checked; credentials are made once signals are blocked (gRPC starts threads)
   std::string meta_token;  // sent with every call to ckpt-meta (--token-file)
+  std::string admin_token;  // calls on the TCP endpoint need it (--admin-token-file); empty: open
 };
 
 absl::StatusOr<Settings> LoadSettings(const std::string& config_file, const std::map<std::string, std::string>& flags) {
@@ -171,6 +172,7 @@ absl::StatusOr<Settings> LoadSettings(const std::string& config_file, const std:
   out.tls = daemon::TlsSettings(*config);
   if (absl::Status s = CheckTlsFiles(out.tls, /*server=*/true); !s.ok()) return s;
   CKPT_ASSIGN_OR_RETURN(out.meta_token, daemon::TokenSetting(*config, "token_file"));
+  CKPT_ASSIGN_OR_RETURN(out.admin_token, daemon::TokenSetting(*config, "admin_token_file"));
   return out;
 }
 
@@ -280,8 +282,8 @@ int Serve(const Settings& settings, const sigset_t& signals) {
         }
         return true;
       });
-  rpc::AgentServiceImpl service(a, "none");
-  daemon::WarnIfOpen(kProgram, settings.listen, settings.tls, /*admin_token=*/true);
+  rpc::AgentServiceImpl service(a, "none", settings.admin_token);
+  daemon::WarnIfOpen(kProgram, settings.listen, settings.tls, !settings.admin_token.empty());
   std::unique_ptr<grpc::Server> server;
   if (!metrics_server.ok()) {
     log::Error("{}: cannot serve metrics on {}: {}", kProgram, settings.metrics_listen,
@@ -382,6 +384,11 @@ int Main(int argc, char** argv) {
   option("--lease-ttl-ms", "Default life of an uncommitted staging lease.", "MS", "60000");
   option("--rpc-timeout-ms", "Deadline of each call to ckpt-meta.", "MS", "10000");
   option("--token-file", "File holding the token sent to ckpt-meta (its --agent-token-file); mode 0600.", "FILE");
+  option("--admin-token-file",
+         "File holding the admin token (the one ckpt-meta's --admin-token-file holds); mode 0600 or 0640. With "
+         "it, every call on --listen (ckptctl restore, verify, holdings; evict, flush, pause) needs it; the "
+         "local socket is unchanged.",
+         "FILE");
   option("--log-level", "trace, debug, info, warn, error or off.", "LEVEL", "info");
   option("--log-file", "Append logs to this file instead of stderr.", "FILE");
   app.add_option("--config", config_file, "YAML config file with any of these keys.")->type_name("FILE");

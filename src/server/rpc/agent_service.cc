@@ -4,8 +4,10 @@
 #include <map>
 #include <tuple>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/crc32c.h"
+#include "common/grpc_security.h"
 #include "common/manifest.h"
 #include "common/names.h"
 #include "common/status_macros.h"
@@ -26,11 +28,17 @@ constexpr uint64_t kMaxChunk = 4 << 20;
 
 }  // namespace
 
-AgentServiceImpl::AgentServiceImpl(agent::Agent* agent, std::string data_transport)
-    : agent_(agent), data_transport_(std::move(data_transport)) {}
+AgentServiceImpl::AgentServiceImpl(agent::Agent* agent, std::string data_transport, std::string admin_token)
+    : agent_(agent), data_transport_(std::move(data_transport)), admin_token_(std::move(admin_token)) {}
 
-grpc::Status AgentServiceImpl::AcquireStagingLease(grpc::ServerContext*, const v1::AcquireStagingLeaseRequest* req,
+grpc::Status AgentServiceImpl::Caller(const grpc::ServerContext& ctx, const char* rpc) const {
+  if (admin_token_.empty() || absl::StartsWith(ctx.peer(), "unix:")) return grpc::Status::OK;
+  return CheckAdminToken(ctx, admin_token_, rpc);
+}
+
+grpc::Status AgentServiceImpl::AcquireStagingLease(grpc::ServerContext* ctx, const v1::AcquireStagingLeaseRequest* req,
                                                    v1::AcquireStagingLeaseResponse* resp) {
+  if (grpc::Status a = Caller(*ctx, "AcquireStagingLease"); !a.ok()) return a;
   // Checked here, before the agent reserves memory or begins the version at
   // meta: a step such as 2^64-1 would otherwise open a version that refuses
   // every later save of the job.
@@ -54,8 +62,9 @@ grpc::Status AgentServiceImpl::AcquireStagingLease(grpc::ServerContext*, const v
   return grpc::Status::OK;
 }
 
-grpc::Status AgentServiceImpl::CommitShard(grpc::ServerContext*, const v1::CommitShardRequest* req,
+grpc::Status AgentServiceImpl::CommitShard(grpc::ServerContext* ctx, const v1::CommitShardRequest* req,
                                            v1::CommitShardResponse* resp) {
+  if (grpc::Status a = Caller(*ctx, "CommitShard"); !a.ok()) return a;
   std::vector<ManifestItem> items;
   if (!req->manifest().empty()) {
     if (req->items_size() != 0) return Invalid("set either items or manifest, not both");
@@ -73,13 +82,15 @@ grpc::Status AgentServiceImpl::CommitShard(grpc::ServerContext*, const v1::Commi
   return grpc::Status::OK;
 }
 
-grpc::Status AgentServiceImpl::AbortLease(grpc::ServerContext*, const v1::AbortLeaseRequest* req,
+grpc::Status AgentServiceImpl::AbortLease(grpc::ServerContext* ctx, const v1::AbortLeaseRequest* req,
                                           v1::AbortLeaseResponse*) {
+  if (grpc::Status a = Caller(*ctx, "AbortLease"); !a.ok()) return a;
   return ToGrpcStatus(agent_->AbortLease(req->lease_id()));
 }
 
-grpc::Status AgentServiceImpl::OpenShard(grpc::ServerContext*, const v1::OpenShardRequest* req,
+grpc::Status AgentServiceImpl::OpenShard(grpc::ServerContext* ctx, const v1::OpenShardRequest* req,
                                          v1::OpenShardResponse* resp) {
+  if (grpc::Status a = Caller(*ctx, "OpenShard"); !a.ok()) return a;
   absl::StatusOr<agent::ShardId> id = ShardIdFromProto(req->key(), "key");
   if (!id.ok()) return ToGrpcStatus(id.status());
   if (req->ttl_ms() < 0) return Invalid("ttl_ms must not be negative");
@@ -132,13 +143,15 @@ grpc::Status AgentServiceImpl::OpenShard(grpc::ServerContext*, const v1::OpenSha
   return grpc::Status::OK;
 }
 
-grpc::Status AgentServiceImpl::CloseShard(grpc::ServerContext*, const v1::CloseShardRequest* req,
+grpc::Status AgentServiceImpl::CloseShard(grpc::ServerContext* ctx, const v1::CloseShardRequest* req,
                                           v1::CloseShardResponse*) {
+  if (grpc::Status a = Caller(*ctx, "CloseShard"); !a.ok()) return a;
   return ToGrpcStatus(agent_->CloseShard(req->handle_id()));
 }
 
 grpc::Status AgentServiceImpl::ReadShard(grpc::ServerContext* ctx, const v1::ReadShardRequest* req,
                                          grpc::ServerWriter<v1::ReadShardResponse>* writer) {
+  if (grpc::Status a = Caller(*ctx, "ReadShard"); !a.ok()) return a;
   if (!req->has_shard()) {
     return grpc::Status(grpc::StatusCode::UNIMPLEMENTED, "reading EC segments is not built yet");
   }
@@ -196,8 +209,9 @@ grpc::Status AgentServiceImpl::ReadShard(grpc::ServerContext* ctx, const v1::Rea
   return ToGrpcStatus(s);
 }
 
-grpc::Status AgentServiceImpl::GetInventory(grpc::ServerContext*, const v1::GetInventoryRequest* req,
+grpc::Status AgentServiceImpl::GetInventory(grpc::ServerContext* ctx, const v1::GetInventoryRequest* req,
                                             v1::GetInventoryResponse* resp) {
+  if (grpc::Status a = Caller(*ctx, "GetInventory"); !a.ok()) return a;
   std::optional<uint64_t> step;
   if (req->has_step()) step = req->step();
   const agent::AgentStatusSnapshot st = agent_->Status();
@@ -207,7 +221,8 @@ grpc::Status AgentServiceImpl::GetInventory(grpc::ServerContext*, const v1::GetI
   return grpc::Status::OK;
 }
 
-grpc::Status AgentServiceImpl::Flush(grpc::ServerContext*, const v1::FlushRequest* req, v1::FlushResponse* resp) {
+grpc::Status AgentServiceImpl::Flush(grpc::ServerContext* ctx, const v1::FlushRequest* req, v1::FlushResponse* resp) {
+  if (grpc::Status a = Caller(*ctx, "Flush"); !a.ok()) return a;
   std::vector<uint32_t> ranks(req->ranks().begin(), req->ranks().end());
   absl::StatusOr<std::vector<agent::FlushResult>> r = agent_->FlushNow(req->job_id(), req->step(), ranks);
   if (!r.ok()) return ToGrpcStatus(r.status());
@@ -220,7 +235,8 @@ grpc::Status AgentServiceImpl::Flush(grpc::ServerContext*, const v1::FlushReques
   return grpc::Status::OK;
 }
 
-grpc::Status AgentServiceImpl::Evict(grpc::ServerContext*, const v1::EvictRequest* req, v1::EvictResponse* resp) {
+grpc::Status AgentServiceImpl::Evict(grpc::ServerContext* ctx, const v1::EvictRequest* req, v1::EvictResponse* resp) {
+  if (grpc::Status a = Caller(*ctx, "Evict"); !a.ok()) return a;
   absl::StatusOr<std::vector<agent::HoldingInfo>> held = agent_->Evict(req->job_id(), req->step(), req->dry_run());
   if (!held.ok()) return ToGrpcStatus(held.status());
   uint64_t freed = 0;
@@ -232,7 +248,8 @@ grpc::Status AgentServiceImpl::Evict(grpc::ServerContext*, const v1::EvictReques
   return grpc::Status::OK;
 }
 
-grpc::Status AgentServiceImpl::Verify(grpc::ServerContext*, const v1::VerifyRequest* req, v1::VerifyResponse* resp) {
+grpc::Status AgentServiceImpl::Verify(grpc::ServerContext* ctx, const v1::VerifyRequest* req, v1::VerifyResponse* resp) {
+  if (grpc::Status a = Caller(*ctx, "Verify"); !a.ok()) return a;
   if (req->check_parity()) {
     return grpc::Status(grpc::StatusCode::UNIMPLEMENTED, "parity checks arrive with erasure coding");
   }
@@ -255,16 +272,18 @@ grpc::Status AgentServiceImpl::Verify(grpc::ServerContext*, const v1::VerifyRequ
   return grpc::Status::OK;
 }
 
-grpc::Status AgentServiceImpl::PauseProtection(grpc::ServerContext*, const v1::PauseProtectionRequest* req,
+grpc::Status AgentServiceImpl::PauseProtection(grpc::ServerContext* ctx, const v1::PauseProtectionRequest* req,
                                                v1::PauseProtectionResponse* resp) {
+  if (grpc::Status a = Caller(*ctx, "PauseProtection"); !a.ok()) return a;
   absl::StatusOr<absl::Duration> left = agent_->PauseProtection(absl::Milliseconds(req->duration_ms()));
   if (!left.ok()) return ToGrpcStatus(left.status());
   resp->set_remaining_ms(absl::ToInt64Milliseconds(*left));
   return grpc::Status::OK;
 }
 
-grpc::Status AgentServiceImpl::AgentStatus(grpc::ServerContext*, const v1::AgentStatusRequest*,
+grpc::Status AgentServiceImpl::AgentStatus(grpc::ServerContext* ctx, const v1::AgentStatusRequest*,
                                            v1::AgentStatusResponse* resp) {
+  if (grpc::Status a = Caller(*ctx, "AgentStatus"); !a.ok()) return a;
   const agent::AgentStatusSnapshot s = agent_->Status();
   resp->set_node_id(s.node_id);
   resp->set_incarnation(s.incarnation);

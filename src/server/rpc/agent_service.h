@@ -16,8 +16,9 @@ namespace ckpt::rpc {
 
 class AgentServiceImpl final : public v1::AgentService::Service {
  public:
-  // `agent` must outlive the service.
-  AgentServiceImpl(agent::Agent* agent, std::string data_transport);
+  // `agent` must outlive the service. A non-empty `admin_token` guards every
+  // call that does not come over the local unix socket (CheckAdminToken).
+  AgentServiceImpl(agent::Agent* agent, std::string data_transport, std::string admin_token = "");
 
   grpc::Status AcquireStagingLease(grpc::ServerContext*, const v1::AcquireStagingLeaseRequest*,
                                    v1::AcquireStagingLeaseResponse*) override;
@@ -37,8 +38,12 @@ class AgentServiceImpl final : public v1::AgentService::Service {
                                v1::PauseProtectionResponse*) override;
 
  private:
+  // OK for the local socket's callers; on TCP, the admin token when set.
+  grpc::Status Caller(const grpc::ServerContext& ctx, const char* rpc) const;
+
   agent::Agent* const agent_;
   const std::string data_transport_;
+  const std::string admin_token_;
 };
 
 }  // namespace ckpt::rpc

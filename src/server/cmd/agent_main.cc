@@ -283,7 +283,8 @@ int Serve(const Settings& settings, const sigset_t& signals) {
         return true;
       });
   rpc::AgentServiceImpl service(a, "none", settings.admin_token);
-  daemon::WarnIfOpen(kProgram, settings.listen, settings.tls, !settings.admin_token.empty());
+  daemon::WarnIfOpen(kProgram, settings.listen, settings.tls, !settings.admin_token.empty(),
+                     "read every shard this node holds and evict or flush them");
   std::unique_ptr<grpc::Server> server;
   if (!metrics_server.ok()) {
     log::Error("{}: cannot serve metrics on {}: {}", kProgram, settings.metrics_listen,

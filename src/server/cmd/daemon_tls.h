@@ -61,15 +61,16 @@ inline absl::StatusOr<std::string> TokenSetting(const Config& config, const std:
 
 // A daemon reachable beyond loopback without TLS (or without an admin token)
 // lets anyone who reaches the port read and delete checkpoints: say so.
-inline void WarnIfOpen(const char* program, const std::string& listen, const TlsFiles& tls, bool admin_token) {
+// `unguarded` says what a caller may do without the admin token.
+inline void WarnIfOpen(const char* program, const std::string& listen, const TlsFiles& tls, bool admin_token,
+                       const char* unguarded) {
   if (IsLoopbackListen(listen)) return;
   if (!tls.enabled()) {
     log::Warn("{}: listening on {} without TLS: any host that reaches it can call every RPC "
               "(--tls-ca/--tls-cert/--tls-key; docs/security.md)", program, listen);
   }
   if (!admin_token) {
-    log::Warn("{}: no admin token: any caller may delete versions and jobs and drain nodes "
-              "(--admin-token-file; docs/security.md)", program);
+    log::Warn("{}: no admin token: any caller may {} (--admin-token-file; docs/security.md)", program, unguarded);
   }
 }
 

@@ -394,7 +394,8 @@ int Serve(const Settings& settings, const sigset_t& signals) {
   rpc::MetaServiceImpl service(c, RealClock(),
                                CallerTokens{settings.admin_token, settings.agent_token, settings.trainers});
   absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> credentials = ServerCredentials(settings.tls);
-  daemon::WarnIfOpen(kProgram, settings.listen, settings.tls, !settings.admin_token.empty());
+  daemon::WarnIfOpen(kProgram, settings.listen, settings.tls, !settings.admin_token.empty(),
+                     "delete versions and jobs and drain nodes");
   std::unique_ptr<grpc::Server> server;
   if (!credentials.ok()) {  // (the files were checked at start; changed since?)
     log::Error("{}: {}", kProgram, credentials.status().ToString());

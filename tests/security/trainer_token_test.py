@@ -11,7 +11,8 @@ ckpt-meta with an admin token, an agent token and two trainer identities
   - ckptctl with token A reads its job and is refused on team-b's; listings
     show it only its jobs; with the admin token it sees both; without a token
     it is refused;
-  - the agent (agent token) keeps working for both jobs;
+  - the agents (agent token) keep working for both jobs, and two of them
+    replicate over a data plane that authenticates with the agent token;
   - the agent's TCP endpoint (--admin-token-file) serves ckptctl restore,
     holdings and verify with the admin token only; the trainers' local socket
     is unchanged; ckptctl save passes its --token-file to the client;
@@ -62,7 +63,7 @@ class Cluster:
         self.trainers = secret(work / "trainers", f"# team A may use every job whose id starts team-a-\n"
                                                   f"{self.token_a} team-a-*\n{self.token_b}\tteam-b\n")
         self.procs = []
-        (mp, mm, ap, dp, am) = free_ports(5)
+        (mp, mm, ap, dp, am, ap1, dp1, am1) = free_ports(8)
         self.meta = f"127.0.0.1:{mp}"
         self.shm = pathlib.Path(f"/dev/shm/ckpt-trainer-token-test-{os.getpid()}")
         self.run_dir = work / "run"
@@ -72,12 +73,17 @@ class Cluster:
                                      "--agent-token-file", str(self.agent_token),
                                      "--trainer-tokens-file", str(self.trainers)])
         wait_tcp(mp, m, 30)
-        a = self.start("ckpt-agent", ["--node-id", "n0", "--meta", self.meta, "--listen", f"127.0.0.1:{ap}",
-                                      "--data-listen", f"127.0.0.1:{dp}", "--metrics-listen", f"127.0.0.1:{am}",
-                                      "--run-dir", str(self.run_dir), "--memory", "16MiB",
-                                      "--memory-dir", str(self.shm), "--token-file", str(self.agent_token),
-                                      "--admin-token-file", str(self.admin)])
-        wait_tcp(ap, a, 60)
+        # Two agents: their data planes authenticate with the agent token.
+        for node, (port, data_port, metrics_port) in (("n0", (ap, dp, am)), ("n1", (ap1, dp1, am1))):
+            run_dir = self.run_dir if node == "n0" else work / f"run-{node}"
+            run_dir.mkdir(exist_ok=True)
+            a = self.start("ckpt-agent", ["--node-id", node, "--meta", self.meta, "--listen", f"127.0.0.1:{port}",
+                                          "--data-listen", f"127.0.0.1:{data_port}",
+                                          "--metrics-listen", f"127.0.0.1:{metrics_port}",
+                                          "--run-dir", str(run_dir), "--memory", "16MiB",
+                                          "--memory-dir", f"{self.shm}-{node}", "--token-file",
+                                          str(self.agent_token), "--admin-token-file", str(self.admin)])
+            wait_tcp(port, a, 60)
 
     def start(self, name, args):
         p = start_daemon(BUILD / "bin", self.work, name, args)
@@ -96,7 +102,8 @@ class Cluster:
             if p.poll() is None:
                 p.send_signal(signal.SIGKILL)
                 p.wait()
-        shutil.rmtree(self.shm, ignore_errors=True)
+        for d in pathlib.Path("/dev/shm").glob(self.shm.name + "*"):
+            shutil.rmtree(d, ignore_errors=True)
 
 
 def client(c, job, token_file, **kw):
@@ -106,8 +113,9 @@ def client(c, job, token_file, **kw):
     else:
         os.environ["CKPT_TOKEN_FILE"] = str(token_file)
     try:
+        kw.setdefault("protection", "none")
         return ckpt.Client(job=job, rank=0, world_size=1, meta=c.meta, agent_socket=str(c.run_dir / "agent.sock"),
-                           protection="none", **kw)
+                           **kw)
     finally:
         os.environ.pop("CKPT_TOKEN_FILE", None)
 
@@ -116,7 +124,7 @@ def wait_alive(c, timeout=30):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         r = c.ctl("--json", "nodes", token_file=c.admin)
-        if r.returncode == 0 and '"alive"' in r.stdout:
+        if r.returncode == 0 and r.stdout.count('"alive"') == 2:
             return True
         time.sleep(0.2)
     return False
@@ -144,6 +152,12 @@ def trainers(c):
                 check("team-a-*" in str(e), "the refusal names the jobs the token may use", str(e))
     jobs = c.ctl("--json", "jobs", token_file=c.admin).stdout
     check('"team-b"' not in jobs and '"team-a-2"' not in jobs, "refused trainers created no job", jobs)
+
+    # A replicated job: n0 pushes the copy to n1 over the authenticated data plane.
+    cr = client(c, "team-a-rep", c.file_a, protection="replicate:2")
+    cr.save(2, {"w": data + 2}).wait("protected", timeout=60)
+    logs = "".join((c.work / n).read_text(errors="replace") for n in ("ckpt-agent.log",))
+    check("refused" not in logs, "agents with the same token replicate to PROTECTED (nothing refused)", logs[-600:])
 
     # Trainer B gets its own job; the agent serves both.
     cb = client(c, "team-b", c.file_b)
@@ -237,7 +251,7 @@ def main():
     c = None
     try:
         c = Cluster(work)
-        check(wait_alive(c), "the agent registers with its agent token", (work / "ckpt-agent.log").read_text()[-800:])
+        check(wait_alive(c), "the agents register with their agent token", (work / "ckpt-agent.log").read_text()[-800:])
         trainers(c)
         ctl_reads(c)
         agent_endpoint(c)

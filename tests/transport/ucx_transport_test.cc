@@ -586,3 +586,84 @@ TEST(UcxTransport, RegisterMemoryMapsARange) {
 
 }  // namespace
 }  // namespace ckpt::transport
+
+namespace ckpt::transport {
+namespace {
+
+UcxOptions Keyed(const std::string& key) {
+  UcxOptions o = NoSelfCheck();
+  o.auth_key = key;
+  return o;
+}
+
+// With a cluster key, peers that hold it connect and exchange messages both
+// ways (and the self-check, which connects to itself, passes).
+TEST(UcxAuth, PeersWithTheSameKeyConnectAndExchange) {
+  TestHandler ha, hb;
+  UcxOptions checked = Keyed("cluster-key-0123456789");
+  checked.self_check_timeout_ms = 5000;
+  auto a = NewUcxTransport(checked);
+  auto b = NewUcxTransport(Keyed("cluster-key-0123456789"));
+  Transport* bp = b.get();
+  const std::vector<std::byte> reply = Pattern(1 << 20, 5);
+  hb.on_received = [&](const Inbound& msg, const absl::Status&) {
+    bp->Send(msg.from, 2, "pong", AsPieces(reply), [](const absl::Status&) {});
+  };
+  ASSERT_TRUE(a->Start("127.0.0.1:0", &ha).ok());
+  ASSERT_TRUE(b->Start("127.0.0.1:0", &hb).ok());
+  absl::StatusOr<PeerId> to_b = a->Connect(b->address(), kConnectMs);
+  ASSERT_TRUE(to_b.ok()) << to_b.status();
+  const std::vector<std::byte> data = Pattern(3 << 20, 9);
+  a->Send(*to_b, 1, "ping", AsPieces(data), [](const absl::Status&) {});
+  ASSERT_TRUE(hb.WaitReceived(1));
+  EXPECT_TRUE(hb.received()[0].bytes == data);
+  ASSERT_TRUE(ha.WaitReceived(1));
+  EXPECT_TRUE(ha.received()[0].bytes == reply);
+}
+
+// A peer with another key, or none, never gets a connection: Connect fails,
+// nothing reaches the other side's handler, and the refusing side still
+// serves peers with its key.
+TEST(UcxAuth, APeerWithAnotherKeyOrNoneIsRefused) {
+  TestHandler hb;
+  auto b = NewUcxTransport(Keyed("the-right-key-0123456"));
+  ASSERT_TRUE(b->Start("127.0.0.1:0", &hb).ok());
+  for (const std::string key : {"another-key-012345678", ""}) {
+    TestHandler ha;
+    auto a = NewUcxTransport(Keyed(key));
+    ASSERT_TRUE(a->Start("127.0.0.1:0", &ha).ok());
+    absl::StatusOr<PeerId> to_b = a->Connect(b->address(), kConnectMs);
+    EXPECT_FALSE(to_b.ok()) << "key \"" << key << "\" connected";
+    // And the other way round: b refuses what a answers.
+    absl::StatusOr<PeerId> to_a = b->Connect(a->address(), kConnectMs);
+    EXPECT_FALSE(to_a.ok()) << "key \"" << key << "\" accepted";
+    if (to_a.ok()) b->Send(*to_a, 1, "x", {}, [](const absl::Status&) {});
+    if (to_b.ok()) a->Send(*to_b, 1, "x", {}, [](const absl::Status&) {});
+    a->Stop();
+    EXPECT_TRUE(ha.received().empty());
+  }
+  EXPECT_TRUE(hb.received().empty());
+  TestHandler hc;
+  auto c = NewUcxTransport(Keyed("the-right-key-0123456"));
+  ASSERT_TRUE(c->Start("127.0.0.1:0", &hc).ok());
+  absl::StatusOr<PeerId> ok = c->Connect(b->address(), kConnectMs);
+  ASSERT_TRUE(ok.ok()) << ok.status();
+  c->Send(*ok, 1, "hello", {}, [](const absl::Status&) {});
+  ASSERT_TRUE(hb.WaitReceived(1));
+  EXPECT_EQ(hb.received()[0].msg.header, "hello");
+}
+
+TEST(UcxAuth, ProofsDependOnKeyRoleIdsAndNonces) {
+  const std::string p = ucx_wire::HandshakeProof("k", 'h', 1, 2, 3, 4);
+  EXPECT_EQ(p.size(), ucx_wire::kProofBytes);
+  EXPECT_TRUE(ucx_wire::SameProof(p, ucx_wire::HandshakeProof("k", 'h', 1, 2, 3, 4)));
+  EXPECT_FALSE(ucx_wire::SameProof(p, ucx_wire::HandshakeProof("K", 'h', 1, 2, 3, 4)));
+  EXPECT_FALSE(ucx_wire::SameProof(p, ucx_wire::HandshakeProof("k", 'r', 1, 2, 3, 4)));
+  EXPECT_FALSE(ucx_wire::SameProof(p, ucx_wire::HandshakeProof("k", 'h', 1, 2, 4, 3)));
+  EXPECT_FALSE(ucx_wire::SameProof(p, ucx_wire::HandshakeProof("k", 'h', 2, 2, 3, 4)));
+  EXPECT_FALSE(ucx_wire::SameProof(p, p.substr(0, 31)));
+  EXPECT_NE(ucx_wire::RandomU64(), ucx_wire::RandomU64());
+}
+
+}  // namespace
+}  // namespace ckpt::transport

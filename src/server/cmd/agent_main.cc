@@ -243,7 +243,11 @@ int Serve(const Settings& settings, const sigset_t& signals) {
   if (settings.data_transport == "ucx") {
     // The data port speaks only ckpt's handshake (no UCX listener behind
     // it) and reuses its address, so a restarted agent listens again at once.
-    data_plane = transport::NewUcxTransport();
+    // With an agent token (--token-file), peers prove they hold it in the
+    // handshake: only agents of this cluster connect (docs/security.md).
+    transport::UcxOptions ucx;
+    ucx.auth_key = settings.meta_token;
+    data_plane = transport::NewUcxTransport(ucx);
     options.transport = data_plane.get();
     options.data_listen_address = settings.data_listen;
     // Port 0 picks a free port: advertise what the transport bound.

@@ -1,6 +1,13 @@
 #include "transport/ucx/handshake.h"
 
+#include <openssl/crypto.h>
+#include <openssl/evp.h>
+#include <openssl/hmac.h>
+#include <sys/random.h>
+
 #include <algorithm>
+#include <cerrno>
+#include <cstdlib>
 
 #include "absl/strings/str_cat.h"
 
@@ -82,6 +89,35 @@ absl::StatusOr<size_t> GreetingReader::Feed(std::string_view data) {
     if (greeting_.worker_address.size() == address_bytes_) done_ = true;
   }
   return taken;
+}
+
+std::string HandshakeProof(std::string_view key, char role, uint64_t acceptor_id, uint64_t acceptor_nonce,
+                           uint64_t connector_id, uint64_t connector_nonce) {
+  std::string msg(1, role);
+  for (uint64_t v : {acceptor_id, acceptor_nonce, connector_id, connector_nonce}) PutLe(&msg, v, 8);
+  unsigned char out[EVP_MAX_MD_SIZE];
+  unsigned int len = 0;
+  HMAC(EVP_sha256(), key.data(), static_cast<int>(key.size()), reinterpret_cast<const unsigned char*>(msg.data()),
+       msg.size(), out, &len);
+  return std::string(reinterpret_cast<const char*>(out), std::min<size_t>(len, kProofBytes));
+}
+
+bool SameProof(std::string_view a, std::string_view b) {
+  return a.size() == b.size() && CRYPTO_memcmp(a.data(), b.data(), a.size()) == 0;
+}
+
+uint64_t RandomU64() {
+  uint64_t v = 0;
+  size_t got = 0;
+  while (got < sizeof(v)) {
+    const ssize_t n = getrandom(reinterpret_cast<char*>(&v) + got, sizeof(v) - got, 0);
+    if (n > 0) {
+      got += static_cast<size_t>(n);
+    } else if (errno != EINTR) {
+      std::abort();  // the kernel's random source is gone: nothing safe to fall back to
+    }
+  }
+  return v;
 }
 
 }  // namespace ckpt::transport::ucx_wire

@@ -84,4 +84,19 @@ class GreetingReader {
   Greeting greeting_;
 };
 
+// Authentication (UcxOptions::auth_key, docs/protocol.md "Authentication"):
+// with a cluster key, the UCX hello and ready messages each carry a proof
+// that the sender holds it: HMAC-SHA256 over a role byte ('h' hello, 'r'
+// ready) and both sides' PeerIds and nonces (the accepting side's first), all
+// little-endian u64. The nonces are fresh per connection, so a proof cannot
+// be replayed on another one.
+inline constexpr size_t kProofBytes = 32;
+std::string HandshakeProof(std::string_view key, char role, uint64_t acceptor_id, uint64_t acceptor_nonce,
+                           uint64_t connector_id, uint64_t connector_nonce);
+// Equal, in time that does not depend on where they differ.
+bool SameProof(std::string_view a, std::string_view b);
+// 8 bytes from the kernel's random source (getrandom): handshake nonces and,
+// with a key, connection ids a third party cannot guess.
+uint64_t RandomU64();
+
 }  // namespace ckpt::transport::ucx_wire

@@ -20,7 +20,6 @@
 #include <functional>
 #include <list>
 #include <map>
-#include <random>
 #include <thread>
 
 #include "absl/base/thread_annotations.h"
@@ -40,8 +39,9 @@ namespace {
 // the connection (8 bytes, little-endian): that, not the UCX endpoint a
 // message arrives on, tells the receiver which connection it belongs to.
 constexpr unsigned kAmId = 0;        // [receiver id][u16 type][application header] + payload
-constexpr unsigned kHelloAmId = 1;   // connecting -> accepting side: [receiver id][its nonce]
-constexpr unsigned kReadyAmId = 2;   // accepting -> connecting side: [receiver id][its nonce]
+constexpr unsigned kHelloAmId = 1;   // connecting -> accepting side: [receiver id][its nonce][proof]
+constexpr unsigned kReadyAmId = 2;   // accepting -> connecting side: [receiver id][its nonce][proof]
+// (the proof, ucx_wire::kProofBytes, only with UcxOptions::auth_key)
 constexpr size_t kIdBytes = 8;
 constexpr size_t kTypeBytes = sizeof(uint16_t);
 constexpr size_t kDataPrefixBytes = kIdBytes + kTypeBytes;
@@ -216,8 +216,7 @@ class UcxTransport : public Transport {
  public:
   explicit UcxTransport(const UcxOptions& options)
       : options_(options),
-        event_fd_(eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)),
-        rng_(std::random_device{}()) {}
+        event_fd_(eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)) {}
   ~UcxTransport() override {
     Stop();
     if (thread_.joinable()) thread_.join();  // Stop() was called from a callback
@@ -706,13 +705,13 @@ class UcxTransport : public Transport {
     const ucx_wire::Greeting& g = it->reader.greeting();
     auto owned = std::make_unique<Peer>();
     Peer* p = owned.get();
-    p->id = next_peer_++;
+    p->id = NewPeerId();
     p->address = absl::StrCat("inbound from ", it->from);
     p->inbound = true;
     p->silent = probing_;
     p->fd = it->fd;
     p->deadline = it->deadline;
-    p->nonce = rng_();
+    p->nonce = ucx_wire::RandomU64();
     p->remote_id = g.peer_id;
     p->remote_nonce = g.nonce;
     p->remote_worker = g.worker_address;
@@ -813,11 +812,11 @@ class UcxTransport : public Transport {
   void StartConnect(const std::shared_ptr<ConnectWait>& wait, sockaddr_in addr, const std::string& address) {
     auto owned = std::make_unique<Peer>();
     Peer* p = owned.get();
-    p->id = next_peer_++;
+    p->id = NewPeerId();
     p->address = address;
     p->connect = wait;
     p->silent = probing_;
-    p->nonce = rng_();
+    p->nonce = ucx_wire::RandomU64();
     peers_[p->id] = std::move(owned);
     p->fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
     if (p->fd < 0) {
@@ -939,11 +938,52 @@ class UcxTransport : public Transport {
     if (UCS_PTR_IS_PTR(req)) ++closing_;
   }
 
+  // With a key: the proof that `p`'s hello (from the connecting side) or
+  // ready (from the accepting side) carries.
+  std::string Proof(const Peer& p, unsigned am_id) const {
+    const char role = am_id == kHelloAmId ? 'h' : 'r';
+    return p.inbound ? ucx_wire::HandshakeProof(options_.auth_key, role, p.id, p.nonce, p.remote_id, p.remote_nonce)
+                     : ucx_wire::HandshakeProof(options_.auth_key, role, p.remote_id, p.remote_nonce, p.id, p.nonce);
+  }
+
+  size_t ControlBytes() const { return kHelloBytes + (options_.auth_key.empty() ? 0 : ucx_wire::kProofBytes); }
+
+  // Checks a hello or ready that names `p` (its id and our nonce matched):
+  // OK, or why the sender is refused.
+  absl::Status CheckControl(const Peer& p, unsigned am_id, const void* header, size_t header_length) const {
+    const char* what = am_id == kHelloAmId ? "hello" : "ready message";
+    if (header_length != ControlBytes()) {
+      return absl::PermissionDeniedError(absl::StrCat(
+          "its ", what, " is ", header_length, " bytes, not ", ControlBytes(), ": ",
+          options_.auth_key.empty() ? "it authenticates with a cluster key and this agent has none"
+                                    : "it does not authenticate (no cluster key)",
+          "; give every agent the same --token-file"));
+    }
+    if (!options_.auth_key.empty() &&
+        !ucx_wire::SameProof(std::string_view(static_cast<const char*>(header) + kHelloBytes, ucx_wire::kProofBytes),
+                             Proof(p, am_id))) {
+      return absl::PermissionDeniedError(absl::StrCat(
+          "its ", what, " does not prove this cluster's key (another --token-file than this agent's)"));
+    }
+    return absl::OkStatus();
+  }
+
+  // A connection id: sequential without a key (readable logs), random with
+  // one (not guessable by a process that reaches our UCX worker).
+  PeerId NewPeerId() {
+    if (options_.auth_key.empty()) return next_peer_++;
+    for (;;) {
+      const PeerId id = ucx_wire::RandomU64();
+      if (id != 0 && !peers_.contains(id)) return id;
+    }
+  }
+
   void SendControl(Peer* p, unsigned am_id) {
     auto op = std::make_unique<ControlOp>();
     op->header.assign(kHelloBytes, '\0');
     PutLe(&op->header, 0, p->remote_id, 8);
     PutLe(&op->header, 8, p->remote_nonce, 8);
+    if (!options_.auth_key.empty()) op->header += Proof(*p, am_id);
     ucp_request_param_t rp{};
     rp.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_FLAGS;
     rp.cb.send = &UcxTransport::OnControlSent;
@@ -1149,9 +1189,13 @@ class UcxTransport : public Transport {
                               const ucp_am_recv_param_t*) {
     auto* self = static_cast<UcxTransport*>(arg);
     Peer* p = self->FindPeer(header, header_length, kHelloBytes, PeerState::kUcxHello);
-    if (p == nullptr || !p->inbound || header_length != kHelloBytes ||
-        GetLe(static_cast<const char*>(header) + kIdBytes, 8) != p->nonce) {
+    if (p == nullptr || !p->inbound || GetLe(static_cast<const char*>(header) + kIdBytes, 8) != p->nonce) {
       log::Debug("data plane: dropped a hello that matches no handshake");
+      return UCS_OK;
+    }
+    if (absl::Status s = self->CheckControl(*p, kHelloAmId, header, header_length); !s.ok()) {
+      log::Warn("data plane: refused {}: {}", p->address, std::string(s.message()));
+      self->PeerDown(p, s);
       return UCS_OK;
     }
     // Endpoints are not created inside a UCX callback.
@@ -1164,9 +1208,13 @@ class UcxTransport : public Transport {
                               const ucp_am_recv_param_t*) {
     auto* self = static_cast<UcxTransport*>(arg);
     Peer* p = self->FindPeer(header, header_length, kHelloBytes, PeerState::kUcxHello);
-    if (p == nullptr || p->inbound || header_length != kHelloBytes ||
-        GetLe(static_cast<const char*>(header) + kIdBytes, 8) != p->nonce) {
+    if (p == nullptr || p->inbound || GetLe(static_cast<const char*>(header) + kIdBytes, 8) != p->nonce) {
       log::Debug("data plane: dropped a ready message that matches no handshake");
+      return UCS_OK;
+    }
+    if (absl::Status s = self->CheckControl(*p, kReadyAmId, header, header_length); !s.ok()) {
+      log::Warn("data plane: refused {}: {}", p->address, std::string(s.message()));
+      self->PeerDown(p, s);
       return UCS_OK;
     }
     p->state = PeerState::kConnected;
@@ -1307,7 +1355,6 @@ class UcxTransport : public Transport {
   std::deque<std::function<void()>> queue_ ABSL_GUARDED_BY(mu_);
 
   // Progress thread only.
-  std::mt19937_64 rng_;  // handshake nonces
   int listen_fd_ = -1;   // the data port
   absl::Time accept_paused_until_ = absl::InfinitePast();
   std::list<Pending> pending_;

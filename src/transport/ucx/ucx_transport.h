@@ -111,6 +111,14 @@ struct UcxOptions {
   int max_pending_handshakes = 64;
   // UCX configuration overrides, e.g. {"TLS", "tcp"} (names without "UCX_").
   std::vector<std::pair<std::string, std::string>> config;
+  // The cluster's key (the agents' token). Set: a connection is made only
+  // with a peer that proves it holds the same key (HMAC-SHA256 in the UCX
+  // hello and ready, handshake.h), and connection ids are random, so a
+  // process that does not hold it can neither connect nor slip messages into
+  // another peer's connection. A peer without the key, or with another, is
+  // refused with a warning on both sides; Connect fails PermissionDenied.
+  // Empty: no authentication (loopback clusters, tests).
+  std::string auth_key;
 };
 
 // A new, not yet started, UCX transport. Start() fails with Unavailable and

@@ -8,6 +8,9 @@
 #include <optional>
 #include <sstream>
 
+#include <grpcpp/security/tls_certificate_provider.h>
+#include <grpcpp/security/tls_credentials_options.h>
+
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -78,6 +81,18 @@ absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> ServerCredentials(const
     return absl::InvalidArgumentError(
         "TLS needs all of --tls-ca, --tls-cert and --tls-key on a server (mutual TLS: the CA "
         "checks the callers' certificates)");
+  }
+  if (files.reload_seconds > 0) {
+    // The same checks at start (a bad file is the daemon's usage error), then
+    // gRPC's file watcher keeps the credentials current.
+    CKPT_RETURN_IF_ERROR(CheckTlsFiles(files, /*server=*/true));
+    auto provider = std::make_shared<grpc::experimental::FileWatcherCertificateProvider>(
+        files.key_file, files.cert_file, files.ca_file, files.reload_seconds);
+    grpc::experimental::TlsServerCredentialsOptions opts(provider);
+    opts.watch_root_certs();
+    opts.watch_identity_key_cert_pairs();
+    opts.set_cert_request_type(GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY);
+    return grpc::experimental::TlsServerCredentials(opts);
   }
   grpc::SslServerCredentialsOptions opts(GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY);
   CKPT_ASSIGN_OR_RETURN(opts.pem_root_certs, ReadPem(files.ca_file, "CA", "--tls-ca"));

@@ -34,6 +34,12 @@ struct TlsFiles {
   std::string ca_file;    // PEM: the CA that signs the peers' certificates
   std::string cert_file;  // PEM: this process's certificate (chain)
   std::string key_file;   // PEM: its private key
+  // Servers: re-read the three files every this many seconds (0: read once,
+  // at start). A new certificate, key or CA bundle then applies to new
+  // connections without a restart; files that do not match (a key without
+  // its certificate, half-written) are logged by gRPC and the previous ones
+  // stay in use.
+  uint32_t reload_seconds = 0;
   bool enabled() const { return !ca_file.empty() || !cert_file.empty() || !key_file.empty(); }
 };
 

@@ -70,7 +70,7 @@ const std::set<std::string>& KnownKeys() {
       "node_id", "meta", "listen", "data_listen", "run_dir", "memory", "memory_dir", "durable_root",
       "failure_domain", "metrics_listen", "lease_ttl_ms", "rpc_timeout_ms", "log_level", "log_json", "log_file",
       "data_transport", "data_chunk", "data_rate", "data_in_flight", "peer_timeout_ms", "session_grace_ms",
-      "advertise_host", "tls_ca", "tls_cert", "tls_key", "token_file", "admin_token_file",
+      "advertise_host", "tls_ca", "tls_cert", "tls_key", "tls_reload_seconds", "token_file", "admin_token_file",
   };
   return *keys;
 }
@@ -169,7 +169,7 @@ absl::StatusOr<Settings> LoadSettings(const std::string& config_file, const std:
   if (!json.ok()) return json.status();
   out.log_json = *json;
   out.log_file = config->GetStringOr("log_file", "");
-  out.tls = daemon::TlsSettings(*config);
+  CKPT_ASSIGN_OR_RETURN(out.tls, daemon::TlsSettings(*config));
   if (absl::Status s = CheckTlsFiles(out.tls, /*server=*/true); !s.ok()) return s;
   CKPT_ASSIGN_OR_RETURN(out.meta_token, daemon::TokenSetting(*config, "token_file"));
   CKPT_ASSIGN_OR_RETURN(out.admin_token, daemon::TokenSetting(*config, "admin_token_file"));

@@ -16,11 +16,16 @@
 namespace ckpt::daemon {
 
 struct TlsFlags {
-  std::string ca, cert, key;
+  std::string ca, cert, key, reload;
   CLI::Option* ca_opt = nullptr;
   CLI::Option* cert_opt = nullptr;
   CLI::Option* key_opt = nullptr;
+  CLI::Option* reload_opt = nullptr;  // servers only
 };
+
+// Default of tls_reload_seconds: certificates renewed on disk (cert-manager,
+// Vault agent) apply within a minute, without a restart.
+inline constexpr uint32_t kDefaultTlsReloadSeconds = 60;
 
 inline void AddTlsFlags(CLI::App& app, TlsFlags* f, bool server) {
   const std::string who = server ? "callers'" : "server's";
@@ -34,19 +39,35 @@ inline void AddTlsFlags(CLI::App& app, TlsFlags* f, bool server) {
   f->cert_opt = app.add_option("--tls-cert", f->cert, "PEM file of this daemon's certificate (chain).")
                     ->type_name("FILE");
   f->key_opt = app.add_option("--tls-key", f->key, "PEM file of its private key.")->type_name("FILE");
+  if (server) {
+    f->reload_opt = app.add_option("--tls-reload-seconds", f->reload,
+                                   "Re-read the three TLS files this often; new connections use what they hold "
+                                   "(0: read once at start).")
+                        ->type_name("S")
+                        ->default_str(std::to_string(kDefaultTlsReloadSeconds));
+  }
 }
 
 inline void SetTlsFlags(const TlsFlags& f, std::map<std::string, std::string>* flags) {
   if (f.ca_opt->count() > 0) (*flags)["--tls-ca"] = f.ca;
   if (f.cert_opt->count() > 0) (*flags)["--tls-cert"] = f.cert;
   if (f.key_opt->count() > 0) (*flags)["--tls-key"] = f.key;
+  if (f.reload_opt != nullptr && f.reload_opt->count() > 0) (*flags)["--tls-reload-seconds"] = f.reload;
 }
 
-inline TlsFiles TlsSettings(const Config& config) {
+// A server's TLS settings (tls_ca, tls_cert, tls_key, tls_reload_seconds).
+inline absl::StatusOr<TlsFiles> TlsSettings(const Config& config) {
   TlsFiles t;
   t.ca_file = config.GetStringOr("tls_ca", "");
   t.cert_file = config.GetStringOr("tls_cert", "");
   t.key_file = config.GetStringOr("tls_key", "");
+  absl::StatusOr<uint64_t> reload = config.GetUint64Or("tls_reload_seconds", kDefaultTlsReloadSeconds);
+  if (!reload.ok()) return reload.status();
+  if (*reload > 86400) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("tls_reload_seconds is ", *reload, "; at most 86400 (a day), or 0 to read the files once"));
+  }
+  t.reload_seconds = static_cast<uint32_t>(*reload);
   return t;
 }
 

@@ -95,7 +95,7 @@ const std::set<std::string>& KnownKeys() {
       "listen",       "data_dir",  "metrics_listen", "lease_ms",
       "heartbeat_ms", "log_level", "log_json",       "log_file",
       "default_protection", "open_version_timeout_ms",
-      "tls_ca",       "tls_cert",  "tls_key",        "admin_token_file", "agent_token_file",
+      "tls_ca",       "tls_cert",  "tls_key", "tls_reload_seconds",        "admin_token_file", "agent_token_file",
       "trainer_tokens_file",
   };
   return *keys;
@@ -178,7 +178,7 @@ absl::StatusOr<Settings> LoadSettings(const std::string& config_file,
   if (!json.ok()) return json.status();
   out.log_json = *json;
   out.log_file = config->GetStringOr("log_file", "");
-  out.tls = daemon::TlsSettings(*config);
+  CKPT_ASSIGN_OR_RETURN(out.tls, daemon::TlsSettings(*config));
   CKPT_RETURN_IF_ERROR(CheckTlsFiles(out.tls, /*server=*/true));
   CKPT_ASSIGN_OR_RETURN(out.admin_token, daemon::TokenSetting(*config, "admin_token_file"));
   CKPT_ASSIGN_OR_RETURN(out.agent_token, daemon::TokenSetting(*config, "agent_token_file"));

@@ -22,7 +22,7 @@ while [ $# -gt 0 ]; do
     *) targets+=("$1"); shift ;;
   esac
 done
-all=(fuzz_manifest fuzz_durable_manifest fuzz_agent_record fuzz_peer_wire fuzz_greeting fuzz_config)
+all=(fuzz_manifest fuzz_durable_manifest fuzz_agent_record fuzz_peer_wire fuzz_greeting fuzz_config fuzz_trainer_tokens)
 [ ${#targets[@]} -gt 0 ] || targets=("${all[@]}")
 "${root}/scripts/setup-deps.sh"  # clang and libclang-rt-14-dev among them
 command -v clang++ >/dev/null || { echo "fuzz.sh: clang++ not found (apt-get install clang libclang-rt-14-dev)" >&2; exit 2; }

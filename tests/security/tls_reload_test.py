@@ -24,15 +24,9 @@ import time
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 BUILD = pathlib.Path(os.environ.get("CKPT_BUILD_DIR", ROOT / "build")).resolve()
 sys.path.insert(0, str(ROOT / "tests" / "support"))
+from checks import check, eventually, finish  # noqa: E402
 from localnet import free_ports, start_daemon, wait_tcp  # noqa: E402
 
-failures = []
-
-
-def check(cond, what, detail=""):
-    print(("ok   " if cond else "FAIL ") + what + ("" if cond else f"\n     {detail}"))
-    if not cond:
-        failures.append(what)
 
 
 def replace(src, dst):
@@ -77,13 +71,8 @@ def main():
 
         for name in ("ca.pem", "server.pem", "server.key"):
             replace(work / "ca2" / name, live / name)
-        deadline = time.monotonic() + 30
-        served = False
-        while time.monotonic() < deadline and not served:
-            served = status("ca2").returncode == 0
-            if not served:
-                time.sleep(0.5)
-        check(served, "after the swap, a caller of the second CA is served (no restart)")
+        check(eventually(lambda: status("ca2").returncode == 0),
+              "after the swap, a caller of the second CA is served (no restart)")
         r = status("ca1")
         check(r.returncode != 0, "after the swap, a caller of the first CA is refused", r.stdout)
         check(meta.poll() is None, "meta kept running through the swap")
@@ -95,23 +84,13 @@ def main():
         time.sleep(3)  # three reload periods: the watcher has read the bad file
         check(meta.poll() is None, "a broken certificate file does not take meta down")
         replace(work / "ca2" / "server.pem", live / "server.pem")
-        deadline = time.monotonic() + 30
-        served = False
-        while time.monotonic() < deadline and not served:
-            served = status("ca2").returncode == 0
-            if not served:
-                time.sleep(0.5)
-        check(served and meta.poll() is None, "once the file is fixed, meta serves again (no restart)")
+        check(eventually(lambda: status("ca2").returncode == 0) and meta.poll() is None,
+              "once the file is fixed, meta serves again (no restart)")
     finally:
         if meta is not None and meta.poll() is None:
             meta.send_signal(signal.SIGKILL)
             meta.wait()
-        if failures:
-            print(f"logs kept in {work}")
-        else:
-            shutil.rmtree(work, ignore_errors=True)
-    print(f"{len(failures)} failure(s)")
-    return 1 if failures else 0
+    return finish(work)
 
 
 if __name__ == "__main__":

@@ -33,15 +33,9 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 BUILD = pathlib.Path(os.environ.get("CKPT_BUILD_DIR", ROOT / "build")).resolve()
 sys.path.insert(0, str(ROOT / "tests" / "support"))
 sys.path.insert(0, str(BUILD / "python"))
+from checks import check, finish  # noqa: E402
 from localnet import free_ports, start_daemon, wait_tcp  # noqa: E402
 
-failures = []
-
-
-def check(cond, what, detail=""):
-    print(("ok   " if cond else "FAIL ") + what + ("" if cond else f"\n     {detail}"))
-    if not cond:
-        failures.append(what)
 
 
 def secret(path, text, mode=0o600):
@@ -259,12 +253,7 @@ def main():
     finally:
         if c is not None:
             c.stop()
-        if failures:
-            print(f"logs kept in {work}")
-        else:
-            shutil.rmtree(work, ignore_errors=True)
-    print(f"{len(failures)} failure(s)")
-    return 1 if failures else 0
+    return finish(work)
 
 
 if __name__ == "__main__":

@@ -31,7 +31,7 @@ BUILD = pathlib.Path(os.environ.get("CKPT_BUILD_DIR", ROOT / "build")).resolve()
 sys.path.insert(0, str(ROOT / "tests" / "support"))
 sys.path.insert(0, str(BUILD / "python"))
 from checks import check, finish  # noqa: E402
-from localnet import free_ports, start_daemon, wait_tcp  # noqa: E402
+from localnet import free_ports, kill_daemons, start_daemon, wait_tcp  # noqa: E402
 
 
 
@@ -95,12 +95,7 @@ class Cluster:
         return subprocess.run(argv + list(args), capture_output=True, text=True, timeout=60, env=e)
 
     def stop(self):
-        for p in self.procs:
-            if p.poll() is None:
-                p.send_signal(signal.SIGKILL)
-                p.wait()
-        for d in pathlib.Path("/dev/shm").glob(self.shm.name + "*"):
-            shutil.rmtree(d, ignore_errors=True)
+        kill_daemons(self.procs, self.shm.name)
 
 
 def wait_alive(c, timeout=30):

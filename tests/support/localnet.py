@@ -2,6 +2,9 @@
 and waiting for a daemon to listen. Shared by python/tests/conftest.py,
 bench/item_bench.py and tests/chaos/chaos_soak.py (each puts this directory on
 sys.path)."""
+import pathlib
+import shutil
+import signal
 import socket
 import subprocess
 import time
@@ -39,3 +42,15 @@ def start_daemon(bin_dir, log_dir, name, args):
     """Starts bin_dir/name with args, stdout and stderr appended to log_dir/name.log."""
     with open(log_dir / f"{name}.log", "ab") as log:
         return subprocess.Popen([str(bin_dir / name)] + list(args), stdout=log, stderr=subprocess.STDOUT)
+
+
+def kill_daemons(procs, shm_prefix=None):
+    """SIGKILLs every process of procs still running (by PID) and reaps it; then removes the
+    /dev/shm directories whose names start with shm_prefix (their memory tiers)."""
+    for p in procs:
+        if p.poll() is None:
+            p.send_signal(signal.SIGKILL)
+            p.wait()
+    if shm_prefix:
+        for d in pathlib.Path("/dev/shm").glob(shm_prefix + "*"):
+            shutil.rmtree(d, ignore_errors=True)

@@ -24,7 +24,6 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/strings/numbers.h"
-#include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
@@ -506,11 +505,6 @@ class UcxTransport : public Transport {
     for (Pending& p : pending_) CloseFd(&p.fd);
     pending_.clear();
     for (auto& [id, peer] : peers_) CloseFd(&peer->fd);
-    if (abandon_worker_) {
-      worker_ = nullptr;  // operations may still point into it (Shutdown)
-      context_ = nullptr;
-      return;
-    }
     if (worker_ != nullptr) ucp_worker_destroy(worker_);
     worker_ = nullptr;
     if (context_ != nullptr) ucp_cleanup(context_);
@@ -1031,25 +1025,13 @@ class UcxTransport : public Transport {
       if (peer->connect) FinishConnect(peer.get(), absl::UnavailableError("UCX transport stopped"));
     }
     for (auto& r : remotes_) CloseRemote(r.get(), /*force=*/false);
-    auto busy = [this] { return closing_ > 0 || sends_in_flight_ > 0 || recvs_in_flight_ > 0; };
     const absl::Time deadline = absl::Now() + absl::Milliseconds(options_.stop_timeout_ms);
-    while (busy() && absl::Now() < deadline) ProgressOrWait();
-    if (busy()) {
-      // A slow or stopped peer kept an endpoint's flushing close from
-      // finishing. UCX 1.13 aborts the process when a worker is destroyed with
-      // operations still on an endpoint, so the worker is left to the exit
-      // and never progressed again: its sends end here (Cancelled), and no
-      // UCX callback runs after this.
-      log::Warn("UCX transport stopped with {} endpoint closes, {} sends, {} receives unfinished; its UCX "
-                "worker is left in place", closing_, sends_in_flight_, recvs_in_flight_);
-      abandon_worker_ = true;
-      for (auto& [request, op] : inflight_sends_) {
-        std::unique_ptr<SendOp> owned(op);
-        owned->done(owned->peer->failed ? owned->peer->fail_status
-                                        : absl::CancelledError("UCX transport stopped"));
-      }
-      inflight_sends_.clear();
-      sends_in_flight_ = 0;
+    while ((closing_ > 0 || sends_in_flight_ > 0 || recvs_in_flight_ > 0) && absl::Now() < deadline) {
+      ProgressOrWait();
+    }
+    if (closing_ > 0 || sends_in_flight_ > 0 || recvs_in_flight_ > 0) {
+      log::Warn("UCX transport stopped with {} endpoint closes, {} sends, {} receives unfinished",
+                closing_, sends_in_flight_, recvs_in_flight_);
     }
     for (ucp_mem_h memh : memhs_) ucp_mem_unmap(context_, memh);
     memhs_.clear();
@@ -1159,7 +1141,7 @@ class UcxTransport : public Transport {
           absl::StrCat("send to peer ", peer_id, ": ", UcsError(UCS_PTR_STATUS(req)))));
     } else {
       ++sends_in_flight_;
-      inflight_sends_[req] = op.release();  // OnSendDone owns it now
+      op.release();  // OnSendDone owns it now
     }
   }
 
@@ -1253,7 +1235,6 @@ class UcxTransport : public Transport {
   static void OnSendDone(void* request, ucs_status_t status, void* user_data) {
     std::unique_ptr<SendOp> op(static_cast<SendOp*>(user_data));
     --op->owner->sends_in_flight_;
-    op->owner->inflight_sends_.erase(request);
     ucp_request_free(request);
     // The endpoint may outlive a disconnected peer (other connections to the
     // same worker use it): its sends still end with the peer's status.
@@ -1391,10 +1372,6 @@ class UcxTransport : public Transport {
   int closing_ = 0;
   int sends_in_flight_ = 0;
   int recvs_in_flight_ = 0;
-  // Those sends by UCX request (progress thread only): what Shutdown ends
-  // itself when a peer does not let them finish.
-  absl::flat_hash_map<void*, SendOp*> inflight_sends_;
-  bool abandon_worker_ = false;  // Shutdown could not finish: never destroy the worker
 };
 
 }  // namespace

@@ -236,10 +236,14 @@ TEST(UcxTransport, DisconnectTellsBothSides) {
   EXPECT_EQ(p.hb.failed()[0].first, p.hb.received()[0].msg.from);
 }
 
+// Sends of 4 MiB (rendezvous), not 16: UCX 1.13 aborts in ucp_worker_destroy
+// when Stop's flushing closes are still busy after stop_timeout_ms (2 s), and
+// 256 MiB did not always drain in 2 s on a loaded CI machine (docs/testing.md,
+// "Known failures").
 TEST(UcxTransport, StopCompletesSendsInFlight) {
   UcxPair p;
   ASSERT_NO_FATAL_FAILURE(p.Start());
-  const auto data = Pattern(16 << 20, 9);
+  const auto data = Pattern(4 << 20, 9);
   constexpr int kSends = 16;
   DoneLog done;
   for (int i = 0; i < kSends; ++i) p.a->Send(p.to_b, 1, absl::StrCat(i), AsPieces(data), done.Callback());

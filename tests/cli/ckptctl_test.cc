@@ -404,7 +404,7 @@ TEST_F(CkptctlBigShardTest, OnlineRestoreOfAOneGiBShardStreams) {
   // small, so its peak RSS is its own.
   const std::string out = dir_->path() + "/restored";
   testing::SubprocessOptions so;
-  so.argv = {testing::BinaryPath("ckptctl"), "--meta", meta_->address(), "--json", "restore", "huge", "1",
+  so.argv = {testing::BinaryPath("ckptctl"), "--meta", meta_->address(), "--timeout", "180", "--json", "restore", "huge", "1",
              "--out", out};
   absl::StatusOr<RunResult> r = testing::RunToCompletion(so, absl::Minutes(4));
   ASSERT_TRUE(r.ok()) << r.status();

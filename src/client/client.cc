@@ -253,14 +253,7 @@ std::shared_ptr<grpc::Channel> MakeChannel(const std::string& target,
                                            std::shared_ptr<grpc::ChannelCredentials> credentials,
                                            const std::string& token = "") {
   grpc::ChannelArguments args;
-  // Manifests of big models run to megabytes (Locate, OpenShard).
-  args.SetMaxReceiveMessageSize(-1);
-  args.SetMaxSendMessageSize(-1);
-  // Reconnect quickly after a daemon restart (gRPC's default backoff grows
-  // to 2 minutes).
-  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
-  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
-  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+  SetReconnectArgs(&args);  // quick reconnects, unlimited message sizes
   return ChannelWithToken(target, std::move(credentials), args, token);
 }
 

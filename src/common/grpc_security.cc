@@ -261,6 +261,14 @@ class TokenInterceptorFactory : public grpc::experimental::ClientInterceptorFact
 
 }  // namespace
 
+void SetReconnectArgs(grpc::ChannelArguments* args) {
+  args->SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+  args->SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+  args->SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 20000);  // the minimum connect timeout
+  args->SetMaxReceiveMessageSize(-1);
+  args->SetMaxSendMessageSize(-1);
+}
+
 std::shared_ptr<grpc::Channel> ChannelWithToken(const std::string& target,
                                                 std::shared_ptr<grpc::ChannelCredentials> credentials,
                                                 const grpc::ChannelArguments& args, const std::string& token) {

@@ -69,6 +69,16 @@ absl::StatusOr<std::string> ReadTokenFile(const std::string& path);
 // names, else CKPT_TOKEN; empty if none.
 absl::StatusOr<std::string> TokenFromEnvironment(const std::string& token_file);
 
+// Channel arguments for a daemon's or trainer's long-lived channel: after a
+// peer restarts, reconnect within a second (gRPC's default backoff grows to
+// 2 minutes), but give each connection attempt (TCP and the TLS handshake)
+// gRPC's default 20 s. gRPC 1.51 takes an attempt's minimum time from
+// GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, so setting that to 100 ms (as we did)
+// capped an attempt at about a second, and TLS handshakes on a loaded node
+// (ASan in CI beside other tests) never finished: "tcp handshaker shutdown".
+// No limit on message sizes (manifests of big models run to megabytes).
+void SetReconnectArgs(grpc::ChannelArguments* args);
+
 // Adds "authorization: Bearer TOKEN" to a call (nothing if token is empty).
 void AddToken(grpc::ClientContext* ctx, const std::string& token);
 

@@ -275,6 +275,109 @@ void BM_UcxTwoProcTcpSendChunked1GiB(benchmark::State& state) {
 }
 BENCHMARK(BM_UcxTwoProcTcpSendChunked1GiB)->Arg(8)->Arg(16)->Iterations(4)->UseManualTime()->Unit(benchmark::kMillisecond);
 
+// Both ways on one pair (what replicate{2, group} does: partners push to
+// each other at once) against the same bytes one way: 512 MiB from the
+// parent to a forked child while the child sends 512 MiB back, UCX_TLS=tcp.
+// "GBps" counts both directions (1 GiB per run). Arg: chunk MiB.
+void BM_UcxTwoProcTcpBothWays1GiB(benchmark::State& state) {
+  UcxOptions options;
+  options.config = {{"TLS", "tcp"}};
+  options.self_check_timeout_ms = 0;
+  Source();
+  Dest();
+  constexpr uint64_t kHalf = kTotal / 2;
+  BulkOptions opt;
+  opt.chunk_bytes = state.range(0) << 20;
+  opt.max_in_flight = 4;
+  auto header = [](const ChunkInfo& c) { return absl::StrCat(c.offset); };
+  int addr_pipe[2], back_pipe[2], go_pipe[2], done_pipe[2];
+  if (pipe(addr_pipe) != 0 || pipe(back_pipe) != 0 || pipe(go_pipe) != 0 || pipe(done_pipe) != 0) {
+    state.SkipWithError("pipe failed");
+    return;
+  }
+  auto read_line = [](int fd) {
+    std::string s;
+    char c;
+    while (read(fd, &c, 1) == 1 && c != '\n') s.push_back(c);
+    return s;
+  };
+  const pid_t child = fork();
+  if (child == 0) {
+    ChunkSink sink;
+    auto b = NewUcxTransport(options);
+    std::string address;
+    if (b->Start("127.0.0.1:0", &sink).ok()) address = b->address();
+    (void)b->RegisterMemory(Dest().data(), kTotal);
+    (void)b->RegisterMemory(Source().data(), kTotal);
+    address.push_back('\n');
+    [[maybe_unused]] ssize_t w = write(addr_pipe[1], address.data(), address.size());
+    absl::StatusOr<PeerId> peer = b->Connect(read_line(back_pipe[0]), 10000);
+    char c;
+    while (read(go_pipe[0], &c, 1) == 1 && c == 'g') {
+      std::vector<absl::Status> st;
+      if (peer.ok()) {
+        const PeerId p = *peer;
+        st = SendChunked(*b, std::span<const PeerId>(&p, 1), 1,
+                         ConstPieces{std::span<const std::byte>(Source()).subspan(kHalf, kHalf)}, opt, header,
+                         RealClock());
+      }
+      const char r = peer.ok() && st[0].ok() ? 'k' : 'f';
+      w = write(done_pipe[1], &r, 1);
+    }
+    b->Stop();
+    _exit(0);
+  }
+  const std::string address = read_line(addr_pipe[0]);
+  ChunkSink sink;
+  auto a = NewUcxTransport(options);
+  absl::StatusOr<PeerId> peer = absl::UnavailableError("not started");
+  if (a->Start("127.0.0.1:0", &sink).ok()) peer = a->Connect(address, 10000);
+  const std::string mine = a->address() + "\n";
+  [[maybe_unused]] ssize_t w = write(back_pipe[1], mine.data(), mine.size());
+  (void)a->RegisterMemory(Source().data(), kTotal);
+  (void)a->RegisterMemory(Dest().data(), kTotal);
+  uint64_t expected = 0;
+  bool failed = !peer.ok();
+  auto once = [&]() -> double {
+    const absl::Time start = absl::Now();
+    w = write(go_pipe[1], "g", 1);
+    const PeerId p = *peer;
+    auto st = SendChunked(*a, std::span<const PeerId>(&p, 1), 1,
+                          ConstPieces{std::span<const std::byte>(Source()).subspan(0, kHalf)}, opt, header,
+                          RealClock());
+    char r = 'f';
+    [[maybe_unused]] ssize_t n = read(done_pipe[0], &r, 1);
+    expected += kHalf;
+    sink.WaitFor(expected);
+    if (!st[0].ok() || r != 'k') failed = true;
+    return kTotal / absl::ToDoubleSeconds(absl::Now() - start) / 1e9;
+  };
+  double first = 0, sum = 0;
+  int n = 0;
+  if (!failed) first = once();
+  for (auto _ : state) {
+    if (failed) break;
+    const double gbps = once();
+    state.SetIterationTime(kTotal / gbps / 1e9);
+    sum += gbps;
+    ++n;
+  }
+  if (failed) state.SkipWithError("UCX start, connect or a send failed");
+  w = write(go_pipe[1], "x", 1);
+  waitpid(child, nullptr, 0);
+  a->Stop();
+  for (int* fds : {addr_pipe, back_pipe, go_pipe, done_pipe}) {
+    close(fds[0]);
+    close(fds[1]);
+  }
+  if (n == 0) return;
+  state.SetBytesProcessed(state.iterations() * kTotal);
+  state.counters["GBps"] = sum / n;
+  state.counters["first_GBps"] = first;
+  if (g_tcp_gbps > 0) state.counters["vs_tcp"] = sum / n / g_tcp_gbps;
+}
+BENCHMARK(BM_UcxTwoProcTcpBothWays1GiB)->Arg(8)->Iterations(4)->UseManualTime()->Unit(benchmark::kMillisecond);
+
 }  // namespace
 }  // namespace ckpt::transport
 

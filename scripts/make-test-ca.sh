@@ -10,6 +10,9 @@
 #   client.pem client.key         for ckptctl, trainers and agents (as callers)
 #   rogue-ca.pem rogue.pem rogue.key  a second CA and a client it signed (what
 #                                 a server must refuse)
+#   revoked.pem revoked.key       a client the CA signed and then revoked
+#   crl/                          the CA's CRL revoking it, hashed for
+#                                 --tls-crl-dir (openssl rehash)
 # Needs the openssl command (Debian package openssl).
 set -euo pipefail
 dir=${1:?usage: make-test-ca.sh DIR [HOST...]}
@@ -48,5 +51,17 @@ extendedKeyUsage=serverAuth,clientAuth"
 leaf client "ckpt-client" ca "extendedKeyUsage=clientAuth"
 ca rogue-ca "rogue CA"
 leaf rogue "rogue-client" rogue-ca "extendedKeyUsage=clientAuth"
+leaf revoked "ckpt-revoked-client" ca "extendedKeyUsage=clientAuth"
+# A CRL of the test CA that revokes revoked.pem (openssl ca keeps its state in
+# ca-db/; only the CRL and its hash link are kept).
+mkdir -p ca-db crl
+: > ca-db/index.txt
+echo 1000 > ca-db/crlnumber
+printf '%s\n' "[ ca ]" "default_ca = test_ca" "[ test_ca ]" "database = ca-db/index.txt" \
+  "crlnumber = ca-db/crlnumber" "default_md = sha256" "default_crl_days = $days" > ca-db/ca.cnf
+openssl ca -config ca-db/ca.cnf -keyfile ca.key -cert ca.pem -revoke revoked.pem 2>/dev/null
+openssl ca -config ca-db/ca.cnf -keyfile ca.key -cert ca.pem -gencrl -out crl/ca.crl.pem 2>/dev/null
+openssl rehash crl >/dev/null 2>&1
+rm -rf ca-db
 rm -f ./*.srl
 echo "make-test-ca.sh: wrote $(ls | tr '\n' ' ')in $dir"

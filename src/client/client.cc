@@ -340,7 +340,10 @@ absl::StatusOr<Client> Client::Connect(const ClientOptions& options) {
   const absl::Time deadline = absl::Now() + options.connect_timeout;
   auto core = std::make_shared<client::ClientCore>();
   core->options = options;
-  TlsFiles tls{options.tls_ca_file, options.tls_cert_file, options.tls_key_file};
+  TlsFiles tls;
+  tls.ca_file = options.tls_ca_file;
+  tls.cert_file = options.tls_cert_file;
+  tls.key_file = options.tls_key_file;
   TlsFilesFromEnvironment(&tls);
   CKPT_ASSIGN_OR_RETURN(std::shared_ptr<grpc::ChannelCredentials> meta_credentials, ChannelCredentials(tls));
   absl::StatusOr<std::string> token = TokenFromEnvironment(options.token_file);

@@ -3,7 +3,9 @@
 
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <optional>
 #include <sstream>
@@ -41,6 +43,29 @@ absl::StatusOr<std::string> ReadPem(const std::string& path, const char* what, c
   return pem;
 }
 
+// A CRL directory gRPC can use: it exists and holds at least one file named
+// as `openssl rehash` names CRLs (8 hex digits, ".r", a number).
+absl::Status CheckCrlDir(const std::string& dir) {
+  std::error_code ec;
+  if (!std::filesystem::is_directory(dir, ec)) {
+    return absl::InvalidArgumentError(absl::StrCat("--tls-crl-dir \"", dir, "\" is not a directory"));
+  }
+  for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
+    const std::string name = entry.path().filename().string();
+    const size_t dot = name.find(".r");
+    if (dot == 8 && name.size() > 10 &&
+        std::all_of(name.begin(), name.begin() + 8, [](char ch) { return absl::ascii_isxdigit(ch); }) &&
+        std::all_of(name.begin() + 10, name.end(), [](char ch) { return absl::ascii_isdigit(ch); })) {
+      return absl::OkStatus();
+    }
+  }
+  if (ec) return absl::InvalidArgumentError(absl::StrCat("--tls-crl-dir \"", dir, "\" cannot be read: ", ec.message()));
+  return absl::InvalidArgumentError(absl::StrCat("--tls-crl-dir \"", dir,
+                                                 "\" holds no hashed CRL (<hash>.r0): put the CRLs (PEM) there "
+                                                 "and run `openssl rehash ",
+                                                 dir, "`"));
+}
+
 const char* EnvOr(const char* name) {
   const char* v = std::getenv(name);
   return v == nullptr ? "" : v;
@@ -72,6 +97,7 @@ absl::Status CheckTlsFiles(const TlsFiles& files, bool server) {
     CKPT_RETURN_IF_ERROR(ReadPem(files.cert_file, "certificate", "--tls-cert").status());
     CKPT_RETURN_IF_ERROR(ReadPem(files.key_file, "key", "--tls-key").status());
   }
+  if (!files.crl_dir.empty()) CKPT_RETURN_IF_ERROR(CheckCrlDir(files.crl_dir));
   return absl::OkStatus();
 }
 
@@ -82,16 +108,28 @@ absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> ServerCredentials(const
         "TLS needs all of --tls-ca, --tls-cert and --tls-key on a server (mutual TLS: the CA "
         "checks the callers' certificates)");
   }
-  if (files.reload_seconds > 0) {
+  if (files.reload_seconds > 0 || !files.crl_dir.empty()) {
     // The same checks at start (a bad file is the daemon's usage error), then
-    // gRPC's file watcher keeps the credentials current.
+    // gRPC's TLS credentials: a file watcher keeps them current (reload), and
+    // they take the CRL directory.
     CKPT_RETURN_IF_ERROR(CheckTlsFiles(files, /*server=*/true));
-    auto provider = std::make_shared<grpc::experimental::FileWatcherCertificateProvider>(
-        files.key_file, files.cert_file, files.ca_file, files.reload_seconds);
+    std::shared_ptr<grpc::experimental::CertificateProviderInterface> provider;
+    if (files.reload_seconds > 0) {
+      provider = std::make_shared<grpc::experimental::FileWatcherCertificateProvider>(
+          files.key_file, files.cert_file, files.ca_file, files.reload_seconds);
+    } else {
+      CKPT_ASSIGN_OR_RETURN(std::string ca, ReadPem(files.ca_file, "CA", "--tls-ca"));
+      grpc::experimental::IdentityKeyCertPair pair;
+      CKPT_ASSIGN_OR_RETURN(pair.certificate_chain, ReadPem(files.cert_file, "certificate", "--tls-cert"));
+      CKPT_ASSIGN_OR_RETURN(pair.private_key, ReadPem(files.key_file, "key", "--tls-key"));
+      provider = std::make_shared<grpc::experimental::StaticDataCertificateProvider>(
+          ca, std::vector<grpc::experimental::IdentityKeyCertPair>{std::move(pair)});
+    }
     grpc::experimental::TlsServerCredentialsOptions opts(provider);
     opts.watch_root_certs();
     opts.watch_identity_key_cert_pairs();
     opts.set_cert_request_type(GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY);
+    if (!files.crl_dir.empty()) opts.set_crl_directory(files.crl_dir);
     return grpc::experimental::TlsServerCredentials(opts);
   }
   grpc::SslServerCredentialsOptions opts(GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY);

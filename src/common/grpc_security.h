@@ -40,6 +40,11 @@ struct TlsFiles {
   // its certificate, half-written) are logged by gRPC and the previous ones
   // stay in use.
   uint32_t reload_seconds = 0;
+  // Servers: a directory of certificate revocation lists, hashed as OpenSSL
+  // looks them up (`openssl rehash DIR`: <hash>.r0, ...). A caller whose
+  // certificate a CRL there revokes is refused; a CA with no CRL there is
+  // not checked. Read by gRPC at each handshake, so a new CRL applies at once.
+  std::string crl_dir;
   bool enabled() const { return !ca_file.empty() || !cert_file.empty() || !key_file.empty(); }
 };
 

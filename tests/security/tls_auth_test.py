@@ -12,6 +12,8 @@ endpoint with TLS. Checked:
   - delete and drain without the token are UNAUTHENTICATED, with another
     token PERMISSION_DENIED, and change nothing; with the admin token they
     work;
+  - with --tls-crl-dir, a certificate the CA revoked is refused (and
+    accepted without it);
   - bad set-ups are usage errors (exit 2) that say what is wrong: a server
     with only some TLS files, a world-readable token file, a CA file that is
     not PEM.
@@ -166,6 +168,7 @@ def main():
         agent_probe(c)
         agent_rpcs(c)
         admin_rpcs(c)
+        revocation(c)
         bad_setups(work)
     finally:
         if c is not None:
@@ -242,6 +245,28 @@ def admin_rpcs(c):
     check(r.returncode == 0, "drain with the admin token (CKPT_TOKEN_FILE) works", r.stderr)
 
 
+def revocation(c):
+    """ckpt-meta --tls-crl-dir: a caller whose certificate the CA revoked is refused; the CA's
+    other callers are served. Without the CRL the same certificate works (it is otherwise valid)."""
+    def status(meta, who):
+        return subprocess.run([str(BUILD / "bin" / "ckptctl"), "--meta", meta, "--timeout", "5"] + c.client_tls(who) +
+                              ["status"], capture_output=True, text=True, timeout=60)
+    check(status(c.meta, "revoked").returncode == 0, "without a CRL the revoked certificate is accepted",
+          status(c.meta, "revoked").stderr)
+    mp, mm = free_ports(2)
+    meta = f"127.0.0.1:{mp}"
+    m = c.start("ckpt-meta", ["--listen", meta, "--metrics-listen", f"127.0.0.1:{mm}", "--data-dir",
+                              str(c.work / "meta-crl"), "--tls-crl-dir", str(c.ca / "crl")] + c.server_tls())
+    wait_tcp(mp, m, 30)
+    r = status(meta, "client")
+    check(r.returncode == 0, "with --tls-crl-dir meta serves a certificate not revoked", r.stderr)
+    r = status(meta, "revoked")
+    check(r.returncode == 1 and "UNAVAILABLE" in r.stderr, "with --tls-crl-dir meta refuses a revoked certificate",
+          r.stderr)
+    m.send_signal(signal.SIGKILL)
+    m.wait()
+
+
 def bad_setups(work):
     ca = work / "ca"
     meta = [str(BUILD / "bin" / "ckpt-meta"), "--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0",
@@ -262,6 +287,13 @@ def bad_setups(work):
     usage_error([str(BUILD / "bin" / "ckptctl"), "--meta", "127.0.0.1:1", "--tls-ca", str(ca / "ca.pem"),
                  "--tls-cert", str(ca / "client.pem"), "status"], "--tls-cert without --tls-key is a usage error",
                 "go together")
+    tls = ["--tls-ca", str(ca / "ca.pem"), "--tls-cert", str(ca / "server.pem"), "--tls-key", str(ca / "server.key")]
+    empty = work / "empty-crl"
+    empty.mkdir()
+    usage_error(meta + tls + ["--tls-crl-dir", str(empty)], "a CRL directory without hashed CRLs is a usage error",
+                "openssl rehash")
+    usage_error(meta + ["--tls-crl-dir", str(ca / "crl")], "--tls-crl-dir without TLS is a usage error",
+                "needs TLS")
 
 
 if __name__ == "__main__":

@@ -83,6 +83,7 @@ absl::Status Agent::Init() {
     SessionServer::Options so;
     so.socket_path = options_.session_socket;
     so.grace = absl::Milliseconds(options_.session_grace_ms);
+    so.allowed_gid = options_.socket_gid;
     CKPT_ASSIGN_OR_RETURN(
         sessions_, SessionServer::Start(so, {PoolFile{arena_->pool_path(), arena_->pool_fd(), arena_->capacity_bytes()}},
                                         clock_, [this](const std::string& id) {

@@ -105,6 +105,9 @@ struct AgentOptions {
   // plus `session_grace_ms` after it closes.
   std::string session_socket;
   int64_t session_grace_ms = 10000;
+  // >= 0: the session socket belongs to this group and only its members
+  // (and root and the agent's user) get sessions (SessionServer::Options).
+  int64_t socket_gid = -1;
   int serve_threads = 2;   // serving peers' reads
   int finish_threads = 2;  // storing finished pushes
   int stripe_threads = 4;  // stripes pushed / restored concurrently

@@ -8,6 +8,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <random>
@@ -17,6 +18,10 @@
 #include "absl/strings/str_split.h"
 #include "common/lock_check.h"
 #include "common/log.h"
+
+#ifndef SO_PEERGROUPS
+#define SO_PEERGROUPS 59  // Linux 4.13; older headers lack the name
+#endif
 
 namespace ckpt::agent {
 namespace {
@@ -64,6 +69,13 @@ absl::StatusOr<std::unique_ptr<SessionServer>> SessionServer::Start(Options opti
     return Errno(absl::StrCat("bind '", s->options_.socket_path, "'"));
   }
   ::chmod(s->options_.socket_path.c_str(), 0660);
+  if (s->options_.allowed_gid >= 0 &&
+      ::chown(s->options_.socket_path.c_str(), static_cast<uid_t>(-1), static_cast<gid_t>(s->options_.allowed_gid)) != 0) {
+    const int err = errno;
+    return absl::PermissionDeniedError(absl::StrCat("cannot give the session socket '", s->options_.socket_path,
+                                                    "' to group ", s->options_.allowed_gid, ": ", std::strerror(err),
+                                                    " (run the agent as root or as a member of that group)"));
+  }
   if (::listen(s->listen_fd_, 128) != 0) return Errno("listen on the session socket");
   s->wake_fd_ = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
   if (s->wake_fd_ < 0) return Errno("eventfd");
@@ -184,15 +196,46 @@ void SessionServer::Accept() {
   }
 }
 
+std::string SessionServer::RefusePeer(int fd) const {
+  if (options_.allowed_gid < 0) return "";
+  const auto allowed = static_cast<gid_t>(options_.allowed_gid);
+  ucred cred{};
+  socklen_t len = sizeof(cred);
+  if (::getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0) {
+    return absl::StrCat("cannot read the peer's credentials: ", std::strerror(errno));
+  }
+  if (cred.uid == 0 || cred.uid == ::geteuid() || cred.gid == allowed) return "";
+  // The supplementary groups the process had when it connected.
+  std::vector<gid_t> groups(64);
+  socklen_t glen = static_cast<socklen_t>(groups.size() * sizeof(gid_t));
+  int rc = ::getsockopt(fd, SOL_SOCKET, SO_PEERGROUPS, groups.data(), &glen);
+  if (rc != 0 && errno == ERANGE) {
+    groups.resize(glen / sizeof(gid_t));
+    rc = ::getsockopt(fd, SOL_SOCKET, SO_PEERGROUPS, groups.data(), &glen);
+  }
+  if (rc == 0) {
+    groups.resize(glen / sizeof(gid_t));
+    if (std::find(groups.begin(), groups.end(), allowed) != groups.end()) return "";
+  }
+  return absl::StrCat("uid ", cred.uid, " gid ", cred.gid, " (pid ", cred.pid,
+                      ") is not in the agent's socket group ", allowed, " (ckpt-agent --socket-group)");
+}
+
 bool SessionServer::Greet(int fd) {
-  char buf[kMaxMessage];
-  const ssize_t got = ::recv(fd, buf, sizeof(buf) - 1, MSG_DONTWAIT | MSG_TRUNC);
   auto refuse = [fd](const std::string& why) {
     const std::string msg = absl::StrCat("ERR ", why, "\n");
     [[maybe_unused]] ssize_t n = ::send(fd, msg.data(), msg.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
     return false;
   };
+  char buf[kMaxMessage];
+  const ssize_t got = ::recv(fd, buf, sizeof(buf) - 1, MSG_DONTWAIT | MSG_TRUNC);
   if (got <= 0) return false;
+  // After the hello is read: a socket closed with unread data resets the
+  // connection, and the client would not see why.
+  if (const std::string why = RefusePeer(fd); !why.empty()) {
+    log::Warn("session socket: refused a client: {}", why);
+    return refuse(why);
+  }
   if (static_cast<size_t>(got) >= sizeof(buf)) return refuse("hello message too long");
   std::string hello(buf, static_cast<size_t>(got));
   while (!hello.empty() && (hello.back() == '\n' || hello.back() == '\r')) hello.pop_back();

@@ -50,6 +50,13 @@ class SessionServer {
     std::string socket_path;
     absl::Duration grace = absl::Seconds(10);
     size_t max_sessions = 4096;
+    // >= 0: the socket file is given to this group (chown; Start fails if
+    // the agent may not) and every connecting process is checked by its
+    // kernel-reported credentials (SO_PEERCRED, SO_PEERGROUPS): root, the
+    // agent's own user, and processes whose effective or supplementary
+    // groups include it are served; others get "ERR" naming their uid and
+    // gid, and a warning is logged. -1: the socket's mode (0660) alone.
+    int64_t allowed_gid = -1;
   };
   // Listens on `options.socket_path` (mode 0660, replacing a stale socket).
   // `on_ended(session_id)` runs on the session thread once a closed
@@ -75,6 +82,9 @@ class SessionServer {
   void Accept();
   // Reads the client's hello and answers it; false if the connection is done.
   bool Greet(int fd);
+  // Empty if the peer on `fd` may have a session (Options::allowed_gid),
+  // else why not.
+  std::string RefusePeer(int fd) const;
   void Hangup(int fd);
   void ExpireClosed();
 

@@ -10,6 +10,7 @@
 //
 // Exit codes: 0 after a clean shutdown, 1 for a runtime failure (cannot bind,
 // memory tier cannot be reserved), 2 for a usage or configuration error.
+#include <grp.h>
 #include <signal.h>
 #include <sys/stat.h>
 #include <sys/socket.h>
@@ -28,10 +29,12 @@
 #include <memory>
 #include <set>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "common/clock.h"
@@ -70,7 +73,7 @@ const std::set<std::string>& KnownKeys() {
       "node_id", "meta", "listen", "data_listen", "run_dir", "memory", "memory_dir", "durable_root",
       "failure_domain", "metrics_listen", "lease_ttl_ms", "rpc_timeout_ms", "log_level", "log_json", "log_file",
       "data_transport", "data_chunk", "data_rate", "data_in_flight", "peer_timeout_ms", "session_grace_ms",
-      "advertise_host", "tls_ca", "tls_cert", "tls_key", "tls_reload_seconds", "token_file", "admin_token_file",
+      "advertise_host", "tls_ca", "tls_cert", "tls_key", "tls_reload_seconds", "tls_crl_dir", "token_file", "admin_token_file", "socket_group",
   };
   return *keys;
 }
@@ -92,6 +95,21 @@ struct Settings {
   std::string meta_token;  // sent with every call to ckpt-meta (--token-file)
   std::string admin_token;  // calls on the TCP endpoint need it (--admin-token-file); empty: open
 };
+
+// A group by name or number (--socket-group).
+absl::StatusOr<int64_t> GroupId(const std::string& name) {
+  uint32_t gid = 0;
+  if (absl::SimpleAtoi(name, &gid)) return static_cast<int64_t>(gid);
+  struct group info {};
+  std::vector<char> buf(16384);
+  struct group* found = nullptr;
+  const int rc = ::getgrnam_r(name.c_str(), &info, buf.data(), buf.size(), &found);
+  if (rc != 0 || found == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat("--socket-group: no group named \"", name, "\"",
+                                                   rc != 0 ? absl::StrCat(" (", std::strerror(rc), ")") : ""));
+  }
+  return static_cast<int64_t>(found->gr_gid);
+}
 
 absl::StatusOr<Settings> LoadSettings(const std::string& config_file, const std::map<std::string, std::string>& flags) {
   absl::StatusOr<Config> config = daemon::LoadDaemonConfig(config_file, flags, KnownKeys());
@@ -159,6 +177,9 @@ absl::StatusOr<Settings> LoadSettings(const std::string& config_file, const std:
   if (!grace.ok()) return grace.status();
   if (*grace < absl::ZeroDuration()) return absl::InvalidArgumentError("--session-grace-ms must not be negative");
   a.session_grace_ms = absl::ToInt64Milliseconds(*grace);
+  if (const std::string group = config->GetStringOr("socket_group", ""); !group.empty()) {
+    CKPT_ASSIGN_OR_RETURN(a.socket_gid, GroupId(group));
+  }
   absl::StatusOr<absl::Duration> rpc_timeout = config->GetDurationOr("rpc_timeout_ms", absl::Seconds(10));
   if (!rpc_timeout.ok()) return rpc_timeout.status();
   out.rpc_timeout = *rpc_timeout;
@@ -310,8 +331,14 @@ int Serve(const Settings& settings, const sigset_t& signals) {
       log::Error("{}: cannot listen on {} and {}", kProgram, settings.listen, socket_path);
       stop.Request(kExitFailure, "gRPC server failed to start");
     } else {
-      // Trainers in the agent's group may connect.
+      // Trainers in the agent's group (or --socket-group) may connect.
       ::chmod(socket_path.c_str(), 0660);
+      if (settings.agent.socket_gid >= 0 &&
+          ::chown(socket_path.c_str(), static_cast<uid_t>(-1), static_cast<gid_t>(settings.agent.socket_gid)) != 0) {
+        log::Error("{}: cannot give {} to group {}: {} (run the agent as root or as a member of that group)",
+                   kProgram, socket_path, settings.agent.socket_gid, std::strerror(errno));
+        stop.Request(kExitFailure, "--socket-group could not be applied");
+      }
       a->Start();
       log::Info("{} listening on {}:{} and unix:{}", kProgram, daemon::HostOf(settings.listen), port, socket_path);
       ready.store(true);
@@ -378,6 +405,11 @@ int Main(int argc, char** argv) {
          "a trainer needs mounted.", "DIR", kDefaultRunDir);
   option("--advertise-host", "Host peers and tools dial when --listen/--data-listen is a wildcard (0.0.0.0); "
          "default: this machine's first non-loopback IPv4 address.", "HOST");
+  option("--socket-group",
+         "Group (name or gid) given agent.sock and session.sock; a session is then opened only for processes the "
+         "kernel reports in that group (SO_PEERCRED, SO_PEERGROUPS), root or the agent's user. Default: the "
+         "sockets' mode (0660, the agent's group) alone.",
+         "GROUP");
   option("--session-grace-ms", "How long a client's leases and handles outlive its session connection.", "MS",
          "10000");
   option("--memory", "Memory-tier budget, reserved and pre-faulted at start (e.g. 4GiB).", "SIZE", "4GiB");

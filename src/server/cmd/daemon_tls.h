@@ -16,11 +16,12 @@
 namespace ckpt::daemon {
 
 struct TlsFlags {
-  std::string ca, cert, key, reload;
+  std::string ca, cert, key, reload, crl_dir;
   CLI::Option* ca_opt = nullptr;
   CLI::Option* cert_opt = nullptr;
   CLI::Option* key_opt = nullptr;
   CLI::Option* reload_opt = nullptr;  // servers only
+  CLI::Option* crl_opt = nullptr;     // servers only
 };
 
 // Default of tls_reload_seconds: 0, read the files once at start (the path
@@ -46,6 +47,10 @@ inline void AddTlsFlags(CLI::App& app, TlsFlags* f, bool server) {
                                    "(0: read once at start).")
                         ->type_name("S")
                         ->default_str(std::to_string(kDefaultTlsReloadSeconds));
+    f->crl_opt = app.add_option("--tls-crl-dir", f->crl_dir,
+                                "Directory of CRLs (PEM, hashed with `openssl rehash DIR`); callers whose "
+                                "certificate one revokes are refused. Read at each handshake.")
+                     ->type_name("DIR");
   }
 }
 
@@ -54,6 +59,7 @@ inline void SetTlsFlags(const TlsFlags& f, std::map<std::string, std::string>* f
   if (f.cert_opt->count() > 0) (*flags)["--tls-cert"] = f.cert;
   if (f.key_opt->count() > 0) (*flags)["--tls-key"] = f.key;
   if (f.reload_opt != nullptr && f.reload_opt->count() > 0) (*flags)["--tls-reload-seconds"] = f.reload;
+  if (f.crl_opt != nullptr && f.crl_opt->count() > 0) (*flags)["--tls-crl-dir"] = f.crl_dir;
 }
 
 // A server's TLS settings (tls_ca, tls_cert, tls_key, tls_reload_seconds).
@@ -69,6 +75,10 @@ inline absl::StatusOr<TlsFiles> TlsSettings(const Config& config) {
         absl::StrCat("tls_reload_seconds is ", *reload, "; at most 86400 (a day), or 0 to read the files once"));
   }
   t.reload_seconds = static_cast<uint32_t>(*reload);
+  t.crl_dir = config.GetStringOr("tls_crl_dir", "");
+  if (!t.crl_dir.empty() && !t.enabled()) {
+    return absl::InvalidArgumentError("--tls-crl-dir needs TLS (--tls-ca, --tls-cert, --tls-key)");
+  }
   return t;
 }
 

@@ -70,7 +70,8 @@ absl::StatusOr<std::unique_ptr<SessionServer>> SessionServer::Start(Options opti
   }
   ::chmod(s->options_.socket_path.c_str(), 0660);
   if (s->options_.allowed_gid >= 0 &&
-      ::chown(s->options_.socket_path.c_str(), static_cast<uid_t>(-1), static_cast<gid_t>(s->options_.allowed_gid)) != 0) {
+      ::chown(s->options_.socket_path.c_str(), static_cast<uid_t>(-1),
+              static_cast<gid_t>(s->options_.allowed_gid)) != 0) {
     const int err = errno;
     return absl::PermissionDeniedError(absl::StrCat("cannot give the session socket '", s->options_.socket_path,
                                                     "' to group ", s->options_.allowed_gid, ": ", std::strerror(err),

@@ -73,7 +73,8 @@ const std::set<std::string>& KnownKeys() {
       "node_id", "meta", "listen", "data_listen", "run_dir", "memory", "memory_dir", "durable_root",
       "failure_domain", "metrics_listen", "lease_ttl_ms", "rpc_timeout_ms", "log_level", "log_json", "log_file",
       "data_transport", "data_chunk", "data_rate", "data_in_flight", "peer_timeout_ms", "session_grace_ms",
-      "advertise_host", "tls_ca", "tls_cert", "tls_key", "tls_reload_seconds", "tls_crl_dir", "token_file", "admin_token_file", "socket_group",
+      "advertise_host", "tls_ca", "tls_cert", "tls_key", "tls_reload_seconds", "tls_crl_dir", "token_file",
+      "admin_token_file", "socket_group",
   };
   return *keys;
 }

@@ -95,7 +95,8 @@ const std::set<std::string>& KnownKeys() {
       "listen",       "data_dir",  "metrics_listen", "lease_ms",
       "heartbeat_ms", "log_level", "log_json",       "log_file",
       "default_protection", "open_version_timeout_ms",
-      "tls_ca",       "tls_cert",  "tls_key", "tls_reload_seconds", "tls_crl_dir",        "admin_token_file", "agent_token_file",
+      "tls_ca",       "tls_cert",  "tls_key", "tls_reload_seconds", "tls_crl_dir",
+      "admin_token_file", "agent_token_file",
       "trainer_tokens_file",
   };
   return *keys;

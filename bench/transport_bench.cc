@@ -185,6 +185,18 @@ void BM_UcxSendChunked1GiB(benchmark::State& state) {
 }
 BENCHMARK(BM_UcxSendChunked1GiB)->Arg(8)->Arg(16)->Iterations(4)->UseManualTime()->Unit(benchmark::kMillisecond);
 
+// In a forked child: a started transport receiving into Dest(); its address
+// and a newline are written to `fd` ("\n" alone if it did not start).
+std::unique_ptr<Transport> StartChild(const UcxOptions& options, Handler* sink, int fd) {
+  auto b = NewUcxTransport(options);
+  std::string address;
+  if (b->Start("127.0.0.1:0", sink).ok()) address = b->address();
+  (void)b->RegisterMemory(Dest().data(), kTotal);
+  address.push_back('\n');
+  [[maybe_unused]] ssize_t w = write(fd, address.data(), address.size());
+  return b;
+}
+
 // Receiver in a forked child: the realistic two-process shape, and the only
 // way to run UCX_TLS=tcp here, because with two tcp workers in one process
 // UCX 1.13 aborts (async.c:643 `handler->async == async`, socket fds reused
@@ -200,12 +212,7 @@ void RunUcxForked(benchmark::State& state, const UcxOptions& options) {
   const pid_t child = fork();
   if (child == 0) {
     ChunkSink sink;
-    auto b = NewUcxTransport(options);
-    std::string address;
-    if (b->Start("127.0.0.1:0", &sink).ok()) address = b->address();
-    (void)b->RegisterMemory(Dest().data(), kTotal);
-    address.push_back('\n');
-    [[maybe_unused]] ssize_t w = write(addr_pipe[1], address.data(), address.size());
+    auto b = StartChild(options, &sink, addr_pipe[1]);
     char c;
     [[maybe_unused]] ssize_t r = read(stop_pipe[0], &c, 1);
     b->Stop();
@@ -304,13 +311,9 @@ void BM_UcxTwoProcTcpBothWays1GiB(benchmark::State& state) {
   const pid_t child = fork();
   if (child == 0) {
     ChunkSink sink;
-    auto b = NewUcxTransport(options);
-    std::string address;
-    if (b->Start("127.0.0.1:0", &sink).ok()) address = b->address();
-    (void)b->RegisterMemory(Dest().data(), kTotal);
+    auto b = StartChild(options, &sink, addr_pipe[1]);
     (void)b->RegisterMemory(Source().data(), kTotal);
-    address.push_back('\n');
-    [[maybe_unused]] ssize_t w = write(addr_pipe[1], address.data(), address.size());
+    [[maybe_unused]] ssize_t w = 0;
     absl::StatusOr<PeerId> peer = b->Connect(read_line(back_pipe[0]), 10000);
     char c;
     while (read(go_pipe[0], &c, 1) == 1 && c == 'g') {

@@ -9,7 +9,8 @@
 //                   [--steps 20] [--every 2] [--mib 64] [--crash-at STEP] [--resume]
 //                   [--flush-every N]
 //
-// --crash-at S: after the checkpoint of step S is committed, the process kills
+// --crash-at S: after the checkpoint of step S is committed (the agent holds
+// it: SaveHandle::Committed), the process kills
 // itself with SIGKILL (what a node-local failure looks like to ckpt).
 // --resume: start from the newest PROTECTED version instead of step 0.
 // Output: one line per save (blocking time), where the restore came from,
@@ -129,6 +130,9 @@ int Run(const Args& a) {
                 absl::ToDoubleMilliseconds(absl::Now() - t0));
     std::fflush(stdout);
     if (step == a.crash_at) {
+      // Commit returned after the copy; the crash comes once the agent holds
+      // the shard (as a crash in the next training step would).
+      if (absl::Status s = h->Committed(absl::Now() + absl::Minutes(1)); !s.ok()) return Fail(s, "commit");
       std::printf("rank %u: crashing now (SIGKILL) after committing step %lu\n", a.rank,
                   static_cast<unsigned long>(step));
       std::fflush(stdout);

@@ -785,6 +785,15 @@ class PySaveHandle {
     }
     Check(status);
   }
+  void Committed(std::optional<double> timeout_s) const {
+    const absl::Time deadline = DeadlineFrom(timeout_s);
+    absl::Status status;
+    {
+      py::gil_scoped_release release;
+      status = handle_.Committed(deadline);
+    }
+    Check(status);
+  }
 
  private:
   SaveHandle handle_;
@@ -1252,7 +1261,8 @@ PYBIND11_MODULE(_ckpt, m) {
       .def_property_readonly("step", &PySaveHandle::step)
       .def_property_readonly("size_bytes", &PySaveHandle::size_bytes)
       .def_property_readonly("crc32c", &PySaveHandle::crc32c)
-      .def("wait", &PySaveHandle::Wait, py::arg("level") = "protected", py::arg("timeout") = py::none());
+      .def("wait", &PySaveHandle::Wait, py::arg("level") = "protected", py::arg("timeout") = py::none())
+      .def("committed", &PySaveHandle::Committed, py::arg("timeout") = py::none());
 
   py::class_<PyLazySave>(m, "LazySave")
       .def_property_readonly("step", &PyLazySave::step)

@@ -34,7 +34,7 @@ from urllib.parse import unquote as _unquote
 import numpy as _np
 
 from . import _ckpt
-from ._ckpt import SaveHandle  # noqa: F401  (h.step, h.size_bytes, h.crc32c, h.wait(level, timeout))
+from ._ckpt import SaveHandle  # noqa: F401  (h.step, h.size_bytes, h.crc32c, h.wait(level, timeout), h.committed(timeout))
 
 Error = _ckpt.Error
 CancelledError = _ckpt.CancelledError
@@ -438,7 +438,10 @@ class Client:
 
         Blocks only for the copy into the agent's memory tier (the GIL is
         released meanwhile); returns a SaveHandle to wait for a durability
-        level. The state must not be modified until save returns. Errors:
+        level. The commit (the manifest) reaches the agent in the background:
+        h.committed(timeout) waits for it and raises its error, h.wait does
+        that first, and this client's loads and waits see its own saves. The
+        state must not be modified until save returns. Errors:
         ckpt.InvalidArgumentError (unsupported value, a step outside
         0..ckpt.MAX_STEP), ckpt.ResourceExhaustedError (the memory tier is full),
         ckpt.AlreadyExistsError (this rank already saved this step),

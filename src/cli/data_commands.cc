@@ -213,6 +213,7 @@ int SaveFile(const DataOptions& o, const std::string& job, uint64_t step, uint32
   if (!s.ok()) return Fail(s);
   absl::StatusOr<SaveHandle> h = b.Commit();
   if (!h.ok()) return Fail(h.status());
+  if (absl::Status c = h->Committed(); !c.ok()) return Fail(c);  // the agent holds it before we say so
   if (o.json) {
     std::cout << Json{{"job", job}, {"step", step}, {"rank", rank}, {"item", name},
                       {"size_bytes", h->size_bytes()}, {"crc32c", Hex(h->crc32c())}}

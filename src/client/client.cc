@@ -371,6 +371,7 @@ constexpr absl::Duration kBeginGrace = absl::Seconds(10);
 }  // namespace
 
 absl::Status Client::WaitVersion(uint64_t step, Level level, absl::Time deadline) const {
+  core_->WaitCommits();
   absl::Time not_found_until = absl::InfinitePast();
   {
     absl::MutexLock lock(&core_->committed_mu);
@@ -380,12 +381,19 @@ absl::Status Client::WaitVersion(uint64_t step, Level level, absl::Time deadline
   return client::WaitForVersion(*core_, step, level, deadline, not_found_until);
 }
 
-absl::Status SaveHandle::Wait(Level level, absl::Time deadline) const {
+absl::Status SaveHandle::Committed(absl::Time deadline) const {
   if (core_ == nullptr) return absl::FailedPreconditionError("SaveHandle is empty");
+  if (commit_ == nullptr) return absl::OkStatus();
+  return commit_->Wait(deadline);
+}
+
+absl::Status SaveHandle::Wait(Level level, absl::Time deadline) const {
+  CKPT_RETURN_IF_ERROR(Committed(deadline));
   return client::WaitForVersion(*core_, step_, level, deadline, committed_at_ + kBeginGrace);
 }
 
 absl::StatusOr<uint64_t> Client::Latest(Level level) const {
+  core_->WaitCommits();
   v1::LatestRequest req;
   req.set_job_id(core_->options.job_id);
   req.set_min_level(client::ToProto(level));

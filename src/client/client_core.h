@@ -3,8 +3,9 @@
 // agent's node id and the cache of memory-tier mappings. Internal to
 // src/client; the public API is ckpt/client.h.
 //
-// Thread safety: every member is either const after Connect or thread-safe
-// itself (gRPC stubs, MappingCache, atomics).
+// Thread safety: every member is either const after Connect, guarded by a
+// mutex, or thread-safe itself (gRPC stubs, MappingCache, atomics, the
+// committer).
 #pragma once
 
 #include <grpcpp/grpcpp.h>
@@ -18,6 +19,7 @@
 
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
 #include "ckpt/client.h"
 #include "ckpt/v1/agent.grpc.pb.h"
@@ -25,10 +27,25 @@
 #include "client/mapped_file.h"
 #include "client/region_io.h"
 #include "client/session.h"
+#include "common/executor.h"
 
 namespace ckpt::client {
 
 namespace v1 = ::ckpt::v1;
+
+// The outcome of a CommitShard sent after SaveBuilder::Commit returned:
+// written once by the committer, then `done` is notified.
+struct CommitResult {
+  absl::Status status;
+  absl::Notification done;
+  // Blocks until the agent answered (or `deadline`: kDeadlineExceeded).
+  absl::Status Wait(absl::Time deadline) const {
+    if (!done.WaitForNotificationWithDeadline(deadline)) {
+      return absl::DeadlineExceededError("the agent has not answered the commit yet");
+    }
+    return status;
+  }
+};
 
 struct ClientCore {
   ClientOptions options;
@@ -59,6 +76,26 @@ struct ClientCore {
   absl::Mutex session_mu;
   std::unique_ptr<AgentSession> session ABSL_GUARDED_BY(session_mu);
   bool sessions_supported ABSL_GUARDED_BY(session_mu) = true;
+
+  // The newest commit sent in the background (null: none yet). Commits run
+  // in order, so once it is done all earlier ones are.
+  absl::Mutex commit_mu;
+  std::shared_ptr<CommitResult> last_commit ABSL_GUARDED_BY(commit_mu);
+  // Waits until every commit sent so far was answered (their outcomes go to
+  // their SaveHandles), so what this client saved is visible to its own
+  // loads and waits.
+  void WaitCommits() {
+    std::shared_ptr<CommitResult> last;
+    {
+      absl::MutexLock lock(&commit_mu);
+      last = last_commit;
+    }
+    if (last != nullptr) last->done.WaitForNotification();
+  }
+  // Runs the CommitShard calls of saves after Commit returned (one thread,
+  // in order). Declared last so it is destroyed first: its destructor sends
+  // what is queued while the stubs above still exist.
+  Executor committer{"ckpt-commit", 1, 64};
 };
 
 // The id of the client's open session with the local agent, reopening it

@@ -20,7 +20,7 @@ LazyState::~LazyState() {
 void LazyState::Start() {
   items = builder.item_count();
   thread = std::thread([this] {
-    absl::StatusOr<SaveHandle> h = builder.CommitItems(this);
+    absl::StatusOr<SaveHandle> h = builder.CommitItems(this, /*background=*/false);
     absl::MutexLock lock(&mu);
     copy_ended = true;  // (a failure before or during the copy ends it too)
     done = true;

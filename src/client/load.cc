@@ -332,6 +332,7 @@ absl::Status LoadedShard::Close() {
 // ---- Client::Load / LoadInto --------------------------------------------------
 
 absl::StatusOr<LoadedShard> Client::Load(uint64_t step, const LoadOptions& options) const {
+  core_->WaitCommits();  // this client's own saves first
   CKPT_ASSIGN_OR_RETURN(std::unique_ptr<OpenedShard> opened, OpenBest(core_, step, !options.verify));
   auto impl = std::make_unique<LoadedShard::Impl>();
   impl->items.reserve(opened->items.size());
@@ -355,6 +356,7 @@ absl::StatusOr<LoadedShard> Client::Load(uint64_t step, const LoadOptions& optio
 
 absl::Status Client::LoadInto(uint64_t step,
                               const std::map<std::string, std::span<std::byte>>& buffers) const {
+  core_->WaitCommits();  // this client's own saves first
   const std::string what =
       absl::StrCat(core_->options.job_id, "/", step, " rank ", core_->options.rank);
 

@@ -1,5 +1,6 @@
 // Save path: SaveBuilder (Add, Commit) -> AcquireStagingLease, copy + crc into
-// the mapped lease regions, CommitShard; AbortLease on any failure.
+// the mapped lease regions, CommitShard (by default on the client's committer,
+// after Commit returned); AbortLease on any failure.
 #include <unistd.h>
 
 #include <algorithm>
@@ -120,6 +121,36 @@ bool AbortLease(ClientCore& core, const std::string& lease_id) {
   return false;
 }
 
+// Sends a filled lease's commit and checks the answer. Runs on the caller's
+// thread or on the client's committer (after Commit returned).
+absl::Status SendCommit(ClientCore& core, const v1::CommitShardRequest& commit, uint32_t shard_crc,
+                        uint64_t step) {
+  const std::string& lease_id = commit.lease_id();
+  v1::CommitShardResponse resp;
+  auto ctx = client::ContextWithTimeout(core.options.rpc_timeout);
+  absl::Status s = FromGrpc(core.agent->CommitShard(ctx.get(), commit, &resp), "CommitShard");
+  if (absl::IsAlreadyExists(s)) {
+    log::Debug("commit of lease {} was a replay", lease_id);
+    return absl::OkStatus();
+  }
+  if (!s.ok()) {
+    if (!AbortLease(core, lease_id)) return s;
+    // The response was lost but the commit took effect: same lease, same
+    // manifest, so it is ours.
+    log::Info("commit of lease {} failed ({}) but the agent holds it committed", lease_id, s.ToString());
+    return absl::OkStatus();
+  }
+  if (resp.has_shard() && resp.shard().crc32c() != shard_crc) {
+    // The agent combined our item crcs with the padding it found: a
+    // difference means the padding changed under us or a bug.
+    return absl::DataLossError(absl::StrCat(
+        "CommitShard: the agent computed shard crc32c ", absl::Hex(resp.shard().crc32c()),
+        ", the client ", absl::Hex(shard_crc), " for ", core.options.job_id, "/", step, " rank ",
+        core.options.rank));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<SaveHandle> SaveBuilder::Commit() {
@@ -130,12 +161,12 @@ absl::StatusOr<SaveHandle> SaveBuilder::Commit() {
   const absl::Time start = absl::Now();
   std::shared_ptr<ClientCore> core = core_;  // CommitItems may leave the builder empty
   const uint64_t step = step_;
-  absl::StatusOr<SaveHandle> h = CommitItems(nullptr);
+  absl::StatusOr<SaveHandle> h = CommitItems(nullptr, core->options.commit_in_background);
   if (h.ok()) core->AddSaveCost(step, absl::Now() - start);
   return h;
 }
 
-absl::StatusOr<SaveHandle> SaveBuilder::CommitItems(client::LazyState* progress) {
+absl::StatusOr<SaveHandle> SaveBuilder::CommitItems(client::LazyState* progress, bool background) {
   ClientCore& core = *core_;
   const ClientOptions& o = core.options;
   CKPT_RETURN_IF_ERROR(ValidateStep(step_));
@@ -232,41 +263,42 @@ absl::StatusOr<SaveHandle> SaveBuilder::CommitItems(client::LazyState* progress)
   keep.clear();  // the agent owns the bytes now; the cache keeps its mappings
   commit.set_manifest(manifest.Finish());
 
-  v1::CommitShardResponse resp;
-  auto ctx = client::ContextWithTimeout(o.rpc_timeout);
-  absl::Status s = FromGrpc(core.agent->CommitShard(ctx.get(), commit, &resp), "CommitShard");
-  if (absl::IsAlreadyExists(s)) {
-    log::Debug("commit of lease {} was a replay", lease_id);
-    s = absl::OkStatus();
-  } else if (!s.ok()) {
-    if (AbortLease(core, lease_id)) {
-      // The response was lost but the commit took effect: same lease, same
-      // manifest, so it is ours.
-      log::Info("commit of lease {} failed ({}) but the agent holds it committed", lease_id,
-                s.ToString());
-      s = absl::OkStatus();
-    } else {
-      return s;
-    }
-  } else if (resp.has_shard() && resp.shard().crc32c() != shard_crc) {
-    // The agent combined our item crcs with the padding it found: a
-    // difference means the padding changed under us or a bug.
-    return absl::DataLossError(absl::StrCat(
-        "CommitShard: the agent computed shard crc32c ", absl::Hex(resp.shard().crc32c()),
-        ", the client ", absl::Hex(shard_crc), " for ", o.job_id, "/", step_, " rank ",
-        o.rank));
-  }
   core.last_save_items.store(items_.size(), std::memory_order_relaxed);
   items_.clear();
   names_->set.clear();
-  const absl::Time now = absl::Now();
-  {
+  auto remember = [&core, step = step_](absl::Time at) {
     absl::MutexLock lock(&core.committed_mu);
-    core.committed_at[step_] = now;
+    core.committed_at[step] = at;
     // Only recent steps matter; keep the map small.
     while (core.committed_at.size() > 64) core.committed_at.erase(core.committed_at.begin());
+  };
+  if (!background) {
+    CKPT_RETURN_IF_ERROR(SendCommit(core, commit, shard_crc, step_));
+    const absl::Time now = absl::Now();
+    remember(now);
+    return SaveHandle(core_, step_, layout.size, shard_crc, now);
   }
-  return SaveHandle(core_, step_, layout.size, shard_crc, now);
+  // The trainer goes on; the committer sends the manifest. Its queue is
+  // bounded: when it is full the commit is sent here (as without
+  // background), so a stalled agent cannot pile up commits.
+  const absl::Time now = absl::Now();
+  remember(now);
+  auto result = std::make_shared<client::CommitResult>();
+  auto request = std::make_shared<const v1::CommitShardRequest>(std::move(commit));
+  auto send = [&core, request, result, shard_crc, step = step_] {
+    result->status = SendCommit(core, *request, shard_crc, step);
+    if (!result->status.ok()) {
+      log::Warn("commit of {}/{} rank {} failed: {}", core.options.job_id, step, core.options.rank,
+                result->status.ToString());
+    }
+    result->done.Notify();
+  };
+  {
+    absl::MutexLock lock(&core.commit_mu);
+    core.last_commit = result;
+  }
+  if (!core.committer.TrySubmit(send)) send();
+  return SaveHandle(core_, step_, layout.size, shard_crc, now, std::move(result));
 }
 
 }  // namespace ckpt

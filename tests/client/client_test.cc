@@ -8,6 +8,7 @@
 #include <cctype>
 #include <cmath>
 #include <cstring>
+#include <optional>
 #include <thread>
 
 #include "absl/strings/match.h"
@@ -41,6 +42,15 @@ std::vector<std::byte> Pattern(size_t n, int seed) {
   std::vector<std::byte> v(n);
   for (size_t i = 0; i < n; ++i) v[i] = static_cast<std::byte>((i * 37 + seed) & 0xFF);
   return v;
+}
+
+// Commits and waits for the agent's answer (Commit returns before it): the
+// fake agent's state is what these tests check next.
+absl::StatusOr<SaveHandle> CommitAndWait(SaveBuilder& builder) {
+  absl::StatusOr<SaveHandle> h = builder.Commit();
+  if (!h.ok()) return h;
+  if (absl::Status committed = h->Committed(); !committed.ok()) return committed;
+  return h;
 }
 
 bool Equal(std::span<const std::byte> a, std::span<const std::byte> b) {
@@ -143,7 +153,7 @@ TEST_F(ClientTest, SaveLoadRoundTrip) {
                   .ok());
   ASSERT_TRUE(save.Add("step", Bytes(scalar), DType::kI64, {}).ok());
   EXPECT_EQ(save.item_count(), 3u);
-  auto handle = save.Commit();
+  auto handle = CommitAndWait(save);
   ASSERT_TRUE(handle.ok()) << handle.status();
   EXPECT_EQ(handle->step(), 100u);
 
@@ -217,7 +227,7 @@ TEST_F(ClientTest, LoadIntoChecksNamesAndSizesBeforeCopying) {
   const auto a = Pattern(1000, 1);
   SaveBuilder save = client.BeginSave(7);
   ASSERT_TRUE(save.Add("a", a, DType::kU8, {1000}).ok());
-  ASSERT_TRUE(save.Commit().ok());
+  ASSERT_TRUE(CommitAndWait(save).ok());
 
   std::vector<std::byte> small(999), right(1000);
   auto s = client.LoadInto(7, {{"a", std::span(small)}});
@@ -240,7 +250,7 @@ TEST_F(ClientTest, CorruptedByteIsDataLossNeverWrongBytes) {
   SaveBuilder save = client.BeginSave(1);
   ASSERT_TRUE(save.Add("a", a, DType::kU8, {5000}).ok());
   ASSERT_TRUE(save.Add("b", b, DType::kU8, {3000}).ok());
-  auto handle = save.Commit();
+  auto handle = CommitAndWait(save);
   ASSERT_TRUE(handle.ok()) << handle.status();
   auto committed = agent_->Committed(job_, 1, 0);
   ASSERT_TRUE(committed.has_value());
@@ -269,7 +279,7 @@ TEST_F(ClientTest, UnverifiedLoadCopyItemChecksEveryItem) {
   SaveBuilder save = client.BeginSave(2);
   ASSERT_TRUE(save.Add("a", a, DType::kU8, {5000}).ok());
   ASSERT_TRUE(save.Add("b", b, DType::kU8, {3000}).ok());
-  ASSERT_TRUE(save.Commit().ok());
+  ASSERT_TRUE(CommitAndWait(save).ok());
   std::vector<std::byte> a_back(5000), b_back(3000), wrong(2999);
   {
     auto shard = client.Load(2, LoadOptions{.verify = false});
@@ -310,7 +320,7 @@ TEST_F(ClientTest, LoadsFromAnAgentThatDoesNotPackManifests) {
   SaveBuilder save = client.BeginSave(3);
   ASSERT_TRUE(save.Add("w", Bytes(w), DType::kF32, {100}, {{"k", "v"}}).ok());
   ASSERT_TRUE(save.Add("b", Bytes(w), DType::kF32, {4, 25}).ok());
-  ASSERT_TRUE(save.Commit().ok());
+  ASSERT_TRUE(CommitAndWait(save).ok());
   auto shard = client.Load(3);
   ASSERT_TRUE(shard.ok()) << shard.status();
   ASSERT_EQ(shard->items().size(), 2u);
@@ -333,7 +343,7 @@ TEST_F(ClientTest, ManifestNotMatchingItsDigestIsDataLoss) {
   const auto w = Floats(100, 3.0f);
   SaveBuilder save = client.BeginSave(4);
   ASSERT_TRUE(save.Add("w", Bytes(w), DType::kF32, {100}).ok());
-  ASSERT_TRUE(save.Commit().ok());
+  ASSERT_TRUE(CommitAndWait(save).ok());
   absl::Status s = client.Load(4).status();
   EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
   EXPECT_THAT(std::string(s.message()), HasSubstr("digest"));
@@ -363,7 +373,7 @@ TEST_F(ClientTest, ManyItemsRoundTrip) {
   EXPECT_EQ(dup.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(std::string(dup.message()), HasSubstr("already added"));
   EXPECT_EQ(save.item_count(), kItems);
-  ASSERT_TRUE(save.Commit().ok());
+  ASSERT_TRUE(CommitAndWait(save).ok());
   auto shard = client.Load(5);
   ASSERT_TRUE(shard.ok()) << shard.status();
   ASSERT_EQ(shard->items().size(), kItems);
@@ -391,7 +401,7 @@ TEST_F(ClientTest, ItemStraddlingNonAdjacentRegions) {
   ASSERT_TRUE(save.Add("a", a, DType::kU8, {3000}).ok());
   ASSERT_TRUE(save.Add("b", b, DType::kU8, {5000}).ok());
   ASSERT_TRUE(save.Add("c", c, DType::kU8, {100}).ok());
-  auto handle = save.Commit();
+  auto handle = CommitAndWait(save);
   ASSERT_TRUE(handle.ok()) << handle.status();
   EXPECT_EQ(agent_->crc_mismatches(), 0);
   auto committed = agent_->Committed(job_, 3, 0);
@@ -429,7 +439,7 @@ TEST_F(ClientTest, ItemStraddlingAdjacentRegionsIsZeroCopy) {
   SaveBuilder save = client.BeginSave(4);
   ASSERT_TRUE(save.Add("a", a, DType::kU8, {3000}).ok());
   ASSERT_TRUE(save.Add("b", b, DType::kU8, {5000}).ok());
-  ASSERT_TRUE(save.Commit().ok());
+  ASSERT_TRUE(CommitAndWait(save).ok());
   EXPECT_EQ(agent_->crc_mismatches(), 0);
   auto shard = client.Load(4);
   ASSERT_TRUE(shard.ok()) << shard.status();
@@ -471,15 +481,15 @@ TEST_F(ClientTest, BadItemsAreRejectedAtAdd) {
   EXPECT_TRUE(save.Add("opaque", Bytes(f), DType::kBytes, {}).ok());  // any length
   EXPECT_TRUE(save.Add("empty", {}, DType::kF32, {0, 5}).ok());
   EXPECT_EQ(save.item_count(), 3u);
-  auto handle = save.Commit();
+  auto handle = CommitAndWait(save);
   ASSERT_TRUE(handle.ok()) << handle.status();
   EXPECT_EQ(save.Add("z", Bytes(f), DType::kF32, {10}).code(),
             absl::StatusCode::kFailedPrecondition);
-  EXPECT_EQ(save.Commit().status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(CommitAndWait(save).status().code(), absl::StatusCode::kFailedPrecondition);
   // Saving the same step again on this node: the agent already holds it.
   SaveBuilder again = client.BeginSave(1);
   ASSERT_TRUE(again.Add("x", Bytes(f), DType::kF32, {10}).ok());
-  EXPECT_EQ(again.Commit().status().code(), absl::StatusCode::kAlreadyExists);
+  EXPECT_EQ(CommitAndWait(again).status().code(), absl::StatusCode::kAlreadyExists);
   EXPECT_EQ(agent_->open_leases(), 0);
 }
 
@@ -542,7 +552,7 @@ TEST_F(ClientTest, WaitReportsStateAtDeadline) {
   const auto a = Pattern(100, 1);
   SaveBuilder save = client.BeginSave(5);
   ASSERT_TRUE(save.Add("a", a, DType::kU8, {100}).ok());
-  auto handle = save.Commit();
+  auto handle = CommitAndWait(save);
   ASSERT_TRUE(handle.ok()) << handle.status();
   // Rank 1 never saves: the version stays OPEN.
   absl::Status s = handle->Wait(Level::kStaged, absl::Now() + absl::Milliseconds(300));
@@ -558,23 +568,94 @@ TEST_F(ClientTest, WaitReportsStateAtDeadline) {
 
 TEST_F(ClientTest, FailedCommitAbortsTheLease) {
   StartAgent();
-  Client client = Connect();
   const auto a = Pattern(100, 1);
-  agent_->FailNextCommit(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "injected"), false);
-  SaveBuilder save = client.BeginSave(9);
+  for (bool background : {true, false}) {
+    SCOPED_TRACE(background ? "commit in the background" : "commit before Commit returns");
+    ClientOptions o = Options();
+    o.commit_in_background = background;
+    auto client = Client::Connect(o);
+    ASSERT_TRUE(client.ok()) << client.status();
+    const uint64_t step = background ? 9 : 19;
+    const int commits = agent_->commits();
+    const int aborts = agent_->aborts();
+    agent_->FailNextCommit(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "injected"), false);
+    SaveBuilder save = client->BeginSave(step);
+    ASSERT_TRUE(save.Add("a", a, DType::kU8, {100}).ok());
+    auto handle = save.Commit();
+    absl::Status s = handle.status();
+    if (background) {
+      // Commit returned after the copy; the agent's answer is the handle's.
+      ASSERT_TRUE(handle.ok()) << handle.status();
+      s = handle->Committed();
+      EXPECT_EQ(handle->Wait(Level::kStaged, absl::Now() + absl::Seconds(20)).code(),
+                absl::StatusCode::kInvalidArgument);
+    }
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(std::string(s.message()), HasSubstr("CommitShard: injected"));
+    EXPECT_EQ(agent_->aborts(), aborts + 1);
+    EXPECT_EQ(agent_->open_leases(), 0);
+    EXPECT_EQ(agent_->commits(), commits);
+
+    // A retry of the same step succeeds.
+    SaveBuilder retry = client->BeginSave(step);
+    ASSERT_TRUE(retry.Add("a", a, DType::kU8, {100}).ok());
+    auto retried = retry.Commit();
+    ASSERT_TRUE(retried.ok()) << retried.status();
+    ASSERT_TRUE(retried->Committed().ok());
+    EXPECT_EQ(agent_->commits(), commits + 1);
+  }
+}
+
+TEST_F(ClientTest, CommitReturnsBeforeTheAgentAnswersAndTheClientsLoadsWaitForIt) {
+  StartAgent();
+  Client client = Connect();
+  const auto a = Pattern(100, 7);
+  agent_->HoldCommits(true);
+  SaveBuilder save = client.BeginSave(12);
   ASSERT_TRUE(save.Add("a", a, DType::kU8, {100}).ok());
-  auto handle = save.Commit();
-  EXPECT_EQ(handle.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(std::string(handle.status().message()), HasSubstr("CommitShard: injected"));
-  EXPECT_EQ(agent_->aborts(), 1);
-  EXPECT_EQ(agent_->open_leases(), 0);
+  auto handle = save.Commit();  // returns while the agent holds the commit
+  ASSERT_TRUE(handle.ok()) << handle.status();
+  absl::Status pending = handle->Committed(absl::Now());
+  EXPECT_EQ(pending.code(), absl::StatusCode::kDeadlineExceeded) << pending;
   EXPECT_EQ(agent_->commits(), 0);
 
-  // A retry of the same step succeeds.
-  SaveBuilder retry = client.BeginSave(9);
-  ASSERT_TRUE(retry.Add("a", a, DType::kU8, {100}).ok());
-  ASSERT_TRUE(retry.Commit().ok());
+  // This client's own load of the step waits for the commit: it is not
+  // known anywhere until the agent took it.
+  absl::StatusOr<LoadedShard> loaded = absl::UnknownError("not run");
+  std::thread loader([&] { loaded = client.Load(12); });
+  agent_->HoldCommits(false);
+  loader.join();
+  ASSERT_TRUE(handle->Committed().ok());
   EXPECT_EQ(agent_->commits(), 1);
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  auto view = loaded->View("a");
+  ASSERT_TRUE(view.ok()) << view.status();
+  EXPECT_TRUE(Equal(*view, a));
+}
+
+TEST_F(ClientTest, ClosingTheClientSendsTheCommitsItHasNotSentYet) {
+  StartAgent();
+  const auto a = Pattern(100, 3);
+  agent_->HoldCommits(true);
+  std::optional<Client> client(Connect());
+  absl::StatusOr<SaveHandle> handle = absl::UnknownError("not saved");
+  {
+    SaveBuilder save = client->BeginSave(13);  // holds the connection too: gone at the brace
+    ASSERT_TRUE(save.Add("a", a, DType::kU8, {100}).ok());
+    handle = save.Commit();
+  }
+  ASSERT_TRUE(handle.ok()) << handle.status();
+  EXPECT_EQ(agent_->commits(), 0);
+  // The client goes (its destructor waits for the committer); the handle
+  // keeps the connection's state alive, so it goes only after the handle.
+  std::thread closer([&] {
+    client.reset();
+    handle = absl::UnknownError("dropped");
+  });
+  agent_->HoldCommits(false);
+  closer.join();
+  EXPECT_EQ(agent_->commits(), 1);
+  EXPECT_TRUE(agent_->Committed(job_, 13, 0).has_value());
 }
 
 TEST_F(ClientTest, ReplayedOrLostCommitResponseIsSuccess) {
@@ -586,7 +667,7 @@ TEST_F(ClientTest, ReplayedOrLostCommitResponseIsSuccess) {
   agent_->FailNextCommit(grpc::Status(grpc::StatusCode::UNAVAILABLE, "connection reset"), true);
   SaveBuilder save = client.BeginSave(10);
   ASSERT_TRUE(save.Add("a", a, DType::kU8, {100}).ok());
-  auto handle = save.Commit();
+  auto handle = CommitAndWait(save);
   ASSERT_TRUE(handle.ok()) << handle.status();
   EXPECT_EQ(handle->crc32c(), agent_->Committed(job_, 10, 0)->crc32c());
   EXPECT_EQ(agent_->aborts(), 0);
@@ -595,7 +676,7 @@ TEST_F(ClientTest, ReplayedOrLostCommitResponseIsSuccess) {
   agent_->FailNextCommit(grpc::Status(grpc::StatusCode::ALREADY_EXISTS, "replay"), true);
   SaveBuilder save2 = client.BeginSave(11);
   ASSERT_TRUE(save2.Add("a", a, DType::kU8, {100}).ok());
-  auto handle2 = save2.Commit();
+  auto handle2 = CommitAndWait(save2);
   ASSERT_TRUE(handle2.ok()) << handle2.status();
   EXPECT_EQ(handle2->crc32c(), agent_->Committed(job_, 11, 0)->crc32c());
   EXPECT_EQ(agent_->commits(), 2);
@@ -610,7 +691,7 @@ TEST_F(ClientTest, UsesTheAgentsItemAlignment) {
     SaveBuilder save = client.BeginSave(step);
     ASSERT_TRUE(save.Add("a", a, DType::kU8, {100}).ok());
     ASSERT_TRUE(save.Add("b", b, DType::kU8, {100}).ok());
-    auto handle = save.Commit();
+    auto handle = CommitAndWait(save);
     ASSERT_TRUE(handle.ok()) << handle.status();
     auto committed = agent_->Committed(job_, step, 0);
     ASSERT_TRUE(committed.has_value());
@@ -629,7 +710,7 @@ TEST_F(ClientTest, LoadedShardOutlivesTheClient) {
     Client client = Connect();
     SaveBuilder save = client.BeginSave(1);
     ASSERT_TRUE(save.Add("a", a, DType::kU8, {10000}).ok());
-    ASSERT_TRUE(save.Commit().ok());
+    ASSERT_TRUE(CommitAndWait(save).ok());
     shard = client.Load(1);
     ASSERT_TRUE(shard.ok()) << shard.status();
   }
@@ -651,7 +732,7 @@ TEST_F(ClientTest, MapsFilesTheAgentDidNotListOnDemand) {
   for (uint64_t step : {1, 2}) {
     SaveBuilder save = client.BeginSave(step);
     ASSERT_TRUE(save.Add("a", a, DType::kU8, {70000}).ok());
-    auto handle = save.Commit();
+    auto handle = CommitAndWait(save);
     ASSERT_TRUE(handle.ok()) << handle.status();
   }
   EXPECT_EQ(agent_->crc_mismatches(), 0);
@@ -705,7 +786,7 @@ TEST_F(ClientTest, LazySaveCommitsTheBytesAsTheyWereBeforeTheyChanged) {
   EXPECT_EQ(lazy->copied_items(), 0u);  // returned while the lease is still held back
   EXPECT_EQ(lazy->WaitCopied(absl::Now()).code(), absl::StatusCode::kDeadlineExceeded);
   EXPECT_EQ(lazy->Wait(absl::Now()).status().code(), absl::StatusCode::kDeadlineExceeded);
-  EXPECT_EQ(save.Commit().status().code(), absl::StatusCode::kFailedPrecondition);  // spent
+  EXPECT_EQ(CommitAndWait(save).status().code(), absl::StatusCode::kFailedPrecondition);  // spent
   agent_->HoldLeases(false);
   ASSERT_TRUE(lazy->WaitItemCopied(0).ok());
   EXPECT_GE(lazy->copied_items(), 1u);
@@ -797,7 +878,7 @@ TEST_F(ClientTest, RecommendedIntervalIsYoungDalyFromTheSaveCostAndMetasMtbf) {
   const auto a = Pattern(1 << 20, 2);
   SaveBuilder save = client.BeginSave(1);
   ASSERT_TRUE(save.Add("a", a, DType::kU8, {a.size()}).ok());
-  ASSERT_TRUE(save.Commit().ok());
+  ASSERT_TRUE(CommitAndWait(save).ok());
   // The fake agent does not register with meta: register a node by hand.
   {
     auto stub = ckpt::v1::MetaService::NewStub(

@@ -193,6 +193,11 @@ void FakeAgent::HoldLeases(bool hold) {
   hold_leases_ = hold;
 }
 
+void FakeAgent::HoldCommits(bool hold) {
+  absl::MutexLock lock(&hold_mu_);
+  hold_commits_ = hold;
+}
+
 Status FakeAgent::AcquireStagingLease(grpc::ServerContext*,
                                       const v1::AcquireStagingLeaseRequest* req,
                                       v1::AcquireStagingLeaseResponse* resp) {
@@ -379,6 +384,11 @@ Status FakeAgent::ApplyCommit(Lease& lease, const v1::CommitShardRequest& req,
 
 Status FakeAgent::CommitShard(grpc::ServerContext*, const v1::CommitShardRequest* req,
                               v1::CommitShardResponse* resp) {
+  {
+    absl::MutexLock hold(&hold_mu_);
+    hold_mu_.AwaitWithTimeout(absl::Condition(+[](bool* held) { return !*held; }, &hold_commits_),
+                              absl::Seconds(60));
+  }
   absl::MutexLock lock(&mu_);
   auto it = leases_.find(req->lease_id());
   if (it == leases_.end() || it->second.state == LeaseState::kAborted) {

@@ -80,6 +80,8 @@ class FakeAgent final : public ckpt::v1::AgentService::Service {
   void FailNextCommit(grpc::Status status, bool apply_first);
   // While held, AcquireStagingLease waits (up to 60 s) before it answers.
   void HoldLeases(bool hold);
+  // While held, CommitShard waits (up to 60 s) before it looks at the commit.
+  void HoldCommits(bool hold);
   // Flips the bits of shard byte `shard_offset` of a committed shard, in the
   // pool file. False if there is no such shard.
   bool Corrupt(const std::string& job, uint64_t step, uint32_t rank, uint64_t shard_offset);
@@ -148,6 +150,7 @@ class FakeAgent final : public ckpt::v1::AgentService::Service {
   std::optional<std::pair<grpc::Status, bool>> fail_next_commit_ ABSL_GUARDED_BY(mu_);
   absl::Mutex hold_mu_;
   bool hold_leases_ ABSL_GUARDED_BY(hold_mu_) = false;
+  bool hold_commits_ ABSL_GUARDED_BY(hold_mu_) = false;
   int leases_granted_ ABSL_GUARDED_BY(mu_) = 0;
   int aborts_ ABSL_GUARDED_BY(mu_) = 0;
   int commits_ ABSL_GUARDED_BY(mu_) = 0;

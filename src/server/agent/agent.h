@@ -47,7 +47,7 @@
 #include "server/agent/agent_metrics.h"
 #include "server/agent/arena.h"
 #include "server/agent/data_plane.h"
-#include "server/agent/executor.h"
+#include "common/executor.h"
 #include "server/agent/flusher.h"
 #include "server/agent/holdings.h"
 #include "server/agent/leases.h"

@@ -34,7 +34,7 @@
 #include "common/clock.h"
 #include "server/agent/agent_metrics.h"
 #include "server/agent/data_plane.h"
-#include "server/agent/executor.h"
+#include "common/executor.h"
 #include "server/agent/holdings.h"
 #include "server/agent/meta_session.h"
 #include "server/agent/parity_builder.h"

@@ -18,7 +18,7 @@
 #include "absl/time/time.h"
 #include "common/clock.h"
 #include "server/agent/agent_metrics.h"
-#include "server/agent/executor.h"
+#include "common/executor.h"
 #include "server/agent/holdings.h"
 #include "server/agent/parity_builder.h"
 #include "server/agent/peer_client.h"

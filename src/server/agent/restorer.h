@@ -25,7 +25,7 @@
 #include "common/clock.h"
 #include "common/file_system.h"
 #include "server/agent/agent_metrics.h"
-#include "server/agent/executor.h"
+#include "common/executor.h"
 #include "server/agent/holdings.h"
 #include "server/agent/leases.h"
 #include "server/agent/meta_session.h"

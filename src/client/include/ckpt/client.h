@@ -72,6 +72,7 @@ namespace ckpt {
 namespace client {
 struct ClientCore;  // connection state shared by a Client and its handles
 struct LazyState;   // a lazy save in progress (LazySave)
+struct CommitResult;  // a commit sent in the background (SaveHandle)
 }  // namespace client
 
 // Element type of an item. The numbers are those of ckpt.v1.DType
@@ -217,6 +218,15 @@ struct ClientOptions {
   // Deadline of OpenShard, which blocks while the agent fetches a shard that
   // is not local (from a peer, by EC decode, or from disk).
   absl::Duration load_timeout = absl::Minutes(10);
+
+  // ---- Save ----
+  // True (the default): SaveBuilder::Commit returns once the bytes are
+  // copied, and the commit (the manifest, one local call whose cost grows
+  // with the number of items) goes to the agent in the background; its
+  // outcome is SaveHandle::Committed (and the start of SaveHandle::Wait).
+  // This client's own Load, LoadInto, WaitVersion and Latest wait for its
+  // commits first. False: Commit waits for the agent's answer.
+  bool commit_in_background = true;
 };
 
 // How often to checkpoint (Client::RecommendedInterval): the Young/Daly
@@ -259,17 +269,31 @@ class SaveHandle {
   // says why). The agent begins a new step at meta in the background, so for
   // the first 10 s after the commit a version meta does not know yet is
   // waited for rather than reported kNotFound.
+  // Before anything else it waits for the commit (Committed) and returns
+  // its error if it failed.
   absl::Status Wait(Level level, absl::Time deadline = absl::InfiniteFuture()) const;
+
+  // Blocks until the agent has answered this shard's commit and returns the
+  // outcome. SaveBuilder::Commit returns once the bytes are copied and sends
+  // the commit (the manifest) to the agent in the background: OK here means
+  // the agent holds the shard, which then survives this process's death.
+  // Errors are those the commit used to return from Commit (see there:
+  // kDataLoss, kUnavailable, kFailedPrecondition, ...); nothing is committed
+  // then. kDeadlineExceeded at `deadline` (the commit is still in flight).
+  // Returns at once for a commit that was not sent in the background
+  // (ClientOptions::commit_in_background off, or a LazySave's handle).
+  absl::Status Committed(absl::Time deadline = absl::InfiniteFuture()) const;
 
  private:
   friend class SaveBuilder;
   friend class LazySave;
   SaveHandle(std::shared_ptr<client::ClientCore> core, uint64_t step, uint64_t size_bytes,
-             uint32_t crc32c, absl::Time committed_at)
-      : core_(std::move(core)), step_(step), size_bytes_(size_bytes), crc32c_(crc32c),
-        committed_at_(committed_at) {}
+             uint32_t crc32c, absl::Time committed_at, std::shared_ptr<client::CommitResult> commit = nullptr)
+      : core_(std::move(core)), commit_(std::move(commit)), step_(step), size_bytes_(size_bytes),
+        crc32c_(crc32c), committed_at_(committed_at) {}
 
   std::shared_ptr<client::ClientCore> core_;
+  std::shared_ptr<const client::CommitResult> commit_;  // null: committed before Commit returned
   uint64_t step_;
   uint64_t size_bytes_;
   uint32_t crc32c_;
@@ -347,22 +371,30 @@ class SaveBuilder {
   // recommended alignment (64 bytes by default), acquires a staging lease of
   // that size, copies each item with its CRC-32C computed in the same pass,
   // zeroes the padding, and commits the manifest (packed: docs/protocol.md
-  // "Manifest digest"). Blocks for the copy and two local RPCs: this is the only part of a save the trainer waits for; use
-  // the handle to wait for redundancy. The bytes belong to the agent from the
-  // OK on (they survive this process's death). A replayed commit the agent
-  // already holds (kAlreadyExists from CommitShard, or a commit whose
-  // response was lost) is a success. Any other failure releases the lease
-  // (AbortLease): nothing is committed (kDataLoss below excepted).
-  // Errors: kResourceExhausted (does not fit in the agent's memory tier: the
-  // message says what holds it), kAlreadyExists (this rank's shard of the step
-  // is already committed on this node: a previous save of the same step),
-  // kInvalidArgument (bad item or rank, or a step above 2^53-1, the largest
-  // step ckpt accepts: see kMaxStep in docs/protocol.md), kNotFound (job unknown to meta, on
-  // the job's first save on this node), kUnavailable (agent down; meta is
-  // needed only for the job's first save on the node),
-  // kInternal (the agent handed out regions that do not cover the lease),
-  // errors of mmap as in PosixErrorToStatus, kFailedPrecondition if called
-  // twice. kDataLoss if the shard crc the agent reports differs from the one
+  // "Manifest digest"). Blocks for the lease (one local RPC) and the copy:
+  // this is the only part of a save the trainer waits for. The commit goes
+  // to the agent in the background (ClientOptions::commit_in_background,
+  // the default): SaveHandle::Committed says when the agent holds the shard
+  // (from then on it survives this process's death) and reports the
+  // commit's errors; SaveHandle::Wait waits for it and then for redundancy.
+  // With commit_in_background off, Commit waits for the commit too and
+  // returns its errors itself. A replayed commit the agent already holds
+  // (kAlreadyExists from CommitShard, or a commit whose response was lost)
+  // is a success. Any other failure releases the lease (AbortLease):
+  // nothing is committed (kDataLoss below excepted).
+  // Errors of Commit: kResourceExhausted (does not fit in the agent's memory
+  // tier: the message says what holds it), kAlreadyExists (this rank's shard
+  // of the step is already committed on this node: a previous save of the
+  // same step), kInvalidArgument (bad item or rank, or a step above 2^53-1,
+  // the largest step ckpt accepts: see kMaxStep in docs/protocol.md),
+  // kNotFound (job unknown to meta, on the job's first save on this node),
+  // kUnavailable (agent down; meta is needed only for the job's first save
+  // on the node), kInternal (the agent handed out regions that do not cover
+  // the lease), errors of mmap as in PosixErrorToStatus, kFailedPrecondition
+  // if called twice. Errors of the commit (Committed, or Commit with
+  // commit_in_background off): kUnavailable / kDeadlineExceeded (the agent
+  // did not answer), kFailedPrecondition (the lease expired or was replaced),
+  // kDataLoss if the shard crc the agent reports differs from the one
   // computed here (the shard is committed, but something else wrote into the
   // lease while it was being filled). Can be called once; the builder is
   // spent afterwards, whatever the outcome. The agent begins the version at
@@ -385,7 +417,9 @@ class SaveBuilder {
   friend class Client;
   friend struct client::LazyState;
   // The work of Commit. `progress`, if not null, hears of every item copied.
-  absl::StatusOr<SaveHandle> CommitItems(client::LazyState* progress);
+  // `background`: send the commit on the client's committer and return
+  // without its answer.
+  absl::StatusOr<SaveHandle> CommitItems(client::LazyState* progress, bool background);
   struct Item;
   struct Names;  // the names added so far, for constant-time duplicate checks
   SaveBuilder(std::shared_ptr<client::ClientCore> core, uint64_t step);

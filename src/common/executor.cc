@@ -1,4 +1,4 @@
-#include "server/agent/executor.h"
+#include "common/executor.h"
 
 #include <pthread.h>
 
@@ -7,7 +7,7 @@
 
 #include "common/lock_check.h"
 
-namespace ckpt::agent {
+namespace ckpt {
 
 Executor::Executor(std::string name, int threads, size_t max_queued)
     : name_(std::move(name)), max_queued_(max_queued) {
@@ -91,4 +91,4 @@ size_t Executor::queued() const {
   return queue_.size();
 }
 
-}  // namespace ckpt::agent
+}  // namespace ckpt

@@ -20,7 +20,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
 
-namespace ckpt::agent {
+namespace ckpt {
 
 class Executor {
  public:
@@ -57,4 +57,4 @@ class Executor {
   absl::Mutex join_mu_;  // serialises Stop()
 };
 
-}  // namespace ckpt::agent
+}  // namespace ckpt

@@ -8,8 +8,9 @@ pair builds a model-like state, {"model": {name: tensor}} with that many f32
 tensors, and measures each --runs times:
 
   clone          {k: v.clone() for k, v in sd.items()}, the baseline
-  save blocking  Client.save(step, state): walk, copy + crc into the agent's
-                 pool, commit
+  save blocking  Client.save(step, state): walk, lease, copy + crc into the
+                 agent's pool (the commit goes in the background; "until
+                 committed" is the time until the agent answered it)
   load           Client.load(step): the same structure back, fresh tensors
   load_into      Client.load_into(step, live tensors), in place
 
@@ -40,7 +41,8 @@ def run_case(d, job, n, item_bytes, runs, gap):
     state = {"model": sd}
     live = {f"model/{k}": torch.zeros(elems) for k in sd}
     c = d.client(job, keep_in_memory=2)
-    rows = {"clone": [], "save blocking": [], "load": [], "load_into (live tensors)": []}
+    rows = {"clone": [], "save blocking": [], "  until committed": [], "load": [],
+            "load_into (live tensors)": []}
     for r in range(runs):
         step = r + 1
         time.sleep(gap)
@@ -52,6 +54,8 @@ def run_case(d, job, n, item_bytes, runs, gap):
         t0 = time.perf_counter()
         h = c.save(step, state)
         rows["save blocking"].append(time.perf_counter() - t0)
+        h.committed(timeout=60)  # a trainer does not wait for this; shown for comparison
+        rows["  until committed"].append(time.perf_counter() - t0)
         h.wait("staged", timeout=60)
         time.sleep(gap)
         t0 = time.perf_counter()

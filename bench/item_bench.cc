@@ -21,6 +21,7 @@
 // as it would overlap a trainer's compute rather than its next save.
 //
 //   item_bench [--items 1000,10000] [--item-bytes 1KiB,4KiB] [--runs 7] [--gap-ms 300]
+//              [--commit-in-background 1|0]   (0: Commit waits for the agent, as before)
 #include <unistd.h>
 
 #include <algorithm>
@@ -110,13 +111,24 @@ double Clone(const State& s) {
   return t;
 }
 
+// The floor: a memcpy of every item into buffers that already exist and were
+// written before (no allocation, no page fault).
+double CopyWarm(const State& s, const std::vector<std::unique_ptr<std::byte[]>>& into) {
+  const absl::Time t0 = absl::Now();
+  for (size_t i = 0; i < s.data.size(); ++i) std::memcpy(into[i].get(), s.data[i].get(), s.item_bytes);
+  const double t = Seconds(absl::Now() - t0);
+  volatile std::byte sink = into.back()[0];
+  (void)sink;
+  return t;
+}
+
 struct Row {
   std::string what;
   std::vector<double> t;  // seconds, in run order
 };
 
 int Run(const std::vector<uint64_t>& counts, const std::vector<uint64_t>& sizes, int runs,
-        absl::Duration gap) {
+        absl::Duration gap, bool commit_in_background) {
   absl::StatusOr<testing::TempDir> tmp = testing::TempDir::Create();
   Die(tmp.status(), "temp dir");
   const std::string tmp_path = tmp->path();
@@ -153,10 +165,12 @@ int Run(const std::vector<uint64_t>& counts, const std::vector<uint64_t>& sizes,
       co.job_id = absl::StrCat("items-", job_n++);
       co.world_size = 1;
       co.keep_in_memory = 2;
+      co.commit_in_background = commit_in_background;
       absl::StatusOr<Client> client = Client::Connect(co);
       Die(client.status(), "connect");
 
       Row clone{"clone (alloc + memcpy per item)", {}};
+      Row warm{"memcpy into warm buffers (floor)", {}};
       Row save{"save blocking (Add + Commit)", {}};
       Row adds{"  of which Add x items", {}};
       Row committed{"  until the agent holds it (Committed)", {}};
@@ -172,6 +186,7 @@ int Run(const std::vector<uint64_t>& counts, const std::vector<uint64_t>& sizes,
         const uint64_t step = static_cast<uint64_t>(r) + 1;
         absl::SleepFor(gap);
         clone.t.push_back(Clone(state));
+        warm.t.push_back(CopyWarm(state, live));
 
         absl::SleepFor(gap);
         const absl::Time t0 = absl::Now();
@@ -209,7 +224,7 @@ int Run(const std::vector<uint64_t>& counts, const std::vector<uint64_t>& sizes,
         }
       }
       const double base = Median(std::vector<double>(clone.t.begin() + 1, clone.t.end()));
-      for (const Row* row : {&clone, &save, &adds, &committed, &load, &into}) {
+      for (const Row* row : {&clone, &warm, &save, &adds, &committed, &load, &into}) {
         const double med = Median(std::vector<double>(row->t.begin() + 1, row->t.end()));
         std::printf("%-7llu %-6llu %-34s %10.2f %10.2f %7.2fx\n", static_cast<unsigned long long>(n),
                     static_cast<unsigned long long>(bytes), row->what.c_str(), row->t[0] * 1e3, med * 1e3,
@@ -246,6 +261,7 @@ int main(int argc, char** argv) {
   std::vector<uint64_t> sizes = {1024, 4096};
   int runs = 7;
   int gap_ms = 300;
+  bool background = true;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string flag = argv[i], value = argv[i + 1];
     bool ok = true;
@@ -257,13 +273,16 @@ int main(int argc, char** argv) {
       runs = std::max(3, std::atoi(value.c_str()));
     } else if (flag == "--gap-ms") {
       gap_ms = std::max(0, std::atoi(value.c_str()));
+    } else if (flag == "--commit-in-background") {
+      ok = value == "0" || value == "1";
+      background = value == "1";
     } else {
       ok = false;
     }
     if (!ok) {
-      std::fprintf(stderr, "usage: item_bench [--items 1000,10000] [--item-bytes 1KiB,4KiB] [--runs 7] [--gap-ms 300]\n");
+      std::fprintf(stderr, "usage: item_bench [--items 1000,10000] [--item-bytes 1KiB,4KiB] [--runs 7] [--gap-ms 300] [--commit-in-background 1|0]\n");
       return 2;
     }
   }
-  return ckpt::Run(counts, sizes, runs, absl::Milliseconds(gap_ms));
+  return ckpt::Run(counts, sizes, runs, absl::Milliseconds(gap_ms), background);
 }

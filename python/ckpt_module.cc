@@ -90,6 +90,18 @@ void Check(const absl::Status& status) {
   if (!status.ok()) ThrowStatus(status);
 }
 
+// Runs `wait` (a blocking call returning a Status) with the GIL released,
+// then raises its error, if any, as the matching ckpt.Error.
+template <typename Wait>
+void CheckReleased(Wait&& wait) {
+  absl::Status status;
+  {
+    py::gil_scoped_release release;
+    status = wait();
+  }
+  Check(status);
+}
+
 Level ParseLevel(const std::string& level) {
   if (level == "staged") return Level::kStaged;
   if (level == "protected") return Level::kProtected;
@@ -778,21 +790,11 @@ class PySaveHandle {
   void Wait(const std::string& level, std::optional<double> timeout_s) const {
     const Level l = ParseLevel(level);
     const absl::Time deadline = DeadlineFrom(timeout_s);
-    absl::Status status;
-    {
-      py::gil_scoped_release release;
-      status = handle_.Wait(l, deadline);
-    }
-    Check(status);
+    CheckReleased([&] { return handle_.Wait(l, deadline); });
   }
   void Committed(std::optional<double> timeout_s) const {
     const absl::Time deadline = DeadlineFrom(timeout_s);
-    absl::Status status;
-    {
-      py::gil_scoped_release release;
-      status = handle_.Committed(deadline);
-    }
-    Check(status);
+    CheckReleased([&] { return handle_.Committed(deadline); });
   }
 
  private:
@@ -819,12 +821,7 @@ class PyLazySave {
   size_t copied_items() const { return lazy_.copied_items(); }
   void WaitCopied(std::optional<double> timeout_s) const {
     const absl::Time deadline = DeadlineFrom(timeout_s);
-    absl::Status status;
-    {
-      py::gil_scoped_release release;
-      status = lazy_.WaitCopied(deadline);
-    }
-    Check(status);
+    CheckReleased([&] { return lazy_.WaitCopied(deadline); });
   }
   PySaveHandle Result(std::optional<double> timeout_s) const {
     const absl::Time deadline = DeadlineFrom(timeout_s);

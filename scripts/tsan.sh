@@ -25,8 +25,9 @@ timeout_s="${CKPT_TSAN_TIMEOUT:-1800}"
 # The programs this run covers: the TSan set-up's own check, then every test program
 # declared (ckpt_cc_test(NAME ...)) in these directories, read from their CMakeLists.txt so
 # that tests added with the agent's rewrite are picked up: the agent, transport and meta
-# tests, the daemons' entry points, and the tests that start real daemons.
-test_dirs=(tests/server/agent tests/transport tests/server/meta tests/server/meta/store
+# tests, the client library (its committer thread), the daemons' entry points, and the tests
+# that start real daemons.
+test_dirs=(tests/server/agent tests/transport tests/server/meta tests/server/meta/store tests/client
            tests/server/cmd tests/integration tests/cli)
 default_programs=(tsan_selftest)
 for d in "${test_dirs[@]}"; do

@@ -130,6 +130,8 @@ def test_wait_levels_and_latest(cluster, job):
     c = cluster.client(job)
     assert c.latest("staged") is None
     h = c.save(7, {"a": b"x"})
+    h.committed(timeout=30)  # save returned before the agent's answer; this waits for it
+    h.committed(timeout=0)  # answered: returns at once
     h.wait("staged", timeout=30)
     h.wait("protected", timeout=30)
     c.wait(7, "staged", timeout=30)

@@ -49,11 +49,10 @@ void Executor::RunAll(std::vector<std::function<void()>> fns) {
       CheckedLock lock(&group->mu);
       group->left--;
     };
-    if (!TrySubmit(wrapped)) {
-      CheckedLock lock(&group->mu);
-      group->left--;
-      inline_fns.push_back(std::move(wrapped));
-    }
+    // Refused (full or stopping): it runs here, and counts itself down as it
+    // would on the pool (counting it down here too wrapped `left` below zero
+    // and the wait below never ended).
+    if (!TrySubmit(wrapped)) inline_fns.push_back(std::move(wrapped));
   }
   for (auto& fn : inline_fns) fn();
   CheckedLock lock(&group->mu);

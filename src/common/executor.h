@@ -6,8 +6,8 @@
 // promptly when they stop, so this is quick), then joins the threads. Nothing
 // is detached and nothing outlives Stop().
 //
-// Thread safety: every method may be called from any thread, including from
-// functions running on the executor (but a function must not call Stop()).
+// Thread safety: every method may be called from any thread; a function
+// running on the executor may call TrySubmit and queued, but not Stop or RunAll.
 #pragma once
 
 #include <cstddef>
@@ -36,8 +36,10 @@ class Executor {
 
   // Runs every function and returns when all have finished. Functions go to
   // the pool while it has room and run on the caller's thread otherwise (and
-  // always after Stop), so this never deadlocks on a full queue, even when
-  // called from the executor's own threads.
+  // always after Stop), so a full queue never makes it wait. Not to be called
+  // from a function running on this executor: the functions it queued would
+  // wait for a thread of the pool that is the caller's (the agent calls it
+  // from its task and restore threads only).
   void RunAll(std::vector<std::function<void()>> fns);
 
   // Refuses new work, waits for queued and running work, joins. Idempotent.

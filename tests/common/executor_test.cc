@@ -6,6 +6,7 @@
 
 #include <atomic>
 #include <functional>
+#include <memory>
 #include <vector>
 
 #include "absl/synchronization/mutex.h"
@@ -14,14 +15,22 @@
 namespace ckpt {
 namespace {
 
+// Keeps the executor's (one) thread busy until `release` is notified;
+// returns once it is.
+void Occupy(Executor& ex, absl::Notification& release, std::function<void()> after = [] {}) {
+  auto started = std::make_shared<absl::Notification>();  // outlives a late Notify
+  ASSERT_TRUE(ex.TrySubmit([started, &release, after = std::move(after)] {
+    started->Notify();
+    release.WaitForNotification();
+    after();
+  }));
+  started->WaitForNotification();
+}
+
 TEST(ExecutorTest, RunsInOrderOnOneThreadAndRefusesPastItsQueue) {
   Executor ex("test-exec", 1, 2);
-  absl::Notification started, release;
-  ASSERT_TRUE(ex.TrySubmit([&] {
-    started.Notify();
-    release.WaitForNotification();
-  }));
-  started.WaitForNotification();  // the thread holds the first function
+  absl::Notification release;
+  Occupy(ex, release);
   absl::Mutex mu;
   std::vector<int> order;
   for (int i = 0; i < 2; ++i) {
@@ -39,14 +48,9 @@ TEST(ExecutorTest, RunsInOrderOnOneThreadAndRefusesPastItsQueue) {
 
 TEST(ExecutorTest, StopRunsWhatIsQueuedThenRefuses) {
   std::atomic<int> ran{0};
-  absl::Notification started, release;
+  absl::Notification release;
   Executor ex("test-exec", 1, 8);
-  ASSERT_TRUE(ex.TrySubmit([&] {
-    started.Notify();
-    release.WaitForNotification();
-    ran++;
-  }));
-  started.WaitForNotification();
+  Occupy(ex, release, [&] { ran++; });
   for (int i = 0; i < 5; ++i) ASSERT_TRUE(ex.TrySubmit([&] { ran++; }));
   release.Notify();
   ex.Stop();  // waits for the running and the five queued
@@ -58,12 +62,8 @@ TEST(ExecutorTest, StopRunsWhatIsQueuedThenRefuses) {
 
 TEST(ExecutorTest, RunAllRunsEverythingEvenWithAFullQueue) {
   Executor ex("test-exec", 1, 1);
-  absl::Notification started, release;
-  ASSERT_TRUE(ex.TrySubmit([&] {
-    started.Notify();
-    release.WaitForNotification();
-  }));
-  started.WaitForNotification();
+  absl::Notification release;
+  Occupy(ex, release);
   ASSERT_TRUE(ex.TrySubmit([] {}));  // the queue is full now
   std::atomic<int> ran{0};
   std::vector<std::function<void()>> fns;

@@ -71,6 +71,7 @@ TEST(ExecutorTest, RunAllRunsEverythingEvenWithAFullQueue) {
   ex.RunAll(std::move(fns));  // nothing fits: all run here
   EXPECT_EQ(ran.load(), 4);
   release.Notify();
+  ex.Stop();  // before `release` goes: the occupied thread still returns from its wait
 }
 
 TEST(ExecutorTest, RunAllAfterStopRunsEverythingHere) {

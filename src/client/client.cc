@@ -371,7 +371,10 @@ constexpr absl::Duration kBeginGrace = absl::Seconds(10);
 }  // namespace
 
 absl::Status Client::WaitVersion(uint64_t step, Level level, absl::Time deadline) const {
-  core_->WaitCommits();
+  if (!core_->WaitCommits(deadline)) {
+    return absl::DeadlineExceededError(
+        absl::StrCat("WaitVersion of step ", step, ": the agent has not answered this client's last commit yet"));
+  }
   absl::Time not_found_until = absl::InfinitePast();
   {
     absl::MutexLock lock(&core_->committed_mu);

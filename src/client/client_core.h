@@ -84,13 +84,14 @@ struct ClientCore {
   // Waits until every commit sent so far was answered (their outcomes go to
   // their SaveHandles), so what this client saved is visible to its own
   // loads and waits.
-  void WaitCommits() {
+  // False if `deadline` passed first.
+  bool WaitCommits(absl::Time deadline = absl::InfiniteFuture()) {
     std::shared_ptr<CommitResult> last;
     {
       absl::MutexLock lock(&commit_mu);
       last = last_commit;
     }
-    if (last != nullptr) last->done.WaitForNotification();
+    return last == nullptr || last->done.WaitForNotificationWithDeadline(deadline);
   }
   // Runs the CommitShard calls of saves after Commit returned (one thread,
   // in order). Declared last so it is destroyed first: its destructor sends

@@ -618,6 +618,10 @@ TEST_F(ClientTest, CommitReturnsBeforeTheAgentAnswersAndTheClientsLoadsWaitForIt
   absl::Status pending = handle->Committed(absl::Now());
   EXPECT_EQ(pending.code(), absl::StatusCode::kDeadlineExceeded) << pending;
   EXPECT_EQ(agent_->commits(), 0);
+  // A wait with a deadline keeps it, even while the commit is pending.
+  absl::Status waited = client.WaitVersion(12, Level::kStaged, absl::Now() + absl::Milliseconds(50));
+  EXPECT_EQ(waited.code(), absl::StatusCode::kDeadlineExceeded) << waited;
+  EXPECT_THAT(std::string(waited.message()), HasSubstr("not answered"));
 
   // This client's own load of the step waits for the commit: it is not
   // known anywhere until the agent took it.

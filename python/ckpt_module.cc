@@ -1002,8 +1002,7 @@ class PyClient {
       {
         py::gil_scoped_release release;
         copied = copy(*shard);
-        absl::Status closed = shard->Close();
-        if (copied.ok()) copied = closed;
+        shard->CloseInBackground();  // the copies are done: no need to wait for the agent
       }
       if (copied.ok()) return *std::move(shard);
       if (attempt == 1 || copied.code() != absl::StatusCode::kDataLoss) ThrowStatus(copied);

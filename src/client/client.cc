@@ -57,6 +57,30 @@ std::unique_ptr<grpc::ClientContext> ContextWithTimeout(absl::Duration timeout) 
   return ctx;
 }
 
+void CloseShardInBackground(ClientCore& core, std::string handle_id) {
+  struct Call {
+    std::unique_ptr<grpc::ClientContext> ctx;
+    v1::CloseShardRequest req;
+    v1::CloseShardResponse resp;
+    std::shared_ptr<CallsInFlight> in_flight;
+  };
+  auto call = std::make_unique<Call>();
+  call->ctx = ContextWithTimeout(core.options.rpc_timeout);
+  call->req.set_handle_id(std::move(handle_id));
+  call->in_flight = core.in_flight;
+  call->in_flight->Add();
+  Call* c = call.release();  // owned by the callback from here
+  core.agent->async()->CloseShard(c->ctx.get(), &c->req, &c->resp, [c](const grpc::Status& status) {
+    std::unique_ptr<Call> owned(c);
+    if (!status.ok()) {
+      log::Warn("closing shard handle {}: {}", owned->req.handle_id(), FromGrpc(status, "CloseShard").ToString());
+    }
+    const std::shared_ptr<CallsInFlight> in_flight = std::move(owned->in_flight);
+    owned.reset();  // the call's state goes before the client may
+    in_flight->Done();
+  });
+}
+
 absl::StatusOr<std::vector<ShardRegion>> MapRegions(
     ClientCore& core, const google::protobuf::RepeatedPtrField<v1::MemoryRegion>& regions,
     uint64_t size, MappedFile::Access access, std::vector<std::shared_ptr<MappedFile>>* keep) {

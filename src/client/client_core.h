@@ -47,7 +47,37 @@ struct CommitResult {
   }
 };
 
+// Counts calls sent without waiting for their answer; Wait() returns once
+// every one was answered. Shared with the calls' callbacks (which may run
+// after the ClientCore that sent them started to go away).
+class CallsInFlight {
+ public:
+  void Add() {
+    absl::MutexLock lock(&mu_);
+    ++n_;
+  }
+  void Done() {
+    absl::MutexLock lock(&mu_);
+    --n_;
+  }
+  void Wait() {
+    absl::MutexLock lock(&mu_);
+    mu_.Await(absl::Condition(
+        +[](int* n) { return *n == 0; }, &n_));
+  }
+
+ private:
+  absl::Mutex mu_;
+  int n_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
 struct ClientCore {
+  // The calls below answered before the stubs go (declared before the
+  // committer, destroyed after it: a commit never sends such a call).
+  ~ClientCore() {
+    committer.Stop();
+    in_flight->Wait();
+  }
   ClientOptions options;
   std::unique_ptr<v1::MetaService::Stub> meta;
   std::unique_ptr<v1::AgentService::Stub> agent;
@@ -93,6 +123,9 @@ struct ClientCore {
     }
     return last == nullptr || last->done.WaitForNotificationWithDeadline(deadline);
   }
+  // CloseShard calls of handles dropped without waiting (see
+  // CloseShardInBackground).
+  std::shared_ptr<CallsInFlight> in_flight = std::make_shared<CallsInFlight>();
   // Runs the CommitShard calls of saves after Commit returned (one thread,
   // in order). Declared last so it is destroyed first: its destructor sends
   // what is queued while the stubs above still exist.
@@ -104,6 +137,11 @@ struct ClientCore {
 // a restart. "" with an agent that has no session socket. Errors: those of
 // AgentSession::Open and of mapping the pool.
 absl::StatusOr<std::string> SessionId(ClientCore& core);
+
+// Sends CloseShard(handle_id) to the local agent without waiting for its
+// answer (a failure is logged; the handle then expires with the session).
+// The ClientCore's destruction waits for the answer.
+void CloseShardInBackground(ClientCore& core, std::string handle_id);
 
 // gRPC status -> absl::Status with the same code and the server's message,
 // prefixed with `call` ("CommitShard: ...").

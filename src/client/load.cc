@@ -10,6 +10,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
 #include "ckpt/client.h"
 #include "client/client_core.h"
 #include "common/crc32c.h"
@@ -44,8 +45,8 @@ ServedFrom FromProto(v1::SourceKind kind) {
 
 }  // namespace
 
-// An open shard at the agent, with its regions mapped. Closes the handle when
-// destroyed unless Close() was called.
+// An open shard at the agent, with its regions mapped. Closes the handle (in
+// the background) when destroyed unless Close() was called.
 struct OpenedShard {
   std::shared_ptr<ClientCore> core;
   std::string handle_id;
@@ -59,10 +60,14 @@ struct OpenedShard {
   OpenedShard() = default;
   OpenedShard(const OpenedShard&) = delete;
   OpenedShard& operator=(const OpenedShard&) = delete;
-  ~OpenedShard() {
-    if (absl::Status s = Close(); !s.ok()) {
-      log::Warn("closing shard handle: {}", s.ToString());
-    }
+  ~OpenedShard() { CloseInBackground(); }
+
+  // Closes the handle without waiting for the agent's answer.
+  void CloseInBackground() {
+    if (handle_id.empty()) return;
+    regions.clear();  // unmapped before the agent may reuse the bytes
+    files.clear();
+    client::CloseShardInBackground(*core, std::exchange(handle_id, ""));
   }
 
   absl::Status Close() {
@@ -122,40 +127,53 @@ absl::Status ItemsInside(const std::vector<ManifestItem>& items, uint64_t size) 
   return absl::OkStatus();
 }
 
-// OpenShard with Locate's answer, then maps the regions read-only. The
-// manifest comes packed from the agent (checked against its digest and the
-// version's) and is validated (items inside the shard, no overlaps) before
-// any view is built on it.
-absl::StatusOr<std::unique_ptr<OpenedShard>> Open(const std::shared_ptr<ClientCore>& core,
-                                                  const v1::LocateResponse& located,
-                                                  bool skip_verify) {
+// Sends OpenShard to the local agent: with Locate's answer (`located`), or,
+// without it (null), for the agent's own copy alone. The handle is held by
+// the returned OpenedShard (closed when it goes); `resp` keeps the rest of
+// the answer for FinishOpen.
+absl::StatusOr<std::unique_ptr<OpenedShard>> SendOpen(const std::shared_ptr<ClientCore>& core, uint64_t step,
+                                                      const v1::LocateResponse* located, bool skip_verify,
+                                                      v1::OpenShardResponse* resp) {
   v1::OpenShardRequest req;
-  *req.mutable_key() = located.shard().key();
-  *req.mutable_sources() = located.sources();
-  *req.mutable_expected() = located.shard();
+  if (located != nullptr) {
+    *req.mutable_key() = located->shard().key();
+    *req.mutable_sources() = located->sources();
+    *req.mutable_expected() = located->shard();
+  } else {
+    req.mutable_key()->set_job_id(core->options.job_id);
+    req.mutable_key()->set_step(step);
+    req.mutable_key()->set_rank(core->options.rank);
+  }
   req.set_skip_verify(skip_verify);
   req.set_client_pid(static_cast<uint32_t>(::getpid()));
   req.set_packed_manifest(true);
   // The handle (and the views on it) lives until Close or the session's end.
   CKPT_ASSIGN_OR_RETURN(std::string session, client::SessionId(*core));
   req.set_session_id(session);
-  v1::OpenShardResponse resp;
   auto ctx = client::ContextWithTimeout(core->options.load_timeout);
-  CKPT_RETURN_IF_ERROR(FromGrpc(core->agent->OpenShard(ctx.get(), req, &resp), "OpenShard"));
-
+  CKPT_RETURN_IF_ERROR(FromGrpc(core->agent->OpenShard(ctx.get(), req, resp), "OpenShard"));
   auto opened = std::make_unique<OpenedShard>();
   opened->core = core;
-  opened->handle_id = resp.handle_id();  // closed by ~OpenedShard on any error below
-  opened->shard = resp.has_shard() ? std::move(*resp.mutable_shard()) : located.shard();
-  if (!opened->shard.has_key()) *opened->shard.mutable_key() = located.shard().key();
-  opened->served_from = FromProto(resp.served_from().kind());
-  opened->verified = resp.verified();
+  opened->handle_id = resp->handle_id();  // closed by ~OpenedShard on any error from here
+  return opened;
+}
+
+// Fills `opened` from the agent's answer and Locate's: the manifest comes
+// packed from the agent (checked against its digest and the version's) and
+// is validated (items inside the shard, no overlaps) before any view is
+// built on it; then the regions are mapped read-only.
+absl::Status FinishOpen(ClientCore& core, const v1::LocateResponse& located, v1::OpenShardResponse& resp,
+                        OpenedShard& opened) {
+  opened.shard = resp.has_shard() ? std::move(*resp.mutable_shard()) : located.shard();
+  if (!opened.shard.has_key()) *opened.shard.mutable_key() = located.shard().key();
+  opened.served_from = FromProto(resp.served_from().kind());
+  opened.verified = resp.verified();
   for (const auto& f : resp.failed_sources()) {
-    log::Info("restore of {}/{} rank {}: source {} failed: {}", core->options.job_id,
-              located.shard().key().step(), core->options.rank,
+    log::Info("restore of {}/{} rank {}: source {} failed: {}", core.options.job_id,
+              located.shard().key().step(), core.options.rank,
               ServedFromName(FromProto(f.source().kind())), f.status().message());
   }
-  const uint64_t digest = opened->shard.manifest_digest();
+  const uint64_t digest = opened.shard.manifest_digest();
   if (!resp.manifest().empty()) {
     if (ManifestDigestOfEncoding(resp.manifest()) != digest) {
       return absl::DataLossError(absl::StrCat("OpenShard returned a manifest that does not match its digest ",
@@ -165,15 +183,15 @@ absl::StatusOr<std::unique_ptr<OpenedShard>> Open(const std::shared_ptr<ClientCo
     if (!items.ok()) {
       return absl::InternalError(absl::StrCat("OpenShard returned a bad manifest: ", items.status().message()));
     }
-    opened->items = *std::move(items);
+    opened.items = *std::move(items);
   } else {
     // An agent that does not pack manifests: items in the shard info.
-    opened->items = ToManifest(opened->shard.items_size() > 0 ? opened->shard : located.shard());
-    opened->shard.clear_items();
+    opened.items = ToManifest(opened.shard.items_size() > 0 ? opened.shard : located.shard());
+    opened.shard.clear_items();
   }
   if (located.shard().manifest_digest() != 0 && digest != 0 && digest != located.shard().manifest_digest()) {
     return absl::DataLossError(absl::StrCat(
-        "the manifest of the ", ServedFromName(opened->served_from), " copy (digest ",
+        "the manifest of the ", ServedFromName(opened.served_from), " copy (digest ",
         absl::Hex(digest, absl::kZeroPad16), ") differs from the version's (",
         absl::Hex(located.shard().manifest_digest(), absl::kZeroPad16), ")"));
   }
@@ -181,39 +199,114 @@ absl::StatusOr<std::unique_ptr<OpenedShard>> Open(const std::shared_ptr<ClientCo
   // agent validated at commit: only what the views rely on (every item inside
   // the shard) is checked again. Anything else is validated in full.
   const bool committed = !resp.manifest().empty() && digest != 0 && digest == located.shard().manifest_digest();
-  const absl::Status valid = committed ? ItemsInside(opened->items, opened->shard.size_bytes())
-                                       : ValidateManifest(opened->items, opened->shard.size_bytes());
+  const absl::Status valid = committed ? ItemsInside(opened.items, opened.shard.size_bytes())
+                                       : ValidateManifest(opened.items, opened.shard.size_bytes());
   if (!valid.ok()) {
     return absl::InternalError(absl::StrCat("OpenShard returned a bad manifest: ", valid.message()));
   }
   absl::StatusOr<std::vector<client::ShardRegion>> regions =
-      client::MapRegions(*core, resp.regions(), opened->shard.size_bytes(),
-                         client::MappedFile::Access::kReadOnly, &opened->files);
+      client::MapRegions(core, resp.regions(), opened.shard.size_bytes(),
+                         client::MappedFile::Access::kReadOnly, &opened.files);
   if (!regions.ok()) {
     return Annotate(regions.status(), absl::StrCat("regions of shard handle ", resp.handle_id()));
   }
-  opened->regions = *std::move(regions);
+  opened.regions = *std::move(regions);
+  return absl::OkStatus();
+}
+
+// OpenShard with Locate's answer, finished.
+absl::StatusOr<std::unique_ptr<OpenedShard>> Open(const std::shared_ptr<ClientCore>& core,
+                                                  const v1::LocateResponse& located, bool skip_verify) {
+  v1::OpenShardResponse resp;
+  CKPT_ASSIGN_OR_RETURN(std::unique_ptr<OpenedShard> opened,
+                        SendOpen(core, located.shard().key().step(), &located, skip_verify, &resp));
+  CKPT_RETURN_IF_ERROR(FinishOpen(*core, located, resp, *opened));
   return opened;
 }
 
-// Opens this rank's shard of `step`. Meta is asked where it lives without
-// the manifest; a local copy is opened with the manifest from the agent
-// alone. Without a local copy, or if it cannot be used (missing, corrupt),
-// the full manifest and every source go to the agent, which fetches the
-// shard from the next one.
+// Locate at meta, sent without waiting: Wait() returns its answer. Always
+// Wait() before it goes (the call writes into it until answered).
+class PendingLocate {
+ public:
+  PendingLocate(const ClientCore& core, uint64_t step, bool omit_items)
+      : ctx_(client::ContextWithTimeout(core.options.rpc_timeout)) {
+    req_.set_job_id(core.options.job_id);
+    req_.set_step(step);
+    req_.set_rank(core.options.rank);
+    req_.set_near_node_id(core.node_id);
+    req_.set_omit_items(omit_items);
+    core.meta->async()->Locate(ctx_.get(), &req_, &resp_, [this](const grpc::Status& s) {
+      status_ = s;
+      done_.Notify();
+    });
+  }
+  PendingLocate(const PendingLocate&) = delete;
+  PendingLocate& operator=(const PendingLocate&) = delete;
+  ~PendingLocate() { done_.WaitForNotification(); }
+
+  absl::StatusOr<v1::LocateResponse> Wait() {
+    done_.WaitForNotification();
+    CKPT_RETURN_IF_ERROR(FromGrpc(status_, "Locate"));
+    return std::move(resp_);
+  }
+
+ private:
+  std::unique_ptr<grpc::ClientContext> ctx_;
+  v1::LocateRequest req_;
+  v1::LocateResponse resp_;
+  grpc::Status status_;
+  absl::Notification done_;
+};
+
+// The local agent's copy opened while meta answers where the shard lives:
+// used if meta names that copy first and it is the version's (size, crc32c,
+// manifest digest). Null (handle closed) otherwise.
+std::unique_ptr<OpenedShard> UseLocal(const std::shared_ptr<ClientCore>& core, const v1::LocateResponse& located,
+                                      absl::StatusOr<std::unique_ptr<OpenedShard>>& local,
+                                      v1::OpenShardResponse& resp) {
+  if (!local.ok()) return nullptr;
+  std::unique_ptr<OpenedShard> opened = *std::move(local);
+  const v1::ShardInfo& want = located.shard();
+  const bool named_first = located.sources_size() > 0 && located.sources(0).kind() == v1::SOURCE_KIND_LOCAL;
+  if (!named_first || !resp.has_shard() || resp.shard().size_bytes() != want.size_bytes() ||
+      resp.shard().crc32c() != want.crc32c() || want.manifest_digest() == 0 ||
+      resp.shard().manifest_digest() != want.manifest_digest()) {
+    if (named_first) {
+      log::Info("{}/{} rank {}: the local copy differs from the version's (size, crc32c or manifest); "
+                "trying every source", core->options.job_id, want.key().step(), core->options.rank);
+    }
+    return nullptr;
+  }
+  if (absl::Status s = FinishOpen(*core, located, resp, *opened); !s.ok()) {
+    log::Info("{}/{} rank {}: the local copy cannot be used ({}); trying every source", core->options.job_id,
+              want.key().step(), core->options.rank, std::string(s.message()));
+    return nullptr;
+  }
+  return opened;
+}
+
+// Opens this rank's shard of `step`. Meta is asked where it lives (without
+// the manifest) while the local agent opens its own copy, if it has one, with
+// the manifest from the agent alone: one round trip's time when the local copy
+// serves. Without a local copy, or if it cannot be used (missing, corrupt, not
+// the version's), the full manifest and every source go to the agent, which
+// fetches the shard from the next one.
 absl::StatusOr<std::unique_ptr<OpenedShard>> OpenBest(const std::shared_ptr<ClientCore>& core, uint64_t step,
                                                       bool skip_verify) {
-  CKPT_ASSIGN_OR_RETURN(v1::LocateResponse located, Locate(*core, step, /*omit_items=*/true));
-  if (located.sources_size() > 0 && located.sources(0).kind() == v1::SOURCE_KIND_LOCAL) {
-    v1::LocateResponse local;
-    *local.mutable_shard() = located.shard();
-    *local.add_sources() = located.sources(0);
-    absl::StatusOr<std::unique_ptr<OpenedShard>> opened = Open(core, local, skip_verify);
-    if (opened.ok() || !(absl::IsNotFound(opened.status()) || absl::IsDataLoss(opened.status()))) {
+  CKPT_RETURN_IF_ERROR(ValidateStep(step));
+  v1::LocateResponse located;
+  {
+    PendingLocate locate(*core, step, /*omit_items=*/true);
+    v1::OpenShardResponse resp;
+    absl::StatusOr<std::unique_ptr<OpenedShard>> local = SendOpen(core, step, nullptr, skip_verify, &resp);
+    CKPT_ASSIGN_OR_RETURN(located, locate.Wait());  // a version meta does not serve: its error
+    if (std::unique_ptr<OpenedShard> opened = UseLocal(core, located, local, resp); opened != nullptr) {
       return opened;
     }
-    log::Info("{}/{} rank {}: the local copy cannot be used ({}); trying every source", core->options.job_id,
-              step, core->options.rank, std::string(opened.status().message()));
+    if (!local.ok() && !absl::IsNotFound(local.status()) && !absl::IsDataLoss(local.status()) &&
+        located.sources_size() > 0 && located.sources(0).kind() == v1::SOURCE_KIND_LOCAL) {
+      return local.status();  // the agent itself fails (unavailable, session gone, ...)
+    }
   }
   CKPT_ASSIGN_OR_RETURN(located, Locate(*core, step, /*omit_items=*/false));
   return Open(core, located, skip_verify);
@@ -247,16 +340,12 @@ LoadedShard::LoadedShard(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 LoadedShard::LoadedShard(LoadedShard&&) noexcept = default;
 LoadedShard& LoadedShard::operator=(LoadedShard&& other) noexcept {
   if (this != &other) {
-    if (impl_ != nullptr) (void)Close();  // errors logged by the handle
+    CloseInBackground();
     impl_ = std::move(other.impl_);
   }
   return *this;
 }
-LoadedShard::~LoadedShard() {
-  if (impl_ != nullptr) {
-    if (absl::Status s = Close(); !s.ok()) log::Warn("LoadedShard: {}", s.ToString());
-  }
-}
+LoadedShard::~LoadedShard() { CloseInBackground(); }
 
 uint64_t LoadedShard::step() const { return impl_->opened->shard.key().step(); }
 uint32_t LoadedShard::rank() const { return impl_->opened->shard.key().rank(); }
@@ -327,6 +416,13 @@ absl::Status LoadedShard::Close() {
   absl::MutexLock lock(&impl_->mu);
   impl_->copies.clear();
   return s;
+}
+
+void LoadedShard::CloseInBackground() {
+  if (impl_ == nullptr) return;
+  impl_->opened->CloseInBackground();
+  absl::MutexLock lock(&impl_->mu);
+  impl_->copies.clear();
 }
 
 // ---- Client::Load / LoadInto --------------------------------------------------
@@ -403,11 +499,8 @@ absl::Status Client::LoadInto(uint64_t step,
         break;
       }
     }
-    absl::Status closed = (*opened)->Close();
-    if (mismatch.empty()) {
-      if (!closed.ok()) log::Warn("{}: {}", what, closed.ToString());
-      return absl::OkStatus();
-    }
+    (*opened)->CloseInBackground();
+    if (mismatch.empty()) return absl::OkStatus();
     if (attempt == 1) {
       return absl::DataLossError(absl::StrCat(mismatch, " in ", what, " (",
                                               ServedFromName((*opened)->served_from),

@@ -218,7 +218,7 @@ TEST_F(ClientTest, SaveLoadRoundTrip) {
   ASSERT_TRUE(client.LoadInto(100, buffers).ok());
   EXPECT_EQ(w_back, w);
   EXPECT_EQ(step_back, 42);
-  EXPECT_EQ(agent_->open_handles(), 0);
+  EXPECT_EQ(agent_->WaitOpenHandles(0), 0);
 }
 
 TEST_F(ClientTest, LoadIntoChecksNamesAndSizesBeforeCopying) {
@@ -236,7 +236,7 @@ TEST_F(ClientTest, LoadIntoChecksNamesAndSizesBeforeCopying) {
   s = client.LoadInto(7, {{"a", std::span(right)}, {"b", std::span(right)}});
   EXPECT_EQ(s.code(), absl::StatusCode::kNotFound) << s;
   EXPECT_EQ(right, std::vector<std::byte>(1000));  // nothing copied
-  EXPECT_EQ(agent_->open_handles(), 0);
+  EXPECT_EQ(agent_->WaitOpenHandles(0), 0);
   // Unknown step.
   EXPECT_EQ(client.LoadInto(8, {}).code(), absl::StatusCode::kNotFound);
   EXPECT_EQ(client.Load(8).status().code(), absl::StatusCode::kNotFound);
@@ -266,7 +266,7 @@ TEST_F(ClientTest, CorruptedByteIsDataLossNeverWrongBytes) {
   EXPECT_EQ(a_back, a);
   // Zero-copy load: the agent verifies and refuses.
   EXPECT_EQ(client.Load(1).status().code(), absl::StatusCode::kDataLoss);
-  EXPECT_EQ(agent_->open_handles(), 0);
+  EXPECT_EQ(agent_->WaitOpenHandles(0), 0);
 }
 
 // Load without the agent's verification: CopyItem checks each item while
@@ -350,7 +350,58 @@ TEST_F(ClientTest, ManifestNotMatchingItsDigestIsDataLoss) {
   std::vector<float> back(100);
   s = client.LoadInto(4, {{"w", std::as_writable_bytes(std::span(back))}});
   EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
-  EXPECT_EQ(agent_->open_handles(), 0);
+  EXPECT_EQ(agent_->WaitOpenHandles(0), 0);
+}
+
+// A load opens the agent's own copy while meta answers where the shard
+// lives: one OpenShard when that copy serves.
+TEST_F(ClientTest, LoadOpensTheLocalCopyWhileMetaLocatesIt) {
+  StartAgent();
+  Client client = Connect();
+  const auto w = Floats(64, 2.0f);
+  SaveBuilder save = client.BeginSave(3);
+  ASSERT_TRUE(save.Add("w", Bytes(w), DType::kF32, {64}).ok());
+  ASSERT_TRUE(CommitAndWait(save).ok());
+  {
+    auto shard = client.Load(3);
+    ASSERT_TRUE(shard.ok()) << shard.status();
+    auto view = shard->View("w");
+    ASSERT_TRUE(view.ok());
+    EXPECT_TRUE(Equal(*view, Bytes(w)));
+  }
+  std::vector<float> back(64);
+  ASSERT_TRUE(client.LoadInto(3, {{"w", std::as_writable_bytes(std::span(back))}}).ok());
+  EXPECT_EQ(back, w);
+  EXPECT_EQ(agent_->local_opens(), 2);
+  EXPECT_EQ(agent_->located_opens(), 0);
+  EXPECT_EQ(agent_->WaitOpenHandles(0), 0);
+  // A step meta does not know: meta's answer, the local attempt closed.
+  absl::Status s = client.Load(4).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kNotFound) << s;
+  EXPECT_THAT(std::string(s.message()), HasSubstr("Locate"));
+}
+
+// A local copy whose crc32c is not the version's is never served: the
+// client asks again with meta's answer, and the agent refuses it.
+TEST_F(ClientTest, LocalCopyThatIsNotTheVersionsIsNotUsed) {
+  FakeAgent::Options o;
+  o.local_copy_differs = true;
+  StartAgent(o);
+  Client client = Connect();
+  const auto w = Floats(64, 2.0f);
+  SaveBuilder save = client.BeginSave(3);
+  ASSERT_TRUE(save.Add("w", Bytes(w), DType::kF32, {64}).ok());
+  ASSERT_TRUE(CommitAndWait(save).ok());
+  absl::Status s = client.Load(3).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
+  EXPECT_THAT(std::string(s.message()), HasSubstr("differs from the expected shard"));
+  std::vector<float> back(64);
+  s = client.LoadInto(3, {{"w", std::as_writable_bytes(std::span(back))}});
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
+  EXPECT_EQ(back, std::vector<float>(64));  // nothing copied
+  EXPECT_EQ(agent_->local_opens(), 2);
+  EXPECT_EQ(agent_->located_opens(), 2);
+  EXPECT_EQ(agent_->WaitOpenHandles(0), 0);
 }
 
 // Tens of thousands of items in one save (names checked for duplicates in
@@ -726,7 +777,7 @@ TEST_F(ClientTest, LoadedShardOutlivesTheClient) {
   shard = absl::UnknownError("moved");
   EXPECT_EQ(agent_->open_handles(), 1);
   { LoadedShard gone = std::move(moved); }
-  EXPECT_EQ(agent_->open_handles(), 0);
+  EXPECT_EQ(agent_->WaitOpenHandles(0), 0);
 }
 
 TEST_F(ClientTest, MapsFilesTheAgentDidNotListOnDemand) {

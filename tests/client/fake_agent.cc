@@ -165,6 +165,20 @@ int FakeAgent::open_handles() const {
   absl::MutexLock lock(&mu_);
   return static_cast<int>(handles_.size());
 }
+int FakeAgent::WaitOpenHandles(int want) const {
+  absl::MutexLock lock(&mu_);
+  auto reached = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return static_cast<int>(handles_.size()) == want; };
+  mu_.AwaitWithTimeout(absl::Condition(&reached), absl::Seconds(30));
+  return static_cast<int>(handles_.size());
+}
+int FakeAgent::local_opens() const {
+  absl::MutexLock lock(&mu_);
+  return local_opens_;
+}
+int FakeAgent::located_opens() const {
+  absl::MutexLock lock(&mu_);
+  return located_opens_;
+}
 std::optional<v1::ShardInfo> FakeAgent::Committed(const std::string& job, uint64_t step,
                                                   uint32_t rank) const {
   absl::MutexLock lock(&mu_);
@@ -428,12 +442,18 @@ Status FakeAgent::AbortLease(grpc::ServerContext*, const v1::AbortLeaseRequest* 
 Status FakeAgent::OpenShard(grpc::ServerContext*, const v1::OpenShardRequest* req,
                             v1::OpenShardResponse* resp) {
   absl::MutexLock lock(&mu_);
+  const bool located = req->has_expected() || req->sources_size() > 0;
+  ++(located ? located_opens_ : local_opens_);
   const Key key{req->key().job_id(), req->key().step(), req->key().rank()};
   auto it = shards_.find(key);
   if (it == shards_.end()) {
     return Status(StatusCode::NOT_FOUND, "shard not held here (the fake has no other sources)");
   }
   const Shard& shard = it->second;
+  const uint32_t crc = shard.info.crc32c() ^ (options_.local_copy_differs ? 1u : 0u);
+  if (req->has_expected() && req->expected().size_bytes() != 0 && req->expected().crc32c() != crc) {
+    return Status(StatusCode::DATA_LOSS, "the local copy differs from the expected shard (size/crc32c)");
+  }
   if (!req->skip_verify()) {
     for (const v1::Item& item : shard.info.items()) {
       const uint32_t actual = CrcOf(shard.regions, item.offset_bytes(), item.length_bytes());
@@ -448,6 +468,7 @@ Status FakeAgent::OpenShard(grpc::ServerContext*, const v1::OpenShardRequest* re
   handles_[id] = key;
   resp->set_handle_id(id);
   *resp->mutable_shard() = shard.info;
+  resp->mutable_shard()->set_crc32c(crc);
   if (req->packed_manifest() && options_.packs_manifests) {
     resp->mutable_shard()->clear_items();
     resp->set_manifest(shard.manifest);

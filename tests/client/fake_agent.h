@@ -66,6 +66,10 @@ class FakeAgent final : public ckpt::v1::AgentService::Service {
     // Change one byte of every packed manifest it returns (its digest then
     // no longer matches).
     bool tamper_manifest = false;
+    // Report its copies with another crc32c than the committed one (as a
+    // copy that is not the version's): an OpenShard with `expected` then
+    // fails as the real agent does (DATA_LOSS).
+    bool local_copy_differs = false;
   };
 
   static absl::StatusOr<std::unique_ptr<FakeAgent>> Start(Options options);
@@ -92,6 +96,13 @@ class FakeAgent final : public ckpt::v1::AgentService::Service {
   int commits() const;         // shards committed
   int crc_mismatches() const;  // client crcs that did not match the file
   int open_handles() const;
+  // open_handles() once it is `want` (closes sent in the background arrive
+  // after the call that sent them returned), or after 30 s.
+  int WaitOpenHandles(int want) const;
+  // OpenShard calls: for the local copy alone (no sources, no expected
+  // shard) and with Locate's answer.
+  int local_opens() const;
+  int located_opens() const;
   // The committed shard (with items), if any.
   std::optional<ckpt::v1::ShardInfo> Committed(const std::string& job, uint64_t step,
                                                uint32_t rank) const;
@@ -155,6 +166,8 @@ class FakeAgent final : public ckpt::v1::AgentService::Service {
   int aborts_ ABSL_GUARDED_BY(mu_) = 0;
   int commits_ ABSL_GUARDED_BY(mu_) = 0;
   int crc_mismatches_ ABSL_GUARDED_BY(mu_) = 0;
+  int local_opens_ ABSL_GUARDED_BY(mu_) = 0;
+  int located_opens_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace ckpt::testing

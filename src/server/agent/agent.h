@@ -227,6 +227,8 @@ class Agent : private MetaSession::Delegate {
   absl::StatusOr<std::vector<VerifyFinding>> Verify(const std::string& job_id, uint64_t step, bool dry_run,
                                                     uint64_t* bytes_checked);
   AgentStatusSnapshot Status() const;
+  // This node's id (what Status().node_id says, without gathering the rest).
+  const std::string& node_id() const { return options_.node_id; }
   // AgentService.PauseProtection: see Protector::Pause. InvalidArgument for
   // a negative duration or one over 60 s.
   absl::StatusOr<absl::Duration> PauseProtection(absl::Duration d);

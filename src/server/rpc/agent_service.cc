@@ -78,7 +78,7 @@ grpc::Status AgentServiceImpl::CommitShard(grpc::ServerContext* ctx, const v1::C
   absl::StatusOr<std::shared_ptr<const agent::ShardRecord>> rec =
       agent_->Commit(req->lease_id(), req->size_bytes(), std::move(items));
   if (!rec.ok()) return ToGrpcStatus(rec.status());
-  RecordToShardInfo(**rec, agent_->Status().node_id, /*with_items=*/false, resp->mutable_shard());
+  RecordToShardInfo(**rec, agent_->node_id(), /*with_items=*/false, resp->mutable_shard());
   return grpc::Status::OK;
 }
 
@@ -134,7 +134,7 @@ grpc::Status AgentServiceImpl::OpenShard(grpc::ServerContext* ctx, const v1::Ope
   }
   const agent::OpenResult& o = r->result;
   resp->set_handle_id(o.handle_id);
-  RecordToShardInfo(*o.shard.record, agent_->Status().node_id, /*with_items=*/!req->packed_manifest(),
+  RecordToShardInfo(*o.shard.record, agent_->node_id(), /*with_items=*/!req->packed_manifest(),
                     resp->mutable_shard());
   if (req->packed_manifest()) resp->set_manifest(EncodeManifest(o.shard.record->items));
   for (const agent::Region& region : o.shard.regions) RegionToProto(region, resp->add_regions());
@@ -174,7 +174,7 @@ grpc::Status AgentServiceImpl::ReadShard(grpc::ServerContext* ctx, const v1::Rea
   auto send_header = [&]() -> absl::Status {
     header_sent = true;
     v1::ReadShardResponse head;
-    RecordToShardInfo(rec, agent_->Status().node_id, /*with_items=*/true, head.mutable_shard());
+    RecordToShardInfo(rec, agent_->node_id(), /*with_items=*/true, head.mutable_shard());
     head.set_offset_bytes(offset);
     if (!writer->Write(head)) return absl::CancelledError("client went away");
     return absl::OkStatus();

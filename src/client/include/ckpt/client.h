@@ -454,7 +454,8 @@ class LoadedShard {
   LoadedShard& operator=(LoadedShard&&) noexcept;
   LoadedShard(const LoadedShard&) = delete;
   LoadedShard& operator=(const LoadedShard&) = delete;
-  // Close()s the shard if it is open (errors are logged). Blocks for one RPC.
+  // Releases the shard if it is open, as CloseInBackground (does not wait
+  // for the agent).
   ~LoadedShard();
 
   uint64_t step() const;
@@ -493,6 +494,12 @@ class LoadedShard {
   // (a closed shard returns OK). Blocks for one RPC. Errors: those of
   // CloseShard (the handle is forgotten anyway and expires at the agent).
   absl::Status Close();
+
+  // Like Close(), but does not wait for the agent's answer: the CloseShard
+  // call is sent and its failure, if any, logged (the handle then ends with
+  // the client's session). Views become invalid at once; items() stay
+  // readable. The Client's destruction waits for the answer.
+  void CloseInBackground();
 
  private:
   friend class Client;

@@ -408,6 +408,20 @@ def test_many_tensors_round_trip_in_order(cluster, job):
     assert all(torch.equal(live[f"model/{k}"], v) for k, v in sd.items())
 
 
+def test_load_right_after_save_needs_no_wait(cluster, job):
+    # The agent reports the commit to meta in the background; a one-rank
+    # client's load of the step it just saved waits for that instead of
+    # failing with "version is OPEN".
+    c = cluster.client(job)
+    for step in range(1, 6):
+        w = torch.full((256,), float(step))
+        c.save(step, {"w": w})
+        assert torch.equal(c.load(step)["w"], w)
+        back = torch.zeros(256)
+        c.load_into(step, {"w": back})
+        assert torch.equal(back, w)
+
+
 def test_loads_items_written_with_the_old_torch_dtype_attribute(cluster, job):
     # Earlier versions wrote py.torch_dtype on torch items; it is ignored.
     t = torch.arange(6, dtype=torch.int32).reshape(2, 3)

@@ -389,23 +389,12 @@ absl::StatusOr<Client> Client::Connect(const ClientOptions& options) {
 const ClientOptions& Client::options() const { return core_->options; }
 const std::string& Client::node_id() const { return core_->node_id; }
 
-namespace {
-// How long after a commit an unknown version is waited for (see Wait).
-constexpr absl::Duration kBeginGrace = absl::Seconds(10);
-}  // namespace
-
 absl::Status Client::WaitVersion(uint64_t step, Level level, absl::Time deadline) const {
   if (!core_->WaitCommits(deadline)) {
     return absl::DeadlineExceededError(
         absl::StrCat("WaitVersion of step ", step, ": the agent has not answered this client's last commit yet"));
   }
-  absl::Time not_found_until = absl::InfinitePast();
-  {
-    absl::MutexLock lock(&core_->committed_mu);
-    auto it = core_->committed_at.find(step);
-    if (it != core_->committed_at.end()) not_found_until = it->second + kBeginGrace;
-  }
-  return client::WaitForVersion(*core_, step, level, deadline, not_found_until);
+  return client::WaitForVersion(*core_, step, level, deadline, core_->GraceEnd(step));
 }
 
 absl::Status SaveHandle::Committed(absl::Time deadline) const {
@@ -416,7 +405,7 @@ absl::Status SaveHandle::Committed(absl::Time deadline) const {
 
 absl::Status SaveHandle::Wait(Level level, absl::Time deadline) const {
   CKPT_RETURN_IF_ERROR(Committed(deadline));
-  return client::WaitForVersion(*core_, step_, level, deadline, committed_at_ + kBeginGrace);
+  return client::WaitForVersion(*core_, step_, level, deadline, committed_at_ + client::kBeginGrace);
 }
 
 absl::StatusOr<uint64_t> Client::Latest(Level level) const {

@@ -71,6 +71,11 @@ class CallsInFlight {
   int n_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
+// How long after this client committed a step a version meta does not know
+// yet, or not yet STAGED, is waited for: the agent begins it at meta and
+// reports the shard in the background.
+inline constexpr absl::Duration kBeginGrace = absl::Seconds(10);
+
 struct ClientCore {
   // The calls below answered before the stubs go (declared before the
   // committer, destroyed after it: a commit never sends such a call).
@@ -92,6 +97,13 @@ struct ClientCore {
   // rides out the agent's background BeginVersion (see SaveHandle::Wait).
   absl::Mutex committed_mu;
   std::map<uint64_t, absl::Time> committed_at ABSL_GUARDED_BY(committed_mu);
+  // kBeginGrace after this client committed `step`; the infinite past if it
+  // did not (recently).
+  absl::Time GraceEnd(uint64_t step) {
+    absl::MutexLock lock(&committed_mu);
+    auto it = committed_at.find(step);
+    return it == committed_at.end() ? absl::InfinitePast() : it->second + kBeginGrace;
+  }
   // What the recent saves blocked the trainer, by step (at most 16 steps).
   absl::Mutex cost_mu;
   std::map<uint64_t, absl::Duration> save_costs ABSL_GUARDED_BY(cost_mu);

@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
@@ -291,8 +292,8 @@ std::unique_ptr<OpenedShard> UseLocal(const std::shared_ptr<ClientCore>& core, c
 // serves. Without a local copy, or if it cannot be used (missing, corrupt, not
 // the version's), the full manifest and every source go to the agent, which
 // fetches the shard from the next one.
-absl::StatusOr<std::unique_ptr<OpenedShard>> OpenBest(const std::shared_ptr<ClientCore>& core, uint64_t step,
-                                                      bool skip_verify) {
+absl::StatusOr<std::unique_ptr<OpenedShard>> OpenBestNow(const std::shared_ptr<ClientCore>& core, uint64_t step,
+                                                         bool skip_verify) {
   CKPT_RETURN_IF_ERROR(ValidateStep(step));
   v1::LocateResponse located;
   {
@@ -310,6 +311,27 @@ absl::StatusOr<std::unique_ptr<OpenedShard>> OpenBest(const std::shared_ptr<Clie
   }
   CKPT_ASSIGN_OR_RETURN(located, Locate(*core, step, /*omit_items=*/false));
   return Open(core, located, skip_verify);
+}
+
+// OpenBestNow, and, in a job of one rank, once more when meta does not serve
+// a step this client committed within kBeginGrace yet (Locate: NOT_FOUND, not
+// begun; or FAILED_PRECONDITION, still OPEN) after waiting for it to be
+// STAGED: the agent begins the version and reports the shard in the
+// background, so a load right after a save would fail otherwise. With several
+// ranks the version also waits for the others: their loads say so at once
+// (wait for the version first, e.g. SaveHandle::Wait).
+absl::StatusOr<std::unique_ptr<OpenedShard>> OpenBest(const std::shared_ptr<ClientCore>& core, uint64_t step,
+                                                      bool skip_verify) {
+  absl::StatusOr<std::unique_ptr<OpenedShard>> opened = OpenBestNow(core, step, skip_verify);
+  const absl::Status& s = opened.status();
+  if (opened.ok() || core->options.world_size != 1 || !(absl::IsNotFound(s) || absl::IsFailedPrecondition(s)) ||
+      !absl::StartsWith(s.message(), "Locate: ")) {
+    return opened;
+  }
+  const absl::Time grace_end = core->GraceEnd(step);
+  if (absl::Now() >= grace_end) return opened;
+  if (!WaitForVersion(*core, step, Level::kStaged, grace_end, grace_end).ok()) return opened;
+  return OpenBestNow(core, step, skip_verify);
 }
 
 std::string ItemMismatch(const std::string& name, uint32_t expected, uint32_t actual) {

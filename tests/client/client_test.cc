@@ -404,6 +404,29 @@ TEST_F(ClientTest, LocalCopyThatIsNotTheVersionsIsNotUsed) {
   EXPECT_EQ(agent_->WaitOpenHandles(0), 0);
 }
 
+// The agent reports a commit to meta in the background: a load right after
+// the save finds the version still OPEN at meta, and waits for it (this
+// client committed it moments ago) instead of failing.
+TEST_F(ClientTest, LoadRightAfterTheSaveWaitsForTheAgentsReport) {
+  FakeAgent::Options o;
+  o.report_at_next_close = true;  // STAGED only after the load's first attempt
+  StartAgent(o);
+  Client client = Connect();
+  const auto w = Floats(64, 5.0f);
+  SaveBuilder save = client.BeginSave(6);
+  ASSERT_TRUE(save.Add("w", Bytes(w), DType::kF32, {64}).ok());
+  ASSERT_TRUE(CommitAndWait(save).ok());
+  auto shard = client.Load(6);
+  ASSERT_TRUE(shard.ok()) << shard.status();
+  auto view = shard->View("w");
+  ASSERT_TRUE(view.ok());
+  EXPECT_TRUE(Equal(*view, Bytes(w)));
+  EXPECT_EQ(agent_->local_opens(), 2);  // the first attempt, then the one after STAGED
+  // A step this client did not save is not waited for.
+  absl::Status s = client.Load(7).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kNotFound) << s;
+}
+
 // Tens of thousands of items in one save (names checked for duplicates in
 // constant time) round-trip with every name, shape and attribute.
 TEST_F(ClientTest, ManyItemsRoundTrip) {

@@ -7,6 +7,8 @@
 #include <cerrno>
 #include <chrono>
 #include <cstring>
+#include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -370,13 +372,16 @@ Status FakeAgent::ApplyCommit(Lease& lease, const v1::CommitShardRequest& req,
     shard.regions.push_back(r);
   }
 
+  v1::ReportShardsRequest report;
   if (meta_ != nullptr) {
-    v1::ReportShardsRequest report;
     report.set_node_id(options_.node_id);
     report.set_incarnation(incarnation_);
     v1::StagedReport* staged = report.add_reports()->mutable_staged();
     *staged->mutable_shard() = info;
     staged->set_run_id(lease.run_id);
+    if (options_.report_at_next_close) deferred_reports_.push_back(std::exchange(report, {}));
+  }
+  if (report.reports_size() > 0) {
     v1::ReportShardsResponse reported;
     Status st = meta_->ReportShards(MetaContext().get(), report, &reported);
     if (!st.ok()) return st;
@@ -485,6 +490,10 @@ Status FakeAgent::CloseShard(grpc::ServerContext*, const v1::CloseShardRequest* 
                              v1::CloseShardResponse*) {
   absl::MutexLock lock(&mu_);
   handles_.erase(req->handle_id());
+  for (const v1::ReportShardsRequest& report : std::exchange(deferred_reports_, {})) {
+    v1::ReportShardsResponse reported;
+    if (Status st = meta_->ReportShards(MetaContext().get(), report, &reported); !st.ok()) return st;
+  }
   return Status::OK;
 }
 

@@ -70,6 +70,10 @@ class FakeAgent final : public ckpt::v1::AgentService::Service {
     // copy that is not the version's): an OpenShard with `expected` then
     // fails as the real agent does (DATA_LOSS).
     bool local_copy_differs = false;
+    // Report a commit to meta only when the next CloseShard arrives (as the
+    // real agent reports in the background: the version is still OPEN at
+    // meta when CommitShard returns).
+    bool report_at_next_close = false;
   };
 
   static absl::StatusOr<std::unique_ptr<FakeAgent>> Start(Options options);
@@ -167,6 +171,7 @@ class FakeAgent final : public ckpt::v1::AgentService::Service {
   int commits_ ABSL_GUARDED_BY(mu_) = 0;
   int crc_mismatches_ ABSL_GUARDED_BY(mu_) = 0;
   int local_opens_ ABSL_GUARDED_BY(mu_) = 0;
+  std::vector<ckpt::v1::ReportShardsRequest> deferred_reports_ ABSL_GUARDED_BY(mu_);
   int located_opens_ ABSL_GUARDED_BY(mu_) = 0;
 };
 

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <chrono>
+#include <functional>
 #include <utility>
 
 #include "absl/strings/match.h"
@@ -58,27 +59,17 @@ std::unique_ptr<grpc::ClientContext> ContextWithTimeout(absl::Duration timeout) 
 }
 
 void CloseShardInBackground(ClientCore& core, std::string handle_id) {
-  struct Call {
-    std::unique_ptr<grpc::ClientContext> ctx;
+  auto close = [&core, id = std::move(handle_id)] {
     v1::CloseShardRequest req;
+    req.set_handle_id(id);
     v1::CloseShardResponse resp;
-    std::shared_ptr<CallsInFlight> in_flight;
-  };
-  auto call = std::make_unique<Call>();
-  call->ctx = ContextWithTimeout(core.options.rpc_timeout);
-  call->req.set_handle_id(std::move(handle_id));
-  call->in_flight = core.in_flight;
-  call->in_flight->Add();
-  Call* c = call.release();  // owned by the callback from here
-  core.agent->async()->CloseShard(c->ctx.get(), &c->req, &c->resp, [c](const grpc::Status& status) {
-    std::unique_ptr<Call> owned(c);
-    if (!status.ok()) {
-      log::Warn("closing shard handle {}: {}", owned->req.handle_id(), FromGrpc(status, "CloseShard").ToString());
+    auto ctx = ContextWithTimeout(core.options.rpc_timeout);
+    if (absl::Status s = FromGrpc(core.agent->CloseShard(ctx.get(), req, &resp), "CloseShard"); !s.ok()) {
+      log::Warn("closing shard handle {}: {}", id, s.ToString());
     }
-    const std::shared_ptr<CallsInFlight> in_flight = std::move(owned->in_flight);
-    owned.reset();  // the call's state goes before the client may
-    in_flight->Done();
-  });
+  };
+  std::function<void()> fn = close;
+  if (!core.calls.TrySubmit(std::move(fn))) close();
 }
 
 absl::StatusOr<std::vector<ShardRegion>> MapRegions(

@@ -47,42 +47,12 @@ struct CommitResult {
   }
 };
 
-// Counts calls sent without waiting for their answer; Wait() returns once
-// every one was answered. Shared with the calls' callbacks (which may run
-// after the ClientCore that sent them started to go away).
-class CallsInFlight {
- public:
-  void Add() {
-    absl::MutexLock lock(&mu_);
-    ++n_;
-  }
-  void Done() {
-    absl::MutexLock lock(&mu_);
-    --n_;
-  }
-  void Wait() {
-    absl::MutexLock lock(&mu_);
-    mu_.Await(absl::Condition(
-        +[](int* n) { return *n == 0; }, &n_));
-  }
-
- private:
-  absl::Mutex mu_;
-  int n_ ABSL_GUARDED_BY(mu_) = 0;
-};
-
 // How long after this client committed a step a version meta does not know
 // yet, or not yet STAGED, is waited for: the agent begins it at meta and
 // reports the shard in the background.
 inline constexpr absl::Duration kBeginGrace = absl::Seconds(10);
 
 struct ClientCore {
-  // The calls below answered before the stubs go (declared before the
-  // committer, destroyed after it: a commit never sends such a call).
-  ~ClientCore() {
-    committer.Stop();
-    in_flight->Wait();
-  }
   ClientOptions options;
   std::unique_ptr<v1::MetaService::Stub> meta;
   std::unique_ptr<v1::AgentService::Stub> agent;
@@ -135,9 +105,11 @@ struct ClientCore {
     }
     return last == nullptr || last->done.WaitForNotificationWithDeadline(deadline);
   }
-  // CloseShard calls of handles dropped without waiting (see
-  // CloseShardInBackground).
-  std::shared_ptr<CallsInFlight> in_flight = std::make_shared<CallsInFlight>();
+  // Runs calls whose answer the caller does not wait for at once: CloseShard
+  // of dropped shards (CloseShardInBackground) and a load's Locate while the
+  // agent opens the local copy. Its functions hold a plain reference to this
+  // ClientCore: destroyed before the members above, it finishes them first.
+  Executor calls{"ckpt-calls", 2, 64};
   // Runs the CommitShard calls of saves after Commit returned (one thread,
   // in order). Declared last so it is destroyed first: its destructor sends
   // what is queued while the stubs above still exist.
@@ -150,9 +122,10 @@ struct ClientCore {
 // AgentSession::Open and of mapping the pool.
 absl::StatusOr<std::string> SessionId(ClientCore& core);
 
-// Sends CloseShard(handle_id) to the local agent without waiting for its
-// answer (a failure is logged; the handle then expires with the session).
-// The ClientCore's destruction waits for the answer.
+// Sends CloseShard(handle_id) to the local agent on `core.calls`, without
+// waiting for its answer (a failure is logged; the handle then ends with the
+// session); on the caller's thread if that executor is full. The ClientCore's
+// destruction waits for the answer.
 void CloseShardInBackground(ClientCore& core, std::string handle_id);
 
 // gRPC status -> absl::Status with the same code and the server's message,

@@ -225,38 +225,36 @@ absl::StatusOr<std::unique_ptr<OpenedShard>> Open(const std::shared_ptr<ClientCo
   return opened;
 }
 
-// Locate at meta, sent without waiting: Wait() returns its answer. Always
-// Wait() before it goes (the call writes into it until answered).
+// Locate at meta, sent on `core.calls` (on the caller's thread in Wait() if
+// that executor is full): Wait() returns its answer.
 class PendingLocate {
  public:
-  PendingLocate(const ClientCore& core, uint64_t step, bool omit_items)
-      : ctx_(client::ContextWithTimeout(core.options.rpc_timeout)) {
-    req_.set_job_id(core.options.job_id);
-    req_.set_step(step);
-    req_.set_rank(core.options.rank);
-    req_.set_near_node_id(core.node_id);
-    req_.set_omit_items(omit_items);
-    core.meta->async()->Locate(ctx_.get(), &req_, &resp_, [this](const grpc::Status& s) {
-      status_ = s;
-      done_.Notify();
+  PendingLocate(ClientCore& core, uint64_t step, bool omit_items)
+      : core_(core), step_(step), omit_items_(omit_items), result_(std::make_shared<Result>()) {
+    sent_ = core.calls.TrySubmit([&core, step, omit_items, result = result_] {
+      result->answer = Locate(core, step, omit_items);
+      result->done.Notify();
     });
   }
   PendingLocate(const PendingLocate&) = delete;
   PendingLocate& operator=(const PendingLocate&) = delete;
-  ~PendingLocate() { done_.WaitForNotification(); }
 
   absl::StatusOr<v1::LocateResponse> Wait() {
-    done_.WaitForNotification();
-    CKPT_RETURN_IF_ERROR(FromGrpc(status_, "Locate"));
-    return std::move(resp_);
+    if (!sent_) return Locate(core_, step_, omit_items_);
+    result_->done.WaitForNotification();
+    return std::move(result_->answer);
   }
 
  private:
-  std::unique_ptr<grpc::ClientContext> ctx_;
-  v1::LocateRequest req_;
-  v1::LocateResponse resp_;
-  grpc::Status status_;
-  absl::Notification done_;
+  struct Result {
+    absl::StatusOr<v1::LocateResponse> answer = absl::UnknownError("not answered");
+    absl::Notification done;
+  };
+  ClientCore& core_;
+  const uint64_t step_;
+  const bool omit_items_;
+  std::shared_ptr<Result> result_;  // shared with the call: it may end after this goes
+  bool sent_ = false;
 };
 
 // The local agent's copy opened while meta answers where the shard lives:

@@ -170,6 +170,22 @@ class AgentCluster : public ::testing::Test {
     return -1;
   }
 
+  // Waits until `n` reported the parity segment (position 2) of `stripe` of
+  // `step`; false after kWait.
+  bool WaitParityReport(Node& n, uint64_t step, uint32_t stripe) {
+    absl::MutexLock lock(&n.meta.mu);
+    auto has = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(n.meta.mu) {
+      for (const HoldingReport& r : n.meta.reports) {
+        if (r.kind == HoldingReport::Kind::kSegment && r.segment.step == step && r.segment.stripe == stripe &&
+            r.segment.position == 2) {
+          return true;
+        }
+      }
+      return false;
+    };
+    return n.meta.mu.AwaitWithTimeout(absl::Condition(&has), kWait);
+  }
+
   std::vector<HoldingReport> SegmentReports(Node& n) {
     absl::MutexLock lock(&n.meta.mu);
     std::vector<HoldingReport> out;
@@ -233,9 +249,20 @@ class AgentCluster : public ::testing::Test {
       t.id = absl::StrCat("t-ec-", j);
       nodes_[j]->agent->EnqueueTasks({t});
     }
+    bool done = true;
+    for (uint32_t j = 0; j < 3; ++j) {
+      const absl::Status s = WaitResult(*nodes_[j], absl::StrCat("t-ec-", j));
+      EXPECT_TRUE(s.ok()) << s;
+      done = done && s.ok();
+    }
+    // A node's task can end before the last data node's push to its parity
+    // arrives: once every task succeeded, each stripe's parity report is
+    // waited for (node s holds stripe s's).
+    for (uint32_t s = 0; done && s < 3; ++s) {
+      EXPECT_TRUE(WaitParityReport(*nodes_[s], step, s)) << "stripe " << s << ": no parity report";
+    }
     std::map<uint32_t, std::map<uint32_t, HoldingReport>> seg;
     for (uint32_t j = 0; j < 3; ++j) {
-      EXPECT_TRUE(WaitResult(*nodes_[j], absl::StrCat("t-ec-", j)).ok());
       for (const HoldingReport& r : SegmentReports(*nodes_[j])) seg[r.segment.stripe][r.segment.position] = r;
     }
     seg_ = seg;

@@ -585,13 +585,16 @@ class Client {
   absl::StatusOr<absl::Duration> PauseProtection(absl::Duration d) const;
 
   // Opens this rank's shard of `step` for zero-copy reading: asks meta where
-  // it lives (Locate, preferring this node), then asks the agent to open it
-  // (OpenShard): a local copy is used in place; otherwise the agent fetches
-  // it from the next source (peer replica, EC decode, durable tier) into its
-  // memory tier first. The agent checks every item's crc32c (unless
-  // options.verify is false). The manifest travels packed, once (from the
-  // agent when the copy is local). Blocks for that (up to
-  // options.load_timeout).
+  // it lives (Locate, preferring this node) while the agent opens its own
+  // copy, if any (OpenShard): a local copy that meta names first and that is
+  // the version's (size, crc32c, manifest digest) is used in place;
+  // otherwise the agent fetches it from the next source (peer replica, EC
+  // decode, durable tier) into its memory tier first. The agent checks every
+  // item's crc32c (unless options.verify is false). The manifest travels
+  // packed, once (from the agent when the copy is local). Blocks for that (up
+  // to options.load_timeout). This client's own commits are answered first;
+  // in a job of one rank, a step it committed in the last 10 s that meta has
+  // not staged yet (the agent reports in the background) is waited for.
   // Errors: kNotFound (job, version or this rank's shard unknown),
   // kFailedPrecondition (version not at the STAGED level: open, aborted,
   // deleted), kDataLoss (every source failed its checksum or is gone; the

@@ -18,6 +18,8 @@
 #include "absl/strings/str_split.h"
 #include "common/lock_check.h"
 #include "common/log.h"
+#include "common/status_macros.h"
+#include "common/unix_socket.h"
 
 #ifndef SO_PEERGROUPS
 #define SO_PEERGROUPS 59  // Linux 4.13; older headers lack the name
@@ -62,22 +64,23 @@ absl::StatusOr<std::unique_ptr<SessionServer>> SessionServer::Start(Options opti
   std::unique_ptr<SessionServer> s(new SessionServer(std::move(options), std::move(pools), clock, std::move(on_ended)));
   s->listen_fd_ = ::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
   if (s->listen_fd_ < 0) return Errno("session socket");
+  // Bound under a staging name and renamed into place once it has its mode
+  // and group, so session.sock never exists with others.
+  const std::string staged = StagingSocketPath(s->options_.socket_path);
+  if (staged.size() >= sizeof(addr.sun_path)) {
+    return absl::InvalidArgumentError(absl::StrCat("session socket path '", staged, "' is too long"));
+  }
   addr.sun_family = AF_UNIX;
-  std::memcpy(addr.sun_path, s->options_.socket_path.c_str(), s->options_.socket_path.size());
-  ::unlink(s->options_.socket_path.c_str());  // a stale socket of an earlier agent
+  std::memcpy(addr.sun_path, staged.c_str(), staged.size());
+  ::unlink(staged.c_str());  // left by an earlier process with this pid
   if (::bind(s->listen_fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
-    return Errno(absl::StrCat("bind '", s->options_.socket_path, "'"));
+    return Errno(absl::StrCat("bind '", staged, "'"));
   }
-  ::chmod(s->options_.socket_path.c_str(), 0660);
-  if (s->options_.allowed_gid >= 0 &&
-      ::chown(s->options_.socket_path.c_str(), static_cast<uid_t>(-1),
-              static_cast<gid_t>(s->options_.allowed_gid)) != 0) {
-    const int err = errno;
-    return absl::PermissionDeniedError(absl::StrCat("cannot give the session socket '", s->options_.socket_path,
-                                                    "' to group ", s->options_.allowed_gid, ": ", std::strerror(err),
-                                                    " (run the agent as root or as a member of that group)"));
+  if (::listen(s->listen_fd_, 128) != 0) {
+    ::unlink(staged.c_str());
+    return Errno("listen on the session socket");
   }
-  if (::listen(s->listen_fd_, 128) != 0) return Errno("listen on the session socket");
+  CKPT_RETURN_IF_ERROR(PublishSocket(staged, s->options_.socket_path, s->options_.allowed_gid));
   s->wake_fd_ = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
   if (s->wake_fd_ < 0) return Errno("eventfd");
   s->thread_ = std::thread([raw = s.get()] {

@@ -45,6 +45,7 @@
 #include "common/metrics.h"
 #include "common/names.h"
 #include "common/sd_notify.h"
+#include "common/unix_socket.h"
 #include "server/agent/agent.h"
 #include "server/cmd/daemon.h"
 #include "server/cmd/daemon_tls.h"
@@ -322,7 +323,11 @@ int Serve(const Settings& settings, const sigset_t& signals) {
     // TCP (peers' tools, ckptctl) with TLS when configured; the local socket
     // is guarded by its mode (0660, the agent's group).
     builder.AddListeningPort(settings.listen, *server_credentials, &port);
-    builder.AddListeningPort("unix:" + socket_path, grpc::InsecureServerCredentials());
+    // The local socket is bound under a staging name and renamed into place
+    // once it has its mode and group (common/unix_socket.h).
+    const std::string staged_socket = StagingSocketPath(socket_path);
+    ::unlink(staged_socket.c_str());  // left by an earlier process with this pid
+    builder.AddListeningPort("unix:" + staged_socket, grpc::InsecureServerCredentials());
     builder.SetMaxReceiveMessageSize(kMaxMessageBytes);
     builder.SetMaxSendMessageSize(kMaxMessageBytes);
     builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
@@ -333,11 +338,9 @@ int Serve(const Settings& settings, const sigset_t& signals) {
       stop.Request(kExitFailure, "gRPC server failed to start");
     } else {
       // Trainers in the agent's group (or --socket-group) may connect.
-      ::chmod(socket_path.c_str(), 0660);
-      if (settings.agent.socket_gid >= 0 &&
-          ::chown(socket_path.c_str(), static_cast<uid_t>(-1), static_cast<gid_t>(settings.agent.socket_gid)) != 0) {
-        log::Error("{}: cannot give {} to group {}: {} (run the agent as root or as a member of that group)",
-                   kProgram, socket_path, settings.agent.socket_gid, std::strerror(errno));
+      if (absl::Status published = PublishSocket(staged_socket, socket_path, settings.agent.socket_gid);
+          !published.ok()) {
+        log::Error("{}: {}", kProgram, std::string(published.message()));
         stop.Request(kExitFailure, "--socket-group could not be applied");
       }
       a->Start();

@@ -3,9 +3,12 @@
 
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <grp.h>
 #include <sys/un.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
+#include <cstdio>
 #include <cstring>
 #include <string>
 
@@ -17,7 +20,6 @@
 namespace ckpt {
 namespace {
 
-using ::testing::HasSubstr;
 using ::testing::StartsWith;
 
 // A listening unix socket bound at `path`; closed by the caller.
@@ -68,19 +70,41 @@ TEST(UnixSocket, PublishGivesModeAndGroupThenRenames) {
   ::close(fd);
 }
 
+// Run as a user that is not root and not in group 4242 (as root, in a child
+// that drops to uid/gid 4343 first), so that chown to 4242 fails.
 TEST(UnixSocket, AGroupThatCannotBeGivenLeavesNothingBehind) {
-  if (::geteuid() == 0) GTEST_SKIP() << "root may chown to any group";
   testing::TempDir dir = *testing::TempDir::Create();
+  ASSERT_EQ(::chmod(dir.path().c_str(), 0777), 0);
   const std::string path = dir.path() + "/session.sock";
-  const std::string staged = StagingSocketPath(path);
-  const int fd = BindAt(staged);
-  absl::Status s = PublishSocket(staged, path, 4242);
-  EXPECT_EQ(s.code(), absl::StatusCode::kPermissionDenied);
-  EXPECT_THAT(s.message(), HasSubstr("group 4242"));
-  EXPECT_THAT(s.message(), HasSubstr("as root or as a member"));
-  EXPECT_FALSE(Exists(staged));
-  EXPECT_FALSE(Exists(path));
-  ::close(fd);
+  auto check = [&]() -> std::string {
+    const std::string staged = StagingSocketPath(path);
+    const int fd = BindAt(staged);
+    absl::Status s = PublishSocket(staged, path, 4242);
+    ::close(fd);
+    if (s.code() != absl::StatusCode::kPermissionDenied) return "not PermissionDenied: " + s.ToString();
+    if (s.message().find("group 4242") == absl::string_view::npos ||
+        s.message().find("as root or as a member") == absl::string_view::npos) {
+      return "unclear message: " + s.ToString();
+    }
+    if (Exists(staged) || Exists(path)) return "a socket file was left behind";
+    return "";
+  };
+  if (::geteuid() != 0) {
+    EXPECT_EQ(check(), "");
+    return;
+  }
+  const pid_t pid = ::fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    if (::setgroups(0, nullptr) != 0 || ::setgid(4343) != 0 || ::setuid(4343) != 0) ::_exit(3);
+    const std::string failure = check();
+    if (!failure.empty()) std::fprintf(stderr, "%s\n", failure.c_str());
+    ::_exit(failure.empty() ? 0 : 1);
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 0) << "see the child's stderr above (3: could not drop to uid 4343)";
 }
 
 }  // namespace

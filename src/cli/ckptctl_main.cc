@@ -165,7 +165,8 @@ Json NodeJson(const v1::NodeInfo& n) {
               {"flush_lag_ms", n.flush_lag_ms()},
               {"pending_tasks", n.pending_tasks()},
               {"last_heartbeat_unix_ms", n.last_heartbeat_unix_ms()},
-              {"agent_version", n.agent_version()}};
+              {"agent_version", n.agent_version()},
+              {"drained", n.drained()}};
 }
 
 uint64_t VersionCount(const v1::JobInfo& j) {
@@ -404,7 +405,8 @@ class Ctl {
     }
     std::vector<std::vector<std::string>> rows;
     for (const auto& n : resp.nodes()) {
-      rows.push_back({n.endpoint().node_id(), NodeStateName(n.state()),
+      const bool marked = n.drained() && n.state() != v1::NODE_STATE_DRAINING && n.state() != v1::NODE_STATE_LEFT;
+      rows.push_back({n.endpoint().node_id(), NodeStateName(n.state()) + std::string(marked ? " (drained)" : ""),
                       n.endpoint().grpc_address(), HumanSize(n.memory_used_bytes()),
                       HumanSize(n.memory_free_bytes()), Age(n.last_heartbeat_unix_ms())});
     }
@@ -570,12 +572,46 @@ class Ctl {
     if (!Call([&](grpc::ClientContext* c) { return stub_->DrainNode(c, req, &resp); })) {
       return kExitFailure;
     }
-    if (g_.json) {
-      PrintJson(NodeJson(resp.node()));
-    } else {
-      std::cout << "node " << resp.node().endpoint().node_id() << " is "
-                << NodeStateName(resp.node().state()) << "\n";
+    return PrintNodeChange(resp.node());
+  }
+
+  int Undrain(const std::string& node) {
+    v1::UndrainNodeRequest req;
+    req.set_node_id(node);
+    v1::UndrainNodeResponse resp;
+    if (!Call([&](grpc::ClientContext* c) { return stub_->UndrainNode(c, req, &resp); })) {
+      return kExitFailure;
     }
+    return PrintNodeChange(resp.node());
+  }
+
+  int RemoveNode(const std::string& node) {
+    v1::RemoveNodeRequest req;
+    req.set_node_id(node);
+    v1::RemoveNodeResponse resp;
+    if (!Call([&](grpc::ClientContext* c) { return stub_->RemoveNode(c, req, &resp); })) {
+      return kExitFailure;
+    }
+    if (g_.json) {
+      PrintJson(Json{{"id", node}, {"removed", true}});
+    } else {
+      std::cout << "node " << node << " removed\n";
+    }
+    return kExitOk;
+  }
+
+  int PrintNodeChange(const v1::NodeInfo& n) {
+    if (g_.json) {
+      PrintJson(NodeJson(n));
+      return kExitOk;
+    }
+    std::cout << "node " << n.endpoint().node_id() << " is " << NodeStateName(n.state());
+    if (n.drained() && n.state() != v1::NODE_STATE_DRAINING && n.state() != v1::NODE_STATE_LEFT) {
+      std::cout << " (drained: it registers as draining)";
+    } else if (!n.drained() && n.state() == v1::NODE_STATE_LEFT) {
+      std::cout << " (undrained: alive when its agent registers)";
+    }
+    std::cout << "\n";
     return kExitOk;
   }
 
@@ -826,8 +862,15 @@ int Main(int argc, char** argv) {
       ->expected(1, 64);
 
   std::string node;
-  CLI::App* drain = app.add_subcommand("drain", "Drain a node.");
+  CLI::App* drain = app.add_subcommand(
+      "drain", "Drain a node: no new data, its data re-protected elsewhere, then LEFT; it stays drained (also "
+               "across agent restarts) until `undrain`.");
   drain->add_option("NODE", node, "Node id")->required();
+  CLI::App* undrain = app.add_subcommand("undrain", "Put a drained node back into service.");
+  undrain->add_option("NODE", node, "Node id")->required();
+  CLI::App* remove_node =
+      app.add_subcommand("remove-node", "Forget a DEAD or LEFT node (a later registration is a new node).");
+  remove_node->add_option("NODE", node, "Node id")->required();
 
   std::string from_dir, out_dir;
   std::optional<uint32_t> restore_rank;
@@ -946,6 +989,8 @@ int Main(int argc, char** argv) {
   if (*flush) return ctl.Flush(job, step);
   if (*del) return ctl.Delete(job, step, force);
   if (*drain) return ctl.Drain(node);
+  if (*undrain) return ctl.Undrain(node);
+  if (*remove_node) return ctl.RemoveNode(node);
   if (*placement_cmd) return ctl.Placement(job, failures);
   return kExitUsage;
 }

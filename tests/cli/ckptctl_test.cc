@@ -473,18 +473,61 @@ TEST_F(CkptctlTest, PlacementShowsThePlanAndSurvival) {
   EXPECT_EQ(r.status.exit_code(), 1);
 }
 
-TEST_F(CkptctlTest, DrainMovesTheNodeToDraining) {
-  // The agent is stopped first, as when a node is retired: a running agent
-  // whose node became LEFT re-registers at its next heartbeat and is ALIVE
-  // again (docs/operations.md), which made this test flaky on a slow machine.
-  ASSERT_TRUE(agent_->proc()->Kill().ok());
+// A drain sticks while the node's agent keeps running (it heartbeats as LEFT
+// instead of registering again as ALIVE) until `undrain`; `remove-node`
+// forgets a LEFT node whose agent was stopped.
+TEST_F(CkptctlTest, DrainSticksUntilUndrainAndRemoveNodeForgetsIt) {
   Json node = CtlJson({"drain", "node-1"});
   EXPECT_EQ(node["id"], "node-1");
   EXPECT_EQ(node["state"], "draining");
-  // A drained node that holds nothing becomes LEFT at meta's next tick.
-  RunResult r = Ctl({"nodes"});
+  EXPECT_EQ(node["drained"], true);
+  auto state = [&]() -> std::string {
+    Json nodes = CtlJson({"nodes"})["nodes"];
+    return nodes.empty() ? "none" : nodes[0]["state"].get<std::string>();
+  };
+  // Holding nothing, it is LEFT at meta's next tick.
+  const absl::Time deadline = absl::Now() + absl::Seconds(30);
+  while (state() != "left" && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(100));
+  ASSERT_EQ(state(), "left");
+  // Several heartbeat intervals later (meta's default is 1 s), still LEFT,
+  // with the agent running.
+  const absl::Time watch_until = absl::Now() + absl::Seconds(4);
+  while (absl::Now() < watch_until) {
+    ASSERT_EQ(state(), "left") << agent_->proc()->LogTail(4096);
+    absl::SleepFor(absl::Milliseconds(200));
+  }
+  ASSERT_TRUE(agent_->proc()->IsRunning());
+  RunResult r = Ctl({"remove-node", "node-1"});
+  EXPECT_NE(r.status.exit_code(), 0);
+  EXPECT_THAT(r.stderr_text, HasSubstr("its agent is still running"));
+  node = CtlJson({"undrain", "node-1"});
+  EXPECT_EQ(node["state"], "alive");
+  EXPECT_EQ(node["drained"], false);
+  r = Ctl({"undrain", "node-1"});
+  EXPECT_NE(r.status.exit_code(), 0);
+  EXPECT_THAT(r.stderr_text, HasSubstr("not drained"));
+  r = Ctl({"remove-node", "node-1"});
+  EXPECT_NE(r.status.exit_code(), 0);
+  EXPECT_THAT(r.stderr_text, HasSubstr("only DEAD or LEFT nodes can be removed"));
+
+  // Retire it: drain, stop the agent, remove.
+  ASSERT_EQ(CtlJson({"drain", "node-1"})["state"], "draining");
+  ASSERT_TRUE(agent_->proc()->Kill().ok());
+  const absl::Time left_by = absl::Now() + absl::Seconds(30);
+  while (state() != "left" && absl::Now() < left_by) absl::SleepFor(absl::Milliseconds(100));
+  ASSERT_EQ(state(), "left");
+  // Removable once its lease (5 s here) has run out.
+  const absl::Time removed_by = absl::Now() + absl::Seconds(30);
+  do {
+    r = Ctl({"remove-node", "node-1"});
+    if (!r.status.success()) absl::SleepFor(absl::Milliseconds(200));
+  } while (!r.status.success() && absl::Now() < removed_by);
   ASSERT_TRUE(r.status.success()) << r.stderr_text;
-  EXPECT_THAT(r.stdout_text, ::testing::AnyOf(HasSubstr("draining"), HasSubstr("left")));
+  EXPECT_THAT(r.stdout_text, HasSubstr("node node-1 removed"));
+  EXPECT_EQ(state(), "none");
+  r = Ctl({"undrain", "node-9"});
+  EXPECT_NE(r.status.exit_code(), 0);
+  EXPECT_THAT(r.stderr_text, HasSubstr("not registered"));
 }
 
 TEST_F(CkptctlTest, UsageErrorsExitTwo) {

@@ -541,7 +541,7 @@ int Main(int argc, char** argv) {
   CLI::Option* admin_token_opt =
       app.add_option("--admin-token-file", admin_token_file,
                      "File holding the admin token (mode 0600 or 0640). With it, DeleteVersion, "
-                     "DeleteJob, DrainNode and RemoveNode need 'authorization: Bearer TOKEN' "
+                     "DeleteJob, DrainNode, UndrainNode and RemoveNode need 'authorization: Bearer TOKEN' "
                      "(ckptctl --token-file); without it they are open to every caller.")
           ->type_name("FILE");
   CLI::Option* agent_token_opt =

@@ -108,8 +108,11 @@ class Engine {
   // OPEN, not ABORTED or DELETED), or nullptr: the version that makes a new
   // version at `step` a rewind.
   const Version* NewestReadableAbove(const std::string& job_id, uint64_t step) const;
-  // The node, if `incarnation` is current and it is not DEAD/LEFT.
-  absl::StatusOr<Node*> CheckNode(const std::string& node_id, uint64_t incarnation);
+  // The node, if `incarnation` is current and it is not DEAD/LEFT (or, with
+  // `allow_left`, LEFT: a drained node's agent that keeps running heartbeats
+  // without registering again).
+  absl::StatusOr<Node*> CheckNode(const std::string& node_id, uint64_t incarnation,
+                                  bool allow_left = false);
   // Can serve reads and run tasks: ALIVE, SUSPECT or DRAINING.
   bool IsUsable(const std::string& node_id) const;
   // Holdings on it count toward protection: ALIVE or SUSPECT.

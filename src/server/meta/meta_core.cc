@@ -91,7 +91,8 @@ const Version* Engine::NewestReadableAbove(const std::string& job_id, uint64_t s
   return nullptr;
 }
 
-absl::StatusOr<Node*> Engine::CheckNode(const std::string& node_id, uint64_t incarnation) {
+absl::StatusOr<Node*> Engine::CheckNode(const std::string& node_id, uint64_t incarnation,
+                                        bool allow_left) {
   auto it = s_.nodes.find(node_id);
   if (it == s_.nodes.end()) {
     return absl::NotFoundError(
@@ -103,7 +104,7 @@ absl::StatusOr<Node*> Engine::CheckNode(const std::string& node_id, uint64_t inc
         "node \"", node_id, "\" incarnation ", incarnation, " is stale (current is ",
         n.incarnation, "); re-register"));
   }
-  if (n.state == NodeState::kDead || n.state == NodeState::kLeft) {
+  if (n.state == NodeState::kDead || (n.state == NodeState::kLeft && !allow_left)) {
     return absl::FailedPreconditionError(absl::StrCat("node \"", node_id, "\" is ",
                                                       NodeStateName(n.state),
                                                       " (lease expired); re-register"));
@@ -600,7 +601,10 @@ absl::StatusOr<RegisterResult> MetaCore::RegisterNode(const RegisterRequest& req
     }
     Node& n = state_->nodes[req.node_id];
     if (n.first_seen_ms == 0) n.first_seen_ms = n.registered_ms != 0 ? n.registered_ms : e.NowMs();
-    const bool draining = !was_dead && n.state == NodeState::kDraining;
+    // A drained node stays drained (DRAINING, LEFT again once nothing
+    // depends on it) until `ckptctl undrain`; a restarted agent does not
+    // bring it back.
+    const bool draining = n.drained || (!was_dead && n.state == NodeState::kDraining);
     n.id = req.node_id;
     n.grpc_address = req.grpc_address;
     n.data_address = req.data_address;
@@ -662,7 +666,9 @@ absl::StatusOr<HeartbeatResult> MetaCore::SubmitHeartbeat(const HeartbeatRequest
     absl::MutexLock lock(&mu_);
     Txn txn;
     Engine e(*state_, clock_, options_, txn);
-    CKPT_ASSIGN_OR_RETURN(Node * n, e.CheckNode(req.node_id, req.incarnation));
+    // A LEFT node's agent may keep heartbeating: it stays LEFT (drained)
+    // instead of registering again every interval.
+    CKPT_ASSIGN_OR_RETURN(Node * n, e.CheckNode(req.node_id, req.incarnation, /*allow_left=*/true));
     const absl::Time mono = e.Mono();
     n->lease_deadline = mono + options_.lease;
     n->last_heartbeat_ms = e.NowMs();
@@ -847,15 +853,53 @@ absl::StatusOr<Node> MetaCore::DrainNode(const std::string& node_id) {
     }
     Node& n = it->second;
     if (n.state == NodeState::kDead || n.state == NodeState::kLeft) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("node \"", node_id, "\" is ", NodeStateName(n.state), "; nothing to drain"));
-    }
-    if (n.state != NodeState::kDraining) {
+      // Nothing to move now; the mark makes it DRAINING if its agent returns.
+      if (!n.drained) {
+        n.drained = true;
+        txn.Node(n);
+      }
+    } else if (n.state != NodeState::kDraining || !n.drained) {
+      if (n.state != NodeState::kDraining) n.state_since_ms = e.NowMs();
       n.state = NodeState::kDraining;
-      n.state_since_ms = e.NowMs();
+      n.drained = true;
       txn.Node(n);
       e.ReplanAll();
     }
+    Node result = n;
+    seq = SubmitLocked(txn);
+    return result;
+  }();
+  return WhenDurableAnswer(seq, std::move(answer));
+}
+
+absl::StatusOr<Node> MetaCore::UndrainNode(const std::string& node_id) {
+  uint64_t seq = 0;
+  absl::StatusOr<Node> answer = [&]() -> absl::StatusOr<Node> {
+    absl::MutexLock lock(&mu_);
+    seq = VisibleSeqLocked();
+    Txn txn;
+    Engine e(*state_, clock_, options_, txn);
+    auto it = state_->nodes.find(node_id);
+    if (it == state_->nodes.end()) {
+      return absl::NotFoundError(absl::StrCat("node \"", node_id, "\" is not registered"));
+    }
+    Node& n = it->second;
+    if (!n.drained && n.state != NodeState::kDraining && n.state != NodeState::kLeft) {
+      return absl::FailedPreconditionError(absl::StrCat("node \"", node_id, "\" is ", NodeStateName(n.state),
+                                                        ", not drained; nothing to undrain"));
+    }
+    n.drained = false;
+    // DRAINING, or LEFT with its agent still heartbeating: ALIVE at once.
+    // LEFT with no agent (or DEAD): ALIVE when its agent registers again.
+    const bool running = n.state == NodeState::kDraining ||
+                         (n.state == NodeState::kLeft && n.lease_deadline > e.Mono());
+    if (running) {
+      n.state = NodeState::kAlive;
+      n.state_since_ms = e.NowMs();
+    }
+    txn.Node(n);
+    if (running) e.ReplanAll();
+    log::Info("node {} undrained: now {}", node_id, NodeStateName(n.state));
     Node result = n;
     seq = SubmitLocked(txn);
     return result;
@@ -876,6 +920,16 @@ absl::Status MetaCore::RemoveNode(const std::string& node_id) {
       return absl::FailedPreconditionError(
           absl::StrCat("node \"", node_id, "\" is ", NodeStateName(it->second.state),
                        "; only DEAD or LEFT nodes can be removed (drain it first)"));
+    }
+    // Forgotten while its agent runs, the node would register again as a new,
+    // ALIVE node at the agent's next heartbeat.
+    const absl::Time mono = clock_->MonotonicNow();
+    if (it->second.state == NodeState::kLeft && it->second.lease_deadline > mono) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "node \"", node_id, "\" is LEFT but its agent is still running (heartbeat ",
+          absl::FormatDuration(absl::Milliseconds(clock_->NowUnixMillis() - it->second.last_heartbeat_ms)),
+          " ago); stop the agent, then remove the node after its lease (", absl::FormatDuration(options_.lease),
+          ")"));
     }
     Txn txn;
     txn.DeleteNode(node_id);

@@ -388,7 +388,14 @@ class MetaCore {
   absl::StatusOr<InventoryResult> ReportInventory(const std::string& node_id,
                                                   uint64_t incarnation,
                                                   const std::vector<Holding>& holdings);
+  // Marks the node drained: DRAINING now (a DEAD or LEFT node keeps its state)
+  // and at every later registration, LEFT once nothing depends on it.
+  // NotFound if unknown.
   absl::StatusOr<Node> DrainNode(const std::string& node_id);
+  // Clears the drain mark: a DRAINING node (or a LEFT one whose agent still
+  // heartbeats) is ALIVE at once, a LEFT or DEAD one when its agent registers
+  // again. NotFound; FailedPrecondition if the node is not drained.
+  absl::StatusOr<Node> UndrainNode(const std::string& node_id);
   absl::Status RemoveNode(const std::string& node_id);
   absl::StatusOr<std::vector<Node>> ListNodes(const std::vector<NodeState>& states) const;
   // Unfinished tasks of a node incarnation not yet acknowledged, or (all=true)

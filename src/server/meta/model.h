@@ -78,6 +78,9 @@ struct Node {
   int64_t state_since_ms = 0;
   int64_t first_seen_ms = 0;  // first registration of this node id (any incarnation)
   uint64_t failures = 0;      // leases expired + re-registrations while the lease ran
+  // Set by DrainNode, cleared only by UndrainNode (or RemoveNode): a drained
+  // node registers again as DRAINING, whatever its agent does meanwhile.
+  bool drained = false;
 
   // Not persisted: per meta process.
   absl::Time lease_deadline;        // on Clock::MonotonicNow()

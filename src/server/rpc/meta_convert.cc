@@ -403,6 +403,7 @@ void ToProto(const meta::Node& node, v1::NodeInfo* out) {
   out->set_pending_tasks(node.pending_tasks);
   out->set_first_seen_unix_ms(node.first_seen_ms);
   out->set_failures(node.failures);
+  out->set_drained(node.drained);
 }
 
 absl::StatusOr<meta::RegisterRequest> RegisterFromProto(const v1::RegisterNodeRequest& req) {

@@ -387,6 +387,15 @@ grpc::Status MetaServiceImpl::DrainNode(grpc::ServerContext* ctx, const v1::Drai
   return grpc::Status::OK;
 }
 
+grpc::Status MetaServiceImpl::UndrainNode(grpc::ServerContext* ctx, const v1::UndrainNodeRequest* req,
+                                          v1::UndrainNodeResponse* resp) {
+  if (grpc::Status a = AdminCall(*ctx, "UndrainNode"); !a.ok()) return a;
+  absl::StatusOr<meta::Node> node = core_->UndrainNode(req->node_id());
+  if (!node.ok()) return Fail("UndrainNode", node.status());
+  ToProto(*node, resp->mutable_node());
+  return grpc::Status::OK;
+}
+
 grpc::Status MetaServiceImpl::RemoveNode(grpc::ServerContext* ctx, const v1::RemoveNodeRequest* req,
                                          v1::RemoveNodeResponse*) {
   if (grpc::Status a = AdminCall(*ctx, "RemoveNode"); !a.ok()) return a;

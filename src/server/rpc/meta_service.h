@@ -53,7 +53,7 @@ class MetaServiceImpl final : public MetaServiceBase {
   // `core` and `clock` are not owned and must outlive this object. `clock`
   // paces WaitVersion's slices (use the core's clock).
   // A non-empty `admin_token` guards the admin RPCs (DeleteVersion,
-  // DeleteJob, DrainNode, RemoveNode), a non-empty `agent_token` the RPCs
+  // DeleteJob, DrainNode, UndrainNode, RemoveNode), a non-empty `agent_token` the RPCs
   // only agents make (RegisterNode, Heartbeat, WatchTasks, ReportTaskResult,
   // ReportInventory, ReportShards, BeginVersion), and trainer tokens limit
   // the job RPCs to the jobs each token names (CheckJobCaller): see
@@ -91,6 +91,8 @@ class MetaServiceImpl final : public MetaServiceBase {
                                v1::ReportInventoryResponse* resp) override;
   grpc::Status DrainNode(grpc::ServerContext* ctx, const v1::DrainNodeRequest* req,
                          v1::DrainNodeResponse* resp) override;
+  grpc::Status UndrainNode(grpc::ServerContext* ctx, const v1::UndrainNodeRequest* req,
+                           v1::UndrainNodeResponse* resp) override;
   grpc::Status RemoveNode(grpc::ServerContext* ctx, const v1::RemoveNodeRequest* req,
                           v1::RemoveNodeResponse* resp) override;
   grpc::Status ListNodes(grpc::ServerContext* ctx, const v1::ListNodesRequest* req,

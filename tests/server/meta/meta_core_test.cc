@@ -1033,7 +1033,88 @@ TEST_F(MetaCoreTest, DrainReprotectsElsewhereThenNodeLeaves) {
   ASSERT_EQ(nodes.size(), 1u);
   EXPECT_EQ(nodes[0].id, "b");
   EXPECT_EQ(core_->RemoveNode("a").code(), absl::StatusCode::kFailedPrecondition);
+  // b's agent still heartbeats: removing it now would only let it register
+  // again as a new node.
+  absl::Status running = core_->RemoveNode("b");
+  EXPECT_EQ(running.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(running.message().find("its agent is still running"), absl::string_view::npos) << running;
+  clock_.Advance(options_.lease + absl::Seconds(1));
   EXPECT_TRUE(core_->RemoveNode("b").ok());
+}
+
+// A drain sticks: a LEFT node whose agent keeps running stays LEFT, an agent
+// that restarts (or a meta restart) brings it back DRAINING, never ALIVE, until
+// UndrainNode.
+TEST_F(MetaCoreTest, DrainSticksUntilUndrain) {
+  for (const char* n : {"a", "b", "c"}) Register(n);
+  ASSERT_TRUE(core_->DrainNode("b").ok());
+  ASSERT_TRUE(core_->Tick().ok());
+  auto state_of = [&](const std::string& id) {
+    absl::StatusOr<std::vector<Node>> nodes = core_->ListNodes({});
+    EXPECT_TRUE(nodes.ok()) << nodes.status();
+    if (nodes.ok()) {
+      for (const Node& n : *nodes) {
+        if (n.id == id) return n.state;
+      }
+    }
+    ADD_FAILURE() << "no node " << id;
+    return NodeState::kDead;
+  };
+  ASSERT_EQ(state_of("b"), NodeState::kLeft);
+  // Its agent keeps heartbeating: accepted, and still LEFT.
+  EXPECT_EQ(Beat("b").node_state, NodeState::kLeft);
+  ASSERT_TRUE(core_->Tick().ok());
+  EXPECT_EQ(state_of("b"), NodeState::kLeft);
+  // The agent restarts: DRAINING, then LEFT again.
+  Register("b");
+  EXPECT_EQ(state_of("b"), NodeState::kDraining);
+  ASSERT_TRUE(core_->Tick().ok());
+  EXPECT_EQ(state_of("b"), NodeState::kLeft);
+  // Meta restarts: the mark is persisted.
+  Reopen();
+  Register("b");
+  EXPECT_EQ(state_of("b"), NodeState::kDraining);
+  // Undrain while the agent runs: ALIVE at once, and it stays so.
+  auto undrained = core_->UndrainNode("b");
+  ASSERT_TRUE(undrained.ok()) << undrained.status();
+  EXPECT_EQ(undrained->state, NodeState::kAlive);
+  EXPECT_FALSE(undrained->drained);
+  Register("b");
+  EXPECT_EQ(state_of("b"), NodeState::kAlive);
+  EXPECT_EQ(core_->UndrainNode("b").status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(core_->UndrainNode("nobody").status().code(), absl::StatusCode::kNotFound);
+
+  // Drain, then the agent stops for good: LEFT, and undrain leaves it LEFT
+  // (no agent to be ALIVE) until its agent registers again, as ALIVE.
+  ASSERT_TRUE(core_->DrainNode("c").ok());
+  ASSERT_TRUE(core_->Tick().ok());
+  ASSERT_EQ(state_of("c"), NodeState::kLeft);
+  for (int i = 0; i < 40; ++i) {
+    clock_.Advance(absl::Seconds(1));
+    Beat("a");
+    Beat("b");
+    ASSERT_TRUE(core_->Tick().ok());
+  }
+  EXPECT_EQ(state_of("c"), NodeState::kLeft);
+  auto c = core_->UndrainNode("c");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->state, NodeState::kLeft);
+  Register("c");
+  EXPECT_EQ(state_of("c"), NodeState::kAlive);
+
+  // A DEAD node can be drained: it comes back DRAINING.
+  for (int i = 0; i < 40; ++i) {
+    clock_.Advance(absl::Seconds(1));
+    Beat("a");
+    ASSERT_TRUE(core_->Tick().ok());
+  }
+  ASSERT_EQ(state_of("b"), NodeState::kDead);
+  auto dead = core_->DrainNode("b");
+  ASSERT_TRUE(dead.ok()) << dead.status();
+  EXPECT_EQ(dead->state, NodeState::kDead);
+  EXPECT_TRUE(dead->drained);
+  Register("b");
+  EXPECT_EQ(state_of("b"), NodeState::kDraining);
 }
 
 }  // namespace

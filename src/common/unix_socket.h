@@ -1,11 +1,19 @@
-// Publishing a unix socket with its final mode and group.
+// Unix sockets that are never open to more than their owner and group.
 //
-// bind() creates the socket file with the process umask and group; a chmod or
-// chown afterwards leaves a window in which the file exists with the wrong
-// ones (a client or a test that looks then sees it). Binding to a staging name
-// in the same directory, fixing mode and group there and renaming it into
-// place means the final path only ever exists as 0660 and in its group.
+// bind() creates the socket file with the process umask: with a permissive
+// one (0, as some container runtimes set) anyone may connect until a chmod
+// afterwards. The file is therefore created owner-only (0600) and only then
+// opened to its group (0660, optionally another group).
+//
+//   int fd = socket(AF_UNIX, ...);
+//   RestrictSocketBeforeBind(fd);              // our own bind()
+//   bind(fd, path); OpenSocketToGroup(path, gid); listen(fd);
+//
+//   { OwnerOnlyUmask m; server = builder.BuildAndStart(); }   // a library's bind()
+//   OpenSocketToGroup(path, gid);
 #pragma once
+
+#include <sys/types.h>
 
 #include <string>
 
@@ -13,13 +21,29 @@
 
 namespace ckpt {
 
-// A short name next to `path` to bind first: "<dir>/.<first letter><pid>", so
-// it fits in sun_path whenever `path` does (its file name has >= 9 bytes).
-std::string StagingSocketPath(const std::string& path);
+// Sets the socket inode's mode so that the file bind() creates for `fd` has
+// at most 0600, whatever the umask. Errors: fchmod's errno.
+absl::Status RestrictSocketBeforeBind(int fd);
 
-// Gives the socket file at `staged` mode 0660 and group `gid` (when >= 0) and
-// renames it to `path`. On failure removes `staged` and says why (chown fails
-// unless the process is root or a member of `gid`).
-absl::Status PublishSocket(const std::string& staged, const std::string& path, int gid);
+// While alive, the process umask is 0177, so files (and sockets) created on
+// any thread get at most 0600. Process-wide: hold it only around the call
+// that binds, at start-up; a file another thread creates meanwhile is
+// owner-only, which fails safe.
+class OwnerOnlyUmask {
+ public:
+  OwnerOnlyUmask();
+  ~OwnerOnlyUmask();
+  OwnerOnlyUmask(const OwnerOnlyUmask&) = delete;
+  OwnerOnlyUmask& operator=(const OwnerOnlyUmask&) = delete;
+
+ private:
+  mode_t old_;
+};
+
+// Gives the socket file at `path` mode 0660 and, when `gid` >= 0, group
+// `gid`. Errors: PermissionDenied naming the group (chown needs root or
+// membership of `gid`; the file then keeps the owner's group), or the chmod
+// failure.
+absl::Status OpenSocketToGroup(const std::string& path, int gid);
 
 }  // namespace ckpt

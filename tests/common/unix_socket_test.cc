@@ -1,4 +1,4 @@
-// PublishSocket: the final path appears only with mode 0660 and its group.
+// Unix sockets created owner-only and then opened to their group.
 #include "common/unix_socket.h"
 
 #include <sys/socket.h>
@@ -20,8 +20,6 @@
 namespace ckpt {
 namespace {
 
-using ::testing::StartsWith;
-
 // A listening unix socket bound at `path`; closed by the caller.
 int BindAt(const std::string& path) {
   const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
@@ -33,60 +31,76 @@ int BindAt(const std::string& path) {
   return fd;
 }
 
-bool Exists(const std::string& path) {
+mode_t ModeOf(const std::string& path) {
   struct stat st {};
-  return ::lstat(path.c_str(), &st) == 0;
+  EXPECT_EQ(::stat(path.c_str(), &st), 0) << path;
+  return st.st_mode & 0777;
 }
 
-TEST(UnixSocket, StagingNameIsShortAndNextToThePath) {
-  const std::string staged = StagingSocketPath("/run/ckpt/agent.sock");
-  EXPECT_THAT(staged, StartsWith("/run/ckpt/.a"));
-  EXPECT_EQ(staged, "/run/ckpt/.a" + std::to_string(::getpid()));
-  EXPECT_LE(staged.size(), std::string("/run/ckpt/agent.sock").size());
-  EXPECT_THAT(StagingSocketPath("session.sock"), StartsWith("./.s"));
+// With umask 0, a plain bind makes the socket 0777; restricted first, 0600.
+TEST(UnixSocket, RestrictedBeforeBindItIsCreatedOwnerOnly) {
+  testing::TempDir dir = *testing::TempDir::Create();
+  const mode_t old_mask = ::umask(0);
+  const int plain = BindAt(dir.path() + "/plain.sock");
+  const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  ASSERT_TRUE(RestrictSocketBeforeBind(fd).ok());
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  const std::string path = dir.path() + "/agent.sock";
+  std::memcpy(addr.sun_path, path.c_str(), path.size());
+  ASSERT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0) << std::strerror(errno);
+  ::umask(old_mask);
+  EXPECT_EQ(ModeOf(dir.path() + "/plain.sock"), 0777u);
+  EXPECT_EQ(ModeOf(path), 0600u);
+  ::close(fd);
+  ::close(plain);
 }
 
-TEST(UnixSocket, PublishGivesModeAndGroupThenRenames) {
+// A library's bind under OwnerOnlyUmask: 0600; the umask is restored after.
+TEST(UnixSocket, OwnerOnlyUmaskCoversALibrarysBind) {
+  testing::TempDir dir = *testing::TempDir::Create();
+  const mode_t old_mask = ::umask(0);
+  int fd = -1;
+  {
+    OwnerOnlyUmask owner_only;
+    fd = BindAt(dir.path() + "/agent.sock");
+  }
+  EXPECT_EQ(::umask(old_mask), 0u);
+  EXPECT_EQ(ModeOf(dir.path() + "/agent.sock"), 0600u);
+  ::close(fd);
+}
+
+TEST(UnixSocket, OpenToGroupGivesModeAndGroup) {
   testing::TempDir dir = *testing::TempDir::Create();
   const std::string path = dir.path() + "/agent.sock";
-  const std::string staged = StagingSocketPath(path);
-  const mode_t old_mask = ::umask(022);
-  const int fd = BindAt(staged);
-  ::umask(old_mask);
-  ASSERT_TRUE(PublishSocket(staged, path, static_cast<int>(::getegid())).ok());
-  EXPECT_FALSE(Exists(staged));
+  const int fd = BindAt(path);
+  ASSERT_TRUE(OpenSocketToGroup(path, static_cast<int>(::getegid())).ok());
   struct stat st {};
   ASSERT_EQ(::stat(path.c_str(), &st), 0);
   EXPECT_TRUE(S_ISSOCK(st.st_mode));
   EXPECT_EQ(st.st_mode & 0777, 0660u);
   EXPECT_EQ(st.st_gid, ::getegid());
-  // Still the listening socket: a client connects through the final name.
-  const int c = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  sockaddr_un addr{};
-  addr.sun_family = AF_UNIX;
-  std::memcpy(addr.sun_path, path.c_str(), path.size());
-  EXPECT_EQ(::connect(c, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0) << std::strerror(errno);
-  ::close(c);
+  EXPECT_EQ(OpenSocketToGroup(dir.path() + "/none.sock", -1).code(), absl::StatusCode::kPermissionDenied);
   ::close(fd);
 }
 
 // Run as a user that is not root and not in group 4242 (as root, in a child
 // that drops to uid/gid 4343 first), so that chown to 4242 fails.
-TEST(UnixSocket, AGroupThatCannotBeGivenLeavesNothingBehind) {
+TEST(UnixSocket, AGroupThatCannotBeGivenIsAClearError) {
   testing::TempDir dir = *testing::TempDir::Create();
   ASSERT_EQ(::chmod(dir.path().c_str(), 0777), 0);
   const std::string path = dir.path() + "/session.sock";
   auto check = [&]() -> std::string {
-    const std::string staged = StagingSocketPath(path);
-    const int fd = BindAt(staged);
-    absl::Status s = PublishSocket(staged, path, 4242);
+    const int fd = BindAt(path);
+    absl::Status s = OpenSocketToGroup(path, 4242);
     ::close(fd);
     if (s.code() != absl::StatusCode::kPermissionDenied) return "not PermissionDenied: " + s.ToString();
     if (s.message().find("group 4242") == absl::string_view::npos ||
         s.message().find("as root or as a member") == absl::string_view::npos) {
       return "unclear message: " + s.ToString();
     }
-    if (Exists(staged) || Exists(path)) return "a socket file was left behind";
+    struct stat st {};
+    if (::stat(path.c_str(), &st) != 0 || st.st_gid == 4242) return "the socket changed group";
     return "";
   };
   if (::geteuid() != 0) {

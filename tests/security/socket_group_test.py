@@ -96,7 +96,10 @@ def main():
         procs.append(a)
         wait_tcp(ap, a, 60)
         sock = run / "agent.sock"
-        check(eventually(lambda: (run / "session.sock").exists() and sock.exists(), timeout=30),
+        # The agent logs "listening" once both sockets have their mode and
+        # group (they are created owner-only first).
+        check(eventually(lambda: (run / "session.sock").exists() and sock.exists() and
+                         "listening on" in (work / "ckpt-agent.log").read_text(), timeout=30),
               "the agent serves its sockets")
         for s in (sock, run / "session.sock"):
             st = s.stat()

@@ -262,6 +262,38 @@ TEST(UcxTransport, StopCompletesSendsInFlight) {
   p.a->Stop();  // idempotent
 }
 
+// Stop's wait goes on while sends keep finishing: 48 sends of 16 MiB, all
+// handed to UCX (the first has arrived) when Stop starts, take longer in all
+// than a short stop_timeout_ms, but each finishes well within it of the one
+// before. Before, Stop destroyed the worker once the timeout had passed with
+// sends in flight, and UCX 1.13 aborted (ucp_ep.c:437).
+TEST(UcxTransport, StopWaitsWhileSendsKeepFinishing) {
+  UcxOptions o = NoSelfCheck();
+  o.stop_timeout_ms = 500;
+  TestHandler ha, hb;
+  hb.keep_bytes = false;
+  auto a = NewUcxTransport(o);
+  auto b = NewUcxTransport(NoSelfCheck());
+  ASSERT_TRUE(a->Start("127.0.0.1:0", &ha).ok());
+  ASSERT_TRUE(b->Start("127.0.0.1:0", &hb).ok());
+  auto to_b = a->Connect(b->address(), kConnectMs);
+  ASSERT_TRUE(to_b.ok()) << to_b.status();
+  const auto data = Pattern(16 << 20, 10);
+  constexpr int kSends = 48;
+  DoneLog done;
+  for (int i = 0; i < kSends; ++i) a->Send(*to_b, 1, absl::StrCat(i), AsPieces(data), done.Callback());
+  ASSERT_TRUE(hb.WaitReceived(1));
+  a->Stop();
+  // Stop reports every send (its peer is gone: Cancelled) before it returns...
+  ASSERT_TRUE(done.Wait(kSends, absl::ZeroDuration()));
+  for (const auto& s : done.statuses()) {
+    EXPECT_TRUE(s.ok() || s.code() == absl::StatusCode::kCancelled) << s;
+  }
+  // ...and UCX delivered every one of them before the worker went.
+  EXPECT_TRUE(hb.WaitReceived(kSends)) << hb.received().size() << " of " << kSends << " arrived";
+  b->Stop();
+}
+
 TEST(UcxTransport, ConnectToNothingFailsInTime) {
   TestHandler h, hdead;
   auto dead = NewUcxTransport(NoSelfCheck());

@@ -64,23 +64,17 @@ absl::StatusOr<std::unique_ptr<SessionServer>> SessionServer::Start(Options opti
   std::unique_ptr<SessionServer> s(new SessionServer(std::move(options), std::move(pools), clock, std::move(on_ended)));
   s->listen_fd_ = ::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
   if (s->listen_fd_ < 0) return Errno("session socket");
-  // Bound under a staging name and renamed into place once it has its mode
-  // and group, so session.sock never exists with others.
-  const std::string staged = StagingSocketPath(s->options_.socket_path);
-  if (staged.size() >= sizeof(addr.sun_path)) {
-    return absl::InvalidArgumentError(absl::StrCat("session socket path '", staged, "' is too long"));
-  }
+  // Created owner-only, opened to the group before anyone can connect
+  // (listen comes last): common/unix_socket.h.
+  CKPT_RETURN_IF_ERROR(RestrictSocketBeforeBind(s->listen_fd_));
   addr.sun_family = AF_UNIX;
-  std::memcpy(addr.sun_path, staged.c_str(), staged.size());
-  ::unlink(staged.c_str());  // left by an earlier process with this pid
+  std::memcpy(addr.sun_path, s->options_.socket_path.c_str(), s->options_.socket_path.size());
+  ::unlink(s->options_.socket_path.c_str());  // a stale socket of an earlier agent
   if (::bind(s->listen_fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
-    return Errno(absl::StrCat("bind '", staged, "'"));
+    return Errno(absl::StrCat("bind '", s->options_.socket_path, "'"));
   }
-  if (::listen(s->listen_fd_, 128) != 0) {
-    ::unlink(staged.c_str());
-    return Errno("listen on the session socket");
-  }
-  CKPT_RETURN_IF_ERROR(PublishSocket(staged, s->options_.socket_path, s->options_.allowed_gid));
+  CKPT_RETURN_IF_ERROR(OpenSocketToGroup(s->options_.socket_path, s->options_.allowed_gid));
+  if (::listen(s->listen_fd_, 128) != 0) return Errno("listen on the session socket");
   s->wake_fd_ = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
   if (s->wake_fd_ < 0) return Errno("eventfd");
   s->thread_ = std::thread([raw = s.get()] {

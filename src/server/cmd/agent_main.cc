@@ -323,24 +323,24 @@ int Serve(const Settings& settings, const sigset_t& signals) {
     // TCP (peers' tools, ckptctl) with TLS when configured; the local socket
     // is guarded by its mode (0660, the agent's group).
     builder.AddListeningPort(settings.listen, *server_credentials, &port);
-    // The local socket is bound under a staging name and renamed into place
-    // once it has its mode and group (common/unix_socket.h).
-    const std::string staged_socket = StagingSocketPath(socket_path);
-    ::unlink(staged_socket.c_str());  // left by an earlier process with this pid
-    builder.AddListeningPort("unix:" + staged_socket, grpc::InsecureServerCredentials());
+    builder.AddListeningPort("unix:" + socket_path, grpc::InsecureServerCredentials());
     builder.SetMaxReceiveMessageSize(kMaxMessageBytes);
     builder.SetMaxSendMessageSize(kMaxMessageBytes);
     builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
     builder.RegisterService(&service);
-    server = builder.BuildAndStart();
+    {
+      // The socket file is created owner-only and opened to the group below
+      // (common/unix_socket.h).
+      OwnerOnlyUmask owner_only;
+      server = builder.BuildAndStart();
+    }
     if (server == nullptr || port == 0) {
       log::Error("{}: cannot listen on {} and {}", kProgram, settings.listen, socket_path);
       stop.Request(kExitFailure, "gRPC server failed to start");
     } else {
       // Trainers in the agent's group (or --socket-group) may connect.
-      if (absl::Status published = PublishSocket(staged_socket, socket_path, settings.agent.socket_gid);
-          !published.ok()) {
-        log::Error("{}: {}", kProgram, std::string(published.message()));
+      if (absl::Status opened = OpenSocketToGroup(socket_path, settings.agent.socket_gid); !opened.ok()) {
+        log::Error("{}: {}", kProgram, std::string(opened.message()));
         stop.Request(kExitFailure, "--socket-group could not be applied");
       }
       a->Start();

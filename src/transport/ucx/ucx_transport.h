@@ -96,7 +96,9 @@ struct UcxOptions {
   // Payloads above this many bytes use rendezvous (zero-copy into the
   // receiver's pieces); at or below it, eager copies.
   uint64_t rndv_threshold_bytes = 64 << 10;
-  // How long Stop() lets UCX close endpoints before giving up on them.
+  // How long Stop() waits for endpoint closes and sends in flight while none
+  // of them finishes (the wait goes on while they finish one by one, up to
+  // ten times this in all) before giving up on them.
   int64_t stop_timeout_ms = 2000;
   // Start() connects the transport to itself through its own data port to
   // prove the handshake and UCX work (a bad UCX_TLS otherwise only shows as

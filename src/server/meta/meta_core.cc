@@ -840,7 +840,8 @@ absl::StatusOr<TaskDisposition> MetaCore::ReportTaskResult(const std::string& no
   return WhenDurableAnswer(seq, std::move(answer));
 }
 
-absl::StatusOr<Node> MetaCore::DrainNode(const std::string& node_id) {
+absl::StatusOr<Node> MetaCore::ChangeNode(const std::string& node_id,
+                                          absl::FunctionRef<absl::Status(Engine&, Txn&, Node&)> change) {
   uint64_t seq = 0;
   absl::StatusOr<Node> answer = [&]() -> absl::StatusOr<Node> {
     absl::MutexLock lock(&mu_);
@@ -851,7 +852,16 @@ absl::StatusOr<Node> MetaCore::DrainNode(const std::string& node_id) {
     if (it == state_->nodes.end()) {
       return absl::NotFoundError(absl::StrCat("node \"", node_id, "\" is not registered"));
     }
-    Node& n = it->second;
+    CKPT_RETURN_IF_ERROR(change(e, txn, it->second));
+    Node result = it->second;
+    seq = SubmitLocked(txn);
+    return result;
+  }();
+  return WhenDurableAnswer(seq, std::move(answer));
+}
+
+absl::StatusOr<Node> MetaCore::DrainNode(const std::string& node_id) {
+  return ChangeNode(node_id, [](Engine& e, Txn& txn, Node& n) {
     if (n.state == NodeState::kDead || n.state == NodeState::kLeft) {
       // Nothing to move now; the mark makes it DRAINING if its agent returns.
       if (!n.drained) {
@@ -865,27 +875,14 @@ absl::StatusOr<Node> MetaCore::DrainNode(const std::string& node_id) {
       txn.Node(n);
       e.ReplanAll();
     }
-    Node result = n;
-    seq = SubmitLocked(txn);
-    return result;
-  }();
-  return WhenDurableAnswer(seq, std::move(answer));
+    return absl::OkStatus();
+  });
 }
 
 absl::StatusOr<Node> MetaCore::UndrainNode(const std::string& node_id) {
-  uint64_t seq = 0;
-  absl::StatusOr<Node> answer = [&]() -> absl::StatusOr<Node> {
-    absl::MutexLock lock(&mu_);
-    seq = VisibleSeqLocked();
-    Txn txn;
-    Engine e(*state_, clock_, options_, txn);
-    auto it = state_->nodes.find(node_id);
-    if (it == state_->nodes.end()) {
-      return absl::NotFoundError(absl::StrCat("node \"", node_id, "\" is not registered"));
-    }
-    Node& n = it->second;
+  return ChangeNode(node_id, [](Engine& e, Txn& txn, Node& n) {
     if (!n.drained && n.state != NodeState::kDraining && n.state != NodeState::kLeft) {
-      return absl::FailedPreconditionError(absl::StrCat("node \"", node_id, "\" is ", NodeStateName(n.state),
+      return absl::FailedPreconditionError(absl::StrCat("node \"", n.id, "\" is ", NodeStateName(n.state),
                                                         ", not drained; nothing to undrain"));
     }
     n.drained = false;
@@ -899,12 +896,9 @@ absl::StatusOr<Node> MetaCore::UndrainNode(const std::string& node_id) {
     }
     txn.Node(n);
     if (running) e.ReplanAll();
-    log::Info("node {} undrained: now {}", node_id, NodeStateName(n.state));
-    Node result = n;
-    seq = SubmitLocked(txn);
-    return result;
-  }();
-  return WhenDurableAnswer(seq, std::move(answer));
+    log::Info("node {} undrained: now {}", n.id, NodeStateName(n.state));
+    return absl::OkStatus();
+  });
 }
 
 absl::Status MetaCore::RemoveNode(const std::string& node_id) {

@@ -57,6 +57,7 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
@@ -502,6 +503,11 @@ class MetaCore {
   static bool ActiveTasksEmpty(Engine& e, const Version& v);
   // Body of the durability thread.
   void DurableLoop();
+  // Looks the node up and applies `change` (which records what it changes in
+  // the Txn), under mu_; then waits for the change to be durable. NotFound
+  // for an unknown node; `change`'s error unchanged.
+  absl::StatusOr<Node> ChangeNode(const std::string& node_id,
+                                  absl::FunctionRef<absl::Status(Engine&, Txn&, Node&)> change);
   // Submits `txn` and returns the store sequence an answer computed now must
   // wait for: the newest change visible in memory (this one, or an earlier
   // one when `txn` is empty).

@@ -497,6 +497,7 @@ TEST_F(CkptctlTest, DrainSticksUntilUndrainAndRemoveNodeForgetsIt) {
     absl::SleepFor(absl::Milliseconds(200));
   }
   ASSERT_TRUE(agent_->proc()->IsRunning());
+  EXPECT_THAT(agent_->proc()->LogTail(65536), HasSubstr("meta: this node is LEFT"));
   RunResult r = Ctl({"remove-node", "node-1"});
   EXPECT_NE(r.status.exit_code(), 0);
   EXPECT_THAT(r.stderr_text, HasSubstr("its agent is still running"));

@@ -1,5 +1,6 @@
 """The Python client against real ckpt-meta and ckpt-agent processes."""
 import collections
+import os
 import pathlib
 import socket
 import time
@@ -420,6 +421,49 @@ def test_load_right_after_save_needs_no_wait(cluster, job):
         back = torch.zeros(256)
         c.load_into(step, {"w": back})
         assert torch.equal(back, w)
+
+
+def test_a_forked_child_gets_a_clear_error_and_exits(cluster, job):
+    # A client belongs to the process that connected it: in a fork()ed child
+    # its calls raise FailedPreconditionError naming fork() (before, they
+    # hung: the child has none of the client's threads), and dropping it
+    # there does not hang. The parent's client keeps working.
+    import gc
+    import signal
+    c = cluster.client(job)
+    c.save(1, {"w": torch.ones(16)})
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover (the child)
+        os.close(r)
+        msg = b"ok"
+        try:
+            for what, call in (("save", lambda: c.save(2, {"w": torch.ones(16)})), ("load", lambda: c.load(1)),
+                               ("latest", lambda: c.latest())):
+                try:
+                    call()
+                    msg = what.encode() + b" was not refused"
+                except ckpt.FailedPreconditionError as e:
+                    if "fork()" not in str(e):
+                        msg = str(e).encode()
+            del c
+            gc.collect()
+        except BaseException as e:  # noqa: B902 (reported to the parent)
+            msg = repr(e).encode()
+        os.write(w, msg)
+        os._exit(0)
+    os.close(w)
+    deadline = time.monotonic() + 60
+    while os.waitpid(pid, os.WNOHANG) == (0, 0):
+        if time.monotonic() > deadline:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            pytest.fail("the forked child hung")
+        time.sleep(0.01)
+    out = os.read(r, 4096)
+    os.close(r)
+    assert out == b"ok"
+    assert torch.equal(c.load(1)["w"], torch.ones(16))
 
 
 def test_loads_items_written_with_the_old_torch_dtype_attribute(cluster, job):

@@ -353,7 +353,7 @@ Client::~Client() = default;
 absl::StatusOr<Client> Client::Connect(const ClientOptions& options) {
   CKPT_RETURN_IF_ERROR(client::ValidateOptions(options));
   const absl::Time deadline = absl::Now() + options.connect_timeout;
-  auto core = std::make_shared<client::ClientCore>();
+  std::shared_ptr<client::ClientCore> core = client::NewClientCore();
   core->options = options;
   TlsFiles tls;
   tls.ca_file = options.tls_ca_file;
@@ -381,6 +381,7 @@ const ClientOptions& Client::options() const { return core_->options; }
 const std::string& Client::node_id() const { return core_->node_id; }
 
 absl::Status Client::WaitVersion(uint64_t step, Level level, absl::Time deadline) const {
+  CKPT_RETURN_IF_ERROR(core_->CheckProcess());
   if (!core_->WaitCommits(deadline)) {
     return absl::DeadlineExceededError(
         absl::StrCat("WaitVersion of step ", step, ": the agent has not answered this client's last commit yet"));
@@ -390,6 +391,7 @@ absl::Status Client::WaitVersion(uint64_t step, Level level, absl::Time deadline
 
 absl::Status SaveHandle::Committed(absl::Time deadline) const {
   if (core_ == nullptr) return absl::FailedPreconditionError("SaveHandle is empty");
+  CKPT_RETURN_IF_ERROR(core_->CheckProcess());
   if (commit_ == nullptr) return absl::OkStatus();
   return commit_->Wait(deadline);
 }
@@ -400,6 +402,7 @@ absl::Status SaveHandle::Wait(Level level, absl::Time deadline) const {
 }
 
 absl::StatusOr<uint64_t> Client::Latest(Level level) const {
+  CKPT_RETURN_IF_ERROR(core_->CheckProcess());
   core_->WaitCommits();
   v1::LatestRequest req;
   req.set_job_id(core_->options.job_id);
@@ -425,6 +428,7 @@ std::string Human(absl::Duration d) {
 }  // namespace
 
 absl::StatusOr<absl::Duration> Client::PauseProtection(absl::Duration d) const {
+  CKPT_RETURN_IF_ERROR(core_->CheckProcess());
   v1::PauseProtectionRequest req;
   req.set_duration_ms(absl::ToInt64Milliseconds(d));
   v1::PauseProtectionResponse resp;

@@ -10,6 +10,8 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <unistd.h>
+
 #include <atomic>
 #include <cstdint>
 #include <map>
@@ -18,6 +20,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
@@ -53,6 +56,19 @@ struct CommitResult {
 inline constexpr absl::Duration kBeginGrace = absl::Seconds(10);
 
 struct ClientCore {
+  // The process that created this client. After fork() the child has none of
+  // its threads (the executors below), and its gRPC channels and agent
+  // session belong to the parent: the child's calls are refused
+  // (CheckProcess) and the child never destroys it (NewClientCore).
+  const pid_t creator_pid = ::getpid();
+  // FailedPrecondition in a process other than the creator.
+  absl::Status CheckProcess() const {
+    const pid_t here = ::getpid();
+    if (here == creator_pid) return absl::OkStatus();
+    return absl::FailedPreconditionError(absl::StrCat(
+        "this ckpt client was created in process ", creator_pid, " and cannot be used in process ", here,
+        " (after fork()): connect a new client in this process"));
+  }
   ClientOptions options;
   std::unique_ptr<v1::MetaService::Stub> meta;
   std::unique_ptr<v1::AgentService::Stub> agent;
@@ -150,5 +166,15 @@ v1::DurabilityLevel ToProto(Level level);
 // begun at meta yet).
 absl::Status WaitForVersion(const ClientCore& core, uint64_t step, Level level,
                             absl::Time deadline, absl::Time not_found_until = absl::InfinitePast());
+
+// A new ClientCore that only its creating process destroys: a fork()ed
+// child that drops the last reference leaks it (its threads do not exist
+// there; joining them would hang, and closing its session could disturb the
+// parent's).
+inline std::shared_ptr<ClientCore> NewClientCore() {
+  return std::shared_ptr<ClientCore>(new ClientCore(), [](ClientCore* core) {
+    if (::getpid() == core->creator_pid) delete core;
+  });
+}
 
 }  // namespace ckpt::client

@@ -2,6 +2,8 @@
 // the copy (all items or the first few) and for the commit.
 #include "client/lazy_save.h"
 
+#include <unistd.h>
+
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -49,6 +51,7 @@ absl::Status Timeout(const char* what, uint64_t step) {
 // Waits until `want` items are copied (or the save failed first). The time
 // waited counts as the save's cost (the trainer was blocked).
 absl::Status AwaitCopy(client::LazyState& st, size_t want, uint64_t step, absl::Time deadline) {
+  CKPT_RETURN_IF_ERROR(st.core->CheckProcess());  // no save thread after fork()
   const absl::Time start = absl::Now();
   absl::Status out;
   {
@@ -91,6 +94,7 @@ absl::Status LazySave::WaitCopied(absl::Time deadline) const {
 absl::StatusOr<SaveHandle> LazySave::Wait(absl::Time deadline) const {
   if (state_ == nullptr) return absl::FailedPreconditionError("LazySave is empty");
   client::LazyState& st = *state_;
+  CKPT_RETURN_IF_ERROR(st.core->CheckProcess());
   absl::MutexLock lock(&st.mu);
   auto ready = [&st]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(st.mu) { return st.done; };
   if (!st.mu.AwaitWithDeadline(absl::Condition(&ready), deadline)) return Timeout("the commit", step_);
@@ -103,10 +107,17 @@ absl::StatusOr<LazySave> SaveBuilder::CommitLazy() {
     return absl::FailedPreconditionError("SaveBuilder::CommitLazy after Commit");
   }
   CKPT_RETURN_IF_ERROR(ValidateStep(step_));
+  CKPT_RETURN_IF_ERROR(core_->CheckProcess());
   const uint64_t step = step_;
   const absl::Time start = absl::Now();
   std::shared_ptr<client::ClientCore> core = core_;
-  auto state = std::make_shared<client::LazyState>(std::move(*this));
+  // Destroyed only in this process: a fork()ed child has no save thread to
+  // join (client_core.h, NewClientCore).
+  const pid_t creator = ::getpid();
+  std::shared_ptr<client::LazyState> state(new client::LazyState(std::move(*this)),
+                                           [creator](client::LazyState* s) {
+                                             if (::getpid() == creator) delete s;
+                                           });
   spent_ = true;  // this (moved-from) builder is spent
   state->core = core;
   state->Start();

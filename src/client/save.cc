@@ -157,6 +157,7 @@ absl::StatusOr<SaveHandle> SaveBuilder::Commit() {
   if (spent_ || core_ == nullptr) {
     return absl::FailedPreconditionError("SaveBuilder::Commit called twice");
   }
+  CKPT_RETURN_IF_ERROR(core_->CheckProcess());
   spent_ = true;
   const absl::Time start = absl::Now();
   std::shared_ptr<ClientCore> core = core_;  // CommitItems may leave the builder empty

@@ -5,6 +5,10 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <cctype>
 #include <cmath>
 #include <cstring>
@@ -425,6 +429,67 @@ TEST_F(ClientTest, LoadRightAfterTheSaveWaitsForTheAgentsReport) {
   // A step this client did not save is not waited for.
   absl::Status s = client.Load(7).status();
   EXPECT_EQ(s.code(), absl::StatusCode::kNotFound) << s;
+}
+
+// A client belongs to the process that connected it: in a fork()ed child
+// (none of its threads; its channels and agent session are the parent's)
+// every call says so instead of hanging, and dropping it there does not hang
+// either. The parent's client keeps working.
+TEST_F(ClientTest, AForkedChildGetsAClearErrorAndDropsTheClientWithoutHanging) {
+  StartAgent();
+  std::optional<Client> client = Connect();
+  const auto w = Floats(64, 3.0f);
+  SaveBuilder save = client->BeginSave(1);
+  ASSERT_TRUE(save.Add("w", Bytes(w), DType::kF32, {64}).ok());
+  ASSERT_TRUE(CommitAndWait(save).ok());
+  SaveBuilder lazy_save = client->BeginSave(2);
+  ASSERT_TRUE(lazy_save.Add("w", Bytes(w), DType::kF32, {64}).ok());
+  std::optional<absl::StatusOr<LazySave>> lazy = lazy_save.CommitLazy();
+  ASSERT_TRUE(lazy->ok()) << lazy->status();
+  ASSERT_TRUE((*lazy)->WaitCopied(absl::Now() + absl::Seconds(30)).ok());
+
+  const pid_t pid = ::fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    int failures = 0;
+    auto refused = [&](const absl::Status& s) {
+      if (s.code() != absl::StatusCode::kFailedPrecondition || !absl::StrContains(s.message(), "fork()")) {
+        std::fprintf(stderr, "not refused as forked: %s\n", s.ToString().c_str());
+        ++failures;
+      }
+    };
+    SaveBuilder child_save = client->BeginSave(3);
+    if (!child_save.Add("w", Bytes(w), DType::kF32, {64}).ok()) ++failures;
+    refused(child_save.Commit().status());
+    refused(client->Load(1).status());
+    std::vector<float> out(64);
+    refused(client->LoadInto(1, {{"w", std::as_writable_bytes(std::span(out))}}));
+    refused(client->WaitVersion(1, Level::kStaged, absl::Now() + absl::Seconds(1)));
+    refused(client->Latest(Level::kStaged).status());
+    refused((*lazy)->WaitCopied(absl::Now() + absl::Seconds(1)));
+    refused((*lazy)->Wait(absl::Now() + absl::Seconds(1)).status());
+    lazy.reset();    // the last handle of the lazy save: frees nothing here
+    client.reset();  // nor does the client
+    ::_exit(failures == 0 ? 0 : 1);
+  }
+  int status = 0;
+  const absl::Time deadline = absl::Now() + absl::Seconds(60);
+  pid_t done = 0;
+  while ((done = ::waitpid(pid, &status, WNOHANG)) == 0 && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  if (done == 0) {
+    ::kill(pid, SIGKILL);
+    ::waitpid(pid, &status, 0);
+    FAIL() << "the forked child hung";
+  }
+  ASSERT_TRUE(WIFEXITED(status)) << status;
+  EXPECT_EQ(WEXITSTATUS(status), 0) << "see the child's stderr above";
+  // The parent's client is untouched.
+  auto shard = client->Load(1);
+  ASSERT_TRUE(shard.ok()) << shard.status();
+  EXPECT_TRUE(Equal(*shard->View("w"), Bytes(w)));
+  ASSERT_TRUE((*lazy)->Wait(absl::Now() + absl::Seconds(30)).ok());
 }
 
 // Tens of thousands of items in one save (names checked for duplicates in

@@ -48,6 +48,11 @@
 // Moves: a moved-from Client, SaveBuilder or LoadedShard may only be
 // destroyed or assigned to.
 //
+// fork(): a client belongs to the process that connected it. In a forked
+// child its saves, loads and waits fail with kFailedPrecondition (connect a
+// new client there), and dropping it there frees nothing (its threads,
+// channels and agent session are the parent's).
+//
 // Lifetimes: SaveHandle and LoadedShard share the connection state with the
 // Client that made them, so either may outlive it (the gRPC channels and the
 // mappings stay alive until the last of them is destroyed).

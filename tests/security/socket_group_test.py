@@ -96,10 +96,11 @@ def main():
         procs.append(a)
         wait_tcp(ap, a, 60)
         sock = run / "agent.sock"
-        # The agent logs "listening" once both sockets have their mode and
-        # group (they are created owner-only first).
+        # The agent logs "ckpt-agent listening on" once both sockets have
+        # their mode and group (they are created owner-only first); its data
+        # plane's "data plane listening on" comes earlier.
         check(eventually(lambda: (run / "session.sock").exists() and sock.exists() and
-                         "listening on" in (work / "ckpt-agent.log").read_text(), timeout=30),
+                         "ckpt-agent listening on" in (work / "ckpt-agent.log").read_text(), timeout=30),
               "the agent serves its sockets")
         for s in (sock, run / "session.sock"):
             st = s.stat()

@@ -61,9 +61,13 @@ const std::vector<std::byte>& Payload() {
   h.keep_bytes = false;
   auto t = NewUcxTransport(Options());
   if (!t->Start("127.0.0.1:0", &h).ok()) _exit(2);
-  if (role == "receiver") {
+  if (role == "receiver" || role == "sink") {
     std::printf("ADDRESS %s\n", t->address().c_str());
     std::fflush(stdout);
+    if (role == "sink") {  // takes what comes until it is killed (or a minute)
+      h.WaitReceived(kSends + 1, absl::Seconds(60));
+      _exit(0);
+    }
     h.WaitReceived(1 + round % 4, absl::Seconds(60));
     GoAway(t.get(), round);
   }
@@ -163,6 +167,45 @@ TEST(UcxPeerProcess, SenderGoesAwayMidTransfer) {
   for (const auto& g : h.received()) {
     EXPECT_TRUE(g.status.ok() || g.status.code() == absl::StatusCode::kUnavailable) << g.status;
   }
+}
+
+// A receiver that is stopped (SIGSTOP: a hung or swapped-out agent) while
+// this process pushes to it, then this process stops its transport: sends
+// that make no progress at all must not keep Stop from ending, and
+// destroying the UCX worker with them still in flight must not abort
+// (UCX 1.13: ucp_ep.c proto_reqs not empty). Every send completes.
+TEST(UcxPeerProcess, StopWhileTheReceiverIsStopped) {
+  if (ChildMode()) return;
+  absl::StatusOr<testing::TempDir> dir = testing::TempDir::Create();
+  ASSERT_TRUE(dir.ok()) << dir.status();
+  std::unique_ptr<testing::Subprocess> child = StartPeer(*dir, "StopWhileTheReceiverIsStopped", "sink", 0);
+  ASSERT_NE(child, nullptr);
+  const std::string address = WaitForAddress(child.get());
+  ASSERT_FALSE(address.empty()) << child->LogTail();
+  TestHandler h;
+  UcxOptions o = Options();
+  o.stop_timeout_ms = 300;
+  auto t = NewUcxTransport(o);
+  ASSERT_TRUE(t->Start("127.0.0.1:0", &h).ok());
+  absl::StatusOr<PeerId> peer = t->Connect(address, 10000);
+  ASSERT_TRUE(peer.ok()) << peer.status();
+  DoneLog done;
+  for (int i = 0; i < kSends; ++i) {
+    t->Send(*peer, 1, absl::StrCat(i), {std::span<const std::byte>(Payload())}, done.Callback());
+  }
+  ASSERT_TRUE(done.Wait(1, absl::Seconds(60)));
+  ASSERT_TRUE(child->Kill(SIGSTOP).ok());
+  t->Stop();  // aborted here before the fix
+  EXPECT_TRUE(done.Wait(kSends, absl::Seconds(1)));
+  for (const absl::Status& s : done.statuses()) {
+    EXPECT_TRUE(s.ok() || s.code() == absl::StatusCode::kCancelled ||
+                s.code() == absl::StatusCode::kUnavailable) << s;
+  }
+  EXPECT_GT(done.statuses().size(), 0u);
+  ASSERT_TRUE(child->Kill(SIGKILL).ok());
+  ASSERT_TRUE(child->Kill(SIGCONT).ok());
+  absl::StatusOr<testing::ExitStatus> exit = child->Wait();
+  ASSERT_TRUE(exit.ok()) << exit.status();
 }
 
 }  // namespace

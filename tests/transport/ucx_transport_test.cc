@@ -16,6 +16,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
 #include "common/clock.h"
 #include "test_handler.h"
 #include "transport/bulk.h"
@@ -291,6 +292,41 @@ TEST(UcxTransport, StopWaitsWhileSendsKeepFinishing) {
   }
   // ...and UCX delivered every one of them before the worker went.
   EXPECT_TRUE(hb.WaitReceived(kSends)) << hb.received().size() << " of " << kSends << " arrived";
+  b->Stop();
+}
+
+// A peer that takes nothing (its progress thread is held inside Allocate):
+// Stop's flushing closes and sends cannot finish, so after stop_timeout_ms
+// without progress it ends the sends itself; every one completes (not OK)
+// before Stop returns, and the process does not abort (UCX 1.13 asserts
+// when a worker is destroyed with operations on an endpoint: the worker is
+// left to the process's exit instead). The process test
+// UcxPeerProcess.StopWhileTheReceiverIsStopped does the same with a SIGSTOPped peer.
+TEST(UcxTransport, StopEndsSendsAPeerDoesNotTake) {
+  TestHandler ha, hb;
+  absl::Notification entered, release;
+  hb.allocate = [&](const Inbound&) -> absl::StatusOr<MutablePieces> {
+    if (!entered.HasBeenNotified()) entered.Notify();
+    release.WaitForNotificationWithTimeout(absl::Seconds(60));
+    return absl::UnavailableError("the test held this receive");
+  };
+  UcxOptions quick = NoSelfCheck();
+  quick.stop_timeout_ms = 200;
+  auto a = NewUcxTransport(quick);
+  auto b = NewUcxTransport(quick);
+  ASSERT_TRUE(a->Start("127.0.0.1:0", &ha).ok());
+  ASSERT_TRUE(b->Start("127.0.0.1:0", &hb).ok());
+  absl::StatusOr<PeerId> to_b = a->Connect(b->address(), kConnectMs);
+  ASSERT_TRUE(to_b.ok()) << to_b.status();
+  const auto data = Pattern(4 << 20, 3);  // rendezvous-sized
+  constexpr int kSends = 4;
+  DoneLog done;
+  for (int i = 0; i < kSends; ++i) a->Send(*to_b, 1, absl::StrCat(i), AsPieces(data), done.Callback());
+  ASSERT_TRUE(entered.WaitForNotificationWithTimeout(absl::Seconds(30)));
+  a->Stop();
+  ASSERT_TRUE(done.Wait(kSends, absl::ZeroDuration()));
+  for (const auto& st : done.statuses()) EXPECT_FALSE(st.ok()) << "a send the peer never took succeeded";
+  release.Notify();
   b->Stop();
 }
 

@@ -23,6 +23,7 @@
 #include <thread>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
@@ -142,6 +143,15 @@ enum class PeerState {
   kUcxHello,      // endpoint(s) created; waiting for the other side's UCX message
   kConnected,     // usable both ways; the handler may know its id
 };
+
+// UCX workers (and their contexts) that Stop could not destroy (Shutdown):
+// left to the process's exit, reachable from here.
+void KeepUntilExit(ucp_context_h context, ucp_worker_h worker) {
+  static absl::Mutex mu(absl::kConstInit);
+  static auto* kept = new std::vector<std::pair<ucp_context_h, ucp_worker_h>>();
+  absl::MutexLock lock(&mu);
+  kept->emplace_back(context, worker);
+}
 
 // The UCX endpoint to one remote worker, shared by every connection (Peer)
 // with that worker, outbound and inbound alike, and closed when the last of
@@ -505,6 +515,17 @@ class UcxTransport : public Transport {
     for (Pending& p : pending_) CloseFd(&p.fd);
     pending_.clear();
     for (auto& [id, peer] : peers_) CloseFd(&peer->fd);
+    if (abandon_worker_) {
+      // Shutdown could not finish UCX's operations: the worker (and with it
+      // the context) is left to the process's exit and never progressed
+      // again. Its sockets close at the exit; peers see the liveness
+      // sockets above close now. Kept reachable, so leak checkers do not
+      // report what the worker still holds.
+      KeepUntilExit(context_, worker_);
+      worker_ = nullptr;
+      context_ = nullptr;
+      return;
+    }
     if (worker_ != nullptr) ucp_worker_destroy(worker_);
     worker_ = nullptr;
     if (context_ != nullptr) ucp_cleanup(context_);
@@ -1043,8 +1064,30 @@ class UcxTransport : public Transport {
       }
     }
     if (closing_ > 0 || sends_in_flight_ > 0 || recvs_in_flight_ > 0) {
-      log::Warn("UCX transport stopped with {} endpoint closes, {} sends, {} receives unfinished",
-                closing_, sends_in_flight_, recvs_in_flight_);
+      // A peer that takes nothing (stopped, hung, or a network that lost
+      // it) keeps them from finishing. UCX 1.13 cannot end them: destroying
+      // the worker aborts the process (ucp_ep.c:437, proto_reqs not empty),
+      // and force-closing a TCP endpoint with a message half written writes
+      // its goodbye into the middle of that message (and blocks while the
+      // stopped peer's socket is full). So the worker is left in place,
+      // never progressed again: nothing in it reads or writes our memory
+      // after this, the sends end here (with the peer's status or
+      // Cancelled), and receives that had not finished get no OnReceived
+      // (their pieces are simply never written again).
+      log::Warn("UCX transport stopped with {} endpoint closes, {} sends, {} receives unfinished after "
+                "{} ms without progress; its UCX worker is left to the process's exit",
+                closing_, sends_in_flight_, recvs_in_flight_, options_.stop_timeout_ms);
+      abandon_worker_ = true;
+      for (auto& [request, op] : inflight_sends_) {
+        std::unique_ptr<SendOp> owned(op);
+        owned->done(owned->peer->failed ? owned->peer->fail_status
+                                        : absl::CancelledError("UCX transport stopped"));
+      }
+      inflight_sends_.clear();
+      sends_in_flight_ = 0;
+      for (auto& [request, op] : inflight_recvs_) delete op;  // UCX never calls back now
+      inflight_recvs_.clear();
+      recvs_in_flight_ = 0;
     }
     for (ucp_mem_h memh : memhs_) ucp_mem_unmap(context_, memh);
     memhs_.clear();
@@ -1154,7 +1197,7 @@ class UcxTransport : public Transport {
           absl::StrCat("send to peer ", peer_id, ": ", UcsError(UCS_PTR_STATUS(req)))));
     } else {
       ++sends_in_flight_;
-      op.release();  // OnSendDone owns it now
+      inflight_sends_[req] = op.release();  // OnSendDone owns it now
     }
   }
 
@@ -1248,6 +1291,7 @@ class UcxTransport : public Transport {
   static void OnSendDone(void* request, ucs_status_t status, void* user_data) {
     std::unique_ptr<SendOp> op(static_cast<SendOp*>(user_data));
     --op->owner->sends_in_flight_;
+    op->owner->inflight_sends_.erase(request);
     ucp_request_free(request);
     // The endpoint may outlive a disconnected peer (other connections to the
     // same worker use it): its sends still end with the peer's status.
@@ -1264,6 +1308,7 @@ class UcxTransport : public Transport {
   static void OnRecvDone(void* request, ucs_status_t status, size_t, void* user_data) {
     std::unique_ptr<RecvOp> op(static_cast<RecvOp*>(user_data));
     --op->owner->recvs_in_flight_;
+    op->owner->inflight_recvs_.erase(request);
     ucp_request_free(request);
     op->owner->handler_->OnReceived(
         op->msg, status == UCS_OK ? absl::OkStatus()
@@ -1345,7 +1390,7 @@ class UcxTransport : public Transport {
                                        UcsError(UCS_PTR_STATUS(req)))));
     } else {
       ++self->recvs_in_flight_;
-      op.release();  // OnRecvDone owns it now
+      self->inflight_recvs_[req] = op.release();  // OnRecvDone owns it now
     }
     return UCS_INPROGRESS;  // the descriptor is consumed by ucp_am_recv_data_nbx
   }
@@ -1385,6 +1430,11 @@ class UcxTransport : public Transport {
   int closing_ = 0;
   int sends_in_flight_ = 0;
   int recvs_in_flight_ = 0;
+  // Those sends and receives by UCX request (progress thread only): what
+  // Shutdown ends itself when a peer does not let them finish.
+  absl::flat_hash_map<void*, SendOp*> inflight_sends_;
+  absl::flat_hash_map<void*, RecvOp*> inflight_recvs_;
+  bool abandon_worker_ = false;  // Shutdown could not finish: never destroy the worker
 };
 
 }  // namespace

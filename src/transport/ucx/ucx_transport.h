@@ -58,8 +58,15 @@
 // UCX 1.13's TCP transport, torn down with a message half written, writes
 // its goodbye into the middle of that message and the peer, still alive,
 // crashes (tcp_ep.c:939 and heap corruption). A flush towards a peer that is
-// gone ends when UCX notices (socket error or its keepalive); Stop waits at
-// most UcxOptions::stop_timeout_ms for closes.
+// gone ends when UCX notices (socket error or its keepalive); Stop waits for
+// closes, sends and receives while they keep finishing (stop_timeout_ms
+// without progress, ten times that in all). What is still unfinished then
+// (a peer that is stopped or hung takes nothing) UCX 1.13 cannot end: it
+// aborts when such a worker is destroyed, and a forced TCP close writes into
+// the middle of a half-sent message. So Stop ends those sends itself
+// (Cancelled, or the peer's failure), gives those receives no OnReceived
+// (their pieces are never written again) and leaves the worker, never
+// progressed again, to the process's exit, which closes its sockets.
 //
 // Known UCX 1.13 limitation: with two workers (two UcxTransports) in one
 // process, socket churn can hit an abort in UCX's async layer (async.c:643,

@@ -503,11 +503,13 @@ class UcxTransport : public Transport {
 
   // One round of UCX progress, or a short sleep on the worker's fd if idle
   // (shutdown only: sockets are closed by then).
-  void ProgressOrWait() {
-    if (ucp_worker_progress(worker_) != 0) return;
-    if (ucp_worker_arm(worker_) != UCS_OK) return;
+  // True if UCX did something (e.g. moved a fragment of a send).
+  bool ProgressOrWait() {
+    if (ucp_worker_progress(worker_) != 0) return true;
+    if (ucp_worker_arm(worker_) != UCS_OK) return true;  // events are pending
     pollfd fd{worker_fd_, POLLIN, 0};
     poll(&fd, 1, 10);
+    return false;
   }
 
   void DestroyUcx() {
@@ -1046,22 +1048,24 @@ class UcxTransport : public Transport {
       if (peer->connect) FinishConnect(peer.get(), absl::UnavailableError("UCX transport stopped"));
     }
     for (auto& r : remotes_) CloseRemote(r.get(), /*force=*/false);
-    // stop_timeout_ms without any close, send or receive finishing, or ten
-    // times that in all: on a loaded machine, sends of many MiB each still
-    // moving finish one after another, and destroying the worker before they
-    // do makes UCX 1.13 abort (ucp_ep.c:437, proto_reqs not empty).
+    // Waits while UCX makes progress (a close, send or receive finishing, or
+    // UCX moving anything at all), and gives up after stop_timeout_ms
+    // without any, or after stop_limit_ms in all: on a loaded machine,
+    // sends of many MiB each still moving finish one after another, and
+    // destroying the worker before they do makes UCX 1.13 abort
+    // (ucp_ep.c:437, proto_reqs not empty).
     const absl::Duration idle_limit = absl::Milliseconds(options_.stop_timeout_ms);
-    const absl::Time hard_deadline = absl::Now() + 10 * idle_limit;
+    const absl::Time hard_deadline =
+        absl::Now() + (options_.stop_limit_ms > 0 ? absl::Milliseconds(options_.stop_limit_ms) : 10 * idle_limit);
     absl::Time idle_deadline = absl::Now() + idle_limit;
     auto unfinished = [&] { return closing_ + sends_in_flight_ + recvs_in_flight_; };
     for (int64_t left = unfinished(); left > 0;) {
       const absl::Time now = absl::Now();
       if (now >= idle_deadline || now >= hard_deadline) break;
-      ProgressOrWait();
-      if (const int64_t after = unfinished(); after < left) {
-        left = after;
-        idle_deadline = absl::Now() + idle_limit;
-      }
+      const bool moved = ProgressOrWait();
+      const int64_t after = unfinished();
+      if (moved || after < left) idle_deadline = absl::Now() + idle_limit;
+      left = after;
     }
     if (closing_ > 0 || sends_in_flight_ > 0 || recvs_in_flight_ > 0) {
       // A peer that takes nothing (stopped, hung, or a network that lost
@@ -1075,7 +1079,7 @@ class UcxTransport : public Transport {
       // Cancelled), and receives that had not finished get no OnReceived
       // (their pieces are simply never written again).
       log::Warn("UCX transport stopped with {} endpoint closes, {} sends, {} receives unfinished after "
-                "{} ms without progress; its UCX worker is left to the process's exit",
+                "waiting (no progress for {} ms, or the whole limit); its UCX worker is left to the process's exit",
                 closing_, sends_in_flight_, recvs_in_flight_, options_.stop_timeout_ms);
       abandon_worker_ = true;
       for (auto& [request, op] : inflight_sends_) {

@@ -59,8 +59,8 @@
 // its goodbye into the middle of that message and the peer, still alive,
 // crashes (tcp_ep.c:939 and heap corruption). A flush towards a peer that is
 // gone ends when UCX notices (socket error or its keepalive); Stop waits for
-// closes, sends and receives while they keep finishing (stop_timeout_ms
-// without progress, ten times that in all). What is still unfinished then
+// closes, sends and receives while they move (stop_timeout_ms without
+// progress, stop_limit_ms in all). What is still unfinished then
 // (a peer that is stopped or hung takes nothing) UCX 1.13 cannot end: it
 // aborts when such a worker is destroyed, and a forced TCP close writes into
 // the middle of a half-sent message. So Stop ends those sends itself
@@ -103,10 +103,12 @@ struct UcxOptions {
   // Payloads above this many bytes use rendezvous (zero-copy into the
   // receiver's pieces); at or below it, eager copies.
   uint64_t rndv_threshold_bytes = 64 << 10;
-  // How long Stop() waits for endpoint closes and sends in flight while none
-  // of them finishes (the wait goes on while they finish one by one, up to
-  // ten times this in all) before giving up on them.
+  // How long Stop() waits for endpoint closes, sends and receives in flight
+  // while UCX makes no progress on any of them (the wait goes on while they
+  // move), before giving up on them (see "Endpoints" above).
   int64_t stop_timeout_ms = 2000;
+  // Stop()'s wait in all, however they move; 0: ten times stop_timeout_ms.
+  int64_t stop_limit_ms = 0;
   // Start() connects the transport to itself through its own data port to
   // prove the handshake and UCX work (a bad UCX_TLS otherwise only shows as
   // failed Connects). 0 skips the check.

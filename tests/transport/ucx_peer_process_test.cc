@@ -182,6 +182,7 @@ TEST(UcxPeerProcess, StopWhileTheReceiverIsStopped) {
   ASSERT_NE(child, nullptr);
   const std::string address = WaitForAddress(child.get());
   ASSERT_FALSE(address.empty()) << child->LogTail();
+  DoneLog done;  // outlives the transport, whose Stop reports the sends
   TestHandler h;
   UcxOptions o = Options();
   o.stop_timeout_ms = 300;
@@ -189,7 +190,6 @@ TEST(UcxPeerProcess, StopWhileTheReceiverIsStopped) {
   ASSERT_TRUE(t->Start("127.0.0.1:0", &h).ok());
   absl::StatusOr<PeerId> peer = t->Connect(address, 10000);
   ASSERT_TRUE(peer.ok()) << peer.status();
-  DoneLog done;
   for (int i = 0; i < kSends; ++i) {
     t->Send(*peer, 1, absl::StrCat(i), {std::span<const std::byte>(Payload())}, done.Callback());
   }

@@ -274,6 +274,7 @@ TEST(UcxTransport, StopWaitsWhileSendsKeepFinishing) {
   UcxOptions o = NoSelfCheck();
   o.stop_timeout_ms = 500;
   o.stop_limit_ms = 300000;  // only "no progress" ends this wait
+  DoneLog done;  // outlives the transports, whose Stop may still report sends
   TestHandler ha, hb;
   hb.keep_bytes = false;
   auto a = NewUcxTransport(o);
@@ -284,9 +285,8 @@ TEST(UcxTransport, StopWaitsWhileSendsKeepFinishing) {
   ASSERT_TRUE(to_b.ok()) << to_b.status();
   const auto data = Pattern(16 << 20, 10);
   constexpr int kSends = 48;
-  DoneLog done;
   for (int i = 0; i < kSends; ++i) a->Send(*to_b, 1, absl::StrCat(i), AsPieces(data), done.Callback());
-  ASSERT_TRUE(hb.WaitReceived(1));
+  ASSERT_TRUE(hb.WaitReceived(1, absl::Seconds(120)));
   a->Stop();
   // Stop reports every send (its peer is gone: Cancelled) before it returns...
   ASSERT_TRUE(done.Wait(kSends, absl::ZeroDuration()));
@@ -306,6 +306,7 @@ TEST(UcxTransport, StopWaitsWhileSendsKeepFinishing) {
 // left to the process's exit instead). The process test
 // UcxPeerProcess.StopWhileTheReceiverIsStopped does the same with a SIGSTOPped peer.
 TEST(UcxTransport, StopEndsSendsAPeerDoesNotTake) {
+  DoneLog done;  // outlives the transports
   TestHandler ha, hb;
   absl::Notification entered, release;
   hb.allocate = [&](const Inbound&) -> absl::StatusOr<MutablePieces> {
@@ -323,7 +324,6 @@ TEST(UcxTransport, StopEndsSendsAPeerDoesNotTake) {
   ASSERT_TRUE(to_b.ok()) << to_b.status();
   const auto data = Pattern(4 << 20, 3);  // rendezvous-sized
   constexpr int kSends = 4;
-  DoneLog done;
   for (int i = 0; i < kSends; ++i) a->Send(*to_b, 1, absl::StrCat(i), AsPieces(data), done.Callback());
   ASSERT_TRUE(entered.WaitForNotificationWithTimeout(absl::Seconds(30)));
   a->Stop();

@@ -991,6 +991,9 @@ class Soak:
                 return False
         ms = (now() - t) * 1000
         self.restore_ms["during_fault" if during_fault else "healthy"].append(ms)
+        if ms > 5000:  # the tail that summaries report as "max": which restore, from where
+            self.log(f"  slow restore: {v.key} rank {rank} via n{via}: {ms:.0f} ms, served from {served}"
+                     f" ({attempt + 1} tries){' during the fault' if during_fault else ''}")
         self.served_from[served] += 1
         self.inc("restores_client", 1)
         got = {name: data for name, _, _, _, data in items}

@@ -34,8 +34,8 @@ cleanup() {
 }
 trap cleanup EXIT
 
-free_port() {
-  python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1]); s.close()'
+free_port() {  # below the ephemeral range, so no outgoing connection takes it first
+  python3 "${root}/tests/support/localnet.py"
 }
 wait_port() {  # host port pid
   for _ in $(seq 1 300); do

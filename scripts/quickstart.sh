@@ -103,8 +103,8 @@ trap 'exit 130' INT TERM
 export PYTHONPATH="${build}/python${PYTHONPATH:+:${PYTHONPATH}}"
 ctl() { "${build}/bin/ckptctl" --meta "${meta}" --timeout 10 "$@"; }
 elapsed() { awk -v a="$1" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }'; }
-free_port() {
-  "${py}" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1]); s.close()'
+free_port() {  # below the ephemeral range, so no outgoing connection takes it first
+  "${py}" "${root}/tests/support/localnet.py"
 }
 wait_port() {  # port pid
   local _

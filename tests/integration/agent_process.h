@@ -32,15 +32,20 @@ struct AgentProcessOptions {
 class AgentProcess {
  public:
   static absl::StatusOr<std::unique_ptr<AgentProcess>> Start(const AgentProcessOptions& options) {
-    auto ports = PickFreePorts(3);
-    if (!ports.ok()) return ports.status();
     auto p = std::unique_ptr<AgentProcess>(new AgentProcess());
     p->options_ = options;
-    p->port_ = (*ports)[0];
-    p->data_port_ = (*ports)[1];
-    p->metrics_port_ = (*ports)[2];
-    if (absl::Status s = p->Restart(); !s.ok()) return s;
-    return p;
+    // A port can still be taken between PickFreePorts and the agent's bind (ports.h):
+    // then the agent exits saying so, and it is started again on new ports.
+    for (int attempt = 1;; ++attempt) {
+      auto ports = PickFreePorts(3);
+      if (!ports.ok()) return ports.status();
+      p->port_ = (*ports)[0];
+      p->data_port_ = (*ports)[1];
+      p->metrics_port_ = (*ports)[2];
+      absl::Status s = p->Restart();
+      if (s.ok()) return p;
+      if (attempt == 3 || !StartLostAPort(s)) return s;
+    }
   }
 
   // (Re)starts on the same ports and directories, and waits until the agent

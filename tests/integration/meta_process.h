@@ -22,16 +22,19 @@ class MetaProcess {
   static absl::StatusOr<std::unique_ptr<MetaProcess>> Start(const std::string& data_dir,
                                                             const std::string& log_dir,
                                                             int lease_ms = 5000) {
-    auto ports = PickFreePorts(2);
-    if (!ports.ok()) return ports.status();
     auto p = std::unique_ptr<MetaProcess>(new MetaProcess());
-    p->port_ = (*ports)[0];
-    p->metrics_port_ = (*ports)[1];
     p->data_dir_ = data_dir;
     p->log_dir_ = log_dir;
     p->lease_ms_ = lease_ms;
-    if (absl::Status s = p->Restart(); !s.ok()) return s;
-    return p;
+    for (int attempt = 1;; ++attempt) {  // new ports if one was taken (as AgentProcess::Start)
+      auto ports = PickFreePorts(2);
+      if (!ports.ok()) return ports.status();
+      p->port_ = (*ports)[0];
+      p->metrics_port_ = (*ports)[1];
+      absl::Status s = p->Restart();
+      if (s.ok()) return p;
+      if (attempt == 3 || !StartLostAPort(s)) return s;
+    }
   }
 
   // (Re)starts the process on the same ports and data dir.

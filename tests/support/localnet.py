@@ -2,7 +2,9 @@
 and waiting for a daemon to listen. Shared by python/tests/conftest.py,
 bench/item_bench.py and tests/chaos/chaos_soak.py (each puts this directory on
 sys.path)."""
+import os
 import pathlib
+import random
 import shutil
 import signal
 import socket
@@ -10,18 +12,42 @@ import subprocess
 import time
 
 
-def free_ports(n):
-    """n distinct TCP ports that were free on 127.0.0.1 a moment ago."""
-    socks = []
+_handed_out = set()
+_rng = random.Random(os.getpid() ^ time.monotonic_ns())  # which ports only, per process
+
+
+def _ephemeral_start():
     try:
-        for _ in range(n):
-            s = socket.socket()
-            s.bind(("127.0.0.1", 0))
-            socks.append(s)
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
+def free_ports(n):
+    """n distinct TCP ports that were free on 127.0.0.1 a moment ago, never handed out before by
+    this process. Drawn from below the kernel's ephemeral range (as tests/support/ports.h does),
+    where no outgoing connection can take them before the daemon binds them."""
+    start = _ephemeral_start()
+    ports = []
+    for _ in range(200 * max(n, 1)):
+        if len(ports) == n:
+            break
+        port = _rng.randrange(10000, start) if start > 11000 else 0
+        if port in _handed_out:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            port = s.getsockname()[1]
+        if port not in _handed_out:
+            _handed_out.add(port)
+            ports.append(port)
+    if len(ports) != n:
+        raise RuntimeError(f"no {n} free ports on 127.0.0.1")
+    return ports
 
 
 def wait_tcp(port, proc, timeout):
@@ -54,3 +80,11 @@ def kill_daemons(procs, shm_prefix=None):
     if shm_prefix:
         for d in pathlib.Path("/dev/shm").glob(shm_prefix + "*"):
             shutil.rmtree(d, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    # `python3 tests/support/localnet.py [N]` prints N (default 1) free ports, one per line, for
+    # shell scripts (scripts/quickstart.sh, scripts/local-cluster.sh).
+    import sys
+
+    print("\n".join(str(p) for p in free_ports(int(sys.argv[1]) if len(sys.argv) > 1 else 1)))

@@ -3,19 +3,21 @@
 //   CKPT_ASSIGN_OR_RETURN(std::vector<int> ports, PickFreePorts(3));
 //   // meta on ports[0], agents on ports[1] and ports[2]
 //
-// A port is found by binding a socket to 127.0.0.1:0, reading the port the
-// kernel chose and closing the socket. A process-wide registry makes sure one
-// test process never hands out the same port twice, even if the daemon that
-// used it has exited (so a restarted daemon keeps its port and a new one never
-// takes it).
+// A port is drawn at random from below the kernel's ephemeral range
+// (10000 up to ip_local_port_range's start; bind(0) when there is no room
+// there) and checked by binding a socket to it and closing it. A process-wide
+// registry makes sure one test process never hands out the same port twice,
+// even if the daemon that used it has exited (so a restarted daemon keeps its
+// port and a new one never takes it).
 //
-// Inherent race: between the probe socket's close and the daemon's bind,
-// another process on the machine may take the port (the kernel hands out ports
-// for bind(port 0) from the ephemeral range, which outgoing connections use
-// too). The window is short and the kernel picks such ports at random from a
-// range of about 28k, so this is rare; a test that sees EADDRINUSE from a
-// daemon it just started may pick new ports and retry. Daemons that can report
-// the port they bound (listen on port 0) avoid the race entirely.
+// Why below the ephemeral range: the kernel gives ports from that range to
+// every outgoing connection on the machine, so a port found free there could
+// be taken by some connect() before the daemon binds it (seen in CI: an
+// agent's metrics port). Ports below it are taken only by an explicit bind, so
+// the remaining race is another test process drawing the same port between
+// the probe and the daemon's bind (about 1 in 20k per draw, per concurrent
+// draw). Daemons that can report the port they bound (listen on port 0) avoid
+// the race entirely.
 //
 // Thread safety: all functions may be called from any thread.
 #pragma once
@@ -38,5 +40,11 @@ absl::StatusOr<int> PickFreePort();
 // InvalidArgument. On error no port of this call is returned, but those
 // already drawn stay reserved.
 absl::StatusOr<std::vector<int>> PickFreePorts(int n);
+
+// True if `start_error` (a daemon's failed start, with its log tail, as
+// WaitForTcpPort reports it) says the daemon could not bind a port it was
+// given, i.e. the port was taken after it was picked and a start on new ports
+// may succeed.
+bool StartLostAPort(const absl::Status& start_error);
 
 }  // namespace ckpt::testing

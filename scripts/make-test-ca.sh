@@ -11,7 +11,10 @@
 #   rogue-ca.pem rogue.pem rogue.key  a second CA and a client it signed (what
 #                                 a server must refuse)
 #   revoked.pem revoked.key       a client the CA signed and then revoked
-#   crl/                          the CA's CRL revoking it, hashed for
+#   revoked-server.pem .key       a server certificate (as server.pem), revoked
+#   elsewhere.pem elsewhere.key   a server certificate for another host only
+#                                 (elsewhere.invalid: callers must refuse it)
+#   crl/                          the CA's CRL revoking both, hashed for
 #                                 --tls-crl-dir (openssl rehash)
 # Needs the openssl command (Debian package openssl).
 set -euo pipefail
@@ -49,10 +52,14 @@ ca ca "ckpt test CA"
 leaf server "ckpt-server" ca "subjectAltName=$san
 extendedKeyUsage=serverAuth,clientAuth"
 leaf client "ckpt-client" ca "extendedKeyUsage=clientAuth"
+leaf elsewhere "ckpt-elsewhere" ca "subjectAltName=DNS:elsewhere.invalid
+extendedKeyUsage=serverAuth,clientAuth"
 ca rogue-ca "rogue CA"
 leaf rogue "rogue-client" rogue-ca "extendedKeyUsage=clientAuth"
 leaf revoked "ckpt-revoked-client" ca "extendedKeyUsage=clientAuth"
-# A CRL of the test CA that revokes revoked.pem (openssl ca keeps its state in
+leaf revoked-server "ckpt-revoked-server" ca "subjectAltName=$san
+extendedKeyUsage=serverAuth,clientAuth"
+# A CRL of the test CA that revokes revoked.pem and revoked-server.pem (openssl ca keeps its state in
 # ca-db/; only the CRL and its hash link are kept).
 mkdir -p ca-db crl
 : > ca-db/index.txt
@@ -60,6 +67,7 @@ echo 1000 > ca-db/crlnumber
 printf '%s\n' "[ ca ]" "default_ca = test_ca" "[ test_ca ]" "database = ca-db/index.txt" \
   "crlnumber = ca-db/crlnumber" "default_md = sha256" "default_crl_days = $days" > ca-db/ca.cnf
 openssl ca -config ca-db/ca.cnf -keyfile ca.key -cert ca.pem -revoke revoked.pem 2>/dev/null
+openssl ca -config ca-db/ca.cnf -keyfile ca.key -cert ca.pem -revoke revoked-server.pem 2>/dev/null
 openssl ca -config ca-db/ca.cnf -keyfile ca.key -cert ca.pem -gencrl -out crl/ca.crl.pem 2>/dev/null
 openssl rehash crl >/dev/null 2>&1
 rm -rf ca-db

@@ -794,6 +794,10 @@ int Main(int argc, char** argv) {
       ->type_name("FILE");
   app.add_option("--tls-key", g.tls.key_file, "PEM key of --tls-cert (default: $CKPT_TLS_KEY)")
       ->type_name("FILE");
+  app.add_option("--tls-crl-dir", g.tls.crl_dir,
+                 "Directory of hashed CRLs (openssl rehash): refuse a server whose certificate one revokes "
+                 "(default: $CKPT_TLS_CRL_DIR)")
+      ->type_name("DIR");
   app.add_option("--token-file", g.token_file,
                  "File holding the token to send (the admin token for delete, delete-job, drain, "
                  "remove-node; default: $CKPT_TOKEN_FILE, else $CKPT_TOKEN)")

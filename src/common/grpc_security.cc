@@ -11,6 +11,7 @@
 #include <sstream>
 
 #include <grpcpp/security/tls_certificate_provider.h>
+#include <grpcpp/security/tls_certificate_verifier.h>
 #include <grpcpp/security/tls_credentials_options.h>
 
 #include "absl/strings/ascii.h"
@@ -77,6 +78,7 @@ void TlsFilesFromEnvironment(TlsFiles* files) {
   if (files->ca_file.empty()) files->ca_file = EnvOr("CKPT_TLS_CA");
   if (files->cert_file.empty()) files->cert_file = EnvOr("CKPT_TLS_CERT");
   if (files->key_file.empty()) files->key_file = EnvOr("CKPT_TLS_KEY");
+  if (files->crl_dir.empty()) files->crl_dir = EnvOr("CKPT_TLS_CRL_DIR");
 }
 
 absl::Status CheckTlsFiles(const TlsFiles& files, bool server) {
@@ -149,9 +151,42 @@ absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> ChannelCredentials(con
   if (files.cert_file.empty() != files.key_file.empty()) {
     return absl::InvalidArgumentError("--tls-cert and --tls-key go together");
   }
+  const bool identity = !files.cert_file.empty();
+  if (files.reload_seconds > 0 || !files.crl_dir.empty()) {
+    // As ServerCredentials: checked once here (a bad file is a usage error),
+    // then gRPC's TLS credentials keep the caller's certificate and CA current
+    // (reload) and check the server's certificate against the CRLs.
+    CKPT_RETURN_IF_ERROR(CheckTlsFiles(files, /*server=*/false));
+    std::shared_ptr<grpc::experimental::CertificateProviderInterface> provider;
+    if (files.reload_seconds > 0) {
+      provider = identity ? std::make_shared<grpc::experimental::FileWatcherCertificateProvider>(
+                                files.key_file, files.cert_file, files.ca_file, files.reload_seconds)
+                          : std::make_shared<grpc::experimental::FileWatcherCertificateProvider>(
+                                files.ca_file, files.reload_seconds);
+    } else {
+      CKPT_ASSIGN_OR_RETURN(std::string ca, ReadPem(files.ca_file, "CA", "--tls-ca"));
+      std::vector<grpc::experimental::IdentityKeyCertPair> pairs;
+      if (identity) {
+        grpc::experimental::IdentityKeyCertPair pair;
+        CKPT_ASSIGN_OR_RETURN(pair.certificate_chain, ReadPem(files.cert_file, "certificate", "--tls-cert"));
+        CKPT_ASSIGN_OR_RETURN(pair.private_key, ReadPem(files.key_file, "key", "--tls-key"));
+        pairs.push_back(std::move(pair));
+      }
+      provider = std::make_shared<grpc::experimental::StaticDataCertificateProvider>(ca, std::move(pairs));
+    }
+    grpc::experimental::TlsChannelCredentialsOptions opts;
+    opts.set_certificate_provider(provider);
+    opts.watch_root_certs();
+    if (identity) opts.watch_identity_key_cert_pairs();
+    opts.set_verify_server_certs(true);
+    // The server's name checked against its certificate, as SslCredentials does.
+    opts.set_certificate_verifier(std::make_shared<grpc::experimental::HostNameCertificateVerifier>());
+    if (!files.crl_dir.empty()) opts.set_crl_directory(files.crl_dir);
+    return grpc::experimental::TlsCredentials(opts);
+  }
   grpc::SslCredentialsOptions opts;
   CKPT_ASSIGN_OR_RETURN(opts.pem_root_certs, ReadPem(files.ca_file, "CA", "--tls-ca"));
-  if (!files.cert_file.empty()) {
+  if (identity) {
     CKPT_ASSIGN_OR_RETURN(opts.pem_cert_chain, ReadPem(files.cert_file, "certificate", "--tls-cert"));
     CKPT_ASSIGN_OR_RETURN(opts.pem_private_key, ReadPem(files.key_file, "key", "--tls-key"));
   }

@@ -34,21 +34,24 @@ struct TlsFiles {
   std::string ca_file;    // PEM: the CA that signs the peers' certificates
   std::string cert_file;  // PEM: this process's certificate (chain)
   std::string key_file;   // PEM: its private key
-  // Servers: re-read the three files every this many seconds (0: read once,
-  // at start). A new certificate, key or CA bundle then applies to new
-  // connections without a restart; files that do not match (a key without
-  // its certificate, half-written) are logged by gRPC and the previous ones
-  // stay in use.
+  // Re-read the three files every this many seconds (0: read once, at
+  // start). A new certificate, key or CA bundle then applies to new
+  // connections without a restart, on servers and on callers (an agent's
+  // channel to meta); files that do not match (a key without its
+  // certificate, half-written) are logged by gRPC and the previous ones stay
+  // in use.
   uint32_t reload_seconds = 0;
-  // Servers: a directory of certificate revocation lists, hashed as OpenSSL
-  // looks them up (`openssl rehash DIR`: <hash>.r0, ...). A caller whose
-  // certificate a CRL there revokes is refused; a CA with no CRL there is
-  // not checked. Read by gRPC at each handshake, so a new CRL applies at once.
+  // A directory of certificate revocation lists, hashed as OpenSSL looks
+  // them up (`openssl rehash DIR`: <hash>.r0, ...). On a server, a caller
+  // whose certificate a CRL there revokes is refused; on a caller, a server
+  // whose certificate is revoked is. A CA with no CRL there is not checked.
+  // Read by gRPC at each handshake, so a new CRL applies at once.
   std::string crl_dir;
   bool enabled() const { return !ca_file.empty() || !cert_file.empty() || !key_file.empty(); }
 };
 
-// Fills unset fields from CKPT_TLS_CA, CKPT_TLS_CERT, CKPT_TLS_KEY.
+// Fills unset fields from CKPT_TLS_CA, CKPT_TLS_CERT, CKPT_TLS_KEY,
+// CKPT_TLS_CRL_DIR.
 void TlsFilesFromEnvironment(TlsFiles* files);
 
 // Checks the files as ServerCredentials (server) or ChannelCredentials would,
@@ -62,7 +65,9 @@ absl::Status CheckTlsFiles(const TlsFiles& files, bool server);
 absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> ServerCredentials(const TlsFiles& files);
 
 // Plaintext when !files.enabled(); otherwise TLS verifying the server with
-// the CA (required), presenting the certificate and key if both are given.
+// the CA (required) and its name against the certificate, presenting the
+// certificate and key if both are given; with reload_seconds or crl_dir, gRPC's
+// TLS credentials that re-read the files and check the CRLs.
 absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> ChannelCredentials(const TlsFiles& files);
 
 // The token in `path` (surrounding whitespace removed). InvalidArgument when

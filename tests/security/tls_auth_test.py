@@ -13,7 +13,9 @@ endpoint with TLS. Checked:
     token PERMISSION_DENIED, and change nothing; with the admin token they
     work;
   - with --tls-crl-dir, a certificate the CA revoked is refused (and
-    accepted without it);
+    accepted without it); callers (ckptctl --tls-crl-dir, CKPT_TLS_CRL_DIR)
+    refuse a server whose certificate is revoked, and with or without a CRL
+    one whose certificate names another host;
   - bad set-ups are usage errors (exit 2) that say what is wrong: a server
     with only some TLS files, a world-readable token file, a CA file that is
     not PEM.
@@ -263,6 +265,50 @@ def revocation(c):
     r = status(meta, "revoked")
     check(r.returncode == 1 and "UNAVAILABLE" in r.stderr, "with --tls-crl-dir meta refuses a revoked certificate",
           r.stderr)
+    crl = ["--tls-crl-dir", str(c.ca / "crl")]
+    r = c.ctl("status", tls=c.client_tls() + crl)
+    check(r.returncode == 0, "a caller with --tls-crl-dir is served by a server whose certificate is not revoked",
+          r.stderr)
+    m.send_signal(signal.SIGKILL)
+    m.wait()
+
+    # Callers check the server: a meta serving a revoked certificate.
+    mp, mm = free_ports(2)
+    meta = f"127.0.0.1:{mp}"
+    m = c.start("ckpt-meta", ["--listen", meta, "--metrics-listen", f"127.0.0.1:{mm}", "--data-dir",
+                              str(c.work / "meta-revoked"), "--tls-ca", str(c.ca / "ca.pem"),
+                              "--tls-cert", str(c.ca / "revoked-server.pem"),
+                              "--tls-key", str(c.ca / "revoked-server.key")])
+    wait_tcp(mp, m, 30)
+
+    def call(*extra, env=None):
+        argv = [str(BUILD / "bin" / "ckptctl"), "--meta", meta, "--timeout", "5"] + c.client_tls() + list(extra)
+        e = {k: v for k, v in os.environ.items() if not k.startswith("CKPT_")}
+        e.update(env or {})
+        return subprocess.run(argv + ["status"], capture_output=True, text=True, timeout=60, env=e)
+    r = call()
+    check(r.returncode == 0, "without a CRL a caller accepts the revoked server certificate", r.stderr)
+    r = call(*crl)
+    check(r.returncode == 1 and "UNAVAILABLE" in r.stderr,
+          "ckptctl --tls-crl-dir refuses a server whose certificate is revoked", r.stderr)
+    r = call(env={"CKPT_TLS_CRL_DIR": str(c.ca / "crl")})
+    check(r.returncode == 1 and "UNAVAILABLE" in r.stderr,
+          "CKPT_TLS_CRL_DIR (trainers, ckptctl) refuses a server whose certificate is revoked", r.stderr)
+    m.send_signal(signal.SIGKILL)
+    m.wait()
+
+    # Callers with a CRL directory use gRPC's other TLS credentials: they still check the
+    # server's name (a certificate of the right CA for another host is refused).
+    mp, mm = free_ports(2)
+    meta = f"127.0.0.1:{mp}"
+    m = c.start("ckpt-meta", ["--listen", meta, "--metrics-listen", f"127.0.0.1:{mm}", "--data-dir",
+                              str(c.work / "meta-elsewhere"), "--tls-ca", str(c.ca / "ca.pem"),
+                              "--tls-cert", str(c.ca / "elsewhere.pem"), "--tls-key", str(c.ca / "elsewhere.key")])
+    wait_tcp(mp, m, 30)
+    for extra, how in (([], "without"), (crl, "with")):
+        r = call(*extra)
+        check(r.returncode == 1 and "UNAVAILABLE" in r.stderr,
+              f"a caller {how} --tls-crl-dir refuses a server certificate for another host", r.stderr)
     m.send_signal(signal.SIGKILL)
     m.wait()
 

@@ -9,7 +9,10 @@ rename, as cert-manager or a Vault agent does). Checked:
   - after the swap (within 30 s at a 1 s reload period): the second CA's
     caller is served, the first's refused, and meta never restarted;
   - a broken certificate file does not take meta down (new handshakes fail
-    while it is there: gRPC's watcher takes it), and once fixed it serves.
+    while it is there: gRPC's watcher takes it), and once fixed it serves;
+  - a caller's own certificate renews too: an agent (--tls-reload-seconds 1)
+    whose certificate meta does not trust cannot register; once its files
+    are swapped for ones meta trusts it registers, with no restart.
 Run: CKPT_BUILD_DIR=build /usr/bin/python3 tests/security/tls_reload_test.py
 """
 import os
@@ -43,6 +46,8 @@ def main():
         return 77
     work = pathlib.Path(tempfile.mkdtemp(prefix="ckpt-tls-reload-"))
     meta = None
+    agent = None
+    shm = pathlib.Path(f"/dev/shm/ckpt-tls-reload-{os.getpid()}")
     try:
         for ca in ("ca1", "ca2"):
             subprocess.run([str(ROOT / "scripts" / "make-test-ca.sh"), str(work / ca)], check=True,
@@ -60,11 +65,14 @@ def main():
                              "--tls-reload-seconds", "1"])
         wait_tcp(port, meta, 30)
 
-        def status(ca):
+        def status_args(ca, *args):
             d = work / ca
             return subprocess.run([str(BUILD / "bin" / "ckptctl"), "--meta", address, "--timeout", "3", "--tls-ca",
                                    str(d / "ca.pem"), "--tls-cert", str(d / "client.pem"), "--tls-key",
-                                   str(d / "client.key"), "status"], capture_output=True, text=True, timeout=60)
+                                   str(d / "client.key")] + list(args), capture_output=True, text=True, timeout=60)
+
+        def status(ca):
+            return status_args(ca, "status")
 
         check(status("ca1").returncode == 0, "before the swap, a caller of the first CA is served")
         check(status("ca2").returncode != 0, "before the swap, a caller of the second CA is refused")
@@ -86,10 +94,40 @@ def main():
         replace(work / "ca2" / "server.pem", live / "server.pem")
         check(eventually(lambda: status("ca2").returncode == 0) and meta.poll() is None,
               "once the file is fixed, meta serves again (no restart)")
+
+        # The agent's certificate towards meta (meta now trusts ca2 only): first one of ca1.
+        mine = work / "agent-live"
+        mine.mkdir()
+        replace(work / "ca2" / "ca.pem", mine / "ca.pem")
+        for name in ("server.pem", "server.key"):
+            replace(work / "ca1" / name, mine / name)
+        ap, dp, am = free_ports(3)
+        agent = start_daemon(BUILD / "bin", work, "ckpt-agent",
+                             ["--node-id", "renewed", "--meta", address, "--listen", f"127.0.0.1:{ap}",
+                              "--data-listen", f"127.0.0.1:{dp}", "--metrics-listen", f"127.0.0.1:{am}",
+                              "--run-dir", str(work / "agent-run"), "--memory", "16MiB", "--memory-dir", str(shm),
+                              "--tls-ca", str(mine / "ca.pem"), "--tls-cert", str(mine / "server.pem"),
+                              "--tls-key", str(mine / "server.key"), "--tls-reload-seconds", "1"])
+        wait_tcp(ap, agent, 60)
+        log = work / "ckpt-agent.log"
+        check(eventually(lambda: "cannot register with meta" in log.read_text(errors="replace")),
+              "an agent whose certificate meta does not trust cannot register", log.read_text()[-600:])
+
+        def member():
+            r = status_args("ca2", "--json", "nodes")
+            return r.returncode == 0 and '"renewed"' in r.stdout
+        check(not member(), "the refused agent is not a member")
+        for name in ("server.pem", "server.key"):
+            replace(work / "ca2" / name, mine / name)
+        check(eventually(member), "after its files are swapped, the agent registers (no restart)",
+              log.read_text()[-600:])
+        check(agent.poll() is None, "the agent kept running through the swap")
     finally:
-        if meta is not None and meta.poll() is None:
-            meta.send_signal(signal.SIGKILL)
-            meta.wait()
+        for p in (meta, agent):
+            if p is not None and p.poll() is None:
+                p.send_signal(signal.SIGKILL)
+                p.wait()
+        shutil.rmtree(shm, ignore_errors=True)
     return finish(work)
 
 

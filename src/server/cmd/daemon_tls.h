@@ -43,13 +43,14 @@ inline void AddTlsFlags(CLI::App& app, TlsFlags* f, bool server) {
   f->key_opt = app.add_option("--tls-key", f->key, "PEM file of its private key.")->type_name("FILE");
   if (server) {
     f->reload_opt = app.add_option("--tls-reload-seconds", f->reload,
-                                   "Re-read the three TLS files this often; new connections use what they hold "
-                                   "(0: read once at start).")
+                                   "Re-read the three TLS files this often; new connections (served, and an "
+                                   "agent's to meta) use what they hold (0: read once at start).")
                         ->type_name("S")
                         ->default_str(std::to_string(kDefaultTlsReloadSeconds));
     f->crl_opt = app.add_option("--tls-crl-dir", f->crl_dir,
                                 "Directory of CRLs (PEM, hashed with `openssl rehash DIR`); callers whose "
-                                "certificate one revokes are refused. Read at each handshake.")
+                                "certificate one revokes are refused, and an agent refuses such a meta. "
+                                "Read at each handshake.")
                      ->type_name("DIR");
   }
 }

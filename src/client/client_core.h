@@ -74,6 +74,9 @@ struct ClientCore {
   std::unique_ptr<v1::AgentService::Stub> agent;
   std::string node_id;          // the local agent's, for Locate
   MappingCache mappings;
+  // Populates a pool mapping in the background once this client saved into
+  // it (MappingCache maps pools unpopulated, so Connect costs no time per GiB).
+  PoolWarmer warmer;
   // Item alignment the agent recommended in its last lease (64 until then).
   std::atomic<uint64_t> item_alignment{64};
   // Items in the last save: the next SaveBuilder reserves room for as many

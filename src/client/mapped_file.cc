@@ -7,6 +7,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 
 #include "absl/strings/str_cat.h"
@@ -40,7 +41,6 @@ absl::StatusOr<std::shared_ptr<MappedFile>> MappedFile::MapFd(const std::string&
   if (populate) flags |= MAP_POPULATE;
   void* p = ::mmap(nullptr, size, rw ? (PROT_READ | PROT_WRITE) : PROT_READ, flags, fd, 0);
   if (p == MAP_FAILED) return PosixErrorToStatus(errno, "mmap", path);
-  // The first save must not pay the first-write cost of a fresh mapping.
   if (populate && rw) PrefaultForWrite(p, size);
   return std::shared_ptr<MappedFile>(new MappedFile(path, static_cast<std::byte*>(p), size, access,
                                                     {static_cast<uint64_t>(st.st_dev), static_cast<uint64_t>(st.st_ino)}));
@@ -54,7 +54,7 @@ MappedFile::~MappedFile() {
 
 absl::Status MappingCache::AddPoolFile(const std::string& path) {
   absl::StatusOr<std::shared_ptr<MappedFile>> m =
-      MappedFile::Map(path, MappedFile::Access::kReadWrite, /*populate=*/true);
+      MappedFile::Map(path, MappedFile::Access::kReadWrite, /*populate=*/false);
   if (!m.ok()) return m.status();
   absl::MutexLock lock(&mu_);
   files_[path] = *std::move(m);
@@ -74,7 +74,7 @@ absl::Status MappingCache::AddPoolFd(const std::string& path, int fd) {
     }
   }
   absl::StatusOr<std::shared_ptr<MappedFile>> m =
-      MappedFile::MapFd(path, fd, MappedFile::Access::kReadWrite, /*populate=*/true);
+      MappedFile::MapFd(path, fd, MappedFile::Access::kReadWrite, /*populate=*/false);
   if (!m.ok()) return m.status();
   absl::MutexLock lock(&mu_);
   files_[path] = *std::move(m);  // views of the old pool keep their own mapping alive
@@ -118,6 +118,70 @@ absl::StatusOr<std::shared_ptr<MappedFile>> MappingCache::Get(const std::string&
 size_t MappingCache::size() const {
   absl::MutexLock lock(&mu_);
   return files_.size();
+}
+
+namespace {
+#ifndef MADV_POPULATE_WRITE
+constexpr int MADV_POPULATE_WRITE = 23;  // Linux 5.14
+#endif
+constexpr uint64_t kWarmChunk = 64 << 20;
+}  // namespace
+
+PoolWarmer::PoolWarmer() : thread_(std::make_unique<Executor>("ckpt-warm", 1, 16)) {}
+
+PoolWarmer::~PoolWarmer() {
+  stop_.store(true, std::memory_order_relaxed);
+  thread_->Stop();
+}
+
+void PoolWarmer::Warm(const std::shared_ptr<MappedFile>& m) {
+  if (m == nullptr || m->access() != MappedFile::Access::kReadWrite) return;
+  {
+    absl::MutexLock lock(&mu_);
+    std::erase_if(seen_, [](const std::weak_ptr<MappedFile>& w) { return w.expired(); });
+    for (const std::weak_ptr<MappedFile>& w : seen_) {
+      if (w.lock() == m) return;
+    }
+    seen_.push_back(m);
+    ++pending_;
+  }
+  if (!thread_->TrySubmit([this, weak = std::weak_ptr<MappedFile>(m)] { Run(weak); })) {
+    absl::MutexLock lock(&mu_);
+    --pending_;  // not warmed; the saves fault their pages in
+  }
+}
+
+void PoolWarmer::Run(std::weak_ptr<MappedFile> weak) {
+  bool done = false;
+  for (uint64_t off = 0; !stop_.load(std::memory_order_relaxed);) {
+    std::shared_ptr<MappedFile> m = weak.lock();  // held for one chunk only
+    if (m == nullptr) break;
+    if (off >= m->size()) {
+      done = true;
+      break;
+    }
+    const uint64_t n = std::min(kWarmChunk, m->size() - off);
+    if (::madvise(m->data() + off, n, MADV_POPULATE_WRITE) != 0) {
+      // EINVAL: a kernel without it; anything else (EFAULT, ENOMEM under
+      // pressure): leave the rest to the saves' own page faults.
+      if (errno != EINVAL) log::Debug("warming '{}' stopped at {}: errno {}", m->path(), off, errno);
+      break;
+    }
+    off += n;
+  }
+  absl::MutexLock lock(&mu_);
+  --pending_;
+  if (done) ++warmed_;
+}
+
+size_t PoolWarmer::warmed() const {
+  absl::MutexLock lock(&mu_);
+  return warmed_;
+}
+
+void PoolWarmer::WaitIdle() const {
+  absl::MutexLock lock(&mu_);
+  mu_.Await(absl::Condition(+[](const size_t* pending) { return *pending == 0; }, &pending_));
 }
 
 }  // namespace ckpt::client

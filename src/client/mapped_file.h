@@ -3,8 +3,10 @@
 // The agent's memory tier is a few large files on a tmpfs (its "pool files");
 // every MemoryRegion of a staging lease or an open shard is a range of one of
 // them. The client maps each pool file whole once, MAP_SHARED and read-write,
-// with MAP_POPULATE so that the page tables exist before the first save, and
-// turns regions into plain pointers. A region of a file that is not mapped yet
+// without populating it (that took seconds per GiB of pool on some machines,
+// in Client::Connect, for every process, also those that only load), and
+// turns regions into plain pointers. A PoolWarmer populates a pool mapping in
+// the background once the process saves into it. A region of a file that is not mapped yet
 // (or lies past the end of the current mapping, because the file grew) is
 // mapped on demand, whole file again, and cached.
 //
@@ -15,15 +17,18 @@
 // Thread safety: MappingCache is thread-safe; MappedFile is immutable.
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <map>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "common/executor.h"
 
 namespace ckpt::client {
 
@@ -67,12 +72,12 @@ class MappedFile {
 
 class MappingCache {
  public:
-  // Maps `path` read-write with MAP_POPULATE and keeps it (Client::Connect,
+  // Maps `path` read-write (not populated) and keeps it (Client::Connect,
   // for every pool file). Errors as MappedFile::Map.
   absl::Status AddPoolFile(const std::string& path);
   // Maps a pool descriptor received from the agent's session socket under
-  // the pool's `path` (the name its regions use), read-write with
-  // MAP_POPULATE, unless the same file (st_dev, st_ino) is mapped there
+  // the pool's `path` (the name its regions use), read-write and not
+  // populated, unless the same file (st_dev, st_ino) is mapped there
   // already. The caller keeps `fd`. Errors as MappedFile::MapFd.
   absl::Status AddPoolFd(const std::string& path, int fd);
 
@@ -90,6 +95,41 @@ class MappingCache {
  private:
   mutable absl::Mutex mu_;
   std::map<std::string, std::shared_ptr<MappedFile>> files_ ABSL_GUARDED_BY(mu_);
+};
+
+// Populates read-write pool mappings for write (MADV_POPULATE_WRITE, 64 MiB
+// at a time) on a thread of its own, so that saves into parts of the pool
+// this process has not written yet take no page fault per page. A client
+// warms a mapping when it first saves into it. The warmer never extends a
+// mapping's life: it holds weak references and stops warming one that went.
+// Where the kernel lacks MADV_POPULATE_WRITE (before Linux 5.14) it does
+// nothing and the saves fault their pages in as they copy.
+class PoolWarmer {
+ public:
+  PoolWarmer();
+  // Stops warming (within one chunk) and joins the thread.
+  ~PoolWarmer();
+  PoolWarmer(const PoolWarmer&) = delete;
+  PoolWarmer& operator=(const PoolWarmer&) = delete;
+
+  // Queues `m` (read-write mappings only) unless it was queued before;
+  // returns at once.
+  void Warm(const std::shared_ptr<MappedFile>& m);
+
+  // Mappings warmed to the end so far (for tests and logs).
+  size_t warmed() const;
+  // Blocks until every mapping queued so far was warmed or dropped (tests).
+  void WaitIdle() const;
+
+ private:
+  void Run(std::weak_ptr<MappedFile> weak);
+
+  std::atomic<bool> stop_{false};
+  mutable absl::Mutex mu_;
+  std::vector<std::weak_ptr<MappedFile>> seen_ ABSL_GUARDED_BY(mu_);
+  size_t pending_ ABSL_GUARDED_BY(mu_) = 0;
+  size_t warmed_ ABSL_GUARDED_BY(mu_) = 0;
+  std::unique_ptr<Executor> thread_;  // last: stopped first
 };
 
 }  // namespace ckpt::client

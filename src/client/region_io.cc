@@ -100,9 +100,10 @@ uint32_t ParallelCrc32cCopy(void* dst, const void* src, size_t n, uint32_t crc) 
 }
 
 uint32_t CopyToShard(std::span<const ShardRegion> regions, uint64_t offset,
-                     std::span<const std::byte> src, uint32_t crc) {
+                     std::span<const std::byte> src, uint32_t crc, CopyThreads threads) {
   ForEachPiece(regions, offset, src.size(), [&](std::byte* p, uint64_t n, uint64_t done) {
-    crc = ParallelCrc32cCopy(p, src.data() + done, n, crc);
+    crc = threads == CopyThreads::kAll ? ParallelCrc32cCopy(p, src.data() + done, n, crc)
+                                       : Crc32cCopy(p, src.data() + done, n, crc);
   });
   return crc;
 }

@@ -37,14 +37,22 @@ absl::Status CheckCoverage(std::span<const ShardRegion> regions, uint64_t size);
 // The following require CheckCoverage(regions, size) to be OK and
 // [offset, offset + n) to lie within [0, size).
 
-// Copies `src` to shard bytes [offset, offset + src.size()) and returns the
-// CRC-32C of src (continued from `crc`), computed while copying.
 // Crc32cCopy, split over up to min(4, cores) threads for copies of 8 MiB and
 // more (the calling thread takes part). Returns Crc32cExtend(crc, src, n).
 uint32_t ParallelCrc32cCopy(void* dst, const void* src, size_t n, uint32_t crc = 0);
 
+// How a copy into the shard may use the machine's cores.
+enum class CopyThreads {
+  kAll,  // ParallelCrc32cCopy: the trainer waits for the copy, its cores help
+  kOne,  // the calling thread only: the copy runs beside training (a lazy
+         // save), which needs the other cores
+};
+
+// Copies `src` to shard bytes [offset, offset + src.size()) and returns the
+// CRC-32C of src (continued from `crc`), computed while copying.
 uint32_t CopyToShard(std::span<const ShardRegion> regions, uint64_t offset,
-                     std::span<const std::byte> src, uint32_t crc = 0);
+                     std::span<const std::byte> src, uint32_t crc = 0,
+                     CopyThreads threads = CopyThreads::kAll);
 
 // Copies shard bytes [offset, offset + dst.size()) to `dst` and returns their
 // CRC-32C, computed while copying.

@@ -230,6 +230,7 @@ absl::StatusOr<SaveHandle> SaveBuilder::CommitItems(client::LazyState* progress,
     AbortLease(core, lease_id);
     return Annotate(regions.status(), absl::StrCat("staging lease ", lease_id));
   }
+  for (const std::shared_ptr<client::MappedFile>& m : keep) core.warmer.Warm(m);  // once each
   v1::CommitShardRequest commit;
   commit.set_lease_id(lease_id);
   commit.set_size_bytes(layout.size);
@@ -249,7 +250,9 @@ absl::StatusOr<SaveHandle> SaveBuilder::CommitItems(client::LazyState* progress,
     if (off > pos) {
       shard_crc = Crc32cCombine(shard_crc, client::ZeroShard(*regions, pos, off - pos), off - pos);
     }
-    const uint32_t crc = client::CopyToShard(*regions, off, it.bytes);
+    // A lazy save (progress set) copies beside the training step: one thread.
+    const uint32_t crc = client::CopyToShard(
+        *regions, off, it.bytes, 0, progress != nullptr ? client::CopyThreads::kOne : client::CopyThreads::kAll);
     shard_crc = Crc32cCombine(shard_crc, crc, it.bytes.size());
     pos = off + it.bytes.size();
 

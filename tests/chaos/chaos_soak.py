@@ -973,9 +973,12 @@ class Soak:
         if rank is None:
             return self.restore_ctl(v, during_fault)
         t = now()
+        connect_ms = 0.0  # a new client's Connect, part of the restore's time
         for attempt in range(3):
             try:
+                tc = now()
                 c = self.client(v.job, rank, via)
+                connect_ms += (now() - tc) * 1000
                 served, items = c.load_items(v.step)
                 break
             except ckpt.UnavailableError as e:
@@ -992,8 +995,8 @@ class Soak:
         ms = (now() - t) * 1000
         self.restore_ms["during_fault" if during_fault else "healthy"].append(ms)
         if ms > 5000:  # the tail that summaries report as "max": which restore, from where
-            self.log(f"  slow restore: {v.key} rank {rank} via n{via}: {ms:.0f} ms, served from {served}"
-                     f" ({attempt + 1} tries){' during the fault' if during_fault else ''}")
+            self.log(f"  slow restore: {v.key} rank {rank} via n{via}: {ms:.0f} ms (connect {connect_ms:.0f} ms),"
+                     f" served from {served} ({attempt + 1} tries){' during the fault' if during_fault else ''}")
         self.served_from[served] += 1
         self.inc("restores_client", 1)
         got = {name: data for name, _, _, _, data in items}

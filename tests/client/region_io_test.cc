@@ -77,6 +77,18 @@ TEST(RegionIo, CopyToShardSplitsAcrossRegionsAndCombinesCrc) {
   EXPECT_EQ(back, src);
 }
 
+TEST(RegionIo, OneThreadCopyMatchesTheParallelOne) {
+  // 24 MiB + 1 byte into one region: large enough that kAll splits it over threads.
+  const auto src = Pattern((24 << 20) + 1, 7);
+  std::vector<std::byte> a(src.size()), b(src.size());
+  const std::vector<ShardRegion> ra = {{a.data(), a.size(), 0}}, rb = {{b.data(), b.size(), 0}};
+  const uint32_t all = CopyToShard(ra, 0, src, 0, CopyThreads::kAll);
+  const uint32_t one = CopyToShard(rb, 0, src, 0, CopyThreads::kOne);
+  EXPECT_EQ(all, Crc32c(src.data(), src.size()));
+  EXPECT_EQ(one, all);
+  EXPECT_TRUE(a == src && b == src);
+}
+
 TEST(RegionIo, CopyWithinOneRegionAndAtBoundaries) {
   Scattered s;
   const auto src = Pattern(50, 2);

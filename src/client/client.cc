@@ -75,19 +75,32 @@ void CloseShardInBackground(ClientCore& core, std::string handle_id) {
 absl::StatusOr<std::vector<ShardRegion>> MapRegions(
     ClientCore& core, const google::protobuf::RepeatedPtrField<v1::MemoryRegion>& regions,
     uint64_t size, MappedFile::Access access, std::vector<std::shared_ptr<MappedFile>>* keep) {
+  // What `keep` holds: the mappings and pins of the regions (the pool
+  // warmer leaves pinned pages alone), released with the last of them.
+  struct Held {
+    std::vector<std::shared_ptr<MappedFile>> files;
+    std::vector<std::shared_ptr<void>> pins;
+  };
+  auto held = std::make_shared<Held>();
   std::vector<ShardRegion> out;
   out.reserve(regions.size());
   for (const v1::MemoryRegion& r : regions) {
     CKPT_ASSIGN_OR_RETURN(std::shared_ptr<MappedFile> file,
                           core.mappings.Get(r.path(), r.file_offset_bytes(), r.length_bytes(),
                                             access));
-    out.push_back(ShardRegion{file->data() + r.file_offset_bytes(), r.length_bytes(),
-                              r.shard_offset_bytes()});
-    if (std::find(keep->begin(), keep->end(), file) == keep->end()) {
-      keep->push_back(std::move(file));
+    std::byte* const begin = file->data() + r.file_offset_bytes();
+    out.push_back(ShardRegion{begin, r.length_bytes(), r.shard_offset_bytes()});
+    held->pins.push_back(core.warmer.Pin(begin, begin + r.length_bytes()));
+    // A save's regions: warm the rest of that pool in the background (once).
+    if (access == MappedFile::Access::kReadWrite) core.warmer.Warm(file);
+    if (std::find(held->files.begin(), held->files.end(), file) == held->files.end()) {
+      held->files.push_back(std::move(file));
     }
   }
   CKPT_RETURN_IF_ERROR(CheckCoverage(out, size));
+  for (const std::shared_ptr<MappedFile>& f : held->files) {
+    keep->push_back(std::shared_ptr<MappedFile>(held, f.get()));  // shares `held`'s life
+  }
   return out;
 }
 

@@ -156,7 +156,10 @@ std::unique_ptr<grpc::ClientContext> ContextWithTimeout(absl::Duration timeout);
 
 // Maps each MemoryRegion into this process (through core.mappings, with the
 // given access) and returns them as ShardRegions, checked to cover [0, size).
-// `keep` receives the mappings used, so the caller can hold them alive.
+// `keep` receives the mappings used, so the caller can hold them alive while
+// it touches the regions; they also pin the regions against the pool warmer
+// (core.warmer) until the last of them goes. Read-write regions (a save's)
+// also queue their pool for warming.
 absl::StatusOr<std::vector<ShardRegion>> MapRegions(
     ClientCore& core, const google::protobuf::RepeatedPtrField<v1::MemoryRegion>& regions,
     uint64_t size, MappedFile::Access access, std::vector<std::shared_ptr<MappedFile>>* keep);

@@ -124,10 +124,12 @@ namespace {
 #ifndef MADV_POPULATE_WRITE
 constexpr int MADV_POPULATE_WRITE = 23;  // Linux 5.14
 #endif
-constexpr uint64_t kWarmChunk = 64 << 20;
+constexpr uint64_t kWarmChunk = 2 << 20;
+constexpr uint64_t kPage = 4096;
 }  // namespace
 
-PoolWarmer::PoolWarmer() : thread_(std::make_unique<Executor>("ckpt-warm", 1, 16)) {}
+PoolWarmer::PoolWarmer()
+    : pins_(std::make_shared<Pins>()), thread_(std::make_unique<Executor>("ckpt-warm", 1, 16)) {}
 
 PoolWarmer::~PoolWarmer() {
   stop_.store(true, std::memory_order_relaxed);
@@ -151,8 +153,22 @@ void PoolWarmer::Warm(const std::shared_ptr<MappedFile>& m) {
   }
 }
 
+std::shared_ptr<void> PoolWarmer::Pin(const std::byte* begin, const std::byte* end) {
+  uint64_t id = 0;
+  {
+    absl::MutexLock lock(&pins_->mu);
+    id = pins_->next_id++;
+    pins_->ranges.emplace(id, std::make_pair(begin, end));
+  }
+  return std::shared_ptr<void>(nullptr, [pins = pins_, id](void*) {
+    absl::MutexLock lock(&pins->mu);
+    pins->ranges.erase(id);
+  });
+}
+
 void PoolWarmer::Run(std::weak_ptr<MappedFile> weak) {
   bool done = false;
+  bool madvise_works = true;
   for (uint64_t off = 0; !stop_.load(std::memory_order_relaxed);) {
     std::shared_ptr<MappedFile> m = weak.lock();  // held for one chunk only
     if (m == nullptr) break;
@@ -161,11 +177,23 @@ void PoolWarmer::Run(std::weak_ptr<MappedFile> weak) {
       break;
     }
     const uint64_t n = std::min(kWarmChunk, m->size() - off);
-    if (::madvise(m->data() + off, n, MADV_POPULATE_WRITE) != 0) {
-      // EINVAL: a kernel without it; anything else (EFAULT, ENOMEM under
-      // pressure): leave the rest to the saves' own page faults.
-      if (errno != EINVAL) log::Debug("warming '{}' stopped at {}: errno {}", m->path(), off, errno);
-      break;
+    std::byte* const chunk = m->data() + off;
+    // Page tables first (no access to the bytes, so no pin matters), where the
+    // kernel has it (EINVAL: before Linux 5.14).
+    if (madvise_works && ::madvise(chunk, n, MADV_POPULATE_WRITE) != 0) madvise_works = false;
+    {
+      absl::MutexLock lock(&pins_->mu);
+      for (uint64_t p = 0; p < n; p += kPage) {
+        const std::byte* page = chunk + p;
+        bool pinned = false;
+        for (const auto& [id, range] : pins_->ranges) {
+          if (page + kPage > range.first && page < range.second) {
+            pinned = true;
+            break;
+          }
+        }
+        if (!pinned) PrefaultForWrite(chunk + p, 1, kPage);
+      }
     }
     off += n;
   }

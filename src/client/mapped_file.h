@@ -97,13 +97,22 @@ class MappingCache {
   std::map<std::string, std::shared_ptr<MappedFile>> files_ ABSL_GUARDED_BY(mu_);
 };
 
-// Populates read-write pool mappings for write (MADV_POPULATE_WRITE, 64 MiB
-// at a time) on a thread of its own, so that saves into parts of the pool
-// this process has not written yet take no page fault per page. A client
-// warms a mapping when it first saves into it. The warmer never extends a
-// mapping's life: it holds weak references and stops warming one that went.
-// Where the kernel lacks MADV_POPULATE_WRITE (before Linux 5.14) it does
-// nothing and the saves fault their pages in as they copy.
+// Populates read-write pool mappings for write on a thread of its own, so
+// that saves into parts of the pool this process has not written yet take no
+// page fault per page. A client warms a mapping when it first saves into it.
+// Per chunk of 2 MiB: MADV_POPULATE_WRITE (installs the page tables; enough on
+// most machines), then a write-touch of every page (common/prefault.h: an
+// atomic add of 0, contents unchanged), which VMs with shadow page tables need
+// (this project's test machine: a first write per page and process costs a
+// trap there even after MADV_POPULATE_WRITE).
+//
+// The touch never meets this process's own accesses: every range of the pool
+// this process reads or writes is pinned (Pin(), MapRegions does it for the
+// life of a lease's or an open shard's regions) and the warmer skips pinned
+// pages; a Pin waits for a chunk in progress. Other processes (the agent,
+// other ranks) may write the same pages: the atomic add leaves their bytes as
+// they are. The warmer never extends a mapping's life: it holds weak
+// references and stops warming one that went.
 class PoolWarmer {
  public:
   PoolWarmer();
@@ -116,15 +125,25 @@ class PoolWarmer {
   // returns at once.
   void Warm(const std::shared_ptr<MappedFile>& m);
 
+  // Marks [begin, end) as used by this process until the returned pin goes
+  // (it may outlive the warmer). Blocks at most for one chunk in progress.
+  std::shared_ptr<void> Pin(const std::byte* begin, const std::byte* end);
+
   // Mappings warmed to the end so far (for tests and logs).
   size_t warmed() const;
   // Blocks until every mapping queued so far was warmed or dropped (tests).
   void WaitIdle() const;
 
  private:
+  struct Pins {
+    absl::Mutex mu;  // held by the warmer while it touches a chunk
+    uint64_t next_id ABSL_GUARDED_BY(mu) = 0;
+    std::map<uint64_t, std::pair<const std::byte*, const std::byte*>> ranges ABSL_GUARDED_BY(mu);
+  };
   void Run(std::weak_ptr<MappedFile> weak);
 
   std::atomic<bool> stop_{false};
+  const std::shared_ptr<Pins> pins_;
   mutable absl::Mutex mu_;
   std::vector<std::weak_ptr<MappedFile>> seen_ ABSL_GUARDED_BY(mu_);
   size_t pending_ ABSL_GUARDED_BY(mu_) = 0;

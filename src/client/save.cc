@@ -230,7 +230,6 @@ absl::StatusOr<SaveHandle> SaveBuilder::CommitItems(client::LazyState* progress,
     AbortLease(core, lease_id);
     return Annotate(regions.status(), absl::StrCat("staging lease ", lease_id));
   }
-  for (const std::shared_ptr<client::MappedFile>& m : keep) core.warmer.Warm(m);  // once each
   v1::CommitShardRequest commit;
   commit.set_lease_id(lease_id);
   commit.set_size_bytes(layout.size);

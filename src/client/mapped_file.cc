@@ -133,6 +133,7 @@ PoolWarmer::PoolWarmer()
 
 PoolWarmer::~PoolWarmer() {
   stop_.store(true, std::memory_order_relaxed);
+  { absl::MutexLock wake(&pins_->mu); }  // a warming waiting for pins to go sees stop_
   thread_->Stop();
 }
 
@@ -182,18 +183,16 @@ void PoolWarmer::Run(std::weak_ptr<MappedFile> weak) {
     // kernel has it (EINVAL: before Linux 5.14).
     if (madvise_works && ::madvise(chunk, n, MADV_POPULATE_WRITE) != 0) madvise_works = false;
     {
+      // Only while this process touches no pool bytes itself: a save or a
+      // load in flight (a pin) goes first, the warming waits for it.
       absl::MutexLock lock(&pins_->mu);
-      for (uint64_t p = 0; p < n; p += kPage) {
-        const std::byte* page = chunk + p;
-        bool pinned = false;
-        for (const auto& [id, range] : pins_->ranges) {
-          if (page + kPage > range.first && page < range.second) {
-            pinned = true;
-            break;
-          }
-        }
-        if (!pinned) PrefaultForWrite(chunk + p, 1, kPage);
-      }
+      pins_->mu.Await(absl::Condition(
+          +[](PoolWarmer* w) ABSL_EXCLUSIVE_LOCKS_REQUIRED(w->pins_->mu) {
+            return w->pins_->ranges.empty() || w->stop_.load(std::memory_order_relaxed);
+          },
+          this));
+      if (stop_.load(std::memory_order_relaxed)) break;
+      PrefaultForWrite(chunk, n, kPage);
     }
     off += n;
   }

@@ -106,10 +106,11 @@ class MappingCache {
 // (this project's test machine: a first write per page and process costs a
 // trap there even after MADV_POPULATE_WRITE).
 //
-// The touch never meets this process's own accesses: every range of the pool
-// this process reads or writes is pinned (Pin(), MapRegions does it for the
-// life of a lease's or an open shard's regions) and the warmer skips pinned
-// pages; a Pin waits for a chunk in progress. Other processes (the agent,
+// The touch never meets this process's own accesses, nor competes with them:
+// every range of the pool this process reads or writes is pinned (Pin(),
+// MapRegions does it for the life of a lease's or an open shard's regions),
+// and the warmer touches a chunk only while nothing is pinned (a save or a
+// load in flight goes first; a Pin waits at most for the chunk in progress). Other processes (the agent,
 // other ranks) may write the same pages: the atomic add leaves their bytes as
 // they are. The warmer never extends a mapping's life: it holds weak
 // references and stops warming one that went.

@@ -96,9 +96,10 @@ TEST(PoolWarmer, PopulatesAMappingOnceAndNeverKeepsItAlive) {
   ::close(fd);
 }
 
-// This process's own accesses to a pinned range never meet the warmer's
-// touches (under TSan a touch of a pinned page would be a reported race).
-TEST(PoolWarmer, PinnedRangesAreLeftToTheirUsers) {
+// The warming waits while this process touches pool bytes itself (a pin):
+// its own accesses never meet a touch (under TSan that would be a reported
+// race) nor compete with one.
+TEST(PoolWarmer, WaitsWhileThisProcessUsesThePool) {
   const int fd = FilledPool();
   ASSERT_GE(fd, 0);
   std::shared_ptr<MappedFile> m = *MappedFile::MapFd("/pool", fd, MappedFile::Access::kReadWrite, false);
@@ -107,10 +108,26 @@ TEST(PoolWarmer, PinnedRangesAreLeftToTheirUsers) {
   PoolWarmer warmer;
   std::shared_ptr<void> pin = warmer.Pin(mine, mine + n);
   warmer.Warm(m);
-  for (int pass = 0; pass < 8; ++pass) std::memset(mine, 0x40 + pass, n);  // while it warms
+  for (int pass = 0; pass < 8; ++pass) std::memset(mine, 0x40 + pass, n);  // a save's copy
+  EXPECT_EQ(warmer.warmed(), 0u) << "warmed while the pool was in use";
+  pin.reset();  // the save is done: the warming goes on
   warmer.WaitIdle();
+  EXPECT_EQ(warmer.warmed(), 1u);
   for (size_t i = 0; i < n; i += 4093) ASSERT_EQ(mine[i], std::byte{0x47}) << "byte " << i;
-  pin.reset();  // released: a later warming may touch it (another mapping here: none)
+  ::close(fd);
+}
+
+TEST(PoolWarmer, DestructionEndsAWarmingThatWaitsForAPin) {
+  const int fd = FilledPool();
+  ASSERT_GE(fd, 0);
+  std::shared_ptr<MappedFile> m = *MappedFile::MapFd("/pool", fd, MappedFile::Access::kReadWrite, false);
+  std::shared_ptr<void> pin;
+  {
+    PoolWarmer warmer;
+    pin = warmer.Pin(m->data(), m->data() + 4096);
+    warmer.Warm(m);
+  }  // returns although the pin is still held
+  pin.reset();  // a pin may outlive its warmer
   ::close(fd);
 }
 

@@ -428,6 +428,11 @@ class Client:
         self.rank = rank
         self.world_size = world_size
         self._lazy = None  # the newest lazy save whose copy may still run
+        # The newest lazy save already copied, whose commit may still be on its way:
+        # dropping the last reference to a LazySave waits for its save to finish, so the
+        # client keeps it until the next one is copied (the training step never waits
+        # for a commit, as with an eager save).
+        self._finishing = None
 
     @property
     def node_id(self):
@@ -481,6 +486,7 @@ class Client:
         except Error:
             self._lazy = None  # the save failed: said once
             raise
+        self._finishing = lazy  # drops the one before, long finished
         self._lazy = None
 
     def wait(self, step, level="protected", timeout=None):

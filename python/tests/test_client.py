@@ -2,7 +2,9 @@
 import collections
 import os
 import pathlib
+import signal
 import socket
+import threading
 import time
 
 import numpy as np
@@ -580,6 +582,36 @@ def test_lazy_save_of_arrays_changed_after_wait_copied(cluster, job):
     c.wait(8, "staged", timeout=30)
     assert c.latest("staged") == 9
     assert np.array_equal(c.load(8)["a"], a)
+
+
+def test_lazy_wait_copied_does_not_wait_for_the_commit(cluster, job):
+    """The training step waits for the copy only: with the agent stopped after it granted the
+    lease (so the commit cannot be answered), wait_copied() still returns."""
+    c = cluster.client(job)
+    agent = cluster.procs[1]  # the cluster's first agent (conftest: meta, then the agents)
+    state = {f"t{i}": np.full(256 * 1024, i, np.float32) for i in range(64)}  # 64 x 1 MiB
+    resumed = threading.Event()
+    for step in range(1, 11):
+        c.save(step, state, lazy=True)  # not kept: as a training loop does
+        while c._lazy._impl.copied_items == 0:  # the lease is granted once copying starts
+            pass
+        agent.send_signal(signal.SIGSTOP)
+        caught = c._lazy._impl.copied_items < c._lazy._impl.item_count
+        watchdog = threading.Timer(30, lambda: (agent.send_signal(signal.SIGCONT), resumed.set()))
+        watchdog.start()
+        try:
+            c.wait_copied()
+            returned_while_stopped = not resumed.is_set()
+        finally:
+            watchdog.cancel()
+            agent.send_signal(signal.SIGCONT)
+        assert returned_while_stopped, "wait_copied waited for the commit (the agent was stopped)"
+        c.wait(step, "staged", timeout=60)
+        if caught:  # stopped mid-copy, so the commit was still to come: shown
+            break
+    else:
+        pytest.skip("each copy ended before the agent could be stopped")
+    assert np.array_equal(c.load(step)["t63"], state["t63"])
 
 
 def test_lazy_save_errors_are_raised_by_the_waits_once(cluster, job):

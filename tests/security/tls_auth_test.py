@@ -272,14 +272,18 @@ def revocation(c):
     m.send_signal(signal.SIGKILL)
     m.wait()
 
+    def meta_serving(cert):
+        """A ckpt-meta of the test CA serving `cert`.pem; returns (process, address)."""
+        mp, mm = free_ports(2)
+        address = f"127.0.0.1:{mp}"
+        p = c.start("ckpt-meta", ["--listen", address, "--metrics-listen", f"127.0.0.1:{mm}", "--data-dir",
+                                  str(c.work / f"meta-{cert}"), "--tls-ca", str(c.ca / "ca.pem"),
+                                  "--tls-cert", str(c.ca / f"{cert}.pem"), "--tls-key", str(c.ca / f"{cert}.key")])
+        wait_tcp(mp, p, 30)
+        return p, address
+
     # Callers check the server: a meta serving a revoked certificate.
-    mp, mm = free_ports(2)
-    meta = f"127.0.0.1:{mp}"
-    m = c.start("ckpt-meta", ["--listen", meta, "--metrics-listen", f"127.0.0.1:{mm}", "--data-dir",
-                              str(c.work / "meta-revoked"), "--tls-ca", str(c.ca / "ca.pem"),
-                              "--tls-cert", str(c.ca / "revoked-server.pem"),
-                              "--tls-key", str(c.ca / "revoked-server.key")])
-    wait_tcp(mp, m, 30)
+    m, meta = meta_serving("revoked-server")
 
     def call(*extra, env=None):
         argv = [str(BUILD / "bin" / "ckptctl"), "--meta", meta, "--timeout", "5"] + c.client_tls() + list(extra)
@@ -299,12 +303,7 @@ def revocation(c):
 
     # Callers with a CRL directory use gRPC's other TLS credentials: they still check the
     # server's name (a certificate of the right CA for another host is refused).
-    mp, mm = free_ports(2)
-    meta = f"127.0.0.1:{mp}"
-    m = c.start("ckpt-meta", ["--listen", meta, "--metrics-listen", f"127.0.0.1:{mm}", "--data-dir",
-                              str(c.work / "meta-elsewhere"), "--tls-ca", str(c.ca / "ca.pem"),
-                              "--tls-cert", str(c.ca / "elsewhere.pem"), "--tls-key", str(c.ca / "elsewhere.key")])
-    wait_tcp(mp, m, 30)
+    m, meta = meta_serving("elsewhere")
     for extra, how in (([], "without"), (crl, "with")):
         r = call(*extra)
         check(r.returncode == 1 and "UNAVAILABLE" in r.stderr,

@@ -317,7 +317,10 @@ class SaveHandle {
 // Copyable (copies share the save) and thread-safe. The last copy to go
 // waits, in its destructor, until the save has finished (copied and
 // committed or failed): the items' memory can never be read after the
-// handles are gone, and no thread outlives them.
+// handles are gone, and no thread outlives them. A training loop should
+// therefore keep a save's LazySave until the next one (as the Python client
+// does): dropping it right after WaitCopied() waits for the agent's answer
+// to the commit, which an eager save never makes the trainer wait for.
 class LazySave {
  public:
   LazySave() = default;  // empty: every wait returns kFailedPrecondition

@@ -819,9 +819,13 @@ class PyLazySave {
   uint64_t step() const { return lazy_.step(); }
   size_t item_count() const { return lazy_.item_count(); }
   size_t copied_items() const { return lazy_.copied_items(); }
-  void WaitCopied(std::optional<double> timeout_s) const {
+  void WaitCopied(std::optional<double> timeout_s) {
     const absl::Time deadline = DeadlineFrom(timeout_s);
     CheckReleased([&] { return lazy_.WaitCopied(deadline); });
+    // Copied: the save reads none of the items again. Their owners (the host
+    // copies of GPU tensors among them) go now, with the GIL, not when the
+    // client drops this save after the next one.
+    keep_.reset();
   }
   PySaveHandle Result(std::optional<double> timeout_s) const {
     const absl::Time deadline = DeadlineFrom(timeout_s);

@@ -614,6 +614,18 @@ def test_lazy_wait_copied_does_not_wait_for_the_commit(cluster, job):
     assert np.array_equal(c.load(step)["t63"], state["t63"])
 
 
+def test_lazy_save_lets_go_of_the_state_once_copied(cluster, job):
+    """After wait_copied() the client holds nothing of the state (buffers, host copies), although
+    it keeps the save itself until the next one (for its commit)."""
+    c = cluster.client(job)
+    b = bytearray(b"x" * 4096)
+    c.save(1, {"b": b}, lazy=True)
+    c.wait_copied()
+    b.extend(b"more")  # BufferError while anything still holds a view of it
+    c.wait(1, "staged", timeout=30)
+    assert bytes(c.load(1)["b"]) == b"x" * 4096
+
+
 def test_lazy_save_errors_are_raised_by_the_waits_once(cluster, job):
     c = cluster.client(job)
     too_big = np.zeros(200 * 1024 * 1024, np.uint8)  # the agent has 160 MiB

@@ -162,6 +162,9 @@ std::shared_ptr<void> PoolWarmer::Pin(const std::byte* begin, const std::byte* e
     pins_->ranges.emplace(id, std::make_pair(begin, end));
   }
   return std::shared_ptr<void>(nullptr, [pins = pins_, id](void*) {
+    // A fork()ed child may inherit the mutex held by the parent's warmer
+    // thread, which does not exist there: it leaves the pins alone.
+    if (::getpid() != pins->creator_pid) return;
     absl::MutexLock lock(&pins->mu);
     pins->ranges.erase(id);
   });
@@ -169,8 +172,17 @@ std::shared_ptr<void> PoolWarmer::Pin(const std::byte* begin, const std::byte* e
 
 void PoolWarmer::Run(std::weak_ptr<MappedFile> weak) {
   bool done = false;
-  bool madvise_works = true;
-  for (uint64_t off = 0; !stop_.load(std::memory_order_relaxed);) {
+  for (uint64_t off = 0;;) {
+    // Only while this process touches no pool bytes itself: a save or a load
+    // in flight (a pin) goes first, and the warming waits for it holding no
+    // reference to the mapping.
+    absl::MutexLock lock(&pins_->mu);
+    pins_->mu.Await(absl::Condition(
+        +[](PoolWarmer* w) ABSL_EXCLUSIVE_LOCKS_REQUIRED(w->pins_->mu) {
+          return w->pins_->ranges.empty() || w->stop_.load(std::memory_order_relaxed);
+        },
+        this));
+    if (stop_.load(std::memory_order_relaxed)) break;
     std::shared_ptr<MappedFile> m = weak.lock();  // held for one chunk only
     if (m == nullptr) break;
     if (off >= m->size()) {
@@ -179,21 +191,15 @@ void PoolWarmer::Run(std::weak_ptr<MappedFile> weak) {
     }
     const uint64_t n = std::min(kWarmChunk, m->size() - off);
     std::byte* const chunk = m->data() + off;
-    // Page tables first (no access to the bytes, so no pin matters), where the
-    // kernel has it (EINVAL: before Linux 5.14).
-    if (madvise_works && ::madvise(chunk, n, MADV_POPULATE_WRITE) != 0) madvise_works = false;
-    {
-      // Only while this process touches no pool bytes itself: a save or a
-      // load in flight (a pin) goes first, the warming waits for it.
-      absl::MutexLock lock(&pins_->mu);
-      pins_->mu.Await(absl::Condition(
-          +[](PoolWarmer* w) ABSL_EXCLUSIVE_LOCKS_REQUIRED(w->pins_->mu) {
-            return w->pins_->ranges.empty() || w->stop_.load(std::memory_order_relaxed);
-          },
-          this));
-      if (stop_.load(std::memory_order_relaxed)) break;
-      PrefaultForWrite(chunk, n, kPage);
+    // Page tables first; the touch only where that succeeded, so never past
+    // the end of a file that shrank under an old mapping (EFAULT here, a
+    // SIGBUS for a touch). EINVAL: a kernel before 5.14, where nothing is
+    // warmed and the saves fault their pages in.
+    if (::madvise(chunk, n, MADV_POPULATE_WRITE) != 0) {
+      if (errno != EINVAL) log::Debug("warming '{}' stopped at {}: errno {}", m->path(), off, errno);
+      break;
     }
+    PrefaultForWrite(chunk, n, kPage);
     off += n;
   }
   absl::MutexLock lock(&mu_);

@@ -17,6 +17,8 @@
 // Thread safety: MappingCache is thread-safe; MappedFile is immutable.
 #pragma once
 
+#include <unistd.h>
+
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
@@ -123,7 +125,9 @@ class PoolWarmer {
   PoolWarmer& operator=(const PoolWarmer&) = delete;
 
   // Queues `m` (read-write mappings only) unless it was queued before;
-  // returns at once.
+  // returns at once. `m` must own the mapping itself (not an aliasing
+  // pointer whose owner also holds pins: the warming would wait for them
+  // while keeping them alive).
   void Warm(const std::shared_ptr<MappedFile>& m);
 
   // Marks [begin, end) as used by this process until the returned pin goes
@@ -132,11 +136,13 @@ class PoolWarmer {
 
   // Mappings warmed to the end so far (for tests and logs).
   size_t warmed() const;
-  // Blocks until every mapping queued so far was warmed or dropped (tests).
+  // Blocks until every mapping queued so far was warmed or dropped (tests;
+  // never while the caller holds a pin: the warming waits for it).
   void WaitIdle() const;
 
  private:
   struct Pins {
+    const pid_t creator_pid = ::getpid();
     absl::Mutex mu;  // held by the warmer while it touches a chunk
     uint64_t next_id ABSL_GUARDED_BY(mu) = 0;
     std::map<uint64_t, std::pair<const std::byte*, const std::byte*>> ranges ABSL_GUARDED_BY(mu);

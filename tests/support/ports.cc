@@ -117,8 +117,10 @@ absl::StatusOr<std::vector<int>> PickFreePorts(int n) {
 
 bool StartLostAPort(const absl::Status& start_error) {
   const std::string m(start_error.message());
-  return m.find("before") != std::string::npos &&  // exited before it accepted connections
-         (m.find("in use") != std::string::npos || m.find("cannot listen") != std::string::npos);
+  // It exited before its port accepted connections, or someone else's
+  // listener answered on it ("and yet": the port was taken by a listener).
+  const bool exited = m.find("before") != std::string::npos || m.find("and yet") != std::string::npos;
+  return exited && (m.find("in use") != std::string::npos || m.find("cannot listen") != std::string::npos);
 }
 
 }  // namespace ckpt::testing

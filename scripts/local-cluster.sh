@@ -96,6 +96,20 @@ kill -9 "${agent_pid[node-b]}"
 wait "${agent_pid[node-b]}" 2>/dev/null || true
 start_agent node-b
 grep -h "re-adopted" "${work}/node-b.log" | tail -1 || true
+# Each demo rank resumes from the newest PROTECTED version it sees (it has no
+# collective to agree on one with the others, as a real trainer would): wait
+# until step 6, which every rank committed, is PROTECTED, so they all see it.
+echo "== waiting for step 6 to be PROTECTED (or PERSISTED)"
+deadline=$(( $(date +%s) + 120 ))
+until "${build}/bin/ckptctl" --meta "${meta}" --timeout 10 --json versions demo 2>/dev/null | python3 -c \
+    'import json,sys; d=json.load(sys.stdin); sys.exit(0 if any(v["step"]==6 and v["state"].lower() in ("protected", "persisted") for v in d["versions"]) else 1)'; do
+  if [ "$(date +%s)" -ge "${deadline}" ]; then
+    echo "step 6 is not PROTECTED after 120 s:" >&2
+    "${build}/bin/ckptctl" --meta "${meta}" versions demo >&2 || true
+    break
+  fi
+  sleep 0.2
+done
 echo "== the ranks restart and resume from the newest protected version"
 if run_ranks --resume; then
   echo "== ckptctl versions demo"

@@ -80,6 +80,7 @@ constexpr char kDefaultMetricsListen[] = "127.0.0.1:9400";
 constexpr int64_t kDefaultLeaseMs = 5000;
 constexpr int64_t kDefaultHeartbeatMs = 1000;
 constexpr int64_t kDefaultOpenVersionTimeoutMs = 10 * 60 * 1000;
+constexpr int64_t kDefaultLostCopyGraceMs = 30 * 1000;
 constexpr int kMaxReceiveMessageBytes = 64 << 20;  // ReportInventory (meta.proto)
 constexpr absl::Duration kTickInterval = absl::Milliseconds(200);
 constexpr absl::Duration kStatsInterval = absl::Seconds(1);
@@ -94,7 +95,7 @@ const std::set<std::string>& KnownKeys() {
   static const auto* keys = new std::set<std::string>{
       "listen",       "data_dir",  "metrics_listen", "lease_ms",
       "heartbeat_ms", "log_level", "log_json",       "log_file",
-      "default_protection", "open_version_timeout_ms",
+      "default_protection", "open_version_timeout_ms", "lost_copy_grace_ms",
       "tls_ca",       "tls_cert",  "tls_key", "tls_reload_seconds", "tls_crl_dir",
       "admin_token_file", "agent_token_file",
       "trainer_tokens_file",
@@ -111,6 +112,7 @@ struct Settings {
   // nullopt: "auto" (meta::AutoProtection).
   std::optional<meta::ProtectionPolicy> default_protection;
   absl::Duration open_version_timeout;
+  absl::Duration lost_copy_grace;
   log::Level log_level = log::Level::kInfo;
   bool log_json = false;
   std::string log_file;
@@ -172,6 +174,15 @@ absl::StatusOr<Settings> LoadSettings(const std::string& config_file,
     return absl::InvalidArgumentError("open_version_timeout_ms must not be negative (0: never)");
   }
   out.open_version_timeout = *open_timeout;
+  absl::StatusOr<absl::Duration> grace = config->GetDurationOr(
+      "lost_copy_grace_ms", absl::Milliseconds(kDefaultLostCopyGraceMs));
+  if (!grace.ok()) return grace.status();
+  if (*grace < absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(
+        "lost_copy_grace_ms must not be negative (0: a version whose last copy was on a dead "
+        "node is aborted at once)");
+  }
+  out.lost_copy_grace = *grace;
   absl::StatusOr<log::Level> level = log::ParseLevel(config->GetStringOr("log_level", "info"));
   if (!level.ok()) return level.status();
   out.log_level = *level;
@@ -350,6 +361,7 @@ int Serve(const Settings& settings, const sigset_t& signals) {
   options.heartbeat_interval = settings.heartbeat;
   options.default_protection = settings.default_protection;
   options.open_version_timeout = settings.open_version_timeout;
+  options.lost_copy_grace = settings.lost_copy_grace;
   absl::StatusOr<std::unique_ptr<meta::MetaCore>> core =
       meta::MetaCore::Open(store->get(), RealClock(), options);
   if (!core.ok()) {
@@ -471,7 +483,7 @@ int Main(int argc, char** argv) {
   app.get_formatter()->column_width(34);
 
   std::string listen, data_dir, metrics_listen, config_file, lease_ms, heartbeat_ms, log_level,
-      log_file, default_protection, open_version_timeout_ms, admin_token_file, agent_token_file,
+      log_file, default_protection, open_version_timeout_ms, lost_copy_grace_ms, admin_token_file, agent_token_file,
       trainer_tokens_file;
   daemon::TlsFlags tls_flags;
   bool log_json = false;
@@ -524,6 +536,13 @@ int Main(int argc, char** argv) {
                      "(reason shown by ckptctl versions) and its shards are freed. 0: never.")
           ->type_name("MS")
           ->default_str(std::to_string(kDefaultOpenVersionTimeoutMs));
+  CLI::Option* grace_opt =
+      app.add_option("--lost-copy-grace-ms", lost_copy_grace_ms,
+                     "A version whose last copy of a shard was on a node that died is kept this "
+                     "long for the node to come back with its memory tier (an agent restart "
+                     "re-adopts it) before it is ABORTED as data lost. 0: at once.")
+          ->type_name("MS")
+          ->default_str(std::to_string(kDefaultLostCopyGraceMs));
   CLI::Option* log_level_opt =
       app.add_option("--log-level", log_level,
                      "Log level: trace, debug, info, warn, error or off. Successful RPCs are "
@@ -579,6 +598,7 @@ int Main(int argc, char** argv) {
   set(heartbeat_opt, "--heartbeat-ms", heartbeat_ms);
   set(default_protection_opt, "--default-protection", default_protection);
   set(open_timeout_opt, "--open-version-timeout-ms", open_version_timeout_ms);
+  set(grace_opt, "--lost-copy-grace-ms", lost_copy_grace_ms);
   set(log_level_opt, "--log-level", log_level);
   set(log_json_opt, "--log-json", log_json ? "true" : "false");
   set(log_file_opt, "--log-file", log_file);

@@ -76,6 +76,11 @@ struct MetaCore::State {
   // shard staged), on Clock::MonotonicNow(); for open_version_timeout. Not
   // persisted: Open() starts every OPEN version's count afresh.
   std::map<std::pair<std::string, uint64_t>, absl::Time> open_progress;
+  // Versions kept although a shard has no readable copy, because the node
+  // that held it died less than lost_copy_grace ago -> when the grace of the
+  // newest such copy ends (NowMs). Tick recomputes them then. Not persisted:
+  // Open() recomputes every version.
+  std::map<std::pair<std::string, uint64_t>, int64_t> awaiting_return;
   MetaCounters counters;
   // Tasks created during the current operation, for ReportShards' answer.
   std::vector<std::string> created_tasks;
@@ -179,6 +184,12 @@ class Engine {
   std::vector<SegmentLocation> StripeLocations(const Version& v, int group, int stripe,
                                                const SegmentKey* exclude) const;
   bool ShardReadable(const Version& v, const Shard& shard) const;
+  // A shard of `v` (`rank`) has no readable copy left. True if a copy or
+  // segment of the version was lost with a node that may still bring it
+  // back (DEAD, or registered again but its inventory not yet received)
+  // less than lost_copy_grace ago: the version is then kept as it is and
+  // recorded in awaiting_return. False (and forgotten) once that is over.
+  bool AwaitLostCopies(const Version& v, uint32_t rank);
   // The stripe survives any `parity_m` of the nodes holding it failing: its
   // VALID segments on nodes that count for protection, less those on the m
   // nodes holding most of them, still number `data_k` (empty segments need

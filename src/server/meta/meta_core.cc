@@ -545,6 +545,19 @@ absl::StatusOr<std::unique_ptr<MetaCore>> MetaCore::Open(MetaStore* store, Clock
   for (const auto& [job_id, by_step] : s.versions) {
     for (const auto& [step, v] : by_step) {
       if (v.state == VersionState::kOpen) s.open_progress[{job_id, step}] = mono;
+      // A version kept for a dead node's copies before the restart: Tick
+      // decides once their grace is over, even if nothing else touches it.
+      if (IsTerminal(v.state)) continue;
+      int64_t lost_ms = 0;
+      for (const auto& [rank, sh] : v.shards)
+        for (const Copy& c : sh.copies)
+          if (c.state == CopyState::kLost) lost_ms = std::max(lost_ms, c.updated_ms);
+      for (const Segment& seg : v.segments)
+        if (seg.state == CopyState::kLost) lost_ms = std::max(lost_ms, seg.updated_ms);
+      if (lost_ms != 0) {
+        s.awaiting_return[{job_id, step}] =
+            lost_ms + absl::ToInt64Milliseconds(core->options_.lost_copy_grace);
+      }
     }
   }
   auto next = store->Get(records::kNextTaskIdKey);

@@ -92,6 +92,14 @@ struct MetaOptions {
   // clock from when this meta process last saw progress (a restart restarts
   // the count, as for leases).
   absl::Duration open_version_timeout = absl::Minutes(10);
+  // A shard whose every readable copy was on a node that died (its lease
+  // expired) is not declared lost at once: for this long after the death the
+  // version keeps its state, so an agent that restarts and re-adopts its
+  // memory tier (a restart, or a stall longer than the lease) brings the
+  // copies back. When it ends, or when the node registers again and its
+  // inventory lacks the copy, the version is ABORTED ("data lost"). Zero:
+  // abort at once.
+  absl::Duration lost_copy_grace = absl::Seconds(30);
 };
 
 // The automatic default protection for a job created with none stated, over

@@ -119,6 +119,7 @@ void Engine::Recompute(Version& v) {
         bool any = false;
         for (const Copy& c : sh.copies) any = any || (Usable(c.state) && IsUsable(c.node_id));
         if (!any) {
+          if (AwaitLostCopies(v, rank)) return;
           CancelVersionTasks(v);
           EvictVersion(v);  // the ranks that survive can never be restored: free them
           SetState(v, VersionState::kAborted,
@@ -127,6 +128,7 @@ void Engine::Recompute(Version& v) {
           return;
         }
       }
+      s_.awaiting_return.erase({v.job_id, v.step});
       PlanRecovery(v);
     }
     return;
@@ -138,6 +140,7 @@ void Engine::Recompute(Version& v) {
   // Readability.
   for (const auto& [rank, sh] : v.shards) {
     if (!ShardReadable(v, sh)) {
+      if (AwaitLostCopies(v, rank)) return;
       CancelVersionTasks(v);
       EvictVersion(v);  // the other ranks' copies can never be restored: free them
       SetState(v, VersionState::kAborted,
@@ -146,6 +149,7 @@ void Engine::Recompute(Version& v) {
       return;
     }
   }
+  s_.awaiting_return.erase({v.job_id, v.step});
   // Protection completeness.
   bool complete = true;
   bool lost_something = false;
@@ -191,6 +195,41 @@ void Engine::Recompute(Version& v) {
   }
   if (!complete) PlanRecovery(v);
   PlanFlush(v);
+}
+
+bool Engine::AwaitLostCopies(const Version& v, uint32_t rank) {
+  const std::pair<std::string, uint64_t> key{v.job_id, v.step};
+  if (options_.lost_copy_grace <= absl::ZeroDuration()) return false;
+  const int64_t grace_ms = absl::ToInt64Milliseconds(options_.lost_copy_grace);
+  int64_t deadline = 0;
+  std::string node_id;
+  auto consider = [&](CopyState state, const std::string& holder, int64_t lost_ms) {
+    if (state != CopyState::kLost) return;
+    auto n = s_.nodes.find(holder);
+    if (n == s_.nodes.end()) return;
+    // Its inventory, once received, said whether the copy is still there.
+    if (n->second.state != NodeState::kDead && n->second.inventory_received) return;
+    if (lost_ms + grace_ms > deadline) {
+      deadline = lost_ms + grace_ms;
+      node_id = holder;
+    }
+  };
+  for (const auto& [r, sh] : v.shards)
+    for (const Copy& c : sh.copies) consider(c.state, c.node_id, c.updated_ms);
+  for (const Segment& seg : v.segments) consider(seg.state, seg.holder_node_id, seg.updated_ms);
+  if (deadline <= NowMs()) {
+    s_.awaiting_return.erase(key);
+    return false;
+  }
+  auto [it, first] = s_.awaiting_return.insert({key, deadline});
+  if (first) {
+    log::Warn("version {}/{}: rank {} has no readable copy left; waiting {} ms for node {} "
+              "(it held the copies) to come back with its memory tier before declaring the "
+              "data lost",
+              v.job_id, v.step, rank, deadline - NowMs(), node_id);
+  }
+  it->second = deadline;
+  return true;
 }
 
 bool Engine::StripeTolerates(const Version& v, const EcGroup& group, int stripe) const {
@@ -986,8 +1025,10 @@ absl::StatusOr<InventoryResult> MetaCore::ReportInventory(const std::string& nod
         if (IsTerminal(v.state) || v.evicted) continue;
         for (auto& [rank, sh] : v.shards) {
           for (Copy& c : sh.copies) {
-            if (c.node_id != node_id || c.state != CopyState::kValid) continue;
+            if (c.node_id != node_id) continue;
             if (seen_shards.count({{job_id, step}, rank})) continue;
+            if (c.state == CopyState::kLost) touched.insert(&v);  // did not come back
+            if (c.state != CopyState::kValid) continue;
             c.state = CopyState::kLost;
             c.updated_ms = now;
             c.detail = "missing from the node's inventory";
@@ -1004,10 +1045,10 @@ absl::StatusOr<InventoryResult> MetaCore::ReportInventory(const std::string& nod
           }
         }
         for (Segment& seg : v.segments) {
-          if (seg.holder_node_id != node_id || seg.state != CopyState::kValid ||
-              seg.length_bytes == 0)
-            continue;
+          if (seg.holder_node_id != node_id || seg.length_bytes == 0) continue;
           if (seen_segments.count({{job_id, step}, seg.key})) continue;
+          if (seg.state == CopyState::kLost) touched.insert(&v);  // did not come back
+          if (seg.state != CopyState::kValid) continue;
           seg.state = CopyState::kLost;
           seg.updated_ms = now;
           seg.detail = "missing from the node's inventory";
@@ -1025,8 +1066,10 @@ absl::StatusOr<InventoryResult> MetaCore::ReportInventory(const std::string& nod
         }
       }
     }
-    for (Version* v : touched) e.Recompute(*v);
+    // Received first: a copy lost with this node that its inventory lacks is
+    // no longer awaited (AwaitLostCopies).
     node->inventory_received = true;
+    for (Version* v : touched) e.Recompute(*v);
     // The drop decisions travel in the answer, which the agent applies before
     // it runs tasks (an agent that dies first asks again on restart). Never as
     // a drop task too: one delivered after a rebuild put a new copy of the
@@ -1116,6 +1159,18 @@ absl::Status MetaCore::Tick() {
         }
         txn.Task(t);
       }
+    }
+    // Versions kept for a node that might bring its copies back: its grace
+    // is over (AwaitLostCopies aborts them now, unless a later loss extends
+    // the wait).
+    std::vector<std::pair<std::string, uint64_t>> due;
+    for (const auto& [key, deadline] : state_->awaiting_return) {
+      if (now >= deadline) due.push_back(key);
+    }
+    for (const auto& [job_id, step] : due) {
+      state_->awaiting_return.erase({job_id, step});
+      auto v = e.FindVersion(job_id, step);
+      if (v.ok()) e.Recompute(**v);
     }
     // OPEN versions that stopped progressing (a rank died while saving, and
     // no newer version was staged to supersede them) end, so they hold no

@@ -5,6 +5,7 @@
 
 #include <optional>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "common/names.h"
@@ -188,6 +189,32 @@ class MetaCoreTest : public ::testing::Test {
       ASSERT_TRUE(core_->Tick().ok());
     }
     inc_.erase(node);
+  }
+
+  // Lets lost_copy_grace run out while the live nodes heartbeat: a version
+  // kept for a dead node's copies is decided.
+  void PassLostCopyGrace() {
+    const int seconds = static_cast<int>(absl::ToInt64Seconds(options_.lost_copy_grace)) + 1;
+    for (int i = 0; i < seconds; ++i) {
+      clock_.Advance(absl::Seconds(1));
+      for (const auto& [n, inc] : inc_)
+        if (!dead_.count(n)) Beat(n);
+      ASSERT_TRUE(core_->Tick().ok());
+    }
+  }
+
+  // What a restarted agent's inventory says of a shard MakeShard made.
+  static Holding HoldingOf(const std::string& job, uint64_t step, uint32_t rank,
+                           uint64_t size = 4096) {
+    Holding h;
+    h.job_id = job;
+    h.step = step;
+    h.rank = rank;
+    h.role = CopyRole::kPrimary;
+    h.size_bytes = size;
+    h.crc32c = 0x1000 + rank;
+    h.manifest_digest = 77 + rank;
+    return h;
   }
 
   std::vector<std::pair<std::string, Holding>> dropped_;  // (node, holding) of drop tasks
@@ -695,6 +722,8 @@ TEST_F(MetaCoreTest, LosingMoreThanParityAbortsWithDataLoss) {
     Beat("n3");
     ASSERT_TRUE(core_->Tick().ok());
   }
+  EXPECT_NE(StateOf("ec", 1), VersionState::kAborted);  // n1 and n2 may come back
+  PassLostCopyGrace();
   EXPECT_EQ(StateOf("ec", 1), VersionState::kAborted);
   auto w = core_->WaitVersion("ec", 1, Level::kProtected, absl::ZeroDuration());
   EXPECT_EQ(w.status().code(), absl::StatusCode::kDataLoss);
@@ -827,6 +856,8 @@ TEST_F(MetaCoreTest, AVersionAbortedForLostDataFreesTheCopiesThatSurvive) {
   ASSERT_TRUE(Stage("b", "gpt", 1, 1).ok());
   ASSERT_EQ(StateOf("gpt", 1), VersionState::kProtected);
   Kill("a");  // rank 0's only copy is gone
+  ASSERT_EQ(StateOf("gpt", 1), VersionState::kProtected);  // a may come back with it
+  PassLostCopyGrace();
   ASSERT_EQ(StateOf("gpt", 1), VersionState::kAborted);
   auto tasks = core_->PendingTasks("b", inc_["b"], /*all=*/true);
   ASSERT_TRUE(tasks.ok());
@@ -945,9 +976,6 @@ TEST_F(MetaCoreTest, PlacementReportsSurvival) {
   EXPECT_NEAR(ring->survival[1].probability, 0.629, 0.0005);
   EXPECT_EQ(ring->plan.protectors.size(), 16u);
 }
-
-}  // namespace
-}  // namespace ckpt::meta
 
 namespace ckpt::meta {
 namespace {
@@ -1497,6 +1525,84 @@ TEST(ParseProtectionPolicy, AcceptsTheCommandLineSpellings) {
     auto p = ParseProtectionPolicy(bad);
     EXPECT_EQ(p.status().code(), absl::StatusCode::kInvalidArgument) << bad;
   }
+}
+
+}  // namespace
+}  // namespace ckpt::meta
+
+// local-cluster.sh lost step 6 on a loaded machine: the only node holding a
+// STAGED shard missed its 5 s lease, meta aborted the version as data lost,
+// and the agent registered again 2 s later with the shard in its tier. The
+// version is now kept for lost_copy_grace, and the copy the restarted agent's
+// inventory brings back counts again.
+TEST_F(MetaCoreTest, AVersionWaitsForItsDeadNodeToComeBackWithTheOnlyCopy) {
+  Register("a");
+  Register("b");
+  CreateJob("gpt", 1, ProtectionPolicy::Replicate(2, ProtectionPolicy::Placement::kRing));
+  ASSERT_TRUE(core_->BeginVersion("gpt", 1, "").ok());
+  ASSERT_TRUE(Stage("a", "gpt", 1, 0).ok());
+  ASSERT_EQ(StateOf("gpt", 1), VersionState::kStaged);  // replication not run yet
+  Kill("a");
+  EXPECT_EQ(StateOf("gpt", 1), VersionState::kStaged);
+  auto located = core_->Locate("gpt", 1, 0, "b");
+  EXPECT_FALSE(located.ok());  // nothing to read meanwhile
+  Register("a");  // the agent came back: its inventory is not in yet
+  dead_.erase("a");
+  ASSERT_TRUE(core_->Tick().ok());
+  EXPECT_EQ(StateOf("gpt", 1), VersionState::kStaged);
+  auto inv = core_->ReportInventory("a", inc_["a"], {HoldingOf("gpt", 1, 0)});
+  ASSERT_TRUE(inv.ok()) << inv.status();
+  ASSERT_EQ(inv->decisions.size(), 1u);
+  EXPECT_EQ(inv->decisions[0].action, InventoryDecision::Action::kAdopted);
+  RunAgents();
+  EXPECT_EQ(StateOf("gpt", 1), VersionState::kProtected);
+  PassLostCopyGrace();  // nothing left to decide
+  EXPECT_EQ(StateOf("gpt", 1), VersionState::kProtected);
+}
+
+TEST_F(MetaCoreTest, ANodeThatComesBackWithoutTheOnlyCopyEndsTheWait) {
+  Register("a");
+  Register("b");
+  CreateJob("gpt", 1, ProtectionPolicy::Replicate(2, ProtectionPolicy::Placement::kRing));
+  ASSERT_TRUE(core_->BeginVersion("gpt", 1, "").ok());
+  ASSERT_TRUE(Stage("a", "gpt", 1, 0).ok());
+  Kill("a");
+  EXPECT_EQ(StateOf("gpt", 1), VersionState::kStaged);
+  Register("a");  // a new memory tier: the shard is gone
+  auto inv = core_->ReportInventory("a", inc_["a"], {});
+  ASSERT_TRUE(inv.ok()) << inv.status();
+  auto v = core_->GetVersion("gpt", 1, false);
+  ASSERT_TRUE(v.ok());
+  EXPECT_EQ(v->state, VersionState::kAborted);
+  EXPECT_TRUE(absl::StrContains(v->abort_reason, "data lost")) << v->abort_reason;
+}
+
+TEST_F(MetaCoreTest, AVersionIsAbortedWhenTheGraceEndsWithoutTheNode) {
+  Register("a");
+  Register("b");
+  CreateJob("gpt", 2, ProtectionPolicy::Replicate(2, ProtectionPolicy::Placement::kRing));
+  ASSERT_TRUE(core_->BeginVersion("gpt", 1, "").ok());
+  ASSERT_TRUE(Stage("a", "gpt", 1, 0).ok());
+  Kill("a");  // rank 0 lost before rank 1 was staged: OPEN, kept too
+  EXPECT_EQ(StateOf("gpt", 1), VersionState::kOpen);
+  Reopen();  // a meta restart does not forget the wait
+  PassLostCopyGrace();
+  auto v = core_->GetVersion("gpt", 1, false);
+  ASSERT_TRUE(v.ok());
+  EXPECT_EQ(v->state, VersionState::kAborted);
+  EXPECT_TRUE(absl::StrContains(v->abort_reason, "was lost on node a")) << v->abort_reason;
+}
+
+TEST_F(MetaCoreTest, AZeroGraceAbortsAtOnce) {
+  options_.lost_copy_grace = absl::ZeroDuration();
+  Reopen();
+  Register("a");
+  Register("b");
+  CreateJob("gpt", 1, ProtectionPolicy::Replicate(2, ProtectionPolicy::Placement::kRing));
+  ASSERT_TRUE(core_->BeginVersion("gpt", 1, "").ok());
+  ASSERT_TRUE(Stage("a", "gpt", 1, 0).ok());
+  Kill("a");
+  EXPECT_EQ(StateOf("gpt", 1), VersionState::kAborted);
 }
 
 }  // namespace

@@ -18,7 +18,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       if (auto m = w::DecodePutBegin(in); m.ok()) {
         auto again = w::DecodePutBegin(w::EncodePutBegin(*m));
         if (!again.ok() || again->xfer != m->xfer || again->job_id != m->job_id ||
-            again->total_bytes != m->total_bytes) {
+            again->total_bytes != m->total_bytes || again->sender_node_id != m->sender_node_id ||
+            again->sender_incarnation != m->sender_incarnation) {
           std::abort();
         }
       }
@@ -38,7 +39,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     default:
       if (auto m = w::DecodeReadReq(in); m.ok()) {
         auto again = w::DecodeReadReq(w::EncodeReadReq(*m));
-        if (!again.ok() || again->job_id != m->job_id || again->length != m->length) std::abort();
+        if (!again.ok() || again->job_id != m->job_id || again->length != m->length ||
+            again->sender_node_id != m->sender_node_id || again->sender_incarnation != m->sender_incarnation) {
+          std::abort();
+        }
       }
       break;
   }

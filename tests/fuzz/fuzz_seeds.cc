@@ -103,6 +103,14 @@ int main(int argc, char** argv) {
   rr.step = 100;
   rr.length = 72;
   Write(dir, "fuzz_peer_wire", 3, std::string(1, '\3') + ckpt::agent::EncodeReadReq(rr));
+  // With the sender's identity (membership check, issue 17); seeds 0 and 3
+  // are headers from before it.
+  pb.sender_node_id = "node-2";
+  pb.sender_incarnation = 3;
+  Write(dir, "fuzz_peer_wire", 4, std::string(1, '\0') + ckpt::agent::EncodePutBegin(pb));
+  rr.sender_node_id = "node-2";
+  rr.sender_incarnation = 3;
+  Write(dir, "fuzz_peer_wire", 5, std::string(1, '\3') + ckpt::agent::EncodeReadReq(rr));
 
   ckpt::transport::ucx_wire::Greeting g;
   g.peer_id = 42;

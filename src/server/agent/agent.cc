@@ -68,6 +68,10 @@ absl::Status Agent::Init() {
   so.failure_domain = options_.failure_domain;
   so.memory_capacity_bytes = arena_->capacity_bytes();
   so.memory_dir = options_.memory_dir;
+  if (options_.check_peer_membership) {
+    membership_ = std::make_unique<PeerMembership>(clock_, [this] { session_->HeartbeatSoon(); });
+    so.membership = membership_.get();
+  }
   session_ = std::make_unique<MetaSession>(meta_, clock_, &metrics_, so, static_cast<MetaSession::Delegate*>(this));
   // A stored segment or parity may be what a deferred EC task waits for.
   holdings_ = std::make_unique<HoldingTable>(arena_.get(), clock_, &metrics_, [this](HoldingReport r) {
@@ -120,10 +124,12 @@ absl::Status Agent::Init() {
   const absl::Duration parity_expire = options_.parity_expire_ms > 0 ? absl::Milliseconds(options_.parity_expire_ms)
                                                                      : std::max(peer_timeout * 4, absl::Seconds(30));
   parity_ = std::make_unique<ParityBuilder>(arena_.get(), holdings_.get(), clock_, &metrics_, parity_expire);
-  peer_client_ = std::make_unique<PeerClient>(plane_.get(), clock_, &metrics_,
-                                              PeerClient::Options{options_.peer_timeout_ms, options_.bulk});
+  peer_client_ = std::make_unique<PeerClient>(
+      plane_.get(), clock_, &metrics_,
+      PeerClient::Options{options_.peer_timeout_ms, options_.bulk, options_.node_id,
+                          [this] { return session_->incarnation(); }});
   PeerServer::Deps sd{plane_.get(), holdings_.get(), parity_.get(), session_.get(), arena_.get(), clock_, &metrics_,
-                      [this] { return session_->incarnation(); }, budget};
+                      [this] { return session_->incarnation(); }, budget, membership_.get()};
   PeerServer::Options po;
   po.node_id = options_.node_id;
   po.peer_timeout_ms = options_.peer_timeout_ms;

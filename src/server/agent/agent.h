@@ -92,6 +92,10 @@ struct AgentOptions {
   transport::BulkOptions bulk;
   // How long a peer may stay silent during one step of a transfer.
   int64_t peer_timeout_ms = 30000;
+  // Serve pushes and reads only to nodes meta lists as members with the
+  // incarnation they state (membership.h). ckpt-agent turns it on; off here
+  // for unit tests whose fake meta sends no membership.
+  bool check_peer_membership = false;
   // How long a parity build may go without progress before it is dropped
   // (its memory freed, its task told). 0: max(4 x peer timeout, 30 s), which
   // outlasts meta's task retry backoff, so a build waiting for a peer whose
@@ -287,6 +291,7 @@ class Agent : private MetaSession::Delegate {
   // Components, in dependency order (destroyed in reverse: nothing outlives
   // what it points to; the arena goes last, after every Reservation).
   std::unique_ptr<Arena> arena_;
+  std::unique_ptr<PeerMembership> membership_;  // check_peer_membership
   std::unique_ptr<MetaSession> session_;
   std::unique_ptr<HoldingTable> holdings_;
   std::unique_ptr<LeaseTable> leases_;

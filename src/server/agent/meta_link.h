@@ -57,6 +57,15 @@ struct LoadReport {
   int64_t flush_lag_ms = 0;
   uint64_t flush_errors_total = 0;
   std::vector<RunningTask> running;
+  // Not load: the membership generation this agent holds (0: none), so that
+  // meta sends the members only when they changed.
+  uint64_t membership_generation = 0;
+};
+
+// A node that may push to and read from this agent (membership.h).
+struct Member {
+  std::string node_id;
+  uint64_t incarnation = 0;
 };
 
 // One shard to write in a flush task.
@@ -189,6 +198,8 @@ struct HeartbeatReply {
   uint64_t meta_instance_id = 0;
   std::vector<AgentTask> tasks;
   std::vector<std::string> cancelled_task_ids;
+  uint64_t membership_generation = 0;  // 0: meta sends no membership
+  std::optional<std::vector<Member>> members;  // when it differs from ours
 };
 
 // A report about one of this node's holdings (ReportShards).

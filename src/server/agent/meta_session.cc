@@ -404,14 +404,22 @@ void MetaSession::SendOutbox() {
 }
 
 void MetaSession::Heartbeat() {
-  const LoadReport load = delegate_->Load();
+  LoadReport load = delegate_->Load();
   uint64_t inc;
   {
     CheckedLock lock(&mu_);
     inc = incarnation_;
   }
+  uint64_t number = 0;
+  if (options_.membership != nullptr) {
+    load.membership_generation = options_.membership->generation();
+    number = options_.membership->Sending();
+  }
   const absl::Time sent = clock_->MonotonicNow();
   absl::StatusOr<HeartbeatReply> r = meta_->Heartbeat(options_.node_id, inc, load);
+  if (r.ok() && options_.membership != nullptr) {
+    options_.membership->Update(number, r->membership_generation, r->members);
+  }
   {
     CheckedLock lock(&mu_);
     const absl::Time now = clock_->MonotonicNow();
@@ -533,6 +541,12 @@ void MetaSession::Stop() {
   }
   meta_->CancelWatch();
   for (Done& d : cancelled) d(absl::CancelledError("agent is shutting down"));
+}
+
+void MetaSession::HeartbeatSoon() {
+  CheckedLock lock(&mu_);
+  next_heartbeat_ = absl::InfinitePast();
+  ++wake_;
 }
 
 void MetaSession::AwaitWork(absl::Duration timeout) {

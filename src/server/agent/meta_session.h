@@ -34,6 +34,7 @@
 #include "absl/time/time.h"
 #include "common/clock.h"
 #include "server/agent/agent_metrics.h"
+#include "server/agent/membership.h"
 #include "server/agent/meta_link.h"
 
 namespace ckpt::agent {
@@ -68,6 +69,8 @@ class MetaSession {
     std::string failure_domain;
     uint64_t memory_capacity_bytes = 0;
     std::string memory_dir;  // holds the "incarnation" file
+    // Kept up to date from heartbeat answers when set (outlives the session).
+    PeerMembership* membership = nullptr;
   };
 
   struct Snapshot {
@@ -105,6 +108,8 @@ class MetaSession {
 
   // Waits until something is queued or `timeout` passes (or Stop).
   void AwaitWork(absl::Duration timeout);
+  // The next control round heartbeats at once (PeerMembership refresh).
+  void HeartbeatSoon();
   Snapshot Status() const;
   uint64_t incarnation() const;
 

@@ -70,6 +70,8 @@ std::vector<absl::Status> PeerClient::Push(const std::vector<PeerEndpoint>& targ
     }
     PutBegin b = begin;
     b.target_incarnation = targets[i].incarnation;
+    b.sender_node_id = options_.node_id;
+    b.sender_incarnation = options_.incarnation ? options_.incarnation() : 0;
     if (customize) customize(i, b);
     {
       CheckedLock lock(&mu_);
@@ -191,6 +193,8 @@ absl::StatusOr<uint64_t> PeerClient::StartRead(const PeerEndpoint& ep, ReadReq r
                                                std::shared_ptr<void> keep_alive) {
   CKPT_ASSIGN_OR_RETURN(PeerId peer, plane_->PeerFor(ep));
   req.target_incarnation = ep.incarnation;
+  req.sender_node_id = options_.node_id;
+  req.sender_incarnation = options_.incarnation ? options_.incarnation() : 0;
   {
     CheckedLock lock(&mu_);
     if (stopping_) return absl::CancelledError("agent is shutting down");

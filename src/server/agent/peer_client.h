@@ -44,6 +44,10 @@ class PeerClient : public PeerFlows {
   struct Options {
     int64_t peer_timeout_ms = 30000;
     transport::BulkOptions bulk;
+    // Who this node is, stated in every push and read (receivers check it
+    // against meta's membership, membership.h).
+    std::string node_id;
+    std::function<uint64_t()> incarnation;
   };
   PeerClient(DataPlane* plane, Clock* clock, AgentMetrics* metrics, Options options);
 

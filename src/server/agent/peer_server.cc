@@ -22,6 +22,9 @@ namespace {
 constexpr uint64_t kBeginSlot = UINT64_MAX;  // landing key of a begin's record payload
 constexpr size_t kMaxRecordBytes = 64 << 20;  // a shard record (manifest) sent with a push
 constexpr size_t kScratchPool = 8;
+// How long a push or read from a sender missing from the membership waits for
+// a fresher one (a node that registered since this agent's last heartbeat).
+constexpr absl::Duration kMembershipWait = absl::Seconds(2);
 
 absl::StatusOr<uint32_t> CombineChunks(const std::map<uint64_t, std::pair<uint32_t, uint64_t>>& chunks,
                                        uint64_t total) {
@@ -138,7 +141,19 @@ void PeerServer::OnReceived(const Inbound& msg, const absl::Status& status) {
   }
 }
 
+absl::Status PeerServer::AdmitSender(const std::string& node_id, uint64_t incarnation) {
+  if (d_.membership == nullptr) return absl::OkStatus();
+  absl::Status st = d_.membership->Admit(node_id, incarnation, kMembershipWait);
+  if (!st.ok()) {
+    d_.metrics->peer_refused->Increment();
+    log::Warn("data plane: refused a peer claiming to be {} incarnation {}: {}", node_id.empty() ? "(nobody)" : node_id,
+              incarnation, std::string(st.message()));
+  }
+  return st;
+}
+
 absl::StatusOr<PeerServer::InPut> PeerServer::Check(const PutBegin& b, const std::string& record) {
+  CKPT_RETURN_IF_ERROR(AdmitSender(b.sender_node_id, b.sender_incarnation));
   if (b.target_incarnation != 0 && b.target_incarnation != d_.incarnation()) {
     return absl::FailedPreconditionError(absl::StrCat("push is for incarnation ", b.target_incarnation,
                                                       ", this agent is ", d_.incarnation()));
@@ -472,7 +487,9 @@ void PeerServer::ServeRead(PeerId from, ReadReq req) {
   std::optional<Pin> whole_segment;
   absl::Status st;
   uint64_t total = 0;
-  if (req.target_incarnation != 0 && req.target_incarnation != d_.incarnation()) {
+  if (absl::Status who = AdmitSender(req.sender_node_id, req.sender_incarnation); !who.ok()) {
+    st = who;
+  } else if (req.target_incarnation != 0 && req.target_incarnation != d_.incarnation()) {
     st = absl::FailedPreconditionError(absl::StrCat("read is for incarnation ", req.target_incarnation,
                                                     ", this agent is ", d_.incarnation()));
   } else if (req.what == ReadWhat::kShard) {

@@ -36,6 +36,7 @@
 #include "server/agent/data_plane.h"
 #include "common/executor.h"
 #include "server/agent/holdings.h"
+#include "server/agent/membership.h"
 #include "server/agent/meta_session.h"
 #include "server/agent/parity_builder.h"
 #include "server/agent/peer_wire.h"
@@ -64,6 +65,10 @@ class PeerServer : public PeerFlows {
     std::function<uint64_t()> incarnation;
     // Why `bytes` do not fit (for ResourceExhausted answers).
     std::function<std::string(uint64_t bytes)> budget_message;
+    // When set, pushes and reads are served only to the nodes it admits
+    // (meta's members with their current incarnation); a refusal is the
+    // answer to the push or read. Null: anyone with the transport's key.
+    PeerMembership* membership = nullptr;
   };
   PeerServer(Deps deps, Options options);
   ~PeerServer() override;
@@ -102,6 +107,9 @@ class PeerServer : public PeerFlows {
   void OnPutChunk(const transport::Inbound& msg, const absl::Status& status);
   void OnPutAbort(const transport::Inbound& msg);
   void OnReadReq(const transport::Inbound& msg);
+  // OK if the membership (when set) admits the sender; counts and logs a
+  // refusal.
+  absl::Status AdmitSender(const std::string& node_id, uint64_t incarnation);
   // Validates a push and reserves for it; the InPut on success.
   absl::StatusOr<InPut> Check(const PutBegin& b, const std::string& record);
   // On the finish executor: checks, registers and acknowledges a push.

@@ -70,6 +70,8 @@ std::string EncodePutBegin(const PutBegin& m) {
   w.U32(m.parity_m);
   w.U64(m.stripe_bytes);
   w.U64(m.expect_mask);
+  w.Str(m.sender_node_id);
+  w.U64(m.sender_incarnation);
   return w.Take();
 }
 
@@ -93,6 +95,10 @@ absl::StatusOr<PutBegin> DecodePutBegin(std::string_view h) {
   m.parity_m = r.U32();
   m.stripe_bytes = r.U64();
   m.expect_mask = r.U64();
+  if (!r.AtEnd()) {
+    m.sender_node_id = r.Str();
+    m.sender_incarnation = r.U64();
+  }
   if (absl::Status s = r.Finish("put"); !s.ok()) return s;
   if (kind < 1 || kind > 3) return absl::InvalidArgumentError(absl::StrCat("unknown put kind ", kind));
   m.kind = static_cast<PutKind>(kind);
@@ -157,6 +163,8 @@ std::string EncodeReadReq(const ReadReq& m) {
   w.U32(m.blob_segment_index);
   w.U64(m.offset);
   w.U64(m.length);
+  w.Str(m.sender_node_id);
+  w.U64(m.sender_incarnation);
   return w.Take();
 }
 
@@ -176,6 +184,10 @@ absl::StatusOr<ReadReq> DecodeReadReq(std::string_view h) {
   m.blob_segment_index = r.U32();
   m.offset = r.U64();
   m.length = r.U64();
+  if (!r.AtEnd()) {
+    m.sender_node_id = r.Str();
+    m.sender_incarnation = r.U64();
+  }
   if (absl::Status s = r.Finish("read request"); !s.ok()) return s;
   if (what < 1 || what > 2) return absl::InvalidArgumentError(absl::StrCat("unknown read kind ", what));
   m.what = static_cast<ReadWhat>(what);

@@ -60,6 +60,9 @@ class WireReader {
   std::string Str();
   // OK if every read was in bounds; InvalidArgument naming `what` otherwise.
   absl::Status Finish(std::string_view what) const;
+  // Nothing left to read (fields added at the end of a header are optional:
+  // a peer of an earlier version does not send them).
+  bool AtEnd() const { return pos_ >= in_.size(); }
 
  private:
   bool Need(size_t n);
@@ -94,6 +97,10 @@ struct PutBegin {
   uint32_t parity_m = 0;
   uint64_t stripe_bytes = 0;
   uint64_t expect_mask = 0;  // data positions with a non-empty segment
+  // Who sends (checked against meta's membership, membership.h); empty from
+  // a peer of an earlier version.
+  std::string sender_node_id;
+  uint64_t sender_incarnation = 0;
 };
 std::string EncodePutBegin(const PutBegin& m);
 absl::StatusOr<PutBegin> DecodePutBegin(std::string_view h);
@@ -135,6 +142,8 @@ struct ReadReq {
   uint32_t blob_segment_index = 0;
   uint64_t offset = 0;
   uint64_t length = 0;             // bytes wanted from offset
+  std::string sender_node_id;      // as in PutBegin
+  uint64_t sender_incarnation = 0;
 };
 std::string EncodeReadReq(const ReadReq& m);
 absl::StatusOr<ReadReq> DecodeReadReq(std::string_view h);

@@ -75,7 +75,7 @@ const std::set<std::string>& KnownKeys() {
       "failure_domain", "metrics_listen", "lease_ttl_ms", "rpc_timeout_ms", "log_level", "log_json", "log_file",
       "data_transport", "data_chunk", "data_rate", "data_in_flight", "peer_timeout_ms", "session_grace_ms",
       "advertise_host", "tls_ca", "tls_cert", "tls_key", "tls_reload_seconds", "tls_crl_dir", "token_file",
-      "admin_token_file", "socket_group",
+      "admin_token_file", "socket_group", "peer_membership",
   };
   return *keys;
 }
@@ -160,6 +160,9 @@ absl::StatusOr<Settings> LoadSettings(const std::string& config_file, const std:
   absl::StatusOr<absl::Duration> peer_timeout = config->GetDurationOr("peer_timeout_ms", absl::Seconds(30));
   if (!peer_timeout.ok()) return peer_timeout.status();
   out.agent.peer_timeout_ms = absl::ToInt64Milliseconds(*peer_timeout);
+  absl::StatusOr<bool> membership = config->GetBoolOr("peer_membership", true);
+  if (!membership.ok()) return membership.status();
+  out.agent.check_peer_membership = *membership;
   out.metrics_listen = config->GetStringOr("metrics_listen", kDefaultMetricsListen);
   if (absl::Status s = daemon::ValidateHostPort("metrics_listen", out.metrics_listen); !s.ok()) return s;
   out.run_dir = config->GetStringOr("run_dir", kDefaultRunDir);
@@ -430,6 +433,11 @@ int Main(int argc, char** argv) {
          "it, every call on --listen (ckptctl restore, verify, holdings; evict, flush, pause) needs it; the "
          "local socket is unchanged.",
          "FILE");
+  option("--peer-membership",
+         "true: take pushes and reads only from nodes ckpt-meta lists as registered and alive, with the "
+         "incarnation they state (docs/security.md); false: from any peer that completes the handshake (a "
+         "rolling upgrade from agents that do not state who they are).",
+         "BOOL", "true");
   option("--log-level", "trace, debug, info, warn, error or off.", "LEVEL", "info");
   option("--log-file", "Append logs to this file instead of stderr.", "FILE");
   app.add_option("--config", config_file, "YAML config file with any of these keys.")->type_name("FILE");

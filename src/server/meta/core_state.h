@@ -81,6 +81,11 @@ struct MetaCore::State {
   // newest such copy ends (NowMs). Tick recomputes them then. Not persisted:
   // Open() recomputes every version.
   std::map<std::pair<std::string, uint64_t>, int64_t> awaiting_return;
+  // Changes with every change of who may use the data plane (a node
+  // registers, dies, leaves, drains, is undrained or removed). Starts at a
+  // random value per meta process, so that an agent's generation from an
+  // earlier process never matches by chance. Not persisted.
+  uint64_t membership_generation = 0;
   MetaCounters counters;
   // Tasks created during the current operation, for ReportShards' answer.
   std::vector<std::string> created_tasks;

@@ -568,6 +568,7 @@ absl::StatusOr<std::unique_ptr<MetaCore>> MetaCore::Open(MetaStore* store, Clock
   }
   log::Info("meta state loaded: {} nodes, {} jobs, {} tasks", s.nodes.size(), s.jobs.size(),
             s.tasks.size());
+  s.membership_generation = core->instance_id_ | 1;
   MetaCore* const c = core.get();
   core->durable_thread_ = std::thread([c] { c->DurableLoop(); });
   return core;
@@ -653,6 +654,7 @@ absl::StatusOr<RegisterResult> MetaCore::RegisterNode(const RegisterRequest& req
     log::Info("node {} registered: incarnation {}, grpc {}, data {}, domain '{}', {} bytes",
               n.id, n.incarnation, n.grpc_address, n.data_address, n.failure_domain,
               n.memory_capacity_bytes);
+    ++state_->membership_generation;
     result.incarnation = incarnation;
     result.lease = options_.lease;
     result.heartbeat_interval = options_.heartbeat_interval;
@@ -706,6 +708,14 @@ absl::StatusOr<HeartbeatResult> MetaCore::SubmitHeartbeat(const HeartbeatRequest
     }
     result.node_state = n->state;
     result.inventory_required = !n->inventory_received;
+    result.membership_generation = state_->membership_generation;
+    if (req.membership_generation != state_->membership_generation) {
+      std::vector<Member>& members = result.members.emplace();
+      for (const auto& [id, node] : state_->nodes) {
+        if (node.state == NodeState::kDead || node.state == NodeState::kLeft) continue;
+        members.push_back(Member{id, node.incarnation});
+      }
+    }
     for (auto& [id, t] : state_->tasks) {
       if (t.node_id != req.node_id) continue;
       if (t.state == TaskState::kPending) result.tasks.push_back(e.Bundle(t));
@@ -866,6 +876,7 @@ absl::StatusOr<Node> MetaCore::ChangeNode(const std::string& node_id,
       return absl::NotFoundError(absl::StrCat("node \"", node_id, "\" is not registered"));
     }
     CKPT_RETURN_IF_ERROR(change(e, txn, it->second));
+    ++state_->membership_generation;
     Node result = it->second;
     seq = SubmitLocked(txn);
     return result;
@@ -942,6 +953,7 @@ absl::Status MetaCore::RemoveNode(const std::string& node_id) {
     txn.DeleteNode(node_id);
     state_->nodes.erase(it);
     state_->unknown.erase(node_id);
+    ++state_->membership_generation;
     seq = SubmitLocked(txn);
     return absl::OkStatus();
   }();

@@ -148,6 +148,13 @@ struct HeartbeatRequest {
   int64_t flush_lag_ms = 0;
   uint64_t flush_errors_total = 0;
   std::vector<TaskProgress> running_tasks;
+  uint64_t membership_generation = 0;  // what the agent holds (0: none)
+};
+
+// A node that may use the data plane (HeartbeatResult::members).
+struct Member {
+  std::string node_id;
+  uint64_t incarnation = 0;
 };
 
 // A task with everything an agent needs to run it, resolved at hand-out time.
@@ -172,6 +179,10 @@ struct HeartbeatResult {
   bool inventory_required = false;
   std::vector<TaskBundle> tasks;
   std::vector<std::string> cancelled_task_ids;
+  uint64_t membership_generation = 0;
+  // Set when the request's generation differs: every node registered with
+  // its current incarnation and not DEAD or LEFT.
+  std::optional<std::vector<Member>> members;
 };
 
 enum class TaskDisposition { kCompleted = 1, kDuplicate, kCancelled, kRetry, kFailed };

@@ -1110,6 +1110,7 @@ absl::Status MetaCore::Tick() {
       ++n.failures;
       txn.Node(n);
       ++state_->counters.nodes_declared_dead_total;
+      ++state_->membership_generation;
       log::Warn("node {} declared DEAD: lease expired (last heartbeat {} ms ago)", id,
                 now - n.last_heartbeat_ms);
       e.NodeLost(id, "node died (lease expired)");
@@ -1134,6 +1135,7 @@ absl::Status MetaCore::Tick() {
         n.state = NodeState::kLeft;
         n.state_since_ms = now;
         txn.Node(n);
+        ++state_->membership_generation;
         log::Info("node {} drained: now LEFT", id);
       }
     }

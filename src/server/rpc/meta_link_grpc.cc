@@ -154,6 +154,7 @@ class GrpcMetaLink : public agent::MetaLink {
     req.set_flush_lag_bytes(load.flush_lag_bytes);
     req.set_flush_lag_ms(load.flush_lag_ms);
     req.set_flush_errors_total(load.flush_errors_total);
+    req.set_membership_generation(load.membership_generation);
     for (const agent::RunningTask& t : load.running) {
       v1::TaskProgress* p = req.add_running_tasks();
       p->set_task_id(t.task_id);
@@ -174,6 +175,12 @@ class GrpcMetaLink : public agent::MetaLink {
     r.meta_instance_id = resp.meta_instance_id();
     for (const v1::Task& t : resp.tasks()) r.tasks.push_back(TaskFromProto(t));
     r.cancelled_task_ids.assign(resp.cancelled_task_ids().begin(), resp.cancelled_task_ids().end());
+    r.membership_generation = resp.membership_generation();
+    if (resp.members_included()) {
+      std::vector<agent::Member>& members = r.members.emplace();
+      members.reserve(resp.members_size());
+      for (const v1::Member& m : resp.members()) members.push_back(agent::Member{m.node_id(), m.incarnation()});
+    }
     return r;
   }
 

@@ -275,6 +275,15 @@ grpc::ServerUnaryReactor* MetaServiceImpl::Heartbeat(grpc::CallbackServerContext
   resp->set_inventory_required(result->inventory_required);
   AppendTasks("Heartbeat", result->tasks, resp->mutable_tasks());
   for (const std::string& id : result->cancelled_task_ids) resp->add_cancelled_task_ids(id);
+  resp->set_membership_generation(result->membership_generation);
+  if (result->members) {
+    resp->set_members_included(true);
+    for (const meta::Member& m : *result->members) {
+      v1::Member* out = resp->add_members();
+      out->set_node_id(m.node_id);
+      out->set_incarnation(m.incarnation);
+    }
+  }
   // The answer leaves only once the change is durable.
   core_->WhenDurable(seq, [reactor](absl::Status durable) {
     reactor->Finish(durable.ok() ? grpc::Status::OK : Fail("Heartbeat", durable));

@@ -49,6 +49,7 @@ struct NodeOptions {
   int64_t parity_expire_ms = 0;  // 0: the agent's default
   uint64_t memory_bytes = 8 * kMiB;
   uint64_t chunk_bytes = 1000;  // several chunks per shard, unaligned
+  bool check_membership = false;  // AgentOptions::check_peer_membership
 };
 
 class AgentCluster : public ::testing::Test {
@@ -83,6 +84,7 @@ class AgentCluster : public ::testing::Test {
     o.peer_timeout_ms = no.peer_timeout_ms;
     o.parity_expire_ms = no.parity_expire_ms;
     o.hedge_ms = no.hedge_ms;
+    o.check_peer_membership = no.check_membership;
     absl::StatusOr<std::unique_ptr<Agent>> a = Agent::Create(o, &n->meta, RealClock(), &fs_, &n->metrics);
     EXPECT_TRUE(a.ok()) << a.status();
     n->agent = *std::move(a);
@@ -195,6 +197,14 @@ class AgentCluster : public ::testing::Test {
   }
 
   std::string Content(const std::string& node, uint32_t rank) { return contents_[{node, rank}]; }
+
+  // What `n`'s meta answers heartbeats with from now on: `members` (node id,
+  // incarnation) as generation `generation`.
+  static void SetMembers(Node& n, uint64_t generation, const std::vector<Member>& members) {
+    absl::MutexLock lock(&n.meta.mu);
+    n.meta.membership_generation = generation;
+    n.meta.members = members;
+  }
 
   AgentTask ReplicateTask(const std::string& id, uint64_t step, uint32_t rank,
                           const std::vector<PeerEndpoint>& targets) {

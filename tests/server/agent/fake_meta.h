@@ -39,6 +39,9 @@ class FakeMeta : public MetaLink {
     pending_tasks.clear();
     r.cancelled_task_ids = std::move(pending_cancels);
     pending_cancels.clear();
+    r.membership_generation = membership_generation;
+    if (membership_generation != 0 && load.membership_generation != membership_generation) r.members = members;
+    ++heartbeats;
     return r;
   }
   absl::StatusOr<InventoryReply> ReportInventory(const std::string&, uint64_t,
@@ -148,6 +151,10 @@ class FakeMeta : public MetaLink {
   bool up = true;
   bool flush_on_stage = false;
   uint64_t incarnation = 0;
+  // The membership heartbeats answer with (0: none, as before the feature).
+  uint64_t membership_generation = 0;
+  std::vector<Member> members;
+  int heartbeats = 0;
   int registrations = 0;
   int begins = 0;
   int task_counter = 0;

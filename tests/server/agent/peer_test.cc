@@ -246,5 +246,59 @@ TEST_F(PeerTest, FaultsInFlightAreVisibleAndLeaveNoBytesBehind) {
   EXPECT_EQ(died.code(), absl::StatusCode::kUnavailable) << died;
 }
 
+// Issue 17: pushes and reads are served only to the nodes meta lists as
+// members, with the incarnation they state; anyone else who completes the
+// data-plane handshake is refused, counted and logged, and nothing is stored.
+TEST_F(PeerTest, PushesAndReadsComeOnlyFromMetasMembers) {
+  NodeOptions no;
+  no.check_membership = true;
+  Node& a = AddNode(1, no);
+  Node& b = AddNode(1, no);
+  Node& c = AddNode(1, no);
+  // b's meta does not list a (a stranger with the cluster key, or a node
+  // meta never registered); a's and c's list everyone.
+  SetMembers(a, 5, {{"n0", 1}, {"n1", 1}, {"n2", 1}});
+  SetMembers(b, 5, {{"n1", 1}, {"n2", 1}});
+  SetMembers(c, 5, {{"n0", 1}, {"n1", 1}, {"n2", 1}});
+  const ShardRecord rec = Save(a, 5, 0, 5000, 1);
+  for (auto& n : nodes_) n->agent->Start();
+  const ShardId id{"job", 5, 0};
+
+  a.agent->EnqueueTasks({ReplicateTask("t-stranger", 5, 0, {b.endpoint})});
+  absl::Status refused = WaitResult(a, "t-stranger");
+  EXPECT_FALSE(refused.ok());
+  EXPECT_THAT(refused.message(), HasSubstr("\"n0\" is not a member")) << refused;
+  EXPECT_TRUE(b.agent->Inventory("job", 5).empty());
+  EXPECT_GE(Metric(b, "ckpt_agent_peer_refused_total"), 1);
+
+  // c is glad to take it; then b's meta registers a (a node that joined
+  // since b's last heartbeat): b fetches the membership again and takes it.
+  a.agent->EnqueueTasks({ReplicateTask("t-member", 5, 0, {c.endpoint})});
+  ASSERT_TRUE(WaitResult(a, "t-member").ok());
+  SetMembers(b, 6, {{"n0", 1}, {"n1", 1}, {"n2", 1}});
+  a.agent->EnqueueTasks({ReplicateTask("t-joined", 5, 0, {b.endpoint})});
+  ASSERT_TRUE(WaitResult(a, "t-joined").ok());
+  EXPECT_EQ(Bytes(*b.agent, id), Content("n0", 0));
+
+  // Reads: a new node n3 reads the shard. c's meta says n3 restarted
+  // (incarnation 2), so n3's reads, stating incarnation 1, are refused
+  // there; b's meta lists n3 at 1 and serves them.
+  Node& d = AddNode(1, no);
+  SetMembers(d, 7, {{"n0", 1}, {"n1", 1}, {"n2", 1}, {"n3", 1}});
+  SetMembers(c, 7, {{"n0", 1}, {"n1", 1}, {"n2", 1}, {"n3", 2}});
+  SetMembers(b, 7, {{"n0", 1}, {"n1", 1}, {"n2", 1}, {"n3", 1}});
+  d.agent->Start();
+  absl::StatusOr<OpenResult> stale = d.agent->RestoreFromPeer(rec, c.endpoint, 0, 0);
+  ASSERT_FALSE(stale.ok());
+  EXPECT_THAT(stale.status().message(), HasSubstr("incarnation 1 is not current")) << stale.status();
+  EXPECT_TRUE(d.agent->Inventory("job", 5).empty());
+  absl::StatusOr<OpenResult> fine = d.agent->RestoreFromPeer(rec, b.endpoint, 0, 0);
+  ASSERT_TRUE(fine.ok()) << fine.status();
+  EXPECT_EQ(Bytes(*d.agent, id), Content("n0", 0));
+  ASSERT_TRUE(d.agent->CloseShard(fine->handle_id).ok());
+  // c refused n3's read by name and incarnation.
+  EXPECT_GE(Metric(c, "ckpt_agent_peer_refused_total"), 1);
+}
+
 }  // namespace
 }  // namespace ckpt::agent

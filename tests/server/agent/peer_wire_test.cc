@@ -26,10 +26,14 @@ TEST(PeerWire, EveryMessageRoundTrips) {
   b.parity_m = 2;
   b.stripe_bytes = 4096;
   b.expect_mask = 0b1011;
+  b.sender_node_id = "node-7";
+  b.sender_incarnation = 12;
   absl::StatusOr<PutBegin> b2 = DecodePutBegin(EncodePutBegin(b));
   ASSERT_TRUE(b2.ok()) << b2.status();
   EXPECT_EQ(EncodePutBegin(*b2), EncodePutBegin(b));
   EXPECT_EQ(b2->job_id, "gpt");
+  EXPECT_EQ(b2->sender_node_id, "node-7");
+  EXPECT_EQ(b2->sender_incarnation, 12u);
   EXPECT_EQ(b2->kind, PutKind::kEcData);
 
   absl::StatusOr<Chunk> c = DecodeChunk(EncodeChunk(Chunk{9, 8 << 20, 0x1234}));
@@ -50,16 +54,49 @@ TEST(PeerWire, EveryMessageRoundTrips) {
   q.position = 4;
   q.offset = 5;
   q.length = 6;
+  q.sender_node_id = "reader-node-0002";
+  q.sender_incarnation = 3;
   absl::StatusOr<ReadReq> q2 = DecodeReadReq(EncodeReadReq(q));
   ASSERT_TRUE(q2.ok());
   EXPECT_EQ(EncodeReadReq(*q2), EncodeReadReq(q));
+  EXPECT_EQ(q2->sender_node_id, "reader-node-0002");
+  EXPECT_EQ(q2->sender_incarnation, 3u);
+}
+
+// The sender's identity is the last field: a header of an earlier version,
+// which ends before it, still decodes (with no sender, which a receiver that
+// checks membership refuses); a sender cut short is malformed.
+TEST(PeerWire, TheSenderIsOptionalAtTheEnd) {
+  PutBegin b;
+  b.job_id = "gpt";
+  const std::string sender = "a-node-with-a-long-id";
+  b.sender_node_id = sender;
+  b.sender_incarnation = 4;
+  const std::string full = EncodePutBegin(b);
+  const size_t old_size = full.size() - (4 + sender.size()) - 8;  // without Str(sender) and the u64
+  absl::StatusOr<PutBegin> old = DecodePutBegin(full.substr(0, old_size));
+  ASSERT_TRUE(old.ok()) << old.status();
+  EXPECT_EQ(old->sender_node_id, "");
+  EXPECT_EQ(old->sender_incarnation, 0u);
+  for (size_t n = old_size + 1; n < full.size(); ++n) {
+    EXPECT_EQ(DecodePutBegin(full.substr(0, n)).status().code(), absl::StatusCode::kInvalidArgument) << n;
+  }
+  ReadReq q;
+  q.sender_node_id = sender;
+  const std::string read = EncodeReadReq(q);
+  absl::StatusOr<ReadReq> old_read = DecodeReadReq(read.substr(0, read.size() - (4 + sender.size()) - 8));
+  ASSERT_TRUE(old_read.ok()) << old_read.status();
+  EXPECT_EQ(old_read->sender_node_id, "");
 }
 
 TEST(PeerWire, MalformedHeadersAreInvalidArgument) {
   PutBegin b;
   b.job_id = "gpt";
   const std::string full = EncodePutBegin(b);
+  // Every cut short of the (optional) sender fields at the end is malformed.
+  const size_t before_sender = full.size() - 4 - 8;
   for (size_t n = 0; n < full.size(); ++n) {
+    if (n == before_sender) continue;
     EXPECT_EQ(DecodePutBegin(full.substr(0, n)).status().code(), absl::StatusCode::kInvalidArgument) << n;
   }
   std::string bad_kind = full;

@@ -3,6 +3,7 @@
 
 #include <gtest/gtest.h>
 
+#include <map>
 #include <optional>
 
 #include "absl/strings/match.h"
@@ -1603,6 +1604,51 @@ TEST_F(MetaCoreTest, AZeroGraceAbortsAtOnce) {
   ASSERT_TRUE(Stage("a", "gpt", 1, 0).ok());
   Kill("a");
   EXPECT_EQ(StateOf("gpt", 1), VersionState::kAborted);
+}
+
+// Issue 17: agents take data-plane pushes and reads only from meta's members.
+// Heartbeat answers carry the members (id and current incarnation, never a
+// DEAD node) whenever they differ from the generation the agent holds.
+TEST_F(MetaCoreTest, HeartbeatsCarryTheMembershipWhenItChanged) {
+  Register("a");
+  Register("b");
+  auto ids = [](const std::vector<Member>& members) {
+    std::map<std::string, uint64_t> out;
+    for (const Member& m : members) out[m.node_id] = m.incarnation;
+    return out;
+  };
+  HeartbeatRequest h;
+  h.node_id = "a";
+  h.incarnation = inc_["a"];
+  auto first = core_->Heartbeat(h);  // holds none: gets them
+  ASSERT_TRUE(first.ok()) << first.status();
+  ASSERT_TRUE(first->members.has_value());
+  EXPECT_EQ(ids(*first->members), (std::map<std::string, uint64_t>{{"a", 1}, {"b", 1}}));
+  EXPECT_NE(first->membership_generation, 0u);
+  h.membership_generation = first->membership_generation;
+  auto same = core_->Heartbeat(h);
+  ASSERT_TRUE(same.ok());
+  EXPECT_FALSE(same->members.has_value());
+  EXPECT_EQ(same->membership_generation, first->membership_generation);
+
+  Register("b");  // b's agent restarted: incarnation 2
+  auto restarted = core_->Heartbeat(h);
+  ASSERT_TRUE(restarted.ok());
+  ASSERT_TRUE(restarted->members.has_value());
+  EXPECT_EQ(ids(*restarted->members), (std::map<std::string, uint64_t>{{"a", 1}, {"b", 2}}));
+  h.membership_generation = restarted->membership_generation;
+
+  Kill("b");
+  auto dead = core_->Heartbeat(h);
+  ASSERT_TRUE(dead.ok());
+  ASSERT_TRUE(dead->members.has_value());
+  EXPECT_EQ(ids(*dead->members), (std::map<std::string, uint64_t>{{"a", 1}}));
+  h.membership_generation = dead->membership_generation;
+
+  Reopen();  // another meta process: never the same generation
+  auto reopened = core_->Heartbeat(h);
+  ASSERT_TRUE(reopened.ok()) << reopened.status();
+  EXPECT_TRUE(reopened->members.has_value());
 }
 
 }  // namespace

@@ -489,9 +489,26 @@ class Client:
         self._finishing = lazy  # drops the one before, long finished
         self._lazy = None
 
+    def _own_lazy_committed(self, step, timeout=None):
+        """If this client's newest lazy save (running, or copied and committing) is of
+        `step`, waits for its commit (raising its error): meta may not know the version
+        before that, and this client's waits and loads see its own saves. Returns the
+        seconds left of `timeout`."""
+        for lazy in (self._lazy, self._finishing):
+            if lazy is not None and lazy.step == step:
+                import time
+                start = time.monotonic()
+                lazy.result(timeout)
+                if timeout is not None:
+                    return max(0.0, float(timeout) - (time.monotonic() - start))
+                break
+        return timeout
+
     def wait(self, step, level="protected", timeout=None):
         """Waits until version `step` (of any rank) reaches `level`; timeout in seconds (None: forever)."""
-        self._c.wait(_step(step), level, None if timeout is None else float(timeout))
+        step = _step(step)
+        timeout = self._own_lazy_committed(step, timeout)
+        self._c.wait(step, level, None if timeout is None else float(timeout))
 
     def recommended_interval(self, step_time):
         """How often to checkpoint, for a training step of `step_time` seconds.
@@ -540,12 +557,16 @@ class Client:
         Errors: ckpt.NotFoundError (unknown step), ckpt.FailedPreconditionError
         (version not staged), ckpt.DataLossError (every copy is corrupt or lost).
         """
-        return self._c.load_state(_step(step))[1]
+        step = _step(step)
+        self._own_lazy_committed(step)
+        return self._c.load_state(step)[1]
 
     def load_with_source(self, step):
         """Like load(), but returns (served_from, state): where the shard came from,
         "local", "replica", "ec_decode", "durable" or "unknown"."""
-        served_from, state = self._c.load_state(_step(step))
+        step = _step(step)
+        self._own_lazy_committed(step)
+        served_from, state = self._c.load_state(step)
         return served_from, state
 
     def load_into(self, step, targets):
@@ -562,11 +583,15 @@ class Client:
         """
         # Tensors and arrays are resolved in C++; anything else comes back to
         # _load_into_buffer.
-        self._c.load_into_targets(_step(step), targets)
+        step = _step(step)
+        self._own_lazy_committed(step)
+        self._c.load_into_targets(step, targets)
 
     def load_items(self, step):
         """Raw items: (served_from, [(name, dtype, shape, attributes, uint8 array)])."""
-        return self._c.load_items(_step(step))
+        step = _step(step)
+        self._own_lazy_committed(step)
+        return self._c.load_items(step)
 
 
 def read_durable(path, structured=False):

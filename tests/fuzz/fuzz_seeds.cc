@@ -91,7 +91,10 @@ int main(int argc, char** argv) {
   pb.job_id = "llm";
   pb.step = 100;
   pb.total_bytes = 72;
-  Write(dir, "fuzz_peer_wire", 0, std::string(1, '\0') + ckpt::agent::EncodePutBegin(pb));
+  // Seeds 0 and 3: headers as agents sent them before the sender's identity
+  // (an empty name and incarnation 0 take 12 bytes at the end).
+  auto before_sender = [](std::string h) { return h.substr(0, h.size() - 12); };
+  Write(dir, "fuzz_peer_wire", 0, std::string(1, '\0') + before_sender(ckpt::agent::EncodePutBegin(pb)));
   Write(dir, "fuzz_peer_wire", 1, std::string(1, '\1') + ckpt::agent::EncodeChunk({7, 0, 0x55}));
   ckpt::agent::Result res;
   res.id = 7;
@@ -102,9 +105,8 @@ int main(int argc, char** argv) {
   rr.job_id = "llm";
   rr.step = 100;
   rr.length = 72;
-  Write(dir, "fuzz_peer_wire", 3, std::string(1, '\3') + ckpt::agent::EncodeReadReq(rr));
-  // With the sender's identity (membership check, issue 17); seeds 0 and 3
-  // are headers from before it.
+  Write(dir, "fuzz_peer_wire", 3, std::string(1, '\3') + before_sender(ckpt::agent::EncodeReadReq(rr)));
+  // With the sender's identity (membership check, issue 17).
   pb.sender_node_id = "node-2";
   pb.sender_incarnation = 3;
   Write(dir, "fuzz_peer_wire", 4, std::string(1, '\0') + ckpt::agent::EncodePutBegin(pb));

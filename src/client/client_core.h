@@ -72,6 +72,9 @@ struct ClientCore {
   ClientOptions options;
   std::unique_ptr<v1::MetaService::Stub> meta;
   std::unique_ptr<v1::AgentService::Stub> agent;
+  // The channels under the stubs: retry loops wait on them (client.cc Backoff).
+  std::shared_ptr<grpc::Channel> meta_channel;
+  std::shared_ptr<grpc::Channel> agent_channel;
   std::string node_id;          // the local agent's, for Locate
   MappingCache mappings;
   // Populates a pool mapping in the background once this client saved into

@@ -62,13 +62,18 @@ start_agent() {  # node
   pids+=($!)
   wait_port 127.0.0.1 "${agent_port[${node}]}" "${agent_pid[${node}]}"
 }
+# Each node holds 4 shards per version (its 2 ranks' and, replicate:2, the
+# other node's 2): 4 x mib. Retention keeps 2 PROTECTED versions while the
+# next one is saved and replicated, so a tier needs 3 versions (12 x mib);
+# 14 leaves room for a version that a crash left half saved. (10 deadlocked:
+# the new version could not be replicated, so the old ones were never freed.)
 for node in node-a node-b; do
   agent_port[${node}]="$(free_port)"
   agent_args[${node}]="--node-id ${node} --meta ${meta} --listen 127.0.0.1:${agent_port[${node}]}
     --data-listen 127.0.0.1:$(free_port) --metrics-listen 127.0.0.1:$(free_port)
-    --run-dir ${work}/${node}/run --memory $((mib * 10))MiB --memory-dir ${shm}/${node}
+    --run-dir ${work}/${node}/run --memory $((mib * 14))MiB --memory-dir ${shm}/${node}
     --durable-root ${work}/durable"
-  echo "== ckpt-agent ${node} (memory tier ${shm}/${node}, $((mib * 10)) MiB)"
+  echo "== ckpt-agent ${node} (memory tier ${shm}/${node}, $((mib * 14)) MiB)"
   start_agent "${node}"
 done
 

@@ -617,6 +617,18 @@ def test_lazy_wait_copied_does_not_wait_for_the_commit(cluster, job):
     assert np.array_equal(c.load(step)["t31"], state["t31"])
 
 
+def test_a_wait_or_load_of_the_own_lazy_save_waits_for_its_commit(cluster, job):
+    """Right after a lazy save (copy maybe still running, commit surely not at meta yet), this
+    client's wait and load of that step see it: they wait for the save's commit first."""
+    c = cluster.client(job)
+    w = np.arange(1 << 20, dtype=np.float32)
+    for step in range(1, 11, 2):
+        c.save(step, {"w": w}, lazy=True)
+        c.wait(step, "staged", timeout=30)
+        c.save(step + 1, {"w": w}, lazy=True)
+        assert np.array_equal(c.load(step + 1)["w"], w)
+
+
 def test_lazy_save_lets_go_of_the_state_once_copied(cluster, job):
     """After wait_copied() the client holds nothing of the state (buffers, host copies), although
     it keeps the save itself until the next one (for its commit)."""

@@ -204,6 +204,16 @@ class MetaCoreTest : public ::testing::Test {
     }
   }
 
+  // Nodes a and b, job "gpt" of `world` ranks under replicate:2, and rank 0
+  // of version 1 staged on a only (its replication not run).
+  void StageRankZeroOnA(uint32_t world) {
+    Register("a");
+    Register("b");
+    CreateJob("gpt", world, ProtectionPolicy::Replicate(2, ProtectionPolicy::Placement::kRing));
+    ASSERT_TRUE(core_->BeginVersion("gpt", 1, "").ok());
+    ASSERT_TRUE(Stage("a", "gpt", 1, 0).ok());
+  }
+
   // What a restarted agent's inventory says of a shard MakeShard made.
   static Holding HoldingOf(const std::string& job, uint64_t step, uint32_t rank,
                            uint64_t size = 4096) {
@@ -888,11 +898,7 @@ TEST_F(MetaCoreTest, WaitVersionBlocksUntilLevelOnFakeTime) {
 }
 
 TEST_F(MetaCoreTest, TasksRetryThenFailAndTimeOut) {
-  Register("a");
-  Register("b");
-  CreateJob("gpt", 1, ProtectionPolicy::Replicate(2, ProtectionPolicy::Placement::kRing));
-  ASSERT_TRUE(core_->BeginVersion("gpt", 1, "").ok());
-  ASSERT_TRUE(Stage("a", "gpt", 1, 0).ok());
+  StageRankZeroOnA(1);
   auto tasks = core_->PendingTasks("a", inc_["a"], false);
   ASSERT_EQ(tasks->size(), 1u);
   const Task t = (*tasks)[0].task;
@@ -1537,11 +1543,7 @@ TEST(ParseProtectionPolicy, AcceptsTheCommandLineSpellings) {
 // version is now kept for lost_copy_grace, and the copy the restarted agent's
 // inventory brings back counts again.
 TEST_F(MetaCoreTest, AVersionWaitsForItsDeadNodeToComeBackWithTheOnlyCopy) {
-  Register("a");
-  Register("b");
-  CreateJob("gpt", 1, ProtectionPolicy::Replicate(2, ProtectionPolicy::Placement::kRing));
-  ASSERT_TRUE(core_->BeginVersion("gpt", 1, "").ok());
-  ASSERT_TRUE(Stage("a", "gpt", 1, 0).ok());
+  StageRankZeroOnA(1);
   ASSERT_EQ(StateOf("gpt", 1), VersionState::kStaged);  // replication not run yet
   Kill("a");
   EXPECT_EQ(StateOf("gpt", 1), VersionState::kStaged);
@@ -1562,11 +1564,7 @@ TEST_F(MetaCoreTest, AVersionWaitsForItsDeadNodeToComeBackWithTheOnlyCopy) {
 }
 
 TEST_F(MetaCoreTest, ANodeThatComesBackWithoutTheOnlyCopyEndsTheWait) {
-  Register("a");
-  Register("b");
-  CreateJob("gpt", 1, ProtectionPolicy::Replicate(2, ProtectionPolicy::Placement::kRing));
-  ASSERT_TRUE(core_->BeginVersion("gpt", 1, "").ok());
-  ASSERT_TRUE(Stage("a", "gpt", 1, 0).ok());
+  StageRankZeroOnA(1);
   Kill("a");
   EXPECT_EQ(StateOf("gpt", 1), VersionState::kStaged);
   Register("a");  // a new memory tier: the shard is gone
@@ -1579,11 +1577,7 @@ TEST_F(MetaCoreTest, ANodeThatComesBackWithoutTheOnlyCopyEndsTheWait) {
 }
 
 TEST_F(MetaCoreTest, AVersionIsAbortedWhenTheGraceEndsWithoutTheNode) {
-  Register("a");
-  Register("b");
-  CreateJob("gpt", 2, ProtectionPolicy::Replicate(2, ProtectionPolicy::Placement::kRing));
-  ASSERT_TRUE(core_->BeginVersion("gpt", 1, "").ok());
-  ASSERT_TRUE(Stage("a", "gpt", 1, 0).ok());
+  StageRankZeroOnA(2);
   Kill("a");  // rank 0 lost before rank 1 was staged: OPEN, kept too
   EXPECT_EQ(StateOf("gpt", 1), VersionState::kOpen);
   Reopen();  // a meta restart does not forget the wait
@@ -1597,11 +1591,7 @@ TEST_F(MetaCoreTest, AVersionIsAbortedWhenTheGraceEndsWithoutTheNode) {
 TEST_F(MetaCoreTest, AZeroGraceAbortsAtOnce) {
   options_.lost_copy_grace = absl::ZeroDuration();
   Reopen();
-  Register("a");
-  Register("b");
-  CreateJob("gpt", 1, ProtectionPolicy::Replicate(2, ProtectionPolicy::Placement::kRing));
-  ASSERT_TRUE(core_->BeginVersion("gpt", 1, "").ok());
-  ASSERT_TRUE(Stage("a", "gpt", 1, 0).ok());
+  StageRankZeroOnA(1);
   Kill("a");
   EXPECT_EQ(StateOf("gpt", 1), VersionState::kAborted);
 }

@@ -138,16 +138,23 @@ TEST(UcxTransport, HeaderOfMaxSizeArrives) {
 }
 
 TEST(UcxTransport, ReplyOnInboundConnection) {
+  // Declared before the pair: the reply's bytes and its completion log outlive
+  // the transports (a CI run under ASan once freed `reply` while B's
+  // rendezvous send still read its last bytes: the receiver had them all, the
+  // sender's completion had not run yet).
+  std::vector<std::byte> reply = Pattern(1 << 20, 7);  // rendezvous-sized reply
+  DoneLog replied;
   UcxPair p;
   Transport* b = nullptr;
-  std::vector<std::byte> reply = Pattern(1 << 20, 7);  // rendezvous-sized reply
   p.hb.on_received = [&](const Inbound& msg, const absl::Status&) {
-    b->Send(msg.from, 2, "pong", AsPieces(reply), [](const absl::Status&) {});
+    b->Send(msg.from, 2, "pong", AsPieces(reply), replied.Callback());
   };
   b = p.b.get();
   ASSERT_NO_FATAL_FAILURE(p.Start());
   p.a->Send(p.to_b, 1, "ping", {}, [](const absl::Status&) {});
   ASSERT_TRUE(p.ha.WaitReceived(1));
+  ASSERT_TRUE(replied.Wait(1));  // the reply's memory is B's until its send completed
+  EXPECT_TRUE(replied.statuses()[0].ok()) << replied.statuses()[0];
   const auto got = p.ha.received();
   EXPECT_EQ(got[0].msg.header, "pong");
   EXPECT_EQ(got[0].msg.from, p.to_b);
@@ -674,26 +681,32 @@ UcxOptions Keyed(const std::string& key) {
 // With a cluster key, peers that hold it connect and exchange messages both
 // ways (and the self-check, which connects to itself, passes).
 TEST(UcxAuth, PeersWithTheSameKeyConnectAndExchange) {
+  // The payloads and completion logs are declared before the transports and
+  // each send's completion is waited for: a sender reads its payload until
+  // its completion runs, which can follow the receiver's delivery.
+  const std::vector<std::byte> reply = Pattern(1 << 20, 5);
+  const std::vector<std::byte> data = Pattern(3 << 20, 9);
+  DoneLog sent, replied;
   TestHandler ha, hb;
   UcxOptions checked = Keyed("cluster-key-0123456789");
   checked.self_check_timeout_ms = 5000;
   auto a = NewUcxTransport(checked);
   auto b = NewUcxTransport(Keyed("cluster-key-0123456789"));
   Transport* bp = b.get();
-  const std::vector<std::byte> reply = Pattern(1 << 20, 5);
   hb.on_received = [&](const Inbound& msg, const absl::Status&) {
-    bp->Send(msg.from, 2, "pong", AsPieces(reply), [](const absl::Status&) {});
+    bp->Send(msg.from, 2, "pong", AsPieces(reply), replied.Callback());
   };
   ASSERT_TRUE(a->Start("127.0.0.1:0", &ha).ok());
   ASSERT_TRUE(b->Start("127.0.0.1:0", &hb).ok());
   absl::StatusOr<PeerId> to_b = a->Connect(b->address(), kConnectMs);
   ASSERT_TRUE(to_b.ok()) << to_b.status();
-  const std::vector<std::byte> data = Pattern(3 << 20, 9);
-  a->Send(*to_b, 1, "ping", AsPieces(data), [](const absl::Status&) {});
+  a->Send(*to_b, 1, "ping", AsPieces(data), sent.Callback());
   ASSERT_TRUE(hb.WaitReceived(1));
   EXPECT_TRUE(hb.received()[0].bytes == data);
   ASSERT_TRUE(ha.WaitReceived(1));
   EXPECT_TRUE(ha.received()[0].bytes == reply);
+  ASSERT_TRUE(sent.Wait(1));
+  ASSERT_TRUE(replied.Wait(1));
 }
 
 // A peer with another key, or none, never gets a connection: Connect fails,

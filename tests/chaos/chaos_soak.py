@@ -354,6 +354,8 @@ class Soak:
         self.clients_lock = threading.Lock()
         self.pool = concurrent.futures.ThreadPoolExecutor(max_workers=16, thread_name_prefix="soak")
         self.baseline = None
+        self.baseline_holdings = None
+        self.last_extras = {}
         self.mem_reported = {}    # node -> (used, holdings) already reported as growth
         self.stuck_reported = set()  # "job/step" of PROTECTED versions reported not re-protected
         self.mem_checks = []
@@ -1235,6 +1237,7 @@ class Soak:
         self.mem_checks.append({"label": label, "t_s": round(now() - self.t0, 1), "nodes": sample})
         if self.baseline is None:
             self.baseline = sample
+            self.baseline_holdings = self.holdings_by_node()
             self.log("memory baseline: " + ", ".join(f"{n} {fmt_bytes(u)} in {h} holdings"
                                                     for n, (u, h) in sorted(sample.items())))
             return
@@ -1256,9 +1259,41 @@ class Soak:
         if grew and new:
             path = self.dump_holdings(label)
             self.fail("memory_growth", f"after retention ({label}): " + "; ".join(grew) +
-                      f" (each agent's holdings and meta's status: {path})")
+                      f" (each agent's holdings and meta's status: {path}); " + self.explain_growth(grew))
         elif grew:
             self.log("  memory still above baseline, no more than at the last failing checkpoint")
+
+    def holdings_by_node(self):
+        """{node: [holding, ...]} from each agent (ckptctl holdings); None for an agent that did not answer."""
+        out = {}
+        for d in self.agents:
+            h = self.ctl("holdings", d.name, timeout=10, check=False)
+            out[d.name] = None if h is None else h.get("holdings", [])
+        return out
+
+    def explain_growth(self, grew):
+        """What a failing memory checkpoint's grown agents hold beyond the baseline: their client
+        handles, leases, reservations, incoming pushes and parity builds, and the holdings (job,
+        rank, role; steps aside, since checkpoint saves repeat the same shards) gained and lost.
+        Reservations beyond holdings plus parity segments are memory nothing lists."""
+        def key(h):
+            return (h.get("job"), h.get("what"), h.get("role"))
+        now_h = self.holdings_by_node()
+        parts = []
+        for node in sorted({g.split(":")[0] for g in grew}):
+            x = self.last_extras.get(node, {})
+            text = f"{node}: " + ", ".join(f"{k} {v}" for k, v in sorted(x.items()))
+            base, cur = (self.baseline_holdings or {}).get(node), now_h.get(node)
+            if base is not None and cur is not None:
+                b, c = collections.Counter(map(key, base)), collections.Counter(map(key, cur))
+                extra = [h for h in cur if (c - b)[key(h)] > 0]
+                missing = list((b - c).elements())
+                text += "; holdings gained: " + (", ".join(
+                    f"{h.get('job')}/{h.get('step')} {h.get('what')} {h.get('role')} {h.get('size_bytes')} B"
+                    for h in extra[:8]) or "none")
+                text += "; lost: " + (", ".join(f"{j} {w} {r}" for j, w, r in missing[:8]) or "none")
+            parts.append(text)
+        return " | ".join(parts)
 
     def quiet_sample(self, timeout):
         """(used, holdings) per agent once meta has no task left, no flush lag, and
@@ -1272,17 +1307,21 @@ class Soak:
                     st.get("tasks_retrying", 1) or st.get("flush_lag_bytes", 1):
                 last, same = None, 0
                 continue
-            sample = {}
+            sample, extras = {}, {}
             for d in self.agents:
                 m = self.agent_metrics(d)
                 if m is None:
                     break
                 sample[d.name] = (int(m["ckpt_agent_memory_used_bytes"]), int(m["ckpt_agent_holdings"]))
+                extras[d.name] = {k[len("ckpt_agent_"):]: int(float(m[k])) for k in (
+                    "ckpt_agent_open_handles", "ckpt_agent_open_leases", "ckpt_agent_memory_reservations",
+                    "ckpt_agent_memory_leased_bytes", "ckpt_agent_pushes_receiving", "ckpt_agent_parity_builds") if k in m}
             if len(sample) != self.n:
                 continue
             same = same + 1 if sample == last else 0
             last = sample
             if same >= 2:
+                self.last_extras = extras
                 return sample
         return None
 

@@ -519,7 +519,7 @@ absl::StatusOr<std::vector<HoldingInfo>> Agent::Evict(const std::string& job_id,
     r.detail = "evicted by a node-local command";
     session_->Report(std::move(r));
   }
-  parity_->DropVersion(job_id, step);
+  parity_->EvictVersion(job_id, step);
   UpdateGauges();
   log::Info("evicted {} holdings of {} step {} (node-local command)", out.size(), job_id, step);
   return out;
@@ -672,7 +672,7 @@ absl::Status Agent::RunStep(QueuedTask& qt, bool* finished) {
     case TaskKind::kDeleteDurable:
       return flusher_->DeleteVersion(t);
     case TaskKind::kEvict: {
-      parity_->DropVersion(t.job_id, t.step);
+      parity_->EvictVersion(t.job_id, t.step);
       const size_t n = holdings_->DropVersion(t.job_id, t.step);
       if (n != 0) log::Info("evicted {} holdings of {} step {}", n, t.job_id, t.step);
       UpdateGauges();
@@ -703,6 +703,8 @@ void Agent::UpdateGauges() {
   metrics_.used->Set(static_cast<double>(arena_->capacity_bytes() - free));
   metrics_.leased->Set(static_cast<double>(leases_->LeasedBytes()));
   metrics_.reservations->Set(static_cast<double>(arena_->live_reservations()));
+  metrics_.open_leases->Set(static_cast<double>(leases_->lease_count()));
+  metrics_.open_handles->Set(static_cast<double>(leases_->handle_count()));
   flusher_->UpdateGauges();
 }
 

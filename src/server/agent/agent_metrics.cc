@@ -49,6 +49,9 @@ AgentMetrics::AgentMetrics(MetricsRegistry& m)
       reservations(&m.AddGauge("ckpt_agent_memory_reservations",
                                "Live memory-tier reservations (holdings, leases, transfers in flight)")),
       parity_builds(&m.AddGauge("ckpt_agent_parity_builds", "EC parity segments being folded on this node")),
-      pushes_receiving(&m.AddGauge("ckpt_agent_pushes_receiving", "Incoming pushes in progress")) {}
+      pushes_receiving(&m.AddGauge("ckpt_agent_pushes_receiving", "Incoming pushes in progress")),
+      open_leases(&m.AddGauge("ckpt_agent_open_leases", "Staging leases local clients hold (not yet committed)")),
+      open_handles(&m.AddGauge("ckpt_agent_open_handles",
+                               "Restore handles local clients hold (each pins its copy's bytes)")) {}
 
 }  // namespace ckpt::agent

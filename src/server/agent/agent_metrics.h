@@ -46,6 +46,8 @@ struct AgentMetrics {
   Gauge* reservations;
   Gauge* parity_builds;
   Gauge* pushes_receiving;
+  Gauge* open_leases;
+  Gauge* open_handles;
 };
 
 }  // namespace ckpt::agent

@@ -1,5 +1,7 @@
 #include "server/agent/parity_builder.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 #include "common/lock_check.h"
 #include "common/log.h"
@@ -31,6 +33,14 @@ absl::Status ParityBuilder::BeginPush(const PutBegin& b) {
   const SegmentId sid = KeyOf(b);
   if (holdings_->HasValidSegment(sid)) {
     return absl::AlreadyExistsError("this parity is complete and held here");
+  }
+  {
+    CheckedLock lock(&mu_);
+    auto e = evicted_.find({b.job_id, b.step});
+    if (e != evicted_.end() && clock_->MonotonicNow() - e->second <= expire_after_) {
+      return absl::FailedPreconditionError(absl::StrCat("version ", b.job_id, "/", b.step,
+                                                        " was evicted here; its parity is no longer built"));
+    }
   }
   ReservationPtr fresh;
   for (int round = 0; round < 2; ++round) {
@@ -209,9 +219,23 @@ void ParityBuilder::DropVersion(const std::string& job, uint64_t step) {
   std::erase_if(failures_, [&](const auto& kv) { return kv.first.job_id == job && kv.first.step == step; });
 }
 
+void ParityBuilder::EvictVersion(const std::string& job, uint64_t step) {
+  {
+    CheckedLock lock(&mu_);
+    evicted_[{job, step}] = clock_->MonotonicNow();
+    if (evicted_.size() > kFailureMemory) {
+      auto oldest = std::min_element(evicted_.begin(), evicted_.end(),
+                                     [](const auto& a, const auto& b) { return a.second < b.second; });
+      evicted_.erase(oldest);
+    }
+  }
+  DropVersion(job, step);
+}
+
 int ParityBuilder::Expire() {
   CheckedLock lock(&mu_);
   const absl::Time now = clock_->MonotonicNow();
+  std::erase_if(evicted_, [&](const auto& kv) { return now - kv.second > expire_after_; });
   int n = 0;
   for (auto it = builds_.begin(); it != builds_.end();) {
     auto next = std::next(it);

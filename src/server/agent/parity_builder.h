@@ -8,8 +8,8 @@
 //
 // A build ends in exactly one of these ways, and frees its space in all but
 // the first: complete (stored); failed (a push broke off mid-fold, which
-// spoils the parity); dropped (the version was evicted or its task cancelled);
-// expired (no push made progress for `expire_after`). Folds run without the
+// spoils the parity); dropped (the version was evicted or its task cancelled;
+// an evicted version's late pushes are refused); expired (no push made progress for `expire_after`). Folds run without the
 // lock, on a reference to the space, so a build dropped while a fold is in
 // progress frees its space only when that fold is done.
 //
@@ -23,6 +23,7 @@
 #include <set>
 #include <span>
 #include <string>
+#include <utility>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
@@ -62,8 +63,14 @@ class ParityBuilder {
   // For the local EC task waiting on its parity: the error that ended a
   // failed build of `id` (and the build is forgotten), or OK.
   absl::Status TakeFailure(const SegmentId& id);
-  // Drops every build of a version (cancelled task, eviction).
+  // Drops every build of a version (its ec_encode task was cancelled; meta
+  // may plan it again, so later pushes start new builds).
   void DropVersion(const std::string& job, uint64_t step);
+  // Drops every build of a version that left this node's memory (retention
+  // or delete) and, for `expire_after`, refuses pushes of it: a data
+  // segment's push still on its way would otherwise start a build nobody
+  // completes, holding a stripe of memory until it expired.
+  void EvictVersion(const std::string& job, uint64_t step);
   // Drops builds with no progress for `expire_after`. Returns how many.
   int Expire();
   size_t size() const;
@@ -95,6 +102,8 @@ class ParityBuilder {
   std::map<SegmentId, Build> builds_ ABSL_GUARDED_BY(mu_);
   // Builds that failed, kept until the local task takes the error (bounded).
   std::map<SegmentId, absl::Status> failures_ ABSL_GUARDED_BY(mu_);
+  // Versions evicted here, with when (bounded; forgotten after expire_after).
+  std::map<std::pair<std::string, uint64_t>, absl::Time> evicted_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace ckpt::agent

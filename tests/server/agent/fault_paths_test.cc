@@ -151,6 +151,13 @@ TEST_F(FaultPathsTest, AbandonedParityBuildsGiveTheirMemoryBack) {
   ASSERT_TRUE(WaitResult(parity, "t-evict").ok());
   EXPECT_EQ(parity.agent->parity_for_test()->size(), 0u);
   EXPECT_EQ(Free(parity), baseline);
+  // A push of the evicted version still on its way starts no new build (seen
+  // in the chaos soak: it held a stripe of memory past retention).
+  const absl::Status late = push(7)[0];
+  EXPECT_TRUE(absl::IsFailedPrecondition(late)) << late;
+  EXPECT_THAT(std::string(late.message()), HasSubstr("evicted"));
+  EXPECT_EQ(parity.agent->parity_for_test()->size(), 0u);
+  EXPECT_EQ(Free(parity), baseline);
   // 2. A cancelled ec_encode task of the version drops it.
   ASSERT_TRUE(push(8)[0].ok());
   AgentTask ec;

@@ -4,9 +4,11 @@
 Starts ckpt-meta and one ckpt-agent on free 127.0.0.1 ports, saves one
 version, then per trial: kills meta (SIGKILL), makes --calls-while-down
 WaitVersion calls while it is down, restarts it on the same port after 0.3 s
-and times the first WaitVersion that succeeds once meta listens.
+and times the first WaitVersion that succeeds once meta listens (--call load:
+one load(), whose Locate is a single call, instead).
 
   PYTHONPATH=build/python CKPT_BUILD_DIR=build /usr/bin/python3 bench/meta_reconnect.py --trials 4
+  PYTHONPATH=build/python CKPT_BUILD_DIR=build /usr/bin/python3 bench/meta_reconnect.py --trials 4 --call load
 
 Measured 2026-11-26 (gRPC 1.51, 3 trials each): 9.3-20.3 s with 3 failed
 calls while meta was down, when the client's retry loops slept between
@@ -35,6 +37,9 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--trials", type=int, default=3)
     ap.add_argument("--calls-while-down", type=int, default=3)
+    ap.add_argument("--call", choices=["wait", "load"], default="wait",
+                    help="the call timed after meta listens again: wait (WaitVersion, a retry loop) "
+                         "or load (Locate, a one-shot read)")
     args = ap.parse_args()
     bin_dir = pathlib.Path(os.environ.get("CKPT_BUILD_DIR", "build")) / "bin"
     root = pathlib.Path(tempfile.mkdtemp(prefix="ckpt-reconnect-"))
@@ -71,8 +76,18 @@ def main():
             time.sleep(0.3)
             meta = start_meta()
             t0 = time.monotonic()
-            c.wait(1, "staged", timeout=120)
-            print(f"trial {trial}: first successful WaitVersion {time.monotonic() - t0:.2f} s after meta "
+            if args.call == "wait":
+                c.wait(1, "staged", timeout=120)
+            else:
+                # One call, no retry of ours: it succeeds, or the trial reports its error.
+                try:
+                    c.load(1)
+                except ckpt.Error as e:
+                    print(f"trial {trial}: load FAILED {time.monotonic() - t0:.2f} s after meta listened: {e}",
+                          flush=True)
+                    continue
+            name = "WaitVersion" if args.call == "wait" else "load (Locate)"
+            print(f"trial {trial}: first successful {name} {time.monotonic() - t0:.2f} s after meta "
                   f"listened ({args.calls_while_down} calls failed while it was down)", flush=True)
     finally:
         for p in (agent, meta):

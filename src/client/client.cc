@@ -303,6 +303,18 @@ std::shared_ptr<grpc::Channel> MakeChannel(const std::string& target,
 
 }  // namespace
 
+absl::Status CallMetaRetrying(const ClientCore& core, const char* what,
+                              const std::function<grpc::Status(grpc::ClientContext*)>& call) {
+  const absl::Time deadline = absl::Now() + core.options.rpc_timeout;
+  absl::Duration backoff = kMinBackoff;
+  while (true) {
+    auto ctx = ContextWithTimeout(std::max(deadline - absl::Now(), absl::Milliseconds(1)));
+    absl::Status s = FromGrpc(call(ctx.get()), what);
+    if (!absl::IsUnavailable(s) || absl::Now() >= deadline) return s;
+    Backoff(core.meta_channel.get(), &backoff, deadline);
+  }
+}
+
 absl::StatusOr<std::string> SessionId(ClientCore& core) {
   std::string resume;
   {
@@ -439,8 +451,8 @@ absl::StatusOr<uint64_t> Client::Latest(Level level) const {
   req.set_job_id(core_->options.job_id);
   req.set_min_level(client::ToProto(level));
   v1::LatestResponse resp;
-  auto ctx = client::ContextWithTimeout(core_->options.rpc_timeout);
-  CKPT_RETURN_IF_ERROR(client::FromGrpc(core_->meta->Latest(ctx.get(), req, &resp), "Latest"));
+  CKPT_RETURN_IF_ERROR(client::CallMetaRetrying(
+      *core_, "Latest", [&](grpc::ClientContext* ctx) { return core_->meta->Latest(ctx, req, &resp); }));
   return resp.version().step();
 }
 
@@ -489,8 +501,9 @@ absl::StatusOr<IntervalAdvice> Client::RecommendedInterval(absl::Duration step_t
   req.set_job_id(core_->options.job_id);
   req.set_max_problems(1);
   v1::ClusterStatusResponse resp;
-  auto ctx = client::ContextWithTimeout(core_->options.rpc_timeout);
-  CKPT_RETURN_IF_ERROR(client::FromGrpc(core_->meta->ClusterStatus(ctx.get(), req, &resp), "ClusterStatus"));
+  CKPT_RETURN_IF_ERROR(client::CallMetaRetrying(*core_, "ClusterStatus", [&](grpc::ClientContext* ctx) {
+    return core_->meta->ClusterStatus(ctx, req, &resp);
+  }));
   const v1::FailureStats& f = resp.failure_stats();
   if (f.job_mtbf_ms() <= 0) {
     return absl::FailedPreconditionError("meta has observed no node time yet: no MTBF to plan with");

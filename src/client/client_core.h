@@ -14,6 +14,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -156,6 +157,14 @@ absl::Status FromGrpc(const grpc::Status& status, const char* call);
 
 // A client context whose deadline is `timeout` from now.
 std::unique_ptr<grpc::ClientContext> ContextWithTimeout(absl::Duration timeout);
+
+// Runs a read-only call to meta (`call` sends it with the context it is
+// given) and, while it fails UNAVAILABLE, sends it again after a backoff
+// spent waiting on the meta channel, for up to rpc_timeout in all: right
+// after meta restarts, the channel's first call fails before it reconnects.
+// Returns the last answer, as FromGrpc(status, `what`).
+absl::Status CallMetaRetrying(const ClientCore& core, const char* what,
+                              const std::function<grpc::Status(grpc::ClientContext*)>& call);
 
 // Maps each MemoryRegion into this process (through core.mappings, with the
 // given access) and returns them as ShardRegions, checked to cover [0, size).

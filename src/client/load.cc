@@ -94,8 +94,8 @@ absl::StatusOr<v1::LocateResponse> Locate(const ClientCore& core, uint64_t step,
   req.set_near_node_id(core.node_id);
   req.set_omit_items(omit_items);
   v1::LocateResponse resp;
-  auto ctx = client::ContextWithTimeout(core.options.rpc_timeout);
-  CKPT_RETURN_IF_ERROR(FromGrpc(core.meta->Locate(ctx.get(), req, &resp), "Locate"));
+  CKPT_RETURN_IF_ERROR(client::CallMetaRetrying(
+      core, "Locate", [&](grpc::ClientContext* ctx) { return core.meta->Locate(ctx, req, &resp); }));
   return resp;
 }
 

@@ -112,6 +112,36 @@ TEST_F(ClientIntegrationTest, RanksSaveStagedThenFlushedPersistedWithByteExactDu
   EXPECT_EQ(into, b[2]);
 }
 
+// A trainer that resumes right after ckpt-meta restarted: the channel's first
+// call used to fail UNAVAILABLE ("failed to connect to all addresses"), since
+// a load's Locate and Latest are single calls (bench/meta_reconnect.py
+// --call load: 4 of 4 failed). Now a read-only call that meets UNAVAILABLE
+// waits on the channel and is sent again, within rpc_timeout.
+TEST_F(ClientIntegrationTest, ALoadRightAfterAMetaRestartSucceeds) {
+  absl::StatusOr<Client> c = Client::Connect(Options("resume", 0, 1));
+  ASSERT_TRUE(c.ok()) << c.status();
+  const std::vector<float> w = Tensor(5000, 3);
+  SaveBuilder s = c->BeginSave(7);
+  ASSERT_TRUE(s.Add("w", Bytes(w), DType::kF32, {w.size()}).ok());
+  absl::StatusOr<SaveHandle> h = s.Commit();
+  ASSERT_TRUE(h.ok()) << h.status();
+  ASSERT_TRUE(h->Wait(Level::kStaged, absl::Now() + absl::Seconds(30)).ok());
+  ASSERT_TRUE(meta_->proc()->Kill(SIGKILL).ok());
+  (void)meta_->proc()->Wait();
+  // A call while meta is down leaves the channel failed.
+  EXPECT_FALSE(h->Wait(Level::kStaged, absl::Now() + absl::Milliseconds(300)).ok());
+  ASSERT_TRUE(meta_->Restart().ok());
+  absl::StatusOr<LoadedShard> shard = c->Load(7);
+  ASSERT_TRUE(shard.ok()) << shard.status() << "\n" << meta_->proc()->LogTail();
+  absl::StatusOr<std::span<const std::byte>> view = shard->View("w");
+  ASSERT_TRUE(view.ok()) << view.status();
+  ASSERT_EQ(view->size(), w.size() * sizeof(float));
+  EXPECT_EQ(std::memcmp(view->data(), w.data(), view->size()), 0);
+  absl::StatusOr<uint64_t> latest = c->Latest(Level::kStaged);
+  ASSERT_TRUE(latest.ok()) << latest.status();
+  EXPECT_EQ(*latest, 7u);
+}
+
 TEST_F(ClientIntegrationTest, TrainerKilledRightAfterCommitLosesNothingAndResumesExactly) {
   // ckpt-train-demo commits step 4 and SIGKILLs itself; a new process resumes
   // from the newest protected version and checks its final state against an

@@ -425,9 +425,9 @@ const std::string& Client::node_id() const { return core_->node_id; }
 
 absl::Status Client::WaitVersion(uint64_t step, Level level, absl::Time deadline) const {
   CKPT_RETURN_IF_ERROR(core_->CheckProcess());
-  if (!core_->WaitCommits(deadline)) {
+  if (!core_->WaitSaves(deadline)) {
     return absl::DeadlineExceededError(
-        absl::StrCat("WaitVersion of step ", step, ": the agent has not answered this client's last commit yet"));
+        absl::StrCat("WaitVersion of step ", step, ": this client's last save has not committed yet (a lazy save still copying, or the agent has not answered its commit)"));
   }
   return client::WaitForVersion(*core_, step, level, deadline, core_->GraceEnd(step));
 }
@@ -446,7 +446,7 @@ absl::Status SaveHandle::Wait(Level level, absl::Time deadline) const {
 
 absl::StatusOr<uint64_t> Client::Latest(Level level) const {
   CKPT_RETURN_IF_ERROR(core_->CheckProcess());
-  core_->WaitCommits();
+  core_->WaitSaves();
   v1::LatestRequest req;
   req.set_job_id(core_->options.job_id);
   req.set_min_level(client::ToProto(level));

@@ -39,6 +39,8 @@ namespace v1 = ::ckpt::v1;
 
 // The outcome of a CommitShard sent after SaveBuilder::Commit returned:
 // written once by the committer, then `done` is notified.
+struct LazyState;  // lazy_save.h
+
 struct CommitResult {
   absl::Status status;
   absl::Notification done;
@@ -128,6 +130,14 @@ struct ClientCore {
     }
     return last == nullptr || last->done.WaitForNotificationWithDeadline(deadline);
   }
+  // Lazy saves of this client still copying or committing (SaveBuilder::
+  // CommitLazy registers each; gone ones are pruned there).
+  absl::Mutex lazy_mu;
+  std::vector<std::weak_ptr<LazyState>> lazy_saves ABSL_GUARDED_BY(lazy_mu);
+  // WaitCommits, after every lazy save of this client has committed or
+  // failed: a load or wait of the step a lazy save is still copying must
+  // not answer "no version" (lazy_save.cc). False if `deadline` passed first.
+  bool WaitSaves(absl::Time deadline = absl::InfiniteFuture());
   // Runs calls whose answer the caller does not wait for at once: CloseShard
   // of dropped shards (CloseShardInBackground) and a load's Locate while the
   // agent opens the local copy. Its functions hold a plain reference to this

@@ -40,6 +40,25 @@ void LazyState::MarkCopied(size_t n) {
   if (n == items) copy_ended = true;
 }
 
+bool ClientCore::WaitSaves(absl::Time deadline) {
+  std::vector<std::shared_ptr<LazyState>> running;
+  {
+    absl::MutexLock lock(&lazy_mu);
+    for (const std::weak_ptr<LazyState>& w : lazy_saves) {
+      if (std::shared_ptr<LazyState> st = w.lock()) running.push_back(std::move(st));
+    }
+  }
+  for (const std::shared_ptr<LazyState>& st : running) {
+    absl::MutexLock lock(&st->mu);
+    auto done = [&st]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(st->mu) { return st->done; };
+    if (!st->mu.AwaitWithDeadline(absl::Condition(&done), deadline)) return false;
+  }
+  // The last reference to a finished save may be `running`'s: its
+  // destructor joins a thread that has ended, without lazy_mu.
+  running.clear();
+  return WaitCommits(deadline);
+}
+
 }  // namespace client
 
 namespace {
@@ -120,6 +139,11 @@ absl::StatusOr<LazySave> SaveBuilder::CommitLazy() {
                                            });
   spent_ = true;  // this (moved-from) builder is spent
   state->core = core;
+  {
+    absl::MutexLock lock(&core->lazy_mu);
+    std::erase_if(core->lazy_saves, [](const std::weak_ptr<client::LazyState>& w) { return w.expired(); });
+    core->lazy_saves.push_back(state);
+  }
   state->Start();
   core->AddSaveCost(step, absl::Now() - start);
   return LazySave(std::move(state), step);

@@ -449,7 +449,7 @@ void LoadedShard::CloseInBackground() {
 
 absl::StatusOr<LoadedShard> Client::Load(uint64_t step, const LoadOptions& options) const {
   CKPT_RETURN_IF_ERROR(core_->CheckProcess());
-  core_->WaitCommits();  // this client's own saves first
+  core_->WaitSaves();  // this client's own saves first (lazy ones included)
   CKPT_ASSIGN_OR_RETURN(std::unique_ptr<OpenedShard> opened, OpenBest(core_, step, !options.verify));
   auto impl = std::make_unique<LoadedShard::Impl>();
   impl->items.reserve(opened->items.size());
@@ -474,7 +474,7 @@ absl::StatusOr<LoadedShard> Client::Load(uint64_t step, const LoadOptions& optio
 absl::Status Client::LoadInto(uint64_t step,
                               const std::map<std::string, std::span<std::byte>>& buffers) const {
   CKPT_RETURN_IF_ERROR(core_->CheckProcess());
-  core_->WaitCommits();  // this client's own saves first
+  core_->WaitSaves();  // this client's own saves first (lazy ones included)
   const std::string what =
       absl::StrCat(core_->options.job_id, "/", step, " rank ", core_->options.rank);
 

@@ -952,6 +952,33 @@ TEST_F(ClientTest, LazySaveCommitsTheBytesAsTheyWereBeforeTheyChanged) {
   EXPECT_EQ(lazy->WaitItemCopied(2).code(), absl::StatusCode::kInvalidArgument);
 }
 
+// A wait or load of the step a lazy save is still copying waits for that
+// save's commit: it used to answer "no version" at once, since the step was
+// known to the client only once committed (the Python client waited on its
+// own; C++ callers got NotFound).
+TEST_F(ClientTest, AWaitOrLoadOfALazySavesStepWaitsForItsCommit) {
+  StartAgent();
+  Client client = Connect();
+  std::vector<float> w = Floats(5000, 3.0f);
+  const std::vector<float> w0 = w;
+  SaveBuilder save = client.BeginSave(21);
+  ASSERT_TRUE(save.Add("w", Bytes(w), DType::kF32, {5000}).ok());
+  agent_->HoldLeases(true);
+  absl::StatusOr<LazySave> lazy = save.CommitLazy();
+  ASSERT_TRUE(lazy.ok()) << lazy.status();
+  const absl::Status early = client.WaitVersion(21, Level::kStaged, absl::Now());
+  EXPECT_EQ(early.code(), absl::StatusCode::kDeadlineExceeded) << early;
+  EXPECT_THAT(std::string(early.message()), HasSubstr("lazy save still copying"));
+  agent_->HoldLeases(false);
+  // Neither WaitCopied nor Wait first: the client's own waits see to it.
+  const absl::Status staged = client.WaitVersion(21, Level::kStaged, absl::Now() + absl::Seconds(30));
+  ASSERT_TRUE(staged.ok()) << staged;
+  std::vector<float> back(5000);
+  ASSERT_TRUE(client.LoadInto(21, {{"w", std::as_writable_bytes(std::span(back))}}).ok());
+  EXPECT_EQ(back, w0);
+  ASSERT_TRUE(lazy->Wait().ok());
+}
+
 // A lazy save reports what Commit would: a failed lease before the copy (the
 // items were never read), a failed commit after it (the lease is released).
 TEST_F(ClientTest, LazySaveReportsFailuresThroughItsWaits) {

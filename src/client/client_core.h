@@ -37,10 +37,10 @@ namespace ckpt::client {
 
 namespace v1 = ::ckpt::v1;
 
-// The outcome of a CommitShard sent after SaveBuilder::Commit returned:
-// written once by the committer, then `done` is notified.
 struct LazyState;  // lazy_save.h
 
+// The outcome of a CommitShard sent after SaveBuilder::Commit returned:
+// written once by the committer, then `done` is notified.
 struct CommitResult {
   absl::Status status;
   absl::Notification done;

@@ -13,12 +13,19 @@ never crashed.
         --rank R --world-size 4 --dist-port 29500 --steps 40 --every 5 --log loss-R.jsonl
     ... --crash-at 20    # SIGKILL itself right after the step-20 save is protected
     ... --resume         # restore the newest protected version in place and continue
+    ... --lazy           # lazy saves (ckpt.torch.save(..., lazy=True)): the copy overlaps
+                         # the next step's forward and backward, the optimizer step waits
+                         # for it; no wait for PROTECTED in the loop (only at --crash-at
+                         # and at the end)
+    ... --d-model 512 --layers 8   # a bigger model (state about 16 x d_model^2 x layers bytes)
     ... --every auto     # save at step 1, then every Young/Daly interval
                          # (Client.recommended_interval from the measured save cost
                          # and step time and meta's MTBF; the ranks agree on the
                          # smallest); each choice is printed ("event": "interval")
 
-stdout: one JSON object per line ("event": "save" | "interval" | "resume" | "done").
+stdout: one JSON object per line ("event": "save" | "interval" | "resume" | "done";
+"done" has the median time of a training step without its save and of a whole
+iteration with it, in ms).
 --log: JSON lines {"step": S, "loss": L} (L exact: Python float repr).
 Exit status: 0 finished, 2 bad arguments, 1 any other error.
 """
@@ -123,6 +130,9 @@ def parse_args(argv):
     p.add_argument("--seed", type=int, default=1234)
     p.add_argument("--batch", type=positive("--batch"), default=8)
     p.add_argument("--protect-timeout", type=float, default=60.0, help="seconds to wait for 'protected'")
+    p.add_argument("--lazy", action="store_true", help="lazy saves: the copy overlaps the next step")
+    p.add_argument("--d-model", type=positive("--d-model"), default=64, help="model width (a multiple of 4)")
+    p.add_argument("--layers", type=positive("--layers"), default=2)
     a = p.parse_args(argv)
     if not 0 <= a.rank < a.world_size:
         p.error(f"--rank must be in [0, {a.world_size}), got {a.rank}")
@@ -133,6 +143,8 @@ def parse_args(argv):
     if a.crash_at is not None and (a.crash_at % a.every != 0 or a.crash_at > a.steps):
         p.error(f"--crash-at {a.crash_at} must be a saved step: a multiple of --every {a.every} "
                 f"and at most --steps {a.steps}")
+    if a.d_model % 4 != 0:
+        p.error(f"--d-model must be a multiple of 4 (4 attention heads), got {a.d_model}")
     if not os.path.exists(a.agent_socket):
         p.error(f"--agent-socket {a.agent_socket}: no such file (is ckpt-agent running?)")
     return a
@@ -154,13 +166,17 @@ def state_digest(model, opt):
     return h.hexdigest()
 
 
+def median_ms(times):
+    return sorted(times)[len(times) // 2] * 1e3 if times else 0.0
+
+
 def main(argv):
     a = parse_args(argv)
     torch.set_num_threads(1)
     torch.use_deterministic_algorithms(True)
     torch.manual_seed(a.seed)  # same initial weights on every rank
-    vocab, seq, d_model = 256, 32, 64
-    model = GPT(vocab, seq, d_model, n_layers=2, n_heads=4, dropout=0.1)
+    vocab, seq, d_model = 256, 32, a.d_model
+    model = GPT(vocab, seq, d_model, n_layers=a.layers, n_heads=4, dropout=0.1)
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.01)
     torch.manual_seed(a.seed + 1000 + a.rank)  # dropout differs per rank
     data_gen = torch.Generator().manual_seed(a.seed + 7 * a.rank)
@@ -197,6 +213,8 @@ def main(argv):
     auto = a.every == "auto"
     next_save = step + 1 if auto else (step // a.every + 1) * a.every
     step_times = []  # seconds per training step (saves excluded)
+    iteration_times = []  # seconds per step with its save
+    last_lazy = None
     while step < a.steps:
         step += 1
         t_step = time.perf_counter()
@@ -220,12 +238,18 @@ def main(argv):
             extra = {"step": step, "rank": a.rank, "torch_rng": torch.get_rng_state(),
                      "data_rng": data_gen.get_state()}
             t0 = time.perf_counter()
-            h = ckpt.torch.save(client, step, model=model, optimizer=opt, extra=extra)
+            h = ckpt.torch.save(client, step, model=model, optimizer=opt, extra=extra, lazy=a.lazy)
             t1 = time.perf_counter()
-            h.wait("protected", timeout=a.protect_timeout)
-            t2 = time.perf_counter()
-            emit(event="save", rank=a.rank, step=step, bytes=h.size_bytes,
-                 blocking_ms=round((t1 - t0) * 1e3, 3), protected_ms=round((t2 - t0) * 1e3, 3))
+            if a.lazy:
+                last_lazy = h
+                if a.crash_at == step:
+                    h.wait("protected", timeout=a.protect_timeout)
+                emit(event="save", rank=a.rank, step=step, lazy=True, blocking_ms=round((t1 - t0) * 1e3, 3))
+            else:
+                h.wait("protected", timeout=a.protect_timeout)
+                t2 = time.perf_counter()
+                emit(event="save", rank=a.rank, step=step, bytes=h.size_bytes,
+                     blocking_ms=round((t1 - t0) * 1e3, 3), protected_ms=round((t2 - t0) * 1e3, 3))
             if auto:
                 recent = sorted(step_times[-20:])
                 advice = client.recommended_interval(recent[len(recent) // 2])
@@ -241,9 +265,13 @@ def main(argv):
                 if log:
                     log.close()
                 os.kill(os.getpid(), signal.SIGKILL)
+        iteration_times.append(time.perf_counter() - t_step)
+    if last_lazy is not None:
+        last_lazy.wait("protected", timeout=a.protect_timeout)
     if log:
         log.close()
-    emit(event="done", rank=a.rank, step=step, final_sha256=state_digest(model, opt))
+    emit(event="done", rank=a.rank, step=step, final_sha256=state_digest(model, opt),
+         median_step_ms=round(median_ms(step_times), 3), median_iteration_ms=round(median_ms(iteration_times), 3))
     dist.barrier()
     dist.destroy_process_group()
     return 0

@@ -334,6 +334,22 @@ class Flattener {
  public:
   explicit Flattener(SaveBuilder* builder) : builder_(builder), types_(Types()) {}
 
+  // Items whose index (Add order) the walk records: a lazy save's wait points.
+  void WatchFor(const std::vector<std::string>& names) {
+    for (const std::string& n : names) points_.emplace(n, std::nullopt);
+  }
+  // The recorded indexes; kInvalidArgument for a wait point that is not an item.
+  std::map<std::string, size_t> Points() const {
+    std::map<std::string, size_t> out;
+    for (const auto& [name, index] : points_) {
+      if (!index) {
+        ThrowStatus(absl::InvalidArgumentError("wait point \"" + name + "\" is not an item of the state"));
+      }
+      out.emplace(name, *index);
+    }
+    return out;
+  }
+
   void Walk(PyObject* value) {
     if (PyDict_Check(value)) {
       if (!path_.empty()) Marker("dict");
@@ -473,6 +489,14 @@ class Flattener {
     std::map<std::string, std::string> attrs;
     attrs.emplace(kTypeKey, kind);
     Check(builder_->Add(path_, bytes, dtype, std::move(shape), std::move(attrs)));
+    Added(path_);
+  }
+
+  // Records the index of `name` if it is a wait point.
+  void Added(const std::string& name) {
+    if (points_.empty()) return;
+    auto it = points_.find(name);
+    if (it != points_.end()) it->second = builder_->item_count() - 1;
   }
 
   // Bytes this walk owns (small scalar encodings), at stable addresses.
@@ -535,14 +559,18 @@ class Flattener {
       auto t = item.cast<py::tuple>();
       keep_.push_back(py::reinterpret_borrow<py::object>(item));  // holds the buffer's owner too
       views_.emplace_back(t[1]);
-      Check(builder_->Add(t[0].cast<std::string>(), views_.back().bytes(), static_cast<DType>(t[2].cast<int>()),
+      std::string name = t[0].cast<std::string>();
+      Check(builder_->Add(name, views_.back().bytes(), static_cast<DType>(t[2].cast<int>()),
                           t[3].cast<std::vector<uint64_t>>(), t[4].cast<std::map<std::string, std::string>>()));
+      Added(name);
     }
   }
 
   SaveBuilder* builder_;
   PyTypes& types_;
   std::string path_;
+  // Wait points: item name -> its index (Add order) once added.
+  std::map<std::string, std::optional<size_t>> points_;
   std::vector<py::object> keep_;
   std::deque<BufferView> views_;  // stable: items point into them
   std::deque<std::string> owned_;
@@ -806,7 +834,8 @@ class PySaveHandle {
 // waits for that with the GIL released.
 class PyLazySave {
  public:
-  PyLazySave(LazySave lazy, std::unique_ptr<Flattener> keep) : lazy_(std::move(lazy)), keep_(std::move(keep)) {}
+  PyLazySave(LazySave lazy, std::unique_ptr<Flattener> keep, std::map<std::string, size_t> points)
+      : lazy_(std::move(lazy)), keep_(std::move(keep)), points_(std::move(points)) {}
   PyLazySave(const PyLazySave&) = delete;
   PyLazySave& operator=(const PyLazySave&) = delete;
   ~PyLazySave() {
@@ -827,6 +856,19 @@ class PyLazySave {
     // client drops this save after the next one.
     keep_.reset();
   }
+  // The wait points given to save_state_lazy, name -> item index.
+  const std::map<std::string, size_t>& points() const { return points_; }
+  // Blocks until the items up to the wait point `name` (Add order) are
+  // copied: those may change then; the later ones are still being read.
+  void WaitCopiedThrough(const std::string& name, std::optional<double> timeout_s) const {
+    auto it = points_.find(name);
+    if (it == points_.end()) {
+      ThrowStatus(absl::InvalidArgumentError("\"" + name + "\" is not a wait point of this lazy save"));
+    }
+    const absl::Time deadline = DeadlineFrom(timeout_s);
+    const size_t index = it->second;
+    CheckReleased([&] { return lazy_.WaitItemCopied(index, deadline); });
+  }
   PySaveHandle Result(std::optional<double> timeout_s) const {
     const absl::Time deadline = DeadlineFrom(timeout_s);
     absl::StatusOr<SaveHandle> h = absl::UnknownError("not committed");
@@ -841,6 +883,7 @@ class PyLazySave {
  private:
   LazySave lazy_;
   std::unique_ptr<Flattener> keep_;
+  std::map<std::string, size_t> points_;
 };
 
 // "none" | "replicate:COPIES[:ring|group]" | "ec:K+M" (ckptctl's spelling).
@@ -961,17 +1004,22 @@ class PyClient {
   }
 
   // As SaveState, in the background: returns once the state is walked.
-  std::unique_ptr<PyLazySave> SaveStateLazy(uint64_t step, const py::object& state) {
+  // `points`: item names whose copy can be waited for on their own
+  // (PyLazySave::WaitCopiedThrough).
+  std::unique_ptr<PyLazySave> SaveStateLazy(uint64_t step, const py::object& state,
+                                            const std::vector<std::string>& points) {
     if (!PyDict_Check(state.ptr())) {
       ThrowStatus(absl::InvalidArgumentError(std::string("a state must be a dict, not ") +
                                              Py_TYPE(state.ptr())->tp_name));
     }
     SaveBuilder builder = client_.BeginSave(step);
     auto flat = std::make_unique<Flattener>(&builder);
+    flat->WatchFor(points);
     flat->Walk(state.ptr());
+    std::map<std::string, size_t> found = flat->Points();
     absl::StatusOr<LazySave> lazy = builder.CommitLazy();
     if (!lazy.ok()) ThrowStatus(lazy.status());
-    return std::make_unique<PyLazySave>(std::move(*lazy), std::move(flat));
+    return std::make_unique<PyLazySave>(std::move(*lazy), std::move(flat), std::move(found));
   }
 
   // Opens the shard without the agent's pass over it and copies every item
@@ -1269,6 +1317,8 @@ PYBIND11_MODULE(_ckpt, m) {
       .def_property_readonly("item_count", &PyLazySave::item_count)
       .def_property_readonly("copied_items", &PyLazySave::copied_items)
       .def("wait_copied", &PyLazySave::WaitCopied, py::arg("timeout") = py::none())
+      .def_property_readonly("points", &PyLazySave::points)
+      .def("wait_copied_through", &PyLazySave::WaitCopiedThrough, py::arg("name"), py::arg("timeout") = py::none())
       .def("result", &PyLazySave::Result, py::arg("timeout") = py::none());
   py::class_<PyClient>(m, "Client")
       .def_static("connect", &PyClient::Connect, py::arg("job"), py::arg("rank"), py::arg("world_size"),
@@ -1279,7 +1329,8 @@ PYBIND11_MODULE(_ckpt, m) {
                   py::arg("protection") = py::none())
       .def("save_items", &PyClient::SaveItems, py::arg("step"), py::arg("items"))
       .def("save_state", &PyClient::SaveState, py::arg("step"), py::arg("state"))
-      .def("save_state_lazy", &PyClient::SaveStateLazy, py::arg("step"), py::arg("state"))
+      .def("save_state_lazy", &PyClient::SaveStateLazy, py::arg("step"), py::arg("state"),
+           py::arg("points") = std::vector<std::string>())
       .def("load_state", &PyClient::LoadState, py::arg("step"))
       .def("wait", &PyClient::WaitVersion, py::arg("step"), py::arg("level") = "protected",
            py::arg("timeout") = py::none())

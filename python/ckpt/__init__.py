@@ -358,9 +358,24 @@ class LazySave:
         """True once every item is copied (does not block)."""
         return self._impl.copied_items == self._impl.item_count
 
-    def wait_copied(self, timeout=None):
-        """Blocks until every item is copied; raises the save's error if it failed before that."""
-        self._impl.wait_copied(None if timeout is None else float(timeout))
+    def wait_copied(self, timeout=None, through=None):
+        """Blocks until every item is copied; raises the save's error if it failed before that.
+
+        through="model/bn.running_mean" (a wait point given to save()): blocks only
+        until the items up to that one, in the state's order, are copied; those may
+        change then, the later ones may not yet. ckpt.InvalidArgumentError if it is
+        not a wait point of this save.
+        """
+        t = None if timeout is None else float(timeout)
+        if through is None:
+            self._impl.wait_copied(t)
+        else:
+            self._impl.wait_copied_through(str(through), t)
+
+    @property
+    def wait_points(self):
+        """The save's wait points: {item name: its index in the state's order}."""
+        return dict(self._impl.points)
 
     def result(self, timeout=None):
         """Blocks until the save is committed; returns its SaveHandle or raises its error."""
@@ -438,7 +453,7 @@ class Client:
     def node_id(self):
         return self._c.node_id
 
-    def save(self, step, state, lazy=False):
+    def save(self, step, state, lazy=False, wait_points=()):
         """Saves `state` (a dict, see the module doc) as this rank's shard of `step`.
 
         Blocks only for the copy into the agent's memory tier (the GIL is
@@ -456,7 +471,12 @@ class Client:
         that are not arrays or tensors are captured then) and copies in the
         background; the arrays and tensors must not change until
         wait_copied(). A save first waits for the copy of the previous lazy
-        save (raising its error, once, if it failed).
+        save (raising its error, once, if it failed). Items are copied in the
+        state's order; wait_points (item names, such as "model/bn.running_mean")
+        can be waited for on their own: wait_copied(through=name) returns once
+        the items up to that one are copied (ckpt.torch puts a model's buffers
+        first, so that its forward pass waits for those only).
+        ckpt.InvalidArgumentError if a wait point is not an item of the state.
         """
         if not isinstance(state, dict):
             raise InvalidArgumentError(f"a state must be a dict, not {type(state).__name__}")
@@ -464,20 +484,26 @@ class Client:
         # The walk (_flatten's rules) runs in C++; leaves it does not cover
         # come back to _flatten.
         if lazy:
-            self._lazy = LazySave(self._c.save_state_lazy(_step(step), state))
+            points = [str(p) for p in wait_points]
+            self._lazy = LazySave(self._c.save_state_lazy(_step(step), state, points))
             return self._lazy
+        if wait_points:
+            raise InvalidArgumentError("wait_points are for lazy saves (lazy=True)")
         return self._c.save_state(_step(step), state)
 
-    def wait_copied(self, timeout=None):
+    def wait_copied(self, timeout=None, through=None):
         """Blocks until the newest lazy save has copied the state (at once if none runs).
 
         Raises that save's error (once) if it failed before copying everything.
+        through=NAME: only until the items up to the wait point NAME are copied,
+        if the newest lazy save has that wait point (else until all are).
         """
         lazy = self._lazy
         if lazy is None:
             return
+        partial = through is not None and str(through) in lazy.wait_points
         try:
-            lazy.wait_copied(timeout)
+            lazy.wait_copied(timeout, through=through if partial else None)
         except DeadlineExceededError:
             if timeout is not None:
                 raise  # our timeout: the copy is still running
@@ -486,6 +512,8 @@ class Client:
         except Error:
             self._lazy = None  # the save failed: said once
             raise
+        if partial:
+            return  # later items are still being copied
         self._finishing = lazy  # drops the one before, long finished
         self._lazy = None
 

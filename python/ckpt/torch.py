@@ -14,7 +14,10 @@ overlaps the next forward and backward passes, which do not change the
 parameters or the optimizer state, and the optimizer's step() waits for the
 copy before it changes them (save() wraps optimizer.step once). A model with
 persistent buffers (BatchNorm's running statistics, which the forward pass
-updates) also waits before its forward pass.
+updates) also waits before its forward pass, for its buffers only: a lazy
+save puts them first in the model's state dict (load_state_dict does not
+mind the order), so the copy of the parameters and the optimizer state goes
+on during the forward and backward passes.
 """
 
 
@@ -24,18 +27,23 @@ def save(client, step, model=None, optimizer=None, extra=None, lazy=False):
     Returns the SaveHandle, or with lazy=True a ckpt.LazySave (see the module doc).
     """
     state = {}
+    points = []
     if model is not None:
         state["model"] = model.state_dict()
+        if lazy:
+            state["model"], last_buffer = _buffers_first(model, state["model"])
+            if last_buffer is not None:
+                points.append(_buffers_point(last_buffer))
+                _wait_before_forward(client, model, points[-1])
     if optimizer is not None:
         state["optimizer"] = optimizer.state_dict()
     if extra is not None:
         state["extra"] = extra
-    if lazy:
-        if optimizer is not None:
-            _wait_before_step(client, optimizer)
-        if model is not None and _has_persistent_buffers(model):
-            _wait_before_forward(client, model)
-    return client.save(step, state, lazy=lazy)
+    if not lazy:
+        return client.save(step, state)
+    if optimizer is not None:
+        _wait_before_step(client, optimizer)
+    return client.save(step, state, lazy=True, wait_points=points)
 
 
 def _first_guard(obj, client):
@@ -62,14 +70,38 @@ def _wait_before_step(client, optimizer):
     optimizer.step = step
 
 
-def _has_persistent_buffers(model):
+def _buffers_first(model, sd):
+    """(sd with the entries that are not parameters first, the last of those or None).
+
+    The forward pass changes those (persistent buffers) and nothing else of the state."""
     params = {name for name, _ in model.named_parameters()}
-    return any(name not in params for name in model.state_dict())
+    buffers = [k for k in sd if k not in params]
+    if not buffers:
+        return sd, None
+    out = type(sd)()
+    for k in buffers:
+        out[k] = sd[k]
+    for k, v in sd.items():
+        if k in params:
+            out[k] = v
+    metadata = getattr(sd, "_metadata", None)
+    if metadata is not None:
+        out._metadata = metadata
+    return out, buffers[-1]
 
 
-def _wait_before_forward(client, model):
+def _buffers_point(last_buffer):
+    """The item name of the model's last buffer in a ckpt.torch state."""
+    from . import _encode_key
+    return "model/" + _encode_key(last_buffer)
+
+
+def _wait_before_forward(client, model, point):
+    """Registers (once per client) a forward pre-hook that waits for the copy of the
+    model's items up to `point` (its buffers, put first). A save without that wait
+    point (the model's buffers changed since) makes it wait for the whole copy."""
     if _first_guard(model, client):
-        model.register_forward_pre_hook(lambda module, inputs: client.wait_copied())
+        model.register_forward_pre_hook(lambda module, inputs: client.wait_copied(through=point))
 
 
 def load(client, step, model=None, optimizer=None, strict=True):

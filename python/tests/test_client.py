@@ -501,13 +501,15 @@ class RecordingClient:
     def __init__(self, client):
         self.client = client
         self.waits = 0
+        self.throughs = []  # the wait point of each wait (None: the whole copy)
 
     def save(self, *args, **kwargs):
         return self.client.save(*args, **kwargs)
 
-    def wait_copied(self, timeout=None):
+    def wait_copied(self, timeout=None, through=None):
         self.waits += 1
-        return self.client.wait_copied(timeout)
+        self.throughs.append(through)
+        return self.client.wait_copied(timeout, through=through)
 
 
 def test_lazy_torch_save_restores_the_values_from_before_the_optimizer_step(cluster, job):
@@ -539,25 +541,61 @@ def test_lazy_torch_save_restores_the_values_from_before_the_optimizer_step(clus
     assert len(opt._ckpt_guarded) == 1
 
 
-def test_lazy_save_of_a_model_whose_forward_changes_buffers_waits_before_forward(cluster, job):
-    # The 16 MiB weight is copied before the BatchNorm statistics, and the
-    # forward pass (a small batch) updates them at once.
+def test_lazy_save_of_a_model_whose_forward_changes_buffers_waits_for_the_buffers_before_forward(cluster, job):
+    # The BatchNorm statistics come after the 16 MiB weight in the model's
+    # state dict; a lazy save puts them first, and the forward pass (a small
+    # batch, which updates them at once) waits for their copy only.
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(256, 16384, bias=False), torch.nn.BatchNorm1d(16384))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
     model.train()
     model(torch.randn(4, 256))
     expected = {k: v.clone() for k, v in model.state_dict().items()}
     c = cluster.client(job)
     rec = RecordingClient(c)
-    lazy = ckpt.torch.save(rec, 1, model=model, lazy=True)
+    lazy = ckpt.torch.save(rec, 1, model=model, optimizer=opt, lazy=True)
+    point = "model/1.num_batches_tracked"
+    # Items: the "model" marker, the 3 buffers, the weight and BatchNorm's 2 parameters, ...
+    assert lazy.wait_points == {point: 3}
     assert rec.waits == 0
-    model(torch.randn(4, 256) * 10)  # waits for the copy, then updates running_mean/var
-    assert rec.waits == 1 and lazy.copied
+    out = model(torch.randn(4, 256) * 10)  # waits for the buffers' copy, then updates running_mean/var
+    assert rec.throughs == [point]
+    assert lazy._impl.copied_items >= 4
     assert not torch.equal(model[1].running_mean, expected["1.running_mean"])
+    out.pow(2).mean().backward()
+    opt.step()  # waits for the whole copy: the parameters change now
+    assert rec.throughs == [point, None] and lazy.copied
     lazy.wait("staged", timeout=60)
     state = c.load(1)
+    assert list(state["model"])[:3] == ["1.running_mean", "1.running_var", "1.num_batches_tracked"]
+    assert sorted(state["model"]) == sorted(expected)
     for k, v in state["model"].items():
         assert torch.equal(v, expected[k]), k
+    # ckpt.torch.load puts them back whatever their order.
+    model2 = torch.nn.Sequential(torch.nn.Linear(256, 16384, bias=False), torch.nn.BatchNorm1d(16384))
+    ckpt.torch.load(c, 1, model=model2)
+    for k, v in model2.state_dict().items():
+        assert torch.equal(v, expected[k]), k
+
+
+def test_lazy_save_wait_points(cluster, job):
+    c = cluster.client(job)
+    state = {"a": np.arange(1000, dtype=np.float32), "b": np.ones(4 << 20, np.uint8), "c": 7}
+    with pytest.raises(ckpt.InvalidArgumentError, match="wait point \"nope\" is not an item"):
+        c.save(1, state, lazy=True, wait_points=["nope"])
+    with pytest.raises(ckpt.InvalidArgumentError, match="lazy"):
+        c.save(1, state, wait_points=["a"])
+    lazy = c.save(1, state, lazy=True, wait_points=["a"])  # the step refused above is free
+    assert lazy.wait_points == {"a": 0}
+    with pytest.raises(ckpt.InvalidArgumentError, match="not a wait point"):
+        lazy.wait_copied(through="b")
+    c.wait_copied(through="a")
+    assert lazy._impl.copied_items >= 1
+    c.wait_copied(through="b")  # not a wait point of the save: the whole copy
+    assert lazy.copied
+    lazy.wait("staged", timeout=60)
+    back = c.load(1)
+    assert np.array_equal(back["a"], state["a"]) and np.array_equal(back["b"], state["b"]) and back["c"] == 7
 
 
 def test_lazy_save_of_arrays_changed_after_wait_copied(cluster, job):

@@ -15,7 +15,8 @@ seed and model:
 
 and reports train_gpt's own numbers from its "done" line: the median
 iteration (a step with its save) and the median training step, overhead =
-(iteration of the mode - iteration of none) / iteration of none. The state
+(iteration of the mode - iteration of none) / iteration of none, and the CPU
+seconds ckpt-meta and ckpt-agent spent during the run (/proc). The state
 size is printed from the first save. The three runs must end in the same
 final state (train_gpt's sha256 of model and optimizer): saves change nothing.
 
@@ -36,6 +37,12 @@ from bench_daemons import BUILD_DIR, Daemons, free_ports  # bench/ (this script'
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 
+def cpu_seconds(pid):
+    """User + system CPU seconds of a live process (/proc/PID/stat)."""
+    fields = pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def run(d, mode, a, job):
     (port,) = free_ports(1)
     args = [sys.executable, str(ROOT / "examples" / "train_gpt.py"), "--meta", d.meta, "--agent-socket", str(d.socket),
@@ -45,13 +52,15 @@ def run(d, mode, a, job):
     if mode == "lazy":
         args.append("--lazy")
     env = dict(os.environ, PYTHONPATH=str(BUILD_DIR / "python"))
+    daemons_before = sum(cpu_seconds(p.pid) for p in d.procs)
     out = subprocess.run(args, env=env, capture_output=True, text=True, timeout=3600)
+    daemons_s = sum(cpu_seconds(p.pid) for p in d.procs) - daemons_before
     if out.returncode != 0:
         raise SystemExit(f"train_gpt_overhead.py: {mode} run failed ({out.returncode}):\n{out.stderr[-4000:]}")
     events = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
     done = next(e for e in events if e["event"] == "done")
     saves = [e for e in events if e["event"] == "save"]
-    return done, saves
+    return done, saves, daemons_s
 
 
 def main():
@@ -76,13 +85,15 @@ def main():
         base = results["none"][0]["median_iteration_ms"]
         print(f"train_gpt_overhead.py: train_gpt.py --d-model {a.d_model} --layers {a.layers} --batch {a.batch}, "
               f"{a.steps} steps, a save after every step; state {size / (1 << 20):.0f} MiB\n")
-        print(f"{'mode':<6} {'median iteration ms':>20} {'median step ms':>15} {'save blocking ms':>17} {'overhead':>9}")
-        for mode, (done, saves) in results.items():
+        print(f"{'mode':<6} {'median iteration ms':>20} {'median step ms':>15} {'save blocking ms':>17} "
+              f"{'overhead':>9} {'daemons CPU s':>14}")
+        for mode, (done, saves, daemons_s) in results.items():
             blocking = sorted(s["blocking_ms"] for s in saves)
             bl = f"{blocking[len(blocking) // 2]:.1f}" if blocking else "-"
             it = done["median_iteration_ms"]
-            print(f"{mode:<6} {it:>20.1f} {done['median_step_ms']:>15.1f} {bl:>17} {(it - base) / base * 100:>8.1f}%")
-        digests = {mode: done["final_sha256"] for mode, (done, _) in results.items()}
+            print(f"{mode:<6} {it:>20.1f} {done['median_step_ms']:>15.1f} {bl:>17} {(it - base) / base * 100:>8.1f}% "
+                  f"{daemons_s:>14.2f}")
+        digests = {mode: done["final_sha256"] for mode, (done, _, _) in results.items()}
         same = len(set(digests.values())) == 1
         print(f"\nfinal state {'identical in the three runs' if same else 'DIFFERS: ' + repr(digests)}")
         return 0 if same else 1

@@ -28,7 +28,7 @@ def _die_with_parent():
 
 
 class Cluster:
-    def __init__(self, root, agents=1, memory="160MiB"):
+    def __init__(self, root, agents=1, memory="256MiB"):
         self.root = root
         self.procs = []
         ports = free_ports(2 + 3 * agents)  # all at once: separate calls may repeat a port

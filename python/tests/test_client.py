@@ -737,6 +737,38 @@ def test_example_trainer_every_auto_saves_at_the_intervals_it_prints(cluster, jo
     assert events[-1]["event"] == "done"
 
 
+def test_example_trainer_lazy_crash_and_resume_ends_where_an_uninterrupted_run_does(cluster, job):
+    """train_gpt.py --lazy: the copies overlap the next steps, and a run that crashes right
+    after a lazy save and resumes from it ends in the very state of a run without saves."""
+    import json
+    import os
+    import subprocess
+    import sys
+    example = pathlib.Path(__file__).resolve().parents[2] / "examples" / "train_gpt.py"
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(BUILD_DIR / "python"), env.get("PYTHONPATH", "")])
+
+    def run(job_id, *extra):
+        r = subprocess.run([sys.executable, str(example), "--meta", cluster.meta, "--agent-socket",
+                            str(cluster.socket), "--job", job_id, "--rank", "0", "--world-size", "1",
+                            "--dist-port", str(free_ports(1)[0]), "--steps", "8", "--protection", "none", *extra],
+                           capture_output=True, text=True, timeout=300, env=env)
+        return r, [json.loads(line) for line in r.stdout.splitlines() if line.startswith("{")]
+
+    r, plain = run(job + "-plain", "--every", "100")
+    assert r.returncode == 0, r.stderr
+    r, crashed = run(job, "--every", "2", "--lazy", "--crash-at", "4")
+    assert r.returncode == -signal.SIGKILL, r.stderr
+    assert [e["step"] for e in crashed if e["event"] == "save"] == [2, 4]
+    assert all(e["lazy"] for e in crashed if e["event"] == "save")
+    r, resumed = run(job, "--every", "2", "--lazy", "--resume")
+    assert r.returncode == 0, r.stderr
+    assert [e["step"] for e in resumed if e["event"] == "resume"] == [4]
+    assert [e["step"] for e in resumed if e["event"] == "save"] == [6, 8]
+    assert resumed[-1]["event"] == "done" and plain[-1]["event"] == "done"
+    assert resumed[-1]["final_sha256"] == plain[-1]["final_sha256"]
+
+
 def test_pause_holds_protection_back_and_resume_finishes_it(cluster2, job):
     c = cluster2.client(job, protection="replicate:2")
     w = np.arange(1 << 20, dtype=np.float32)

@@ -596,6 +596,17 @@ def test_lazy_save_wait_points(cluster, job):
     lazy.wait("staged", timeout=60)
     back = c.load(1)
     assert np.array_equal(back["a"], state["a"]) and np.array_equal(back["b"], state["b"]) and back["c"] == 7
+    # Points anywhere: an escaped key, a list element, an item the Python walk makes
+    # (a non-contiguous array is copied to a contiguous one first), a container.
+    odd = {"x/y": np.ones(8), "l": [b"0", np.arange(12.0).reshape(3, 4).T], "m": {"k": 1}}
+    names = ["x%2Fy", "l/0", "l/1", "m"]
+    odd_lazy = c.save(2, odd, lazy=True, wait_points=names)
+    assert sorted(odd_lazy.wait_points.values()) == [0, 2, 3, 4]  # x/y, (l), l/0, l/1, m
+    for n in names:
+        c.wait_copied(through=n)
+    c.wait_copied()
+    odd_lazy.wait("staged", timeout=60)
+    assert np.array_equal(c.load(2)["l"][1], odd["l"][1])
 
 
 def test_lazy_save_of_arrays_changed_after_wait_copied(cluster, job):

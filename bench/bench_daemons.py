@@ -1,11 +1,14 @@
 """ckpt-meta and one ckpt-agent for the Python benchmarks (bench/*.py), from
 $CKPT_BUILD_DIR/bin (default build/), on free 127.0.0.1 ports, the memory tier
-on /dev/shm; stop() kills them by PID and removes the tier."""
+on /dev/shm; stop() kills them by PID and removes the tier. running() is the
+same as a context manager with its own temporary directory."""
+import contextlib
 import os
 import pathlib
 import shutil
 import signal
 import sys
+import tempfile
 import time
 
 import ckpt
@@ -62,3 +65,17 @@ class Daemons:
                 p.send_signal(signal.SIGKILL)
                 p.wait(timeout=30)
         shutil.rmtree(self.shm, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def running(memory, name, agent_args=()):
+    """Daemons(...) in a fresh temporary directory; stopped and removed on exit."""
+    root = pathlib.Path(tempfile.mkdtemp(prefix=f"ckpt-{name}-"))
+    d = None
+    try:
+        d = Daemons(root, memory, name, agent_args=agent_args)
+        yield d
+    finally:
+        if d is not None:
+            d.stop()
+        shutil.rmtree(root, ignore_errors=True)

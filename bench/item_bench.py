@@ -22,16 +22,13 @@ median of the others, each as a ratio to the clone's median of the same case.
       [--items 1000,10000] [--item-bytes 1024,4096] [--runs 7] [--gap-ms 300]
 """
 import argparse
-import pathlib
-import shutil
 import statistics
 import sys
-import tempfile
 import time
 
 import torch
 
-from bench_daemons import Daemons  # bench/ (this script's directory)
+from bench_daemons import running  # bench/ (this script's directory)
 
 
 def run_case(d, job, n, item_bytes, runs, gap):
@@ -87,10 +84,7 @@ def main():
     sizes = [int(x) for x in a.item_bytes.split(",")]
     runs = max(3, a.runs)
     memory = f"{(4 * max(counts) * max(sizes) + (64 << 20)) >> 20}MiB"
-    root = pathlib.Path(tempfile.mkdtemp(prefix="ckpt-item-bench-py-"))
-    d = None
-    try:
-        d = Daemons(root, memory, "item-bench-py")
+    with running(memory, "item-bench-py") as d:
         print(f"item_bench.py: {runs} runs per case; first run apart, then the median of the rest; "
               f"ratios to the clone median of the same case (torch {torch.__version__}, "
               f"{torch.get_num_threads()} intra-op thread(s))\n")
@@ -100,10 +94,6 @@ def main():
             for b in sizes:
                 run_case(d, f"items-py-{job}", n, b, runs, a.gap_ms / 1000)
                 job += 1
-    finally:
-        if d is not None:
-            d.stop()
-        shutil.rmtree(root, ignore_errors=True)
 
 
 if __name__ == "__main__":

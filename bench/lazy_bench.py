@@ -45,16 +45,13 @@ to the copy, as a GPU trainer's host CPU is mostly idle during a step; with 2,
 the copy competes with the compute for both cores.
 """
 import argparse
-import pathlib
-import shutil
 import statistics
 import sys
-import tempfile
 import time
 
 import torch
 
-from bench_daemons import Daemons  # bench/ (this script's directory)
+from bench_daemons import running  # bench/ (this script's directory)
 
 KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
 
@@ -160,10 +157,7 @@ def main():
         state["model"][f"buffers.{i}"] = torch.randint(-1000, 1000, (4096,), generator=g).float()
     size = sum(t.numel() * 4 for t in state["model"].values())
 
-    root = pathlib.Path(tempfile.mkdtemp(prefix="ckpt-lazy-bench-"))
-    d = None
-    try:
-        d = Daemons(root, f"{(3 * size + 256 * MiB) >> 20}MiB", "lazy-bench", agent_args=a.agent_arg)
+    with running(f"{(3 * size + 256 * MiB) >> 20}MiB", "lazy-bench", agent_args=a.agent_arg) as d:
         c = d.client("lazy-bench", keep_in_memory=1)
         # A trainer saves into pages it wrote before (the client maps the pool
         # unpopulated and warms it after its first save, docs/agent.md): one
@@ -217,10 +211,6 @@ def main():
                   f"{(results['lazy-fwd'] - base) / base * 100:.1f}%, for the buffers only "
                   f"{(results['lazy-pt'] - base) / base * 100:.1f}%")
         return 0 if ok else 1
-    finally:
-        if d is not None:
-            d.stop()
-        shutil.rmtree(root, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -27,12 +27,10 @@ import argparse
 import json
 import os
 import pathlib
-import shutil
 import subprocess
 import sys
-import tempfile
 
-from bench_daemons import BUILD_DIR, Daemons, free_ports  # bench/ (this script's directory)
+from bench_daemons import BUILD_DIR, free_ports, running  # bench/ (this script's directory)
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
@@ -72,11 +70,8 @@ def main():
     a = ap.parse_args()
     # AdamW: parameters + 2 moments, about 12 x d^2 x 4 bytes per layer.
     est = 3 * 4 * (12 * a.d_model * a.d_model * a.layers + 2 * 256 * a.d_model)
-    root = pathlib.Path(tempfile.mkdtemp(prefix="ckpt-gpt-overhead-"))
-    d = None
-    try:
-        # Two versions kept per job (the eager and the lazy job) and one being written.
-        d = Daemons(root, f"{(6 * est + (256 << 20)) >> 20}MiB", "gpt-overhead")
+    # Two versions kept per job (the eager and the lazy job) and one being written.
+    with running(f"{(6 * est + (256 << 20)) >> 20}MiB", "gpt-overhead") as d:
         results = {}
         for i, mode in enumerate(("none", "eager", "lazy")):
             results[mode] = run(d, mode, a, f"gpt-overhead-{i}")
@@ -97,10 +92,6 @@ def main():
         same = len(set(digests.values())) == 1
         print(f"\nfinal state {'identical in the three runs' if same else 'DIFFERS: ' + repr(digests)}")
         return 0 if same else 1
-    finally:
-        if d is not None:
-            d.stop()
-        shutil.rmtree(root, ignore_errors=True)
 
 
 if __name__ == "__main__":

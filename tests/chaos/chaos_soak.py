@@ -812,14 +812,25 @@ class Soak:
     def save_rank(self, v, rank):
         """Saves one rank's shard; None if committed, else the error. UNAVAILABLE
         means "retry" (docs/protocol.md): retried twice, as a trainer would; an
-        ALREADY_EXISTS answer to a retry means the first attempt committed."""
+        ALREADY_EXISTS answer to a retry means the first attempt committed.
+        Every other shard goes through a lazy save (issue 16) waited for as a
+        training loop does: through a wait point, then the whole copy, then the
+        commit."""
         import ckpt
         state = {"payload": payload(self.seed, v.job, v.step, rank, v.sizes[rank]),
                  "tag": tag(v.job, v.step, rank)}
+        lazy = (v.step + rank) % 2 == 1
         for attempt in range(3):
             try:
                 c = self.client(v.job, rank, v.via[rank])
-                c.save(v.step, state)
+                if lazy:
+                    ls = c.save(v.step, state, lazy=True, wait_points=["payload"])
+                    c.wait_copied(through="payload")
+                    c.wait_copied()
+                    ls.result(timeout=self.args.protect_timeout)
+                    self.inc("lazy_saves_committed")
+                else:
+                    c.save(v.step, state)
                 return None
             except ckpt.AlreadyExistsError as e:
                 if attempt > 0:
@@ -1675,6 +1686,7 @@ class Soak:
                          "skipped_retired": self.counts["restores_skipped_retired"]},
             "versions": {"saved": self.counts["versions_saved"], "protected": self.counts["versions_protected"],
                          "bytes_saved": self.counts["bytes_saved"], "by_status": dict(statuses),
+                         "lazy_shards_committed": self.counts["lazy_saves_committed"],
                          "fault_saves_not_protected": self.counts["fault_saves_not_protected"],
                          "abandoned_deleted": self.counts["abandoned_versions_deleted"],
                          "exempt_lost": self.counts["exempt_lost"]},

@@ -73,16 +73,21 @@ def _wait_before_step(client, optimizer):
 def _buffers_first(model, sd):
     """(sd with the entries that are not parameters first, the last of those or None).
 
-    The forward pass changes those (persistent buffers) and nothing else of the state."""
-    params = {name for name, _ in model.named_parameters()}
-    buffers = [k for k in sd if k not in params]
+    The forward pass changes those (persistent buffers) and nothing else of the state.
+    A parameter is known by its memory, so a tied one (saved under two names) is one."""
+    params = {p.data_ptr() for p in model.parameters() if p.numel() > 0}
+
+    def is_param(v):
+        return hasattr(v, "data_ptr") and v.numel() > 0 and v.data_ptr() in params
+
+    buffers = [k for k, v in sd.items() if not is_param(v)]
     if not buffers:
         return sd, None
     out = type(sd)()
     for k in buffers:
         out[k] = sd[k]
     for k, v in sd.items():
-        if k in params:
+        if is_param(v):
             out[k] = v
     metadata = getattr(sd, "_metadata", None)
     if metadata is not None:

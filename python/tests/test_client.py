@@ -578,6 +578,26 @@ def test_lazy_save_of_a_model_whose_forward_changes_buffers_waits_for_the_buffer
         assert torch.equal(v, expected[k]), k
 
 
+def test_lazy_torch_save_puts_buffers_first_and_tied_parameters_with_the_parameters():
+    class Tied(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb = torch.nn.Embedding(16, 8)
+            self.norm = torch.nn.BatchNorm1d(8)
+            self.head = torch.nn.Linear(8, 16, bias=False)
+            self.head.weight = self.emb.weight  # saved as emb.weight and head.weight
+            self.register_buffer("empty", torch.zeros(0))
+
+    model = Tied()
+    sd = model.state_dict()
+    out, last = ckpt.torch._buffers_first(model, sd)
+    assert list(out) == ["empty", "norm.running_mean", "norm.running_var", "norm.num_batches_tracked",
+                         "emb.weight", "norm.weight", "norm.bias", "head.weight"]
+    assert last == "norm.num_batches_tracked" and out._metadata is sd._metadata
+    plain = torch.nn.Linear(2, 2)
+    assert ckpt.torch._buffers_first(plain, plain.state_dict())[1] is None
+
+
 def test_lazy_save_wait_points(cluster, job):
     c = cluster.client(job)
     state = {"a": np.arange(1000, dtype=np.float32), "b": np.ones(4 << 20, np.uint8), "c": 7}

@@ -18,6 +18,8 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "tests" / "
 from localnet import free_ports, wait_tcp  # noqa: E402
 
 BUILD_DIR = pathlib.Path(os.environ.get("CKPT_BUILD_DIR", pathlib.Path(__file__).resolve().parents[2] / "build"))
+# The `cluster` agent's memory tier (every test's versions share it).
+CLUSTER_MEMORY_MIB = 256
 
 
 def _die_with_parent():
@@ -28,7 +30,7 @@ def _die_with_parent():
 
 
 class Cluster:
-    def __init__(self, root, agents=1, memory="256MiB"):
+    def __init__(self, root, agents=1, memory=f"{CLUSTER_MEMORY_MIB}MiB"):
         self.root = root
         self.procs = []
         ports = free_ports(2 + 3 * agents)  # all at once: separate calls may repeat a port

@@ -13,7 +13,7 @@ import torch
 
 import ckpt
 
-from conftest import BUILD_DIR, free_ports
+from conftest import BUILD_DIR, CLUSTER_MEMORY_MIB, free_ports
 
 NUMPY_DTYPES = [np.float32, np.float16, np.float64, np.int8, np.int16, np.int32, np.int64,
                 np.uint8, np.uint16, np.uint32, np.uint64, np.bool_, np.complex64, np.complex128]
@@ -227,7 +227,7 @@ def test_save_releases_the_gil(cluster, job):
 
 def test_memory_full_and_repeated_step_are_errors(cluster, job):
     c = cluster.client(job)
-    too_big = np.zeros(200 * 1024 * 1024, np.uint8)  # the agent has 160 MiB
+    too_big = np.zeros((CLUSTER_MEMORY_MIB + 40) << 20, np.uint8)  # more than the whole tier
     with pytest.raises(ckpt.ResourceExhaustedError) as e:
         c.save(1, {"x": too_big})
     assert "memory tier" in str(e.value)
@@ -712,7 +712,7 @@ def test_lazy_save_lets_go_of_the_state_once_copied(cluster, job):
 
 def test_lazy_save_errors_are_raised_by_the_waits_once(cluster, job):
     c = cluster.client(job)
-    too_big = np.zeros(200 * 1024 * 1024, np.uint8)  # the agent has 160 MiB
+    too_big = np.zeros((CLUSTER_MEMORY_MIB + 40) << 20, np.uint8)  # more than the whole tier
     lazy = c.save(1, {"x": too_big}, lazy=True)  # returns: the lease is asked for in the background
     with pytest.raises(ckpt.ResourceExhaustedError):
         c.wait_copied()
@@ -723,6 +723,11 @@ def test_lazy_save_errors_are_raised_by_the_waits_once(cluster, job):
         lazy.wait_copied()
     with pytest.raises(ckpt.InvalidArgumentError):
         c.save(ckpt.MAX_STEP + 1, {"x": b"1"}, lazy=True)
+    # A wait through a wait point raises it too, once.
+    c.save(3, {"x": too_big}, lazy=True, wait_points=["x"])
+    with pytest.raises(ckpt.ResourceExhaustedError):
+        c.wait_copied(through="x")
+    c.wait_copied(through="x")
     c.save(2, {"x": b"ok"}, lazy=True).wait("staged", timeout=30)
 
 

@@ -335,6 +335,23 @@ def _load_into_buffer(name, target):
     return arr
 
 
+def _wait_point_names(wait_points):
+    """save()'s wait_points as a list of str; InvalidArgumentError for anything else."""
+    if wait_points is None:
+        return []
+    if isinstance(wait_points, (str, bytes)):
+        raise InvalidArgumentError(f"wait_points must be a list of item names, not one {type(wait_points).__name__}: "
+                                   f"{wait_points!r} (write [{wait_points!r}])")
+    try:
+        names = list(wait_points)
+    except TypeError:
+        raise InvalidArgumentError(f"wait_points must be a list of item names, not {type(wait_points).__name__}")
+    bad = [n for n in names if not isinstance(n, str)]
+    if bad:
+        raise InvalidArgumentError(f"wait points must be item names (str), not {type(bad[0]).__name__}: {bad[0]!r}")
+    return names
+
+
 class LazySave:
     """A save running in the background (Client.save(step, state, lazy=True)).
 
@@ -483,11 +500,11 @@ class Client:
         self.wait_copied()
         # The walk (_flatten's rules) runs in C++; leaves it does not cover
         # come back to _flatten.
+        points = _wait_point_names(wait_points)
         if lazy:
-            points = [str(p) for p in wait_points]
             self._lazy = LazySave(self._c.save_state_lazy(_step(step), state, points))
             return self._lazy
-        if wait_points:
+        if points:
             raise InvalidArgumentError("wait_points are for lazy saves (lazy=True)")
         return self._c.save_state(_step(step), state)
 

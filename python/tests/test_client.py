@@ -605,6 +605,9 @@ def test_lazy_save_wait_points(cluster, job):
         c.save(1, state, lazy=True, wait_points=["nope"])
     with pytest.raises(ckpt.InvalidArgumentError, match="lazy"):
         c.save(1, state, wait_points=["a"])
+    for bad, why in (("a", "not one str"), (5, "not int"), ([b"a"], "names \\(str\\), not bytes")):
+        with pytest.raises(ckpt.InvalidArgumentError, match=why):
+            c.save(1, state, lazy=True, wait_points=bad)
     lazy = c.save(1, state, lazy=True, wait_points=["a"])  # the step refused above is free
     assert lazy.wait_points == {"a": 0}
     with pytest.raises(ckpt.InvalidArgumentError, match="not a wait point"):

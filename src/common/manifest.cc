@@ -30,6 +30,10 @@ constexpr DTypeInfo kDTypes[] = {
 static_assert(sizeof(kDTypes) / sizeof(kDTypes[0]) == kMaxDType + 1);
 
 constexpr std::string_view kManifestTag = "ckpt-manifest-v1";
+// With references (docs/protocol.md "Manifest digest"): the v1 body, then
+// u32 ref_count and per reference u64 ref_step + the item as in v1.
+constexpr std::string_view kManifestTagV2 = "ckpt-manifest-v2";
+static_assert(kManifestTag.size() == kManifestTagV2.size());
 constexpr size_t kCountAt = 16;  // where the u32 item count sits
 
 void PutU32(std::string& out, uint32_t v) {
@@ -87,25 +91,76 @@ class Reader {
 
 bool SortedByOffsetAlready(std::span<const ManifestItem> items) {
   for (size_t i = 1; i < items.size(); ++i) {
-    if (items[i].offset_bytes < items[i - 1].offset_bytes) return false;
+    if (CanonicalItemLess(items[i], items[i - 1])) return false;
   }
   return true;
 }
 
-// Pointers to `items` in ascending offset order (stable).
+// Pointers to `items` in canonical order (stable).
 std::vector<const ManifestItem*> OffsetOrder(std::span<const ManifestItem> items) {
   std::vector<const ManifestItem*> order;
   order.reserve(items.size());
   for (const ManifestItem& it : items) order.push_back(&it);
   if (!SortedByOffsetAlready(items)) {
-    std::stable_sort(order.begin(), order.end(), [](const ManifestItem* a, const ManifestItem* b) {
-      return a->offset_bytes < b->offset_bytes;
-    });
+    std::stable_sort(order.begin(), order.end(),
+                     [](const ManifestItem* a, const ManifestItem* b) { return CanonicalItemLess(*a, *b); });
   }
   return order;
 }
 
+// Appends one item in the v1 item encoding (one resize, then fixed-width
+// stores: a shard may have tens of thousands of items).
+void AppendItem(std::string& out, std::optional<uint64_t> ref_step, std::string_view name, int dtype,
+                std::span<const uint64_t> shape, uint64_t offset_bytes, uint64_t length_bytes, uint32_t crc32c,
+                const std::map<std::string, std::string>& attributes) {
+  size_t n = (ref_step ? 8 : 0) + 4 + name.size() + 4 + 4 + 8 * shape.size() + 8 + 8 + 4 + 4;
+  for (const auto& [k, v] : attributes) n += 8 + k.size() + v.size();
+  const size_t at = out.size();
+  out.resize(at + n);
+  char* p = out.data() + at;
+  const auto u32 = [&p](uint32_t v) {
+    for (int i = 0; i < 4; ++i) *p++ = static_cast<char>(v >> (8 * i));
+  };
+  const auto u64 = [&p](uint64_t v) {
+    for (int i = 0; i < 8; ++i) *p++ = static_cast<char>(v >> (8 * i));
+  };
+  const auto str = [&](std::string_view s) {
+    u32(static_cast<uint32_t>(s.size()));
+    if (!s.empty()) std::memcpy(p, s.data(), s.size());
+    p += s.size();
+  };
+  if (ref_step) u64(*ref_step);
+  str(name);
+  u32(static_cast<uint32_t>(dtype));
+  u32(static_cast<uint32_t>(shape.size()));
+  for (uint64_t d : shape) u64(d);
+  u64(offset_bytes);
+  u64(length_bytes);
+  u32(crc32c);
+  u32(static_cast<uint32_t>(attributes.size()));
+  for (const auto& [k, v] : attributes) {  // std::map: bytewise key order
+    str(k);
+    str(v);
+  }
+}
+
 }  // namespace
+
+bool CanonicalItemLess(const ManifestItem& a, const ManifestItem& b) {
+  if (a.ref_step.has_value() != b.ref_step.has_value()) return !a.ref_step.has_value();
+  if (a.ref_step && *a.ref_step != *b.ref_step) return *a.ref_step < *b.ref_step;
+  return a.offset_bytes < b.offset_bytes;
+}
+
+std::vector<uint64_t> RefSteps(std::span<const ManifestItem> items) {
+  std::vector<uint64_t> steps;
+  for (const ManifestItem& it : items) {
+    if (it.ref_step && (steps.empty() || steps.back() != *it.ref_step)) steps.push_back(*it.ref_step);
+  }
+  std::sort(steps.begin(), steps.end());
+  steps.erase(std::unique(steps.begin(), steps.end()), steps.end());
+  return steps;
+}
 
 uint32_t DTypeElementSize(int dtype) {
   if (dtype < 0 || dtype > kMaxDType) return 0;
@@ -127,20 +182,17 @@ absl::StatusOr<int> DTypeFromName(const std::string& name) {
 std::vector<ManifestItem> SortedByOffset(std::span<const ManifestItem> items) {
   std::vector<ManifestItem> sorted(items.begin(), items.end());
   if (SortedByOffsetAlready(items)) return sorted;  // the usual case: a client's layout
-  std::stable_sort(sorted.begin(), sorted.end(), [](const ManifestItem& a, const ManifestItem& b) {
-    return a.offset_bytes < b.offset_bytes;
-  });
+  std::stable_sort(sorted.begin(), sorted.end(), CanonicalItemLess);
   return sorted;
 }
 
 void SortByOffset(std::vector<ManifestItem>& items) {
   if (SortedByOffsetAlready(items)) return;
-  std::stable_sort(items.begin(), items.end(), [](const ManifestItem& a, const ManifestItem& b) {
-    return a.offset_bytes < b.offset_bytes;
-  });
+  std::stable_sort(items.begin(), items.end(), CanonicalItemLess);
 }
 
-absl::Status ValidateManifest(std::span<const ManifestItem> items, uint64_t shard_size_bytes) {
+absl::Status ValidateManifest(std::span<const ManifestItem> items, uint64_t shard_size_bytes,
+                              std::optional<uint64_t> step) {
   absl::flat_hash_set<std::string_view> names;
   names.reserve(items.size());
   for (const ManifestItem& item : items) {
@@ -155,8 +207,14 @@ absl::Status ValidateManifest(std::span<const ManifestItem> items, uint64_t shar
       return absl::InvalidArgumentError(
           absl::StrCat("manifest: item ", QuoteForMessage(item.name), " has unknown dtype ", item.dtype));
     }
-    if (item.offset_bytes > shard_size_bytes ||
-        item.length_bytes > shard_size_bytes - item.offset_bytes) {
+    if (item.ref_step) {
+      if (step && *item.ref_step >= *step) {
+        return absl::InvalidArgumentError(absl::StrCat("manifest: item ", QuoteForMessage(item.name),
+                                                       " refers to version ", *item.ref_step,
+                                                       ", which is not older than this one (", *step, ")"));
+      }
+    } else if (item.offset_bytes > shard_size_bytes ||
+               item.length_bytes > shard_size_bytes - item.offset_bytes) {
       return absl::InvalidArgumentError(absl::StrCat(
           "manifest: item ", QuoteForMessage(item.name), " [", item.offset_bytes, ", +", item.length_bytes,
           ") lies outside the shard of ", shard_size_bytes, " bytes"));
@@ -183,7 +241,7 @@ absl::Status ValidateManifest(std::span<const ManifestItem> items, uint64_t shar
   // another item, and must not hide an overlap of their neighbours).
   const ManifestItem* last = nullptr;  // the previous non-empty item
   auto check = [&last](const ManifestItem* cur) -> absl::Status {
-    if (cur->length_bytes == 0) return absl::OkStatus();
+    if (cur->length_bytes == 0 || cur->ref_step) return absl::OkStatus();
     if (last != nullptr && cur->offset_bytes < last->offset_bytes + last->length_bytes) {
       return absl::InvalidArgumentError(absl::StrCat(
           "manifest: items ", QuoteForMessage(last->name), " [", last->offset_bytes, ", +",
@@ -204,6 +262,7 @@ absl::Status ValidateManifest(std::span<const ManifestItem> items, uint64_t shar
 ItemCrcStream::ItemCrcStream(std::span<const ManifestItem> items) {
   sorted_.reserve(items.size());
   for (const ManifestItem& it : items) {
+    if (it.ref_step) continue;  // its bytes are in another shard
     sorted_.push_back(Entry{it.offset_bytes, it.length_bytes, it.crc32c, it.name});
   }
   std::stable_sort(sorted_.begin(), sorted_.end(),
@@ -251,46 +310,31 @@ ManifestEncoder::ManifestEncoder(size_t reserve_bytes) {
 void ManifestEncoder::Add(std::string_view name, int dtype, std::span<const uint64_t> shape,
                           uint64_t offset_bytes, uint64_t length_bytes, uint32_t crc32c,
                           const std::map<std::string, std::string>& attributes) {
-  // One resize per item, then fixed-width stores: a shard may have tens of
-  // thousands of items.
-  size_t n = 4 + name.size() + 4 + 4 + 8 * shape.size() + 8 + 8 + 4 + 4;
-  for (const auto& [k, v] : attributes) n += 8 + k.size() + v.size();
-  const size_t at = out_.size();
-  out_.resize(at + n);
-  char* p = out_.data() + at;
-  const auto u32 = [&p](uint32_t v) {
-    for (int i = 0; i < 4; ++i) *p++ = static_cast<char>(v >> (8 * i));
-  };
-  const auto u64 = [&p](uint64_t v) {
-    for (int i = 0; i < 8; ++i) *p++ = static_cast<char>(v >> (8 * i));
-  };
-  const auto str = [&](std::string_view s) {
-    u32(static_cast<uint32_t>(s.size()));
-    if (!s.empty()) std::memcpy(p, s.data(), s.size());
-    p += s.size();
-  };
-  str(name);
-  u32(static_cast<uint32_t>(dtype));
-  u32(static_cast<uint32_t>(shape.size()));
-  for (uint64_t d : shape) u64(d);
-  u64(offset_bytes);
-  u64(length_bytes);
-  u32(crc32c);
-  u32(static_cast<uint32_t>(attributes.size()));
-  for (const auto& [k, v] : attributes) {  // std::map: bytewise key order
-    str(k);
-    str(v);
-  }
+  AppendItem(out_, std::nullopt, name, dtype, shape, offset_bytes, length_bytes, crc32c, attributes);
   ++count_;
+}
+
+void ManifestEncoder::AddRef(uint64_t ref_step, std::string_view name, int dtype, std::span<const uint64_t> shape,
+                             uint64_t offset_bytes, uint64_t length_bytes, uint32_t crc32c,
+                             const std::map<std::string, std::string>& attributes) {
+  AppendItem(refs_, ref_step, name, dtype, shape, offset_bytes, length_bytes, crc32c, attributes);
+  ++ref_count_;
 }
 
 std::string ManifestEncoder::Finish() {
   for (int i = 0; i < 4; ++i) out_[kCountAt + i] = static_cast<char>(count_ >> (8 * i));
+  if (ref_count_ > 0) {
+    out_.replace(0, kManifestTagV2.size(), kManifestTagV2);
+    PutU32(out_, ref_count_);
+    out_.append(refs_);
+  }
   std::string done = std::move(out_);
   out_.clear();
   out_.append(kManifestTag);
   PutU32(out_, 0);
+  refs_.clear();
   count_ = 0;
+  ref_count_ = 0;
   return done;
 }
 
@@ -318,40 +362,54 @@ absl::StatusOr<std::vector<ManifestItem>> DecodeManifest(std::string_view encode
     return absl::InvalidArgumentError(absl::StrCat("packed manifest: ", why));
   };
   Reader r(encoded);
-  if (r.Raw(kManifestTag.size()) != kManifestTag) return bad("it does not start with 'ckpt-manifest-v1'");
-  const uint32_t count = r.U32();
-  // An item takes at least 36 bytes (empty name, no dims, no attributes).
-  if (!r.ok() || count > r.left() / 36) return bad(absl::StrCat("it cannot hold the ", count, " items it declares"));
-  std::vector<ManifestItem> items(count);
-  uint64_t prev_offset = 0;
-  for (uint32_t i = 0; i < count; ++i) {
-    ManifestItem& it = items[i];
-    it.name = r.Str();
-    it.dtype = static_cast<int>(r.U32());
-    const uint32_t dims = r.U32();
-    if (!r.ok() || dims > r.left() / 8) return bad(absl::StrCat("item ", i, " is cut short"));
-    it.shape.resize(dims);
-    for (uint64_t& d : it.shape) d = r.U64();
-    it.offset_bytes = r.U64();
-    it.length_bytes = r.U64();
-    it.crc32c = r.U32();
-    const uint32_t attrs = r.U32();
-    if (!r.ok() || attrs > r.left() / 8) return bad(absl::StrCat("item ", i, " is cut short"));
-    std::string_view prev_key;
-    for (uint32_t a = 0; a < attrs; ++a) {
-      const std::string_view k = r.Str();
-      const std::string_view v = r.Str();
-      if (a > 0 && !(prev_key < k)) {
-        return bad(absl::StrCat("item ", i, ": attribute keys are not in ascending order"));
+  const std::string_view tag = r.Raw(kManifestTag.size());
+  const bool v2 = tag == kManifestTagV2;
+  if (tag != kManifestTag && !v2) return bad("it does not start with 'ckpt-manifest-v1' or 'ckpt-manifest-v2'");
+  std::vector<ManifestItem> items;
+  // Reads `count` items (references with `refs`), in canonical order.
+  const auto read = [&](uint32_t count, bool refs) -> absl::Status {
+    // An item takes at least 36 bytes (empty name, no dims, no attributes).
+    if (!r.ok() || count > r.left() / (refs ? 44 : 36)) {
+      return bad(absl::StrCat("it cannot hold the ", count, refs ? " references" : " items", " it declares"));
+    }
+    const size_t first = items.size();
+    items.resize(first + count);
+    for (size_t i = first; i < items.size(); ++i) {
+      ManifestItem& it = items[i];
+      if (refs) it.ref_step = r.U64();
+      it.name = r.Str();
+      it.dtype = static_cast<int>(r.U32());
+      const uint32_t dims = r.U32();
+      if (!r.ok() || dims > r.left() / 8) return bad(absl::StrCat("item ", i, " is cut short"));
+      it.shape.resize(dims);
+      for (uint64_t& d : it.shape) d = r.U64();
+      it.offset_bytes = r.U64();
+      it.length_bytes = r.U64();
+      it.crc32c = r.U32();
+      const uint32_t attrs = r.U32();
+      if (!r.ok() || attrs > r.left() / 8) return bad(absl::StrCat("item ", i, " is cut short"));
+      std::string_view prev_key;
+      for (uint32_t a = 0; a < attrs; ++a) {
+        const std::string_view k = r.Str();
+        const std::string_view v = r.Str();
+        if (a > 0 && !(prev_key < k)) {
+          return bad(absl::StrCat("item ", i, ": attribute keys are not in ascending order"));
+        }
+        prev_key = k;
+        it.attributes.emplace_hint(it.attributes.end(), k, v);
       }
-      prev_key = k;
-      it.attributes.emplace_hint(it.attributes.end(), k, v);
+      if (!r.ok()) return bad(absl::StrCat("item ", i, " is cut short"));
+      if (i > first && CanonicalItemLess(it, items[i - 1])) {
+        return bad(absl::StrCat("item ", i, " (", QuoteForMessage(it.name), ") is out of canonical order"));
+      }
     }
-    if (!r.ok()) return bad(absl::StrCat("item ", i, " is cut short"));
-    if (i > 0 && it.offset_bytes < prev_offset) {
-      return bad(absl::StrCat("item ", i, " (", QuoteForMessage(it.name), ") comes before the previous one's offset"));
-    }
-    prev_offset = it.offset_bytes;
+    return absl::OkStatus();
+  };
+  CKPT_RETURN_IF_ERROR(read(r.U32(), false));
+  if (v2) {
+    const uint32_t refs = r.U32();
+    if (r.ok() && refs == 0) return bad("a v2 manifest without references is not canonical (that is a v1)");
+    CKPT_RETURN_IF_ERROR(read(refs, true));
   }
   if (r.left() != 0) return bad(absl::StrCat(r.left(), " bytes are left over after the last item"));
   return items;

@@ -19,6 +19,7 @@
 
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -30,6 +31,13 @@
 namespace ckpt {
 
 // One named item of a shard. dtype is the ckpt.v1.DType enum number.
+//
+// An item of an incremental save may be a *reference* (ref_step set): its
+// bytes are not in this shard but in the same rank's shard of version
+// ref_step (an earlier one), at [offset_bytes, offset_bytes + length_bytes)
+// there, with that crc32c; the item's name, dtype, shape and attributes are
+// this shard's own. A reference always names the version that holds the
+// bytes (never another reference), so a load follows at most one hop.
 struct ManifestItem {
   std::string name;
   int dtype = 0;
@@ -38,9 +46,20 @@ struct ManifestItem {
   uint64_t length_bytes = 0;
   uint32_t crc32c = 0;
   std::map<std::string, std::string> attributes;
+  std::optional<uint64_t> ref_step;  // set: the bytes live in version ref_step's shard
 
+  bool is_ref() const { return ref_step.has_value(); }
   bool operator==(const ManifestItem&) const = default;
 };
+
+// Canonical item order: the shard's own items by ascending offset_bytes,
+// then references by ascending (ref_step, offset_bytes); equal keys keep
+// their order. Manifests are stored, encoded and hashed in this order.
+bool CanonicalItemLess(const ManifestItem& a, const ManifestItem& b);
+
+// The distinct ref_steps of `items`, ascending (empty for a self-contained
+// shard).
+std::vector<uint64_t> RefSteps(std::span<const ManifestItem> items);
 
 // DType numbers (ckpt.v1.DType) used by code that needs a specific one.
 inline constexpr int kDTypeBytes = 14;
@@ -63,52 +82,71 @@ absl::StatusOr<int> DTypeFromName(const std::string& name);
 // with the dtype and shape (length == element size x product of dims, except
 // for DTYPE_BYTES whose length is free; an empty shape is a scalar). Returns
 // InvalidArgument naming the first offending item and the rule it broke.
-// Linear in the number of items when they come in offset order.
-absl::Status ValidateManifest(std::span<const ManifestItem> items, uint64_t shard_size_bytes);
+// Linear in the number of items when they come in canonical order.
+// References (ref_step set) are checked for name, dtype and length only
+// (their bytes are in another shard, which the holder of that shard checks);
+// with `step` given, every ref_step must be below it.
+absl::Status ValidateManifest(std::span<const ManifestItem> items, uint64_t shard_size_bytes,
+                              std::optional<uint64_t> step = std::nullopt);
 
 // XXH3-64 (seed 0) of the canonical manifest encoding (docs/protocol.md
-// "Manifest digest"): items in ascending offset order, attributes in key order.
-// The order of `items` does not matter.
+// "Manifest digest"): items in canonical order, attributes in key order.
+// The order of `items` does not matter. A manifest without references
+// encodes as "ckpt-manifest-v1" (digests of full shards never changed), one
+// with references as "ckpt-manifest-v2".
 uint64_t ManifestDigest(std::span<const ManifestItem> items);
 
-// The canonical encoding itself ("packed manifest"): items in ascending
-// offset order (equal offsets keep their order in `items`). Pure.
+// The canonical encoding itself ("packed manifest"): items in canonical
+// order (equal keys keep their order in `items`). Pure.
 std::string EncodeManifest(std::span<const ManifestItem> items);
 
 // XXH3-64 of an encoding: ManifestDigest(items) ==
 // ManifestDigestOfEncoding(EncodeManifest(items)).
 uint64_t ManifestDigestOfEncoding(std::string_view encoded);
 
-// Decodes a packed manifest. InvalidArgument if it is truncated, has bytes
-// left over, does not start with the encoding's tag, declares more items,
-// dimensions or attributes than its bytes can hold, or lists items out of
-// offset order (then it is not canonical and its digest would be wrong). It
-// does not check the items themselves: use ValidateManifest.
+// Decodes a packed manifest (v1 or v2). InvalidArgument if it is truncated,
+// has bytes left over, does not start with an encoding's tag, declares more
+// items, dimensions or attributes than its bytes can hold, lists items out of
+// canonical order, or is a v2 without references (then it is not canonical
+// and its digest would be wrong). It does not check the items themselves:
+// use ValidateManifest.
 absl::StatusOr<std::vector<ManifestItem>> DecodeManifest(std::string_view encoded);
 
 // Builds a packed manifest item by item, for writers that know their items in
 // offset order (a client laying out a shard) and need no ManifestItem for
-// each. Add() items in ascending offset order; Finish() returns the encoding
-// (equal to EncodeManifest of the same items) and resets the encoder. Not
-// thread-safe.
+// each. Add() the shard's own items in ascending offset order and AddRef()
+// references in ascending (ref_step, offset) order (the two may interleave);
+// Finish() returns the encoding (equal to EncodeManifest of the same items)
+// and resets the encoder. Not thread-safe.
 class ManifestEncoder {
  public:
   // `reserve_bytes`: expected size of the encoding (a hint).
   explicit ManifestEncoder(size_t reserve_bytes = 0);
   void Add(std::string_view name, int dtype, std::span<const uint64_t> shape, uint64_t offset_bytes,
            uint64_t length_bytes, uint32_t crc32c, const std::map<std::string, std::string>& attributes);
+  void AddRef(uint64_t ref_step, std::string_view name, int dtype, std::span<const uint64_t> shape,
+              uint64_t offset_bytes, uint64_t length_bytes, uint32_t crc32c,
+              const std::map<std::string, std::string>& attributes);
   void Add(const ManifestItem& item) {
-    Add(item.name, item.dtype, item.shape, item.offset_bytes, item.length_bytes, item.crc32c, item.attributes);
+    if (item.ref_step) {
+      AddRef(*item.ref_step, item.name, item.dtype, item.shape, item.offset_bytes, item.length_bytes, item.crc32c,
+             item.attributes);
+    } else {
+      Add(item.name, item.dtype, item.shape, item.offset_bytes, item.length_bytes, item.crc32c, item.attributes);
+    }
   }
-  size_t count() const { return count_; }
+  size_t count() const { return count_ + ref_count_; }
   std::string Finish();
 
  private:
   std::string out_;
+  std::string refs_;  // the reference section (v2), appended by Finish
   uint32_t count_ = 0;
+  uint32_t ref_count_ = 0;
 };
 
-// Returns `items` sorted by offset_bytes (the order shards are laid out in).
+// Returns `items` in canonical order (CanonicalItemLess: the shard's own
+// items by offset, the order shards are laid out in, then references).
 std::vector<ManifestItem> SortedByOffset(std::span<const ManifestItem> items);
 // The same, in place (no copy of the items when they are in order already).
 void SortByOffset(std::vector<ManifestItem>& items);
@@ -124,8 +162,9 @@ void SortByOffset(std::vector<ManifestItem>& items);
 // DataLoss naming the first item that is complete and does not match.
 // Finish() returns DataLoss if some item was not complete (the bytes ended
 // early). Items may come in any order; overlapping items (which
-// ValidateManifest rejects) give wrong answers. Copies what it needs from
-// `items`. Not thread-safe.
+// ValidateManifest rejects) give wrong answers; references (whose bytes are
+// in another shard) are skipped. Copies what it needs from `items`. Not
+// thread-safe.
 class ItemCrcStream {
  public:
   explicit ItemCrcStream(std::span<const ManifestItem> items);

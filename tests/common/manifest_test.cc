@@ -161,7 +161,7 @@ TEST(Manifest, DecodeRejectsEveryMalformedEncoding) {
   e.Add(Rich("b", 64));
   e.Add(Rich("a", 0));
   s = DecodeManifest(e.Finish()).status();
-  EXPECT_NE(s.message().find("offset"), std::string::npos) << s;
+  EXPECT_NE(s.message().find("canonical order"), std::string::npos) << s;
   // Attribute keys out of order (or repeated).
   ManifestItem dup = Rich("a", 0);
   std::string bytes = EncodeManifest(std::vector<ManifestItem>{dup});
@@ -184,6 +184,87 @@ TEST(Manifest, DigestIgnoresItemOrderButSeesEveryField) {
   c = a;
   c[0].shape = {2, 2};
   EXPECT_NE(ManifestDigest(a), ManifestDigest(c));
+}
+
+ManifestItem Ref(std::string name, uint64_t ref_step, uint64_t offset) {
+  ManifestItem it = Rich(std::move(name), offset);
+  it.ref_step = ref_step;
+  return it;
+}
+
+TEST(Manifest, ReferencesEncodeAsV2AfterTheShardsOwnItems) {
+  // docs/protocol.md "Manifest digest": v1 body, u32 ref_count, then per
+  // reference u64 ref_step and the item.
+  std::vector<ManifestItem> items = {Ref("r2", 7, 0), F32("own", 64, 2), Ref("r1", 3, 4096), Ref("r0", 3, 0)};
+  const std::string enc = EncodeManifest(items);
+  ASSERT_EQ(enc.substr(0, 16), "ckpt-manifest-v2");
+  std::vector<ManifestItem> own = {F32("own", 64, 2)};
+  std::string v1 = EncodeManifest(own);
+  std::string want = "ckpt-manifest-v2" + v1.substr(16);
+  auto u32 = [&](uint32_t v) { for (int i = 0; i < 4; ++i) want.push_back(static_cast<char>(v >> (8 * i))); };
+  u32(3);
+  // The reference section, canonical: (ref_step, offset) ascending.
+  for (const ManifestItem& r : {Ref("r0", 3, 0), Ref("r1", 3, 4096), Ref("r2", 7, 0)}) {
+    for (int i = 0; i < 8; ++i) want.push_back(static_cast<char>(*r.ref_step >> (8 * i)));
+    std::vector<ManifestItem> one = {r};
+    one[0].ref_step.reset();
+    want += EncodeManifest(one).substr(20);  // the item alone
+  }
+  EXPECT_EQ(enc, want);
+  absl::StatusOr<std::vector<ManifestItem>> back = DecodeManifest(enc);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(*back, SortedByOffset(items));
+  EXPECT_EQ((*back)[0].name, "own");
+  EXPECT_EQ(*(*back)[3].ref_step, 7u);
+  EXPECT_EQ(RefSteps(items), (std::vector<uint64_t>{3, 7}));
+  EXPECT_TRUE(RefSteps(own).empty());
+  // The encoder takes own items and references interleaved.
+  ManifestEncoder e;
+  e.Add(Ref("r0", 3, 0));
+  e.Add(F32("own", 64, 2));
+  e.Add(Ref("r1", 3, 4096));
+  e.Add(Ref("r2", 7, 0));
+  EXPECT_EQ(e.count(), 4u);
+  EXPECT_EQ(e.Finish(), enc);
+  // ...and is back to v1 after Finish.
+  e.Add(F32("own", 64, 2));
+  EXPECT_EQ(e.Finish(), v1);
+  // A reference is part of the digest: same item, other step or none.
+  std::vector<ManifestItem> other = items;
+  other[0].ref_step = 8;
+  EXPECT_NE(ManifestDigest(other), ManifestDigest(items));
+  other[0].ref_step.reset();
+  EXPECT_NE(ManifestDigest(other), ManifestDigest(items));
+  // Malformed v2: every truncation, a v2 with no references, refs out of order.
+  for (size_t n = 0; n < enc.size(); ++n) EXPECT_FALSE(DecodeManifest(enc.substr(0, n)).ok()) << n;
+  std::string empty_refs = "ckpt-manifest-v2" + v1.substr(16) + std::string(4, '\0');
+  EXPECT_NE(DecodeManifest(empty_refs).status().message().find("not canonical"), std::string::npos);
+  e.AddRef(7, "b", 1, std::vector<uint64_t>{1}, 0, 4, 0, {});
+  e.AddRef(3, "a", 1, std::vector<uint64_t>{1}, 0, 4, 0, {});
+  EXPECT_NE(DecodeManifest(e.Finish()).status().message().find("canonical order"), std::string::npos);
+}
+
+TEST(Manifest, ValidationChecksReferencesApartFromTheShardsBytes) {
+  // A reference may lie beyond this shard (its bytes are elsewhere) and
+  // overlap own items' offsets; names stay unique across both.
+  std::vector<ManifestItem> items = {F32("own", 0, 16), Ref("r", 3, 1 << 20), Ref("s", 3, 0)};
+  EXPECT_TRUE(ValidateManifest(items, 64).ok());
+  EXPECT_TRUE(ValidateManifest(items, 64, 4).ok());
+  absl::Status s = ValidateManifest(items, 64, 3);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("not older"), std::string::npos) << s;
+  items.push_back(Ref("own", 2, 0));
+  EXPECT_NE(ValidateManifest(items, 64).message().find("twice"), std::string::npos);
+  items.pop_back();
+  items[1].length_bytes = 5;  // f32 [2, 3] needs 24
+  EXPECT_NE(ValidateManifest(items, 64).message().find("needs 24"), std::string::npos);
+  // The crc stream skips references.
+  std::vector<std::byte> bytes(64, std::byte{1});
+  items = {F32("own", 0, 16), Ref("r", 3, 0)};
+  items[0].crc32c = Crc32c(bytes.data(), 64);
+  ItemCrcStream check(items);
+  EXPECT_TRUE(check.Update(bytes).ok());
+  EXPECT_TRUE(check.Finish().ok());
 }
 
 TEST(Manifest, DigestOfEmptyManifestIsStable) {

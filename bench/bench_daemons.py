@@ -1,7 +1,8 @@
-"""ckpt-meta and one ckpt-agent for the Python benchmarks (bench/*.py), from
-$CKPT_BUILD_DIR/bin (default build/), on free 127.0.0.1 ports, the memory tier
-on /dev/shm; stop() kills them by PID and removes the tier. running() is the
-same as a context manager with its own temporary directory."""
+"""ckpt-meta and ckpt-agents (one by default) for the Python benchmarks
+(bench/*.py), from $CKPT_BUILD_DIR/bin (default build/), on free 127.0.0.1
+ports, the memory tiers on /dev/shm; stop() kills them by PID and removes the
+tiers. running() is the same as a context manager with its own temporary
+directory."""
 import contextlib
 import os
 import pathlib
@@ -20,26 +21,37 @@ BUILD_DIR = pathlib.Path(os.environ.get("CKPT_BUILD_DIR", "build")).resolve()
 
 
 class Daemons:
-    """ckpt-meta and one ckpt-agent on free 127.0.0.1 ports; stop() kills them by PID."""
+    """ckpt-meta and `agents` ckpt-agents (node-1, node-2, ...) on free 127.0.0.1 ports;
+    stop() kills them by PID. durable=True gives them a durable root (<root>/durable)."""
 
-    def __init__(self, root, memory, name="bench", agent_args=()):
+    def __init__(self, root, memory, name="bench", agent_args=(), agents=1, durable=False):
         self.root = root
         self.procs = []
-        meta_port, meta_metrics, port, data_port, metrics_port = free_ports(5)
+        ports = free_ports(2 + 3 * agents)
+        meta_port, meta_metrics = ports[:2]
         self.meta = f"127.0.0.1:{meta_port}"
-        self.socket = root / "run" / "agent.sock"
         self.shm = pathlib.Path(f"/dev/shm/ckpt-{name}-{os.getpid()}")
-        for d in ("meta", "run"):
-            (root / d).mkdir()
+        (root / "meta").mkdir()
         meta = self._start("ckpt-meta", ["--listen", self.meta, "--metrics-listen", f"127.0.0.1:{meta_metrics}",
                                          "--data-dir", str(root / "meta")])
         wait_tcp(meta_port, meta, 30)
-        agent = self._start("ckpt-agent", [
-            "--node-id", "node-1", "--meta", self.meta, "--listen", f"127.0.0.1:{port}",
-            "--data-listen", f"127.0.0.1:{data_port}", "--metrics-listen", f"127.0.0.1:{metrics_port}",
-            "--run-dir", str(root / "run"), "--memory", memory, "--memory-dir", str(self.shm),
-            "--log-level", "warn", *agent_args])
-        wait_tcp(port, agent, 60)
+        self.sockets, self.metrics_ports, self.agents = [], [], []
+        for i in range(agents):
+            suffix = "" if i == 0 else str(i)
+            port, data_port, metrics_port = ports[2 + 3 * i: 5 + 3 * i]
+            (root / f"run{suffix}").mkdir()
+            extra = ["--durable-root", str(root / "durable")] if durable else []
+            agent = self._start(f"ckpt-agent{suffix}", [
+                "--node-id", f"node-{i + 1}", "--meta", self.meta, "--listen", f"127.0.0.1:{port}",
+                "--data-listen", f"127.0.0.1:{data_port}", "--metrics-listen", f"127.0.0.1:{metrics_port}",
+                "--run-dir", str(root / f"run{suffix}"), "--memory", memory,
+                "--memory-dir", str(self.shm / f"node-{i + 1}"), "--log-level", "warn", *extra, *agent_args],
+                binary="ckpt-agent")
+            wait_tcp(port, agent, 60)
+            self.agents.append(agent)
+            self.sockets.append(root / f"run{suffix}" / "agent.sock")
+            self.metrics_ports.append(metrics_port)
+        self.socket = self.sockets[0]
         deadline = time.monotonic() + 30
         while True:  # registered with meta once a save goes through
             try:
@@ -51,10 +63,23 @@ class Daemons:
                     raise
                 time.sleep(0.1)
 
-    def _start(self, name, args):
-        p = start_daemon(BUILD_DIR / "bin", self.root, name, args)
+    def _start(self, name, args, binary=None):
+        p = start_daemon(BUILD_DIR / "bin", self.root, name, args, binary=binary)
         self.procs.append(p)
         return p
+
+    def metric(self, name, agent=None):
+        """The value of Prometheus metric `name` (no labels) on one agent, or summed over all."""
+        import urllib.request
+        total = 0.0
+        for i, port in enumerate(self.metrics_ports):
+            if agent is not None and i != agent:
+                continue
+            text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+            for line in text.splitlines():
+                if line.startswith(name + " "):
+                    total += float(line.split()[1])
+        return total
 
     def client(self, job, **kw):
         return ckpt.Client(job=job, rank=0, world_size=1, meta=self.meta, agent_socket=str(self.socket), **kw)
@@ -68,12 +93,12 @@ class Daemons:
 
 
 @contextlib.contextmanager
-def running(memory, name, agent_args=()):
+def running(memory, name, agent_args=(), agents=1, durable=False):
     """Daemons(...) in a fresh temporary directory; stopped and removed on exit."""
     root = pathlib.Path(tempfile.mkdtemp(prefix=f"ckpt-{name}-"))
     d = None
     try:
-        d = Daemons(root, memory, name, agent_args=agent_args)
+        d = Daemons(root, memory, name, agent_args=agent_args, agents=agents, durable=durable)
         yield d
     finally:
         if d is not None:

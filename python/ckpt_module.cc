@@ -338,6 +338,21 @@ class Flattener {
   void WatchFor(const std::vector<std::string>& names) {
     for (const std::string& n : names) points_.emplace(n, std::nullopt);
   }
+  // Incremental saves: items named in `unchanged` are ItemChange::kUnchanged,
+  // every other one kDetect with `detect`, else kChanged.
+  void Changes(const std::vector<std::string>& unchanged, bool detect) {
+    for (const std::string& n : unchanged) unchanged_.emplace(n, false);
+    detect_ = detect;
+  }
+  // kInvalidArgument for an unchanged name that is not an item of the state.
+  void CheckUnchanged() const {
+    for (const auto& [name, found] : unchanged_) {
+      if (!found) {
+        ThrowStatus(absl::InvalidArgumentError("unchanged item \"" + name + "\" is not an item of the state"));
+      }
+    }
+  }
+
   // The recorded indexes; kInvalidArgument for a wait point that is not an item.
   std::map<std::string, size_t> Points() const {
     std::map<std::string, size_t> out;
@@ -488,7 +503,7 @@ class Flattener {
            std::vector<uint64_t> shape = {}) {
     std::map<std::string, std::string> attrs;
     attrs.emplace(kTypeKey, kind);
-    Check(builder_->Add(path_, bytes, dtype, std::move(shape), std::move(attrs)));
+    Check(builder_->Add(path_, bytes, dtype, std::move(shape), std::move(attrs), ChangeOf(path_)));
     Added(path_);
   }
 
@@ -560,13 +575,27 @@ class Flattener {
       keep_.push_back(py::reinterpret_borrow<py::object>(item));  // holds the buffer's owner too
       views_.emplace_back(t[1]);
       std::string name = t[0].cast<std::string>();
+      const ItemChange change = ChangeOf(name);
       Check(builder_->Add(name, views_.back().bytes(), static_cast<DType>(t[2].cast<int>()),
-                          t[3].cast<std::vector<uint64_t>>(), t[4].cast<std::map<std::string, std::string>>()));
+                          t[3].cast<std::vector<uint64_t>>(), t[4].cast<std::map<std::string, std::string>>(),
+                          change));
       Added(name);
     }
   }
 
+  ItemChange ChangeOf(const std::string& name) {
+    if (!unchanged_.empty()) {
+      if (auto it = unchanged_.find(name); it != unchanged_.end()) {
+        it->second = true;
+        return ItemChange::kUnchanged;
+      }
+    }
+    return detect_ ? ItemChange::kDetect : ItemChange::kChanged;
+  }
+
   SaveBuilder* builder_;
+  std::map<std::string, bool> unchanged_;  // name -> seen in the walk
+  bool detect_ = false;
   PyTypes& types_;
   std::string path_;
   // Wait points: item name -> its index (Add order) once added.
@@ -931,7 +960,8 @@ class PyClient {
                                            uint32_t keep_in_memory, uint32_t keep_durable,
                                            std::string run_id, double connect_timeout,
                                            double rpc_timeout, double load_timeout,
-                                           const std::optional<std::string>& protection) {
+                                           const std::optional<std::string>& protection,
+                                           uint32_t full_save_every) {
     ClientOptions o;
     // None: the job's stored protection, or the server's default if rank 0
     // creates it.
@@ -949,6 +979,7 @@ class PyClient {
     o.connect_timeout = absl::Seconds(connect_timeout);
     o.rpc_timeout = absl::Seconds(rpc_timeout);
     o.load_timeout = absl::Seconds(load_timeout);
+    o.full_save_every = full_save_every;
     absl::StatusOr<Client> client = absl::UnknownError("not connected");
     {
       py::gil_scoped_release release;
@@ -986,14 +1017,20 @@ class PyClient {
   }
 
   // Walks `state` (a dict) into items and saves them; see Flattener.
-  PySaveHandle SaveState(uint64_t step, const py::object& state) {
+  // `unchanged`, `detect`, `partial`: incremental saves (ItemChange,
+  // SaveBuilder::CarryRest).
+  PySaveHandle SaveState(uint64_t step, const py::object& state, const std::vector<std::string>& unchanged,
+                         bool detect, bool partial) {
     if (!PyDict_Check(state.ptr())) {
       ThrowStatus(absl::InvalidArgumentError(std::string("a state must be a dict, not ") +
                                              Py_TYPE(state.ptr())->tp_name));
     }
     SaveBuilder builder = client_.BeginSave(step);
+    if (partial) builder.CarryRest();
     Flattener flat(&builder);
+    flat.Changes(unchanged, detect);
     flat.Walk(state.ptr());
+    flat.CheckUnchanged();
     absl::StatusOr<SaveHandle> handle = absl::UnknownError("not committed");
     {
       py::gil_scoped_release release;
@@ -1007,15 +1044,19 @@ class PyClient {
   // `points`: item names whose copy can be waited for on their own
   // (PyLazySave::WaitCopiedThrough).
   std::unique_ptr<PyLazySave> SaveStateLazy(uint64_t step, const py::object& state,
-                                            const std::vector<std::string>& points) {
+                                            const std::vector<std::string>& points,
+                                            const std::vector<std::string>& unchanged, bool detect, bool partial) {
     if (!PyDict_Check(state.ptr())) {
       ThrowStatus(absl::InvalidArgumentError(std::string("a state must be a dict, not ") +
                                              Py_TYPE(state.ptr())->tp_name));
     }
     SaveBuilder builder = client_.BeginSave(step);
+    if (partial) builder.CarryRest();
     auto flat = std::make_unique<Flattener>(&builder);
     flat->WatchFor(points);
+    flat->Changes(unchanged, detect);
     flat->Walk(state.ptr());
+    flat->CheckUnchanged();
     std::map<std::string, size_t> found = flat->Points();
     absl::StatusOr<LazySave> lazy = builder.CommitLazy();
     if (!lazy.ok()) ThrowStatus(lazy.status());
@@ -1235,6 +1276,22 @@ class PyClient {
 
   std::string node_id() const { return client_.node_id(); }
 
+  // {name: step} of this rank's items of `step`: the version each item's
+  // bytes were copied at (older than `step` for what an incremental save
+  // carried over).
+  py::dict ItemSteps(uint64_t step) const {
+    absl::StatusOr<LoadedShard> shard = absl::UnknownError("not loaded");
+    {
+      py::gil_scoped_release release;
+      shard = client_.Load(step, LoadOptions{.verify = false});
+      if (shard.ok()) shard->CloseInBackground();
+    }
+    if (!shard.ok()) ThrowStatus(shard.status());
+    py::dict out;
+    for (const LoadedItem& item : shard->items()) out[py::str(item.name)] = py::int_(item.step);
+    return out;
+  }
+
  private:
   static bool SameItems(const std::vector<LoadedItem>& a, const std::vector<LoadedItem>& b) {
     if (a.size() != b.size()) return false;
@@ -1326,11 +1383,14 @@ PYBIND11_MODULE(_ckpt, m) {
                   py::arg("flush_every_seconds") = 0, py::arg("keep_in_memory") = 0,
                   py::arg("keep_durable") = 0, py::arg("run_id") = "", py::arg("connect_timeout") = 30.0,
                   py::arg("rpc_timeout") = 60.0, py::arg("load_timeout") = 600.0,
-                  py::arg("protection") = py::none())
+                  py::arg("protection") = py::none(), py::arg("full_save_every") = 10)
       .def("save_items", &PyClient::SaveItems, py::arg("step"), py::arg("items"))
-      .def("save_state", &PyClient::SaveState, py::arg("step"), py::arg("state"))
+      .def("save_state", &PyClient::SaveState, py::arg("step"), py::arg("state"),
+           py::arg("unchanged") = std::vector<std::string>(), py::arg("detect") = false, py::arg("partial") = false)
       .def("save_state_lazy", &PyClient::SaveStateLazy, py::arg("step"), py::arg("state"),
-           py::arg("points") = std::vector<std::string>())
+           py::arg("points") = std::vector<std::string>(), py::arg("unchanged") = std::vector<std::string>(),
+           py::arg("detect") = false, py::arg("partial") = false)
+      .def("item_steps", &PyClient::ItemSteps, py::arg("step"))
       .def("load_state", &PyClient::LoadState, py::arg("step"))
       .def("wait", &PyClient::WaitVersion, py::arg("step"), py::arg("level") = "protected",
            py::arg("timeout") = py::none())

@@ -335,20 +335,21 @@ def _load_into_buffer(name, target):
     return arr
 
 
-def _wait_point_names(wait_points):
-    """save()'s wait_points as a list of str; InvalidArgumentError for anything else."""
-    if wait_points is None:
+def _item_names(value, what):
+    """save()'s list of item names `what` (wait_points, unchanged) as a list of
+    str; None means none; InvalidArgumentError for anything else."""
+    if value is None:
         return []
-    if isinstance(wait_points, (str, bytes)):
-        raise InvalidArgumentError(f"wait_points must be a list of item names, not one {type(wait_points).__name__}: "
-                                   f"{wait_points!r} (write [{wait_points!r}])")
+    if isinstance(value, (str, bytes)):
+        raise InvalidArgumentError(f"{what} must be a list of item names, not one {type(value).__name__}: "
+                                   f"{value!r} (write [{value!r}])")
     try:
-        names = list(wait_points)
+        names = list(value)
     except TypeError:
-        raise InvalidArgumentError(f"wait_points must be a list of item names, not {type(wait_points).__name__}")
+        raise InvalidArgumentError(f"{what} must be a list of item names, not {type(value).__name__}")
     bad = [n for n in names if not isinstance(n, str)]
     if bad:
-        raise InvalidArgumentError(f"wait points must be item names (str), not {type(bad[0]).__name__}: {bad[0]!r}")
+        raise InvalidArgumentError(f"{what} must be item names (str), not {type(bad[0]).__name__}: {bad[0]!r}")
     return names
 
 
@@ -443,19 +444,25 @@ class Client:
 
     Steps are integers 0..2**53-1 (ckpt.MAX_STEP); a larger one raises
     ckpt.InvalidArgumentError.
+
+    full_save_every: with incremental saves (save(unchanged=..., detect_unchanged=...)),
+    every Nth save is made in full (0: never). Incremental versions are not
+    flushed to the durable tier (their flush passes to the next version), so
+    this bounds how long the durable tier waits; it also lets old versions go.
     """
 
     def __init__(self, job, rank, world_size, meta, agent_socket="/run/ckpt/agent.sock", *,
                  flush_every=0, flush_every_seconds=0, keep_in_memory=0, keep_durable=0,
                  run_id="", connect_timeout=30.0, rpc_timeout=60.0, load_timeout=600.0,
-                 protection=None):
+                 protection=None, full_save_every=10):
         self._c = _ckpt.Client.connect(
             job=job, rank=rank, world_size=world_size, meta=meta, agent_socket=str(agent_socket),
             flush_every=flush_every, flush_every_seconds=flush_every_seconds,
             keep_in_memory=keep_in_memory, keep_durable=keep_durable, run_id=run_id,
             connect_timeout=float(connect_timeout), rpc_timeout=float(rpc_timeout),
             load_timeout=float(load_timeout),
-            protection=None if protection is None else str(protection))
+            protection=None if protection is None else str(protection),
+            full_save_every=int(full_save_every))
         self.job = job
         self.rank = rank
         self.world_size = world_size
@@ -470,7 +477,8 @@ class Client:
     def node_id(self):
         return self._c.node_id
 
-    def save(self, step, state, lazy=False, wait_points=()):
+    def save(self, step, state, lazy=False, wait_points=(), *, unchanged=(), detect_unchanged=False,
+             partial=False):
         """Saves `state` (a dict, see the module doc) as this rank's shard of `step`.
 
         Blocks only for the copy into the agent's memory tier (the GIL is
@@ -494,19 +502,42 @@ class Client:
         the items up to that one are copied (ckpt.torch puts a model's buffers
         first, so that its forward pass waits for those only).
         ckpt.InvalidArgumentError if a wait point is not an item of the state.
+
+        Incremental saves (docs/python.md "Incremental saves"): an item equal
+        to the same item of this client's previous save (its "base") is stored
+        as a reference to the base's bytes: not copied, not sent to peers, no
+        new memory. unchanged=[names] vouches for items (frozen parameters;
+        they are not even read); detect_unchanged=True hashes every other item
+        (XXH3, a read-only pass) and references those equal to the base's.
+        partial=True saves only the items `state` has and carries the base's
+        others over (a MoE trainer saving some experts per version);
+        item_steps(step) tells the step each item was taken at. Items that do
+        not match the base (or with no base) are simply copied, except that
+        partial=True without a base raises ckpt.FailedPreconditionError.
+        ckpt.InvalidArgumentError if an unchanged name is not an item.
         """
         if not isinstance(state, dict):
             raise InvalidArgumentError(f"a state must be a dict, not {type(state).__name__}")
         self.wait_copied()
         # The walk (_flatten's rules) runs in C++; leaves it does not cover
         # come back to _flatten.
-        points = _wait_point_names(wait_points)
+        points = _item_names(wait_points, "wait_points")
+        same = _item_names(unchanged, "unchanged")
         if lazy:
-            self._lazy = LazySave(self._c.save_state_lazy(_step(step), state, points))
+            self._lazy = LazySave(self._c.save_state_lazy(_step(step), state, points, same,
+                                                          bool(detect_unchanged), bool(partial)))
             return self._lazy
         if points:
             raise InvalidArgumentError("wait_points are for lazy saves (lazy=True)")
-        return self._c.save_state(_step(step), state)
+        return self._c.save_state(_step(step), state, same, bool(detect_unchanged), bool(partial))
+
+    def item_steps(self, step):
+        """{item name: step} for this rank's items of `step`: the version whose
+        save copied each item (older than `step` for items an incremental save
+        referenced or a partial save carried over)."""
+        step = _step(step)
+        self._own_lazy_committed(step)
+        return self._c.item_steps(step)
 
     def wait_copied(self, timeout=None, through=None):
         """Blocks until the newest lazy save has copied the state (at once if none runs).

@@ -18,18 +18,27 @@ updates) also waits before its forward pass, for its buffers only: a lazy
 save puts them first in the model's state dict (load_state_dict does not
 mind the order), so the copy of the parameters and the optimizer state goes
 on during the forward and backward passes.
+
+incremental=True (fine-tuning): frozen parameters (requires_grad False) are
+declared unchanged and every other entry is hashed, so what did not change
+since this client's previous save is stored as a reference to it instead of
+being copied, sent and kept again (Client.save's unchanged= and
+detect_unchanged=; docs/python.md "Incremental saves").
 """
 
 
-def save(client, step, model=None, optimizer=None, extra=None, lazy=False):
+def save(client, step, model=None, optimizer=None, extra=None, lazy=False, incremental=False):
     """Saves model/optimizer state dicts and `extra` at `step`.
 
     Returns the SaveHandle, or with lazy=True a ckpt.LazySave (see the module doc).
     """
     state = {}
     points = []
+    unchanged = []
     if model is not None:
         state["model"] = model.state_dict()
+        if incremental:
+            unchanged = _frozen_items(model, state["model"])
         if lazy:
             state["model"], last_buffer = _buffers_first(model, state["model"])
             if last_buffer is not None:
@@ -39,11 +48,23 @@ def save(client, step, model=None, optimizer=None, extra=None, lazy=False):
         state["optimizer"] = optimizer.state_dict()
     if extra is not None:
         state["extra"] = extra
+    changes = {"unchanged": unchanged, "detect_unchanged": bool(incremental)}
     if not lazy:
-        return client.save(step, state)
+        return client.save(step, state, **changes)
     if optimizer is not None:
         _wait_before_step(client, optimizer)
-    return client.save(step, state, lazy=True, wait_points=points)
+    return client.save(step, state, lazy=True, wait_points=points, **changes)
+
+
+def _frozen_items(model, sd):
+    """Item names of the state dict's entries that are frozen parameters (requires_grad
+    False), known by their memory (a tied parameter counts if frozen)."""
+    from . import _encode_key
+    frozen = {p.data_ptr() for p in model.parameters() if not p.requires_grad and p.numel() > 0}
+    trained = {p.data_ptr() for p in model.parameters() if p.requires_grad and p.numel() > 0}
+    frozen -= trained
+    return ["model/" + _encode_key(k) for k, v in sd.items()
+            if hasattr(v, "data_ptr") and v.numel() > 0 and v.data_ptr() in frozen]
 
 
 def _first_guard(obj, client):

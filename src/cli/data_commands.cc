@@ -300,6 +300,14 @@ int RestoreOnline(const DataOptions& o, const std::string& job, uint64_t step, s
       absl::Status s = FromGrpc(meta->Locate(ctx.get(), lreq, &loc), "Locate");
       if (!s.ok()) return Fail(s);
     }
+    for (const v1::Item& item : loc.shard().items()) {
+      if (item.has_ref_step()) {
+        return Fail(absl::FailedPreconditionError(absl::StrCat(
+            "version ", job, "/", step, " is incremental (rank ", r, " refers to items of version ", item.ref_step(),
+            "): `ckptctl restore` writes self-contained versions only, for now; restore a full version, or load "
+            "this one with the client (which follows the references)")));
+      }
+    }
     DurableShard shard = ShardOf(loc.shard());
     const std::string path = absl::StrCat(out_dir, "/", shard.file);
     absl::Status read = absl::NotFoundError("no live source");

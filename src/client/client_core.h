@@ -17,6 +17,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -38,6 +39,18 @@ namespace ckpt::client {
 namespace v1 = ::ckpt::v1;
 
 struct LazyState;  // lazy_save.h
+
+// The last save of a client that committed: the base of its next
+// incremental save (ItemChange, SaveBuilder::CarryRest).
+struct SavedBase {
+  uint64_t step = 0;
+  // The commit as sent: its packed manifest lists the items, references
+  // included (decoded only by a save that needs it).
+  std::shared_ptr<const v1::CommitShardRequest> commit;
+  // XXH3-64 of items by name, where known (items hashed by ItemChange::
+  // kDetect, and references that inherited one); null if none.
+  std::shared_ptr<const std::map<std::string, uint64_t>> hashes;
+};
 
 // The outcome of a CommitShard sent after SaveBuilder::Commit returned:
 // written once by the committer, then `done` is notified.
@@ -88,6 +101,11 @@ struct ClientCore {
   // Items in the last save: the next SaveBuilder reserves room for as many
   // (a trainer saves the same structure every time).
   std::atomic<size_t> last_save_items{0};
+  // Incremental saves: the base (see SavedBase; unset until a save
+  // committed) and the saves since the last one made in full.
+  absl::Mutex base_mu;
+  std::optional<SavedBase> base ABSL_GUARDED_BY(base_mu);
+  uint32_t saves_since_full ABSL_GUARDED_BY(base_mu) = 0;
   // When this client last committed each step: WaitVersion on such a step
   // rides out the agent's background BeginVersion (see SaveHandle::Wait).
   absl::Mutex committed_mu;

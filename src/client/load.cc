@@ -332,6 +332,53 @@ absl::StatusOr<std::unique_ptr<OpenedShard>> OpenBest(const std::shared_ptr<Clie
   return OpenBestNow(core, step, skip_verify);
 }
 
+// The versions an incremental shard's references point to, opened (this
+// rank's shards, through OpenBest: the local copy or any source), by step.
+// Every reference must name one of its base's own items (same offset,
+// length and crc32c): the agent verified those, so views of them are safe.
+using Bases = std::map<uint64_t, std::unique_ptr<OpenedShard>>;
+absl::StatusOr<Bases> OpenBases(const std::shared_ptr<ClientCore>& core, const OpenedShard& main,
+                                bool skip_verify) {
+  Bases bases;
+  const std::vector<uint64_t> steps = RefSteps(main.items);
+  if (steps.empty()) return bases;
+  const uint64_t step = main.shard.key().step();
+  for (uint64_t base : steps) {
+    absl::StatusOr<std::unique_ptr<OpenedShard>> opened = OpenBest(core, base, skip_verify);
+    if (!opened.ok()) {
+      return Annotate(opened.status(), absl::StrCat("version ", base, ", whose items version ", step,
+                                                    " refers to (incremental save)"));
+    }
+    bases.emplace(base, *std::move(opened));
+  }
+  std::map<uint64_t, std::map<uint64_t, const ManifestItem*>> own;  // base -> offset -> item
+  for (const auto& [base, opened] : bases) {
+    auto& by_offset = own[base];
+    for (const ManifestItem& it : opened->items) {
+      if (!it.ref_step) by_offset.emplace(it.offset_bytes, &it);
+    }
+  }
+  for (const ManifestItem& it : main.items) {
+    if (!it.ref_step || it.length_bytes == 0) continue;
+    const auto& by_offset = own[*it.ref_step];
+    auto found = by_offset.find(it.offset_bytes);
+    if (found == by_offset.end() || found->second->length_bytes != it.length_bytes ||
+        found->second->crc32c != it.crc32c) {
+      return absl::DataLossError(absl::StrCat("item ", QuoteForMessage(it.name), " of version ", step,
+                                              " refers to [", it.offset_bytes, ", +", it.length_bytes,
+                                              ") of version ", *it.ref_step, ", which holds no such item"));
+    }
+  }
+  return bases;
+}
+
+// The mapped regions that hold `item`'s bytes: the shard's own or its base's.
+const std::vector<ShardRegion>& RegionsFor(const OpenedShard& main, const Bases& bases,
+                                           std::optional<uint64_t> ref_step) {
+  if (!ref_step) return main.regions;
+  return bases.at(*ref_step)->regions;
+}
+
 std::string ItemMismatch(const std::string& name, uint32_t expected, uint32_t actual) {
   return absl::StrCat("item ", QuoteForMessage(name), " fails its checksum: crc32c ",
                       absl::Hex(actual, absl::kZeroPad8), ", manifest says ",
@@ -341,14 +388,18 @@ std::string ItemMismatch(const std::string& name, uint32_t expected, uint32_t ac
 }  // namespace
 }  // namespace client
 
+using client::Bases;
 using client::ItemMismatch;
+using client::OpenBases;
 using client::OpenBest;
 using client::OpenedShard;
+using client::RegionsFor;
 
 // ---- LoadedShard --------------------------------------------------------------
 
 struct LoadedShard::Impl {
   std::unique_ptr<OpenedShard> opened;
+  Bases bases;  // the versions references point to (incremental saves)
   std::vector<LoadedItem> items;
   absl::flat_hash_map<std::string_view, size_t> index;  // name (in items) -> items[i]
   absl::Mutex mu;
@@ -393,7 +444,7 @@ absl::Status LoadedShard::CopyItem(size_t index, std::span<std::byte> dst) const
     return absl::InvalidArgumentError(absl::StrCat("buffer for item ", QuoteForMessage(item.name), " is ",
                                                    dst.size(), " bytes, the item is ", item.length_bytes));
   }
-  const uint32_t crc = client::CopyFromShard(impl_->opened->regions, item.offset_bytes, dst);
+  const uint32_t crc = client::CopyFromShard(RegionsOf(item), item.offset_bytes, dst);
   if (crc != item.crc32c) return absl::DataLossError(ItemMismatch(item.name, item.crc32c, crc));
   return absl::OkStatus();
 }
@@ -410,7 +461,7 @@ absl::StatusOr<std::span<const std::byte>> LoadedShard::View(const std::string& 
   }
   const size_t i = found->second;
   const LoadedItem& item = impl_->items[i];
-  const auto& regions = impl_->opened->regions;
+  const auto& regions = RegionsOf(item);
   if (const std::byte* p = client::ContiguousRange(regions, item.offset_bytes, item.length_bytes);
       p != nullptr) {
     return std::span<const std::byte>(p, item.length_bytes);
@@ -430,9 +481,14 @@ absl::StatusOr<std::span<const std::byte>> LoadedShard::View(const std::string& 
   return std::span<const std::byte>(copy.get(), item.length_bytes);
 }
 
+const std::vector<client::ShardRegion>& LoadedShard::RegionsOf(const LoadedItem& item) const {
+  return RegionsFor(*impl_->opened, impl_->bases, item.step == step() ? std::nullopt : std::optional(item.step));
+}
+
 absl::Status LoadedShard::Close() {
   if (impl_ == nullptr) return absl::OkStatus();
   absl::Status s = impl_->opened->Close();
+  for (auto& [step, base] : impl_->bases) s.Update(base->Close());
   absl::MutexLock lock(&impl_->mu);
   impl_->copies.clear();
   return s;
@@ -441,6 +497,7 @@ absl::Status LoadedShard::Close() {
 void LoadedShard::CloseInBackground() {
   if (impl_ == nullptr) return;
   impl_->opened->CloseInBackground();
+  for (auto& [step, base] : impl_->bases) base->CloseInBackground();
   absl::MutexLock lock(&impl_->mu);
   impl_->copies.clear();
 }
@@ -452,6 +509,7 @@ absl::StatusOr<LoadedShard> Client::Load(uint64_t step, const LoadOptions& optio
   core_->WaitSaves();  // this client's own saves first (lazy ones included)
   CKPT_ASSIGN_OR_RETURN(std::unique_ptr<OpenedShard> opened, OpenBest(core_, step, !options.verify));
   auto impl = std::make_unique<LoadedShard::Impl>();
+  CKPT_ASSIGN_OR_RETURN(impl->bases, OpenBases(core_, *opened, !options.verify));
   impl->items.reserve(opened->items.size());
   for (ManifestItem& it : opened->items) {
     LoadedItem item;
@@ -462,6 +520,7 @@ absl::StatusOr<LoadedShard> Client::Load(uint64_t step, const LoadOptions& optio
     item.length_bytes = it.length_bytes;
     item.crc32c = it.crc32c;
     item.attributes = std::move(it.attributes);
+    item.step = it.ref_step.value_or(step);
     impl->items.push_back(std::move(item));
   }
   opened->items.clear();  // moved into impl->items
@@ -491,6 +550,8 @@ absl::Status Client::LoadInto(uint64_t step,
                                        "; re-opening with verification failed: ",
                                        opened.status().message()));
     }
+    absl::StatusOr<Bases> bases = OpenBases(core_, **opened, /*skip_verify=*/attempt == 0);
+    if (!bases.ok()) return bases.status();
     const std::vector<ManifestItem>& items = (*opened)->items;
     // Resolve and check every buffer before copying anything.
     std::vector<std::pair<const ManifestItem*, std::span<std::byte>>> plan;
@@ -515,13 +576,14 @@ absl::Status Client::LoadInto(uint64_t step,
     }
     std::string mismatch;
     for (const auto& [item, buf] : plan) {
-      const uint32_t crc = client::CopyFromShard((*opened)->regions, item->offset_bytes, buf);
+      const uint32_t crc = client::CopyFromShard(RegionsFor(**opened, *bases, item->ref_step), item->offset_bytes, buf);
       if (crc != item->crc32c) {
         mismatch = ItemMismatch(item->name, item->crc32c, crc);
         break;
       }
     }
     (*opened)->CloseInBackground();
+    for (auto& [base_step, base] : *bases) base->CloseInBackground();
     if (mismatch.empty()) return absl::OkStatus();
     if (attempt == 1) {
       return absl::DataLossError(absl::StrCat(mismatch, " in ", what, " (",

@@ -6,7 +6,9 @@
 #include <algorithm>
 #include <utility>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/container/node_hash_set.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "ckpt/client.h"
@@ -30,6 +32,7 @@ struct SaveBuilder::Item {
   DType dtype;
   std::vector<uint64_t> shape;
   std::map<std::string, std::string> attributes;
+  ItemChange change;
 };
 
 struct SaveBuilder::Names {
@@ -52,7 +55,7 @@ SaveBuilder Client::BeginSave(uint64_t step) { return SaveBuilder(core_, step); 
 
 absl::Status SaveBuilder::Add(std::string name, std::span<const std::byte> bytes, DType dtype,
                               std::vector<uint64_t> shape,
-                              std::map<std::string, std::string> attributes) {
+                              std::map<std::string, std::string> attributes, ItemChange change) {
   if (spent_ || core_ == nullptr) {
     return absl::FailedPreconditionError("SaveBuilder::Add after Commit");
   }
@@ -95,7 +98,8 @@ absl::Status SaveBuilder::Add(std::string name, std::span<const std::byte> bytes
     return absl::InvalidArgumentError(
         absl::StrCat("item ", QuoteForMessage(*it), " was already added to this save"));
   }
-  items_.push_back(Item{&*it, bytes, dtype, std::move(shape), std::move(attributes)});
+  items_.push_back(Item{&*it, bytes, dtype, std::move(shape), std::move(attributes), change});
+  if (change != ItemChange::kChanged) incremental_ = true;
   return absl::OkStatus();
 }
 
@@ -121,24 +125,34 @@ bool AbortLease(ClientCore& core, const std::string& lease_id) {
   return false;
 }
 
-// Sends a filled lease's commit and checks the answer. Runs on the caller's
-// thread or on the client's committer (after Commit returned).
-absl::Status SendCommit(ClientCore& core, const v1::CommitShardRequest& commit, uint32_t shard_crc,
-                        uint64_t step) {
+// Sends a filled lease's commit and checks the answer; on success the
+// commit becomes the client's base (SavedBase) with `hashes`, and `full`
+// says whether it copied every item. Runs on the caller's thread or on the
+// client's committer (after Commit returned).
+absl::Status SendCommit(ClientCore& core, const std::shared_ptr<const v1::CommitShardRequest>& request,
+                        uint32_t shard_crc, uint64_t step,
+                        std::shared_ptr<const std::map<std::string, uint64_t>> hashes, bool full) {
+  const v1::CommitShardRequest& commit = *request;
   const std::string& lease_id = commit.lease_id();
+  const auto committed = [&] {
+    absl::MutexLock lock(&core.base_mu);
+    core.base = client::SavedBase{step, request, std::move(hashes)};
+    core.saves_since_full = full ? 0 : core.saves_since_full + 1;
+    return absl::OkStatus();
+  };
   v1::CommitShardResponse resp;
   auto ctx = client::ContextWithTimeout(core.options.rpc_timeout);
   absl::Status s = FromGrpc(core.agent->CommitShard(ctx.get(), commit, &resp), "CommitShard");
   if (absl::IsAlreadyExists(s)) {
     log::Debug("commit of lease {} was a replay", lease_id);
-    return absl::OkStatus();
+    return committed();
   }
   if (!s.ok()) {
     if (!AbortLease(core, lease_id)) return s;
     // The response was lost but the commit took effect: same lease, same
     // manifest, so it is ours.
     log::Info("commit of lease {} failed ({}) but the agent holds it committed", lease_id, s.ToString());
-    return absl::OkStatus();
+    return committed();
   }
   if (resp.has_shard() && resp.shard().crc32c() != shard_crc) {
     // The agent combined our item crcs with the padding it found: a
@@ -148,7 +162,67 @@ absl::Status SendCommit(ClientCore& core, const v1::CommitShardRequest& commit, 
         ", the client ", absl::Hex(shard_crc), " for ", core.options.job_id, "/", step, " rank ",
         core.options.rank));
   }
-  return absl::OkStatus();
+  return committed();
+}
+
+// Where a reference's bytes are: the version that holds them, their offset,
+// length and crc there.
+struct RefTo {
+  uint64_t step = 0;
+  uint64_t offset_bytes = 0;
+  uint64_t length_bytes = 0;
+  uint32_t crc32c = 0;
+};
+
+// The base of an incremental save, decoded: its items by name, each with
+// where its bytes live and its hash if known.
+struct DecodedBase {
+  uint64_t step = 0;
+  std::vector<ManifestItem> items;
+  absl::flat_hash_map<std::string_view, size_t> by_name;  // into items
+  std::shared_ptr<const std::map<std::string, uint64_t>> hashes;
+
+  const ManifestItem* Find(std::string_view name) const {
+    auto it = by_name.find(name);
+    return it == by_name.end() ? nullptr : &items[it->second];
+  }
+  RefTo Location(const ManifestItem& it) const {
+    return RefTo{it.ref_step.value_or(step), it.offset_bytes, it.length_bytes, it.crc32c};
+  }
+  std::optional<uint64_t> Hash(const std::string& name) const {
+    if (hashes == nullptr) return std::nullopt;
+    auto h = hashes->find(name);
+    return h == hashes->end() ? std::nullopt : std::optional<uint64_t>(h->second);
+  }
+};
+
+// The client's base for an incremental save of `step`, decoded, after the
+// commits sent so far were answered (the newest one that succeeded is the
+// base). Null when there is none, when it is not older than `step`, or when
+// this save is to be made in full (ClientOptions::full_save_every; `partial`
+// saves never are).
+std::unique_ptr<DecodedBase> BaseFor(ClientCore& core, uint64_t step, bool partial) {
+  core.WaitCommits();
+  std::optional<client::SavedBase> saved;
+  {
+    absl::MutexLock lock(&core.base_mu);
+    const uint32_t every = core.options.full_save_every;
+    if (!partial && every > 0 && core.saves_since_full + 1 >= every) return nullptr;
+    saved = core.base;
+  }
+  if (!saved || saved->step >= step) return nullptr;
+  absl::StatusOr<std::vector<ManifestItem>> items = DecodeManifest(saved->commit->manifest());
+  if (!items.ok()) {
+    log::Warn("the previous save's manifest does not decode ({}): saving in full", items.status().ToString());
+    return nullptr;
+  }
+  auto base = std::make_unique<DecodedBase>();
+  base->step = saved->step;
+  base->items = *std::move(items);
+  base->hashes = std::move(saved->hashes);
+  base->by_name.reserve(base->items.size());
+  for (size_t i = 0; i < base->items.size(); ++i) base->by_name.emplace(base->items[i].name, i);
+  return base;
 }
 
 }  // namespace
@@ -172,9 +246,55 @@ absl::StatusOr<SaveHandle> SaveBuilder::CommitItems(client::LazyState* progress,
   const ClientOptions& o = core.options;
   CKPT_RETURN_IF_ERROR(ValidateStep(step_));
 
+  // Incremental saves: which items refer to the base's bytes instead of
+  // being copied (docs/protocol.md "Incremental saves").
+  std::unique_ptr<DecodedBase> base;
+  std::vector<std::optional<RefTo>> ref(items_.size());
+  std::vector<std::optional<uint64_t>> hash(items_.size());
+  std::vector<const ManifestItem*> carried;  // base items this partial save does not state
+  if (incremental_ || carry_rest_) {
+    base = BaseFor(core, step_, carry_rest_);
+    if (carry_rest_ && base == nullptr) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "a partial save (CarryRest) of step ", step_, " needs a base: an earlier save of this client that "
+          "committed; save in full"));
+    }
+    for (size_t i = 0; i < items_.size(); ++i) {
+      const Item& it = items_[i];
+      if (it.change == ItemChange::kDetect) hash[i] = ContentHash(it.bytes);
+      const ManifestItem* b = base == nullptr ? nullptr : base->Find(*it.name);
+      if (b == nullptr || b->length_bytes != it.bytes.size()) continue;
+      if (it.change == ItemChange::kUnchanged) {
+        ref[i] = base->Location(*b);
+        hash[i] = base->Hash(*it.name);
+      } else if (it.change == ItemChange::kDetect && base->Hash(*it.name) == hash[i]) {
+        ref[i] = base->Location(*b);
+      }
+    }
+    if (carry_rest_) {
+      for (const ManifestItem& b : base->items) {
+        if (names_->set.find(b.name) == names_->set.end()) carried.push_back(&b);
+      }
+    }
+  }
+
   std::vector<uint64_t> lengths;
-  lengths.reserve(items_.size());
-  for (const Item& it : items_) lengths.push_back(it.bytes.size());
+  std::vector<uint64_t> base_steps;
+  const auto plan = [&] {
+    lengths.clear();
+    base_steps.clear();
+    for (size_t i = 0; i < items_.size(); ++i) {
+      if (ref[i]) {
+        base_steps.push_back(ref[i]->step);
+      } else {
+        lengths.push_back(items_[i].bytes.size());
+      }
+    }
+    for (const ManifestItem* c : carried) base_steps.push_back(base->Location(*c).step);
+    std::sort(base_steps.begin(), base_steps.end());
+    base_steps.erase(std::unique(base_steps.begin(), base_steps.end()), base_steps.end());
+  };
+  plan();
   CKPT_ASSIGN_OR_RETURN(client::Layout layout,
                         client::LayOut(lengths, core.item_alignment.load()));
 
@@ -193,10 +313,26 @@ absl::StatusOr<SaveHandle> SaveBuilder::CommitItems(client::LazyState* progress,
   std::string replaced_lease;  // a first lease the second one replaces
   for (int attempt = 0;; ++attempt) {
     lease_req.set_size_bytes(layout.size);
+    *lease_req.mutable_base_steps() = {base_steps.begin(), base_steps.end()};
     v1::AcquireStagingLeaseResponse resp;
     auto ctx = client::ContextWithTimeout(o.rpc_timeout);
     absl::Status s = FromGrpc(core.agent->AcquireStagingLease(ctx.get(), lease_req, &resp),
                               "AcquireStagingLease");
+    if (!s.ok() && absl::IsFailedPrecondition(s) && !base_steps.empty() && carried.empty() &&
+        absl::StrContains(s.message(), "base version")) {
+      // The agent no longer holds the base (evicted, restarted, another
+      // node): this save copies everything.
+      log::Info("{}/{} rank {}: {}; saving in full", o.job_id, step_, o.rank, std::string(s.message()));
+      std::fill(ref.begin(), ref.end(), std::nullopt);
+      plan();
+      absl::StatusOr<client::Layout> full = client::LayOut(lengths, core.item_alignment.load());
+      if (!full.ok()) s = full.status();
+      if (full.ok()) {
+        layout = *std::move(full);
+        --attempt;
+        continue;
+      }
+    }
     if (!s.ok()) {
       if (!replaced_lease.empty()) AbortLease(core, replaced_lease);
       return s;
@@ -242,10 +378,17 @@ absl::StatusOr<SaveHandle> SaveBuilder::CommitItems(client::LazyState* progress,
   }
   ManifestEncoder manifest(manifest_bytes);
   uint32_t shard_crc = 0;
-  uint64_t pos = 0;  // end of the bytes accounted for in shard_crc
+  uint64_t pos = 0;      // end of the bytes accounted for in shard_crc
+  size_t copied = 0;     // items copied so far (index into layout.offsets)
+  bool any_ref = !carried.empty();
   for (size_t i = 0; i < items_.size(); ++i) {
     const Item& it = items_[i];
-    const uint64_t off = layout.offsets[i];
+    if (ref[i]) {
+      any_ref = true;
+      if (progress != nullptr) progress->MarkCopied(i + 1);
+      continue;
+    }
+    const uint64_t off = layout.offsets[copied++];
     if (off > pos) {
       shard_crc = Crc32cCombine(shard_crc, client::ZeroShard(*regions, pos, off - pos), off - pos);
     }
@@ -264,19 +407,54 @@ absl::StatusOr<SaveHandle> SaveBuilder::CommitItems(client::LazyState* progress,
                               layout.size - pos);
   }
   keep.clear();  // the agent owns the bytes now; the cache keeps its mappings
+  // The references, in canonical order ((ref_step, offset)), and the hashes
+  // the next save compares against.
+  std::shared_ptr<std::map<std::string, uint64_t>> hashes;
+  if (any_ref || std::any_of(hash.begin(), hash.end(), [](const auto& h) { return h.has_value(); })) {
+    struct Ref {
+      RefTo to;
+      const std::string* name;
+      int dtype;
+      const std::vector<uint64_t>* shape;
+      const std::map<std::string, std::string>* attributes;
+    };
+    std::vector<Ref> refs;
+    hashes = std::make_shared<std::map<std::string, uint64_t>>();
+    for (size_t i = 0; i < items_.size(); ++i) {
+      const Item& it = items_[i];
+      if (hash[i]) hashes->emplace(*it.name, *hash[i]);
+      if (ref[i]) refs.push_back(Ref{*ref[i], it.name, static_cast<int>(it.dtype), &it.shape, &it.attributes});
+    }
+    for (const ManifestItem* c : carried) {
+      refs.push_back(Ref{base->Location(*c), &c->name, c->dtype, &c->shape, &c->attributes});
+      if (std::optional<uint64_t> h = base->Hash(c->name)) hashes->emplace(c->name, *h);
+    }
+    std::stable_sort(refs.begin(), refs.end(), [](const Ref& a, const Ref& b) {
+      return a.to.step != b.to.step ? a.to.step < b.to.step : a.to.offset_bytes < b.to.offset_bytes;
+    });
+    for (const Ref& r : refs) {
+      manifest.AddRef(r.to.step, *r.name, r.dtype, *r.shape, r.to.offset_bytes, r.to.length_bytes, r.to.crc32c,
+                      *r.attributes);
+    }
+    if (hashes->empty()) hashes.reset();
+  }
   commit.set_manifest(manifest.Finish());
+  const bool full = !any_ref;
 
   core.last_save_items.store(items_.size(), std::memory_order_relaxed);
   items_.clear();
   names_->set.clear();
+  base.reset();  // `carried` pointed into it
+  carried.clear();
   auto remember = [&core, step = step_](absl::Time at) {
     absl::MutexLock lock(&core.committed_mu);
     core.committed_at[step] = at;
     // Only recent steps matter; keep the map small.
     while (core.committed_at.size() > 64) core.committed_at.erase(core.committed_at.begin());
   };
+  auto request = std::make_shared<const v1::CommitShardRequest>(std::move(commit));
   if (!background) {
-    CKPT_RETURN_IF_ERROR(SendCommit(core, commit, shard_crc, step_));
+    CKPT_RETURN_IF_ERROR(SendCommit(core, request, shard_crc, step_, std::move(hashes), full));
     const absl::Time now = absl::Now();
     remember(now);
     return SaveHandle(core_, step_, layout.size, shard_crc, now);
@@ -287,9 +465,8 @@ absl::StatusOr<SaveHandle> SaveBuilder::CommitItems(client::LazyState* progress,
   const absl::Time now = absl::Now();
   remember(now);
   auto result = std::make_shared<client::CommitResult>();
-  auto request = std::make_shared<const v1::CommitShardRequest>(std::move(commit));
-  auto send = [&core, request, result, shard_crc, step = step_] {
-    result->status = SendCommit(core, *request, shard_crc, step);
+  auto send = [&core, request, result, shard_crc, step = step_, hashes = std::move(hashes), full]() mutable {
+    result->status = SendCommit(core, request, shard_crc, step, std::move(hashes), full);
     if (!result->status.ok()) {
       log::Warn("commit of {}/{} rank {} failed: {}", core.options.job_id, step, core.options.rank,
                 result->status.ToString());

@@ -349,6 +349,8 @@ std::string EncodeManifest(std::span<const ManifestItem> items) {
   return e.Finish();
 }
 
+uint64_t ContentHash(std::span<const std::byte> bytes) { return XXH3_64bits(bytes.data(), bytes.size()); }
+
 uint64_t ManifestDigestOfEncoding(std::string_view encoded) {
   return XXH3_64bits(encoded.data(), encoded.size());
 }

@@ -96,6 +96,10 @@ absl::Status ValidateManifest(std::span<const ManifestItem> items, uint64_t shar
 // with references as "ckpt-manifest-v2".
 uint64_t ManifestDigest(std::span<const ManifestItem> items);
 
+// XXH3-64 (seed 0) of an item's bytes: what an incremental save compares
+// to tell an unchanged item (docs/protocol.md "Incremental saves").
+uint64_t ContentHash(std::span<const std::byte> bytes);
+
 // The canonical encoding itself ("packed manifest"): items in canonical
 // order (equal keys keep their order in `items`). Pure.
 std::string EncodeManifest(std::span<const ManifestItem> items);

@@ -332,6 +332,125 @@ TEST_F(ProtectionTest, ErasureCodedStripesSurviveTwoKillsByDecodeAndReprotect) {
   EXPECT_EQ(from[0], ServedFrom::kEcDecode);
 }
 
+// Incremental saves (docs/protocol.md "Incremental saves"): step 2 of every
+// rank copies only the item that changed; a frozen item (declared
+// unchanged) and an unchanged one (found by hashing) refer to step 1's bytes.
+// After a node is killed, every rank of step 2 restores byte-identical
+// through other nodes, with each item's step as saved.
+class IncrementalProtectionTest : public ProtectionTest {
+ protected:
+  static constexpr size_t kFrozen = (4 << 20) + 1;  // 4 MiB + 1: past a message boundary
+  static constexpr size_t kState = (1 << 20) - 1;
+
+  std::vector<uint8_t> Frozen(uint32_t r) { return RankBytes(r, 0, kFrozen); }
+  std::vector<uint8_t> Moment(uint32_t r) { return RankBytes(r, 99, 4096); }
+  std::vector<uint8_t> StateBytes(uint32_t r, uint64_t step) { return RankBytes(r, step, kState); }
+
+  // Rank r saves steps 1 (full) and 2 (incremental) on node r, both PROTECTED.
+  void SaveTwo(const std::string& job, uint32_t world, Protection protection) {
+    protection_ = protection;
+    for (uint32_t r = 0; r < world; ++r) {
+      ClientOptions o = testing::ClientOptionsFor(*meta_, *agents_[r], job, r, world);
+      o.protection = protection;
+      o.keep_in_memory = 1;  // step 1 stays only because step 2 refers to it
+      absl::StatusOr<Client> c = Client::Connect(o);
+      ASSERT_TRUE(c.ok()) << c.status();
+      clients_.push_back(*std::move(c));
+    }
+    const std::vector<std::vector<uint8_t>> frozen = [&] {
+      std::vector<std::vector<uint8_t>> v;
+      for (uint32_t r = 0; r < world; ++r) v.push_back(Frozen(r));
+      return v;
+    }();
+    for (uint64_t step : {1, 2}) {
+      std::vector<SaveHandle> handles;
+      for (uint32_t r = 0; r < world; ++r) {
+        const std::vector<uint8_t> moment = Moment(r);
+        const std::vector<uint8_t> state = StateBytes(r, step);
+        SaveBuilder s = clients_[r].BeginSave(step);
+        auto bytes = [](const std::vector<uint8_t>& v) { return std::as_bytes(std::span<const uint8_t>(v)); };
+        ASSERT_TRUE(s.Add("frozen", bytes(frozen[r]), DType::kU8, {kFrozen}, {}, ItemChange::kUnchanged).ok());
+        ASSERT_TRUE(s.Add("moment", bytes(moment), DType::kU8, {4096}, {}, ItemChange::kDetect).ok());
+        ASSERT_TRUE(s.Add("state", bytes(state), DType::kU8, {kState}).ok());
+        absl::StatusOr<SaveHandle> h = s.Commit();
+        ASSERT_TRUE(h.ok()) << h.status();
+        // Step 2's shard holds the changed item alone.
+        if (step == 2) EXPECT_LT(h->size_bytes(), kState + 4096) << "rank " << r;
+        if (step == 1) EXPECT_GT(h->size_bytes(), kFrozen + kState) << "rank " << r;
+        handles.push_back(*h);
+      }
+      for (SaveHandle& h : handles) {
+        absl::Status st = h.Wait(Level::kProtected, absl::Now() + kLong);
+        ASSERT_TRUE(st.ok()) << st << "\n" << Logs();
+      }
+    }
+  }
+
+  // Every rank of step 2 through `via(rank)`'s agent: every item
+  // byte-identical, with the step it was copied at. Returns where each
+  // rank's shard came from.
+  std::vector<ServedFrom> LoadStep2(const std::string& job, uint32_t world, const std::function<int(uint32_t)>& via) {
+    std::vector<ServedFrom> from;
+    for (uint32_t r = 0; r < world; ++r) {
+      const int node = via(r);
+      ClientOptions o = testing::ClientOptionsFor(*meta_, *agents_[node], job, r, world);
+      absl::StatusOr<Client> c = Client::Connect(o);
+      EXPECT_TRUE(c.ok()) << c.status();
+      if (!c.ok()) return from;
+      absl::StatusOr<LoadedShard> shard = c->Load(2);
+      EXPECT_TRUE(shard.ok()) << "rank " << r << " via n" << node << ": " << shard.status() << "\n" << Logs();
+      if (!shard.ok()) return from;
+      const std::map<std::string, std::pair<std::vector<uint8_t>, uint64_t>> want = {
+          {"frozen", {Frozen(r), 1}}, {"moment", {Moment(r), 1}}, {"state", {StateBytes(r, 2), 2}}};
+      EXPECT_EQ(shard->items().size(), want.size());
+      for (const auto& [name, expect] : want) {
+        const LoadedItem* item = shard->Find(name);
+        EXPECT_NE(item, nullptr) << name;
+        if (item == nullptr) continue;
+        EXPECT_EQ(item->step, expect.second) << "rank " << r << " " << name;
+        absl::StatusOr<std::span<const std::byte>> view = shard->View(name);
+        EXPECT_TRUE(view.ok()) << view.status();
+        if (!view.ok()) continue;
+        EXPECT_EQ(view->size(), expect.first.size()) << "rank " << r << " " << name;
+        EXPECT_EQ(std::memcmp(view->data(), expect.first.data(), std::min(view->size(), expect.first.size())), 0)
+            << "rank " << r << " " << name;
+        // The copy path reads the same bytes (and checks their crc).
+        std::vector<uint8_t> copy(expect.first.size());
+        EXPECT_TRUE(c->LoadInto(2, {{name, std::as_writable_bytes(std::span<uint8_t>(copy))}}).ok()) << name;
+        EXPECT_EQ(copy, expect.first) << "rank " << r << " " << name;
+      }
+      from.push_back(shard->served_from());
+    }
+    return from;
+  }
+};
+
+TEST_F(IncrementalProtectionTest, IncrementalVersionsOfReplicasRestoreByteIdenticalAfterAKill) {
+  StartCluster(4);
+  SaveTwo("inc-rep", 4, Protection::Replicate(2, Protection::Placement::kRing));
+  // keep_in_memory=1, step 2 PROTECTED: step 1 stays (step 2 refers to it).
+  EXPECT_EQ(State("inc-rep", 1), v1::VERSION_STATE_PROTECTED);
+  Kill(1);
+  ASSERT_TRUE(WaitDead(1)) << Logs();
+  std::vector<ServedFrom> from =
+      LoadStep2("inc-rep", 4, [&](uint32_t r) { return alive_[r] ? static_cast<int>(r) : AliveAfter(r); });
+  ASSERT_EQ(from.size(), 4u);
+  EXPECT_EQ(from[1], ServedFrom::kReplica);
+  EXPECT_EQ(from[0], ServedFrom::kLocal);
+}
+
+TEST_F(IncrementalProtectionTest, IncrementalVersionsOfErasureCodedStripesRestoreByDecodeAfterAKill) {
+  StartCluster(4);
+  SaveTwo("inc-ec", 4, Protection::ErasureCode(3, 1));
+  EXPECT_EQ(State("inc-ec", 1), v1::VERSION_STATE_PROTECTED);
+  Kill(2);
+  ASSERT_TRUE(WaitDead(2)) << Logs();
+  std::vector<ServedFrom> from =
+      LoadStep2("inc-ec", 4, [&](uint32_t r) { return alive_[r] ? static_cast<int>(r) : AliveAfter(r); });
+  ASSERT_EQ(from.size(), 4u);
+  EXPECT_EQ(from[2], ServedFrom::kEcDecode);
+}
+
 TEST_F(ProtectionTest, MetaRestartWhileProtectingStillCompletes) {
   StartCluster(3);
   constexpr size_t kBytes = 8 << 20;

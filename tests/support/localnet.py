@@ -64,10 +64,11 @@ def wait_tcp(port, proc, timeout):
     raise RuntimeError(f"port {port} not listening after {timeout} s")
 
 
-def start_daemon(bin_dir, log_dir, name, args):
-    """Starts bin_dir/name with args, stdout and stderr appended to log_dir/name.log."""
+def start_daemon(bin_dir, log_dir, name, args, binary=None):
+    """Starts bin_dir/binary (default: name) with args, stdout and stderr appended to
+    log_dir/name.log."""
     with open(log_dir / f"{name}.log", "ab") as log:
-        return subprocess.Popen([str(bin_dir / name)] + list(args), stdout=log, stderr=subprocess.STDOUT)
+        return subprocess.Popen([str(bin_dir / (binary or name))] + list(args), stdout=log, stderr=subprocess.STDOUT)
 
 
 def kill_daemons(procs, shm_prefix=None):

@@ -295,6 +295,12 @@ absl::StatusOr<LeaseGrant> Agent::AcquireLease(const LeaseRequest& req) {
   if (holdings_->HoldsValid(id)) {
     return absl::AlreadyExistsError(absl::StrCat("shard ", ShardIdString(id), " is already committed on this node"));
   }
+  for (uint64_t base : req.base_steps) {
+    if (base >= req.step || !holdings_->HoldsValid(ShardId{req.job_id, base, req.rank})) {
+      return absl::FailedPreconditionError(absl::StrCat("base version ", base, " of ", req.job_id, " rank ", req.rank,
+                                                        " is not held on this node: save in full"));
+    }
+  }
   const auto begun_key = std::make_tuple(req.job_id, req.step, req.run_id);
   std::optional<uint32_t> world_size;
   {
@@ -347,7 +353,8 @@ absl::StatusOr<std::shared_ptr<const ShardRecord>> Agent::Commit(const std::stri
   CKPT_ASSIGN_OR_RETURN(CommittingLease l, leases_->BeginCommit(lease_id, size_bytes));
   // Validation and the padding's crc run without any lock; the lease stays
   // usable if they fail.
-  absl::Status valid = ValidateManifest(items, l.size_bytes);
+  absl::Status valid = ValidateManifest(items, l.size_bytes, l.shard.step);
+  if (valid.ok()) valid = CheckRefs(l.shard, items);
   if (!valid.ok()) {
     leases_->CancelCommit(lease_id);
     return valid;
@@ -358,6 +365,7 @@ absl::StatusOr<std::shared_ptr<const ShardRecord>> Agent::Commit(const std::stri
   uint32_t crc = 0;
   uint64_t pos = 0;
   for (const ManifestItem& item : items) {
+    if (item.ref_step) break;  // references come last: their bytes are another shard's
     if (item.offset_bytes > pos) {
       crc = Crc32cCombine(crc, l.bytes->Crc(pos, item.offset_bytes - pos), item.offset_bytes - pos);
     }
@@ -402,6 +410,38 @@ absl::StatusOr<std::shared_ptr<const ShardRecord>> Agent::Commit(const std::stri
   metrics_.staged_shards->Increment();
   UpdateGauges();
   return stored;
+}
+
+absl::Status Agent::CheckRefs(const ShardId& id, const std::vector<ManifestItem>& items) const {
+  std::map<uint64_t, std::vector<const ManifestItem*>> by_base;
+  for (const ManifestItem& item : items) {
+    if (item.ref_step) by_base[*item.ref_step].push_back(&item);
+  }
+  for (const auto& [base, refs] : by_base) {
+    const ShardId base_id{id.job_id, base, id.rank};
+    absl::StatusOr<Pin> pin = holdings_->PinValid(base_id);
+    if (!pin.ok()) {
+      return absl::FailedPreconditionError(absl::StrCat("shard ", ShardIdString(id), " refers to items of ",
+                                                        ShardIdString(base_id), ", which is not held on this node (",
+                                                        pin.status().message(), "): save in full"));
+    }
+    // The base's own items, by offset: each reference must be one of them.
+    std::map<uint64_t, const ManifestItem*> own;
+    for (const ManifestItem& it : pin->rec->items) {
+      if (!it.ref_step && it.length_bytes > 0) own.emplace(it.offset_bytes, &it);
+    }
+    for (const ManifestItem* ref : refs) {
+      if (ref->length_bytes == 0) continue;
+      auto it = own.find(ref->offset_bytes);
+      if (it == own.end() || it->second->length_bytes != ref->length_bytes || it->second->crc32c != ref->crc32c) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "item ", QuoteForMessage(ref->name), " refers to [", ref->offset_bytes, ", +", ref->length_bytes,
+            ") with crc32c ", absl::Hex(ref->crc32c, absl::kZeroPad8), " of ", ShardIdString(base_id),
+            ", which holds no such item"));
+      }
+    }
+  }
+  return absl::OkStatus();
 }
 
 absl::Status Agent::AbortLease(const std::string& lease_id) {

@@ -126,6 +126,8 @@ struct LeaseRequest {
   uint32_t client_pid = 0;
   int64_t ttl_ms = 0;
   std::string session_id;
+  // An incremental save's base versions: each must be held here (VALID).
+  std::vector<uint64_t> base_steps;
 };
 
 struct LeaseGrant {
@@ -196,6 +198,11 @@ class Agent : private MetaSession::Delegate {
   // See AgentService.CommitShard: validates, records, queues the STAGED report
   // and the background verification; never waits for meta. AlreadyExists for
   // a lease committed before.
+  // The references among `items` (a commit of `id`) each name an item of
+  // the same rank's shard of their ref_step held here (same offset, length
+  // and crc32c): FailedPrecondition if that shard is not held,
+  // InvalidArgument if it has no such item.
+  absl::Status CheckRefs(const ShardId& id, const std::vector<ManifestItem>& items) const;
   absl::StatusOr<std::shared_ptr<const ShardRecord>> Commit(const std::string& lease_id, uint64_t size_bytes,
                                      std::vector<ManifestItem> items);
   absl::Status AbortLease(const std::string& lease_id);

@@ -171,6 +171,14 @@ class Engine {
   void PlanRecovery(Version& v);
   // Flush tasks for planned shards not yet written; commit when all are.
   void PlanFlush(Version& v);
+  // The version will not be flushed after all (`why`: an incremental one,
+  // whose references the durable tier cannot follow yet): its flush tasks
+  // are cancelled, files already written deleted, and the job's next
+  // version is planned for flush in its place.
+  void UnplanFlush(Version& v, const std::string& why);
+  // Versions of the job above `step` that are still in memory and refer to
+  // items of it (ascending).
+  std::vector<uint64_t> Dependents(const std::string& job_id, uint64_t step) const;
   // `node_id` restarted (a new incarnation while its lease ran): each EC
   // group with a parity still being built there encodes again on every
   // member whose encode task had finished.

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <random>
+#include <unordered_set>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -1308,10 +1309,24 @@ absl::StatusOr<std::pair<Version, bool>> MetaCore::BeginVersion(const std::strin
 }
 
 namespace {
-absl::Status ValidateManifest(const Shard& shard) {
+absl::Status ValidateManifest(const Shard& shard, uint64_t step) {
   std::vector<const Item*> items;
+  std::unordered_set<std::string_view> names;
+  names.reserve(shard.items.size());
   for (const Item& it : shard.items) {
     CKPT_RETURN_IF_ERROR(ValidateItemName(it.name));
+    if (!names.insert(it.name).second) {
+      return absl::InvalidArgumentError(absl::StrCat("item name \"", it.name, "\" appears twice"));
+    }
+    if (it.ref_step >= 0) {
+      // A reference: its bytes are in an older version's shard (checked
+      // against that version in ApplyStaged).
+      if (static_cast<uint64_t>(it.ref_step) >= step) {
+        return absl::InvalidArgumentError(absl::StrCat("item \"", it.name, "\" refers to version ", it.ref_step,
+                                                       ", which is not older than this one (", step, ")"));
+      }
+      continue;
+    }
     if (it.offset_bytes > shard.size_bytes || it.length_bytes > shard.size_bytes - it.offset_bytes) {
       return absl::InvalidArgumentError(absl::StrCat(
           "item \"", it.name, "\" [", it.offset_bytes, ", +", it.length_bytes,
@@ -1329,9 +1344,27 @@ absl::Status ValidateManifest(const Shard& shard) {
       return absl::InvalidArgumentError(absl::StrCat("items \"", items[i - 1]->name, "\" and \"",
                                                      items[i]->name, "\" overlap"));
     }
-    if (items[i - 1]->name == items[i]->name) {
-      return absl::InvalidArgumentError(absl::StrCat("item name \"", items[i]->name,
-                                                     "\" appears twice"));
+  }
+  return absl::OkStatus();
+}
+
+// Every version `shard` refers to must still hold this rank's bytes in
+// memory: not ended (aborted, deleted), not evicted, the rank staged.
+absl::Status CheckRefs(Engine& e, const Version& v, const Shard& shard) {
+  for (uint64_t base : shard.ref_steps) {
+    absl::StatusOr<Version*> b = e.FindVersion(v.job_id, base);
+    const char* why = nullptr;
+    if (!b.ok()) {
+      why = "is unknown";
+    } else if ((*b)->evicted || IsTerminal((*b)->state)) {
+      why = "is no longer in memory";
+    } else if ((*b)->shards.count(shard.rank) == 0) {
+      why = "has no shard of this rank";
+    }
+    if (why != nullptr) {
+      return absl::FailedPreconditionError(absl::StrCat("rank ", shard.rank, " of ", v.job_id, "/", v.step,
+                                                        " refers to items of version ", base, ", which ", why,
+                                                        "; save this version in full"));
     }
   }
   return absl::OkStatus();
@@ -1359,7 +1392,7 @@ absl::Status ApplyStaged(Engine& e, const std::string& node_id, StagedReport& r)
                                                    "\" is not the reporting node \"", node_id,
                                                    "\""));
   }
-  CKPT_RETURN_IF_ERROR(ValidateManifest(in));
+  CKPT_RETURN_IF_ERROR(ValidateManifest(in, r.step));
   auto existing = v->shards.find(in.rank);
   if (existing != v->shards.end()) {
     const Shard& have = existing->second;
@@ -1385,6 +1418,9 @@ absl::Status ApplyStaged(Engine& e, const std::string& node_id, StagedReport& r)
   }
   const uint32_t rank = in.rank;
   Shard sh = std::move(r.shard);
+  sh.ref_steps = RefStepsOf(sh.items);
+  CKPT_RETURN_IF_ERROR(CheckRefs(e, *v, sh));
+  if (!sh.ref_steps.empty() && v->flush_planned) e.UnplanFlush(*v, "it is incremental");
   sh.primary_node_id = node_id;
   sh.copies.clear();
   sh.copies.push_back(Copy{node_id, CopyRole::kPrimary, CopyState::kValid, e.NowMs(), ""});
@@ -1814,6 +1850,11 @@ absl::StatusOr<Version> MetaCore::DeleteVersion(const std::string& job_id, uint6
           }
           break;
         }
+      }
+      if (const std::vector<uint64_t> dependents = e.Dependents(job_id, step); !dependents.empty() && !force) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "version ", job_id, "/", step, " holds items that version(s) ", absl::StrJoin(dependents, ", "),
+            " refer to (incremental saves); deleting it deletes them too (use force to do so)"));
       }
       e.CancelVersionTasks(*v);
       e.EvictVersion(*v);

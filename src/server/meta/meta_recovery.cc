@@ -66,6 +66,17 @@ void Engine::SetState(Version& v, VersionState to, const std::string& reason) {
   txn_.Header(v);
   log::Info("version {}/{}: {} -> {}{}{}", v.job_id, v.step, VersionStateName(from),
             VersionStateName(to), reason.empty() ? "" : ": ", reason);
+  if (!IsTerminal(to) || IsTerminal(from)) return;
+  // Versions that refer to its items (incremental saves) cannot be loaded
+  // without it: they end with it.
+  for (uint64_t step : Dependents(v.job_id, v.step)) {
+    Version& d = s_.versions[v.job_id][step];
+    CancelVersionTasks(d);
+    EvictVersion(d);
+    SetState(d, to,
+             absl::StrCat("version ", v.step, ", whose items it refers to, was ", VersionStateName(to),
+                          reason.empty() ? "" : absl::StrCat(" (", reason, ")")));
+  }
 }
 
 std::string StagedRanksText(const Version& v) {
@@ -614,6 +625,47 @@ void Engine::PlanFlush(Version& v) {
   }
 }
 
+void Engine::UnplanFlush(Version& v, const std::string& why) {
+  if (!v.flush_planned) return;
+  for (Task* t : ActiveTasks(v.job_id, v.step, TaskKind::kFlush)) CancelTask(*t);
+  bool written = false;
+  for (auto& [rank, sh] : v.shards) {
+    written = written || sh.durable_written;
+    sh.durable_path.clear();
+    sh.durable_written = false;
+    txn_.ShardRecord(v, rank);
+  }
+  if (written) DeleteDurable(v);
+  v.flush_planned = false;
+  v.durable_dir.clear();
+  txn_.Header(v);
+  if (auto job = s_.jobs.find(v.job_id); job != s_.jobs.end()) {
+    // The next version takes the flush over.
+    Job& j = job->second;
+    j.versions_since_flush = std::max<uint64_t>(j.versions_since_flush, j.spec.flush.every_n_versions);
+    j.last_flush_begin_ms = 0;
+    txn_.Job(j);
+  }
+  log::Info("{}/{} is not flushed ({}); the next version is", v.job_id, v.step, why);
+}
+
+std::vector<uint64_t> Engine::Dependents(const std::string& job_id, uint64_t step) const {
+  std::vector<uint64_t> out;
+  auto by_step = s_.versions.find(job_id);
+  if (by_step == s_.versions.end()) return out;
+  for (auto it = by_step->second.upper_bound(step); it != by_step->second.end(); ++it) {
+    const Version& v = it->second;
+    if (v.evicted || IsTerminal(v.state)) continue;
+    for (const auto& [rank, sh] : v.shards) {
+      if (std::binary_search(sh.ref_steps.begin(), sh.ref_steps.end(), step)) {
+        out.push_back(v.step);
+        break;
+      }
+    }
+  }
+  return out;
+}
+
 void Engine::EvictVersion(Version& v) {
   if (v.evicted) return;
   v.evicted = true;
@@ -643,9 +695,22 @@ void Engine::ApplyRetention(Job& job) {
   auto& by_step = s_.versions[job.spec.job_id];
   const uint32_t keep_mem = job.spec.retention.EffectiveKeepInMemory();
   uint32_t kept = 0;
+  // Versions that a version kept in memory refers to (incremental saves):
+  // they stay while it does, whatever the window says. Newest first, so
+  // every version that refers to one is decided before it.
+  std::set<uint64_t> referenced;
+  // Runs for every version that stays (every path but an eviction).
+  auto stays = [&referenced](const Version& kept_version) {
+    for (const auto& [rank, sh] : kept_version.shards) referenced.insert(sh.ref_steps.begin(), sh.ref_steps.end());
+  };
   for (auto it = by_step.rbegin(); it != by_step.rend(); ++it) {
     Version& v = it->second;
     if (v.evicted) continue;
+    if (referenced.count(v.step) != 0 && !IsTerminal(v.state)) {
+      if (SatisfiesLevel(v.state, Level::kProtected) && kept < keep_mem) ++kept;
+      stays(v);
+      continue;
+    }
     if (!SatisfiesLevel(v.state, Level::kProtected)) {
       // A version that never reached PROTECTED (or lost it and cannot be
       // re-protected) while keep_in_memory newer ones did: no restore picks
@@ -659,16 +724,22 @@ void Engine::ApplyRetention(Job& job) {
         SetState(v, VersionState::kDeleted,
                  absl::StrCat("superseded: ", keep_mem, " newer version(s) PROTECTED (keep_in_memory=",
                               keep_mem, ") while this one was ", VersionStateName(v.state)));
+      } else {
+        stays(v);
       }
       continue;
     }
     if (kept < keep_mem) {
       ++kept;
+      stays(v);
       continue;
     }
     // Beyond the memory window. A version still being flushed stays until
     // it is PERSISTED.
-    if (v.flush_planned && v.state != VersionState::kPersisted) continue;
+    if (v.flush_planned && v.state != VersionState::kPersisted) {
+      stays(v);
+      continue;
+    }
     CancelVersionTasks(v);
     EvictVersion(v);
     if (v.state != VersionState::kPersisted) {

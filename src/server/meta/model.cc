@@ -1,5 +1,7 @@
 #include "server/meta/model.h"
 
+#include <algorithm>
+
 namespace ckpt::meta {
 
 const char* VersionStateName(VersionState s) {
@@ -83,6 +85,16 @@ bool SatisfiesLevel(VersionState s, Level l) {
       return s == VersionState::kPersisted;
   }
   return false;
+}
+
+std::vector<uint64_t> RefStepsOf(const std::vector<Item>& items) {
+  std::vector<uint64_t> steps;
+  for (const Item& it : items) {
+    if (it.ref_step >= 0) steps.push_back(static_cast<uint64_t>(it.ref_step));
+  }
+  std::sort(steps.begin(), steps.end());
+  steps.erase(std::unique(steps.begin(), steps.end()), steps.end());
+  return steps;
 }
 
 uint64_t Version::TotalBytes() const {

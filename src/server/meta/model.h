@@ -150,7 +150,13 @@ struct Item {
   uint64_t length_bytes = 0;
   uint32_t crc32c = 0;
   std::map<std::string, std::string> attributes;
+  // >= 0: a reference to the same rank's item bytes in version ref_step
+  // (docs/protocol.md "Incremental saves"); -1: the bytes are in this shard.
+  int64_t ref_step = -1;
 };
+
+// The distinct ref_steps of `items`, ascending.
+std::vector<uint64_t> RefStepsOf(const std::vector<Item>& items);
 
 struct Copy {
   std::string node_id;
@@ -166,6 +172,9 @@ struct Shard {
   uint32_t crc32c = 0;
   uint64_t manifest_digest = 0;
   std::vector<Item> items;
+  // The versions this shard's references point to, ascending (derived from
+  // items when it is staged or loaded; not stored on its own).
+  std::vector<uint64_t> ref_steps;
   std::string primary_node_id;
   int64_t staged_ms = 0;  // agent's clock
   std::vector<Copy> copies;

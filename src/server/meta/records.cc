@@ -27,7 +27,7 @@ NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(Node, id, grpc_address, data_add
                                                 registered_ms, last_heartbeat_ms, lease_expiry_ms,
                                                 state_since_ms, first_seen_ms, failures, drained)
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(Item, name, dtype, shape, offset_bytes,
-                                                length_bytes, crc32c, attributes)
+                                                length_bytes, crc32c, attributes, ref_step)
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(Copy, node_id, role, state, updated_ms, detail)
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(Shard, rank, size_bytes, crc32c, manifest_digest,
                                                 items, primary_node_id, staged_ms, copies,
@@ -156,7 +156,9 @@ void AppendItem(std::string* out, const Item& item) {
     out->push_back(':');
     AppendJsonString(out, v);
   }
-  out->append("}}");
+  out->push_back('}');
+  if (item.ref_step >= 0) AppendField(out, "ref_step", item.ref_step);
+  out->push_back('}');
 }
 
 void AppendCopy(std::string* out, const Copy& copy) {
@@ -252,7 +254,9 @@ absl::StatusOr<Job> DecodeJob(std::string_view key, std::string_view value) {
   return Parse<Job>(key, value);
 }
 absl::StatusOr<Shard> DecodeShard(std::string_view key, std::string_view value) {
-  return Parse<Shard>(key, value);
+  absl::StatusOr<Shard> shard = Parse<Shard>(key, value);
+  if (shard.ok()) shard->ref_steps = RefStepsOf(shard->items);
+  return shard;
 }
 absl::StatusOr<Task> DecodeTask(std::string_view key, std::string_view value) {
   return Parse<Task>(key, value);

@@ -29,6 +29,7 @@ void ItemToProto(const ManifestItem& item, v1::Item* out) {
   out->set_length_bytes(item.length_bytes);
   out->set_crc32c(item.crc32c);
   for (const auto& [k, v] : item.attributes) (*out->mutable_attributes())[k] = v;
+  if (item.ref_step) out->set_ref_step(*item.ref_step);
 }
 
 ManifestItem ItemFromProto(const v1::Item& item) {
@@ -40,6 +41,7 @@ ManifestItem ItemFromProto(const v1::Item& item) {
   m.length_bytes = item.length_bytes();
   m.crc32c = item.crc32c();
   for (const auto& [k, v] : item.attributes()) m.attributes[k] = v;
+  if (item.has_ref_step()) m.ref_step = item.ref_step();
   return m;
 }
 

@@ -52,6 +52,7 @@ grpc::Status AgentServiceImpl::AcquireStagingLease(grpc::ServerContext* ctx, con
   r.client_pid = req->client_pid();
   r.ttl_ms = req->ttl_ms();
   r.session_id = req->session_id();
+  r.base_steps.assign(req->base_steps().begin(), req->base_steps().end());
   if (r.ttl_ms < 0) return Invalid("ttl_ms must not be negative");
   absl::StatusOr<agent::LeaseGrant> g = agent_->AcquireLease(r);
   if (!g.ok()) return ToGrpcStatus(g.status());

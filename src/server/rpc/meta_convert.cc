@@ -466,6 +466,12 @@ absl::StatusOr<meta::Item> ItemFromProto(const v1::Item& item, const std::string
   out.length_bytes = item.length_bytes();
   out.crc32c = item.crc32c();
   for (const auto& [k, v] : item.attributes()) out.attributes.emplace(k, v);
+  if (item.has_ref_step()) {
+    if (item.ref_step() > static_cast<uint64_t>(INT64_MAX)) {
+      return absl::InvalidArgumentError(absl::StrCat(field, ".ref_step ", item.ref_step(), " is out of range"));
+    }
+    out.ref_step = static_cast<int64_t>(item.ref_step());
+  }
   return out;
 }
 
@@ -477,6 +483,7 @@ void ToProto(const meta::Item& item, v1::Item* out) {
   out->set_length_bytes(item.length_bytes);
   out->set_crc32c(item.crc32c);
   for (const auto& [k, v] : item.attributes) (*out->mutable_attributes())[k] = v;
+  if (item.ref_step >= 0) out->set_ref_step(static_cast<uint64_t>(item.ref_step));
 }
 
 void ShardInfoToProto(const std::string& job_id, uint64_t step, const meta::Shard& shard,

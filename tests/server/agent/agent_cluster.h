@@ -104,7 +104,7 @@ class AgentCluster : public ::testing::Test {
   // Saves `size` random bytes as one item of `rank`; verified and reported.
   ShardRecord Save(Node& n, uint64_t step, uint32_t rank, uint64_t size, uint64_t seed) {
     const std::string bytes = RandomBytes(size, seed);
-    absl::StatusOr<LeaseGrant> g = n.agent->AcquireLease(LeaseRequest{"job", step, rank, size, "run", 0, 0, ""});
+    absl::StatusOr<LeaseGrant> g = n.agent->AcquireLease(LeaseRequest{"job", step, rank, size, "run", 0, 0, "", {}});
     EXPECT_TRUE(g.ok()) << g.status();
     if (!g.ok()) return {};
     uint64_t off = 0;

@@ -75,7 +75,7 @@ class AgentTest : public ::testing::Test {
   // Saves two items for `rank` of `step`; returns the record.
   ShardRecord Save(uint64_t step, uint32_t rank, const std::string& a = "alpha-bytes",
                    const std::string& b = "bravo") {
-    LeaseRequest req{"job", step, rank, 4096, "run-1", 0, 0, ""};
+    LeaseRequest req{"job", step, rank, 4096, "run-1", 0, 0, "", {}};
     absl::StatusOr<LeaseGrant> g = agent_->AcquireLease(req);
     EXPECT_TRUE(g.ok()) << g.status();
     Write(*g, 0, a);
@@ -122,7 +122,7 @@ TEST_F(AgentTest, CommitRecordsShardReportsStagedAndVerifiesInBackground) {
 
 TEST_F(AgentTest, RejectsBadLeasesAndCommits) {
   auto lease = [&](std::string job, uint32_t rank, uint64_t size) {
-    return agent_->AcquireLease(LeaseRequest{std::move(job), 1, rank, size, "", 0, 0, ""}).status();
+    return agent_->AcquireLease(LeaseRequest{std::move(job), 1, rank, size, "", 0, 0, "", {}}).status();
   };
   EXPECT_EQ(lease("../etc", 0, 10).code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(lease("job", 0, 0).code(), absl::StatusCode::kInvalidArgument);
@@ -134,7 +134,7 @@ TEST_F(AgentTest, RejectsBadLeasesAndCommits) {
   EXPECT_EQ(big.code(), absl::StatusCode::kResourceExhausted);
   EXPECT_THAT(big.message(), HasSubstr("larger than the whole memory tier"));
 
-  absl::StatusOr<LeaseGrant> g = agent_->AcquireLease(LeaseRequest{"job", 1, 0, 4096, "", 0, 0, ""});
+  absl::StatusOr<LeaseGrant> g = agent_->AcquireLease(LeaseRequest{"job", 1, 0, 4096, "", 0, 0, "", {}});
   ASSERT_TRUE(g.ok());
   Write(*g, 0, "abcdefgh");
   // Overlapping items, an item outside the shard, a commit larger than the lease.
@@ -155,24 +155,24 @@ TEST_F(AgentTest, RejectsBadLeasesAndCommits) {
 
 TEST_F(AgentTest, FullTierSaysWhatIsFreeAndWhatHoldsIt) {
   Save(1, 0);
-  absl::StatusOr<LeaseGrant> g = agent_->AcquireLease(LeaseRequest{"job", 2, 0, 7 * kMiB, "", 0, 0, ""});
+  absl::StatusOr<LeaseGrant> g = agent_->AcquireLease(LeaseRequest{"job", 2, 0, 7 * kMiB, "", 0, 0, "", {}});
   ASSERT_TRUE(g.ok()) << g.status();
-  absl::Status s = agent_->AcquireLease(LeaseRequest{"job", 2, 1, 2 * kMiB, "", 0, 0, ""}).status();
+  absl::Status s = agent_->AcquireLease(LeaseRequest{"job", 2, 1, 2 * kMiB, "", 0, 0, "", {}}).status();
   EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted);
   EXPECT_THAT(s.message(), HasSubstr("free of 8.0 MiB"));
   EXPECT_THAT(s.message(), HasSubstr("job step 1: 4096 bytes (1 shard)"));
   EXPECT_THAT(s.message(), HasSubstr("open leases: 7.0 MiB in 1"));
   // Aborting frees the space.
   ASSERT_TRUE(agent_->AbortLease(g->lease_id).ok());
-  EXPECT_TRUE(agent_->AcquireLease(LeaseRequest{"job", 2, 1, 2 * kMiB, "", 0, 0, ""}).ok());
+  EXPECT_TRUE(agent_->AcquireLease(LeaseRequest{"job", 2, 1, 2 * kMiB, "", 0, 0, "", {}}).ok());
 }
 
 TEST_F(AgentTest, UncommittedLeaseExpiresAndANewLeaseReplacesAnOldOne) {
   const uint64_t free0 = agent_->arena().free_bytes();
-  absl::StatusOr<LeaseGrant> g = agent_->AcquireLease(LeaseRequest{"job", 1, 0, 4096, "", 0, 1000, ""});
+  absl::StatusOr<LeaseGrant> g = agent_->AcquireLease(LeaseRequest{"job", 1, 0, 4096, "", 0, 1000, "", {}});
   ASSERT_TRUE(g.ok());
   // A restarted trainer asks again for the same rank: the old lease is void.
-  absl::StatusOr<LeaseGrant> g2 = agent_->AcquireLease(LeaseRequest{"job", 1, 0, 4096, "", 0, 1000, ""});
+  absl::StatusOr<LeaseGrant> g2 = agent_->AcquireLease(LeaseRequest{"job", 1, 0, 4096, "", 0, 1000, "", {}});
   ASSERT_TRUE(g2.ok());
   EXPECT_EQ(agent_->Commit(g->lease_id, 0, {}).status().code(), absl::StatusCode::kFailedPrecondition);
   clock_.Advance(absl::Milliseconds(1001));

@@ -115,7 +115,7 @@ TEST_F(SessionTest, ASessionsLeaseOutlivesAnyTtlAndGoesWithTheSessionAfterTheGra
   ASSERT_NE(s, nullptr);
   const uint64_t free0 = agent_->arena().free_bytes();
   absl::StatusOr<LeaseGrant> g =
-      agent_->AcquireLease(LeaseRequest{"job", 1, 0, 8192, "run", /*pid of another namespace*/ 999999, 0, s->id()});
+      agent_->AcquireLease(LeaseRequest{"job", 1, 0, 8192, "run", /*pid of another namespace*/ 999999, 0, s->id(), {}});
   ASSERT_TRUE(g.ok()) << g.status();
   EXPECT_EQ(g->expires_in_ms, 0);  // lives with the session
   // Far past any ttl, while the session is open: still there (a pid that
@@ -139,7 +139,7 @@ TEST_F(SessionTest, ASessionsLeaseOutlivesAnyTtlAndGoesWithTheSessionAfterTheGra
   }));
   EXPECT_EQ(agent_->arena().free_bytes(), free0);
   // Without a session the ttl applies as before.
-  absl::StatusOr<LeaseGrant> t = agent_->AcquireLease(LeaseRequest{"job", 1, 0, 8192, "run", 0, 0, ""});
+  absl::StatusOr<LeaseGrant> t = agent_->AcquireLease(LeaseRequest{"job", 1, 0, 8192, "run", 0, 0, "", {}});
   ASSERT_TRUE(t.ok());
   clock_.Advance(absl::Seconds(2));
   agent_->ControlOnce();
@@ -150,7 +150,7 @@ TEST_F(SessionTest, HandlesLiveWithTheSessionAndAResumedSessionKeepsThem) {
   std::unique_ptr<AgentSession> s = Connect();
   ASSERT_NE(s, nullptr);
   const std::string id = s->id();
-  absl::StatusOr<LeaseGrant> g = agent_->AcquireLease(LeaseRequest{"job", 2, 0, 100, "run", 0, 0, id});
+  absl::StatusOr<LeaseGrant> g = agent_->AcquireLease(LeaseRequest{"job", 2, 0, 100, "run", 0, 0, id, {}});
   ASSERT_TRUE(g.ok()) << g.status();
   const std::string bytes(100, 'z');
   std::memcpy(agent_->arena().Data(g->regions[0].file_offset), bytes.data(), bytes.size());
@@ -180,7 +180,7 @@ TEST_F(SessionTest, HandlesLiveWithTheSessionAndAResumedSessionKeepsThem) {
   agent_->ControlOnce();
   EXPECT_EQ(agent_->Status().open_handles, 1u);
   // A session nobody opened is refused with a clear error.
-  absl::StatusOr<LeaseGrant> bad = agent_->AcquireLease(LeaseRequest{"job", 3, 0, 100, "run", 0, 0, "feedbeef"});
+  absl::StatusOr<LeaseGrant> bad = agent_->AcquireLease(LeaseRequest{"job", 3, 0, 100, "run", 0, 0, "feedbeef", {}});
   EXPECT_EQ(bad.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(bad.status().message(), HasSubstr("reconnect"));
 }

@@ -78,6 +78,7 @@ namespace client {
 struct ClientCore;  // connection state shared by a Client and its handles
 struct LazyState;   // a lazy save in progress (LazySave)
 struct CommitResult;  // a commit sent in the background (SaveHandle)
+struct ShardRegion;   // a mapped part of a shard (LoadedShard)
 }  // namespace client
 
 // Element type of an item. The numbers are those of ckpt.v1.DType
@@ -232,6 +233,13 @@ struct ClientOptions {
   // This client's own Load, LoadInto, WaitVersion and Latest wait for its
   // commits first. False: Commit waits for the agent's answer.
   bool commit_in_background = true;
+  // Incremental saves (ItemChange, SaveBuilder::CarryRest): every Nth save
+  // that may reference its base is made in full instead (all items copied),
+  // so that old versions are not pinned for ever and the durable tier, which
+  // flushes full versions only (incremental ones pass their flush on to the
+  // next version), gets one at least every N saves. 0: never forced. Partial
+  // saves (CarryRest) are never forced full.
+  uint32_t full_save_every = 10;
 };
 
 // How often to checkpoint (Client::RecommendedInterval): the Young/Daly
@@ -348,6 +356,20 @@ class LazySave {
   uint64_t step_ = 0;
 };
 
+// How an item of a save relates to the same-named item of the client's
+// previous save (its "base": the last save of this Client that committed;
+// docs/protocol.md "Incremental saves"). An item that is the base's is
+// stored as a reference to the base's bytes: nothing is copied, sent to
+// peers or kept twice. Loads follow references transparently.
+enum class ItemChange {
+  kChanged,    // copy it (the default)
+  kUnchanged,  // the caller vouches it is equal to the base's item (frozen
+               // parameters): referenced without reading it, if the base has
+               // an item of that name and length; copied otherwise
+  kDetect,     // hash it (XXH3-64, a read-only pass) and reference the base's
+               // item when that was hashed too and is equal; copied otherwise
+};
+
 // Collects the items of one save (one rank's shard of one step) and commits
 // them. Obtained from Client::BeginSave. Movable, not copyable; not
 // thread-safe (one thread fills and commits it).
@@ -367,9 +389,19 @@ class SaveBuilder {
   // unknown dtype, a length that does not match dtype and shape (see DType),
   // more than 16 attributes or an attribute key or value over 256 bytes;
   // kFailedPrecondition after Commit was called.
+  // `change`: see ItemChange (incremental saves).
   absl::Status Add(std::string name, std::span<const std::byte> bytes, DType dtype,
                    std::vector<uint64_t> shape,
-                   std::map<std::string, std::string> attributes = {});
+                   std::map<std::string, std::string> attributes = {},
+                   ItemChange change = ItemChange::kChanged);
+
+  // A partial save: every item of the base (see ItemChange) that this save
+  // does not Add is carried over as a reference, with its name, dtype,
+  // shape, attributes and step; a load of this version gives them all
+  // (LoadedItem::step says where each was taken). Commit fails with
+  // kFailedPrecondition when there is no base (this client's first save, or
+  // the agent no longer holds it): save in full then.
+  void CarryRest() { carry_rest_ = true; }
 
   // Number of items added so far.
   size_t item_count() const;
@@ -435,6 +467,8 @@ class SaveBuilder {
   std::shared_ptr<client::ClientCore> core_;
   uint64_t step_ = 0;
   bool spent_ = false;
+  bool carry_rest_ = false;
+  bool incremental_ = false;  // some item is not kChanged, or CarryRest
   std::vector<Item> items_;
   std::unique_ptr<Names> names_;
 };
@@ -444,12 +478,16 @@ struct LoadedItem {
   std::string name;
   DType dtype = DType::kBytes;
   std::vector<uint64_t> shape;
-  // Position of the item inside the shard.
+  // Position of the item inside the shard of version `step` (this rank's).
   uint64_t offset_bytes = 0;
   uint64_t length_bytes = 0;
   // CRC-32C of the item's bytes, computed by the writer.
   uint32_t crc32c = 0;
   std::map<std::string, std::string> attributes;
+  // The version whose save copied these bytes: the loaded version's own
+  // step, or an older one for an item an incremental save carried over
+  // (a reference: unchanged, or not stated by a partial save).
+  uint64_t step = 0;
 };
 
 // This rank's shard of one version, opened for zero-copy reading in the
@@ -513,6 +551,8 @@ class LoadedShard {
   friend class Client;
   struct Impl;
   explicit LoadedShard(std::unique_ptr<Impl> impl);
+  // The mapped regions holding `item`'s bytes (this shard's or a base's).
+  const std::vector<client::ShardRegion>& RegionsOf(const LoadedItem& item) const;
   std::unique_ptr<Impl> impl_;
 };
 

@@ -20,7 +20,7 @@ def test_incremental_saves_reference_unchanged_items_and_load_the_dense_state(cl
     c = cluster.client(job, keep_in_memory=1)
     frozen = np.random.default_rng(0).integers(0, 255, (4 << 20) + 1, dtype=np.uint8)  # 4 MiB + 1
     s1 = _state(1, frozen)
-    full = c.save(1, s1)
+    full = c.save(1, s1, detect_unchanged=True)  # no base: all copied, and hashed
     full.wait("protected", timeout=60)
     assert full.size_bytes > frozen.nbytes
     # Step 2: "frozen" vouched for, "moment" found unchanged by its hash, "w" and

@@ -116,9 +116,11 @@ std::vector<ManifestItem> ToManifest(const v1::ShardInfo& shard) {
   return SortedByOffset(items);
 }
 
-// OK iff every item lies inside a shard of `size` bytes.
+// OK iff every item of the shard's own (references aside) lies inside a
+// shard of `size` bytes.
 absl::Status ItemsInside(const std::vector<ManifestItem>& items, uint64_t size) {
   for (const ManifestItem& it : items) {
+    if (it.ref_step) continue;  // checked against its base (OpenBases)
     if (it.offset_bytes > size || it.length_bytes > size - it.offset_bytes) {
       return absl::InvalidArgumentError(absl::StrCat("item ", QuoteForMessage(it.name), " [", it.offset_bytes,
                                                      ", +", it.length_bytes, ") lies outside the shard of ",
@@ -355,7 +357,8 @@ absl::StatusOr<Bases> OpenBases(const std::shared_ptr<ClientCore>& core, const O
   for (const auto& [base, opened] : bases) {
     auto& by_offset = own[base];
     for (const ManifestItem& it : opened->items) {
-      if (!it.ref_step) by_offset.emplace(it.offset_bytes, &it);
+      // (Empty items may share an offset with the next one: never referred to.)
+      if (!it.ref_step && it.length_bytes > 0) by_offset.emplace(it.offset_bytes, &it);
     }
   }
   for (const ManifestItem& it : main.items) {

@@ -263,7 +263,9 @@ absl::StatusOr<SaveHandle> SaveBuilder::CommitItems(client::LazyState* progress,
       const Item& it = items_[i];
       if (it.change == ItemChange::kDetect) hash[i] = ContentHash(it.bytes);
       const ManifestItem* b = base == nullptr ? nullptr : base->Find(*it.name);
-      if (b == nullptr || b->length_bytes != it.bytes.size()) continue;
+      // (An empty item costs nothing to copy; a container marker must stay
+      // among the shard's own items, ahead of its elements.)
+      if (b == nullptr || b->length_bytes != it.bytes.size() || it.bytes.empty()) continue;
       if (it.change == ItemChange::kUnchanged) {
         ref[i] = base->Location(*b);
         hash[i] = base->Hash(*it.name);
@@ -290,7 +292,9 @@ absl::StatusOr<SaveHandle> SaveBuilder::CommitItems(client::LazyState* progress,
         lengths.push_back(items_[i].bytes.size());
       }
     }
-    for (const ManifestItem* c : carried) base_steps.push_back(base->Location(*c).step);
+    for (const ManifestItem* c : carried) {
+      if (c->length_bytes > 0) base_steps.push_back(base->Location(*c).step);
+    }
     std::sort(base_steps.begin(), base_steps.end());
     base_steps.erase(std::unique(base_steps.begin(), base_steps.end()), base_steps.end());
   };
@@ -377,10 +381,15 @@ absl::StatusOr<SaveHandle> SaveBuilder::CommitItems(client::LazyState* progress,
     for (const auto& [k, v] : it.attributes) manifest_bytes += 8 + k.size() + v.size();
   }
   ManifestEncoder manifest(manifest_bytes);
+  // Carried empty items (container markers) are the shard's own, first, so
+  // that a container comes before the elements this save states.
+  for (const ManifestItem* c : carried) {
+    if (c->length_bytes == 0) manifest.Add(c->name, c->dtype, c->shape, 0, 0, c->crc32c, c->attributes);
+  }
   uint32_t shard_crc = 0;
   uint64_t pos = 0;      // end of the bytes accounted for in shard_crc
   size_t copied = 0;     // items copied so far (index into layout.offsets)
-  bool any_ref = !carried.empty();
+  bool any_ref = std::any_of(carried.begin(), carried.end(), [](const ManifestItem* c) { return c->length_bytes > 0; });
   for (size_t i = 0; i < items_.size(); ++i) {
     const Item& it = items_[i];
     if (ref[i]) {
@@ -426,6 +435,7 @@ absl::StatusOr<SaveHandle> SaveBuilder::CommitItems(client::LazyState* progress,
       if (ref[i]) refs.push_back(Ref{*ref[i], it.name, static_cast<int>(it.dtype), &it.shape, &it.attributes});
     }
     for (const ManifestItem* c : carried) {
+      if (c->length_bytes == 0) continue;  // added above
       refs.push_back(Ref{base->Location(*c), &c->name, c->dtype, &c->shape, &c->attributes});
       if (std::optional<uint64_t> h = base->Hash(c->name)) hashes->emplace(c->name, *h);
     }

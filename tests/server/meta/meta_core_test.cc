@@ -775,6 +775,88 @@ TEST_F(MetaCoreTest, FlushPersistsAndRetentionEvictsOldVersions) {
   EXPECT_EQ(StateOf("gpt", 1), VersionState::kDeleted);
 }
 
+// Incremental saves (docs/protocol.md "Incremental saves"): a staged shard
+// whose references name a version meta does not hold in memory is refused; a
+// version kept refers to older ones, which stay whatever keep_in_memory says;
+// deleting one needs force and takes the versions referring to it along; an
+// incremental version passes a planned flush on to the next version.
+TEST_F(MetaCoreTest, IncrementalVersionsKeepWhatTheyReferToAndPassTheirFlushOn) {
+  Register("a");
+  FlushPolicy every2;
+  every2.every_n_versions = 2;
+  RetentionPolicy keep1;
+  keep1.keep_in_memory = 1;
+  CreateJob("inc", 1, ProtectionPolicy::None(), every2, keep1);
+  auto stage_ref = [&](uint64_t step, std::vector<int64_t> refs) {
+    ShardReport r;
+    r.kind = ShardReport::Kind::kStaged;
+    r.staged.job_id = "inc";
+    r.staged.step = step;
+    r.staged.shard = MakeShard(0, 4096);
+    for (size_t i = 0; i < refs.size(); ++i) {
+      Item it = r.staged.shard.items[0];
+      it.name = absl::StrCat("ref", i);
+      it.ref_step = refs[i];
+      it.offset_bytes = 1 << 30;  // in the base's shard: not checked against this one
+      r.staged.shard.items.push_back(it);
+    }
+    auto res = core_->ReportShards("a", inc_["a"], {r});
+    return res.ok() ? res->results[0] : res.status();
+  };
+  ASSERT_TRUE(core_->BeginVersion("inc", 1, "").ok());  // flush planned (the first)
+  ASSERT_TRUE(stage_ref(1, {}).ok());
+  RunAgents();
+  ASSERT_EQ(StateOf("inc", 1), VersionState::kPersisted);
+  // Version 2 refers to 1; 3 to 1 and 2 (flush planned: passed on to 4).
+  ASSERT_TRUE(core_->BeginVersion("inc", 2, "").ok());
+  EXPECT_EQ(stage_ref(2, {2}).code(), absl::StatusCode::kInvalidArgument);  // not older
+  EXPECT_EQ(stage_ref(2, {7}).code(), absl::StatusCode::kInvalidArgument);
+  ASSERT_TRUE(stage_ref(2, {1}).ok());
+  RunAgents();
+  ASSERT_EQ(StateOf("inc", 2), VersionState::kProtected);
+  auto b3 = core_->BeginVersion("inc", 3, "");
+  ASSERT_TRUE(b3.ok());
+  EXPECT_TRUE(b3->first.flush_planned);
+  ASSERT_TRUE(stage_ref(3, {1, 2}).ok());
+  RunAgents();
+  auto v3 = core_->GetVersion("inc", 3, true);
+  ASSERT_TRUE(v3.ok());
+  EXPECT_FALSE(v3->flush_planned);
+  EXPECT_EQ(v3->shards.at(0).ref_steps, (std::vector<uint64_t>{1, 2}));
+  EXPECT_EQ(v3->state, VersionState::kProtected);
+  // keep_in_memory=1, yet 1 and 2 stay: 3 refers to them.
+  EXPECT_FALSE(core_->GetVersion("inc", 1, false)->evicted);
+  EXPECT_EQ(StateOf("inc", 2), VersionState::kProtected);
+  auto b4 = core_->BeginVersion("inc", 4, "");
+  ASSERT_TRUE(b4.ok());
+  EXPECT_TRUE(b4->first.flush_planned);  // 3's flush, passed on
+  ASSERT_TRUE(stage_ref(4, {}).ok());    // a full version
+  RunAgents();
+  EXPECT_EQ(StateOf("inc", 4), VersionState::kPersisted);
+  // Nothing kept refers to 2 or 3 now: they go (1 is PERSISTED: off memory).
+  EXPECT_EQ(StateOf("inc", 2), VersionState::kDeleted);
+  EXPECT_EQ(StateOf("inc", 3), VersionState::kDeleted);
+  EXPECT_TRUE(core_->GetVersion("inc", 1, false)->evicted);
+  // A reference to a version no longer in memory is refused.
+  ASSERT_TRUE(core_->BeginVersion("inc", 5, "").ok());
+  absl::Status gone = stage_ref(5, {3});
+  EXPECT_EQ(gone.code(), absl::StatusCode::kFailedPrecondition) << gone;
+  EXPECT_NE(gone.message().find("no longer in memory"), std::string::npos) << gone;
+  ASSERT_TRUE(stage_ref(5, {4}).ok());
+  RunAgents();
+  ASSERT_TRUE(core_->BeginVersion("inc", 6, "").ok());
+  ASSERT_TRUE(stage_ref(6, {4, 5}).ok());
+  RunAgents();
+  // Deleting 4 needs force, and takes 5 and 6 along.
+  absl::Status refused = core_->DeleteVersion("inc", 4, false).status();
+  EXPECT_EQ(refused.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(refused.message().find("5, 6"), std::string::npos) << refused;
+  ASSERT_TRUE(core_->DeleteVersion("inc", 4, true).ok());
+  EXPECT_EQ(StateOf("inc", 5), VersionState::kDeleted);
+  EXPECT_EQ(StateOf("inc", 6), VersionState::kDeleted);
+  EXPECT_NE(core_->GetVersion("inc", 6, false)->abort_reason.find("version 4"), std::string::npos);
+}
+
 // The node given a version's durable commit dies before it runs it: the
 // commit goes to another node. It used to be issued once only (seen in the
 // chaos soak): the version stayed PROTECTED and unflushed for good, and

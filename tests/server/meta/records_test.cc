@@ -24,7 +24,11 @@ Shard OddShard() {
   a.attributes = {{"k\"ey", "v\\al"}, {"unicode", "gr\xc3\xbc\xc3\x9f" "e \xe2\x82\xac"}, {"", ""}};
   Item b;  // empty shape and attributes
   b.name = "b";
-  s.items = {a, b};
+  Item r;  // a reference (incremental save)
+  r.name = "r";
+  r.ref_step = 9007199254740991;
+  r.offset_bytes = 4096;
+  s.items = {a, b, r};
   s.primary_node_id = "node-1";
   s.staged_ms = -5;
   Copy c;
@@ -49,7 +53,7 @@ TEST(Records, ShardRoundTripsEveryField) {
   EXPECT_EQ(d->size_bytes, s.size_bytes);
   EXPECT_EQ(d->crc32c, s.crc32c);
   EXPECT_EQ(d->manifest_digest, s.manifest_digest);
-  ASSERT_EQ(d->items.size(), 2u);
+  ASSERT_EQ(d->items.size(), 3u);
   EXPECT_EQ(d->items[0].name, s.items[0].name);
   EXPECT_EQ(d->items[0].dtype, 7);
   EXPECT_EQ(d->items[0].shape, s.items[0].shape);
@@ -60,6 +64,10 @@ TEST(Records, ShardRoundTripsEveryField) {
   EXPECT_EQ(d->items[1].name, "b");
   EXPECT_TRUE(d->items[1].shape.empty());
   EXPECT_TRUE(d->items[1].attributes.empty());
+  EXPECT_EQ(d->items[1].ref_step, -1);
+  EXPECT_EQ(d->items[2].ref_step, 9007199254740991);
+  EXPECT_EQ(d->items[2].offset_bytes, 4096u);
+  EXPECT_EQ(d->ref_steps, (std::vector<uint64_t>{9007199254740991}));  // derived
   EXPECT_EQ(d->primary_node_id, "node-1");
   EXPECT_EQ(d->staged_ms, -5);
   ASSERT_EQ(d->copies.size(), 2u);

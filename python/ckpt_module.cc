@@ -657,52 +657,23 @@ class Unflattener {
   py::dict Build() {
     py::dict root;
     nodes_.emplace(std::string_view(), Node{root, nullptr});
+    // Items come in save order, containers before their elements, except in
+    // an incremental version (own items, then references): an element whose
+    // container comes later waits for it.
+    std::vector<size_t> later;
     for (size_t i = 0; i < items_->size(); ++i) {
-      const LoadedItem& it = (*items_)[i];
-      const std::string_view name = it.name;
-      const size_t slash = name.rfind('/');
-      const std::string_view parent_path = slash == std::string_view::npos ? std::string_view() : name.substr(0, slash);
-      const std::string_view seg = slash == std::string_view::npos ? name : name.substr(slash + 1);
-      auto parent = nodes_.find(parent_path);
-      if (parent == nodes_.end()) {
-        ThrowStatus(absl::DataLossError("item '" + it.name + "' has no parent container in the checkpoint"));
+      if (!Place(i)) later.push_back(i);
+    }
+    while (!later.empty()) {
+      std::vector<size_t> still;
+      for (size_t i : later) {
+        if (!Place(i)) still.push_back(i);
       }
-      const Node p = parent->second;  // a copy: the emplace below may rehash nodes_
-      const std::string* kind = Kind(it);
-      py::object value;
-      Seq* seq = nullptr;
-      if (kind != nullptr && (*kind == "dict" || *kind == "list" || *kind == "tuple")) {
-        if (*kind == "dict") {
-          value = py::dict();
-        } else {
-          seqs_.push_back(std::make_unique<Seq>());
-          seq = seqs_.back().get();
-          seq->tuple = *kind == "tuple";
-        }
-        nodes_.emplace(name, Node{value, seq});
-      } else {
-        value = Leaf(i, kind);
+      if (still.size() == later.size()) {
+        ThrowStatus(absl::DataLossError("item '" + (*items_)[still.front()].name +
+                                        "' has no parent container in the checkpoint"));
       }
-      if (p.seq != nullptr) {
-        PyObject* raw = PyLong_FromString(std::string(seg).c_str(), nullptr, 10);  // int(seg), as _unflatten
-        CheckPy(raw != nullptr);
-        const py::object index = py::reinterpret_steal<py::object>(raw);
-        const long long at = PyLong_AsLongLong(raw);
-        CheckPy(!(at == -1 && PyErr_Occurred()));
-        // Each element is an item: an index past the item count cannot be.
-        if (at < 0 || static_cast<size_t>(at) >= items_->size()) {
-          ThrowStatus(absl::DataLossError("item '" + it.name + "': index out of range"));
-        }
-        if (p.seq->entries.size() <= static_cast<size_t>(at)) p.seq->entries.resize(static_cast<size_t>(at) + 1);
-        p.seq->entries[static_cast<size_t>(at)] = Entry{value, seq, true};
-      } else {
-        const py::object key = DecodeKey(seg);
-        if (seq != nullptr) {
-          seq->parent = p.obj;
-          seq->key = key;
-        }
-        CheckPy(PyDict_SetItem(p.obj.ptr(), key.ptr(), seq != nullptr ? Py_None : value.ptr()) == 0);
-      }
+      later = std::move(still);
     }
     // Innermost first (created after their parents): children are built
     // before the sequences that hold them.
@@ -721,6 +692,54 @@ class Unflattener {
       if (s.parent) CheckPy(PyDict_SetItem(s.parent.ptr(), s.key.ptr(), s.built.ptr()) == 0);
     }
     return root;
+  }
+
+  // Puts item i into its container; false if that container is not built yet.
+  bool Place(size_t i) {
+    const LoadedItem& it = (*items_)[i];
+    const std::string_view name = it.name;
+    const size_t slash = name.rfind('/');
+    const std::string_view parent_path = slash == std::string_view::npos ? std::string_view() : name.substr(0, slash);
+    const std::string_view seg = slash == std::string_view::npos ? name : name.substr(slash + 1);
+    auto parent = nodes_.find(parent_path);
+    if (parent == nodes_.end()) return false;
+    const Node p = parent->second;  // a copy: the emplace below may rehash nodes_
+    const std::string* kind = Kind(it);
+    py::object value;
+    Seq* seq = nullptr;
+    if (kind != nullptr && (*kind == "dict" || *kind == "list" || *kind == "tuple")) {
+      if (*kind == "dict") {
+        value = py::dict();
+      } else {
+        seqs_.push_back(std::make_unique<Seq>());
+        seq = seqs_.back().get();
+        seq->tuple = *kind == "tuple";
+      }
+      nodes_.emplace(name, Node{value, seq});
+    } else {
+      value = Leaf(i, kind);
+    }
+    if (p.seq != nullptr) {
+      PyObject* raw = PyLong_FromString(std::string(seg).c_str(), nullptr, 10);  // int(seg), as _unflatten
+      CheckPy(raw != nullptr);
+      const py::object index = py::reinterpret_steal<py::object>(raw);
+      const long long at = PyLong_AsLongLong(raw);
+      CheckPy(!(at == -1 && PyErr_Occurred()));
+      // Each element is an item: an index past the item count cannot be.
+      if (at < 0 || static_cast<size_t>(at) >= items_->size()) {
+        ThrowStatus(absl::DataLossError("item '" + it.name + "': index out of range"));
+      }
+      if (p.seq->entries.size() <= static_cast<size_t>(at)) p.seq->entries.resize(static_cast<size_t>(at) + 1);
+      p.seq->entries[static_cast<size_t>(at)] = Entry{value, seq, true};
+    } else {
+      const py::object key = DecodeKey(seg);
+      if (seq != nullptr) {
+        seq->parent = p.obj;
+        seq->key = key;
+      }
+      CheckPy(PyDict_SetItem(p.obj.ptr(), key.ptr(), seq != nullptr ? Py_None : value.ptr()) == 0);
+    }
+    return true;
   }
 
  private:

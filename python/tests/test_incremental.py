@@ -137,3 +137,23 @@ def test_torch_incremental_save_of_a_model_with_frozen_parameters(cluster, job):
     ct.load(c, 2, model=fresh)
     for k, v in fresh.state_dict().items():
         assert torch.equal(v, want[k]), k
+
+
+def test_partial_saves_of_nested_containers_load_whole(cluster, job):
+    # A MoE trainer's layout: dense parts every time, a rotating subset of experts.
+    c = cluster.client(job, keep_in_memory=4)
+    experts = {str(e): {"w": np.full(256, e, np.float32), "opt": [np.zeros(4), {"lr": 0.1}]} for e in range(4)}
+    c.save(1, {"dense": np.ones(8), "experts": experts, "meta": ("a", 1)}).wait("staged", timeout=60)
+    for step, e in ((2, "1"), (3, "2")):
+        experts[e] = {"w": np.full(256, 10 * step, np.float32), "opt": [np.ones(4) * step, {"lr": 0.1}]}
+        c.save(step, {"dense": np.ones(8) * step, "experts": {e: experts[e]}}, partial=True).wait("staged", timeout=60)
+    back = c.load(3)
+    assert sorted(back) == ["dense", "experts", "meta"] and back["meta"] == ("a", 1)
+    assert np.array_equal(back["dense"], np.ones(8) * 3)
+    assert sorted(back["experts"]) == ["0", "1", "2", "3"]
+    for e, want in experts.items():
+        assert np.array_equal(back["experts"][e]["w"], want["w"]), e
+        assert np.array_equal(back["experts"][e]["opt"][0], want["opt"][0]) and back["experts"][e]["opt"][1] == {"lr": 0.1}
+    steps = c.item_steps(3)
+    assert steps["experts/0/w"] == 1 and steps["experts/1/w"] == 2 and steps["experts/2/w"] == 3
+    assert steps["dense"] == 3 and steps["meta/1"] == 1

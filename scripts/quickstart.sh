@@ -21,8 +21,10 @@
 # Environment: CKPT_BUILD_DIR (default build), CKPT_SKIP_BUILD=1 (same as --no-build),
 # CKPT_JOBS (build parallelism, default 2), QS_STEPS (default 40), QS_EVERY (save every N
 # steps, default 5), QS_CRASH_AT (default 20), QS_VICTIM (rank, default 2), QS_PROTECTION
-# (replicate:COPIES:ring|group or ec:K+M, default replicate:2:ring), CKPT_KEEP=1 keeps the
-# temp dir.
+# (replicate:COPIES:ring|group or ec:K+M, default replicate:2:ring), QS_EXAMPLE (gpt, the
+# default: examples/train_gpt.py; moe: examples/train_moe.py, a mixture of experts whose
+# saves are sparse, 2 of 8 experts per version, and whose resume rebuilds the dense state by
+# replaying the experts' logged steps), CKPT_KEEP=1 keeps the temp dir.
 set -euo pipefail
 
 usage() { sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed -e '$d' -e 's/^# \{0,1\}//'; }
@@ -69,6 +71,11 @@ else
   exit 2
 fi
 case "${skip_build}" in 0|1) ;; *) echo "quickstart.sh: CKPT_SKIP_BUILD must be 0 or 1, got '${skip_build}'" >&2; exit 2 ;; esac
+example="${QS_EXAMPLE:-gpt}"
+case "${example}" in
+  gpt|moe) ;;
+  *) echo "quickstart.sh: QS_EXAMPLE must be gpt or moe, got '${example}'" >&2; exit 2 ;;
+esac
 
 py=/usr/bin/python3
 [ -x "${py}" ] || { echo "quickstart.sh: ${py} not found (run scripts/setup-deps.sh)" >&2; exit 2; }
@@ -190,7 +197,7 @@ run_ranks() {
     sock="${socket[r]}"; extra=""
     if [ "${r}" -eq "${victim}" ]; then sock="${victim_socket}"; extra="${victim_args}"; fi
     # shellcheck disable=SC2086
-    "${py}" "${root}/examples/train_gpt.py" --meta "${meta}" --agent-socket "${sock}" --job "${job}" \
+    "${py}" "${root}/examples/train_${example}.py" --meta "${meta}" --agent-socket "${sock}" --job "${job}" \
       --rank "${r}" --world-size "${world}" --dist-port "${dport}" --steps "${steps}" --every "${every}" \
       --log "${work}/${name}-loss-${r}.jsonl" --protection "${protection}" ${extra} "$@" \
       >"${work}/${name}-rank-${r}.out" 2>"${work}/${name}-rank-${r}.err" &
@@ -223,7 +230,7 @@ all_ok() {  # name
   for r in $(seq 0 $((world - 1))); do [ "$(cat "${work}/$1-rank-${r}.rc")" = 0 ] || return 1; done
 }
 
-echo "== 1. reference: ${world} ranks, ${steps} steps, save every ${every}, no failure"
+echo "== 1. reference (examples/train_${example}.py): ${world} ranks, ${steps} steps, save every ${every}, no failure"
 t0=$(date +%s.%N)
 run_ranks ref "${ref_job}" "" "${socket[victim]}"
 all_ok ref || { show_failure ref; echo "FAILED: the reference run failed (logs in ${work}, CKPT_KEEP=1 keeps them)"; exit 1; }
@@ -326,6 +333,19 @@ for r in range(world):
     if fin("ref") is None or fin("ref") != fin("resume"):
         print(f"rank {r}: final model+optimizer state differs from the uninterrupted run")
         state_ok = False
+moe = [e for r in range(world) for e in events("resume", r) if e["event"] == "resume" and "snapshot_steps" in e]
+if moe:
+    # Sparse saves: the first full, the others a subset of the experts.
+    most = max(len(x.get("experts", [])) for x in saves)
+    full = [e["bytes"] for e in saves if len(e.get("experts", [])) == most]
+    part = [e["bytes"] for e in saves if len(e.get("experts", [])) < most]
+    if part:
+        print(f"sparse saves: {statistics.median(part) / 1024:.0f} KiB per rank (a subset of the experts) against "
+              f"{statistics.median(full) / 1024:.0f} KiB for a full one")
+    v = next(e for e in moe if e["rank"] == victim)
+    print(f"rank {victim}: experts' snapshot steps at step {v['step']}: "
+          + ", ".join(f"{k}:{s}" for k, s in sorted(v["snapshot_steps"].items(), key=lambda kv: int(kv[0])))
+          + f"; {v['replayed_expert_steps']} expert-steps replayed from the logs")
 ref0 = losses("ref", 0)
 print(f"rank 0 loss: step 1 {ref0[0]['loss']:.4f} -> step {ref0[-1]['step']} {ref0[-1]['loss']:.4f}")
 print(f"final model+optimizer state equal to the uninterrupted run: {'yes' if state_ok else 'no'}")

@@ -40,8 +40,9 @@ namespace v1 = ::ckpt::v1;
 
 struct LazyState;  // lazy_save.h
 
-// The last save of a client that committed: the base of its next
-// incremental save (ItemChange, SaveBuilder::CarryRest).
+// The last save of a client that committed (or the version it loaded, if
+// newer): the base of its next incremental save (ItemChange,
+// SaveBuilder::CarryRest).
 struct SavedBase {
   uint64_t step = 0;
   // The commit as sent: its packed manifest lists the items, references

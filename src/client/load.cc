@@ -375,6 +375,24 @@ absl::StatusOr<Bases> OpenBases(const std::shared_ptr<ClientCore>& core, const O
   return bases;
 }
 
+// A loaded version becomes the client's base for incremental saves
+// (SavedBase) when it has none or an older one: a restarted trainer goes on
+// saving incrementally against the version it restored. (The shard and the
+// versions it refers to were just opened through the local agent, which
+// keeps copies of them: the next save's lease finds them there.)
+void AdoptAsBase(ClientCore& core, uint64_t step, const std::vector<ManifestItem>& items) {
+  {
+    absl::MutexLock lock(&core.base_mu);
+    if (core.base && core.base->step >= step) return;
+  }
+  auto commit = std::make_shared<v1::CommitShardRequest>();
+  commit->set_manifest(EncodeManifest(items));
+  absl::MutexLock lock(&core.base_mu);
+  if (core.base && core.base->step >= step) return;
+  core.base = SavedBase{step, std::move(commit), nullptr};
+  core.saves_since_full = 0;
+}
+
 // The mapped regions that hold `item`'s bytes: the shard's own or its base's.
 const std::vector<ShardRegion>& RegionsFor(const OpenedShard& main, const Bases& bases,
                                            std::optional<uint64_t> ref_step) {
@@ -391,6 +409,7 @@ std::string ItemMismatch(const std::string& name, uint32_t expected, uint32_t ac
 }  // namespace
 }  // namespace client
 
+using client::AdoptAsBase;
 using client::Bases;
 using client::ItemMismatch;
 using client::OpenBases;
@@ -513,6 +532,7 @@ absl::StatusOr<LoadedShard> Client::Load(uint64_t step, const LoadOptions& optio
   CKPT_ASSIGN_OR_RETURN(std::unique_ptr<OpenedShard> opened, OpenBest(core_, step, !options.verify));
   auto impl = std::make_unique<LoadedShard::Impl>();
   CKPT_ASSIGN_OR_RETURN(impl->bases, OpenBases(core_, *opened, !options.verify));
+  AdoptAsBase(*core_, step, opened->items);
   impl->items.reserve(opened->items.size());
   for (ManifestItem& it : opened->items) {
     LoadedItem item;
@@ -587,7 +607,10 @@ absl::Status Client::LoadInto(uint64_t step,
     }
     (*opened)->CloseInBackground();
     for (auto& [base_step, base] : *bases) base->CloseInBackground();
-    if (mismatch.empty()) return absl::OkStatus();
+    if (mismatch.empty()) {
+      AdoptAsBase(*core_, step, items);
+      return absl::OkStatus();
+    }
     if (attempt == 1) {
       return absl::DataLossError(absl::StrCat(mismatch, " in ", what, " (",
                                               ServedFromName((*opened)->served_from),

@@ -3,16 +3,17 @@
 # (no cmake from inside ctest) and checks: exit 0, the "matches: yes" and peer-replica lines,
 # and that it left nothing behind (its temp dir, its /dev/shm memory tiers, its processes).
 #
-#   tests/integration/quickstart_test.sh SOURCE_DIR BUILD_DIR [PROTECTION]
+#   tests/integration/quickstart_test.sh SOURCE_DIR BUILD_DIR [PROTECTION [EXAMPLE]]
 # PROTECTION: replicate:2:ring (default; the orphaned rank must restore from "replica") or
-# ec:K+M (it must restore by "ec_decode").
+# ec:K+M (it must restore by "ec_decode"). EXAMPLE: gpt (default) or moe (QS_EXAMPLE; then
+# the sparse-to-dense line must be there too).
 # Exit 77 (ctest: skipped) when /usr/bin/python3 has no torch.
 set -euo pipefail
 
-if [ "$#" -lt 2 ] || [ "$#" -gt 3 ]; then
-  echo "usage: $0 SOURCE_DIR BUILD_DIR [PROTECTION]" >&2; exit 2
+if [ "$#" -lt 2 ] || [ "$#" -gt 4 ]; then
+  echo "usage: $0 SOURCE_DIR BUILD_DIR [PROTECTION [EXAMPLE]]" >&2; exit 2
 fi
-src="$1"; build="$2"; protection="${3:-replicate:2:ring}"
+src="$1"; build="$2"; protection="${3:-replicate:2:ring}"; example="${4:-gpt}"
 case "${protection}" in
   replicate:*) source=replica ;;
   ec:*) source=ec_decode ;;
@@ -29,7 +30,7 @@ trap 'rm -rf "${tmp}"' EXIT
 out="${tmp}/out.txt"
 
 rc=0
-TMPDIR="${tmp}" QS_PROTECTION="${protection}" CKPT_BUILD_DIR="${build}" CKPT_SKIP_BUILD=1 QS_STEPS=20 QS_EVERY=5 QS_CRASH_AT=10 \
+TMPDIR="${tmp}" QS_EXAMPLE="${example}" QS_PROTECTION="${protection}" CKPT_BUILD_DIR="${build}" CKPT_SKIP_BUILD=1 QS_STEPS=20 QS_EVERY=5 QS_CRASH_AT=10 \
   "${src}/scripts/quickstart.sh" >"${out}" 2>&1 &
 qs=$!
 wait "${qs}" || rc=$?
@@ -39,6 +40,11 @@ fail() { echo "quickstart_test: FAIL: $*" >&2; exit 1; }
 [ "${rc}" -eq 0 ] || fail "quickstart.sh exited ${rc}"
 grep -qx "loss curve matches uninterrupted run: yes" "${out}" || fail "no 'loss curve matches uninterrupted run: yes' line"
 grep -Eq "^rank [0-9] \(dead agent\) restored from .*: yes$" "${out}" || fail "the dead agent's rank did not restore from its peers"
+if [ "${example}" = moe ]; then
+  grep -Eq "^rank [0-9]: experts' snapshot steps at step 10: .*; [1-9][0-9]* expert-steps replayed" "${out}" \
+    || fail "no sparse-to-dense line (experts' snapshot steps, expert-steps replayed)"
+  grep -Eq "^sparse saves: " "${out}" || fail "no sparse saves line"
+fi
 grep -Eq "^rank [0-9]: restored step 10 through node-[0-9] from ${source} .*its agent was killed" "${out}" \
   || fail "no '${source}' restore line for the rank whose agent was killed"
 # Clean-up: no temp dir left in our TMPDIR, no memory tier left under /dev/shm, no children.

@@ -357,8 +357,9 @@ class LazySave {
 };
 
 // How an item of a save relates to the same-named item of the client's
-// previous save (its "base": the last save of this Client that committed;
-// docs/protocol.md "Incremental saves"). An item that is the base's is
+// previous save (its "base": the last save of this Client that committed, or
+// the version it last loaded if that is newer, so that a restarted trainer
+// goes on from the version it restored; docs/protocol.md "Incremental saves"). An item that is the base's is
 // stored as a reference to the base's bytes: nothing is copied, sent to
 // peers or kept twice. Loads follow references transparently.
 enum class ItemChange {

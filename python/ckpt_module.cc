@@ -26,6 +26,7 @@
 #include <pybind11/stl.h>
 
 #include <bit>
+#include <algorithm>
 #include <cstring>
 #include <deque>
 #include <map>
@@ -1338,15 +1339,36 @@ py::tuple ReadDurable(const std::string& version_dir) {
   }
   if (!manifest.ok()) ThrowStatus(manifest.status());
   py::dict ranks;
-  for (const DurableShard& shard : manifest->shards) {
-    py::array_t<uint8_t> file = NewByteArray(shard.size_bytes);
-    std::span<std::byte> out(reinterpret_cast<std::byte*>(file.mutable_data()), shard.size_bytes);
-    absl::Status read;
-    {
-      py::gil_scoped_release release;
-      read = ReadRankFile(PosixFileSystem(), version_dir, shard, out);
+  for (const DurableShard& listed : manifest->shards) {
+    DurableShard shard = listed;
+    py::array_t<uint8_t> file;
+    if (RefSteps(listed.items).empty()) {
+      file = NewByteArray(shard.size_bytes);
+      std::span<std::byte> out(reinterpret_cast<std::byte*>(file.mutable_data()), shard.size_bytes);
+      absl::Status read;
+      {
+        py::gil_scoped_release release;
+        read = ReadRankFile(PosixFileSystem(), version_dir, shard, out);
+      }
+      Check(read);
+    } else {
+      // An incremental version (format 2): its references are read from the
+      // versions they name, into one self-contained shard.
+      std::vector<std::byte> bytes;
+      absl::StatusOr<DurableShard> dense = absl::UnknownError("not read");
+      {
+        py::gil_scoped_release release;
+        dense = MaterializeDurableShard(PosixFileSystem(), version_dir, *manifest, listed, &bytes);
+      }
+      if (!dense.ok()) ThrowStatus(dense.status());
+      shard = *std::move(dense);
+      // Containers before their elements (own items came first, then references).
+      std::stable_sort(shard.items.begin(), shard.items.end(), [](const ManifestItem& a, const ManifestItem& b) {
+        return std::count(a.name.begin(), a.name.end(), '/') < std::count(b.name.begin(), b.name.end(), '/');
+      });
+      file = NewByteArray(bytes.size());
+      std::memcpy(file.mutable_data(), bytes.data(), bytes.size());
     }
-    Check(read);
     py::list items;
     for (const ManifestItem& item : shard.items) {
       // A view into the rank file's array (which it keeps alive): no copy.

@@ -708,7 +708,8 @@ absl::Status WriteFile(const std::string& path, std::string_view data) {
 }
 
 // Copies a committed durable version directory to `out_dir`, verifying every
-// item's and file's crc32c on the way.
+// item's and file's crc32c on the way. An incremental version (format 2, its
+// references in older versions' files) comes out self-contained (format 1).
 int Restore(const std::string& from_dir, const std::string& out_dir, bool json) {
   FileSystem* fs = PosixFileSystem();
   absl::StatusOr<DurableManifest> m = ReadDurableManifest(fs, from_dir);
@@ -724,18 +725,27 @@ int Restore(const std::string& from_dir, const std::string& out_dir, bool json) 
   }
   Json files = Json::array();
   uint64_t total = 0;
-  for (const DurableShard& shard : m->shards) {
-    std::vector<std::byte> bytes(shard.size_bytes);
-    absl::Status s = ReadRankFile(fs, from_dir, shard, bytes);
-    if (!s.ok()) return Fail(s);
+  DurableManifest dense = *m;  // with every item in its own rank file
+  dense.writer = "ckptctl restore";
+  for (DurableShard& shard : dense.shards) {
+    std::vector<std::byte> bytes;
+    absl::StatusOr<DurableShard> materialized = MaterializeDurableShard(fs, from_dir, *m, shard, &bytes);
+    if (!materialized.ok()) return Fail(materialized.status());
+    shard = *std::move(materialized);
     const std::string path = absl::StrCat(out_dir, "/", shard.file);
-    s = WriteFile(path, std::string_view(reinterpret_cast<const char*>(bytes.data()), bytes.size()));
+    absl::Status s = WriteFile(path, std::string_view(reinterpret_cast<const char*>(bytes.data()), bytes.size()));
     if (!s.ok()) return Fail(s);
     total += shard.size_bytes;
     files.push_back(Json{{"rank", shard.rank},
                          {"path", path},
                          {"size_bytes", shard.size_bytes},
                          {"crc32c", CrcHex(shard.crc32c)}});
+  }
+  if (m->format_version != kDurableFormatVersion) {
+    dense.format_version = kDurableFormatVersion;
+    absl::StatusOr<std::string> text = EncodeDurableManifest(dense);
+    if (!text.ok()) return Fail(text.status());
+    *manifest_text = *std::move(text);
   }
   absl::Status s = WriteFile(out_dir + "/" + std::string(kDurableManifestFileName), *manifest_text);
   if (!s.ok()) return Fail(s);

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <atomic>
 #include <exception>
+#include <map>
 #include <string>
 #include <utility>
 
@@ -75,7 +76,7 @@ std::string ManifestProblem(const DurableManifest& m) {
       return absl::StrCat("rank ", shard.rank, " has file ", QuoteForMessage(shard.file),
                           ", it must be \"", RankFileName(shard.rank), "\"");
     }
-    if (absl::Status s = ValidateManifest(shard.items, shard.size_bytes); !s.ok()) {
+    if (absl::Status s = ValidateManifest(shard.items, shard.size_bytes, m.step); !s.ok()) {
       return absl::StrCat("rank ", shard.rank, ": ", s.message());
     }
     const uint64_t digest = ManifestDigest(shard.items);
@@ -223,7 +224,7 @@ class FieldReader {
   const std::string where_;
 };
 
-absl::StatusOr<ManifestItem> ParseItem(const Json& json, const std::string& where) {
+absl::StatusOr<ManifestItem> ParseItem(const Json& json, const std::string& where, int format_version) {
   ManifestItem item;
   FieldReader f(json, where);
   CKPT_ASSIGN_OR_RETURN(item.name, f.String("name"));
@@ -250,6 +251,13 @@ absl::StatusOr<ManifestItem> ParseItem(const Json& json, const std::string& wher
     }
     item.attributes.emplace(key, value.get<std::string>());
   }
+  if (json.contains("ref_step")) {
+    if (format_version < kDurableFormatVersionWithRefs) {
+      return named.Error("has a \"ref_step\", which format_version 1 does not have");
+    }
+    CKPT_ASSIGN_OR_RETURN(uint64_t ref, named.Uint("ref_step"));
+    item.ref_step = ref;
+  }
   return item;
 }
 
@@ -258,12 +266,13 @@ absl::StatusOr<DurableManifest> ParseManifestJson(const Json& root) {
   DurableManifest m;
   // format_version first: a newer format may change everything else.
   CKPT_ASSIGN_OR_RETURN(uint64_t version, top.Uint("format_version"));
-  if (version != static_cast<uint64_t>(kDurableFormatVersion)) {
+  if (version < static_cast<uint64_t>(kDurableFormatVersion) ||
+      version > static_cast<uint64_t>(kDurableFormatVersionWithRefs)) {
     return absl::FailedPreconditionError(
-        absl::StrCat("manifest.json has format_version ", version, "; this reader understands only ",
-                     kDurableFormatVersion, " (upgrade ckpt to read it)"));
+        absl::StrCat("manifest.json has format_version ", version, "; this reader understands ",
+                     kDurableFormatVersion, " and ", kDurableFormatVersionWithRefs, " (upgrade ckpt to read it)"));
   }
-  m.format_version = kDurableFormatVersion;
+  m.format_version = static_cast<int>(version);
   CKPT_ASSIGN_OR_RETURN(m.job_id, top.String("job_id"));
   CKPT_ASSIGN_OR_RETURN(m.step, top.Uint("step"));
   CKPT_ASSIGN_OR_RETURN(uint64_t world_size, top.Uint("world_size", UINT32_MAX));
@@ -291,7 +300,7 @@ absl::StatusOr<DurableManifest> ParseManifestJson(const Json& root) {
     for (size_t j = 0; j < items->size(); ++j) {
       CKPT_ASSIGN_OR_RETURN(
           ManifestItem item,
-          ParseItem((*items)[j], absl::StrCat("manifest.json: rank ", shard.rank, " item ", j)));
+          ParseItem((*items)[j], absl::StrCat("manifest.json: rank ", shard.rank, " item ", j), m.format_version));
       shard.items.push_back(std::move(item));
     }
     m.shards.push_back(std::move(shard));
@@ -302,9 +311,19 @@ absl::StatusOr<DurableManifest> ParseManifestJson(const Json& root) {
   return m;
 }
 
+// The format_version a manifest is written with: 2 iff it has references.
+int FormatVersionOf(const DurableManifest& m) {
+  for (const DurableShard& shard : m.shards) {
+    for (const ManifestItem& item : shard.items) {
+      if (item.ref_step) return kDurableFormatVersionWithRefs;
+    }
+  }
+  return kDurableFormatVersion;
+}
+
 // The COMMITTED marker's content for a manifest.json of these bytes.
-std::string EncodeMarker(std::string_view manifest_json) {
-  return absl::StrCat("{\"format_version\":", kDurableFormatVersion, ",\"manifest\":\"",
+std::string EncodeMarker(std::string_view manifest_json, int format_version) {
+  return absl::StrCat("{\"format_version\":", format_version, ",\"manifest\":\"",
                       AV(kDurableManifestFileName),
                       "\",\"manifest_size_bytes\":", manifest_json.size(),
                       ",\"manifest_crc32c\":\"", Hex32(Crc32c(manifest_json)), "\"}\n");
@@ -325,11 +344,11 @@ absl::StatusOr<Marker> ParseMarker(const std::string& text, const std::string& p
   }
   FieldReader f(root, absl::StrCat("commit marker '", path, "'"));
   CKPT_ASSIGN_OR_RETURN(uint64_t version, f.Uint("format_version"));
-  if (version != static_cast<uint64_t>(kDurableFormatVersion)) {
+  if (version < static_cast<uint64_t>(kDurableFormatVersion) ||
+      version > static_cast<uint64_t>(kDurableFormatVersionWithRefs)) {
     return absl::FailedPreconditionError(
-        absl::StrCat("commit marker '", path, "' has format_version ", version,
-                     "; this reader understands only ", kDurableFormatVersion,
-                     " (upgrade ckpt to read it)"));
+        absl::StrCat("commit marker '", path, "' has format_version ", version, "; this reader understands ",
+                     kDurableFormatVersion, " and ", kDurableFormatVersionWithRefs, " (upgrade ckpt to read it)"));
   }
   CKPT_ASSIGN_OR_RETURN(std::string manifest, f.String("manifest"));
   if (manifest != kDurableManifestFileName) {
@@ -373,6 +392,11 @@ absl::StatusOr<std::string> DurableVersionDir(std::string_view root, std::string
   CKPT_RETURN_IF_ERROR(ValidateJobId(job_id));
   const std::string step_name = absl::StrCat(step);
   return JoinUnderRoot(root, {job_id, std::string_view(step_name)});
+}
+
+std::string DurableRefDir(std::string_view version_dir, uint64_t ref_step) {
+  while (version_dir.size() > 1 && version_dir.back() == '/') version_dir.remove_suffix(1);
+  return JoinPath(Dirname(version_dir), absl::StrCat(ref_step));
 }
 
 std::string DurableRankFilePath(std::string_view version_dir, uint32_t rank) {
@@ -560,11 +584,12 @@ absl::Status RankFileWriter::Abandon() {
 // --- manifest.json ---
 
 absl::StatusOr<std::string> EncodeDurableManifest(const DurableManifest& m) {
-  if (m.format_version != kDurableFormatVersion) {
-    return absl::InvalidArgumentError(absl::StrCat("manifest has format_version ",
-                                                   m.format_version, "; only ",
-                                                   kDurableFormatVersion, " can be written"));
+  if (m.format_version != kDurableFormatVersion && m.format_version != kDurableFormatVersionWithRefs) {
+    return absl::InvalidArgumentError(absl::StrCat("manifest has format_version ", m.format_version, "; only ",
+                                                   kDurableFormatVersion, " and ", kDurableFormatVersionWithRefs,
+                                                   " can be written"));
   }
+  const int format_version = FormatVersionOf(m);
   if (std::string problem = ManifestProblem(m); !problem.empty()) {
     return absl::InvalidArgumentError(absl::StrCat("cannot write manifest.json: ", problem));
   }
@@ -576,7 +601,7 @@ absl::StatusOr<std::string> EncodeDurableManifest(const DurableManifest& m) {
   // items. Key order is fixed by the code below.
   std::string out;
   try {
-    absl::StrAppend(&out, "{\n  \"format_version\": ", m.format_version,
+    absl::StrAppend(&out, "{\n  \"format_version\": ", format_version,
                     ",\n  \"job_id\": ", JsonString(m.job_id), ",\n  \"step\": ", m.step,
                     ",\n  \"world_size\": ", m.world_size, ",\n  \"writer\": ", JsonString(m.writer),
                     ",\n  \"created_unix_ms\": ", m.created_unix_ms, ",\n  \"shards\": [");
@@ -591,7 +616,7 @@ absl::StatusOr<std::string> EncodeDurableManifest(const DurableManifest& m) {
         const ManifestItem& item = shard.items[j];
         OrderedJson attributes = OrderedJson::object();
         for (const auto& [key, value] : item.attributes) attributes[key] = value;
-        const OrderedJson encoded = {
+        OrderedJson encoded = {
             {"name", item.name},
             {"dtype", DTypeName(item.dtype)},
             {"shape", item.shape},
@@ -600,6 +625,7 @@ absl::StatusOr<std::string> EncodeDurableManifest(const DurableManifest& m) {
             {"crc32c", Hex32(item.crc32c)},
             {"attributes", std::move(attributes)},
         };
+        if (item.ref_step) encoded["ref_step"] = *item.ref_step;
         absl::StrAppend(&out, j == 0 ? "\n" : ",\n", "        ", encoded.dump());
       }
       absl::StrAppend(&out, shard.items.empty() ? "]" : "\n      ]", "\n    }");
@@ -650,7 +676,7 @@ absl::Status WriteDurableManifest(FileSystem* fs, const std::string& version_dir
           ", the manifest says ", shard.size_bytes, " bytes"));
     }
   }
-  const std::string marker = EncodeMarker(json);
+  const std::string marker = EncodeMarker(json, FormatVersionOf(manifest));
   const std::string marker_path = JoinPath(version_dir, kDurableCommittedFileName);
 
   // A marker for other content must go (durably) before manifest.json
@@ -736,7 +762,9 @@ absl::Status ReadRankFile(FileSystem* fs, const std::string& version_dir,
 
   // Items in file order; empty ones have nothing to read (their crc32c must
   // be that of no bytes, 0). ValidateManifest guarantees no overlaps.
-  const std::vector<ManifestItem> items = SortedByOffset(shard.items);
+  // References (last in canonical order) are another version's bytes: not read here.
+  std::vector<ManifestItem> items = SortedByOffset(shard.items);
+  while (!items.empty() && items.back().ref_step) items.pop_back();
   std::vector<size_t> order;  // indices of non-empty items
   for (size_t i = 0; i < items.size(); ++i) {
     if (items[i].length_bytes > 0) order.push_back(i);
@@ -806,6 +834,90 @@ absl::Status ReadRankFile(FileSystem* fs, const std::string& version_dir,
                                             " (every item matches: padding bytes differ)"));
   }
   return absl::OkStatus();
+}
+
+// --- incremental versions ---
+
+absl::StatusOr<DurableShard> MaterializeDurableShard(FileSystem* fs, const std::string& version_dir,
+                                                     const DurableManifest& manifest, const DurableShard& shard,
+                                                     std::vector<std::byte>* out) {
+  const std::vector<uint64_t> refs = RefSteps(shard.items);
+  if (refs.empty()) {
+    out->resize(shard.size_bytes);
+    CKPT_RETURN_IF_ERROR(ReadRankFile(fs, version_dir, shard, *out));
+    return shard;
+  }
+  CKPT_RETURN_IF_ERROR_CTX(ValidateManifest(shard.items, shard.size_bytes, manifest.step),
+                           absl::StrCat("reading rank ", shard.rank));
+  // The versions referred to: committed, the same job, and each reference
+  // one of their own items.
+  std::map<uint64_t, DurableShard> bases;
+  for (uint64_t step : refs) {
+    const std::string dir = DurableRefDir(version_dir, step);
+    absl::StatusOr<DurableManifest> base = ReadDurableManifest(fs, dir);
+    if (!base.ok()) {
+      return Annotate(base.status(), absl::StrCat("version ", manifest.step, " rank ", shard.rank,
+                                                  " refers to items of version ", step, " ('", dir, "')"));
+    }
+    if (base->job_id != manifest.job_id || base->step != step || shard.rank >= base->shards.size()) {
+      return absl::DataLossError(absl::StrCat("'", dir, "' holds ", base->job_id, " step ", base->step, " of ",
+                                              base->shards.size(), " ranks, not ", manifest.job_id, " step ", step,
+                                              " with rank ", shard.rank));
+    }
+    bases.emplace(step, std::move(base->shards[shard.rank]));
+  }
+  // The new layout: every item in the manifest's order, 64-byte aligned.
+  DurableShard dense;
+  dense.rank = shard.rank;
+  dense.file = shard.file;
+  uint64_t end = 0;
+  for (const ManifestItem& item : shard.items) {
+    ManifestItem placed = item;
+    placed.ref_step.reset();
+    placed.offset_bytes = (end + 63) & ~uint64_t{63};
+    end = placed.offset_bytes + placed.length_bytes;
+    dense.items.push_back(std::move(placed));
+  }
+  dense.size_bytes = std::max<uint64_t>(end, 1);
+  out->assign(dense.size_bytes, std::byte{0});
+  std::map<std::string, std::unique_ptr<ReadableFile>> files;  // path -> open file
+  for (size_t i = 0; i < shard.items.size(); ++i) {
+    const ManifestItem& item = shard.items[i];
+    if (item.length_bytes == 0) continue;
+    std::string path = JoinPath(version_dir, shard.file);
+    if (item.ref_step) {
+      const DurableShard& base = bases.at(*item.ref_step);
+      const bool own = std::any_of(base.items.begin(), base.items.end(), [&](const ManifestItem& b) {
+        return !b.ref_step && b.offset_bytes == item.offset_bytes && b.length_bytes == item.length_bytes &&
+               b.crc32c == item.crc32c;
+      });
+      if (!own) {
+        return absl::DataLossError(absl::StrCat("rank ", shard.rank, " item ", QuoteForMessage(item.name),
+                                                " refers to [", item.offset_bytes, ", +", item.length_bytes,
+                                                ") of version ", *item.ref_step, ", which holds no such item"));
+      }
+      path = JoinPath(DurableRefDir(version_dir, *item.ref_step), base.file);
+    }
+    auto& file = files[path];
+    if (file == nullptr) {
+      CKPT_ASSIGN_OR_RETURN(file, fs->NewReadableFile(path));
+    }
+    std::span<std::byte> dst(out->data() + dense.items[i].offset_bytes, item.length_bytes);
+    CKPT_ASSIGN_OR_RETURN(size_t n, file->PositionedRead(item.offset_bytes, dst));
+    if (n != dst.size()) {
+      return absl::DataLossError(absl::StrCat("'", path, "' ended before item ", QuoteForMessage(item.name),
+                                              " [", item.offset_bytes, ", +", item.length_bytes, ")"));
+    }
+    const uint32_t crc = Crc32c(dst.data(), dst.size());
+    if (crc != item.crc32c) {
+      return absl::DataLossError(absl::StrCat("'", path, "': item ", QuoteForMessage(item.name), " [",
+                                              item.offset_bytes, ", +", item.length_bytes, ") has crc32c ",
+                                              Hex32(crc), ", the manifest says ", Hex32(item.crc32c)));
+    }
+  }
+  dense.crc32c = Crc32c(out->data(), out->size());
+  dense.manifest_digest = ManifestDigest(dense.items);
+  return dense;
 }
 
 // --- deletion ---

@@ -51,8 +51,13 @@
 
 namespace ckpt {
 
-// The format_version this code writes and the only one it reads.
+// format_version 1: self-contained versions. 2: a version with references
+// (incremental saves): some items' bytes are in the rank file of the same rank
+// of an older version of the job, the sibling directory named by the item's
+// ref_step (DurableRefDir). The writer writes 1 for a manifest without
+// references and 2 for one with; the reader reads both.
 inline constexpr int kDurableFormatVersion = 1;
+inline constexpr int kDurableFormatVersionWithRefs = 2;
 // File names inside a version directory (besides the rank files).
 inline constexpr std::string_view kDurableManifestFileName = "manifest.json";
 inline constexpr std::string_view kDurableCommittedFileName = "COMMITTED";
@@ -75,6 +80,9 @@ struct DurableShard {
 
 // Everything manifest.json says about a version.
 struct DurableManifest {
+  // What the file says (ParseDurableManifest); the writer derives it from
+  // the items (2 iff some item is a reference) and only checks that this is
+  // 1 or 2.
   int format_version = kDurableFormatVersion;
   std::string job_id;
   uint64_t step = 0;
@@ -93,6 +101,11 @@ absl::StatusOr<std::string> DurableVersionDir(std::string_view root, std::string
 
 // Returns "<version_dir>/<RankFileName(rank)>". Pure.
 std::string DurableRankFilePath(std::string_view version_dir, uint32_t rank);
+
+// The directory of the version a reference names: "<version_dir>/../<ref_step>"
+// written as "<parent of version_dir>/<ref_step>" (a trailing '/' of
+// version_dir ignored). Pure.
+std::string DurableRefDir(std::string_view version_dir, uint64_t ref_step);
 
 // Writes one rank file so that it appears at its final path complete and
 // checked, or not at all: the bytes go to a temporary file next to it
@@ -244,6 +257,23 @@ absl::StatusOr<DurableManifest> ReadDurableManifest(FileSystem* fs,
 // read errors otherwise. On error `out` holds unspecified bytes.
 absl::Status ReadRankFile(FileSystem* fs, const std::string& version_dir,
                           const DurableShard& shard, std::span<std::byte> out);
+
+// Reads every item of `shard` (a shard of the committed version at
+// `version_dir`, as ReadDurableManifest gave it) and lays them out as a
+// self-contained shard: the items in the manifest's order at offsets aligned
+// to 64 bytes, padding zero. Own items come from the version's rank file,
+// references from the rank file of the version they name (DurableRefDir),
+// which must be committed, of the same job, and hold an own item with the
+// reference's offset, length and crc32c. Every item's crc32c is checked.
+// Returns the new shard (items with their new offsets and no references,
+// size, crc32c, digest; file and rank as given) and its bytes in `*out`.
+// Errors: NotFound (a referenced version is not committed), DataLoss (a
+// crc32c differs, a reference names no such item, another job), the file
+// system's. For a shard without references it returns the shard as is,
+// read with ReadRankFile.
+absl::StatusOr<DurableShard> MaterializeDurableShard(FileSystem* fs, const std::string& version_dir,
+                                                     const DurableManifest& manifest, const DurableShard& shard,
+                                                     std::vector<std::byte>* out);
 
 // Deletes a version directory: the COMMITTED marker first and a sync of the
 // directory (so that from then on, even after a crash, the version is not

@@ -50,6 +50,11 @@ int main(int argc, char** argv) {
   const auto items = Items();
   Write(dir, "fuzz_manifest", 0, ckpt::EncodeManifest(items));
   Write(dir, "fuzz_manifest", 1, ckpt::EncodeManifest({}));
+  {  // v2: with a reference (incremental save)
+    auto with_ref = items;
+    with_ref[1].ref_step = 7;
+    Write(dir, "fuzz_manifest", 2, ckpt::EncodeManifest(with_ref));
+  }
 
   ckpt::DurableManifest m;
   m.job_id = "llm";

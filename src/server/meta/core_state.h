@@ -171,13 +171,14 @@ class Engine {
   void PlanRecovery(Version& v);
   // Flush tasks for planned shards not yet written; commit when all are.
   void PlanFlush(Version& v);
-  // The version will not be flushed after all (`why`: an incremental one,
-  // whose references the durable tier cannot follow yet): its flush tasks
-  // are cancelled, files already written deleted, and the job's next
-  // version is planned for flush in its place.
-  void UnplanFlush(Version& v, const std::string& why);
-  // Versions of the job above `step` that are still in memory and refer to
-  // items of it (ascending).
+  // Plans the flush of a version not planned yet (FlushVersion, and the
+  // versions an incremental version being flushed refers to). No-op if it is
+  // planned, PERSISTED, ended or evicted.
+  void StartFlush(Version& v);
+  // Every version the version refers to is PERSISTED (its commit may go).
+  bool RefsPersisted(const Version& v) const;
+  // Versions of the job above `step` that refer to items of it and still
+  // need them: not ended, and in memory or PERSISTED (ascending).
   std::vector<uint64_t> Dependents(const std::string& job_id, uint64_t step) const;
   // `node_id` restarted (a new incarnation while its lease ran): each EC
   // group with a parity still being built there encodes again on every

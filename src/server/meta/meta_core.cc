@@ -1420,7 +1420,6 @@ absl::Status ApplyStaged(Engine& e, const std::string& node_id, StagedReport& r)
   Shard sh = std::move(r.shard);
   sh.ref_steps = RefStepsOf(sh.items);
   CKPT_RETURN_IF_ERROR(CheckRefs(e, *v, sh));
-  if (!sh.ref_steps.empty() && v->flush_planned) e.UnplanFlush(*v, "it is incremental");
   sh.primary_node_id = node_id;
   sh.copies.clear();
   sh.copies.push_back(Copy{node_id, CopyRole::kPrimary, CopyState::kValid, e.NowMs(), ""});
@@ -1432,6 +1431,13 @@ absl::Status ApplyStaged(Engine& e, const std::string& node_id, StagedReport& r)
   // Replication starts per shard, as soon as it is committed.
   if (v->plan.policy.kind == ProtectionPolicy::Kind::kReplicate) {
     e.PlanRecovery(*v);
+  }
+  // An incremental version is flushed with references to the versions it
+  // refers to, which are flushed too (their files must be committed first).
+  if (v->flush_planned) {
+    for (uint64_t base : v->shards[rank].ref_steps) {
+      if (absl::StatusOr<Version*> b = e.FindVersion(v->job_id, base); b.ok()) e.StartFlush(**b);
+    }
   }
   e.PlanFlush(*v);
   if (v->shards.size() == v->world_size) {
@@ -1810,16 +1816,7 @@ absl::StatusOr<Version> MetaCore::FlushVersion(const std::string& job_id, uint64
       return absl::FailedPreconditionError(absl::StrCat("version ", job_id, "/", step,
                                                         " was evicted from memory"));
     }
-    if (!v->flush_planned) {
-      v->flush_planned = true;
-      v->durable_dir = absl::StrCat(job_id, "/", step);
-      for (auto& [rank, sh] : v->shards) {
-        sh.durable_path = absl::StrCat(v->durable_dir, "/", RankFileName(rank));
-        txn.ShardRecord(*v, rank);
-      }
-      txn.Header(*v);
-      e.PlanFlush(*v);
-    }
+    e.StartFlush(*v);
     Version result = *v;
     for (auto& [rank, sh] : result.shards) sh.items.clear();
     seq = SubmitLocked(txn);

@@ -66,6 +66,14 @@ void Engine::SetState(Version& v, VersionState to, const std::string& reason) {
   txn_.Header(v);
   log::Info("version {}/{}: {} -> {}{}{}", v.job_id, v.step, VersionStateName(from),
             VersionStateName(to), reason.empty() ? "" : ": ", reason);
+  if (to == VersionState::kPersisted) {
+    // Incremental versions waiting for this one's files commit now.
+    for (uint64_t step : Dependents(v.job_id, v.step)) {
+      Version& d = s_.versions[v.job_id][step];
+      if (d.flush_planned) PlanFlush(d);
+    }
+    return;
+  }
   if (!IsTerminal(to) || IsTerminal(from)) return;
   // Versions that refer to its items (incremental saves) cannot be loaded
   // without it: they end with it.
@@ -73,6 +81,9 @@ void Engine::SetState(Version& v, VersionState to, const std::string& reason) {
     Version& d = s_.versions[v.job_id][step];
     CancelVersionTasks(d);
     EvictVersion(d);
+    bool durable = d.state == VersionState::kPersisted;
+    for (const auto& [rank, sh] : d.shards) durable = durable || sh.durable_written;
+    if (durable) DeleteDurable(d);
     SetState(d, to,
              absl::StrCat("version ", v.step, ", whose items it refers to, was ", VersionStateName(to),
                           reason.empty() ? "" : absl::StrCat(" (", reason, ")")));
@@ -609,7 +620,9 @@ void Engine::PlanFlush(Version& v) {
     }
     committing = true;
   }
-  if (all_written && !committing) {
+  // An incremental version commits after the versions it refers to (its
+  // manifest names their files); their PERSISTED state plans it again.
+  if (all_written && !committing && RefsPersisted(v)) {
     std::string node;
     auto r0 = v.shards.find(0);
     if (r0 != v.shards.end() && IsUsable(r0->second.primary_node_id)) {
@@ -625,28 +638,28 @@ void Engine::PlanFlush(Version& v) {
   }
 }
 
-void Engine::UnplanFlush(Version& v, const std::string& why) {
-  if (!v.flush_planned) return;
-  for (Task* t : ActiveTasks(v.job_id, v.step, TaskKind::kFlush)) CancelTask(*t);
-  bool written = false;
+void Engine::StartFlush(Version& v) {
+  if (v.flush_planned || IsTerminal(v.state) || v.state == VersionState::kPersisted || v.evicted) return;
+  v.flush_planned = true;
+  v.durable_dir = absl::StrCat(v.job_id, "/", v.step);
   for (auto& [rank, sh] : v.shards) {
-    written = written || sh.durable_written;
-    sh.durable_path.clear();
-    sh.durable_written = false;
+    sh.durable_path = absl::StrCat(v.durable_dir, "/", RankFileName(rank));
     txn_.ShardRecord(v, rank);
   }
-  if (written) DeleteDurable(v);
-  v.flush_planned = false;
-  v.durable_dir.clear();
   txn_.Header(v);
-  if (auto job = s_.jobs.find(v.job_id); job != s_.jobs.end()) {
-    // The next version takes the flush over.
-    Job& j = job->second;
-    j.versions_since_flush = std::max<uint64_t>(j.versions_since_flush, j.spec.flush.every_n_versions);
-    j.last_flush_begin_ms = 0;
-    txn_.Job(j);
+  PlanFlush(v);
+}
+
+bool Engine::RefsPersisted(const Version& v) const {
+  auto by_step = s_.versions.find(v.job_id);
+  for (const auto& [rank, sh] : v.shards) {
+    for (uint64_t base : sh.ref_steps) {
+      if (by_step == s_.versions.end()) return false;
+      auto b = by_step->second.find(base);
+      if (b == by_step->second.end() || b->second.state != VersionState::kPersisted) return false;
+    }
   }
-  log::Info("{}/{} is not flushed ({}); the next version is", v.job_id, v.step, why);
+  return true;
 }
 
 std::vector<uint64_t> Engine::Dependents(const std::string& job_id, uint64_t step) const {
@@ -655,7 +668,8 @@ std::vector<uint64_t> Engine::Dependents(const std::string& job_id, uint64_t ste
   if (by_step == s_.versions.end()) return out;
   for (auto it = by_step->second.upper_bound(step); it != by_step->second.end(); ++it) {
     const Version& v = it->second;
-    if (v.evicted || IsTerminal(v.state)) continue;
+    // (An evicted PERSISTED version still refers to the files of its bases.)
+    if (IsTerminal(v.state) || (v.evicted && v.state != VersionState::kPersisted)) continue;
     for (const auto& [rank, sh] : v.shards) {
       if (std::binary_search(sh.ref_steps.begin(), sh.ref_steps.end(), step)) {
         out.push_back(v.step);
@@ -750,11 +764,14 @@ void Engine::ApplyRetention(Job& job) {
   const uint32_t keep_durable = job.spec.retention.keep_durable;
   if (keep_durable == 0) return;
   uint32_t durable = 0;
+  // Files of versions that a version kept on disk refers to stay too.
+  std::set<uint64_t> referenced_on_disk;
   for (auto it = by_step.rbegin(); it != by_step.rend(); ++it) {
     Version& v = it->second;
     if (v.state != VersionState::kPersisted) continue;
-    if (durable < keep_durable) {
-      ++durable;
+    if (durable < keep_durable || referenced_on_disk.count(v.step) != 0) {
+      if (durable < keep_durable) ++durable;
+      for (const auto& [rank, sh] : v.shards) referenced_on_disk.insert(sh.ref_steps.begin(), sh.ref_steps.end());
       continue;
     }
     if (!v.evicted) continue;  // memory first

@@ -779,8 +779,9 @@ TEST_F(MetaCoreTest, FlushPersistsAndRetentionEvictsOldVersions) {
 // whose references name a version meta does not hold in memory is refused; a
 // version kept refers to older ones, which stay whatever keep_in_memory says;
 // deleting one needs force and takes the versions referring to it along; an
-// incremental version passes a planned flush on to the next version.
-TEST_F(MetaCoreTest, IncrementalVersionsKeepWhatTheyReferToAndPassTheirFlushOn) {
+// incremental version planned for flush has the versions it refers to
+// flushed too, and commits after them.
+TEST_F(MetaCoreTest, IncrementalVersionsKeepWhatTheyReferToAndFlushAfterIt) {
   Register("a");
   FlushPolicy every2;
   every2.every_n_versions = 2;
@@ -807,7 +808,7 @@ TEST_F(MetaCoreTest, IncrementalVersionsKeepWhatTheyReferToAndPassTheirFlushOn) 
   ASSERT_TRUE(stage_ref(1, {}).ok());
   RunAgents();
   ASSERT_EQ(StateOf("inc", 1), VersionState::kPersisted);
-  // Version 2 refers to 1; 3 to 1 and 2 (flush planned: passed on to 4).
+  // Version 2 refers to 1; 3 to 1 and 2 (3 is planned for flush: so is 2).
   ASSERT_TRUE(core_->BeginVersion("inc", 2, "").ok());
   EXPECT_EQ(stage_ref(2, {2}).code(), absl::StatusCode::kInvalidArgument);  // not older
   EXPECT_EQ(stage_ref(2, {7}).code(), absl::StatusCode::kInvalidArgument);
@@ -818,25 +819,32 @@ TEST_F(MetaCoreTest, IncrementalVersionsKeepWhatTheyReferToAndPassTheirFlushOn) 
   ASSERT_TRUE(b3.ok());
   EXPECT_TRUE(b3->first.flush_planned);
   ASSERT_TRUE(stage_ref(3, {1, 2}).ok());
+  // Its commit waits for 2's: run everything but commits, then 3's alone.
+  RunAgents(TaskKind::kCommitDurable);
+  EXPECT_EQ(StateOf("inc", 3), VersionState::kProtected);
   RunAgents();
   auto v3 = core_->GetVersion("inc", 3, true);
   ASSERT_TRUE(v3.ok());
-  EXPECT_FALSE(v3->flush_planned);
+  EXPECT_TRUE(v3->flush_planned);
   EXPECT_EQ(v3->shards.at(0).ref_steps, (std::vector<uint64_t>{1, 2}));
-  EXPECT_EQ(v3->state, VersionState::kProtected);
-  // keep_in_memory=1, yet 1 and 2 stay: 3 refers to them.
+  EXPECT_EQ(v3->state, VersionState::kPersisted);
+  EXPECT_EQ(StateOf("inc", 2), VersionState::kPersisted);  // flushed for 3
+  // keep_in_memory=1: 3 stays in memory, and 1 and 2 with it (3 refers to them).
   EXPECT_FALSE(core_->GetVersion("inc", 1, false)->evicted);
-  EXPECT_EQ(StateOf("inc", 2), VersionState::kProtected);
+  EXPECT_FALSE(core_->GetVersion("inc", 2, false)->evicted);
   auto b4 = core_->BeginVersion("inc", 4, "");
   ASSERT_TRUE(b4.ok());
-  EXPECT_TRUE(b4->first.flush_planned);  // 3's flush, passed on
-  ASSERT_TRUE(stage_ref(4, {}).ok());    // a full version
+  EXPECT_FALSE(b4->first.flush_planned);
+  ASSERT_TRUE(stage_ref(4, {}).ok());  // a full version
   RunAgents();
-  EXPECT_EQ(StateOf("inc", 4), VersionState::kPersisted);
-  // Nothing kept refers to 2 or 3 now: they go (1 is PERSISTED: off memory).
-  EXPECT_EQ(StateOf("inc", 2), VersionState::kDeleted);
-  EXPECT_EQ(StateOf("inc", 3), VersionState::kDeleted);
-  EXPECT_TRUE(core_->GetVersion("inc", 1, false)->evicted);
+  EXPECT_EQ(StateOf("inc", 4), VersionState::kProtected);
+  // Nothing in memory refers to 1, 2 or 3 now: they leave memory (PERSISTED).
+  for (uint64_t step : {1, 2, 3}) {
+    EXPECT_EQ(StateOf("inc", step), VersionState::kPersisted) << step;
+    EXPECT_TRUE(core_->GetVersion("inc", step, false)->evicted) << step;
+  }
+  // On disk 3 still refers to 1 and 2: deleting 1 needs force, and takes 3 along.
+  EXPECT_EQ(core_->DeleteVersion("inc", 1, false).status().code(), absl::StatusCode::kFailedPrecondition);
   // A reference to a version no longer in memory is refused.
   ASSERT_TRUE(core_->BeginVersion("inc", 5, "").ok());
   absl::Status gone = stage_ref(5, {3});

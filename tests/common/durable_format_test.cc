@@ -357,6 +357,101 @@ TEST_F(DurableFormatTest, RoundTrip) {
   EXPECT_TRUE(ReadsBack(&mem_, kDir, shards));
 }
 
+// Format 2 (incremental versions): version 9's rank file holds one new item;
+// its manifest refers to "w" and "meta" of version 7. Read offline, the
+// shard comes out whole and self-contained; a reference that names no item
+// of version 7, a version 7 that is not committed or a changed byte are
+// errors, never wrong bytes.
+TEST_F(DurableFormatTest, IncrementalVersionsReferToOlderVersionsFiles) {
+  const std::vector<TestShard> base = MakeShards(1);
+  ASSERT_TRUE(IsOk(WriteVersion(&mem_, kDir, base)));  // version 7
+  const std::string dir9 = "/durable/gpt/9";
+  EXPECT_EQ(DurableRefDir(dir9, 7), kDir);
+  EXPECT_EQ(DurableRefDir(dir9 + "/", 7), kDir);
+  TestShard t;
+  t.bytes = std::string(64, '\x5a');
+  ManifestItem own = Item("b", kBF16, {32}, 0, 64);
+  own.crc32c = Crc32c(t.bytes);
+  std::vector<ManifestItem> items = {own};
+  for (const ManifestItem& b : base[0].shard.items) {
+    if (b.name == "w" || b.name == "meta") {
+      ManifestItem ref = b;
+      ref.ref_step = 7;
+      items.push_back(ref);
+    }
+  }
+  t.shard.rank = 0;
+  t.shard.file = RankFileName(0);
+  t.shard.size_bytes = 64;
+  t.shard.crc32c = Crc32c(t.bytes);
+  t.shard.manifest_digest = ManifestDigest(items);
+  t.shard.items = SortedByOffset(items);
+  ASSERT_TRUE(IsOk(WriteRankFile(&mem_, dir9, t)));
+  DurableManifest m = MakeManifest({t});
+  m.step = 9;
+  ASSERT_TRUE(IsOk(WriteDurableManifest(&mem_, dir9, m)));
+  EXPECT_THAT(Read(&mem_, dir9 + "/manifest.json"), HasSubstr("\"format_version\": 2"));
+  EXPECT_THAT(Read(&mem_, dir9 + "/manifest.json"), HasSubstr("\"ref_step\":7"));
+  EXPECT_THAT(Read(&mem_, dir9 + "/COMMITTED"), HasSubstr("\"format_version\":2"));
+  absl::StatusOr<DurableManifest> back = ReadDurableManifest(&mem_, dir9);
+  ASSERT_TRUE(IsOk(back));
+  EXPECT_EQ(back->format_version, 2);
+  EXPECT_EQ(back->shards[0].items, t.shard.items);
+  // The rank file alone checks out (references are not in it).
+  std::string own_bytes(64, 'x');
+  EXPECT_TRUE(IsOk(ReadRankFile(&mem_, dir9, back->shards[0], std::as_writable_bytes(std::span<char>(own_bytes)))));
+  std::vector<std::byte> out;
+  absl::StatusOr<DurableShard> dense = MaterializeDurableShard(&mem_, dir9, *back, back->shards[0], &out);
+  ASSERT_TRUE(IsOk(dense));
+  EXPECT_EQ(dense->size_bytes, out.size());
+  EXPECT_EQ(dense->crc32c, Crc32c(out.data(), out.size()));
+  EXPECT_EQ(dense->manifest_digest, ManifestDigest(dense->items));
+  ASSERT_EQ(dense->items.size(), 3u);
+  for (const ManifestItem& item : dense->items) {
+    EXPECT_FALSE(item.ref_step) << item.name;
+    EXPECT_EQ(item.offset_bytes % 64, 0u) << item.name;
+    const std::string got(reinterpret_cast<const char*>(out.data()) + item.offset_bytes, item.length_bytes);
+    if (item.name == "b") {
+      EXPECT_EQ(got, t.bytes);
+    } else {
+      const auto& src = *std::find_if(base[0].shard.items.begin(), base[0].shard.items.end(),
+                                      [&](const ManifestItem& b) { return b.name == item.name; });
+      EXPECT_EQ(got, base[0].bytes.substr(src.offset_bytes, src.length_bytes)) << item.name;
+    }
+  }
+  // A self-contained copy encodes as format 1 and reads back.
+  DurableManifest copy = *back;
+  copy.shards[0] = *dense;
+  copy.format_version = kDurableFormatVersion;
+  absl::StatusOr<std::string> json = EncodeDurableManifest(copy);
+  ASSERT_TRUE(IsOk(json));
+  EXPECT_THAT(*json, HasSubstr("\"format_version\": 1"));
+  // A reference to bytes version 7 has no item at.
+  DurableShard moved = back->shards[0];
+  for (ManifestItem& item : moved.items) {
+    if (item.name == "meta") item.offset_bytes += 1;
+  }
+  EXPECT_TRUE(HasError(MaterializeDurableShard(&mem_, dir9, *back, moved, &out), absl::StatusCode::kDataLoss,
+                       {"holds no such item"}));
+  // A flipped byte in version 7's "w": DataLoss naming it.
+  const std::string file7 = DurableRankFilePath(kDir, 0);
+  std::string corrupt = Read(&mem_, file7);
+  corrupt[5] ^= 1;
+  ASSERT_TRUE(IsOk(WriteStringToFileAtomically(&mem_, file7, corrupt)));
+  EXPECT_TRUE(HasError(MaterializeDurableShard(&mem_, dir9, *back, back->shards[0], &out),
+                       absl::StatusCode::kDataLoss, {"\"w\""}));
+  // Version 7 no longer committed: NotFound, naming it.
+  ASSERT_TRUE(IsOk(DeleteDurableVersion(&mem_, kDir)));
+  EXPECT_TRUE(HasError(MaterializeDurableShard(&mem_, dir9, *back, back->shards[0], &out),
+                       absl::StatusCode::kNotFound, {"version 7"}));
+  // A reference in a format-1 file, or to a version not older: invalid.
+  std::string v1 = Read(&mem_, dir9 + "/manifest.json");
+  v1 = absl::StrReplaceAll(v1, {{"\"format_version\": 2", "\"format_version\": 1"}});
+  EXPECT_TRUE(HasError(ParseDurableManifest(v1), absl::StatusCode::kDataLoss, {"format_version 1"}));
+  std::string later = absl::StrReplaceAll(Read(&mem_, dir9 + "/manifest.json"), {{"\"ref_step\":7", "\"ref_step\":9"}});
+  EXPECT_TRUE(HasError(ParseDurableManifest(later), absl::StatusCode::kDataLoss, {"not older"}));
+}
+
 TEST_F(DurableFormatTest, ReadsItemsAcrossChunkBoundaries) {
   // 9 MiB + 300: the item "big" spans the 8 MiB read chunk boundary.
   const std::vector<TestShard> shards = MakeShards(1, (uint64_t{9} << 20) + 300);
@@ -494,7 +589,7 @@ TEST(DurableManifestJson, EncodeRejectsInconsistentManifests) {
       {"digest", [](DurableManifest& m) { m.shards[0].manifest_digest ^= 1; }, "manifest_digest"},
       {"overlap", [](DurableManifest& m) { m.shards[0].items[0].offset_bytes = 100; }, "overlap"},
       {"unknown dtype", [](DurableManifest& m) { m.shards[0].items[0].dtype = 99; }, "unknown dtype"},
-      {"format version", [](DurableManifest& m) { m.format_version = 2; }, "format_version 2"},
+      {"format version", [](DurableManifest& m) { m.format_version = 3; }, "format_version 3"},
       {"step above 2^53", [](DurableManifest& m) { m.step = uint64_t{1} << 53; }, "step is 9007199254740992"},
       {"attribute not UTF-8",
        [](DurableManifest& m) {
@@ -950,8 +1045,8 @@ TEST_F(DurableManifestTamperTest, BadMarkers) {
       {"COMMITTED\n", absl::StatusCode::kDataLoss, "not valid JSON"},
       {"[]", absl::StatusCode::kDataLoss, "not a JSON object"},
       {"{\"format_version\":1}", absl::StatusCode::kDataLoss, "no \"manifest\" field"},
-      {absl::StrReplaceAll(good, {{"\"format_version\":1", "\"format_version\":2"}}),
-       absl::StatusCode::kFailedPrecondition, "format_version 2"},
+      {absl::StrReplaceAll(good, {{"\"format_version\":1", "\"format_version\":3"}}),
+       absl::StatusCode::kFailedPrecondition, "format_version 3"},
       {absl::StrReplaceAll(good, {{"\"manifest.json\"", "\"../other.json\""}}),
        absl::StatusCode::kDataLoss, "names manifest \"../other.json\""},
       {absl::StrReplaceAll(good, {{"\"0x", "\"0X"}}), absl::StatusCode::kDataLoss,
@@ -977,8 +1072,8 @@ TEST_F(DurableManifestTamperTest, MalformedManifests) {
   const std::vector<Case> cases = {
       {"not JSON", "{\"format_version\": 1,", absl::StatusCode::kDataLoss, "not valid JSON"},
       {"array", "[1, 2]", absl::StatusCode::kDataLoss, "not a JSON object"},
-      {"newer format", Edited("\"format_version\": 1", "\"format_version\": 2"),
-       absl::StatusCode::kFailedPrecondition, "format_version 2"},
+      {"newer format", Edited("\"format_version\": 1", "\"format_version\": 3"),
+       absl::StatusCode::kFailedPrecondition, "format_version 3"},
       {"format as string", Edited("\"format_version\": 1", "\"format_version\": \"1\""),
        absl::StatusCode::kDataLoss, "\"format_version\" is of type string"},
       {"missing shards", Edited("\"shards\"", "\"shardz\""), absl::StatusCode::kDataLoss,

@@ -446,9 +446,9 @@ class Client:
     ckpt.InvalidArgumentError.
 
     full_save_every: with incremental saves (save(unchanged=..., detect_unchanged=...)),
-    every Nth save is made in full (0: never). Incremental versions are not
-    flushed to the durable tier (their flush passes to the next version), so
-    this bounds how long the durable tier waits; it also lets old versions go.
+    a save whose step reaches a multiple of N (N, 2N, ...: the same steps on
+    every rank) is made in full (0: never), so that the versions referred to
+    (kept in memory while they are) do not pile up.
     """
 
     def __init__(self, job, rank, world_size, meta, agent_socket="/run/ckpt/agent.sock", *,

@@ -103,10 +103,9 @@ struct ClientCore {
   // (a trainer saves the same structure every time).
   std::atomic<size_t> last_save_items{0};
   // Incremental saves: the base (see SavedBase; unset until a save
-  // committed) and the saves since the last one made in full.
+  // committed or a load).
   absl::Mutex base_mu;
   std::optional<SavedBase> base ABSL_GUARDED_BY(base_mu);
-  uint32_t saves_since_full ABSL_GUARDED_BY(base_mu) = 0;
   // When this client last committed each step: WaitVersion on such a step
   // rides out the agent's background BeginVersion (see SaveHandle::Wait).
   absl::Mutex committed_mu;

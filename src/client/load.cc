@@ -390,7 +390,6 @@ void AdoptAsBase(ClientCore& core, uint64_t step, const std::vector<ManifestItem
   absl::MutexLock lock(&core.base_mu);
   if (core.base && core.base->step >= step) return;
   core.base = SavedBase{step, std::move(commit), nullptr};
-  core.saves_since_full = 0;
 }
 
 // The mapped regions that hold `item`'s bytes: the shard's own or its base's.

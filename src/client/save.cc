@@ -126,18 +126,16 @@ bool AbortLease(ClientCore& core, const std::string& lease_id) {
 }
 
 // Sends a filled lease's commit and checks the answer; on success the
-// commit becomes the client's base (SavedBase) with `hashes`, and `full`
-// says whether it copied every item. Runs on the caller's thread or on the
-// client's committer (after Commit returned).
+// commit becomes the client's base (SavedBase) with `hashes`. Runs on the
+// caller's thread or on the client's committer (after Commit returned).
 absl::Status SendCommit(ClientCore& core, const std::shared_ptr<const v1::CommitShardRequest>& request,
                         uint32_t shard_crc, uint64_t step,
-                        std::shared_ptr<const std::map<std::string, uint64_t>> hashes, bool full) {
+                        std::shared_ptr<const std::map<std::string, uint64_t>> hashes) {
   const v1::CommitShardRequest& commit = *request;
   const std::string& lease_id = commit.lease_id();
   const auto committed = [&] {
     absl::MutexLock lock(&core.base_mu);
     core.base = client::SavedBase{step, request, std::move(hashes)};
-    core.saves_since_full = full ? 0 : core.saves_since_full + 1;
     return absl::OkStatus();
   };
   v1::CommitShardResponse resp;
@@ -199,18 +197,20 @@ struct DecodedBase {
 // The client's base for an incremental save of `step`, decoded, after the
 // commits sent so far were answered (the newest one that succeeded is the
 // base). Null when there is none, when it is not older than `step`, or when
-// this save is to be made in full (ClientOptions::full_save_every; `partial`
-// saves never are).
+// this save is to be made in full: a multiple of
+// ClientOptions::full_save_every lies in (base step, step], so every rank
+// saves the same steps in full and their references point to the same
+// versions (`partial` saves never are).
 std::unique_ptr<DecodedBase> BaseFor(ClientCore& core, uint64_t step, bool partial) {
   core.WaitCommits();
   std::optional<client::SavedBase> saved;
   {
     absl::MutexLock lock(&core.base_mu);
-    const uint32_t every = core.options.full_save_every;
-    if (!partial && every > 0 && core.saves_since_full + 1 >= every) return nullptr;
     saved = core.base;
   }
   if (!saved || saved->step >= step) return nullptr;
+  const uint64_t every = core.options.full_save_every;
+  if (!partial && every > 0 && step / every != saved->step / every) return nullptr;
   absl::StatusOr<std::vector<ManifestItem>> items = DecodeManifest(saved->commit->manifest());
   if (!items.ok()) {
     log::Warn("the previous save's manifest does not decode ({}): saving in full", items.status().ToString());
@@ -449,7 +449,6 @@ absl::StatusOr<SaveHandle> SaveBuilder::CommitItems(client::LazyState* progress,
     if (hashes->empty()) hashes.reset();
   }
   commit.set_manifest(manifest.Finish());
-  const bool full = !any_ref;
 
   core.last_save_items.store(items_.size(), std::memory_order_relaxed);
   items_.clear();
@@ -464,7 +463,7 @@ absl::StatusOr<SaveHandle> SaveBuilder::CommitItems(client::LazyState* progress,
   };
   auto request = std::make_shared<const v1::CommitShardRequest>(std::move(commit));
   if (!background) {
-    CKPT_RETURN_IF_ERROR(SendCommit(core, request, shard_crc, step_, std::move(hashes), full));
+    CKPT_RETURN_IF_ERROR(SendCommit(core, request, shard_crc, step_, std::move(hashes)));
     const absl::Time now = absl::Now();
     remember(now);
     return SaveHandle(core_, step_, layout.size, shard_crc, now);
@@ -475,8 +474,8 @@ absl::StatusOr<SaveHandle> SaveBuilder::CommitItems(client::LazyState* progress,
   const absl::Time now = absl::Now();
   remember(now);
   auto result = std::make_shared<client::CommitResult>();
-  auto send = [&core, request, result, shard_crc, step = step_, hashes = std::move(hashes), full]() mutable {
-    result->status = SendCommit(core, request, shard_crc, step, std::move(hashes), full);
+  auto send = [&core, request, result, shard_crc, step = step_, hashes = std::move(hashes)]() mutable {
+    result->status = SendCommit(core, request, shard_crc, step, std::move(hashes));
     if (!result->status.ok()) {
       log::Warn("commit of {}/{} rank {} failed: {}", core.options.job_id, step, core.options.rank,
                 result->status.ToString());

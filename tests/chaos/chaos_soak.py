@@ -310,6 +310,15 @@ def tag(job, step, rank):
     return f"{job.name}/{step}/rank-{rank}".encode()
 
 
+def frozen(seed, job, rank):
+    """An item every save of (job, rank) has, unchanged (a frozen parameter): most saves
+    declare it so (issue 15), and it is stored as a reference to the previous save's."""
+    import numpy as np
+    size = (1 << 20) + 1 + 4096 * rank
+    rng = np.random.Generator(np.random.PCG64([seed, job.idx, 1 << 40, rank]))
+    return np.frombuffer(rng.bytes(size), dtype=np.uint8)
+
+
 # ---------------------------------------------------------------------------
 # The soak
 
@@ -815,22 +824,27 @@ class Soak:
         ALREADY_EXISTS answer to a retry means the first attempt committed.
         Every other shard goes through a lazy save (issue 16) waited for as a
         training loop does: through a wait point, then the whole copy, then the
-        commit."""
+        commit. Two saves in three declare the "frozen" item unchanged
+        (incremental saves, issue 15): it refers to the client's previous
+        save's bytes when the client has one the agent still holds."""
         import ckpt
         state = {"payload": payload(self.seed, v.job, v.step, rank, v.sizes[rank]),
-                 "tag": tag(v.job, v.step, rank)}
+                 "tag": tag(v.job, v.step, rank), "frozen": frozen(self.seed, v.job, rank)}
         lazy = (v.step + rank) % 2 == 1
+        unchanged = ["frozen"] if (v.step + rank) % 3 != 2 else []
         for attempt in range(3):
             try:
                 c = self.client(v.job, rank, v.via[rank])
                 if lazy:
-                    ls = c.save(v.step, state, lazy=True, wait_points=["payload"])
+                    ls = c.save(v.step, state, lazy=True, wait_points=["payload"], unchanged=unchanged)
                     c.wait_copied(through="payload")
                     c.wait_copied()
                     ls.result(timeout=self.args.protect_timeout)
                     self.inc("lazy_saves_committed")
                 else:
-                    c.save(v.step, state)
+                    c.save(v.step, state, unchanged=unchanged)
+                if unchanged:
+                    self.inc("incremental_saves_committed")
                 return None
             except ckpt.AlreadyExistsError as e:
                 if attempt > 0:
@@ -1014,7 +1028,7 @@ class Soak:
         self.inc("restores_client", 1)
         got = {name: data for name, _, _, _, data in items}
         return self.compare(v, rank, got.get("payload"), got.get("tag"),
-                            f"client load via n{via} ({served}, {ms:.0f} ms)")
+                            f"client load via n{via} ({served}, {ms:.0f} ms)", got.get("frozen"))
 
     def restore_ctl(self, v, during_fault):
         import ckpt
@@ -1028,6 +1042,12 @@ class Soak:
             self.inc("retries_unavailable")
             shutil.rmtree(out, ignore_errors=True)
             time.sleep(0.5)
+        if d is None and "is incremental" in self.ctl_error():
+            # `ckptctl restore JOB STEP` copies self-contained versions only
+            # (docs/cli.md); an incremental one is checked through the client.
+            self.inc("restores_ckptctl_skipped_incremental", 1)
+            shutil.rmtree(out, ignore_errors=True)
+            return True
         if d is None:
             self.restore_error(v, None, None, f"ckptctl restore: {self.ctl_error()}",
                                during_fault)
@@ -1044,10 +1064,10 @@ class Soak:
         ok = True
         for r in range(v.job.world):
             items = ranks.get(r, {})
-            ok &= self.compare(v, r, items.get("payload"), items.get("tag"), "ckptctl restore")
+            ok &= self.compare(v, r, items.get("payload"), items.get("tag"), "ckptctl restore", items.get("frozen"))
         return ok
 
-    def compare(self, v, rank, got_payload, got_tag, how):
+    def compare(self, v, rank, got_payload, got_tag, how, got_frozen):
         import numpy as np
         want = payload(self.seed, v.job, v.step, rank, v.sizes[rank])
         if got_payload is None:
@@ -1062,6 +1082,18 @@ class Soak:
         if got_tag is None or bytes(got_tag) != tag(v.job, v.step, rank):
             wrong += max(1, len(tag(v.job, v.step, rank)))
             detail += f"; tag {got_tag!r}"
+        want_frozen = frozen(self.seed, v.job, rank)
+        if got_frozen is None:
+            wrong += len(want_frozen)
+            detail += "; item 'frozen' missing"
+        else:
+            got = np.asarray(got_frozen).reshape(-1).view(np.uint8)
+            n = min(len(got), len(want_frozen))
+            bad = int(np.count_nonzero(got[:n] != want_frozen[:n])) + abs(len(got) - len(want_frozen))
+            self.inc("bytes_compared", n)
+            if bad:
+                wrong += bad
+                detail += f"; 'frozen': {bad} wrong bytes"
         if wrong:
             self.inc("wrong_bytes", wrong)
             self.fail("wrong_bytes", f"{v.key} rank {rank} via {how}: {wrong} wrong bytes ({detail})")
@@ -1106,7 +1138,7 @@ class Soak:
         self.durable_reads += 1
         for r in range(job.world):
             items = ranks.get(r, {})
-            self.compare(v, r, items.get("payload"), items.get("tag"), "durable tier")
+            self.compare(v, r, items.get("payload"), items.get("tag"), "durable tier", items.get("frozen"))
 
     # ---- healing
     def heal(self, label):
@@ -1687,6 +1719,8 @@ class Soak:
             "versions": {"saved": self.counts["versions_saved"], "protected": self.counts["versions_protected"],
                          "bytes_saved": self.counts["bytes_saved"], "by_status": dict(statuses),
                          "lazy_shards_committed": self.counts["lazy_saves_committed"],
+                         "incremental_shards_committed": self.counts["incremental_saves_committed"],
+                         "ckptctl_restores_skipped_incremental": self.counts["restores_ckptctl_skipped_incremental"],
                          "fault_saves_not_protected": self.counts["fault_saves_not_protected"],
                          "abandoned_deleted": self.counts["abandoned_versions_deleted"],
                          "exempt_lost": self.counts["exempt_lost"]},

@@ -175,8 +175,12 @@ class Engine {
   // versions an incremental version being flushed refers to). No-op if it is
   // planned, PERSISTED, ended or evicted.
   void StartFlush(Version& v);
-  // Every version the version refers to is PERSISTED (its commit may go).
-  bool RefsPersisted(const Version& v) const;
+  // Every version the version refers to is PERSISTED, or gone for good (its
+  // commit may go); starts the flush of those that are neither.
+  bool RefsPersisted(Version& v);
+  // Every version the version refers to is still readable (not ended, in
+  // memory or PERSISTED): it loads whole.
+  bool RefsAvailable(const Version& v) const;
   // Versions of the job above `step` that refer to items of it and still
   // need them: not ended, and in memory or PERSISTED (ascending).
   std::vector<uint64_t> Dependents(const std::string& job_id, uint64_t step) const;

@@ -1703,7 +1703,9 @@ absl::StatusOr<Version> MetaCore::Latest(const std::string& job_id, Level min_le
     CKPT_RETURN_IF_ERROR(e.FindJob(job_id).status());
     const auto& by_step = state_->versions[job_id];
     for (auto it = by_step.rbegin(); it != by_step.rend(); ++it) {
-      if (SatisfiesLevel(it->second.state, min_level)) {
+      // (An incremental version whose referred versions are gone does not
+      // load whole: not a restore target.)
+      if (SatisfiesLevel(it->second.state, min_level) && e.RefsAvailable(it->second)) {
         Version copy = it->second;
         for (auto& [rank, sh] : copy.shards) sh.items.clear();
         return copy;
@@ -1851,7 +1853,7 @@ absl::StatusOr<Version> MetaCore::DeleteVersion(const std::string& job_id, uint6
       if (const std::vector<uint64_t> dependents = e.Dependents(job_id, step); !dependents.empty() && !force) {
         return absl::FailedPreconditionError(absl::StrCat(
             "version ", job_id, "/", step, " holds items that version(s) ", absl::StrJoin(dependents, ", "),
-            " refer to (incremental saves); deleting it deletes them too (use force to do so)"));
+            " refer to (incremental saves); deleted, they would no longer load (use force to delete it anyway)"));
       }
       e.CancelVersionTasks(*v);
       e.EvictVersion(*v);

@@ -74,20 +74,8 @@ void Engine::SetState(Version& v, VersionState to, const std::string& reason) {
     }
     return;
   }
-  if (!IsTerminal(to) || IsTerminal(from)) return;
-  // Versions that refer to its items (incremental saves) cannot be loaded
-  // without it: they end with it.
-  for (uint64_t step : Dependents(v.job_id, v.step)) {
-    Version& d = s_.versions[v.job_id][step];
-    CancelVersionTasks(d);
-    EvictVersion(d);
-    bool durable = d.state == VersionState::kPersisted;
-    for (const auto& [rank, sh] : d.shards) durable = durable || sh.durable_written;
-    if (durable) DeleteDurable(d);
-    SetState(d, to,
-             absl::StrCat("version ", v.step, ", whose items it refers to, was ", VersionStateName(to),
-                          reason.empty() ? "" : absl::StrCat(" (", reason, ")")));
-  }
+  // (Versions that refer to its items stay: their own bytes may be referred
+  // to in turn. They no longer load whole, and Latest skips them: RefsAvailable.)
 }
 
 std::string StagedRanksText(const Version& v) {
@@ -650,13 +638,39 @@ void Engine::StartFlush(Version& v) {
   PlanFlush(v);
 }
 
-bool Engine::RefsPersisted(const Version& v) const {
+bool Engine::RefsPersisted(Version& v) {
+  auto by_step = s_.versions.find(v.job_id);
+  if (by_step == s_.versions.end()) return true;
+  bool ready = true;
+  for (const auto& [rank, sh] : v.shards) {
+    for (uint64_t base : sh.ref_steps) {
+      auto b = by_step->second.find(base);
+      // Gone (ended, or evicted before it was flushed): never will be. The
+      // version commits anyway; its own bytes are whole, and what the
+      // versions referring to it need of it is its own items.
+      if (b == by_step->second.end() || IsTerminal(b->second.state) ||
+          (b->second.evicted && b->second.state != VersionState::kPersisted)) {
+        continue;
+      }
+      if (b->second.state != VersionState::kPersisted) {
+        StartFlush(b->second);
+        ready = false;
+      }
+    }
+  }
+  return ready;
+}
+
+bool Engine::RefsAvailable(const Version& v) const {
   auto by_step = s_.versions.find(v.job_id);
   for (const auto& [rank, sh] : v.shards) {
     for (uint64_t base : sh.ref_steps) {
       if (by_step == s_.versions.end()) return false;
       auto b = by_step->second.find(base);
-      if (b == by_step->second.end() || b->second.state != VersionState::kPersisted) return false;
+      if (b == by_step->second.end() || IsTerminal(b->second.state) ||
+          (b->second.evicted && b->second.state != VersionState::kPersisted)) {
+        return false;
+      }
     }
   }
   return true;
@@ -709,22 +723,21 @@ void Engine::ApplyRetention(Job& job) {
   auto& by_step = s_.versions[job.spec.job_id];
   const uint32_t keep_mem = job.spec.retention.EffectiveKeepInMemory();
   uint32_t kept = 0;
-  // Versions that a version kept in memory refers to (incremental saves):
-  // they stay while it does, whatever the window says. Newest first, so
-  // every version that refers to one is decided before it.
+  // Versions that a version kept for its own sake refers to (incremental
+  // saves): they stay while it does, whatever the window says. Newest first,
+  // so every version that refers to one is decided before it. A version kept
+  // only for the versions referring to it does not keep what it refers to:
+  // the references of those point to the versions holding the bytes, never
+  // further, so the chain stops there (that version alone may no longer load
+  // whole; Latest never offers it).
   std::set<uint64_t> referenced;
-  // Runs for every version that stays (every path but an eviction).
-  auto stays = [&referenced](const Version& kept_version) {
+  auto refers = [&referenced](const Version& kept_version) {
     for (const auto& [rank, sh] : kept_version.shards) referenced.insert(sh.ref_steps.begin(), sh.ref_steps.end());
   };
   for (auto it = by_step.rbegin(); it != by_step.rend(); ++it) {
     Version& v = it->second;
     if (v.evicted) continue;
-    if (referenced.count(v.step) != 0 && !IsTerminal(v.state)) {
-      if (SatisfiesLevel(v.state, Level::kProtected) && kept < keep_mem) ++kept;
-      stays(v);
-      continue;
-    }
+    std::string evict_reason;  // empty: it stays for its own sake
     if (!SatisfiesLevel(v.state, Level::kProtected)) {
       // A version that never reached PROTECTED (or lost it and cannot be
       // re-protected) while keep_in_memory newer ones did: no restore picks
@@ -733,47 +746,40 @@ void Engine::ApplyRetention(Job& job) {
                                                    v.state == VersionState::kDegraded);
       // (One chosen for flush stays: once PERSISTED the rule below evicts it.)
       if (superseded && !v.flush_planned) {
-        CancelVersionTasks(v);
-        EvictVersion(v);
-        SetState(v, VersionState::kDeleted,
-                 absl::StrCat("superseded: ", keep_mem, " newer version(s) PROTECTED (keep_in_memory=",
-                              keep_mem, ") while this one was ", VersionStateName(v.state)));
-      } else {
-        stays(v);
+        evict_reason = absl::StrCat("superseded: ", keep_mem, " newer version(s) PROTECTED (keep_in_memory=",
+                                    keep_mem, ") while this one was ", VersionStateName(v.state));
       }
-      continue;
-    }
-    if (kept < keep_mem) {
+    } else if (kept < keep_mem) {
       ++kept;
-      stays(v);
+    } else if (!v.flush_planned || v.state == VersionState::kPersisted) {
+      // Beyond the memory window (one still being flushed stays until it is
+      // PERSISTED).
+      evict_reason = absl::StrCat("evicted by retention (keep_in_memory=", keep_mem, ")");
+    }
+    if (evict_reason.empty()) {
+      refers(v);
       continue;
     }
-    // Beyond the memory window. A version still being flushed stays until
-    // it is PERSISTED.
-    if (v.flush_planned && v.state != VersionState::kPersisted) {
-      stays(v);
-      continue;
-    }
+    if (referenced.count(v.step) != 0 && !IsTerminal(v.state)) continue;  // kept for others
     CancelVersionTasks(v);
     EvictVersion(v);
-    if (v.state != VersionState::kPersisted) {
-      SetState(v, VersionState::kDeleted,
-               absl::StrCat("evicted by retention (keep_in_memory=", keep_mem, ")"));
-    }
+    if (v.state != VersionState::kPersisted) SetState(v, VersionState::kDeleted, evict_reason);
   }
   const uint32_t keep_durable = job.spec.retention.keep_durable;
   if (keep_durable == 0) return;
   uint32_t durable = 0;
-  // Files of versions that a version kept on disk refers to stay too.
+  // Files of versions that a version kept on disk refers to stay too (as
+  // in memory, not further).
   std::set<uint64_t> referenced_on_disk;
   for (auto it = by_step.rbegin(); it != by_step.rend(); ++it) {
     Version& v = it->second;
     if (v.state != VersionState::kPersisted) continue;
-    if (durable < keep_durable || referenced_on_disk.count(v.step) != 0) {
-      if (durable < keep_durable) ++durable;
+    if (durable < keep_durable) {
+      ++durable;
       for (const auto& [rank, sh] : v.shards) referenced_on_disk.insert(sh.ref_steps.begin(), sh.ref_steps.end());
       continue;
     }
+    if (referenced_on_disk.count(v.step) != 0) continue;
     if (!v.evicted) continue;  // memory first
     if (!DeleteDurable(v)) continue;
     SetState(v, VersionState::kDeleted,

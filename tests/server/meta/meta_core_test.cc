@@ -850,19 +850,49 @@ TEST_F(MetaCoreTest, IncrementalVersionsKeepWhatTheyReferToAndFlushAfterIt) {
   absl::Status gone = stage_ref(5, {3});
   EXPECT_EQ(gone.code(), absl::StatusCode::kFailedPrecondition) << gone;
   EXPECT_NE(gone.message().find("no longer in memory"), std::string::npos) << gone;
-  ASSERT_TRUE(stage_ref(5, {4}).ok());
-  RunAgents();
-  ASSERT_TRUE(core_->BeginVersion("inc", 6, "").ok());
-  ASSERT_TRUE(stage_ref(6, {4, 5}).ok());
-  RunAgents();
-  // Deleting 4 needs force, and takes 5 and 6 along.
-  absl::Status refused = core_->DeleteVersion("inc", 4, false).status();
-  EXPECT_EQ(refused.code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_NE(refused.message().find("5, 6"), std::string::npos) << refused;
-  ASSERT_TRUE(core_->DeleteVersion("inc", 4, true).ok());
-  EXPECT_EQ(StateOf("inc", 5), VersionState::kDeleted);
-  EXPECT_EQ(StateOf("inc", 6), VersionState::kDeleted);
-  EXPECT_NE(core_->GetVersion("inc", 6, false)->abort_reason.find("version 4"), std::string::npos);
+  // Without a flush policy: 2 refers to 1; 3 to 1 and 2; 4 to 3 only (the
+  // items it had of 1 and 2 were saved again). The window (keep 1) is 4,
+  // which keeps 3 for its references; 3 keeps nothing further (1 and 2 go):
+  // no chain back to the start.
+  CreateJob("inc2", 1, ProtectionPolicy::None(), {}, keep1);
+  auto stage2 = [&](uint64_t step, std::vector<int64_t> refs) {
+    ShardReport r;
+    r.kind = ShardReport::Kind::kStaged;
+    r.staged.job_id = "inc2";
+    r.staged.step = step;
+    r.staged.shard = MakeShard(0, 4096);
+    for (size_t i = 0; i < refs.size(); ++i) {
+      Item it = r.staged.shard.items[0];
+      it.name = absl::StrCat("ref", i);
+      it.ref_step = refs[i];
+      r.staged.shard.items.push_back(it);
+    }
+    auto res = core_->ReportShards("a", inc_["a"], {r});
+    return res.ok() ? res->results[0] : res.status();
+  };
+  const std::vector<std::vector<int64_t>> refs = {{}, {1}, {1, 2}, {3}};
+  for (uint64_t step = 1; step <= 4; ++step) {
+    ASSERT_TRUE(core_->BeginVersion("inc2", step, "").ok());
+    ASSERT_TRUE(stage2(step, refs[step - 1]).ok()) << step;
+    RunAgents();
+    if (step == 3) {
+      // Deleting 1 (referred to by 2 and 3) needs force.
+      absl::Status refused = core_->DeleteVersion("inc2", 1, false).status();
+      EXPECT_EQ(refused.code(), absl::StatusCode::kFailedPrecondition);
+      EXPECT_NE(refused.message().find("version(s) 2, 3"), std::string::npos) << refused;
+    }
+  }
+  EXPECT_EQ(StateOf("inc2", 4), VersionState::kProtected);
+  EXPECT_EQ(StateOf("inc2", 3), VersionState::kProtected);
+  EXPECT_FALSE(core_->GetVersion("inc2", 3, false)->evicted);
+  EXPECT_EQ(StateOf("inc2", 2), VersionState::kDeleted);
+  EXPECT_EQ(StateOf("inc2", 1), VersionState::kDeleted);
+  // 3 does not load whole any more: Latest offers 4, and without 4 nothing.
+  auto latest = core_->Latest("inc2", Level::kProtected);
+  ASSERT_TRUE(latest.ok());
+  EXPECT_EQ(latest->step, 4u);
+  ASSERT_TRUE(core_->DeleteVersion("inc2", 4, true).ok());
+  EXPECT_EQ(core_->Latest("inc2", Level::kProtected).status().code(), absl::StatusCode::kNotFound);
 }
 
 // The node given a version's durable commit dies before it runs it: the

@@ -233,12 +233,12 @@ struct ClientOptions {
   // This client's own Load, LoadInto, WaitVersion and Latest wait for its
   // commits first. False: Commit waits for the agent's answer.
   bool commit_in_background = true;
-  // Incremental saves (ItemChange, SaveBuilder::CarryRest): every Nth save
-  // that may reference its base is made in full instead (all items copied),
-  // so that old versions are not pinned for ever and the durable tier, which
-  // flushes full versions only (incremental ones pass their flush on to the
-  // next version), gets one at least every N saves. 0: never forced. Partial
-  // saves (CarryRest) are never forced full.
+  // Incremental saves (ItemChange, SaveBuilder::CarryRest): a save whose
+  // step reaches a multiple of N that its base's step had not (N, 2N, ...,
+  // the same steps on every rank) is made in full: a reference points to
+  // the version that holds the bytes, which stays in memory (whole) while
+  // referred to, so this bounds how many old versions are kept. 0: never
+  // forced. Partial saves (CarryRest) are never forced full.
   uint32_t full_save_every = 10;
 };
 

@@ -134,6 +134,7 @@ def parse_args(argv):
     p.add_argument("--protection", default="replicate:2:ring",
                    help='job protection: "none", "replicate:COPIES[:ring|group]" or "ec:K+M"')
     p.add_argument("--seed", type=int, default=1234)
+    p.add_argument("--flush-every", type=int, default=0, help="flush every Nth version to the durable tier (0: no)")
     p.add_argument("--protect-timeout", type=float, default=60.0, help="seconds to wait for 'protected'")
     a = p.parse_args(argv)
     if not 0 <= a.rank < a.world_size:
@@ -274,7 +275,7 @@ def main(argv):
     # newest snapshot of some expert, which the newest version refers to, so
     # meta keeps them whatever the job's keep_in_memory.
     client = ckpt.Client(job=a.job, rank=a.rank, world_size=a.world_size, meta=a.meta,
-                         agent_socket=a.agent_socket, protection=a.protection)
+                         agent_socket=a.agent_socket, protection=a.protection, flush_every=a.flush_every)
     step, save_index = 0, 0
     if a.resume:
         latest = client.latest("protected")

@@ -198,11 +198,6 @@ class Agent : private MetaSession::Delegate {
   // See AgentService.CommitShard: validates, records, queues the STAGED report
   // and the background verification; never waits for meta. AlreadyExists for
   // a lease committed before.
-  // The references among `items` (a commit of `id`) each name an item of
-  // the same rank's shard of their ref_step held here (same offset, length
-  // and crc32c): FailedPrecondition if that shard is not held,
-  // InvalidArgument if it has no such item.
-  absl::Status CheckRefs(const ShardId& id, const std::vector<ManifestItem>& items) const;
   absl::StatusOr<std::shared_ptr<const ShardRecord>> Commit(const std::string& lease_id, uint64_t size_bytes,
                                      std::vector<ManifestItem> items);
   absl::Status AbortLease(const std::string& lease_id);
@@ -266,6 +261,11 @@ class Agent : private MetaSession::Delegate {
   std::string session_socket() const { return sessions_ ? sessions_->socket_path() : std::string(); }
 
  private:
+  // The references among `items` (a commit of `id`) each name an item of
+  // the same rank's shard of their ref_step held here (same offset, length
+  // and crc32c): FailedPrecondition if that shard is not held,
+  // InvalidArgument if it has no such item.
+  absl::Status CheckRefs(const ShardId& id, const std::vector<ManifestItem>& items) const;
   Agent(const AgentOptions& options, MetaLink* meta, Clock* clock, FileSystem* durable_fs, MetricsRegistry* metrics);
   absl::Status Init();
   std::string BudgetMessage(uint64_t want) const;

@@ -120,6 +120,49 @@ TEST_F(AgentTest, CommitRecordsShardReportsStagedAndVerifiesInBackground) {
   EXPECT_EQ(meta_.begins, 1);
 }
 
+// Incremental saves: a lease names the base versions it will refer to and
+// the agent must hold them; a commit's references must each be one of the
+// base shard's own items. Otherwise nothing is committed and the lease stays.
+TEST_F(AgentTest, ReferencesMustNameItemsOfABaseHeldHere) {
+  const ShardRecord base = Save(10, 0, "alpha-bytes", "bravo");
+  absl::Status s = agent_->AcquireLease(LeaseRequest{"job", 11, 0, 4096, "run-1", 0, 0, "", {9}}).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  EXPECT_NE(s.message().find("base version 9"), std::string::npos) << s;
+  s = agent_->AcquireLease(LeaseRequest{"job", 11, 0, 4096, "run-1", 0, 0, "", {11}}).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;  // not older
+  absl::StatusOr<LeaseGrant> g = agent_->AcquireLease(LeaseRequest{"job", 11, 0, 4096, "run-1", 0, 0, "", {10}});
+  ASSERT_TRUE(g.ok()) << g.status();
+  Write(*g, 0, "charlie");
+  auto ref = [&](std::string name, uint64_t step, uint64_t off, const std::string& bytes) {
+    ManifestItem it = Item(std::move(name), off, bytes);
+    it.ref_step = step;
+    return it;
+  };
+  // A reference to a version not held here, then to bytes the base has no item at.
+  auto rec = agent_->Commit(g->lease_id, 64, {Item("c", 0, "charlie"), ref("a", 9, 0, "alpha-bytes")});
+  EXPECT_EQ(rec.status().code(), absl::StatusCode::kFailedPrecondition) << rec.status();
+  rec = agent_->Commit(g->lease_id, 64, {Item("c", 0, "charlie"), ref("a", 10, 1, "lpha-bytes")});
+  EXPECT_EQ(rec.status().code(), absl::StatusCode::kInvalidArgument) << rec.status();
+  EXPECT_NE(rec.status().message().find("holds no such item"), std::string::npos) << rec.status();
+  rec = agent_->Commit(g->lease_id, 64, {Item("c", 0, "charlie"), ref("a", 10, 0, "alpha-bytez")});
+  EXPECT_EQ(rec.status().code(), absl::StatusCode::kInvalidArgument) << rec.status();  // other crc
+  // The lease is still usable: a good commit goes through. The shard is 64
+  // bytes (its own item); its crc covers those alone.
+  rec = agent_->Commit(g->lease_id, 64,
+                       {Item("c", 0, "charlie"), ref("a", 10, 0, "alpha-bytes"), ref("b", 10, 64, "bravo")});
+  ASSERT_TRUE(rec.ok()) << rec.status();
+  std::string own(64, '\0');
+  std::memcpy(own.data(), "charlie", 7);
+  EXPECT_EQ((*rec)->crc32c, Crc32c(own));
+  EXPECT_EQ((*rec)->items.size(), 3u);
+  EXPECT_EQ(RefSteps((*rec)->items), std::vector<uint64_t>{10});
+  // The background verification checks the own item and skips the references.
+  while (agent_->VerifyOnce()) {
+  }
+  for (const auto& info : agent_->Inventory("job", 11)) EXPECT_TRUE(info.verified);
+  EXPECT_EQ(base.items.size(), 2u);
+}
+
 TEST_F(AgentTest, RejectsBadLeasesAndCommits) {
   auto lease = [&](std::string job, uint32_t rank, uint64_t size) {
     return agent_->AcquireLease(LeaseRequest{std::move(job), 1, rank, size, "", 0, 0, "", {}}).status();

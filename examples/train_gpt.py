@@ -46,6 +46,7 @@ import torch.nn.functional as F
 
 import ckpt
 import ckpt.torch
+from example_common import batch, emit, positive  # examples/ (this script's directory)
 
 
 class Block(nn.Module):
@@ -84,26 +85,8 @@ class GPT(nn.Module):
         return self.head(self.ln(x))
 
 
-def batch(gen, batch_size, seq, vocab):
-    """Synthetic token streams with structure to learn: arithmetic sequences mod vocab, 10% noise."""
-    start = torch.randint(0, vocab, (batch_size, 1), generator=gen)
-    stride = torch.randint(1, 8, (batch_size, 1), generator=gen)
-    toks = (start + stride * torch.arange(seq + 1)) % vocab
-    noise = torch.rand(batch_size, seq + 1, generator=gen) < 0.1
-    toks = torch.where(noise, torch.randint(0, vocab, (batch_size, seq + 1), generator=gen), toks)
-    return toks[:, :-1], toks[:, 1:]
 
 
-def positive(name):
-    def parse(text):
-        try:
-            v = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{name} must be an integer, got {text!r}")
-        if v < 1:
-            raise argparse.ArgumentTypeError(f"{name} must be >= 1, got {v}")
-        return v
-    return parse
 
 
 def every_arg(text):
@@ -150,8 +133,6 @@ def parse_args(argv):
     return a
 
 
-def emit(**kw):
-    print(json.dumps(kw), flush=True)
 
 
 def state_digest(model, opt):

@@ -88,6 +88,26 @@ class MetaCoreTest : public ::testing::Test {
     return res->results[0];
   }
 
+  // Stages rank 0 of `job` at `step` on node "a" with an own item and a
+  // reference to each of `refs` (incremental saves).
+  absl::Status StageWithRefs(const std::string& job, uint64_t step, const std::vector<int64_t>& refs) {
+    ShardReport r;
+    r.kind = ShardReport::Kind::kStaged;
+    r.staged.job_id = job;
+    r.staged.step = step;
+    r.staged.shard = MakeShard(0, 4096);
+    for (size_t i = 0; i < refs.size(); ++i) {
+      Item it = r.staged.shard.items[0];
+      it.name = absl::StrCat("ref", i);
+      it.ref_step = refs[i];
+      it.offset_bytes = 1 << 30;  // in the base's shard: not checked against this one
+      r.staged.shard.items.push_back(it);
+    }
+    auto res = core_->ReportShards("a", inc_["a"], {r});
+    if (!res.ok()) return res.status();
+    return res->results[0];
+  }
+
   absl::Status Copy(const std::string& node, const std::string& job, uint64_t step,
                     uint32_t rank, uint64_t size = 4096) {
     ShardReport r;
@@ -788,22 +808,7 @@ TEST_F(MetaCoreTest, IncrementalVersionsKeepWhatTheyReferToAndFlushAfterIt) {
   RetentionPolicy keep1;
   keep1.keep_in_memory = 1;
   CreateJob("inc", 1, ProtectionPolicy::None(), every2, keep1);
-  auto stage_ref = [&](uint64_t step, std::vector<int64_t> refs) {
-    ShardReport r;
-    r.kind = ShardReport::Kind::kStaged;
-    r.staged.job_id = "inc";
-    r.staged.step = step;
-    r.staged.shard = MakeShard(0, 4096);
-    for (size_t i = 0; i < refs.size(); ++i) {
-      Item it = r.staged.shard.items[0];
-      it.name = absl::StrCat("ref", i);
-      it.ref_step = refs[i];
-      it.offset_bytes = 1 << 30;  // in the base's shard: not checked against this one
-      r.staged.shard.items.push_back(it);
-    }
-    auto res = core_->ReportShards("a", inc_["a"], {r});
-    return res.ok() ? res->results[0] : res.status();
-  };
+  auto stage_ref = [&](uint64_t step, std::vector<int64_t> refs) { return StageWithRefs("inc", step, refs); };
   ASSERT_TRUE(core_->BeginVersion("inc", 1, "").ok());  // flush planned (the first)
   ASSERT_TRUE(stage_ref(1, {}).ok());
   RunAgents();
@@ -855,21 +860,7 @@ TEST_F(MetaCoreTest, IncrementalVersionsKeepWhatTheyReferToAndFlushAfterIt) {
   // which keeps 3 for its references; 3 keeps nothing further (1 and 2 go):
   // no chain back to the start.
   CreateJob("inc2", 1, ProtectionPolicy::None(), {}, keep1);
-  auto stage2 = [&](uint64_t step, std::vector<int64_t> refs) {
-    ShardReport r;
-    r.kind = ShardReport::Kind::kStaged;
-    r.staged.job_id = "inc2";
-    r.staged.step = step;
-    r.staged.shard = MakeShard(0, 4096);
-    for (size_t i = 0; i < refs.size(); ++i) {
-      Item it = r.staged.shard.items[0];
-      it.name = absl::StrCat("ref", i);
-      it.ref_step = refs[i];
-      r.staged.shard.items.push_back(it);
-    }
-    auto res = core_->ReportShards("a", inc_["a"], {r});
-    return res.ok() ? res->results[0] : res.status();
-  };
+  auto stage2 = [&](uint64_t step, std::vector<int64_t> refs) { return StageWithRefs("inc2", step, refs); };
   const std::vector<std::vector<int64_t>> refs = {{}, {1}, {1, 2}, {3}};
   for (uint64_t step = 1; step <= 4; ++step) {
     ASSERT_TRUE(core_->BeginVersion("inc2", step, "").ok());

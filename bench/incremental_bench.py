@@ -83,12 +83,12 @@ def run_mode(d, mode, a, job):
     rows, want = [], {}
     for v in range(1, a.versions + 1):
         train(model, opt, v)
-        sent, flushed = d.metric("ckpt_agent_peer_sent_bytes_total"), d.metric("ckpt_agent_flush_bytes_total")
+        sent = d.metric("ckpt_agent_peer_sent_bytes_total")
         t = time.perf_counter()
         h = ct.save(c, v, model=model, optimizer=opt, incremental=(mode == "incremental"))
         blocked = time.perf_counter() - t
         h.wait("protected", timeout=600)
-        want[v] = {k: t.clone() for k, t in model.state_dict().items()}
+        want[v] = {k: x.clone() for k, x in model.state_dict().items()}
         rows.append({"copied": h.size_bytes, "blocked": blocked,
                      "sent": d.metric("ckpt_agent_peer_sent_bytes_total") - sent})
     # Flushes run in the background: wait until nothing is waiting to be flushed.

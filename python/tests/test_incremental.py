@@ -16,7 +16,7 @@ def _state(seed, frozen):
             "moment": np.full(1024, 3.0, np.float32), "step": seed}
 
 
-def test_incremental_saves_reference_unchanged_items_and_load_the_dense_state(cluster, job):
+def test_incremental_saves_reference_unchanged_items_and_load_the_dense_state(cluster, job, tmp_path):
     c = cluster.client(job, keep_in_memory=1)
     frozen = np.random.default_rng(0).integers(0, 255, (4 << 20) + 1, dtype=np.uint8)  # 4 MiB + 1
     s1 = _state(1, frozen)
@@ -48,6 +48,16 @@ def test_incremental_saves_reference_unchanged_items_and_load_the_dense_state(cl
     # step 3 for "step") too.
     assert np.array_equal(c.load(1)["frozen"], frozen)
     assert c.load(2)["step"] == 2
+    # ckptctl restore from memory lays version 3 out self-contained (format 1).
+    out = tmp_path / "from-memory"
+    r = cluster.ctl("restore", job, "3", "--out", str(out))
+    assert r.returncode == 0, r.stderr
+    assert "version 1 from" in r.stdout, r.stdout
+    assert json.loads((out / "manifest.json").read_text())["format_version"] == 1
+    got = ckpt.read_durable(out, structured=True)[0]
+    assert np.array_equal(got["frozen"], frozen) and np.array_equal(got["w"], s3w) and got["step"] == 2
+    assert np.array_equal(got["moment"], s2["moment"])
+    assert not list(out.glob("*.ref-*"))  # its temporary files are gone
     # Meta refuses to delete a version others refer to, unless forced.
     r = cluster.ctl("delete", job, "1")
     assert r.returncode != 0 and "refer to" in r.stderr, r.stderr

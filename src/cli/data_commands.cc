@@ -83,6 +83,7 @@ ManifestItem ItemOf(const v1::Item& item) {
   m.length_bytes = item.length_bytes();
   m.crc32c = item.crc32c();
   for (const auto& [k, v] : item.attributes()) m.attributes[k] = v;
+  if (item.has_ref_step()) m.ref_step = item.ref_step();
   return m;
 }
 
@@ -267,6 +268,118 @@ absl::Status DecodeOnAgent(const DataOptions& o, const std::map<std::string, std
   return read;
 }
 
+// Locates rank `r` of `job`/`step` at meta and streams it into `path` from
+// the first source that serves it (a holder, or an agent decoding EC
+// stripes), every crc checked. Returns where it came from; `info` gets the
+// shard's record (items included).
+absl::StatusOr<std::string> FetchShard(const DataOptions& o, v1::MetaService::Stub* meta,
+                                       const std::map<std::string, std::string>& addresses, const std::string& job,
+                                       uint64_t step, uint32_t r, const std::string& path, v1::ShardInfo* info) {
+  v1::LocateRequest lreq;
+  lreq.set_job_id(job);
+  lreq.set_step(step);
+  lreq.set_rank(r);
+  v1::LocateResponse loc;
+  {
+    auto ctx = Context(o);
+    CKPT_RETURN_IF_ERROR(FromGrpc(meta->Locate(ctx.get(), lreq, &loc), "Locate"));
+  }
+  absl::Status read = absl::NotFoundError("no live source");
+  std::string served, why;
+  std::optional<absl::StatusCode> refusal;
+  for (const v1::ShardSource& src : loc.sources()) {
+    if (src.kind() == v1::SOURCE_KIND_EC_DECODE) {
+      std::string node;
+      read = DecodeOnAgent(o, addresses, loc.shard(), src, path, &node);
+      if (read.ok()) {
+        served = absl::StrCat(node, " (ec decode)");
+        break;
+      }
+      absl::StrAppend(&why, "; decode on ", node, ": ", read.message());
+      continue;
+    }
+    if (src.kind() != v1::SOURCE_KIND_LOCAL && src.kind() != v1::SOURCE_KIND_REPLICA) {
+      absl::StrAppend(&why, "; ", v1::SourceKind_Name(src.kind()), ": not readable by ckptctl (use --from-dir)");
+      continue;
+    }
+    std::string address = src.holder().grpc_address();
+    if (address.empty()) {
+      auto known = addresses.find(src.holder().node_id());
+      if (known != addresses.end()) address = known->second;
+    }
+    read = StreamFromAgent(o, address, loc.shard(), path);
+    if (read.ok()) {
+      served = src.holder().node_id();
+      break;
+    }
+    absl::StrAppend(&why, "; ", src.holder().node_id(), ": ", absl::StatusCodeToString(read.code()), ": ",
+                    read.message());
+    if (absl::IsUnauthenticated(read) || absl::IsPermissionDenied(read)) refusal = read.code();
+  }
+  if (!read.ok() && refusal) {
+    // Not lost: this caller may not read it (the agents' --admin-token-file).
+    return absl::Status(*refusal, absl::StrCat("rank ", r, ": the holders refused the read", why,
+                                               " (the agents' TCP endpoint needs the admin token: --token-file)"));
+  }
+  if (!read.ok()) {
+    return absl::DataLossError(absl::StrCat("rank ", r, " of ", job, "/", step, ": no source could be read", why,
+                                            " (for a flushed version, use restore --from-dir)"));
+  }
+  *info = loc.shard();
+  return served;
+}
+
+// Lays rank `shard.rank` of an incremental version (its own bytes already
+// in `path`) out in one self-contained file at `path`: fetches this rank's
+// shard of every version it refers to into a temporary file beside it,
+// checks every reference is one of that shard's own items, and copies
+// every item (crc checked) into the new layout. `served` gets where the
+// referred shards came from.
+absl::StatusOr<DurableShard> Materialize(const DataOptions& o, v1::MetaService::Stub* meta,
+                                         const std::map<std::string, std::string>& addresses,
+                                         const std::string& job, uint64_t step, const DurableShard& shard,
+                                         const std::string& path, std::string* served) {
+  std::map<uint64_t, std::string> base_files;  // ref step -> temporary file
+  std::map<uint64_t, DurableShard> bases;
+  absl::StatusOr<DurableShard> dense = absl::UnknownError("not materialized");
+  [&] {
+    for (uint64_t base : RefSteps(shard.items)) {
+      const std::string file = absl::StrCat(path, ".ref-", base);
+      base_files[base] = file;
+      v1::ShardInfo info;
+      absl::StatusOr<std::string> from = FetchShard(o, meta, addresses, job, base, shard.rank, file, &info);
+      if (!from.ok()) {
+        dense = Annotate(from.status(), absl::StrCat("version ", base, ", whose items version ", step,
+                                                     " refers to"));
+        return;
+      }
+      absl::StrAppend(served, ", version ", base, " from ", *from);
+      bases.emplace(base, ShardOf(info));
+    }
+    for (const ManifestItem& item : shard.items) {
+      if (item.ref_step && !IsOwnItemOf(item, bases.at(*item.ref_step).items)) {
+        dense = absl::DataLossError(absl::StrCat("rank ", shard.rank, " item ", QuoteForMessage(item.name),
+                                                 " refers to [", item.offset_bytes, ", +", item.length_bytes,
+                                                 ") of version ", *item.ref_step, ", which holds no such item"));
+        return;
+      }
+    }
+    std::vector<std::byte> bytes;
+    dense = MaterializeShard(
+        PosixFileSystem(), shard,
+        [&](const ManifestItem& item) { return item.ref_step ? base_files.at(*item.ref_step) : path; }, &bytes);
+    if (!dense.ok()) return;
+    absl::StatusOr<std::unique_ptr<RankFileWriter>> w =
+        RankFileWriter::Create(PosixFileSystem(), path, dense->size_bytes, dense->crc32c);
+    absl::Status s = w.status();
+    if (s.ok()) s = (*w)->Append(bytes);
+    if (s.ok()) s = (*w)->Commit();
+    if (!s.ok()) dense = s;
+  }();
+  for (const auto& [base, file] : base_files) std::remove(file.c_str());
+  return dense;
+}
+
 int RestoreOnline(const DataOptions& o, const std::string& job, uint64_t step, std::optional<uint32_t> rank,
                   const std::string& out_dir) {
   auto meta = v1::MetaService::NewStub(Channel(o, o.meta));
@@ -290,69 +403,23 @@ int RestoreOnline(const DataOptions& o, const std::string& job, uint64_t step, s
   Json files = Json::array();
   for (uint32_t r = 0; r < world; ++r) {
     if (rank && r != *rank) continue;
-    v1::LocateRequest lreq;
-    lreq.set_job_id(job);
-    lreq.set_step(step);
-    lreq.set_rank(r);
-    v1::LocateResponse loc;
-    {
-      auto ctx = Context(o);
-      absl::Status s = FromGrpc(meta->Locate(ctx.get(), lreq, &loc), "Locate");
-      if (!s.ok()) return Fail(s);
-    }
-    for (const v1::Item& item : loc.shard().items()) {
-      if (item.has_ref_step()) {
-        return Fail(absl::FailedPreconditionError(absl::StrCat(
-            "version ", job, "/", step, " is incremental (rank ", r, " refers to items of version ", item.ref_step(),
-            "): `ckptctl restore` writes self-contained versions only, for now; restore a full version, or load "
-            "this one with the client (which follows the references)")));
-      }
-    }
-    DurableShard shard = ShardOf(loc.shard());
-    const std::string path = absl::StrCat(out_dir, "/", shard.file);
-    absl::Status read = absl::NotFoundError("no live source");
-    std::string served, why;
-    std::optional<absl::StatusCode> refusal;
-    for (const v1::ShardSource& src : loc.sources()) {
-      if (src.kind() == v1::SOURCE_KIND_EC_DECODE) {
-        std::string node;
-        read = DecodeOnAgent(o, *addresses, loc.shard(), src, path, &node);
-        if (read.ok()) {
-          served = absl::StrCat(node, " (ec decode)");
-          break;
-        }
-        absl::StrAppend(&why, "; decode on ", node, ": ", read.message());
-        continue;
-      }
-      if (src.kind() != v1::SOURCE_KIND_LOCAL && src.kind() != v1::SOURCE_KIND_REPLICA) {
-        absl::StrAppend(&why, "; ", v1::SourceKind_Name(src.kind()), ": not readable by ckptctl (use --from-dir)");
-        continue;
-      }
-      std::string address = src.holder().grpc_address();
-      if (address.empty()) address = (*addresses)[src.holder().node_id()];
-      read = StreamFromAgent(o, address, loc.shard(), path);
-      if (read.ok()) {
-        served = src.holder().node_id();
-        break;
-      }
-      absl::StrAppend(&why, "; ", src.holder().node_id(), ": ", absl::StatusCodeToString(read.code()), ": ",
-                      read.message());
-      if (absl::IsUnauthenticated(read) || absl::IsPermissionDenied(read)) refusal = read.code();
-    }
-    if (!read.ok() && refusal) {
-      // Not lost: this caller may not read it (the agents' --admin-token-file).
-      return Fail(absl::Status(*refusal, absl::StrCat("rank ", r, ": the holders refused the read", why,
-                                                      " (the agents' TCP endpoint needs the admin token: "
-                                                      "--token-file)")));
-    }
-    if (!read.ok()) {
-      return Fail(absl::DataLossError(absl::StrCat("rank ", r, ": no source could be read", why,
-                                                   " (for a flushed version, use restore --from-dir)")));
+    v1::ShardInfo info;
+    const std::string path = absl::StrCat(out_dir, "/", RankFileName(r));
+    absl::StatusOr<std::string> served = FetchShard(o, meta.get(), *addresses, job, step, r, path, &info);
+    if (!served.ok()) return Fail(served.status());
+    DurableShard shard = ShardOf(info);
+    if (!RefSteps(shard.items).empty()) {
+      // An incremental version: the versions it refers to are fetched too
+      // (this rank's shard of each, checked the same way) and every item is
+      // laid out in one self-contained rank file.
+      absl::StatusOr<DurableShard> dense = Materialize(o, meta.get(), *addresses, job, step, shard, path, &*served);
+      if (!dense.ok()) return Fail(dense.status());
+      shard = *std::move(dense);
     }
     files.push_back(Json{{"rank", r}, {"path", path}, {"size_bytes", shard.size_bytes},
-                         {"crc32c", Hex(shard.crc32c)}, {"served_from", served}});
+                         {"crc32c", Hex(shard.crc32c)}, {"served_from", *served}});
     if (!o.json) {
-      std::cout << "rank " << r << ": " << shard.size_bytes << " bytes from " << served << ", crc32c "
+      std::cout << "rank " << r << ": " << shard.size_bytes << " bytes from " << *served << ", crc32c "
                 << Hex(shard.crc32c) << " verified -> " << path << "\n";
     }
     manifest.shards.push_back(std::move(shard));

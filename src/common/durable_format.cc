@@ -866,6 +866,33 @@ absl::StatusOr<DurableShard> MaterializeDurableShard(FileSystem* fs, const std::
     }
     bases.emplace(step, std::move(base->shards[shard.rank]));
   }
+  for (const ManifestItem& item : shard.items) {
+    if (item.ref_step && !IsOwnItemOf(item, bases.at(*item.ref_step).items)) {
+      return absl::DataLossError(absl::StrCat("rank ", shard.rank, " item ", QuoteForMessage(item.name),
+                                              " refers to [", item.offset_bytes, ", +", item.length_bytes,
+                                              ") of version ", *item.ref_step, ", which holds no such item"));
+    }
+  }
+  return MaterializeShard(
+      fs, shard,
+      [&](const ManifestItem& item) {
+        return item.ref_step ? JoinPath(DurableRefDir(version_dir, *item.ref_step), bases.at(*item.ref_step).file)
+                             : JoinPath(version_dir, shard.file);
+      },
+      out);
+}
+
+bool IsOwnItemOf(const ManifestItem& ref, const std::vector<ManifestItem>& base) {
+  if (ref.length_bytes == 0) return true;
+  return std::any_of(base.begin(), base.end(), [&](const ManifestItem& b) {
+    return !b.ref_step && b.offset_bytes == ref.offset_bytes && b.length_bytes == ref.length_bytes &&
+           b.crc32c == ref.crc32c;
+  });
+}
+
+absl::StatusOr<DurableShard> MaterializeShard(FileSystem* fs, const DurableShard& shard,
+                                              const std::function<std::string(const ManifestItem&)>& file_of,
+                                              std::vector<std::byte>* out) {
   // The new layout: every item in the manifest's order, 64-byte aligned.
   DurableShard dense;
   dense.rank = shard.rank;
@@ -884,20 +911,7 @@ absl::StatusOr<DurableShard> MaterializeDurableShard(FileSystem* fs, const std::
   for (size_t i = 0; i < shard.items.size(); ++i) {
     const ManifestItem& item = shard.items[i];
     if (item.length_bytes == 0) continue;
-    std::string path = JoinPath(version_dir, shard.file);
-    if (item.ref_step) {
-      const DurableShard& base = bases.at(*item.ref_step);
-      const bool own = std::any_of(base.items.begin(), base.items.end(), [&](const ManifestItem& b) {
-        return !b.ref_step && b.offset_bytes == item.offset_bytes && b.length_bytes == item.length_bytes &&
-               b.crc32c == item.crc32c;
-      });
-      if (!own) {
-        return absl::DataLossError(absl::StrCat("rank ", shard.rank, " item ", QuoteForMessage(item.name),
-                                                " refers to [", item.offset_bytes, ", +", item.length_bytes,
-                                                ") of version ", *item.ref_step, ", which holds no such item"));
-      }
-      path = JoinPath(DurableRefDir(version_dir, *item.ref_step), base.file);
-    }
+    const std::string path = file_of(item);
     auto& file = files[path];
     if (file == nullptr) {
       CKPT_ASSIGN_OR_RETURN(file, fs->NewReadableFile(path));

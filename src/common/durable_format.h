@@ -38,6 +38,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -274,6 +275,19 @@ absl::Status ReadRankFile(FileSystem* fs, const std::string& version_dir,
 absl::StatusOr<DurableShard> MaterializeDurableShard(FileSystem* fs, const std::string& version_dir,
                                                      const DurableManifest& manifest, const DurableShard& shard,
                                                      std::vector<std::byte>* out);
+
+// The layout and reading MaterializeDurableShard does, for any source:
+// `file_of(item)` names the file that holds `item`'s bytes at its
+// offset_bytes (this shard's file for its own items, the referred version's
+// for references; the caller checked that those are its own items). Every
+// item's crc32c is checked. Same result and errors as there.
+absl::StatusOr<DurableShard> MaterializeShard(FileSystem* fs, const DurableShard& shard,
+                                              const std::function<std::string(const ManifestItem&)>& file_of,
+                                              std::vector<std::byte>* out);
+
+// True iff `ref` is one of `base`'s own items: same offset, length and
+// crc32c (an empty reference matches anything).
+bool IsOwnItemOf(const ManifestItem& ref, const std::vector<ManifestItem>& base);
 
 // Deletes a version directory: the COMMITTED marker first and a sync of the
 // directory (so that from then on, even after a crash, the version is not

@@ -1045,12 +1045,6 @@ class Soak:
             self.inc("retries_unavailable")
             shutil.rmtree(out, ignore_errors=True)
             time.sleep(0.5)
-        if d is None and "is incremental" in self.ctl_error():
-            # `ckptctl restore JOB STEP` copies self-contained versions only
-            # (docs/cli.md); an incremental one is checked through the client.
-            self.inc("restores_ckptctl_skipped_incremental", 1)
-            shutil.rmtree(out, ignore_errors=True)
-            return True
         if d is None:
             self.restore_error(v, None, None, f"ckptctl restore: {self.ctl_error()}",
                                during_fault)
@@ -1723,7 +1717,6 @@ class Soak:
                          "bytes_saved": self.counts["bytes_saved"], "by_status": dict(statuses),
                          "lazy_shards_committed": self.counts["lazy_saves_committed"],
                          "incremental_shards_committed": self.counts["incremental_saves_committed"],
-                         "ckptctl_restores_skipped_incremental": self.counts["restores_ckptctl_skipped_incremental"],
                          "fault_saves_not_protected": self.counts["fault_saves_not_protected"],
                          "abandoned_deleted": self.counts["abandoned_versions_deleted"],
                          "exempt_lost": self.counts["exempt_lost"]},

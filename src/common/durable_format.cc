@@ -305,6 +305,14 @@ absl::StatusOr<DurableManifest> ParseManifestJson(const Json& root) {
     }
     m.shards.push_back(std::move(shard));
   }
+  if (m.format_version == kDurableFormatVersionWithRefs) {
+    // Canonical: a version without references is written as format 1.
+    bool refs = false;
+    for (const DurableShard& shard : m.shards) {
+      for (const ManifestItem& item : shard.items) refs = refs || item.ref_step.has_value();
+    }
+    if (!refs) return top.Error("has format_version 2 but no item with a \"ref_step\" (that is format 1)");
+  }
   if (std::string problem = ManifestProblem(m); !problem.empty()) {
     return absl::DataLossError(absl::StrCat("manifest.json is inconsistent: ", problem));
   }

@@ -448,6 +448,11 @@ TEST_F(DurableFormatTest, IncrementalVersionsReferToOlderVersionsFiles) {
   std::string v1 = Read(&mem_, dir9 + "/manifest.json");
   v1 = absl::StrReplaceAll(v1, {{"\"format_version\": 2", "\"format_version\": 1"}});
   EXPECT_TRUE(HasError(ParseDurableManifest(v1), absl::StatusCode::kDataLoss, {"format_version 1"}));
+  // Format 2 without any reference is not canonical (the writer says 1).
+  absl::StatusOr<std::string> full = EncodeDurableManifest(MakeManifest(base));
+  ASSERT_TRUE(IsOk(full));
+  EXPECT_TRUE(HasError(ParseDurableManifest(absl::StrReplaceAll(*full, {{"\"format_version\": 1", "\"format_version\": 2"}})),
+                       absl::StatusCode::kDataLoss, {"no item with a \"ref_step\""}));
   std::string later = absl::StrReplaceAll(Read(&mem_, dir9 + "/manifest.json"), {{"\"ref_step\":7", "\"ref_step\":9"}});
   EXPECT_TRUE(HasError(ParseDurableManifest(later), absl::StatusCode::kDataLoss, {"not older"}));
 }

@@ -2,6 +2,7 @@
 argument parsing helpers and their JSON-lines output."""
 import argparse
 import json
+import sys
 
 import torch
 
@@ -32,3 +33,23 @@ def positive(name):
 def emit(**kw):
     """One JSON object on a line of stdout (the examples' event stream)."""
     print(json.dumps(kw), flush=True)
+
+
+def crash(rank, step, log):
+    """--crash-at: says so, closes the loss log and SIGKILLs this process (a node failure)."""
+    import os
+    import signal
+    emit(event="crash", rank=rank, step=step, pid=os.getpid())
+    if log:
+        log.close()
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def run(main, argv, program):
+    """Exit status of main(argv): ckpt errors are printed as one line and exit 1."""
+    import ckpt
+    try:
+        return main(argv)
+    except ckpt.Error as e:
+        print(f"{program}: ckpt error: {type(e).__name__}: {e}", file=sys.stderr)
+        return 1

@@ -35,7 +35,6 @@ import hashlib
 import json
 import math
 import os
-import signal
 import sys
 import time
 
@@ -46,7 +45,7 @@ import torch.nn.functional as F
 
 import ckpt
 import ckpt.torch
-from example_common import batch, emit, positive  # examples/ (this script's directory)
+from example_common import batch, crash, emit, positive, run  # examples/ (this script's directory)
 
 
 class Block(nn.Module):
@@ -242,10 +241,7 @@ def main(argv):
             else:
                 next_save = step + a.every
             if a.crash_at == step:
-                emit(event="crash", rank=a.rank, step=step, pid=os.getpid())
-                if log:
-                    log.close()
-                os.kill(os.getpid(), signal.SIGKILL)
+                crash(a.rank, step, log)
         iteration_times.append(time.perf_counter() - t_step)
     if last_lazy is not None:
         last_lazy.wait("protected", timeout=a.protect_timeout)
@@ -259,8 +255,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main(sys.argv[1:]))
-    except ckpt.Error as e:
-        print(f"train_gpt.py: ckpt error: {type(e).__name__}: {e}", file=sys.stderr)
-        sys.exit(1)
+    sys.exit(run(main, sys.argv[1:], "train_gpt.py"))

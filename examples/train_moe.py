@@ -44,7 +44,6 @@ import datetime
 import hashlib
 import json
 import os
-import signal
 import sys
 import time
 
@@ -54,7 +53,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import ckpt
-from example_common import batch, emit, positive  # examples/ (this script's directory)
+from example_common import batch, crash, emit, positive, run  # examples/ (this script's directory)
 
 
 class MoE(nn.Module):
@@ -288,10 +287,7 @@ def main(argv):
             emit(event="save", rank=a.rank, step=step, bytes=h.size_bytes, experts=experts,
                  blocking_ms=round(blocking * 1e3, 3), protected_ms=round((time.perf_counter() - t0) * 1e3, 3))
             if a.crash_at == step:
-                emit(event="crash", rank=a.rank, step=step, pid=os.getpid())
-                if log:
-                    log.close()
-                os.kill(os.getpid(), signal.SIGKILL)
+                crash(a.rank, step, log)
     if log:
         log.close()
     emit(event="done", rank=a.rank, step=step, final_sha256=tr.digest())
@@ -301,8 +297,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main(sys.argv[1:]))
-    except ckpt.Error as e:
-        print(f"train_moe.py: ckpt error: {type(e).__name__}: {e}", file=sys.stderr)
-        sys.exit(1)
+    sys.exit(run(main, sys.argv[1:], "train_moe.py"))

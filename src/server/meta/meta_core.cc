@@ -1356,7 +1356,7 @@ absl::Status CheckRefs(Engine& e, const Version& v, const Shard& shard) {
     const char* why = nullptr;
     if (!b.ok()) {
       why = "is unknown";
-    } else if ((*b)->evicted || IsTerminal((*b)->state)) {
+    } else if ((*b)->evicted) {
       why = "is no longer in memory";
     } else if ((*b)->shards.count(shard.rank) == 0) {
       why = "has no shard of this rank";
@@ -1732,7 +1732,10 @@ absl::StatusOr<LocateResult> MetaCore::Locate(const std::string& job_id, uint64_
                                               job_id, "/", step, " has world size ",
                                               v->world_size));
     }
-    if (!SatisfiesLevel(v->state, Level::kStaged)) {
+    // An aborted version's shards that newer versions refer to (incremental
+    // saves) are still served, to those loads.
+    const bool referred = v->state == VersionState::kAborted && !v->evicted && !e.Dependents(job_id, step).empty();
+    if (!SatisfiesLevel(v->state, Level::kStaged) && !referred) {
       return absl::FailedPreconditionError(
           absl::StrCat("version ", job_id, "/", step, " is ", VersionStateName(v->state),
                        v->abort_reason.empty() ? "" : absl::StrCat(" (", v->abort_reason, ")"),

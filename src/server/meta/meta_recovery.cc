@@ -100,7 +100,10 @@ std::string StagedRanksText(const Version& v) {
 
 void Engine::AbortOpenVersion(Version& v, const std::string& reason) {
   CancelVersionTasks(v);
-  EvictVersion(v);
+  // Shards a newer version refers to (an incremental save whose base was this
+  // version, on ranks that did save it) stay until nothing refers to them
+  // (ApplyRetention); the version itself is never offered.
+  if (Dependents(v.job_id, v.step).empty()) EvictVersion(v);
   SetState(v, VersionState::kAborted, reason);
 }
 
@@ -667,8 +670,9 @@ bool Engine::RefsAvailable(const Version& v) const {
     for (uint64_t base : sh.ref_steps) {
       if (by_step == s_.versions.end()) return false;
       auto b = by_step->second.find(base);
-      if (b == by_step->second.end() || IsTerminal(b->second.state) ||
-          (b->second.evicted && b->second.state != VersionState::kPersisted)) {
+      // (An aborted version whose shards are kept for the versions referring
+      // to it still serves them.)
+      if (b == by_step->second.end() || (b->second.evicted && b->second.state != VersionState::kPersisted)) {
         return false;
       }
     }
@@ -737,6 +741,10 @@ void Engine::ApplyRetention(Job& job) {
   for (auto it = by_step.rbegin(); it != by_step.rend(); ++it) {
     Version& v = it->second;
     if (v.evicted) continue;
+    if (IsTerminal(v.state)) {  // aborted, kept only for the versions referring to it
+      if (referenced.count(v.step) == 0) EvictVersion(v);
+      continue;
+    }
     std::string evict_reason;  // empty: it stays for its own sake
     if (!SatisfiesLevel(v.state, Level::kProtected)) {
       // A version that never reached PROTECTED (or lost it and cannot be

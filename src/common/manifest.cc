@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "absl/container/flat_hash_set.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/crc32c.h"
@@ -415,6 +416,17 @@ absl::StatusOr<std::vector<ManifestItem>> DecodeManifest(std::string_view encode
   }
   if (r.left() != 0) return bad(absl::StrCat(r.left(), " bytes are left over after the last item"));
   return items;
+}
+
+absl::Status MissingBaseError(uint32_t rank, const std::string& job_id, uint64_t step, uint64_t base,
+                              const std::string& why) {
+  return absl::FailedPreconditionError(absl::StrCat("rank ", rank, " of ", job_id, "/", step, " ",
+                                                    kMissingBaseMarker, " ", base, ", which ", why,
+                                                    "; save this version in full"));
+}
+
+bool IsMissingBaseRefusal(const absl::Status& s) {
+  return absl::IsFailedPrecondition(s) && absl::StrContains(s.message(), kMissingBaseMarker);
 }
 
 }  // namespace ckpt

@@ -149,6 +149,16 @@ class ManifestEncoder {
   uint32_t ref_count_ = 0;
 };
 
+// Meta's refusal of a staged shard whose references name a version meta no
+// longer holds (aborted and evicted meanwhile): FailedPrecondition carrying
+// kMissingBaseMarker. The agent answers it by compacting the shard into a
+// self-contained copy from the base bytes it pinned at commit
+// (server/agent/agent.cc, CompactRefused).
+inline constexpr char kMissingBaseMarker[] = "refers to items of version";
+absl::Status MissingBaseError(uint32_t rank, const std::string& job_id, uint64_t step, uint64_t base,
+                              const std::string& why);
+bool IsMissingBaseRefusal(const absl::Status& s);
+
 // Returns `items` in canonical order (CanonicalItemLess: the shard's own
 // items by offset, the order shards are laid out in, then references).
 std::vector<ManifestItem> SortedByOffset(std::span<const ManifestItem> items);

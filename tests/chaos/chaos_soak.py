@@ -834,10 +834,7 @@ class Soak:
         state = {"payload": payload(self.seed, v.job, v.step, rank, v.sizes[rank]),
                  "tag": tag(v.job, v.step, rank), "frozen": frozen(self.seed, v.job, rank)}
         lazy = (v.step + rank) % 2 == 1
-        # Off until a save whose base meta discards meanwhile (an incomplete
-        # version aborted as superseded) is handled: that save's version never
-        # completes (issue 15 closing note). --incremental turns it on.
-        unchanged = ["frozen"] if self.args.incremental and v.kind != "checkpoint" else []
+        unchanged = ["frozen"] if not self.args.full_only and v.kind != "checkpoint" else []
         for attempt in range(3):
             try:
                 c = self.client(v.job, rank, v.via[rank])
@@ -1688,6 +1685,17 @@ class Soak:
             shutil.rmtree(self.work, ignore_errors=True)
 
     # ---- summary
+    def compacted_shards(self):
+        """Incremental shards an agent stored self-contained because meta had
+        discarded a version they refer to (the agents' logs say so)."""
+        n = 0
+        for f in self.work.glob("*.log"):
+            if f.name in ("meta.log", "soak.log"):
+                continue
+            with open(f, errors="replace") as fh:
+                n += sum(1 for line in fh if "stored it self-contained" in line)
+        return n
+
     def summary(self, elapsed):
         kinds = collections.Counter(f["kind"] for f in self.failures)
         ms_f = sorted(self.restore_ms["during_fault"])
@@ -1720,6 +1728,7 @@ class Soak:
                          "bytes_saved": self.counts["bytes_saved"], "by_status": dict(statuses),
                          "lazy_shards_committed": self.counts["lazy_saves_committed"],
                          "incremental_shards_committed": self.counts["incremental_saves_committed"],
+                         "compacted_shards": self.compacted_shards(),
                          "fault_saves_not_protected": self.counts["fault_saves_not_protected"],
                          "abandoned_deleted": self.counts["abandoned_versions_deleted"],
                          "exempt_lost": self.counts["exempt_lost"]},
@@ -1750,6 +1759,8 @@ class Soak:
         v = s["versions"]
         print(f"{'versions saved / PROTECTED':34} {v['saved']} / {v['protected']} ({fmt_bytes(v['bytes_saved'])}); "
               f"by status {dict(sorted(v['by_status'].items()))}")
+        print(f"{'incremental / lazy shards':34} {v['incremental_shards_committed']} / "
+              f"{v['lazy_shards_committed']}; {v['compacted_shards']} stored self-contained (base discarded)")
         print(f"{'fault-time saves not PROTECTED':34} {v['fault_saves_not_protected']} (not failures)")
         print(f"{'lost beyond tolerance (exempt)':34} {v['exempt_lost']}")
         m = s["memory"]
@@ -1804,8 +1815,8 @@ def main():
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--duration", type=float, default=180, help="seconds of faults (default 180)")
     p.add_argument("--seed", type=int, default=None, help="seed of sizes and faults (default: from the clock)")
-    p.add_argument("--incremental", action="store_true",
-                   help="declare the frozen item unchanged (incremental saves; a known race can fail a save: issue 15)")
+    p.add_argument("--full-only", action="store_true",
+                   help="never declare the frozen item unchanged (no incremental saves)")
     p.add_argument("--nodes", type=int, default=4, help="agents, 4..6 (default 4)")
     p.add_argument("--keep", action="store_true", help="keep the logs even when the run passes")
     p.add_argument("--build-dir", default=os.environ.get("CKPT_BUILD_DIR", str(ROOT / "build")))

@@ -18,6 +18,25 @@
 namespace ckpt::agent {
 namespace {
 
+// A shard's crc from its items' crcs (`items` in canonical order) and the
+// padding between them: no pass over the item bytes (the verifier does that
+// in the background). References are another shard's bytes.
+uint32_t ShardCrc(const std::vector<ManifestItem>& items, const Reservation& bytes, uint64_t size) {
+  uint32_t crc = 0;
+  uint64_t pos = 0;
+  for (const ManifestItem& item : items) {
+    if (item.ref_step) break;  // references come last
+    if (item.offset_bytes > pos) {
+      crc = Crc32cCombine(crc, bytes.Crc(pos, item.offset_bytes - pos), item.offset_bytes - pos);
+    }
+    crc = Crc32cCombine(crc, item.crc32c, item.length_bytes);
+    pos = std::max(pos, item.offset_bytes + item.length_bytes);
+  }
+  if (size > pos) crc = Crc32cCombine(crc, bytes.Crc(pos, size - pos), size - pos);
+  return crc;
+}
+
+
 std::string FormatBytes(uint64_t b) {
   if (b >= (uint64_t{1} << 30)) return absl::StrFormat("%.2f GiB", b / double(uint64_t{1} << 30));
   if (b >= (uint64_t{1} << 20)) return absl::StrFormat("%.1f MiB", b / double(uint64_t{1} << 20));
@@ -353,31 +372,19 @@ absl::StatusOr<std::shared_ptr<const ShardRecord>> Agent::Commit(const std::stri
   CKPT_ASSIGN_OR_RETURN(CommittingLease l, leases_->BeginCommit(lease_id, size_bytes));
   // Validation and the padding's crc run without any lock; the lease stays
   // usable if they fail.
+  std::vector<Pin> bases;
   absl::Status valid = ValidateManifest(items, l.size_bytes, l.shard.step);
-  if (valid.ok()) valid = CheckRefs(l.shard, items);
+  if (valid.ok()) valid = CheckRefs(l.shard, items, &bases);
   if (!valid.ok()) {
     leases_->CancelCommit(lease_id);
     return valid;
   }
   SortByOffset(items);
-  // The shard crc from the items' crcs and the padding between them: no pass
-  // over the item bytes (the verifier does that in the background).
-  uint32_t crc = 0;
-  uint64_t pos = 0;
-  for (const ManifestItem& item : items) {
-    if (item.ref_step) break;  // references come last: their bytes are another shard's
-    if (item.offset_bytes > pos) {
-      crc = Crc32cCombine(crc, l.bytes->Crc(pos, item.offset_bytes - pos), item.offset_bytes - pos);
-    }
-    crc = Crc32cCombine(crc, item.crc32c, item.length_bytes);
-    pos = item.offset_bytes + item.length_bytes;
-  }
-  if (l.size_bytes > pos) crc = Crc32cCombine(crc, l.bytes->Crc(pos, l.size_bytes - pos), l.size_bytes - pos);
   ShardRecord rec;
   rec.id = l.shard;
   rec.role = CopyRole::kPrimary;
   rec.size_bytes = l.size_bytes;
-  rec.crc32c = crc;
+  rec.crc32c = ShardCrc(items, *l.bytes, l.size_bytes);
   rec.manifest_digest = ManifestDigest(items);
   rec.items = std::move(items);
   rec.run_id = l.run_id;
@@ -405,14 +412,35 @@ absl::StatusOr<std::shared_ptr<const ShardRecord>> Agent::Commit(const std::stri
   HoldingReport r;
   r.kind = HoldingReport::Kind::kStaged;
   r.record = stored;
-  session_->Report(std::move(r));
+  MetaSession::Done released;
+  if (!bases.empty()) {
+    {
+      CheckedLock lock(&base_pins_->mu);
+      base_pins_->by_shard[id] = {stored->crc32c, std::move(bases)};
+    }
+    released = [pins = base_pins_, id, crc = stored->crc32c](const absl::Status&) { pins->Take(id, crc); };
+  }
+  session_->Report(std::move(r), std::move(released));
   metrics_.staged_bytes->Increment(static_cast<double>(size));
   metrics_.staged_shards->Increment();
   UpdateGauges();
   return stored;
 }
 
-absl::Status Agent::CheckRefs(const ShardId& id, const std::vector<ManifestItem>& items) const {
+std::vector<Pin> Agent::BasePins::Take(const ShardId& id, uint32_t crc32c) {
+  std::vector<Pin> out;
+  {
+    CheckedLock lock(&mu);
+    auto it = by_shard.find(id);
+    if (it == by_shard.end() || it->second.first != crc32c) return out;
+    out = std::move(it->second.second);
+    by_shard.erase(it);
+  }
+  return out;  // (the pins go with the caller's copy, outside the lock)
+}
+
+absl::Status Agent::CheckRefs(const ShardId& id, const std::vector<ManifestItem>& items,
+                              std::vector<Pin>* bases) const {
   std::map<uint64_t, std::vector<const ManifestItem*>> by_base;
   for (const ManifestItem& item : items) {
     if (item.ref_step) by_base[*item.ref_step].push_back(&item);
@@ -440,7 +468,87 @@ absl::Status Agent::CheckRefs(const ShardId& id, const std::vector<ManifestItem>
             ", which holds no such item"));
       }
     }
+    bases->push_back(*std::move(pin));
   }
+  return absl::OkStatus();
+}
+
+absl::Status Agent::CompactRefused(const ShardRecord& rec, const std::vector<Pin>& bases) {
+  CKPT_ASSIGN_OR_RETURN(Pin self, holdings_->PinValid(rec.id));
+  if (self.rec->crc32c != rec.crc32c) {
+    return absl::FailedPreconditionError("another copy of the shard was stored meanwhile");
+  }
+  // The own items keep their offsets; each referred item goes after them.
+  struct Move {
+    const Pin* from;
+    uint64_t from_offset;
+    uint64_t to_offset;
+    uint64_t length;
+  };
+  std::vector<Move> moves;
+  std::vector<ManifestItem> items = self.rec->items;
+  uint64_t pos = self.rec->size_bytes;
+  const uint64_t align = std::max<uint64_t>(options_.item_alignment_bytes, 1);
+  for (ManifestItem& item : items) {
+    if (!item.ref_step) continue;
+    auto base = std::find_if(bases.begin(), bases.end(), [&](const Pin& p) { return p.rec->id.step == *item.ref_step; });
+    if (base == bases.end()) {
+      return absl::FailedPreconditionError(absl::StrCat("version ", *item.ref_step, " is not pinned here"));
+    }
+    item.ref_step.reset();
+    if (item.length_bytes == 0) {
+      item.offset_bytes = 0;
+      continue;
+    }
+    pos = (pos + align - 1) / align * align;
+    moves.push_back(Move{&*base, item.offset_bytes, pos, item.length_bytes});
+    item.offset_bytes = pos;
+    pos += item.length_bytes;
+  }
+  const uint64_t size = pos;
+  absl::StatusOr<ReservationPtr> bytes = arena_->Reserve(size);
+  if (!bytes.ok()) return absl::ResourceExhaustedError(BudgetMessage(size));
+  // Copies and crcs without any lock: the pins keep every source alive.
+  const auto copy = [&](const Reservation& from, uint64_t from_offset, uint64_t to_offset, uint64_t length) {
+    for (std::span<const std::byte> piece : from.Pieces(from_offset, length)) {
+      (*bytes)->CopyIn(to_offset, piece);
+      to_offset += piece.size();
+    }
+  };
+  copy(*self.bytes, 0, 0, self.rec->size_bytes);
+  (*bytes)->Zero(self.rec->size_bytes, size - self.rec->size_bytes);
+  for (const Move& m : moves) {
+    copy(*m.from->bytes, m.from_offset, m.to_offset, m.length);
+  }
+  SortByOffset(items);
+  for (const ManifestItem& item : items) {
+    if (item.length_bytes > 0 && item.offset_bytes >= self.rec->size_bytes &&
+        (*bytes)->Crc(item.offset_bytes, item.length_bytes) != item.crc32c) {
+      return absl::DataLossError(absl::StrCat("item ", QuoteForMessage(item.name),
+                                              " of the referred version does not match its crc32c"));
+    }
+  }
+  ShardRecord out;
+  out.id = rec.id;
+  out.role = CopyRole::kPrimary;
+  out.size_bytes = size;
+  out.crc32c = ShardCrc(items, **bytes, size);
+  out.manifest_digest = ManifestDigest(items);
+  out.items = std::move(items);
+  out.run_id = self.rec->run_id;
+  out.staged_unix_ms = self.rec->staged_unix_ms;
+  std::shared_ptr<const ShardRecord> stored;
+  CKPT_RETURN_IF_ERROR(holdings_->Add(std::move(out), *std::move(bytes), /*verified=*/false, /*if_absent=*/false,
+                                      &stored));
+  log::Warn("meta no longer holds a version {} refers to: stored it self-contained ({} instead of {})",
+            ShardIdString(rec.id), FormatBytes(size), FormatBytes(rec.size_bytes));
+  metrics_.shards_compacted->Increment();
+  holdings_->QueueVerify(rec.id);
+  NotifyVerifier();
+  HoldingReport r;
+  r.kind = HoldingReport::Kind::kStaged;
+  r.record = std::move(stored);
+  session_->Report(std::move(r));
   return absl::OkStatus();
 }
 
@@ -808,6 +916,16 @@ void Agent::OnCopyRefused(const HoldingReport& r, const absl::Status& why) {
     // have been stored since).
     absl::StatusOr<Pin> held = holdings_->PinValid(id);
     if (held.ok() && held->rec->crc32c != crc) return;
+    if (staged && IsMissingBaseRefusal(why)) {
+      if (std::vector<Pin> bases = base_pins_->Take(id, crc); !bases.empty()) {
+        absl::Status s = CompactRefused(*r.record, bases);
+        if (s.ok()) {
+          UpdateGauges();
+          return;
+        }
+        log::Warn("cannot store {} self-contained: {}", ShardIdString(id), s.ToString());
+      }
+    }
     log::Warn("meta refused {}: {}; dropping this copy", ShardIdString(id), why.ToString());
     holdings_->DropShard(id);
   }

@@ -265,7 +265,17 @@ class Agent : private MetaSession::Delegate {
   // the same rank's shard of their ref_step held here (same offset, length
   // and crc32c): FailedPrecondition if that shard is not held,
   // InvalidArgument if it has no such item.
-  absl::Status CheckRefs(const ShardId& id, const std::vector<ManifestItem>& items) const;
+  // The base shards are pinned into *bases (their bytes stay while the pins
+  // live, even if meta has them dropped meanwhile).
+  absl::Status CheckRefs(const ShardId& id, const std::vector<ManifestItem>& items, std::vector<Pin>* bases) const;
+  // Meta refused the STAGED report of `rec` (a committed shard with
+  // references) because a version it refers to is gone there (aborted and
+  // evicted after this node accepted the commit): copies the referred items
+  // from `bases` (pinned at commit) after the shard's own bytes into a new,
+  // self-contained copy that replaces it, and reports that. An error if it
+  // cannot (no memory, the copy replaced meanwhile, a base item's crc
+  // wrong); the caller then drops the shard.
+  absl::Status CompactRefused(const ShardRecord& rec, const std::vector<Pin>& bases);
   Agent(const AgentOptions& options, MetaLink* meta, Clock* clock, FileSystem* durable_fs, MetricsRegistry* metrics);
   absl::Status Init();
   std::string BudgetMessage(uint64_t want) const;
@@ -319,6 +329,17 @@ class Agent : private MetaSession::Delegate {
   mutable absl::Mutex jobs_mu_;
   std::map<std::tuple<std::string, uint64_t, std::string>, uint32_t> begun_ ABSL_GUARDED_BY(jobs_mu_);
   std::map<std::string, uint32_t> job_world_ ABSL_GUARDED_BY(jobs_mu_);
+
+  // The base shards of committed shards with references, pinned until meta
+  // answers their STAGED report (CompactRefused needs their bytes then).
+  // Shared with the reports' completion callbacks, which release them.
+  struct BasePins {
+    absl::Mutex mu;
+    std::map<ShardId, std::pair<uint32_t, std::vector<Pin>>> by_shard ABSL_GUARDED_BY(mu);  // crc, pins
+    // The pins of `id`'s copy with `crc32c` (none if another copy's).
+    std::vector<Pin> Take(const ShardId& id, uint32_t crc32c);
+  };
+  const std::shared_ptr<BasePins> base_pins_ = std::make_shared<BasePins>();
 
   mutable absl::Mutex loop_mu_;
   bool stopping_ ABSL_GUARDED_BY(loop_mu_) = false;

@@ -37,6 +37,9 @@ AgentMetrics::AgentMetrics(MetricsRegistry& m)
                                    "Incoming pushes dropped after no progress for the peer timeout")),
       leases_expired(&m.AddCounter("ckpt_agent_leases_expired_total",
                                    "Staging leases and handles released because their client went away")),
+      shards_compacted(&m.AddCounter("ckpt_agent_shards_compacted_total",
+                                     "Incremental shards stored self-contained because meta no longer held a version "
+                                     "they refer to")),
       used(&m.AddGauge("ckpt_agent_memory_used_bytes", "Memory-tier bytes in use (holdings and leases)")),
       free(&m.AddGauge("ckpt_agent_memory_free_bytes", "Memory-tier bytes free")),
       leased(&m.AddGauge("ckpt_agent_memory_leased_bytes", "Memory-tier bytes reserved by open staging leases")),

@@ -35,6 +35,7 @@ struct AgentMetrics {
   Counter* parity_builds_dropped;
   Counter* pushes_expired;
   Counter* leases_expired;
+  Counter* shards_compacted;
   Gauge* used;
   Gauge* free;
   Gauge* leased;

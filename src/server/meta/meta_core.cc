@@ -10,6 +10,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "common/log.h"
+#include "common/manifest.h"
 #include "common/names.h"
 #include "common/status_macros.h"
 #include "server/meta/core_state.h"
@@ -1362,9 +1363,7 @@ absl::Status CheckRefs(Engine& e, const Version& v, const Shard& shard) {
       why = "has no shard of this rank";
     }
     if (why != nullptr) {
-      return absl::FailedPreconditionError(absl::StrCat("rank ", shard.rank, " of ", v.job_id, "/", v.step,
-                                                        " refers to items of version ", base, ", which ", why,
-                                                        "; save this version in full"));
+      return MissingBaseError(shard.rank, v.job_id, v.step, base, why);
     }
   }
   return absl::OkStatus();

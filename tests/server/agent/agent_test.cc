@@ -163,6 +163,102 @@ TEST_F(AgentTest, ReferencesMustNameItemsOfABaseHeldHere) {
   EXPECT_EQ(base.items.size(), 2u);
 }
 
+// The race the chaos soak found: this node accepted a commit referring to
+// version 10 while meta was aborting and evicting 10 (it never completed).
+// Meta refuses the STAGED report; the agent, which pinned 10's bytes at the
+// commit, stores the shard self-contained instead of dropping it, so the
+// version can still complete.
+TEST_F(AgentTest, AShardWhoseBaseMetaDiscardedIsStoredSelfContained) {
+  Save(10, 0, "alpha-bytes", "bravo");
+  agent_->ControlOnce();
+  ASSERT_EQ(meta_.staged.count(ShardId{"job", 10, 0}), 1u);
+  absl::StatusOr<LeaseGrant> g = agent_->AcquireLease(LeaseRequest{"job", 11, 0, 4096, "run-1", 0, 0, "", {10}});
+  ASSERT_TRUE(g.ok()) << g.status();
+  Write(*g, 0, "charlie");
+  auto ref = [&](std::string name, uint64_t off, const std::string& bytes) {
+    ManifestItem it = Item(std::move(name), off, bytes);
+    it.ref_step = 10;
+    return it;
+  };
+  auto rec = agent_->Commit(g->lease_id, 7,
+                            {Item("c", 0, "charlie"), ref("a", 0, "alpha-bytes"), ref("b", 64, "bravo")});
+  ASSERT_TRUE(rec.ok()) << rec.status();
+  // Meta evicts 10 (the drop reaches this node first), then refuses 11.
+  const uint64_t free_before = agent_->arena().free_bytes();
+  AgentTask evict;
+  evict.id = "t-evict";
+  evict.kind = TaskKind::kEvict;
+  evict.kind_name = "evict";
+  evict.job_id = "job";
+  evict.step = 10;
+  agent_->EnqueueTasks({evict});
+  EXPECT_TRUE(agent_->TasksOnce());
+  EXPECT_TRUE(agent_->Inventory("job", 10).empty());
+  EXPECT_EQ(agent_->arena().free_bytes(), free_before);  // 10's bytes still pinned by 11
+  meta_.gone_bases.insert(10);
+  agent_->ControlOnce();
+  // 11 was stored again with every item its own, and reported.
+  ASSERT_EQ(meta_.staged.count(ShardId{"job", 11, 0}), 1u);
+  const ShardRecord& staged = meta_.staged[ShardId{"job", 11, 0}];
+  EXPECT_TRUE(RefSteps(staged.items).empty());
+  ASSERT_EQ(staged.items.size(), 3u);
+  absl::StatusOr<OpenResult> open = agent_->OpenShard(ShardId{"job", 11, 0}, false, 0, 0);
+  ASSERT_TRUE(open.ok()) << open.status();
+  EXPECT_EQ(open->shard.record->crc32c, staged.crc32c);
+  std::string bytes(open->shard.record->size_bytes, '\0');
+  for (const Region& r : open->shard.regions) {
+    std::memcpy(bytes.data() + r.shard_offset, agent_->arena().Data(r.file_offset), r.length);
+  }
+  EXPECT_EQ(Crc32c(bytes), staged.crc32c);
+  for (const ManifestItem& it : staged.items) {
+    const std::string want = it.name == "a" ? "alpha-bytes" : it.name == "b" ? "bravo" : "charlie";
+    EXPECT_EQ(bytes.substr(it.offset_bytes, it.length_bytes), want) << it.name;
+    EXPECT_EQ(it.crc32c, Crc32c(want));
+  }
+  ASSERT_TRUE(agent_->CloseShard(open->handle_id).ok());
+  while (agent_->VerifyOnce()) {
+  }
+  for (const auto& info : agent_->Inventory("job", 11)) EXPECT_TRUE(info.verified);
+  // The pins of 10 are gone with the answer: its space is free again.
+  EXPECT_EQ(agent_->arena().free_bytes(), free_before + 4096);
+}
+
+// Without the pins (a STAGED report replayed after a restart, say), a
+// refused shard is dropped as before: nothing half-stored stays.
+TEST_F(AgentTest, AnAcceptedShardReleasesItsBasesAndARefusedOneWithoutPinsIsDropped) {
+  Save(20, 0, "alpha-bytes", "bravo");
+  Save(21, 0, "alpha-bytes", "bravo");
+  agent_->ControlOnce();
+  const uint64_t free_before = agent_->arena().free_bytes();
+  absl::StatusOr<LeaseGrant> g = agent_->AcquireLease(LeaseRequest{"job", 22, 0, 4096, "run-1", 0, 0, "", {20}});
+  ASSERT_TRUE(g.ok()) << g.status();
+  Write(*g, 0, "charlie");
+  ManifestItem a = Item("a", 0, "alpha-bytes");
+  a.ref_step = 20;
+  ASSERT_TRUE(agent_->Commit(g->lease_id, 7, {Item("c", 0, "charlie"), a}).ok());
+  agent_->ControlOnce();  // accepted: 20 is no longer pinned by 22
+  EXPECT_EQ(meta_.staged.count(ShardId{"job", 22, 0}), 1u);
+  AgentTask evict;
+  evict.id = "t-evict";
+  evict.kind = TaskKind::kEvict;
+  evict.kind_name = "evict";
+  evict.job_id = "job";
+  evict.step = 20;
+  agent_->EnqueueTasks({evict});
+  EXPECT_TRUE(agent_->TasksOnce());
+  EXPECT_EQ(agent_->arena().free_bytes(), free_before);  // 20's 4096 freed, 22's 4096 taken
+  // A restart replays 22's STAGED report with no pins; meta refuses it now.
+  agent_.reset();
+  meta_.staged.erase(ShardId{"job", 22, 0});
+  meta_.gone_bases.insert(20);
+  StartAgent();
+  agent_->ControlOnce();
+  agent_->ControlOnce();
+  EXPECT_EQ(meta_.staged.count(ShardId{"job", 22, 0}), 0u);
+  EXPECT_TRUE(agent_->Inventory("job", 22).empty());
+  EXPECT_EQ(agent_->Inventory("job", 21).size(), 1u);
+}
+
 TEST_F(AgentTest, RejectsBadLeasesAndCommits) {
   auto lease = [&](std::string job, uint32_t rank, uint64_t size) {
     return agent_->AcquireLease(LeaseRequest{std::move(job), 1, rank, size, "", 0, 0, "", {}}).status();

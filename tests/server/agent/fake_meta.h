@@ -3,6 +3,7 @@
 // Thread-safe (one mutex).
 #pragma once
 
+#include <algorithm>
 #include <deque>
 #include <map>
 #include <optional>
@@ -14,6 +15,7 @@
 #include "absl/synchronization/mutex.h"
 #include "common/lock_check.h"
 #include "common/durable_format.h"
+#include "common/manifest.h"
 #include "common/names.h"
 #include "server/agent/meta_link.h"
 
@@ -85,6 +87,13 @@ class FakeMeta : public MetaLink {
     for (const HoldingReport& h : reports) {
       this->reports.push_back(h);
       if (h.kind == HoldingReport::Kind::kStaged) {
+        if (auto gone = std::find_if(h.record->items.begin(), h.record->items.end(),
+                                     [&](const ManifestItem& it) { return it.ref_step && gone_bases.count(*it.ref_step); });
+            gone != h.record->items.end()) {
+          r.results.push_back(MissingBaseError(h.record->id.rank, h.record->id.job_id, h.record->id.step,
+                                               *gone->ref_step, "is no longer in memory"));
+          continue;
+        }
         const bool seen = staged.count(h.record->id) != 0;
         staged[h.record->id] = *h.record;
         r.results.push_back(seen ? absl::AlreadyExistsError("replay") : absl::OkStatus());
@@ -160,6 +169,7 @@ class FakeMeta : public MetaLink {
   int task_counter = 0;
   std::map<std::string, uint32_t> world;
   std::set<uint64_t> refuse_step;
+  std::set<uint64_t> gone_bases;  // STAGED reports referring to these are refused (MissingBaseError)
   std::deque<absl::Status> begin_errors;  // answered to the next BeginVersion calls, in order
   std::map<uint64_t, int> version_state;  // ckpt.v1.VersionState by step
   std::optional<uint64_t> newest_protected;

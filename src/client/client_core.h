@@ -21,6 +21,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
@@ -40,6 +41,9 @@ namespace v1 = ::ckpt::v1;
 
 struct LazyState;  // lazy_save.h
 
+// XXH3-64 of a save's items, by name.
+using ItemHashes = absl::flat_hash_map<std::string, uint64_t>;
+
 // The last save of a client that committed (or the version it loaded, if
 // newer): the base of its next incremental save (ItemChange,
 // SaveBuilder::CarryRest).
@@ -50,7 +54,7 @@ struct SavedBase {
   std::shared_ptr<const v1::CommitShardRequest> commit;
   // XXH3-64 of items by name, where known (items hashed by ItemChange::
   // kDetect, and references that inherited one); null if none.
-  std::shared_ptr<const std::map<std::string, uint64_t>> hashes;
+  std::shared_ptr<const ItemHashes> hashes;
 };
 
 // The outcome of a CommitShard sent after SaveBuilder::Commit returned:

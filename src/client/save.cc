@@ -130,7 +130,7 @@ bool AbortLease(ClientCore& core, const std::string& lease_id) {
 // caller's thread or on the client's committer (after Commit returned).
 absl::Status SendCommit(ClientCore& core, const std::shared_ptr<const v1::CommitShardRequest>& request,
                         uint32_t shard_crc, uint64_t step,
-                        std::shared_ptr<const std::map<std::string, uint64_t>> hashes) {
+                        std::shared_ptr<const client::ItemHashes> hashes) {
   const v1::CommitShardRequest& commit = *request;
   const std::string& lease_id = commit.lease_id();
   const auto committed = [&] {
@@ -178,7 +178,7 @@ struct DecodedBase {
   uint64_t step = 0;
   std::vector<ManifestItem> items;
   absl::flat_hash_map<std::string_view, size_t> by_name;  // into items
-  std::shared_ptr<const std::map<std::string, uint64_t>> hashes;
+  std::shared_ptr<const client::ItemHashes> hashes;
 
   const ManifestItem* Find(std::string_view name) const {
     auto it = by_name.find(name);
@@ -418,7 +418,7 @@ absl::StatusOr<SaveHandle> SaveBuilder::CommitItems(client::LazyState* progress,
   keep.clear();  // the agent owns the bytes now; the cache keeps its mappings
   // The references, in canonical order ((ref_step, offset)), and the hashes
   // the next save compares against.
-  std::shared_ptr<std::map<std::string, uint64_t>> hashes;
+  std::shared_ptr<client::ItemHashes> hashes;
   if (any_ref || std::any_of(hash.begin(), hash.end(), [](const auto& h) { return h.has_value(); })) {
     struct Ref {
       RefTo to;
@@ -428,7 +428,8 @@ absl::StatusOr<SaveHandle> SaveBuilder::CommitItems(client::LazyState* progress,
       const std::map<std::string, std::string>* attributes;
     };
     std::vector<Ref> refs;
-    hashes = std::make_shared<std::map<std::string, uint64_t>>();
+    hashes = std::make_shared<client::ItemHashes>();
+    hashes->reserve(items_.size() + carried.size());
     for (size_t i = 0; i < items_.size(); ++i) {
       const Item& it = items_[i];
       if (hash[i]) hashes->emplace(*it.name, *hash[i]);

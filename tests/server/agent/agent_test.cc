@@ -86,6 +86,18 @@ class AgentTest : public ::testing::Test {
     return rec.ok() ? **rec : ShardRecord{};
   }
 
+  // Runs meta's EVICT task for `step` of "job" on the agent.
+  void RunEvictTask(uint64_t step) {
+    AgentTask evict;
+    evict.id = absl::StrCat("t-evict-", step);
+    evict.kind = TaskKind::kEvict;
+    evict.kind_name = "evict";
+    evict.job_id = "job";
+    evict.step = step;
+    agent_->EnqueueTasks({evict});
+    EXPECT_TRUE(agent_->TasksOnce());
+  }
+
   std::unique_ptr<TempDir> dir_;
   FakeMeta meta_;
   FakeClock clock_;
@@ -185,14 +197,7 @@ TEST_F(AgentTest, AShardWhoseBaseMetaDiscardedIsStoredSelfContained) {
   ASSERT_TRUE(rec.ok()) << rec.status();
   // Meta evicts 10 (the drop reaches this node first), then refuses 11.
   const uint64_t free_before = agent_->arena().free_bytes();
-  AgentTask evict;
-  evict.id = "t-evict";
-  evict.kind = TaskKind::kEvict;
-  evict.kind_name = "evict";
-  evict.job_id = "job";
-  evict.step = 10;
-  agent_->EnqueueTasks({evict});
-  EXPECT_TRUE(agent_->TasksOnce());
+  RunEvictTask(10);
   EXPECT_TRUE(agent_->Inventory("job", 10).empty());
   EXPECT_EQ(agent_->arena().free_bytes(), free_before);  // 10's bytes still pinned by 11
   meta_.gone_bases.insert(10);
@@ -238,14 +243,7 @@ TEST_F(AgentTest, AnAcceptedShardReleasesItsBasesAndARefusedOneWithoutPinsIsDrop
   ASSERT_TRUE(agent_->Commit(g->lease_id, 7, {Item("c", 0, "charlie"), a}).ok());
   agent_->ControlOnce();  // accepted: 20 is no longer pinned by 22
   EXPECT_EQ(meta_.staged.count(ShardId{"job", 22, 0}), 1u);
-  AgentTask evict;
-  evict.id = "t-evict";
-  evict.kind = TaskKind::kEvict;
-  evict.kind_name = "evict";
-  evict.job_id = "job";
-  evict.step = 20;
-  agent_->EnqueueTasks({evict});
-  EXPECT_TRUE(agent_->TasksOnce());
+  RunEvictTask(20);
   EXPECT_EQ(agent_->arena().free_bytes(), free_before);  // 20's 4096 freed, 22's 4096 taken
   // A restart replays 22's STAGED report with no pins; meta refuses it now.
   agent_.reset();
@@ -586,14 +584,7 @@ TEST_F(AgentTest, EvictTaskFreesTheVersionButWaitsForOpenHandles) {
   const uint64_t free_before = agent_->arena().free_bytes();
   absl::StatusOr<OpenResult> open = agent_->OpenShard(rec.id, true, 0, 0);
   ASSERT_TRUE(open.ok());
-  AgentTask evict;
-  evict.id = "t-evict";
-  evict.kind = TaskKind::kEvict;
-  evict.kind_name = "evict";
-  evict.job_id = "job";
-  evict.step = 11;
-  agent_->EnqueueTasks({evict});
-  EXPECT_TRUE(agent_->TasksOnce());
+  RunEvictTask(11);
   EXPECT_EQ(agent_->arena().free_bytes(), free_before);  // still mapped by a reader
   ASSERT_TRUE(agent_->CloseShard(open->handle_id).ok());
   EXPECT_EQ(agent_->arena().free_bytes(), free_before + 4096);

@@ -807,7 +807,10 @@ class Unflattener {
         py::object t = types_.from_numpy(leaf_[i].attr(types_.view)(NumpyDType(6)));  // int16
         return t.attr(types_.view)(types_.bfloat16);
       }
-      return types_.from_numpy(leaf_[i]);
+      // (Straight through the C API: no argument tuple, one call per tensor.)
+      PyObject* t = PyObject_CallOneArg(types_.from_numpy.ptr(), leaf_[i].ptr());
+      CheckPy(t != nullptr);
+      return py::reinterpret_steal<py::object>(t);
     }
     if (kind != nullptr && *kind == "numpy") {
       if (!leaf_[i]) return Fallback(i);

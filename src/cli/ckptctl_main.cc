@@ -158,6 +158,7 @@ Json NodeJson(const v1::NodeInfo& n) {
               {"data_address", n.endpoint().data_address()},
               {"role", EnumName(v1::NodeRole_Name(n.role()), "NODE_ROLE_")},
               {"failure_domain", n.failure_domain()},
+              {"host_node_id", n.host_node_id()},
               {"memory_capacity_bytes", n.memory_capacity_bytes()},
               {"memory_used_bytes", n.memory_used_bytes()},
               {"memory_free_bytes", n.memory_free_bytes()},

@@ -315,6 +315,22 @@ absl::Status CallMetaRetrying(const ClientCore& core, const char* what,
   }
 }
 
+absl::StatusOr<std::shared_ptr<PullStaging::Buffer>> StagingBuffer(ClientCore& core, uint64_t size) {
+  std::shared_ptr<PullStaging> staging;
+  {
+    absl::MutexLock lock(&core.staging_mu);
+    staging = core.staging;
+  }
+  if (staging == nullptr) {
+    absl::StatusOr<std::shared_ptr<PullStaging>> made = PullStaging::Create();
+    if (!made.ok()) return made.status();
+    absl::MutexLock lock(&core.staging_mu);
+    if (core.staging == nullptr) core.staging = *std::move(made);  // else a racing save's wins
+    staging = core.staging;
+  }
+  return staging->Acquire(size);
+}
+
 absl::StatusOr<std::string> SessionId(ClientCore& core) {
   std::string resume;
   {

@@ -31,6 +31,7 @@
 #include "ckpt/v1/agent.grpc.pb.h"
 #include "ckpt/v1/meta.grpc.pb.h"
 #include "client/mapped_file.h"
+#include "client/pull_staging.h"
 #include "client/region_io.h"
 #include "client/session.h"
 #include "common/executor.h"
@@ -136,6 +137,11 @@ struct ClientCore {
   std::unique_ptr<AgentSession> session ABSL_GUARDED_BY(session_mu);
   bool sessions_supported ABSL_GUARDED_BY(session_mu) = true;
 
+  // Pull-mode ingest (a DPU agent, docs/dpu.md): the client's own staging
+  // memory, started on the first lease that asks for it (StagingBuffer).
+  absl::Mutex staging_mu;
+  std::shared_ptr<PullStaging> staging ABSL_GUARDED_BY(staging_mu);
+
   // The newest commit sent in the background (null: none yet). Commits run
   // in order, so once it is done all earlier ones are.
   absl::Mutex commit_mu;
@@ -176,6 +182,10 @@ struct ClientCore {
 // a restart. "" with an agent that has no session socket. Errors: those of
 // AgentSession::Open and of mapping the pool.
 absl::StatusOr<std::string> SessionId(ClientCore& core);
+
+// A staging buffer of at least `size` bytes for a pull-mode lease, starting
+// UCX in this process the first time. Errors: PullStaging's.
+absl::StatusOr<std::shared_ptr<PullStaging::Buffer>> StagingBuffer(ClientCore& core, uint64_t size);
 
 // Sends CloseShard(handle_id) to the local agent on `core.calls`, without
 // waiting for its answer (a failure is logged; the handle then ends with the

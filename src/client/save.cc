@@ -363,9 +363,21 @@ absl::StatusOr<SaveHandle> SaveBuilder::CommitItems(client::LazyState* progress,
 
   // Copy. Nothing below may return without releasing the lease.
   std::vector<std::shared_ptr<client::MappedFile>> keep;
-  absl::StatusOr<std::vector<client::ShardRegion>> regions =
-      client::MapRegions(core, lease.regions(), layout.size, client::MappedFile::Access::kReadWrite,
-                         &keep);
+  // A pull-mode agent (a DPU's) reads the shard out of staging memory of
+  // ours during the commit, which holds the buffer until it is answered.
+  std::shared_ptr<client::PullStaging::Buffer> staging;
+  absl::StatusOr<std::vector<client::ShardRegion>> regions;
+  if (lease.pull()) {
+    absl::StatusOr<std::shared_ptr<client::PullStaging::Buffer>> buffer = client::StagingBuffer(core, layout.size);
+    if (buffer.ok()) {
+      staging = *std::move(buffer);
+      regions = std::vector<client::ShardRegion>{client::ShardRegion{staging->data(), layout.size, 0}};
+    } else {
+      regions = buffer.status();
+    }
+  } else {
+    regions = client::MapRegions(core, lease.regions(), layout.size, client::MappedFile::Access::kReadWrite, &keep);
+  }
   if (!regions.ok()) {
     AbortLease(core, lease_id);
     return Annotate(regions.status(), absl::StrCat("staging lease ", lease_id));
@@ -450,6 +462,13 @@ absl::StatusOr<SaveHandle> SaveBuilder::CommitItems(client::LazyState* progress,
     if (hashes->empty()) hashes.reset();
   }
   commit.set_manifest(manifest.Finish());
+  if (staging != nullptr) {
+    v1::PullSource* from = commit.mutable_pull_source();
+    from->set_worker_address(staging->worker_address());
+    from->set_rkey(staging->rkey());
+    from->set_address(reinterpret_cast<uint64_t>(staging->data()));
+    from->set_length_bytes(staging->length());
+  }
 
   core.last_save_items.store(items_.size(), std::memory_order_relaxed);
   items_.clear();
@@ -475,8 +494,10 @@ absl::StatusOr<SaveHandle> SaveBuilder::CommitItems(client::LazyState* progress,
   const absl::Time now = absl::Now();
   remember(now);
   auto result = std::make_shared<client::CommitResult>();
-  auto send = [&core, request, result, shard_crc, step = step_, hashes = std::move(hashes)]() mutable {
+  auto send = [&core, request, result, shard_crc, step = step_, hashes = std::move(hashes),
+               staging = std::move(staging)]() mutable {
     result->status = SendCommit(core, request, shard_crc, step, std::move(hashes));
+    staging.reset();  // the agent has read it (or the lease is gone)
     if (!result->status.ok()) {
       log::Warn("commit of {}/{} rank {} failed: {}", core.options.job_id, step, core.options.rank,
                 result->status.ToString());

@@ -20,6 +20,7 @@
 namespace ckpt::testing {
 
 struct AgentProcessOptions {
+  std::string binary = "ckpt-agent";  // or ckpt-dpu-agent
   std::string node_id = "node-1";
   std::string meta_address;
   std::string dir;           // run/, mem/ and logs go below it
@@ -52,7 +53,7 @@ class AgentProcess {
   // is registered with meta (AgentStatus.registered) or 30 s pass.
   absl::Status Restart(bool wait_registered = true) {
     SubprocessOptions o;
-    o.argv = {BinaryPath("ckpt-agent"),
+    o.argv = {BinaryPath(options_.binary),
               "--node-id", options_.node_id,
               "--meta", options_.meta_address,
               "--listen", absl::StrCat("127.0.0.1:", port_),
@@ -66,7 +67,7 @@ class AgentProcess {
       o.argv.push_back(options_.durable_root);
     }
     for (const std::string& a : options_.extra_args) o.argv.push_back(a);
-    o.name = "ckpt-agent-" + options_.node_id;
+    o.name = options_.binary + "-" + options_.node_id;
     o.log_dir = options_.dir;
     auto proc = Subprocess::Start(o);
     if (!proc.ok()) return proc.status();

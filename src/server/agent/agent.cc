@@ -85,6 +85,7 @@ absl::Status Agent::Init() {
     return a;
   };
   so.failure_domain = options_.failure_domain;
+  so.host_node_id = options_.host_node_id;
   so.memory_capacity_bytes = arena_->capacity_bytes();
   so.memory_dir = options_.memory_dir;
   if (options_.check_peer_membership) {
@@ -361,6 +362,12 @@ absl::StatusOr<LeaseGrant> Agent::AcquireLease(const LeaseRequest& req) {
   grant.regions = RegionsOf(arena_->pool_path(), (*bytes)->extents(), req.size_bytes);
   grant.expires_in_ms = ttl == absl::InfiniteDuration() ? 0 : absl::ToInt64Milliseconds(ttl);
   grant.item_alignment_bytes = options_.item_alignment_bytes;
+  if (options_.puller != nullptr) {
+    // The client cannot map this agent's memory (on a DPU it is not even on
+    // the same machine): it stages the shard itself and commits naming it.
+    grant.pull = true;
+    grant.regions.clear();
+  }
   grant.lease_id = leases_->Add(id, req.size_bytes, *std::move(bytes), req.run_id,
                                 ClientRef{req.client_pid, req.session_id}, ttl);
   UpdateGauges();
@@ -368,13 +375,23 @@ absl::StatusOr<LeaseGrant> Agent::AcquireLease(const LeaseRequest& req) {
 }
 
 absl::StatusOr<std::shared_ptr<const ShardRecord>> Agent::Commit(const std::string& lease_id, uint64_t size_bytes,
-                                          std::vector<ManifestItem> items) {
+                                          std::vector<ManifestItem> items, const PullSource* pull) {
   CKPT_ASSIGN_OR_RETURN(CommittingLease l, leases_->BeginCommit(lease_id, size_bytes));
-  // Validation and the padding's crc run without any lock; the lease stays
+  // Validation, the pull and the crcs run without any lock; the lease stays
   // usable if they fail.
   std::vector<Pin> bases;
   absl::Status valid = ValidateManifest(items, l.size_bytes, l.shard.step);
   if (valid.ok()) valid = CheckRefs(l.shard, items, &bases);
+  if (valid.ok() && (options_.puller != nullptr) != (pull != nullptr)) {
+    valid = absl::FailedPreconditionError(
+        options_.puller != nullptr
+            ? "this agent pulls shards from the client's staging memory (ckpt-dpu-agent): the commit must name it "
+              "(pull_source); the client library is too old for a DPU agent"
+            : "this agent does not pull (a host ckpt-agent): the shard is written into the lease's regions, and the "
+              "commit names no pull_source");
+  }
+  const bool pulled = valid.ok() && pull != nullptr;
+  if (pulled) valid = PullInto(l, items, *pull);
   if (!valid.ok()) {
     leases_->CancelCommit(lease_id);
     return valid;
@@ -392,7 +409,7 @@ absl::StatusOr<std::shared_ptr<const ShardRecord>> Agent::Commit(const std::stri
   const ShardId id = rec.id;
   const uint64_t size = rec.size_bytes;
   std::shared_ptr<const ShardRecord> stored;  // the held record: no copy of its items
-  if (absl::Status s = holdings_->Add(std::move(rec), l.bytes, /*verified=*/false, /*if_absent=*/true, &stored);
+  if (absl::Status s = holdings_->Add(std::move(rec), l.bytes, /*verified=*/pulled, /*if_absent=*/true, &stored);
       !s.ok()) {
     leases_->CancelCommit(lease_id);
     if (absl::IsAlreadyExists(s)) {
@@ -407,8 +424,10 @@ absl::StatusOr<std::shared_ptr<const ShardRecord>> Agent::Commit(const std::stri
     holdings_->DropShard(id);
     return absl::FailedPreconditionError(absl::StrCat("lease \"", lease_id, "\" was replaced while committing"));
   }
-  holdings_->QueueVerify(id);
-  NotifyVerifier();
+  if (!pulled) {  // a pulled shard's items were checked as it arrived
+    holdings_->QueueVerify(id);
+    NotifyVerifier();
+  }
   HoldingReport r;
   r.kind = HoldingReport::Kind::kStaged;
   r.record = stored;
@@ -425,6 +444,31 @@ absl::StatusOr<std::shared_ptr<const ShardRecord>> Agent::Commit(const std::stri
   metrics_.staged_shards->Increment();
   UpdateGauges();
   return stored;
+}
+
+absl::Status Agent::PullInto(const CommittingLease& l, const std::vector<ManifestItem>& items,
+                             const PullSource& pull) {
+  const absl::Time t0 = absl::Now();
+  absl::Status s = options_.puller->Pull(pull, l.bytes, l.size_bytes, absl::Milliseconds(options_.peer_timeout_ms));
+  if (!s.ok()) {
+    metrics_.pull_errors->Increment();
+    log::Warn("cannot pull {} ({} bytes) from the client: {}", ShardIdString(l.shard), l.size_bytes, s.ToString());
+    return s;
+  }
+  // Every byte that arrived is checked before the shard is recorded.
+  for (const ManifestItem& item : items) {
+    if (item.ref_step || item.length_bytes == 0) continue;
+    const uint32_t crc = l.bytes->Crc(item.offset_bytes, item.length_bytes);
+    if (crc != item.crc32c) {
+      metrics_.pull_errors->Increment();
+      return absl::DataLossError(absl::StrCat("item ", QuoteForMessage(item.name), " of ", ShardIdString(l.shard),
+                                              " pulled from the client has crc32c ", absl::Hex(crc, absl::kZeroPad8),
+                                              ", its manifest says ", absl::Hex(item.crc32c, absl::kZeroPad8)));
+    }
+  }
+  metrics_.pulled_bytes->Increment(static_cast<double>(l.size_bytes));
+  metrics_.pull_seconds->Increment(absl::ToDoubleSeconds(absl::Now() - t0));
+  return absl::OkStatus();
 }
 
 std::vector<Pin> Agent::BasePins::Take(const ShardId& id, uint32_t crc32c) {

@@ -57,6 +57,7 @@
 #include "server/agent/peer_client.h"
 #include "server/agent/peer_server.h"
 #include "server/agent/protection.h"
+#include "server/agent/puller.h"
 #include "server/agent/reconstructor.h"
 #include "server/agent/restorer.h"
 #include "server/agent/session_server.h"
@@ -115,6 +116,13 @@ struct AgentOptions {
   int serve_threads = 2;   // serving peers' reads
   int finish_threads = 2;  // storing finished pushes
   int stripe_threads = 4;  // stripes pushed / restored concurrently
+  // Pull-mode ingest (ckpt-dpu-agent, docs/dpu.md): leases hand out no
+  // regions; each commit names the client's staging memory and the agent
+  // reads it through this. Not owned; must outlive the agent. nullptr: push
+  // mode (clients write into the pool).
+  Puller* puller = nullptr;
+  // A DPU agent: the host it serves (registered with meta as role DPU).
+  std::string host_node_id;
 };
 
 struct LeaseRequest {
@@ -135,6 +143,7 @@ struct LeaseGrant {
   std::vector<Region> regions;
   int64_t expires_in_ms = 0;
   uint64_t item_alignment_bytes = 0;
+  bool pull = false;  // pull-mode ingest: no regions; commit with a PullSource
 };
 
 struct VerifyFinding {
@@ -197,9 +206,12 @@ class Agent : private MetaSession::Delegate {
   absl::StatusOr<LeaseGrant> AcquireLease(const LeaseRequest& request);
   // See AgentService.CommitShard: validates, records, queues the STAGED report
   // and the background verification; never waits for meta. AlreadyExists for
-  // a lease committed before.
+  // a lease committed before. A pull-mode agent (AgentOptions::puller) first
+  // reads the bytes from `pull` (required there, refused otherwise) and
+  // checks every item's crc32c: Unavailable if the read fails, DataLoss if
+  // an item does not match; the lease stays open either way.
   absl::StatusOr<std::shared_ptr<const ShardRecord>> Commit(const std::string& lease_id, uint64_t size_bytes,
-                                     std::vector<ManifestItem> items);
+                                     std::vector<ManifestItem> items, const PullSource* pull = nullptr);
   absl::Status AbortLease(const std::string& lease_id);
 
   // ---- restore path (see Restorer) ----
@@ -276,6 +288,9 @@ class Agent : private MetaSession::Delegate {
   // cannot (no memory, the copy replaced meanwhile, a base item's crc
   // wrong); the caller then drops the shard.
   absl::Status CompactRefused(const ShardRecord& rec, const std::vector<Pin>& bases);
+  // Pull-mode ingest: reads the lease's bytes from the client's staging
+  // memory and checks each of the shard's own items against its crc32c.
+  absl::Status PullInto(const CommittingLease& l, const std::vector<ManifestItem>& items, const PullSource& pull);
   Agent(const AgentOptions& options, MetaLink* meta, Clock* clock, FileSystem* durable_fs, MetricsRegistry* metrics);
   absl::Status Init();
   std::string BudgetMessage(uint64_t want) const;

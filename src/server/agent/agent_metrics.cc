@@ -40,6 +40,11 @@ AgentMetrics::AgentMetrics(MetricsRegistry& m)
       shards_compacted(&m.AddCounter("ckpt_agent_shards_compacted_total",
                                      "Incremental shards stored self-contained because meta no longer held a version "
                                      "they refer to")),
+      pulled_bytes(&m.AddCounter("ckpt_agent_pulled_bytes_total",
+                                 "Shard bytes a DPU agent read from clients' staging memory (pull-mode ingest)")),
+      pull_seconds(&m.AddCounter("ckpt_agent_pull_seconds_total", "Time spent pulling shards from clients")),
+      pull_errors(&m.AddCounter("ckpt_agent_pull_errors_total",
+                                "Commits whose pull failed (client unreachable, timeout, crc mismatch)")),
       used(&m.AddGauge("ckpt_agent_memory_used_bytes", "Memory-tier bytes in use (holdings and leases)")),
       free(&m.AddGauge("ckpt_agent_memory_free_bytes", "Memory-tier bytes free")),
       leased(&m.AddGauge("ckpt_agent_memory_leased_bytes", "Memory-tier bytes reserved by open staging leases")),

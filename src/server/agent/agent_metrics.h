@@ -36,6 +36,9 @@ struct AgentMetrics {
   Counter* pushes_expired;
   Counter* leases_expired;
   Counter* shards_compacted;
+  Counter* pulled_bytes;   // pull-mode ingest (ckpt-dpu-agent)
+  Counter* pull_seconds;
+  Counter* pull_errors;
   Gauge* used;
   Gauge* free;
   Gauge* leased;

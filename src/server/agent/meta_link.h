@@ -32,6 +32,7 @@ struct NodeRegistration {
   std::string agent_version;
   uint64_t memory_capacity_bytes = 0;
   uint64_t previous_incarnation = 0;
+  std::string host_node_id;  // non-empty: a DPU agent serving that host
 };
 
 struct RegistrationReply {

@@ -199,6 +199,7 @@ void MetaSession::Register() {
   reg.grpc_address = options_.grpc_address;
   reg.data_address = options_.data_address ? options_.data_address() : std::string();
   reg.failure_domain = options_.failure_domain;
+  reg.host_node_id = options_.host_node_id;
   reg.agent_version = "0.1.0";
   reg.memory_capacity_bytes = options_.memory_capacity_bytes;
   {

@@ -67,6 +67,7 @@ class MetaSession {
     std::string grpc_address;
     std::function<std::string()> data_address;  // what peers reach us on
     std::string failure_domain;
+    std::string host_node_id;  // a DPU agent's host (registers as role DPU)
     uint64_t memory_capacity_bytes = 0;
     std::string memory_dir;  // holds the "incarnation" file
     // Kept up to date from heartbeat answers when set (outlives the session).

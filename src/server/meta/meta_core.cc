@@ -165,7 +165,7 @@ std::vector<PlannerNode> Engine::AliveNodes() const {
   std::vector<PlannerNode> out;
   for (const auto& [id, n] : s_.nodes) {
     if (n.state == NodeState::kAlive || n.state == NodeState::kSuspect) {
-      out.push_back({id, n.failure_domain});
+      out.push_back({id, PlacementDomain(s_.nodes, id, n)});
     }
   }
   return out;
@@ -625,6 +625,7 @@ absl::StatusOr<RegisterResult> MetaCore::RegisterNode(const RegisterRequest& req
     n.grpc_address = req.grpc_address;
     n.data_address = req.data_address;
     n.role = req.role;
+    n.host_node_id = req.host_node_id;
     n.memory_capacity_bytes = req.memory_capacity_bytes;
     n.memory_free_bytes = req.memory_capacity_bytes;
     n.failure_domain = req.failure_domain;

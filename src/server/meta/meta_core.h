@@ -122,6 +122,7 @@ struct RegisterRequest {
   std::string failure_domain;
   std::string agent_version;
   uint64_t previous_incarnation = 0;
+  std::string host_node_id;  // a DPU agent's host
 };
 struct RegisterResult {
   uint64_t incarnation = 0;

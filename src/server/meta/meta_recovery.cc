@@ -347,7 +347,7 @@ std::vector<std::string> ReplicaCandidates(Engine& e, const Version& v, const Sh
   std::set<std::string> domains;
   for (const Copy& c : sh.copies) {
     auto n = s.nodes.find(c.node_id);
-    if (n != s.nodes.end() && Usable(c.state)) domains.insert(n->second.failure_domain);
+    if (n != s.nodes.end() && Usable(c.state)) domains.insert(PlacementDomain(s.nodes, n->first, n->second));
   }
   auto push = [&](const std::string& id) {
     if (exclude.count(id) || !e.CountsForProtection(id)) return;
@@ -359,7 +359,7 @@ std::vector<std::string> ReplicaCandidates(Engine& e, const Version& v, const Sh
     for (const auto& id : p->second) push(id);
   // Then nodes in a failure domain no copy is in, then any.
   for (const auto& [id, n] : s.nodes)
-    if (!domains.count(n.failure_domain)) push(id);
+    if (!domains.count(PlacementDomain(s.nodes, id, n))) push(id);
   for (const auto& [id, n] : s.nodes) push(id);
   return out;
 }
@@ -859,7 +859,7 @@ std::vector<Source> Engine::Sources(const Version& v, const Shard& shard,
   std::vector<Source> out;
   std::string near_domain;
   if (auto n = s_.nodes.find(near_node_id); n != s_.nodes.end()) {
-    near_domain = n->second.failure_domain;
+    near_domain = PlacementDomain(s_.nodes, n->first, n->second);
   }
   // Holders on DEAD or LEFT nodes are never sources (IsUsable); replicas on
   // SUSPECT nodes (missing heartbeats: a stopped or overloaded agent would
@@ -882,7 +882,8 @@ std::vector<Source> Engine::Sources(const Version& v, const Shard& shard,
   auto rank_of = [&](const Source& s) {
     int r = s.role == CopyRole::kPrimary ? 0 : 2;
     auto n = s_.nodes.find(s.holder.node_id);
-    if (!near_domain.empty() && n != s_.nodes.end() && n->second.failure_domain == near_domain) {
+    if (!near_domain.empty() && n != s_.nodes.end() &&
+        PlacementDomain(s_.nodes, n->first, n->second) == near_domain) {
       r -= 1;
     }
     return r;

@@ -103,4 +103,22 @@ uint64_t Version::TotalBytes() const {
   return total;
 }
 
+std::string PlacementDomain(const std::map<std::string, Node>& nodes, const std::string& id, const Node& node) {
+  // The host a DPU agent serves, or the node itself.
+  const std::string& host = node.role == NodeRole::kDpu && !node.host_node_id.empty() ? node.host_node_id : id;
+  if (host != id) {
+    auto h = nodes.find(host);
+    if (h != nodes.end() && !h->second.failure_domain.empty()) return h->second.failure_domain;
+    return node.failure_domain.empty() ? "host:" + host : node.failure_domain;
+  }
+  if (!node.failure_domain.empty()) return node.failure_domain;
+  // An unlabelled host that a DPU agent serves shares that DPU's domain.
+  for (const auto& [other_id, other] : nodes) {
+    if (other.role == NodeRole::kDpu && other.host_node_id == id) {
+      return other.failure_domain.empty() ? "host:" + id : other.failure_domain;
+    }
+  }
+  return "";
+}
+
 }  // namespace ckpt::meta

@@ -81,6 +81,8 @@ struct Node {
   // Set by DrainNode, cleared only by UndrainNode (or RemoveNode): a drained
   // node registers again as DRAINING, whatever its agent does meanwhile.
   bool drained = false;
+  // A DPU agent: the node id of the host it serves ("" for a host agent).
+  std::string host_node_id;
 
   // Not persisted: per meta process.
   absl::Time lease_deadline;        // on Clock::MonotonicNow()
@@ -88,6 +90,11 @@ struct Node {
   // Filled in query results only: tasks assigned and not finished.
   uint32_t pending_tasks = 0;
 };
+
+// The failure domain placement uses for node `id` (docs/dpu.md): its own
+// label, except that a DPU agent and the host it serves are one domain (the
+// host's label if it has one, else "host:<host id>" for both).
+std::string PlacementDomain(const std::map<std::string, Node>& nodes, const std::string& id, const Node& node);
 
 // How to reach a node (a resolved snapshot).
 struct Endpoint {

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <map>
+#include <optional>
 #include <tuple>
 
 #include "absl/strings/match.h"
@@ -60,6 +61,7 @@ grpc::Status AgentServiceImpl::AcquireStagingLease(grpc::ServerContext* ctx, con
   for (const agent::Region& region : g->regions) RegionToProto(region, resp->add_regions());
   resp->set_expires_in_ms(g->expires_in_ms);
   resp->set_item_alignment_bytes(g->item_alignment_bytes);
+  resp->set_pull(g->pull);
   return grpc::Status::OK;
 }
 
@@ -76,8 +78,16 @@ grpc::Status AgentServiceImpl::CommitShard(grpc::ServerContext* ctx, const v1::C
     items.reserve(static_cast<size_t>(req->items_size()));
     for (const v1::Item& item : req->items()) items.push_back(ItemFromProto(item));
   }
+  std::optional<agent::PullSource> pull;
+  if (req->has_pull_source()) {
+    const v1::PullSource& p = req->pull_source();
+    if (p.worker_address().empty() || p.rkey().empty() || p.address() == 0 || p.length_bytes() == 0) {
+      return Invalid("pull_source needs worker_address, rkey, address and length_bytes");
+    }
+    pull = agent::PullSource{p.worker_address(), p.rkey(), p.address(), p.length_bytes()};
+  }
   absl::StatusOr<std::shared_ptr<const agent::ShardRecord>> rec =
-      agent_->Commit(req->lease_id(), req->size_bytes(), std::move(items));
+      agent_->Commit(req->lease_id(), req->size_bytes(), std::move(items), pull ? &*pull : nullptr);
   if (!rec.ok()) return ToGrpcStatus(rec.status());
   RecordToShardInfo(**rec, agent_->node_id(), /*with_items=*/false, resp->mutable_shard());
   return grpc::Status::OK;

@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/time.h"
+#include "common/names.h"
 
 namespace ckpt::rpc {
 
@@ -404,6 +405,7 @@ void ToProto(const meta::Node& node, v1::NodeInfo* out) {
   out->set_first_seen_unix_ms(node.first_seen_ms);
   out->set_failures(node.failures);
   out->set_drained(node.drained);
+  out->set_host_node_id(node.host_node_id);
 }
 
 absl::StatusOr<meta::RegisterRequest> RegisterFromProto(const v1::RegisterNodeRequest& req) {
@@ -418,6 +420,20 @@ absl::StatusOr<meta::RegisterRequest> RegisterFromProto(const v1::RegisterNodeRe
   out.failure_domain = req.failure_domain();
   out.agent_version = req.agent_version();
   out.previous_incarnation = req.previous_incarnation();
+  out.host_node_id = req.host_node_id();
+  if (out.role == meta::NodeRole::kDpu) {
+    if (out.host_node_id.empty()) {
+      return absl::InvalidArgumentError("host_node_id: a DPU agent must name the host it serves");
+    }
+    if (absl::Status s = ValidateNodeId(out.host_node_id); !s.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("host_node_id: ", s.message()));
+    }
+    if (out.host_node_id == out.node_id) {
+      return absl::InvalidArgumentError("host_node_id: a DPU agent needs a node id of its own, not its host's");
+    }
+  } else if (!out.host_node_id.empty()) {
+    return absl::InvalidArgumentError("host_node_id is only for a DPU agent (role NODE_ROLE_DPU)");
+  }
   return out;
 }
 

@@ -127,7 +127,8 @@ class GrpcMetaLink : public agent::MetaLink {
     req.set_node_id(n.node_id);
     req.set_grpc_address(n.grpc_address);
     req.set_data_address(n.data_address);
-    req.set_role(v1::NODE_ROLE_HOST);
+    req.set_role(n.host_node_id.empty() ? v1::NODE_ROLE_HOST : v1::NODE_ROLE_DPU);
+    req.set_host_node_id(n.host_node_id);
     req.set_memory_capacity_bytes(n.memory_capacity_bytes);
     req.set_failure_domain(n.failure_domain);
     req.set_agent_version(n.agent_version);

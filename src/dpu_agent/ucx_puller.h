@@ -1,0 +1,92 @@
+// UcxPuller: ckpt-dpu-agent's pull-mode ingest (agent::Puller) over UCX
+// one-sided gets (ucp_get_nbx): RDMA READs of the trainer's registered host
+// memory on a BlueField; here, with no DPU, shared-memory RMA (the client's
+// staging memory is allocated by UCX on its posix/sysv md, so the get is a
+// copy out of the mapped segment and the client's CPU takes no part).
+//
+// Own UCX context and worker, used only by its thread ckpt-dpu-pull: Pull()
+// queues a job and waits; the thread creates (and caches) an endpoint per
+// client worker address with error mode NONE (shared-memory transports have
+// no peer-failure handling; a client's liveness is its session and commit
+// deadline), unpacks the rkey, issues one get per destination extent and
+// progresses until they end. A job past its timeout is answered Unavailable
+// but stays until its gets end, holding its destination reservation alive.
+// No lock is held while UCX copies or waits.
+#pragma once
+
+#include <ucp/api/ucp.h>
+
+#include <cstdint>
+#include <deque>
+#include <list>
+#include <memory>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
+#include "server/agent/puller.h"
+
+namespace ckpt::dpu {
+
+class UcxPuller : public agent::Puller {
+ public:
+  struct Options {
+    // Endpoints (one per client worker) kept open; the least recently used
+    // is closed beyond it.
+    size_t max_endpoints = 64;
+  };
+  static absl::StatusOr<std::unique_ptr<UcxPuller>> Create(Options options);
+  // Answers queued jobs Unavailable, lets gets in flight end (up to 10 s),
+  // closes the endpoints and joins the thread.
+  ~UcxPuller() override;
+
+  absl::Status Pull(const agent::PullSource& source, agent::ReservationPtr dst, uint64_t size,
+                    absl::Duration timeout) override;
+
+ private:
+  struct Job {
+    agent::PullSource source;
+    agent::ReservationPtr dst;
+    uint64_t size = 0;
+    absl::Time deadline;
+    // Thread-only while running.
+    ucp_ep_h ep = nullptr;
+    ucp_rkey_h rkey = nullptr;
+    std::vector<void*> requests;
+    absl::Status status;  // the first error of its gets
+    bool answered = false;
+    // Set once, by the thread; then `done` is notified.
+    absl::Status result;
+    absl::Notification done;
+  };
+  explicit UcxPuller(Options options) : options_(options) {}
+  absl::Status Init();
+  void Loop();
+  // Starts a job's gets; false if it already ended (answered).
+  bool Start(Job& job);
+  // True once every get of `job` ended (its requests freed, rkey destroyed).
+  bool Reap(Job& job);
+  void Answer(Job& job, absl::Status status);
+  absl::StatusOr<ucp_ep_h> Endpoint(const std::string& worker_address);
+  void DropEndpoint(ucp_ep_h ep);
+
+  const Options options_;
+  ucp_context_h context_ = nullptr;
+  ucp_worker_h worker_ = nullptr;
+  std::thread thread_;
+
+  absl::Mutex mu_;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  std::deque<std::shared_ptr<Job>> queue_ ABSL_GUARDED_BY(mu_);
+
+  // The thread's own.
+  std::vector<std::shared_ptr<Job>> active_;
+  std::list<std::pair<std::string, ucp_ep_h>> endpoints_;  // most recently used first
+};
+
+}  // namespace ckpt::dpu

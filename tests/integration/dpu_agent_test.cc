@@ -1,0 +1,254 @@
+// ckpt-dpu-agent (issue 14, docs/dpu.md) as real processes on 127.0.0.1: a
+// mixed cluster of host agents (push) and DPU agents (pull-mode ingest over
+// UCX one-sided gets, here shared-memory RMA); a DPU agent killed and its
+// shards restored from peers, restarted and re-adopting its tier; erasure
+// coding across DPU agents; a client that dies with its commit unpulled,
+// and malformed pull sources. Every restored byte is compared with what was
+// saved; shard sizes straddle 4 MiB message boundaries.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "ckpt/client.h"
+#include "ckpt/v1/agent.grpc.pb.h"
+#include "client/pull_staging.h"
+#include "common/crc32c.h"
+#include "integration/cluster_fixture.h"
+#include "support/process.h"
+
+namespace ckpt {
+namespace {
+
+using testing::kLong;
+class DpuAgentTest : public testing::ClusterTest {
+ protected:
+  std::set<uint32_t> HeldRanks(int node, const std::string& job);
+};
+
+// A counter from an agent's /metrics (-1 if absent).
+double Metric(testing::AgentProcess& a, const std::string& name) {
+  int code = 0;
+  absl::StatusOr<std::string> body = testing::HttpGet("127.0.0.1", a.metrics_port(), "/metrics", &code);
+  if (!body.ok()) return -1;
+  for (absl::string_view line : absl::StrSplit(*body, '\n')) {
+    if (absl::StartsWith(line, name + " ")) {
+      double v = 0;
+      if (absl::SimpleAtod(line.substr(name.size() + 1), &v)) return v;
+    }
+  }
+  return -1;
+}
+
+// The ranks of `job` a node holds copies of.
+std::set<uint32_t> HeldRanksOf(testing::AgentProcess& a, const std::string& job) {
+  v1::GetInventoryRequest req;
+  req.set_job_id(job);
+  v1::GetInventoryResponse inv;
+  grpc::ClientContext ctx;
+  std::set<uint32_t> out;
+  if (!a.stub()->GetInventory(&ctx, req, &inv).ok()) return out;
+  for (const auto& e : inv.entries()) out.insert(e.shard().rank());
+  return out;
+}
+
+// 4 MiB +- 1 byte around the data plane's message boundaries (1 MiB chunks).
+constexpr size_t kBytes = (size_t{4} << 20) + 1;
+
+std::set<uint32_t> DpuAgentTest::HeldRanks(int node, const std::string& job) {
+  return HeldRanksOf(*agents_[node], job);
+}
+
+TEST_F(DpuAgentTest, MixedClusterPullsProtectsAndRestoresAfterADpuAgentDiesAndOneRestarts) {
+  // n2 is the DPU of host n0 and n3 of n1: two machines, two failure domains.
+  StartCluster(4, "96MiB", /*dpu=*/{{2, "n0"}, {3, "n1"}});
+  {
+    // Meta knows the DPU agents as such, each with its host.
+    v1::ListNodesResponse nodes;
+    grpc::ClientContext ctx;
+    ASSERT_TRUE(meta_->stub()->ListNodes(&ctx, {}, &nodes).ok());
+    std::vector<std::string> seen;
+    for (const auto& n : nodes.nodes()) {
+      seen.push_back(absl::StrCat(n.endpoint().node_id(), ":", v1::NodeRole_Name(n.role()), ":", n.host_node_id()));
+    }
+    EXPECT_THAT(seen, ::testing::ElementsAre("n0:NODE_ROLE_HOST:", "n1:NODE_ROLE_HOST:", "n2:NODE_ROLE_DPU:n0",
+                                             "n3:NODE_ROLE_DPU:n1"));
+  }
+  SaveAll("mixed", 5, 4, Protection::Replicate(2, Protection::Placement::kRing), kBytes);
+  // The DPU agents pulled their ranks' bytes; the host agents pulled nothing.
+  EXPECT_EQ(Metric(*agents_[0], "ckpt_agent_pulled_bytes_total"), 0);
+  EXPECT_EQ(Metric(*agents_[1], "ckpt_agent_pulled_bytes_total"), 0);
+  EXPECT_GE(Metric(*agents_[2], "ckpt_agent_pulled_bytes_total"), static_cast<double>(kBytes + 2 * 4099));
+  EXPECT_GE(Metric(*agents_[3], "ckpt_agent_pulled_bytes_total"), static_cast<double>(kBytes + 3 * 4099));
+  EXPECT_EQ(Metric(*agents_[2], "ckpt_agent_pull_errors_total"), 0);
+  // Placement keeps each replica off the machine of its primary: rank 0's
+  // copy is not on n2 (n0's DPU), nor rank 2's on n0, and so on.
+  for (int node = 0; node < 4; ++node) {
+    const int same_machine = (node + 2) % 4;
+    EXPECT_FALSE(HeldRanks(node, "mixed").count(same_machine))
+        << "n" << node << " holds a copy of rank " << same_machine << ", whose primary is on the same machine";
+  }
+  std::vector<ServedFrom> from = LoadAll("mixed", 5, 4, kBytes, [](uint32_t r) { return static_cast<int>(r); });
+  for (ServedFrom f : from) EXPECT_EQ(f, ServedFrom::kLocal);
+
+  // kill -9 of DPU agent n3 and an immediate restart: it re-adopts its tier.
+  ASSERT_TRUE(agents_[3]->proc()->Kill().ok());
+  (void)agents_[3]->proc()->Wait();
+  ASSERT_TRUE(agents_[3]->Restart().ok()) << Logs();
+  from = LoadAll("mixed", 5, 4, kBytes, [](uint32_t r) { return r == 3 ? 3 : static_cast<int>(r); });
+  ASSERT_EQ(from.size(), 4u);
+  EXPECT_EQ(from[3], ServedFrom::kLocal) << "the restarted DPU agent re-adopted rank 3's shard\n" << Logs();
+
+  // DPU agent n2 dies for good: rank 2 comes back from its replica on n3,
+  // read through n0 (which held none: same machine; by the time meta has
+  // declared n2 dead it may have re-protected rank 2 onto n0).
+  Kill(2);
+  ASSERT_TRUE(WaitDead(2)) << Logs();
+  from = LoadAll("mixed", 5, 4, kBytes, [](uint32_t r) { return r == 2 ? 0 : static_cast<int>(r); });
+  ASSERT_EQ(from.size(), 4u);
+  EXPECT_THAT(from[2], ::testing::AnyOf(ServedFrom::kReplica, ServedFrom::kLocal));
+  ASSERT_TRUE(WaitState("mixed", 5, v1::VERSION_STATE_PROTECTED)) << Logs();
+}
+
+TEST_F(DpuAgentTest, ErasureCodedStripesAcrossDpuAgentsSurviveTwoKillsByDecode) {
+  StartCluster(4, "96MiB", /*dpu=*/{{0, "h0"}, {1, "h1"}, {2, "h2"}, {3, "h3"}});
+  SaveAll("dpu-ec", 9, 4, Protection::ErasureCode(2, 2), kBytes - 1);
+  Kill(1);
+  Kill(3);
+  std::vector<ServedFrom> from = LoadAll("dpu-ec", 9, 4, kBytes - 1, [](uint32_t r) { return r % 2 == 0 ? r : r - 1; });
+  ASSERT_EQ(from.size(), 4u);
+  EXPECT_EQ(from[1], ServedFrom::kEcDecode);
+  EXPECT_EQ(from[3], ServedFrom::kEcDecode);
+}
+
+// A child process that registers staging memory holding `bytes`, writes its
+// PullSource to `fd` and waits to be killed.
+[[noreturn]] void StagingChild(int fd, const std::string& bytes) {
+  absl::StatusOr<std::shared_ptr<client::PullStaging>> staging = client::PullStaging::Create();
+  if (!staging.ok()) _exit(3);
+  absl::StatusOr<std::shared_ptr<client::PullStaging::Buffer>> buf = (*staging)->Acquire(bytes.size());
+  if (!buf.ok()) _exit(4);
+  std::memcpy((*buf)->data(), bytes.data(), bytes.size());
+  v1::PullSource src;
+  src.set_worker_address((*buf)->worker_address());
+  src.set_rkey((*buf)->rkey());
+  src.set_address(reinterpret_cast<uint64_t>((*buf)->data()));
+  src.set_length_bytes((*buf)->length());
+  const std::string out = src.SerializeAsString();
+  const uint64_t n = out.size();
+  if (::write(fd, &n, sizeof(n)) != sizeof(n) || ::write(fd, out.data(), n) != static_cast<ssize_t>(n)) _exit(5);
+  while (true) ::pause();
+}
+
+TEST_F(DpuAgentTest, AClientThatDiesBeforeItsPullAndBadPullSourcesLoseNothing) {
+  StartCluster(1, "64MiB", /*dpu=*/{{0, "h0"}});
+  testing::AgentProcess& dpu = *agents_[0];
+  {
+    v1::CreateJobRequest req;
+    req.mutable_spec()->set_job_id("gone");
+    req.mutable_spec()->set_world_size(1);
+    v1::CreateJobResponse resp;
+    grpc::ClientContext ctx;
+    ASSERT_TRUE(meta_->stub()->CreateJob(&ctx, req, &resp).ok());
+  }
+  const std::string bytes(size_t{4} << 20, 'x');
+  auto lease = [&](uint64_t step) {
+    v1::AcquireStagingLeaseRequest req;
+    req.set_job_id("gone");
+    req.set_step(step);
+    req.set_size_bytes(bytes.size());
+    v1::AcquireStagingLeaseResponse resp;
+    grpc::ClientContext ctx;
+    grpc::Status s = dpu.stub()->AcquireStagingLease(&ctx, req, &resp);
+    EXPECT_TRUE(s.ok()) << s.error_message();
+    EXPECT_TRUE(resp.pull());
+    EXPECT_EQ(resp.regions_size(), 0);
+    return resp.lease_id();
+  };
+  auto commit = [&](const std::string& lease_id, const v1::PullSource* src) {
+    v1::CommitShardRequest req;
+    req.set_lease_id(lease_id);
+    v1::Item* item = req.add_items();
+    item->set_name("w");
+    item->set_dtype(v1::DTYPE_U8);
+    item->add_shape(bytes.size());
+    item->set_length_bytes(bytes.size());
+    item->set_crc32c(Crc32c(bytes.data(), bytes.size()));
+    if (src != nullptr) *req.mutable_pull_source() = *src;
+    v1::CommitShardResponse resp;
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
+    return dpu.stub()->CommitShard(&ctx, req, &resp);
+  };
+
+  // A commit without a pull source, and ones naming garbage: clear errors.
+  const std::string l1 = lease(1);
+  grpc::Status s = commit(l1, nullptr);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::FAILED_PRECONDITION) << s.error_message();
+  EXPECT_THAT(s.error_message(), ::testing::HasSubstr("pull_source"));
+  v1::PullSource empty;
+  EXPECT_EQ(commit(l1, &empty).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+
+  // A client that registered its staging memory and died before the agent
+  // read it: the commit fails UNAVAILABLE, the lease stays open and aborts.
+  int fds[2];
+  ASSERT_EQ(::pipe(fds), 0);
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) StagingChild(fds[1], bytes);
+  ::close(fds[1]);
+  uint64_t n = 0;
+  ASSERT_EQ(::read(fds[0], &n, sizeof(n)), static_cast<ssize_t>(sizeof(n)));
+  std::string wire(n, '\0');
+  size_t got = 0;
+  while (got < n) {
+    const ssize_t r = ::read(fds[0], wire.data() + got, n - got);
+    ASSERT_GT(r, 0);
+    got += static_cast<size_t>(r);
+  }
+  ::close(fds[0]);
+  v1::PullSource src;
+  ASSERT_TRUE(src.ParseFromString(wire));
+  {
+    v1::PullSource short_src = src;
+    short_src.set_length_bytes(bytes.size() - 1);
+    s = commit(l1, &short_src);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << s.error_message();
+  }
+  ASSERT_EQ(::kill(child, SIGKILL), 0);
+  int status = 0;
+  ASSERT_EQ(::waitpid(child, &status, 0), child);
+  s = commit(l1, &src);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAVAILABLE) << s.error_message();
+  {
+    v1::AbortLeaseRequest req;
+    req.set_lease_id(l1);
+    v1::AbortLeaseResponse resp;
+    grpc::ClientContext ctx;
+    EXPECT_TRUE(dpu.stub()->AbortLease(&ctx, req, &resp).ok());
+  }
+  v1::AgentStatusResponse st;
+  {
+    grpc::ClientContext ctx;
+    ASSERT_TRUE(dpu.stub()->AgentStatus(&ctx, {}, &st).ok()) << "the DPU agent survived\n" << Logs();
+  }
+  EXPECT_EQ(st.open_leases(), 0u);
+  EXPECT_EQ(st.holdings_size(), 0);
+  EXPECT_GE(Metric(dpu, "ckpt_agent_pull_errors_total"), 1);
+
+  // The agent still takes a real save, byte for byte, at a boundary size.
+  SaveAll("after", 2, 1, Protection::None(), kBytes + 1);
+  LoadAll("after", 2, 1, kBytes + 1, [](uint32_t) { return 0; });
+}
+
+}  // namespace
+}  // namespace ckpt

@@ -14,6 +14,9 @@ absl::Status UcxError(const std::string& what, ucs_status_t st) {
   return absl::UnavailableError(absl::StrCat(what, ": ", ucs_status_string(st)));
 }
 
+// The format version bits of a packed worker address's header byte.
+constexpr uint8_t kAddressVersionMask = 0x0f;
+
 // How long the destructor lets gets in flight end.
 constexpr absl::Duration kStopGrace = absl::Seconds(10);
 
@@ -44,6 +47,12 @@ absl::Status UcxPuller::Init() {
   wp.thread_mode = UCS_THREAD_MODE_SINGLE;  // only ckpt-dpu-pull touches it
   st = ucp_worker_create(context_, &wp, &worker_);
   if (st != UCS_OK) return UcxError("ucp_worker_create", st);
+  ucp_address_t* address = nullptr;
+  size_t address_len = 0;
+  st = ucp_worker_get_address(worker_, &address, &address_len);
+  if (st != UCS_OK || address_len == 0) return UcxError("ucp_worker_get_address", st);
+  own_address_.assign(reinterpret_cast<const char*>(address), address_len);
+  ucp_worker_release_address(worker_, address);
   return absl::OkStatus();
 }
 
@@ -93,6 +102,13 @@ absl::StatusOr<ucp_ep_h> UcxPuller::Endpoint(const std::string& worker_address) 
       endpoints_.splice(endpoints_.begin(), endpoints_, it);
       return it->second;
     }
+  }
+  // UCX 1.13 aborts the process (an assertion) on an address whose header
+  // names another format version: such an address is refused here. (Random
+  // bytes after a valid header are refused by UCX itself: tried.)
+  if (worker_address.empty() || (static_cast<uint8_t>(worker_address[0]) & kAddressVersionMask) !=
+                                    (static_cast<uint8_t>(own_address_[0]) & kAddressVersionMask)) {
+    return absl::InvalidArgumentError("pull_source.worker_address is not a UCX worker address of this UCX version");
   }
   ucp_ep_params_t ep{};
   ep.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE;

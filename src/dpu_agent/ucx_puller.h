@@ -78,6 +78,7 @@ class UcxPuller : public agent::Puller {
   const Options options_;
   ucp_context_h context_ = nullptr;
   ucp_worker_h worker_ = nullptr;
+  std::string own_address_;  // this worker's: the header clients' must match
   std::thread thread_;
 
   absl::Mutex mu_;

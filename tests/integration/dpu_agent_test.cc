@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include <cstring>
+#include <random>
 #include <set>
 #include <string>
 #include <vector>
@@ -223,6 +224,23 @@ TEST_F(DpuAgentTest, AClientThatDiesBeforeItsPullAndBadPullSourcesLoseNothing) {
     short_src.set_length_bytes(bytes.size() - 1);
     s = commit(l1, &short_src);
     EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << s.error_message();
+  }
+  {
+    // Garbage where UCX expects a worker address or a packed rkey: refused,
+    // and the agent lives on (checked below).
+    std::mt19937_64 rng(14);
+    auto garbage = [&rng](size_t n) {
+      std::string g(n, '\0');
+      for (char& c : g) c = static_cast<char>(rng());
+      return g;
+    };
+    for (int round = 0; round < 4; ++round) {
+      v1::PullSource bad = src;
+      if (round % 2 == 0) bad.set_rkey(garbage(src.rkey().size()));
+      if (round >= 1) bad.set_worker_address(garbage(src.worker_address().size()));
+      s = commit(l1, &bad);
+      EXPECT_FALSE(s.ok()) << "round " << round;
+    }
   }
   ASSERT_EQ(::kill(child, SIGKILL), 0);
   int status = 0;

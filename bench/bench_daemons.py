@@ -22,9 +22,10 @@ BUILD_DIR = pathlib.Path(os.environ.get("CKPT_BUILD_DIR", "build")).resolve()
 
 class Daemons:
     """ckpt-meta and `agents` ckpt-agents (node-1, node-2, ...) on free 127.0.0.1 ports;
-    stop() kills them by PID. durable=True gives them a durable root (<root>/durable)."""
+    stop() kills them by PID. durable=True gives them a durable root (<root>/durable).
+    binary="ckpt-dpu-agent" runs DPU agents instead (node-N serving host-N: pull-mode ingest)."""
 
-    def __init__(self, root, memory, name="bench", agent_args=(), agents=1, durable=False):
+    def __init__(self, root, memory, name="bench", agent_args=(), agents=1, durable=False, binary="ckpt-agent"):
         self.root = root
         self.procs = []
         ports = free_ports(2 + 3 * agents)
@@ -41,12 +42,14 @@ class Daemons:
             port, data_port, metrics_port = ports[2 + 3 * i: 5 + 3 * i]
             (root / f"run{suffix}").mkdir()
             extra = ["--durable-root", str(root / "durable")] if durable else []
+            if binary == "ckpt-dpu-agent":
+                extra += ["--host-node", f"host-{i + 1}"]
             agent = self._start(f"ckpt-agent{suffix}", [
                 "--node-id", f"node-{i + 1}", "--meta", self.meta, "--listen", f"127.0.0.1:{port}",
                 "--data-listen", f"127.0.0.1:{data_port}", "--metrics-listen", f"127.0.0.1:{metrics_port}",
                 "--run-dir", str(root / f"run{suffix}"), "--memory", memory,
                 "--memory-dir", str(self.shm / f"node-{i + 1}"), "--log-level", "warn", *extra, *agent_args],
-                binary="ckpt-agent")
+                binary=binary)
             wait_tcp(port, agent, 60)
             self.agents.append(agent)
             self.sockets.append(root / f"run{suffix}" / "agent.sock")
@@ -93,12 +96,12 @@ class Daemons:
 
 
 @contextlib.contextmanager
-def running(memory, name, agent_args=(), agents=1, durable=False):
+def running(memory, name, agent_args=(), agents=1, durable=False, binary="ckpt-agent"):
     """Daemons(...) in a fresh temporary directory; stopped and removed on exit."""
     root = pathlib.Path(tempfile.mkdtemp(prefix=f"ckpt-{name}-"))
     d = None
     try:
-        d = Daemons(root, memory, name, agent_args=agent_args, agents=agents, durable=durable)
+        d = Daemons(root, memory, name, agent_args=agent_args, agents=agents, durable=durable, binary=binary)
         yield d
     finally:
         if d is not None:

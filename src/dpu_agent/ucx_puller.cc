@@ -129,6 +129,41 @@ absl::StatusOr<ucp_ep_h> UcxPuller::Endpoint(const std::string& worker_address) 
   return h;
 }
 
+absl::StatusOr<UcxPuller::Key*> UcxPuller::UseKey(ucp_ep_h ep, const std::string& rkey) {
+  for (auto it = keys_.begin(); it != keys_.end(); ++it) {
+    if (it->ep == ep && !it->dead && it->packed == rkey) {
+      keys_.splice(keys_.begin(), keys_, it);
+      ++it->in_use;
+      return &*it;
+    }
+  }
+  ucp_rkey_h h = nullptr;
+  ucs_status_t st = ucp_ep_rkey_unpack(ep, rkey.data(), &h);
+  if (st != UCS_OK) return UcxError("cannot map the client's staging memory (did the client exit?)", st);
+  keys_.push_front(Key{ep, rkey, h, 1, false, absl::Now()});
+  return &keys_.front();
+}
+
+void UcxPuller::ReleaseKey(Key* key, bool failed) {
+  --key->in_use;
+  key->last_used = absl::Now();
+  if (failed) key->dead = true;  // unpacked again next time
+}
+
+void UcxPuller::TrimKeys(absl::Time now) {
+  size_t kept = 0;
+  for (auto it = keys_.begin(); it != keys_.end();) {
+    const bool drop = it->in_use == 0 && (it->dead || kept >= options_.max_keys || now - it->last_used >= options_.key_idle);
+    if (!drop) {
+      ++kept;
+      ++it;
+      continue;
+    }
+    ucp_rkey_destroy(it->rkey);  // unmaps the client's memory here
+    it = keys_.erase(it);
+  }
+}
+
 void UcxPuller::DropEndpoint(ucp_ep_h ep) {
   for (auto it = endpoints_.begin(); it != endpoints_.end(); ++it) {
     if (it->second == ep) {
@@ -136,6 +171,12 @@ void UcxPuller::DropEndpoint(ucp_ep_h ep) {
       break;
     }
   }
+  // Keys belong to their endpoint: release them first (those in use once
+  // their jobs end; their gets fail with the endpoint).
+  for (Key& k : keys_) {
+    if (k.ep == ep) k.dead = true;
+  }
+  TrimKeys(absl::Now());
   ucp_request_param_t rp{};
   rp.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
   rp.flags = UCP_EP_CLOSE_FLAG_FORCE;
@@ -154,19 +195,20 @@ bool UcxPuller::Start(Job& job) {
     return false;
   }
   job.ep = *ep;
-  ucs_status_t st = ucp_ep_rkey_unpack(job.ep, job.source.rkey.data(), &job.rkey);
-  if (st != UCS_OK) {
+  absl::StatusOr<Key*> key = UseKey(job.ep, job.source.rkey);
+  if (!key.ok()) {
     // A client that exited: its segment can no longer be attached.
     DropEndpoint(job.ep);
     job.ep = nullptr;
-    Answer(job, UcxError("cannot map the client's staging memory (did the client exit?)", st));
+    Answer(job, key.status());
     return false;
   }
+  job.key = *key;
   uint64_t offset = 0;
   for (std::span<std::byte> piece : job.dst->MutablePieces(0, job.size)) {
     ucp_request_param_t rp{};
     ucs_status_ptr_t req =
-        ucp_get_nbx(job.ep, piece.data(), piece.size(), job.source.address + offset, job.rkey, &rp);
+        ucp_get_nbx(job.ep, piece.data(), piece.size(), job.source.address + offset, job.key->rkey, &rp);
     offset += piece.size();
     if (UCS_PTR_IS_ERR(req)) {
       job.status = UcxError("ucp_get_nbx", UCS_PTR_STATUS(req));
@@ -190,8 +232,8 @@ bool UcxPuller::Reap(Job& job) {
   }
   job.requests.resize(keep);
   if (keep != 0) return false;
-  if (job.rkey != nullptr) ucp_rkey_destroy(job.rkey);
-  job.rkey = nullptr;
+  if (job.key != nullptr) ReleaseKey(job.key, !job.status.ok());
+  job.key = nullptr;
   if (!job.status.ok() && job.ep != nullptr) DropEndpoint(job.ep);  // a new one next time
   return true;
 }
@@ -238,6 +280,7 @@ void UcxPuller::Loop() {
       active_[keep++] = std::move(job);
     }
     active_.resize(keep);
+    TrimKeys(now);
     if (stopping && (active_.empty() || absl::Now() >= stop_by)) break;
   }
   if (!active_.empty()) {
@@ -248,6 +291,10 @@ void UcxPuller::Loop() {
     active_.clear();
   }
   while (!endpoints_.empty()) DropEndpoint(endpoints_.front().second);
+  if (active_.empty()) {
+    for (Key& k : keys_) k.in_use = 0;
+    TrimKeys(absl::InfiniteFuture());
+  }
 }
 
 }  // namespace ckpt::dpu

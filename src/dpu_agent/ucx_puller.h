@@ -39,6 +39,12 @@ class UcxPuller : public agent::Puller {
     // Endpoints (one per client worker) kept open; the least recently used
     // is closed beyond it.
     size_t max_endpoints = 64;
+    // Unpacked remote keys kept for reuse (a client saves into the same
+    // staging buffer again: no new mapping, no page faults on the next
+    // pull); one unused for `key_idle` is released, which unmaps the
+    // client's memory here.
+    size_t max_keys = 16;
+    absl::Duration key_idle = absl::Seconds(60);
   };
   static absl::StatusOr<std::unique_ptr<UcxPuller>> Create(Options options);
   // Answers queued jobs Unavailable, lets gets in flight end (up to 10 s),
@@ -49,6 +55,16 @@ class UcxPuller : public agent::Puller {
                     absl::Duration timeout) override;
 
  private:
+  // An unpacked remote key (the client's memory mapped here, for shared
+  // memory), used by one job or more at a time.
+  struct Key {
+    ucp_ep_h ep = nullptr;
+    std::string packed;
+    ucp_rkey_h rkey = nullptr;
+    int in_use = 0;
+    bool dead = false;  // its endpoint was dropped: released once unused
+    absl::Time last_used;
+  };
   struct Job {
     agent::PullSource source;
     agent::ReservationPtr dst;
@@ -56,7 +72,7 @@ class UcxPuller : public agent::Puller {
     absl::Time deadline;
     // Thread-only while running.
     ucp_ep_h ep = nullptr;
-    ucp_rkey_h rkey = nullptr;
+    Key* key = nullptr;  // in use while the gets run
     std::vector<void*> requests;
     absl::Status status;  // the first error of its gets
     bool answered = false;
@@ -73,7 +89,14 @@ class UcxPuller : public agent::Puller {
   bool Reap(Job& job);
   void Answer(Job& job, absl::Status status);
   absl::StatusOr<ucp_ep_h> Endpoint(const std::string& worker_address);
+  // Closes `ep` and releases its unused keys (a key in use is released when
+  // its job ends).
   void DropEndpoint(ucp_ep_h ep);
+  // The unpacked key of `rkey` on `ep` (cached), marked in use.
+  absl::StatusOr<Key*> UseKey(ucp_ep_h ep, const std::string& rkey);
+  void ReleaseKey(Key* key, bool failed);
+  // Releases unused keys beyond max_keys or idle for key_idle.
+  void TrimKeys(absl::Time now);
 
   const Options options_;
   ucp_context_h context_ = nullptr;
@@ -86,6 +109,7 @@ class UcxPuller : public agent::Puller {
   std::deque<std::shared_ptr<Job>> queue_ ABSL_GUARDED_BY(mu_);
 
   // The thread's own.
+  std::list<Key> keys_;  // most recently used first
   std::vector<std::shared_ptr<Job>> active_;
   std::list<std::pair<std::string, ucp_ep_h>> endpoints_;  // most recently used first
 };

@@ -26,6 +26,10 @@
 
 namespace ckpt::client {
 
+// The staging header before a shard: the lease's pull token, then zeros
+// (AgentService PullSource.address).
+inline constexpr uint64_t kPullHeaderBytes = 64;
+
 class PullStaging {
  public:
   // One staging buffer: `length` bytes at `data`, registered with UCX.

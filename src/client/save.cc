@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstring>
 #include <utility>
 
 #include "absl/container/flat_hash_map.h"
@@ -368,10 +369,19 @@ absl::StatusOr<SaveHandle> SaveBuilder::CommitItems(client::LazyState* progress,
   std::shared_ptr<client::PullStaging::Buffer> staging;
   absl::StatusOr<std::vector<client::ShardRegion>> regions;
   if (lease.pull()) {
-    absl::StatusOr<std::shared_ptr<client::PullStaging::Buffer>> buffer = client::StagingBuffer(core, layout.size);
+    // The header (the lease's token, which proves to the agent that the
+    // memory is ours for this lease), then the shard.
+    absl::StatusOr<std::shared_ptr<client::PullStaging::Buffer>> buffer =
+        client::StagingBuffer(core, client::kPullHeaderBytes + layout.size);
+    if (buffer.ok() && lease.pull_token().size() > client::kPullHeaderBytes) {
+      buffer = absl::InternalError("the agent's pull token is longer than the staging header");
+    }
     if (buffer.ok()) {
       staging = *std::move(buffer);
-      regions = std::vector<client::ShardRegion>{client::ShardRegion{staging->data(), layout.size, 0}};
+      std::memset(staging->data(), 0, client::kPullHeaderBytes);
+      std::memcpy(staging->data(), lease.pull_token().data(), lease.pull_token().size());
+      regions = std::vector<client::ShardRegion>{
+          client::ShardRegion{staging->data() + client::kPullHeaderBytes, layout.size, 0}};
     } else {
       regions = buffer.status();
     }

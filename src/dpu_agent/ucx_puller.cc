@@ -1,6 +1,7 @@
 #include "dpu_agent/ucx_puller.h"
 
 #include <algorithm>
+#include <cstring>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -66,17 +67,20 @@ UcxPuller::~UcxPuller() {
   if (context_ != nullptr) ucp_cleanup(context_);
 }
 
-absl::Status UcxPuller::Pull(const agent::PullSource& source, agent::ReservationPtr dst, uint64_t size,
-                             absl::Duration timeout) {
-  if (source.length < size) {
+absl::Status UcxPuller::Pull(const agent::PullSource& source, const std::string& token, agent::ReservationPtr dst,
+                             uint64_t size, absl::Duration timeout) {
+  if (source.length < size + agent::kPullHeaderBytes) {
     return absl::InvalidArgumentError(absl::StrCat("pull_source registers ", source.length,
-                                                   " bytes, fewer than the shard's ", size));
+                                                   " bytes, fewer than the header's ", agent::kPullHeaderBytes,
+                                                   " and the shard's ", size));
   }
+  if (token.size() != agent::kPullTokenBytes) return absl::InternalError("pull token of the wrong size");
   if (dst == nullptr || dst->reserved_bytes() < size) {
     return absl::InternalError("pull destination is smaller than the shard");
   }
   auto job = std::make_shared<Job>();
   job->source = source;
+  job->token = token;
   job->dst = std::move(dst);
   job->size = size;
   job->deadline = absl::Now() + timeout;
@@ -204,19 +208,36 @@ bool UcxPuller::Start(Job& job) {
     return false;
   }
   job.key = *key;
-  uint64_t offset = 0;
-  for (std::span<std::byte> piece : job.dst->MutablePieces(0, job.size)) {
-    ucp_request_param_t rp{};
-    ucs_status_ptr_t req =
-        ucp_get_nbx(job.ep, piece.data(), piece.size(), job.source.address + offset, job.key->rkey, &rp);
-    offset += piece.size();
-    if (UCS_PTR_IS_ERR(req)) {
-      job.status = UcxError("ucp_get_nbx", UCS_PTR_STATUS(req));
-      break;
-    }
-    if (req != nullptr) job.requests.push_back(req);
-  }
+  Get(job, job.header, sizeof(job.header), job.source.address);
   return true;
+}
+
+void UcxPuller::Get(Job& job, void* dst, uint64_t n, uint64_t remote) {
+  ucp_request_param_t rp{};
+  ucs_status_ptr_t req = ucp_get_nbx(job.ep, dst, n, remote, job.key->rkey, &rp);
+  if (UCS_PTR_IS_ERR(req)) {
+    if (job.status.ok()) job.status = UcxError("ucp_get_nbx", UCS_PTR_STATUS(req));
+  } else if (req != nullptr) {
+    job.requests.push_back(req);
+  }
+}
+
+void UcxPuller::StartBody(Job& job) {
+  job.header_checked = true;
+  if (std::memcmp(job.header, job.token.data(), agent::kPullTokenBytes) != 0) {
+    // Someone else's memory (or a client that reused the buffer for
+    // another lease): nothing of it is read.
+    job.status = absl::PermissionDeniedError(
+        "the staging memory pull_source names does not start with this lease's pull token: it is not the "
+        "committing client's staging memory for this lease");
+    return;
+  }
+  uint64_t offset = agent::kPullHeaderBytes;
+  for (std::span<std::byte> piece : job.dst->MutablePieces(0, job.size)) {
+    Get(job, piece.data(), piece.size(), job.source.address + offset);
+    offset += piece.size();
+    if (!job.status.ok()) break;
+  }
 }
 
 bool UcxPuller::Reap(Job& job) {
@@ -232,6 +253,10 @@ bool UcxPuller::Reap(Job& job) {
   }
   job.requests.resize(keep);
   if (keep != 0) return false;
+  if (!job.header_checked && job.status.ok()) {
+    StartBody(job);
+    if (!job.requests.empty()) return false;
+  }
   if (job.key != nullptr) ReleaseKey(job.key, !job.status.ok());
   job.key = nullptr;
   if (!job.status.ok() && job.ep != nullptr) DropEndpoint(job.ep);  // a new one next time

@@ -51,8 +51,8 @@ class UcxPuller : public agent::Puller {
   // closes the endpoints and joins the thread.
   ~UcxPuller() override;
 
-  absl::Status Pull(const agent::PullSource& source, agent::ReservationPtr dst, uint64_t size,
-                    absl::Duration timeout) override;
+  absl::Status Pull(const agent::PullSource& source, const std::string& token, agent::ReservationPtr dst,
+                    uint64_t size, absl::Duration timeout) override;
 
  private:
   // An unpacked remote key (the client's memory mapped here, for shared
@@ -67,6 +67,7 @@ class UcxPuller : public agent::Puller {
   };
   struct Job {
     agent::PullSource source;
+    std::string token;
     agent::ReservationPtr dst;
     uint64_t size = 0;
     absl::Time deadline;
@@ -74,6 +75,9 @@ class UcxPuller : public agent::Puller {
     ucp_ep_h ep = nullptr;
     Key* key = nullptr;  // in use while the gets run
     std::vector<void*> requests;
+    // The header is read first (into `header`); the shard once it checked.
+    bool header_checked = false;
+    char header[agent::kPullHeaderBytes] = {};
     absl::Status status;  // the first error of its gets
     bool answered = false;
     // Set once, by the thread; then `done` is notified.
@@ -83,8 +87,13 @@ class UcxPuller : public agent::Puller {
   explicit UcxPuller(Options options) : options_(options) {}
   absl::Status Init();
   void Loop();
-  // Starts a job's gets; false if it already ended (answered).
+  // Starts a job (its header's get); false if it already ended (answered).
   bool Start(Job& job);
+  // Issues gets of [remote, remote + n) into `dst` pieces; the first error
+  // goes to job.status.
+  void Get(Job& job, void* dst, uint64_t n, uint64_t remote);
+  // After the header arrived: checks the token, starts the shard's gets.
+  void StartBody(Job& job);
   // True once every get of `job` ended (its requests freed, rkey destroyed).
   bool Reap(Job& job);
   void Answer(Job& job, absl::Status status);

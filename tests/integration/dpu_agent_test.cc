@@ -131,14 +131,18 @@ TEST_F(DpuAgentTest, ErasureCodedStripesAcrossDpuAgentsSurviveTwoKillsByDecode) 
   EXPECT_EQ(from[3], ServedFrom::kEcDecode);
 }
 
-// A child process that registers staging memory holding `bytes`, writes its
-// PullSource to `fd` and waits to be killed.
-[[noreturn]] void StagingChild(int fd, const std::string& bytes) {
+// A child process that registers staging memory holding `token` then
+// `bytes` (client/pull_staging.h), writes its PullSource to `fd` and waits
+// to be killed.
+[[noreturn]] void StagingChild(int fd, const std::string& token, const std::string& bytes) {
   absl::StatusOr<std::shared_ptr<client::PullStaging>> staging = client::PullStaging::Create();
   if (!staging.ok()) _exit(3);
-  absl::StatusOr<std::shared_ptr<client::PullStaging::Buffer>> buf = (*staging)->Acquire(bytes.size());
+  absl::StatusOr<std::shared_ptr<client::PullStaging::Buffer>> buf =
+      (*staging)->Acquire(client::kPullHeaderBytes + bytes.size());
   if (!buf.ok()) _exit(4);
-  std::memcpy((*buf)->data(), bytes.data(), bytes.size());
+  std::memset((*buf)->data(), 0, client::kPullHeaderBytes);
+  std::memcpy((*buf)->data(), token.data(), token.size());
+  std::memcpy((*buf)->data() + client::kPullHeaderBytes, bytes.data(), bytes.size());
   v1::PullSource src;
   src.set_worker_address((*buf)->worker_address());
   src.set_rkey((*buf)->rkey());
@@ -173,7 +177,8 @@ TEST_F(DpuAgentTest, AClientThatDiesBeforeItsPullAndBadPullSourcesLoseNothing) {
     EXPECT_TRUE(s.ok()) << s.error_message();
     EXPECT_TRUE(resp.pull());
     EXPECT_EQ(resp.regions_size(), 0);
-    return resp.lease_id();
+    EXPECT_EQ(resp.pull_token().size(), 16u);
+    return std::make_pair(resp.lease_id(), resp.pull_token());
   };
   auto commit = [&](const std::string& lease_id, const v1::PullSource* src) {
     v1::CommitShardRequest req;
@@ -192,7 +197,7 @@ TEST_F(DpuAgentTest, AClientThatDiesBeforeItsPullAndBadPullSourcesLoseNothing) {
   };
 
   // A commit without a pull source, and ones naming garbage: clear errors.
-  const std::string l1 = lease(1);
+  const auto [l1, token1] = lease(1);
   grpc::Status s = commit(l1, nullptr);
   EXPECT_EQ(s.error_code(), grpc::StatusCode::FAILED_PRECONDITION) << s.error_message();
   EXPECT_THAT(s.error_message(), ::testing::HasSubstr("pull_source"));
@@ -205,7 +210,7 @@ TEST_F(DpuAgentTest, AClientThatDiesBeforeItsPullAndBadPullSourcesLoseNothing) {
   ASSERT_EQ(::pipe(fds), 0);
   const pid_t child = ::fork();
   ASSERT_GE(child, 0);
-  if (child == 0) StagingChild(fds[1], bytes);
+  if (child == 0) StagingChild(fds[1], token1, bytes);
   ::close(fds[1]);
   uint64_t n = 0;
   ASSERT_EQ(::read(fds[0], &n, sizeof(n)), static_cast<ssize_t>(sizeof(n)));
@@ -220,8 +225,21 @@ TEST_F(DpuAgentTest, AClientThatDiesBeforeItsPullAndBadPullSourcesLoseNothing) {
   v1::PullSource src;
   ASSERT_TRUE(src.ParseFromString(wire));
   {
+    // Live memory of another lease (or process): its header does not hold
+    // this lease's token, and nothing of it is read.
+    const auto [l2, token2] = lease(2);
+    s = commit(l2, &src);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::PERMISSION_DENIED) << s.error_message();
+    EXPECT_THAT(s.error_message(), ::testing::HasSubstr("pull token"));
+    v1::AbortLeaseRequest req;
+    req.set_lease_id(l2);
+    v1::AbortLeaseResponse resp;
+    grpc::ClientContext ctx;
+    EXPECT_TRUE(dpu.stub()->AbortLease(&ctx, req, &resp).ok());
+  }
+  {
     v1::PullSource short_src = src;
-    short_src.set_length_bytes(bytes.size() - 1);
+    short_src.set_length_bytes(client::kPullHeaderBytes + bytes.size() - 1);
     s = commit(l1, &short_src);
     EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << s.error_message();
   }

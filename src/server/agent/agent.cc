@@ -3,9 +3,11 @@
 #include <signal.h>
 #include <sys/types.h>
 #include <unistd.h>
+#include <xxhash.h>
 
 #include <algorithm>
 #include <cerrno>
+#include <cstring>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -370,6 +372,7 @@ absl::StatusOr<LeaseGrant> Agent::AcquireLease(const LeaseRequest& req) {
   }
   grant.lease_id = leases_->Add(id, req.size_bytes, *std::move(bytes), req.run_id,
                                 ClientRef{req.client_pid, req.session_id}, ttl);
+  if (grant.pull) grant.pull_token = PullToken(grant.lease_id);
   UpdateGauges();
   return grant;
 }
@@ -446,10 +449,22 @@ absl::StatusOr<std::shared_ptr<const ShardRecord>> Agent::Commit(const std::stri
   return stored;
 }
 
+std::string Agent::PullToken(const std::string& lease_id) const {
+  // Derived, not stored: a keyed hash of the lease id with this process's
+  // random key (lease ids are unique; a token is worthless for any other
+  // lease, and a restarted agent has no leases of its predecessor).
+  const XXH128_hash_t h = XXH3_128bits_withSeed(lease_id.data(), lease_id.size(), pull_token_key_);
+  std::string token(kPullTokenBytes, '\0');
+  std::memcpy(token.data(), &h.low64, 8);
+  std::memcpy(token.data() + 8, &h.high64, 8);
+  return token;
+}
+
 absl::Status Agent::PullInto(const CommittingLease& l, const std::vector<ManifestItem>& items,
                              const PullSource& pull) {
   const absl::Time t0 = absl::Now();
-  absl::Status s = options_.puller->Pull(pull, l.bytes, l.size_bytes, absl::Milliseconds(options_.peer_timeout_ms));
+  absl::Status s = options_.puller->Pull(pull, PullToken(l.lease_id), l.bytes, l.size_bytes,
+                                         absl::Milliseconds(options_.peer_timeout_ms));
   if (!s.ok()) {
     metrics_.pull_errors->Increment();
     log::Warn("cannot pull {} ({} bytes) from the client: {}", ShardIdString(l.shard), l.size_bytes, s.ToString());

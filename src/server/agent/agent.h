@@ -30,6 +30,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <random>
 #include <string>
 #include <thread>
 #include <tuple>
@@ -144,6 +145,7 @@ struct LeaseGrant {
   int64_t expires_in_ms = 0;
   uint64_t item_alignment_bytes = 0;
   bool pull = false;  // pull-mode ingest: no regions; commit with a PullSource
+  std::string pull_token;  // pull mode: what the staging header must start with
 };
 
 struct VerifyFinding {
@@ -291,6 +293,9 @@ class Agent : private MetaSession::Delegate {
   // Pull-mode ingest: reads the lease's bytes from the client's staging
   // memory and checks each of the shard's own items against its crc32c.
   absl::Status PullInto(const CommittingLease& l, const std::vector<ManifestItem>& items, const PullSource& pull);
+  // The pull token of a lease (kPullTokenBytes).
+  std::string PullToken(const std::string& lease_id) const;
+  const uint64_t pull_token_key_ = (uint64_t{std::random_device{}()} << 32) ^ std::random_device{}();
   Agent(const AgentOptions& options, MetaLink* meta, Clock* clock, FileSystem* durable_fs, MetricsRegistry* metrics);
   absl::Status Init();
   std::string BudgetMessage(uint64_t want) const;

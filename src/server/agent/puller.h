@@ -17,25 +17,35 @@
 
 namespace ckpt::agent {
 
+// Staging memory starts with a header: the lease's pull token (16 bytes)
+// then zeros; the shard follows at `address + kPullHeaderBytes`. The agent
+// reads the header first: memory that does not hold the token is not the
+// committing client's own staging (AgentService PullSource).
+inline constexpr uint64_t kPullHeaderBytes = 64;
+inline constexpr size_t kPullTokenBytes = 16;
+
 // The client's staging memory (AgentService PullSource).
 struct PullSource {
   std::string worker_address;  // the client's UCX worker address
   std::string rkey;            // packed remote key of the staging memory
-  uint64_t address = 0;        // the shard's first byte in the client's address space
-  uint64_t length = 0;         // bytes registered from `address` on
+  uint64_t address = 0;        // the header's first byte in the client's address space
+  uint64_t length = 0;         // bytes registered from `address` on (header and shard)
 };
 
 class Puller {
  public:
   virtual ~Puller() = default;
-  // Reads `size` bytes at `source.address` into `dst` bytes [0, size).
-  // Returns once no read can write `dst` any more, except after `timeout`:
-  // then it answers Unavailable and keeps `dst` (a shared reservation) alive
-  // until the reads still in flight end. Errors: InvalidArgument (the source
-  // is shorter than `size`, or malformed), Unavailable (the client cannot be
-  // reached or its memory read: it exited, or its registration is gone).
-  virtual absl::Status Pull(const PullSource& source, ReservationPtr dst, uint64_t size,
-                            absl::Duration timeout) = 0;
+  // Reads the header at `source.address`, checks it starts with `token`,
+  // then reads `size` bytes at `source.address + kPullHeaderBytes` into
+  // `dst` bytes [0, size). Returns once no read can write `dst` any more,
+  // except after `timeout`: then it answers Unavailable and keeps `dst` (a
+  // shared reservation) alive until the reads still in flight end. Errors:
+  // InvalidArgument (the source is shorter than header and shard, or
+  // malformed), PermissionDenied (the header does not hold the token),
+  // Unavailable (the client cannot be reached or its memory read: it exited,
+  // or its registration is gone).
+  virtual absl::Status Pull(const PullSource& source, const std::string& token, ReservationPtr dst,
+                            uint64_t size, absl::Duration timeout) = 0;
 };
 
 }  // namespace ckpt::agent

@@ -62,6 +62,7 @@ grpc::Status AgentServiceImpl::AcquireStagingLease(grpc::ServerContext* ctx, con
   resp->set_expires_in_ms(g->expires_in_ms);
   resp->set_item_alignment_bytes(g->item_alignment_bytes);
   resp->set_pull(g->pull);
+  resp->set_pull_token(g->pull_token);
   return grpc::Status::OK;
 }
 

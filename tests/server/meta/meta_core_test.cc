@@ -40,6 +40,22 @@ class MetaCoreTest : public ::testing::Test {
     return res->incarnation;
   }
 
+  // A DPU agent `id` serving host `host`.
+  uint64_t RegisterDpu(const std::string& id, const std::string& host, const std::string& domain = "") {
+    RegisterRequest r;
+    r.node_id = id;
+    r.grpc_address = id + ":7401";
+    r.data_address = id + ":7402";
+    r.memory_capacity_bytes = 1 << 30;
+    r.role = NodeRole::kDpu;
+    r.host_node_id = host;
+    r.failure_domain = domain;
+    auto res = core_->RegisterNode(r);
+    EXPECT_TRUE(res.ok()) << res.status();
+    inc_[id] = res->incarnation;
+    return res->incarnation;
+  }
+
   HeartbeatResult Beat(const std::string& id) {
     HeartbeatRequest h;
     h.node_id = id;
@@ -1750,6 +1766,60 @@ TEST_F(MetaCoreTest, HeartbeatsCarryTheMembershipWhenItChanged) {
   auto reopened = core_->Heartbeat(h);
   ASSERT_TRUE(reopened.ok()) << reopened.status();
   EXPECT_TRUE(reopened->members.has_value());
+}
+
+
+TEST(PlacementDomain, ADpuAndItsHostShareOneDomain) {
+  std::map<std::string, Node> nodes;
+  auto add = [&](const std::string& id, NodeRole role, const std::string& host, const std::string& domain) {
+    Node n;
+    n.id = id;
+    n.role = role;
+    n.host_node_id = host;
+    n.failure_domain = domain;
+    nodes[id] = n;
+  };
+  add("h1", NodeRole::kHost, "", "");
+  add("d1", NodeRole::kDpu, "h1", "");
+  add("h2", NodeRole::kHost, "", "rack-2");
+  add("d2", NodeRole::kDpu, "h2", "");
+  add("h3", NodeRole::kHost, "", "");
+  add("d4", NodeRole::kDpu, "h4", "rack-4");  // its host runs no agent
+  auto domain = [&](const std::string& id) { return PlacementDomain(nodes, id, nodes.at(id)); };
+  EXPECT_EQ(domain("h1"), "host:h1");
+  EXPECT_EQ(domain("d1"), "host:h1");
+  EXPECT_EQ(domain("h2"), "rack-2");  // the host's label wins
+  EXPECT_EQ(domain("d2"), "rack-2");
+  EXPECT_EQ(domain("h3"), "");  // an unlabelled host with no DPU: as before
+  EXPECT_EQ(domain("d4"), "rack-4");
+}
+
+TEST_F(MetaCoreTest, ReplicasOfADpuAgentNeverLandOnItsHostAndRegistrationSurvivesARestart) {
+  // Ids in this order put each DPU right after its host: without the shared
+  // domain, ring placement would protect each on its own machine.
+  Register("m1");
+  Register("m2");
+  RegisterDpu("m1-dpu", "m1");
+  RegisterDpu("m2-dpu", "m2");
+  CreateJob("gpt", 4, ProtectionPolicy::Replicate(2, ProtectionPolicy::Placement::kRing));
+  ASSERT_TRUE(core_->BeginVersion("gpt", 1, "").ok());
+  auto same_machine = [](const std::string& a, const std::string& b) { return a.substr(0, 2) == b.substr(0, 2); };
+  auto check = [&] {
+    auto v = core_->GetVersion("gpt", 1, false);
+    ASSERT_TRUE(v.ok()) << v.status();
+    ASSERT_EQ(v->plan.protectors.size(), 4u);
+    for (const auto& [node, protectors] : v->plan.protectors) {
+      for (const std::string& p : protectors) EXPECT_FALSE(same_machine(node, p)) << node << " -> " << p;
+    }
+  };
+  check();
+  Reopen();  // the role and host are persisted
+  auto nodes = core_->ListNodes({});
+  ASSERT_TRUE(nodes.ok());
+  std::vector<std::string> seen;
+  for (const Node& n : *nodes) seen.push_back(n.id + ":" + n.host_node_id);
+  EXPECT_EQ(seen, (std::vector<std::string>{"m1:", "m1-dpu:m1", "m2:", "m2-dpu:m2"}));
+  check();
 }
 
 }  // namespace

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <csignal>
+#include <tuple>
 
 #include "integration/meta_process.h"
 #include "support/temp_dir.h"
@@ -222,6 +223,20 @@ TEST_F(MetaIntegration, BadInputGetsClearErrors) {
   st = stub()->RegisterNode(Ctx().get(), req, &resp);
   EXPECT_EQ(st.error_code(), StatusCode::FAILED_PRECONDITION);
   EXPECT_NE(st.error_message().find("127.0.0.1:1"), std::string::npos) << st.error_message();
+  // A DPU agent must name the host it serves (a node id, not its own); a
+  // host agent names none.
+  req.set_node_id("dpu-a");
+  for (const auto& [role, host, why] : std::vector<std::tuple<v1::NodeRole, std::string, std::string>>{
+           {v1::NODE_ROLE_DPU, "", "must name the host"},
+           {v1::NODE_ROLE_DPU, "dpu-a", "of its own"},
+           {v1::NODE_ROLE_DPU, "../etc", "host_node_id"},
+           {v1::NODE_ROLE_HOST, "node-a", "only for a DPU agent"}}) {
+    req.set_role(role);
+    req.set_host_node_id(host);
+    st = stub()->RegisterNode(Ctx().get(), req, &resp);
+    EXPECT_EQ(st.error_code(), StatusCode::INVALID_ARGUMENT) << host;
+    EXPECT_NE(st.error_message().find(why), std::string::npos) << st.error_message();
+  }
   // Stale incarnation.
   v1::HeartbeatRequest hb;
   hb.set_node_id("node-a");

@@ -30,7 +30,7 @@ def _die_with_parent():
 
 
 class Cluster:
-    def __init__(self, root, agents=1, memory=f"{CLUSTER_MEMORY_MIB}MiB"):
+    def __init__(self, root, agents=1, memory=f"{CLUSTER_MEMORY_MIB}MiB", binary="ckpt-agent"):
         self.root = root
         self.procs = []
         ports = free_ports(2 + 3 * agents)  # all at once: separate calls may repeat a port
@@ -57,7 +57,8 @@ class Cluster:
                 "--listen", f"127.0.0.1:{port}", "--data-listen", f"127.0.0.1:{data_port}",
                 "--metrics-listen", f"127.0.0.1:{metrics_port}", "--run-dir", str(run_dir),
                 "--memory", memory, "--memory-dir", str(mem),
-                "--durable-root", str(self.durable_root)], binary="ckpt-agent")
+                "--durable-root", str(self.durable_root),
+                *(["--host-node", f"host-{i + 1}"] if binary == "ckpt-dpu-agent" else [])], binary=binary)
             wait_tcp(port, agent, 60)
             self.sockets.append(run_dir / "agent.sock")
             self.metrics_ports.append(metrics_port)
@@ -151,6 +152,19 @@ def cluster2(tmp_path_factory):
     c.procs = []
     try:
         c.__init__(root, agents=2, memory="64MiB")
+        yield c
+    finally:
+        c.stop()
+
+
+@pytest.fixture(scope="session")
+def dpu_cluster(tmp_path_factory):
+    """Meta and two ckpt-dpu-agents (pull-mode ingest; docs/dpu.md)."""
+    root = tmp_path_factory.mktemp("ckpt-dpu")
+    c = Cluster.__new__(Cluster)
+    c.procs = []
+    try:
+        c.__init__(root, agents=2, memory="64MiB", binary="ckpt-dpu-agent")
         yield c
     finally:
         c.stop()

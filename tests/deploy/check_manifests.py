@@ -59,11 +59,12 @@ def load_docs(path):
 
 
 def main():
-    if len(sys.argv) != 4:
+    if len(sys.argv) not in (4, 5):
         print(__doc__)
         return 2
-    src, meta_bin, agent_bin = sys.argv[1:]
+    src, meta_bin, agent_bin = sys.argv[1:4]
     daemons = {"ckpt-meta": help_of(meta_bin), "ckpt-agent": help_of(agent_bin)}
+    dpu_help = help_of(sys.argv[4]) if len(sys.argv) == 5 else None
     flags = {d: flags_of(h) for d, h in daemons.items()}
     for d in daemons:
         if "--config" not in flags[d] or "--listen" not in flags[d]:
@@ -82,6 +83,10 @@ def main():
         fail(f"daemon default ports {ports} differ from DESIGN.md {expected}")
 
     check_k8s(src, flags, ports)
+    if dpu_help is not None:  # ckpt-dpu-agent: the agent's flags and --host-node
+        flags["ckpt-dpu-agent"] = flags_of(dpu_help)
+        if "--host-node" not in flags["ckpt-dpu-agent"]:
+            fail("ckpt-dpu-agent --help does not list --host-node")
     check_systemd_env(src, flags)
     check_dockerfile(src, ports)
     check_metrics(src)
@@ -333,7 +338,7 @@ def check_trainer_example(src):
 
 
 def check_systemd_env(src, flags):
-    for daemon in ("ckpt-meta", "ckpt-agent"):
+    for daemon in [d for d in ("ckpt-meta", "ckpt-agent", "ckpt-dpu-agent") if d in flags]:
         path = os.path.join(src, "deploy", "systemd", daemon + ".env")
         unit = os.path.join(src, "deploy", "systemd", daemon + ".service")
         for p in (path, unit):
@@ -353,7 +358,7 @@ def check_systemd_env(src, flags):
                      f"ExecStart=/usr/local/bin/{daemon}", f"EnvironmentFile=-/etc/ckpt/{daemon}.env"):
             if want not in text:
                 fail(f"{unit}: no {want}")
-        if daemon == "ckpt-agent":
+        if daemon in ("ckpt-agent", "ckpt-dpu-agent"):
             for want in ("LimitMEMLOCK=infinity", "RuntimeDirectory=ckpt", "RemoveIPC=no"):
                 if want not in text:
                     fail(f"{unit}: no {want}")

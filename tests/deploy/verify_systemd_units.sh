@@ -4,10 +4,15 @@
 # (verify requires executables that exist). Any warning about the units fails
 # the test. Exits 77 (ctest SKIP_RETURN_CODE) when systemd-analyze is missing.
 #
-# usage: verify_systemd_units.sh SOURCE_DIR CKPT_META CKPT_AGENT
+# usage: verify_systemd_units.sh SOURCE_DIR CKPT_META CKPT_AGENT [CKPT_DPU_AGENT]
 set -euo pipefail
 src="$1"
 declare -A bin=([ckpt-meta]="$2" [ckpt-agent]="$3")
+daemons=(ckpt-meta ckpt-agent)
+if [[ $# -ge 4 ]]; then
+  bin[ckpt-dpu-agent]="$4"
+  daemons+=(ckpt-dpu-agent)
+fi
 
 if ! command -v systemd-analyze >/dev/null 2>&1; then
   echo "SKIP: systemd-analyze not found"
@@ -17,7 +22,7 @@ fi
 tmp="$(mktemp -d)"
 trap 'rm -rf "${tmp}"' EXIT
 units=()
-for d in ckpt-meta ckpt-agent; do
+for d in "${daemons[@]}"; do
   [[ -x "${bin[$d]}" ]] || { echo "FAIL: ${bin[$d]} is not executable"; exit 1; }
   grep -q "^ExecStart=/usr/local/bin/${d}\$" "${src}/deploy/systemd/${d}.service" \
     || { echo "FAIL: ${d}.service: ExecStart is not /usr/local/bin/${d}"; exit 1; }
@@ -34,7 +39,7 @@ rc=$?
 set -e
 # Warnings about the host (other units, the machine) are not ours.
 ours="$(grep -F "${tmp}" <<<"${out}" || true)"
-ours+="$(grep -E '^ckpt-(meta|agent)\.service:' <<<"${out}" || true)"
+ours+="$(grep -E '^ckpt-(meta|agent|dpu-agent)\.service:' <<<"${out}" || true)"
 if [[ ${rc} -ne 0 || -n "${ours}" ]]; then
   echo "FAIL: systemd-analyze verify (exit ${rc}):"
   echo "${out}"

@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstring>
 #include <memory>
 #include <utility>
 
@@ -56,6 +57,8 @@ struct OpenedShard {
   ServedFrom served_from = ServedFrom::kUnknown;
   bool verified = false;
   std::vector<std::shared_ptr<client::MappedFile>> files;
+  // A DPU agent's restore: the shard was written into this staging buffer.
+  std::shared_ptr<client::PullStaging::Buffer> staging;
   std::vector<client::ShardRegion> regions;
 
   OpenedShard() = default;
@@ -63,20 +66,29 @@ struct OpenedShard {
   OpenedShard& operator=(const OpenedShard&) = delete;
   ~OpenedShard() { CloseInBackground(); }
 
+  // Set by Close: the views are gone. (A delivered shard's handle closes at
+  // once, while its views stay.)
+  bool closed = false;
+
   // Closes the handle without waiting for the agent's answer.
   void CloseInBackground() {
-    if (handle_id.empty()) return;
+    if (closed) return;
+    closed = true;
     regions.clear();  // unmapped before the agent may reuse the bytes
     files.clear();
-    client::CloseShardInBackground(*core, std::exchange(handle_id, ""));
+    staging.reset();
+    if (!handle_id.empty()) client::CloseShardInBackground(*core, std::exchange(handle_id, ""));
   }
 
   absl::Status Close() {
+    if (closed) return absl::OkStatus();
+    closed = true;
+    regions.clear();
+    files.clear();
+    staging.reset();
     if (handle_id.empty()) return absl::OkStatus();
     v1::CloseShardRequest req;
     req.set_handle_id(std::exchange(handle_id, ""));
-    regions.clear();
-    files.clear();
     v1::CloseShardResponse resp;
     auto ctx = client::ContextWithTimeout(core->options.rpc_timeout);
     return FromGrpc(core->agent->CloseShard(ctx.get(), req, &resp), "CloseShard");
@@ -161,6 +173,31 @@ absl::StatusOr<std::unique_ptr<OpenedShard>> SendOpen(const std::shared_ptr<Clie
   return opened;
 }
 
+// A pull-mode agent's restore (docs/dpu.md): the agent writes the shard into
+// staging memory of ours behind a header holding the handle's token; the
+// views then point into that buffer, and the handle is closed at once (the
+// bytes are ours).
+absl::Status Deliver(ClientCore& core, const std::string& token, OpenedShard& opened) {
+  const uint64_t size = opened.shard.size_bytes();
+  if (token.size() > client::kPullHeaderBytes) return absl::InternalError("the agent's deliver token is too long");
+  CKPT_ASSIGN_OR_RETURN(opened.staging, client::StagingBuffer(core, client::kPullHeaderBytes + size));
+  std::memset(opened.staging->data(), 0, client::kPullHeaderBytes);
+  std::memcpy(opened.staging->data(), token.data(), token.size());
+  v1::DeliverShardRequest req;
+  req.set_handle_id(opened.handle_id);
+  v1::PullSource* target = req.mutable_target();
+  target->set_worker_address(opened.staging->worker_address());
+  target->set_rkey(opened.staging->rkey());
+  target->set_address(reinterpret_cast<uint64_t>(opened.staging->data()));
+  target->set_length_bytes(opened.staging->length());
+  v1::DeliverShardResponse resp;
+  auto ctx = client::ContextWithTimeout(core.options.load_timeout);
+  CKPT_RETURN_IF_ERROR(FromGrpc(core.agent->DeliverShard(ctx.get(), req, &resp), "DeliverShard"));
+  opened.regions = {client::ShardRegion{opened.staging->data() + client::kPullHeaderBytes, size, 0}};
+  client::CloseShardInBackground(core, std::exchange(opened.handle_id, ""));
+  return absl::OkStatus();
+}
+
 // Fills `opened` from the agent's answer and Locate's: the manifest comes
 // packed from the agent (checked against its digest and the version's) and
 // is validated (items inside the shard, no overlaps) before any view is
@@ -207,6 +244,7 @@ absl::Status FinishOpen(ClientCore& core, const v1::LocateResponse& located, v1:
   if (!valid.ok()) {
     return absl::InternalError(absl::StrCat("OpenShard returned a bad manifest: ", valid.message()));
   }
+  if (resp.deliver()) return Deliver(core, resp.deliver_token(), opened);
   absl::StatusOr<std::vector<client::ShardRegion>> regions =
       client::MapRegions(core, resp.regions(), opened.shard.size_bytes(),
                          client::MappedFile::Access::kReadOnly, &opened.files);
@@ -453,7 +491,7 @@ const LoadedItem* LoadedShard::Find(const std::string& name) const {
 }
 
 absl::Status LoadedShard::CopyItem(size_t index, std::span<std::byte> dst) const {
-  if (impl_ == nullptr || impl_->opened->handle_id.empty()) {
+  if (impl_ == nullptr || impl_->opened->closed) {
     return absl::FailedPreconditionError("LoadedShard is closed");
   }
   if (index >= impl_->items.size()) {
@@ -471,7 +509,7 @@ absl::Status LoadedShard::CopyItem(size_t index, std::span<std::byte> dst) const
 }
 
 absl::StatusOr<std::span<const std::byte>> LoadedShard::View(const std::string& name) {
-  if (impl_ == nullptr || impl_->opened->handle_id.empty()) {
+  if (impl_ == nullptr || impl_->opened->closed) {
     return absl::FailedPreconditionError("LoadedShard is closed");
   }
   auto found = impl_->index.find(name);

@@ -69,6 +69,16 @@ UcxPuller::~UcxPuller() {
 
 absl::Status UcxPuller::Pull(const agent::PullSource& source, const std::string& token, agent::ReservationPtr dst,
                              uint64_t size, absl::Duration timeout) {
+  return Run(/*put=*/false, source, token, std::move(dst), size, timeout);
+}
+
+absl::Status UcxPuller::Push(const agent::PullSource& target, const std::string& token, agent::ReservationPtr src,
+                             uint64_t size, absl::Duration timeout) {
+  return Run(/*put=*/true, target, token, std::move(src), size, timeout);
+}
+
+absl::Status UcxPuller::Run(bool put, const agent::PullSource& source, const std::string& token,
+                            agent::ReservationPtr dst, uint64_t size, absl::Duration timeout) {
   if (source.length < size + agent::kPullHeaderBytes) {
     return absl::InvalidArgumentError(absl::StrCat("pull_source registers ", source.length,
                                                    " bytes, fewer than the header's ", agent::kPullHeaderBytes,
@@ -76,9 +86,10 @@ absl::Status UcxPuller::Pull(const agent::PullSource& source, const std::string&
   }
   if (token.size() != agent::kPullTokenBytes) return absl::InternalError("pull token of the wrong size");
   if (dst == nullptr || dst->reserved_bytes() < size) {
-    return absl::InternalError("pull destination is smaller than the shard");
+    return absl::InternalError("the agent's side of a pull or push is smaller than the shard");
   }
   auto job = std::make_shared<Job>();
+  job->put = put;
   job->source = source;
   job->token = token;
   job->dst = std::move(dst);
@@ -234,9 +245,36 @@ void UcxPuller::StartBody(Job& job) {
   }
   uint64_t offset = agent::kPullHeaderBytes;
   for (std::span<std::byte> piece : job.dst->MutablePieces(0, job.size)) {
-    Get(job, piece.data(), piece.size(), job.source.address + offset);
+    if (job.put) {
+      Put(job, piece.data(), piece.size(), job.source.address + offset);
+    } else {
+      Get(job, piece.data(), piece.size(), job.source.address + offset);
+    }
     offset += piece.size();
     if (!job.status.ok()) break;
+  }
+}
+
+void UcxPuller::Put(Job& job, const void* src, uint64_t n, uint64_t remote) {
+  ucp_request_param_t rp{};
+  ucs_status_ptr_t req = ucp_put_nbx(job.ep, src, n, remote, job.key->rkey, &rp);
+  if (UCS_PTR_IS_ERR(req)) {
+    if (job.status.ok()) job.status = UcxError("ucp_put_nbx", UCS_PTR_STATUS(req));
+  } else if (req != nullptr) {
+    job.requests.push_back(req);
+  }
+}
+
+void UcxPuller::Flush(Job& job) {
+  // Puts are complete locally when their requests end; the flush makes them
+  // complete (visible) at the client before it is told so.
+  job.flushed = true;
+  ucp_request_param_t rp{};
+  ucs_status_ptr_t req = ucp_ep_flush_nbx(job.ep, &rp);
+  if (UCS_PTR_IS_ERR(req)) {
+    if (job.status.ok()) job.status = UcxError("ucp_ep_flush_nbx", UCS_PTR_STATUS(req));
+  } else if (req != nullptr) {
+    job.requests.push_back(req);
   }
 }
 
@@ -255,6 +293,10 @@ bool UcxPuller::Reap(Job& job) {
   if (keep != 0) return false;
   if (!job.header_checked && job.status.ok()) {
     StartBody(job);
+    if (!job.requests.empty()) return false;
+  }
+  if (job.put && !job.flushed && job.status.ok()) {
+    Flush(job);
     if (!job.requests.empty()) return false;
   }
   if (job.key != nullptr) ReleaseKey(job.key, !job.status.ok());

@@ -11,6 +11,9 @@
 // deadline), unpacks the rkey, issues one get per destination extent and
 // progresses until they end. A job past its timeout is answered Unavailable
 // but stays until its gets end, holding its destination reservation alive.
+// Restores go the other way (Push): after the same header check, one-sided
+// puts (RDMA WRITE) of the shard into the client's staging memory and an
+// endpoint flush, so the bytes are in place when the client is answered.
 // No lock is held while UCX copies or waits.
 #pragma once
 
@@ -53,6 +56,8 @@ class UcxPuller : public agent::Puller {
 
   absl::Status Pull(const agent::PullSource& source, const std::string& token, agent::ReservationPtr dst,
                     uint64_t size, absl::Duration timeout) override;
+  absl::Status Push(const agent::PullSource& target, const std::string& token, agent::ReservationPtr src,
+                    uint64_t size, absl::Duration timeout) override;
 
  private:
   // An unpacked remote key (the client's memory mapped here, for shared
@@ -66,6 +71,7 @@ class UcxPuller : public agent::Puller {
     absl::Time last_used;
   };
   struct Job {
+    bool put = false;  // Push: `dst` is the source of puts into the client's memory
     agent::PullSource source;
     std::string token;
     agent::ReservationPtr dst;
@@ -77,6 +83,7 @@ class UcxPuller : public agent::Puller {
     std::vector<void*> requests;
     // The header is read first (into `header`); the shard once it checked.
     bool header_checked = false;
+    bool flushed = false;  // Push: the endpoint flushed after the puts
     char header[agent::kPullHeaderBytes] = {};
     absl::Status status;  // the first error of its gets
     bool answered = false;
@@ -85,6 +92,8 @@ class UcxPuller : public agent::Puller {
     absl::Notification done;
   };
   explicit UcxPuller(Options options) : options_(options) {}
+  absl::Status Run(bool put, const agent::PullSource& source, const std::string& token, agent::ReservationPtr bytes,
+                   uint64_t size, absl::Duration timeout);
   absl::Status Init();
   void Loop();
   // Starts a job (its header's get); false if it already ended (answered).
@@ -92,7 +101,12 @@ class UcxPuller : public agent::Puller {
   // Issues gets of [remote, remote + n) into `dst` pieces; the first error
   // goes to job.status.
   void Get(Job& job, void* dst, uint64_t n, uint64_t remote);
-  // After the header arrived: checks the token, starts the shard's gets.
+  // Issues a put of `src` to [remote, remote + n).
+  void Put(Job& job, const void* src, uint64_t n, uint64_t remote);
+  // After the puts: flushes the endpoint (remote completion).
+  void Flush(Job& job);
+  // After the header arrived: checks the token, starts the shard's gets
+  // (or puts).
   void StartBody(Job& job);
   // True once every get of `job` ended (its requests freed, rkey destroyed).
   bool Reap(Job& job);

@@ -11,6 +11,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 #include <random>
 #include <set>
@@ -100,6 +101,10 @@ TEST_F(DpuAgentTest, MixedClusterPullsProtectsAndRestoresAfterADpuAgentDiesAndOn
   }
   std::vector<ServedFrom> from = LoadAll("mixed", 5, 4, kBytes, [](uint32_t r) { return static_cast<int>(r); });
   for (ServedFrom f : from) EXPECT_EQ(f, ServedFrom::kLocal);
+  // The DPU agents wrote their restores into the clients' staging memory
+  // (one-sided puts); the host agents handed out regions to map.
+  EXPECT_GE(Metric(*agents_[2], "ckpt_agent_delivered_bytes_total"), static_cast<double>(kBytes + 2 * 4099));
+  EXPECT_EQ(Metric(*agents_[0], "ckpt_agent_delivered_bytes_total"), 0);
 
   // kill -9 of DPU agent n3 and an immediate restart: it re-adopts its tier.
   ASSERT_TRUE(agents_[3]->proc()->Kill().ok());
@@ -284,6 +289,48 @@ TEST_F(DpuAgentTest, AClientThatDiesBeforeItsPullAndBadPullSourcesLoseNothing) {
   // The agent still takes a real save, byte for byte, at a boundary size.
   SaveAll("after", 2, 1, Protection::None(), kBytes + 1);
   LoadAll("after", 2, 1, kBytes + 1, [](uint32_t) { return 0; });
+
+  // Restores the other way: OpenShard gives a token instead of regions, and
+  // DeliverShard writes only into memory that holds it.
+  v1::OpenShardRequest open;
+  open.mutable_key()->set_job_id("after");
+  open.mutable_key()->set_step(2);
+  open.mutable_key()->set_rank(0);
+  v1::OpenShardResponse opened;
+  {
+    grpc::ClientContext ctx;
+    ASSERT_TRUE(dpu.stub()->OpenShard(&ctx, open, &opened).ok());
+  }
+  EXPECT_TRUE(opened.deliver());
+  EXPECT_EQ(opened.regions_size(), 0);
+  const uint64_t size = opened.shard().size_bytes();
+  absl::StatusOr<std::shared_ptr<client::PullStaging>> staging = client::PullStaging::Create();
+  ASSERT_TRUE(staging.ok()) << staging.status();
+  absl::StatusOr<std::shared_ptr<client::PullStaging::Buffer>> buf =
+      (*staging)->Acquire(client::kPullHeaderBytes + size);
+  ASSERT_TRUE(buf.ok()) << buf.status();
+  std::memset((*buf)->data(), 0, client::kPullHeaderBytes + size);
+  auto deliver = [&](const std::string& handle) {
+    v1::DeliverShardRequest req;
+    req.set_handle_id(handle);
+    req.mutable_target()->set_worker_address((*buf)->worker_address());
+    req.mutable_target()->set_rkey((*buf)->rkey());
+    req.mutable_target()->set_address(reinterpret_cast<uint64_t>((*buf)->data()));
+    req.mutable_target()->set_length_bytes((*buf)->length());
+    v1::DeliverShardResponse resp;
+    grpc::ClientContext ctx;
+    return dpu.stub()->DeliverShard(&ctx, req, &resp);
+  };
+  s = deliver(opened.handle_id());  // the header does not hold the token
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::PERMISSION_DENIED) << s.error_message();
+  EXPECT_EQ(std::count((*buf)->data(), (*buf)->data() + client::kPullHeaderBytes + size, std::byte{0}),
+            static_cast<ptrdiff_t>(client::kPullHeaderBytes + size))
+      << "nothing was written";
+  EXPECT_EQ(deliver("no-such-handle").error_code(), grpc::StatusCode::NOT_FOUND);
+  std::memcpy((*buf)->data(), opened.deliver_token().data(), opened.deliver_token().size());
+  s = deliver(opened.handle_id());
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_EQ(Crc32c((*buf)->data() + client::kPullHeaderBytes, size), opened.shard().crc32c());
 }
 
 }  // namespace

@@ -660,6 +660,24 @@ absl::StatusOr<OpenResult> Agent::RestoreByDecode(const ShardRecord& expected, c
   return restorer_->ByDecode(expected, source, ClientOf(client_pid), ttl_ms);
 }
 
+absl::Status Agent::Deliver(const std::string& handle_id, const PullSource& target) {
+  if (options_.puller == nullptr) {
+    return absl::FailedPreconditionError("this agent does not deliver restores (a host ckpt-agent): map the regions "
+                                         "OpenShard returned");
+  }
+  CKPT_ASSIGN_OR_RETURN(Pin pin, leases_->HandlePin(handle_id));
+  const uint64_t size = pin.rec->size_bytes;
+  absl::Status s = options_.puller->Push(target, DeliverToken(handle_id), pin.bytes, size,
+                                         absl::Milliseconds(options_.peer_timeout_ms));
+  if (!s.ok()) {
+    metrics_.pull_errors->Increment();
+    log::Warn("cannot deliver {} ({} bytes) to the client: {}", ShardIdString(pin.rec->id), size, s.ToString());
+    return s;
+  }
+  metrics_.delivered_bytes->Increment(static_cast<double>(size));
+  return absl::OkStatus();
+}
+
 absl::Status Agent::CloseShard(const std::string& handle_id) {
   leases_->CloseHandle(handle_id);
   return absl::OkStatus();

@@ -226,6 +226,16 @@ class Agent : private MetaSession::Delegate {
   absl::StatusOr<OpenResult> RestoreByDecode(const ShardRecord& expected, const EcDecodeSource& source,
                                              uint32_t client_pid, int64_t ttl_ms);
   absl::Status CloseShard(const std::string& handle_id);
+  // Pull mode (a DPU agent): restores are not mapped by the client but
+  // written into its staging memory. True when this agent works so (its
+  // OpenShard answers carry DeliverToken(handle) instead of regions).
+  bool delivers() const { return options_.puller != nullptr; }
+  std::string DeliverToken(const std::string& handle_id) const { return PullToken("deliver:" + handle_id); }
+  // Writes the shard of open handle `handle_id` into the client's `target`
+  // (whose header must hold DeliverToken(handle_id)) with one-sided puts.
+  // NotFound (handle not open), FailedPrecondition (not a pull-mode agent),
+  // and Puller::Push's errors.
+  absl::Status Deliver(const std::string& handle_id, const PullSource& target);
   // Calls fn(data, len) over the shard bytes [offset, offset+length) (length
   // 0: to the end) while the copy is pinned. NotFound / OutOfRange.
   absl::Status ReadShard(const ShardId& id, uint64_t offset, uint64_t length,

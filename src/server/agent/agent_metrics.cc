@@ -44,7 +44,10 @@ AgentMetrics::AgentMetrics(MetricsRegistry& m)
                                  "Shard bytes a DPU agent read from clients' staging memory (pull-mode ingest)")),
       pull_seconds(&m.AddCounter("ckpt_agent_pull_seconds_total", "Time spent pulling shards from clients")),
       pull_errors(&m.AddCounter("ckpt_agent_pull_errors_total",
-                                "Commits whose pull failed (client unreachable, timeout, crc mismatch)")),
+                                "Pulls of commits and deliveries of restores that failed (client unreachable, "
+                                "timeout, token or crc mismatch)")),
+      delivered_bytes(&m.AddCounter("ckpt_agent_delivered_bytes_total",
+                                    "Restored shard bytes a DPU agent wrote into clients' staging memory")),
       used(&m.AddGauge("ckpt_agent_memory_used_bytes", "Memory-tier bytes in use (holdings and leases)")),
       free(&m.AddGauge("ckpt_agent_memory_free_bytes", "Memory-tier bytes free")),
       leased(&m.AddGauge("ckpt_agent_memory_leased_bytes", "Memory-tier bytes reserved by open staging leases")),

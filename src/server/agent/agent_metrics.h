@@ -39,6 +39,7 @@ struct AgentMetrics {
   Counter* pulled_bytes;   // pull-mode ingest (ckpt-dpu-agent)
   Counter* pull_seconds;
   Counter* pull_errors;
+  Counter* delivered_bytes;  // restores written into clients' staging memory
   Gauge* used;
   Gauge* free;
   Gauge* leased;

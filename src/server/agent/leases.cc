@@ -128,6 +128,15 @@ absl::Status LeaseTable::Abort(const std::string& lease_id) {
   return absl::OkStatus();
 }
 
+absl::StatusOr<Pin> LeaseTable::HandlePin(const std::string& handle_id) const {
+  CheckedLock lock(&mu_);
+  auto it = handles_.find(handle_id);
+  if (it == handles_.end()) {
+    return absl::NotFoundError(absl::StrCat("shard handle \"", handle_id, "\" is not open (closed or expired)"));
+  }
+  return it->second.pin;
+}
+
 std::string LeaseTable::OpenHandle(const ShardId& shard, Pin pin, const ClientRef& client, absl::Duration ttl) {
   CheckedLock lock(&mu_);
   const std::string id = NewId("h");

@@ -88,6 +88,9 @@ class LeaseTable {
   std::string OpenHandle(const ShardId& shard, Pin pin, const ClientRef& client, absl::Duration ttl);
   // Closes a handle (unknown ids are fine).
   void CloseHandle(const std::string& handle_id);
+  // The pin an open handle holds (a copy: the bytes stay while it lives).
+  // NotFound for an unknown or closed handle.
+  absl::StatusOr<Pin> HandlePin(const std::string& handle_id) const;
 
   // Releases leases and handles whose ttl passed or whose client is gone.
   // Returns how many were released.

@@ -46,6 +46,13 @@ class Puller {
   // or its registration is gone).
   virtual absl::Status Pull(const PullSource& source, const std::string& token, ReservationPtr dst,
                             uint64_t size, absl::Duration timeout) = 0;
+  // The other way (a restore): checks the header at `target.address` holds
+  // `token`, then writes `src` bytes [0, size) to `target.address +
+  // kPullHeaderBytes` with one-sided puts and returns once they are
+  // complete at the target. Same errors and timeout behaviour as Pull (`src`
+  // stays alive while puts are in flight).
+  virtual absl::Status Push(const PullSource& target, const std::string& token, ReservationPtr src,
+                            uint64_t size, absl::Duration timeout) = 0;
 };
 
 }  // namespace ckpt::agent

@@ -32,6 +32,14 @@ constexpr uint64_t kMaxChunk = 4 << 20;
 AgentServiceImpl::AgentServiceImpl(agent::Agent* agent, std::string data_transport, std::string admin_token)
     : agent_(agent), data_transport_(std::move(data_transport)), admin_token_(std::move(admin_token)) {}
 
+absl::StatusOr<agent::PullSource> AgentServiceImpl::PullSourceFromProto(const v1::PullSource& p,
+                                                                         const char* field) {
+  if (p.worker_address().empty() || p.rkey().empty() || p.address() == 0 || p.length_bytes() == 0) {
+    return absl::InvalidArgumentError(absl::StrCat(field, " needs worker_address, rkey, address and length_bytes"));
+  }
+  return agent::PullSource{p.worker_address(), p.rkey(), p.address(), p.length_bytes()};
+}
+
 grpc::Status AgentServiceImpl::Caller(const grpc::ServerContext& ctx, const char* rpc) const {
   if (admin_token_.empty() || absl::StartsWith(ctx.peer(), "unix:")) return grpc::Status::OK;
   return CheckAdminToken(ctx, admin_token_, rpc);
@@ -81,11 +89,9 @@ grpc::Status AgentServiceImpl::CommitShard(grpc::ServerContext* ctx, const v1::C
   }
   std::optional<agent::PullSource> pull;
   if (req->has_pull_source()) {
-    const v1::PullSource& p = req->pull_source();
-    if (p.worker_address().empty() || p.rkey().empty() || p.address() == 0 || p.length_bytes() == 0) {
-      return Invalid("pull_source needs worker_address, rkey, address and length_bytes");
-    }
-    pull = agent::PullSource{p.worker_address(), p.rkey(), p.address(), p.length_bytes()};
+    absl::StatusOr<agent::PullSource> p = PullSourceFromProto(req->pull_source(), "pull_source");
+    if (!p.ok()) return ToGrpcStatus(p.status());
+    pull = *std::move(p);
   }
   absl::StatusOr<std::shared_ptr<const agent::ShardRecord>> rec =
       agent_->Commit(req->lease_id(), req->size_bytes(), std::move(items), pull ? &*pull : nullptr);
@@ -149,10 +155,23 @@ grpc::Status AgentServiceImpl::OpenShard(grpc::ServerContext* ctx, const v1::Ope
   RecordToShardInfo(*o.shard.record, agent_->node_id(), /*with_items=*/!req->packed_manifest(),
                     resp->mutable_shard());
   if (req->packed_manifest()) resp->set_manifest(EncodeManifest(o.shard.record->items));
-  for (const agent::Region& region : o.shard.regions) RegionToProto(region, resp->add_regions());
+  if (agent_->delivers()) {
+    resp->set_deliver(true);
+    resp->set_deliver_token(agent_->DeliverToken(o.handle_id));
+  } else {
+    for (const agent::Region& region : o.shard.regions) RegionToProto(region, resp->add_regions());
+  }
   resp->set_verified(o.verified);
   resp->set_expires_in_ms(o.expires_in_ms);
   return grpc::Status::OK;
+}
+
+grpc::Status AgentServiceImpl::DeliverShard(grpc::ServerContext* ctx, const v1::DeliverShardRequest* req,
+                                            v1::DeliverShardResponse*) {
+  if (grpc::Status a = Caller(*ctx, "DeliverShard"); !a.ok()) return a;
+  absl::StatusOr<agent::PullSource> target = PullSourceFromProto(req->target(), "target");
+  if (!target.ok()) return ToGrpcStatus(target.status());
+  return ToGrpcStatus(agent_->Deliver(req->handle_id(), *target));
 }
 
 grpc::Status AgentServiceImpl::CloseShard(grpc::ServerContext* ctx, const v1::CloseShardRequest* req,

@@ -26,6 +26,7 @@ class AgentServiceImpl final : public v1::AgentService::Service {
   grpc::Status AbortLease(grpc::ServerContext*, const v1::AbortLeaseRequest*, v1::AbortLeaseResponse*) override;
   grpc::Status OpenShard(grpc::ServerContext*, const v1::OpenShardRequest*, v1::OpenShardResponse*) override;
   grpc::Status CloseShard(grpc::ServerContext*, const v1::CloseShardRequest*, v1::CloseShardResponse*) override;
+  grpc::Status DeliverShard(grpc::ServerContext*, const v1::DeliverShardRequest*, v1::DeliverShardResponse*) override;
   grpc::Status ReadShard(grpc::ServerContext*, const v1::ReadShardRequest*,
                          grpc::ServerWriter<v1::ReadShardResponse>*) override;
   grpc::Status GetInventory(grpc::ServerContext*, const v1::GetInventoryRequest*,
@@ -40,6 +41,8 @@ class AgentServiceImpl final : public v1::AgentService::Service {
  private:
   // OK for the local socket's callers; on TCP, the admin token when set.
   grpc::Status Caller(const grpc::ServerContext& ctx, const char* rpc) const;
+  // A PullSource with every field set (InvalidArgument naming `field`).
+  static absl::StatusOr<agent::PullSource> PullSourceFromProto(const v1::PullSource& p, const char* field);
 
   agent::Agent* const agent_;
   const std::string data_transport_;

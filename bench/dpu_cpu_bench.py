@@ -22,7 +22,9 @@ save. Measured per version:
                    is the DPU's Arm cores, not the host's
 
 Host CPU beyond the client's own copy = client other + host agents. The goal is
-pull <= 5% of push. Also: the pull's bandwidth (ckpt_agent_pulled_bytes_total /
+pull <= 5% of push. Each version is then restored (c.load): zero-copy views of
+the agent's pool in push mode, the DPU agent writing the shard into the client's
+staging memory with one-sided puts in pull mode; wall time and CPU reported. Also: the pull's bandwidth (ckpt_agent_pulled_bytes_total /
 ckpt_agent_pull_seconds_total) next to `ucx_perftest -t ucp_get` of the same
 size on this machine, and memcpy of the state, all in this run. Every version is
 loaded back and compared.
@@ -89,8 +91,17 @@ def run_mode(binary, mib, versions):
             h.wait("protected", timeout=300)
             c2 = self_cpu()
             a1 = [proc_cpu(p) for p in pids]
-            rows.append({"copy": c1 - c0, "other": c2 - c1, "agents": sum(a1) - sum(a0), "blocked": blocked})
+            # The restore: zero-copy views of the agent's pool (push), or the
+            # DPU agent writing the shard into the client's staging (pull).
+            l0 = self_cpu()
+            la0 = [proc_cpu(p) for p in pids]
+            t1 = time.perf_counter()
             loaded = c.load(step)
+            load_s = time.perf_counter() - t1
+            l1 = self_cpu()
+            la1 = [proc_cpu(p) for p in pids]
+            rows.append({"copy": c1 - c0, "other": c2 - c1, "agents": sum(a1) - sum(a0), "blocked": blocked,
+                         "load": load_s, "load_client": l1 - l0, "load_agents": sum(la1) - sum(la0)})
             for k, want in state.items():
                 got = np.asarray(loaded[k])
                 if got.shape != want.shape or not np.array_equal(got, want):
@@ -164,6 +175,11 @@ def main():
         print(f"{mode:6} {med(rows, 'blocked') * 1e3:10.1f} {med(rows, 'copy') * 1e3:9.1f} ms "
               f"{med(rows, 'other') * 1e3:10.1f} ms {host_agents * 1e3:9.1f} ms {dpu_agents * 1e3:8.1f} ms "
               f"{beyond[mode] * 1e3:18.1f} ms")
+    print(f"{'load':6} {'wall ms':>10} {'client CPU':>12} {'agents CPU':>13}   (restore of the same version)")
+    for mode in ("push", "pull"):
+        rows = results[mode][0]
+        print(f"{mode:6} {med(rows, 'load') * 1e3:10.1f} {med(rows, 'load_client') * 1e3:9.1f} ms "
+              f"{med(rows, 'load_agents') * 1e3:10.1f} ms")
     ratio = beyond["pull"] / beyond["push"] if beyond["push"] > 0 else float("nan")
     print(f"pull / push host CPU beyond the client's copy: {ratio * 100:.1f}% (goal <= 5%)")
     pull_bw = results["pull"][1] / 1e6

@@ -147,6 +147,18 @@ absl::Status ValidateNodeId(std::string_view node_id) {
                     "[A-Za-z0-9][A-Za-z0-9._-]{0,62}");
 }
 
+absl::Status ValidateHostNodeId(std::string_view node_id, std::string_view host, std::string_view what) {
+  const std::string w(what);
+  if (host.empty()) return absl::InvalidArgumentError(w + ": a DPU agent must name the host it serves");
+  if (absl::Status s = ValidateNodeId(host); !s.ok()) {
+    return absl::InvalidArgumentError(w + ": " + std::string(s.message()));
+  }
+  if (host == node_id) {
+    return absl::InvalidArgumentError(w + ": a DPU agent needs a node id of its own, not its host's");
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ValidateItemName(std::string_view name) {
   const auto fail = [&](std::string_view why) {
     return absl::InvalidArgumentError(

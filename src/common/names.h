@@ -58,6 +58,11 @@ absl::Status ValidateJobId(std::string_view job_id);
 // allowed; ids differing only in case are different nodes.
 absl::Status ValidateNodeId(std::string_view node_id);
 
+// The host a DPU agent `node_id` serves (docs/dpu.md): a valid node id other
+// than its own. InvalidArgument starting with `what` (the flag or field)
+// otherwise.
+absl::Status ValidateHostNodeId(std::string_view node_id, std::string_view host, std::string_view what);
+
 // OK iff `name` is 1..1024 bytes of well-formed UTF-8 (no overlong forms, no
 // surrogates) without control characters (U+0000..U+001F, U+007F,
 // U+0080..U+009F). Anything else printable is allowed, including '/', spaces

@@ -219,15 +219,17 @@ bool UcxPuller::Start(Job& job) {
     return false;
   }
   job.key = *key;
-  Get(job, job.header, sizeof(job.header), job.source.address);
+  Transfer(job, job.header, sizeof(job.header), job.source.address);  // the header: always read
   return true;
 }
 
-void UcxPuller::Get(Job& job, void* dst, uint64_t n, uint64_t remote) {
+void UcxPuller::Transfer(Job& job, void* local, uint64_t n, uint64_t remote) {
   ucp_request_param_t rp{};
-  ucs_status_ptr_t req = ucp_get_nbx(job.ep, dst, n, remote, job.key->rkey, &rp);
+  ucs_status_ptr_t req = job.put && job.header_checked
+                             ? ucp_put_nbx(job.ep, local, n, remote, job.key->rkey, &rp)
+                             : ucp_get_nbx(job.ep, local, n, remote, job.key->rkey, &rp);
   if (UCS_PTR_IS_ERR(req)) {
-    if (job.status.ok()) job.status = UcxError("ucp_get_nbx", UCS_PTR_STATUS(req));
+    if (job.status.ok()) job.status = UcxError(job.put ? "ucp_put_nbx" : "ucp_get_nbx", UCS_PTR_STATUS(req));
   } else if (req != nullptr) {
     job.requests.push_back(req);
   }
@@ -245,23 +247,9 @@ void UcxPuller::StartBody(Job& job) {
   }
   uint64_t offset = agent::kPullHeaderBytes;
   for (std::span<std::byte> piece : job.dst->MutablePieces(0, job.size)) {
-    if (job.put) {
-      Put(job, piece.data(), piece.size(), job.source.address + offset);
-    } else {
-      Get(job, piece.data(), piece.size(), job.source.address + offset);
-    }
+    Transfer(job, piece.data(), piece.size(), job.source.address + offset);
     offset += piece.size();
     if (!job.status.ok()) break;
-  }
-}
-
-void UcxPuller::Put(Job& job, const void* src, uint64_t n, uint64_t remote) {
-  ucp_request_param_t rp{};
-  ucs_status_ptr_t req = ucp_put_nbx(job.ep, src, n, remote, job.key->rkey, &rp);
-  if (UCS_PTR_IS_ERR(req)) {
-    if (job.status.ok()) job.status = UcxError("ucp_put_nbx", UCS_PTR_STATUS(req));
-  } else if (req != nullptr) {
-    job.requests.push_back(req);
   }
 }
 

@@ -98,11 +98,10 @@ class UcxPuller : public agent::Puller {
   void Loop();
   // Starts a job (its header's get); false if it already ended (answered).
   bool Start(Job& job);
-  // Issues gets of [remote, remote + n) into `dst` pieces; the first error
-  // goes to job.status.
-  void Get(Job& job, void* dst, uint64_t n, uint64_t remote);
-  // Issues a put of `src` to [remote, remote + n).
-  void Put(Job& job, const void* src, uint64_t n, uint64_t remote);
+  // Issues a get of [remote, remote + n) into `local` (or, for a Push once
+  // its header checked, a put of `local` there); the first error goes to
+  // job.status.
+  void Transfer(Job& job, void* local, uint64_t n, uint64_t remote);
   // After the puts: flushes the endpoint (remote completion).
   void Flush(Job& job);
   // After the header arrived: checks the token, starts the shard's gets

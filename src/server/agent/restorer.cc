@@ -134,6 +134,11 @@ absl::StatusOr<OpenResult> Restorer::Adopt(const ShardRecord& expected, Reservat
   rec.segment.reset();
   rec.staged_unix_ms = d_.clock->NowUnixMillis();
   absl::Status s = d_.holdings->Add(rec, std::move(bytes), /*verified=*/true, /*if_absent=*/true);
+  if (!s.ok() && !absl::IsAlreadyExists(s)) return s;
+  // Pinned (the handle) before meta hears of the copy: meta may have it
+  // dropped at once (a version beyond keep_in_memory, restored from disk),
+  // which must not pull it from under this open.
+  absl::StatusOr<OpenResult> opened = OpenLocal(rec.id, /*skip_verify=*/true, client, ttl_ms);
   if (s.ok()) {
     HoldingReport r;
     r.kind = HoldingReport::Kind::kCopyState;
@@ -144,10 +149,10 @@ absl::StatusOr<OpenResult> Restorer::Adopt(const ShardRecord& expected, Reservat
     r.crc32c = rec.crc32c;
     d_.session->Report(std::move(r));
     log::Info("restored {} ({} bytes) from {}", ShardIdString(rec.id), rec.size_bytes, source);
-  } else if (!absl::IsAlreadyExists(s)) {
-    return s;  // another restore of the same shard won meanwhile: open that one
   }
-  return OpenLocal(rec.id, /*skip_verify=*/true, client, ttl_ms);
+  // (AlreadyExists: another restore of the same shard won meanwhile; this
+  // opened that one.)
+  return opened;
 }
 
 absl::StatusOr<OpenResult> Restorer::FromPeer(const ShardRecord& expected, const PeerEndpoint& holder,

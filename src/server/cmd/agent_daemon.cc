@@ -181,15 +181,7 @@ absl::StatusOr<Settings> LoadSettings(const std::string& config_file, const std:
   a.failure_domain = config->GetStringOr("failure_domain", "");
   if (flavor.dpu) {
     a.host_node_id = config->GetStringOr("host_node", "");
-    if (a.host_node_id.empty()) {
-      return absl::InvalidArgumentError("--host-node is required: the node id of the host this DPU serves");
-    }
-    if (absl::Status s = ValidateNodeId(a.host_node_id); !s.ok()) {
-      return absl::InvalidArgumentError(absl::StrCat("--host-node: ", s.message()));
-    }
-    if (a.host_node_id == a.node_id) {
-      return absl::InvalidArgumentError("--host-node must differ from --node-id (the DPU is a node of its own)");
-    }
+    CKPT_RETURN_IF_ERROR(ValidateHostNodeId(a.node_id, a.host_node_id, "--host-node"));
   } else if (!config->GetStringOr("host_node", "").empty()) {
     return absl::InvalidArgumentError("--host-node is only for ckpt-dpu-agent");
   }

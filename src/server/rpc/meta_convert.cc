@@ -422,15 +422,7 @@ absl::StatusOr<meta::RegisterRequest> RegisterFromProto(const v1::RegisterNodeRe
   out.previous_incarnation = req.previous_incarnation();
   out.host_node_id = req.host_node_id();
   if (out.role == meta::NodeRole::kDpu) {
-    if (out.host_node_id.empty()) {
-      return absl::InvalidArgumentError("host_node_id: a DPU agent must name the host it serves");
-    }
-    if (absl::Status s = ValidateNodeId(out.host_node_id); !s.ok()) {
-      return absl::InvalidArgumentError(absl::StrCat("host_node_id: ", s.message()));
-    }
-    if (out.host_node_id == out.node_id) {
-      return absl::InvalidArgumentError("host_node_id: a DPU agent needs a node id of its own, not its host's");
-    }
+    if (absl::Status s = ValidateHostNodeId(out.node_id, out.host_node_id, "host_node_id"); !s.ok()) return s;
   } else if (!out.host_node_id.empty()) {
     return absl::InvalidArgumentError("host_node_id is only for a DPU agent (role NODE_ROLE_DPU)");
   }

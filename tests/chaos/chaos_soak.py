@@ -490,13 +490,18 @@ class Soak:
             port, data_port, metrics = ports[2 + 3 * i: 5 + 3 * i]
             (self.work / node / "run").mkdir(parents=True)
             (self.shm / node).mkdir()
-            d = Daemon(node, [str(self.bin / "ckpt-agent"), "--node-id", node, "--meta", self.meta_addr,
+            # The last --dpu nodes run ckpt-dpu-agent (pull-mode ingest, docs/dpu.md),
+            # each serving a host of its own.
+            dpu = i >= self.n - a.dpu
+            binary = "ckpt-dpu-agent" if dpu else "ckpt-agent"
+            d = Daemon(node, [str(self.bin / binary), "--node-id", node, "--meta", self.meta_addr,
                               "--listen", f"127.0.0.1:{port}", "--data-listen", f"127.0.0.1:{data_port}",
                               "--metrics-listen", f"127.0.0.1:{metrics}",
                               "--run-dir", str(self.work / node / "run"),
                               "--memory", str(a.agent_memory), "--memory-dir", str(self.shm / node),
                               "--durable-root", str(self.durable), "--peer-timeout-ms", str(a.peer_timeout_ms),
-                              "--data-chunk", "1MiB", "--rpc-timeout-ms", "5000"],
+                              "--data-chunk", "1MiB", "--rpc-timeout-ms", "5000",
+                              *(["--host-node", f"host-{node}"] if dpu else [])],
                        self.work / f"{node}.log", env, prefix)
             d.port, d.metrics_port, d.index = port, metrics, i
             d.socket = self.work / node / "run" / "agent.sock"
@@ -1818,6 +1823,8 @@ def main():
     p.add_argument("--full-only", action="store_true",
                    help="never declare the frozen item unchanged (no incremental saves)")
     p.add_argument("--nodes", type=int, default=4, help="agents, 4..6 (default 4)")
+    p.add_argument("--dpu", type=int, default=0,
+                   help="how many of the agents (the last ones) are ckpt-dpu-agents (default 0)")
     p.add_argument("--keep", action="store_true", help="keep the logs even when the run passes")
     p.add_argument("--build-dir", default=os.environ.get("CKPT_BUILD_DIR", str(ROOT / "build")))
     p.add_argument("--agent-memory", type=parse_size, default=640 * MiB, help="each agent's memory tier")
@@ -1845,6 +1852,8 @@ def main():
     args = p.parse_args()
     if not 4 <= args.nodes <= 6:
         p.error("--nodes must be 4..6")
+    if not 0 <= args.dpu <= args.nodes:
+        p.error("--dpu must be 0..--nodes")
     if args.duration <= 0 or args.mem_every < 1:
         p.error("--duration must be > 0 and --mem-every >= 1")
     if args.peer_timeout_ms >= args.lease_ms:
@@ -1855,7 +1864,8 @@ def main():
     if args.seed is None:
         args.seed = int(time.time()) % 100000
     build = pathlib.Path(args.build_dir)
-    missing = [str(build / f) for f in ("bin/ckpt-meta", "bin/ckpt-agent", "bin/ckptctl", "python/ckpt/__init__.py")
+    missing = [str(build / f) for f in ("bin/ckpt-meta", "bin/ckpt-agent", "bin/ckptctl", "python/ckpt/__init__.py",
+                                        *(["bin/ckpt-dpu-agent"] if args.dpu else []))
                if not (build / f).exists()]
     if missing:
         print(f"chaos_soak: SKIP: not built: {', '.join(missing)} (cmake --build {build} --target "

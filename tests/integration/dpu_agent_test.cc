@@ -7,17 +7,17 @@
 // saved; shard sizes straddle 4 MiB message boundaries.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
-#include <signal.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cstring>
+#include <fstream>
+#include <iterator>
 #include <random>
 #include <set>
 #include <string>
 #include <vector>
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
@@ -136,29 +136,6 @@ TEST_F(DpuAgentTest, ErasureCodedStripesAcrossDpuAgentsSurviveTwoKillsByDecode) 
   EXPECT_EQ(from[3], ServedFrom::kEcDecode);
 }
 
-// A child process that registers staging memory holding `token` then
-// `bytes` (client/pull_staging.h), writes its PullSource to `fd` and waits
-// to be killed.
-[[noreturn]] void StagingChild(int fd, const std::string& token, const std::string& bytes) {
-  absl::StatusOr<std::shared_ptr<client::PullStaging>> staging = client::PullStaging::Create();
-  if (!staging.ok()) _exit(3);
-  absl::StatusOr<std::shared_ptr<client::PullStaging::Buffer>> buf =
-      (*staging)->Acquire(client::kPullHeaderBytes + bytes.size());
-  if (!buf.ok()) _exit(4);
-  std::memset((*buf)->data(), 0, client::kPullHeaderBytes);
-  std::memcpy((*buf)->data(), token.data(), token.size());
-  std::memcpy((*buf)->data() + client::kPullHeaderBytes, bytes.data(), bytes.size());
-  v1::PullSource src;
-  src.set_worker_address((*buf)->worker_address());
-  src.set_rkey((*buf)->rkey());
-  src.set_address(reinterpret_cast<uint64_t>((*buf)->data()));
-  src.set_length_bytes((*buf)->length());
-  const std::string out = src.SerializeAsString();
-  const uint64_t n = out.size();
-  if (::write(fd, &n, sizeof(n)) != sizeof(n) || ::write(fd, out.data(), n) != static_cast<ssize_t>(n)) _exit(5);
-  while (true) ::pause();
-}
-
 TEST_F(DpuAgentTest, AClientThatDiesBeforeItsPullAndBadPullSourcesLoseNothing) {
   StartCluster(1, "64MiB", /*dpu=*/{{0, "h0"}});
   testing::AgentProcess& dpu = *agents_[0];
@@ -211,22 +188,25 @@ TEST_F(DpuAgentTest, AClientThatDiesBeforeItsPullAndBadPullSourcesLoseNothing) {
 
   // A client that registered its staging memory and died before the agent
   // read it: the commit fails UNAVAILABLE, the lease stays open and aborts.
-  int fds[2];
-  ASSERT_EQ(::pipe(fds), 0);
-  const pid_t child = ::fork();
-  ASSERT_GE(child, 0);
-  if (child == 0) StagingChild(fds[1], token1, bytes);
-  ::close(fds[1]);
-  uint64_t n = 0;
-  ASSERT_EQ(::read(fds[0], &n, sizeof(n)), static_cast<ssize_t>(sizeof(n)));
-  std::string wire(n, '\0');
-  size_t got = 0;
-  while (got < n) {
-    const ssize_t r = ::read(fds[0], wire.data() + got, n - got);
-    ASSERT_GT(r, 0);
-    got += static_cast<size_t>(r);
+  // A stand-in trainer process: its staging memory holds l1's token and
+  // the shard; it says where in a file.
+  const std::string out = dir_->path() + "/staging.pb";
+  testing::SubprocessOptions helper;
+  helper.argv = {testing::BinaryPath("dpu_staging_helper"), out, absl::BytesToHexString(token1),
+                 absl::StrCat(bytes.size())};
+  helper.log_dir = dir_->path();
+  absl::StatusOr<std::unique_ptr<testing::Subprocess>> child = testing::Subprocess::Start(helper);
+  ASSERT_TRUE(child.ok()) << child.status();
+  std::string wire;
+  for (const absl::Time until = absl::Now() + kLong; absl::Now() < until;) {
+    std::ifstream f(out, std::ios::binary);
+    if (f.good()) {
+      wire.assign(std::istreambuf_iterator<char>(f), {});
+      break;
+    }
+    absl::SleepFor(absl::Milliseconds(10));  // bounded poll of a real process
   }
-  ::close(fds[0]);
+  ASSERT_FALSE(wire.empty()) << (*child)->LogTail();
   v1::PullSource src;
   ASSERT_TRUE(src.ParseFromString(wire));
   {
@@ -265,9 +245,8 @@ TEST_F(DpuAgentTest, AClientThatDiesBeforeItsPullAndBadPullSourcesLoseNothing) {
       EXPECT_FALSE(s.ok()) << "round " << round;
     }
   }
-  ASSERT_EQ(::kill(child, SIGKILL), 0);
-  int status = 0;
-  ASSERT_EQ(::waitpid(child, &status, 0), child);
+  ASSERT_TRUE((*child)->Kill().ok());
+  (void)(*child)->Wait();
   s = commit(l1, &src);
   EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAVAILABLE) << s.error_message();
   {

@@ -1701,6 +1701,18 @@ class Soak:
                 n += sum(1 for line in fh if "stored it self-contained" in line)
         return n
 
+    def dpu_counters(self):
+        """What the ckpt-dpu-agents (--dpu) pulled from clients and delivered to
+        them, from their counters at the end (a restarted agent's start at 0:
+        a lower bound)."""
+        out = {"agents": self.args.dpu, "pulled_bytes": 0, "delivered_bytes": 0, "pull_errors": 0}
+        for d in self.agents[self.n - self.args.dpu:]:
+            m = self.agent_metrics(d) or {}
+            out["pulled_bytes"] += int(m.get("ckpt_agent_pulled_bytes_total", 0))
+            out["delivered_bytes"] += int(m.get("ckpt_agent_delivered_bytes_total", 0))
+            out["pull_errors"] += int(m.get("ckpt_agent_pull_errors_total", 0))
+        return out
+
     def summary(self, elapsed):
         kinds = collections.Counter(f["kind"] for f in self.failures)
         ms_f = sorted(self.restore_ms["during_fault"])
@@ -1737,6 +1749,7 @@ class Soak:
                          "fault_saves_not_protected": self.counts["fault_saves_not_protected"],
                          "abandoned_deleted": self.counts["abandoned_versions_deleted"],
                          "exempt_lost": self.counts["exempt_lost"]},
+            "dpu": getattr(self, "dpu_final", {}),
             "memory": {"tolerance_bytes": self.args.memory_tolerance, "checkpoints": len(self.mem_checks),
                        "nodes": mem, "series": str(self.mem_series_path)},
             "failures_by_kind": dict(
@@ -1757,6 +1770,10 @@ class Soak:
         print(f"{'restores (client / ckptctl / disk)':34} {r['client']} / {r['ckptctl']} / {r['durable_reads']}"
               f"  served from {dict(sorted(r['served_from'].items()))}")
         print(f"{'bytes compared':34} {r['bytes_compared']} ({fmt_bytes(r['bytes_compared'])})")
+        if s["dpu"]:
+            p = s["dpu"]
+            print(f"{'DPU agents: pulled / delivered':34} {p['agents']} agents: {fmt_bytes(p['pulled_bytes'])} / "
+                  f"{fmt_bytes(p['delivered_bytes'])}, {p['pull_errors']} pull errors (live counters)")
         print(f"{'restore ms healthy p50 / max':34} {r['ms_healthy_p50']} / "
               f"{r['ms_healthy_max'] and round(r['ms_healthy_max'])}")
         print(f"{'restore ms during faults p50 / max':34} {r['ms_during_fault_p50']} / "
@@ -1901,6 +1918,10 @@ def main():
     except Exception:  # noqa: BLE001 - a bug in the soak is a failure too
         soak.fail("harness", traceback.format_exc())
     finally:
+        try:  # read while the agents still run
+            soak.dpu_final = soak.dpu_counters() if args.dpu else {}
+        except Exception:  # noqa: BLE001 - a summary line, not a check
+            soak.dpu_final = {}
         try:
             soak.shutdown(graceful)
         except BaseException:  # noqa: BLE001 - cleanup must go on

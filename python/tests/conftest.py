@@ -132,42 +132,34 @@ class Cluster:
                 p.wait(timeout=30)
 
 
-@pytest.fixture(scope="session")
-def cluster(tmp_path_factory):
-    root = tmp_path_factory.mktemp("ckpt")
+def _running(tmp_path_factory, name, **kw):
+    """A Cluster in a fresh directory, stopped (every process it started,
+    even if starting failed half way) when the session ends."""
+    root = tmp_path_factory.mktemp(name)
     c = Cluster.__new__(Cluster)
     c.procs = []
     try:
-        c.__init__(root)
+        c.__init__(root, **kw)
         yield c
     finally:
         c.stop()
+
+
+@pytest.fixture(scope="session")
+def cluster(tmp_path_factory):
+    yield from _running(tmp_path_factory, "ckpt")
 
 
 @pytest.fixture(scope="session")
 def cluster2(tmp_path_factory):
     """Meta and two agents: enough nodes for replicate:2 and ec:1+1."""
-    root = tmp_path_factory.mktemp("ckpt2")
-    c = Cluster.__new__(Cluster)
-    c.procs = []
-    try:
-        c.__init__(root, agents=2, memory="64MiB")
-        yield c
-    finally:
-        c.stop()
+    yield from _running(tmp_path_factory, "ckpt2", agents=2, memory="64MiB")
 
 
 @pytest.fixture(scope="session")
 def dpu_cluster(tmp_path_factory):
     """Meta and two ckpt-dpu-agents (pull-mode ingest; docs/dpu.md)."""
-    root = tmp_path_factory.mktemp("ckpt-dpu")
-    c = Cluster.__new__(Cluster)
-    c.procs = []
-    try:
-        c.__init__(root, agents=2, memory="64MiB", binary="ckpt-dpu-agent")
-        yield c
-    finally:
-        c.stop()
+    yield from _running(tmp_path_factory, "ckpt-dpu", agents=2, memory="64MiB", binary="ckpt-dpu-agent")
 
 
 @pytest.fixture

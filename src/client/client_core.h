@@ -166,6 +166,8 @@ struct ClientCore {
   // failed: a load or wait of the step a lazy save is still copying must
   // not answer "no version" (lazy_save.cc). False if `deadline` passed first.
   bool WaitSaves(absl::Time deadline = absl::InfiniteFuture());
+  // The lazy saves of this client not finished (nor gone) yet.
+  std::vector<std::weak_ptr<LazyState>> RunningLazySaves();
   // Runs calls whose answer the caller does not wait for at once: CloseShard
   // of dropped shards (CloseShardInBackground) and a load's Locate while the
   // agent opens the local copy. Its functions hold a plain reference to this

@@ -40,6 +40,26 @@ void LazyState::MarkCopied(size_t n) {
   if (n == items) copy_ended = true;
 }
 
+void AwaitEarlierCommits(const std::vector<std::weak_ptr<LazyState>>& before) {
+  for (const std::weak_ptr<LazyState>& w : before) {
+    std::shared_ptr<LazyState> st = w.lock();
+    if (st == nullptr) continue;
+    {
+      absl::MutexLock lock(&st->mu);
+      auto done = [&st]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(st->mu) { return st->done; };
+      st->mu.Await(absl::Condition(&done));
+    }
+    // `st` may be the last reference: its destructor joins a thread that has
+    // ended (after the lock above is released).
+  }
+}
+
+std::vector<std::weak_ptr<LazyState>> ClientCore::RunningLazySaves() {
+  absl::MutexLock lock(&lazy_mu);
+  std::erase_if(lazy_saves, [](const std::weak_ptr<LazyState>& w) { return w.expired(); });
+  return lazy_saves;
+}
+
 bool ClientCore::WaitSaves(absl::Time deadline) {
   std::vector<std::shared_ptr<LazyState>> running;
   {
@@ -142,6 +162,7 @@ absl::StatusOr<LazySave> SaveBuilder::CommitLazy() {
   {
     absl::MutexLock lock(&core->lazy_mu);
     std::erase_if(core->lazy_saves, [](const std::weak_ptr<client::LazyState>& w) { return w.expired(); });
+    state->before = core->lazy_saves;  // registered earlier: they commit first
     core->lazy_saves.push_back(state);
   }
   state->Start();

@@ -7,6 +7,7 @@
 #include <memory>
 #include <optional>
 #include <thread>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
@@ -28,6 +29,9 @@ struct LazyState {
   SaveBuilder builder;  // the save's thread alone uses it while it runs
   std::shared_ptr<ClientCore> core;  // for the save's cost (AddSaveCost)
   size_t items = 0;     // const after Start
+  // The lazy saves of the client still running when this one began: its
+  // commit is sent after theirs (const after CommitLazy).
+  std::vector<std::weak_ptr<LazyState>> before;
   std::thread thread;
 
   mutable absl::Mutex mu;
@@ -37,5 +41,11 @@ struct LazyState {
   absl::Status status ABSL_GUARDED_BY(mu);      // the save's error once done (or copy_ended by it)
   std::optional<SaveHandle> handle ABSL_GUARDED_BY(mu);
 };
+
+// Blocks until every save in `before` has committed or failed (those gone
+// are). A save sends its commit after its client's earlier lazy saves sent
+// theirs: commits reach the agent, and STAGED reports meta, in step order
+// (else meta takes the older version for one a rank gave up: "superseded").
+void AwaitEarlierCommits(const std::vector<std::weak_ptr<LazyState>>& before);
 
 }  // namespace ckpt::client

@@ -246,6 +246,9 @@ absl::StatusOr<SaveHandle> SaveBuilder::CommitItems(client::LazyState* progress,
   ClientCore& core = *core_;
   const ClientOptions& o = core.options;
   CKPT_RETURN_IF_ERROR(ValidateStep(step_));
+  // This client's lazy saves begun before this one: their commits go first.
+  const std::vector<std::weak_ptr<client::LazyState>> earlier =
+      progress != nullptr ? progress->before : core.RunningLazySaves();
 
   // Incremental saves: which items refer to the base's bytes instead of
   // being copied (docs/protocol.md "Incremental saves").
@@ -492,6 +495,9 @@ absl::StatusOr<SaveHandle> SaveBuilder::CommitItems(client::LazyState* progress,
     while (core.committed_at.size() > 64) core.committed_at.erase(core.committed_at.begin());
   };
   auto request = std::make_shared<const v1::CommitShardRequest>(std::move(commit));
+  // On this thread, not the committer's: a lazy save may itself wait for
+  // the commits queued before it (its base), never for this one.
+  client::AwaitEarlierCommits(earlier);
   if (!background) {
     CKPT_RETURN_IF_ERROR(SendCommit(core, request, shard_crc, step_, std::move(hashes)));
     const absl::Time now = absl::Now();

@@ -188,6 +188,14 @@ class Engine {
   // group with a parity still being built there encodes again on every
   // member whose encode task had finished.
   void RestartEncodesBuiltOn(const std::string& node_id);
+  // `node_id`'s inventory came in (it came back, or meta restarted): each EC
+  // group it belongs to that was never encoded (a data segment still
+  // PENDING) and whose encode failed for good on some member encodes again
+  // on every member without an encode running, if every member is usable and
+  // holds its primaries (meta's view). The encodes failed while a member was
+  // away, and no stripe has k segments to rebuild from. Returns the versions
+  // it changed.
+  std::vector<Version*> ResumeStalledEncodes(const std::string& node_id);
   void ApplyRetention(Job& job);
   // Evicts every memory holding of the version (EvictTask per holder).
   void EvictVersion(Version& v);

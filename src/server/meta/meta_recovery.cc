@@ -567,6 +567,77 @@ void Engine::RestartEncodesBuiltOn(const std::string& node_id) {
   }
 }
 
+std::vector<Version*> Engine::ResumeStalledEncodes(const std::string& node_id) {
+  std::vector<Version*> changed;
+  const int64_t now = NowMs();
+  for (auto& [job_id, by_step] : s_.versions) {
+    for (auto& [step, v] : by_step) {
+      if (IsTerminal(v.state) || v.evicted || v.segments.empty() ||
+          v.plan.policy.kind != ProtectionPolicy::Kind::kErasureCode) {
+        continue;
+      }
+      // Per group: members with an encode task running, and whether one
+      // failed for good.
+      std::set<std::pair<std::string, int>> running;
+      std::set<int> failed;
+      auto ids = s_.tasks_by_version.find({v.job_id, v.step});
+      if (ids != s_.tasks_by_version.end()) {
+        for (const std::string& id : ids->second) {
+          auto t = s_.tasks.find(id);
+          if (t == s_.tasks.end() || t->second.kind != TaskKind::kEcEncode) continue;
+          if (Active(t->second)) running.insert({t->second.node_id, t->second.group});
+          if (t->second.state == TaskState::kFailed) failed.insert(t->second.group);
+        }
+      }
+      bool any = false;
+      for (const EcGroup& g : v.plan.groups) {
+        const std::set<std::string> members(g.members.begin(), g.members.end());
+        if (!failed.count(g.index) || !members.count(node_id)) continue;
+        bool never_built = false;
+        for (const Segment& seg : v.segments) {
+          never_built = never_built || (seg.key.group == g.index && seg.kind == SegmentKind::kData &&
+                                        seg.state == CopyState::kPending && seg.length_bytes > 0);
+        }
+        if (!never_built) continue;
+        bool ready = true;
+        for (const std::string& m : g.members) ready = ready && IsUsable(m);
+        for (const auto& [rank, sh] : v.shards) {
+          if (!members.count(sh.primary_node_id)) continue;
+          bool held = false;
+          for (const Copy& c : sh.copies) held = held || (c.node_id == sh.primary_node_id && Usable(c.state));
+          ready = ready && held;
+        }
+        if (!ready) continue;
+        // What the group's members hold and is not VALID is built anew.
+        for (Segment& seg : v.segments) {
+          if (seg.key.group != g.index || seg.state == CopyState::kValid || seg.length_bytes == 0 ||
+              !members.count(seg.holder_node_id)) {
+            continue;
+          }
+          seg.state = CopyState::kPending;
+          seg.updated_ms = now;
+          seg.detail = "encoding again";
+        }
+        for (const std::string& m : g.members) {
+          if (running.count({m, g.index})) continue;
+          Task& t = NewTask(m, TaskKind::kEcEncode, v.job_id, v.step, kPriorityProtection);
+          t.group = g.index;
+          txn_.Task(t);
+        }
+        log::Info("version {}/{}: group {} was never encoded (its encodes failed for good while a member "
+                  "was away); its {} members are all back and encode again", v.job_id, v.step, g.index,
+                  g.members.size());
+        any = true;
+      }
+      if (any) {
+        txn_.Segments(v);
+        changed.push_back(&v);
+      }
+    }
+  }
+  return changed;
+}
+
 void Engine::PlanFlush(Version& v) {
   if (!v.flush_planned || IsTerminal(v.state) || v.state == VersionState::kPersisted) return;
   std::set<uint32_t> covered;
@@ -1172,6 +1243,7 @@ absl::StatusOr<InventoryResult> MetaCore::ReportInventory(const std::string& nod
     // Received first: a copy lost with this node that its inventory lacks is
     // no longer awaited (AwaitLostCopies).
     node->inventory_received = true;
+    for (Version* v : e.ResumeStalledEncodes(node_id)) touched.insert(v);
     for (Version* v : touched) e.Recompute(*v);
     // The drop decisions travel in the answer, which the agent applies before
     // it runs tasks (an agent that dies first asks again on restart). Never as

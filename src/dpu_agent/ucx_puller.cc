@@ -136,11 +136,7 @@ absl::StatusOr<ucp_ep_h> UcxPuller::Endpoint(const std::string& worker_address) 
   ucs_status_t st = ucp_ep_create(worker_, &ep, &h);
   if (st != UCS_OK) return UcxError("cannot reach the client's UCX worker", st);
   endpoints_.emplace_front(worker_address, h);
-  while (endpoints_.size() > options_.max_endpoints) {
-    ucp_ep_h old = endpoints_.back().second;
-    endpoints_.pop_back();
-    DropEndpoint(old);
-  }
+  while (endpoints_.size() > options_.max_endpoints) DropEndpoint(endpoints_.back().second);
   return h;
 }
 
@@ -180,11 +176,13 @@ void UcxPuller::TrimKeys(absl::Time now) {
 }
 
 void UcxPuller::DropEndpoint(ucp_ep_h ep) {
-  for (auto it = endpoints_.begin(); it != endpoints_.end(); ++it) {
-    if (it->second == ep) {
-      endpoints_.erase(it);
-      break;
-    }
+  auto open = std::find_if(endpoints_.begin(), endpoints_.end(), [ep](const auto& e) { return e.second == ep; });
+  if (open == endpoints_.end()) return;  // closed already
+  endpoints_.erase(open);
+  // Jobs on it see their requests end (cancelled if still in flight) and
+  // must not close it again.
+  for (const std::shared_ptr<Job>& job : active_) {
+    if (job != nullptr && job->ep == ep) job->ep = nullptr;  // (null: moved while Loop compacts)
   }
   // Keys belong to their endpoint: release them first (those in use once
   // their jobs end; their gets fail with the endpoint).

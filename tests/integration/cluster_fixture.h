@@ -54,6 +54,7 @@ class ClusterTest : public ::testing::Test {
       o.dir = *dir_->Sub(o.node_id);
       o.memory = memory;
       o.extra_args = {"--data-chunk", "1MiB"};
+      o.extra_args.insert(o.extra_args.end(), extra_agent_args_.begin(), extra_agent_args_.end());
       if (auto host = dpu.find(i); host != dpu.end()) {
         o.binary = "ckpt-dpu-agent";
         o.extra_args.insert(o.extra_args.end(), {"--host-node", host->second});
@@ -181,6 +182,7 @@ class ClusterTest : public ::testing::Test {
   std::unique_ptr<MetaProcess> meta_;
   std::vector<std::unique_ptr<AgentProcess>> agents_;
   std::vector<bool> alive_;
+  std::vector<std::string> extra_agent_args_;  // given to every agent StartCluster starts
   std::vector<Client> clients_;
   Protection protection_;
 };

@@ -8,6 +8,9 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <signal.h>
+#include <stdlib.h>
+
 #include <algorithm>
 #include <cstring>
 #include <fstream>
@@ -35,6 +38,19 @@ using testing::kLong;
 class DpuAgentTest : public testing::ClusterTest {
  protected:
   std::set<uint32_t> HeldRanks(int node, const std::string& job);
+  void CreateJob(const std::string& job);
+  // A staging lease of `size` bytes for step `step` of `job` (world size 1)
+  // from DPU agent `dpu`: (lease id, pull token).
+  std::pair<std::string, std::string> Lease(testing::AgentProcess& dpu, const std::string& job, uint64_t step,
+                                            uint64_t size);
+  // Commits the lease as one u8 item of `size` bytes with crc32c `crc`,
+  // pulled from `src` (none if null).
+  grpc::Status Commit(testing::AgentProcess& dpu, const std::string& lease_id, uint64_t size, uint32_t crc,
+                      const v1::PullSource* src);
+  // A stand-in trainer (dpu_staging_helper) whose staging memory holds
+  // `token` and `size` bytes of 'x'; `src` names that memory.
+  std::unique_ptr<testing::Subprocess> StartTrainer(const std::string& token, uint64_t size, v1::PullSource* src);
+  v1::AgentStatusResponse Status(testing::AgentProcess& a);
 };
 
 // A counter from an agent's /metrics (-1 if absent).
@@ -68,6 +84,80 @@ constexpr size_t kBytes = (size_t{4} << 20) + 1;
 
 std::set<uint32_t> DpuAgentTest::HeldRanks(int node, const std::string& job) {
   return HeldRanksOf(*agents_[node], job);
+}
+
+void DpuAgentTest::CreateJob(const std::string& job) {
+  v1::CreateJobRequest req;
+  req.mutable_spec()->set_job_id(job);
+  req.mutable_spec()->set_world_size(1);
+  v1::CreateJobResponse resp;
+  grpc::ClientContext ctx;
+  grpc::Status s = meta_->stub()->CreateJob(&ctx, req, &resp);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+}
+
+std::pair<std::string, std::string> DpuAgentTest::Lease(testing::AgentProcess& dpu, const std::string& job,
+                                                        uint64_t step, uint64_t size) {
+  v1::AcquireStagingLeaseRequest req;
+  req.set_job_id(job);
+  req.set_step(step);
+  req.set_size_bytes(size);
+  v1::AcquireStagingLeaseResponse resp;
+  grpc::ClientContext ctx;
+  grpc::Status s = dpu.stub()->AcquireStagingLease(&ctx, req, &resp);
+  EXPECT_TRUE(s.ok()) << s.error_message();
+  EXPECT_TRUE(resp.pull());
+  EXPECT_EQ(resp.regions_size(), 0);
+  EXPECT_EQ(resp.pull_token().size(), 16u);
+  return std::make_pair(resp.lease_id(), resp.pull_token());
+}
+
+grpc::Status DpuAgentTest::Commit(testing::AgentProcess& dpu, const std::string& lease_id, uint64_t size,
+                                  uint32_t crc, const v1::PullSource* src) {
+  v1::CommitShardRequest req;
+  req.set_lease_id(lease_id);
+  v1::Item* item = req.add_items();
+  item->set_name("w");
+  item->set_dtype(v1::DTYPE_U8);
+  item->add_shape(size);
+  item->set_length_bytes(size);
+  item->set_crc32c(crc);
+  if (src != nullptr) *req.mutable_pull_source() = *src;
+  v1::CommitShardResponse resp;
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
+  return dpu.stub()->CommitShard(&ctx, req, &resp);
+}
+
+std::unique_ptr<testing::Subprocess> DpuAgentTest::StartTrainer(const std::string& token, uint64_t size,
+                                                                v1::PullSource* src) {
+  const std::string out = dir_->path() + "/staging-" + absl::BytesToHexString(token) + ".pb";
+  testing::SubprocessOptions helper;
+  helper.argv = {testing::BinaryPath("dpu_staging_helper"), out, absl::BytesToHexString(token), absl::StrCat(size)};
+  helper.log_dir = dir_->path();
+  absl::StatusOr<std::unique_ptr<testing::Subprocess>> child = testing::Subprocess::Start(helper);
+  EXPECT_TRUE(child.ok()) << child.status();
+  if (!child.ok()) return nullptr;
+  std::string wire;
+  for (const absl::Time until = absl::Now() + kLong; absl::Now() < until;) {
+    std::ifstream f(out, std::ios::binary);
+    if (f.good()) {
+      wire.assign(std::istreambuf_iterator<char>(f), {});
+      break;
+    }
+    absl::SleepFor(absl::Milliseconds(10));  // bounded poll of a real process
+  }
+  EXPECT_FALSE(wire.empty()) << (*child)->LogTail();
+  EXPECT_TRUE(src->ParseFromString(wire));
+  return *std::move(child);
+}
+
+v1::AgentStatusResponse DpuAgentTest::Status(testing::AgentProcess& a) {
+  v1::AgentStatusResponse st;
+  grpc::ClientContext ctx;
+  grpc::Status s = a.stub()->AgentStatus(&ctx, {}, &st);
+  EXPECT_TRUE(s.ok()) << s.error_message() << "\n" << Logs();
+  return st;
 }
 
 TEST_F(DpuAgentTest, MixedClusterPullsProtectsAndRestoresAfterADpuAgentDiesAndOneRestarts) {
@@ -139,43 +229,12 @@ TEST_F(DpuAgentTest, ErasureCodedStripesAcrossDpuAgentsSurviveTwoKillsByDecode) 
 TEST_F(DpuAgentTest, AClientThatDiesBeforeItsPullAndBadPullSourcesLoseNothing) {
   StartCluster(1, "64MiB", /*dpu=*/{{0, "h0"}});
   testing::AgentProcess& dpu = *agents_[0];
-  {
-    v1::CreateJobRequest req;
-    req.mutable_spec()->set_job_id("gone");
-    req.mutable_spec()->set_world_size(1);
-    v1::CreateJobResponse resp;
-    grpc::ClientContext ctx;
-    ASSERT_TRUE(meta_->stub()->CreateJob(&ctx, req, &resp).ok());
-  }
+  CreateJob("gone");
   const std::string bytes(size_t{4} << 20, 'x');
-  auto lease = [&](uint64_t step) {
-    v1::AcquireStagingLeaseRequest req;
-    req.set_job_id("gone");
-    req.set_step(step);
-    req.set_size_bytes(bytes.size());
-    v1::AcquireStagingLeaseResponse resp;
-    grpc::ClientContext ctx;
-    grpc::Status s = dpu.stub()->AcquireStagingLease(&ctx, req, &resp);
-    EXPECT_TRUE(s.ok()) << s.error_message();
-    EXPECT_TRUE(resp.pull());
-    EXPECT_EQ(resp.regions_size(), 0);
-    EXPECT_EQ(resp.pull_token().size(), 16u);
-    return std::make_pair(resp.lease_id(), resp.pull_token());
-  };
+  const uint32_t crc = Crc32c(bytes.data(), bytes.size());
+  auto lease = [&](uint64_t step) { return Lease(dpu, "gone", step, bytes.size()); };
   auto commit = [&](const std::string& lease_id, const v1::PullSource* src) {
-    v1::CommitShardRequest req;
-    req.set_lease_id(lease_id);
-    v1::Item* item = req.add_items();
-    item->set_name("w");
-    item->set_dtype(v1::DTYPE_U8);
-    item->add_shape(bytes.size());
-    item->set_length_bytes(bytes.size());
-    item->set_crc32c(Crc32c(bytes.data(), bytes.size()));
-    if (src != nullptr) *req.mutable_pull_source() = *src;
-    v1::CommitShardResponse resp;
-    grpc::ClientContext ctx;
-    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
-    return dpu.stub()->CommitShard(&ctx, req, &resp);
+    return Commit(dpu, lease_id, bytes.size(), crc, src);
   };
 
   // A commit without a pull source, and ones naming garbage: clear errors.
@@ -190,25 +249,9 @@ TEST_F(DpuAgentTest, AClientThatDiesBeforeItsPullAndBadPullSourcesLoseNothing) {
   // read it: the commit fails UNAVAILABLE, the lease stays open and aborts.
   // A stand-in trainer process: its staging memory holds l1's token and
   // the shard; it says where in a file.
-  const std::string out = dir_->path() + "/staging.pb";
-  testing::SubprocessOptions helper;
-  helper.argv = {testing::BinaryPath("dpu_staging_helper"), out, absl::BytesToHexString(token1),
-                 absl::StrCat(bytes.size())};
-  helper.log_dir = dir_->path();
-  absl::StatusOr<std::unique_ptr<testing::Subprocess>> child = testing::Subprocess::Start(helper);
-  ASSERT_TRUE(child.ok()) << child.status();
-  std::string wire;
-  for (const absl::Time until = absl::Now() + kLong; absl::Now() < until;) {
-    std::ifstream f(out, std::ios::binary);
-    if (f.good()) {
-      wire.assign(std::istreambuf_iterator<char>(f), {});
-      break;
-    }
-    absl::SleepFor(absl::Milliseconds(10));  // bounded poll of a real process
-  }
-  ASSERT_FALSE(wire.empty()) << (*child)->LogTail();
   v1::PullSource src;
-  ASSERT_TRUE(src.ParseFromString(wire));
+  std::unique_ptr<testing::Subprocess> child = StartTrainer(token1, bytes.size(), &src);
+  ASSERT_NE(child, nullptr);
   {
     // Live memory of another lease (or process): its header does not hold
     // this lease's token, and nothing of it is read.
@@ -245,8 +288,8 @@ TEST_F(DpuAgentTest, AClientThatDiesBeforeItsPullAndBadPullSourcesLoseNothing) {
       EXPECT_FALSE(s.ok()) << "round " << round;
     }
   }
-  ASSERT_TRUE((*child)->Kill().ok());
-  (void)(*child)->Wait();
+  ASSERT_TRUE(child->Kill().ok());
+  (void)child->Wait();
   s = commit(l1, &src);
   EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAVAILABLE) << s.error_message();
   {
@@ -310,6 +353,65 @@ TEST_F(DpuAgentTest, AClientThatDiesBeforeItsPullAndBadPullSourcesLoseNothing) {
   s = deliver(opened.handle_id());
   ASSERT_TRUE(s.ok()) << s.error_message();
   EXPECT_EQ(Crc32c((*buf)->data() + client::kPullHeaderBytes, size), opened.shard().crc32c());
+}
+
+// A trainer stopped (SIGSTOP) while the DPU agent pulls its shard, over a
+// transport whose one-sided reads need the trainer's side to move (UCX's
+// tcp: software gets), then killed while stopped: the commit answers
+// UNAVAILABLE by --peer-timeout-ms, not when the trainer moves; the lease
+// aborts; every byte the pull held is free again once the trainer is gone;
+// the agent then takes a real save. (Over shared memory, and RDMA on a real
+// DPU, the reads need nothing of the trainer: only such a transport stalls.)
+TEST_F(DpuAgentTest, ATrainerStoppedMidPullTimesOutAndItsMemoryIsFreedWhenItDies) {
+  ASSERT_EQ(::setenv("UCX_TLS", "tcp", 1), 0);  // the daemons and the trainer inherit it
+  struct Unset {
+    ~Unset() { ::unsetenv("UCX_TLS"); }
+  } unset;
+  extra_agent_args_ = {"--peer-timeout-ms", "2000"};
+  StartCluster(1, "128MiB", /*dpu=*/{{0, "h0"}});
+  testing::AgentProcess& dpu = *agents_[0];
+  CreateJob("stall");
+  const uint64_t used0 = Status(dpu).memory_used_bytes();
+  const uint64_t size = uint64_t{32} << 20;
+  const std::string bytes(size, 'x');
+  const uint32_t crc = Crc32c(bytes.data(), bytes.size());
+  const auto [lease_id, token] = Lease(dpu, "stall", 1, size);
+  v1::PullSource src;
+  std::unique_ptr<testing::Subprocess> trainer = StartTrainer(token, size, &src);
+  ASSERT_NE(trainer, nullptr);
+  ASSERT_EQ(::kill(trainer->pid(), SIGSTOP), 0);
+  const absl::Time t0 = absl::Now();
+  grpc::Status s = Commit(dpu, lease_id, size, crc, &src);
+  const absl::Duration took = absl::Now() - t0;
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAVAILABLE) << s.error_message();
+  EXPECT_LT(took, absl::Seconds(30)) << "the commit waited for the stopped trainer";
+  {
+    v1::AbortLeaseRequest req;
+    req.set_lease_id(lease_id);
+    v1::AbortLeaseResponse resp;
+    grpc::ClientContext ctx;
+    EXPECT_TRUE(dpu.stub()->AbortLease(&ctx, req, &resp).ok());
+  }
+  // While the trainer stays stopped its reads stay in flight, and the memory
+  // they write into stays reserved (UCX 1.13 cancels nothing on an endpoint
+  // without peer-failure handling, which shared-memory reads need:
+  // docs/dpu.md); the trainer's death ends them.
+  ASSERT_TRUE(trainer->Kill().ok());  // SIGKILL ends a stopped process too
+  (void)trainer->Wait();
+  v1::AgentStatusResponse st = Status(dpu);
+  for (const absl::Time until = absl::Now() + kLong;
+       absl::Now() < until && (st.memory_used_bytes() != used0 || st.memory_leased_bytes() != 0);) {
+    absl::SleepFor(absl::Milliseconds(100));  // bounded poll of a real process
+    st = Status(dpu);
+  }
+  EXPECT_EQ(st.memory_used_bytes(), used0) << "the stalled pull's memory was not freed\n" << Logs();
+  EXPECT_EQ(st.memory_leased_bytes(), 0u);
+  EXPECT_EQ(st.open_leases(), 0u);
+  EXPECT_EQ(st.holdings_size(), 0);
+  EXPECT_GE(Metric(dpu, "ckpt_agent_pull_errors_total"), 1);
+  // A real save and load through the same agent and transport.
+  SaveAll("after", 2, 1, Protection::None(), kBytes);
+  LoadAll("after", 2, 1, kBytes, [](uint32_t) { return 0; });
 }
 
 }  // namespace

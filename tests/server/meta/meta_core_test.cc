@@ -228,6 +228,21 @@ class MetaCoreTest : public ::testing::Test {
     inc_.erase(node);
   }
 
+  // Nodes n0..n3 and job "ec" of 4 ranks under `policy`, version 1 staged
+  // (rank r on node nr; no encode run yet): the node that holds the first
+  // parity segment ("" if none).
+  std::string StageEcOnFourNodes(ProtectionPolicy policy) {
+    for (uint32_t r = 0; r < 4; ++r) Register(absl::StrCat("n", r));
+    CreateJob("ec", 4, policy);
+    EXPECT_TRUE(core_->BeginVersion("ec", 1, "").ok());
+    for (uint32_t r = 0; r < 4; ++r) EXPECT_TRUE(Stage(absl::StrCat("n", r), "ec", 1, r).ok());
+    auto v = core_->GetVersion("ec", 1, false);
+    if (!v.ok()) return "";
+    for (const Segment& seg : v->segments)
+      if (seg.kind == SegmentKind::kParity) return seg.holder_node_id;
+    return "";
+  }
+
   // Lets lost_copy_grace run out while the live nodes heartbeat: a version
   // kept for a dead node's copies is decided.
   void PassLostCopyGrace() {
@@ -715,16 +730,7 @@ TEST_F(MetaCoreTest, ErasureCodedVersionEncodesDecodesAndRebuilds) {
 // version left STAGED in the 30-minute chaos soak). Every member encodes again.
 TEST_F(MetaCoreTest, ANodeRestartedWhileBuildingParityHasItsGroupEncodeAgain) {
   const std::vector<std::string> nodes = {"n0", "n1", "n2", "n3"};
-  for (const auto& n : nodes) Register(n);
-  CreateJob("ec", 4, ProtectionPolicy::ErasureCode(3, 1));
-  ASSERT_TRUE(core_->BeginVersion("ec", 1, "").ok());
-  for (uint32_t r = 0; r < 4; ++r) ASSERT_TRUE(Stage(nodes[r], "ec", 1, r).ok());
-  auto v = core_->GetVersion("ec", 1, false);
-  ASSERT_TRUE(v.ok());
-  // The node building the first parity.
-  std::string builder;
-  for (const Segment& seg : v->segments)
-    if (seg.kind == SegmentKind::kParity && builder.empty()) builder = seg.holder_node_id;
+  const std::string builder = StageEcOnFourNodes(ProtectionPolicy::ErasureCode(3, 1));  // of the first parity
   ASSERT_FALSE(builder.empty());
   // Every other member's encode finishes (its segments reported); the
   // builder's stays running.
@@ -761,15 +767,7 @@ TEST_F(MetaCoreTest, ANodeRestartedWhileBuildingParityHasItsGroupEncodeAgain) {
 // --dpu 2, found the version DEGRADED for good).
 TEST_F(MetaCoreTest, AGroupWhoseEncodesFailedWhileAMemberWasDeadEncodesAgainWhenItReturns) {
   const std::vector<std::string> nodes = {"n0", "n1", "n2", "n3"};
-  for (const auto& n : nodes) Register(n);
-  CreateJob("ec", 4, ProtectionPolicy::ErasureCode(2, 2));
-  ASSERT_TRUE(core_->BeginVersion("ec", 1, "").ok());
-  for (uint32_t r = 0; r < 4; ++r) ASSERT_TRUE(Stage(nodes[r], "ec", 1, r).ok());
-  auto v = core_->GetVersion("ec", 1, false);
-  ASSERT_TRUE(v.ok());
-  std::string builder;
-  for (const Segment& seg : v->segments)
-    if (seg.kind == SegmentKind::kParity && builder.empty()) builder = seg.holder_node_id;
+  const std::string builder = StageEcOnFourNodes(ProtectionPolicy::ErasureCode(2, 2));
   ASSERT_FALSE(builder.empty());
   const uint32_t builder_rank = static_cast<uint32_t>(
       std::find(nodes.begin(), nodes.end(), builder) - nodes.begin());
@@ -808,7 +806,7 @@ TEST_F(MetaCoreTest, AGroupWhoseEncodesFailedWhileAMemberWasDeadEncodesAgainWhen
   ASSERT_TRUE(inv.ok()) << inv.status();
   RunAgents();
   EXPECT_EQ(StateOf("ec", 1), VersionState::kProtected);
-  v = core_->GetVersion("ec", 1, false);
+  auto v = core_->GetVersion("ec", 1, false);
   for (const Segment& seg : v->segments) {
     EXPECT_EQ(seg.state, CopyState::kValid) << seg.key.group << "/" << seg.key.stripe << "/" << seg.key.position;
   }

@@ -14,6 +14,9 @@ tensors, and measures each --runs times:
   load           Client.load(step): the same structure back, fresh tensors
   load_into      Client.load_into(step, live tensors), in place
 
+and, first, the fixed cost of one request and answer after the same gap: on
+a bare unix socket to another process (the floor) and through gRPC to meta.
+
 Each measurement follows a pause (--gap-ms, a stand-in training step) in
 which the daemons' background work runs. Prints the first run apart and the
 median of the others, each as a ratio to the clone's median of the same case.
@@ -22,6 +25,8 @@ median of the others, each as a ratio to the clone's median of the same case.
       [--items 1000,10000] [--item-bytes 1024,4096] [--runs 7] [--gap-ms 300]
 """
 import argparse
+import os
+import socket
 import statistics
 import sys
 import time
@@ -73,6 +78,40 @@ def run_case(d, job, n, item_bytes, runs, gap):
     print()
 
 
+def round_trips(d, runs, gap):
+    """The fixed cost every save and load pays: one request and answer after
+    the same idle gap, on a bare unix socket to another process (the
+    machine's floor) and through gRPC to ckpt-meta (Client.latest)."""
+    a, b = socket.socketpair()
+    pid = os.fork()
+    if pid == 0:
+        a.close()
+        while True:
+            m = b.recv(64)
+            if not m:
+                os._exit(0)
+            b.send(m)
+    b.close()
+    c = d.client("round-trips")
+    c.save(1, {"x": b"x"}).wait("staged", timeout=60)
+    raw, grpc = [], []
+    for _ in range(runs):
+        time.sleep(gap)
+        t0 = time.perf_counter()
+        a.send(b"x")
+        a.recv(64)
+        raw.append(time.perf_counter() - t0)
+        time.sleep(gap)
+        t0 = time.perf_counter()
+        c.latest("staged")
+        grpc.append(time.perf_counter() - t0)
+    a.close()
+    os.waitpid(pid, 0)
+    for what, t in (("unix socket round trip (floor)", raw), ("gRPC round trip to meta", grpc)):
+        print(f"{'-':<7} {'-':<6} {what:<34} {t[0] * 1e3:10.2f} {statistics.median(t[1:]) * 1e3:10.2f}")
+    print()
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--items", default="1000,10000")
@@ -89,6 +128,7 @@ def main():
               f"ratios to the clone median of the same case (torch {torch.__version__}, "
               f"{torch.get_num_threads()} intra-op thread(s))\n")
         print(f"{'items':<7} {'bytes':<6} {'measure':<34} {'first ms':>10} {'median ms':>10} {'ratio':>8}")
+        round_trips(d, runs, a.gap_ms / 1000)
         job = 0
         for n in counts:
             for b in sizes:

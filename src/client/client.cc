@@ -332,33 +332,46 @@ absl::StatusOr<std::shared_ptr<PullStaging::Buffer>> StagingBuffer(ClientCore& c
 }
 
 absl::StatusOr<std::string> SessionId(ClientCore& core) {
+  CKPT_ASSIGN_OR_RETURN(std::shared_ptr<AgentSession> session, OpenSession(core));
+  return session == nullptr ? std::string() : session->id();
+}
+
+absl::StatusOr<std::shared_ptr<AgentSession>> OpenSession(ClientCore& core) {
   std::string resume;
   {
     absl::MutexLock lock(&core.session_mu);
-    if (!core.sessions_supported) return std::string();
-    if (core.session != nullptr && !core.session->Closed()) return core.session->id();
+    if (!core.sessions_supported) return std::shared_ptr<AgentSession>();
+    if (core.session != nullptr && !core.session->Closed()) return core.session;
     if (core.session != nullptr) resume = core.session->id();
   }
   // (Re)open without holding the lock: it talks to the agent.
   absl::StatusOr<std::unique_ptr<AgentSession>> opened =
       AgentSession::Open(AgentSession::SocketFor(core.options.agent_socket), resume, core.options.rpc_timeout);
+  // A connection this client dropped itself (a request broke off) may not
+  // have been seen closed by the agent yet.
+  for (int i = 0; i < 20 && !resume.empty() && absl::IsFailedPrecondition(opened.status()) &&
+                  absl::StrContains(opened.status().message(), "in use");
+       ++i) {
+    absl::SleepFor(absl::Milliseconds(50));
+    opened = AgentSession::Open(AgentSession::SocketFor(core.options.agent_socket), resume, core.options.rpc_timeout);
+  }
   if (absl::IsNotFound(opened.status()) && resume.empty()) {
     absl::MutexLock lock(&core.session_mu);
     core.sessions_supported = false;  // an older agent: leases expire by ttl
-    return std::string();
+    return std::shared_ptr<AgentSession>();
   }
   if (!opened.ok()) return opened.status();
   for (const AgentSession::Pool& pool : (*opened)->pools()) {
     CKPT_RETURN_IF_ERROR_CTX(core.mappings.AddPoolFd(pool.path, pool.fd), "mapping the agent's pool");
   }
   absl::MutexLock lock(&core.session_mu);
-  if (core.session != nullptr && !core.session->Closed()) return core.session->id();  // another thread won
+  if (core.session != nullptr && !core.session->Closed()) return core.session;  // another thread won
   if (!resume.empty() && (*opened)->id() != resume) {
     log::Warn("the agent restarted: new session {} (leases and handles of session {} are gone)", (*opened)->id(),
               resume);
   }
   core.session = *std::move(opened);
-  return core.session->id();
+  return core.session;
 }
 
 absl::Status WaitForVersion(const ClientCore& core, uint64_t step, Level level,

@@ -134,7 +134,7 @@ struct ClientCore {
   // The session with the local agent (client/session.h); null before Connect
   // and with an older agent that has no session socket.
   absl::Mutex session_mu;
-  std::unique_ptr<AgentSession> session ABSL_GUARDED_BY(session_mu);
+  std::shared_ptr<AgentSession> session ABSL_GUARDED_BY(session_mu);
   bool sessions_supported ABSL_GUARDED_BY(session_mu) = true;
 
   // Pull-mode ingest (a DPU agent, docs/dpu.md): the client's own staging
@@ -184,6 +184,9 @@ struct ClientCore {
 // a restart. "" with an agent that has no session socket. Errors: those of
 // AgentSession::Open and of mapping the pool.
 absl::StatusOr<std::string> SessionId(ClientCore& core);
+// The open session itself (as SessionId); null with an agent that has no
+// session socket.
+absl::StatusOr<std::shared_ptr<AgentSession>> OpenSession(ClientCore& core);
 
 // A staging buffer of at least `size` bytes for a pull-mode lease, starting
 // UCX in this process the first time. Errors: PullStaging's.

@@ -163,10 +163,25 @@ absl::StatusOr<std::unique_ptr<OpenedShard>> SendOpen(const std::shared_ptr<Clie
   req.set_client_pid(static_cast<uint32_t>(::getpid()));
   req.set_packed_manifest(true);
   // The handle (and the views on it) lives until Close or the session's end.
-  CKPT_ASSIGN_OR_RETURN(std::string session, client::SessionId(*core));
-  req.set_session_id(session);
-  auto ctx = client::ContextWithTimeout(core->options.load_timeout);
-  CKPT_RETURN_IF_ERROR(FromGrpc(core->agent->OpenShard(ctx.get(), req, resp), "OpenShard"));
+  CKPT_ASSIGN_OR_RETURN(std::shared_ptr<client::AgentSession> session, client::OpenSession(*core));
+  req.set_session_id(session == nullptr ? std::string() : session->id());
+  bool answered = false;
+  if (located == nullptr && skip_verify && session != nullptr && session->serves_opens()) {
+    // The local copy alone, on the session's connection: no gRPC round trip
+    // (docs/agent.md "Client sessions"). A broken session falls back to gRPC.
+    absl::StatusOr<std::string> reply = session->OpenLocal(req.SerializeAsString(), core->options.load_timeout);
+    if (reply.ok()) {
+      if (!resp->ParseFromString(*reply)) return absl::InternalError("OpenShard (session): unparsable answer");
+      answered = true;
+    } else if (getenv("CKPT_DBG") && (fprintf(stderr, "DBG session open: %s\n", reply.status().ToString().c_str()), false)) {
+    } else if (!absl::IsUnavailable(reply.status())) {
+      return Annotate(reply.status(), "OpenShard (session)");
+    }
+  }
+  if (!answered) {
+    auto ctx = client::ContextWithTimeout(core->options.load_timeout);
+    CKPT_RETURN_IF_ERROR(FromGrpc(core->agent->OpenShard(ctx.get(), req, resp), "OpenShard"));
+  }
   auto opened = std::make_unique<OpenedShard>();
   opened->core = core;
   opened->handle_id = resp->handle_id();  // closed by ~OpenedShard on any error from here
@@ -198,19 +213,24 @@ absl::Status Deliver(ClientCore& core, const std::string& token, OpenedShard& op
   return absl::OkStatus();
 }
 
-// Fills `opened` from the agent's answer and Locate's: the manifest comes
-// packed from the agent (checked against its digest and the version's) and
-// is validated (items inside the shard, no overlaps) before any view is
-// built on it; then the regions are mapped read-only.
-absl::Status FinishOpen(ClientCore& core, const v1::LocateResponse& located, v1::OpenShardResponse& resp,
+// Fills `opened` from the agent's answer and Locate's (null: the local copy
+// opened before meta answered, which UseLocal then checks against the
+// version): the manifest comes packed from the agent (checked against its
+// digest and the version's) and is validated (items inside the shard, no
+// overlaps) before any view is built on it; then the regions are mapped
+// read-only.
+absl::Status FinishOpen(ClientCore& core, const v1::LocateResponse* located, v1::OpenShardResponse& resp,
                         OpenedShard& opened) {
-  opened.shard = resp.has_shard() ? std::move(*resp.mutable_shard()) : located.shard();
-  if (!opened.shard.has_key()) *opened.shard.mutable_key() = located.shard().key();
+  static const v1::LocateResponse kNone;
+  const v1::LocateResponse& want = located != nullptr ? *located : kNone;
+  if (located == nullptr && !resp.has_shard()) return absl::InternalError("OpenShard returned no shard");
+  opened.shard = resp.has_shard() ? std::move(*resp.mutable_shard()) : want.shard();
+  if (!opened.shard.has_key()) *opened.shard.mutable_key() = want.shard().key();
   opened.served_from = FromProto(resp.served_from().kind());
   opened.verified = resp.verified();
   for (const auto& f : resp.failed_sources()) {
     log::Info("restore of {}/{} rank {}: source {} failed: {}", core.options.job_id,
-              located.shard().key().step(), core.options.rank,
+              opened.shard.key().step(), core.options.rank,
               ServedFromName(FromProto(f.source().kind())), f.status().message());
   }
   const uint64_t digest = opened.shard.manifest_digest();
@@ -226,19 +246,22 @@ absl::Status FinishOpen(ClientCore& core, const v1::LocateResponse& located, v1:
     opened.items = *std::move(items);
   } else {
     // An agent that does not pack manifests: items in the shard info.
-    opened.items = ToManifest(opened.shard.items_size() > 0 ? opened.shard : located.shard());
+    opened.items = ToManifest(opened.shard.items_size() > 0 ? opened.shard : want.shard());
     opened.shard.clear_items();
   }
-  if (located.shard().manifest_digest() != 0 && digest != 0 && digest != located.shard().manifest_digest()) {
+  if (want.shard().manifest_digest() != 0 && digest != 0 && digest != want.shard().manifest_digest()) {
     return absl::DataLossError(absl::StrCat(
         "the manifest of the ", ServedFromName(opened.served_from), " copy (digest ",
         absl::Hex(digest, absl::kZeroPad16), ") differs from the version's (",
-        absl::Hex(located.shard().manifest_digest(), absl::kZeroPad16), ")"));
+        absl::Hex(want.shard().manifest_digest(), absl::kZeroPad16), ")"));
   }
   // A packed manifest that hashes to the version's digest is the very one the
   // agent validated at commit: only what the views rely on (every item inside
-  // the shard) is checked again. Anything else is validated in full.
-  const bool committed = !resp.manifest().empty() && digest != 0 && digest == located.shard().manifest_digest();
+  // the shard) is checked again. Anything else is validated in full. (The
+  // local copy opened before meta answered is used only if its digest is the
+  // version's: UseLocal.)
+  const bool committed = !resp.manifest().empty() && digest != 0 &&
+                         (located == nullptr || digest == located->shard().manifest_digest());
   const absl::Status valid = committed ? ItemsInside(opened.items, opened.shard.size_bytes())
                                        : ValidateManifest(opened.items, opened.shard.size_bytes());
   if (!valid.ok()) {
@@ -261,7 +284,7 @@ absl::StatusOr<std::unique_ptr<OpenedShard>> Open(const std::shared_ptr<ClientCo
   v1::OpenShardResponse resp;
   CKPT_ASSIGN_OR_RETURN(std::unique_ptr<OpenedShard> opened,
                         SendOpen(core, located.shard().key().step(), &located, skip_verify, &resp));
-  CKPT_RETURN_IF_ERROR(FinishOpen(*core, located, resp, *opened));
+  CKPT_RETURN_IF_ERROR(FinishOpen(*core, &located, resp, *opened));
   return opened;
 }
 
@@ -297,28 +320,28 @@ class PendingLocate {
   bool sent_ = false;
 };
 
-// The local agent's copy opened while meta answers where the shard lives:
-// used if meta names that copy first and it is the version's (size, crc32c,
-// manifest digest). Null (handle closed) otherwise.
+// The local agent's copy, opened and finished (FinishOpen without Locate's
+// answer) while meta answered where the shard lives: used if meta names
+// that copy first and it is the version's (size, crc32c, manifest digest).
+// Null (handle closed) otherwise.
 std::unique_ptr<OpenedShard> UseLocal(const std::shared_ptr<ClientCore>& core, const v1::LocateResponse& located,
                                       absl::StatusOr<std::unique_ptr<OpenedShard>>& local,
-                                      v1::OpenShardResponse& resp) {
+                                      const absl::Status& finished) {
   if (!local.ok()) return nullptr;
   std::unique_ptr<OpenedShard> opened = *std::move(local);
   const v1::ShardInfo& want = located.shard();
+  const v1::ShardInfo& have = opened->shard;
   const bool named_first = located.sources_size() > 0 && located.sources(0).kind() == v1::SOURCE_KIND_LOCAL;
-  if (!named_first || !resp.has_shard() || resp.shard().size_bytes() != want.size_bytes() ||
-      resp.shard().crc32c() != want.crc32c() || want.manifest_digest() == 0 ||
-      resp.shard().manifest_digest() != want.manifest_digest()) {
-    if (named_first) {
-      log::Info("{}/{} rank {}: the local copy differs from the version's (size, crc32c or manifest); "
-                "trying every source", core->options.job_id, want.key().step(), core->options.rank);
-    }
+  if (!named_first) return nullptr;
+  if (!finished.ok()) {
+    log::Info("{}/{} rank {}: the local copy cannot be used ({}); trying every source", core->options.job_id,
+              want.key().step(), core->options.rank, std::string(finished.message()));
     return nullptr;
   }
-  if (absl::Status s = FinishOpen(*core, located, resp, *opened); !s.ok()) {
-    log::Info("{}/{} rank {}: the local copy cannot be used ({}); trying every source", core->options.job_id,
-              want.key().step(), core->options.rank, std::string(s.message()));
+  if (have.size_bytes() != want.size_bytes() || have.crc32c() != want.crc32c() || want.manifest_digest() == 0 ||
+      have.manifest_digest() != want.manifest_digest()) {
+    log::Info("{}/{} rank {}: the local copy differs from the version's (size, crc32c or manifest); "
+              "trying every source", core->options.job_id, want.key().step(), core->options.rank);
     return nullptr;
   }
   return opened;
@@ -326,10 +349,13 @@ std::unique_ptr<OpenedShard> UseLocal(const std::shared_ptr<ClientCore>& core, c
 
 // Opens this rank's shard of `step`. Meta is asked where it lives (without
 // the manifest) while the local agent opens its own copy, if it has one, with
-// the manifest from the agent alone: one round trip's time when the local copy
-// serves. Without a local copy, or if it cannot be used (missing, corrupt, not
-// the version's), the full manifest and every source go to the agent, which
-// fetches the shard from the next one.
+// the manifest from the agent alone (on the session's connection when the
+// agent takes requests there), and the manifest is decoded and checked and
+// the regions mapped before meta's answer is waited for: the local copy
+// serves in about one round trip to meta. Without a local copy, or if it
+// cannot be used (missing, corrupt, not the version's), the full manifest
+// and every source go to the agent, which fetches the shard from the next
+// one.
 absl::StatusOr<std::unique_ptr<OpenedShard>> OpenBestNow(const std::shared_ptr<ClientCore>& core, uint64_t step,
                                                          bool skip_verify) {
   CKPT_RETURN_IF_ERROR(ValidateStep(step));
@@ -338,8 +364,10 @@ absl::StatusOr<std::unique_ptr<OpenedShard>> OpenBestNow(const std::shared_ptr<C
     PendingLocate locate(*core, step, /*omit_items=*/true);
     v1::OpenShardResponse resp;
     absl::StatusOr<std::unique_ptr<OpenedShard>> local = SendOpen(core, step, nullptr, skip_verify, &resp);
+    absl::Status finished = local.status();
+    if (local.ok()) finished = FinishOpen(*core, nullptr, resp, **local);
     CKPT_ASSIGN_OR_RETURN(located, locate.Wait());  // a version meta does not serve: its error
-    if (std::unique_ptr<OpenedShard> opened = UseLocal(core, located, local, resp); opened != nullptr) {
+    if (std::unique_ptr<OpenedShard> opened = UseLocal(core, located, local, finished); opened != nullptr) {
       return opened;
     }
     if (!local.ok() && !absl::IsNotFound(local.status()) && !absl::IsDataLoss(local.status()) &&

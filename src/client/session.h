@@ -9,15 +9,23 @@
 // closed session (agent restart) by resuming its id; a restarted agent gives
 // a new id (the old session's leases died with it).
 //
-// Thread safety: immutable after Open, except Closed() which only polls.
+// A version-2 session (an agent that answers " open") also carries the
+// client's opens of its local copies (OpenLocal): one request at a time, on
+// the session's connection, with no gRPC round trip (docs/agent.md "Client
+// sessions").
+//
+// Thread safety: immutable after Open, except Closed() which only polls and
+// OpenLocal, which callers may share (one request on the wire at a time).
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 
 namespace ckpt::client {
@@ -42,17 +50,33 @@ class AgentSession {
 
   const std::string& id() const { return id_; }
   const std::vector<Pool>& pools() const { return pools_; }
-  // True once the agent hung up (it stopped or restarted). Never blocks.
+  // True once the agent hung up (it stopped or restarted), or a request
+  // broke off mid-reply. Never blocks.
   bool Closed() const;
+
+  // Whether the agent takes OpenLocal requests on this session.
+  bool serves_opens() const { return serves_opens_; }
+  // Sends a serialized OpenShardRequest (the local copy alone) on the
+  // session and returns the serialized OpenShardResponse. The agent's
+  // refusal comes back with its status code; Unavailable if the session
+  // broke or the agent did not answer within `timeout` (the session is then
+  // Closed(): a new one must be opened).
+  absl::StatusOr<std::string> OpenLocal(const std::string& request, absl::Duration timeout) const;
 
   // The session socket that belongs to an agent socket (same directory).
   static std::string SocketFor(const std::string& agent_socket);
 
  private:
   AgentSession() = default;
+  // Connects and sends `hello`; the reply (with descriptors) is parsed by Open.
+  static absl::StatusOr<std::unique_ptr<AgentSession>> Greet(const std::string& socket_path, const std::string& hello,
+                                                             absl::Duration timeout);
   int fd_ = -1;
   std::string id_;
   std::vector<Pool> pools_;
+  bool serves_opens_ = false;
+  mutable absl::Mutex call_mu_;  // one request on the wire
+  mutable std::atomic<bool> broken_{false};
 };
 
 }  // namespace ckpt::client

@@ -108,7 +108,8 @@ TEST_F(ClientIntegrationTest, RanksSaveStagedThenFlushedPersistedWithByteExactDu
   ASSERT_EQ(view->size(), w[1].size() * sizeof(float));
   EXPECT_EQ(std::memcmp(view->data(), w[1].data(), view->size()), 0);
   std::vector<float> into(b[2].size());
-  ASSERT_TRUE(clients[2].LoadInto(100, {{"layer.b", std::as_writable_bytes(std::span<float>(into))}}).ok());
+  absl::Status into_status = clients[2].LoadInto(100, {{"layer.b", std::as_writable_bytes(std::span<float>(into))}});
+  ASSERT_TRUE(into_status.ok()) << into_status << "\n" << agent_->proc()->LogTail();
   EXPECT_EQ(into, b[2]);
 }
 

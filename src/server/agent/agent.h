@@ -283,6 +283,12 @@ class Agent : private MetaSession::Delegate {
   bool SessionOpen(const std::string& session_id) const { return sessions_ && sessions_->Open(session_id); }
   // The session socket's path ("" without one).
   std::string session_socket() const { return sessions_ ? sessions_->socket_path() : std::string(); }
+  // Lets local clients send requests on their session connections
+  // (SessionServer::SetRequestHandler; the daemon gives the RPC service's
+  // local open). No-op without a session socket.
+  void SetSessionRequestHandler(SessionServer::RequestHandler handler) {
+    if (sessions_) sessions_->SetRequestHandler(std::move(handler));
+  }
 
  private:
   // The references among `items` (a commit of `id`) each name an item of

@@ -81,6 +81,10 @@ absl::StatusOr<std::unique_ptr<SessionServer>> SessionServer::Start(Options opti
     pthread_setname_np(pthread_self(), "ckpt-agent-sess");
     raw->Loop();
   });
+  s->request_thread_ = std::thread([raw = s.get()] {
+    pthread_setname_np(pthread_self(), "ckpt-agent-sreq");
+    raw->ServeRequests();
+  });
   return s;
 }
 
@@ -100,15 +104,28 @@ void SessionServer::Stop() {
     [[maybe_unused]] ssize_t n = ::write(wake_fd_, &one, sizeof(one));
   }
   if (thread_.joinable()) thread_.join();
+  if (request_thread_.joinable()) request_thread_.join();
   CheckedLock lock(&mu_);
   for (const auto& [fd, id] : by_fd_) ::close(fd);
   for (int fd : pending_) ::close(fd);
+  for (const Request& r : requests_) ::close(r.fd);
   by_fd_.clear();
   pending_.clear();
+  v2_.clear();
+  requests_.clear();
   if (listen_fd_ >= 0) {
     ::close(listen_fd_);
     listen_fd_ = -1;
     ::unlink(options_.socket_path.c_str());
+  }
+}
+
+void SessionServer::SetRequestHandler(RequestHandler handler) {
+  CheckedLock lock(&mu_);
+  handler_ = std::move(handler);
+  if (handler_ == nullptr) {
+    mu_.Await(absl::Condition(
+        +[](int* calls) { return *calls == 0; }, &handler_calls_));
   }
 }
 
@@ -168,16 +185,114 @@ void SessionServer::Loop() {
         if (fds[i].revents == 0 || !Greet(fd)) ::close(fd);
         continue;
       }
-      if (fds[i].revents & (POLLHUP | POLLERR | POLLRDHUP)) {
+      if (fds[i].revents & POLLIN) {
+        Read(fd);  // (a request sent just before the hang-up is still read)
+      } else if (fds[i].revents & (POLLHUP | POLLERR | POLLRDHUP)) {
         Hangup(fd);
-      } else if (fds[i].revents & POLLIN) {
-        char buf[kMaxMessage];
-        const ssize_t got = ::recv(fd, buf, sizeof(buf), MSG_DONTWAIT);
-        if (got == 0 || (got < 0 && errno != EAGAIN && errno != EINTR)) Hangup(fd);
-        // Anything a greeted client sends is ignored.
       }
     }
     ExpireClosed();
+  }
+}
+
+void SessionServer::Read(int fd) {
+  read_buf_.resize(kMaxRequestBytes + 1);
+  const ssize_t got = ::recv(fd, read_buf_.data(), read_buf_.size(), MSG_DONTWAIT | MSG_TRUNC);
+  if (got == 0 || (got < 0 && errno != EAGAIN && errno != EINTR)) {
+    Hangup(fd);
+    return;
+  }
+  if (got < 0) return;
+  constexpr std::string_view kOpen = "OPEN\n";
+  Request r;
+  {
+    CheckedLock lock(&mu_);
+    auto id = by_fd_.find(fd);
+    // Anything else a greeted client sends is ignored (version 1: it sends
+    // nothing after the hello).
+    if (id == by_fd_.end() || !v2_.count(fd) || handler_ == nullptr) return;
+    if (static_cast<size_t>(got) > kMaxRequestBytes) {
+      r.error = absl::InvalidArgumentError(
+          absl::StrCat("a session request is at most ", kMaxRequestBytes, " bytes; this one has ", got));
+    } else if (std::string_view(read_buf_.data(), static_cast<size_t>(got)).substr(0, kOpen.size()) != kOpen) {
+      r.error = absl::InvalidArgumentError("unknown session request: expected \"OPEN\\n\" and an OpenShardRequest");
+    } else {
+      r.body.assign(read_buf_.data() + kOpen.size(), static_cast<size_t>(got) - kOpen.size());
+    }
+    if (requests_.size() >= 4 * options_.max_sessions) return;  // a flood: the client times out
+    r.fd = ::fcntl(fd, F_DUPFD_CLOEXEC, 0);  // answered on its own descriptor: a hang-up may close `fd` first
+    if (r.fd < 0) return;
+    r.session_id = id->second;
+    requests_.push_back(std::move(r));
+  }
+}
+
+namespace {
+
+// Sends one message within `deadline` (the socket is non-blocking).
+bool SendMessage(int fd, std::string_view m, absl::Time deadline) {
+  while (true) {
+    if (::send(fd, m.data(), m.size(), MSG_NOSIGNAL | MSG_DONTWAIT) == static_cast<ssize_t>(m.size())) return true;
+    if (errno != EAGAIN && errno != EINTR) return false;
+    const int64_t left = absl::ToInt64Milliseconds(deadline - absl::Now());
+    if (left <= 0) return false;
+    pollfd p{fd, POLLOUT, 0};
+    if (::poll(&p, 1, static_cast<int>(left)) < 0 && errno != EINTR) return false;
+  }
+}
+
+}  // namespace
+
+void SessionServer::ServeRequests() {
+  while (true) {
+    Request r;
+    RequestHandler handler;
+    {
+      CheckedLock lock(&mu_);
+      mu_.AwaitWithTimeout(absl::Condition(
+                               +[](SessionServer* s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s->mu_) {
+                                 return s->stopping_ || !s->requests_.empty();
+                               },
+                               this),
+                           absl::Seconds(1));
+      if (stopping_) return;
+      if (requests_.empty()) continue;
+      r = std::move(requests_.front());
+      requests_.pop_front();
+      handler = handler_;
+      if (handler != nullptr) ++handler_calls_;
+    }
+    absl::StatusOr<std::string> answer = absl::UnavailableError("the agent no longer serves session requests");
+    if (!r.error.ok()) {
+      answer = r.error;
+    } else if (handler != nullptr) {
+      answer = handler(r.session_id, r.body);
+    }
+    if (handler != nullptr) {
+      CheckedLock lock(&mu_);
+      --handler_calls_;
+    }
+    const absl::Time deadline = absl::Now() + options_.reply_timeout;
+    bool sent;
+    if (answer.ok()) {
+      sent = SendMessage(r.fd, absl::StrCat("OK ", answer->size(), "\n"), deadline);
+      for (size_t at = 0; sent && at < answer->size(); at += kReplyChunkBytes) {
+        sent = SendMessage(r.fd, std::string_view(*answer).substr(at, kReplyChunkBytes), deadline);
+      }
+    } else {
+      std::string why(answer.status().message());
+      std::replace(why.begin(), why.end(), '\n', ' ');
+      sent = SendMessage(r.fd, absl::StrCat("ERR ", static_cast<int>(answer.status().code()), " ", why, "\n"),
+                         deadline);
+    }
+    if (!sent) {
+      // Half a reply would leave the stream out of step: the connection
+      // ends (the session's grace begins; the client opens a new one).
+      log::Warn("session {}: the client did not take its reply within {}; closing the connection", r.session_id,
+                absl::FormatDuration(options_.reply_timeout));
+      ::shutdown(r.fd, SHUT_RDWR);
+    }
+    ::close(r.fd);
   }
 }
 
@@ -238,9 +353,10 @@ bool SessionServer::Greet(int fd) {
   std::string hello(buf, static_cast<size_t>(got));
   while (!hello.empty() && (hello.back() == '\n' || hello.back() == '\r')) hello.pop_back();
   const std::vector<std::string> words = absl::StrSplit(hello, ' ');
-  if (words.size() < 2 || words.size() > 3 || words[0] != "HELLO" || words[1] != "1") {
-    return refuse("expected \"HELLO 1 [session-id]\"");
+  if (words.size() < 2 || words.size() > 3 || words[0] != "HELLO" || (words[1] != "1" && words[1] != "2")) {
+    return refuse("expected \"HELLO 1 [session-id]\" or \"HELLO 2 [session-id]\"");
   }
+  bool serves_requests = false;
   std::string id;
   {
     CheckedLock lock(&mu_);
@@ -256,8 +372,10 @@ bool SessionServer::Greet(int fd) {
     }
     sessions_[id] = Session{fd, absl::InfinitePast()};
     by_fd_[fd] = id;
+    serves_requests = words[1] == "2" && handler_ != nullptr;
+    if (serves_requests) v2_.insert(fd);
   }
-  std::string reply = absl::StrCat("OK ", id, " ", pools_.size(), "\n");
+  std::string reply = absl::StrCat("OK ", id, " ", pools_.size(), serves_requests ? " open" : "", "\n");
   std::vector<int> fds;
   for (const PoolFile& p : pools_) {
     struct stat st {};
@@ -285,6 +403,7 @@ bool SessionServer::Greet(int fd) {
     CheckedLock lock(&mu_);
     sessions_.erase(id);
     by_fd_.erase(fd);
+    v2_.erase(fd);
     return false;
   }
   log::Debug("client session {} opened", id);
@@ -304,6 +423,7 @@ void SessionServer::Hangup(int fd) {
                 absl::FormatDuration(options_.grace));
     }
     by_fd_.erase(it);
+    v2_.erase(fd);
   }
   ::close(fd);
 }

@@ -12,21 +12,36 @@
 // reconnect and resume the session.
 //
 // Protocol (SOCK_SEQPACKET, one message per line of text):
-//   client -> agent   "HELLO 1" or "HELLO 1 <session-id>" (resume)
-//   agent -> client   "OK <session-id> <n>\n" then n lines
+//   client -> agent   "HELLO <v>" or "HELLO <v> <session-id>" (resume), v 1 or 2
+//   agent -> client   "OK <session-id> <n>[ open]\n" then n lines
 //                     "<pool path>\t<bytes>\t<st_dev>\t<st_ino>\n", with the n
 //                     pool descriptors attached (SCM_RIGHTS), or "ERR <why>"
-// after which the client sends nothing; the agent only watches for hang-up.
+// after which a version-1 client sends nothing; the agent only watches for
+// hang-up. " open" (to a version-2 hello, when a request handler is set)
+// says the client may send requests on the connection, one at a time:
+//   client -> agent   "OPEN\n" + a serialized ckpt.v1.OpenShardRequest
+//                     (one message, at most kMaxRequestBytes)
+//   agent -> client   "OK <bytes>\n", then the serialized OpenShardResponse
+//                     in messages of at most kReplyChunkBytes; or
+//                     "ERR <absl status code> <message>\n"
+// docs/agent.md "Client sessions". A reply the client does not take within
+// Options::reply_timeout closes the connection.
 //
-// Threads: one, ckpt-agent-sess, owned and joined by Stop(). The lock guards
-// the session table only; socket I/O happens on that thread without it.
+// Threads: ckpt-agent-sess (accepts, greets, reads) and, with a request
+// handler, ckpt-agent-sreq (runs the handler and sends replies, so a slow
+// one never holds up the others' greetings and hang-ups); both owned and
+// joined by Stop(). The lock guards the session table and the request queue;
+// socket I/O and the handler run without it.
 #pragma once
 
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -46,6 +61,12 @@ struct PoolFile {
 
 class SessionServer {
  public:
+  static constexpr size_t kMaxRequestBytes = 64 << 10;
+  static constexpr size_t kReplyChunkBytes = 64 << 10;
+  // Answers one request of a session: the reply's payload, or an error
+  // (sent as "ERR").
+  using RequestHandler = std::function<absl::StatusOr<std::string>(const std::string& session_id,
+                                                                   std::string_view request)>;
   struct Options {
     std::string socket_path;
     absl::Duration grace = absl::Seconds(10);
@@ -57,6 +78,8 @@ class SessionServer {
     // groups include it are served; others get "ERR" naming their uid and
     // gid, and a warning is logged. -1: the socket's mode (0660) alone.
     int64_t allowed_gid = -1;
+    // A reply the client does not take within this closes its connection.
+    absl::Duration reply_timeout = absl::Seconds(5);
   };
   // Listens on `options.socket_path` (mode 0660, replacing a stale socket).
   // `on_ended(session_id)` runs on the session thread once a closed
@@ -67,6 +90,10 @@ class SessionServer {
   ~SessionServer();  // Stop()
   // Closes the socket and every session (without calling on_ended), joins.
   void Stop();
+
+  // Serves "OPEN" requests of version-2 sessions greeted from now on with
+  // `handler`; null stops serving them and waits for a call in progress.
+  void SetRequestHandler(RequestHandler handler);
 
   // True while the session's connection is open or within its grace.
   bool Alive(const std::string& session_id) const;
@@ -87,6 +114,17 @@ class SessionServer {
   std::string RefusePeer(int fd) const;
   void Hangup(int fd);
   void ExpireClosed();
+  // A greeted connection sent something: a request of a version-2 session
+  // is queued for the request thread; anything else is ignored.
+  void Read(int fd);
+  void ServeRequests();
+
+  struct Request {
+    int fd = -1;  // a dup of the connection, closed once answered
+    std::string session_id;
+    std::string body;  // after "OPEN\n"; empty with `error` set
+    absl::Status error;
+  };
 
   const Options options_;
   const std::vector<PoolFile> pools_;
@@ -95,6 +133,7 @@ class SessionServer {
   int listen_fd_ = -1;
   int wake_fd_ = -1;  // eventfd: Stop wakes the loop
   std::thread thread_;
+  std::thread request_thread_;
 
   struct Session {
     int fd = -1;           // -1 once the connection closed
@@ -105,6 +144,11 @@ class SessionServer {
   std::map<std::string, Session> sessions_ ABSL_GUARDED_BY(mu_);
   std::map<int, std::string> by_fd_ ABSL_GUARDED_BY(mu_);  // greeted connections
   std::vector<int> pending_ ABSL_GUARDED_BY(mu_);          // connected, hello not yet read
+  std::set<int> v2_ ABSL_GUARDED_BY(mu_);                  // greeted with "HELLO 2" and told " open"
+  RequestHandler handler_ ABSL_GUARDED_BY(mu_);
+  int handler_calls_ ABSL_GUARDED_BY(mu_) = 0;
+  std::deque<Request> requests_ ABSL_GUARDED_BY(mu_);
+  std::string read_buf_;  // the session thread's
 };
 
 }  // namespace ckpt::agent

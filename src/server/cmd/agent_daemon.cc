@@ -335,6 +335,11 @@ int Serve(const Settings& settings, const sigset_t& signals, const AgentFlavor& 
         return true;
       });
   rpc::AgentServiceImpl service(a, "none", settings.admin_token);
+  // Local clients open their own copies on their session connections too
+  // (no gRPC round trip on a restore's path: docs/agent.md).
+  a->SetSessionRequestHandler([&service](const std::string& session_id, std::string_view request) {
+    return service.OpenOnSession(session_id, request);
+  });
   daemon::WarnIfOpen(kProgram, settings.listen, settings.tls, !settings.admin_token.empty(),
                      "read every shard this node holds and evict or flush them");
   std::unique_ptr<grpc::Server> server;
@@ -388,6 +393,7 @@ int Serve(const Settings& settings, const sigset_t& signals, const AgentFlavor& 
     server->Wait();
     server.reset();
   }
+  a->SetSessionRequestHandler(nullptr);  // before `service` goes
   a->Stop();  // committed shards stay in the memory tier for the next start
   agent->reset();
   ::unlink(socket_path.c_str());

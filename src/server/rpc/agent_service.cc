@@ -109,6 +109,27 @@ grpc::Status AgentServiceImpl::AbortLease(grpc::ServerContext* ctx, const v1::Ab
 grpc::Status AgentServiceImpl::OpenShard(grpc::ServerContext* ctx, const v1::OpenShardRequest* req,
                                          v1::OpenShardResponse* resp) {
   if (grpc::Status a = Caller(*ctx, "OpenShard"); !a.ok()) return a;
+  return OpenChecked(req, resp);
+}
+
+absl::StatusOr<std::string> AgentServiceImpl::OpenOnSession(const std::string& session_id,
+                                                            std::string_view request) {
+  v1::OpenShardRequest req;
+  if (!req.ParseFromArray(request.data(), static_cast<int>(request.size()))) {
+    return absl::InvalidArgumentError("the session request is not an OpenShardRequest");
+  }
+  if (req.sources_size() != 0 || req.has_expected() || !req.skip_verify()) {
+    return absl::InvalidArgumentError(
+        "a session opens the local copy alone (no sources, no expected shard, skip_verify): use OpenShard");
+  }
+  req.set_session_id(session_id);  // the handle lives with this connection's session
+  v1::OpenShardResponse resp;
+  grpc::Status s = OpenChecked(&req, &resp);
+  if (!s.ok()) return absl::Status(static_cast<absl::StatusCode>(s.error_code()), s.error_message());
+  return resp.SerializeAsString();
+}
+
+grpc::Status AgentServiceImpl::OpenChecked(const v1::OpenShardRequest* req, v1::OpenShardResponse* resp) {
   absl::StatusOr<agent::ShardId> id = ShardIdFromProto(req->key(), "key");
   if (!id.ok()) return ToGrpcStatus(id.status());
   if (req->ttl_ms() < 0) return Invalid("ttl_ms must not be negative");

@@ -8,6 +8,7 @@
 #pragma once
 
 #include <string>
+#include <string_view>
 
 #include "ckpt/v1/agent.grpc.pb.h"
 #include "server/agent/agent.h"
@@ -25,6 +26,11 @@ class AgentServiceImpl final : public v1::AgentService::Service {
   grpc::Status CommitShard(grpc::ServerContext*, const v1::CommitShardRequest*, v1::CommitShardResponse*) override;
   grpc::Status AbortLease(grpc::ServerContext*, const v1::AbortLeaseRequest*, v1::AbortLeaseResponse*) override;
   grpc::Status OpenShard(grpc::ServerContext*, const v1::OpenShardRequest*, v1::OpenShardResponse*) override;
+  // OpenShard for a request that came on client session `session_id`'s
+  // connection (SessionServer): the local copy alone (no sources, no
+  // expected shard, skip_verify), so that it answers quickly; the handle
+  // belongs to that session. The serialized OpenShardResponse.
+  absl::StatusOr<std::string> OpenOnSession(const std::string& session_id, std::string_view request);
   grpc::Status CloseShard(grpc::ServerContext*, const v1::CloseShardRequest*, v1::CloseShardResponse*) override;
   grpc::Status DeliverShard(grpc::ServerContext*, const v1::DeliverShardRequest*, v1::DeliverShardResponse*) override;
   grpc::Status ReadShard(grpc::ServerContext*, const v1::ReadShardRequest*,
@@ -39,6 +45,7 @@ class AgentServiceImpl final : public v1::AgentService::Service {
                                v1::PauseProtectionResponse*) override;
 
  private:
+  grpc::Status OpenChecked(const v1::OpenShardRequest* req, v1::OpenShardResponse* resp);
   // OK for the local socket's callers; on TCP, the admin token when set.
   grpc::Status Caller(const grpc::ServerContext& ctx, const char* rpc) const;
   // A PullSource with every field set (InvalidArgument naming `field`).

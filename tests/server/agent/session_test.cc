@@ -188,7 +188,7 @@ TEST_F(SessionTest, HandlesLiveWithTheSessionAndAResumedSessionKeepsThem) {
 TEST_F(SessionTest, GarbageOnTheSessionSocketIsRefusedAndTheAgentLivesOn) {
   const std::string path = agent_->session_socket();
   EXPECT_THAT(Raw(path, std::string(16, '\0')), HasSubstr("ERR"));
-  EXPECT_THAT(Raw(path, "HELLO 2"), HasSubstr("ERR"));
+  EXPECT_THAT(Raw(path, "HELLO 3"), HasSubstr("ERR"));
   EXPECT_THAT(Raw(path, "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"), HasSubstr("ERR"));
   std::string big(1 << 16, 'A');
   EXPECT_THAT(Raw(path, big), HasSubstr("ERR"));
@@ -197,6 +197,122 @@ TEST_F(SessionTest, GarbageOnTheSessionSocketIsRefusedAndTheAgentLivesOn) {
   std::unique_ptr<AgentSession> s = Connect();
   ASSERT_NE(s, nullptr);
   EXPECT_EQ(s->pools().size(), 1u);
+}
+
+// Version-2 sessions carry requests (the client's local opens) on their
+// connection: answered in order, replies of any size in chunks, the
+// handler's errors as "ERR <code>", garbage and oversized requests refused
+// with the session kept; version-1 sessions and a server without a handler
+// do not offer them.
+class SessionRequestTest : public ::testing::Test {
+ protected:
+  void Start(absl::Duration reply_timeout = absl::Seconds(5)) {
+    dir_ = std::make_unique<TempDir>(*TempDir::Create());
+    SessionServer::Options o;
+    o.socket_path = dir_->path() + "/session.sock";
+    o.reply_timeout = reply_timeout;
+    absl::StatusOr<std::unique_ptr<SessionServer>> s =
+        SessionServer::Start(o, {}, &clock_, [](const std::string&) {});
+    ASSERT_TRUE(s.ok()) << s.status();
+    server_ = *std::move(s);
+  }
+  // Echoes "echo:<session>:<request>"; "big N" answers N bytes; "fail" is refused.
+  void Serve() {
+    server_->SetRequestHandler([](const std::string& session, std::string_view req) -> absl::StatusOr<std::string> {
+      if (req == "fail") return absl::NotFoundError("no such shard\non two lines");
+      if (req.substr(0, 4) == "big ") {
+        std::string out(std::stoul(std::string(req.substr(4))), '\0');
+        for (size_t i = 0; i < out.size(); ++i) out[i] = static_cast<char>(i * 131 + 7);
+        return out;
+      }
+      return absl::StrCat("echo:", session, ":", std::string(req));
+    });
+  }
+  std::unique_ptr<AgentSession> Connect() {
+    absl::StatusOr<std::unique_ptr<AgentSession>> s = AgentSession::Open(server_->socket_path(), "", absl::Seconds(5));
+    EXPECT_TRUE(s.ok()) << s.status();
+    return s.ok() ? *std::move(s) : nullptr;
+  }
+  // A raw connection greeted with `hello`; its first reply in *reply.
+  int RawSession(const std::string& hello, std::string* reply) {
+    const int fd = ::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+    sockaddr_un addr{};
+    addr.sun_family = AF_UNIX;
+    std::strncpy(addr.sun_path, server_->socket_path().c_str(), sizeof(addr.sun_path) - 1);
+    EXPECT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+    *reply = Exchange(fd, hello);
+    return fd;
+  }
+  static std::string Exchange(int fd, const std::string& m) {
+    ::send(fd, m.data(), m.size(), MSG_NOSIGNAL);
+    char buf[1024];
+    const ssize_t n = ::recv(fd, buf, sizeof(buf), 0);
+    return n > 0 ? std::string(buf, static_cast<size_t>(n)) : std::string();
+  }
+
+  std::unique_ptr<TempDir> dir_;
+  FakeClock clock_;
+  std::unique_ptr<SessionServer> server_;
+};
+
+TEST_F(SessionRequestTest, RequestsAreAnsweredInOrderOfAnySizeAndBadOnesRefusedWithTheSessionKept) {
+  Start();
+  Serve();
+  std::unique_ptr<AgentSession> s = Connect();
+  ASSERT_NE(s, nullptr);
+  ASSERT_TRUE(s->serves_opens());
+  EXPECT_EQ(*s->OpenLocal("hello", absl::Seconds(5)), absl::StrCat("echo:", s->id(), ":hello"));
+  // Replies larger than one message, at and around the chunk size.
+  for (size_t n : {size_t{0}, SessionServer::kReplyChunkBytes - 1, SessionServer::kReplyChunkBytes,
+                   SessionServer::kReplyChunkBytes + 1, size_t{5} << 20}) {
+    absl::StatusOr<std::string> big = s->OpenLocal(absl::StrCat("big ", n), absl::Seconds(30));
+    ASSERT_TRUE(big.ok()) << n << ": " << big.status();
+    ASSERT_EQ(big->size(), n);
+    for (size_t i = 0; i < n; i += 4099) ASSERT_EQ((*big)[i], static_cast<char>(i * 131 + 7)) << i;
+  }
+  absl::StatusOr<std::string> refused = s->OpenLocal("fail", absl::Seconds(5));
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(refused.status().message(), HasSubstr("no such shard"));
+  EXPECT_FALSE(s->Closed());
+  EXPECT_EQ(*s->OpenLocal("again", absl::Seconds(5)), absl::StrCat("echo:", s->id(), ":again"));
+  // Garbage and oversized requests on a raw version-2 connection.
+  std::string hello;
+  const int fd = RawSession("HELLO 2", &hello);
+  EXPECT_THAT(hello, HasSubstr(" open\n"));
+  EXPECT_THAT(Exchange(fd, std::string(16, '\0')), HasSubstr("ERR 3 unknown session request"));
+  EXPECT_THAT(Exchange(fd, "OPEN\n" + std::string(SessionServer::kMaxRequestBytes, 'x')),
+              HasSubstr("ERR 3 a session request is at most"));
+  EXPECT_THAT(Exchange(fd, "OPEN\nraw"), HasSubstr("OK "));
+  ::close(fd);
+  // Version 1 is not offered requests.
+  const int v1 = RawSession("HELLO 1", &hello);
+  EXPECT_THAT(hello, ::testing::Not(HasSubstr("open")));
+  ::close(v1);
+  EXPECT_EQ(*s->OpenLocal("still", absl::Seconds(5)), absl::StrCat("echo:", s->id(), ":still"));
+  // Without a handler (or once it is cleared) a version-2 hello gets a
+  // session without requests.
+  server_->SetRequestHandler(nullptr);
+  std::unique_ptr<AgentSession> plain = Connect();
+  ASSERT_NE(plain, nullptr);
+  EXPECT_FALSE(plain->serves_opens());
+  EXPECT_EQ(plain->OpenLocal("x", absl::Seconds(1)).status().code(), absl::StatusCode::kFailedPrecondition);
+}
+
+TEST_F(SessionRequestTest, AClientThatDoesNotTakeItsReplyLosesItsConnectionNotTheOthers) {
+  Start(absl::Milliseconds(300));
+  Serve();
+  std::string hello;
+  const int fd = RawSession("HELLO 2", &hello);
+  ASSERT_THAT(hello, HasSubstr("OK "));
+  const std::string id = hello.substr(3, hello.find(' ', 3) - 3);
+  const std::string req = "OPEN\nbig " + std::to_string(size_t{16} << 20);
+  ASSERT_EQ(::send(fd, req.data(), req.size(), MSG_NOSIGNAL), static_cast<ssize_t>(req.size()));
+  // Never read: the server gives up on the reply and ends the connection.
+  ASSERT_TRUE(Eventually([&] { return !server_->Open(id); }));
+  std::unique_ptr<AgentSession> other = Connect();
+  ASSERT_NE(other, nullptr);
+  EXPECT_EQ(*other->OpenLocal("fine", absl::Seconds(5)), absl::StrCat("echo:", other->id(), ":fine"));
+  ::close(fd);
 }
 
 // --socket-group (issue 17): the session server asks the kernel who is

@@ -27,10 +27,13 @@
 
 #include <bit>
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <deque>
 #include <map>
+#include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <tuple>
 #include <utility>
@@ -195,6 +198,7 @@ struct PyTypes {
   PyObject* tensor_type = nullptr;  // torch.Tensor
   py::object strided;               // torch.strided
   py::object from_numpy, bfloat16, int16;
+  py::object from_dlpack;  // torch._C._from_dlpack, or None (then numpy + from_numpy)
   std::vector<std::pair<py::object, TorchDType>> torch_dtypes;  // few: linear search by identity
   py::object numpy, ndarray, generic;
   py::str is_cpu, layout, dtype, shape, data_ptr, is_contiguous, is_neg, is_conj, view;
@@ -226,6 +230,8 @@ struct PyTypes {
     tensor_type = torch.attr("Tensor").ptr();
     strided = torch.attr("strided");
     from_numpy = torch.attr("from_numpy");
+    py::object c = torch.attr("_C");
+    from_dlpack = py::hasattr(c, "_from_dlpack") ? c.attr("_from_dlpack") : py::object(py::none());
     bfloat16 = torch.attr("bfloat16");
     int16 = torch.attr("int16");
     const std::tuple<const char*, DType, uint32_t, bool> kinds[] = {
@@ -610,6 +616,115 @@ class Flattener {
 // Rebuilds a state from a loaded shard (python/ckpt/__init__.py's _unflatten
 // and _leaf, item for item): arrays and tensors are allocated here and filled
 // by LoadedShard::CopyItem (crc-checked) with the GIL released.
+// A fresh CPU tensor of `it`'s dtype and shape whose bytes the load then
+// writes, made through DLPack (a stable C interface: no link to libtorch):
+// one aligned allocation and one torch call per tensor, against a numpy
+// array and torch.from_numpy. The memory is freed when torch drops the
+// tensor. None if the dtype has no DLPack form torch 1.13 takes back as
+// the same dtype (bool, unsigned wider than 8 bits): numpy is used then.
+namespace dlpack {
+// The DLPack ABI (dlpack.h, v0.6, as torch 1.13 reads it).
+struct Device {
+  int32_t device_type;  // 1: CPU
+  int32_t device_id;
+};
+struct DataType {
+  uint8_t code;  // 0 int, 1 uint, 2 float, 4 bfloat, 5 complex
+  uint8_t bits;
+  uint16_t lanes;
+};
+struct Tensor {
+  void* data;
+  Device device;
+  int32_t ndim;
+  DataType dtype;
+  int64_t* shape;
+  int64_t* strides;
+  uint64_t byte_offset;
+};
+struct ManagedTensor {
+  Tensor dl_tensor;
+  void* manager_ctx;
+  void (*deleter)(ManagedTensor*);
+};
+
+// What a tensor made here owns.
+struct Owned {
+  ManagedTensor m{};
+  std::vector<int64_t> shape, strides;
+  void* data = nullptr;
+};
+
+void Delete(ManagedTensor* m) {
+  Owned* o = static_cast<Owned*>(m->manager_ctx);
+  std::free(o->data);
+  delete o;
+}
+
+// A capsule torch did not take ("dltensor" still) owns its tensor.
+void DeleteCapsule(PyObject* capsule) {
+  if (!PyCapsule_IsValid(capsule, "dltensor")) return;  // taken: "used_dltensor"
+  auto* m = static_cast<ManagedTensor*>(PyCapsule_GetPointer(capsule, "dltensor"));
+  if (m != nullptr && m->deleter != nullptr) m->deleter(m);
+}
+
+std::optional<DataType> TypeOf(DType d) {
+  switch (d) {
+    case DType::kF32: return DataType{2, 32, 1};
+    case DType::kF16: return DataType{2, 16, 1};
+    case DType::kBF16: return DataType{4, 16, 1};
+    case DType::kF64: return DataType{2, 64, 1};
+    case DType::kI8: return DataType{0, 8, 1};
+    case DType::kI16: return DataType{0, 16, 1};
+    case DType::kI32: return DataType{0, 32, 1};
+    case DType::kI64: return DataType{0, 64, 1};
+    case DType::kU8: return DataType{1, 8, 1};
+    case DType::kC64: return DataType{5, 64, 1};
+    case DType::kC128: return DataType{5, 128, 1};
+    default: return std::nullopt;
+  }
+}
+
+// The tensor (and where its bytes go in *dst), or None.
+py::object Empty(PyObject* from_dlpack, const LoadedItem& it, std::span<std::byte>* dst) {
+  const std::optional<DataType> type = TypeOf(it.dtype);
+  const uint32_t elem = DTypeSize(it.dtype);
+  if (!type || elem == 0 || it.shape.size() > 64) return py::none();
+  uint64_t count = 1;
+  for (uint64_t d : it.shape) {
+    if (d > (uint64_t{1} << 62) || (d != 0 && count > (uint64_t{1} << 62) / d)) return py::none();
+    count *= d;
+  }
+  if (count * elem != it.length_bytes) {
+    ThrowStatus(absl::DataLossError("item \"" + it.name + "\": its length does not match its dtype and shape"));
+  }
+  auto o = std::make_unique<Owned>();
+  const size_t bytes = std::max<size_t>(64, (it.length_bytes + 63) / 64 * 64);
+  o->data = std::aligned_alloc(64, bytes);
+  if (o->data == nullptr) throw std::bad_alloc();
+  o->shape.assign(it.shape.begin(), it.shape.end());
+  o->strides.resize(o->shape.size());
+  int64_t stride = 1;
+  for (size_t k = o->shape.size(); k-- > 0;) {
+    o->strides[k] = stride;
+    stride *= std::max<int64_t>(o->shape[k], 1);
+  }
+  o->m.dl_tensor = Tensor{o->data,     Device{1, 0}, static_cast<int32_t>(o->shape.size()), *type,
+                          o->shape.data(), o->strides.data(), 0};
+  o->m.manager_ctx = o.get();
+  o->m.deleter = &Delete;
+  PyObject* capsule = PyCapsule_New(&o->m, "dltensor", &DeleteCapsule);
+  CheckPy(capsule != nullptr);
+  std::byte* data = static_cast<std::byte*>(o->data);
+  o.release();  // the capsule's (then torch's) to free
+  PyObject* t = PyObject_CallOneArg(from_dlpack, capsule);
+  Py_DECREF(capsule);  // frees the tensor if torch did not take it
+  CheckPy(t != nullptr);
+  *dst = std::span(data, it.length_bytes);
+  return py::reinterpret_steal<py::object>(t);
+}
+}  // namespace dlpack
+
 class Unflattener {
  public:
   explicit Unflattener(const std::vector<LoadedItem>& items) : items_(&items), types_(Types()) {}
@@ -622,10 +737,19 @@ class Unflattener {
     dst_.resize(items_->size());
     leaf_.resize(items_->size());
     raw_.resize(items_->size());
+    tensor_.assign(items_->size(), false);
     for (size_t i = 0; i < items_->size(); ++i) {
       const LoadedItem& it = (*items_)[i];
       const std::string* kind = Kind(it);
       if (kind != nullptr && (*kind == "dict" || *kind == "list" || *kind == "tuple")) continue;
+      if (kind != nullptr && *kind == "torch" && types_.ImportTorch() && !types_.from_dlpack.is_none()) {
+        py::object t = dlpack::Empty(types_.from_dlpack.ptr(), it, &dst_[i]);
+        if (!t.is_none()) {
+          leaf_[i] = std::move(t);
+          tensor_[i] = true;
+          continue;
+        }
+      }
       const bool array_like =
           kind != nullptr ? (*kind == "torch" || *kind == "numpy" || *kind == "numpy_scalar")
                           : it.dtype != DType::kBytes;
@@ -803,6 +927,7 @@ class Unflattener {
         ThrowStatus(absl::FailedPreconditionError("this item was saved from torch, which is not installed"));
       }
       if (!leaf_[i]) return Fallback(i);
+      if (tensor_[i]) return leaf_[i];  // made through DLPack
       if (it.dtype == DType::kBF16) {
         py::object t = types_.from_numpy(leaf_[i].attr(types_.view)(NumpyDType(6)));  // int16
         return t.attr(types_.view)(types_.bfloat16);
@@ -854,7 +979,8 @@ class Unflattener {
   const std::vector<LoadedItem>* items_;
   PyTypes& types_;
   std::vector<std::span<std::byte>> dst_;
-  std::vector<py::object> leaf_;  // arrays allocated for array-like items
+  std::vector<py::object> leaf_;  // arrays (or tensors: tensor_) allocated for array-like items
+  std::vector<bool> tensor_;      // leaf_[i] is a torch tensor made through DLPack
   std::vector<std::string> raw_;  // bytes of the other items
   absl::flat_hash_map<std::string_view, Node> nodes_;
   std::vector<std::unique_ptr<Seq>> seqs_;

@@ -166,10 +166,11 @@ absl::StatusOr<std::unique_ptr<OpenedShard>> SendOpen(const std::shared_ptr<Clie
   CKPT_ASSIGN_OR_RETURN(std::shared_ptr<client::AgentSession> session, client::OpenSession(*core));
   req.set_session_id(session == nullptr ? std::string() : session->id());
   bool answered = false;
-  if (located == nullptr && skip_verify && session != nullptr && session->serves_opens()) {
+  if (located == nullptr && skip_verify && session != nullptr && session->serves_requests()) {
     // The local copy alone, on the session's connection: no gRPC round trip
     // (docs/agent.md "Client sessions"). A broken session falls back to gRPC.
-    absl::StatusOr<std::string> reply = session->OpenLocal(req.SerializeAsString(), core->options.load_timeout);
+    absl::StatusOr<std::string> reply =
+        session->Request("OPEN", req.SerializeAsString(), core->options.load_timeout);
     if (reply.ok()) {
       if (!resp->ParseFromString(*reply)) return absl::InternalError("OpenShard (session): unparsable answer");
       answered = true;

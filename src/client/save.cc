@@ -313,8 +313,8 @@ absl::StatusOr<SaveHandle> SaveBuilder::CommitItems(client::LazyState* progress,
   lease_req.set_run_id(o.run_id);
   lease_req.set_client_pid(static_cast<uint32_t>(::getpid()));
   // The lease lives as long as this client's session with the agent.
-  CKPT_ASSIGN_OR_RETURN(std::string session, client::SessionId(core));
-  lease_req.set_session_id(session);
+  CKPT_ASSIGN_OR_RETURN(std::shared_ptr<client::AgentSession> session, client::OpenSession(core));
+  lease_req.set_session_id(session == nullptr ? std::string() : session->id());
   v1::AcquireStagingLeaseResponse lease;
   // At most twice: once more if the agent asks for a coarser alignment than
   // we laid out with (then the shard may not fit the first lease).
@@ -323,9 +323,19 @@ absl::StatusOr<SaveHandle> SaveBuilder::CommitItems(client::LazyState* progress,
     lease_req.set_size_bytes(layout.size);
     *lease_req.mutable_base_steps() = {base_steps.begin(), base_steps.end()};
     v1::AcquireStagingLeaseResponse resp;
-    auto ctx = client::ContextWithTimeout(o.rpc_timeout);
-    absl::Status s = FromGrpc(core.agent->AcquireStagingLease(ctx.get(), lease_req, &resp),
-                              "AcquireStagingLease");
+    absl::Status s = absl::UnavailableError("not asked on the session");
+    if (session != nullptr && session->serves_requests()) {
+      // On the session's connection (no gRPC round trip); the agent says
+      // Unavailable when it would have to ask meta, and gRPC asks then.
+      absl::StatusOr<std::string> reply = session->Request("LEASE", lease_req.SerializeAsString(), o.rpc_timeout);
+      s = reply.status();
+      if (reply.ok() && !resp.ParseFromString(*reply)) s = absl::InternalError("lease (session): unparsable answer");
+      if (!s.ok() && !absl::IsUnavailable(s)) s = Annotate(s, "AcquireStagingLease (session)");
+    }
+    if (absl::IsUnavailable(s)) {
+      auto ctx = client::ContextWithTimeout(o.rpc_timeout);
+      s = FromGrpc(core.agent->AcquireStagingLease(ctx.get(), lease_req, &resp), "AcquireStagingLease");
+    }
     if (!s.ok() && absl::IsFailedPrecondition(s) && !base_steps.empty() && carried.empty() &&
         absl::StrContains(s.message(), "base version")) {
       // The agent no longer holds the base (evicted, restarted, another

@@ -101,7 +101,7 @@ absl::StatusOr<std::unique_ptr<AgentSession>> AgentSession::Greet(const std::str
     return absl::InternalError(absl::StrCat("malformed session reply from the agent: \"", lines[0], "\""));
   }
   s->id_ = head[1];
-  s->serves_opens_ = head.size() == 4;
+  s->serves_requests_ = head.size() == 4;
   for (size_t i = 0; i < count; ++i) {
     std::vector<std::string> f = absl::StrSplit(lines[i + 1], '\t');
     uint64_t bytes = 0;
@@ -114,8 +114,9 @@ absl::StatusOr<std::unique_ptr<AgentSession>> AgentSession::Greet(const std::str
   return s;
 }
 
-absl::StatusOr<std::string> AgentSession::OpenLocal(const std::string& request, absl::Duration timeout) const {
-  if (!serves_opens_) return absl::FailedPreconditionError("this agent takes no requests on its sessions");
+absl::StatusOr<std::string> AgentSession::Request(std::string_view kind, const std::string& request,
+                                                  absl::Duration timeout) const {
+  if (!serves_requests_) return absl::FailedPreconditionError("this agent takes no requests on its sessions");
   absl::MutexLock lock(&call_mu_);
   if (broken_) return absl::UnavailableError("the session broke off; open a new one");
   const absl::Time deadline = absl::Now() + timeout;
@@ -126,7 +127,9 @@ absl::StatusOr<std::string> AgentSession::OpenLocal(const std::string& request, 
     ::shutdown(fd_, SHUT_RDWR);
     return absl::UnavailableError(absl::StrCat("session request: ", why));
   };
-  const std::string m = absl::StrCat("OPEN\n", request);
+  std::string m(kind);
+  m += '\n';
+  m += request;
   if (::send(fd_, m.data(), m.size(), MSG_NOSIGNAL) != static_cast<ssize_t>(m.size())) {
     return fail(std::strerror(errno));
   }

@@ -10,18 +10,19 @@
 // a new id (the old session's leases died with it).
 //
 // A version-2 session (an agent that answers " open") also carries the
-// client's opens of its local copies (OpenLocal): one request at a time, on
-// the session's connection, with no gRPC round trip (docs/agent.md "Client
-// sessions").
+// client's staging leases and opens of its local copies (Request): one at a
+// time, on the session's connection, with no gRPC round trip (docs/agent.md
+// "Client sessions").
 //
 // Thread safety: immutable after Open, except Closed() which only polls and
-// OpenLocal, which callers may share (one request on the wire at a time).
+// Request, which callers may share (one request on the wire at a time).
 #pragma once
 
 #include <atomic>
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -54,14 +55,16 @@ class AgentSession {
   // broke off mid-reply. Never blocks.
   bool Closed() const;
 
-  // Whether the agent takes OpenLocal requests on this session.
-  bool serves_opens() const { return serves_opens_; }
-  // Sends a serialized OpenShardRequest (the local copy alone) on the
-  // session and returns the serialized OpenShardResponse. The agent's
-  // refusal comes back with its status code; Unavailable if the session
-  // broke or the agent did not answer within `timeout` (the session is then
-  // Closed(): a new one must be opened).
-  absl::StatusOr<std::string> OpenLocal(const std::string& request, absl::Duration timeout) const;
+  // Whether the agent takes requests on this session.
+  bool serves_requests() const { return serves_requests_; }
+  // Sends a request on the session and returns the serialized response:
+  // kind "OPEN" with a serialized OpenShardRequest (the local copy alone),
+  // "LEASE" with an AcquireStagingLeaseRequest. The agent's refusal comes
+  // back with its status code (Unavailable: ask over gRPC); Unavailable
+  // also if the session broke or the agent did not answer within `timeout`
+  // (the session is then Closed(): a new one must be opened).
+  absl::StatusOr<std::string> Request(std::string_view kind, const std::string& request,
+                                      absl::Duration timeout) const;
 
   // The session socket that belongs to an agent socket (same directory).
   static std::string SocketFor(const std::string& agent_socket);
@@ -74,7 +77,7 @@ class AgentSession {
   int fd_ = -1;
   std::string id_;
   std::vector<Pool> pools_;
-  bool serves_opens_ = false;
+  bool serves_requests_ = false;
   mutable absl::Mutex call_mu_;  // one request on the wire
   mutable std::atomic<bool> broken_{false};
 };

@@ -330,6 +330,9 @@ absl::StatusOr<LeaseGrant> Agent::AcquireLease(const LeaseRequest& req) {
     if (auto b = begun_.find(begun_key); b != begun_.end()) world_size = b->second;
     if (auto j = job_world_.find(req.job_id); !world_size && j != job_world_.end()) world_size = j->second;
   }
+  if (!world_size && req.without_meta) {
+    return absl::UnavailableError("this job's first lease on this node asks meta: use AcquireStagingLease");
+  }
   if (!world_size) {
     // First save of the job on this node: a read-only look-up at meta, so an
     // unknown job is the lease's error (no write, no fsync on this path).

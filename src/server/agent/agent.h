@@ -137,6 +137,10 @@ struct LeaseRequest {
   std::string session_id;
   // An incremental save's base versions: each must be held here (VALID).
   std::vector<uint64_t> base_steps;
+  // Asked on a session connection (SessionServer): Unavailable instead of
+  // a look-up at meta (the job's first lease here); the client asks again
+  // over gRPC.
+  bool without_meta = false;
 };
 
 struct LeaseGrant {

@@ -203,7 +203,6 @@ void SessionServer::Read(int fd) {
     return;
   }
   if (got < 0) return;
-  constexpr std::string_view kOpen = "OPEN\n";
   Request r;
   {
     CheckedLock lock(&mu_);
@@ -211,13 +210,18 @@ void SessionServer::Read(int fd) {
     // Anything else a greeted client sends is ignored (version 1: it sends
     // nothing after the hello).
     if (id == by_fd_.end() || !v2_.count(fd) || handler_ == nullptr) return;
+    const std::string_view m(read_buf_.data(), std::min(static_cast<size_t>(got), read_buf_.size()));
+    const size_t nl = m.find('\n');
+    const std::string_view kind = nl == std::string_view::npos ? std::string_view() : m.substr(0, nl);
     if (static_cast<size_t>(got) > kMaxRequestBytes) {
       r.error = absl::InvalidArgumentError(
           absl::StrCat("a session request is at most ", kMaxRequestBytes, " bytes; this one has ", got));
-    } else if (std::string_view(read_buf_.data(), static_cast<size_t>(got)).substr(0, kOpen.size()) != kOpen) {
-      r.error = absl::InvalidArgumentError("unknown session request: expected \"OPEN\\n\" and an OpenShardRequest");
+    } else if (kind != "OPEN" && kind != "LEASE") {
+      r.error = absl::InvalidArgumentError(
+          "unknown session request: expected \"OPEN\\n\" or \"LEASE\\n\" and the serialized request");
     } else {
-      r.body.assign(read_buf_.data() + kOpen.size(), static_cast<size_t>(got) - kOpen.size());
+      r.kind = std::string(kind);
+      r.body = std::string(m.substr(nl + 1));
     }
     if (requests_.size() >= 4 * options_.max_sessions) return;  // a flood: the client times out
     r.fd = ::fcntl(fd, F_DUPFD_CLOEXEC, 0);  // answered on its own descriptor: a hang-up may close `fd` first
@@ -266,7 +270,7 @@ void SessionServer::ServeRequests() {
     if (!r.error.ok()) {
       answer = r.error;
     } else if (handler != nullptr) {
-      answer = handler(r.session_id, r.body);
+      answer = handler(r.session_id, r.kind, r.body);
     }
     if (handler != nullptr) {
       CheckedLock lock(&mu_);

@@ -19,10 +19,11 @@
 // after which a version-1 client sends nothing; the agent only watches for
 // hang-up. " open" (to a version-2 hello, when a request handler is set)
 // says the client may send requests on the connection, one at a time:
-//   client -> agent   "OPEN\n" + a serialized ckpt.v1.OpenShardRequest
-//                     (one message, at most kMaxRequestBytes)
-//   agent -> client   "OK <bytes>\n", then the serialized OpenShardResponse
-//                     in messages of at most kReplyChunkBytes; or
+//   client -> agent   "<KIND>\n" + a serialized request (one message, at
+//                     most kMaxRequestBytes): KIND "OPEN", an OpenShardRequest;
+//                     "LEASE", an AcquireStagingLeaseRequest
+//   agent -> client   "OK <bytes>\n", then the serialized response (the
+//                     RPC's) in messages of at most kReplyChunkBytes; or
 //                     "ERR <absl status code> <message>\n"
 // docs/agent.md "Client sessions". A reply the client does not take within
 // Options::reply_timeout closes the connection.
@@ -63,10 +64,10 @@ class SessionServer {
  public:
   static constexpr size_t kMaxRequestBytes = 64 << 10;
   static constexpr size_t kReplyChunkBytes = 64 << 10;
-  // Answers one request of a session: the reply's payload, or an error
-  // (sent as "ERR").
-  using RequestHandler = std::function<absl::StatusOr<std::string>(const std::string& session_id,
-                                                                   std::string_view request)>;
+  // Answers one request ("OPEN" or "LEASE") of a session: the reply's
+  // payload, or an error (sent as "ERR").
+  using RequestHandler = std::function<absl::StatusOr<std::string>(
+      const std::string& session_id, std::string_view kind, std::string_view request)>;
   struct Options {
     std::string socket_path;
     absl::Duration grace = absl::Seconds(10);
@@ -91,7 +92,7 @@ class SessionServer {
   // Closes the socket and every session (without calling on_ended), joins.
   void Stop();
 
-  // Serves "OPEN" requests of version-2 sessions greeted from now on with
+  // Serves the requests of version-2 sessions greeted from now on with
   // `handler`; null stops serving them and waits for a call in progress.
   void SetRequestHandler(RequestHandler handler);
 
@@ -122,7 +123,8 @@ class SessionServer {
   struct Request {
     int fd = -1;  // a dup of the connection, closed once answered
     std::string session_id;
-    std::string body;  // after "OPEN\n"; empty with `error` set
+    std::string kind;  // "OPEN", "LEASE"
+    std::string body;  // after "<kind>\n"; empty with `error` set
     absl::Status error;
   };
 

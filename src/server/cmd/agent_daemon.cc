@@ -335,10 +335,12 @@ int Serve(const Settings& settings, const sigset_t& signals, const AgentFlavor& 
         return true;
       });
   rpc::AgentServiceImpl service(a, "none", settings.admin_token);
-  // Local clients open their own copies on their session connections too
-  // (no gRPC round trip on a restore's path: docs/agent.md).
-  a->SetSessionRequestHandler([&service](const std::string& session_id, std::string_view request) {
-    return service.OpenOnSession(session_id, request);
+  // Local clients take leases and open their own copies on their session
+  // connections too (no gRPC round trip on a save's or a restore's path:
+  // docs/agent.md "Client sessions").
+  a->SetSessionRequestHandler([&service](const std::string& session_id, std::string_view kind,
+                                          std::string_view request) {
+    return service.OnSession(session_id, kind, request);
   });
   daemon::WarnIfOpen(kProgram, settings.listen, settings.tls, !settings.admin_token.empty(),
                      "read every shard this node holds and evict or flush them");

@@ -48,6 +48,11 @@ grpc::Status AgentServiceImpl::Caller(const grpc::ServerContext& ctx, const char
 grpc::Status AgentServiceImpl::AcquireStagingLease(grpc::ServerContext* ctx, const v1::AcquireStagingLeaseRequest* req,
                                                    v1::AcquireStagingLeaseResponse* resp) {
   if (grpc::Status a = Caller(*ctx, "AcquireStagingLease"); !a.ok()) return a;
+  return LeaseChecked(req, /*without_meta=*/false, resp);
+}
+
+grpc::Status AgentServiceImpl::LeaseChecked(const v1::AcquireStagingLeaseRequest* req, bool without_meta,
+                                            v1::AcquireStagingLeaseResponse* resp) {
   // Checked here, before the agent reserves memory or begins the version at
   // meta: a step such as 2^64-1 would otherwise open a version that refuses
   // every later save of the job.
@@ -62,6 +67,7 @@ grpc::Status AgentServiceImpl::AcquireStagingLease(grpc::ServerContext* ctx, con
   r.ttl_ms = req->ttl_ms();
   r.session_id = req->session_id();
   r.base_steps.assign(req->base_steps().begin(), req->base_steps().end());
+  r.without_meta = without_meta;
   if (r.ttl_ms < 0) return Invalid("ttl_ms must not be negative");
   absl::StatusOr<agent::LeaseGrant> g = agent_->AcquireLease(r);
   if (!g.ok()) return ToGrpcStatus(g.status());
@@ -110,6 +116,26 @@ grpc::Status AgentServiceImpl::OpenShard(grpc::ServerContext* ctx, const v1::Ope
                                          v1::OpenShardResponse* resp) {
   if (grpc::Status a = Caller(*ctx, "OpenShard"); !a.ok()) return a;
   return OpenChecked(req, resp);
+}
+
+absl::StatusOr<std::string> AgentServiceImpl::OnSession(const std::string& session_id, std::string_view kind,
+                                                        std::string_view request) {
+  if (kind == "OPEN") return OpenOnSession(session_id, request);
+  if (kind == "LEASE") return LeaseOnSession(session_id, request);
+  return absl::InvalidArgumentError(absl::StrCat("unknown session request \"", std::string(kind), "\""));
+}
+
+absl::StatusOr<std::string> AgentServiceImpl::LeaseOnSession(const std::string& session_id,
+                                                             std::string_view request) {
+  v1::AcquireStagingLeaseRequest req;
+  if (!req.ParseFromArray(request.data(), static_cast<int>(request.size()))) {
+    return absl::InvalidArgumentError("the session request is not an AcquireStagingLeaseRequest");
+  }
+  req.set_session_id(session_id);  // the lease lives with this connection's session
+  v1::AcquireStagingLeaseResponse resp;
+  grpc::Status s = LeaseChecked(&req, /*without_meta=*/true, &resp);
+  if (!s.ok()) return absl::Status(static_cast<absl::StatusCode>(s.error_code()), s.error_message());
+  return resp.SerializeAsString();
 }
 
 absl::StatusOr<std::string> AgentServiceImpl::OpenOnSession(const std::string& session_id,

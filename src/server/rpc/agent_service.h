@@ -31,6 +31,13 @@ class AgentServiceImpl final : public v1::AgentService::Service {
   // expected shard, skip_verify), so that it answers quickly; the handle
   // belongs to that session. The serialized OpenShardResponse.
   absl::StatusOr<std::string> OpenOnSession(const std::string& session_id, std::string_view request);
+  // AcquireStagingLease for a request on session `session_id`'s connection:
+  // the lease belongs to that session; Unavailable instead of a look-up at
+  // meta (LeaseRequest::without_meta). The serialized response.
+  absl::StatusOr<std::string> LeaseOnSession(const std::string& session_id, std::string_view request);
+  // A session request of `kind` ("OPEN", "LEASE"): SessionServer::RequestHandler.
+  absl::StatusOr<std::string> OnSession(const std::string& session_id, std::string_view kind,
+                                        std::string_view request);
   grpc::Status CloseShard(grpc::ServerContext*, const v1::CloseShardRequest*, v1::CloseShardResponse*) override;
   grpc::Status DeliverShard(grpc::ServerContext*, const v1::DeliverShardRequest*, v1::DeliverShardResponse*) override;
   grpc::Status ReadShard(grpc::ServerContext*, const v1::ReadShardRequest*,
@@ -46,6 +53,8 @@ class AgentServiceImpl final : public v1::AgentService::Service {
 
  private:
   grpc::Status OpenChecked(const v1::OpenShardRequest* req, v1::OpenShardResponse* resp);
+  grpc::Status LeaseChecked(const v1::AcquireStagingLeaseRequest* req, bool without_meta,
+                            v1::AcquireStagingLeaseResponse* resp);
   // OK for the local socket's callers; on TCP, the admin token when set.
   grpc::Status Caller(const grpc::ServerContext& ctx, const char* rpc) const;
   // A PullSource with every field set (InvalidArgument naming `field`).

@@ -218,7 +218,9 @@ class SessionRequestTest : public ::testing::Test {
   }
   // Echoes "echo:<session>:<request>"; "big N" answers N bytes; "fail" is refused.
   void Serve() {
-    server_->SetRequestHandler([](const std::string& session, std::string_view req) -> absl::StatusOr<std::string> {
+    server_->SetRequestHandler([](const std::string& session, std::string_view kind,
+                                  std::string_view req) -> absl::StatusOr<std::string> {
+      if (kind != "OPEN") return absl::InvalidArgumentError(absl::StrCat("kind ", std::string(kind)));
       if (req == "fail") return absl::NotFoundError("no such shard\non two lines");
       if (req.substr(0, 4) == "big ") {
         std::string out(std::stoul(std::string(req.substr(4))), '\0');
@@ -260,26 +262,28 @@ TEST_F(SessionRequestTest, RequestsAreAnsweredInOrderOfAnySizeAndBadOnesRefusedW
   Serve();
   std::unique_ptr<AgentSession> s = Connect();
   ASSERT_NE(s, nullptr);
-  ASSERT_TRUE(s->serves_opens());
-  EXPECT_EQ(*s->OpenLocal("hello", absl::Seconds(5)), absl::StrCat("echo:", s->id(), ":hello"));
+  ASSERT_TRUE(s->serves_requests());
+  EXPECT_EQ(*s->Request("OPEN", "hello", absl::Seconds(5)), absl::StrCat("echo:", s->id(), ":hello"));
   // Replies larger than one message, at and around the chunk size.
   for (size_t n : {size_t{0}, SessionServer::kReplyChunkBytes - 1, SessionServer::kReplyChunkBytes,
                    SessionServer::kReplyChunkBytes + 1, size_t{5} << 20}) {
-    absl::StatusOr<std::string> big = s->OpenLocal(absl::StrCat("big ", n), absl::Seconds(30));
+    absl::StatusOr<std::string> big = s->Request("OPEN", absl::StrCat("big ", n), absl::Seconds(30));
     ASSERT_TRUE(big.ok()) << n << ": " << big.status();
     ASSERT_EQ(big->size(), n);
     for (size_t i = 0; i < n; i += 4099) ASSERT_EQ((*big)[i], static_cast<char>(i * 131 + 7)) << i;
   }
-  absl::StatusOr<std::string> refused = s->OpenLocal("fail", absl::Seconds(5));
+  absl::StatusOr<std::string> refused = s->Request("OPEN", "fail", absl::Seconds(5));
   EXPECT_EQ(refused.status().code(), absl::StatusCode::kNotFound);
   EXPECT_THAT(refused.status().message(), HasSubstr("no such shard"));
   EXPECT_FALSE(s->Closed());
-  EXPECT_EQ(*s->OpenLocal("again", absl::Seconds(5)), absl::StrCat("echo:", s->id(), ":again"));
+  EXPECT_EQ(*s->Request("OPEN", "again", absl::Seconds(5)), absl::StrCat("echo:", s->id(), ":again"));
   // Garbage and oversized requests on a raw version-2 connection.
   std::string hello;
   const int fd = RawSession("HELLO 2", &hello);
   EXPECT_THAT(hello, HasSubstr(" open\n"));
   EXPECT_THAT(Exchange(fd, std::string(16, '\0')), HasSubstr("ERR 3 unknown session request"));
+  EXPECT_THAT(Exchange(fd, "OPENX\nabc"), HasSubstr("ERR 3 unknown session request"));
+  EXPECT_THAT(Exchange(fd, "LEASE\nabc"), HasSubstr("ERR 3 kind LEASE"));  // the handler's refusal
   EXPECT_THAT(Exchange(fd, "OPEN\n" + std::string(SessionServer::kMaxRequestBytes, 'x')),
               HasSubstr("ERR 3 a session request is at most"));
   EXPECT_THAT(Exchange(fd, "OPEN\nraw"), HasSubstr("OK "));
@@ -288,14 +292,14 @@ TEST_F(SessionRequestTest, RequestsAreAnsweredInOrderOfAnySizeAndBadOnesRefusedW
   const int v1 = RawSession("HELLO 1", &hello);
   EXPECT_THAT(hello, ::testing::Not(HasSubstr("open")));
   ::close(v1);
-  EXPECT_EQ(*s->OpenLocal("still", absl::Seconds(5)), absl::StrCat("echo:", s->id(), ":still"));
+  EXPECT_EQ(*s->Request("OPEN", "still", absl::Seconds(5)), absl::StrCat("echo:", s->id(), ":still"));
   // Without a handler (or once it is cleared) a version-2 hello gets a
   // session without requests.
   server_->SetRequestHandler(nullptr);
   std::unique_ptr<AgentSession> plain = Connect();
   ASSERT_NE(plain, nullptr);
-  EXPECT_FALSE(plain->serves_opens());
-  EXPECT_EQ(plain->OpenLocal("x", absl::Seconds(1)).status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_FALSE(plain->serves_requests());
+  EXPECT_EQ(plain->Request("OPEN", "x", absl::Seconds(1)).status().code(), absl::StatusCode::kFailedPrecondition);
 }
 
 TEST_F(SessionRequestTest, AClientThatDoesNotTakeItsReplyLosesItsConnectionNotTheOthers) {
@@ -311,7 +315,7 @@ TEST_F(SessionRequestTest, AClientThatDoesNotTakeItsReplyLosesItsConnectionNotTh
   ASSERT_TRUE(Eventually([&] { return !server_->Open(id); }));
   std::unique_ptr<AgentSession> other = Connect();
   ASSERT_NE(other, nullptr);
-  EXPECT_EQ(*other->OpenLocal("fine", absl::Seconds(5)), absl::StrCat("echo:", other->id(), ":fine"));
+  EXPECT_EQ(*other->Request("OPEN", "fine", absl::Seconds(5)), absl::StrCat("echo:", other->id(), ":fine"));
   ::close(fd);
 }
 

@@ -618,7 +618,7 @@ class Flattener {
 // by LoadedShard::CopyItem (crc-checked) with the GIL released.
 // A fresh CPU tensor of `it`'s dtype and shape whose bytes the load then
 // writes, made through DLPack (a stable C interface: no link to libtorch):
-// one aligned allocation and one torch call per tensor, against a numpy
+// one allocation and one torch call per tensor, against a numpy
 // array and torch.from_numpy. The memory is freed when torch drops the
 // tensor. None if the dtype has no DLPack form torch 1.13 takes back as
 // the same dtype (bool, unsigned wider than 8 bits): numpy is used then.
@@ -699,8 +699,8 @@ py::object Empty(PyObject* from_dlpack, const LoadedItem& it, std::span<std::byt
     ThrowStatus(absl::DataLossError("item \"" + it.name + "\": its length does not match its dtype and shape"));
   }
   auto o = std::make_unique<Owned>();
-  const size_t bytes = std::max<size_t>(64, (it.length_bytes + 63) / 64 * 64);
-  o->data = std::aligned_alloc(64, bytes);
+  // malloc's alignment (16) is numpy's; memalign is several times slower.
+  o->data = std::malloc(std::max<size_t>(it.length_bytes, 1));
   if (o->data == nullptr) throw std::bad_alloc();
   o->shape.assign(it.shape.begin(), it.shape.end());
   o->strides.resize(o->shape.size());
@@ -1364,18 +1364,37 @@ class PyClient {
     keep.reserve(targets.size());
     std::map<std::string, std::span<std::byte>> spans;
     py::object fallback;
+    // (Attributes through the C API: a thousand tensors cost a few of these
+    // each, and pybind11's accessors double that.)
+    auto attr = [](PyObject* o, const py::str& name) {
+      PyObject* v = PyObject_GetAttr(o, name.ptr());
+      CheckPy(v != nullptr);
+      return py::reinterpret_steal<py::object>(v);
+    };
+    auto call = [&attr](PyObject* o, const py::str& name) {
+      py::object f = attr(o, name);
+      PyObject* v = PyObject_CallNoArgs(f.ptr());
+      CheckPy(v != nullptr);
+      return py::reinterpret_steal<py::object>(v);
+    };
     for (const auto& [name, target] : targets) {
       std::span<std::byte> span;
       bool done = false;
-      if (types.TorchLoaded() &&
-          PyObject_TypeCheck(target.ptr(), reinterpret_cast<PyTypeObject*>(types.tensor_type))) {
+      PyObject* t = target.ptr();
+      if (types.TorchLoaded() && PyObject_TypeCheck(t, reinterpret_cast<PyTypeObject*>(types.tensor_type))) {
         const TorchDType* dt = nullptr;
-        if (target.attr(types.is_cpu).ptr() == Py_True && target.attr(types.layout).ptr() == types.strided.ptr() &&
-            (dt = types.FindTorchDType(target.attr(types.dtype).ptr())) != nullptr &&
-            target.attr(types.is_contiguous)().ptr() == Py_True) {
+        if (attr(t, types.is_cpu).ptr() == Py_True && attr(t, types.layout).ptr() == types.strided.ptr() &&
+            (dt = types.FindTorchDType(attr(t, types.dtype).ptr())) != nullptr &&
+            call(t, types.is_contiguous).ptr() == Py_True) {
           uint64_t elements = 1;
-          for (py::handle d : py::reinterpret_borrow<py::tuple>(target.attr(types.shape))) elements *= d.cast<uint64_t>();
-          auto* data = static_cast<std::byte*>(PyLong_AsVoidPtr(target.attr(types.data_ptr)().ptr()));
+          py::object shape = attr(t, types.shape);
+          CheckPy(PyTuple_Check(shape.ptr()));
+          for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(shape.ptr()); ++k) {
+            const unsigned long long d = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(shape.ptr(), k));
+            CheckPy(!PyErr_Occurred());
+            elements *= d;
+          }
+          auto* data = static_cast<std::byte*>(PyLong_AsVoidPtr(call(t, types.data_ptr).ptr()));
           CheckPy(!PyErr_Occurred());
           span = std::span(data, elements * dt->size);
           keep.push_back(py::reinterpret_borrow<py::object>(target));
@@ -1394,7 +1413,13 @@ class PyClient {
         views.emplace_back(fallback(name, target));
         span = views.back().bytes();
       }
-      spans.emplace(name.cast<std::string>(), span);
+      Py_ssize_t n = 0;
+      const char* utf8 = PyUnicode_Check(name.ptr()) ? PyUnicode_AsUTF8AndSize(name.ptr(), &n) : nullptr;
+      if (utf8 == nullptr) {
+        PyErr_Clear();
+        ThrowStatus(absl::InvalidArgumentError("load_into: target names must be str"));
+      }
+      spans.emplace_hint(spans.end(), std::string(utf8, static_cast<size_t>(n)), span);
     }
     absl::Status status;
     {

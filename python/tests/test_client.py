@@ -66,6 +66,20 @@ def test_round_trip_every_type_and_dtype(cluster, job):
     assert_same(expected, back)
 
 
+def test_leases_and_opens_go_over_the_session(cluster, job):
+    """A client's staging leases (all but the job's first on the node, which
+    asks meta) and the opens of its local copies go on its session
+    connection, not gRPC (docs/agent.md "Client sessions")."""
+    c = cluster.client(job)
+    before = cluster.metric(0, "ckpt_agent_session_requests_total")
+    state = {"w": np.arange(1000, dtype=np.float32)}
+    for step in (1, 2, 3):
+        c.save(step, state).wait("staged", timeout=60)
+        assert np.array_equal(c.load(step)["w"], state["w"])
+    # 2 leases (the first asks meta, over gRPC) and 3 opens, at least.
+    assert cluster.metric(0, "ckpt_agent_session_requests_total") - before >= 5
+
+
 def test_nested_names_are_paths(cluster, job):
     c = cluster.client(job)
     c.save(1, {"model": {"layer.0": {"weight": np.ones(3, np.float32)}}}).wait("staged", timeout=30)

@@ -291,7 +291,16 @@ class Agent : private MetaSession::Delegate {
   // (SessionServer::SetRequestHandler; the daemon gives the RPC service's
   // local open). No-op without a session socket.
   void SetSessionRequestHandler(SessionServer::RequestHandler handler) {
-    if (sessions_) sessions_->SetRequestHandler(std::move(handler));
+    if (!sessions_) return;
+    if (handler == nullptr) {
+      sessions_->SetRequestHandler(nullptr);
+      return;
+    }
+    sessions_->SetRequestHandler([this, h = std::move(handler)](const std::string& session, std::string_view kind,
+                                                                std::string_view request) {
+      metrics_.session_requests->Increment();
+      return h(session, kind, request);
+    });
   }
 
  private:

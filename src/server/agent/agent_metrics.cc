@@ -48,6 +48,9 @@ AgentMetrics::AgentMetrics(MetricsRegistry& m)
                                 "timeout, token or crc mismatch)")),
       delivered_bytes(&m.AddCounter("ckpt_agent_delivered_bytes_total",
                                     "Restored shard bytes a DPU agent wrote into clients' staging memory")),
+      session_requests(&m.AddCounter("ckpt_agent_session_requests_total",
+                                     "Staging leases and local opens clients asked for on their session connections "
+                                     "(no gRPC call), answered or refused")),
       used(&m.AddGauge("ckpt_agent_memory_used_bytes", "Memory-tier bytes in use (holdings and leases)")),
       free(&m.AddGauge("ckpt_agent_memory_free_bytes", "Memory-tier bytes free")),
       leased(&m.AddGauge("ckpt_agent_memory_leased_bytes", "Memory-tier bytes reserved by open staging leases")),

@@ -40,6 +40,7 @@ struct AgentMetrics {
   Counter* pull_seconds;
   Counter* pull_errors;
   Counter* delivered_bytes;  // restores written into clients' staging memory
+  Counter* session_requests;  // leases and opens asked on session connections
   Gauge* used;
   Gauge* free;
   Gauge* leased;

@@ -5,6 +5,7 @@
 // (client::AgentSession); time is a FakeClock, waits on the server's thread
 // are bounded.
 #include <grp.h>
+#include <poll.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -13,6 +14,7 @@
 #include <unistd.h>
 
 #include <cstring>
+#include <thread>
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -317,6 +319,50 @@ TEST_F(SessionRequestTest, AClientThatDoesNotTakeItsReplyLosesItsConnectionNotTh
   ASSERT_NE(other, nullptr);
   EXPECT_EQ(*other->Request("OPEN", "fine", absl::Seconds(5)), absl::StrCat("echo:", other->id(), ":fine"));
   ::close(fd);
+}
+
+// An agent from before session requests refuses "HELLO 2" (it took only
+// "HELLO 1"): the client greets it again with version 1 and asks nothing on
+// that session (gRPC for everything). The old agent is a stand-in thread.
+TEST(SessionFallbackTest, AnOlderAgentIsGreetedAgainWithVersion1) {
+  absl::StatusOr<TempDir> dir = TempDir::Create();
+  ASSERT_TRUE(dir.ok());
+  const std::string path = dir->path() + "/session.sock";
+  const int l = ::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::strncpy(addr.sun_path, path.c_str(), sizeof(addr.sun_path) - 1);
+  ASSERT_EQ(::bind(l, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  ASSERT_EQ(::listen(l, 4), 0);
+  std::vector<std::string> hellos;
+  std::vector<int> kept;
+  std::thread old([&] {
+    for (int i = 0; i < 2; ++i) {
+      pollfd p{l, POLLIN, 0};
+      if (::poll(&p, 1, 10000) <= 0) return;  // bounded: the client connects twice
+      const int c = ::accept(l, nullptr, nullptr);
+      char buf[512];
+      const ssize_t n = ::recv(c, buf, sizeof(buf), 0);
+      hellos.emplace_back(buf, static_cast<size_t>(std::max<ssize_t>(n, 0)));
+      const bool v1 = hellos.back().rfind("HELLO 1", 0) == 0;
+      const std::string reply = v1 ? "OK 0123abcd 0\n" : "ERR expected \"HELLO 1 [session-id]\"\n";
+      ::send(c, reply.data(), reply.size(), MSG_NOSIGNAL);
+      if (v1) {
+        kept.push_back(c);
+      } else {
+        ::close(c);
+      }
+    }
+  });
+  absl::StatusOr<std::unique_ptr<AgentSession>> s = AgentSession::Open(path, "", absl::Seconds(5));
+  old.join();
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_EQ((*s)->id(), "0123abcd");
+  EXPECT_FALSE((*s)->serves_requests());
+  EXPECT_EQ((*s)->Request("OPEN", "x", absl::Seconds(1)).status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(hellos, ::testing::ElementsAre("HELLO 2", "HELLO 1"));
+  for (int c : kept) ::close(c);
+  ::close(l);
 }
 
 // --socket-group (issue 17): the session server asks the kernel who is

@@ -80,6 +80,31 @@ def test_leases_and_opens_go_over_the_session(cluster, job):
     assert cluster.metric(0, "ckpt_agent_session_requests_total") - before >= 5
 
 
+def test_bad_session_requests_get_clear_errors_and_lose_nothing(cluster, job):
+    """Garbage, empty requests, an unknown kind and an oversized request on a
+    version-2 session of the real agent: each answered `ERR 3 <why>`; the
+    agent, the connection and the client's state live on."""
+    c = cluster.client(job)
+    state = {"w": np.arange(10, dtype=np.float32)}
+    c.save(1, state).wait("staged", timeout=60)
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    s.settimeout(10)
+    s.connect(str(cluster.socket.parent / "session.sock"))
+    s.send(b"HELLO 2")
+    assert s.recvmsg(4096, 1024)[0].split(b"\n")[0].endswith(b" open")
+    for request, why in ((b"OPEN\n\xff\xfe garbage", b"not an OpenShardRequest"),
+                         (b"LEASE\n\xff\xfe garbage", b"not an AcquireStagingLeaseRequest"),
+                         (b"OPEN\n", b"the local copy alone"),
+                         (b"LEASE\n", b"job id"),
+                         (b"NOPE\nx", b"unknown session request"),
+                         (b"OPEN\n" + b"x" * 70000, b"at most 65536 bytes")):
+        s.send(request)
+        reply = s.recv(1 << 16)
+        assert reply.startswith(b"ERR 3 ") and why in reply, (request[:12], reply)
+    s.close()
+    assert np.array_equal(c.load(1)["w"], state["w"])
+
+
 def test_nested_names_are_paths(cluster, job):
     c = cluster.client(job)
     c.save(1, {"model": {"layer.0": {"weight": np.ones(3, np.float32)}}}).wait("staged", timeout=30)

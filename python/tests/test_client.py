@@ -94,7 +94,7 @@ def test_bad_session_requests_get_clear_errors_and_lose_nothing(cluster, job):
     assert s.recvmsg(4096, 1024)[0].split(b"\n")[0].endswith(b" open")
     for request, why in ((b"OPEN\n\xff\xfe garbage", b"not an OpenShardRequest"),
                          (b"LEASE\n\xff\xfe garbage", b"not an AcquireStagingLeaseRequest"),
-                         (b"OPEN\n", b"the local copy alone"),
+                         (b"OPEN\n", b"job id"),
                          (b"LEASE\n", b"job id"),
                          (b"NOPE\nx", b"unknown session request"),
                          (b"OPEN\n" + b"x" * 70000, b"at most 65536 bytes")):

@@ -54,6 +54,10 @@ struct OpenedShard {
   std::string handle_id;
   v1::ShardInfo shard;              // key, size, crc, digest (items left out)
   std::vector<ManifestItem> items;  // the manifest, in offset order, validated (Load moves it out)
+  // Instead of `items`: the packed manifest as the agent sent it, when the
+  // caller asked for it (FinishOpen's keep_packed) and it is the committed
+  // one without references (checked: every item inside the shard).
+  std::string packed;
   ServedFrom served_from = ServedFrom::kUnknown;
   bool verified = false;
   std::vector<std::shared_ptr<client::MappedFile>> files;
@@ -166,16 +170,18 @@ absl::StatusOr<std::unique_ptr<OpenedShard>> SendOpen(const std::shared_ptr<Clie
   CKPT_ASSIGN_OR_RETURN(std::shared_ptr<client::AgentSession> session, client::OpenSession(*core));
   req.set_session_id(session == nullptr ? std::string() : session->id());
   bool answered = false;
-  if (located == nullptr && skip_verify && session != nullptr && session->serves_requests()) {
+  if (located == nullptr && session != nullptr && session->serves_requests()) {
     // The local copy alone, on the session's connection: no gRPC round trip
-    // (docs/agent.md "Client sessions"). A broken session falls back to gRPC.
+    // (docs/agent.md "Client sessions"). gRPC when the session is broken or
+    // the agent does not verify this copy there (a large one: Unavailable;
+    // an agent of 2026-11-27 verifies none: InvalidArgument).
     absl::StatusOr<std::string> reply =
         session->Request("OPEN", req.SerializeAsString(), core->options.load_timeout);
     if (reply.ok()) {
       if (!resp->ParseFromString(*reply)) return absl::InternalError("OpenShard (session): unparsable answer");
       answered = true;
-    } else if (getenv("CKPT_DBG") && (fprintf(stderr, "DBG session open: %s\n", reply.status().ToString().c_str()), false)) {
-    } else if (!absl::IsUnavailable(reply.status())) {
+    } else if (!absl::IsUnavailable(reply.status()) &&
+               !(!skip_verify && absl::IsInvalidArgument(reply.status()))) {
       return Annotate(reply.status(), "OpenShard (session)");
     }
   }
@@ -221,7 +227,7 @@ absl::Status Deliver(ClientCore& core, const std::string& token, OpenedShard& op
 // overlaps) before any view is built on it; then the regions are mapped
 // read-only.
 absl::Status FinishOpen(ClientCore& core, const v1::LocateResponse* located, v1::OpenShardResponse& resp,
-                        OpenedShard& opened) {
+                        OpenedShard& opened, bool keep_packed) {
   static const v1::LocateResponse kNone;
   const v1::LocateResponse& want = located != nullptr ? *located : kNone;
   if (located == nullptr && !resp.has_shard()) return absl::InternalError("OpenShard returned no shard");
@@ -235,11 +241,30 @@ absl::Status FinishOpen(ClientCore& core, const v1::LocateResponse* located, v1:
               ServedFromName(FromProto(f.source().kind())), f.status().message());
   }
   const uint64_t digest = opened.shard.manifest_digest();
-  if (!resp.manifest().empty()) {
-    if (ManifestDigestOfEncoding(resp.manifest()) != digest) {
-      return absl::DataLossError(absl::StrCat("OpenShard returned a manifest that does not match its digest ",
-                                              absl::Hex(digest, absl::kZeroPad16)));
-    }
+  // A packed manifest that hashes to the version's digest is the very one the
+  // agent validated at commit: only what the views rely on (every item inside
+  // the shard) is checked again. Anything else is validated in full. (The
+  // local copy opened before meta answered is used only if its digest is the
+  // version's: UseLocal.)
+  const bool committed = !resp.manifest().empty() && digest != 0 &&
+                         (located == nullptr || digest == located->shard().manifest_digest());
+  if (!resp.manifest().empty() && ManifestDigestOfEncoding(resp.manifest()) != digest) {
+    return absl::DataLossError(absl::StrCat("OpenShard returned a manifest that does not match its digest ",
+                                            absl::Hex(digest, absl::kZeroPad16)));
+  }
+  if (keep_packed && committed && !PackedHasRefs(resp.manifest())) {
+    const uint64_t size = opened.shard.size_bytes();
+    absl::Status inside = ForEachPackedItem(resp.manifest(), [size](const PackedItem& it) {
+      if (it.offset_bytes > size || it.length_bytes > size - it.offset_bytes) {
+        return absl::InvalidArgumentError(absl::StrCat("item ", QuoteForMessage(it.name), " [", it.offset_bytes,
+                                                       ", +", it.length_bytes, ") lies outside the shard of ",
+                                                       size, " bytes"));
+      }
+      return absl::OkStatus();
+    });
+    if (!inside.ok()) return absl::InternalError(absl::StrCat("OpenShard returned a bad manifest: ", inside.message()));
+    opened.packed = std::move(*resp.mutable_manifest());
+  } else if (!resp.manifest().empty()) {
     absl::StatusOr<std::vector<ManifestItem>> items = DecodeManifest(resp.manifest());
     if (!items.ok()) {
       return absl::InternalError(absl::StrCat("OpenShard returned a bad manifest: ", items.status().message()));
@@ -256,15 +281,9 @@ absl::Status FinishOpen(ClientCore& core, const v1::LocateResponse* located, v1:
         absl::Hex(digest, absl::kZeroPad16), ") differs from the version's (",
         absl::Hex(want.shard().manifest_digest(), absl::kZeroPad16), ")"));
   }
-  // A packed manifest that hashes to the version's digest is the very one the
-  // agent validated at commit: only what the views rely on (every item inside
-  // the shard) is checked again. Anything else is validated in full. (The
-  // local copy opened before meta answered is used only if its digest is the
-  // version's: UseLocal.)
-  const bool committed = !resp.manifest().empty() && digest != 0 &&
-                         (located == nullptr || digest == located->shard().manifest_digest());
-  const absl::Status valid = committed ? ItemsInside(opened.items, opened.shard.size_bytes())
-                                       : ValidateManifest(opened.items, opened.shard.size_bytes());
+  const absl::Status valid = !opened.packed.empty() ? absl::OkStatus()
+                             : committed           ? ItemsInside(opened.items, opened.shard.size_bytes())
+                                                   : ValidateManifest(opened.items, opened.shard.size_bytes());
   if (!valid.ok()) {
     return absl::InternalError(absl::StrCat("OpenShard returned a bad manifest: ", valid.message()));
   }
@@ -281,11 +300,12 @@ absl::Status FinishOpen(ClientCore& core, const v1::LocateResponse* located, v1:
 
 // OpenShard with Locate's answer, finished.
 absl::StatusOr<std::unique_ptr<OpenedShard>> Open(const std::shared_ptr<ClientCore>& core,
-                                                  const v1::LocateResponse& located, bool skip_verify) {
+                                                  const v1::LocateResponse& located, bool skip_verify,
+                                                  bool keep_packed) {
   v1::OpenShardResponse resp;
   CKPT_ASSIGN_OR_RETURN(std::unique_ptr<OpenedShard> opened,
                         SendOpen(core, located.shard().key().step(), &located, skip_verify, &resp));
-  CKPT_RETURN_IF_ERROR(FinishOpen(*core, &located, resp, *opened));
+  CKPT_RETURN_IF_ERROR(FinishOpen(*core, &located, resp, *opened, keep_packed));
   return opened;
 }
 
@@ -358,7 +378,7 @@ std::unique_ptr<OpenedShard> UseLocal(const std::shared_ptr<ClientCore>& core, c
 // and every source go to the agent, which fetches the shard from the next
 // one.
 absl::StatusOr<std::unique_ptr<OpenedShard>> OpenBestNow(const std::shared_ptr<ClientCore>& core, uint64_t step,
-                                                         bool skip_verify) {
+                                                         bool skip_verify, bool keep_packed) {
   CKPT_RETURN_IF_ERROR(ValidateStep(step));
   v1::LocateResponse located;
   {
@@ -366,8 +386,8 @@ absl::StatusOr<std::unique_ptr<OpenedShard>> OpenBestNow(const std::shared_ptr<C
     v1::OpenShardResponse resp;
     absl::StatusOr<std::unique_ptr<OpenedShard>> local = SendOpen(core, step, nullptr, skip_verify, &resp);
     absl::Status finished = local.status();
-    if (local.ok()) finished = FinishOpen(*core, nullptr, resp, **local);
-    CKPT_ASSIGN_OR_RETURN(located, locate.Wait());  // a version meta does not serve: its error
+    if (local.ok()) finished = FinishOpen(*core, nullptr, resp, **local, keep_packed);
+    CKPT_ASSIGN_OR_RETURN(located, locate.Wait());
     if (std::unique_ptr<OpenedShard> opened = UseLocal(core, located, local, finished); opened != nullptr) {
       return opened;
     }
@@ -377,7 +397,7 @@ absl::StatusOr<std::unique_ptr<OpenedShard>> OpenBestNow(const std::shared_ptr<C
     }
   }
   CKPT_ASSIGN_OR_RETURN(located, Locate(*core, step, /*omit_items=*/false));
-  return Open(core, located, skip_verify);
+  return Open(core, located, skip_verify, keep_packed);
 }
 
 // OpenBestNow, and, in a job of one rank, once more when meta does not serve
@@ -388,8 +408,8 @@ absl::StatusOr<std::unique_ptr<OpenedShard>> OpenBestNow(const std::shared_ptr<C
 // ranks the version also waits for the others: their loads say so at once
 // (wait for the version first, e.g. SaveHandle::Wait).
 absl::StatusOr<std::unique_ptr<OpenedShard>> OpenBest(const std::shared_ptr<ClientCore>& core, uint64_t step,
-                                                      bool skip_verify) {
-  absl::StatusOr<std::unique_ptr<OpenedShard>> opened = OpenBestNow(core, step, skip_verify);
+                                                      bool skip_verify, bool keep_packed = false) {
+  absl::StatusOr<std::unique_ptr<OpenedShard>> opened = OpenBestNow(core, step, skip_verify, keep_packed);
   const absl::Status& s = opened.status();
   if (opened.ok() || core->options.world_size != 1 || !(absl::IsNotFound(s) || absl::IsFailedPrecondition(s)) ||
       !absl::StartsWith(s.message(), "Locate: ")) {
@@ -398,7 +418,7 @@ absl::StatusOr<std::unique_ptr<OpenedShard>> OpenBest(const std::shared_ptr<Clie
   const absl::Time grace_end = core->GraceEnd(step);
   if (absl::Now() >= grace_end) return opened;
   if (!WaitForVersion(*core, step, Level::kStaged, grace_end, grace_end).ok()) return opened;
-  return OpenBestNow(core, step, skip_verify);
+  return OpenBestNow(core, step, skip_verify, keep_packed);
 }
 
 // The versions an incremental shard's references point to, opened (this
@@ -447,13 +467,13 @@ absl::StatusOr<Bases> OpenBases(const std::shared_ptr<ClientCore>& core, const O
 // saving incrementally against the version it restored. (The shard and the
 // versions it refers to were just opened through the local agent, which
 // keeps copies of them: the next save's lease finds them there.)
-void AdoptAsBase(ClientCore& core, uint64_t step, const std::vector<ManifestItem>& items) {
+void AdoptAsBase(ClientCore& core, uint64_t step, const OpenedShard& opened) {
   {
     absl::MutexLock lock(&core.base_mu);
     if (core.base && core.base->step >= step) return;
   }
   auto commit = std::make_shared<v1::CommitShardRequest>();
-  commit->set_manifest(EncodeManifest(items));
+  commit->set_manifest(opened.packed.empty() ? EncodeManifest(opened.items) : opened.packed);
   absl::MutexLock lock(&core.base_mu);
   if (core.base && core.base->step >= step) return;
   core.base = SavedBase{step, std::move(commit), nullptr};
@@ -595,10 +615,27 @@ void LoadedShard::CloseInBackground() {
 absl::StatusOr<LoadedShard> Client::Load(uint64_t step, const LoadOptions& options) const {
   CKPT_RETURN_IF_ERROR(core_->CheckProcess());
   core_->WaitSaves();  // this client's own saves first (lazy ones included)
-  CKPT_ASSIGN_OR_RETURN(std::unique_ptr<OpenedShard> opened, OpenBest(core_, step, !options.verify));
+  CKPT_ASSIGN_OR_RETURN(std::unique_ptr<OpenedShard> opened, OpenBest(core_, step, !options.verify, /*keep_packed=*/true));
   auto impl = std::make_unique<LoadedShard::Impl>();
   CKPT_ASSIGN_OR_RETURN(impl->bases, OpenBases(core_, *opened, !options.verify));
-  AdoptAsBase(*core_, step, opened->items);
+  AdoptAsBase(*core_, step, *opened);
+  if (!opened->packed.empty()) {
+    // Straight from the agent's packed manifest (no references: checked).
+    impl->items.reserve(PackedItemCount(opened->packed));
+    const absl::Status s = ForEachPackedItem(opened->packed, [&](const PackedItem& it) {
+      LoadedItem& item = impl->items.emplace_back();
+      item.name = it.name;
+      item.dtype = static_cast<DType>(it.dtype);
+      item.shape = it.Shape();
+      item.offset_bytes = it.offset_bytes;
+      item.length_bytes = it.length_bytes;
+      item.crc32c = it.crc32c;
+      if (it.attribute_count > 0) item.attributes = it.Attributes();
+      item.step = step;
+      return absl::OkStatus();
+    });
+    if (!s.ok()) return absl::InternalError(absl::StrCat("the packed manifest: ", s.message()));  // read before
+  }
   impl->items.reserve(opened->items.size());
   for (ManifestItem& it : opened->items) {
     LoadedItem item;
@@ -631,7 +668,7 @@ absl::Status Client::LoadInto(uint64_t step,
   // and falls back to the other sources.
   std::string first_mismatch;
   for (int attempt = 0; attempt < 2; ++attempt) {
-    absl::StatusOr<std::unique_ptr<OpenedShard>> opened = OpenBest(core_, step, /*skip_verify=*/attempt == 0);
+    absl::StatusOr<std::unique_ptr<OpenedShard>> opened = OpenBest(core_, step, /*skip_verify=*/attempt == 0, /*keep_packed=*/true);
     if (!opened.ok()) {
       if (attempt == 0) return opened.status();
       return absl::Status(opened.status().code(),
@@ -641,40 +678,54 @@ absl::Status Client::LoadInto(uint64_t step,
     }
     absl::StatusOr<Bases> bases = OpenBases(core_, **opened, /*skip_verify=*/attempt == 0);
     if (!bases.ok()) return bases.status();
-    const std::vector<ManifestItem>& items = (*opened)->items;
-    // Resolve and check every buffer before copying anything.
-    std::vector<std::pair<const ManifestItem*, std::span<std::byte>>> plan;
-    plan.reserve(buffers.size());
-    {
-      absl::flat_hash_map<std::string_view, const ManifestItem*> by_name;
-      by_name.reserve(items.size());
-      for (const ManifestItem& it : items) by_name.emplace(it.name, &it);
-      for (const auto& [name, buf] : buffers) {
-        auto it = by_name.find(name);
-        if (it == by_name.end()) {
-          return absl::NotFoundError(
-              absl::StrCat("no item ", QuoteForMessage(name), " in ", what));
-        }
-        if (buf.size() != it->second->length_bytes) {
-          return absl::InvalidArgumentError(
-              absl::StrCat("buffer for item ", QuoteForMessage(name), " is ", buf.size(),
-                           " bytes, the item is ", it->second->length_bytes));
-        }
-        plan.emplace_back(it->second, buf);
+    // Where each item's bytes are, by name (views into the manifest).
+    struct Where {
+      std::string_view name;
+      uint64_t offset_bytes;
+      uint64_t length_bytes;
+      uint32_t crc32c;
+      std::optional<uint64_t> ref_step;
+    };
+    absl::flat_hash_map<std::string_view, Where> by_name;
+    if (!(*opened)->packed.empty()) {
+      by_name.reserve(PackedItemCount((*opened)->packed));
+      const absl::Status s = ForEachPackedItem((*opened)->packed, [&](const PackedItem& it) {
+        by_name.emplace(it.name, Where{it.name, it.offset_bytes, it.length_bytes, it.crc32c, it.ref_step});
+        return absl::OkStatus();
+      });
+      if (!s.ok()) return absl::InternalError(absl::StrCat("the packed manifest: ", s.message()));  // read before
+    } else {
+      by_name.reserve((*opened)->items.size());
+      for (const ManifestItem& it : (*opened)->items) {
+        by_name.emplace(it.name, Where{it.name, it.offset_bytes, it.length_bytes, it.crc32c, it.ref_step});
       }
+    }
+    // Resolve and check every buffer before copying anything.
+    std::vector<std::pair<const Where*, std::span<std::byte>>> plan;
+    plan.reserve(buffers.size());
+    for (const auto& [name, buf] : buffers) {
+      auto it = by_name.find(name);
+      if (it == by_name.end()) {
+        return absl::NotFoundError(absl::StrCat("no item ", QuoteForMessage(name), " in ", what));
+      }
+      if (buf.size() != it->second.length_bytes) {
+        return absl::InvalidArgumentError(absl::StrCat("buffer for item ", QuoteForMessage(name), " is ",
+                                                       buf.size(), " bytes, the item is ", it->second.length_bytes));
+      }
+      plan.emplace_back(&it->second, buf);
     }
     std::string mismatch;
     for (const auto& [item, buf] : plan) {
       const uint32_t crc = client::CopyFromShard(RegionsFor(**opened, *bases, item->ref_step), item->offset_bytes, buf);
       if (crc != item->crc32c) {
-        mismatch = ItemMismatch(item->name, item->crc32c, crc);
+        mismatch = ItemMismatch(std::string(item->name), item->crc32c, crc);
         break;
       }
     }
     (*opened)->CloseInBackground();
     for (auto& [base_step, base] : *bases) base->CloseInBackground();
     if (mismatch.empty()) {
-      AdoptAsBase(*core_, step, items);
+      AdoptAsBase(*core_, step, **opened);
       return absl::OkStatus();
     }
     if (attempt == 1) {

@@ -494,8 +494,16 @@ absl::StatusOr<SaveHandle> SaveBuilder::CommitItems(client::LazyState* progress,
   }
 
   core.last_save_items.store(items_.size(), std::memory_order_relaxed);
+  // The builder's bookkeeping (a name, shape and attributes per item) is
+  // freed by the committer, after Commit returned, when it sends in the
+  // background; here otherwise.
+  struct Spent {
+    std::vector<Item> items;
+    std::unique_ptr<Names> names;
+  };
+  auto spent = std::make_shared<Spent>(Spent{std::move(items_), std::move(names_)});
   items_.clear();
-  names_->set.clear();
+  names_ = std::make_unique<Names>();
   base.reset();  // `carried` pointed into it
   carried.clear();
   auto remember = [&core, step = step_](absl::Time at) {
@@ -509,6 +517,7 @@ absl::StatusOr<SaveHandle> SaveBuilder::CommitItems(client::LazyState* progress,
   // the commits queued before it (its base), never for this one.
   client::AwaitEarlierCommits(earlier);
   if (!background) {
+    spent.reset();
     CKPT_RETURN_IF_ERROR(SendCommit(core, request, shard_crc, step_, std::move(hashes)));
     const absl::Time now = absl::Now();
     remember(now);
@@ -521,8 +530,9 @@ absl::StatusOr<SaveHandle> SaveBuilder::CommitItems(client::LazyState* progress,
   remember(now);
   auto result = std::make_shared<client::CommitResult>();
   auto send = [&core, request, result, shard_crc, step = step_, hashes = std::move(hashes),
-               staging = std::move(staging)]() mutable {
+               staging = std::move(staging), spent = std::move(spent)]() mutable {
     result->status = SendCommit(core, request, shard_crc, step, std::move(hashes));
+    spent.reset();
     staging.reset();  // the agent has read it (or the lease is gone)
     if (!result->status.ok()) {
       log::Warn("commit of {}/{} rank {} failed: {}", core.options.job_id, step, core.options.rank,

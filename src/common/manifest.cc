@@ -360,7 +360,60 @@ uint64_t ManifestDigest(std::span<const ManifestItem> items) {
   return ManifestDigestOfEncoding(EncodeManifest(items));
 }
 
-absl::StatusOr<std::vector<ManifestItem>> DecodeManifest(std::string_view encoded) {
+namespace {
+
+uint64_t LoadU64(const char* p) {
+  uint64_t v = 0;
+  for (int i = 0; i < 8; ++i) v |= static_cast<uint64_t>(static_cast<unsigned char>(p[i])) << (8 * i);
+  return v;
+}
+
+uint32_t LoadU32(const char* p) {
+  uint32_t v = 0;
+  for (int i = 0; i < 4; ++i) v |= static_cast<uint32_t>(static_cast<unsigned char>(p[i])) << (8 * i);
+  return v;
+}
+
+// Canonical order (CanonicalItemLess) on packed items.
+bool PackedLess(const PackedItem& a, const PackedItem& b) {
+  if (a.ref_step.has_value() != b.ref_step.has_value()) return !a.ref_step.has_value();
+  if (a.ref_step && *a.ref_step != *b.ref_step) return *a.ref_step < *b.ref_step;
+  return a.offset_bytes < b.offset_bytes;
+}
+
+}  // namespace
+
+uint64_t PackedItem::Dim(uint32_t i) const { return LoadU64(shape_at + 8 * static_cast<size_t>(i)); }
+
+std::vector<uint64_t> PackedItem::Shape() const {
+  std::vector<uint64_t> shape(dims);
+  for (uint32_t i = 0; i < dims; ++i) shape[i] = Dim(i);
+  return shape;
+}
+
+std::map<std::string, std::string> PackedItem::Attributes() const {
+  std::map<std::string, std::string> out;
+  const char* p = attributes_at;
+  for (uint32_t a = 0; a < attribute_count; ++a) {
+    const uint32_t kn = LoadU32(p);
+    std::string_view k(p + 4, kn);
+    p += 4 + kn;
+    const uint32_t vn = LoadU32(p);
+    std::string_view v(p + 4, vn);
+    p += 4 + vn;
+    out.emplace_hint(out.end(), k, v);
+  }
+  return out;
+}
+
+size_t PackedItemCount(std::string_view encoded) {
+  if (encoded.size() < kCountAt + 4) return 0;
+  return std::min<size_t>(LoadU32(encoded.data() + kCountAt), encoded.size() / 36);
+}
+
+bool PackedHasRefs(std::string_view encoded) { return encoded.substr(0, kManifestTagV2.size()) == kManifestTagV2; }
+
+absl::Status ForEachPackedItem(std::string_view encoded, absl::FunctionRef<absl::Status(const PackedItem&)> fn) {
   const auto bad = [](const std::string& why) {
     return absl::InvalidArgumentError(absl::StrCat("packed manifest: ", why));
   };
@@ -368,43 +421,43 @@ absl::StatusOr<std::vector<ManifestItem>> DecodeManifest(std::string_view encode
   const std::string_view tag = r.Raw(kManifestTag.size());
   const bool v2 = tag == kManifestTagV2;
   if (tag != kManifestTag && !v2) return bad("it does not start with 'ckpt-manifest-v1' or 'ckpt-manifest-v2'");
-  std::vector<ManifestItem> items;
+  PackedItem prev;
+  size_t index = 0;
   // Reads `count` items (references with `refs`), in canonical order.
   const auto read = [&](uint32_t count, bool refs) -> absl::Status {
     // An item takes at least 36 bytes (empty name, no dims, no attributes).
     if (!r.ok() || count > r.left() / (refs ? 44 : 36)) {
       return bad(absl::StrCat("it cannot hold the ", count, refs ? " references" : " items", " it declares"));
     }
-    const size_t first = items.size();
-    items.resize(first + count);
-    for (size_t i = first; i < items.size(); ++i) {
-      ManifestItem& it = items[i];
+    for (uint32_t n = 0; n < count; ++n, ++index) {
+      PackedItem it;
       if (refs) it.ref_step = r.U64();
       it.name = r.Str();
       it.dtype = static_cast<int>(r.U32());
-      const uint32_t dims = r.U32();
-      if (!r.ok() || dims > r.left() / 8) return bad(absl::StrCat("item ", i, " is cut short"));
-      it.shape.resize(dims);
-      for (uint64_t& d : it.shape) d = r.U64();
+      it.dims = r.U32();
+      if (!r.ok() || it.dims > r.left() / 8) return bad(absl::StrCat("item ", index, " is cut short"));
+      it.shape_at = r.Raw(8 * static_cast<size_t>(it.dims)).data();
       it.offset_bytes = r.U64();
       it.length_bytes = r.U64();
       it.crc32c = r.U32();
-      const uint32_t attrs = r.U32();
-      if (!r.ok() || attrs > r.left() / 8) return bad(absl::StrCat("item ", i, " is cut short"));
+      it.attribute_count = r.U32();
+      if (!r.ok() || it.attribute_count > r.left() / 8) return bad(absl::StrCat("item ", index, " is cut short"));
+      it.attributes_at = r.Raw(0).data();
       std::string_view prev_key;
-      for (uint32_t a = 0; a < attrs; ++a) {
+      for (uint32_t a = 0; a < it.attribute_count; ++a) {
         const std::string_view k = r.Str();
-        const std::string_view v = r.Str();
+        r.Str();
         if (a > 0 && !(prev_key < k)) {
-          return bad(absl::StrCat("item ", i, ": attribute keys are not in ascending order"));
+          return bad(absl::StrCat("item ", index, ": attribute keys are not in ascending order"));
         }
         prev_key = k;
-        it.attributes.emplace_hint(it.attributes.end(), k, v);
       }
-      if (!r.ok()) return bad(absl::StrCat("item ", i, " is cut short"));
-      if (i > first && CanonicalItemLess(it, items[i - 1])) {
-        return bad(absl::StrCat("item ", i, " (", QuoteForMessage(it.name), ") is out of canonical order"));
+      if (!r.ok()) return bad(absl::StrCat("item ", index, " is cut short"));
+      if (index > 0 && PackedLess(it, prev)) {
+        return bad(absl::StrCat("item ", index, " (", QuoteForMessage(it.name), ") is out of canonical order"));
       }
+      CKPT_RETURN_IF_ERROR(fn(it));
+      prev = it;
     }
     return absl::OkStatus();
   };
@@ -415,6 +468,24 @@ absl::StatusOr<std::vector<ManifestItem>> DecodeManifest(std::string_view encode
     CKPT_RETURN_IF_ERROR(read(refs, true));
   }
   if (r.left() != 0) return bad(absl::StrCat(r.left(), " bytes are left over after the last item"));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<ManifestItem>> DecodeManifest(std::string_view encoded) {
+  std::vector<ManifestItem> items;
+  items.reserve(PackedItemCount(encoded));
+  CKPT_RETURN_IF_ERROR(ForEachPackedItem(encoded, [&](const PackedItem& p) {
+    ManifestItem& it = items.emplace_back();
+    it.ref_step = p.ref_step;
+    it.name = p.name;
+    it.dtype = p.dtype;
+    it.shape = p.Shape();
+    it.offset_bytes = p.offset_bytes;
+    it.length_bytes = p.length_bytes;
+    it.crc32c = p.crc32c;
+    if (p.attribute_count > 0) it.attributes = p.Attributes();
+    return absl::OkStatus();
+  }));
   return items;
 }
 

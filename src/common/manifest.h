@@ -25,6 +25,7 @@
 #include <string_view>
 #include <vector>
 
+#include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 
@@ -115,6 +116,38 @@ uint64_t ManifestDigestOfEncoding(std::string_view encoded);
 // and its digest would be wrong). It does not check the items themselves:
 // use ValidateManifest.
 absl::StatusOr<std::vector<ManifestItem>> DecodeManifest(std::string_view encoded);
+
+// One item of a packed manifest as its bytes hold it: views into the
+// encoding, valid while it is (no allocation). Shape and attributes are read
+// on demand.
+struct PackedItem {
+  std::optional<uint64_t> ref_step;
+  std::string_view name;
+  int dtype = 0;
+  uint32_t dims = 0;
+  uint64_t offset_bytes = 0;
+  uint64_t length_bytes = 0;
+  uint32_t crc32c = 0;
+  uint32_t attribute_count = 0;
+  const char* shape_at = nullptr;       // dims little-endian u64s
+  const char* attributes_at = nullptr;  // attribute_count (key, value) strings
+
+  uint64_t Dim(uint32_t i) const;
+  std::vector<uint64_t> Shape() const;
+  std::map<std::string, std::string> Attributes() const;
+};
+
+// Reads a packed manifest item by item, calling `fn` for each in encoding
+// (canonical) order, with the checks of DecodeManifest; stops at the first
+// error. `fn` returning an error stops the walk with that error.
+absl::Status ForEachPackedItem(std::string_view encoded, absl::FunctionRef<absl::Status(const PackedItem&)> fn);
+
+// The number of the shard's own items a packed manifest declares (its
+// references aside), for reserving; 0 when it is too short to say.
+size_t PackedItemCount(std::string_view encoded);
+
+// True if a packed manifest holds references (a v2 encoding).
+bool PackedHasRefs(std::string_view encoded);
 
 // Builds a packed manifest item by item, for writers that know their items in
 // offset order (a client laying out a shard) and need no ManifestItem for

@@ -244,6 +244,48 @@ TEST(Manifest, ReferencesEncodeAsV2AfterTheShardsOwnItems) {
   EXPECT_NE(DecodeManifest(e.Finish()).status().message().find("canonical order"), std::string::npos);
 }
 
+TEST(Manifest, PackedItemsReadInPlaceAgreeWithTheDecodedOnes) {
+  std::vector<ManifestItem> items = {Rich("z", 128), Rich("héllo/wörld", 0), F32("m", 64, 3), Ref("r", 5, 4096)};
+  items[2].shape = {1, 3};
+  const std::string enc = EncodeManifest(items);
+  absl::StatusOr<std::vector<ManifestItem>> decoded = DecodeManifest(enc);
+  ASSERT_TRUE(decoded.ok()) << decoded.status();
+  EXPECT_TRUE(PackedHasRefs(enc));
+  EXPECT_FALSE(PackedHasRefs(EncodeManifest(std::vector<ManifestItem>{F32("m", 0, 1)})));
+  EXPECT_EQ(PackedItemCount(enc), 3u);  // the shard's own items
+  EXPECT_EQ(PackedItemCount(enc.substr(0, 10)), 0u);
+  std::vector<ManifestItem> read;
+  ASSERT_TRUE(ForEachPackedItem(enc, [&](const PackedItem& p) {
+                ManifestItem& it = read.emplace_back();
+                it.ref_step = p.ref_step;
+                it.name = std::string(p.name);
+                it.dtype = p.dtype;
+                it.shape = p.Shape();
+                for (uint32_t d = 0; d < p.dims; ++d) EXPECT_EQ(p.Dim(d), it.shape[d]);
+                it.offset_bytes = p.offset_bytes;
+                it.length_bytes = p.length_bytes;
+                it.crc32c = p.crc32c;
+                it.attributes = p.Attributes();
+                EXPECT_EQ(p.attribute_count, it.attributes.size());
+                return absl::OkStatus();
+              }).ok());
+  EXPECT_EQ(read, *decoded);
+  // The caller's error stops the walk and comes back as it is.
+  int calls = 0;
+  absl::Status s = ForEachPackedItem(enc, [&](const PackedItem&) {
+    return ++calls == 2 ? absl::DataLossError("enough") : absl::OkStatus();
+  });
+  EXPECT_EQ(s, absl::DataLossError("enough"));
+  EXPECT_EQ(calls, 2);
+  // Malformed encodings are refused as DecodeManifest refuses them, before
+  // the walk reaches the bytes that are wrong.
+  for (size_t n = 0; n < enc.size(); ++n) {
+    EXPECT_EQ(ForEachPackedItem(enc.substr(0, n), [](const PackedItem&) { return absl::OkStatus(); }).code(),
+              absl::StatusCode::kInvalidArgument)
+        << n;
+  }
+}
+
 TEST(Manifest, ValidationChecksReferencesApartFromTheShardsBytes) {
   // A reference may lie beyond this shard (its bytes are elsewhere) and
   // overlap own items' offsets; names stay unique across both.

@@ -194,6 +194,37 @@ TEST_F(ClientIntegrationTest, CorruptedMemoryTierByteIsDataLossOnBothLoadPaths) 
       << again.status();
 }
 
+class ClientLargeShardTest : public testing::NodeClusterTest {
+ protected:
+  ClientLargeShardTest() : NodeClusterTest("320MiB") {}
+};
+
+TEST_F(ClientLargeShardTest, VerifiedLoadsOnTheSessionUpTo64MiBAndOverGrpcBeyond) {
+  // A load with verification opens the local copy on the client's session
+  // when it is at most 64 MiB; the agent refuses a larger one there (its
+  // session requests share one thread) and the client asks over gRPC. Both
+  // verified, both byte-exact, at the edge and either side of it.
+  absl::StatusOr<Client> c = Client::Connect(testing::ClientOptionsFor(*meta_, *agent_, "big", 0, 1));
+  ASSERT_TRUE(c.ok()) << c.status();
+  const std::vector<size_t> floats = {(64u << 20) / 4 - 16, (64u << 20) / 4 + 1, (80u << 20) / 4};
+  for (size_t i = 0; i < floats.size(); ++i) {
+    const uint64_t step = i + 1;
+    const std::vector<float> w = Tensor(floats[i], static_cast<uint32_t>(step));
+    SaveBuilder s = c->BeginSave(step);
+    ASSERT_TRUE(s.Add("w", Bytes(w), DType::kF32, {w.size()}).ok());
+    absl::StatusOr<SaveHandle> h = s.Commit();
+    ASSERT_TRUE(h.ok()) << h.status();
+    ASSERT_TRUE(h->Wait(Level::kStaged, absl::Now() + absl::Seconds(60)).ok());
+    absl::StatusOr<LoadedShard> shard = c->Load(step, LoadOptions{.verify = true});
+    ASSERT_TRUE(shard.ok()) << step << ": " << shard.status();
+    EXPECT_TRUE(shard->verified()) << step;
+    absl::StatusOr<std::span<const std::byte>> view = shard->View("w");
+    ASSERT_TRUE(view.ok()) << view.status();
+    ASSERT_EQ(view->size(), w.size() * sizeof(float));
+    EXPECT_EQ(std::memcmp(view->data(), w.data(), view->size()), 0) << step;
+  }
+}
+
 TEST_F(ClientIntegrationTest, BadInputThroughTheClient) {
   // Unknown job for a non-zero rank: Connect waits for rank 0, then times out.
   ClientOptions o = Options("nobody", 1, 2);

@@ -408,8 +408,7 @@ absl::StatusOr<std::shared_ptr<const ShardRecord>> Agent::Commit(const std::stri
   rec.role = CopyRole::kPrimary;
   rec.size_bytes = l.size_bytes;
   rec.crc32c = ShardCrc(items, *l.bytes, l.size_bytes);
-  rec.manifest_digest = ManifestDigest(items);
-  rec.items = std::move(items);
+  SetItems(rec, std::move(items));
   rec.run_id = l.run_id;
   rec.staged_unix_ms = clock_->NowUnixMillis();
   const ShardId id = rec.id;
@@ -595,8 +594,7 @@ absl::Status Agent::CompactRefused(const ShardRecord& rec, const std::vector<Pin
   out.role = CopyRole::kPrimary;
   out.size_bytes = size;
   out.crc32c = ShardCrc(items, **bytes, size);
-  out.manifest_digest = ManifestDigest(items);
-  out.items = std::move(items);
+  SetItems(out, std::move(items));
   out.run_id = self.rec->run_id;
   out.staged_unix_ms = self.rec->staged_unix_ms;
   std::shared_ptr<const ShardRecord> stored;

@@ -68,6 +68,16 @@ const char* CopyRoleName(CopyRole role) {
   return "unknown";
 }
 
+void SetItems(ShardRecord& r, std::vector<ManifestItem> items) {
+  r.packed = EncodeManifest(items);
+  r.manifest_digest = ManifestDigestOfEncoding(r.packed);
+  r.items = std::move(items);
+}
+
+std::string PackedManifest(const ShardRecord& r) {
+  return r.packed.empty() ? EncodeManifest(r.items) : r.packed;
+}
+
 std::string ShardIdString(const ShardId& id) {
   return absl::StrCat(id.job_id, "/", id.step, "/", id.rank);
 }
@@ -199,7 +209,7 @@ absl::StatusOr<ShardRecord> DecodeJsonRecord(std::string_view json) {
 }  // namespace
 
 std::string EncodeShardRecord(const ShardRecord& r) {
-  const std::string manifest = EncodeManifest(r.items);
+  const std::string manifest = PackedManifest(r);
   RecordWriter w(manifest.size() + 256 + r.id.job_id.size() + r.run_id.size() + r.durable_path.size() +
                  16 * r.extents.size());
   w.Raw(kRecordTag);
@@ -283,6 +293,7 @@ absl::StatusOr<ShardRecord> DecodeShardRecord(std::string_view bytes) {
   absl::StatusOr<std::vector<ManifestItem>> items = DecodeManifest(manifest);
   if (!items.ok()) return absl::InvalidArgumentError(absl::StrCat("record: ", items.status().message()));
   r.items = *std::move(items);
+  r.packed = std::string(manifest);
   return r;
 }
 

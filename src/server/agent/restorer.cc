@@ -40,8 +40,13 @@ const char* SourceKindName(ShardSource::Kind kind) {
 Restorer::Restorer(Deps deps) : d_(std::move(deps)) {}
 
 absl::StatusOr<OpenResult> Restorer::OpenLocal(const ShardId& id, bool skip_verify, const ClientRef& client,
-                                               int64_t ttl_ms) {
+                                               int64_t ttl_ms, uint64_t verify_at_most_bytes) {
   CKPT_ASSIGN_OR_RETURN(Pin pin, d_.holdings->PinValid(id));
+  if (!skip_verify && verify_at_most_bytes != 0 && pin.rec->size_bytes > verify_at_most_bytes) {
+    return absl::UnavailableError(absl::StrCat("the local copy of ", ShardIdString(id), " (", pin.rec->size_bytes,
+                                               " bytes) is verified only over OpenShard (at most ",
+                                               verify_at_most_bytes, " bytes here)"));
+  }
   bool verified = false;
   if (!skip_verify) {
     std::string bad;
@@ -66,7 +71,7 @@ absl::StatusOr<OpenResult> Restorer::OpenLocal(const ShardId& id, bool skip_veri
 
 absl::StatusOr<OpenOutcome> Restorer::Open(const OpenRequest& req) {
   OpenOutcome out;
-  absl::StatusOr<OpenResult> r = OpenLocal(req.id, req.skip_verify, req.client, req.ttl_ms);
+  absl::StatusOr<OpenResult> r = OpenLocal(req.id, req.skip_verify, req.client, req.ttl_ms, req.verify_at_most_bytes);
   const absl::Status local = r.status();
   if (!r.ok() && (absl::IsNotFound(local) || absl::IsDataLoss(local))) {
     for (size_t i = 0; i < req.sources.size(); ++i) {
@@ -128,8 +133,7 @@ absl::StatusOr<OpenResult> Restorer::Adopt(const ShardRecord& expected, Reservat
                                            const ClientRef& client, int64_t ttl_ms) {
   ShardRecord rec = expected;
   rec.role = CopyRole::kRestored;
-  rec.items = SortedByOffset(expected.items);
-  rec.manifest_digest = ManifestDigest(rec.items);
+  SetItems(rec, SortedByOffset(expected.items));
   rec.durable_path = durable_path;
   rec.segment.reset();
   rec.staged_unix_ms = d_.clock->NowUnixMillis();

@@ -62,6 +62,10 @@ struct OpenRequest {
   bool skip_verify = false;
   ClientRef client;
   int64_t ttl_ms = 0;
+  // Not 0: a local copy larger than this is not verified here (the caller,
+  // a client session's single request thread, must not stall on GiBs):
+  // Unavailable, and the client asks over gRPC.
+  uint64_t verify_at_most_bytes = 0;
   // The shard's size, crc and items from Locate; required with sources.
   std::optional<ShardRecord> expected;
   std::vector<ShardSource> sources;
@@ -100,7 +104,8 @@ class Restorer {
   // A local VALID copy, opened (pinned) for the client; unless skip_verify,
   // every item's crc is checked first (DataLoss and quarantine on a
   // mismatch). NotFound if not held here.
-  absl::StatusOr<OpenResult> OpenLocal(const ShardId& id, bool skip_verify, const ClientRef& client, int64_t ttl_ms);
+  absl::StatusOr<OpenResult> OpenLocal(const ShardId& id, bool skip_verify, const ClientRef& client, int64_t ttl_ms,
+                                       uint64_t verify_at_most_bytes = 0);
   // The local copy, else each source in order. With sources, DataLoss listing
   // every failed source when none worked; InvalidArgument when `expected` is
   // missing; DataLoss when the copy found differs from `expected`.

@@ -73,6 +73,12 @@ enum class VersionState : int {
 
 const char* CopyRoleName(CopyRole role);
 
+struct ShardRecord;
+// Sets `r`'s items (in canonical order), their packed encoding and digest.
+void SetItems(ShardRecord& r, std::vector<ManifestItem> items);
+// The packed manifest of `r`'s items (its cached encoding when set).
+std::string PackedManifest(const ShardRecord& r);
+
 // What the agent keeps about a holding, persisted in its record file.
 struct ShardRecord {
   ShardId id;
@@ -81,6 +87,11 @@ struct ShardRecord {
   uint32_t crc32c = 0;
   uint64_t manifest_digest = 0;
   std::vector<ManifestItem> items;
+  // EncodeManifest(items), kept by SetItems so that every open of a shard of
+  // thousands of items does not encode them again; empty when the record was
+  // built otherwise (PackedManifest encodes then). Whoever assigns `items`
+  // directly must clear it.
+  std::string packed;
   std::vector<Extent> extents;  // cover size_bytes, in shard order
   std::string run_id;
   int64_t staged_unix_ms = 0;

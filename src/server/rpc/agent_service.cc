@@ -26,6 +26,10 @@ grpc::Status Invalid(const std::string& msg) { return grpc::Status(grpc::StatusC
 constexpr uint64_t kDefaultChunk = 1 << 20;
 constexpr uint64_t kMinChunk = 4 << 10;
 constexpr uint64_t kMaxChunk = 4 << 20;
+// The largest local copy a session request verifies (about 10 ms of crc32c
+// here): the session's requests share one thread, which must not stall on a
+// shard of GiBs; a larger one is verified over OpenShard.
+constexpr uint64_t kSessionVerifyBytes = 64ull << 20;
 
 }  // namespace
 
@@ -144,24 +148,26 @@ absl::StatusOr<std::string> AgentServiceImpl::OpenOnSession(const std::string& s
   if (!req.ParseFromArray(request.data(), static_cast<int>(request.size()))) {
     return absl::InvalidArgumentError("the session request is not an OpenShardRequest");
   }
-  if (req.sources_size() != 0 || req.has_expected() || !req.skip_verify()) {
+  if (req.sources_size() != 0 || req.has_expected()) {
     return absl::InvalidArgumentError(
-        "a session opens the local copy alone (no sources, no expected shard, skip_verify): use OpenShard");
+        "a session opens the local copy alone (no sources, no expected shard): use OpenShard");
   }
   req.set_session_id(session_id);  // the handle lives with this connection's session
   v1::OpenShardResponse resp;
-  grpc::Status s = OpenChecked(&req, &resp);
+  grpc::Status s = OpenChecked(&req, &resp, kSessionVerifyBytes);
   if (!s.ok()) return absl::Status(static_cast<absl::StatusCode>(s.error_code()), s.error_message());
   return resp.SerializeAsString();
 }
 
-grpc::Status AgentServiceImpl::OpenChecked(const v1::OpenShardRequest* req, v1::OpenShardResponse* resp) {
+grpc::Status AgentServiceImpl::OpenChecked(const v1::OpenShardRequest* req, v1::OpenShardResponse* resp,
+                                           uint64_t verify_at_most_bytes) {
   absl::StatusOr<agent::ShardId> id = ShardIdFromProto(req->key(), "key");
   if (!id.ok()) return ToGrpcStatus(id.status());
   if (req->ttl_ms() < 0) return Invalid("ttl_ms must not be negative");
   agent::OpenRequest open;
   open.id = *id;
   open.skip_verify = req->skip_verify();
+  open.verify_at_most_bytes = verify_at_most_bytes;
   open.client = agent::ClientRef{req->client_pid(), req->session_id()};
   open.ttl_ms = req->ttl_ms();
   if (req->has_expected() && req->expected().size_bytes() != 0) {
@@ -201,7 +207,7 @@ grpc::Status AgentServiceImpl::OpenChecked(const v1::OpenShardRequest* req, v1::
   resp->set_handle_id(o.handle_id);
   RecordToShardInfo(*o.shard.record, agent_->node_id(), /*with_items=*/!req->packed_manifest(),
                     resp->mutable_shard());
-  if (req->packed_manifest()) resp->set_manifest(EncodeManifest(o.shard.record->items));
+  if (req->packed_manifest()) resp->set_manifest(PackedManifest(*o.shard.record));
   if (agent_->delivers()) {
     resp->set_deliver(true);
     resp->set_deliver_token(agent_->DeliverToken(o.handle_id));

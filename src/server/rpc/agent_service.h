@@ -28,8 +28,10 @@ class AgentServiceImpl final : public v1::AgentService::Service {
   grpc::Status OpenShard(grpc::ServerContext*, const v1::OpenShardRequest*, v1::OpenShardResponse*) override;
   // OpenShard for a request that came on client session `session_id`'s
   // connection (SessionServer): the local copy alone (no sources, no
-  // expected shard, skip_verify), so that it answers quickly; the handle
-  // belongs to that session. The serialized OpenShardResponse.
+  // expected shard), so that it answers quickly: verified here only up to
+  // kSessionVerifyBytes (Unavailable for a larger one: the client asks over
+  // gRPC); the handle belongs to that session. The serialized
+  // OpenShardResponse.
   absl::StatusOr<std::string> OpenOnSession(const std::string& session_id, std::string_view request);
   // AcquireStagingLease for a request on session `session_id`'s connection:
   // the lease belongs to that session; Unavailable instead of a look-up at
@@ -52,7 +54,8 @@ class AgentServiceImpl final : public v1::AgentService::Service {
                                v1::PauseProtectionResponse*) override;
 
  private:
-  grpc::Status OpenChecked(const v1::OpenShardRequest* req, v1::OpenShardResponse* resp);
+  grpc::Status OpenChecked(const v1::OpenShardRequest* req, v1::OpenShardResponse* resp,
+                           uint64_t verify_at_most_bytes = 0);
   grpc::Status LeaseChecked(const v1::AcquireStagingLeaseRequest* req, bool without_meta,
                             v1::AcquireStagingLeaseResponse* resp);
   // OK for the local socket's callers; on TCP, the admin token when set.

@@ -308,6 +308,17 @@ TEST(Arena, RecordRoundTripsEveryField) {
   EXPECT_EQ(back->durable_path, r.durable_path);
   EXPECT_EQ(back->seq, 99u);
   EXPECT_FALSE(back->segment.has_value());
+  // The packed manifest comes back with it (served to clients without
+  // encoding it again), equal to the items' encoding.
+  EXPECT_EQ(back->packed, EncodeManifest(r.items));
+  EXPECT_EQ(PackedManifest(*back), EncodeManifest(r.items));
+  // SetItems keeps items, encoding and digest together; a record built
+  // without it encodes on demand.
+  ShardRecord set;
+  SetItems(set, r.items);
+  EXPECT_EQ(set.packed, EncodeManifest(r.items));
+  EXPECT_EQ(set.manifest_digest, ManifestDigest(r.items));
+  EXPECT_EQ(PackedManifest(r), EncodeManifest(r.items));
   // An EC segment holding: no items, the segment's key and kind.
   r.items.clear();
   r.segment = SegmentId{"job", 7, 1, 2, 3};

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstring>
 #include <memory>
+#include <thread>
 #include <utility>
 
 #include "absl/container/flat_hash_map.h"
@@ -492,6 +493,55 @@ std::string ItemMismatch(const std::string& name, uint32_t expected, uint32_t ac
                       absl::Hex(expected, absl::kZeroPad8));
 }
 
+// The first item of `main` (or of a base its references name) whose bytes
+// fail their crc32c, as ItemMismatch says it; "" when all match.
+std::string FirstMismatch(const OpenedShard& main, const Bases& bases) {
+  std::string bad;
+  if (!main.packed.empty()) {
+    (void)ForEachPackedItem(main.packed, [&](const PackedItem& it) {
+      const uint32_t crc = ShardRangeCrc(main.regions, it.offset_bytes, it.length_bytes);
+      if (crc == it.crc32c) return absl::OkStatus();
+      bad = ItemMismatch(std::string(it.name), it.crc32c, crc);
+      return absl::CancelledError();  // stops the walk
+    });
+    return bad;
+  }
+  for (const ManifestItem& it : main.items) {
+    const uint32_t crc = ShardRangeCrc(RegionsFor(main, bases, it.ref_step), it.offset_bytes, it.length_bytes);
+    if (crc != it.crc32c) return ItemMismatch(it.name, it.crc32c, crc);
+  }
+  return bad;
+}
+
+// Checks the items of an opened shard (FirstMismatch), on a thread of its
+// own beside the caller (`beside`, for a shard of 4 MiB or more) or at once.
+// Wait() returns the result; the shard and its bases must not change or go
+// before it did (the destructor waits).
+class ItemCheck {
+ public:
+  ItemCheck() = default;
+  ItemCheck(const ItemCheck&) = delete;
+  ItemCheck& operator=(const ItemCheck&) = delete;
+  ~ItemCheck() { Wait(); }
+
+  void Start(const OpenedShard& main, const Bases& bases, bool beside) {
+    if (beside && main.shard.size_bytes() >= kBesideBytes) {
+      thread_ = std::thread([this, &main, &bases] { result_ = FirstMismatch(main, bases); });
+    } else {
+      result_ = FirstMismatch(main, bases);
+    }
+  }
+  std::string Wait() {
+    if (thread_.joinable()) thread_.join();
+    return result_;
+  }
+
+ private:
+  static constexpr uint64_t kBesideBytes = 4 << 20;
+  std::thread thread_;
+  std::string result_;
+};
+
 }  // namespace
 }  // namespace client
 
@@ -615,45 +665,81 @@ void LoadedShard::CloseInBackground() {
 absl::StatusOr<LoadedShard> Client::Load(uint64_t step, const LoadOptions& options) const {
   CKPT_RETURN_IF_ERROR(core_->CheckProcess());
   core_->WaitSaves();  // this client's own saves first (lazy ones included)
-  CKPT_ASSIGN_OR_RETURN(std::unique_ptr<OpenedShard> opened, OpenBest(core_, step, !options.verify, /*keep_packed=*/true));
-  auto impl = std::make_unique<LoadedShard::Impl>();
-  CKPT_ASSIGN_OR_RETURN(impl->bases, OpenBases(core_, *opened, !options.verify));
-  AdoptAsBase(*core_, step, *opened);
-  if (!opened->packed.empty()) {
-    // Straight from the agent's packed manifest (no references: checked).
-    impl->items.reserve(PackedItemCount(opened->packed));
-    const absl::Status s = ForEachPackedItem(opened->packed, [&](const PackedItem& it) {
-      LoadedItem& item = impl->items.emplace_back();
-      item.name = it.name;
+  // With verification, attempt 0 opens the copy without the agent's check
+  // and checks every item's crc32c here, on a second thread while the items
+  // are listed (the agent's check was a pass over the shard before it
+  // answered); attempt 1 (after a mismatch) has the agent verify, which
+  // quarantines a corrupt copy and falls back to the other sources (as
+  // LoadInto does).
+  std::string first_mismatch;
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    const bool agent_verifies = options.verify && attempt == 1;
+    absl::StatusOr<std::unique_ptr<OpenedShard>> opened =
+        OpenBest(core_, step, /*skip_verify=*/!agent_verifies, /*keep_packed=*/true);
+    if (!opened.ok()) {
+      if (attempt == 0) return opened.status();
+      return absl::Status(opened.status().code(), absl::StrCat(first_mismatch, "; re-opening with verification failed: ",
+                                                               opened.status().message()));
+    }
+    auto impl = std::make_unique<LoadedShard::Impl>();
+    CKPT_ASSIGN_OR_RETURN(impl->bases, OpenBases(core_, **opened, /*skip_verify=*/!agent_verifies));
+    const OpenedShard& main = **opened;
+    // The packed manifest is read by both threads (the items are built
+    // from it here); decoded items are checked before they move.
+    client::ItemCheck check;
+    if (options.verify && !main.verified) check.Start(main, impl->bases, /*beside=*/!main.packed.empty());
+    if (!main.packed.empty()) {
+      // Straight from the agent's packed manifest (no references: checked).
+      impl->items.reserve(PackedItemCount(main.packed));
+      const absl::Status s = ForEachPackedItem(main.packed, [&](const PackedItem& it) {
+        LoadedItem& item = impl->items.emplace_back();
+        item.name = it.name;
+        item.dtype = static_cast<DType>(it.dtype);
+        item.shape = it.Shape();
+        item.offset_bytes = it.offset_bytes;
+        item.length_bytes = it.length_bytes;
+        item.crc32c = it.crc32c;
+        if (it.attribute_count > 0) item.attributes = it.Attributes();
+        item.step = step;
+        return absl::OkStatus();
+      });
+      if (!s.ok()) {
+        check.Wait();
+        return absl::InternalError(absl::StrCat("the packed manifest: ", s.message()));  // read before
+      }
+    }
+    impl->items.reserve(main.items.size());
+    for (ManifestItem& it : (*opened)->items) {
+      LoadedItem item;
+      item.name = std::move(it.name);
       item.dtype = static_cast<DType>(it.dtype);
-      item.shape = it.Shape();
+      item.shape = std::move(it.shape);
       item.offset_bytes = it.offset_bytes;
       item.length_bytes = it.length_bytes;
       item.crc32c = it.crc32c;
-      if (it.attribute_count > 0) item.attributes = it.Attributes();
-      item.step = step;
-      return absl::OkStatus();
-    });
-    if (!s.ok()) return absl::InternalError(absl::StrCat("the packed manifest: ", s.message()));  // read before
+      item.attributes = std::move(it.attributes);
+      item.step = it.ref_step.value_or(step);
+      impl->items.push_back(std::move(item));
+    }
+    (*opened)->items.clear();  // moved into impl->items
+    impl->index.reserve(impl->items.size());
+    for (size_t i = 0; i < impl->items.size(); ++i) impl->index.emplace(impl->items[i].name, i);
+    std::string mismatch = check.Wait();
+    if (mismatch.empty()) {
+      if (options.verify) (*opened)->verified = true;
+      impl->opened = *std::move(opened);
+      AdoptAsBase(*core_, step, *impl->opened);
+      return LoadedShard(std::move(impl));
+    }
+    const std::string what = absl::StrCat(core_->options.job_id, "/", step, " rank ", core_->options.rank);
+    if (attempt == 1) {
+      return absl::DataLossError(absl::StrCat(mismatch, " in ", what, " (", ServedFromName((*opened)->served_from),
+                                              " copy, after verification by the agent)"));
+    }
+    log::Warn("{}: {}; re-opening with verification", what, mismatch);
+    first_mismatch = absl::StrCat(mismatch, " in ", what);
   }
-  impl->items.reserve(opened->items.size());
-  for (ManifestItem& it : opened->items) {
-    LoadedItem item;
-    item.name = std::move(it.name);
-    item.dtype = static_cast<DType>(it.dtype);
-    item.shape = std::move(it.shape);
-    item.offset_bytes = it.offset_bytes;
-    item.length_bytes = it.length_bytes;
-    item.crc32c = it.crc32c;
-    item.attributes = std::move(it.attributes);
-    item.step = it.ref_step.value_or(step);
-    impl->items.push_back(std::move(item));
-  }
-  opened->items.clear();  // moved into impl->items
-  impl->index.reserve(impl->items.size());
-  for (size_t i = 0; i < impl->items.size(); ++i) impl->index.emplace(impl->items[i].name, i);
-  impl->opened = std::move(opened);
-  return LoadedShard(std::move(impl));
+  return absl::InternalError("unreachable");
 }
 
 absl::Status Client::LoadInto(uint64_t step,

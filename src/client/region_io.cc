@@ -117,6 +117,41 @@ uint32_t CopyFromShard(std::span<const ShardRegion> regions, uint64_t offset,
   return crc;
 }
 
+std::vector<CopiedItem> CopyItemsToShard(std::span<const ShardRegion> regions, std::span<const ItemCopy> items) {
+  static const unsigned kThreads = std::clamp(std::thread::hardware_concurrency(), 1u, 4u);
+  uint64_t total = 0;
+  for (const ItemCopy& it : items) total += it.src.size();
+  if (kThreads == 1 || items.size() < 64 || total < (4u << 20)) return {};
+  std::vector<CopiedItem> out(items.size());
+  // Items [begin, end): padding before each zeroed, bytes copied, crcs kept.
+  auto run = [&](size_t begin, size_t end) {
+    for (size_t i = begin; i < end; ++i) {
+      const uint64_t prev_end = i == 0 ? 0 : items[i - 1].offset + items[i - 1].src.size();
+      if (items[i].offset > prev_end) out[i].gap_crc = ZeroShard(regions, prev_end, items[i].offset - prev_end);
+      out[i].crc = CopyToShard(regions, items[i].offset, items[i].src, 0, CopyThreads::kOne);
+    }
+  };
+  // Cut points: the first item at or past each 1/kThreads of the bytes.
+  std::vector<size_t> cut = {0};
+  uint64_t seen = 0;
+  for (size_t i = 0; i < items.size() && cut.size() < kThreads; ++i) {
+    if (seen >= total / kThreads * cut.size() && i > cut.back()) cut.push_back(i);
+    seen += items[i].src.size();
+  }
+  cut.push_back(items.size());
+  std::vector<std::thread> helpers;
+  for (size_t t = 1; t + 1 < cut.size(); ++t) helpers.emplace_back(run, cut[t], cut[t + 1]);
+  run(cut[0], cut[1]);
+  for (std::thread& h : helpers) h.join();
+  return out;
+}
+
+uint32_t ShardRangeCrc(std::span<const ShardRegion> regions, uint64_t offset, uint64_t n) {
+  uint32_t crc = 0;
+  ForEachPiece(regions, offset, n, [&](std::byte* p, uint64_t len, uint64_t) { crc = Crc32cExtend(crc, p, len); });
+  return crc;
+}
+
 uint32_t ZeroShard(std::span<const ShardRegion> regions, uint64_t offset, uint64_t n) {
   uint32_t crc = 0;
   ForEachPiece(regions, offset, n, [&](std::byte* p, uint64_t len, uint64_t) {

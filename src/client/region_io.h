@@ -54,10 +54,32 @@ uint32_t CopyToShard(std::span<const ShardRegion> regions, uint64_t offset,
                      std::span<const std::byte> src, uint32_t crc = 0,
                      CopyThreads threads = CopyThreads::kAll);
 
+// One item of a save for CopyItemsToShard: its bytes and where they go.
+struct ItemCopy {
+  std::span<const std::byte> src;
+  uint64_t offset = 0;
+};
+struct CopiedItem {
+  uint32_t gap_crc = 0;  // of the zero padding between the previous item's end (or 0) and this item
+  uint32_t crc = 0;      // of the item's bytes
+};
+
+// Copies many items into the shard (in ascending offset order, not
+// overlapping), zeroing the padding before each, on up to min(4, cores)
+// threads (the caller's among them), each a run of consecutive items of about
+// equal bytes: a model's thousands of small tensors are each too short for
+// ParallelCrc32cCopy to split. Returns each item's crcs; empty, having copied
+// nothing, when there are fewer than 64 items or less than 4 MiB in all (the
+// caller copies them one by one).
+std::vector<CopiedItem> CopyItemsToShard(std::span<const ShardRegion> regions, std::span<const ItemCopy> items);
+
 // Copies shard bytes [offset, offset + dst.size()) to `dst` and returns their
 // CRC-32C, computed while copying.
 uint32_t CopyFromShard(std::span<const ShardRegion> regions, uint64_t offset,
                        std::span<std::byte> dst);
+
+// The CRC-32C of shard bytes [offset, offset + n) (the calling thread).
+uint32_t ShardRangeCrc(std::span<const ShardRegion> regions, uint64_t offset, uint64_t n);
 
 // Zeroes shard bytes [offset, offset + n) and returns the CRC-32C of n zero
 // bytes.

@@ -424,6 +424,17 @@ absl::StatusOr<SaveHandle> SaveBuilder::CommitItems(client::LazyState* progress,
   uint32_t shard_crc = 0;
   uint64_t pos = 0;      // end of the bytes accounted for in shard_crc
   size_t copied = 0;     // items copied so far (index into layout.offsets)
+  // Many items of a save the trainer waits for are copied ahead, on several
+  // threads (a lazy save copies beside the training step: one, in order).
+  std::vector<client::CopiedItem> ahead;
+  if (progress == nullptr) {
+    std::vector<client::ItemCopy> copies;
+    copies.reserve(layout.offsets.size());
+    for (size_t i = 0; i < items_.size(); ++i) {
+      if (!ref[i]) copies.push_back(client::ItemCopy{items_[i].bytes, layout.offsets[copies.size()]});
+    }
+    ahead = client::CopyItemsToShard(*regions, copies);
+  }
   bool any_ref = std::any_of(carried.begin(), carried.end(), [](const ManifestItem* c) { return c->length_bytes > 0; });
   for (size_t i = 0; i < items_.size(); ++i) {
     const Item& it = items_[i];
@@ -432,13 +443,17 @@ absl::StatusOr<SaveHandle> SaveBuilder::CommitItems(client::LazyState* progress,
       if (progress != nullptr) progress->MarkCopied(i + 1);
       continue;
     }
-    const uint64_t off = layout.offsets[copied++];
+    const size_t slot = copied++;
+    const uint64_t off = layout.offsets[slot];
     if (off > pos) {
-      shard_crc = Crc32cCombine(shard_crc, client::ZeroShard(*regions, pos, off - pos), off - pos);
+      const uint32_t gap_crc = ahead.empty() ? client::ZeroShard(*regions, pos, off - pos) : ahead[slot].gap_crc;
+      shard_crc = Crc32cCombine(shard_crc, gap_crc, off - pos);
     }
     // A lazy save (progress set) copies beside the training step: one thread.
-    const uint32_t crc = client::CopyToShard(
-        *regions, off, it.bytes, 0, progress != nullptr ? client::CopyThreads::kOne : client::CopyThreads::kAll);
+    const uint32_t crc =
+        !ahead.empty() ? ahead[slot].crc
+                       : client::CopyToShard(*regions, off, it.bytes, 0,
+                                             progress != nullptr ? client::CopyThreads::kOne : client::CopyThreads::kAll);
     shard_crc = Crc32cCombine(shard_crc, crc, it.bytes.size());
     pos = off + it.bytes.size();
 

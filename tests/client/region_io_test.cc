@@ -5,6 +5,7 @@
 
 #include <cstring>
 #include <numeric>
+#include <thread>
 #include <vector>
 
 #include "common/crc32c.h"
@@ -110,6 +111,52 @@ TEST(RegionIo, ZeroShardZeroesAcrossRegions) {
   for (int i = 0; i < 10; ++i) EXPECT_EQ(s.backing[300 + i], std::byte{0});
   EXPECT_EQ(s.backing[310], std::byte{0xEE});
   EXPECT_EQ(s.backing[689], std::byte{0xEE});
+}
+
+TEST(RegionIo, ManyItemsCopyOnSeveralThreadsAsOneByOneWould) {
+  // 3,000 items of awkward sizes with padding between them, over regions
+  // whose boundaries fall inside items and padding: the same bytes and crcs
+  // as copying them one by one, padding zeroed, nothing else touched.
+  if (std::thread::hardware_concurrency() < 2) GTEST_SKIP() << "one core: the items are copied one by one";
+  std::vector<std::vector<std::byte>> srcs;
+  std::vector<ItemCopy> items;
+  uint64_t at = 5;  // padding before the first item too
+  for (int i = 0; i < 3000; ++i) {
+    srcs.push_back(Pattern(1000 + (i * 37) % 3001, i));
+    items.push_back(ItemCopy{srcs.back(), at});
+    at += srcs.back().size() + (i % 3 == 0 ? 0 : 64 - (srcs.back().size() % 64));
+  }
+  const uint64_t size = at;
+  std::vector<std::byte> backing(size + 3 * 4096, std::byte{0xEE});
+  const std::vector<ShardRegion> regions = {{backing.data() + 4096, size / 3, 0},
+                                            {backing.data(), 4000, size / 3},
+                                            {backing.data() + 4096 + size / 3 + 100, size - size / 3 - 4000,
+                                             size / 3 + 4000}};
+  ASSERT_TRUE(CheckCoverage(regions, size).ok());
+  const std::vector<CopiedItem> copied = CopyItemsToShard(regions, items);
+  ASSERT_EQ(copied.size(), items.size());
+  uint64_t prev_end = 0;
+  for (size_t i = 0; i < items.size(); ++i) {
+    std::vector<std::byte> back(items[i].src.size());
+    EXPECT_EQ(CopyFromShard(regions, items[i].offset, back), copied[i].crc) << i;
+    ASSERT_EQ(back, srcs[i]) << i;
+    EXPECT_EQ(copied[i].crc, Crc32c(srcs[i])) << i;
+    const std::vector<std::byte> zeros(items[i].offset - prev_end);
+    std::vector<std::byte> gap(zeros.size());
+    if (!gap.empty()) CopyFromShard(regions, prev_end, gap);
+    EXPECT_EQ(gap, zeros) << i;
+    EXPECT_EQ(copied[i].gap_crc, zeros.empty() ? 0u : Crc32c(zeros)) << i;
+    prev_end = items[i].offset + items[i].src.size();
+  }
+  // Bytes outside the regions were left alone.
+  EXPECT_EQ(backing[4095], std::byte{0xEE});
+  EXPECT_EQ(backing.back(), std::byte{0xEE});
+  // Few or small items are left to the caller: nothing copied.
+  EXPECT_TRUE(CopyItemsToShard(regions, std::span<const ItemCopy>(items).first(63)).empty());
+  std::vector<std::byte> tiny(10);
+  std::vector<ItemCopy> small;
+  for (int i = 0; i < 100; ++i) small.push_back(ItemCopy{tiny, static_cast<uint64_t>(i) * 10});
+  EXPECT_TRUE(CopyItemsToShard(regions, small).empty());
 }
 
 TEST(RegionIo, ContiguousRangeOnlyWhenAdjacentInMemory) {

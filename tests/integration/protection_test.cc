@@ -3,6 +3,9 @@
 // peers and by decode after kill -9, re-protection, and meta restarting while
 // protection is in flight. Every rank's restored bytes are compared with
 // what it saved.
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -78,6 +81,46 @@ TEST_F(ProtectionTest, RingReplicasSurviveAKillThenReprotectAndSurviveAnother) {
   Kill(2);
   ASSERT_TRUE(WaitDead(2)) << Logs();
   LoadAll("ring", 10, 4, kBytes, [&](uint32_t r) { return alive_[r] ? static_cast<int>(r) : AliveAfter(r); });
+}
+
+TEST_F(ProtectionTest, AVerifiedLoadOfACorruptLocalCopyIsServedFromTheReplica) {
+  // The client checks the local copy itself (no agent pass before it
+  // answers); on the mismatch it opens again with the agent verifying, which
+  // quarantines the copy and serves the replica: the right bytes, never the
+  // flipped one.
+  StartCluster(2);
+  constexpr size_t kBytes = 6 << 20;  // checked beside the listing (4 MiB or more)
+  SaveAll("flip", 1, 2, Protection::Replicate(2, Protection::Placement::kRing), kBytes);
+  ASSERT_TRUE(WaitState("flip", 1, v1::VERSION_STATE_PROTECTED)) << Logs();
+  {
+    // Flip one byte of rank 0's primary in node 0's pool file.
+    v1::OpenShardRequest req;
+    req.mutable_key()->set_job_id("flip");
+    req.mutable_key()->set_step(1);
+    req.mutable_key()->set_rank(0);
+    req.set_skip_verify(true);
+    v1::OpenShardResponse resp;
+    grpc::ClientContext ctx;
+    ASSERT_TRUE(agents_[0]->stub()->OpenShard(&ctx, req, &resp).ok());
+    const v1::MemoryRegion& r = resp.regions(0);
+    const int fd = ::open(r.path().c_str(), O_RDWR);
+    ASSERT_GE(fd, 0) << r.path();
+    const off_t at = static_cast<off_t>(r.file_offset_bytes() + std::min<uint64_t>(r.length_bytes() - 1, 12345));
+    char b = 0;
+    ASSERT_EQ(::pread(fd, &b, 1, at), 1);
+    b ^= 0x20;
+    ASSERT_EQ(::pwrite(fd, &b, 1, at), 1);
+    ::close(fd);
+    v1::CloseShardRequest close;
+    close.set_handle_id(resp.handle_id());
+    v1::CloseShardResponse closed;
+    grpc::ClientContext cctx;
+    ASSERT_TRUE(agents_[0]->stub()->CloseShard(&cctx, close, &closed).ok());
+  }
+  std::vector<ServedFrom> from = LoadAll("flip", 1, 2, kBytes, [](uint32_t r) { return static_cast<int>(r); });
+  ASSERT_EQ(from.size(), 2u);
+  EXPECT_EQ(from[0], ServedFrom::kReplica);
+  EXPECT_EQ(from[1], ServedFrom::kLocal);
 }
 
 TEST_F(ProtectionTest, GroupReplicasSurviveAKillThenReprotectAndSurviveAnother) {

@@ -17,8 +17,10 @@ namespace {
 constexpr uint64_t kReadChunkBytes = 8 << 20;
 
 bool Decides(const absl::StatusOr<OpenResult>& local) {
-  // A local copy (or its quarantine) decides; only "not held" falls through.
-  return local.ok() || !absl::IsNotFound(local.status());
+  // A VALID local copy decides; so does an error of the agent's own. A copy
+  // that is not held, or is quarantined (now or by this check), falls
+  // through: the source's copy replaces it (HoldingTable::Add).
+  return local.ok() || !(absl::IsNotFound(local.status()) || absl::IsDataLoss(local.status()));
 }
 
 }  // namespace

@@ -511,7 +511,8 @@ class LoadedShard {
   uint32_t crc32c() const;
   // Where the agent got the shard from.
   ServedFrom served_from() const;
-  // True if the agent checked every item's crc32c while opening the shard.
+  // True if every item's crc32c was checked before Load returned (by the
+  // client or by the agent: LoadOptions::verify).
   bool verified() const;
   // The items in shard (offset) order.
   const std::vector<LoadedItem>& items() const;
@@ -559,11 +560,14 @@ class LoadedShard {
 
 // How Client::Load opens a shard.
 struct LoadOptions {
-  // True: the agent checks every item's crc32c before Load returns (a copy
-  // that fails is quarantined and the next source used). False: it does not,
-  // and the caller reads items only through LoadedShard::CopyItem, which
-  // checks each one while copying; on kDataLoss, load again with verify =
-  // true. Saves one pass over the shard when every item is copied anyway.
+  // True: every item's crc32c is checked before Load returns: by the client
+  // (on a second thread while it lists the items, for a shard of 4 MiB or
+  // more), and on a mismatch once more by the agent, which quarantines a copy
+  // that fails and serves the next source (docs/protocol.md "Restore").
+  // False: nothing is checked, and the caller reads items only through
+  // LoadedShard::CopyItem, which checks each one while copying; on kDataLoss,
+  // load again with verify = true. Saves one pass over the shard when every
+  // item is copied anyway.
   bool verify = true;
 };
 

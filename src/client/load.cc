@@ -174,8 +174,9 @@ absl::StatusOr<std::unique_ptr<OpenedShard>> SendOpen(const std::shared_ptr<Clie
   if (located == nullptr && session != nullptr && session->serves_requests()) {
     // The local copy alone, on the session's connection: no gRPC round trip
     // (docs/agent.md "Client sessions"). gRPC when the session is broken or
-    // the agent does not verify this copy there (a large one: Unavailable;
-    // an agent of 2026-11-27 verifies none: InvalidArgument).
+    // the agent does not verify this copy there (one over 64 MiB:
+    // Unavailable; an agent older than this client verifies none on the
+    // session: InvalidArgument).
     absl::StatusOr<std::string> reply =
         session->Request("OPEN", req.SerializeAsString(), core->options.load_timeout);
     if (reply.ok()) {
@@ -388,7 +389,7 @@ absl::StatusOr<std::unique_ptr<OpenedShard>> OpenBestNow(const std::shared_ptr<C
     absl::StatusOr<std::unique_ptr<OpenedShard>> local = SendOpen(core, step, nullptr, skip_verify, &resp);
     absl::Status finished = local.status();
     if (local.ok()) finished = FinishOpen(*core, nullptr, resp, **local, keep_packed);
-    CKPT_ASSIGN_OR_RETURN(located, locate.Wait());
+    CKPT_ASSIGN_OR_RETURN(located, locate.Wait());  // a version meta does not serve: its error
     if (std::unique_ptr<OpenedShard> opened = UseLocal(core, located, local, finished); opened != nullptr) {
       return opened;
     }

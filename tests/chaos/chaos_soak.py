@@ -850,7 +850,12 @@ class Soak:
                     ls.result(timeout=self.args.protect_timeout)
                     self.inc("lazy_saves_committed")
                 else:
-                    c.save(v.step, state, unchanged=unchanged)
+                    # save() returns once the bytes are copied; the commit
+                    # goes to the agent in the background, and only its answer
+                    # says the shard is the agent's (a kill -9 of the agent in
+                    # between loses it: the trainer saves again).
+                    h = c.save(v.step, state, unchanged=unchanged)
+                    h.committed(timeout=self.args.protect_timeout)
                 if unchanged:
                     self.inc("incremental_saves_committed")
                 return None

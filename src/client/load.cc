@@ -9,6 +9,7 @@
 #include <thread>
 #include <utility>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -343,6 +344,99 @@ class PendingLocate {
   bool sent_ = false;
 };
 
+using Bases = std::map<uint64_t, std::unique_ptr<OpenedShard>>;
+
+// The mapped regions that hold `item`'s bytes: the shard's own or its base's.
+const std::vector<ShardRegion>& RegionsFor(const OpenedShard& main, const Bases& bases,
+                                           std::optional<uint64_t> ref_step) {
+  if (!ref_step) return main.regions;
+  return bases.at(*ref_step)->regions;
+}
+
+std::string ItemMismatch(const std::string& name, uint32_t expected, uint32_t actual) {
+  return absl::StrCat("item ", QuoteForMessage(name), " fails its checksum: crc32c ",
+                      absl::Hex(actual, absl::kZeroPad8), ", manifest says ",
+                      absl::Hex(expected, absl::kZeroPad8));
+}
+
+// The first item of `main` (decoded: items, perhaps references to bases)
+// whose bytes fail their crc32c, as ItemMismatch says it; "" when all match.
+// (A packed manifest is checked by LoadAside.)
+std::string FirstMismatch(const OpenedShard& main, const Bases& bases) {
+  for (const ManifestItem& it : main.items) {
+    const uint32_t crc = ShardRangeCrc(RegionsFor(main, bases, it.ref_step), it.offset_bytes, it.length_bytes);
+    if (crc != it.crc32c) return ItemMismatch(it.name, it.crc32c, crc);
+  }
+  return "";
+}
+
+// The work beside Load's listing of the items, for a shard whose manifest
+// came packed (no references): the check of every item's crc32c (as
+// FirstMismatch) and the name index (views into the packed manifest), in one
+// walk, on a thread of its own for a big shard (1 MiB or more to check, or
+// 1,024 items or more) and at once otherwise. It may start on the local copy
+// before meta answered (OpenBestNow); Abandon() when that copy is not used.
+// The shard must not change or go before Wait() or Abandon() returned (the
+// destructor waits).
+class LoadAside {
+ public:
+  using Index = absl::flat_hash_map<std::string_view, size_t>;
+  LoadAside() = default;
+  LoadAside(const LoadAside&) = delete;
+  LoadAside& operator=(const LoadAside&) = delete;
+  ~LoadAside() { Abandon(); }
+
+  // `check`: the crc32c of every item; without it only the index is built.
+  void Start(const OpenedShard& main, bool check) {
+    Abandon();
+    main_ = &main;
+    const bool big = (check && main.shard.size_bytes() >= kBesideBytes) ||
+                     PackedItemCount(main.packed) >= kBesideItems;
+    if (big) {
+      thread_ = std::thread([this, &main, check] { Run(main, check); });
+    } else {
+      Run(main, check);
+    }
+  }
+  // True if started on `main` and not abandoned.
+  bool StartedOn(const OpenedShard& main) const { return main_ == &main; }
+  // Waits; then mismatch() is the first item that fails its crc32c, as
+  // ItemMismatch says it ("" if all match or unchecked) and index() the names.
+  void Wait() {
+    if (thread_.joinable()) thread_.join();
+  }
+  // Waits and forgets the result.
+  void Abandon() {
+    Wait();
+    main_ = nullptr;
+    mismatch_.clear();
+    index_.clear();
+  }
+  const std::string& mismatch() const { return mismatch_; }
+  Index TakeIndex() { return std::move(index_); }
+
+ private:
+  static constexpr uint64_t kBesideBytes = 1 << 20;
+  static constexpr size_t kBesideItems = 1024;
+
+  void Run(const OpenedShard& main, bool check) {
+    index_.reserve(PackedItemCount(main.packed));
+    size_t i = 0;
+    (void)ForEachPackedItem(main.packed, [&](const PackedItem& it) {
+      index_.emplace(it.name, i++);
+      if (!check || !mismatch_.empty()) return absl::OkStatus();
+      const uint32_t crc = ShardRangeCrc(main.regions, it.offset_bytes, it.length_bytes);
+      if (crc != it.crc32c) mismatch_ = ItemMismatch(std::string(it.name), it.crc32c, crc);
+      return absl::OkStatus();
+    });
+  }
+
+  const OpenedShard* main_ = nullptr;
+  std::thread thread_;
+  std::string mismatch_;
+  Index index_;
+};
+
 // The local agent's copy, opened and finished (FinishOpen without Locate's
 // answer) while meta answered where the shard lives: used if meta names
 // that copy first and it is the version's (size, crc32c, manifest digest).
@@ -380,7 +474,8 @@ std::unique_ptr<OpenedShard> UseLocal(const std::shared_ptr<ClientCore>& core, c
 // and every source go to the agent, which fetches the shard from the next
 // one.
 absl::StatusOr<std::unique_ptr<OpenedShard>> OpenBestNow(const std::shared_ptr<ClientCore>& core, uint64_t step,
-                                                         bool skip_verify, bool keep_packed) {
+                                                         bool skip_verify, bool keep_packed, LoadAside* aside,
+                                                         bool check) {
   CKPT_RETURN_IF_ERROR(ValidateStep(step));
   v1::LocateResponse located;
   {
@@ -389,8 +484,15 @@ absl::StatusOr<std::unique_ptr<OpenedShard>> OpenBestNow(const std::shared_ptr<C
     absl::StatusOr<std::unique_ptr<OpenedShard>> local = SendOpen(core, step, nullptr, skip_verify, &resp);
     absl::Status finished = local.status();
     if (local.ok()) finished = FinishOpen(*core, nullptr, resp, **local, keep_packed);
+    // The caller's work beside the listing starts on the local copy while
+    // meta answers; abandoned (waited for) if that copy is not used.
+    if (aside != nullptr && finished.ok() && !(*local)->packed.empty()) aside->Start(**local, check && !(*local)->verified);
+    absl::Cleanup not_used = [&] {
+      if (aside != nullptr) aside->Abandon();
+    };
     CKPT_ASSIGN_OR_RETURN(located, locate.Wait());  // a version meta does not serve: its error
     if (std::unique_ptr<OpenedShard> opened = UseLocal(core, located, local, finished); opened != nullptr) {
+      std::move(not_used).Cancel();
       return opened;
     }
     if (!local.ok() && !absl::IsNotFound(local.status()) && !absl::IsDataLoss(local.status()) &&
@@ -409,9 +511,13 @@ absl::StatusOr<std::unique_ptr<OpenedShard>> OpenBestNow(const std::shared_ptr<C
 // background, so a load right after a save would fail otherwise. With several
 // ranks the version also waits for the others: their loads say so at once
 // (wait for the version first, e.g. SaveHandle::Wait).
+// `aside`, if not null, may be started on the shard returned (LoadAside,
+// with its crc32c check if `check`), or is left unstarted.
 absl::StatusOr<std::unique_ptr<OpenedShard>> OpenBest(const std::shared_ptr<ClientCore>& core, uint64_t step,
-                                                      bool skip_verify, bool keep_packed = false) {
-  absl::StatusOr<std::unique_ptr<OpenedShard>> opened = OpenBestNow(core, step, skip_verify, keep_packed);
+                                                      bool skip_verify, bool keep_packed = false,
+                                                      LoadAside* aside = nullptr, bool check = false) {
+  absl::StatusOr<std::unique_ptr<OpenedShard>> opened =
+      OpenBestNow(core, step, skip_verify, keep_packed, aside, check);
   const absl::Status& s = opened.status();
   if (opened.ok() || core->options.world_size != 1 || !(absl::IsNotFound(s) || absl::IsFailedPrecondition(s)) ||
       !absl::StartsWith(s.message(), "Locate: ")) {
@@ -420,14 +526,13 @@ absl::StatusOr<std::unique_ptr<OpenedShard>> OpenBest(const std::shared_ptr<Clie
   const absl::Time grace_end = core->GraceEnd(step);
   if (absl::Now() >= grace_end) return opened;
   if (!WaitForVersion(*core, step, Level::kStaged, grace_end, grace_end).ok()) return opened;
-  return OpenBestNow(core, step, skip_verify, keep_packed);
+  return OpenBestNow(core, step, skip_verify, keep_packed, aside, check);
 }
 
 // The versions an incremental shard's references point to, opened (this
 // rank's shards, through OpenBest: the local copy or any source), by step.
 // Every reference must name one of its base's own items (same offset,
 // length and crc32c): the agent verified those, so views of them are safe.
-using Bases = std::map<uint64_t, std::unique_ptr<OpenedShard>>;
 absl::StatusOr<Bases> OpenBases(const std::shared_ptr<ClientCore>& core, const OpenedShard& main,
                                 bool skip_verify) {
   Bases bases;
@@ -481,68 +586,6 @@ void AdoptAsBase(ClientCore& core, uint64_t step, const OpenedShard& opened) {
   core.base = SavedBase{step, std::move(commit), nullptr};
 }
 
-// The mapped regions that hold `item`'s bytes: the shard's own or its base's.
-const std::vector<ShardRegion>& RegionsFor(const OpenedShard& main, const Bases& bases,
-                                           std::optional<uint64_t> ref_step) {
-  if (!ref_step) return main.regions;
-  return bases.at(*ref_step)->regions;
-}
-
-std::string ItemMismatch(const std::string& name, uint32_t expected, uint32_t actual) {
-  return absl::StrCat("item ", QuoteForMessage(name), " fails its checksum: crc32c ",
-                      absl::Hex(actual, absl::kZeroPad8), ", manifest says ",
-                      absl::Hex(expected, absl::kZeroPad8));
-}
-
-// The first item of `main` (or of a base its references name) whose bytes
-// fail their crc32c, as ItemMismatch says it; "" when all match.
-std::string FirstMismatch(const OpenedShard& main, const Bases& bases) {
-  std::string bad;
-  if (!main.packed.empty()) {
-    (void)ForEachPackedItem(main.packed, [&](const PackedItem& it) {
-      const uint32_t crc = ShardRangeCrc(main.regions, it.offset_bytes, it.length_bytes);
-      if (crc == it.crc32c) return absl::OkStatus();
-      bad = ItemMismatch(std::string(it.name), it.crc32c, crc);
-      return absl::CancelledError();  // stops the walk
-    });
-    return bad;
-  }
-  for (const ManifestItem& it : main.items) {
-    const uint32_t crc = ShardRangeCrc(RegionsFor(main, bases, it.ref_step), it.offset_bytes, it.length_bytes);
-    if (crc != it.crc32c) return ItemMismatch(it.name, it.crc32c, crc);
-  }
-  return bad;
-}
-
-// Checks the items of an opened shard (FirstMismatch), on a thread of its
-// own beside the caller (`beside`, for a shard of 4 MiB or more) or at once.
-// Wait() returns the result; the shard and its bases must not change or go
-// before it did (the destructor waits).
-class ItemCheck {
- public:
-  ItemCheck() = default;
-  ItemCheck(const ItemCheck&) = delete;
-  ItemCheck& operator=(const ItemCheck&) = delete;
-  ~ItemCheck() { Wait(); }
-
-  void Start(const OpenedShard& main, const Bases& bases, bool beside) {
-    if (beside && main.shard.size_bytes() >= kBesideBytes) {
-      thread_ = std::thread([this, &main, &bases] { result_ = FirstMismatch(main, bases); });
-    } else {
-      result_ = FirstMismatch(main, bases);
-    }
-  }
-  std::string Wait() {
-    if (thread_.joinable()) thread_.join();
-    return result_;
-  }
-
- private:
-  static constexpr uint64_t kBesideBytes = 4 << 20;
-  std::thread thread_;
-  std::string result_;
-};
-
 }  // namespace
 }  // namespace client
 
@@ -560,7 +603,9 @@ struct LoadedShard::Impl {
   std::unique_ptr<OpenedShard> opened;
   Bases bases;  // the versions references point to (incremental saves)
   std::vector<LoadedItem> items;
-  absl::flat_hash_map<std::string_view, size_t> index;  // name (in items) -> items[i]
+  // name -> items[i]; the views are into opened->packed, or into items'
+  // names when the manifest was decoded.
+  absl::flat_hash_map<std::string_view, size_t> index;
   absl::Mutex mu;
   // Items copied out of non-adjacent regions, by index.
   absl::flat_hash_map<size_t, std::unique_ptr<std::byte[]>> copies ABSL_GUARDED_BY(mu);
@@ -675,8 +720,10 @@ absl::StatusOr<LoadedShard> Client::Load(uint64_t step, const LoadOptions& optio
   std::string first_mismatch;
   for (int attempt = 0; attempt < 2; ++attempt) {
     const bool agent_verifies = options.verify && attempt == 1;
-    absl::StatusOr<std::unique_ptr<OpenedShard>> opened =
-        OpenBest(core_, step, /*skip_verify=*/!agent_verifies, /*keep_packed=*/true);
+    absl::StatusOr<std::unique_ptr<OpenedShard>> opened;
+    // Reads the shard until waited for: declared after it, so it goes first.
+    client::LoadAside aside;
+    opened = OpenBest(core_, step, /*skip_verify=*/!agent_verifies, /*keep_packed=*/true, &aside, options.verify);
     if (!opened.ok()) {
       if (attempt == 0) return opened.status();
       return absl::Status(opened.status().code(), absl::StrCat(first_mismatch, "; re-opening with verification failed: ",
@@ -685,12 +732,12 @@ absl::StatusOr<LoadedShard> Client::Load(uint64_t step, const LoadOptions& optio
     auto impl = std::make_unique<LoadedShard::Impl>();
     CKPT_ASSIGN_OR_RETURN(impl->bases, OpenBases(core_, **opened, /*skip_verify=*/!agent_verifies));
     const OpenedShard& main = **opened;
-    // The packed manifest is read by both threads (the items are built
-    // from it here); decoded items are checked before they move.
-    client::ItemCheck check;
-    if (options.verify && !main.verified) check.Start(main, impl->bases, /*beside=*/!main.packed.empty());
+    const bool check = options.verify && !main.verified;
+    std::string mismatch;
     if (!main.packed.empty()) {
-      // Straight from the agent's packed manifest (no references: checked).
+      // Straight from the agent's packed manifest (no references: checked),
+      // while LoadAside checks the items and indexes the names.
+      if (!aside.StartedOn(main)) aside.Start(main, check);
       impl->items.reserve(PackedItemCount(main.packed));
       const absl::Status s = ForEachPackedItem(main.packed, [&](const PackedItem& it) {
         LoadedItem& item = impl->items.emplace_back();
@@ -704,28 +751,29 @@ absl::StatusOr<LoadedShard> Client::Load(uint64_t step, const LoadOptions& optio
         item.step = step;
         return absl::OkStatus();
       });
-      if (!s.ok()) {
-        check.Wait();
-        return absl::InternalError(absl::StrCat("the packed manifest: ", s.message()));  // read before
+      aside.Wait();
+      if (!s.ok()) return absl::InternalError(absl::StrCat("the packed manifest: ", s.message()));  // read before
+      mismatch = aside.mismatch();
+      impl->index = aside.TakeIndex();
+    } else {
+      if (check) mismatch = client::FirstMismatch(main, impl->bases);  // before the items move
+      impl->items.reserve(main.items.size());
+      for (ManifestItem& it : (*opened)->items) {
+        LoadedItem item;
+        item.name = std::move(it.name);
+        item.dtype = static_cast<DType>(it.dtype);
+        item.shape = std::move(it.shape);
+        item.offset_bytes = it.offset_bytes;
+        item.length_bytes = it.length_bytes;
+        item.crc32c = it.crc32c;
+        item.attributes = std::move(it.attributes);
+        item.step = it.ref_step.value_or(step);
+        impl->items.push_back(std::move(item));
       }
+      (*opened)->items.clear();  // moved into impl->items
+      impl->index.reserve(impl->items.size());
+      for (size_t i = 0; i < impl->items.size(); ++i) impl->index.emplace(impl->items[i].name, i);
     }
-    impl->items.reserve(main.items.size());
-    for (ManifestItem& it : (*opened)->items) {
-      LoadedItem item;
-      item.name = std::move(it.name);
-      item.dtype = static_cast<DType>(it.dtype);
-      item.shape = std::move(it.shape);
-      item.offset_bytes = it.offset_bytes;
-      item.length_bytes = it.length_bytes;
-      item.crc32c = it.crc32c;
-      item.attributes = std::move(it.attributes);
-      item.step = it.ref_step.value_or(step);
-      impl->items.push_back(std::move(item));
-    }
-    (*opened)->items.clear();  // moved into impl->items
-    impl->index.reserve(impl->items.size());
-    for (size_t i = 0; i < impl->items.size(); ++i) impl->index.emplace(impl->items[i].name, i);
-    std::string mismatch = check.Wait();
     if (mismatch.empty()) {
       if (options.verify) (*opened)->verified = true;
       impl->opened = *std::move(opened);

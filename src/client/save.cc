@@ -40,15 +40,6 @@ struct SaveBuilder::Names {
   absl::node_hash_set<std::string> set;
 };
 
-SaveBuilder::SaveBuilder(std::shared_ptr<client::ClientCore> core, uint64_t step)
-    : core_(std::move(core)), step_(step), names_(std::make_unique<Names>()) {
-  const size_t expect = core_->last_save_items.load(std::memory_order_relaxed);
-  items_.reserve(expect);
-  names_->set.reserve(expect);
-}
-SaveBuilder::SaveBuilder(SaveBuilder&&) noexcept = default;
-SaveBuilder& SaveBuilder::operator=(SaveBuilder&&) noexcept = default;
-SaveBuilder::~SaveBuilder() = default;
 
 size_t SaveBuilder::item_count() const { return items_.size(); }
 
@@ -228,6 +219,99 @@ std::unique_ptr<DecodedBase> BaseFor(ClientCore& core, uint64_t step, bool parti
 
 }  // namespace
 
+namespace client {
+
+// A staging lease asked for on the session when a save began, of the size of
+// the client's previous full save; `answer` is set, then `done` notified.
+struct EarlyLease {
+  uint64_t size_bytes = 0;
+  uint64_t alignment = 0;  // the item alignment the size was laid out with
+  absl::StatusOr<v1::AcquireStagingLeaseResponse> answer = absl::UnknownError("not answered");
+  absl::Notification done;
+};
+
+namespace {
+
+// Asks for the lease on the client's session (only there: without one, or
+// when the agent would have to ask meta, Commit asks as before).
+void AskEarly(ClientCore& core, uint64_t step, EarlyLease& early) {
+  absl::StatusOr<std::shared_ptr<AgentSession>> session = OpenSession(core);
+  if (!session.ok() || *session == nullptr || !(*session)->serves_requests()) {
+    early.answer = absl::UnavailableError("no session that serves requests");
+    return;
+  }
+  const ClientOptions& o = core.options;
+  v1::AcquireStagingLeaseRequest req;
+  req.set_job_id(o.job_id);
+  req.set_step(step);
+  req.set_rank(o.rank);
+  req.set_run_id(o.run_id);
+  req.set_client_pid(static_cast<uint32_t>(::getpid()));
+  req.set_session_id((*session)->id());
+  req.set_size_bytes(early.size_bytes);
+  absl::StatusOr<std::string> reply = (*session)->Request("LEASE", req.SerializeAsString(), o.rpc_timeout);
+  if (!reply.ok()) {
+    early.answer = reply.status();
+    return;
+  }
+  v1::AcquireStagingLeaseResponse resp;
+  if (!resp.ParseFromString(*reply)) {
+    early.answer = absl::InternalError("lease (session): unparsable answer");
+    return;
+  }
+  early.answer = std::move(resp);
+}
+
+}  // namespace
+}  // namespace client
+
+SaveBuilder::SaveBuilder(std::shared_ptr<client::ClientCore> core, uint64_t step)
+    : core_(std::move(core)), step_(step), names_(std::make_unique<Names>()) {
+  const size_t expect = core_->last_save_items.load(std::memory_order_relaxed);
+  items_.reserve(expect);
+  names_->set.reserve(expect);
+  const uint64_t size = core_->last_full_save_bytes.load(std::memory_order_relaxed);
+  if (size == 0 || !ValidateStep(step).ok() || !core_->CheckProcess().ok()) return;
+  auto early = std::make_shared<client::EarlyLease>();
+  early->size_bytes = size;
+  early->alignment = core_->item_alignment.load();
+  client::ClientCore& c = *core_;
+  const bool sent = c.calls.TrySubmit([&c, step, early] {
+    client::AskEarly(c, step, *early);
+    early->done.Notify();
+  });
+  if (sent) early_ = std::move(early);
+}
+SaveBuilder::SaveBuilder(SaveBuilder&&) noexcept = default;
+SaveBuilder& SaveBuilder::operator=(SaveBuilder&& other) noexcept {
+  if (this != &other) {
+    ReleaseEarlyLease();
+    core_ = std::move(other.core_);
+    step_ = other.step_;
+    spent_ = other.spent_;
+    carry_rest_ = other.carry_rest_;
+    incremental_ = other.incremental_;
+    items_ = std::move(other.items_);
+    names_ = std::move(other.names_);
+    early_ = std::move(other.early_);
+  }
+  return *this;
+}
+SaveBuilder::~SaveBuilder() { ReleaseEarlyLease(); }
+
+// A lease asked for at BeginSave and not committed into: released in the
+// background once answered (on the caller's thread if the executor is full).
+void SaveBuilder::ReleaseEarlyLease() {
+  std::shared_ptr<client::EarlyLease> early = std::move(early_);
+  if (early == nullptr || core_ == nullptr) return;
+  client::ClientCore& c = *core_;
+  auto release = [&c, early] {
+    early->done.WaitForNotification();
+    if (early->answer.ok()) AbortLease(c, early->answer->lease_id());
+  };
+  if (!c.calls.TrySubmit(release)) release();
+}
+
 absl::StatusOr<SaveHandle> SaveBuilder::Commit() {
   if (spent_ || core_ == nullptr) {
     return absl::FailedPreconditionError("SaveBuilder::Commit called twice");
@@ -316,10 +400,29 @@ absl::StatusOr<SaveHandle> SaveBuilder::CommitItems(client::LazyState* progress,
   CKPT_ASSIGN_OR_RETURN(std::shared_ptr<client::AgentSession> session, client::OpenSession(core));
   lease_req.set_session_id(session == nullptr ? std::string() : session->id());
   v1::AcquireStagingLeaseResponse lease;
+  // The lease asked for at BeginSave, if the shard fits it (laid out with
+  // the same alignment, no references, and at least half of it used);
+  // released otherwise, before the lease below replaces it.
+  bool early_used = false;
+  if (std::shared_ptr<client::EarlyLease> early = std::move(early_); early != nullptr) {
+    early->done.WaitForNotification();
+    if (early->answer.ok()) {
+      const v1::AcquireStagingLeaseResponse& e = *early->answer;
+      const uint64_t align = e.item_alignment_bytes();
+      if (base_steps.empty() && !e.pull() && layout.size <= early->size_bytes &&
+          layout.size >= early->size_bytes / 2 && early->alignment == core.item_alignment.load() &&
+          (align == 0 || align == early->alignment)) {
+        lease = *std::move(early->answer);
+        early_used = true;
+      } else {
+        AbortLease(core, e.lease_id());
+      }
+    }
+  }
   // At most twice: once more if the agent asks for a coarser alignment than
   // we laid out with (then the shard may not fit the first lease).
   std::string replaced_lease;  // a first lease the second one replaces
-  for (int attempt = 0;; ++attempt) {
+  for (int attempt = 0; !early_used; ++attempt) {
     lease_req.set_size_bytes(layout.size);
     *lease_req.mutable_base_steps() = {base_steps.begin(), base_steps.end()};
     v1::AcquireStagingLeaseResponse resp;
@@ -509,6 +612,7 @@ absl::StatusOr<SaveHandle> SaveBuilder::CommitItems(client::LazyState* progress,
   }
 
   core.last_save_items.store(items_.size(), std::memory_order_relaxed);
+  core.last_full_save_bytes.store(base_steps.empty() && !lease.pull() ? layout.size : 0, std::memory_order_relaxed);
   // The builder's bookkeeping (a name, shape and attributes per item) is
   // freed by the committer, after Commit returned, when it sends in the
   // background; here otherwise.

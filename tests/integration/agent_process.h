@@ -11,7 +11,10 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "ckpt/v1/agent.grpc.pb.h"
 #include "support/ports.h"
@@ -95,6 +98,20 @@ class AgentProcess {
   int metrics_port() const { return metrics_port_; }
   int data_port() const { return data_port_; }
   const AgentProcessOptions& options() const { return options_; }
+  // A sample without labels from the agent's /metrics (-1 if absent or the
+  // agent does not answer).
+  double Metric(const std::string& name) const {
+    int code = 0;
+    absl::StatusOr<std::string> body = HttpGet("127.0.0.1", metrics_port_, "/metrics", &code);
+    if (!body.ok()) return -1;
+    for (absl::string_view line : absl::StrSplit(*body, '\n')) {
+      if (absl::StartsWith(line, name + " ")) {
+        double v = 0;
+        if (absl::SimpleAtod(line.substr(name.size() + 1), &v)) return v;
+      }
+    }
+    return -1;
+  }
 
  private:
   AgentProcess() = default;

@@ -225,6 +225,62 @@ TEST_F(ClientLargeShardTest, VerifiedLoadsOnTheSessionUpTo64MiBAndOverGrpcBeyond
   }
 }
 
+TEST_F(ClientIntegrationTest, ASaveCommitsIntoTheLeaseBeginSaveAskedForOrReleasesIt) {
+  // After a save that copied every item, BeginSave asks the agent at once
+  // (while the caller adds items) for a lease of that save's size. Commit
+  // uses it when the shard fits: one lease request on the session for the
+  // whole save. A larger shard, one under half of it, or a builder dropped
+  // without Commit releases it. Every save loads back byte-exact.
+  ClientOptions o = Options("early", 0, 1);
+  o.keep_in_memory = 8;
+  absl::StatusOr<Client> c = Client::Connect(o);
+  ASSERT_TRUE(c.ok()) << c.status();
+  const std::vector<float> a = Tensor(100000, 1), b = Tensor(100000, 2), big = Tensor(300000, 3);
+  const std::vector<std::vector<const std::vector<float>*>> saves = {
+      {&a, &b}, {&a, &b}, {&a, &b, &big}, {&a}};
+  auto name = [](size_t i) { return absl::StrCat("t", i); };
+  for (size_t i = 0; i < saves.size(); ++i) {
+    const uint64_t step = i + 1;
+    const double requests = agent_->Metric("ckpt_agent_session_requests_total");
+    SaveBuilder s = c->BeginSave(step);
+    for (size_t k = 0; k < saves[i].size(); ++k) {
+      ASSERT_TRUE(s.Add(name(k), Bytes(*saves[i][k]), DType::kF32, {saves[i][k]->size()}).ok());
+    }
+    absl::StatusOr<SaveHandle> h = s.Commit();
+    ASSERT_TRUE(h.ok()) << step << ": " << h.status();
+    ASSERT_TRUE(h->Wait(Level::kStaged, absl::Now() + absl::Seconds(60)).ok()) << step;
+    // Step 2 is the size of step 1: its early lease is the only one. Steps 3
+    // (larger) and 4 (under half) ask again.
+    EXPECT_EQ(agent_->Metric("ckpt_agent_session_requests_total") - requests, step == 2 ? 1 : step == 1 ? 1 : 2)
+        << step;
+  }
+  // Bounded polls of the agent's gauge (another process).
+  auto await_open_leases = [&](double want) {
+    const absl::Time deadline = absl::Now() + absl::Seconds(30);
+    while (agent_->Metric("ckpt_agent_open_leases") != want && absl::Now() < deadline) {
+      absl::SleepFor(absl::Milliseconds(20));
+    }
+    return agent_->Metric("ckpt_agent_open_leases");
+  };
+  {
+    SaveBuilder dropped = c->BeginSave(5);
+    ASSERT_TRUE(dropped.Add(name(0), Bytes(a), DType::kF32, {a.size()}).ok());
+    EXPECT_EQ(await_open_leases(1), 1);  // asked for by BeginSave
+  }
+  EXPECT_EQ(await_open_leases(0), 0);  // released in the background
+  for (size_t i = 0; i < saves.size(); ++i) {
+    absl::StatusOr<LoadedShard> shard = c->Load(i + 1);
+    ASSERT_TRUE(shard.ok()) << i + 1 << ": " << shard.status();
+    ASSERT_EQ(shard->items().size(), saves[i].size());
+    for (size_t k = 0; k < saves[i].size(); ++k) {
+      absl::StatusOr<std::span<const std::byte>> view = shard->View(name(k));
+      ASSERT_TRUE(view.ok()) << view.status();
+      ASSERT_EQ(view->size(), saves[i][k]->size() * sizeof(float));
+      EXPECT_EQ(std::memcmp(view->data(), saves[i][k]->data(), view->size()), 0) << i + 1 << " " << k;
+    }
+  }
+}
+
 TEST_F(ClientIntegrationTest, BadInputThroughTheClient) {
   // Unknown job for a non-zero rank: Connect waits for rank 0, then times out.
   ClientOptions o = Options("nobody", 1, 2);

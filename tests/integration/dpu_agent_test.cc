@@ -53,20 +53,6 @@ class DpuAgentTest : public testing::ClusterTest {
   v1::AgentStatusResponse Status(testing::AgentProcess& a);
 };
 
-// A counter from an agent's /metrics (-1 if absent).
-double Metric(testing::AgentProcess& a, const std::string& name) {
-  int code = 0;
-  absl::StatusOr<std::string> body = testing::HttpGet("127.0.0.1", a.metrics_port(), "/metrics", &code);
-  if (!body.ok()) return -1;
-  for (absl::string_view line : absl::StrSplit(*body, '\n')) {
-    if (absl::StartsWith(line, name + " ")) {
-      double v = 0;
-      if (absl::SimpleAtod(line.substr(name.size() + 1), &v)) return v;
-    }
-  }
-  return -1;
-}
-
 // The ranks of `job` a node holds copies of.
 std::set<uint32_t> HeldRanksOf(testing::AgentProcess& a, const std::string& job) {
   v1::GetInventoryRequest req;
@@ -177,11 +163,11 @@ TEST_F(DpuAgentTest, MixedClusterPullsProtectsAndRestoresAfterADpuAgentDiesAndOn
   }
   SaveAll("mixed", 5, 4, Protection::Replicate(2, Protection::Placement::kRing), kBytes);
   // The DPU agents pulled their ranks' bytes; the host agents pulled nothing.
-  EXPECT_EQ(Metric(*agents_[0], "ckpt_agent_pulled_bytes_total"), 0);
-  EXPECT_EQ(Metric(*agents_[1], "ckpt_agent_pulled_bytes_total"), 0);
-  EXPECT_GE(Metric(*agents_[2], "ckpt_agent_pulled_bytes_total"), static_cast<double>(kBytes + 2 * 4099));
-  EXPECT_GE(Metric(*agents_[3], "ckpt_agent_pulled_bytes_total"), static_cast<double>(kBytes + 3 * 4099));
-  EXPECT_EQ(Metric(*agents_[2], "ckpt_agent_pull_errors_total"), 0);
+  EXPECT_EQ(agents_[0]->Metric("ckpt_agent_pulled_bytes_total"), 0);
+  EXPECT_EQ(agents_[1]->Metric("ckpt_agent_pulled_bytes_total"), 0);
+  EXPECT_GE(agents_[2]->Metric("ckpt_agent_pulled_bytes_total"), static_cast<double>(kBytes + 2 * 4099));
+  EXPECT_GE(agents_[3]->Metric("ckpt_agent_pulled_bytes_total"), static_cast<double>(kBytes + 3 * 4099));
+  EXPECT_EQ(agents_[2]->Metric("ckpt_agent_pull_errors_total"), 0);
   // Placement keeps each replica off the machine of its primary: rank 0's
   // copy is not on n2 (n0's DPU), nor rank 2's on n0, and so on.
   for (int node = 0; node < 4; ++node) {
@@ -193,8 +179,8 @@ TEST_F(DpuAgentTest, MixedClusterPullsProtectsAndRestoresAfterADpuAgentDiesAndOn
   for (ServedFrom f : from) EXPECT_EQ(f, ServedFrom::kLocal);
   // The DPU agents wrote their restores into the clients' staging memory
   // (one-sided puts); the host agents handed out regions to map.
-  EXPECT_GE(Metric(*agents_[2], "ckpt_agent_delivered_bytes_total"), static_cast<double>(kBytes + 2 * 4099));
-  EXPECT_EQ(Metric(*agents_[0], "ckpt_agent_delivered_bytes_total"), 0);
+  EXPECT_GE(agents_[2]->Metric("ckpt_agent_delivered_bytes_total"), static_cast<double>(kBytes + 2 * 4099));
+  EXPECT_EQ(agents_[0]->Metric("ckpt_agent_delivered_bytes_total"), 0);
 
   // kill -9 of DPU agent n3 and an immediate restart: it re-adopts its tier.
   ASSERT_TRUE(agents_[3]->proc()->Kill().ok());
@@ -306,7 +292,7 @@ TEST_F(DpuAgentTest, AClientThatDiesBeforeItsPullAndBadPullSourcesLoseNothing) {
   }
   EXPECT_EQ(st.open_leases(), 0u);
   EXPECT_EQ(st.holdings_size(), 0);
-  EXPECT_GE(Metric(dpu, "ckpt_agent_pull_errors_total"), 1);
+  EXPECT_GE(dpu.Metric("ckpt_agent_pull_errors_total"), 1);
 
   // The agent still takes a real save, byte for byte, at a boundary size.
   SaveAll("after", 2, 1, Protection::None(), kBytes + 1);
@@ -408,7 +394,7 @@ TEST_F(DpuAgentTest, ATrainerStoppedMidPullTimesOutAndItsMemoryIsFreedWhenItDies
   EXPECT_EQ(st.memory_leased_bytes(), 0u);
   EXPECT_EQ(st.open_leases(), 0u);
   EXPECT_EQ(st.holdings_size(), 0);
-  EXPECT_GE(Metric(dpu, "ckpt_agent_pull_errors_total"), 1);
+  EXPECT_GE(dpu.Metric("ckpt_agent_pull_errors_total"), 1);
   // A real save and load through the same agent and transport.
   SaveAll("after", 2, 1, Protection::None(), kBytes);
   LoadAll("after", 2, 1, kBytes, [](uint32_t) { return 0; });

@@ -77,6 +77,7 @@ namespace ckpt {
 namespace client {
 struct ClientCore;  // connection state shared by a Client and its handles
 struct LazyState;   // a lazy save in progress (LazySave)
+struct EarlyLease;  // a staging lease asked for when a save began
 struct CommitResult;  // a commit sent in the background (SaveHandle)
 struct ShardRegion;   // a mapped part of a shard (LoadedShard)
 }  // namespace client
@@ -372,7 +373,9 @@ enum class ItemChange {
 };
 
 // Collects the items of one save (one rank's shard of one step) and commits
-// them. Obtained from Client::BeginSave. Movable, not copyable; not
+// them. Obtained from Client::BeginSave, which, after a save of this client
+// that copied every item, asks the agent in the background for a staging
+// lease of that save's size (released if this save does not commit into it). Movable, not copyable; not
 // thread-safe (one thread fills and commits it).
 class SaveBuilder {
  public:
@@ -472,6 +475,11 @@ class SaveBuilder {
   bool incremental_ = false;  // some item is not kChanged, or CarryRest
   std::vector<Item> items_;
   std::unique_ptr<Names> names_;
+  // The lease BeginSave asked for in the background, of the size of this
+  // client's previous save (a trainer saves the same state every time):
+  // Commit uses it when the items fit, and releases it otherwise.
+  std::shared_ptr<client::EarlyLease> early_;
+  void ReleaseEarlyLease();
 };
 
 // One item of a loaded shard, as recorded in its manifest.

@@ -8,7 +8,8 @@
 #include <utility>
 
 #include "absl/container/flat_hash_map.h"
-#include "absl/container/node_hash_set.h"
+#include "absl/container/flat_hash_set.h"
+#include "absl/container/inlined_vector.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -28,25 +29,43 @@ constexpr size_t kMaxAttributes = 16;
 constexpr size_t kMaxAttributeBytes = 256;
 
 struct SaveBuilder::Item {
-  const std::string* name;  // owned by names_ (stable address)
+  std::string_view name;  // in names_ (stable)
   std::span<const std::byte> bytes;
   DType dtype;
-  std::vector<uint64_t> shape;
+  absl::InlinedVector<uint64_t, 4> shape;
   std::map<std::string, std::string> attributes;
   ItemChange change;
 };
 
+// The names added so far: their bytes in blocks that never move (no
+// allocation per name), and a set of views of them for the duplicate check.
 struct SaveBuilder::Names {
-  absl::node_hash_set<std::string> set;
-};
+  static constexpr size_t kBlockBytes = 64 << 10;
+  std::vector<std::unique_ptr<char[]>> blocks;
+  size_t used = 0;      // bytes of the last block taken
+  size_t capacity = 0;  // of the last block
+  absl::flat_hash_set<std::string_view> set;
 
+  // A copy of `name` that lives as long as this.
+  std::string_view Keep(std::string_view name) {
+    if (capacity - used < name.size()) {
+      capacity = std::max(kBlockBytes, name.size());
+      blocks.push_back(std::make_unique_for_overwrite<char[]>(capacity));
+      used = 0;
+    }
+    char* at = blocks.back().get() + used;
+    std::memcpy(at, name.data(), name.size());
+    used += name.size();
+    return {at, name.size()};
+  }
+};
 
 size_t SaveBuilder::item_count() const { return items_.size(); }
 
 SaveBuilder Client::BeginSave(uint64_t step) { return SaveBuilder(core_, step); }
 
-absl::Status SaveBuilder::Add(std::string name, std::span<const std::byte> bytes, DType dtype,
-                              std::vector<uint64_t> shape,
+absl::Status SaveBuilder::Add(std::string_view name, std::span<const std::byte> bytes, DType dtype,
+                              absl::Span<const uint64_t> shape,
                               std::map<std::string, std::string> attributes, ItemChange change) {
   if (spent_ || core_ == nullptr) {
     return absl::FailedPreconditionError("SaveBuilder::Add after Commit");
@@ -83,14 +102,14 @@ absl::Status SaveBuilder::Add(std::string name, std::span<const std::byte> bytes
                        " has a key or value longer than 256 bytes"));
     }
   }
-  // One hash of the name: the set takes it only if it is new.
+  // One hash of the name: the set takes a copy only if it is new.
   const size_t before = names_->set.size();
-  auto it = names_->set.lazy_emplace(name, [&](const auto& ctor) { ctor(std::move(name)); });
+  auto it = names_->set.lazy_emplace(name, [&](const auto& ctor) { ctor(names_->Keep(name)); });
   if (names_->set.size() == before) {
     return absl::InvalidArgumentError(
-        absl::StrCat("item ", QuoteForMessage(*it), " was already added to this save"));
+        absl::StrCat("item ", QuoteForMessage(name), " was already added to this save"));
   }
-  items_.push_back(Item{&*it, bytes, dtype, std::move(shape), std::move(attributes), change});
+  items_.push_back(Item{*it, bytes, dtype, {shape.begin(), shape.end()}, std::move(attributes), change});
   if (change != ItemChange::kChanged) incremental_ = true;
   return absl::OkStatus();
 }
@@ -179,9 +198,9 @@ struct DecodedBase {
   RefTo Location(const ManifestItem& it) const {
     return RefTo{it.ref_step.value_or(step), it.offset_bytes, it.length_bytes, it.crc32c};
   }
-  std::optional<uint64_t> Hash(const std::string& name) const {
+  std::optional<uint64_t> Hash(std::string_view name) const {
     if (hashes == nullptr) return std::nullopt;
-    auto h = hashes->find(name);
+    auto h = hashes->find(absl::string_view(name.data(), name.size()));
     return h == hashes->end() ? std::nullopt : std::optional<uint64_t>(h->second);
   }
 };
@@ -350,14 +369,14 @@ absl::StatusOr<SaveHandle> SaveBuilder::CommitItems(client::LazyState* progress,
     for (size_t i = 0; i < items_.size(); ++i) {
       const Item& it = items_[i];
       if (it.change == ItemChange::kDetect) hash[i] = ContentHash(it.bytes);
-      const ManifestItem* b = base == nullptr ? nullptr : base->Find(*it.name);
+      const ManifestItem* b = base == nullptr ? nullptr : base->Find(it.name);
       // (An empty item costs nothing to copy; a container marker must stay
       // among the shard's own items, ahead of its elements.)
       if (b == nullptr || b->length_bytes != it.bytes.size() || it.bytes.empty()) continue;
       if (it.change == ItemChange::kUnchanged) {
         ref[i] = base->Location(*b);
-        hash[i] = base->Hash(*it.name);
-      } else if (it.change == ItemChange::kDetect && base->Hash(*it.name) == hash[i]) {
+        hash[i] = base->Hash(it.name);
+      } else if (it.change == ItemChange::kDetect && base->Hash(it.name) == hash[i]) {
         ref[i] = base->Location(*b);
       }
     }
@@ -515,7 +534,7 @@ absl::StatusOr<SaveHandle> SaveBuilder::CommitItems(client::LazyState* progress,
   // string for the whole shard instead of a message per item.
   size_t manifest_bytes = 32;
   for (const Item& it : items_) {
-    manifest_bytes += 48 + it.name->size() + 8 * it.shape.size();
+    manifest_bytes += 48 + it.name.size() + 8 * it.shape.size();
     for (const auto& [k, v] : it.attributes) manifest_bytes += 8 + k.size() + v.size();
   }
   ManifestEncoder manifest(manifest_bytes);
@@ -560,7 +579,7 @@ absl::StatusOr<SaveHandle> SaveBuilder::CommitItems(client::LazyState* progress,
     shard_crc = Crc32cCombine(shard_crc, crc, it.bytes.size());
     pos = off + it.bytes.size();
 
-    manifest.Add(*it.name, static_cast<int>(it.dtype), it.shape, off, it.bytes.size(), crc, it.attributes);
+    manifest.Add(it.name, static_cast<int>(it.dtype), it.shape, off, it.bytes.size(), crc, it.attributes);
     if (progress != nullptr) progress->MarkCopied(i + 1);  // the caller may change item i now
   }
   if (progress != nullptr && items_.empty()) progress->MarkCopied(0);
@@ -575,9 +594,9 @@ absl::StatusOr<SaveHandle> SaveBuilder::CommitItems(client::LazyState* progress,
   if (any_ref || std::any_of(hash.begin(), hash.end(), [](const auto& h) { return h.has_value(); })) {
     struct Ref {
       RefTo to;
-      const std::string* name;
+      std::string_view name;
       int dtype;
-      const std::vector<uint64_t>* shape;
+      std::span<const uint64_t> shape;
       const std::map<std::string, std::string>* attributes;
     };
     std::vector<Ref> refs;
@@ -585,19 +604,19 @@ absl::StatusOr<SaveHandle> SaveBuilder::CommitItems(client::LazyState* progress,
     hashes->reserve(items_.size() + carried.size());
     for (size_t i = 0; i < items_.size(); ++i) {
       const Item& it = items_[i];
-      if (hash[i]) hashes->emplace(*it.name, *hash[i]);
-      if (ref[i]) refs.push_back(Ref{*ref[i], it.name, static_cast<int>(it.dtype), &it.shape, &it.attributes});
+      if (hash[i]) hashes->emplace(std::string(it.name), *hash[i]);
+      if (ref[i]) refs.push_back(Ref{*ref[i], it.name, static_cast<int>(it.dtype), it.shape, &it.attributes});
     }
     for (const ManifestItem* c : carried) {
       if (c->length_bytes == 0) continue;  // added above
-      refs.push_back(Ref{base->Location(*c), &c->name, c->dtype, &c->shape, &c->attributes});
+      refs.push_back(Ref{base->Location(*c), c->name, c->dtype, c->shape, &c->attributes});
       if (std::optional<uint64_t> h = base->Hash(c->name)) hashes->emplace(c->name, *h);
     }
     std::stable_sort(refs.begin(), refs.end(), [](const Ref& a, const Ref& b) {
       return a.to.step != b.to.step ? a.to.step < b.to.step : a.to.offset_bytes < b.to.offset_bytes;
     });
     for (const Ref& r : refs) {
-      manifest.AddRef(r.to.step, *r.name, r.dtype, *r.shape, r.to.offset_bytes, r.to.length_bytes, r.to.crc32c,
+      manifest.AddRef(r.to.step, r.name, r.dtype, r.shape, r.to.offset_bytes, r.to.length_bytes, r.to.crc32c,
                       *r.attributes);
     }
     if (hashes->empty()) hashes.reset();

@@ -67,10 +67,12 @@
 #include <string>
 #include <utility>
 #include <vector>
+#include <string_view>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "absl/types/span.h"
 
 namespace ckpt {
 
@@ -387,15 +389,18 @@ class SaveBuilder {
 
   // Adds an item. Records the pointer only: nothing is copied until Commit,
   // so the caller must keep `bytes` alive and unchanged until Commit returns.
-  // Does not block; constant time (a shard may have tens of thousands of
-  // items). Errors (kInvalidArgument, the builder is unchanged): a
+  // The name, shape and attributes are copied (the name and a shape of up to
+  // 4 dimensions into the builder's own blocks: no allocation per item; the
+  // caller needs none either: a string literal or any string, a vector or a
+  // braced list). Does not block; constant time (a shard may have tens of
+  // thousands of items). Errors (kInvalidArgument, the builder is unchanged): a
   // bad name (1..1024 bytes of printable UTF-8), a name already added, an
   // unknown dtype, a length that does not match dtype and shape (see DType),
   // more than 16 attributes or an attribute key or value over 256 bytes;
   // kFailedPrecondition after Commit was called.
   // `change`: see ItemChange (incremental saves).
-  absl::Status Add(std::string name, std::span<const std::byte> bytes, DType dtype,
-                   std::vector<uint64_t> shape,
+  absl::Status Add(std::string_view name, std::span<const std::byte> bytes, DType dtype,
+                   absl::Span<const uint64_t> shape,
                    std::map<std::string, std::string> attributes = {},
                    ItemChange change = ItemChange::kChanged);
 

@@ -122,6 +122,20 @@ namespace v1 = ::ckpt::v1;
 
 // Releases a lease after a failure. Returns true if the agent says the lease
 // is committed (a commit whose response was lost took effect).
+// A staging lease request of this client's for `step` (the size and base
+// steps to be set), held by the session `session_id` ("" for none).
+v1::AcquireStagingLeaseRequest LeaseRequest(const ClientCore& core, uint64_t step, const std::string& session_id) {
+  const ClientOptions& o = core.options;
+  v1::AcquireStagingLeaseRequest req;
+  req.set_job_id(o.job_id);
+  req.set_step(step);
+  req.set_rank(o.rank);
+  req.set_run_id(o.run_id);
+  req.set_client_pid(static_cast<uint32_t>(::getpid()));
+  req.set_session_id(session_id);
+  return req;
+}
+
 bool AbortLease(ClientCore& core, const std::string& lease_id) {
   v1::AbortLeaseRequest req;
   req.set_lease_id(lease_id);
@@ -259,16 +273,10 @@ void AskEarly(ClientCore& core, uint64_t step, EarlyLease& early) {
     early.answer = absl::UnavailableError("no session that serves requests");
     return;
   }
-  const ClientOptions& o = core.options;
-  v1::AcquireStagingLeaseRequest req;
-  req.set_job_id(o.job_id);
-  req.set_step(step);
-  req.set_rank(o.rank);
-  req.set_run_id(o.run_id);
-  req.set_client_pid(static_cast<uint32_t>(::getpid()));
-  req.set_session_id((*session)->id());
+  v1::AcquireStagingLeaseRequest req = LeaseRequest(core, step, (*session)->id());
   req.set_size_bytes(early.size_bytes);
-  absl::StatusOr<std::string> reply = (*session)->Request("LEASE", req.SerializeAsString(), o.rpc_timeout);
+  absl::StatusOr<std::string> reply =
+      (*session)->Request("LEASE", req.SerializeAsString(), core.options.rpc_timeout);
   if (!reply.ok()) {
     early.answer = reply.status();
     return;
@@ -409,15 +417,10 @@ absl::StatusOr<SaveHandle> SaveBuilder::CommitItems(client::LazyState* progress,
   CKPT_ASSIGN_OR_RETURN(client::Layout layout,
                         client::LayOut(lengths, core.item_alignment.load()));
 
-  v1::AcquireStagingLeaseRequest lease_req;
-  lease_req.set_job_id(o.job_id);
-  lease_req.set_step(step_);
-  lease_req.set_rank(o.rank);
-  lease_req.set_run_id(o.run_id);
-  lease_req.set_client_pid(static_cast<uint32_t>(::getpid()));
   // The lease lives as long as this client's session with the agent.
   CKPT_ASSIGN_OR_RETURN(std::shared_ptr<client::AgentSession> session, client::OpenSession(core));
-  lease_req.set_session_id(session == nullptr ? std::string() : session->id());
+  v1::AcquireStagingLeaseRequest lease_req =
+      LeaseRequest(core, step_, session == nullptr ? std::string() : session->id());
   v1::AcquireStagingLeaseResponse lease;
   // The lease asked for at BeginSave, if the shard fits it (laid out with
   // the same alignment, no references, and at least half of it used);

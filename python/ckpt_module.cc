@@ -1357,6 +1357,8 @@ class PyClient {
   // writable arrays are resolved here; other targets go to
   // ckpt._load_into_buffer (which raises for what cannot be loaded into).
   void LoadIntoTargets(uint64_t step, const py::dict& targets) const {
+    // The targets are read (with the GIL) while the client opens the shard
+    // (without it): LoadIntoWhileOpening.
     PyTypes& types = Types();
     std::vector<WritableView> views;
     views.reserve(targets.size());
@@ -1377,55 +1379,66 @@ class PyClient {
       CheckPy(v != nullptr);
       return py::reinterpret_steal<py::object>(v);
     };
-    for (const auto& [name, target] : targets) {
-      std::span<std::byte> span;
-      bool done = false;
-      PyObject* t = target.ptr();
-      if (types.TorchLoaded() && PyObject_TypeCheck(t, reinterpret_cast<PyTypeObject*>(types.tensor_type))) {
-        const TorchDType* dt = nullptr;
-        if (attr(t, types.is_cpu).ptr() == Py_True && attr(t, types.layout).ptr() == types.strided.ptr() &&
-            (dt = types.FindTorchDType(attr(t, types.dtype).ptr())) != nullptr &&
-            call(t, types.is_contiguous).ptr() == Py_True) {
-          uint64_t elements = 1;
-          py::object shape = attr(t, types.shape);
-          CheckPy(PyTuple_Check(shape.ptr()));
-          for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(shape.ptr()); ++k) {
-            const unsigned long long d = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(shape.ptr(), k));
-            CheckPy(!PyErr_Occurred());
-            elements *= d;
+    std::exception_ptr failed;  // a Python error while reading the targets
+    auto resolve = [&]() -> absl::StatusOr<Client::Buffers> {
+      py::gil_scoped_acquire acquire;
+      try {
+        for (const auto& [name, target] : targets) {
+          std::span<std::byte> span;
+          bool done = false;
+          PyObject* t = target.ptr();
+          if (types.TorchLoaded() && PyObject_TypeCheck(t, reinterpret_cast<PyTypeObject*>(types.tensor_type))) {
+            const TorchDType* dt = nullptr;
+            if (attr(t, types.is_cpu).ptr() == Py_True && attr(t, types.layout).ptr() == types.strided.ptr() &&
+                (dt = types.FindTorchDType(attr(t, types.dtype).ptr())) != nullptr &&
+                call(t, types.is_contiguous).ptr() == Py_True) {
+              uint64_t elements = 1;
+              py::object shape = attr(t, types.shape);
+              CheckPy(PyTuple_Check(shape.ptr()));
+              for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(shape.ptr()); ++k) {
+                const unsigned long long d = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(shape.ptr(), k));
+                CheckPy(!PyErr_Occurred());
+                elements *= d;
+              }
+              auto* data = static_cast<std::byte*>(PyLong_AsVoidPtr(call(t, types.data_ptr).ptr()));
+              CheckPy(!PyErr_Occurred());
+              span = std::span(data, elements * dt->size);
+              keep.push_back(py::reinterpret_borrow<py::object>(target));
+              done = true;
+            }
+          } else if (PyObject_TypeCheck(target.ptr(), reinterpret_cast<PyTypeObject*>(types.ndarray.ptr()))) {
+            py::array arr = py::reinterpret_borrow<py::array>(target);
+            if ((arr.flags() & py::array::c_style) != 0 && arr.writeable()) {
+              views.emplace_back(target);
+              span = views.back().bytes();
+              done = true;
+            }
           }
-          auto* data = static_cast<std::byte*>(PyLong_AsVoidPtr(call(t, types.data_ptr).ptr()));
-          CheckPy(!PyErr_Occurred());
-          span = std::span(data, elements * dt->size);
-          keep.push_back(py::reinterpret_borrow<py::object>(target));
-          done = true;
+          if (!done) {
+            if (!fallback) fallback = py::module_::import("ckpt").attr("_load_into_buffer");
+            views.emplace_back(fallback(name, target));
+            span = views.back().bytes();
+          }
+          Py_ssize_t n = 0;
+          const char* utf8 = PyUnicode_Check(name.ptr()) ? PyUnicode_AsUTF8AndSize(name.ptr(), &n) : nullptr;
+          if (utf8 == nullptr) {
+            PyErr_Clear();
+            ThrowStatus(absl::InvalidArgumentError("load_into: target names must be str"));
+          }
+          spans.emplace_hint(spans.end(), std::string(utf8, static_cast<size_t>(n)), span);
         }
-      } else if (PyObject_TypeCheck(target.ptr(), reinterpret_cast<PyTypeObject*>(types.ndarray.ptr()))) {
-        py::array arr = py::reinterpret_borrow<py::array>(target);
-        if ((arr.flags() & py::array::c_style) != 0 && arr.writeable()) {
-          views.emplace_back(target);
-          span = views.back().bytes();
-          done = true;
-        }
+      } catch (...) {
+        failed = std::current_exception();
+        return absl::CancelledError("reading the targets failed");
       }
-      if (!done) {
-        if (!fallback) fallback = py::module_::import("ckpt").attr("_load_into_buffer");
-        views.emplace_back(fallback(name, target));
-        span = views.back().bytes();
-      }
-      Py_ssize_t n = 0;
-      const char* utf8 = PyUnicode_Check(name.ptr()) ? PyUnicode_AsUTF8AndSize(name.ptr(), &n) : nullptr;
-      if (utf8 == nullptr) {
-        PyErr_Clear();
-        ThrowStatus(absl::InvalidArgumentError("load_into: target names must be str"));
-      }
-      spans.emplace_hint(spans.end(), std::string(utf8, static_cast<size_t>(n)), span);
-    }
+      return std::move(spans);
+    };
     absl::Status status;
     {
       py::gil_scoped_release release;
-      status = client_.LoadInto(step, spans);
+      status = client_.LoadIntoWhileOpening(step, resolve);
     }
+    if (failed) std::rethrow_exception(failed);
     Check(status);
   }
 

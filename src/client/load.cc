@@ -4,7 +4,9 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <thread>
 #include <utility>
@@ -312,36 +314,60 @@ absl::StatusOr<std::unique_ptr<OpenedShard>> Open(const std::shared_ptr<ClientCo
   return opened;
 }
 
-// Locate at meta, sent on `core.calls` (on the caller's thread in Wait() if
-// that executor is full): Wait() returns its answer.
-class PendingLocate {
+// A call handed to `core.calls` that the caller runs itself if no thread of
+// that executor has taken it when the caller wants its result (a full or busy
+// executor never makes it wait, and calls that wait for each other on the
+// executor never deadlock). Get() returns the result. What the call holds
+// (its captures, its result) is let go on the caller's thread, never on the
+// executor's (a ClientCore must not end on its own executor): the
+// destructor waits for a call a thread took, and a call no thread took never
+// runs.
+template <typename T>
+class Claimed {
  public:
-  PendingLocate(ClientCore& core, uint64_t step, bool omit_items)
-      : core_(core), step_(step), omit_items_(omit_items), result_(std::make_shared<Result>()) {
-    sent_ = core.calls.TrySubmit([&core, step, omit_items, result = result_] {
-      result->answer = Locate(core, step, omit_items);
-      result->done.Notify();
-    });
+  Claimed(Executor& executor, std::function<T()> fn) : state_(std::make_shared<State>()) {
+    state_->fn = std::move(fn);
+    executor.TrySubmit([state = state_] { state->RunIfUnclaimed(); });
   }
-  PendingLocate(const PendingLocate&) = delete;
-  PendingLocate& operator=(const PendingLocate&) = delete;
+  Claimed(const Claimed&) = delete;
+  Claimed& operator=(const Claimed&) = delete;
+  ~Claimed() {
+    if (state_->claimed.exchange(true)) state_->done.WaitForNotification();
+    state_->fn = nullptr;
+    state_->result = T();
+  }
 
-  absl::StatusOr<v1::LocateResponse> Wait() {
-    if (!sent_) return Locate(core_, step_, omit_items_);
-    result_->done.WaitForNotification();
-    return std::move(result_->answer);
+  T& Get() {
+    if (!state_->RunIfUnclaimed()) state_->done.WaitForNotification();
+    return state_->result;
   }
 
  private:
-  struct Result {
-    absl::StatusOr<v1::LocateResponse> answer = absl::UnknownError("not answered");
+  struct State {
+    std::atomic<bool> claimed{false};
+    std::function<T()> fn;
+    T result;
     absl::Notification done;
+    bool RunIfUnclaimed() {
+      if (claimed.exchange(true)) return false;
+      result = fn();
+      done.Notify();
+      return true;
+    }
   };
-  ClientCore& core_;
-  const uint64_t step_;
-  const bool omit_items_;
-  std::shared_ptr<Result> result_;  // shared with the call: it may end after this goes
-  bool sent_ = false;
+  std::shared_ptr<State> state_;  // shared with the executor's copy of the call
+};
+
+// Locate at meta, sent on `core.calls`: Wait() returns its answer.
+class PendingLocate {
+ public:
+  PendingLocate(ClientCore& core, uint64_t step, bool omit_items)
+      : call_(core.calls, [&core, step, omit_items] { return Locate(core, step, omit_items); }) {}
+
+  absl::StatusOr<v1::LocateResponse> Wait() { return std::move(call_.Get()); }
+
+ private:
+  Claimed<absl::StatusOr<v1::LocateResponse>> call_;
 };
 
 using Bases = std::map<uint64_t, std::unique_ptr<OpenedShard>>;
@@ -753,6 +779,12 @@ void LoadedShard::CloseInBackground() {
 
 // ---- Client::Load / LoadInto --------------------------------------------------
 
+namespace client {
+absl::Status LoadIntoOpened(const std::shared_ptr<ClientCore>& core, uint64_t step,
+                            const std::map<std::string, std::span<std::byte>>& buffers,
+                            absl::StatusOr<std::unique_ptr<OpenedShard>> first);
+}  // namespace client
+
 absl::StatusOr<LoadedShard> Client::Load(uint64_t step, const LoadOptions& options) const {
   CKPT_RETURN_IF_ERROR(core_->CheckProcess());
   core_->WaitSaves();  // this client's own saves first (lazy ones included)
@@ -830,15 +862,39 @@ absl::Status Client::LoadInto(uint64_t step,
                               const std::map<std::string, std::span<std::byte>>& buffers) const {
   CKPT_RETURN_IF_ERROR(core_->CheckProcess());
   core_->WaitSaves();  // this client's own saves first (lazy ones included)
-  const std::string what =
-      absl::StrCat(core_->options.job_id, "/", step, " rank ", core_->options.rank);
+  return client::LoadIntoOpened(core_, step, buffers,
+                                OpenBest(core_, step, /*skip_verify=*/true, /*keep_packed=*/true));
+}
 
+absl::Status Client::LoadIntoWhileOpening(uint64_t step,
+                                          const std::function<absl::StatusOr<Buffers>()>& buffers) const {
+  CKPT_RETURN_IF_ERROR(core_->CheckProcess());
+  core_->WaitSaves();
+  // The open (Locate and the local agent's answer) on the client's call
+  // thread while the caller works out its buffers here.
+  client::Claimed<absl::StatusOr<std::unique_ptr<OpenedShard>>> opening(
+      core_->calls, [core = core_, step] { return OpenBest(core, step, /*skip_verify=*/true, /*keep_packed=*/true); });
+  absl::StatusOr<Buffers> found = buffers();
+  absl::StatusOr<std::unique_ptr<OpenedShard>> opened = std::move(opening.Get());
+  if (!found.ok()) return found.status();
+  return client::LoadIntoOpened(core_, step, *found, std::move(opened));
+}
+
+namespace client {
+
+// LoadInto's work once its first open (`first`: without the agent's
+// verification) answered.
+absl::Status LoadIntoOpened(const std::shared_ptr<ClientCore>& core, uint64_t step,
+                            const std::map<std::string, std::span<std::byte>>& buffers,
+                            absl::StatusOr<std::unique_ptr<OpenedShard>> first) {
+  const std::string what = absl::StrCat(core->options.job_id, "/", step, " rank ", core->options.rank);
   // Attempt 0 trusts the local copy and checks crcs while copying; attempt 1
   // (after a mismatch) has the agent verify, which quarantines a corrupt copy
   // and falls back to the other sources.
   std::string first_mismatch;
   for (int attempt = 0; attempt < 2; ++attempt) {
-    absl::StatusOr<std::unique_ptr<OpenedShard>> opened = OpenBest(core_, step, /*skip_verify=*/attempt == 0, /*keep_packed=*/true);
+    absl::StatusOr<std::unique_ptr<OpenedShard>> opened =
+        attempt == 0 ? std::move(first) : OpenBest(core, step, /*skip_verify=*/false, /*keep_packed=*/true);
     if (!opened.ok()) {
       if (attempt == 0) return opened.status();
       return absl::Status(opened.status().code(),
@@ -846,7 +902,7 @@ absl::Status Client::LoadInto(uint64_t step,
                                        "; re-opening with verification failed: ",
                                        opened.status().message()));
     }
-    absl::StatusOr<Bases> bases = OpenBases(core_, **opened, /*skip_verify=*/attempt == 0);
+    absl::StatusOr<Bases> bases = OpenBases(core, **opened, /*skip_verify=*/attempt == 0);
     if (!bases.ok()) return bases.status();
     // Where each item's bytes are, by name (views into the manifest).
     struct Where {
@@ -895,7 +951,7 @@ absl::Status Client::LoadInto(uint64_t step,
     (*opened)->CloseInBackground();
     for (auto& [base_step, base] : *bases) base->CloseInBackground();
     if (mismatch.empty()) {
-      AdoptAsBase(*core_, step, **opened);
+      AdoptAsBase(*core, step, **opened);
       return absl::OkStatus();
     }
     if (attempt == 1) {
@@ -908,5 +964,7 @@ absl::Status Client::LoadInto(uint64_t step,
   }
   return absl::InternalError("unreachable");
 }
+
+}  // namespace client
 
 }  // namespace ckpt

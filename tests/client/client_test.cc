@@ -246,6 +246,61 @@ TEST_F(ClientTest, LoadIntoChecksNamesAndSizesBeforeCopying) {
   EXPECT_EQ(client.Load(8).status().code(), absl::StatusCode::kNotFound);
 }
 
+// LoadIntoWhileOpening: the caller's buffers are worked out while the shard
+// opens on the client's call thread. Its error comes back as it is, nothing
+// copied and no handle left open; more loads at once than that executor has
+// threads all finish (a call no thread took is run by its caller).
+TEST_F(ClientTest, LoadIntoWhileOpeningTakesTheBuffersWhileTheShardOpens) {
+  StartAgent();
+  Client client = Connect();
+  const auto a = Pattern(1000, 11);
+  const auto b = Pattern(3000, 12);
+  SaveBuilder save = client.BeginSave(9);
+  ASSERT_TRUE(save.Add("a", a, DType::kU8, {1000}).ok());
+  ASSERT_TRUE(save.Add("b", b, DType::kU8, {3000}).ok());
+  ASSERT_TRUE(CommitAndWait(save).ok());
+
+  std::vector<std::byte> a_back(1000), b_back(3000);
+  int calls = 0;
+  absl::Status s = client.LoadIntoWhileOpening(9, [&]() -> absl::StatusOr<Client::Buffers> {
+    ++calls;
+    return Client::Buffers{{"a", std::span(a_back)}, {"b", std::span(b_back)}};
+  });
+  ASSERT_TRUE(s.ok()) << s;
+  EXPECT_EQ(calls, 1);
+  EXPECT_EQ(a_back, a);
+  EXPECT_EQ(b_back, b);
+
+  std::vector<std::byte> untouched(1000);
+  s = client.LoadIntoWhileOpening(9, [&]() -> absl::StatusOr<Client::Buffers> {
+    return absl::InvalidArgumentError("the caller's own reason");
+  });
+  EXPECT_EQ(s, absl::InvalidArgumentError("the caller's own reason"));
+  EXPECT_EQ(client.LoadIntoWhileOpening(10, [&]() -> absl::StatusOr<Client::Buffers> {
+              return Client::Buffers{{"a", std::span(untouched)}};
+            }).code(),
+            absl::StatusCode::kNotFound);
+  EXPECT_EQ(untouched, std::vector<std::byte>(1000));
+  EXPECT_EQ(agent_->WaitOpenHandles(0), 0);
+
+  constexpr int kLoads = 6;
+  std::vector<std::vector<std::byte>> backs(kLoads, std::vector<std::byte>(3000));
+  std::vector<absl::Status> results(kLoads);
+  std::vector<std::thread> loads;
+  for (int i = 0; i < kLoads; ++i) {
+    loads.emplace_back([&, i] {
+      results[i] = client.LoadIntoWhileOpening(9, [&]() -> absl::StatusOr<Client::Buffers> {
+        return Client::Buffers{{"b", std::span(backs[i])}};
+      });
+    });
+  }
+  for (std::thread& t : loads) t.join();
+  for (int i = 0; i < kLoads; ++i) {
+    EXPECT_TRUE(results[i].ok()) << i << ": " << results[i];
+    EXPECT_EQ(backs[i], b) << i;
+  }
+}
+
 TEST_F(ClientTest, CorruptedByteIsDataLossNeverWrongBytes) {
   StartAgent();
   Client client = Connect();

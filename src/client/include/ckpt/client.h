@@ -60,6 +60,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -683,6 +684,16 @@ class Client {
   // On error the buffers' contents are unspecified.
   absl::Status LoadInto(uint64_t step,
                         const std::map<std::string, std::span<std::byte>>& buffers) const;
+
+  // Buffers by item name, for LoadInto.
+  using Buffers = std::map<std::string, std::span<std::byte>>;
+  // LoadInto with buffers the caller works out while the shard opens:
+  // `buffers` runs on the caller's thread while the client asks meta and
+  // the local agent for the shard on a thread of its own (for a caller whose
+  // buffers take time to find, e.g. the Python client reading its tensors);
+  // then as above. An error `buffers` returns is returned as it is, before
+  // anything is copied.
+  absl::Status LoadIntoWhileOpening(uint64_t step, const std::function<absl::StatusOr<Buffers>()>& buffers) const;
 
  private:
   explicit Client(std::shared_ptr<client::ClientCore> core);

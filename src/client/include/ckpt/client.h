@@ -575,8 +575,9 @@ class LoadedShard {
 // How Client::Load opens a shard.
 struct LoadOptions {
   // True: every item's crc32c is checked before Load returns: by the client
-  // (on a second thread while it lists the items, for a shard of 4 MiB or
-  // more), and on a mismatch once more by the agent, which quarantines a copy
+  // (one pass over the shard against its crc32c, item by item only if that
+  // fails; on a second thread while it lists the items, for a shard of 1 MiB
+  // or more), and on a mismatch once more by the agent, which quarantines a copy
   // that fails and serves the next source (docs/protocol.md "Restore").
   // False: nothing is checked, and the caller reads items only through
   // LoadedShard::CopyItem, which checks each one while copying; on kDataLoss,

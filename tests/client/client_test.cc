@@ -12,6 +12,7 @@
 #include <cctype>
 #include <cmath>
 #include <cstring>
+#include <initializer_list>
 #include <optional>
 #include <thread>
 
@@ -55,6 +56,17 @@ absl::StatusOr<SaveHandle> CommitAndWait(SaveBuilder& builder) {
   if (!h.ok()) return h;
   if (absl::Status committed = h->Committed(); !committed.ok()) return committed;
   return h;
+}
+
+// Saves `items` (name, bytes) as u8 items of `step` and waits for the
+// agent's answer.
+absl::Status SaveBytes(Client& client, uint64_t step,
+                       std::initializer_list<std::pair<const char*, const std::vector<std::byte>*>> items) {
+  SaveBuilder save = client.BeginSave(step);
+  for (const auto& [name, bytes] : items) {
+    if (absl::Status s = save.Add(name, *bytes, DType::kU8, {bytes->size()}); !s.ok()) return s;
+  }
+  return CommitAndWait(save).status();
 }
 
 bool Equal(std::span<const std::byte> a, std::span<const std::byte> b) {
@@ -255,10 +267,7 @@ TEST_F(ClientTest, LoadIntoWhileOpeningTakesTheBuffersWhileTheShardOpens) {
   Client client = Connect();
   const auto a = Pattern(1000, 11);
   const auto b = Pattern(3000, 12);
-  SaveBuilder save = client.BeginSave(9);
-  ASSERT_TRUE(save.Add("a", a, DType::kU8, {1000}).ok());
-  ASSERT_TRUE(save.Add("b", b, DType::kU8, {3000}).ok());
-  ASSERT_TRUE(CommitAndWait(save).ok());
+  ASSERT_TRUE(SaveBytes(client, 9, {{"a", &a}, {"b", &b}}).ok());
 
   std::vector<std::byte> a_back(1000), b_back(3000);
   int calls = 0;
@@ -306,11 +315,8 @@ TEST_F(ClientTest, CorruptedByteIsDataLossNeverWrongBytes) {
   Client client = Connect();
   const auto a = Pattern(5000, 3);
   const auto b = Pattern(3000, 4);
-  SaveBuilder save = client.BeginSave(1);
-  ASSERT_TRUE(save.Add("a", a, DType::kU8, {5000}).ok());
-  ASSERT_TRUE(save.Add("b", b, DType::kU8, {3000}).ok());
-  auto handle = CommitAndWait(save);
-  ASSERT_TRUE(handle.ok()) << handle.status();
+  absl::Status saved = SaveBytes(client, 1, {{"a", &a}, {"b", &b}});
+  ASSERT_TRUE(saved.ok()) << saved;
   auto committed = agent_->Committed(job_, 1, 0);
   ASSERT_TRUE(committed.has_value());
   const uint64_t b_offset = committed->items(1).offset_bytes();
@@ -337,10 +343,7 @@ TEST_F(ClientTest, VerifiedLoadChecksTheShardThenTheItemsOnlyOnAMismatch) {
   Client client = Connect();
   const auto a = Pattern(5000, 7);  // then padding up to the next 64-byte boundary
   const auto b = Pattern(3000, 8);
-  SaveBuilder save = client.BeginSave(3);
-  ASSERT_TRUE(save.Add("a", a, DType::kU8, {5000}).ok());
-  ASSERT_TRUE(save.Add("b", b, DType::kU8, {3000}).ok());
-  ASSERT_TRUE(CommitAndWait(save).ok());
+  ASSERT_TRUE(SaveBytes(client, 3, {{"a", &a}, {"b", &b}}).ok());
   auto committed = agent_->Committed(job_, 3, 0);
   ASSERT_TRUE(committed.has_value());
   ASSERT_GT(committed->items(1).offset_bytes(), 5000u + 10);
@@ -369,10 +372,7 @@ TEST_F(ClientTest, UnverifiedLoadCopyItemChecksEveryItem) {
   Client client = Connect();
   const auto a = Pattern(5000, 5);
   const auto b = Pattern(3000, 6);
-  SaveBuilder save = client.BeginSave(2);
-  ASSERT_TRUE(save.Add("a", a, DType::kU8, {5000}).ok());
-  ASSERT_TRUE(save.Add("b", b, DType::kU8, {3000}).ok());
-  ASSERT_TRUE(CommitAndWait(save).ok());
+  ASSERT_TRUE(SaveBytes(client, 2, {{"a", &a}, {"b", &b}}).ok());
   std::vector<std::byte> a_back(5000), b_back(3000), wrong(2999);
   {
     auto shard = client.Load(2, LoadOptions{.verify = false});
@@ -664,10 +664,7 @@ TEST_F(ClientTest, ItemStraddlingAdjacentRegionsIsZeroCopy) {
   Client client = Connect();
   const auto a = Pattern(3000, 8);
   const auto b = Pattern(5000, 9);
-  SaveBuilder save = client.BeginSave(4);
-  ASSERT_TRUE(save.Add("a", a, DType::kU8, {3000}).ok());
-  ASSERT_TRUE(save.Add("b", b, DType::kU8, {5000}).ok());
-  ASSERT_TRUE(CommitAndWait(save).ok());
+  ASSERT_TRUE(SaveBytes(client, 4, {{"a", &a}, {"b", &b}}).ok());
   EXPECT_EQ(agent_->crc_mismatches(), 0);
   auto shard = client.Load(4);
   ASSERT_TRUE(shard.ok()) << shard.status();

@@ -260,6 +260,9 @@ struct EarlyLease {
   uint64_t size_bytes = 0;
   uint64_t alignment = 0;  // the item alignment the size was laid out with
   absl::StatusOr<v1::AcquireStagingLeaseResponse> answer = absl::UnknownError("not answered");
+  // The session that holds the lease: once it is closed (the agent stopped
+  // or restarted since), the lease is gone and its regions may be another's.
+  std::shared_ptr<AgentSession> session;
   absl::Notification done;
 };
 
@@ -273,6 +276,7 @@ void AskEarly(ClientCore& core, uint64_t step, EarlyLease& early) {
     early.answer = absl::UnavailableError("no session that serves requests");
     return;
   }
+  early.session = *session;
   v1::AcquireStagingLeaseRequest req = LeaseRequest(core, step, (*session)->id());
   req.set_size_bytes(early.size_bytes);
   absl::StatusOr<std::string> reply =
@@ -334,7 +338,7 @@ void SaveBuilder::ReleaseEarlyLease() {
   client::ClientCore& c = *core_;
   auto release = [&c, early] {
     early->done.WaitForNotification();
-    if (early->answer.ok()) AbortLease(c, early->answer->lease_id());
+    if (early->answer.ok() && !early->session->Closed()) AbortLease(c, early->answer->lease_id());
   };
   if (!c.calls.TrySubmit(release)) release();
 }
@@ -422,13 +426,17 @@ absl::StatusOr<SaveHandle> SaveBuilder::CommitItems(client::LazyState* progress,
   v1::AcquireStagingLeaseRequest lease_req =
       LeaseRequest(core, step_, session == nullptr ? std::string() : session->id());
   v1::AcquireStagingLeaseResponse lease;
-  // The lease asked for at BeginSave, if the shard fits it (laid out with
-  // the same alignment, no references, and at least half of it used);
-  // released otherwise, before the lease below replaces it.
+  // The lease asked for at BeginSave, if its session is still open and the
+  // shard fits it (laid out with the same alignment, no references, and at
+  // least half of it used); released otherwise, before the lease below
+  // replaces it (one whose session closed went with it).
   bool early_used = false;
   if (std::shared_ptr<client::EarlyLease> early = std::move(early_); early != nullptr) {
     early->done.WaitForNotification();
-    if (early->answer.ok()) {
+    if (early->answer.ok() && early->session->Closed()) {
+      log::Info("{}/{} rank {}: the session of the lease asked for at BeginSave closed; asking again", o.job_id,
+                step_, o.rank);
+    } else if (early->answer.ok()) {
       const v1::AcquireStagingLeaseResponse& e = *early->answer;
       const uint64_t align = e.item_alignment_bytes();
       if (base_steps.empty() && !e.pull() && layout.size <= early->size_bytes &&

@@ -4,6 +4,7 @@
 // killed right after its commit loses nothing; zero-copy and copy loads;
 // corrupted bytes are DataLoss, never wrong bytes.
 #include <fcntl.h>
+#include <signal.h>
 #include <unistd.h>
 
 #include <cstring>
@@ -278,6 +279,47 @@ TEST_F(ClientIntegrationTest, ASaveCommitsIntoTheLeaseBeginSaveAskedForOrRelease
       ASSERT_EQ(view->size(), saves[i][k]->size() * sizeof(float));
       EXPECT_EQ(std::memcmp(view->data(), saves[i][k]->data(), view->size()), 0) << i + 1 << " " << k;
     }
+  }
+}
+
+TEST_F(ClientIntegrationTest, ALeaseAskedForAtBeginSaveDiesWithItsAgentAndCommitAsksAgain) {
+  // The agent is killed and restarted between BeginSave (whose lease it had
+  // granted) and Commit: the lease went with the agent's session, so Commit
+  // asks the restarted agent for a new one rather than writing into regions
+  // the restarted agent may have given to someone else.
+  ClientOptions o = Options("early-restart", 0, 1);
+  o.keep_in_memory = 8;
+  absl::StatusOr<Client> c = Client::Connect(o);
+  ASSERT_TRUE(c.ok()) << c.status();
+  const std::vector<float> w1 = Tensor(100000, 1), w2 = Tensor(100000, 2);
+  {
+    SaveBuilder s = c->BeginSave(1);
+    ASSERT_TRUE(s.Add("w", Bytes(w1), DType::kF32, {w1.size()}).ok());
+    absl::StatusOr<SaveHandle> h = s.Commit();
+    ASSERT_TRUE(h.ok()) << h.status();
+    ASSERT_TRUE(h->Wait(Level::kStaged, absl::Now() + absl::Seconds(60)).ok());
+  }
+  SaveBuilder s = c->BeginSave(2);
+  const absl::Time deadline = absl::Now() + absl::Seconds(30);
+  while (agent_->Metric("ckpt_agent_open_leases") != 1 && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(20));  // bounded poll of another process
+  }
+  ASSERT_EQ(agent_->Metric("ckpt_agent_open_leases"), 1);  // the lease BeginSave asked for
+  ASSERT_TRUE(agent_->proc()->Kill(SIGKILL).ok());
+  (void)agent_->proc()->Wait();
+  ASSERT_TRUE(agent_->Restart().ok());
+  ASSERT_TRUE(s.Add("w", Bytes(w2), DType::kF32, {w2.size()}).ok());
+  absl::StatusOr<SaveHandle> h = s.Commit();
+  ASSERT_TRUE(h.ok()) << h.status();
+  ASSERT_TRUE(h->Committed().ok()) << h->Committed();
+  ASSERT_TRUE(h->Wait(Level::kStaged, absl::Now() + absl::Seconds(60)).ok());
+  for (const auto& [step, want] : {std::pair{uint64_t{1}, &w1}, std::pair{uint64_t{2}, &w2}}) {
+    absl::StatusOr<LoadedShard> shard = c->Load(step);
+    ASSERT_TRUE(shard.ok()) << step << ": " << shard.status();
+    absl::StatusOr<std::span<const std::byte>> view = shard->View("w");
+    ASSERT_TRUE(view.ok()) << view.status();
+    ASSERT_EQ(view->size(), want->size() * sizeof(float));
+    EXPECT_EQ(std::memcmp(view->data(), want->data(), view->size()), 0) << step;
   }
 }
 

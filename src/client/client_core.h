@@ -111,6 +111,14 @@ struct ClientCore {
   // the local agent's (0 after any other): the next SaveBuilder asks for a
   // lease of that size at once (save.cc, EarlyLease).
   std::atomic<uint64_t> last_full_save_bytes{0};
+  // The lease asked for ahead of the next save (ClientOptions::lease_ahead),
+  // for step `ahead_step`; and the steps of the last saves that copied every
+  // item, to guess that step.
+  absl::Mutex ahead_mu;
+  std::shared_ptr<EarlyLease> ahead ABSL_GUARDED_BY(ahead_mu);
+  uint64_t ahead_step ABSL_GUARDED_BY(ahead_mu) = 0;
+  uint64_t full_steps[2] ABSL_GUARDED_BY(ahead_mu) = {0, 0};  // older, newer (0: none)
+  bool has_full_steps[2] ABSL_GUARDED_BY(ahead_mu) = {false, false};
   // The item array of the last LoadedShard destroyed, emptied with its
   // capacity kept: the next Load fills it rather than a new array, whose
   // pages fault in one by one (about 1.4 MB for 10,000 items).
@@ -245,9 +253,14 @@ absl::Status WaitForVersion(const ClientCore& core, uint64_t step, Level level,
 // child that drops the last reference leaks it (its threads do not exist
 // there; joining them would hang, and closing its session could disturb the
 // parent's).
+// Before it goes, the lease it asked for ahead of a next save is released
+// (DropLeaseAhead), so that a trainer that exits frees that memory at once.
+void DropLeaseAhead(ClientCore& core);
 inline std::shared_ptr<ClientCore> NewClientCore() {
   return std::shared_ptr<ClientCore>(new ClientCore(), [](ClientCore* core) {
-    if (::getpid() == core->creator_pid) delete core;
+    if (::getpid() != core->creator_pid) return;
+    DropLeaseAhead(*core);
+    delete core;
   });
 }
 

@@ -8,6 +8,7 @@
 #include <cstring>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <thread>
 #include <utility>
 
@@ -524,10 +525,12 @@ std::unique_ptr<OpenedShard> UseLocal(const std::shared_ptr<ClientCore>& core, c
   return opened;
 }
 
-// Opens this rank's shard of `step`. Meta is asked where it lives (without
-// the manifest) while the local agent opens its own copy, if it has one, with
-// the manifest from the agent alone (on the session's connection when the
-// agent takes requests there), and the manifest is decoded and checked and
+// Opens this rank's shard of `step`. The local agent opens its own copy
+// first, if it has one, with the manifest from the agent alone (on the
+// session's connection when the agent takes requests there). If meta told
+// that agent the version is restorable from memory (version_staged), that
+// copy is used without asking meta. Otherwise meta is asked where the shard
+// lives (without the manifest), and the manifest is decoded and checked and
 // the regions mapped before meta's answer is waited for: the local copy
 // serves in about one round trip to meta. Without a local copy, or if it
 // cannot be used (missing, corrupt, not the version's), the full manifest
@@ -539,9 +542,11 @@ absl::StatusOr<std::unique_ptr<OpenedShard>> OpenBestNow(const std::shared_ptr<C
   CKPT_RETURN_IF_ERROR(ValidateStep(step));
   v1::LocateResponse located;
   {
-    PendingLocate locate(*core, step, /*omit_items=*/true);
     v1::OpenShardResponse resp;
     absl::StatusOr<std::unique_ptr<OpenedShard>> local = SendOpen(core, step, nullptr, skip_verify, &resp);
+    const bool staged = local.ok() && resp.version_staged();
+    std::optional<PendingLocate> locate;
+    if (!staged) locate.emplace(*core, step, /*omit_items=*/true);
     absl::Status finished = local.status();
     if (local.ok()) finished = FinishOpen(*core, nullptr, resp, **local, keep_packed);
     // The caller's listing of the items starts on the local copy while meta
@@ -552,7 +557,12 @@ absl::StatusOr<std::unique_ptr<OpenedShard>> OpenBestNow(const std::shared_ptr<C
     absl::Cleanup not_used = [&] {
       if (listing != nullptr) listing->Abandon();
     };
-    CKPT_ASSIGN_OR_RETURN(located, locate.Wait());  // a version meta does not serve: its error
+    if (staged && finished.ok()) {
+      std::move(not_used).Cancel();
+      return *std::move(local);
+    }
+    if (!locate) locate.emplace(*core, step, /*omit_items=*/true);
+    CKPT_ASSIGN_OR_RETURN(located, locate->Wait());  // a version meta does not serve: its error
     if (std::unique_ptr<OpenedShard> opened = UseLocal(core, located, local, finished); opened != nullptr) {
       std::move(not_used).Cancel();
       return opened;

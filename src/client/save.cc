@@ -270,7 +270,7 @@ namespace {
 
 // Asks for the lease on the client's session (only there: without one, or
 // when the agent would have to ask meta, Commit asks as before).
-void AskEarly(ClientCore& core, uint64_t step, EarlyLease& early) {
+void AskEarly(ClientCore& core, uint64_t step, EarlyLease& early, bool begin_at_commit) {
   absl::StatusOr<std::shared_ptr<AgentSession>> session = OpenSession(core);
   if (!session.ok() || *session == nullptr || !(*session)->serves_requests()) {
     early.answer = absl::UnavailableError("no session that serves requests");
@@ -279,6 +279,7 @@ void AskEarly(ClientCore& core, uint64_t step, EarlyLease& early) {
   early.session = *session;
   v1::AcquireStagingLeaseRequest req = LeaseRequest(core, step, (*session)->id());
   req.set_size_bytes(early.size_bytes);
+  req.set_begin_at_commit(begin_at_commit);
   absl::StatusOr<std::string> reply =
       (*session)->Request("LEASE", req.SerializeAsString(), core.options.rpc_timeout);
   if (!reply.ok()) {
@@ -293,7 +294,72 @@ void AskEarly(ClientCore& core, uint64_t step, EarlyLease& early) {
   early.answer = std::move(resp);
 }
 
+// A lease asked for and not committed into: released once answered, in the
+// background (on the caller's thread if the executor is full).
+void ReleaseInBackground(ClientCore& core, std::shared_ptr<EarlyLease> early) {
+  auto release = [&core, early] {
+    early->done.WaitForNotification();
+    if (early->answer.ok() && !early->session->Closed()) AbortLease(core, early->answer->lease_id());
+  };
+  if (!core.calls.TrySubmit(release)) release();
+}
+
+// After a save that copied every item committed at `step`: with
+// ClientOptions::lease_ahead, and an earlier such save at P < step, asks
+// for the lease of step + (step - P) (the version begun at meta only by its
+// commit). A lease asked for earlier and not used is released.
+void LeaseAhead(ClientCore& core, uint64_t step) {
+  const uint64_t size = core.last_full_save_bytes.load(std::memory_order_relaxed);
+  std::shared_ptr<EarlyLease> replaced;
+  std::shared_ptr<EarlyLease> early;
+  uint64_t next = 0;
+  {
+    absl::MutexLock lock(&core.ahead_mu);
+    if (size == 0) {
+      core.has_full_steps[0] = core.has_full_steps[1] = false;
+    } else if (!core.has_full_steps[1] || core.full_steps[1] != step) {
+      core.full_steps[0] = core.full_steps[1];
+      core.has_full_steps[0] = core.has_full_steps[1];
+      core.full_steps[1] = step;
+      core.has_full_steps[1] = true;
+    }
+    const bool guess = core.options.lease_ahead && size > 0 && core.has_full_steps[0] &&
+                       core.full_steps[0] < step && step - core.full_steps[0] <= kMaxStep - step;
+    if (guess) next = step + (step - core.full_steps[0]);
+    if (guess && ValidateStep(next).ok() && !(core.ahead != nullptr && core.ahead_step == next)) {
+      replaced = std::move(core.ahead);
+      early = std::make_shared<EarlyLease>();
+      early->size_bytes = size;
+      early->alignment = core.item_alignment.load();
+      core.ahead = early;
+      core.ahead_step = next;
+    }
+  }
+  if (replaced != nullptr) ReleaseInBackground(core, std::move(replaced));
+  if (early == nullptr) return;
+  const bool sent = core.calls.TrySubmit([&core, next, early] {
+    AskEarly(core, next, *early, /*begin_at_commit=*/true);
+    early->done.Notify();
+  });
+  if (!sent) {
+    early->answer = absl::UnavailableError("the client's executor is full");
+    early->done.Notify();
+  }
+}
+
 }  // namespace
+
+void DropLeaseAhead(ClientCore& core) {
+  std::shared_ptr<EarlyLease> ahead;
+  {
+    absl::MutexLock lock(&core.ahead_mu);
+    ahead = std::move(core.ahead);
+  }
+  if (ahead == nullptr) return;
+  ahead->done.WaitForNotification();
+  if (ahead->answer.ok() && !ahead->session->Closed()) AbortLease(core, ahead->answer->lease_id());
+}
+
 }  // namespace client
 
 SaveBuilder::SaveBuilder(std::shared_ptr<client::ClientCore> core, uint64_t step)
@@ -303,12 +369,22 @@ SaveBuilder::SaveBuilder(std::shared_ptr<client::ClientCore> core, uint64_t step
   names_->set.reserve(expect);
   const uint64_t size = core_->last_full_save_bytes.load(std::memory_order_relaxed);
   if (size == 0 || !ValidateStep(step).ok() || !core_->CheckProcess().ok()) return;
+  // The lease asked for ahead of this save, if it guessed this step.
+  std::shared_ptr<client::EarlyLease> ahead;
+  {
+    absl::MutexLock lock(&core_->ahead_mu);
+    if (core_->ahead != nullptr && core_->ahead_step == step) ahead = std::move(core_->ahead);
+  }
+  if (ahead != nullptr) {
+    early_ = std::move(ahead);
+    return;
+  }
   auto early = std::make_shared<client::EarlyLease>();
   early->size_bytes = size;
   early->alignment = core_->item_alignment.load();
   client::ClientCore& c = *core_;
   const bool sent = c.calls.TrySubmit([&c, step, early] {
-    client::AskEarly(c, step, *early);
+    client::AskEarly(c, step, *early, /*begin_at_commit=*/false);
     early->done.Notify();
   });
   if (sent) early_ = std::move(early);
@@ -335,12 +411,7 @@ SaveBuilder::~SaveBuilder() { ReleaseEarlyLease(); }
 void SaveBuilder::ReleaseEarlyLease() {
   std::shared_ptr<client::EarlyLease> early = std::move(early_);
   if (early == nullptr || core_ == nullptr) return;
-  client::ClientCore& c = *core_;
-  auto release = [&c, early] {
-    early->done.WaitForNotification();
-    if (early->answer.ok() && !early->session->Closed()) AbortLease(c, early->answer->lease_id());
-  };
-  if (!c.calls.TrySubmit(release)) release();
+  client::ReleaseInBackground(*core_, std::move(early));
 }
 
 absl::StatusOr<SaveHandle> SaveBuilder::Commit() {
@@ -668,6 +739,7 @@ absl::StatusOr<SaveHandle> SaveBuilder::CommitItems(client::LazyState* progress,
   if (!background) {
     spent.reset();
     CKPT_RETURN_IF_ERROR(SendCommit(core, request, shard_crc, step_, std::move(hashes)));
+    if (progress == nullptr) client::LeaseAhead(core, step_);
     const absl::Time now = absl::Now();
     remember(now);
     return SaveHandle(core_, step_, layout.size, shard_crc, now);
@@ -679,8 +751,9 @@ absl::StatusOr<SaveHandle> SaveBuilder::CommitItems(client::LazyState* progress,
   remember(now);
   auto result = std::make_shared<client::CommitResult>();
   auto send = [&core, request, result, shard_crc, step = step_, hashes = std::move(hashes),
-               staging = std::move(staging), spent = std::move(spent)]() mutable {
+               staging = std::move(staging), spent = std::move(spent), lazy = progress != nullptr]() mutable {
     result->status = SendCommit(core, request, shard_crc, step, std::move(hashes));
+    if (result->status.ok() && !lazy) client::LeaseAhead(core, step);
     spent.reset();
     staging.reset();  // the agent has read it (or the lease is gone)
     if (!result->status.ok()) {

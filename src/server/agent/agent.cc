@@ -351,7 +351,7 @@ absl::StatusOr<LeaseGrant> Agent::AcquireLease(const LeaseRequest& req) {
   {
     CheckedLock lock(&jobs_mu_);
     job_world_[req.job_id] = *world_size;
-    begin = begun_.emplace(begun_key, *world_size).second;
+    if (!req.begin_at_commit) begin = begun_.emplace(begun_key, *world_size).second;
   }
   // Begin the version at meta in the background, before its STAGED reports:
   // a save never waits for meta's fsync, nor for meta at all once the job is
@@ -413,6 +413,7 @@ absl::StatusOr<std::shared_ptr<const ShardRecord>> Agent::Commit(const std::stri
   rec.staged_unix_ms = clock_->NowUnixMillis();
   const ShardId id = rec.id;
   const uint64_t size = rec.size_bytes;
+  OnVersionNotices({VersionNotice{id.job_id, id.step, /*staged=*/false}});  // a new instance of the version
   std::shared_ptr<const ShardRecord> stored;  // the held record: no copy of its items
   if (absl::Status s = holdings_->Add(std::move(rec), l.bytes, /*verified=*/pulled, /*if_absent=*/true, &stored);
       !s.ok()) {
@@ -444,6 +445,17 @@ absl::StatusOr<std::shared_ptr<const ShardRecord>> Agent::Commit(const std::stri
     }
     released = [pins = base_pins_, id, crc = stored->crc32c](const absl::Status&) { pins->Take(id, crc); };
   }
+  // A lease asked for ahead of its save (begin_at_commit) begins the version
+  // now, ahead of the report (the outbox keeps their order); any other lease
+  // began it already.
+  bool begin = false;
+  {
+    CheckedLock lock(&jobs_mu_);
+    if (auto j = job_world_.find(id.job_id); j != job_world_.end()) {
+      begin = begun_.emplace(std::make_tuple(id.job_id, id.step, l.run_id), j->second).second;
+    }
+  }
+  if (begin) session_->Begin(id.job_id, id.step, l.run_id);
   session_->Report(std::move(r), std::move(released));
   metrics_.staged_bytes->Increment(static_cast<double>(size));
   metrics_.staged_shards->Increment();
@@ -598,6 +610,7 @@ absl::Status Agent::CompactRefused(const ShardRecord& rec, const std::vector<Pin
   out.run_id = self.rec->run_id;
   out.staged_unix_ms = self.rec->staged_unix_ms;
   std::shared_ptr<const ShardRecord> stored;
+  OnVersionNotices({VersionNotice{rec.id.job_id, rec.id.step, /*staged=*/false}});
   CKPT_RETURN_IF_ERROR(holdings_->Add(std::move(out), *std::move(bytes), /*verified=*/false, /*if_absent=*/false,
                                       &stored));
   log::Warn("meta no longer holds a version {} refers to: stored it self-contained ({} instead of {})",
@@ -628,7 +641,34 @@ absl::StatusOr<OpenResult> Agent::OpenShard(const ShardId& id, bool skip_verify,
 
 absl::StatusOr<OpenOutcome> Agent::Open(const OpenRequest& request) {
   CKPT_RETURN_IF_ERROR(CheckSession(request.client.session_id));
-  return restorer_->Open(request);
+  absl::StatusOr<OpenOutcome> outcome = restorer_->Open(request);
+  if (outcome.ok() && !outcome->served_by) {
+    outcome->result.version_staged = VersionStaged(request.id.job_id, request.id.step);
+  }
+  return outcome;
+}
+
+bool Agent::VersionStaged(const std::string& job, uint64_t step) const {
+  absl::MutexLock lock(&staged_mu_);
+  auto it = staged_.find(job);
+  return it != staged_.end() && it->second.contains(step);
+}
+
+void Agent::OnVersionNotices(std::vector<VersionNotice> notices) {
+  absl::MutexLock lock(&staged_mu_);
+  for (VersionNotice& n : notices) {
+    if (n.staged) {
+      std::set<uint64_t>& steps = staged_[n.job_id];
+      steps.insert(n.step);
+      if (steps.size() > kMaxStagedSteps) steps.erase(steps.begin());
+    } else if (auto it = staged_.find(n.job_id); it != staged_.end()) {
+      it->second.erase(n.step);
+      if (it->second.empty()) staged_.erase(it);
+    }
+  }
+  size_t count = 0;
+  for (const auto& [job, steps] : staged_) count += steps.size();
+  metrics_.restorable_versions->Set(static_cast<double>(count));
 }
 
 absl::Status Agent::CheckSession(const std::string& session_id) const {

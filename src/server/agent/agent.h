@@ -31,6 +31,7 @@
 #include <memory>
 #include <optional>
 #include <random>
+#include <set>
 #include <string>
 #include <thread>
 #include <tuple>
@@ -141,6 +142,9 @@ struct LeaseRequest {
   // a look-up at meta (the job's first lease here); the client asks again
   // over gRPC.
   bool without_meta = false;
+  // The version is begun at meta by the commit, not by the lease (a lease
+  // asked for ahead of its save).
+  bool begin_at_commit = false;
 };
 
 struct LeaseGrant {
@@ -346,6 +350,10 @@ class Agent : private MetaSession::Delegate {
   void OnVersionRefused(const std::string& job, uint64_t step, const std::string& run_id,
                         const absl::Status& why) override;
   void OnCopyRefused(const HoldingReport& report, const absl::Status& why) override;
+  void OnVersionNotices(std::vector<VersionNotice> notices) override;
+  // Whether meta said (job, step) is restorable from memory and no shard of
+  // it was committed here since.
+  bool VersionStaged(const std::string& job, uint64_t step) const;
 
   const AgentOptions options_;
   MetaLink* const meta_;
@@ -389,6 +397,14 @@ class Agent : private MetaSession::Delegate {
     std::vector<Pin> Take(const ShardId& id, uint32_t crc32c);
   };
   const std::shared_ptr<BasePins> base_pins_ = std::make_shared<BasePins>();
+
+  // Versions meta said are restorable from memory (VersionNotice), by job,
+  // at most kMaxStagedSteps steps per job (the lowest forgotten first); a
+  // shard of one committed here forgets it (a version deleted and saved
+  // again). Local opens of these say version_staged.
+  static constexpr size_t kMaxStagedSteps = 64;
+  mutable absl::Mutex staged_mu_;
+  std::map<std::string, std::set<uint64_t>> staged_ ABSL_GUARDED_BY(staged_mu_);
 
   mutable absl::Mutex loop_mu_;
   bool stopping_ ABSL_GUARDED_BY(loop_mu_) = false;

@@ -65,6 +65,9 @@ AgentMetrics::AgentMetrics(MetricsRegistry& m)
       parity_builds(&m.AddGauge("ckpt_agent_parity_builds", "EC parity segments being folded on this node")),
       pushes_receiving(&m.AddGauge("ckpt_agent_pushes_receiving", "Incoming pushes in progress")),
       open_leases(&m.AddGauge("ckpt_agent_open_leases", "Staging leases local clients hold (not yet committed)")),
+      restorable_versions(&m.AddGauge("ckpt_agent_restorable_versions",
+                                      "Versions meta said are restorable from memory, of which this node holds a "
+                                      "copy: local loads of them do not ask meta")),
       open_handles(&m.AddGauge("ckpt_agent_open_handles",
                                "Restore handles local clients hold (each pins its copy's bytes)")) {}
 

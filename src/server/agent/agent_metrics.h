@@ -53,6 +53,7 @@ struct AgentMetrics {
   Gauge* parity_builds;
   Gauge* pushes_receiving;
   Gauge* open_leases;
+  Gauge* restorable_versions;
   Gauge* open_handles;
 };
 

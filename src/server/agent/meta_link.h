@@ -249,6 +249,15 @@ struct InventoryReply {
   uint32_t kept = 0;
 };
 
+// A version this node holds a copy of became restorable from memory
+// (`staged`: STAGED or better, not evicted) or stopped being so
+// (ckpt.v1.VersionNotice).
+struct VersionNotice {
+  std::string job_id;
+  uint64_t step = 0;
+  bool staged = false;
+};
+
 class MetaLink {
  public:
   virtual ~MetaLink() = default;
@@ -287,11 +296,12 @@ class MetaLink {
                                                              uint64_t step) = 0;
 
   // Opens meta's task stream for one incarnation and calls `on_push` for
-  // every push (new tasks, cancelled task ids) until the stream ends (stale
+  // every push (new tasks, cancelled task ids, version notices) until the stream ends (stale
   // incarnation, meta shutting down or unreachable) or CancelWatch() is
   // called; returns why it ended. Implementations without a stream return
   // Unimplemented at once (tasks then arrive with heartbeats only).
-  using TaskPush = std::function<void(std::vector<AgentTask> tasks, std::vector<std::string> cancelled)>;
+  using TaskPush = std::function<void(std::vector<AgentTask> tasks, std::vector<std::string> cancelled,
+                                      std::vector<VersionNotice> versions)>;
   virtual absl::Status WatchTasks(const std::string& node_id, uint64_t incarnation, const TaskPush& on_push) {
     return absl::UnimplementedError("no task stream");
   }

@@ -511,8 +511,12 @@ void MetaSession::WatchLoop() {
       inc = incarnation_;
     }
     absl::Status s = meta_->WatchTasks(options_.node_id, inc,
-                                       [this](std::vector<AgentTask> tasks, std::vector<std::string> cancelled) {
-                                         delegate_->OnTasks(std::move(tasks), std::move(cancelled));
+                                       [this](std::vector<AgentTask> tasks, std::vector<std::string> cancelled,
+                                              std::vector<VersionNotice> versions) {
+                                         if (!versions.empty()) delegate_->OnVersionNotices(std::move(versions));
+                                         if (!tasks.empty() || !cancelled.empty()) {
+                                           delegate_->OnTasks(std::move(tasks), std::move(cancelled));
+                                         }
                                        });
     CheckedLock lock(&mu_);
     if (stopping_) return;

@@ -60,6 +60,8 @@ class MetaSession {
     // Meta refused a report of a VALID copy or segment (FailedPrecondition,
     // NotFound): drop it, it can never count.
     virtual void OnCopyRefused(const HoldingReport& report, const absl::Status& why) = 0;
+    // Meta's version notices from the task stream, oldest first.
+    virtual void OnVersionNotices(std::vector<VersionNotice> notices) {}
   };
 
   struct Options {

@@ -45,6 +45,8 @@ struct OpenResult {
   ShardView shard;
   bool verified = false;
   int64_t expires_in_ms = 0;
+  // A local copy of a version meta said is restorable (Agent::Open only).
+  bool version_staged = false;
 };
 
 // Where a shard may be restored from (ckpt.v1.ShardSource).

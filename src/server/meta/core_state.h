@@ -3,6 +3,7 @@
 // public header.
 #pragma once
 
+#include <deque>
 #include <map>
 #include <set>
 #include <string>
@@ -51,6 +52,9 @@ Version Summary(const Version& v);
 // first few ranks that never arrived.
 std::string StagedRanksText(const Version& v);
 
+// Version notices kept per node while no stream takes them.
+inline constexpr size_t kMaxVersionNotices = 1024;
+
 struct UnknownHolding {
   Holding holding;
   int64_t since_ms = 0;
@@ -86,6 +90,10 @@ struct MetaCore::State {
   // random value per meta process, so that an agent's generation from an
   // earlier process never matches by chance. Not persisted.
   uint64_t membership_generation = 0;
+  // Node -> version notices not yet taken by its WatchTasks stream, oldest
+  // first, at most kMaxVersionNotices (the oldest dropped: agents then ask
+  // Locate). Not persisted.
+  std::map<std::string, std::deque<VersionNotice>> version_notices;
   MetaCounters counters;
   // Tasks created during the current operation, for ReportShards' answer.
   std::vector<std::string> created_tasks;
@@ -153,7 +161,12 @@ class Engine {
   TaskBundle Bundle(const Task& t);
 
   // ---- state machine (meta_recovery.cc)
+  // Also tells the nodes holding a copy of the version when it becomes, or
+  // stops being, restorable from memory (NoticeStaged).
   void SetState(Version& v, VersionState to, const std::string& reason = "");
+  // Queues a VersionNotice for every node holding a copy of a shard of `v`
+  // and wakes the task streams.
+  void NoticeStaged(const Version& v, bool staged);
   // Re-derives the version's state from its holdings (PROTECTED, DEGRADED,
   // ABORTED), then plans recovery and flush and applies retention.
   void Recompute(Version& v);

@@ -737,7 +737,8 @@ absl::StatusOr<HeartbeatResult> MetaCore::SubmitHeartbeat(const HeartbeatRequest
 }
 
 absl::StatusOr<std::vector<TaskBundle>> MetaCore::PendingTasks(const std::string& node_id,
-                                                              uint64_t incarnation, bool all) {
+                                                              uint64_t incarnation, bool all,
+                                                              std::vector<VersionNotice>* notices) {
   uint64_t seq = 0;
   absl::StatusOr<std::vector<TaskBundle>> answer =
       [&]() -> absl::StatusOr<std::vector<TaskBundle>> {
@@ -746,6 +747,12 @@ absl::StatusOr<std::vector<TaskBundle>> MetaCore::PendingTasks(const std::string
     Txn txn;
     Engine e(*state_, clock_, options_, txn);
     CKPT_RETURN_IF_ERROR(e.CheckNode(node_id, incarnation).status());
+    if (notices != nullptr) {
+      if (auto q = state_->version_notices.find(node_id); q != state_->version_notices.end()) {
+        notices->assign(std::make_move_iterator(q->second.begin()), std::make_move_iterator(q->second.end()));
+        state_->version_notices.erase(q);
+      }
+    }
     std::vector<TaskBundle> out;
     for (auto& [id, t] : state_->tasks) {
       if (t.node_id != node_id) continue;
@@ -956,6 +963,7 @@ absl::Status MetaCore::RemoveNode(const std::string& node_id) {
     txn.DeleteNode(node_id);
     state_->nodes.erase(it);
     state_->unknown.erase(node_id);
+    state_->version_notices.erase(node_id);
     ++state_->membership_generation;
     seq = SubmitLocked(txn);
     return absl::OkStatus();

@@ -159,6 +159,15 @@ struct Member {
 };
 
 // A task with everything an agent needs to run it, resolved at hand-out time.
+// A version of which a node holds a copy became restorable from memory
+// (STAGED level or better, not evicted: `staged`) or stopped being so
+// (ckpt.v1.VersionNotice). Delivered with the node's tasks, best effort.
+struct VersionNotice {
+  std::string job_id;
+  uint64_t step = 0;
+  bool staged = false;
+};
+
 struct TaskBundle {
   Task task;
   // The task's version (shards without items), if it has one.
@@ -421,8 +430,12 @@ class MetaCore {
   absl::StatusOr<std::vector<Node>> ListNodes(const std::vector<NodeState>& states) const;
   // Unfinished tasks of a node incarnation not yet acknowledged, or (all=true)
   // every unfinished one (WatchTasks on open). FailedPrecondition if stale.
+  // `notices`, if not null, receives (and meta forgets) the node's version
+  // notices, oldest first; like the tasks, they are returned once the state
+  // they describe is durable.
   absl::StatusOr<std::vector<TaskBundle>> PendingTasks(const std::string& node_id,
-                                                       uint64_t incarnation, bool all);
+                                                       uint64_t incarnation, bool all,
+                                                       std::vector<VersionNotice>* notices = nullptr);
   // Blocks until a task for the node is created or `timeout` passes or the
   // incarnation becomes stale; returns the generation counter to pass next time.
   uint64_t WaitForTaskChange(uint64_t seen_generation, absl::Duration timeout);

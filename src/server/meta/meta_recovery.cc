@@ -66,6 +66,9 @@ void Engine::SetState(Version& v, VersionState to, const std::string& reason) {
   txn_.Header(v);
   log::Info("version {}/{}: {} -> {}{}{}", v.job_id, v.step, VersionStateName(from),
             VersionStateName(to), reason.empty() ? "" : ": ", reason);
+  const bool was_staged = SatisfiesLevel(from, Level::kStaged) && !v.evicted;
+  const bool is_staged = SatisfiesLevel(to, Level::kStaged) && !v.evicted;
+  if (was_staged != is_staged) NoticeStaged(v, is_staged);
   if (to == VersionState::kPersisted) {
     // Incremental versions waiting for this one's files commit now.
     for (uint64_t step : Dependents(v.job_id, v.step)) {
@@ -769,8 +772,22 @@ std::vector<uint64_t> Engine::Dependents(const std::string& job_id, uint64_t ste
   return out;
 }
 
+void Engine::NoticeStaged(const Version& v, bool staged) {
+  std::set<std::string> holders;
+  for (const auto& [rank, sh] : v.shards) {
+    for (const Copy& c : sh.copies) holders.insert(c.node_id);
+  }
+  for (const std::string& node : holders) {
+    std::deque<VersionNotice>& queue = s_.version_notices[node];
+    if (queue.size() >= kMaxVersionNotices) queue.pop_front();
+    queue.push_back(VersionNotice{v.job_id, v.step, staged});
+  }
+  if (!holders.empty()) ++s_.task_generation;
+}
+
 void Engine::EvictVersion(Version& v) {
   if (v.evicted) return;
+  if (SatisfiesLevel(v.state, Level::kStaged)) NoticeStaged(v, false);
   v.evicted = true;
   txn_.Header(v);
   std::set<std::string> holders;

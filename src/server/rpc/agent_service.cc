@@ -72,6 +72,7 @@ grpc::Status AgentServiceImpl::LeaseChecked(const v1::AcquireStagingLeaseRequest
   r.session_id = req->session_id();
   r.base_steps.assign(req->base_steps().begin(), req->base_steps().end());
   r.without_meta = without_meta;
+  r.begin_at_commit = req->begin_at_commit();
   if (r.ttl_ms < 0) return Invalid("ttl_ms must not be negative");
   absl::StatusOr<agent::LeaseGrant> g = agent_->AcquireLease(r);
   if (!g.ok()) return ToGrpcStatus(g.status());
@@ -216,6 +217,7 @@ grpc::Status AgentServiceImpl::OpenChecked(const v1::OpenShardRequest* req, v1::
   }
   resp->set_verified(o.verified);
   resp->set_expires_in_ms(o.expires_in_ms);
+  resp->set_version_staged(o.version_staged);
   return grpc::Status::OK;
 }
 

@@ -394,8 +394,12 @@ class GrpcMetaLink : public agent::MetaLink {
     while (reader->Read(&msg)) {
       std::vector<agent::AgentTask> tasks;
       for (const v1::Task& t : msg.tasks()) tasks.push_back(TaskFromProto(t));
-      on_push(std::move(tasks), std::vector<std::string>(msg.cancelled_task_ids().begin(),
-                                                          msg.cancelled_task_ids().end()));
+      std::vector<agent::VersionNotice> versions;
+      versions.reserve(static_cast<size_t>(msg.versions_size()));
+      for (const v1::VersionNotice& n : msg.versions()) versions.push_back({n.job_id(), n.step(), n.staged()});
+      on_push(std::move(tasks),
+              std::vector<std::string>(msg.cancelled_task_ids().begin(), msg.cancelled_task_ids().end()),
+              std::move(versions));
     }
     absl::Status s = FromGrpcStatus(reader->Finish());
     absl::MutexLock lock(&mu_);

@@ -308,8 +308,9 @@ grpc::Status MetaServiceImpl::WatchTasks(grpc::ServerContext* ctx,
   bool first = true;
   int idle_slices = 0;  // wake-ups in a row without a task change
   for (;;) {
+    std::vector<meta::VersionNotice> notices;
     absl::StatusOr<std::vector<meta::TaskBundle>> pending =
-        core_->PendingTasks(node, incarnation, /*all=*/true);
+        core_->PendingTasks(node, incarnation, /*all=*/true, &notices);
     if (!pending.ok()) return Fail("WatchTasks", pending.status());
 
     // Every unfinished (id, attempt) counts as sent from now on, including a
@@ -325,10 +326,16 @@ grpc::Status MetaServiceImpl::WatchTasks(grpc::ServerContext* ctx,
     sent = std::move(unfinished);
     v1::WatchTasksResponse response;
     AppendTasks("WatchTasks", fresh, response.mutable_tasks());
+    for (meta::VersionNotice& n : notices) {
+      v1::VersionNotice* out = response.add_versions();
+      out->set_job_id(std::move(n.job_id));
+      out->set_step(n.step);
+      out->set_staged(n.staged);
+    }
 
     // The first message goes out even when empty: it tells the agent the
     // stream is established.
-    if (first || response.tasks_size() > 0) {
+    if (first || response.tasks_size() > 0 || response.versions_size() > 0) {
       if (!writer->Write(response)) {
         log::Debug("WatchTasks: stream of node {} closed by the client", node);
         return grpc::Status(grpc::StatusCode::CANCELLED, "the client closed the stream");

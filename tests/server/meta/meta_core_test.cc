@@ -1590,6 +1590,33 @@ TEST_F(MetaCoreTest, StagedVersionSupersedesOlderOpenOnes) {
   EXPECT_NE(late.message().find("superseded"), std::string::npos) << late;
 }
 
+// The nodes holding a version's copies are told (with their tasks) when it
+// becomes restorable from memory and when it stops being so; only nodes
+// that hold a copy, once, oldest first.
+TEST_F(MetaCoreTest, HoldersAreToldWhenAVersionBecomesAndStopsBeingRestorable) {
+  for (const char* n : {"a", "b", "c"}) Register(n);
+  CreateJob("gpt", 2, ProtectionPolicy::None());
+  auto notices = [&](const char* node) {
+    std::vector<VersionNotice> out;
+    auto tasks = core_->PendingTasks(node, inc_[node], /*all=*/true, &out);
+    EXPECT_TRUE(tasks.ok()) << tasks.status();
+    std::vector<std::string> text;
+    for (const VersionNotice& n : out) text.push_back(absl::StrCat(n.job_id, "/", n.step, n.staged ? "+" : "-"));
+    return text;
+  };
+  using V = std::vector<std::string>;
+  ASSERT_TRUE(core_->BeginVersion("gpt", 10, "").ok());
+  ASSERT_TRUE(Stage("a", "gpt", 10, 0).ok());
+  EXPECT_EQ(notices("a"), V{});  // OPEN: rank 1 missing
+  ASSERT_TRUE(Stage("b", "gpt", 10, 1).ok());
+  EXPECT_EQ(notices("a"), V{"gpt/10+"});
+  EXPECT_EQ(notices("a"), V{});  // taken
+  EXPECT_EQ(notices("c"), V{});  // holds nothing
+  ASSERT_TRUE(core_->DeleteVersion("gpt", 10, /*force=*/true).ok());
+  EXPECT_EQ(notices("a"), V{"gpt/10-"});
+  EXPECT_EQ(notices("b"), (V{"gpt/10+", "gpt/10-"}));
+}
+
 TEST_F(MetaCoreTest, OpenVersionWithoutProgressIsAbortedAfterTheTimeout) {
   options_.open_version_timeout = absl::Seconds(60);
   Reopen();

@@ -237,6 +237,15 @@ struct ClientOptions {
   // This client's own Load, LoadInto, WaitVersion and Latest wait for its
   // commits first. False: Commit waits for the agent's answer.
   bool commit_in_background = true;
+  // True (the default): once a save that copied every item committed, and
+  // the last two such saves were at steps P < S, the client asks its agent
+  // for the staging lease of step S + (S - P) at once (the same size), so
+  // that a trainer saving at a fixed interval finds its next lease granted
+  // when it begins that save (docs/agent.md "Save path"). The agent begins
+  // such a version at meta only when a shard is committed into it; a save at
+  // another step releases it and asks as before. It holds pool memory of one
+  // shard between saves.
+  bool lease_ahead = true;
   // Incremental saves (ItemChange, SaveBuilder::CarryRest): a save whose
   // step reaches a multiple of N that its base's step had not (N, 2N, ...,
   // the same steps on every rank) is made in full: a reference points to

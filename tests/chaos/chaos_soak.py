@@ -28,7 +28,8 @@ timeouts and meta lease), then, for --duration seconds, loops:
 Every --mem-every faults (and at the end) it runs a memory checkpoint: as many
 healthy saves of fixed sizes as the jobs keep in memory, so that retention
 evicts every older version (and everything faults left behind), waits until the
-cluster is quiet and compares each agent's ckpt_agent_memory_used_bytes and
+cluster is quiet and compares each agent's ckpt_agent_memory_used_bytes (less the
+leases clients asked for ahead of their next save) and
 ckpt_agent_holdings with the first checkpoint (same plan, same sizes: same
 bytes).
 
@@ -1362,10 +1363,14 @@ class Soak:
                 m = self.agent_metrics(d)
                 if m is None:
                     break
-                sample[d.name] = (int(m["ckpt_agent_memory_used_bytes"]), int(m["ckpt_agent_holdings"]))
+                # Leases the live clients asked for ahead of their next save
+                # (ClientOptions::lease_ahead) are theirs, not growth.
+                ahead = int(float(m.get("ckpt_agent_memory_leased_ahead_bytes", 0)))
+                sample[d.name] = (int(m["ckpt_agent_memory_used_bytes"]) - ahead, int(m["ckpt_agent_holdings"]))
                 extras[d.name] = {k[len("ckpt_agent_"):]: int(float(m[k])) for k in (
                     "ckpt_agent_open_handles", "ckpt_agent_open_leases", "ckpt_agent_memory_reservations",
-                    "ckpt_agent_memory_leased_bytes", "ckpt_agent_pushes_receiving", "ckpt_agent_parity_builds") if k in m}
+                    "ckpt_agent_memory_leased_bytes", "ckpt_agent_memory_leased_ahead_bytes",
+                    "ckpt_agent_pushes_receiving", "ckpt_agent_parity_builds") if k in m}
             if len(sample) != self.n:
                 continue
             same = same + 1 if sample == last else 0

@@ -374,7 +374,7 @@ absl::StatusOr<LeaseGrant> Agent::AcquireLease(const LeaseRequest& req) {
     grant.regions.clear();
   }
   grant.lease_id = leases_->Add(id, req.size_bytes, *std::move(bytes), req.run_id,
-                                ClientRef{req.client_pid, req.session_id}, ttl);
+                                ClientRef{req.client_pid, req.session_id}, ttl, req.begin_at_commit);
   if (grant.pull) grant.pull_token = PullToken(grant.lease_id);
   UpdateGauges();
   return grant;
@@ -968,6 +968,7 @@ void Agent::UpdateGauges() {
   metrics_.free->Set(static_cast<double>(free));
   metrics_.used->Set(static_cast<double>(arena_->capacity_bytes() - free));
   metrics_.leased->Set(static_cast<double>(leases_->LeasedBytes()));
+  metrics_.leased_ahead->Set(static_cast<double>(leases_->LeasedAheadBytes()));
   metrics_.reservations->Set(static_cast<double>(arena_->live_reservations()));
   metrics_.open_leases->Set(static_cast<double>(leases_->lease_count()));
   metrics_.open_handles->Set(static_cast<double>(leases_->handle_count()));

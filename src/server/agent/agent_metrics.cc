@@ -54,6 +54,8 @@ AgentMetrics::AgentMetrics(MetricsRegistry& m)
       used(&m.AddGauge("ckpt_agent_memory_used_bytes", "Memory-tier bytes in use (holdings and leases)")),
       free(&m.AddGauge("ckpt_agent_memory_free_bytes", "Memory-tier bytes free")),
       leased(&m.AddGauge("ckpt_agent_memory_leased_bytes", "Memory-tier bytes reserved by open staging leases")),
+      leased_ahead(&m.AddGauge("ckpt_agent_memory_leased_ahead_bytes",
+                               "Of which leases clients asked for ahead of their next save (lease_ahead)")),
       capacity(&m.AddGauge("ckpt_agent_memory_capacity_bytes", "Memory-tier capacity")),
       flush_lag_bytes(&m.AddGauge("ckpt_agent_flush_lag_bytes", "Bytes chosen for flush and not yet durable")),
       flush_lag_seconds(

@@ -44,6 +44,7 @@ struct AgentMetrics {
   Gauge* used;
   Gauge* free;
   Gauge* leased;
+  Gauge* leased_ahead;
   Gauge* capacity;
   Gauge* flush_lag_bytes;
   Gauge* flush_lag_seconds;

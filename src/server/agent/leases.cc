@@ -30,7 +30,7 @@ std::string LeaseTable::NewId(const char* prefix) {
 }
 
 std::string LeaseTable::Add(const ShardId& shard, uint64_t size_bytes, ReservationPtr bytes,
-                            const std::string& run_id, const ClientRef& client, absl::Duration ttl) {
+                            const std::string& run_id, const ClientRef& client, absl::Duration ttl, bool ahead) {
   ReservationPtr replaced;
   std::string id;
   {
@@ -53,6 +53,7 @@ std::string LeaseTable::Add(const ShardId& shard, uint64_t size_bytes, Reservati
     l.run_id = run_id;
     l.client = client;
     l.expires = clock_->MonotonicNow() + ttl;
+    l.ahead = ahead;
     leases_.emplace(id, std::move(l));
     lease_of_shard_[shard] = id;
   }
@@ -245,6 +246,15 @@ uint64_t LeaseTable::LeasedBytes() const {
   CheckedLock lock(&mu_);
   uint64_t total = 0;
   for (const auto& [id, l] : leases_) total += l.bytes->reserved_bytes();
+  return total;
+}
+
+uint64_t LeaseTable::LeasedAheadBytes() const {
+  CheckedLock lock(&mu_);
+  uint64_t total = 0;
+  for (const auto& [id, l] : leases_) {
+    if (l.ahead) total += l.bytes->reserved_bytes();
+  }
   return total;
 }
 

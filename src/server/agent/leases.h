@@ -67,8 +67,10 @@ class LeaseTable {
 
   // Adds a lease for `shard` over `bytes`, replacing (and releasing) an
   // older uncommitted lease for the same shard. Returns the new lease id.
+  // `ahead`: asked for ahead of its save (begin_at_commit; counted apart in
+  // LeasedAheadBytes).
   std::string Add(const ShardId& shard, uint64_t size_bytes, ReservationPtr bytes, const std::string& run_id,
-                  const ClientRef& client, absl::Duration ttl);
+                  const ClientRef& client, absl::Duration ttl, bool ahead = false);
   // Marks the lease as being committed with `size_bytes` (0: the lease's
   // size), returns the pages past it to the arena, and returns the lease.
   // FailedPrecondition (unknown, aborted, expired), AlreadyExists (committed
@@ -99,6 +101,8 @@ class LeaseTable {
   int ReleaseSession(const std::string& session_id);
 
   uint64_t LeasedBytes() const;
+  // Of which leases asked for ahead of their save (Add's `ahead`).
+  uint64_t LeasedAheadBytes() const;
   uint32_t lease_count() const;
   uint32_t handle_count() const;
 
@@ -111,6 +115,7 @@ class LeaseTable {
     ClientRef client;
     absl::Time expires;
     bool committing = false;
+    bool ahead = false;
   };
   struct Handle {
     ShardId shard;

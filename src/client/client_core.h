@@ -119,6 +119,8 @@ struct ClientCore {
   uint64_t ahead_step ABSL_GUARDED_BY(ahead_mu) = 0;
   uint64_t full_steps[2] ABSL_GUARDED_BY(ahead_mu) = {0, 0};  // older, newer (0: none)
   bool has_full_steps[2] ABSL_GUARDED_BY(ahead_mu) = {false, false};
+  // SaveBuilders begun (SaveBuilder::begun_seq_ of the newest).
+  uint64_t saves_begun ABSL_GUARDED_BY(ahead_mu) = 0;
   // The item array of the last LoadedShard destroyed, emptied with its
   // capacity kept: the next Load fills it rather than a new array, whose
   // pages fault in one by one (about 1.4 MB for 10,000 items).

@@ -304,11 +304,13 @@ void ReleaseInBackground(ClientCore& core, std::shared_ptr<EarlyLease> early) {
   if (!core.calls.TrySubmit(release)) release();
 }
 
-// After a save that copied every item committed at `step`: with
-// ClientOptions::lease_ahead, and an earlier such save at P < step, asks
-// for the lease of step + (step - P) (the version begun at meta only by its
-// commit). A lease asked for earlier and not used is released.
-void LeaseAhead(ClientCore& core, uint64_t step) {
+// After a save that copied every item committed at `step` (the builder
+// `begun_seq`): with ClientOptions::lease_ahead, an earlier such save at
+// P < step, and no builder begun since (it asked for its own lease, which a
+// second one for the same step would replace), asks for the lease of
+// step + (step - P) (the version begun at meta only by its commit). A lease
+// asked for earlier and not used is released.
+void LeaseAhead(ClientCore& core, uint64_t step, uint64_t begun_seq) {
   const uint64_t size = core.last_full_save_bytes.load(std::memory_order_relaxed);
   std::shared_ptr<EarlyLease> replaced;
   std::shared_ptr<EarlyLease> early;
@@ -323,7 +325,7 @@ void LeaseAhead(ClientCore& core, uint64_t step) {
       core.full_steps[1] = step;
       core.has_full_steps[1] = true;
     }
-    const bool guess = core.options.lease_ahead && size > 0 && core.has_full_steps[0] &&
+    const bool guess = core.options.lease_ahead && size > 0 && core.saves_begun == begun_seq && core.has_full_steps[0] &&
                        core.full_steps[0] < step && step - core.full_steps[0] <= kMaxStep - step;
     if (guess) next = step + (step - core.full_steps[0]);
     if (guess && ValidateStep(next).ok() && !(core.ahead != nullptr && core.ahead_step == next)) {
@@ -368,12 +370,16 @@ SaveBuilder::SaveBuilder(std::shared_ptr<client::ClientCore> core, uint64_t step
   items_.reserve(expect);
   names_->set.reserve(expect);
   const uint64_t size = core_->last_full_save_bytes.load(std::memory_order_relaxed);
-  if (size == 0 || !ValidateStep(step).ok() || !core_->CheckProcess().ok()) return;
   // The lease asked for ahead of this save, if it guessed this step.
   std::shared_ptr<client::EarlyLease> ahead;
   {
     absl::MutexLock lock(&core_->ahead_mu);
+    begun_seq_ = ++core_->saves_begun;
     if (core_->ahead != nullptr && core_->ahead_step == step) ahead = std::move(core_->ahead);
+  }
+  if (size == 0 || !ValidateStep(step).ok() || !core_->CheckProcess().ok()) {
+    if (ahead != nullptr) client::ReleaseInBackground(*core_, std::move(ahead));
+    return;
   }
   if (ahead != nullptr) {
     early_ = std::move(ahead);
@@ -401,6 +407,7 @@ SaveBuilder& SaveBuilder::operator=(SaveBuilder&& other) noexcept {
     items_ = std::move(other.items_);
     names_ = std::move(other.names_);
     early_ = std::move(other.early_);
+    begun_seq_ = other.begun_seq_;
   }
   return *this;
 }
@@ -739,7 +746,7 @@ absl::StatusOr<SaveHandle> SaveBuilder::CommitItems(client::LazyState* progress,
   if (!background) {
     spent.reset();
     CKPT_RETURN_IF_ERROR(SendCommit(core, request, shard_crc, step_, std::move(hashes)));
-    if (progress == nullptr) client::LeaseAhead(core, step_);
+    if (progress == nullptr) client::LeaseAhead(core, step_, begun_seq_);
     const absl::Time now = absl::Now();
     remember(now);
     return SaveHandle(core_, step_, layout.size, shard_crc, now);
@@ -751,9 +758,10 @@ absl::StatusOr<SaveHandle> SaveBuilder::CommitItems(client::LazyState* progress,
   remember(now);
   auto result = std::make_shared<client::CommitResult>();
   auto send = [&core, request, result, shard_crc, step = step_, hashes = std::move(hashes),
-               staging = std::move(staging), spent = std::move(spent), lazy = progress != nullptr]() mutable {
+               staging = std::move(staging), spent = std::move(spent), lazy = progress != nullptr,
+               begun_seq = begun_seq_]() mutable {
     result->status = SendCommit(core, request, shard_crc, step, std::move(hashes));
-    if (result->status.ok() && !lazy) client::LeaseAhead(core, step);
+    if (result->status.ok() && !lazy) client::LeaseAhead(core, step, begun_seq);
     spent.reset();
     staging.reset();  // the agent has read it (or the lease is gone)
     if (!result->status.ok()) {

@@ -392,6 +392,37 @@ TEST_F(ClientIntegrationTest, ALeaseAskedAheadServesTheNextSaveAtTheSameInterval
   EXPECT_EQ(await_open_leases(0), 0);
 }
 
+TEST_F(ClientIntegrationTest, SavesBegunBeforeTheLastCommitWentKeepTheirOwnLeases) {
+  // Back to back, each save begins while the previous commit may still be on
+  // its way: a lease asked ahead after that commit would be for the step
+  // already begun, and the agent would replace the builder's own lease with
+  // it. It is not asked then; every save commits and loads back byte-exact.
+  ClientOptions o = Options("back-to-back", 0, 1);
+  o.keep_in_memory = 16;
+  absl::StatusOr<Client> c = Client::Connect(o);
+  ASSERT_TRUE(c.ok()) << c.status();
+  std::vector<std::vector<float>> saved;
+  std::vector<SaveHandle> handles;
+  for (uint64_t step = 1; step <= 12; ++step) {
+    saved.push_back(Tensor(20000, static_cast<uint32_t>(step + 100)));
+    SaveBuilder s = c->BeginSave(step);
+    ASSERT_TRUE(s.Add("w", Bytes(saved.back()), DType::kF32, {saved.back().size()}).ok());
+    absl::StatusOr<SaveHandle> h = s.Commit();
+    ASSERT_TRUE(h.ok()) << step << ": " << h.status();
+    handles.push_back(*h);
+  }
+  for (size_t i = 0; i < handles.size(); ++i) {
+    ASSERT_TRUE(handles[i].Committed().ok()) << i + 1 << ": " << handles[i].Committed();
+    ASSERT_TRUE(handles[i].Wait(Level::kStaged, absl::Now() + absl::Seconds(60)).ok()) << i + 1;
+    absl::StatusOr<LoadedShard> shard = c->Load(i + 1);
+    ASSERT_TRUE(shard.ok()) << i + 1 << ": " << shard.status();
+    absl::StatusOr<std::span<const std::byte>> view = shard->View("w");
+    ASSERT_TRUE(view.ok()) << view.status();
+    ASSERT_EQ(view->size(), saved[i].size() * sizeof(float));
+    EXPECT_EQ(std::memcmp(view->data(), saved[i].data(), view->size()), 0) << i + 1;
+  }
+}
+
 TEST_F(ClientIntegrationTest, ALeaseAskedForAtBeginSaveDiesWithItsAgentAndCommitAsksAgain) {
   // The agent is killed and restarted between BeginSave (whose lease it had
   // granted) and Commit: the lease went with the agent's session, so Commit

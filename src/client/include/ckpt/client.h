@@ -494,6 +494,9 @@ class SaveBuilder {
   // client's previous save (a trainer saves the same state every time):
   // Commit uses it when the items fit, and releases it otherwise.
   std::shared_ptr<client::EarlyLease> early_;
+  // Which of this client's SaveBuilders this is (1, 2, ...): a lease is asked
+  // ahead after its commit only if no builder began since.
+  uint64_t begun_seq_ = 0;
   void ReleaseEarlyLease();
 };
 

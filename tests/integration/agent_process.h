@@ -84,6 +84,14 @@ class AgentProcess {
       ckpt::v1::AgentStatusResponse st;
       grpc::ClientContext ctx;
       if (stub_->AgentStatus(&ctx, {}, &st).ok() && st.registered()) return absl::OkStatus();
+      // WaitForTcpPort may have reached another process's listener on a port
+      // taken since PickFreePorts while this agent was still shutting down
+      // ("cannot listen"): said as an exit "before" registering, so that
+      // Start picks new ports (StartLostAPort).
+      if (!proc_->IsRunning()) {
+        return absl::UnavailableError(absl::StrCat("agent exited before it registered with meta:\n",
+                                                   proc_->LogTail()));
+      }
       absl::SleepFor(absl::Milliseconds(20));  // bounded poll for process start-up
     }
     return absl::DeadlineExceededError("agent did not register with meta within 30 s:\n" + proc_->LogTail());

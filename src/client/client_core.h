@@ -12,6 +12,7 @@
 
 #include <unistd.h>
 
+#include <array>
 #include <atomic>
 #include <cstdint>
 #include <functional>
@@ -117,8 +118,7 @@ struct ClientCore {
   absl::Mutex ahead_mu;
   std::shared_ptr<EarlyLease> ahead ABSL_GUARDED_BY(ahead_mu);
   uint64_t ahead_step ABSL_GUARDED_BY(ahead_mu) = 0;
-  uint64_t full_steps[2] ABSL_GUARDED_BY(ahead_mu) = {0, 0};  // older, newer (0: none)
-  bool has_full_steps[2] ABSL_GUARDED_BY(ahead_mu) = {false, false};
+  std::array<std::optional<uint64_t>, 2> full_steps ABSL_GUARDED_BY(ahead_mu);  // older, newer
   // SaveBuilders begun (SaveBuilder::begun_seq_ of the newest).
   uint64_t saves_begun ABSL_GUARDED_BY(ahead_mu) = 0;
   // The item array of the last LoadedShard destroyed, emptied with its

@@ -309,7 +309,8 @@ void ReleaseInBackground(ClientCore& core, std::shared_ptr<EarlyLease> early) {
 // P < step, and no builder begun since (it asked for its own lease, which a
 // second one for the same step would replace), asks for the lease of
 // step + (step - P) (the version begun at meta only by its commit). A lease
-// asked for earlier and not used is released.
+// asked for earlier for another step is released (one for a step at or below
+// `step` can never be used: steps increase).
 void LeaseAhead(ClientCore& core, uint64_t step, uint64_t begun_seq) {
   const uint64_t size = core.last_full_save_bytes.load(std::memory_order_relaxed);
   std::shared_ptr<EarlyLease> replaced;
@@ -318,18 +319,17 @@ void LeaseAhead(ClientCore& core, uint64_t step, uint64_t begun_seq) {
   {
     absl::MutexLock lock(&core.ahead_mu);
     if (size == 0) {
-      core.has_full_steps[0] = core.has_full_steps[1] = false;
-    } else if (!core.has_full_steps[1] || core.full_steps[1] != step) {
-      core.full_steps[0] = core.full_steps[1];
-      core.has_full_steps[0] = core.has_full_steps[1];
-      core.full_steps[1] = step;
-      core.has_full_steps[1] = true;
+      core.full_steps = {};
+    } else if (core.full_steps[1] != step) {
+      core.full_steps = {core.full_steps[1], step};
     }
-    const bool guess = core.options.lease_ahead && size > 0 && core.saves_begun == begun_seq && core.has_full_steps[0] &&
-                       core.full_steps[0] < step && step - core.full_steps[0] <= kMaxStep - step;
-    if (guess) next = step + (step - core.full_steps[0]);
+    const std::optional<uint64_t> prev = core.full_steps[0];
+    const bool guess = core.options.lease_ahead && size > 0 && core.saves_begun == begun_seq && prev &&
+                       *prev < step && step - *prev <= kMaxStep - step;
+    if (guess) next = step + (step - *prev);
+    if (core.ahead != nullptr && core.ahead_step <= step) replaced = std::move(core.ahead);
     if (guess && ValidateStep(next).ok() && !(core.ahead != nullptr && core.ahead_step == next)) {
-      replaced = std::move(core.ahead);
+      if (replaced == nullptr) replaced = std::move(core.ahead);
       early = std::make_shared<EarlyLease>();
       early->size_bytes = size;
       early->alignment = core.item_alignment.load();
@@ -357,8 +357,9 @@ void DropLeaseAhead(ClientCore& core) {
     absl::MutexLock lock(&core.ahead_mu);
     ahead = std::move(core.ahead);
   }
-  if (ahead == nullptr) return;
-  ahead->done.WaitForNotification();
+  // Not waited for if still unanswered (the executor that asks may be the
+  // one going): the session's end releases that lease then.
+  if (ahead == nullptr || !ahead->done.HasBeenNotified()) return;
   if (ahead->answer.ok() && !ahead->session->Closed()) AbortLease(core, ahead->answer->lease_id());
 }
 

@@ -427,6 +427,28 @@ TEST_F(ClientTest, LoadsFromAnAgentThatDoesNotPackManifests) {
   EXPECT_EQ(back, w);
 }
 
+// The same with a shard of a few MiB (the corrupt byte deep in an item).
+TEST_F(ClientTest, CorruptedByteOfABigShardIsDataLossNeverWrongBytes) {
+  StartAgent();
+  Client client = Connect();
+  const auto a = Pattern(3000, 7);
+  const auto b = Pattern(3 << 20, 8);
+  absl::Status saved = SaveBytes(client, 1, {{"a", &a}, {"b", &b}});
+  ASSERT_TRUE(saved.ok()) << saved;
+  auto committed = agent_->Committed(job_, 1, 0);
+  ASSERT_TRUE(committed.has_value());
+  const uint64_t b_offset = committed->items(1).offset_bytes();
+  ASSERT_TRUE(agent_->Corrupt(job_, 1, 0, b_offset + (2 << 20) + 5));
+
+  std::vector<std::byte> a_back(a.size()), b_back(b.size());
+  absl::Status s = client.LoadInto(1, {{"a", std::span(a_back)}, {"b", std::span(b_back)}});
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
+  EXPECT_THAT(std::string(s.message()), HasSubstr("\"b\""));
+  EXPECT_TRUE(client.LoadInto(1, {{"a", std::span(a_back)}}).ok());
+  EXPECT_EQ(a_back, a);
+  EXPECT_EQ(agent_->WaitOpenHandles(0), 0);
+}
+
 // A manifest that does not hash to the shard's digest is never used.
 TEST_F(ClientTest, ManifestNotMatchingItsDigestIsDataLoss) {
   FakeAgent::Options o;

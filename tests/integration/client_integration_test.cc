@@ -229,7 +229,8 @@ TEST_F(ClientLargeShardTest, VerifiedLoadsOnTheSessionUpTo64MiBAndOverGrpcBeyond
 // Meta tells the agents holding a version's copies when it becomes
 // restorable (STAGED); a load of such a local copy then needs nothing from
 // meta: it works with meta down, byte-exact, on both load paths. A version
-// the agent was not told about still asks meta (Locate).
+// the agent was not told about still asks meta (Locate). An agent restarted
+// with its tier is told again of what it holds.
 TEST_F(ClientIntegrationTest, ALocalCopyMetaSaidIsStagedLoadsWithoutAskingMeta) {
   absl::StatusOr<Client> c = Client::Connect(Options("told", 0, 1));
   ASSERT_TRUE(c.ok()) << c.status();
@@ -282,6 +283,30 @@ TEST_F(ClientIntegrationTest, ALocalCopyMetaSaidIsStagedLoadsWithoutAskingMeta) 
   absl::StatusOr<std::span<const std::byte>> again = right_after->View("w");
   ASSERT_TRUE(again.ok()) << again.status();
   EXPECT_EQ(std::memcmp(again->data(), w.data(), again->size()), 0);
+  right_after = absl::CancelledError("dropped");
+
+  // The agent restarts (kill -9; its tier re-adopted): its inventory has meta
+  // tell it again of the versions it holds, and loads ask meta nothing again.
+  ASSERT_TRUE(agent_->proc()->Kill(SIGKILL).ok());
+  (void)agent_->proc()->Wait();
+  ASSERT_TRUE(agent_->Restart().ok());
+  const absl::Time told_by = absl::Now() + absl::Seconds(30);
+  while (agent_->Metric("ckpt_agent_restorable_versions") < 2 && absl::Now() < told_by) {
+    absl::SleepFor(absl::Milliseconds(20));  // bounded poll of another process
+  }
+  ASSERT_EQ(agent_->Metric("ckpt_agent_restorable_versions"), 2) << agent_->proc()->LogTail();
+  ASSERT_TRUE(meta_->proc()->Kill(SIGKILL).ok());
+  (void)meta_->proc()->Wait();
+  for (uint64_t step : {11, 12}) {
+    absl::StatusOr<LoadedShard> after_restart = c->Load(step);
+    ASSERT_TRUE(after_restart.ok()) << step << ": " << after_restart.status();
+    EXPECT_EQ(after_restart->served_from(), ServedFrom::kLocal);
+    absl::StatusOr<std::span<const std::byte>> restored = after_restart->View("w");
+    ASSERT_TRUE(restored.ok()) << restored.status();
+    ASSERT_EQ(restored->size(), w.size() * sizeof(float));
+    EXPECT_EQ(std::memcmp(restored->data(), w.data(), restored->size()), 0) << step;
+  }
+  ASSERT_TRUE(meta_->Restart().ok());
 }
 
 TEST_F(ClientIntegrationTest, ASaveCommitsIntoTheLeaseBeginSaveAskedForOrReleasesIt) {

@@ -167,6 +167,10 @@ class Engine {
   // Queues a VersionNotice for every node holding a copy of a shard of `v`
   // and wakes the task streams.
   void NoticeStaged(const Version& v, bool staged);
+  // Queues a staged VersionNotice for `node_id` of each restorable version
+  // (at most the newest kMaxNoticedStepsPerJob of a job) of which it holds a
+  // valid shard copy: a restarted agent knows of none (ReportInventory).
+  void NoticeHeldVersions(const std::string& node_id);
   // Re-derives the version's state from its holdings (PROTECTED, DEGRADED,
   // ABORTED), then plans recovery and flush and applies retention.
   void Recompute(Version& v);

@@ -158,7 +158,10 @@ struct Member {
   uint64_t incarnation = 0;
 };
 
-// A task with everything an agent needs to run it, resolved at hand-out time.
+// The versions of a job an agent keeps as restorable (its own cap, Agent::
+// kMaxStagedSteps): at most those a restarted agent is told of again.
+inline constexpr size_t kMaxNoticedStepsPerJob = 64;
+
 // A version of which a node holds a copy became restorable from memory
 // (STAGED level or better, not evicted: `staged`) or stopped being so
 // (ckpt.v1.VersionNotice). Delivered with the node's tasks, best effort.
@@ -168,6 +171,7 @@ struct VersionNotice {
   bool staged = false;
 };
 
+// A task with everything an agent needs to run it, resolved at hand-out time.
 struct TaskBundle {
   Task task;
   // The task's version (shards without items), if it has one.

@@ -785,6 +785,31 @@ void Engine::NoticeStaged(const Version& v, bool staged) {
   if (!holders.empty()) ++s_.task_generation;
 }
 
+void Engine::NoticeHeldVersions(const std::string& node_id) {
+  std::deque<VersionNotice>* queue = nullptr;
+  for (const auto& [job_id, by_step] : s_.versions) {
+    std::vector<uint64_t> steps;  // newest first
+    for (auto it = by_step.rbegin(); it != by_step.rend() && steps.size() < kMaxNoticedStepsPerJob; ++it) {
+      const Version& v = it->second;
+      if (v.evicted || !SatisfiesLevel(v.state, Level::kStaged)) continue;
+      const bool held = std::any_of(v.shards.begin(), v.shards.end(), [&](const auto& rank_shard) {
+        const std::vector<Copy>& copies = rank_shard.second.copies;
+        return std::any_of(copies.begin(), copies.end(), [&](const Copy& c) {
+          return c.node_id == node_id && c.state == CopyState::kValid;
+        });
+      });
+      if (held) steps.push_back(v.step);
+    }
+    if (steps.empty()) continue;
+    if (queue == nullptr) queue = &s_.version_notices[node_id];
+    for (auto step = steps.rbegin(); step != steps.rend(); ++step) {
+      if (queue->size() >= kMaxVersionNotices) queue->pop_front();
+      queue->push_back(VersionNotice{job_id, *step, true});
+    }
+  }
+  if (queue != nullptr) ++s_.task_generation;
+}
+
 void Engine::EvictVersion(Version& v) {
   if (v.evicted) return;
   if (SatisfiesLevel(v.state, Level::kStaged)) NoticeStaged(v, false);
@@ -1262,6 +1287,9 @@ absl::StatusOr<InventoryResult> MetaCore::ReportInventory(const std::string& nod
     node->inventory_received = true;
     for (Version* v : e.ResumeStalledEncodes(node_id)) touched.insert(v);
     for (Version* v : touched) e.Recompute(*v);
+    // A restarted agent knows of no restorable version: what it holds of
+    // them is told again (after the transitions above, which told it too).
+    e.NoticeHeldVersions(node_id);
     // The drop decisions travel in the answer, which the agent applies before
     // it runs tasks (an agent that dies first asks again on restart). Never as
     // a drop task too: one delivered after a rebuild put a new copy of the

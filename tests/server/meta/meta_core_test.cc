@@ -8,6 +8,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/synchronization/notification.h"
 #include "common/names.h"
 #include "server/meta/records.h"
@@ -1615,6 +1616,57 @@ TEST_F(MetaCoreTest, HoldersAreToldWhenAVersionBecomesAndStopsBeingRestorable) {
   ASSERT_TRUE(core_->DeleteVersion("gpt", 10, /*force=*/true).ok());
   EXPECT_EQ(notices("a"), V{"gpt/10-"});
   EXPECT_EQ(notices("b"), (V{"gpt/10+", "gpt/10-"}));
+}
+
+// A restarted agent knows of no restorable version: its inventory has meta
+// tell it again of those it holds a valid copy of (not of a version it holds
+// nothing of, nor of one deleted), newest 64 per job.
+TEST_F(MetaCoreTest, ARestartedAgentIsToldAgainOfTheRestorableVersionsItHolds) {
+  for (const char* n : {"a", "b", "c"}) Register(n);
+  RetentionPolicy keep;
+  keep.keep_in_memory = 200;
+  CreateJob("gpt", 2, ProtectionPolicy::None(), {}, keep);
+  auto notices = [&](const char* node) {
+    std::vector<VersionNotice> out;
+    auto tasks = core_->PendingTasks(node, inc_[node], /*all=*/true, &out);
+    EXPECT_TRUE(tasks.ok()) << tasks.status();
+    std::vector<std::string> text;
+    for (const VersionNotice& n : out) text.push_back(absl::StrCat(n.job_id, "/", n.step, n.staged ? "+" : "-"));
+    return text;
+  };
+  using V = std::vector<std::string>;
+  auto save = [&](uint64_t step) {
+    ASSERT_TRUE(core_->BeginVersion("gpt", step, "").ok());
+    ASSERT_TRUE(Stage("a", "gpt", step, 0).ok());
+    ASSERT_TRUE(Stage("b", "gpt", step, 1).ok());
+  };
+  for (uint64_t step : {10, 20, 30}) save(step);
+  ASSERT_TRUE(core_->DeleteVersion("gpt", 20, /*force=*/true).ok());
+  EXPECT_EQ(notices("a"), (V{"gpt/10+", "gpt/20+", "gpt/30+", "gpt/20-"}));  // as it went
+  // a's agent restarts with its tier intact (the copy of 20 dropped).
+  Register("a");
+  auto inv = core_->ReportInventory("a", inc_["a"], {HoldingOf("gpt", 10, 0), HoldingOf("gpt", 30, 0)});
+  ASSERT_TRUE(inv.ok()) << inv.status();
+  EXPECT_EQ(notices("a"), (V{"gpt/10+", "gpt/30+"}));
+  Register("c");
+  ASSERT_TRUE(core_->ReportInventory("c", inc_["c"], {}).ok());
+  EXPECT_EQ(notices("c"), V{});  // holds nothing
+  // Only the newest 64 of a job.
+  for (uint64_t step = 100; step < 200; ++step) save(step);
+  (void)notices("a");
+  Register("a");
+  std::vector<Holding> held = {HoldingOf("gpt", 10, 0), HoldingOf("gpt", 30, 0)};
+  for (uint64_t step = 100; step < 200; ++step) held.push_back(HoldingOf("gpt", step, 0));
+  ASSERT_TRUE(core_->ReportInventory("a", inc_["a"], held).ok());
+  const V told = notices("a");
+  ASSERT_EQ(told.size(), kMaxNoticedStepsPerJob) << absl::StrJoin(told, " ");
+  EXPECT_EQ(told.front(), absl::StrCat("gpt/", 200 - kMaxNoticedStepsPerJob, "+"));
+  EXPECT_EQ(told.back(), "gpt/199+");
+  // A restarted agent whose tier is gone is told of nothing restorable.
+  (void)notices("b");
+  Register("b");
+  ASSERT_TRUE(core_->ReportInventory("b", inc_["b"], {}).ok());
+  for (const std::string& n : notices("b")) EXPECT_EQ(n.back(), '-') << n;
 }
 
 TEST_F(MetaCoreTest, OpenVersionWithoutProgressIsAbortedAfterTheTimeout) {

@@ -168,9 +168,10 @@ class Engine {
   // and wakes the task streams.
   void NoticeStaged(const Version& v, bool staged);
   // Queues a staged VersionNotice for `node_id` of each restorable version
-  // (at most the newest kMaxNoticedStepsPerJob of a job) of which it holds a
-  // valid shard copy: a restarted agent knows of none (ReportInventory).
-  void NoticeHeldVersions(const std::string& node_id);
+  // (at most the newest kMaxNoticedStepsPerJob of a job) of which its
+  // inventory lists a shard that meta counts as a valid copy there: a
+  // restarted agent knows of none (ReportInventory).
+  void NoticeHeldVersions(const std::string& node_id, const std::vector<Holding>& holdings);
   // Re-derives the version's state from its holdings (PROTECTED, DEGRADED,
   // ABORTED), then plans recovery and flush and applies retention.
   void Recompute(Version& v);

@@ -2,6 +2,7 @@
 // protection, recovery and flush tasks, retention, node loss, inventory
 // reconciliation, time-driven work (Tick) and the cluster status.
 #include <algorithm>
+#include <iterator>
 #include <set>
 
 #include "absl/strings/str_cat.h"
@@ -785,29 +786,33 @@ void Engine::NoticeStaged(const Version& v, bool staged) {
   if (!holders.empty()) ++s_.task_generation;
 }
 
-void Engine::NoticeHeldVersions(const std::string& node_id) {
-  std::deque<VersionNotice>* queue = nullptr;
-  for (const auto& [job_id, by_step] : s_.versions) {
-    std::vector<uint64_t> steps;  // newest first
-    for (auto it = by_step.rbegin(); it != by_step.rend() && steps.size() < kMaxNoticedStepsPerJob; ++it) {
-      const Version& v = it->second;
-      if (v.evicted || !SatisfiesLevel(v.state, Level::kStaged)) continue;
-      const bool held = std::any_of(v.shards.begin(), v.shards.end(), [&](const auto& rank_shard) {
-        const std::vector<Copy>& copies = rank_shard.second.copies;
-        return std::any_of(copies.begin(), copies.end(), [&](const Copy& c) {
-          return c.node_id == node_id && c.state == CopyState::kValid;
-        });
-      });
-      if (held) steps.push_back(v.step);
-    }
-    if (steps.empty()) continue;
-    if (queue == nullptr) queue = &s_.version_notices[node_id];
-    for (auto step = steps.rbegin(); step != steps.rend(); ++step) {
-      if (queue->size() >= kMaxVersionNotices) queue->pop_front();
-      queue->push_back(VersionNotice{job_id, *step, true});
+void Engine::NoticeHeldVersions(const std::string& node_id, const std::vector<Holding>& holdings) {
+  std::map<std::string, std::set<uint64_t>> held;  // job -> restorable steps with a valid copy here
+  for (const Holding& h : holdings) {
+    if (h.is_segment) continue;
+    auto job = s_.versions.find(h.job_id);
+    if (job == s_.versions.end()) continue;
+    auto v = job->second.find(h.step);
+    if (v == job->second.end() || v->second.evicted || !SatisfiesLevel(v->second.state, Level::kStaged)) continue;
+    auto sh = v->second.shards.find(h.rank);
+    if (sh == v->second.shards.end()) continue;
+    const std::vector<Copy>& copies = sh->second.copies;
+    if (std::any_of(copies.begin(), copies.end(),
+                    [&](const Copy& c) { return c.node_id == node_id && c.state == CopyState::kValid; })) {
+      held[h.job_id].insert(h.step);
     }
   }
-  if (queue != nullptr) ++s_.task_generation;
+  if (held.empty()) return;
+  std::deque<VersionNotice>& queue = s_.version_notices[node_id];
+  for (const auto& [job_id, steps] : held) {
+    auto from = steps.begin();
+    if (steps.size() > kMaxNoticedStepsPerJob) std::advance(from, steps.size() - kMaxNoticedStepsPerJob);
+    for (auto step = from; step != steps.end(); ++step) {
+      if (queue.size() >= kMaxVersionNotices) queue.pop_front();
+      queue.push_back(VersionNotice{job_id, *step, true});
+    }
+  }
+  ++s_.task_generation;
 }
 
 void Engine::EvictVersion(Version& v) {
@@ -1289,7 +1294,7 @@ absl::StatusOr<InventoryResult> MetaCore::ReportInventory(const std::string& nod
     for (Version* v : touched) e.Recompute(*v);
     // A restarted agent knows of no restorable version: what it holds of
     // them is told again (after the transitions above, which told it too).
-    e.NoticeHeldVersions(node_id);
+    e.NoticeHeldVersions(node_id, holdings);
     // The drop decisions travel in the answer, which the agent applies before
     // it runs tasks (an agent that dies first asks again on restart). Never as
     // a drop task too: one delivered after a rebuild put a new copy of the

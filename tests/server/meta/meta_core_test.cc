@@ -266,6 +266,16 @@ class MetaCoreTest : public ::testing::Test {
     ASSERT_TRUE(Stage("a", "gpt", 1, 0).ok());
   }
 
+  // The version notices meta has for `node` (taken), as "job/step+" or "-".
+  std::vector<std::string> Notices(const std::string& node) {
+    std::vector<VersionNotice> out;
+    auto tasks = core_->PendingTasks(node, inc_[node], /*all=*/true, &out);
+    EXPECT_TRUE(tasks.ok()) << tasks.status();
+    std::vector<std::string> text;
+    for (const VersionNotice& n : out) text.push_back(absl::StrCat(n.job_id, "/", n.step, n.staged ? "+" : "-"));
+    return text;
+  }
+
   // What a restarted agent's inventory says of a shard MakeShard made.
   static Holding HoldingOf(const std::string& job, uint64_t step, uint32_t rank,
                            uint64_t size = 4096) {
@@ -1597,14 +1607,7 @@ TEST_F(MetaCoreTest, StagedVersionSupersedesOlderOpenOnes) {
 TEST_F(MetaCoreTest, HoldersAreToldWhenAVersionBecomesAndStopsBeingRestorable) {
   for (const char* n : {"a", "b", "c"}) Register(n);
   CreateJob("gpt", 2, ProtectionPolicy::None());
-  auto notices = [&](const char* node) {
-    std::vector<VersionNotice> out;
-    auto tasks = core_->PendingTasks(node, inc_[node], /*all=*/true, &out);
-    EXPECT_TRUE(tasks.ok()) << tasks.status();
-    std::vector<std::string> text;
-    for (const VersionNotice& n : out) text.push_back(absl::StrCat(n.job_id, "/", n.step, n.staged ? "+" : "-"));
-    return text;
-  };
+  auto notices = [&](const char* node) { return Notices(node); };
   using V = std::vector<std::string>;
   ASSERT_TRUE(core_->BeginVersion("gpt", 10, "").ok());
   ASSERT_TRUE(Stage("a", "gpt", 10, 0).ok());
@@ -1626,14 +1629,7 @@ TEST_F(MetaCoreTest, ARestartedAgentIsToldAgainOfTheRestorableVersionsItHolds) {
   RetentionPolicy keep;
   keep.keep_in_memory = 200;
   CreateJob("gpt", 2, ProtectionPolicy::None(), {}, keep);
-  auto notices = [&](const char* node) {
-    std::vector<VersionNotice> out;
-    auto tasks = core_->PendingTasks(node, inc_[node], /*all=*/true, &out);
-    EXPECT_TRUE(tasks.ok()) << tasks.status();
-    std::vector<std::string> text;
-    for (const VersionNotice& n : out) text.push_back(absl::StrCat(n.job_id, "/", n.step, n.staged ? "+" : "-"));
-    return text;
-  };
+  auto notices = [&](const char* node) { return Notices(node); };
   using V = std::vector<std::string>;
   auto save = [&](uint64_t step) {
     ASSERT_TRUE(core_->BeginVersion("gpt", step, "").ok());

@@ -1607,18 +1607,17 @@ TEST_F(MetaCoreTest, StagedVersionSupersedesOlderOpenOnes) {
 TEST_F(MetaCoreTest, HoldersAreToldWhenAVersionBecomesAndStopsBeingRestorable) {
   for (const char* n : {"a", "b", "c"}) Register(n);
   CreateJob("gpt", 2, ProtectionPolicy::None());
-  auto notices = [&](const char* node) { return Notices(node); };
   using V = std::vector<std::string>;
   ASSERT_TRUE(core_->BeginVersion("gpt", 10, "").ok());
   ASSERT_TRUE(Stage("a", "gpt", 10, 0).ok());
-  EXPECT_EQ(notices("a"), V{});  // OPEN: rank 1 missing
+  EXPECT_EQ(Notices("a"), V{});  // OPEN: rank 1 missing
   ASSERT_TRUE(Stage("b", "gpt", 10, 1).ok());
-  EXPECT_EQ(notices("a"), V{"gpt/10+"});
-  EXPECT_EQ(notices("a"), V{});  // taken
-  EXPECT_EQ(notices("c"), V{});  // holds nothing
+  EXPECT_EQ(Notices("a"), V{"gpt/10+"});
+  EXPECT_EQ(Notices("a"), V{});  // taken
+  EXPECT_EQ(Notices("c"), V{});  // holds nothing
   ASSERT_TRUE(core_->DeleteVersion("gpt", 10, /*force=*/true).ok());
-  EXPECT_EQ(notices("a"), V{"gpt/10-"});
-  EXPECT_EQ(notices("b"), (V{"gpt/10+", "gpt/10-"}));
+  EXPECT_EQ(Notices("a"), V{"gpt/10-"});
+  EXPECT_EQ(Notices("b"), (V{"gpt/10+", "gpt/10-"}));
 }
 
 // A restarted agent knows of no restorable version: its inventory has meta
@@ -1629,7 +1628,6 @@ TEST_F(MetaCoreTest, ARestartedAgentIsToldAgainOfTheRestorableVersionsItHolds) {
   RetentionPolicy keep;
   keep.keep_in_memory = 200;
   CreateJob("gpt", 2, ProtectionPolicy::None(), {}, keep);
-  auto notices = [&](const char* node) { return Notices(node); };
   using V = std::vector<std::string>;
   auto save = [&](uint64_t step) {
     ASSERT_TRUE(core_->BeginVersion("gpt", step, "").ok());
@@ -1638,31 +1636,31 @@ TEST_F(MetaCoreTest, ARestartedAgentIsToldAgainOfTheRestorableVersionsItHolds) {
   };
   for (uint64_t step : {10, 20, 30}) save(step);
   ASSERT_TRUE(core_->DeleteVersion("gpt", 20, /*force=*/true).ok());
-  EXPECT_EQ(notices("a"), (V{"gpt/10+", "gpt/20+", "gpt/30+", "gpt/20-"}));  // as it went
+  EXPECT_EQ(Notices("a"), (V{"gpt/10+", "gpt/20+", "gpt/30+", "gpt/20-"}));  // as it went
   // a's agent restarts with its tier intact (the copy of 20 dropped).
   Register("a");
   auto inv = core_->ReportInventory("a", inc_["a"], {HoldingOf("gpt", 10, 0), HoldingOf("gpt", 30, 0)});
   ASSERT_TRUE(inv.ok()) << inv.status();
-  EXPECT_EQ(notices("a"), (V{"gpt/10+", "gpt/30+"}));
+  EXPECT_EQ(Notices("a"), (V{"gpt/10+", "gpt/30+"}));
   Register("c");
   ASSERT_TRUE(core_->ReportInventory("c", inc_["c"], {}).ok());
-  EXPECT_EQ(notices("c"), V{});  // holds nothing
+  EXPECT_EQ(Notices("c"), V{});  // holds nothing
   // Only the newest 64 of a job.
   for (uint64_t step = 100; step < 200; ++step) save(step);
-  (void)notices("a");
+  (void)Notices("a");
   Register("a");
   std::vector<Holding> held = {HoldingOf("gpt", 10, 0), HoldingOf("gpt", 30, 0)};
   for (uint64_t step = 100; step < 200; ++step) held.push_back(HoldingOf("gpt", step, 0));
   ASSERT_TRUE(core_->ReportInventory("a", inc_["a"], held).ok());
-  const V told = notices("a");
+  const V told = Notices("a");
   ASSERT_EQ(told.size(), kMaxNoticedStepsPerJob) << absl::StrJoin(told, " ");
   EXPECT_EQ(told.front(), absl::StrCat("gpt/", 200 - kMaxNoticedStepsPerJob, "+"));
   EXPECT_EQ(told.back(), "gpt/199+");
   // A restarted agent whose tier is gone is told of nothing restorable.
-  (void)notices("b");
+  (void)Notices("b");
   Register("b");
   ASSERT_TRUE(core_->ReportInventory("b", inc_["b"], {}).ok());
-  for (const std::string& n : notices("b")) EXPECT_EQ(n.back(), '-') << n;
+  for (const std::string& n : Notices("b")) EXPECT_EQ(n.back(), '-') << n;
 }
 
 TEST_F(MetaCoreTest, OpenVersionWithoutProgressIsAbortedAfterTheTimeout) {

@@ -5,12 +5,24 @@ daemons' real flags (their --help) and the metric names in src/. Where
 kubectl exists, every kustomization is also rendered (`kubectl kustomize`,
 offline) and the rendered objects are checked the same way.
 
+Secure by default (docs/security.md): no shipped configuration may run a
+daemon insecure. Nothing under deploy/ says --insecure, CKPT_INSECURE or
+`insecure: true`; every start of ckpt-meta, ckpt-agent and ckpt-dpu-agent (a
+Kubernetes container, a systemd EnvironmentFile + ExecStart, the image's
+CMD) has tls_ca, tls_cert and tls_key (flags, config-file keys or CKPT_TLS_*),
+each a file something provides (a Secret, cert-manager's csi-driver, an
+emptyDir an init container fills with `ckptctl certs`, /etc/ckpt on a host);
+an agent's certificate is its node's own; no daemon's container mounts the
+CA key; a listen address beyond loopback only with TLS; key and token files
+in Secrets with modes the daemons accept.
+
 usage: check_manifests.py SOURCE_DIR CKPT_META CKPT_AGENT
 Exit 0 when every check passes; prints every failure and exits 1 otherwise.
 """
 import json
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -89,6 +101,7 @@ def main():
             fail("ckpt-dpu-agent --help does not list --host-node")
     check_systemd_env(src, flags)
     check_dockerfile(src, ports)
+    check_no_insecure_text(src)
     check_metrics(src)
     check_trainer_example(src)
     if failures:
@@ -100,8 +113,8 @@ def main():
 
 def daemon_of(container):
     cmd = " ".join(container.get("command", []) + container.get("args", []))
-    for d in ("ckpt-meta", "ckpt-agent"):
-        if d in cmd:
+    for d in ("ckpt-meta", "ckpt-agent", "ckpt-dpu-agent"):
+        if re.search(r"(^|/|\s)" + re.escape(d) + r"(\s|$)", cmd):
             return d
     return None
 
@@ -123,6 +136,7 @@ def check_config_file(where, daemon, text, flags, ports):
             name = {"listen": "grpc", "data_listen": "data", "metrics_listen": "metrics"}[key]
             if port != ports[daemon][name]:
                 fail(f"{where}: {key} port {port} != default {ports[daemon][name]}")
+    return cfg
 
 
 def check_k8s(src, flags, ports):
@@ -144,12 +158,13 @@ def check_k8s(src, flags, ports):
             if not os.path.exists(os.path.join(dirpath, r)):
                 fail(f"{dirpath}/kustomization.yaml: resource {r} does not exist")
 
+    documented = documented_secrets(root)
     base = os.path.join(root, "base")
     k = load_docs(os.path.join(base, "kustomization.yaml"))[0]
     objects = []
     for r in k["resources"]:
         objects += load_docs(os.path.join(base, r))
-    check_objects("base", objects, flags, ports)
+    check_objects("base", objects, flags, ports, documented)
 
     # Rendered kustomizations (patches applied), where kubectl can render offline.
     kubectl = shutil.which("kubectl")
@@ -162,11 +177,11 @@ def check_k8s(src, flags, ports):
             fail(f"kubectl kustomize {dirpath}: {out.stderr.strip()}")
             continue
         rendered = [d for d in yaml.safe_load_all(out.stdout) if d is not None]
-        check_objects(os.path.relpath(dirpath, root) + " (rendered)", rendered, flags, ports)
+        check_objects(os.path.relpath(dirpath, root) + " (rendered)", rendered, flags, ports, documented)
         print(f"rendered {os.path.relpath(dirpath, root)}: {len(rendered)} objects")
 
 
-def check_objects(where, objects, flags, ports):
+def check_objects(where, objects, flags, ports, documented):
     configmaps = {o["metadata"]["name"]: o for o in objects if o["kind"] == "ConfigMap"}
     workloads = [o for o in objects if o["kind"] in ("StatefulSet", "DaemonSet", "Deployment")]
     seen = set()
@@ -199,10 +214,12 @@ def check_objects(where, objects, flags, ports):
                     flag = a.split("=", 1)[0]
                     if flag not in flags[daemon]:
                         fail(f"{cname}: argument {flag} is not a {daemon} flag")
+            cfg = {}
             for i, a in enumerate(args):
                 if a.split("=", 1)[0] == "--config":
                     path = a.split("=", 1)[1] if "=" in a else args[i + 1]
-                    check_config_path(cname, daemon, path, mounts, volumes, configmaps, flags, ports)
+                    cfg = check_config_path(cname, daemon, path, mounts, volumes, configmaps, flags, ports) or {}
+            check_secure_container(cname, daemon, spec, c, cfg, objects, documented)
             for e in c.get("env", []):
                 if e["name"].startswith("CKPT_") and env_to_flag(e["name"]) not in flags[daemon]:
                     fail(f"{cname}: env {e['name']} is not a {daemon} key")
@@ -224,6 +241,7 @@ def check_objects(where, objects, flags, ports):
                     fail(f"{cname}: {probe} port {port} is not the metrics port")
         if "ckpt-agent" in [daemon_of(c) for c in spec["containers"]]:
             check_agent_pod(wname, spec, configmaps)
+        check_ca_key_kept_out(wname, spec, objects)
     if seen != {"ckpt-meta", "ckpt-agent"}:
         fail(f"{where} runs {sorted(seen)}, want ckpt-meta and ckpt-agent")
 
@@ -258,7 +276,285 @@ def check_config_path(cname, daemon, path, mounts, volumes, configmaps, flags, p
     if cm is None or f not in cm.get("data", {}):
         fail(f"{cname}: ConfigMap {vol['configMap']['name']} has no key {f}")
         return
-    check_config_file(f"ConfigMap {cm['metadata']['name']}/{f}", daemon, cm["data"][f], flags, ports)
+    return check_config_file(f"ConfigMap {cm['metadata']['name']}/{f}", daemon, cm["data"][f], flags, ports)
+
+
+# ---------------------------------------------------------------------------
+# Secure by default (issue 34, docs/security.md): no shipped configuration may
+# start a daemon without mutual TLS, or with TLS turned off.
+
+AGENTS = ("ckpt-agent", "ckpt-dpu-agent")
+TLS_KEYS = ("tls_ca", "tls_cert", "tls_key")
+TOKEN_KEYS = ("token_file", "admin_token_file", "agent_token_file", "trainer_tokens_file")
+TRUE_WORDS = {"", "true", "yes", "on", "1", "y"}
+NODE = "<node>"  # a path's node-name variable, after normalize()
+# What would turn TLS off, in any file under deploy/ (comments included: a
+# commented-out line is one edit away from running).
+INSECURE_PATTERNS = [
+    (re.compile(r"--insecure\b"), "--insecure"),
+    (re.compile(r"\bCKPT_INSECURE\b"), "CKPT_INSECURE"),
+    (re.compile(r"(?i)(^|[\s{,#-])\"?insecure\"?\s*[:=]\s*[\"']?(true|yes|on|1|y)\b"), "insecure: true"),
+]
+
+
+def is_loopback(address):
+    # As the daemons decide it (common/grpc_security.cc IsLoopbackListen).
+    a = str(address)
+    if a.startswith("unix:"):
+        return True
+    host = a.rsplit(":", 1)[0] if ":" in a else a
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    return host in ("localhost", "::1") or host.startswith("127.")
+
+
+def parse_args(args):
+    """Config keys set by daemon flags: `--key v`, `--key=v`, or a bare
+    `--flag` (true)."""
+    out = {}
+    i = 0
+    while i < len(args):
+        a = args[i]
+        if a.startswith("--"):
+            name, eq, value = a[2:].partition("=")
+            if not eq:
+                if i + 1 < len(args) and not args[i + 1].startswith("--"):
+                    value = args[i + 1]
+                    i += 1
+                else:
+                    value = "true"
+            out[name.replace("-", "_")] = value
+        i += 1
+    return out
+
+
+def check_secure_settings(where, daemon, settings):
+    """`settings`: the config keys of one daemon start (file < CKPT_* env <
+    flags, already layered). Fails when that start would serve without mutual
+    TLS: the daemon would refuse to start, or run open."""
+    insecure = settings.get("insecure")
+    if insecure is not None and str(insecure).strip().lower() in TRUE_WORDS:
+        fail(f"{where}: {daemon} is started insecure (insecure = {insecure!r}): shipped configurations "
+             "serve mutual TLS only")
+    missing = [k for k in TLS_KEYS if not str(settings.get(k, "")).strip()]
+    if missing:
+        fail(f"{where}: {daemon} starts without {', '.join(missing)}: it refuses to serve without mutual TLS "
+             "(secure by default); give it the CA, its certificate and key (`ckptctl certs`, docs/security.md)")
+        for key in ("listen", "data_listen"):
+            address = settings.get(key)
+            if address and not is_loopback(address):
+                fail(f"{where}: {daemon} {key} {address} is beyond loopback without TLS")
+    return not missing
+
+
+def documented_secrets(root):
+    """Secrets whose making deploy/k8s documents: a README or a YAML comment
+    that shows `ckptctl certs ...` and `kubectl ... create secret generic|tls
+    NAME`."""
+    names = set()
+    for dirpath, _, files in os.walk(root):
+        for f in files:
+            if not f.endswith((".md", ".yaml", ".yml")):
+                continue
+            with open(os.path.join(dirpath, f), errors="replace") as fh:
+                text = fh.read()
+            if f.endswith((".yaml", ".yml")):  # comments only
+                text = "\n".join(l.split("#", 1)[1] for l in text.splitlines() if "#" in l)
+            if "ckptctl certs create-" not in text:
+                continue
+            # A command line (not prose that names the command).
+            names |= set(re.findall(r"(?m)^\s*kubectl\b[^\n]*\bcreate secret (?:generic|tls) ([a-z0-9][a-z0-9.-]*)",
+                                    text))
+    return names
+
+
+def node_vars(container):
+    return {e["name"] for e in container.get("env", [])
+            if e.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath") == "spec.nodeName"}
+
+
+def normalize(text, variables):
+    # $(VAR) (Kubernetes), ${VAR} and $VAR (a shell) of the node name -> NODE.
+    for v in variables:
+        text = text.replace(f"$({v})", NODE).replace("${" + v + "}", NODE)
+        text = re.sub(r"\$" + re.escape(v) + r"\b", NODE, text)
+    return text
+
+
+def mount_of(container, path):
+    best = None
+    for m in container.get("volumeMounts", []):
+        mp = m["mountPath"].rstrip("/")
+        if path == mp or path.startswith(mp + "/"):
+            if best is None or len(mp) > len(best["mountPath"].rstrip("/")):
+                best = m
+    if best is None:
+        return None, None
+    mp = best["mountPath"].rstrip("/")
+    rel = best.get("subPath", "") if path == mp else path[len(mp) + 1:]
+    if path != mp and best.get("subPath"):
+        rel = best["subPath"].rstrip("/") + "/" + rel
+    return best, rel
+
+
+def secret_mode(volume, rel):
+    sec = volume["secret"]
+    mode = sec.get("defaultMode", 0o644)  # Kubernetes' default
+    for item in sec.get("items", []) or []:
+        if item["path"] == rel:
+            mode = item.get("mode", mode)
+    return mode
+
+
+def container_settings(cname, container, cfg):
+    settings = {k: str(v) for k, v in (cfg or {}).items()}
+    if container.get("envFrom"):
+        fail(f"{cname}: envFrom hides its CKPT_* settings from this check; list them under env")
+    for e in container.get("env", []):
+        if e["name"].startswith("CKPT_"):
+            value = str(e["value"]) if "value" in e else "<valueFrom>"
+            settings[e["name"][len("CKPT_"):].lower()] = value
+    settings.update(parse_args(container.get("command", [])[1:] + container.get("args", [])))
+    return settings
+
+
+def check_secure_container(cname, daemon, spec, container, cfg, objects, documented):
+    settings = container_settings(cname, container, cfg)
+    check_secure_settings(cname, daemon, settings)
+    volumes = {v["name"]: v for v in spec.get("volumes", [])}
+    variables = node_vars(container)
+    for key in TLS_KEYS + TOKEN_KEYS:
+        if not settings.get(key):
+            continue
+        path = normalize(settings[key], variables)
+        where = f"{cname}: {key} {path}"
+        m, rel = mount_of(container, path)
+        if m is None:
+            fail(f"{where} is in no mounted volume")
+            continue
+        vol = volumes.get(m["name"])
+        if vol is None:
+            continue  # reported as a mount without a volume
+        secret_file = key == "tls_key" or key in TOKEN_KEYS
+        if "secret" in vol:
+            name = vol["secret"]["secretName"]
+            plain = rel.replace("..data/", "")
+            items = vol["secret"].get("items")
+            if items and plain not in [i["path"] for i in items]:
+                fail(f"{where}: Secret volume {m['name']} projects no {plain}")
+            mode = secret_mode(vol, plain)
+            if secret_file and mode & 0o037:
+                fail(f"{where}: Secret {name} is mounted with mode {oct(mode)}: a key or token must not be "
+                     "readable by others (defaultMode 0400, or 0440 with fsGroup)")
+            if key in TOKEN_KEYS and not (m.get("subPath") or "/..data/" in path):
+                fail(f"{where}: token files are opened with O_NOFOLLOW and a Secret volume's entries are "
+                     "symlinks: mount the key with subPath, or name DIR/..data/NAME")
+            if not m.get("readOnly"):
+                fail(f"{where}: volumeMount {m['name']} is not readOnly")
+            check_secret_source(where, name, plain, daemon, objects, documented)
+            if daemon in AGENTS and key in ("tls_cert", "tls_key") and NODE not in plain:
+                fail(f"{where}: every agent would present the same certificate, but each needs its node's own "
+                     "(ckpt://node/<node name>): name the file after $(CKPT_NODE_ID)")
+        elif "csi" in vol:
+            attrs = vol["csi"].get("volumeAttributes", {})
+            if vol["csi"].get("driver") != "csi.cert-manager.io":
+                fail(f"{where}: CSI volume {m['name']} is not cert-manager's csi.cert-manager.io")
+            elif daemon in AGENTS:
+                fail(f"{where}: csi-driver cannot put the node name in a certificate (it expands only POD_NAME, "
+                     "POD_NAMESPACE, POD_UID, SERVICE_ACCOUNT_NAME); an agent needs ckpt://node/<node name>")
+            elif "ckpt://meta" not in attrs.get("csi.cert-manager.io/uri-sans", ""):
+                fail(f"{where}: CSI volume {m['name']} does not ask for URI ckpt://meta")
+        elif "emptyDir" in vol:
+            check_init_fills(where, spec, m, rel, daemon)
+        else:
+            fail(f"{where}: volume {m['name']} is not a Secret, a csi.cert-manager.io volume or an emptyDir an "
+                 "init container fills with `ckptctl certs`")
+
+
+def check_secret_source(where, name, rel, daemon, objects, documented):
+    certs = [o for o in objects if o.get("kind") == "Certificate"
+             and o.get("spec", {}).get("secretName") == name]
+    if not certs:
+        if name not in documented:
+            fail(f"{where}: nothing makes Secret {name}: no cert-manager Certificate writes it, and no README "
+                 f"or comment under deploy/k8s shows the `ckptctl certs` and `kubectl create secret ... {name}` "
+                 "commands")
+        return
+    cert = certs[0]["spec"]
+    cname = f"Certificate/{certs[0]['metadata']['name']}"
+    if daemon in AGENTS:
+        fail(f"{where}: {cname} is one certificate for every agent; each needs ckpt://node/<its node name>")
+    elif "ckpt://meta" not in cert.get("uris", []):
+        fail(f"{where}: {cname} has no URI ckpt://meta (what every caller checks)")
+    for usage in ("server auth", "client auth"):
+        if usage not in cert.get("usages", []):
+            fail(f"{where}: {cname} usages lack '{usage}'")
+    if rel not in ("ca.crt", "tls.crt", "tls.key"):
+        fail(f"{where}: {cname} writes ca.crt, tls.crt and tls.key, not {rel}")
+
+
+def check_init_fills(where, spec, mount, rel, daemon):
+    """An emptyDir TLS file must be written by an init container that mounts
+    the same volume and runs `ckptctl certs create-node` (agents: with
+    --node-id the node name) or `create-meta`."""
+    want = "create-node" if daemon in AGENTS else "create-meta"
+    for ic in spec.get("initContainers", []):
+        im = next((x for x in ic.get("volumeMounts", []) if x["name"] == mount["name"]), None)
+        text = normalize(" ".join(ic.get("command", []) + ic.get("args", [])), node_vars(ic))
+        if im is None or f"ckptctl certs {want}" not in text:
+            continue
+        text = text.replace('"', " ").replace("'", " ")
+        base = im["mountPath"].rstrip("/") + "/"
+        made = set()
+        out = re.search(r"--out[=\s]+(\S+)", text)
+        if out and out.group(1).startswith(base):
+            made |= {out.group(1)[len(base):] + ".pem", out.group(1)[len(base):] + ".key"}
+        made |= {t[len(base):].rstrip(";") for t in text.split() if t.startswith(base)}
+        if daemon in AGENTS and not re.search(r"--node-id[=\s]+" + re.escape(NODE) + r"(\s|$)", text):
+            fail(f"{where}: init container {ic['name']} does not take --node-id from spec.nodeName")
+        if rel not in made:
+            fail(f"{where}: init container {ic['name']} does not write {rel} (it writes {sorted(made)})")
+        return
+    fail(f"{where}: emptyDir {mount['name']} is filled by no init container running `ckptctl certs {want}`")
+
+
+def check_ca_key_kept_out(wname, spec, objects):
+    """No daemon's container mounts the CA key: the Secret an Issuer signs
+    with, one an init container reads as --ca-dir, or any file named ca.key."""
+    issuer_secrets = {o["spec"]["ca"]["secretName"] for o in objects
+                      if o.get("kind") in ("Issuer", "ClusterIssuer") and "ca" in o.get("spec", {})}
+    ca_volumes = set()
+    for v in spec.get("volumes", []):
+        sec = v.get("secret")
+        if sec and (sec.get("secretName") in issuer_secrets or
+                    any(i["path"].endswith("ca.key") for i in sec.get("items", []) or [])):
+            ca_volumes.add(v["name"])
+    for ic in spec.get("initContainers", []):
+        text = " ".join(ic.get("command", []) + ic.get("args", [])).replace('"', " ")
+        for d in re.findall(r"--ca-dir[=\s]+(\S+)", text):
+            d = d.rstrip("/")
+            for m in ic.get("volumeMounts", []):
+                mp = m["mountPath"].rstrip("/")
+                if mp == d or mp.startswith(d + "/"):
+                    ca_volumes.add(m["name"])
+    for c in spec["containers"]:
+        for m in c.get("volumeMounts", []):
+            if m["name"] in ca_volumes or m.get("subPath", "").endswith("ca.key"):
+                fail(f"{wname}/{c['name']}: mounts volume {m['name']}, which holds the CA key: a daemon must "
+                     "never hold it (it signs every identity; keep it to an init container)")
+
+
+def check_no_insecure_text(src):
+    root = os.path.join(src, "deploy")
+    for dirpath, _, files in os.walk(root):
+        for name in sorted(files):
+            path = os.path.join(dirpath, name)
+            with open(path, errors="replace") as f:
+                for n, line in enumerate(f, 1):
+                    for pattern, what in INSECURE_PATTERNS:
+                        if pattern.search(line):
+                            fail(f"{path}:{n}: {what}: no shipped configuration may turn TLS off "
+                                 f"({line.strip()[:80]})")
 
 
 def parse_bytes(q):
@@ -335,6 +631,34 @@ def check_trainer_example(src):
         socket_args = [a for a in c.get("args", []) if a.startswith("--agent-socket")]
         if socket_args and not socket_args[0].endswith("/run/ckpt/agent.sock"):
             fail(f"{path}: container {c['name']} points at {socket_args[0]}, not /run/ckpt/agent.sock")
+    # Meta serves mutual TLS only: the trainer shows a certificate for its
+    # jobs, from a Secret it alone can read (the client reads CKPT_TLS_*).
+    documented = documented_secrets(os.path.join(src, "deploy", "k8s"))
+    sc = spec.get("securityContext", {})
+    for c in spec["containers"]:
+        envs = {e["name"]: e.get("value") for e in c.get("env", [])}
+        for var in ("CKPT_TLS_CA", "CKPT_TLS_CERT", "CKPT_TLS_KEY"):
+            where = f"{path}: container {c['name']}"
+            if not envs.get(var):
+                fail(f"{where} sets no {var}: meta serves only callers with a certificate (a trainer's, for its jobs)")
+                continue
+            m, rel = mount_of(c, envs[var])
+            vol = volumes.get(m["name"]) if m else None
+            if vol is None or "secret" not in vol:
+                fail(f"{where}: {var} {envs[var]} is not in a mounted Secret")
+                continue
+            if not m.get("readOnly"):
+                fail(f"{where}: volumeMount {m['name']} is not readOnly")
+            if vol["secret"]["secretName"] not in documented:
+                fail(f"{where}: nothing shows how to make Secret {vol['secret']['secretName']} (`ckptctl certs "
+                     "create-client` and `kubectl create secret`)")
+            if var == "CKPT_TLS_KEY":
+                mode = secret_mode(vol, rel)
+                if mode & 0o037:
+                    fail(f"{where}: its key is mounted with mode {oct(mode)}, readable by others (0400 or 0440)")
+                if not (sc.get("runAsUser") == 0 or (mode & 0o040 and sc.get("fsGroup") is not None)):
+                    fail(f"{where}: uid {sc.get('runAsUser')} cannot read its key (Secret files are root's: "
+                         "mode 0440 with an fsGroup)")
 
 
 def check_systemd_env(src, flags):
@@ -353,6 +677,7 @@ def check_systemd_env(src, flags):
                     fail(f"{path}:{n}: {m.group(1)} is not a {daemon} key")
         with open(unit) as f:
             text = f.read()
+        check_secure_systemd(path, unit, daemon, text)
         for want in ("Type=notify", "Restart=on-failure", "NoNewPrivileges=yes",
                      "ProtectSystem=strict", "PrivateTmp=yes", "ReadWritePaths=",
                      f"ExecStart=/usr/local/bin/{daemon}", f"EnvironmentFile=-/etc/ckpt/{daemon}.env"):
@@ -362,6 +687,27 @@ def check_systemd_env(src, flags):
             for want in ("LimitMEMLOCK=infinity", "RuntimeDirectory=ckpt", "RemoveIPC=no"):
                 if want not in text:
                     fail(f"{unit}: no {want}")
+
+
+def check_secure_systemd(env_path, unit, daemon, unit_text):
+    settings = {}
+    with open(env_path) as f:
+        for line in f:
+            m = re.match(r"\s*(CKPT_[A-Z0-9_]+)=(.*)$", line)  # set, not commented out
+            if m:
+                settings[m.group(1)[len("CKPT_"):].lower()] = m.group(2).strip().strip('"')
+    for line in re.findall(r"^ExecStart=(.*)$", unit_text, re.M):
+        settings.update(parse_args(shlex.split(line)[1:]))
+    if check_secure_settings(f"{env_path} with {os.path.basename(unit)}", daemon, settings):
+        for key in TLS_KEYS + TOKEN_KEYS:
+            value = settings.get(key)
+            if value and not value.startswith("/etc/ckpt/"):
+                fail(f"{env_path}: {key} {value} is not under /etc/ckpt/ (root's, and read-only to the daemon "
+                     "under ProtectSystem=strict)")
+    for rw in " ".join(re.findall(r"^ReadWritePaths=(.*)$", unit_text, re.M)).split():
+        rw = rw.lstrip("-+").rstrip("/")
+        if rw in ("", "/etc") or rw.startswith("/etc/ckpt"):
+            fail(f"{unit}: ReadWritePaths={rw}: the daemon could rewrite its own certificates")
 
 
 def packages(src):
@@ -395,6 +741,27 @@ def check_dockerfile(src, ports):
     for p in ("python3-yaml", "libsystemd-dev"):
         if p not in packages(src):
             fail(f"scripts/packages.txt lacks {p}")
+    # The image's default command: a daemon it starts must serve mutual TLS.
+    env = {}
+    for body in re.findall(r"^ENV\s+(.*)$", text, re.M):
+        pairs = re.findall(r"(\w+)=(\"[^\"]*\"|\S+)", body) or [tuple((body.split(None, 1) + [""])[:2])]
+        for k, v in pairs:
+            env[k] = v.strip('"')
+    cmd = []
+    for instr in ("ENTRYPOINT", "CMD"):
+        found = re.findall(r"^" + instr + r"\s+(.*)$", text, re.M)
+        if found:
+            try:
+                words = json.loads(found[-1])
+            except ValueError:
+                words = shlex.split(found[-1])
+            cmd += words
+    daemon = next((d for d in ("ckpt-meta", "ckpt-agent", "ckpt-dpu-agent")
+                   if cmd and os.path.basename(cmd[0]) == d), None)
+    if daemon and not {"--help", "-h", "--version"} & set(cmd):
+        settings = {k[len("CKPT_"):].lower(): v for k, v in env.items() if k.startswith("CKPT_")}
+        settings.update(parse_args(cmd[1:]))
+        check_secure_settings(f"{path}: ENTRYPOINT/CMD {cmd}", daemon, settings)
 
 
 def source_metrics(src):

@@ -14,7 +14,7 @@ find_package(spdlog CONFIG REQUIRED)
 find_package(CLI11 CONFIG REQUIRED)
 find_package(nlohmann_json CONFIG REQUIRED)
 find_package(yaml-cpp CONFIG REQUIRED)
-find_package(OpenSSL REQUIRED)  # libcrypto: HMAC-SHA256 of the data plane's handshake
+find_package(OpenSSL REQUIRED)  # libcrypto: HMAC-SHA256 of the data plane's handshake; random ids, tokens (common/crypto)
 
 pkg_check_modules(ISAL REQUIRED IMPORTED_TARGET libisal)
 pkg_check_modules(URING IMPORTED_TARGET liburing)

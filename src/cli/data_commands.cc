@@ -69,9 +69,24 @@ std::shared_ptr<grpc::Channel> Channel(const DataOptions& o, const std::string& 
                           o.token);
 }
 
-// A stub for an agent's AgentService (see Channel).
-std::unique_ptr<v1::AgentService::Stub> AgentStub(const DataOptions& o, const std::string& address) {
-  return v1::AgentService::NewStub(Channel(o, address));
+// A stub for the AgentService of node `node_id` at `address` (see Channel).
+// With TLS the agent must show node_id's certificate (checked in the
+// handshake, before anything is sent: an address meta lists could be anyone's),
+// and no token goes to it: the admin role is proven by certificate, and a token
+// goes to ckpt-meta only. Without TLS (an --insecure loopback cluster) the
+// token goes along for an agent's --admin-token-file.
+std::unique_ptr<v1::AgentService::Stub> AgentStub(const DataOptions& o, const std::string& node_id,
+                                                  const std::string& address) {
+  if (!o.tls.enabled()) return v1::AgentService::NewStub(Channel(o, address));
+  TlsFiles tls = o.tls;
+  tls.expect_peer_uri = NodePeerUri(node_id);
+  absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> credentials = ChannelCredentials(tls);
+  DataOptions to_agent = o;
+  to_agent.token.clear();
+  // (The files were read once at start: an error now is a changed file; the
+  // call then fails UNAVAILABLE on plaintext against a TLS port.)
+  to_agent.credentials = credentials.ok() ? *credentials : grpc::InsecureChannelCredentials();
+  return v1::AgentService::NewStub(Channel(to_agent, address));
 }
 
 ManifestItem ItemOf(const v1::Item& item) {
@@ -123,8 +138,8 @@ constexpr double kSlowestStreamBytesPerSecond = 32.0 * (1 << 20);
 // the bytes go by) and the whole file's crc against `info`. Holds one chunk
 // at a time. The file appears complete and checked, or not at all
 // (RankFileWriter: temporary file, fsync, rename).
-absl::Status StreamFromAgent(const DataOptions& o, const std::string& address, const v1::ShardInfo& info,
-                             const std::string& path) {
+absl::Status StreamFromAgent(const DataOptions& o, const std::string& node, const std::string& address,
+                             const v1::ShardInfo& info, const std::string& path) {
   const DurableShard shard = ShardOf(info);
   if (absl::Status s = ValidateManifest(shard.items, shard.size_bytes); !s.ok()) {
     return absl::DataLossError(absl::StrCat("the shard's manifest is bad: ", s.message()));
@@ -132,7 +147,7 @@ absl::Status StreamFromAgent(const DataOptions& o, const std::string& address, c
   CKPT_ASSIGN_OR_RETURN(std::unique_ptr<RankFileWriter> out,
                         RankFileWriter::Create(PosixFileSystem(), path, shard.size_bytes, shard.crc32c));
   ItemCrcStream items(shard.items);
-  auto stub = AgentStub(o, address);
+  auto stub = AgentStub(o, node, address);
   v1::ReadShardRequest req;
   *req.mutable_shard() = info.key();
   req.set_chunk_bytes(kReadChunkBytes);
@@ -249,7 +264,7 @@ absl::Status DecodeOnAgent(const DataOptions& o, const std::map<std::string, std
       if (node->empty()) *node = seg.holder().node_id();
   auto it = addresses.find(*node);
   if (it == addresses.end()) return absl::UnavailableError("no node holding a segment is known");
-  auto stub = AgentStub(o, it->second);
+  auto stub = AgentStub(o, *node, it->second);
   v1::OpenShardRequest oreq;
   *oreq.mutable_key() = info.key();
   *oreq.add_sources() = src;
@@ -259,7 +274,7 @@ absl::Status DecodeOnAgent(const DataOptions& o, const std::map<std::string, std
     auto ctx = Context(o);
     CKPT_RETURN_IF_ERROR(FromGrpc(stub->OpenShard(ctx.get(), oreq, &oresp), absl::StrCat("OpenShard on ", *node)));
   }
-  absl::Status read = StreamFromAgent(o, it->second, info, path);
+  absl::Status read = StreamFromAgent(o, *node, it->second, info, path);
   v1::CloseShardRequest creq;
   creq.set_handle_id(oresp.handle_id());
   v1::CloseShardResponse cresp;
@@ -307,7 +322,7 @@ absl::StatusOr<std::string> FetchShard(const DataOptions& o, v1::MetaService::St
       auto known = addresses.find(src.holder().node_id());
       if (known != addresses.end()) address = known->second;
     }
-    read = StreamFromAgent(o, address, loc.shard(), path);
+    read = StreamFromAgent(o, src.holder().node_id(), address, loc.shard(), path);
     if (read.ok()) {
       served = src.holder().node_id();
       break;
@@ -448,7 +463,7 @@ int NodeHoldings(const DataOptions& o, const std::string& node, const std::strin
   if (!addresses.ok()) return Fail(addresses.status());
   auto it = addresses->find(node);
   if (it == addresses->end()) return Fail(absl::NotFoundError(absl::StrCat("meta knows no node \"", node, "\"")));
-  auto stub = AgentStub(o, it->second);
+  auto stub = AgentStub(o, node, it->second);
   v1::GetInventoryRequest req;
   req.set_job_id(job);
   v1::GetInventoryResponse resp;
@@ -517,7 +532,7 @@ int VerifyVersion(const DataOptions& o, const std::string& job, uint64_t step) {
   int problems = 0;
   uint64_t checked = 0;
   for (const std::string& node : holders) {
-    auto stub = AgentStub(o, (*addresses)[node]);
+    auto stub = AgentStub(o, node, (*addresses)[node]);
     v1::VerifyRequest req;
     req.set_job_id(job);
     req.set_step(step);

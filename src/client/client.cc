@@ -58,10 +58,11 @@ std::unique_ptr<grpc::ClientContext> ContextWithTimeout(absl::Duration timeout) 
   return ctx;
 }
 
-void CloseShardInBackground(ClientCore& core, std::string handle_id) {
-  auto close = [&core, id = std::move(handle_id)] {
+void CloseShardInBackground(ClientCore& core, std::string handle_id, std::string session_id) {
+  auto close = [&core, id = std::move(handle_id), session = std::move(session_id)] {
     v1::CloseShardRequest req;
     req.set_handle_id(id);
+    req.set_session_id(session);
     v1::CloseShardResponse resp;
     auto ctx = ContextWithTimeout(core.options.rpc_timeout);
     if (absl::Status s = FromGrpc(core.agent->CloseShard(ctx.get(), req, &resp), "CloseShard"); !s.ok()) {
@@ -430,6 +431,7 @@ absl::StatusOr<Client> Client::Connect(const ClientOptions& options) {
   tls.cert_file = options.tls_cert_file;
   tls.key_file = options.tls_key_file;
   TlsFilesFromEnvironment(&tls);
+  tls.expect_peer_uri = MetaPeerUri();  // only ckpt-meta's certificate, whatever its address
   CKPT_ASSIGN_OR_RETURN(std::shared_ptr<grpc::ChannelCredentials> meta_credentials, ChannelCredentials(tls));
   absl::StatusOr<std::string> token = TokenFromEnvironment(options.token_file);
   if (!token.ok()) return token.status();

@@ -21,6 +21,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
+#include "common/secret_file.h"
 #include "common/status_macros.h"
 
 namespace ckpt {
@@ -195,23 +196,10 @@ absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> ChannelCredentials(con
 
 namespace {
 
-// The text of a file that holds secrets (`what`: "token file", ...);
-// refused when every user may read it.
+// The text of a file that holds secrets (`what`: "token file", ...):
+// common/secret_file.h checks its owner and mode on the opened descriptor.
 absl::StatusOr<std::string> ReadPrivateText(const std::string& path, const char* what) {
-  struct stat st {};
-  if (::stat(path.c_str(), &st) != 0) {
-    return absl::InvalidArgumentError(absl::StrCat(what, " \"", path, "\" cannot be read"));
-  }
-  if ((st.st_mode & 0007) != 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        what, " \"", path, "\" is readable by every user (mode ", absl::StrFormat("%04o", st.st_mode & 07777),
-        "): chmod o-rwx it"));
-  }
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::InvalidArgumentError(absl::StrCat(what, " \"", path, "\" cannot be read"));
-  std::ostringstream text;
-  text << in.rdbuf();
-  return text.str();
+  return ReadSecretFile(path, what);
 }
 
 bool HeaderSafe(absl::string_view token) {
@@ -240,16 +228,18 @@ bool ValidJobPattern(absl::string_view p) {
 absl::StatusOr<std::string> ReadTokenFile(const std::string& path) {
   CKPT_ASSIGN_OR_RETURN(std::string text, ReadPrivateText(path, "token file"));
   std::string token(absl::StripAsciiWhitespace(text));
-  if (token.empty()) return absl::InvalidArgumentError(absl::StrCat("token file \"", path, "\" is empty"));
+  if (token.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat("token file \"", path, "\" is empty: ", kMakeTokenHint));
+  }
   if (!HeaderSafe(token)) {
     return absl::InvalidArgumentError(
         absl::StrCat("token file \"", path, "\" holds a character that cannot go in a header"));
   }
+  CKPT_RETURN_IF_ERROR(CheckTokenStrength(token, absl::StrCat("token file \"", path, "\"")));
   return token;
 }
 
 absl::StatusOr<std::vector<TrainerToken>> ParseTrainerTokens(absl::string_view text, const std::string& path) {
-  constexpr size_t kMinTokenChars = 16;
   std::vector<TrainerToken> out;
   int line_no = 0;
   for (absl::string_view line : absl::StrSplit(text, '\n')) {
@@ -265,7 +255,9 @@ absl::StatusOr<std::vector<TrainerToken>> ParseTrainerTokens(absl::string_view t
     if (fields.size() != 2) return bad(absl::StrCat("has ", fields.size(), " fields, not 2"));
     TrainerToken t;
     t.token = std::string(fields[0]);
-    if (t.token.size() < kMinTokenChars) return bad(absl::StrCat("the token is shorter than ", kMinTokenChars, " characters"));
+    if (t.token.size() < kMinTokenChars) {
+      return bad(absl::StrCat("the token is shorter than ", kMinTokenChars, " characters (128 bits): ", kMakeTokenHint));
+    }
     if (!HeaderSafe(t.token)) return bad("the token holds a character that cannot go in a header");
     for (absl::string_view job : absl::StrSplit(fields[1], ',')) {
       if (!ValidJobPattern(job)) return bad(absl::StrCat("\"", job, "\" is not a job id or pattern"));
@@ -297,7 +289,12 @@ bool JobPatternMatches(const std::string& pattern, const std::string& job) {
 absl::StatusOr<std::string> TokenFromEnvironment(const std::string& token_file) {
   if (!token_file.empty()) return ReadTokenFile(token_file);
   if (const char* f = std::getenv("CKPT_TOKEN_FILE"); f != nullptr && *f != '\0') return ReadTokenFile(f);
-  return std::string(EnvOr("CKPT_TOKEN"));
+  std::string token = EnvOr("CKPT_TOKEN");
+  if (!token.empty()) {
+    CKPT_RETURN_IF_ERROR(CheckTokenStrength(token, "CKPT_TOKEN"));
+    if (!HeaderSafe(token)) return absl::InvalidArgumentError("CKPT_TOKEN holds a character that cannot go in a header");
+  }
+  return token;
 }
 
 void AddToken(grpc::ClientContext* ctx, const std::string& token) {

@@ -71,12 +71,16 @@ absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> ServerCredentials(const
 absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> ChannelCredentials(const TlsFiles& files);
 
 // The token in `path` (surrounding whitespace removed). InvalidArgument when
-// the file cannot be read, is empty, or is readable by others than its owner
-// and group (mode & 0007).
+// the file is not one common/secret_file.h ReadSecretFile accepts (opened
+// without following a symlink; owner this process's euid or root; mode no
+// wider than 0640; checked on the opened descriptor), is empty, or holds
+// fewer than kMinTokenChars (22: 128 bits) characters (the message says how
+// to make a good one).
 absl::StatusOr<std::string> ReadTokenFile(const std::string& path);
 
 // A token for outgoing calls: `token` if set, else the file CKPT_TOKEN_FILE
-// names, else CKPT_TOKEN; empty if none.
+// names, else CKPT_TOKEN; empty if none. InvalidArgument for a token file
+// ReadTokenFile refuses, or a CKPT_TOKEN shorter than 22 characters.
 absl::StatusOr<std::string> TokenFromEnvironment(const std::string& token_file);
 
 // Channel arguments for a daemon's or trainer's long-lived channel: after a
@@ -119,9 +123,9 @@ struct TrainerToken {
 
 // Parses a trainer tokens file: one identity per line, "TOKEN JOB[,JOB...]";
 // blank lines and lines starting with '#' are skipped. InvalidArgument naming
-// `path` and the line for a bad pattern, a token shorter than 16 characters
-// or one used twice. (Read with ReadTrainerTokensFile: mode checked as for a
-// token file.)
+// `path` and the line for a bad pattern, a token shorter than 22 characters
+// (128 bits) or one used twice. (Read with ReadTrainerTokensFile: owner and
+// mode checked as for a token file.)
 absl::StatusOr<std::vector<TrainerToken>> ParseTrainerTokens(absl::string_view text, const std::string& path);
 absl::StatusOr<std::vector<TrainerToken>> ReadTrainerTokensFile(const std::string& path);
 

@@ -76,7 +76,7 @@ const std::set<std::string>& KnownKeys() {
       "failure_domain", "metrics_listen", "lease_ttl_ms", "rpc_timeout_ms", "log_level", "log_json", "log_file",
       "data_transport", "data_chunk", "data_rate", "data_in_flight", "peer_timeout_ms", "session_grace_ms",
       "advertise_host", "tls_ca", "tls_cert", "tls_key", "tls_reload_seconds", "tls_crl_dir", "token_file",
-      "admin_token_file", "socket_group", "peer_membership", "host_node",
+      "admin_token_file", "socket_group", "peer_membership", "host_node", "insecure",
   };
   return *keys;
 }
@@ -95,6 +95,7 @@ struct Settings {
   bool log_json = false;
   std::string log_file;
   TlsFiles tls;  // checked; credentials are made once signals are blocked (gRPC starts threads)
+  bool insecure = false;  // --insecure: plaintext on loopback only, no caller identities
   std::string meta_token;  // sent with every call to ckpt-meta (--token-file)
   std::string admin_token;  // calls on the TCP endpoint need it (--admin-token-file); empty: open
 };
@@ -207,6 +208,14 @@ absl::StatusOr<Settings> LoadSettings(const std::string& config_file, const std:
   out.log_file = config->GetStringOr("log_file", "");
   CKPT_ASSIGN_OR_RETURN(out.tls, daemon::TlsSettings(*config));
   if (absl::Status s = CheckTlsFiles(out.tls, /*server=*/true); !s.ok()) return s;
+  CKPT_ASSIGN_OR_RETURN(out.insecure, daemon::InsecureSetting(*config, out.tls,
+                                                              {{"--listen", out.listen},
+                                                               {"--data-listen", out.data_listen}}));
+  if (!out.insecure) {
+    // The certificate must be this node's: meta accepts a node's calls only
+    // from its own certificate, and tools check it before they send anything.
+    CKPT_RETURN_IF_ERROR(daemon::CheckOwnIdentity(out.tls, pki::Identity{pki::Role::kNode, a.node_id, {}}));
+  }
   CKPT_ASSIGN_OR_RETURN(out.meta_token, daemon::TokenSetting(*config, "token_file"));
   CKPT_ASSIGN_OR_RETURN(out.admin_token, daemon::TokenSetting(*config, "admin_token_file"));
   return out;
@@ -253,7 +262,9 @@ int Serve(const Settings& settings, const sigset_t& signals, const AgentFlavor& 
   }
 
   absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> server_credentials = ServerCredentials(settings.tls);
-  absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> meta_credentials = ChannelCredentials(settings.tls);
+  TlsFiles to_meta = settings.tls;
+  to_meta.expect_peer_uri = MetaPeerUri();  // only ckpt-meta's certificate, whatever its address
+  absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> meta_credentials = ChannelCredentials(to_meta);
   if (!server_credentials.ok() || !meta_credentials.ok()) {  // checked at start; changed since?
     log::Error("{}: {}", kProgram,
                (!server_credentials.ok() ? server_credentials.status() : meta_credentials.status()).ToString());
@@ -280,11 +291,37 @@ int Serve(const Settings& settings, const sigset_t& signals, const AgentFlavor& 
   if (settings.data_transport == "ucx") {
     // The data port speaks only ckpt's handshake (no UCX listener behind
     // it) and reuses its address, so a restarted agent listens again at once.
-    // With an agent token (--token-file), peers prove they hold it in the
-    // handshake: only agents of this cluster connect (docs/security.md).
+    // Peers prove the cluster's data-plane key in the handshake, so only
+    // agents of this cluster connect (docs/protocol.md §8b). Over TLS the key
+    // comes from meta at registration (meta hands it only to agents whose
+    // certificate it accepted; it is not mixed with the agent token, which
+    // meta has then already checked): until then the data plane refuses
+    // every connection, and peers retry. With an --insecure meta, which
+    // hands out no key, it is the agent token (--token-file), if any, from
+    // the start.
     transport::UcxOptions ucx;
-    ucx.auth_key = settings.meta_token;
-    data_plane = transport::NewUcxTransport(ucx);
+    const bool key_from_meta = settings.tls.enabled();
+    if (key_from_meta) {
+      ucx.require_auth = true;
+    } else {
+      ucx.auth_key = settings.meta_token;
+    }
+    std::unique_ptr<transport::UcxTransport> ucx_transport = transport::NewUcxTransport(ucx);
+    if (key_from_meta) {
+      transport::UcxTransport* const t = ucx_transport.get();
+      options.on_data_plane_key = [t, token = settings.meta_token, kProgram](const std::string& key) {
+        if (!key.empty()) {
+          t->SetAuthKey(key);
+        } else if (!token.empty()) {
+          t->SetAuthKey(token);  // a meta that hands out no key (older than this agent)
+        } else {
+          log::Error("{}: ckpt-meta handed out no data-plane key and there is no --token-file: the data plane "
+                     "refuses every peer (is meta running --insecure while this agent uses TLS?)",
+                     kProgram);
+        }
+      };
+    }
+    data_plane = std::move(ucx_transport);
     options.transport = data_plane.get();
     options.data_listen_address = settings.data_listen;
     // Port 0 picks a free port: advertise what the transport bound.
@@ -334,7 +371,7 @@ int Serve(const Settings& settings, const sigset_t& signals, const AgentFlavor& 
         }
         return true;
       });
-  rpc::AgentServiceImpl service(a, "none", settings.admin_token);
+  rpc::AgentServiceImpl service(a, "none", settings.admin_token, /*require_identity=*/!settings.insecure);
   // Local clients take leases and open their own copies on their session
   // connections too (no gRPC round trip on a save's or a restore's path:
   // docs/agent.md "Client sessions").
@@ -342,8 +379,10 @@ int Serve(const Settings& settings, const sigset_t& signals, const AgentFlavor& 
                                           std::string_view request) {
     return service.OnSession(session_id, kind, request);
   });
-  daemon::WarnIfOpen(kProgram, settings.listen, settings.tls, !settings.admin_token.empty(),
-                     "read every shard this node holds and evict or flush them");
+  if (settings.insecure) {
+    log::Warn("{}: --insecure: serving plaintext on {} and an unauthenticated data plane on {} (loopback only)",
+              kProgram, settings.listen, settings.data_listen);
+  }
   std::unique_ptr<grpc::Server> server;
   if (!metrics_server.ok()) {
     log::Error("{}: cannot serve metrics on {}: {}", kProgram, settings.metrics_listen,

@@ -5,18 +5,25 @@
 
 #include <CLI/CLI.hpp>
 
+#include <fstream>
 #include <map>
+#include <sstream>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "common/config.h"
 #include "common/grpc_security.h"
 #include "common/log.h"
+#include "common/pki.h"
 
 namespace ckpt::daemon {
 
 struct TlsFlags {
   std::string ca, cert, key, reload, crl_dir;
+  bool insecure = false;
+  CLI::Option* insecure_opt = nullptr;  // servers only
   CLI::Option* ca_opt = nullptr;
   CLI::Option* cert_opt = nullptr;
   CLI::Option* key_opt = nullptr;
@@ -47,6 +54,11 @@ inline void AddTlsFlags(CLI::App& app, TlsFlags* f, bool server) {
                                    "agent's to meta) use what they hold (0: read once at start).")
                         ->type_name("S")
                         ->default_str(std::to_string(kDefaultTlsReloadSeconds));
+    f->insecure_opt = app.add_flag("--insecure", f->insecure,
+                                   "Serve plaintext gRPC with no caller authentication (no TLS). Only for a "
+                                   "test cluster on one machine: refused unless every listen address is "
+                                   "loopback. Without it the daemon refuses to start without --tls-ca, "
+                                   "--tls-cert and --tls-key (make them with `ckptctl certs`).");
     f->crl_opt = app.add_option("--tls-crl-dir", f->crl_dir,
                                 "Directory of CRLs (PEM, hashed with `openssl rehash DIR`); callers whose "
                                 "certificate one revokes are refused, and an agent refuses such a meta. "
@@ -61,6 +73,40 @@ inline void SetTlsFlags(const TlsFlags& f, std::map<std::string, std::string>* f
   if (f.key_opt->count() > 0) (*flags)["--tls-key"] = f.key;
   if (f.reload_opt != nullptr && f.reload_opt->count() > 0) (*flags)["--tls-reload-seconds"] = f.reload;
   if (f.crl_opt != nullptr && f.crl_opt->count() > 0) (*flags)["--tls-crl-dir"] = f.crl_dir;
+  if (f.insecure_opt != nullptr && f.insecure_opt->count() > 0) (*flags)["--insecure"] = f.insecure ? "true" : "false";
+}
+
+// How a daemon's TCP listeners are secured: mutual TLS (the default and the
+// only choice beyond loopback) or, with --insecure (config key `insecure`),
+// plaintext with no caller authentication on loopback addresses only.
+// `listens` are (flag, host:port) of the daemon's TCP listeners that serve
+// ckpt's protocols (gRPC, the data plane; not the read-only metrics page). InvalidArgument, a usage error that names the
+// fix, when the daemon would serve plaintext without --insecure, or
+// --insecure on a non-loopback address, or --insecure beside TLS files.
+inline absl::StatusOr<bool> InsecureSetting(const Config& config, const TlsFiles& tls,
+                                            const std::vector<std::pair<std::string, std::string>>& listens) {
+  absl::StatusOr<bool> insecure = config.GetBoolOr("insecure", false);
+  if (!insecure.ok()) return insecure.status();
+  if (*insecure && tls.enabled()) {
+    return absl::InvalidArgumentError(
+        "--insecure and --tls-ca/--tls-cert/--tls-key exclude each other: drop --insecure to serve mutual TLS");
+  }
+  if (!*insecure && !tls.enabled()) {
+    return absl::InvalidArgumentError(
+        "refusing to serve without mutual TLS: give --tls-ca, --tls-cert and --tls-key (make a CA and this "
+        "daemon's certificate with `ckptctl certs create-ca` and `ckptctl certs create-meta|create-node`; "
+        "docs/security.md), or --insecure for a test cluster on loopback addresses only");
+  }
+  if (*insecure) {
+    for (const auto& [flag, address] : listens) {
+      if (!address.empty() && !IsLoopbackListen(address)) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "--insecure is for loopback addresses only and ", flag, " is ", address,
+            ": any host that reaches it could call every RPC; serve mutual TLS (--tls-ca, --tls-cert, --tls-key)"));
+      }
+    }
+  }
+  return *insecure;
 }
 
 // A server's TLS settings (tls_ca, tls_cert, tls_key, tls_reload_seconds).
@@ -92,19 +138,33 @@ inline absl::StatusOr<std::string> TokenSetting(const Config& config, const std:
   return token;
 }
 
-// A daemon reachable beyond loopback without TLS (or without an admin token)
-// lets anyone who reaches the port read and delete checkpoints: say so.
-// `unguarded` says what a caller may do without the admin token.
-inline void WarnIfOpen(const char* program, const std::string& listen, const TlsFiles& tls, bool admin_token,
-                       const char* unguarded) {
-  if (IsLoopbackListen(listen)) return;
-  if (!tls.enabled()) {
-    log::Warn("{}: listening on {} without TLS: any host that reaches it can call every RPC "
-              "(--tls-ca/--tls-cert/--tls-key; docs/security.md)", program, listen);
+// A daemon's own certificate (tls.cert_file) must carry `want`'s identity
+// (a node's id, or meta's): InvalidArgument saying which identity it carries
+// and how to issue the right one otherwise.
+inline absl::Status CheckOwnIdentity(const TlsFiles& tls, const pki::Identity& want) {
+  std::string pem;
+  {
+    std::ifstream in(tls.cert_file, std::ios::binary);
+    std::ostringstream text;
+    text << in.rdbuf();
+    pem = text.str();
   }
-  if (!admin_token) {
-    log::Warn("{}: no admin token: any caller may {} (--admin-token-file; docs/security.md)", program, unguarded);
+  absl::StatusOr<pki::Identity> got = pki::IdentityOfCertificate(pem);
+  const std::string wanted = want.role == pki::Role::kNode ? absl::StrCat("ckpt://node/", want.name) : "ckpt://meta";
+  const std::string issue = want.role == pki::Role::kNode
+                                ? absl::StrCat("ckptctl certs create-node --node-id ", want.name, " --host ...")
+                                : std::string("ckptctl certs create-meta --host ...");
+  if (!got.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("--tls-cert \"", tls.cert_file, "\" carries no ckpt identity (",
+                                                   got.status().message(), "); this daemon needs one naming ", wanted,
+                                                   ": `", issue, "` (docs/security.md)"));
   }
+  if (got->role != want.role || got->name != want.name) {
+    return absl::InvalidArgumentError(absl::StrCat("--tls-cert \"", tls.cert_file, "\" is ckpt://",
+                                                   std::string(pki::RoleName(got->role)), got->name.empty() ? "" : "/", got->name,
+                                                   " but this daemon is ", wanted, ": `", issue, "`"));
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace ckpt::daemon

@@ -58,6 +58,7 @@
 #include "server/meta/store/rocksdb_meta_store.h"
 #include "server/rpc/meta_service.h"
 #include "server/cmd/daemon.h"
+#include "server/cmd/data_plane_key.h"
 #include "server/cmd/daemon_tls.h"
 
 namespace ckpt {
@@ -98,7 +99,7 @@ const std::set<std::string>& KnownKeys() {
       "default_protection", "open_version_timeout_ms", "lost_copy_grace_ms",
       "tls_ca",       "tls_cert",  "tls_key", "tls_reload_seconds", "tls_crl_dir",
       "admin_token_file", "agent_token_file",
-      "trainer_tokens_file",
+      "trainer_tokens_file", "insecure",
   };
   return *keys;
 }
@@ -117,6 +118,7 @@ struct Settings {
   bool log_json = false;
   std::string log_file;
   TlsFiles tls;  // checked; the credentials are made once signals are blocked
+  bool insecure = false;  // --insecure: plaintext, loopback only, no caller identities
   std::string admin_token;  // empty: admin RPCs open to every caller
   std::string agent_token;  // empty: agent RPCs open to every caller
   std::vector<TrainerToken> trainers;  // empty: job RPCs open to every caller
@@ -192,6 +194,9 @@ absl::StatusOr<Settings> LoadSettings(const std::string& config_file,
   out.log_file = config->GetStringOr("log_file", "");
   CKPT_ASSIGN_OR_RETURN(out.tls, daemon::TlsSettings(*config));
   CKPT_RETURN_IF_ERROR(CheckTlsFiles(out.tls, /*server=*/true));
+  CKPT_ASSIGN_OR_RETURN(out.insecure,
+                        daemon::InsecureSetting(*config, out.tls, {{"--listen", out.listen}}));
+  if (!out.insecure) CKPT_RETURN_IF_ERROR(daemon::CheckOwnIdentity(out.tls, pki::Identity{pki::Role::kMeta, "", {}}));
   CKPT_ASSIGN_OR_RETURN(out.admin_token, daemon::TokenSetting(*config, "admin_token_file"));
   CKPT_ASSIGN_OR_RETURN(out.agent_token, daemon::TokenSetting(*config, "agent_token_file"));
   if (const std::string f = config->GetStringOr("trainer_tokens_file", ""); !f.empty()) {
@@ -362,6 +367,20 @@ int Serve(const Settings& settings, const sigset_t& signals) {
   options.default_protection = settings.default_protection;
   options.open_version_timeout = settings.open_version_timeout;
   options.lost_copy_grace = settings.lost_copy_grace;
+  // Served over TLS, meta hands every agent that registers (authenticated by
+  // its certificate) the cluster's data-plane key, which the agents prove to
+  // each other in the UCX handshake (data_plane_key.h). An --insecure meta
+  // hands out none: its agents use their agent token, if any.
+  if (settings.tls.enabled()) {
+    const std::string key_path = absl::StrCat(settings.data_dir, "/", daemon::kDataPlaneKeyFile);
+    absl::StatusOr<std::string> key = daemon::LoadOrCreateDataPlaneKey(key_path);
+    if (!key.ok()) {
+      log::Error("{}: {}", kProgram, key.status().ToString());
+      return kExitFailure;
+    }
+    options.data_plane_key = *std::move(key);
+    log::Info("{}: data-plane key in {}; registered agents get it", kProgram, key_path);
+  }
   absl::StatusOr<std::unique_ptr<meta::MetaCore>> core =
       meta::MetaCore::Open(store->get(), RealClock(), options);
   if (!core.ok()) {
@@ -404,11 +423,16 @@ int Serve(const Settings& settings, const sigset_t& signals) {
         return false;
       });
 
+  // Every caller on TCP shows a certificate with a ckpt identity unless
+  // --insecure (loopback only): server/rpc/authorize.h.
   rpc::MetaServiceImpl service(c, RealClock(),
-                               CallerTokens{settings.admin_token, settings.agent_token, settings.trainers});
+                               CallerTokens{settings.admin_token, settings.agent_token, settings.trainers},
+                               /*require_identity=*/!settings.insecure);
   absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> credentials = ServerCredentials(settings.tls);
-  daemon::WarnIfOpen(kProgram, settings.listen, settings.tls, !settings.admin_token.empty(),
-                     "delete versions and jobs and drain nodes");
+  if (settings.insecure) {
+    log::Warn("{}: --insecure: serving plaintext on {} with no caller authentication (loopback only)", kProgram,
+              settings.listen);
+  }
   std::unique_ptr<grpc::Server> server;
   if (!credentials.ok()) {  // (the files were checked at start; changed since?)
     log::Error("{}: {}", kProgram, credentials.status().ToString());

@@ -33,8 +33,11 @@ constexpr uint64_t kSessionVerifyBytes = 64ull << 20;
 
 }  // namespace
 
-AgentServiceImpl::AgentServiceImpl(agent::Agent* agent, std::string data_transport, std::string admin_token)
-    : agent_(agent), data_transport_(std::move(data_transport)), admin_token_(std::move(admin_token)) {}
+AgentServiceImpl::AgentServiceImpl(agent::Agent* agent, std::string data_transport, std::string admin_token,
+                                   bool require_identity)
+    : agent_(agent),
+      data_transport_(std::move(data_transport)),
+      auth_(require_identity, CallerTokens{std::move(admin_token), "", {}}) {}
 
 absl::StatusOr<agent::PullSource> AgentServiceImpl::PullSourceFromProto(const v1::PullSource& p,
                                                                          const char* field) {
@@ -44,14 +47,9 @@ absl::StatusOr<agent::PullSource> AgentServiceImpl::PullSourceFromProto(const v1
   return agent::PullSource{p.worker_address(), p.rkey(), p.address(), p.length_bytes()};
 }
 
-grpc::Status AgentServiceImpl::Caller(const grpc::ServerContext& ctx, const char* rpc) const {
-  if (admin_token_.empty() || absl::StartsWith(ctx.peer(), "unix:")) return grpc::Status::OK;
-  return CheckAdminToken(ctx, admin_token_, rpc);
-}
-
 grpc::Status AgentServiceImpl::AcquireStagingLease(grpc::ServerContext* ctx, const v1::AcquireStagingLeaseRequest* req,
                                                    v1::AcquireStagingLeaseResponse* resp) {
-  if (grpc::Status a = Caller(*ctx, "AcquireStagingLease"); !a.ok()) return a;
+  if (grpc::Status a = auth_.AgentPortCall(*ctx, req->job_id(), Access::kWrite, "AcquireStagingLease"); !a.ok()) return a;
   return LeaseChecked(req, /*without_meta=*/false, resp);
 }
 
@@ -87,7 +85,7 @@ grpc::Status AgentServiceImpl::LeaseChecked(const v1::AcquireStagingLeaseRequest
 
 grpc::Status AgentServiceImpl::CommitShard(grpc::ServerContext* ctx, const v1::CommitShardRequest* req,
                                            v1::CommitShardResponse* resp) {
-  if (grpc::Status a = Caller(*ctx, "CommitShard"); !a.ok()) return a;
+  if (grpc::Status a = auth_.AgentPortCall(*ctx, "", Access::kWrite, "CommitShard"); !a.ok()) return a;
   std::vector<ManifestItem> items;
   if (!req->manifest().empty()) {
     if (req->items_size() != 0) return Invalid("set either items or manifest, not both");
@@ -105,7 +103,7 @@ grpc::Status AgentServiceImpl::CommitShard(grpc::ServerContext* ctx, const v1::C
     pull = *std::move(p);
   }
   absl::StatusOr<std::shared_ptr<const agent::ShardRecord>> rec =
-      agent_->Commit(req->lease_id(), req->size_bytes(), std::move(items), pull ? &*pull : nullptr);
+      agent_->Commit(req->lease_id(), req->size_bytes(), std::move(items), pull ? &*pull : nullptr, req->session_id());
   if (!rec.ok()) return ToGrpcStatus(rec.status());
   RecordToShardInfo(**rec, agent_->node_id(), /*with_items=*/false, resp->mutable_shard());
   return grpc::Status::OK;
@@ -113,13 +111,13 @@ grpc::Status AgentServiceImpl::CommitShard(grpc::ServerContext* ctx, const v1::C
 
 grpc::Status AgentServiceImpl::AbortLease(grpc::ServerContext* ctx, const v1::AbortLeaseRequest* req,
                                           v1::AbortLeaseResponse*) {
-  if (grpc::Status a = Caller(*ctx, "AbortLease"); !a.ok()) return a;
-  return ToGrpcStatus(agent_->AbortLease(req->lease_id()));
+  if (grpc::Status a = auth_.AgentPortCall(*ctx, "", Access::kWrite, "AbortLease"); !a.ok()) return a;
+  return ToGrpcStatus(agent_->AbortLease(req->lease_id(), req->session_id()));
 }
 
 grpc::Status AgentServiceImpl::OpenShard(grpc::ServerContext* ctx, const v1::OpenShardRequest* req,
                                          v1::OpenShardResponse* resp) {
-  if (grpc::Status a = Caller(*ctx, "OpenShard"); !a.ok()) return a;
+  if (grpc::Status a = auth_.AgentPortCall(*ctx, req->key().job_id(), Access::kReadBytes, "OpenShard"); !a.ok()) return a;
   return OpenChecked(req, resp);
 }
 
@@ -175,19 +173,13 @@ grpc::Status AgentServiceImpl::OpenChecked(const v1::OpenShardRequest* req, v1::
     agent::ShardRecord expected;
     expected.id = *id;
     expected.size_bytes = req->expected().size_bytes();
-    expected.crc32c = req->expected().crc32c();
-    for (const v1::Item& item : req->expected().items()) expected.items.push_back(ItemFromProto(item));
+    expected.crc32c = req->expected().crc32c();  // (its items are not needed: see below)
     open.expected = std::move(expected);
   }
-  // A client that reads its manifest from this agent (packed_manifest)
-  // leaves the expected items out when it opens a LOCAL copy alone; any
-  // other source needs them to rebuild and check the shard.
-  const bool items_left_out =
-      req->expected().items_size() == 0 && req->expected().manifest_digest() != ManifestDigest({});
+  // Sources other than LOCAL are read only as meta's Locate lists them, and
+  // checked against meta's record of the shard, which the agent asks for
+  // itself (agent::Restorer): `expected` checks a local copy only.
   for (const v1::ShardSource& src : req->sources()) {
-    if (items_left_out && req->expected().size_bytes() != 0 && src.kind() != v1::SOURCE_KIND_LOCAL) {
-      return Invalid("expected.items (from Locate without omit_items) is required with sources other than LOCAL");
-    }
     absl::StatusOr<agent::ShardSource> s = ShardSourceFromProto(src);
     if (!s.ok()) return ToGrpcStatus(s.status());
     open.sources.push_back(*std::move(s));
@@ -223,21 +215,21 @@ grpc::Status AgentServiceImpl::OpenChecked(const v1::OpenShardRequest* req, v1::
 
 grpc::Status AgentServiceImpl::DeliverShard(grpc::ServerContext* ctx, const v1::DeliverShardRequest* req,
                                             v1::DeliverShardResponse*) {
-  if (grpc::Status a = Caller(*ctx, "DeliverShard"); !a.ok()) return a;
+  if (grpc::Status a = auth_.AgentPortCall(*ctx, "", Access::kOwnHandle, "DeliverShard"); !a.ok()) return a;
   absl::StatusOr<agent::PullSource> target = PullSourceFromProto(req->target(), "target");
   if (!target.ok()) return ToGrpcStatus(target.status());
-  return ToGrpcStatus(agent_->Deliver(req->handle_id(), *target));
+  return ToGrpcStatus(agent_->Deliver(req->handle_id(), *target, req->session_id()));
 }
 
 grpc::Status AgentServiceImpl::CloseShard(grpc::ServerContext* ctx, const v1::CloseShardRequest* req,
                                           v1::CloseShardResponse*) {
-  if (grpc::Status a = Caller(*ctx, "CloseShard"); !a.ok()) return a;
-  return ToGrpcStatus(agent_->CloseShard(req->handle_id()));
+  if (grpc::Status a = auth_.AgentPortCall(*ctx, "", Access::kOwnHandle, "CloseShard"); !a.ok()) return a;
+  return ToGrpcStatus(agent_->CloseShard(req->handle_id(), req->session_id()));
 }
 
 grpc::Status AgentServiceImpl::ReadShard(grpc::ServerContext* ctx, const v1::ReadShardRequest* req,
                                          grpc::ServerWriter<v1::ReadShardResponse>* writer) {
-  if (grpc::Status a = Caller(*ctx, "ReadShard"); !a.ok()) return a;
+  if (grpc::Status a = auth_.AgentPortCall(*ctx, req->shard().job_id(), Access::kReadBytes, "ReadShard"); !a.ok()) return a;
   if (!req->has_shard()) {
     return grpc::Status(grpc::StatusCode::UNIMPLEMENTED, "reading EC segments is not built yet");
   }
@@ -297,7 +289,7 @@ grpc::Status AgentServiceImpl::ReadShard(grpc::ServerContext* ctx, const v1::Rea
 
 grpc::Status AgentServiceImpl::GetInventory(grpc::ServerContext* ctx, const v1::GetInventoryRequest* req,
                                             v1::GetInventoryResponse* resp) {
-  if (grpc::Status a = Caller(*ctx, "GetInventory"); !a.ok()) return a;
+  if (grpc::Status a = auth_.AgentPortCall(*ctx, req->job_id(), Access::kRead, "GetInventory"); !a.ok()) return a;
   std::optional<uint64_t> step;
   if (req->has_step()) step = req->step();
   const agent::AgentStatusSnapshot st = agent_->Status();
@@ -308,7 +300,7 @@ grpc::Status AgentServiceImpl::GetInventory(grpc::ServerContext* ctx, const v1::
 }
 
 grpc::Status AgentServiceImpl::Flush(grpc::ServerContext* ctx, const v1::FlushRequest* req, v1::FlushResponse* resp) {
-  if (grpc::Status a = Caller(*ctx, "Flush"); !a.ok()) return a;
+  if (grpc::Status a = auth_.AgentPortCall(*ctx, req->job_id(), Access::kWrite, "Flush"); !a.ok()) return a;
   std::vector<uint32_t> ranks(req->ranks().begin(), req->ranks().end());
   absl::StatusOr<std::vector<agent::FlushResult>> r = agent_->FlushNow(req->job_id(), req->step(), ranks);
   if (!r.ok()) return ToGrpcStatus(r.status());
@@ -322,7 +314,7 @@ grpc::Status AgentServiceImpl::Flush(grpc::ServerContext* ctx, const v1::FlushRe
 }
 
 grpc::Status AgentServiceImpl::Evict(grpc::ServerContext* ctx, const v1::EvictRequest* req, v1::EvictResponse* resp) {
-  if (grpc::Status a = Caller(*ctx, "Evict"); !a.ok()) return a;
+  if (grpc::Status a = auth_.AgentPortCall(*ctx, req->job_id(), Access::kWrite, "Evict"); !a.ok()) return a;
   absl::StatusOr<std::vector<agent::HoldingInfo>> held = agent_->Evict(req->job_id(), req->step(), req->dry_run());
   if (!held.ok()) return ToGrpcStatus(held.status());
   uint64_t freed = 0;
@@ -335,7 +327,7 @@ grpc::Status AgentServiceImpl::Evict(grpc::ServerContext* ctx, const v1::EvictRe
 }
 
 grpc::Status AgentServiceImpl::Verify(grpc::ServerContext* ctx, const v1::VerifyRequest* req, v1::VerifyResponse* resp) {
-  if (grpc::Status a = Caller(*ctx, "Verify"); !a.ok()) return a;
+  if (grpc::Status a = auth_.AgentPortCall(*ctx, req->job_id(), Access::kRead, "Verify"); !a.ok()) return a;
   if (req->check_parity()) {
     return grpc::Status(grpc::StatusCode::UNIMPLEMENTED, "parity checks arrive with erasure coding");
   }
@@ -360,7 +352,7 @@ grpc::Status AgentServiceImpl::Verify(grpc::ServerContext* ctx, const v1::Verify
 
 grpc::Status AgentServiceImpl::PauseProtection(grpc::ServerContext* ctx, const v1::PauseProtectionRequest* req,
                                                v1::PauseProtectionResponse* resp) {
-  if (grpc::Status a = Caller(*ctx, "PauseProtection"); !a.ok()) return a;
+  if (grpc::Status a = auth_.AgentPortCall(*ctx, "", Access::kWrite, "PauseProtection"); !a.ok()) return a;
   absl::StatusOr<absl::Duration> left = agent_->PauseProtection(absl::Milliseconds(req->duration_ms()));
   if (!left.ok()) return ToGrpcStatus(left.status());
   resp->set_remaining_ms(absl::ToInt64Milliseconds(*left));
@@ -369,7 +361,7 @@ grpc::Status AgentServiceImpl::PauseProtection(grpc::ServerContext* ctx, const v
 
 grpc::Status AgentServiceImpl::AgentStatus(grpc::ServerContext* ctx, const v1::AgentStatusRequest*,
                                            v1::AgentStatusResponse* resp) {
-  if (grpc::Status a = Caller(*ctx, "AgentStatus"); !a.ok()) return a;
+  if (grpc::Status a = auth_.AgentPortCall(*ctx, "", Access::kRead, "AgentStatus"); !a.ok()) return a;
   const agent::AgentStatusSnapshot s = agent_->Status();
   resp->set_node_id(s.node_id);
   resp->set_incarnation(s.incarnation);

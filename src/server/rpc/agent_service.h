@@ -12,14 +12,20 @@
 
 #include "ckpt/v1/agent.grpc.pb.h"
 #include "server/agent/agent.h"
+#include "server/rpc/authorize.h"
 
 namespace ckpt::rpc {
 
 class AgentServiceImpl final : public v1::AgentService::Service {
  public:
-  // `agent` must outlive the service. A non-empty `admin_token` guards every
-  // call that does not come over the local unix socket (CheckAdminToken).
-  AgentServiceImpl(agent::Agent* agent, std::string data_transport, std::string admin_token = "");
+  // `agent` must outlive the service. Calls over the local unix socket are
+  // guarded by its mode and group. On TCP: with `require_identity` (the
+  // port serves mutual TLS) the caller's certificate identity decides
+  // (server/rpc/authorize.h: admin, operator, trainer of the job); without
+  // it (--insecure, loopback only) a non-empty `admin_token` guards every
+  // call (CheckAdminToken).
+  AgentServiceImpl(agent::Agent* agent, std::string data_transport, std::string admin_token = "",
+                   bool require_identity = false);
 
   grpc::Status AcquireStagingLease(grpc::ServerContext*, const v1::AcquireStagingLeaseRequest*,
                                    v1::AcquireStagingLeaseResponse*) override;
@@ -58,14 +64,12 @@ class AgentServiceImpl final : public v1::AgentService::Service {
                            uint64_t verify_at_most_bytes = 0);
   grpc::Status LeaseChecked(const v1::AcquireStagingLeaseRequest* req, bool without_meta,
                             v1::AcquireStagingLeaseResponse* resp);
-  // OK for the local socket's callers; on TCP, the admin token when set.
-  grpc::Status Caller(const grpc::ServerContext& ctx, const char* rpc) const;
   // A PullSource with every field set (InvalidArgument naming `field`).
   static absl::StatusOr<agent::PullSource> PullSourceFromProto(const v1::PullSource& p, const char* field);
 
   agent::Agent* const agent_;
   const std::string data_transport_;
-  const std::string admin_token_;
+  const Authorizer auth_;
 };
 
 }  // namespace ckpt::rpc

@@ -223,10 +223,10 @@ absl::Status MetaServiceImpl::WaitTimedOut(const std::string& job_id, uint64_t s
       v->shards.size(), " of ", v->world_size, " shards staged"));
 }
 
-MetaServiceImpl::MetaServiceImpl(meta::MetaCore* core, Clock* clock, CallerTokens tokens)
+MetaServiceImpl::MetaServiceImpl(meta::MetaCore* core, Clock* clock, CallerTokens tokens, bool require_identity)
     : core_(core),
       clock_(clock),
-      tokens_(std::move(tokens)),
+      auth_(require_identity, std::move(tokens)),
       report_allocator_(std::make_unique<ArenaMessageAllocator<v1::ReportShardsRequest,
                                                                v1::ReportShardsResponse>>()),
       heartbeat_allocator_(
@@ -244,7 +244,7 @@ void MetaServiceImpl::Shutdown() { shutting_down_.store(true, std::memory_order_
 grpc::Status MetaServiceImpl::RegisterNode(grpc::ServerContext* ctx,
                                            const v1::RegisterNodeRequest* req,
                                            v1::RegisterNodeResponse* resp) {
-  if (grpc::Status a = AgentCall(*ctx, "RegisterNode"); !a.ok()) return a;
+  if (grpc::Status a = AgentCall(*ctx, req->node_id(), "RegisterNode"); !a.ok()) return a;
   absl::StatusOr<meta::RegisterRequest> request = RegisterFromProto(*req);
   if (!request.ok()) return Fail("RegisterNode", request.status());
   absl::StatusOr<meta::RegisterResult> result = core_->RegisterNode(*request);
@@ -257,7 +257,7 @@ grpc::ServerUnaryReactor* MetaServiceImpl::Heartbeat(grpc::CallbackServerContext
                                                      const v1::HeartbeatRequest* req,
                                                      v1::HeartbeatResponse* resp) {
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
-  if (grpc::Status a = AgentCall(*ctx, "Heartbeat"); !a.ok()) {
+  if (grpc::Status a = AgentCall(*ctx, req->node_id(), "Heartbeat"); !a.ok()) {
     reactor->Finish(a);
     return reactor;
   }
@@ -295,7 +295,7 @@ grpc::Status MetaServiceImpl::WatchTasks(grpc::ServerContext* ctx,
                                          const v1::WatchTasksRequest* req,
                                          grpc::ServerWriter<v1::WatchTasksResponse>* writer) {
   if (shutting_down()) return ShuttingDown("WatchTasks");
-  if (grpc::Status a = AgentCall(*ctx, "WatchTasks"); !a.ok()) return a;
+  if (grpc::Status a = AgentCall(*ctx, req->node_id(), "WatchTasks"); !a.ok()) return a;
   const std::string& node = req->node_id();
   const uint64_t incarnation = req->incarnation();
 
@@ -363,7 +363,7 @@ grpc::Status MetaServiceImpl::WatchTasks(grpc::ServerContext* ctx,
 grpc::Status MetaServiceImpl::ReportTaskResult(grpc::ServerContext* ctx,
                                                const v1::ReportTaskResultRequest* req,
                                                v1::ReportTaskResultResponse* resp) {
-  if (grpc::Status a = AgentCall(*ctx, "ReportTaskResult"); !a.ok()) return a;
+  if (grpc::Status a = AgentCall(*ctx, req->node_id(), "ReportTaskResult"); !a.ok()) return a;
   absl::StatusOr<absl::Status> outcome = StatusFromProto(req->status(), "status");
   if (!outcome.ok()) return Fail("ReportTaskResult", outcome.status());
   absl::StatusOr<meta::TaskDisposition> disposition = core_->ReportTaskResult(
@@ -376,7 +376,7 @@ grpc::Status MetaServiceImpl::ReportTaskResult(grpc::ServerContext* ctx,
 grpc::Status MetaServiceImpl::ReportInventory(grpc::ServerContext* ctx,
                                               const v1::ReportInventoryRequest* req,
                                               v1::ReportInventoryResponse* resp) {
-  if (grpc::Status a = AgentCall(*ctx, "ReportInventory"); !a.ok()) return a;
+  if (grpc::Status a = AgentCall(*ctx, req->node_id(), "ReportInventory"); !a.ok()) return a;
   // The list must be complete (missing holdings become LOST), so one bad
   // entry rejects the whole report.
   std::vector<meta::Holding> holdings;
@@ -445,7 +445,7 @@ grpc::Status MetaServiceImpl::ListNodes(grpc::ServerContext* ctx, const v1::List
 
 grpc::Status MetaServiceImpl::CreateJob(grpc::ServerContext* ctx, const v1::CreateJobRequest* req,
                                         v1::CreateJobResponse* resp) {
-  if (grpc::Status a = JobCall(*ctx, req->spec().job_id(), "CreateJob"); !a.ok()) return a;
+  if (grpc::Status a = JobCall(*ctx, req->spec().job_id(), "CreateJob", Access::kWrite); !a.ok()) return a;
   if (!req->has_spec()) {
     return Fail("CreateJob", absl::InvalidArgumentError(
                                  "spec is required: job_id, and world_size to create the job"));
@@ -486,7 +486,7 @@ grpc::Status MetaServiceImpl::ListJobs(grpc::ServerContext* ctx, const v1::ListJ
   const bool more = jobs.size() > limit;
   if (more) jobs.resize(limit);
   // A trainer token lists only its jobs (a page may then hold fewer).
-  const std::optional<std::vector<std::string>> visible = VisibleJobs(*ctx, tokens_);
+  const std::optional<std::vector<std::string>> visible = auth_.VisibleJobs(*ctx);
   for (const meta::JobView& job : jobs) {
     if (visible && std::none_of(visible->begin(), visible->end(), [&](const std::string& p) {
           return JobPatternMatches(p, job.job.spec.job_id);
@@ -544,7 +544,7 @@ grpc::Status MetaServiceImpl::GetPlacement(grpc::ServerContext* ctx,
 grpc::Status MetaServiceImpl::BeginVersion(grpc::ServerContext* ctx,
                                            const v1::BeginVersionRequest* req,
                                            v1::BeginVersionResponse* resp) {
-  if (grpc::Status a = AgentCall(*ctx, "BeginVersion"); !a.ok()) return a;
+  if (grpc::Status a = AgentCall(*ctx, req->node_id(), "BeginVersion"); !a.ok()) return a;
   absl::StatusOr<std::pair<meta::Version, bool>> result =
       core_->BeginVersion(req->job_id(), req->step(), req->run_id());
   if (!result.ok()) return Fail("BeginVersion", result.status());
@@ -569,7 +569,7 @@ grpc::ServerUnaryReactor* MetaServiceImpl::ReportShards(grpc::CallbackServerCont
     reactor->Finish(status);
     return reactor;
   };
-  if (grpc::Status a = AgentCall(*ctx, "ReportShards"); !a.ok()) return finish(a);
+  if (grpc::Status a = AgentCall(*ctx, req->node_id(), "ReportShards"); !a.ok()) return finish(a);
   const int n = req->reports_size();
   std::vector<absl::Status> results(static_cast<size_t>(n));
   std::vector<meta::ShardReport> reports;
@@ -729,7 +729,7 @@ grpc::Status MetaServiceImpl::WaitVersion(grpc::ServerContext* ctx,
 grpc::Status MetaServiceImpl::FlushVersion(grpc::ServerContext* ctx,
                                            const v1::FlushVersionRequest* req,
                                            v1::FlushVersionResponse* resp) {
-  if (grpc::Status a = JobCall(*ctx, req->job_id(), "FlushVersion"); !a.ok()) return a;
+  if (grpc::Status a = JobCall(*ctx, req->job_id(), "FlushVersion", Access::kWrite); !a.ok()) return a;
   absl::StatusOr<meta::Version> v = core_->FlushVersion(req->job_id(), req->step());
   if (!v.ok()) return Fail("FlushVersion", v.status());
   VersionSummaryToProto(*v, resp->mutable_version());

@@ -41,6 +41,7 @@
 #include "ckpt/v1/meta.grpc.pb.h"
 #include "common/clock.h"
 #include "common/grpc_security.h"
+#include "server/rpc/authorize.h"
 #include "server/meta/meta_core.h"
 
 namespace ckpt::rpc {
@@ -58,7 +59,11 @@ class MetaServiceImpl final : public MetaServiceBase {
   // ReportInventory, ReportShards, BeginVersion), and trainer tokens limit
   // the job RPCs to the jobs each token names (CheckJobCaller): see
   // common/grpc_security.h.
-  explicit MetaServiceImpl(meta::MetaCore* core, Clock* clock = RealClock(), CallerTokens tokens = {});
+  // `require_identity`: the server serves mutual TLS and every caller must
+  // carry a ckpt certificate identity allowed to make the call
+  // (server/rpc/authorize.h), checked before the tokens.
+  explicit MetaServiceImpl(meta::MetaCore* core, Clock* clock = RealClock(), CallerTokens tokens = {},
+                           bool require_identity = false);
   ~MetaServiceImpl() override;
 
   MetaServiceImpl(const MetaServiceImpl&) = delete;
@@ -145,16 +150,18 @@ class MetaServiceImpl final : public MetaServiceBase {
 
   meta::MetaCore* const core_;
   Clock* const clock_;
-  const CallerTokens tokens_;
-  grpc::Status AgentCall(const grpc::ServerContextBase& ctx, const char* rpc) const {
-    return CheckAgentToken(ctx, tokens_.agent, tokens_.admin, rpc);
+  const Authorizer auth_;
+  // An RPC only agents make, for node `node_id` (the caller must be it).
+  grpc::Status AgentCall(const grpc::ServerContextBase& ctx, const std::string& node_id, const char* rpc) const {
+    return auth_.AgentCall(ctx, node_id, rpc);
   }
   grpc::Status AdminCall(const grpc::ServerContextBase& ctx, const char* rpc) const {
-    return CheckAdminToken(ctx, tokens_.admin, rpc);
+    return auth_.AdminCall(ctx, rpc);
   }
   // A job RPC (or, with an empty job id, a cluster-wide read).
-  grpc::Status JobCall(const grpc::ServerContextBase& ctx, const std::string& job_id, const char* rpc) const {
-    return CheckJobCaller(ctx, tokens_, job_id, rpc);
+  grpc::Status JobCall(const grpc::ServerContextBase& ctx, const std::string& job_id, const char* rpc,
+                       Access access = Access::kRead) const {
+    return auth_.JobCall(ctx, job_id, access, rpc);
   }
   // Put each hot call's request and response on one protobuf arena (one
   // allocation per call instead of one per string and repeated field).

@@ -1,0 +1,99 @@
+// Who may call what on ckpt-meta's and the agents' TCP ports: the caller's
+// certificate identity (docs/security.md "Identities").
+//
+// A daemon that serves mutual TLS (the default; --insecure is for loopback
+// test clusters only) knows each caller by the ckpt identity its certificate
+// carries (common/pki.h: ckpt://node/<id>, ckpt://admin/<name>,
+// ckpt://operator/<name>, ckpt://trainer/<name> with ckpt://job/<pattern>s).
+// The rules, in one place:
+//
+//   meta, agent RPCs (RegisterNode, Heartbeat, WatchTasks, ReportTaskResult,
+//     ReportInventory, ReportShards, BeginVersion): a node, acting only as
+//     itself (the request's node id must be the certificate's).
+//   meta, admin RPCs (DeleteVersion, DeleteJob, DrainNode, UndrainNode,
+//     RemoveNode): an admin.
+//   meta, job RPCs: an admin or a node (agents act for their trainers), an
+//     operator for reads only, a trainer for the jobs its certificate names.
+//   meta, cluster-wide reads (ListJobs, ListNodes, ClusterStatus): any
+//     identity; ListJobs shows a trainer only its jobs.
+//   agent TCP port: an admin; an operator for what returns no shard bytes
+//     and changes nothing (status, inventory, verify); a trainer for reads
+//     of its jobs (OpenShard, ReadShard, CloseShard, DeliverShard, verify). Nodes never call it. The local unix sockets are guarded
+//     by their mode and group (the kernel), not here.
+//
+// The tokens (common/grpc_security.h: admin, agent, trainer tokens) are
+// checked as before on top of the identity when configured. Without TLS
+// (--insecure, loopback only) there is no identity and only the tokens
+// count.
+//
+// A refusal is UNAUTHENTICATED when the caller shows no ckpt identity (a
+// certificate of the CA without one), PERMISSION_DENIED when its identity
+// may not make the call; the message names the RPC, the identity and what it
+// would need. Nothing runs on a refusal.
+//
+// Thread safety: the functions are pure; Authorizer is immutable after
+// construction and may be shared by every handler thread.
+#pragma once
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <grpcpp/grpcpp.h>
+
+#include "common/grpc_security.h"
+#include "common/pki.h"
+
+namespace ckpt::rpc {
+
+// The ckpt identity of a call's certificate: nullopt when the call carries no
+// TLS peer (plaintext, the unix socket); InvalidArgument when the certificate
+// carries no ckpt identity or a malformed one.
+absl::StatusOr<std::optional<pki::Identity>> CallerIdentity(const grpc::ServerContextBase& ctx);
+
+// "ckpt://node/n1" etc., for messages.
+std::string IdentityText(const pki::Identity& id);
+
+enum class Access {
+  kRead,       // looks at jobs, versions, holdings, checks (no shard bytes)
+  kReadBytes,  // returns a shard's bytes (OpenShard, ReadShard)
+  kWrite,      // creates or changes (a job, a flush, a lease, an eviction)
+  kOwnHandle,  // acts on a handle the caller opened (CloseShard, DeliverShard): its id is unguessable
+};
+
+class Authorizer {
+ public:
+  // `require_identity`: the daemon serves mutual TLS, so every TCP caller
+  // must carry a ckpt identity. `tokens`: checked on top, as configured.
+  Authorizer(bool require_identity, CallerTokens tokens);
+
+  bool require_identity() const { return require_identity_; }
+
+  // Meta: an RPC only agents make, by node `node_id` ("" when the request
+  // names none).
+  grpc::Status AgentCall(const grpc::ServerContextBase& ctx, const std::string& node_id, const char* rpc) const;
+  // Meta: an admin RPC.
+  grpc::Status AdminCall(const grpc::ServerContextBase& ctx, const char* rpc) const;
+  // Meta: a job RPC (`job_id` set) or a cluster-wide read (`job_id` empty).
+  grpc::Status JobCall(const grpc::ServerContextBase& ctx, const std::string& job_id, Access access,
+                       const char* rpc) const;
+  // The job patterns a caller may see in a listing: nullopt for every job.
+  std::optional<std::vector<std::string>> VisibleJobs(const grpc::ServerContextBase& ctx) const;
+
+  // An agent's TCP port: calls from the local unix socket pass; TCP callers
+  // as the file comment says. `job_id` is the job a read touches ("" for
+  // node-wide calls: inventory, status, evict, flush, pause).
+  grpc::Status AgentPortCall(const grpc::ServerContextBase& ctx, const std::string& job_id, Access access,
+                             const char* rpc) const;
+
+ private:
+  // The identity of a TCP caller when one is required; an error Status when
+  // the call must be refused for the lack of one. nullopt when no identity
+  // is required (insecure).
+  absl::StatusOr<std::optional<pki::Identity>> Required(const grpc::ServerContextBase& ctx, const char* rpc) const;
+
+  const bool require_identity_;
+  const CallerTokens tokens_;
+};
+
+}  // namespace ckpt::rpc

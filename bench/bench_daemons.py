@@ -2,7 +2,10 @@
 (bench/*.py), from $CKPT_BUILD_DIR/bin (default build/), on free 127.0.0.1
 ports, the memory tiers on /dev/shm; stop() kills them by PID and removes the
 tiers. running() is the same as a context manager with its own temporary
-directory."""
+directory. The daemons run as shipped, with mutual TLS (a CA of their own in
+<root>/pki, `ckptctl certs`); this process's trainers (Daemons.client and the
+examples a benchmark runs with its environment) present a trainer certificate
+for every job through CKPT_TLS_*, set while the daemons run."""
 import contextlib
 import os
 import pathlib
@@ -15,7 +18,7 @@ import time
 import ckpt
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "tests" / "support"))
-from localnet import free_ports, start_daemon, wait_tcp  # noqa: E402
+from localnet import TLS_VARS, ClusterTls, free_ports, start_daemon, wait_tcp  # noqa: E402
 
 BUILD_DIR = pathlib.Path(os.environ.get("CKPT_BUILD_DIR", "build")).resolve()
 
@@ -23,18 +26,30 @@ BUILD_DIR = pathlib.Path(os.environ.get("CKPT_BUILD_DIR", "build")).resolve()
 class Daemons:
     """ckpt-meta and `agents` ckpt-agents (node-1, node-2, ...) on free 127.0.0.1 ports;
     stop() kills them by PID. durable=True gives them a durable root (<root>/durable).
-    binary="ckpt-dpu-agent" runs DPU agents instead (node-N serving host-N: pull-mode ingest)."""
+    binary="ckpt-dpu-agent" runs DPU agents instead (node-N serving host-N: pull-mode ingest).
+    Sets CKPT_TLS_* of this process to a trainer certificate of the daemons' CA until stop()."""
 
     def __init__(self, root, memory, name="bench", agent_args=(), agents=1, durable=False, binary="ckpt-agent"):
         self.root = root
         self.procs = []
+        self.shm = pathlib.Path(f"/dev/shm/ckpt-{name}-{os.getpid()}")
+        self.tls = ClusterTls(root / "pki", BUILD_DIR / "bin", trainer_name="bench")
+        self._saved_env = {k: os.environ.get(k) for k in TLS_VARS}
+        os.environ.update(self.tls.trainer_env())
+        try:
+            self._start_all(memory, name, agent_args, agents, durable, binary)
+        except BaseException:
+            self.stop()  # what started, and the environment as it was
+            raise
+
+    def _start_all(self, memory, name, agent_args, agents, durable, binary):
+        root = self.root
         ports = free_ports(2 + 3 * agents)
         meta_port, meta_metrics = ports[:2]
         self.meta = f"127.0.0.1:{meta_port}"
-        self.shm = pathlib.Path(f"/dev/shm/ckpt-{name}-{os.getpid()}")
         (root / "meta").mkdir()
         meta = self._start("ckpt-meta", ["--listen", self.meta, "--metrics-listen", f"127.0.0.1:{meta_metrics}",
-                                         "--data-dir", str(root / "meta")])
+                                         "--data-dir", str(root / "meta"), *self.tls.meta_flags()])
         wait_tcp(meta_port, meta, 30)
         self.sockets, self.metrics_ports, self.agents = [], [], []
         for i in range(agents):
@@ -48,7 +63,8 @@ class Daemons:
                 "--node-id", f"node-{i + 1}", "--meta", self.meta, "--listen", f"127.0.0.1:{port}",
                 "--data-listen", f"127.0.0.1:{data_port}", "--metrics-listen", f"127.0.0.1:{metrics_port}",
                 "--run-dir", str(root / f"run{suffix}"), "--memory", memory,
-                "--memory-dir", str(self.shm / f"node-{i + 1}"), "--log-level", "warn", *extra, *agent_args],
+                "--memory-dir", str(self.shm / f"node-{i + 1}"), "--log-level", "warn",
+                *self.tls.node_flags(f"node-{i + 1}"), *extra, *agent_args],
                 binary=binary)
             wait_tcp(port, agent, 60)
             self.agents.append(agent)
@@ -93,6 +109,11 @@ class Daemons:
                 p.send_signal(signal.SIGKILL)
                 p.wait(timeout=30)
         shutil.rmtree(self.shm, ignore_errors=True)
+        for k, v in self._saved_env.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 @contextlib.contextmanager

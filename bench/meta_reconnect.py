@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """How long a client's calls keep failing after ckpt-meta restarts.
 
-Starts ckpt-meta and one ckpt-agent on free 127.0.0.1 ports, saves one
+Starts ckpt-meta and one ckpt-agent on free 127.0.0.1 ports (mutual TLS, as
+shipped: a CA of their own made with `ckptctl certs`), saves one
 version, then per trial: kills meta (SIGKILL), makes --calls-while-down
 WaitVersion calls while it is down, restarts it on the same port after 0.3 s
 and times the first WaitVersion that succeeds once meta listens (--call load:
@@ -28,7 +29,7 @@ import tempfile
 import time
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "tests" / "support"))
-from localnet import free_ports, wait_tcp  # noqa: E402
+from localnet import ClusterTls, free_ports, wait_tcp  # noqa: E402
 
 import ckpt  # noqa: E402
 
@@ -47,10 +48,13 @@ def main():
     meta_addr = f"127.0.0.1:{meta_port}"
     for d in ("meta", "run", "mem"):
         (root / d).mkdir()
+    tls = ClusterTls(root / "pki", bin_dir, trainer_jobs=("reconnect",), trainer_name="reconnect")
+    os.environ.update(tls.trainer_env())  # the client below is a trainer of job "reconnect"
 
     def start_meta():
         p = subprocess.Popen([bin_dir / "ckpt-meta", "--listen", meta_addr,
-                              "--metrics-listen", f"127.0.0.1:{meta_metrics}", "--data-dir", str(root / "meta")],
+                              "--metrics-listen", f"127.0.0.1:{meta_metrics}", "--data-dir", str(root / "meta"),
+                              *tls.meta_flags()],
                              stdout=subprocess.DEVNULL, stderr=open(root / "meta.log", "a"))
         wait_tcp(meta_port, p, 30)
         return p
@@ -59,7 +63,7 @@ def main():
     agent = subprocess.Popen([bin_dir / "ckpt-agent", "--node-id", "n1", "--meta", meta_addr,
                               "--listen", f"127.0.0.1:{agent_port}", "--data-listen", f"127.0.0.1:{data_port}",
                               "--metrics-listen", f"127.0.0.1:{agent_metrics}", "--run-dir", str(root / "run"),
-                              "--memory", "64MiB", "--memory-dir", str(root / "mem")],
+                              "--memory", "64MiB", "--memory-dir", str(root / "mem"), *tls.node_flags("n1")],
                              stdout=subprocess.DEVNULL, stderr=open(root / "agent.log", "a"))
     try:
         wait_tcp(agent_port, agent, 30)

@@ -1,6 +1,10 @@
 """Fixtures: a real ckpt-meta and ckpt-agent from $CKPT_BUILD_DIR/bin on free
 127.0.0.1 ports with temporary directories, shared by the session and killed
-by PID at the end."""
+by PID at the end. They run as shipped: mutual TLS with ckpt identities (one CA
+for the session, `ckptctl certs`; meta's certificate ckpt://meta, each agent's
+ckpt://node/<id>). This process's trainers (ckpt.Client and the examples the
+tests run) present a trainer certificate for every job (CKPT_TLS_* in the
+environment); Cluster.ctl runs ckptctl with an admin certificate."""
 import ctypes
 import json
 import os
@@ -15,7 +19,7 @@ import pytest
 
 import ckpt
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "tests" / "support"))
-from localnet import free_ports, wait_tcp  # noqa: E402
+from localnet import TLS_VARS, ClusterTls, free_ports, wait_tcp  # noqa: E402
 
 BUILD_DIR = pathlib.Path(os.environ.get("CKPT_BUILD_DIR", pathlib.Path(__file__).resolve().parents[2] / "build"))
 # The `cluster` agent's memory tier (every test's versions share it).
@@ -30,8 +34,9 @@ def _die_with_parent():
 
 
 class Cluster:
-    def __init__(self, root, agents=1, memory=f"{CLUSTER_MEMORY_MIB}MiB", binary="ckpt-agent"):
+    def __init__(self, root, tls, agents=1, memory=f"{CLUSTER_MEMORY_MIB}MiB", binary="ckpt-agent"):
         self.root = root
+        self.tls = tls
         self.procs = []
         ports = free_ports(2 + 3 * agents)  # all at once: separate calls may repeat a port
         meta_port, meta_metrics = ports[0], ports[1]
@@ -41,7 +46,7 @@ class Cluster:
             (root / d).mkdir()
         meta = self._start("ckpt-meta", [
             "--listen", self.meta, "--metrics-listen", f"127.0.0.1:{meta_metrics}",
-            "--data-dir", str(root / "meta")])
+            "--data-dir", str(root / "meta"), *tls.meta_flags()])
         wait_tcp(meta_port, meta, 30)
         # Agent i: node-<i+1>, its run dir run<i> (run for the first) and socket.
         self.sockets = []
@@ -58,7 +63,8 @@ class Cluster:
                 "--metrics-listen", f"127.0.0.1:{metrics_port}", "--run-dir", str(run_dir),
                 "--memory", memory, "--memory-dir", str(mem),
                 "--durable-root", str(self.durable_root),
-                *(["--host-node", f"host-{i + 1}"] if binary == "ckpt-dpu-agent" else [])], binary=binary)
+                *(["--host-node", f"host-{i + 1}"] if binary == "ckpt-dpu-agent" else []),
+                *tls.node_flags(f"node-{i + 1}")], binary=binary)
             wait_tcp(port, agent, 60)
             self.sockets.append(run_dir / "agent.sock")
             self.metrics_ports.append(metrics_port)
@@ -121,9 +127,10 @@ class Cluster:
                            agent_socket=str(self.sockets[agent]), **kw)
 
     def ctl(self, *args):
-        """Runs ckptctl against this cluster's meta; returns the CompletedProcess."""
+        """Runs ckptctl against this cluster's meta, as an admin; returns the CompletedProcess."""
         return subprocess.run([str(BUILD_DIR / "bin" / "ckptctl"), "--meta", self.meta] + list(args),
-                              capture_output=True, text=True, timeout=60)
+                              capture_output=True, text=True, timeout=60,
+                              env=dict(os.environ, **self.tls.admin_env()))
 
     def stop(self):
         for p in reversed(self.procs):
@@ -132,34 +139,52 @@ class Cluster:
                 p.wait(timeout=30)
 
 
-def _running(tmp_path_factory, name, **kw):
+@pytest.fixture(scope="session")
+def tls(tmp_path_factory):
+    """The session's certificates (one CA for every cluster: node-1's certificate serves
+    node-1 of each). This process's trainers present a trainer certificate for every job
+    (CKPT_TLS_*, put back as they were at the end)."""
+    t = ClusterTls(tmp_path_factory.mktemp("pki"), BUILD_DIR / "bin", trainer_jobs=("*",), trainer_name="pytest")
+    saved = {k: os.environ.get(k) for k in TLS_VARS}
+    os.environ.update(t.trainer_env())
+    try:
+        yield t
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def _running(tmp_path_factory, tls, name, **kw):
     """A Cluster in a fresh directory, stopped (every process it started,
     even if starting failed half way) when the session ends."""
     root = tmp_path_factory.mktemp(name)
     c = Cluster.__new__(Cluster)
     c.procs = []
     try:
-        c.__init__(root, **kw)
+        c.__init__(root, tls, **kw)
         yield c
     finally:
         c.stop()
 
 
 @pytest.fixture(scope="session")
-def cluster(tmp_path_factory):
-    yield from _running(tmp_path_factory, "ckpt")
+def cluster(tmp_path_factory, tls):
+    yield from _running(tmp_path_factory, tls, "ckpt")
 
 
 @pytest.fixture(scope="session")
-def cluster2(tmp_path_factory):
+def cluster2(tmp_path_factory, tls):
     """Meta and two agents: enough nodes for replicate:2 and ec:1+1."""
-    yield from _running(tmp_path_factory, "ckpt2", agents=2, memory="64MiB")
+    yield from _running(tmp_path_factory, tls, "ckpt2", agents=2, memory="64MiB")
 
 
 @pytest.fixture(scope="session")
-def dpu_cluster(tmp_path_factory):
+def dpu_cluster(tmp_path_factory, tls):
     """Meta and two ckpt-dpu-agents (pull-mode ingest; docs/dpu.md)."""
-    yield from _running(tmp_path_factory, "ckpt-dpu", agents=2, memory="64MiB", binary="ckpt-dpu-agent")
+    yield from _running(tmp_path_factory, tls, "ckpt-dpu", agents=2, memory="64MiB", binary="ckpt-dpu-agent")
 
 
 @pytest.fixture

@@ -3,7 +3,9 @@
 
 Starts ckpt-meta and N ckpt-agents (4..6) on 127.0.0.1 (free ports, state in a
 temp dir, memory tiers under /dev/shm, UCX data plane over TCP, short peer
-timeouts and meta lease), then, for --duration seconds, loops:
+timeouts and meta lease; mutual TLS as shipped, with a CA of the soak's own made
+by `ckptctl certs`: the soak's clients present a trainer certificate, its
+ckptctl calls an admin one), then, for --duration seconds, loops:
 
   1. clients (the Python `ckpt` module, one per rank) save a version of every
      rank of every job (replicate ring, replicate group, EC with m = 2, and a
@@ -80,7 +82,7 @@ import traceback
 import urllib.error
 import urllib.request
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "tests" / "support"))
-from localnet import free_ports  # noqa: E402
+from localnet import ClusterTls, free_ports  # noqa: E402
 
 KiB = 1 << 10
 MiB = 1 << 20
@@ -441,6 +443,10 @@ class Soak:
             env["UCX_TLS"] = self.args.ucx_tls
         return env
 
+    def ctl_env(self):
+        """ckptctl's environment: the daemons', with an admin certificate (CKPT_TLS_*)."""
+        return dict(self.daemon_env(), **self.certs.admin_env())
+
     def setup_durable(self):
         self.durable.mkdir()
         size = self.args.durable_size
@@ -473,6 +479,11 @@ class Soak:
             prefix = ["setpriv", "--pdeathsig", "KILL", "--"]
         env = self.daemon_env()
         a = self.args
+        # The cluster's certificates (the daemons serve mutual TLS, as shipped); this
+        # process's clients present a trainer certificate for every job.
+        self.certs = ClusterTls(self.work / "pki", self.bin, trainer_name="chaos")
+        os.environ.update(self.certs.trainer_env())
+        self.certs.admin_env()  # issued now: ckptctl runs on several threads
         # Every port at once: ports picked in separate calls may repeat (a port
         # handed to one agent is free until that agent binds it).
         ports = free_ports(2 + 3 * self.n)
@@ -482,7 +493,8 @@ class Soak:
         self.meta = Daemon("meta", [str(self.bin / "ckpt-meta"), "--listen", self.meta_addr,
                                     "--metrics-listen", f"127.0.0.1:{meta_metrics}",
                                     "--data-dir", str(self.work / "meta"),
-                                    "--lease-ms", str(a.lease_ms), "--heartbeat-ms", str(a.heartbeat_ms)],
+                                    "--lease-ms", str(a.lease_ms), "--heartbeat-ms", str(a.heartbeat_ms),
+                                    *self.certs.meta_flags()],
                            self.work / "meta.log", env, prefix)
         self.meta.start()
         self.wait_port(meta_port, self.meta, 30)
@@ -502,7 +514,7 @@ class Soak:
                               "--memory", str(a.agent_memory), "--memory-dir", str(self.shm / node),
                               "--durable-root", str(self.durable), "--peer-timeout-ms", str(a.peer_timeout_ms),
                               "--data-chunk", "1MiB", "--rpc-timeout-ms", "5000",
-                              *(["--host-node", f"host-{node}"] if dpu else [])],
+                              *(["--host-node", f"host-{node}"] if dpu else []), *self.certs.node_flags(node)],
                        self.work / f"{node}.log", env, prefix)
             d.port, d.metrics_port, d.index = port, metrics, i
             d.socket = self.work / node / "run" / "agent.sock"
@@ -545,7 +557,7 @@ class Soak:
             [str(a) for a in args]
         try:
             r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout + 30,
-                               env=self.daemon_env())
+                               env=self.ctl_env())
         except subprocess.TimeoutExpired:
             self.log(f"ckptctl {' '.join(map(str, args))}: timed out", echo=False)
             self.tls.ctl_error = "ckptctl timed out"
@@ -1593,7 +1605,7 @@ class Soak:
             d = self.agents[0]
             r = subprocess.run([str(self.bin / "ckptctl"), "--meta", self.meta_addr, "save", "leak", "1", str(path),
                                 "--rank", "0", "--world-size", "2", "--agent-socket", str(d.socket)],
-                               capture_output=True, text=True, timeout=60, env=self.daemon_env())
+                               capture_output=True, text=True, timeout=60, env=self.ctl_env())
             self.log(f"  leak: ckptctl save exit {r.returncode} {r.stderr.strip()[:200]}")
 
     # ---- main loop

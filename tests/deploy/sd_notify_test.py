@@ -1,12 +1,15 @@
 #!/usr/bin/python3
 """Type=notify readiness without systemd: runs ckpt-meta and ckpt-agent with
 NOTIFY_SOCKET pointing at a datagram socket of this test, and checks that each
-sends READY=1 once it serves and STOPPING=1 on SIGTERM, then exits 0.
+sends READY=1 once it serves and STOPPING=1 on SIGTERM, then exits 0. Both
+run as shipped, with mutual TLS (a CA of the test's own, made with CKPTCTL
+certs through tests/support/localnet.py ClusterTls).
 
-usage: sd_notify_test.py CKPT_META CKPT_AGENT
+usage: sd_notify_test.py CKPT_META CKPT_AGENT [CKPTCTL]  (default: ckptctl beside CKPT_META)
 Exits 77 (ctest SKIP_RETURN_CODE) if the binaries are not linked with libsystemd.
 """
 import os
+import pathlib
 import shutil
 import signal
 import socket
@@ -14,6 +17,9 @@ import subprocess
 import sys
 import tempfile
 import time
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "tests" / "support"))
+from localnet import ClusterTls  # noqa: E402
 
 
 def messages(sock, want, deadline):
@@ -64,6 +70,7 @@ def run(name, argv, tmp):
 
 def main():
     meta, agent = sys.argv[1:3]
+    ckptctl = sys.argv[3] if len(sys.argv) > 3 else os.path.join(os.path.dirname(meta), "ckptctl")
     for b in (meta, agent):
         ldd = subprocess.run(["ldd", b], capture_output=True, text=True).stdout
         if "libsystemd" not in ldd:
@@ -72,13 +79,15 @@ def main():
     tmp = tempfile.mkdtemp(prefix="ckpt-sdnotify-")
     shm = tempfile.mkdtemp(prefix="ckpt-sdnotify-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
     try:
+        tls = ClusterTls(pathlib.Path(tmp) / "pki", pathlib.Path(ckptctl).parent)
         run("ckpt-meta", [meta, "--data-dir", os.path.join(tmp, "meta"), "--listen", "127.0.0.1:0",
-                          "--metrics-listen", "127.0.0.1:0"], tmp)
+                          "--metrics-listen", "127.0.0.1:0", *tls.meta_flags()], tmp)
         # The agent is ready without a reachable meta (registration is background).
         run("ckpt-agent", [agent, "--node-id", "sdnotify-test", "--meta", "127.0.0.1:1",
                            "--listen", "127.0.0.1:0", "--data-listen", "127.0.0.1:0",
                            "--metrics-listen", "127.0.0.1:0", "--run-dir", os.path.join(tmp, "run"),
-                           "--memory", "16MiB", "--memory-dir", os.path.join(shm, "mem")], tmp)
+                           "--memory", "16MiB", "--memory-dir", os.path.join(shm, "mem"),
+                           *tls.node_flags("sdnotify-test")], tmp)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
         shutil.rmtree(shm, ignore_errors=True)

@@ -3,7 +3,8 @@
 the Python client run as other users (docs/security.md; label integration).
 
 ckpt-meta and one ckpt-agent with --socket-group 4242 (a gid no user here
-has). Checked:
+has), with mutual TLS as shipped (certificates made with `ckptctl certs`; the
+trainers present a trainer certificate, their copy owned by uid 4343). Checked:
   - agent.sock and session.sock belong to group 4242, mode 0660;
   - a trainer running as uid 4343 in group 4242 saves and loads;
   - a trainer as uid 4343 outside the group cannot reach the sockets (the
@@ -19,6 +20,7 @@ Run: CKPT_BUILD_DIR=build /usr/bin/python3 tests/security/socket_group_test.py
 """
 import os
 import pathlib
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -27,7 +29,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 BUILD = pathlib.Path(os.environ.get("CKPT_BUILD_DIR", ROOT / "build")).resolve()
 sys.path.insert(0, str(ROOT / "tests" / "support"))
 from checks import check, eventually, finish  # noqa: E402
-from localnet import free_ports, kill_daemons, start_daemon, wait_tcp  # noqa: E402
+from localnet import ClusterTls, free_ports, kill_daemons, start_daemon, tls_env, wait_tcp  # noqa: E402
 
 GROUP = 4242
 USER = 4343
@@ -54,11 +56,28 @@ def trainer(meta, sock, gid, groups=()):
     trainer.runs += 1
     r = subprocess.run([sys.executable, "-c", TRAINER, meta, sock, f"sg{trainer.runs}"], capture_output=True, text=True, timeout=120,
                        user=USER, group=gid, extra_groups=list(groups),
-                       env=dict(os.environ, PYTHONPATH=str(BUILD / "python"), PYTHONDONTWRITEBYTECODE="1"))
+                       env=dict(os.environ, PYTHONPATH=str(BUILD / "python"), PYTHONDONTWRITEBYTECODE="1",
+                                **trainer.tls))
     return (r.stdout + r.stderr).strip()
 
 
 trainer.runs = 0
+trainer.tls = {}  # CKPT_TLS_* of the trainers' certificate (files of uid USER)
+
+
+def trainer_certificate(tls, work):
+    """A copy of a trainer certificate (every job) that uid USER may read: CKPT_TLS_* for it."""
+    d = work / "trainer-tls"
+    d.mkdir(mode=0o755)
+    d.chmod(0o755)
+    env = {}
+    for var, path in tls_env(tls.client("trainer", "sockgroup", ["*"])).items():
+        copy = d / pathlib.Path(path).name
+        shutil.copyfile(path, copy)
+        os.chown(copy, USER, USER)
+        copy.chmod(0o600 if var == "CKPT_TLS_KEY" else 0o644)
+        env[var] = str(copy)
+    return env
 
 
 def main():
@@ -75,13 +94,15 @@ def main():
     try:
         (mp, mm, ap, dp, am) = free_ports(5)
         meta = f"127.0.0.1:{mp}"
+        tls = ClusterTls(work / "pki", BUILD / "bin")
+        trainer.tls = trainer_certificate(tls, work)
         run = work / "run"
         run.mkdir(mode=0o755)
         run.chmod(0o755)
         agent_bin = str(BUILD / "bin" / "ckpt-agent")
         base = ["--node-id", "n0", "--meta", meta, "--listen", f"127.0.0.1:{ap}", "--data-listen",
                 f"127.0.0.1:{dp}", "--metrics-listen", f"127.0.0.1:{am}", "--run-dir", str(run), "--memory", "16MiB",
-                "--memory-dir", f"/dev/shm/{shm}"]
+                "--memory-dir", f"/dev/shm/{shm}"] + tls.node_flags("n0")
 
         r = subprocess.run([agent_bin] + base + ["--socket-group", "no-such-group-ckpt"], capture_output=True,
                            text=True, timeout=60)
@@ -89,7 +110,8 @@ def main():
               "an unknown --socket-group is a usage error naming it", f"exit {r.returncode}: {r.stderr[-300:]}")
 
         m = start_daemon(BUILD / "bin", work, "ckpt-meta",
-                         ["--listen", meta, "--metrics-listen", f"127.0.0.1:{mm}", "--data-dir", str(work / "meta")])
+                         ["--listen", meta, "--metrics-listen", f"127.0.0.1:{mm}", "--data-dir", str(work / "meta")] +
+                         tls.meta_flags())
         procs.append(m)
         wait_tcp(mp, m, 30)
         a = start_daemon(BUILD / "bin", work, "ckpt-agent", base + ["--socket-group", str(GROUP)])

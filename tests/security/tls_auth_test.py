@@ -1,24 +1,34 @@
 #!/usr/bin/python3
-"""TLS and the admin token, through the real daemons, ckptctl and the Python
-client (docs/security.md; label integration).
+"""TLS, certificate identities and the admin token, through the real daemons,
+ckptctl and the Python client (docs/security.md; label integration).
 
-A test CA (scripts/make-test-ca.sh), ckpt-meta with mutual TLS and an admin
-token, one ckpt-agent that registers with it over TLS and serves its TCP
-endpoint with TLS. Checked:
+A test CA (scripts/make-test-ca.sh: openssl, for the revoked certificates, the
+CRL, a certificate without a ckpt identity and a rogue CA), ckpt-meta with
+mutual TLS (ckpt://meta) and an admin token, one ckpt-agent (ckpt://node/n0)
+that registers with it over TLS and serves its TCP endpoint with TLS: the
+daemons as shipped. Checked:
   - callers without TLS, with the CA but no certificate, and with a
-    certificate from another CA are refused on meta and on the agent;
-  - a trainer (Python client, TLS from CKPT_TLS_*) saves and loads, and
-    ckptctl restores from the agent over TLS;
+    certificate from another CA (an admin identity of a rogue CA) are refused
+    on meta and on the agent; a certificate of the CA that carries no ckpt
+    identity is UNAUTHENTICATED at meta;
+  - a trainer (Python client, a trainer certificate from CKPT_TLS_*) saves and
+    loads, and ckptctl (admin certificate) restores from the agent over TLS;
+  - callers check whom they reach: ckptctl aimed at an agent's port as if it
+    were meta refuses it (its certificate is not ckpt://meta), and reads the
+    agent's holdings only from the certificate of the node meta lists;
   - delete and drain without the token are UNAUTHENTICATED, with another
     token PERMISSION_DENIED, and change nothing; with the admin token they
-    work;
+    work with an admin certificate, and not with an operator's;
+  - agents without the agent token, or with another, are refused at
+    registration (their certificates are their nodes': the token is checked
+    on top);
   - with --tls-crl-dir, a certificate the CA revoked is refused (and
     accepted without it); callers (ckptctl --tls-crl-dir, CKPT_TLS_CRL_DIR)
-    refuse a server whose certificate is revoked, and with or without a CRL
-    one whose certificate names another host;
+    refuse a server whose certificate is revoked;
   - bad set-ups are usage errors (exit 2) that say what is wrong: a server
     with only some TLS files, a world-readable token file, a CA file that is
-    not PEM.
+    not PEM, a daemon certificate without the daemon's identity (none, or
+    another node's, or a node's for meta).
 Run: CKPT_BUILD_DIR=build /usr/bin/python3 tests/security/tls_auth_test.py
 """
 import os
@@ -43,8 +53,10 @@ class Cluster:
     def __init__(self, work):
         self.work = work
         self.ca = work / "ca"
+        # n0 serves; n7, n8 try to register without the agent token (agent_rpcs).
         subprocess.run([str(ROOT / "scripts" / "make-test-ca.sh"), str(self.ca)], check=True,
-                       stdout=subprocess.DEVNULL)
+                       stdout=subprocess.DEVNULL,
+                       env=dict(os.environ, TEST_CA_NODES="n0 n1 n7 n8", TEST_CA_TRAINER_JOBS="secure"))
         self.admin = work / "admin.token"
         self.admin.write_text("admin-" + os.urandom(8).hex() + "\n")
         self.admin.chmod(0o600)
@@ -52,7 +64,7 @@ class Cluster:
         self.agent_token.write_text("agent-" + os.urandom(8).hex() + "\n")
         self.agent_token.chmod(0o600)
         self.other = work / "other.token"
-        self.other.write_text("not-the-admin\n")
+        self.other.write_text("not-the-admin-" + os.urandom(12).hex() + "\n")  # 128 bits or more, as required
         self.other.chmod(0o600)
         self.procs = []
         (mp, mm, ap, dp, am) = free_ports(5)
@@ -62,7 +74,7 @@ class Cluster:
         self.shm = pathlib.Path(f"/dev/shm/ckpt-tls-test-{os.getpid()}")
         self.run_dir = work / "run"
         self.run_dir.mkdir()
-        tls = self.server_tls()
+        tls = self.meta_tls()
         m = self.start("ckpt-meta", ["--listen", self.meta, "--metrics-listen", f"127.0.0.1:{mm}",
                                      "--data-dir", str(work / "meta"), "--admin-token-file", str(self.admin),
                                      "--agent-token-file", str(self.agent_token)] + tls)
@@ -76,13 +88,12 @@ class Cluster:
                                          "--metrics-listen", f"127.0.0.1:{metrics_port}",
                                          "--run-dir", str(run_dir), "--memory", "16MiB",
                                          "--memory-dir", f"{self.shm}-{node}" if node != "n0" else str(self.shm),
-                                         "--log-level", "info"] + self.server_tls() + extra)
+                                         "--log-level", "info"] + self.client_tls(f"node-{node}") + extra)
 
-    def server_tls(self):
-        return ["--tls-ca", str(self.ca / "ca.pem"), "--tls-cert", str(self.ca / "server.pem"),
-                "--tls-key", str(self.ca / "server.key")]
+    def meta_tls(self):
+        return self.client_tls("meta")
 
-    def client_tls(self, who="client"):
+    def client_tls(self, who="admin"):
         return ["--tls-ca", str(self.ca / "ca.pem"), "--tls-cert", str(self.ca / f"{who}.pem"),
                 "--tls-key", str(self.ca / f"{who}.key")]
 
@@ -139,11 +150,16 @@ def main():
             r = c.ctl("status", tls=tls)
             check(r.returncode == 1 and "UNAVAILABLE" in r.stderr and "TLS" in r.stderr,
                   f"meta refuses a caller with {label} (and the message points at TLS)", r.stderr)
-        check(c.ctl("status").returncode == 0, "meta serves a caller with a certificate of its CA")
+        r = c.ctl("status", tls=c.client_tls("client"))
+        check(r.returncode == 1 and "UNAUTHENTICATED" in r.stderr and "ckpt identity" in r.stderr,
+              "meta refuses a certificate of its CA that carries no ckpt identity (UNAUTHENTICATED)", r.stderr)
+        check(c.ctl("status").returncode == 0, "meta serves an admin certificate of its CA")
+        check(c.ctl("status", tls=c.client_tls("operator")).returncode == 0, "meta serves an operator's status")
 
-        # A trainer: TLS to meta from the environment; the agent over its socket.
-        os.environ.update({"CKPT_TLS_CA": str(c.ca / "ca.pem"), "CKPT_TLS_CERT": str(c.ca / "client.pem"),
-                           "CKPT_TLS_KEY": str(c.ca / "client.key")})
+        # A trainer: TLS to meta from the environment (a trainer certificate for job
+        # "secure"); the agent over its socket.
+        os.environ.update({"CKPT_TLS_CA": str(c.ca / "ca.pem"), "CKPT_TLS_CERT": str(c.ca / "trainer.pem"),
+                           "CKPT_TLS_KEY": str(c.ca / "trainer.key")})
         import ckpt
         import numpy as np
         cl = ckpt.Client(job="secure", rank=0, world_size=1, meta=c.meta, agent_socket=str(c.run_dir / "agent.sock"),
@@ -178,20 +194,43 @@ def main():
     return finish(work)
 
 
+def handshake(address, ca, who=None):
+    """(accepted, output) of a TLS 1.2 handshake with `address` by openssl s_client, trusting `ca`
+    and presenting <ca dir>/<who>.pem (none if who is None). TLS 1.2, where the server's
+    refusal of the client's certificate ends the handshake itself (in TLS 1.3 it comes after)."""
+    host, port = address.rsplit(":", 1)
+    argv = ["openssl", "s_client", "-connect", f"{host}:{port}", "-tls1_2", "-alpn", "h2", "-CAfile", str(ca),
+            "-verify_return_error", "-brief"]
+    if who is not None:
+        argv += ["-cert", str(ca.parent / f"{who}.pem"), "-key", str(ca.parent / f"{who}.key")]
+    # (stdout carries the server's first HTTP/2 frames, binary.)
+    r = subprocess.run(argv, input="", capture_output=True, text=True, errors="replace", timeout=60)
+    out = r.stdout + r.stderr
+    return r.returncode == 0 and "CONNECTION ESTABLISHED" in out and "alert" not in out, out
+
+
 def agent_probe(c):
-    """The agent's TCP endpoint refuses callers without a certificate of its CA."""
-    # ckptctl aimed at the agent's address: a MetaService call the agent does
-    # not serve. Past the handshake it is UNIMPLEMENTED; refused, UNAVAILABLE.
-    def probe(tls):
-        return subprocess.run([str(BUILD / "bin" / "ckptctl"), "--meta", c.agent_addr, "--timeout", "5"] + tls +
-                              ["status"], capture_output=True, text=True, timeout=60)
-    r = probe(c.client_tls())
-    check(r.returncode == 1 and "UNIMPLEMENTED" in r.stderr, "the agent's TCP endpoint serves TLS to its CA's callers",
+    """The agent's TCP endpoint refuses callers without a certificate of its CA, and callers
+    check that the peer they reach is the one they meant."""
+    ca = c.ca / "ca.pem"
+    ok, out = handshake(c.agent_addr, ca, "admin")
+    check(ok, "the agent's TCP endpoint completes a TLS handshake with a certificate of its CA", out[-600:])
+    for label, who in (("no certificate", None), ("a certificate of another CA", "rogue")):
+        ok, out = handshake(c.agent_addr, ca, who)
+        check(not ok, f"the agent's TCP endpoint refuses a TLS caller with {label}", out[-600:])
+    r = subprocess.run([str(BUILD / "bin" / "ckptctl"), "--meta", c.agent_addr, "--timeout", "5", "status"],
+                       capture_output=True, text=True, timeout=60)
+    check(r.returncode == 1 and "UNAVAILABLE" in r.stderr, "the agent's TCP endpoint refuses a caller without TLS",
           r.stderr)
-    for label, tls in (("no TLS", []), ("a certificate of another CA", c.client_tls("rogue"))):
-        r = probe(tls)
-        check(r.returncode == 1 and "UNAVAILABLE" in r.stderr,
-              f"the agent's TCP endpoint refuses a caller with {label}", r.stderr)
+    # ckptctl aimed at the agent's address as if it were meta: the agent's certificate
+    # (ckpt://node/n0) is not meta's, and ckptctl refuses it before it sends anything.
+    r = subprocess.run([str(BUILD / "bin" / "ckptctl"), "--meta", c.agent_addr, "--timeout", "5"] + c.client_tls() +
+                       ["status"], capture_output=True, text=True, timeout=60)
+    check(r.returncode == 1 and "UNAVAILABLE" in r.stderr and "UNIMPLEMENTED" not in r.stderr,
+          "ckptctl refuses a 'meta' whose certificate is not ckpt://meta (an agent's)", r.stderr)
+    r = c.ctl("holdings", "n0")
+    check(r.returncode == 0, "ckptctl reads an agent's holdings over TLS (its certificate is the listed node's)",
+          r.stderr)
 
 
 def agent_rpcs(c):
@@ -235,14 +274,19 @@ def admin_rpcs(c):
           r.stderr)
     r = c.ctl("drain", "n0")
     check(r.returncode == 1 and "UNAUTHENTICATED" in r.stderr, "drain without a token is UNAUTHENTICATED", r.stderr)
-    r = c.ctl("drain", "n0", env={"CKPT_TOKEN": "not-the-admin"})
+    r = c.ctl("drain", "n0", env={"CKPT_TOKEN": "not-the-admin-" + os.urandom(12).hex()})
     check(r.returncode == 1 and "PERMISSION_DENIED" in r.stderr, "drain with another token (CKPT_TOKEN) is refused",
           r.stderr)
     check(c.ctl("--json", "versions", "secure").stdout == before, "refused admin calls changed nothing")
     nodes = c.ctl("--json", "nodes").stdout
     check('"alive"' in nodes and '"draining"' not in nodes, "the node is not draining after refused drains", nodes)
+    for who in ("operator", "trainer"):
+        r = c.ctl("--token-file", str(c.admin), "delete", "secure", "1", tls=c.client_tls(who))
+        check(r.returncode == 1 and "PERMISSION_DENIED" in r.stderr and "admin certificate" in r.stderr,
+              f"delete with the admin token but {'an' if who == 'operator' else 'a'} {who} certificate is PERMISSION_DENIED", r.stderr)
+    check(c.ctl("--json", "versions", "secure").stdout == before, "refused admin calls changed nothing")
     r = c.ctl("--token-file", str(c.admin), "delete", "secure", "1")
-    check(r.returncode == 0, "delete with the admin token works", r.stderr)
+    check(r.returncode == 0, "delete with the admin token and an admin certificate works", r.stderr)
     r = c.ctl("drain", "n0", env={"CKPT_TOKEN_FILE": str(c.admin)})
     check(r.returncode == 0, "drain with the admin token (CKPT_TOKEN_FILE) works", r.stderr)
 
@@ -258,9 +302,9 @@ def revocation(c):
     mp, mm = free_ports(2)
     meta = f"127.0.0.1:{mp}"
     m = c.start("ckpt-meta", ["--listen", meta, "--metrics-listen", f"127.0.0.1:{mm}", "--data-dir",
-                              str(c.work / "meta-crl"), "--tls-crl-dir", str(c.ca / "crl")] + c.server_tls())
+                              str(c.work / "meta-crl"), "--tls-crl-dir", str(c.ca / "crl")] + c.meta_tls())
     wait_tcp(mp, m, 30)
-    r = status(meta, "client")
+    r = status(meta, "admin")
     check(r.returncode == 0, "with --tls-crl-dir meta serves a certificate not revoked", r.stderr)
     r = status(meta, "revoked")
     check(r.returncode == 1 and "UNAVAILABLE" in r.stderr, "with --tls-crl-dir meta refuses a revoked certificate",
@@ -301,44 +345,53 @@ def revocation(c):
     m.send_signal(signal.SIGKILL)
     m.wait()
 
-    # Callers with a CRL directory use gRPC's other TLS credentials: they still check the
-    # server's name (a certificate of the right CA for another host is refused).
-    m, meta = meta_serving("elsewhere")
+    # Callers check the server's identity, with or without a CRL directory: an agent's
+    # certificate (ckpt://node/n0, of the right CA) is not meta's.
     for extra, how in (([], "without"), (crl, "with")):
-        r = call(*extra)
+        argv = [str(BUILD / "bin" / "ckptctl"), "--meta", c.agent_addr, "--timeout", "5"] + c.client_tls() + extra
+        r = subprocess.run(argv + ["status"], capture_output=True, text=True, timeout=60)
         check(r.returncode == 1 and "UNAVAILABLE" in r.stderr,
-              f"a caller {how} --tls-crl-dir refuses a server certificate for another host", r.stderr)
-    m.send_signal(signal.SIGKILL)
-    m.wait()
+              f"a caller {how} --tls-crl-dir refuses a 'meta' whose certificate is a node's", r.stderr)
 
 
 def bad_setups(work):
     ca = work / "ca"
     meta = [str(BUILD / "bin" / "ckpt-meta"), "--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0",
             "--data-dir", str(work / "meta-bad")]
+
+    def tls(who):
+        return ["--tls-ca", str(ca / "ca.pem"), "--tls-cert", str(ca / f"{who}.pem"), "--tls-key", str(ca / f"{who}.key")]
     usage_error(meta + ["--tls-ca", str(ca / "ca.pem")], "a server with only --tls-ca is a usage error",
                 "--tls-cert")
     not_pem = work / "not.pem"
     not_pem.write_text("hello\n")
-    usage_error(meta + ["--tls-ca", str(not_pem), "--tls-cert", str(ca / "server.pem"), "--tls-key",
-                        str(ca / "server.key")], "a CA file that is not PEM is a usage error", "not PEM")
+    usage_error(meta + ["--tls-ca", str(not_pem), "--tls-cert", str(ca / "meta.pem"), "--tls-key",
+                        str(ca / "meta.key")], "a CA file that is not PEM is a usage error", "not PEM")
     loose = work / "loose.token"
     loose.write_text("x\n")
     loose.chmod(0o644)
-    usage_error(meta + ["--admin-token-file", str(loose)], "meta refuses a world-readable admin token file",
-                "readable by every user")
+    usage_error(meta + tls("meta") + ["--admin-token-file", str(loose)],
+                "meta refuses a world-readable admin token file", "readable by every user")
     usage_error([str(BUILD / "bin" / "ckptctl"), "--meta", "127.0.0.1:1", "--token-file", str(loose), "status"],
                 "ckptctl refuses a world-readable token file", "readable by every user")
     usage_error([str(BUILD / "bin" / "ckptctl"), "--meta", "127.0.0.1:1", "--tls-ca", str(ca / "ca.pem"),
-                 "--tls-cert", str(ca / "client.pem"), "status"], "--tls-cert without --tls-key is a usage error",
+                 "--tls-cert", str(ca / "admin.pem"), "status"], "--tls-cert without --tls-key is a usage error",
                 "go together")
-    tls = ["--tls-ca", str(ca / "ca.pem"), "--tls-cert", str(ca / "server.pem"), "--tls-key", str(ca / "server.key")]
     empty = work / "empty-crl"
     empty.mkdir()
-    usage_error(meta + tls + ["--tls-crl-dir", str(empty)], "a CRL directory without hashed CRLs is a usage error",
-                "openssl rehash")
+    usage_error(meta + tls("meta") + ["--tls-crl-dir", str(empty)],
+                "a CRL directory without hashed CRLs is a usage error", "openssl rehash")
     usage_error(meta + ["--tls-crl-dir", str(ca / "crl")], "--tls-crl-dir without TLS is a usage error",
                 "needs TLS")
+    # A daemon's own certificate must carry its identity (what its callers check).
+    usage_error(meta + tls("client"), "meta refuses a certificate without a ckpt identity", "no ckpt identity")
+    usage_error(meta + tls("node-n0"), "meta refuses a node's certificate", "ckpt://meta")
+    agent = [str(BUILD / "bin" / "ckpt-agent"), "--meta", "127.0.0.1:1", "--listen", "127.0.0.1:0",
+             "--data-listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0", "--run-dir", str(work / "run-bad"),
+             "--memory", "16MiB", "--memory-dir", str(work / "mem-bad")]
+    usage_error(agent + ["--node-id", "n1"] + tls("node-n0"), "an agent refuses another node's certificate",
+                "ckpt://node/n1")
+    usage_error(agent + ["--node-id", "n0"] + tls("meta"), "an agent refuses meta's certificate", "ckpt://node/n0")
 
 
 if __name__ == "__main__":

@@ -4,7 +4,10 @@
 
 ckpt-meta serves mutual TLS from files in a directory; the test swaps them
 for a certificate, key and CA bundle of another CA (each file replaced by a
-rename, as cert-manager or a Vault agent does). Checked:
+rename, as cert-manager or a Vault agent does). The certificates carry ckpt
+identities (scripts/make-test-ca.sh: meta's ckpt://meta, the agent's
+ckpt://node/renewed, the callers' ckpt://admin/...), as the daemons require.
+Checked:
   - before: a caller of the first CA is served, one of the second refused;
   - after the swap (within 30 s at a 1 s reload period): the second CA's
     caller is served, the first's refused, and meta never restarted;
@@ -51,25 +54,25 @@ def main():
     try:
         for ca in ("ca1", "ca2"):
             subprocess.run([str(ROOT / "scripts" / "make-test-ca.sh"), str(work / ca)], check=True,
-                           stdout=subprocess.DEVNULL)
+                           stdout=subprocess.DEVNULL, env=dict(os.environ, TEST_CA_NODES="renewed"))
         live = work / "live"
         live.mkdir()
-        for name in ("ca.pem", "server.pem", "server.key"):
+        for name in ("ca.pem", "meta.pem", "meta.key"):
             replace(work / "ca1" / name, live / name)
         port, metrics = free_ports(2)
         address = f"127.0.0.1:{port}"
         meta = start_daemon(BUILD / "bin", work, "ckpt-meta",
                             ["--listen", address, "--metrics-listen", f"127.0.0.1:{metrics}", "--data-dir",
                              str(work / "meta"), "--tls-ca", str(live / "ca.pem"), "--tls-cert",
-                             str(live / "server.pem"), "--tls-key", str(live / "server.key"),
+                             str(live / "meta.pem"), "--tls-key", str(live / "meta.key"),
                              "--tls-reload-seconds", "1"])
         wait_tcp(port, meta, 30)
 
         def status_args(ca, *args):
             d = work / ca
             return subprocess.run([str(BUILD / "bin" / "ckptctl"), "--meta", address, "--timeout", "3", "--tls-ca",
-                                   str(d / "ca.pem"), "--tls-cert", str(d / "client.pem"), "--tls-key",
-                                   str(d / "client.key")] + list(args), capture_output=True, text=True, timeout=60)
+                                   str(d / "ca.pem"), "--tls-cert", str(d / "admin.pem"), "--tls-key",
+                                   str(d / "admin.key")] + list(args), capture_output=True, text=True, timeout=60)
 
         def status(ca):
             return status_args(ca, "status")
@@ -77,7 +80,7 @@ def main():
         check(status("ca1").returncode == 0, "before the swap, a caller of the first CA is served")
         check(status("ca2").returncode != 0, "before the swap, a caller of the second CA is refused")
 
-        for name in ("ca.pem", "server.pem", "server.key"):
+        for name in ("ca.pem", "meta.pem", "meta.key"):
             replace(work / "ca2" / name, live / name)
         check(eventually(lambda: status("ca2").returncode == 0),
               "after the swap, a caller of the second CA is served (no restart)")
@@ -87,11 +90,11 @@ def main():
 
         # A broken certificate (gRPC's watcher takes it: new handshakes fail,
         # docs/security.md) does not take meta down; the fixed file is taken.
-        (live / "server.pem.new").write_text("-----BEGIN CERTIFICATE-----\nnot a certificate\n")
-        os.replace(live / "server.pem.new", live / "server.pem")
+        (live / "meta.pem.new").write_text("-----BEGIN CERTIFICATE-----\nnot a certificate\n")
+        os.replace(live / "meta.pem.new", live / "meta.pem")
         time.sleep(3)  # three reload periods: the watcher has read the bad file
         check(meta.poll() is None, "a broken certificate file does not take meta down")
-        replace(work / "ca2" / "server.pem", live / "server.pem")
+        replace(work / "ca2" / "meta.pem", live / "meta.pem")
         check(eventually(lambda: status("ca2").returncode == 0) and meta.poll() is None,
               "once the file is fixed, meta serves again (no restart)")
 
@@ -99,15 +102,15 @@ def main():
         mine = work / "agent-live"
         mine.mkdir()
         replace(work / "ca2" / "ca.pem", mine / "ca.pem")
-        for name in ("server.pem", "server.key"):
+        for name in ("node-renewed.pem", "node-renewed.key"):
             replace(work / "ca1" / name, mine / name)
         ap, dp, am = free_ports(3)
         agent = start_daemon(BUILD / "bin", work, "ckpt-agent",
                              ["--node-id", "renewed", "--meta", address, "--listen", f"127.0.0.1:{ap}",
                               "--data-listen", f"127.0.0.1:{dp}", "--metrics-listen", f"127.0.0.1:{am}",
                               "--run-dir", str(work / "agent-run"), "--memory", "16MiB", "--memory-dir", str(shm),
-                              "--tls-ca", str(mine / "ca.pem"), "--tls-cert", str(mine / "server.pem"),
-                              "--tls-key", str(mine / "server.key"), "--tls-reload-seconds", "1"])
+                              "--tls-ca", str(mine / "ca.pem"), "--tls-cert", str(mine / "node-renewed.pem"),
+                              "--tls-key", str(mine / "node-renewed.key"), "--tls-reload-seconds", "1"])
         wait_tcp(ap, agent, 60)
         log = work / "ckpt-agent.log"
         check(eventually(lambda: "cannot register with meta" in log.read_text(errors="replace")),
@@ -117,7 +120,7 @@ def main():
             r = status_args("ca2", "--json", "nodes")
             return r.returncode == 0 and '"renewed"' in r.stdout
         check(not member(), "the refused agent is not a member")
-        for name in ("server.pem", "server.key"):
+        for name in ("node-renewed.pem", "node-renewed.key"):
             replace(work / "ca2" / name, mine / name)
         check(eventually(member), "after its files are swapped, the agent registers (no restart)",
               log.read_text()[-600:])

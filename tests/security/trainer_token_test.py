@@ -3,7 +3,11 @@
 the real daemons, ckptctl and the Python client (label integration).
 
 ckpt-meta with an admin token, an agent token and two trainer identities
-(token A: jobs "team-a-*"; token B: job "team-b"), one ckpt-agent. Checked:
+(token A: jobs "team-a-*"; token B: job "team-b"), two ckpt-agents, all with
+mutual TLS as shipped (certificates made with `ckptctl certs`). The tokens are
+checked on top of the certificates: here the trainers present a trainer
+certificate for every job and ckptctl an admin one, so that the tokens decide
+at meta. Checked:
   - trainer A (CKPT_TOKEN_FILE) creates its job, saves, waits and loads;
   - trainer A on team-b, and a trainer without a token, are refused at
     Connect (PERMISSION_DENIED naming the jobs it may use / UNAUTHENTICATED),
@@ -13,9 +17,12 @@ ckpt-meta with an admin token, an agent token and two trainer identities
     it is refused;
   - the agents (agent token) keep working for both jobs, and two of them
     replicate over a data plane that authenticates with the agent token;
-  - the agent's TCP endpoint (--admin-token-file) serves ckptctl restore,
-    holdings and verify with the admin token only; the trainers' local socket
-    is unchanged; ckptctl save passes its --token-file to the client;
+  - the agent's TCP endpoint decides by certificate (ckptctl sends it no
+    token: tokens go to meta only): an admin certificate restores, reads
+    holdings and verifies; a trainer certificate reads its jobs' shards only,
+    not a node's holdings; an operator's reads holdings but no shards; the
+    trainers' local socket is unchanged; ckptctl save passes its --token-file
+    to the client;
   - bad set-ups are usage errors (exit 2): trainer tokens without the admin
     and agent tokens, a world-readable file, a bad line.
 Run: CKPT_BUILD_DIR=build /usr/bin/python3 tests/security/trainer_token_test.py
@@ -32,7 +39,7 @@ BUILD = pathlib.Path(os.environ.get("CKPT_BUILD_DIR", ROOT / "build")).resolve()
 sys.path.insert(0, str(ROOT / "tests" / "support"))
 sys.path.insert(0, str(BUILD / "python"))
 from checks import check, finish  # noqa: E402
-from localnet import free_ports, kill_daemons, start_daemon, wait_tcp  # noqa: E402
+from localnet import ClusterTls, free_ports, kill_daemons, start_daemon, tls_env, tls_flags, wait_tcp  # noqa: E402
 
 
 
@@ -55,6 +62,7 @@ class Cluster:
         self.trainers = secret(work / "trainers", f"# team A may use every job whose id starts team-a-\n"
                                                   f"{self.token_a} team-a-*\n{self.token_b}\tteam-b\n")
         self.procs = []
+        self.tls = ClusterTls(work / "pki", BUILD / "bin", trainer_name="token-test")
         (mp, mm, ap, dp, am, ap1, dp1, am1) = free_ports(8)
         self.meta = f"127.0.0.1:{mp}"
         self.shm = pathlib.Path(f"/dev/shm/ckpt-trainer-token-test-{os.getpid()}")
@@ -63,7 +71,7 @@ class Cluster:
         m = self.start("ckpt-meta", ["--listen", self.meta, "--metrics-listen", f"127.0.0.1:{mm}",
                                      "--data-dir", str(work / "meta"), "--admin-token-file", str(self.admin),
                                      "--agent-token-file", str(self.agent_token),
-                                     "--trainer-tokens-file", str(self.trainers)])
+                                     "--trainer-tokens-file", str(self.trainers)] + self.tls.meta_flags())
         wait_tcp(mp, m, 30)
         # Two agents: their data planes authenticate with the agent token.
         for node, (port, data_port, metrics_port) in (("n0", (ap, dp, am)), ("n1", (ap1, dp1, am1))):
@@ -74,7 +82,8 @@ class Cluster:
                                           "--metrics-listen", f"127.0.0.1:{metrics_port}",
                                           "--run-dir", str(run_dir), "--memory", "16MiB",
                                           "--memory-dir", f"{self.shm}-{node}", "--token-file",
-                                          str(self.agent_token), "--admin-token-file", str(self.admin)])
+                                          str(self.agent_token), "--admin-token-file", str(self.admin)] +
+                           self.tls.node_flags(node))
             wait_tcp(port, a, 60)
 
     def start(self, name, args):
@@ -82,8 +91,10 @@ class Cluster:
         self.procs.append(p)
         return p
 
-    def ctl(self, *args, token_file=None):
+    def ctl(self, *args, token_file=None, cert=None):
+        """ckptctl with `cert` (a certificate of self.tls; default: an admin's) and the token in token_file."""
         argv = [str(BUILD / "bin" / "ckptctl"), "--meta", self.meta, "--timeout", "5"]
+        argv += tls_flags(cert if cert is not None else self.tls.admin())
         if token_file is not None:
             argv += ["--token-file", str(token_file)]
         env = {k: v for k, v in os.environ.items() if not k.startswith("CKPT_")}
@@ -180,26 +191,35 @@ def ctl_reads(c):
 
 
 def agent_endpoint(c):
-    """The agent's TCP endpoint: the admin token only."""
+    """The agent's TCP endpoint decides by the caller's certificate; ckptctl sends it no token
+    (the agent's --admin-token-file no longer matters with TLS)."""
+    trainer_a = c.tls.client("trainer", "team-a", ["team-a-*"])
+    operator = c.tls.client("operator", "ops")
     out = c.work / "restored"
     r = c.ctl("restore", "team-a-1", "1", "--out", str(out), token_file=c.admin)
     check(r.returncode == 0 and (out / "rank-00000.bin").stat().st_size == 4 << 14,
-          "ckptctl restore with the admin token reads from the agent", r.stderr)
-    r = c.ctl("restore", "team-a-1", "1", "--out", str(c.work / "by-a"), token_file=c.file_a)
-    check(r.returncode != 0 and "PERMISSION_DENIED" in r.stderr and "ReadShard" in r.stderr
-          and not (c.work / "by-a" / "rank-00000.bin").exists(),
-          "the agent's TCP endpoint refuses a trainer token (restore)", r.stderr)
+          "ckptctl restore with an admin certificate reads from the agent", r.stderr)
+    r = c.ctl("restore", "team-a-1", "1", "--out", str(c.work / "by-a"), token_file=c.file_a, cert=trainer_a)
+    check(r.returncode == 0 and (c.work / "by-a" / "rank-00000.bin").stat().st_size == 4 << 14,
+          "a trainer certificate of team-a-* (and token A) restores its job from the agent", r.stderr)
+    r = c.ctl("restore", "team-a-1", "1", "--out", str(c.work / "by-ops"), token_file=c.admin, cert=operator)
+    check(r.returncode != 0 and "PERMISSION_DENIED" in r.stderr and not (c.work / "by-ops" / "rank-00000.bin").exists(),
+          "an operator certificate restores no shard (even with the admin token)", r.stderr)
     for args in (("holdings", "n0"), ("verify", "team-a-1", "1")):
         r = c.ctl(*args, token_file=c.admin)
-        check(r.returncode == 0, f"ckptctl {args[0]} with the admin token works", r.stderr)
-    r = c.ctl("holdings", "n0", token_file=c.file_a)
-    check(r.returncode == 1 and "PERMISSION_DENIED" in r.stderr, "holdings with a trainer token is refused", r.stderr)
+        check(r.returncode == 0, f"ckptctl {args[0]} with an admin certificate works", r.stderr)
+    r = c.ctl("holdings", "n0", token_file=c.admin, cert=operator)
+    check(r.returncode == 0, "an operator certificate reads a node's holdings", r.stderr)
+    r = c.ctl("holdings", "n0", token_file=c.file_a, cert=trainer_a)
+    check(r.returncode == 1 and "PERMISSION_DENIED" in r.stderr and "GetInventory" in r.stderr,
+          "the agent refuses a node's holdings to a trainer certificate", r.stderr)
     src = c.work / "blob.bin"
     src.write_bytes(os.urandom(5000))
     argv = [str(BUILD / "bin" / "ckptctl"), "--meta", c.meta, "--timeout", "10", "--token-file", str(c.file_a),
             "save", "team-a-cli", "3", str(src), "--rank", "0", "--world-size", "1",
             "--agent-socket", str(c.run_dir / "agent.sock")]
     env = {k: v for k, v in os.environ.items() if not k.startswith("CKPT_")}
+    env.update(tls_env(trainer_a))
     r = subprocess.run(argv, capture_output=True, text=True, timeout=60, env=env)
     check(r.returncode == 0, "ckptctl save with a trainer token (--token-file) saves into its job", r.stderr)
     argv[argv.index("team-a-cli")] = "team-b"
@@ -215,7 +235,7 @@ def usage_error(argv, what, expect):
 
 def bad_setups(c):
     meta = [str(BUILD / "bin" / "ckpt-meta"), "--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0",
-            "--data-dir", str(c.work / "meta-bad")]
+            "--data-dir", str(c.work / "meta-bad")] + c.tls.meta_flags()
     usage_error(meta + ["--trainer-tokens-file", str(c.trainers)],
                 "trainer tokens without the admin and agent tokens are a usage error", "admin_token_file")
     tokens = ["--admin-token-file", str(c.admin), "--agent-token-file", str(c.agent_token)]
@@ -238,6 +258,8 @@ def main():
     c = None
     try:
         c = Cluster(work)
+        # This process's trainers: a trainer certificate for every job (the tokens decide).
+        os.environ.update(c.tls.trainer_env())
         check(wait_alive(c), "the agents register with their agent token", (work / "ckpt-agent.log").read_text()[-800:])
         trainers(c)
         ctl_reads(c)

@@ -1159,10 +1159,10 @@ TEST_F(ClientTest, RecommendedIntervalIsYoungDalyFromTheSaveCostAndMetasMtbf) {
   ASSERT_TRUE(CommitAndWait(save).ok());
   // The fake agent does not register with meta: register a node by hand.
   {
-    auto stub = ckpt::v1::MetaService::NewStub(
-        grpc::CreateChannel(meta_->address(), grpc::InsecureChannelCredentials()));
+    const std::string node = "mtbf-" + job_.substr(0, 20);
+    ckpt::v1::MetaService::Stub* stub = meta_->NodeStub(node);
     ckpt::v1::RegisterNodeRequest req;
-    req.set_node_id("mtbf-" + job_.substr(0, 20));
+    req.set_node_id(node);
     req.set_grpc_address("127.0.0.1:1");
     req.set_data_address("127.0.0.1:2");
     req.set_memory_capacity_bytes(1 << 20);

@@ -15,6 +15,7 @@
 #include "common/crc32c.h"
 #include "common/file_system.h"
 #include "common/manifest.h"
+#include "support/test_tls.h"
 
 namespace ckpt::testing {
 
@@ -58,8 +59,9 @@ absl::StatusOr<std::unique_ptr<FakeAgent>> FakeAgent::Start(Options options) {
   agent->pool_ = static_cast<std::byte*>(p);
 
   if (!o.meta_address.empty()) {
-    agent->meta_ = v1::MetaService::NewStub(
-        grpc::CreateChannel(o.meta_address, grpc::InsecureChannelCredentials()));
+    // As its node: meta serves mutual TLS and takes a node's calls only from
+    // that node's certificate (support/test_tls.h).
+    agent->meta_ = v1::MetaService::NewStub(testing::TestChannel(o.meta_address, testing::TestPki::Shared().Node(o.node_id)));
     v1::RegisterNodeRequest req;
     req.set_node_id(o.node_id);
     req.set_grpc_address("127.0.0.1:1");

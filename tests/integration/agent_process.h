@@ -1,7 +1,8 @@
 // A real ckpt-agent process for integration tests and benchmarks: free
 // 127.0.0.1 ports, its own run dir, memory dir and durable root under a test
 // directory; restartable on the same dirs (its memory tier survives); killed
-// by PID.
+// by PID. It serves mutual TLS with the test CA's certificate for its node id
+// (support/pki.h), as shipped; stub() calls it as an admin.
 #pragma once
 
 #include <grpcpp/grpcpp.h>
@@ -19,6 +20,7 @@
 #include "ckpt/v1/agent.grpc.pb.h"
 #include "support/ports.h"
 #include "support/process.h"
+#include "support/test_tls.h"
 
 namespace ckpt::testing {
 
@@ -69,6 +71,11 @@ class AgentProcess {
       o.argv.push_back("--durable-root");
       o.argv.push_back(options_.durable_root);
     }
+    const TlsFilePaths tls = TestPki::Shared().Node(options_.node_id);
+    for (const std::string& a : {std::string("--tls-ca"), tls.ca, std::string("--tls-cert"), tls.cert,
+                                 std::string("--tls-key"), tls.key}) {
+      o.argv.push_back(a);
+    }
     for (const std::string& a : options_.extra_args) o.argv.push_back(a);
     o.name = options_.binary + "-" + options_.node_id;
     o.log_dir = options_.dir;
@@ -76,7 +83,7 @@ class AgentProcess {
     if (!proc.ok()) return proc.status();
     proc_ = std::move(*proc);
     if (absl::Status s = WaitForTcpPort("127.0.0.1", port_, absl::Seconds(60), proc_.get()); !s.ok()) return s;
-    channel_ = grpc::CreateChannel(absl::StrCat("127.0.0.1:", port_), grpc::InsecureChannelCredentials());
+    channel_ = TestChannel(absl::StrCat("127.0.0.1:", port_), AdminTls());
     stub_ = ckpt::v1::AgentService::NewStub(channel_);
     if (!wait_registered) return absl::OkStatus();
     const absl::Time deadline = absl::Now() + absl::Seconds(30);

@@ -272,7 +272,7 @@ TEST_F(JobLifecycleTest, AVersionARankNeverFinishedNeverBlocksTheJob) {
     req.set_step(kHugeStep);
     v1::BeginVersionResponse resp;
     grpc::ClientContext ctx;
-    grpc::Status s = meta_->stub()->BeginVersion(&ctx, req, &resp);
+    grpc::Status s = meta_->NodeStub(agents_[0]->options().node_id)->BeginVersion(&ctx, req, &resp);
     EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << s.error_message();
   }
   r = Ctl({"save", "train", std::to_string(kHugeStep), File("x.bin", 100, 2), "--rank", "0", "--agent-socket",

@@ -52,7 +52,7 @@ class MetaIntegration : public ::testing::Test {
     req.set_role(v1::NODE_ROLE_HOST);
     req.set_memory_capacity_bytes(1 << 30);
     v1::RegisterNodeResponse resp;
-    auto st = stub()->RegisterNode(Ctx().get(), req, &resp);
+    auto st = meta_->NodeStub(id)->RegisterNode(Ctx().get(), req, &resp);
     EXPECT_TRUE(st.ok()) << st.error_message();
     inc_[id] = resp.incarnation();
     return resp.incarnation();
@@ -79,7 +79,7 @@ class MetaIntegration : public ::testing::Test {
     req.set_job_id(job);
     req.set_step(step);
     v1::BeginVersionResponse resp;
-    return stub()->BeginVersion(Ctx().get(), req, &resp);
+    return meta_->NodeStub("node-a")->BeginVersion(Ctx().get(), req, &resp);  // agents begin versions
   }
 
   // One report; returns the entry's code (or the call's).
@@ -89,7 +89,7 @@ class MetaIntegration : public ::testing::Test {
     req.set_incarnation(inc_[node]);
     *req.add_reports() = std::move(report);
     v1::ReportShardsResponse resp;
-    auto st = stub()->ReportShards(Ctx().get(), req, &resp);
+    auto st = meta_->NodeStub(node)->ReportShards(Ctx().get(), req, &resp);
     if (!st.ok()) return st.error_code();
     return resp.results(0).code();
   }
@@ -220,7 +220,7 @@ TEST_F(MetaIntegration, BadInputGetsClearErrors) {
   req.set_data_address("127.0.0.9:2");
   req.set_role(v1::NODE_ROLE_HOST);
   v1::RegisterNodeResponse resp;
-  st = stub()->RegisterNode(Ctx().get(), req, &resp);
+  st = meta_->NodeStub("node-a")->RegisterNode(Ctx().get(), req, &resp);
   EXPECT_EQ(st.error_code(), StatusCode::FAILED_PRECONDITION);
   EXPECT_NE(st.error_message().find("127.0.0.1:1"), std::string::npos) << st.error_message();
   // A DPU agent must name the host it serves (a node id, not its own); a
@@ -233,7 +233,7 @@ TEST_F(MetaIntegration, BadInputGetsClearErrors) {
            {v1::NODE_ROLE_HOST, "node-a", "only for a DPU agent"}}) {
     req.set_role(role);
     req.set_host_node_id(host);
-    st = stub()->RegisterNode(Ctx().get(), req, &resp);
+    st = meta_->NodeStub("dpu-a")->RegisterNode(Ctx().get(), req, &resp);
     EXPECT_EQ(st.error_code(), StatusCode::INVALID_ARGUMENT) << host;
     EXPECT_NE(st.error_message().find(why), std::string::npos) << st.error_message();
   }
@@ -242,7 +242,7 @@ TEST_F(MetaIntegration, BadInputGetsClearErrors) {
   hb.set_node_id("node-a");
   hb.set_incarnation(inc_["node-a"] + 7);
   v1::HeartbeatResponse hresp;
-  EXPECT_EQ(stub()->Heartbeat(Ctx().get(), hb, &hresp).error_code(),
+  EXPECT_EQ(meta_->NodeStub("node-a")->Heartbeat(Ctx().get(), hb, &hresp).error_code(),
             StatusCode::FAILED_PRECONDITION);
 }
 

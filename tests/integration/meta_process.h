@@ -1,10 +1,14 @@
 // A real ckpt-meta process for integration tests and benchmarks: started on a
 // free 127.0.0.1 port with its own data dir, restartable on the same dir,
-// killed by PID.
+// killed by PID. It serves mutual TLS with the test CA's meta certificate, as
+// shipped (support/pki.h); stub() calls it as an admin, NodeStub(id) as node
+// id's agent. Start() exports an admin certificate to CKPT_TLS_* for what the
+// test runs (support/test_tls.h).
 #pragma once
 
 #include <grpcpp/grpcpp.h>
 
+#include <map>
 #include <memory>
 #include <string>
 
@@ -13,6 +17,7 @@
 #include "ckpt/v1/meta.grpc.pb.h"
 #include "support/ports.h"
 #include "support/process.h"
+#include "support/test_tls.h"
 
 namespace ckpt::testing {
 
@@ -22,6 +27,7 @@ class MetaProcess {
   static absl::StatusOr<std::unique_ptr<MetaProcess>> Start(const std::string& data_dir,
                                                             const std::string& log_dir,
                                                             int lease_ms = 5000) {
+    ExportClientTlsEnvironment();
     auto p = std::unique_ptr<MetaProcess>(new MetaProcess());
     p->data_dir_ = data_dir;
     p->log_dir_ = log_dir;
@@ -49,6 +55,11 @@ class MetaProcess {
               data_dir_,
               "--lease-ms",
               std::to_string(lease_ms_)};
+    const TlsFilePaths tls = TestPki::Shared().Meta();
+    for (const std::string& a : {std::string("--tls-ca"), tls.ca, std::string("--tls-cert"), tls.cert,
+                                 std::string("--tls-key"), tls.key}) {
+      o.argv.push_back(a);
+    }
     o.name = "ckpt-meta";
     o.log_dir = log_dir_;
     auto proc = Subprocess::Start(o);
@@ -58,14 +69,24 @@ class MetaProcess {
         !s.ok()) {
       return s;
     }
-    channel_ = grpc::CreateChannel(absl::StrCat("127.0.0.1:", port_),
-                                   grpc::InsecureChannelCredentials());
+    channel_ = TestChannel(address(), AdminTls());
     stub_ = ckpt::v1::MetaService::NewStub(channel_);
+    node_stubs_.clear();
     return absl::OkStatus();
   }
 
   Subprocess* proc() { return proc_.get(); }
+  // As an admin.
   ckpt::v1::MetaService::Stub* stub() { return stub_.get(); }
+  // As node `node_id`'s agent (meta takes a node's calls only from its own
+  // certificate). Valid until the next Restart.
+  ckpt::v1::MetaService::Stub* NodeStub(const std::string& node_id) {
+    auto& stub = node_stubs_[node_id];
+    if (stub == nullptr) {
+      stub = ckpt::v1::MetaService::NewStub(TestChannel(address(), TestPki::Shared().Node(node_id)));
+    }
+    return stub.get();
+  }
   int port() const { return port_; }
   int metrics_port() const { return metrics_port_; }
   std::string address() const { return absl::StrCat("127.0.0.1:", port_); }
@@ -77,6 +98,7 @@ class MetaProcess {
   std::unique_ptr<Subprocess> proc_;
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<ckpt::v1::MetaService::Stub> stub_;
+  std::map<std::string, std::unique_ptr<ckpt::v1::MetaService::Stub>> node_stubs_;
 };
 
 }  // namespace ckpt::testing

@@ -48,6 +48,7 @@
 #include "ckpt/client.h"
 #include "common/durable_format.h"
 #include "common/file_system.h"
+#include "common/manifest.h"
 #include "common/status_macros.h"
 
 namespace py = pybind11;
@@ -690,12 +691,16 @@ py::object Empty(PyObject* from_dlpack, const LoadedItem& it, std::span<std::byt
   const std::optional<DataType> type = TypeOf(it.dtype);
   const uint32_t elem = DTypeSize(it.dtype);
   if (!type || elem == 0 || it.shape.size() > 64) return py::none();
-  uint64_t count = 1;
+  uint64_t count = 1;  // elements, for DLPack's int64 shape and strides
   for (uint64_t d : it.shape) {
     if (d > (uint64_t{1} << 62) || (d != 0 && count > (uint64_t{1} << 62) / d)) return py::none();
     count *= d;
   }
-  if (count * elem != it.length_bytes) {
+  // The one size rule (common/manifest.h), exact: count x elem may exceed
+  // 2^64 even with count < 2^62, and a wrapped product must not pass for
+  // the length (the tensor would be bigger than its buffer).
+  if (absl::StatusOr<uint64_t> need = ItemByteLength(static_cast<int>(it.dtype), it.shape);
+      !need.ok() || *need != it.length_bytes) {
     ThrowStatus(absl::DataLossError("item \"" + it.name + "\": its length does not match its dtype and shape"));
   }
   auto o = std::make_unique<Owned>();

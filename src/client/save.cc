@@ -76,20 +76,9 @@ absl::Status SaveBuilder::Add(std::string_view name, std::span<const std::byte> 
     return absl::InvalidArgumentError(
         absl::StrCat("item ", QuoteForMessage(name), ": unknown dtype ", d));
   }
-  if (const uint32_t elem = DTypeSize(dtype); elem != 0) {
-    unsigned __int128 expect = elem;
-    for (uint64_t dim : shape) {
-      expect *= dim;
-      if (expect > (static_cast<unsigned __int128>(1) << 64)) break;
-    }
-    if (expect != bytes.size()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "item ", QuoteForMessage(name), " is ", bytes.size(), " bytes but dtype ", DTypeName(d),
-          " with shape [", absl::StrJoin(shape, ", "), "] needs ",
-          expect > UINT64_MAX ? std::string("more than 2^64")
-                              : absl::StrCat(static_cast<uint64_t>(expect))));
-    }
-  }
+  // Length == element size x product of the shape, exactly (common/manifest.h;
+  // free for DTYPE_BYTES): the rule the agent applies at CommitShard.
+  CKPT_RETURN_IF_ERROR(CheckItemLength(name, d, std::span<const uint64_t>(shape.data(), shape.size()), bytes.size()));
   if (attributes.size() > kMaxAttributes) {
     return absl::InvalidArgumentError(absl::StrCat("item ", QuoteForMessage(name), " has ",
                                                    attributes.size(),

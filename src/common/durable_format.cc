@@ -316,6 +316,11 @@ absl::StatusOr<DurableManifest> ParseManifestJson(const Json& root) {
   if (std::string problem = ManifestProblem(m); !problem.empty()) {
     return absl::DataLossError(absl::StrCat("manifest.json is inconsistent: ", problem));
   }
+  // The writer's number rule (docs/format.md): what is read can be written
+  // back, and no size in it is near 2^64.
+  if (std::string problem = JsonRangeProblem(m); !problem.empty()) {
+    return absl::DataLossError(absl::StrCat("manifest.json: ", problem));
+  }
   return m;
 }
 
@@ -785,7 +790,7 @@ absl::Status ReadRankFile(FileSystem* fs, const std::string& version_dir,
   // and item boundaries, and each segment's crc is folded into the file's
   // crc and into its item's (if it belongs to one) with Crc32cCombine.
   for (uint64_t offset = 0; offset < shard.size_bytes;) {
-    const uint64_t end = std::min(shard.size_bytes, offset + kReadChunkBytes);
+    const uint64_t end = offset + std::min<uint64_t>(shard.size_bytes - offset, kReadChunkBytes);
     std::span<std::byte> chunk = out.subspan(offset, end - offset);
     CKPT_ASSIGN_OR_RETURN(size_t n, file->PositionedRead(offset, chunk));
     if (n != chunk.size()) {
@@ -909,8 +914,15 @@ absl::StatusOr<DurableShard> MaterializeShard(FileSystem* fs, const DurableShard
   for (const ManifestItem& item : shard.items) {
     ManifestItem placed = item;
     placed.ref_step.reset();
-    placed.offset_bytes = (end + 63) & ~uint64_t{63};
-    end = placed.offset_bytes + placed.length_bytes;
+    // Each item is inside its own file, but the sum of many (references to
+    // several versions) is checked too.
+    if (__builtin_add_overflow(end, uint64_t{63}, &placed.offset_bytes) ||
+        __builtin_add_overflow(placed.offset_bytes & ~uint64_t{63}, placed.length_bytes, &end)) {
+      return absl::DataLossError(absl::StrCat("rank ", shard.rank, ": the items up to ",
+                                                     QuoteForMessage(item.name), " (", item.length_bytes,
+                                                     " bytes) add up to more than 2^64 bytes"));
+    }
+    placed.offset_bytes &= ~uint64_t{63};
     dense.items.push_back(std::move(placed));
   }
   dense.size_bytes = std::max<uint64_t>(end, 1);

@@ -180,6 +180,64 @@ absl::StatusOr<int> DTypeFromName(const std::string& name) {
   return absl::InvalidArgumentError(absl::StrCat("unknown dtype \"", name, "\""));
 }
 
+namespace {
+
+// "[d0, d1, ...]", at most 8 dimensions (a packed manifest may carry
+// thousands): the rest as "... (N dims)".
+std::string ShapeString(std::span<const uint64_t> shape) {
+  constexpr size_t kShown = 8;
+  std::string out = "[";
+  for (size_t i = 0; i < shape.size() && i < kShown; ++i) absl::StrAppend(&out, i ? ", " : "", shape[i]);
+  if (shape.size() > kShown) absl::StrAppend(&out, ", ... (", shape.size(), " dims)");
+  out += "]";
+  return out;
+}
+
+}  // namespace
+
+absl::StatusOr<uint64_t> ItemByteLength(int dtype, std::span<const uint64_t> shape) {
+  const uint32_t elem = DTypeElementSize(dtype);
+  if (elem == 0) {
+    return absl::InvalidArgumentError(absl::StrCat("dtype ", DTypeName(dtype), " (", dtype,
+                                                   ") has no fixed element size"));
+  }
+  // Exact: a zero dimension makes the product 0 even when the others
+  // overflow on their own.
+  if (std::find(shape.begin(), shape.end(), uint64_t{0}) != shape.end()) return uint64_t{0};
+  uint64_t bytes = elem;
+  for (uint64_t d : shape) {
+    if (__builtin_mul_overflow(bytes, d, &bytes)) {
+      return absl::InvalidArgumentError(absl::StrCat("dtype ", DTypeName(dtype), " with shape ",
+                                                     ShapeString(shape), " needs more than 2^64 bytes"));
+    }
+  }
+  return bytes;
+}
+
+absl::Status CheckItemLength(std::string_view name, int dtype, std::span<const uint64_t> shape,
+                             uint64_t length_bytes) {
+  if (dtype < 1 || dtype > kMaxDType) {
+    return absl::InvalidArgumentError(absl::StrCat("item ", QuoteForMessage(name), " has unknown dtype ", dtype));
+  }
+  if (dtype == kDTypeBytes) return absl::OkStatus();  // opaque: its length is free
+  absl::StatusOr<uint64_t> need = ItemByteLength(dtype, shape);
+  if (need.ok() && *need == length_bytes) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(
+      "item ", QuoteForMessage(name), " is ", length_bytes, " bytes but dtype ", DTypeName(dtype),
+      " with shape ", ShapeString(shape), " needs ", need.ok() ? absl::StrCat(*need) : "more than 2^64",
+      " bytes"));
+}
+
+absl::Status CheckItemInShard(std::string_view name, uint64_t offset_bytes, uint64_t length_bytes,
+                              uint64_t shard_size_bytes) {
+  if (offset_bytes <= shard_size_bytes && length_bytes <= shard_size_bytes - offset_bytes) {
+    return absl::OkStatus();
+  }
+  return absl::InvalidArgumentError(absl::StrCat("item ", QuoteForMessage(name), " [", offset_bytes, ", +",
+                                                 length_bytes, ") lies outside the shard of ", shard_size_bytes,
+                                                 " bytes"));
+}
+
 std::vector<ManifestItem> SortedByOffset(std::span<const ManifestItem> items) {
   std::vector<ManifestItem> sorted(items.begin(), items.end());
   if (SortedByOffsetAlready(items)) return sorted;  // the usual case: a client's layout
@@ -214,32 +272,18 @@ absl::Status ValidateManifest(std::span<const ManifestItem> items, uint64_t shar
                                                        " refers to version ", *item.ref_step,
                                                        ", which is not older than this one (", *step, ")"));
       }
-    } else if (item.offset_bytes > shard_size_bytes ||
-               item.length_bytes > shard_size_bytes - item.offset_bytes) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "manifest: item ", QuoteForMessage(item.name), " [", item.offset_bytes, ", +", item.length_bytes,
-          ") lies outside the shard of ", shard_size_bytes, " bytes"));
+    } else if (absl::Status s = CheckItemInShard(item.name, item.offset_bytes, item.length_bytes, shard_size_bytes);
+               !s.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("manifest: ", s.message()));
     }
-    const uint32_t elem = DTypeElementSize(item.dtype);
-    if (elem != 0) {
-      unsigned __int128 elements = 1;
-      for (uint64_t d : item.shape) {
-        elements *= d;
-        if (elements > (static_cast<unsigned __int128>(1) << 64)) break;
-      }
-      const unsigned __int128 expect = elements * elem;
-      if (expect != item.length_bytes) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "manifest: item ", QuoteForMessage(item.name), " is ", item.length_bytes, " bytes but dtype ",
-            DTypeName(item.dtype), " with its shape needs ",
-            expect > UINT64_MAX ? std::string("more than 2^64") : absl::StrCat(static_cast<uint64_t>(expect)),
-            " bytes"));
-      }
+    if (absl::Status s = CheckItemLength(item.name, item.dtype, item.shape, item.length_bytes); !s.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("manifest: ", s.message()));
     }
   }
   // In offset order every non-empty item must start at or after the end of
   // the previous non-empty one (empty items may sit anywhere, even inside
-  // another item, and must not hide an overlap of their neighbours).
+  // another item, and must not hide an overlap of their neighbours). The
+  // end of `last` cannot wrap: it passed CheckItemInShard above.
   const ManifestItem* last = nullptr;  // the previous non-empty item
   auto check = [&last](const ManifestItem* cur) -> absl::Status {
     if (cur->length_bytes == 0 || cur->ref_step) return absl::OkStatus();

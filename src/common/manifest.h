@@ -77,11 +77,40 @@ const char* DTypeName(int dtype);
 // Inverse of DTypeName(); InvalidArgument for an unknown name.
 absl::StatusOr<int> DTypeFromName(const std::string& name);
 
+// --- The size rules of an item (their one home) ---
+// Every place that relates an item's shape, dtype, offset and length (the
+// agent's CommitShard, meta's staged reports, the client's SaveBuilder, the
+// durable reader and writer, the Python module) goes through these, so no
+// caller multiplies or adds sizes of its own and none can wrap around 2^64.
+
+// Bytes an item of `dtype` with `shape` takes: DTypeElementSize(dtype) x the
+// product of the dimensions, exactly (an empty shape is a scalar, one
+// element; a zero dimension makes it 0 whatever the others are).
+// InvalidArgument if the dtype has no fixed element size (DTYPE_BYTES, whose
+// length is free, or a number that is not a dtype) or if the result does not
+// fit in 64 bits (the message gives the dtype and shape). Pure.
+absl::StatusOr<uint64_t> ItemByteLength(int dtype, std::span<const uint64_t> shape);
+
+// The length rule: OK if `length_bytes` == ItemByteLength(dtype, shape), or
+// if dtype is DTYPE_BYTES (opaque: any length, any shape). InvalidArgument
+// naming the item, its length, dtype and shape and the length they need
+// ("more than 2^64" when they overflow) otherwise, or for an unknown dtype.
+absl::Status CheckItemLength(std::string_view name, int dtype, std::span<const uint64_t> shape,
+                             uint64_t length_bytes);
+
+// The placement rule: [offset_bytes, offset_bytes + length_bytes) lies inside
+// a shard of `shard_size_bytes` bytes (decided without computing a sum that
+// could wrap). InvalidArgument naming the item and the three numbers
+// otherwise. Once it holds, offset_bytes + length_bytes cannot overflow.
+absl::Status CheckItemInShard(std::string_view name, uint64_t offset_bytes, uint64_t length_bytes,
+                              uint64_t shard_size_bytes);
+
 // Checks a manifest against a shard of `shard_size_bytes` bytes: every name
 // valid (ValidateItemName) and unique, dtype known (1..kMaxDType), every item
-// inside the shard, no two non-empty items overlapping, and length consistent
-// with the dtype and shape (length == element size x product of dims, except
-// for DTYPE_BYTES whose length is free; an empty shape is a scalar). Returns
+// inside the shard (CheckItemInShard), no two non-empty items overlapping,
+// and length consistent with the dtype and shape (CheckItemLength: length ==
+// element size x product of dims, exactly, except for DTYPE_BYTES whose
+// length is free; an empty shape is a scalar). Returns
 // InvalidArgument naming the first offending item and the rule it broke.
 // Linear in the number of items when they come in canonical order.
 // References (ref_step set) are checked for name, dtype and length only

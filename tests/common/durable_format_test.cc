@@ -613,6 +613,64 @@ TEST(DurableManifestJson, EncodeRejectsInconsistentManifests) {
   }
 }
 
+// A manifest.json with one item of rank 0, its digest right (as a writer
+// with a bug, or someone with write access to the durable root, would make).
+std::string OneItemManifestJson(const ManifestItem& item, uint64_t size_bytes) {
+  std::string shape;
+  for (uint64_t d : item.shape) absl::StrAppend(&shape, shape.empty() ? "" : ",", d);
+  return absl::StrFormat(
+      R"({"format_version":1,"job_id":"gpt","step":7,"world_size":1,"writer":"t","created_unix_ms":0,)"
+      R"("shards":[{"rank":0,"file":"rank-00000.bin","size_bytes":%d,"crc32c":"0x00000000",)"
+      R"("manifest_digest":"0x%016x","items":[{"name":"%s","dtype":"%s","shape":[%s],"offset_bytes":%d,)"
+      R"("length_bytes":%d,"crc32c":"0x%08x","attributes":{}}]}]})",
+      size_bytes, ManifestDigest(std::vector<ManifestItem>{item}), item.name, DTypeName(item.dtype), shape,
+      item.offset_bytes, item.length_bytes, item.crc32c);
+}
+
+// Issue 34 finding 5 in the durable tier: c128 [2^63, 2^61] of length 0
+// (2^128 bytes, which wrapped to 0) was a valid manifest.json.
+TEST(DurableManifestJson, ReaderRefusesAShapeWhoseSizeWrapsAround) {
+  ManifestItem huge;
+  huge.name = "huge";
+  huge.dtype = 16;  // c128
+  huge.shape = {uint64_t{1} << 63, uint64_t{1} << 61};
+  const std::string json = OneItemManifestJson(huge, 64);
+  EXPECT_TRUE(HasError(ParseDurableManifest(json), absl::StatusCode::kDataLoss,
+                       {"rank 0", "\"huge\"", "is 0 bytes", "c128", "[9223372036854775808, 2305843009213693952]",
+                        "more than 2^64"}));
+  MemFileSystem fs;
+  ASSERT_TRUE(IsOk(fs.CreateDirs(kDir)));
+  ASSERT_TRUE(IsOk(WriteStringToFileAtomically(&fs, absl::StrCat(kDir, "/manifest.json"), json)));
+  ASSERT_TRUE(IsOk(WriteStringToFileAtomically(&fs, absl::StrCat(kDir, "/COMMITTED"), MarkerFor(json))));
+  EXPECT_TRUE(HasError(ReadDurableManifest(&fs, kDir), absl::StatusCode::kDataLoss, {"\"huge\"", "more than 2^64"}));
+  // The writer refuses it as well (InvalidArgument, before any file).
+  DurableManifest m;
+  m.job_id = "gpt";
+  m.step = 7;
+  m.world_size = 1;
+  DurableShard shard;
+  shard.file = RankFileName(0);
+  shard.size_bytes = 64;
+  shard.items = {huge};
+  shard.manifest_digest = ManifestDigest(shard.items);
+  m.shards = {shard};
+  EXPECT_TRUE(HasError(EncodeDurableManifest(m), absl::StatusCode::kInvalidArgument, {"\"huge\"", "more than 2^64"}));
+}
+
+// The reader holds manifest.json to the writer's number rule (at most 2^53-1,
+// docs/format.md): what it accepts, the writer can write back.
+TEST(DurableManifestJson, ReaderRefusesIntegersTheWriterWouldRefuse) {
+  ManifestItem blob;
+  blob.name = "blob";
+  blob.dtype = kDTypeBytes;  // any length and shape
+  blob.shape = {uint64_t{1} << 60};
+  blob.length_bytes = 8;
+  EXPECT_TRUE(HasError(ParseDurableManifest(OneItemManifestJson(blob, 64)), absl::StatusCode::kDataLoss,
+                       {"\"blob\"", "shape dimension is 1152921504606846976", "above 2^53-1"}));
+  blob.shape = {8};
+  EXPECT_TRUE(IsOk(ParseDurableManifest(OneItemManifestJson(blob, 64))));
+}
+
 // --- RankFileWriter ---
 
 TEST_F(DurableFormatTest, RankFileAppearsOnlyOnCommit) {

@@ -80,6 +80,108 @@ TEST(Manifest, RejectsAnOverlapWithAnEmptyItemBetween) {
   EXPECT_TRUE(ValidateManifest(items, 4096).ok());
 }
 
+constexpr uint64_t k2To61 = uint64_t{1} << 61;
+constexpr uint64_t k2To63 = uint64_t{1} << 63;
+
+// Issue 34 finding 5: c128 [2^63, 2^61] is 2^128 bytes, which wrapped to 0
+// (the length the item claimed), so CommitShard accepted it.
+TEST(Manifest, RejectsAShapeWhoseSizeWrapsAround) {
+  ManifestItem huge;
+  huge.name = "huge";
+  huge.dtype = 16;  // c128
+  huge.shape = {k2To63, k2To61};
+  huge.offset_bytes = 0;
+  huge.length_bytes = 0;
+  std::vector<ManifestItem> items = {F32("a", 0, 16), huge};
+  absl::Status s = ValidateManifest(items, 4096);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  for (const char* want : {"\"huge\"", "is 0 bytes", "c128", "[9223372036854775808, 2305843009213693952]",
+                           "more than 2^64"}) {
+    EXPECT_NE(s.message().find(want), std::string::npos) << want << " in " << s;
+  }
+  // f32 [2^63, 2^63] = 2^128 bytes too; as a reference (bytes elsewhere) it
+  // is refused the same way.
+  huge.dtype = 1;
+  huge.shape = {k2To63, k2To63};
+  items = {huge};
+  EXPECT_EQ(ValidateManifest(items, 4096).code(), absl::StatusCode::kInvalidArgument);
+  huge.ref_step = 1;
+  items = {huge};
+  EXPECT_EQ(ValidateManifest(items, 4096, 2).code(), absl::StatusCode::kInvalidArgument);
+  // Exactly 2^64 (u8 [2^32, 2^32]) is one more than 64 bits hold.
+  huge.ref_step.reset();
+  huge.dtype = 9;
+  huge.shape = {uint64_t{1} << 32, uint64_t{1} << 32};
+  items = {huge};
+  EXPECT_NE(ValidateManifest(items, 4096).message().find("more than 2^64"), std::string::npos);
+}
+
+TEST(Manifest, ItemByteLengthIsExact) {
+  EXPECT_EQ(ItemByteLength(1, std::vector<uint64_t>{2, 3}).value(), 24u);
+  EXPECT_EQ(ItemByteLength(16, std::vector<uint64_t>{}).value(), 16u);  // a scalar
+  EXPECT_EQ(ItemByteLength(9, std::vector<uint64_t>{UINT64_MAX}).value(), UINT64_MAX);
+  const uint64_t k2To62 = k2To61 << 1;
+  EXPECT_EQ(ItemByteLength(2, std::vector<uint64_t>{k2To62 - 1, 2}).value(), 4 * (k2To62 - 1));  // 2^64 - 4
+  // A zero dimension makes the product 0, even after others that overflow.
+  EXPECT_EQ(ItemByteLength(16, std::vector<uint64_t>{k2To63, k2To63, 0}).value(), 0u);
+  for (const auto& [dtype, shape] : std::vector<std::pair<int, std::vector<uint64_t>>>{
+           {16, {k2To63, k2To61}}, {2, {k2To63}}, {9, {uint64_t{1} << 32, uint64_t{1} << 32}},
+           {4, {uint64_t{1} << 61}}, {1, {3, 5, k2To61, 7}}}) {
+    absl::StatusOr<uint64_t> n = ItemByteLength(dtype, shape);
+    EXPECT_EQ(n.status().code(), absl::StatusCode::kInvalidArgument) << DTypeName(dtype);
+    EXPECT_NE(n.status().message().find("more than 2^64"), std::string::npos) << n.status();
+  }
+  // No fixed element size: opaque bytes and numbers that are not a dtype.
+  EXPECT_FALSE(ItemByteLength(kDTypeBytes, std::vector<uint64_t>{8}).ok());
+  EXPECT_FALSE(ItemByteLength(0, std::vector<uint64_t>{8}).ok());
+  EXPECT_FALSE(ItemByteLength(99, std::vector<uint64_t>{8}).ok());
+}
+
+TEST(Manifest, OpaqueBytesKeepAnyLengthAndShape) {
+  // DTYPE_BYTES has no element size: its length is free, whatever its shape
+  // says (the Python module stores pickles and containers this way).
+  ManifestItem b;
+  b.name = "pickle";
+  b.dtype = kDTypeBytes;
+  b.shape = {k2To63, k2To61};
+  b.offset_bytes = 0;
+  b.length_bytes = 100;
+  std::vector<ManifestItem> items = {b};
+  EXPECT_TRUE(ValidateManifest(items, 100).ok());
+  EXPECT_TRUE(CheckItemLength("pickle", kDTypeBytes, b.shape, 7).ok());
+  // A zero-length item with a zero dimension: fine for any dtype.
+  ManifestItem z = F32("z", 100, 0);
+  z.shape = {0, k2To63, k2To63};
+  items = {b, z};
+  EXPECT_TRUE(ValidateManifest(items, 100).ok());
+}
+
+TEST(Manifest, PlacementIsCheckedWithoutWrapping) {
+  EXPECT_TRUE(CheckItemInShard("a", 0, 4096, 4096).ok());
+  EXPECT_TRUE(CheckItemInShard("a", 4096, 0, 4096).ok());
+  EXPECT_TRUE(CheckItemInShard("a", UINT64_MAX, 0, UINT64_MAX).ok());
+  // offset + length = 2^64 + 1 would wrap to 1, inside any shard.
+  absl::Status s = CheckItemInShard("w", UINT64_MAX, 2, UINT64_MAX);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  for (const char* want : {"\"w\"", "18446744073709551615", "+2", "outside the shard of 18446744073709551615"}) {
+    EXPECT_NE(s.message().find(want), std::string::npos) << want << " in " << s;
+  }
+  EXPECT_FALSE(CheckItemInShard("w", 2, UINT64_MAX, UINT64_MAX).ok());
+  EXPECT_FALSE(CheckItemInShard("w", 4097, 0, 4096).ok());
+  // In a manifest: a range whose end would wrap is outside; one that ends
+  // exactly at 2^64 - 1 still overlaps what follows it.
+  ManifestItem big;
+  big.name = "big";
+  big.dtype = kDTypeBytes;
+  big.offset_bytes = 16;
+  big.length_bytes = UINT64_MAX - 8;
+  std::vector<ManifestItem> items = {F32("a", 0, 4), big};
+  EXPECT_NE(ValidateManifest(items, UINT64_MAX).message().find("outside"), std::string::npos);
+  big.length_bytes = UINT64_MAX - 16;
+  items = {F32("a", 0, 4), big, F32("c", 100, 1)};
+  EXPECT_NE(ValidateManifest(items, UINT64_MAX).message().find("overlap"), std::string::npos);
+}
+
 ManifestItem Rich(std::string name, uint64_t offset) {
   ManifestItem it = F32(std::move(name), offset, 6);
   it.shape = {2, 3};

@@ -17,6 +17,7 @@
 #include "common/crc32c.h"
 #include "common/durable_format.h"
 #include "common/file_system.h"
+#include "common/manifest.h"
 #include "integration/agent_process.h"
 #include "integration/meta_process.h"
 #include "integration/node_cluster.h"
@@ -338,6 +339,86 @@ TEST_F(AgentIntegrationTest, BadInputGetsClearErrors) {
   EXPECT_EQ(s.error_code(), grpc::StatusCode::ALREADY_EXISTS);
   s = Commit("no-such-lease", 100, {}, &resp);
   EXPECT_EQ(s.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+}
+
+// Issue 34 finding 5, through the real daemons: an item c128 [2^63, 2^61] of
+// length 0 (2^128 bytes, which wrapped to 0) was accepted by CommitShard and
+// the version reached PROTECTED. It is refused with InvalidArgument naming
+// the item and the numbers, sent packed (as the client sends manifests) or as
+// items; meta never hears of a staged shard, and the lease stays usable for a
+// correct commit, after which the version holds only that commit's items.
+TEST_F(AgentIntegrationTest, ManifestWhoseSizeWrapsAroundIsRefusedAndNothingIsStaged) {
+  ASSERT_TRUE(CreateJob("wrap", 1, 0).ok());
+  v1::AcquireStagingLeaseResponse lease;
+  ASSERT_TRUE(Lease("wrap", 1, 0, 4096, &lease).ok());
+  const std::string data = Pattern(64, 5);
+  WriteRegions(lease, 0, data);
+  const v1::Item w = MakeItem("w", 0, data);
+  v1::Item huge;
+  huge.set_name("huge");
+  huge.set_dtype(v1::DTYPE_C128);
+  huge.add_shape(uint64_t{1} << 63);
+  huge.add_shape(uint64_t{1} << 61);
+  huge.set_offset_bytes(64);
+  huge.set_length_bytes(0);
+
+  std::vector<ManifestItem> packed(2);
+  for (size_t i = 0; i < 2; ++i) {
+    const v1::Item& from = i == 0 ? w : huge;
+    packed[i].name = from.name();
+    packed[i].dtype = from.dtype();
+    packed[i].shape.assign(from.shape().begin(), from.shape().end());
+    packed[i].offset_bytes = from.offset_bytes();
+    packed[i].length_bytes = from.length_bytes();
+    packed[i].crc32c = from.crc32c();
+  }
+  v1::CommitShardRequest req;
+  req.set_lease_id(lease.lease_id());
+  req.set_size_bytes(64);
+  req.set_manifest(EncodeManifest(packed));
+  v1::CommitShardResponse resp;
+  grpc::ClientContext ctx;
+  grpc::Status s = local_->CommitShard(&ctx, req, &resp);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << s.error_message();
+  for (const char* want : {"\"huge\"", "is 0 bytes", "c128", "[9223372036854775808, 2305843009213693952]",
+                           "more than 2^64"}) {
+    EXPECT_THAT(s.error_message(), HasSubstr(want));
+  }
+  s = Commit(lease.lease_id(), 64, {w, huge}, &resp);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << s.error_message();
+  EXPECT_THAT(s.error_message(), HasSubstr("more than 2^64"));
+
+  // Nothing staged at meta: the version is unknown (the agent begins it in
+  // the background) or open with no shard.
+  {
+    v1::GetVersionRequest get;
+    get.set_job_id("wrap");
+    get.set_step(1);
+    v1::GetVersionResponse version;
+    grpc::ClientContext get_ctx;
+    const grpc::Status got = meta_->stub()->GetVersion(&get_ctx, get, &version);
+    if (got.ok()) {
+      EXPECT_EQ(version.version().state(), v1::VERSION_STATE_OPEN);
+      EXPECT_EQ(version.version().shards_staged(), 0u);
+    } else {
+      EXPECT_EQ(got.error_code(), grpc::StatusCode::NOT_FOUND) << got.error_message();
+    }
+  }
+
+  // The same lease, a correct manifest: the version is protected with "w" alone.
+  ASSERT_TRUE(Commit(lease.lease_id(), 64, {w}, &resp).ok());
+  ASSERT_TRUE(WaitVersion("wrap", 1, v1::DURABILITY_LEVEL_PROTECTED).ok());
+  v1::GetVersionRequest get;
+  get.set_job_id("wrap");
+  get.set_step(1);
+  get.set_include_items(true);
+  v1::GetVersionResponse version;
+  grpc::ClientContext get_ctx;
+  ASSERT_TRUE(meta_->stub()->GetVersion(&get_ctx, get, &version).ok());
+  ASSERT_EQ(version.version().shards_size(), 1);
+  const v1::ShardInfo& info = version.version().shards(0).info();
+  ASSERT_EQ(info.items_size(), 1);
+  EXPECT_EQ(info.items(0).name(), "w");
 }
 
 // ReadShard on the wire: the first message is the shard's record alone, every

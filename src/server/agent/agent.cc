@@ -573,10 +573,18 @@ absl::Status Agent::CompactRefused(const ShardRecord& rec, const std::vector<Pin
       item.offset_bytes = 0;
       continue;
     }
-    pos = (pos + align - 1) / align * align;
-    moves.push_back(Move{&*base, item.offset_bytes, pos, item.length_bytes});
-    item.offset_bytes = pos;
-    pos += item.length_bytes;
+    // Several references may name the same base item: the total is checked
+    // (a wrapped size would reserve too little for the copies below).
+    uint64_t at = 0;
+    if (__builtin_add_overflow(pos, align - 1, &at) ||
+        __builtin_add_overflow(at / align * align, item.length_bytes, &pos)) {
+      return absl::InvalidArgumentError(absl::StrCat("shard ", ShardIdString(rec.id), ": its items up to ",
+                                                     QuoteForMessage(item.name), " (", item.length_bytes,
+                                                     " bytes) add up to more than 2^64 bytes"));
+    }
+    at = at / align * align;
+    moves.push_back(Move{&*base, item.offset_bytes, at, item.length_bytes});
+    item.offset_bytes = at;
   }
   const uint64_t size = pos;
   absl::StatusOr<ReservationPtr> bytes = arena_->Reserve(size);

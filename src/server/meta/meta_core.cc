@@ -1328,32 +1328,39 @@ absl::Status ValidateManifest(const Shard& shard, uint64_t step) {
     if (!names.insert(it.name).second) {
       return absl::InvalidArgumentError(absl::StrCat("item name \"", it.name, "\" appears twice"));
     }
+    // The size rules of common/manifest.h, as the agent applied them: length
+    // == dtype x shape exactly (no product may wrap), own items inside the
+    // shard.
     if (it.ref_step >= 0) {
       // A reference: its bytes are in an older version's shard (checked
       // against that version in ApplyStaged).
+      CKPT_RETURN_IF_ERROR(CheckItemLength(it.name, it.dtype, it.shape, it.length_bytes));
       if (static_cast<uint64_t>(it.ref_step) >= step) {
         return absl::InvalidArgumentError(absl::StrCat("item \"", it.name, "\" refers to version ", it.ref_step,
                                                        ", which is not older than this one (", step, ")"));
       }
       continue;
     }
-    if (it.offset_bytes > shard.size_bytes || it.length_bytes > shard.size_bytes - it.offset_bytes) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "item \"", it.name, "\" [", it.offset_bytes, ", +", it.length_bytes,
-          ") lies outside the shard of ", shard.size_bytes, " bytes"));
-    }
+    CKPT_RETURN_IF_ERROR(CheckItemInShard(it.name, it.offset_bytes, it.length_bytes, shard.size_bytes));
+    CKPT_RETURN_IF_ERROR(CheckItemLength(it.name, it.dtype, it.shape, it.length_bytes));
     items.push_back(&it);
   }
   std::sort(items.begin(), items.end(),
             [](const Item* a, const Item* b) { return a->offset_bytes < b->offset_bytes; });
-  for (size_t i = 1; i < items.size(); ++i) {
-    // An empty item overlaps nothing (std::sort may place it after a
-    // non-empty item at the same offset), as in common/manifest.cc.
-    if (items[i - 1]->length_bytes != 0 && items[i]->length_bytes != 0 &&
-        items[i - 1]->offset_bytes + items[i - 1]->length_bytes > items[i]->offset_bytes) {
-      return absl::InvalidArgumentError(absl::StrCat("items \"", items[i - 1]->name, "\" and \"",
-                                                     items[i]->name, "\" overlap"));
+  // In offset order each non-empty item starts at or after the end of the
+  // previous non-empty one. Empty items overlap nothing and may sit anywhere
+  // (std::sort may place one after a non-empty item at the same offset), but
+  // must not hide an overlap of their neighbours, as in common/manifest.cc.
+  // No end wraps: CheckItemInShard held for each.
+  const Item* last = nullptr;  // the previous non-empty item
+  for (const Item* cur : items) {
+    if (cur->length_bytes == 0) continue;
+    if (last != nullptr && last->offset_bytes + last->length_bytes > cur->offset_bytes) {
+      return absl::InvalidArgumentError(absl::StrCat("items \"", last->name, "\" [", last->offset_bytes, ", +",
+                                                     last->length_bytes, ") and \"", cur->name, "\" [",
+                                                     cur->offset_bytes, ", +", cur->length_bytes, ") overlap"));
     }
+    last = cur;
   }
   return absl::OkStatus();
 }

@@ -86,8 +86,8 @@ class MetaCoreTest : public ::testing::Test {
     s.manifest_digest = 77 + rank;
     Item it;
     it.name = "w";
-    it.dtype = 1;
-    it.shape = {size / 4};
+    it.dtype = 9;  // u8: a length of any size matches its shape
+    it.shape = {size};
     it.length_bytes = size;
     s.items.push_back(it);
     return s;
@@ -568,11 +568,60 @@ TEST_F(MetaCoreTest, BadManifestIsRejected) {
   r.staged.shard = MakeShard(0, 100);
   Item second = r.staged.shard.items[0];
   second.name = "v";
+  second.dtype = 14;  // bytes: any length
   second.offset_bytes = 50;
   second.length_bytes = 10;
   r.staged.shard.items.push_back(second);  // overlaps "w"
   res = core_->ReportShards("n1", inc_["n1"], {r});
   EXPECT_EQ(res->results[0].code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(res->results[0].message().find("overlap"), std::string::npos) << res->results[0];
+}
+
+// Issue 34 finding 5, at meta (a second line behind the agent's check: a
+// staged report from an agent is input too): the size rules of
+// common/manifest.h, and no overlap hidden by an empty item between.
+TEST_F(MetaCoreTest, StagedShardsFollowTheManifestSizeRules) {
+  Register("n1");
+  CreateJob("gpt", 1, ProtectionPolicy::None());
+  ASSERT_TRUE(core_->BeginVersion("gpt", 1, "").ok());
+  ShardReport r;
+  r.kind = ShardReport::Kind::kStaged;
+  r.staged.job_id = "gpt";
+  r.staged.step = 1;
+  r.staged.shard = MakeShard(0, 100);
+  Item huge;
+  huge.name = "huge";
+  huge.dtype = 16;  // c128: [2^63, 2^61] is 2^128 bytes, 0 once wrapped
+  huge.shape = {uint64_t{1} << 63, uint64_t{1} << 61};
+  huge.offset_bytes = 100;
+  r.staged.shard.items.push_back(huge);
+  auto res = core_->ReportShards("n1", inc_["n1"], {r});
+  ASSERT_TRUE(res.ok());
+  EXPECT_EQ(res->results[0].code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(res->results[0].message().find("\"huge\" is 0 bytes"), std::string::npos) << res->results[0];
+  EXPECT_NE(res->results[0].message().find("more than 2^64"), std::string::npos) << res->results[0];
+  // The same as a reference to an older version.
+  huge.ref_step = 0;
+  r.staged.shard.items.back() = huge;
+  res = core_->ReportShards("n1", inc_["n1"], {r});
+  EXPECT_EQ(res->results[0].code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(res->results[0].message().find("more than 2^64"), std::string::npos) << res->results[0];
+  // "w" [0, +100) and "v" [60, +4) overlap with an empty item between them.
+  r.staged.shard = MakeShard(0, 100);
+  Item empty;
+  empty.name = "e";
+  empty.dtype = 14;
+  empty.offset_bytes = 50;
+  Item v = empty;
+  v.name = "v";
+  v.offset_bytes = 60;
+  v.length_bytes = 4;
+  r.staged.shard.items.push_back(empty);
+  r.staged.shard.items.push_back(v);
+  res = core_->ReportShards("n1", inc_["n1"], {r});
+  EXPECT_EQ(res->results[0].code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(res->results[0].message().find("overlap"), std::string::npos) << res->results[0];
+  EXPECT_EQ(StateOf("gpt", 1), VersionState::kOpen);  // nothing was staged
 }
 
 // Empty items (the Python client's container markers, empty arrays) sit at

@@ -1,9 +1,10 @@
 #!/usr/bin/python3
 """Static checks of deploy/: Kubernetes manifests, systemd EnvironmentFiles,
 the Dockerfile, the Grafana dashboard and docs/operations.md, against the
-daemons' real flags (their --help) and the metric names in src/. Where
-kubectl exists, every kustomization is also rendered (`kubectl kustomize`,
-offline) and the rendered objects are checked the same way.
+daemons' real flags (their --help) and the metric names in src/. Every
+kustomization is also rendered (`kubectl kustomize`, offline, where kubectl
+exists; otherwise by this script's own strategic merge of the patches) and
+the rendered objects are checked the same way.
 
 Secure by default (docs/security.md): no shipped configuration may run a
 daemon insecure. Nothing under deploy/ says --insecure, CKPT_INSECURE or
@@ -166,19 +167,71 @@ def check_k8s(src, flags, ports):
         objects += load_docs(os.path.join(base, r))
     check_objects("base", objects, flags, ports, documented)
 
-    # Rendered kustomizations (patches applied), where kubectl can render offline.
+    # Rendered kustomizations (patches applied): with kubectl (offline), else
+    # with the strategic merge below, which covers what deploy/k8s uses.
     kubectl = shutil.which("kubectl")
     if kubectl is None:
-        print("note: kubectl not found; rendered overlays not checked")
-        return
+        print("note: kubectl not found; overlays rendered by this script's own strategic merge")
     for dirpath, _ in kustomizations:
-        out = subprocess.run([kubectl, "kustomize", dirpath], capture_output=True, text=True, timeout=120)
-        if out.returncode != 0:
-            fail(f"kubectl kustomize {dirpath}: {out.stderr.strip()}")
-            continue
-        rendered = [d for d in yaml.safe_load_all(out.stdout) if d is not None]
+        if kubectl is None:
+            try:
+                rendered = render_kustomization(dirpath)
+            except (OSError, KeyError, ValueError, yaml.YAMLError) as e:
+                fail(f"{dirpath}: cannot render: {e}")
+                continue
+        else:
+            out = subprocess.run([kubectl, "kustomize", dirpath], capture_output=True, text=True, timeout=120)
+            if out.returncode != 0:
+                fail(f"kubectl kustomize {dirpath}: {out.stderr.strip()}")
+                continue
+            rendered = [d for d in yaml.safe_load_all(out.stdout) if d is not None]
         check_objects(os.path.relpath(dirpath, root) + " (rendered)", rendered, flags, ports, documented)
         print(f"rendered {os.path.relpath(dirpath, root)}: {len(rendered)} objects")
+
+
+# Strategic-merge keys of the lists deploy/k8s patches (Kubernetes' own:
+# containers, volumes and env by name, volumeMounts by mountPath, ports by
+# containerPort); any other list is replaced.
+MERGE_KEYS = {"containers": "name", "initContainers": "name", "volumes": "name", "env": "name",
+              "volumeMounts": "mountPath", "ports": "containerPort"}
+
+
+def strategic_merge(base, patch, field=None):
+    if isinstance(base, dict) and isinstance(patch, dict):
+        out = dict(base)
+        for k, v in patch.items():
+            out[k] = strategic_merge(base[k], v, k) if k in base else v
+        return out
+    if isinstance(base, list) and isinstance(patch, list) and field in MERGE_KEYS:
+        key = MERGE_KEYS[field]
+        out = [dict(x) for x in base]
+        for item in patch:
+            at = next((i for i, x in enumerate(out) if x.get(key) == item.get(key)), None)
+            if item.get("$patch") == "delete":
+                if at is not None:
+                    del out[at]
+            elif at is None:
+                out.append(item)
+            else:
+                out[at] = strategic_merge(out[at], item)
+        return out
+    return patch
+
+
+def render_kustomization(dirpath):
+    """kubectl kustomize without kubectl, for what deploy/k8s uses: resources
+    (files and directories) and patches (strategic merge by kind and name)."""
+    k = load_docs(os.path.join(dirpath, "kustomization.yaml"))[0]
+    objects = []
+    for r in k.get("resources", []):
+        path = os.path.join(dirpath, r)
+        objects += render_kustomization(path) if os.path.isdir(path) else load_docs(path)
+    for p in k.get("patches", []):
+        for patch in load_docs(os.path.join(dirpath, p["path"])):
+            at = next(i for i, o in enumerate(objects)
+                      if o["kind"] == patch["kind"] and o["metadata"]["name"] == patch["metadata"]["name"])
+            objects[at] = strategic_merge(objects[at], patch)
+    return objects
 
 
 def check_objects(where, objects, flags, ports, documented):

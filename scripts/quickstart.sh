@@ -2,8 +2,10 @@
 # Quickstart: a small GPT trained by 4 ranks (examples/train_gpt.py, torch.distributed over
 # gloo, CPU) checkpointing through ckpt, with a node failure in the middle.
 #
-# Installs what is missing, builds, starts ckpt-meta and 4 ckpt-agents ("nodes" node-0..3 on
-# 127.0.0.1, state in a temp dir, memory tiers under /dev/shm), rank r talking to node-r.
+# Installs what is missing, builds, makes the cluster's certificates with `ckptctl certs` (a CA
+# in the temp dir; meta's, one per node, an admin's for the script's ckptctl and a trainer's for
+# the two jobs), starts ckpt-meta and 4 ckpt-agents ("nodes" node-0..3 on 127.0.0.1, state in a
+# temp dir, memory tiers under /dev/shm) with mutual TLS, as shipped, rank r talking to node-r.
 #   1. reference: an uninterrupted run (job qs-ref-*) records the loss curve;
 #   2. the same run (job qs-run-*, replicate 2 on a ring by default) where the victim rank SIGKILLs itself
 #      right after its step-CRASH_AT save is PROTECTED, and the script kill -9s that rank's
@@ -108,7 +110,9 @@ trap cleanup EXIT
 trap 'exit 130' INT TERM
 
 export PYTHONPATH="${build}/python${PYTHONPATH:+:${PYTHONPATH}}"
-ctl() { "${build}/bin/ckptctl" --meta "${meta}" --timeout 10 "$@"; }
+# ckptctl as an admin (its own certificate; CKPT_TLS_* of the environment are not used).
+ctl() { "${build}/bin/ckptctl" --meta "${meta}" --timeout 10 --tls-ca "${pki}/ca/ca.pem" \
+          --tls-cert "${pki}/admin.pem" --tls-key "${pki}/admin.key" "$@"; }
 elapsed() { awk -v a="$1" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }'; }
 free_port() {  # below the ephemeral range, so no outgoing connection takes it first
   "${py}" "${root}/tests/support/localnet.py"
@@ -135,6 +139,25 @@ wait_json() {  # timeout_s description cond args...
   done
 }
 
+# The cluster's certificates (docs/security.md): the CA, meta's (ckpt://meta), one per node
+# (ckpt://node/<id>), an admin's for ckptctl, and a trainer's for the two jobs of this run.
+ref_job="qs-ref-$$"
+run_job="qs-run-$$"
+pki="${work}/pki"
+certs() { "${build}/bin/ckptctl" certs "$@" >/dev/null; }
+certs create-ca --dir "${pki}/ca"
+certs create-meta --ca-dir "${pki}/ca" --host 127.0.0.1 --out "${pki}/meta"
+for n in $(seq 0 $((world - 1))); do
+  certs create-node --ca-dir "${pki}/ca" --node-id "node-${n}" --host 127.0.0.1 --out "${pki}/node-${n}"
+done
+certs create-client --ca-dir "${pki}/ca" --role admin --name quickstart --out "${pki}/admin"
+certs create-client --ca-dir "${pki}/ca" --role trainer --name quickstart-trainer \
+  --jobs "${ref_job},${run_job}" --out "${pki}/trainer"
+tls_flags() {  # NAME: sets tls to the --tls-* flags of the certificate ${pki}/NAME.{pem,key}
+  tls=(--tls-ca "${pki}/ca/ca.pem" --tls-cert "${pki}/$1.pem" --tls-key "${pki}/$1.key")
+}
+echo "== certificates (ckptctl certs): CA, meta, node-0..$((world - 1)), admin, trainer of the 2 jobs in ${pki}"
+
 # A port picked free can be taken by another program before the daemon binds it
 # (tests running side by side): a daemon that dies before it listens is started
 # again on other ports, up to 3 times.
@@ -143,9 +166,10 @@ start_meta() {
   for try in 1 2 3; do
     meta_port="$(free_port)"
     meta="127.0.0.1:${meta_port}"
-    echo "== ckpt-meta on ${meta} (state in ${work})"
+    echo "== ckpt-meta on ${meta} with mutual TLS (state in ${work})"
+    tls_flags meta
     "${build}/bin/ckpt-meta" --listen "${meta}" --metrics-listen "127.0.0.1:$(free_port)" \
-      --data-dir "${work}/meta" >>"${work}/meta.log" 2>&1 &
+      --data-dir "${work}/meta" "${tls[@]}" >>"${work}/meta.log" 2>&1 &
     pids+=($!)
     if wait_port "${meta_port}" "${pids[-1]}"; then return 0; fi
     kill -0 "${pids[-1]}" 2>/dev/null && return 1  # alive but not listening: a real failure
@@ -162,10 +186,11 @@ for n in $(seq 0 $((world - 1))); do
   socket[n]="${work}/${node}/run/agent.sock"
   for try in 1 2 3; do
     port="$(free_port)"
+    tls_flags "${node}"
     "${build}/bin/ckpt-agent" --node-id "${node}" --meta "${meta}" --listen "127.0.0.1:${port}" \
       --data-listen "127.0.0.1:$(free_port)" --metrics-listen "127.0.0.1:$(free_port)" \
       --run-dir "${work}/${node}/run" --memory 64MiB --memory-dir "${shm}/${node}" \
-      --durable-root "${work}/durable" >>"${work}/${node}.log" 2>&1 &
+      --durable-root "${work}/durable" "${tls[@]}" >>"${work}/${node}.log" 2>&1 &
     agent_pid[n]=$!
     pids+=($!)
     if wait_port "${port}" "${agent_pid[n]}"; then break; fi
@@ -179,8 +204,6 @@ for n in $(seq 0 $((world - 1))); do
 done
 echo "== 4 ckpt-agents alive: node-0..node-3 (memory tiers under ${shm})"
 
-ref_job="qs-ref-$$"
-run_job="qs-run-$$"
 for j in "${ref_job}" "${run_job}"; do
   ctl create-job "${j}" --world-size "${world}" "${create_flags[@]}" >/dev/null
 done
@@ -197,6 +220,7 @@ run_ranks() {
     sock="${socket[r]}"; extra=""
     if [ "${r}" -eq "${victim}" ]; then sock="${victim_socket}"; extra="${victim_args}"; fi
     # shellcheck disable=SC2086
+    CKPT_TLS_CA="${pki}/ca/ca.pem" CKPT_TLS_CERT="${pki}/trainer.pem" CKPT_TLS_KEY="${pki}/trainer.key" \
     "${py}" "${root}/examples/train_${example}.py" --meta "${meta}" --agent-socket "${sock}" --job "${job}" \
       --rank "${r}" --world-size "${world}" --dist-port "${dport}" --steps "${steps}" --every "${every}" \
       --log "${work}/${name}-loss-${r}.jsonl" --protection "${protection}" ${extra} "$@" \

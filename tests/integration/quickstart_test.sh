@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs scripts/quickstart.sh in a small configuration against a prebuilt build dir
 # (no cmake from inside ctest) and checks: exit 0, the "matches: yes" and peer-replica lines,
-# and that it left nothing behind (its temp dir, its /dev/shm memory tiers, its processes).
+# that it ran secure (certificates made with ckptctl certs, meta with mutual TLS), and that it
+# left nothing behind (its temp dir, its /dev/shm memory tiers, its processes).
 #
 #   tests/integration/quickstart_test.sh SOURCE_DIR BUILD_DIR [PROTECTION [EXAMPLE]]
 # PROTECTION: replicate:2:ring (default; the orphaned rank must restore from "replica") or
@@ -38,6 +39,9 @@ cat "${out}"
 
 fail() { echo "quickstart_test: FAIL: $*" >&2; exit 1; }
 [ "${rc}" -eq 0 ] || fail "quickstart.sh exited ${rc}"
+grep -q "^== certificates (ckptctl certs)" "${out}" || fail "quickstart.sh made no certificates"
+grep -Eq "^== ckpt-meta on 127\.0\.0\.1:[0-9]+ with mutual TLS" "${out}" || fail "ckpt-meta did not run with mutual TLS"
+! grep -q -- "--insecure" "${src}/scripts/quickstart.sh" || fail "scripts/quickstart.sh uses --insecure"
 grep -qx "loss curve matches uninterrupted run: yes" "${out}" || fail "no 'loss curve matches uninterrupted run: yes' line"
 grep -Eq "^rank [0-9] \(dead agent\) restored from .*: yes$" "${out}" || fail "the dead agent's rank did not restore from its peers"
 if [ "${example}" = moe ]; then

@@ -29,6 +29,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "ckpt/v1/meta.grpc.pb.h"
+#include "cli/cert_commands.h"
 #include "cli/data_commands.h"
 #include "common/durable_format.h"
 #include "common/grpc_security.h"
@@ -925,12 +926,17 @@ int Main(int argc, char** argv) {
   verify->add_option("JOB", job, "Job id")->required();
   verify->add_option("STEP", step, "Step")->required();
 
+  // `certs ...`: local files only, so dispatched before any TLS or token
+  // setting is read.
+  CertCommands certs(&app);
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     const int code = app.exit(e);
     return code == 0 ? kExitOk : kExitUsage;
   }
+  if (certs.chosen()) return certs.Run(g.json);
   // Every STEP argument, whatever the command: a step above 2^53-1 is a
   // usage error, refused before anything is sent.
   if (absl::Status s = ValidateStep(step); !s.ok()) {

@@ -741,6 +741,108 @@ TEST(UcxAuth, APeerWithAnotherKeyOrNoneIsRefused) {
   EXPECT_EQ(hb.received()[0].msg.header, "hello");
 }
 
+UcxOptions KeyLater() {
+  UcxOptions o = NoSelfCheck();
+  o.require_auth = true;
+  return o;
+}
+
+// An agent whose meta serves TLS starts with require_auth and no key (meta
+// hands it out at registration). Until it has one it connects to no one and
+// answers no one, not even with its greeting (its worker address), and
+// neither side is harmed: once the key is set, both ways work. Its Start's
+// self-check passes without a key (it proves a throwaway one to itself).
+TEST(UcxAuth, RequireAuthWithoutAKeyRefusesBothWaysUntilSetAuthKey) {
+  const std::string key = "cluster-key-0123456789abcdef";
+  TestHandler ha, hb;
+  UcxOptions waiting = KeyLater();
+  waiting.self_check_timeout_ms = 5000;
+  auto a = NewUcxTransport(waiting);
+  auto b = NewUcxTransport(Keyed(key));
+  ASSERT_TRUE(a->Start("127.0.0.1:0", &ha).ok());
+  ASSERT_TRUE(b->Start("127.0.0.1:0", &hb).ok());
+
+  absl::StatusOr<PeerId> to_b = a->Connect(b->address(), kConnectMs);
+  ASSERT_FALSE(to_b.ok());
+  EXPECT_EQ(to_b.status().code(), absl::StatusCode::kUnavailable) << to_b.status();
+  EXPECT_TRUE(absl::StrContains(to_b.status().message(), "no data-plane key")) << to_b.status();
+  absl::StatusOr<PeerId> to_a = b->Connect(a->address(), kConnectMs);
+  ASSERT_FALSE(to_a.ok());
+  EXPECT_EQ(to_a.status().code(), absl::StatusCode::kUnavailable) << to_a.status();
+  // A well-formed greeting gets nothing back: the connection is closed
+  // before a says anything.
+  const std::string greeting = *ucx_wire::EncodeGreeting({7, 8, ckpt::testing::SeededRandomBytes(300, 1)});
+  absl::StatusOr<GarbageResult> r = SendGarbage(DataPort(*a), greeting, absl::Seconds(20));
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_TRUE(r->closed_by_peer);
+  EXPECT_EQ(r->bytes_received, 0u);
+
+  a->SetAuthKey(key);
+  to_b = a->Connect(b->address(), kConnectMs);
+  ASSERT_TRUE(to_b.ok()) << to_b.status();
+  to_a = b->Connect(a->address(), kConnectMs);
+  ASSERT_TRUE(to_a.ok()) << to_a.status();
+  DoneLog done;
+  a->Send(*to_b, 1, "a->b", {}, done.Callback());
+  b->Send(*to_a, 1, "b->a", {}, done.Callback());
+  ASSERT_TRUE(done.Wait(2));
+  ASSERT_TRUE(hb.WaitReceived(1));
+  ASSERT_TRUE(ha.WaitReceived(1));
+  EXPECT_EQ(hb.received()[0].msg.header, "a->b");
+  EXPECT_EQ(ha.received()[0].msg.header, "b->a");
+  EXPECT_TRUE(ha.failed().empty());
+  EXPECT_TRUE(hb.failed().empty());
+}
+
+// Keys set with SetAuthKey: peers with another key are refused both ways;
+// a connection keeps the key its handshake started with when the key
+// changes, and new connections use the new one.
+TEST(UcxAuth, SetAuthKeyAppliesToNewConnectionsAndAnotherKeyIsRefused) {
+  const std::string k1 = "first-cluster-key-0123456789", k2 = "second-cluster-key-012345678";
+  TestHandler ha, hb, hc;
+  auto a = NewUcxTransport(KeyLater());
+  auto b = NewUcxTransport(KeyLater());
+  auto c = NewUcxTransport(KeyLater());
+  a->SetAuthKey(k1);  // before Start
+  ASSERT_TRUE(a->Start("127.0.0.1:0", &ha).ok());
+  ASSERT_TRUE(b->Start("127.0.0.1:0", &hb).ok());
+  ASSERT_TRUE(c->Start("127.0.0.1:0", &hc).ok());
+  b->SetAuthKey(k1);  // after Start
+  c->SetAuthKey(k2);
+  absl::StatusOr<PeerId> a_to_b = a->Connect(b->address(), kConnectMs);
+  ASSERT_TRUE(a_to_b.ok()) << a_to_b.status();
+
+  absl::StatusOr<PeerId> c_to_b = c->Connect(b->address(), kConnectMs);
+  // The accepting side checks the hello first and closes the connection:
+  // the connecting side's Connect fails with Unavailable (a retry).
+  EXPECT_FALSE(c_to_b.ok());
+  absl::StatusOr<PeerId> b_to_c = b->Connect(c->address(), kConnectMs);
+  EXPECT_FALSE(b_to_c.ok());
+  EXPECT_TRUE(hc.received().empty());
+
+  // b moves to k2: its connection with a (made under k1) goes on working,
+  // a new one from a (still k1) is refused, c (k2) gets in.
+  b->SetAuthKey(k2);
+  DoneLog done;
+  a->Send(*a_to_b, 1, "still", {}, done.Callback());
+  ASSERT_TRUE(done.Wait(1));
+  EXPECT_TRUE(done.statuses()[0].ok()) << done.statuses()[0];
+  ASSERT_TRUE(hb.WaitReceived(1));
+  EXPECT_EQ(hb.received()[0].msg.header, "still");
+  const PeerId b_to_a = hb.received()[0].msg.from;
+  b->Send(b_to_a, 1, "back", {}, done.Callback());
+  ASSERT_TRUE(ha.WaitReceived(1));
+  EXPECT_EQ(ha.received()[0].msg.header, "back");
+  absl::StatusOr<PeerId> again = a->Connect(b->address(), kConnectMs);
+  EXPECT_FALSE(again.ok()) << "a new connection under the old key";
+  c_to_b = c->Connect(b->address(), kConnectMs);
+  ASSERT_TRUE(c_to_b.ok()) << c_to_b.status();
+  c->Send(*c_to_b, 1, "from c", {}, done.Callback());
+  ASSERT_TRUE(hb.WaitReceived(2));
+  EXPECT_EQ(hb.received()[1].msg.header, "from c");
+  ASSERT_TRUE(done.Wait(3));
+}
+
 TEST(UcxAuth, ProofsDependOnKeyRoleIdsAndNonces) {
   const std::string p = ucx_wire::HandshakeProof("k", 'h', 1, 2, 3, 4);
   EXPECT_EQ(p.size(), ucx_wire::kProofBytes);

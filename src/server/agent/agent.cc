@@ -90,6 +90,7 @@ absl::Status Agent::Init() {
   so.host_node_id = options_.host_node_id;
   so.memory_capacity_bytes = arena_->capacity_bytes();
   so.memory_dir = options_.memory_dir;
+  so.on_data_plane_key = options_.on_data_plane_key;
   if (options_.check_peer_membership) {
     membership_ = std::make_unique<PeerMembership>(clock_, [this] { session_->HeartbeatSoon(); });
     so.membership = membership_.get();

@@ -92,6 +92,10 @@ struct AgentOptions {
   // fail with Unavailable, remote sources are skipped).
   transport::Transport* transport = nullptr;
   std::string data_listen_address;  // what the transport listens on
+  // Gets the data-plane key meta returns at each registration (empty from an
+  // --insecure meta): the daemon gives it to its UCX transport
+  // (MetaSession::Options::on_data_plane_key). Unset: ignored.
+  std::function<void(const std::string& key)> on_data_plane_key;
   transport::BulkOptions bulk;
   // How long a peer may stay silent during one step of a transfer.
   int64_t peer_timeout_ms = 30000;

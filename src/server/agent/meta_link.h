@@ -40,6 +40,9 @@ struct RegistrationReply {
   int64_t lease_ms = 5000;
   int64_t heartbeat_ms = 1000;
   uint64_t meta_instance_id = 0;
+  // The cluster's data-plane key from a meta that serves TLS; empty from an
+  // --insecure one (RegisterNodeResponse.data_plane_key).
+  std::string data_plane_key;
 };
 
 struct RunningTask {

@@ -210,6 +210,9 @@ void MetaSession::Register() {
   if (r.ok()) {
     // Remembered across restarts so meta can fence the old incarnation.
     std::ofstream(options_.memory_dir + "/incarnation") << r->incarnation << "\n";
+    // The data plane takes the key at once: peers that meta now tells about
+    // this agent connect to it.
+    if (options_.on_data_plane_key) options_.on_data_plane_key(r->data_plane_key);
   }
   CheckedLock lock(&mu_);
   const absl::Time now = clock_->MonotonicNow();

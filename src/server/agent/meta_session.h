@@ -66,6 +66,10 @@ class MetaSession {
 
   struct Options {
     std::string node_id;
+    // Called after every successful registration with meta's answer's
+    // data-plane key (empty from an --insecure meta), outside the session's
+    // lock, on the control thread; must not block. Unset: ignored.
+    std::function<void(const std::string& key)> on_data_plane_key;
     std::string grpc_address;
     std::function<std::string()> data_address;  // what peers reach us on
     std::string failure_domain;

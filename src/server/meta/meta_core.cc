@@ -662,6 +662,7 @@ absl::StatusOr<RegisterResult> MetaCore::RegisterNode(const RegisterRequest& req
     result.lease = options_.lease;
     result.heartbeat_interval = options_.heartbeat_interval;
     result.meta_instance_id = instance_id_;
+    result.data_plane_key = options_.data_plane_key;
     seq = SubmitLocked(txn);
     return result;
   }();

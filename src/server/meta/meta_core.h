@@ -100,6 +100,10 @@ struct MetaOptions {
   // inventory lacks the copy, the version is ABORTED ("data lost"). Zero:
   // abort at once.
   absl::Duration lost_copy_grace = absl::Seconds(30);
+  // The cluster's data-plane key (server/cmd/data_plane_key.h), handed to
+  // every node that registers (RegisterResult::data_plane_key); the RPC layer
+  // lets only authenticated agents register. Empty: none (an --insecure meta).
+  std::string data_plane_key;
 };
 
 // The automatic default protection for a job created with none stated, over
@@ -129,6 +133,7 @@ struct RegisterResult {
   absl::Duration lease;
   absl::Duration heartbeat_interval;
   uint64_t meta_instance_id = 0;
+  std::string data_plane_key;  // MetaOptions::data_plane_key
 };
 
 struct TaskProgress {

@@ -434,6 +434,7 @@ void ToProto(const meta::RegisterResult& result, v1::RegisterNodeResponse* out) 
   out->set_lease_ms(Ms(result.lease));
   out->set_heartbeat_interval_ms(Ms(result.heartbeat_interval));
   out->set_meta_instance_id(result.meta_instance_id);
+  out->set_data_plane_key(result.data_plane_key);
 }
 
 meta::HeartbeatRequest HeartbeatFromProto(const v1::HeartbeatRequest& req) {

@@ -139,7 +139,7 @@ class GrpcMetaLink : public agent::MetaLink {
     absl::Status s = FromGrpcStatus(stub_->RegisterNode(&ctx, req, &resp));
     if (!s.ok()) return s;
     return agent::RegistrationReply{resp.incarnation(), resp.lease_ms(), resp.heartbeat_interval_ms(),
-                                    resp.meta_instance_id()};
+                                    resp.meta_instance_id(), resp.data_plane_key()};
   }
 
   absl::StatusOr<agent::HeartbeatReply> Heartbeat(const std::string& node_id, uint64_t incarnation,

@@ -49,6 +49,9 @@ constexpr size_t kDataPrefixBytes = kIdBytes + kTypeBytes;
 constexpr size_t kHelloBytes = 2 * kIdBytes;
 constexpr int kMaxAcceptsPerRound = 64;
 constexpr size_t kReadChunk = 4096;
+constexpr char kNoKeyYet[] =
+    "this agent has no data-plane key yet (it gets it from ckpt-meta when it registers); "
+    "the connection is refused until then";
 
 std::string UcsError(ucs_status_t s) { return ucs_status_string(s); }
 
@@ -130,7 +133,7 @@ void CloseFd(int* fd) {
   *fd = -1;
 }
 
-class UcxTransport;
+class UcxImpl;
 
 struct ConnectWait {
   absl::Notification done;
@@ -162,7 +165,7 @@ void KeepUntilExit(ucp_context_h context, ucp_worker_h worker) {
 // connection Y, and closing Y would silently break X. Lives in remotes_ until
 // Stop (the raw pointer is the endpoint's error-callback argument).
 struct Remote {
-  UcxTransport* owner = nullptr;
+  UcxImpl* owner = nullptr;
   std::string worker_address;
   ucp_ep_h ep = nullptr;  // null once closed
   int refs = 0;           // connections (Peers) using it that have not failed
@@ -192,6 +195,9 @@ struct Peer {
   std::shared_ptr<ConnectWait> connect;  // set while Connect() waits
   bool silent = false;                   // Start's self-check: never reported to the handler
   bool handshaking = false;              // inbound, counted in inbound_handshakes_
+  // The cluster key as it was when this connection's handshake started
+  // (UcxTransport::SetAuthKey does not change it); "": no authentication.
+  std::string key;
 };
 
 // An accepted TCP connection whose greeting has not arrived yet. Not a Peer:
@@ -204,7 +210,7 @@ struct Pending {
 };
 
 struct SendOp {
-  UcxTransport* owner = nullptr;
+  UcxImpl* owner = nullptr;
   Peer* peer = nullptr;
   std::string am_header;          // must outlive the send (UCX 1.13)
   std::vector<ucp_dt_iov_t> iov;  // ditto
@@ -212,7 +218,7 @@ struct SendOp {
 };
 
 struct RecvOp {
-  UcxTransport* owner = nullptr;
+  UcxImpl* owner = nullptr;
   Inbound msg;
   std::vector<ucp_dt_iov_t> iov;
 };
@@ -222,12 +228,13 @@ struct ControlOp {
   std::string header;
 };
 
-class UcxTransport : public Transport {
+class UcxImpl : public UcxTransport {
  public:
-  explicit UcxTransport(const UcxOptions& options)
+  explicit UcxImpl(const UcxOptions& options)
       : options_(options),
-        event_fd_(eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)) {}
-  ~UcxTransport() override {
+        event_fd_(eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)),
+        auth_key_(options.auth_key) {}
+  ~UcxImpl() override {
     Stop();
     if (thread_.joinable()) thread_.join();  // Stop() was called from a callback
     if (event_fd_ >= 0) close(event_fd_);
@@ -288,6 +295,29 @@ class UcxTransport : public Transport {
 
   void Send(PeerId peer, uint16_t type, std::string header, ConstPieces payload,
             SendDone done) override {
+    SendNaming(peer, 0, type, std::move(header), std::move(payload), std::move(done));
+  }
+
+  void TEST_SendNaming(PeerId via, uint64_t receiver_id, uint16_t type, std::string header,
+                       SendDone done) override {
+    SendNaming(via, receiver_id, type, std::move(header), {}, std::move(done));
+  }
+
+  void SetAuthKey(std::string key) override {
+    bool changed = false;
+    {
+      absl::MutexLock lock(&mu_);
+      changed = key != auth_key_;
+      auth_key_ = std::move(key);
+    }
+    if (changed) log::Info("data plane: cluster key {}; new connections use it", CurrentKey().empty() ? "cleared" : "set");
+  }
+
+ private:
+  // Send, except that a non-zero `receiver_id` replaces the id of the
+  // connection at the other side in the message (TEST_SendNaming).
+  void SendNaming(PeerId peer, uint64_t receiver_id, uint16_t type, std::string header, ConstPieces payload,
+                  SendDone done) {
     auto op = std::make_unique<SendOp>();
     op->owner = this;
     // The receiver's id (bytes 0-7) is filled in on the progress thread.
@@ -301,12 +331,13 @@ class UcxTransport : public Transport {
     op->done = std::move(done);
     const size_t header_size = header.size();
     SendOp* raw = op.release();
-    if (!Post([this, raw, peer, header_size] { StartSend(raw, peer, header_size); })) {
+    if (!Post([this, raw, peer, header_size, receiver_id] { StartSend(raw, peer, header_size, receiver_id); })) {
       std::unique_ptr<SendOp> owned(raw);
       owned->done(absl::CancelledError("UCX transport stopped"));
     }
   }
 
+ public:
   void Disconnect(PeerId peer) override {
     Post([this, peer] {
       auto it = peers_.find(peer);
@@ -405,9 +436,9 @@ class UcxTransport : public Transport {
     if (st != UCS_OK) {
       return absl::UnavailableError(absl::StrCat("UCX worker has no event fd: ", UcsError(st)));
     }
-    for (const auto& [id, cb] : {std::pair{kAmId, &UcxTransport::OnAm},
-                                 std::pair{kHelloAmId, &UcxTransport::OnHello},
-                                 std::pair{kReadyAmId, &UcxTransport::OnReady}}) {
+    for (const auto& [id, cb] : {std::pair{kAmId, &UcxImpl::OnAm},
+                                 std::pair{kHelloAmId, &UcxImpl::OnHello},
+                                 std::pair{kReadyAmId, &UcxImpl::OnReady}}) {
       ucp_am_handler_param_t ap{};
       ap.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB |
                       UCP_AM_HANDLER_PARAM_FIELD_ARG | UCP_AM_HANDLER_PARAM_FIELD_FLAGS;
@@ -473,6 +504,10 @@ class UcxTransport : public Transport {
     getsockname(listen_fd_, reinterpret_cast<sockaddr*>(&addr), &len);
     if (requested.sin_addr.s_addr == htonl(INADDR_ANY)) addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
     probing_ = true;
+    // The self-check connects to itself: with no key known yet (require_auth,
+    // the key comes later from meta) it proves a throwaway one.
+    probe_key_ = CurrentKey();
+    if (probe_key_.empty() && options_.require_auth) probe_key_ = RandomKey();
     auto wait = std::make_shared<ConnectWait>();
     StartConnect(wait, addr, "self-check");
     const absl::Time deadline = absl::Now() + absl::Milliseconds(options_.self_check_timeout_ms);
@@ -493,6 +528,7 @@ class UcxTransport : public Transport {
     remotes_.clear();
     deferred_accepts_.clear();
     probing_ = false;
+    probe_key_.clear();
     if (!result.ok()) {
       return absl::UnavailableError(absl::StrCat(
           "UCX found no transport that can carry messages (check UCX_TLS; e.g. cma needs "
@@ -657,6 +693,12 @@ class UcxTransport : public Transport {
         return;
       }
       const std::string who = SockaddrText(from);
+      if (!probing_ && options_.require_auth && CurrentKey().empty()) {
+        // Nothing is answered, not even our greeting: the peer retries.
+        close(fd);
+        NoteRefused(who, absl::UnavailableError(kNoKeyYet));
+        continue;
+      }
       if (pending_.size() + inbound_handshakes_ >= static_cast<size_t>(std::max(1, options_.max_pending_handshakes))) {
         close(fd);
         NoteRefused(who, absl::ResourceExhaustedError(absl::StrCat(
@@ -725,6 +767,11 @@ class UcxTransport : public Transport {
   // A well-formed greeting: the connection becomes an inbound Peer, which
   // answers with our own greeting and waits for the UCX hello.
   void AcceptGreeting(std::list<Pending>::iterator it) {
+    std::string key = HandshakeKey();
+    if (key.empty() && options_.require_auth) {  // cleared since the accept
+      DropPending(it, absl::UnavailableError(kNoKeyYet), true);
+      return;
+    }
     const ucx_wire::Greeting& g = it->reader.greeting();
     auto owned = std::make_unique<Peer>();
     Peer* p = owned.get();
@@ -738,6 +785,7 @@ class UcxTransport : public Transport {
     p->remote_id = g.peer_id;
     p->remote_nonce = g.nonce;
     p->remote_worker = g.worker_address;
+    p->key = std::move(key);
     p->handshaking = true;
     ++inbound_handshakes_;
     absl::StatusOr<std::string> reply = ucx_wire::EncodeGreeting({p->id, p->nonce, worker_address_});
@@ -833,6 +881,12 @@ class UcxTransport : public Transport {
   }
 
   void StartConnect(const std::shared_ptr<ConnectWait>& wait, sockaddr_in addr, const std::string& address) {
+    std::string key = HandshakeKey();
+    if (key.empty() && options_.require_auth) {
+      wait->status = absl::UnavailableError(absl::StrCat("connect to ", address, ": ", kNoKeyYet));
+      wait->done.Notify();
+      return;
+    }
     auto owned = std::make_unique<Peer>();
     Peer* p = owned.get();
     p->id = NewPeerId();
@@ -840,6 +894,7 @@ class UcxTransport : public Transport {
     p->connect = wait;
     p->silent = probing_;
     p->nonce = ucx_wire::RandomU64();
+    p->key = std::move(key);
     peers_[p->id] = std::move(owned);
     p->fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
     if (p->fd < 0) {
@@ -908,7 +963,7 @@ class UcxTransport : public Transport {
       ep.field_mask = UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE | UCP_EP_PARAM_FIELD_ERR_HANDLER |
                       UCP_EP_PARAM_FIELD_REMOTE_ADDRESS;
       ep.err_mode = UCP_ERR_HANDLING_MODE_PEER;
-      ep.err_handler.cb = &UcxTransport::OnEpError;
+      ep.err_handler.cb = &UcxImpl::OnEpError;
       ep.err_handler.arg = owned.get();
       ep.address = reinterpret_cast<const ucp_address_t*>(worker_address.data());
       ucp_ep_h handle = nullptr;
@@ -955,7 +1010,7 @@ class UcxTransport : public Transport {
     ucp_request_param_t rp{};
     rp.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS | UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
     rp.flags = force ? UCP_EP_CLOSE_FLAG_FORCE : 0;
-    rp.cb.send = &UcxTransport::OnClosed;
+    rp.cb.send = &UcxImpl::OnClosed;
     rp.user_data = this;
     void* req = ucp_ep_close_nbx(ep, &rp);
     if (UCS_PTR_IS_PTR(req)) ++closing_;
@@ -965,36 +1020,54 @@ class UcxTransport : public Transport {
   // ready (from the accepting side) carries.
   std::string Proof(const Peer& p, unsigned am_id) const {
     const char role = am_id == kHelloAmId ? 'h' : 'r';
-    return p.inbound ? ucx_wire::HandshakeProof(options_.auth_key, role, p.id, p.nonce, p.remote_id, p.remote_nonce)
-                     : ucx_wire::HandshakeProof(options_.auth_key, role, p.remote_id, p.remote_nonce, p.id, p.nonce);
+    return p.inbound ? ucx_wire::HandshakeProof(p.key, role, p.id, p.nonce, p.remote_id, p.remote_nonce)
+                     : ucx_wire::HandshakeProof(p.key, role, p.remote_id, p.remote_nonce, p.id, p.nonce);
   }
 
-  size_t ControlBytes() const { return kHelloBytes + (options_.auth_key.empty() ? 0 : ucx_wire::kProofBytes); }
+  static size_t ControlBytes(const Peer& p) { return kHelloBytes + (p.key.empty() ? 0 : ucx_wire::kProofBytes); }
 
   // Checks a hello or ready that names `p` (its id and our nonce matched):
   // OK, or why the sender is refused.
   absl::Status CheckControl(const Peer& p, unsigned am_id, const void* header, size_t header_length) const {
     const char* what = am_id == kHelloAmId ? "hello" : "ready message";
-    if (header_length != ControlBytes()) {
+    if (header_length != ControlBytes(p)) {
       return absl::PermissionDeniedError(absl::StrCat(
-          "its ", what, " is ", header_length, " bytes, not ", ControlBytes(), ": ",
-          options_.auth_key.empty() ? "it authenticates with a cluster key and this agent has none"
-                                    : "it does not authenticate (no cluster key)",
-          "; give every agent the same --token-file"));
+          "its ", what, " is ", header_length, " bytes, not ", ControlBytes(p), ": ",
+          p.key.empty() ? "it authenticates with a cluster key and this agent has none"
+                        : "it does not authenticate (no cluster key)",
+          "; every agent needs the same data-plane key (from a TLS ckpt-meta, or the same --token-file)"));
     }
-    if (!options_.auth_key.empty() &&
+    if (!p.key.empty() &&
         !ucx_wire::SameProof(std::string_view(static_cast<const char*>(header) + kHelloBytes, ucx_wire::kProofBytes),
                              Proof(p, am_id))) {
       return absl::PermissionDeniedError(absl::StrCat(
-          "its ", what, " does not prove this cluster's key (another --token-file than this agent's)"));
+          "its ", what, " does not prove this cluster's key (another ckpt-meta's key, or another --token-file than "
+          "this agent's)"));
     }
     return absl::OkStatus();
   }
 
   // A connection id: sequential without a key (readable logs), random with
   // one (not guessable by a process that reaches our UCX worker).
+  // The key a handshake starting now uses.
+  std::string HandshakeKey() { return probing_ ? probe_key_ : CurrentKey(); }
+
+  std::string CurrentKey() {
+    absl::MutexLock lock(&mu_);
+    return auth_key_;
+  }
+
+  static std::string RandomKey() {
+    std::string key;
+    for (int i = 0; i < 4; ++i) {
+      const uint64_t v = ucx_wire::RandomU64();
+      key.append(reinterpret_cast<const char*>(&v), sizeof(v));
+    }
+    return key;
+  }
+
   PeerId NewPeerId() {
-    if (options_.auth_key.empty()) return next_peer_++;
+    if (options_.auth_key.empty() && !options_.require_auth) return next_peer_++;
     for (;;) {
       const PeerId id = ucx_wire::RandomU64();
       if (id != 0 && !peers_.contains(id)) return id;
@@ -1006,10 +1079,10 @@ class UcxTransport : public Transport {
     op->header.assign(kHelloBytes, '\0');
     PutLe(&op->header, 0, p->remote_id, 8);
     PutLe(&op->header, 8, p->remote_nonce, 8);
-    if (!options_.auth_key.empty()) op->header += Proof(*p, am_id);
+    if (!p->key.empty()) op->header += Proof(*p, am_id);
     ucp_request_param_t rp{};
     rp.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_FLAGS;
-    rp.cb.send = &UcxTransport::OnControlSent;
+    rp.cb.send = &UcxImpl::OnControlSent;
     rp.user_data = op.get();
     rp.flags = UCP_AM_SEND_FLAG_EAGER;
     void* req = ucp_am_send_nbx(p->remote->ep, am_id, op->header.data(), op->header.size(), nullptr, 0, &rp);
@@ -1156,7 +1229,7 @@ class UcxTransport : public Transport {
     }
   }
 
-  void StartSend(SendOp* raw, PeerId peer_id, size_t header_size) {
+  void StartSend(SendOp* raw, PeerId peer_id, size_t header_size, uint64_t receiver_id) {
     std::unique_ptr<SendOp> op(raw);
     if (header_size > kMaxHeaderBytes) {
       op->done(absl::InvalidArgumentError(
@@ -1171,13 +1244,13 @@ class UcxTransport : public Transport {
     }
     Peer* p = it->second.get();
     op->peer = p;
-    PutLe(&op->am_header, 0, p->remote_id, 8);
+    PutLe(&op->am_header, 0, receiver_id != 0 ? receiver_id : p->remote_id, 8);
     uint64_t payload = 0;
     for (const auto& v : op->iov) payload += v.length;
     ucp_request_param_t rp{};
     rp.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA |
                       UCP_OP_ATTR_FIELD_FLAGS;
-    rp.cb.send = &UcxTransport::OnSendDone;
+    rp.cb.send = &UcxImpl::OnSendDone;
     rp.user_data = op.get();
     rp.flags = 0;
     if (payload > options_.rndv_threshold_bytes) rp.flags |= UCP_AM_SEND_FLAG_RNDV;
@@ -1235,7 +1308,7 @@ class UcxTransport : public Transport {
   // The endpoint to a worker broke: every connection over it fails.
   static void OnEpError(void* arg, ucp_ep_h, ucs_status_t status) {
     auto* r = static_cast<Remote*>(arg);
-    UcxTransport* self = r->owner;
+    UcxImpl* self = r->owner;
     if (r->ep == nullptr) return;  // we closed it ourselves
     self->CloseRemote(r, /*force=*/true);
     const absl::Status why = absl::UnavailableError(UcsError(status));
@@ -1247,7 +1320,7 @@ class UcxTransport : public Transport {
   // Inbound side: the connecting side's endpoint works.
   static ucs_status_t OnHello(void* arg, const void* header, size_t header_length, void*, size_t,
                               const ucp_am_recv_param_t*) {
-    auto* self = static_cast<UcxTransport*>(arg);
+    auto* self = static_cast<UcxImpl*>(arg);
     Peer* p = self->FindPeer(header, header_length, kHelloBytes, PeerState::kUcxHello);
     if (p == nullptr || !p->inbound || GetLe(static_cast<const char*>(header) + kIdBytes, 8) != p->nonce) {
       log::Debug("data plane: dropped a hello that matches no handshake");
@@ -1266,7 +1339,7 @@ class UcxTransport : public Transport {
   // Outbound side: the accepting side has its endpoint; Connect is complete.
   static ucs_status_t OnReady(void* arg, const void* header, size_t header_length, void*, size_t,
                               const ucp_am_recv_param_t*) {
-    auto* self = static_cast<UcxTransport*>(arg);
+    auto* self = static_cast<UcxImpl*>(arg);
     Peer* p = self->FindPeer(header, header_length, kHelloBytes, PeerState::kUcxHello);
     if (p == nullptr || p->inbound || GetLe(static_cast<const char*>(header) + kIdBytes, 8) != p->nonce) {
       log::Debug("data plane: dropped a ready message that matches no handshake");
@@ -1288,7 +1361,7 @@ class UcxTransport : public Transport {
   }
 
   static void OnClosed(void* request, ucs_status_t, void* user_data) {
-    --static_cast<UcxTransport*>(user_data)->closing_;
+    --static_cast<UcxImpl*>(user_data)->closing_;
     ucp_request_free(request);
   }
 
@@ -1322,7 +1395,7 @@ class UcxTransport : public Transport {
 
   static ucs_status_t OnAm(void* arg, const void* header, size_t header_length, void* data,
                            size_t length, const ucp_am_recv_param_t* param) {
-    auto* self = static_cast<UcxTransport*>(arg);
+    auto* self = static_cast<UcxImpl*>(arg);
     const bool rndv = (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) != 0;
     if (self->stopping_) return UCS_OK;  // dropped: the sender is cancelled or told OK
     if (header_length < kDataPrefixBytes) {
@@ -1375,7 +1448,7 @@ class UcxTransport : public Transport {
     }
     ucp_request_param_t rp{};
     rp.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
-    rp.cb.recv_am = &UcxTransport::OnRecvDone;
+    rp.cb.recv_am = &UcxImpl::OnRecvDone;
     rp.user_data = op.get();
     void* buffer = op->iov[0].buffer;
     size_t count = op->iov[0].length;
@@ -1415,6 +1488,7 @@ class UcxTransport : public Transport {
   bool started_ ABSL_GUARDED_BY(mu_) = false;
   bool stop_requested_ ABSL_GUARDED_BY(mu_) = false;
   std::deque<std::function<void()>> queue_ ABSL_GUARDED_BY(mu_);
+  std::string auth_key_ ABSL_GUARDED_BY(mu_);  // what new handshakes use
 
   // Progress thread only.
   int listen_fd_ = -1;   // the data port
@@ -1425,6 +1499,7 @@ class UcxTransport : public Transport {
   absl::Time last_refusal_log_ = absl::InfinitePast();
   bool stopping_ = false;
   bool probing_ = false;  // SelfCheck running: new peers are silent
+  std::string probe_key_;  // the self-check's key (a throwaway one if none is known yet)
   PeerId next_peer_ = 1;
   std::map<PeerId, std::unique_ptr<Peer>> peers_;
   std::vector<std::unique_ptr<Remote>> remotes_;        // every endpoint ever opened
@@ -1443,8 +1518,8 @@ class UcxTransport : public Transport {
 
 }  // namespace
 
-std::unique_ptr<Transport> NewUcxTransport(const UcxOptions& options) {
-  return std::make_unique<UcxTransport>(options);
+std::unique_ptr<UcxTransport> NewUcxTransport(const UcxOptions& options) {
+  return std::make_unique<UcxImpl>(options);
 }
 
 }  // namespace ckpt::transport

@@ -122,14 +122,45 @@ struct UcxOptions {
   int max_pending_handshakes = 64;
   // UCX configuration overrides, e.g. {"TLS", "tcp"} (names without "UCX_").
   std::vector<std::pair<std::string, std::string>> config;
-  // The cluster's key (the agents' token). Set: a connection is made only
-  // with a peer that proves it holds the same key (HMAC-SHA256 in the UCX
-  // hello and ready, handshake.h), and connection ids are random, so a
-  // process that does not hold it can neither connect nor slip messages into
-  // another peer's connection. A peer without the key, or with another, is
-  // refused with a warning on both sides; Connect fails PermissionDenied.
-  // Empty: no authentication (loopback clusters, tests).
+  // The cluster's data-plane key at start (UcxTransport::SetAuthKey sets or
+  // replaces it later). With a key, a connection is made only with a peer
+  // that proves it holds the same key (HMAC-SHA256 in the UCX hello and
+  // ready, handshake.h), so a process that does not hold it can neither
+  // connect nor slip messages into another peer's connection. A peer without
+  // the key, or with another, is refused with a warning on the side that
+  // checked its proof, which closes the connection (the other side's Connect
+  // fails with Unavailable). Each connection keeps the key its
+  // handshake started with. Agents get the key from ckpt-meta when it serves
+  // TLS; with an --insecure meta it is the agent token (--token-file).
+  // Empty (and require_auth false): no authentication (loopback clusters,
+  // tests).
   std::string auth_key;
+  // No key, no connection: while no key is known (auth_key empty and no
+  // SetAuthKey yet), Connect fails at once with Unavailable and connections
+  // to the data port are closed as soon as they are accepted (nothing is
+  // answered), instead of running unauthenticated. An agent whose meta
+  // serves TLS starts with this and no key, and gets the key when it
+  // registers; peers retry refused connects as they retry any.
+  bool require_auth = false;
+};
+
+// The UCX transport's own controls, beyond Transport.
+class UcxTransport : public Transport {
+ public:
+  // Sets the cluster key (see UcxOptions::auth_key): handshakes that start
+  // from now on prove and check `key`; connections already made, or being
+  // made, keep the key they started with. An empty key turns authentication
+  // off again unless require_auth is set (then new connections are refused
+  // until a key is set). May be called from any thread, before or after
+  // Start(); never blocks on the progress thread.
+  virtual void SetAuthKey(std::string key) = 0;
+
+  // Tests only: sends a data message over the UCX endpoint of connection
+  // `via` whose header names `receiver_id` instead of that connection's id
+  // at the other side (a peer slipping a message into another connection).
+  // Completes like Send.
+  virtual void TEST_SendNaming(PeerId via, uint64_t receiver_id, uint16_t type, std::string header,
+                               SendDone done) = 0;
 };
 
 // A new, not yet started, UCX transport. Start() fails with Unavailable and
@@ -142,6 +173,6 @@ struct UcxOptions {
 // ucp_mem_map (mappings live until Stop); a failure is logged and returned
 // as Unavailable, and callers may treat it as non-fatal: sends work without
 // it. Over TCP/shared memory mapping registers nothing and is cheap.
-std::unique_ptr<Transport> NewUcxTransport(const UcxOptions& options = {});
+std::unique_ptr<UcxTransport> NewUcxTransport(const UcxOptions& options = {});
 
 }  // namespace ckpt::transport

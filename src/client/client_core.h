@@ -214,8 +214,9 @@ absl::StatusOr<std::shared_ptr<PullStaging::Buffer>> StagingBuffer(ClientCore& c
 // Sends CloseShard(handle_id) to the local agent on `core.calls`, without
 // waiting for its answer (a failure is logged; the handle then ends with the
 // session); on the caller's thread if that executor is full. The ClientCore's
-// destruction waits for the answer.
-void CloseShardInBackground(ClientCore& core, std::string handle_id);
+// destruction waits for the answer. `session_id`: the session the handle was
+// opened on ("" for none; the agent lets only that session close it).
+void CloseShardInBackground(ClientCore& core, std::string handle_id, std::string session_id);
 
 // gRPC status -> absl::Status with the same code and the server's message,
 // prefixed with `call` ("CommitShard: ...").

@@ -57,6 +57,7 @@ ServedFrom FromProto(v1::SourceKind kind) {
 struct OpenedShard {
   std::shared_ptr<ClientCore> core;
   std::string handle_id;
+  std::string session_id;           // the session the handle was opened on ("" for none)
   v1::ShardInfo shard;              // key, size, crc, digest (items left out)
   std::vector<ManifestItem> items;  // the manifest, in offset order, validated (Load moves it out)
   // Instead of `items`: the packed manifest as the agent sent it, when the
@@ -86,7 +87,7 @@ struct OpenedShard {
     regions.clear();  // unmapped before the agent may reuse the bytes
     files.clear();
     staging.reset();
-    if (!handle_id.empty()) client::CloseShardInBackground(*core, std::exchange(handle_id, ""));
+    if (!handle_id.empty()) client::CloseShardInBackground(*core, std::exchange(handle_id, ""), session_id);
   }
 
   absl::Status Close() {
@@ -98,6 +99,7 @@ struct OpenedShard {
     if (handle_id.empty()) return absl::OkStatus();
     v1::CloseShardRequest req;
     req.set_handle_id(std::exchange(handle_id, ""));
+    req.set_session_id(session_id);
     v1::CloseShardResponse resp;
     auto ctx = client::ContextWithTimeout(core->options.rpc_timeout);
     return FromGrpc(core->agent->CloseShard(ctx.get(), req, &resp), "CloseShard");
@@ -198,6 +200,7 @@ absl::StatusOr<std::unique_ptr<OpenedShard>> SendOpen(const std::shared_ptr<Clie
   auto opened = std::make_unique<OpenedShard>();
   opened->core = core;
   opened->handle_id = resp->handle_id();  // closed by ~OpenedShard on any error from here
+  opened->session_id = req.session_id();
   return opened;
 }
 
@@ -213,6 +216,7 @@ absl::Status Deliver(ClientCore& core, const std::string& token, OpenedShard& op
   std::memcpy(opened.staging->data(), token.data(), token.size());
   v1::DeliverShardRequest req;
   req.set_handle_id(opened.handle_id);
+  req.set_session_id(opened.session_id);
   v1::PullSource* target = req.mutable_target();
   target->set_worker_address(opened.staging->worker_address());
   target->set_rkey(opened.staging->rkey());
@@ -222,7 +226,7 @@ absl::Status Deliver(ClientCore& core, const std::string& token, OpenedShard& op
   auto ctx = client::ContextWithTimeout(core.options.load_timeout);
   CKPT_RETURN_IF_ERROR(FromGrpc(core.agent->DeliverShard(ctx.get(), req, &resp), "DeliverShard"));
   opened.regions = {client::ShardRegion{opened.staging->data() + client::kPullHeaderBytes, size, 0}};
-  client::CloseShardInBackground(core, std::exchange(opened.handle_id, ""));
+  client::CloseShardInBackground(core, std::exchange(opened.handle_id, ""), opened.session_id);
   return absl::OkStatus();
 }
 

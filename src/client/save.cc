@@ -125,9 +125,12 @@ v1::AcquireStagingLeaseRequest LeaseRequest(const ClientCore& core, uint64_t ste
   return req;
 }
 
-bool AbortLease(ClientCore& core, const std::string& lease_id) {
+// `session_id`: the session the lease was taken on ("" for none): the agent
+// lets only that session release it.
+bool AbortLease(ClientCore& core, const std::string& lease_id, const std::string& session_id) {
   v1::AbortLeaseRequest req;
   req.set_lease_id(lease_id);
+  req.set_session_id(session_id);
   v1::AbortLeaseResponse resp;
   auto ctx = client::ContextWithTimeout(core.options.rpc_timeout);
   absl::Status s = FromGrpc(core.agent->AbortLease(ctx.get(), req, &resp), "AbortLease");
@@ -160,7 +163,7 @@ absl::Status SendCommit(ClientCore& core, const std::shared_ptr<const v1::Commit
     return committed();
   }
   if (!s.ok()) {
-    if (!AbortLease(core, lease_id)) return s;
+    if (!AbortLease(core, lease_id, commit.session_id())) return s;
     // The response was lost but the commit took effect: same lease, same
     // manifest, so it is ours.
     log::Info("commit of lease {} failed ({}) but the agent holds it committed", lease_id, s.ToString());
@@ -288,7 +291,9 @@ void AskEarly(ClientCore& core, uint64_t step, EarlyLease& early, bool begin_at_
 void ReleaseInBackground(ClientCore& core, std::shared_ptr<EarlyLease> early) {
   auto release = [&core, early] {
     early->done.WaitForNotification();
-    if (early->answer.ok() && !early->session->Closed()) AbortLease(core, early->answer->lease_id());
+    if (early->answer.ok() && !early->session->Closed()) {
+      AbortLease(core, early->answer->lease_id(), early->session->id());
+    }
   };
   if (!core.calls.TrySubmit(release)) release();
 }
@@ -349,7 +354,9 @@ void DropLeaseAhead(ClientCore& core) {
   // Not waited for if still unanswered (the executor that asks may be the
   // one going): the session's end releases that lease then.
   if (ahead == nullptr || !ahead->done.HasBeenNotified()) return;
-  if (ahead->answer.ok() && !ahead->session->Closed()) AbortLease(core, ahead->answer->lease_id());
+  if (ahead->answer.ok() && !ahead->session->Closed()) {
+    AbortLease(core, ahead->answer->lease_id(), ahead->session->id());
+  }
 }
 
 }  // namespace client
@@ -499,6 +506,8 @@ absl::StatusOr<SaveHandle> SaveBuilder::CommitItems(client::LazyState* progress,
   // least half of it used); released otherwise, before the lease below
   // replaces it (one whose session closed went with it).
   bool early_used = false;
+  // The session the lease in use was taken on: its commit or abort names it.
+  std::string lease_session = lease_req.session_id();
   if (std::shared_ptr<client::EarlyLease> early = std::move(early_); early != nullptr) {
     early->done.WaitForNotification();
     if (early->answer.ok() && early->session->Closed()) {
@@ -511,9 +520,10 @@ absl::StatusOr<SaveHandle> SaveBuilder::CommitItems(client::LazyState* progress,
           layout.size >= early->size_bytes / 2 && early->alignment == core.item_alignment.load() &&
           (align == 0 || align == early->alignment)) {
         lease = *std::move(early->answer);
+        lease_session = early->session->id();
         early_used = true;
       } else {
-        AbortLease(core, e.lease_id());
+        AbortLease(core, e.lease_id(), early->session->id());
       }
     }
   }
@@ -553,7 +563,7 @@ absl::StatusOr<SaveHandle> SaveBuilder::CommitItems(client::LazyState* progress,
       }
     }
     if (!s.ok()) {
-      if (!replaced_lease.empty()) AbortLease(core, replaced_lease);
+      if (!replaced_lease.empty()) AbortLease(core, replaced_lease, lease_session);
       return s;
     }
     lease = std::move(resp);
@@ -565,7 +575,7 @@ absl::StatusOr<SaveHandle> SaveBuilder::CommitItems(client::LazyState* progress,
     core.item_alignment.store(align);
     absl::StatusOr<client::Layout> relaid = client::LayOut(lengths, align);
     if (!relaid.ok()) {
-      AbortLease(core, lease.lease_id());
+      AbortLease(core, lease.lease_id(), lease_session);
       return relaid.status();
     }
     layout = *std::move(relaid);
@@ -603,11 +613,12 @@ absl::StatusOr<SaveHandle> SaveBuilder::CommitItems(client::LazyState* progress,
     regions = client::MapRegions(core, lease.regions(), layout.size, client::MappedFile::Access::kReadWrite, &keep);
   }
   if (!regions.ok()) {
-    AbortLease(core, lease_id);
+    AbortLease(core, lease_id, lease_session);
     return Annotate(regions.status(), absl::StrCat("staging lease ", lease_id));
   }
   v1::CommitShardRequest commit;
   commit.set_lease_id(lease_id);
+  commit.set_session_id(lease_session);
   commit.set_size_bytes(layout.size);
   // The manifest goes packed (docs/protocol.md "Manifest digest"): one
   // string for the whole shard instead of a message per item.

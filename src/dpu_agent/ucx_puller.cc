@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/crypto.h"
 #include "common/lock_check.h"
 #include "common/log.h"
 
@@ -235,7 +236,9 @@ void UcxPuller::Transfer(Job& job, void* local, uint64_t n, uint64_t remote) {
 
 void UcxPuller::StartBody(Job& job) {
   job.header_checked = true;
-  if (std::memcmp(job.header, job.token.data(), agent::kPullTokenBytes) != 0) {
+  // Compared in constant time: how long the check takes says nothing of
+  // where a guess went wrong.
+  if (!ConstantTimeEqual(std::string_view(job.header, agent::kPullTokenBytes), job.token)) {
     // Someone else's memory (or a client that reused the buffer for
     // another lease): nothing of it is read.
     job.status = absl::PermissionDeniedError(

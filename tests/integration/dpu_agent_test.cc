@@ -94,7 +94,7 @@ std::pair<std::string, std::string> DpuAgentTest::Lease(testing::AgentProcess& d
   EXPECT_TRUE(s.ok()) << s.error_message();
   EXPECT_TRUE(resp.pull());
   EXPECT_EQ(resp.regions_size(), 0);
-  EXPECT_EQ(resp.pull_token().size(), 16u);
+  EXPECT_EQ(resp.pull_token().size(), 32u);  // HMAC-SHA256
   return std::make_pair(resp.lease_id(), resp.pull_token());
 }
 

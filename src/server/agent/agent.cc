@@ -3,7 +3,6 @@
 #include <signal.h>
 #include <sys/types.h>
 #include <unistd.h>
-#include <xxhash.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -12,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/crc32c.h"
+#include "common/crypto.h"
 #include "common/lock_check.h"
 #include "common/log.h"
 #include "common/names.h"
@@ -115,7 +115,10 @@ absl::Status Agent::Init() {
         sessions_, SessionServer::Start(so, {PoolFile{arena_->pool_path(), arena_->pool_fd(), arena_->capacity_bytes()}},
                                         clock_, [this](const std::string& id) {
                                           const int n = leases_->ReleaseSession(id);
-                                          if (n > 0) log::Info("released {} leases and handles of ended session {}", n, id);
+                                          if (n > 0) {
+                                            log::Info("released {} leases and handles of ended session {}", n,
+                                                      IdForLog(id));
+                                          }
                                           UpdateGauges();
                                         }));
   }
@@ -315,6 +318,13 @@ absl::StatusOr<LeaseGrant> Agent::AcquireLease(const LeaseRequest& req) {
   }
   CKPT_RETURN_IF_ERROR(CheckSession(req.session_id));
   const ShardId id{req.job_id, req.step, req.rank};
+  const ClientRef client{req.client_pid, req.session_id};
+  // Another live client's uncommitted lease for the shard: refused before
+  // anything is begun at meta or reserved (Add checks again).
+  if (absl::Status may = leases_->MayLease(id, client); !may.ok()) {
+    metrics_.lease_rejected->Increment();
+    return may;
+  }
   if (holdings_->HoldsValid(id)) {
     return absl::AlreadyExistsError(absl::StrCat("shard ", ShardIdString(id), " is already committed on this node"));
   }
@@ -374,16 +384,22 @@ absl::StatusOr<LeaseGrant> Agent::AcquireLease(const LeaseRequest& req) {
     grant.pull = true;
     grant.regions.clear();
   }
-  grant.lease_id = leases_->Add(id, req.size_bytes, *std::move(bytes), req.run_id,
-                                ClientRef{req.client_pid, req.session_id}, ttl, req.begin_at_commit);
+  absl::StatusOr<std::string> lease_id =
+      leases_->Add(id, req.size_bytes, *std::move(bytes), req.run_id, client, ttl, req.begin_at_commit);
+  if (!lease_id.ok()) {
+    metrics_.lease_rejected->Increment();
+    return lease_id.status();
+  }
+  grant.lease_id = *std::move(lease_id);
   if (grant.pull) grant.pull_token = PullToken(grant.lease_id);
   UpdateGauges();
   return grant;
 }
 
 absl::StatusOr<std::shared_ptr<const ShardRecord>> Agent::Commit(const std::string& lease_id, uint64_t size_bytes,
-                                          std::vector<ManifestItem> items, const PullSource* pull) {
-  CKPT_ASSIGN_OR_RETURN(CommittingLease l, leases_->BeginCommit(lease_id, size_bytes));
+                                          std::vector<ManifestItem> items, const PullSource* pull,
+                                          const std::string& session_id) {
+  CKPT_ASSIGN_OR_RETURN(CommittingLease l, leases_->BeginCommit(lease_id, size_bytes, session_id));
   // Validation, the pull and the crcs run without any lock; the lease stays
   // usable if they fail.
   std::vector<Pin> bases;
@@ -465,14 +481,12 @@ absl::StatusOr<std::shared_ptr<const ShardRecord>> Agent::Commit(const std::stri
 }
 
 std::string Agent::PullToken(const std::string& lease_id) const {
-  // Derived, not stored: a keyed hash of the lease id with this process's
-  // random key (lease ids are unique; a token is worthless for any other
-  // lease, and a restarted agent has no leases of its predecessor).
-  const XXH128_hash_t h = XXH3_128bits_withSeed(lease_id.data(), lease_id.size(), pull_token_key_);
-  std::string token(kPullTokenBytes, '\0');
-  std::memcpy(token.data(), &h.low64, 8);
-  std::memcpy(token.data() + 8, &h.high64, 8);
-  return token;
+  static_assert(kPullTokenBytes == kHmacSha256Bytes);
+  return HmacSha256(token_key_, absl::StrCat("pull:", lease_id));
+}
+
+std::string Agent::DeliverToken(const std::string& handle_id) const {
+  return HmacSha256(token_key_, absl::StrCat("deliver:", handle_id));
 }
 
 absl::Status Agent::PullInto(const CommittingLease& l, const std::vector<ManifestItem>& items,
@@ -634,8 +648,8 @@ absl::Status Agent::CompactRefused(const ShardRecord& rec, const std::vector<Pin
   return absl::OkStatus();
 }
 
-absl::Status Agent::AbortLease(const std::string& lease_id) {
-  absl::Status s = leases_->Abort(lease_id);
+absl::Status Agent::AbortLease(const std::string& lease_id, const std::string& session_id) {
+  absl::Status s = leases_->Abort(lease_id, session_id);
   UpdateGauges();
   return s;
 }
@@ -710,12 +724,12 @@ absl::StatusOr<OpenResult> Agent::RestoreByDecode(const ShardRecord& expected, c
   return restorer_->ByDecode(expected, source, ClientOf(client_pid), ttl_ms);
 }
 
-absl::Status Agent::Deliver(const std::string& handle_id, const PullSource& target) {
+absl::Status Agent::Deliver(const std::string& handle_id, const PullSource& target, const std::string& session_id) {
   if (options_.puller == nullptr) {
     return absl::FailedPreconditionError("this agent does not deliver restores (a host ckpt-agent): map the regions "
                                          "OpenShard returned");
   }
-  CKPT_ASSIGN_OR_RETURN(Pin pin, leases_->HandlePin(handle_id));
+  CKPT_ASSIGN_OR_RETURN(Pin pin, leases_->HandlePin(handle_id, session_id));
   const uint64_t size = pin.rec->size_bytes;
   absl::Status s = options_.puller->Push(target, DeliverToken(handle_id), pin.bytes, size,
                                          absl::Milliseconds(options_.peer_timeout_ms));
@@ -728,9 +742,10 @@ absl::Status Agent::Deliver(const std::string& handle_id, const PullSource& targ
   return absl::OkStatus();
 }
 
-absl::Status Agent::CloseShard(const std::string& handle_id) {
-  leases_->CloseHandle(handle_id);
-  return absl::OkStatus();
+absl::Status Agent::CloseShard(const std::string& handle_id, const std::string& session_id) {
+  absl::Status s = leases_->CloseHandle(handle_id, session_id);
+  UpdateGauges();
+  return s;
 }
 
 absl::Status Agent::ReadShard(const ShardId& id, uint64_t offset, uint64_t length,

@@ -30,7 +30,6 @@
 #include <map>
 #include <memory>
 #include <optional>
-#include <random>
 #include <set>
 #include <string>
 #include <thread>
@@ -43,6 +42,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/clock.h"
+#include "common/crypto.h"
 #include "common/file_system.h"
 #include "common/manifest.h"
 #include "common/metrics.h"
@@ -224,9 +224,13 @@ class Agent : private MetaSession::Delegate {
   // reads the bytes from `pull` (required there, refused otherwise) and
   // checks every item's crc32c: Unavailable if the read fails, DataLoss if
   // an item does not match; the lease stays open either way.
+  // `session_id`: the committing call's client session ("" for none); a
+  // lease is committed, aborted, closed or delivered only for the holder that
+  // took it (LeaseTable: PermissionDenied otherwise).
   absl::StatusOr<std::shared_ptr<const ShardRecord>> Commit(const std::string& lease_id, uint64_t size_bytes,
-                                     std::vector<ManifestItem> items, const PullSource* pull = nullptr);
-  absl::Status AbortLease(const std::string& lease_id);
+                                     std::vector<ManifestItem> items, const PullSource* pull = nullptr,
+                                     const std::string& session_id = "");
+  absl::Status AbortLease(const std::string& lease_id, const std::string& session_id = "");
 
   // ---- restore path (see Restorer) ----
   absl::StatusOr<OpenResult> OpenShard(const ShardId& id, bool skip_verify, uint32_t client_pid, int64_t ttl_ms);
@@ -237,17 +241,20 @@ class Agent : private MetaSession::Delegate {
                                              uint32_t client_pid, int64_t ttl_ms);
   absl::StatusOr<OpenResult> RestoreByDecode(const ShardRecord& expected, const EcDecodeSource& source,
                                              uint32_t client_pid, int64_t ttl_ms);
-  absl::Status CloseShard(const std::string& handle_id);
+  absl::Status CloseShard(const std::string& handle_id, const std::string& session_id = "");
   // Pull mode (a DPU agent): restores are not mapped by the client but
   // written into its staging memory. True when this agent works so (its
   // OpenShard answers carry DeliverToken(handle) instead of regions).
   bool delivers() const { return options_.puller != nullptr; }
-  std::string DeliverToken(const std::string& handle_id) const { return PullToken("deliver:" + handle_id); }
+  // The token a client puts at the head of the staging memory a restore of
+  // handle `handle_id` is delivered into (kPullTokenBytes; see PullToken).
+  std::string DeliverToken(const std::string& handle_id) const;
   // Writes the shard of open handle `handle_id` into the client's `target`
-  // (whose header must hold DeliverToken(handle_id)) with one-sided puts.
-  // NotFound (handle not open), FailedPrecondition (not a pull-mode agent),
-  // and Puller::Push's errors.
-  absl::Status Deliver(const std::string& handle_id, const PullSource& target);
+  // (whose header must hold DeliverToken(handle_id)) with one-sided puts,
+  // for a call of session `session_id` ("": none). NotFound (handle not
+  // open), PermissionDenied (another holder's handle), FailedPrecondition
+  // (not a pull-mode agent), and Puller::Push's errors.
+  absl::Status Deliver(const std::string& handle_id, const PullSource& target, const std::string& session_id = "");
   // Calls fn(data, len) over the shard bytes [offset, offset+length) (length
   // 0: to the end) while the copy is pinned. NotFound / OutOfRange.
   absl::Status ReadShard(const ShardId& id, uint64_t offset, uint64_t length,
@@ -330,9 +337,11 @@ class Agent : private MetaSession::Delegate {
   // Pull-mode ingest: reads the lease's bytes from the client's staging
   // memory and checks each of the shard's own items against its crc32c.
   absl::Status PullInto(const CommittingLease& l, const std::vector<ManifestItem>& items, const PullSource& pull);
-  // The pull token of a lease (kPullTokenBytes).
+  // The pull token of a lease (kPullTokenBytes): HMAC-SHA256 of the lease id
+  // under token_key_. Derived, not stored: worthless for any other lease,
+  // and a restarted agent (a new key) honours none of its predecessor's.
   std::string PullToken(const std::string& lease_id) const;
-  const uint64_t pull_token_key_ = (uint64_t{std::random_device{}()} << 32) ^ std::random_device{}();
+  const std::string token_key_ = RandomBytes(32);  // 256 random bits, this process's
   Agent(const AgentOptions& options, MetaLink* meta, Clock* clock, FileSystem* durable_fs, MetricsRegistry* metrics);
   absl::Status Init();
   std::string BudgetMessage(uint64_t want) const;

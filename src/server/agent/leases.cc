@@ -2,6 +2,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/crypto.h"
 #include "common/lock_check.h"
 #include "common/log.h"
 
@@ -25,53 +26,148 @@ std::vector<Region> RegionsOf(const std::string& pool_path, const std::vector<Ex
 LeaseTable::LeaseTable(Clock* clock, AgentMetrics* metrics, GoneFn is_gone)
     : clock_(clock), metrics_(metrics), is_gone_(std::move(is_gone)) {}
 
-std::string LeaseTable::NewId(const char* prefix) {
-  return absl::StrFormat("%s-%x-%d", prefix, absl::ToUnixNanos(clock_->Now()) & 0xffffffffff, next_id_++);
+std::string IdForLog(const std::string& id) {
+  // The prefix ("l-", "h-") and 8 hex digits: 32 of the 128 random bits.
+  const size_t keep = id.find('-') == 1 ? 10 : 8;
+  return id.size() <= keep ? id : absl::StrCat(id.substr(0, keep), "...");
 }
 
-std::string LeaseTable::Add(const ShardId& shard, uint64_t size_bytes, ReservationPtr bytes,
-                            const std::string& run_id, const ClientRef& client, absl::Duration ttl, bool ahead) {
-  ReservationPtr replaced;
+std::string LeaseTable::NewId(const char* prefix) const {
   std::string id;
+  do {
+    id = RandomId(prefix);
+  } while (leases_.count(id) != 0 || handles_.count(id) != 0 || committed_.count(id) != 0);
+  return id;
+}
+
+namespace {
+
+// Whether a call of session `session_id` acts for the holder of `held`.
+bool SameHolder(const ClientRef& held, const std::string& session_id) { return held.session_id == session_id; }
+
+// The refusal of a call of session `session_id` on `what` ("lease", "shard
+// handle") of another holder.
+absl::Status NotYours(const char* what, const std::string& id, const ClientRef& held, const std::string& session_id) {
+  if (held.session_id.empty()) {
+    return absl::PermissionDeniedError(absl::StrCat(what, " ", IdForLog(id),
+                                                    " was taken by a call without a client session: only calls "
+                                                    "without a session_id may use it"));
+  }
+  return absl::PermissionDeniedError(absl::StrCat(
+      what, " ", IdForLog(id), " belongs to another client session (pid ", held.pid,
+      "): only the session that took it may use it", session_id.empty() ? " (this call names no session_id)" : ""));
+}
+
+}  // namespace
+
+std::optional<LeaseTable::Holder> LeaseTable::OtherHolder(const ShardId& shard, const ClientRef& client) const {
+  auto old = lease_of_shard_.find(shard);
+  if (old == lease_of_shard_.end()) return std::nullopt;
+  auto l = leases_.find(old->second);
+  if (l == leases_.end() || SameHolder(l->second.client, client.session_id)) return std::nullopt;
+  const absl::Duration left = l->second.expires - clock_->MonotonicNow();
+  if (!l->second.committing && left <= absl::ZeroDuration()) return std::nullopt;  // expired: Expire's to release
+  return Holder{l->first, l->second.client, l->second.committing, left};
+}
+
+absl::Status LeaseTable::HeldBy(const ShardId& shard, const Holder& holder) {
+  if (holder.committing) {
+    return absl::FailedPreconditionError(absl::StrCat("shard ", ShardIdString(shard),
+                                                      " is being committed by another client (pid ",
+                                                      holder.client.pid, "); a second lease for it is refused"));
+  }
+  if (holder.client.session_id.empty()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "shard ", ShardIdString(shard), " has an uncommitted lease of a client without a session (pid ",
+        holder.client.pid, "), which it keeps until it commits or aborts it or for ",
+        absl::FormatDuration(absl::Ceil(holder.ttl_left, absl::Seconds(1))),
+        " more (its ttl); a second lease for it is refused: two trainers save the same rank?"));
+  }
+  return absl::FailedPreconditionError(absl::StrCat(
+      "shard ", ShardIdString(shard), " has an uncommitted lease of another client session (pid ", holder.client.pid,
+      "), which is still open or within its grace period after closing; a second lease for it is refused: two "
+      "trainers save the same rank, or a restarted trainer asked before its previous session ended (that session's "
+      "leases go once its grace period has passed)"));
+}
+
+absl::Status LeaseTable::MayLease(const ShardId& shard, const ClientRef& client) const {
+  std::optional<Holder> holder;
   {
     CheckedLock lock(&mu_);
-    // A trainer restarted mid-copy: its old lease for this rank is void.
-    if (auto old = lease_of_shard_.find(shard); old != lease_of_shard_.end()) {
-      auto l = leases_.find(old->second);
-      if (l != leases_.end() && !l->second.committing) {
-        log::Info("lease {} for {} replaced by a new lease", l->first, ShardIdString(shard));
-        replaced = std::move(l->second.bytes);
-        leases_.erase(l);
+    holder = OtherHolder(shard, client);
+  }
+  if (!holder) return absl::OkStatus();
+  // A committing lease stays; any other lease of a holder that is gone may
+  // be replaced (asked without the lock: it may look at sessions).
+  if (!holder->committing && is_gone_ && is_gone_(holder->client)) return absl::OkStatus();
+  return HeldBy(shard, *holder);
+}
+
+absl::StatusOr<std::string> LeaseTable::Add(const ShardId& shard, uint64_t size_bytes, ReservationPtr bytes,
+                                            const std::string& run_id, const ClientRef& client, absl::Duration ttl,
+                                            bool ahead) {
+  ReservationPtr replaced;
+  std::string id;
+  // The holder in the way, if any, must be gone; its liveness is asked
+  // without the lock, then the lease of the shard must still be the one
+  // asked about (else ask again).
+  std::string gone_lease;  // a lease whose holder is gone
+  for (int round = 0;; ++round) {
+    std::optional<Holder> holder;
+    {
+      CheckedLock lock(&mu_);
+      holder = OtherHolder(shard, client);
+      if (!holder || holder->lease_id == gone_lease) {
+        // Ours to replace: the same holder's, expired, or its holder gone.
+        if (auto old = lease_of_shard_.find(shard); old != lease_of_shard_.end()) {
+          auto l = leases_.find(old->second);
+          if (l != leases_.end() && !l->second.committing) {
+            log::Info("lease {} for {} replaced by a new lease{}", IdForLog(l->first), ShardIdString(shard),
+                      holder ? " (its client is gone)" : "");
+            replaced = std::move(l->second.bytes);
+            leases_.erase(l);
+          }
+          lease_of_shard_.erase(old);
+        }
+        id = NewId("l-");
+        Lease l;
+        l.shard = shard;
+        l.size_bytes = size_bytes;
+        l.bytes = std::move(bytes);
+        l.run_id = run_id;
+        l.client = client;
+        l.expires = clock_->MonotonicNow() + ttl;
+        l.ahead = ahead;
+        leases_.emplace(id, std::move(l));
+        lease_of_shard_[shard] = id;
+        break;
       }
-      lease_of_shard_.erase(old);
     }
-    id = NewId("l");
-    Lease l;
-    l.shard = shard;
-    l.size_bytes = size_bytes;
-    l.bytes = std::move(bytes);
-    l.run_id = run_id;
-    l.client = client;
-    l.expires = clock_->MonotonicNow() + ttl;
-    l.ahead = ahead;
-    leases_.emplace(id, std::move(l));
-    lease_of_shard_[shard] = id;
+    if (holder->committing || !is_gone_ || !is_gone_(holder->client) || round >= 8) {
+      return HeldBy(shard, *holder);  // (`bytes` is released here, without the lock)
+    }
+    gone_lease = holder->lease_id;
   }
   return id;
 }
 
-absl::StatusOr<CommittingLease> LeaseTable::BeginCommit(const std::string& lease_id, uint64_t size_bytes) {
+absl::StatusOr<CommittingLease> LeaseTable::BeginCommit(const std::string& lease_id, uint64_t size_bytes,
+                                                        const std::string& session_id) {
   CheckedLock lock(&mu_);
   auto it = leases_.find(lease_id);
   if (it == leases_.end()) {
-    if (committed_.count(lease_id) != 0) {
-      return absl::AlreadyExistsError(absl::StrCat("lease ", lease_id, " is already committed"));
+    if (auto c = committed_.find(lease_id); c != committed_.end()) {
+      if (c->second.session_id != session_id) {
+        return NotYours("lease", lease_id, ClientRef{0, c->second.session_id}, session_id);
+      }
+      return absl::AlreadyExistsError(absl::StrCat("lease ", IdForLog(lease_id), " is already committed"));
     }
     return absl::FailedPreconditionError(
-        absl::StrCat("lease \"", lease_id, "\" is unknown, aborted or expired; acquire a new one"));
+        absl::StrCat("lease \"", IdForLog(lease_id), "\" is unknown, aborted or expired; acquire a new one"));
   }
+  if (!SameHolder(it->second.client, session_id)) return NotYours("lease", lease_id, it->second.client, session_id);
   if (it->second.committing) {
-    return absl::AbortedError(absl::StrCat("lease ", lease_id, " is being committed by another call"));
+    return absl::AbortedError(absl::StrCat("lease ", IdForLog(lease_id), " is being committed by another call"));
   }
   Lease& l = it->second;
   if (size_bytes == 0) size_bytes = l.size_bytes;
@@ -93,12 +189,17 @@ bool LeaseTable::FinishCommit(const std::string& lease_id, const ShardId& shard)
   auto it = leases_.find(lease_id);
   if (it == leases_.end()) return false;
   release = std::move(it->second.bytes);
+  const std::string session_id = it->second.client.session_id;
   leases_.erase(it);
   if (auto s = lease_of_shard_.find(shard); s != lease_of_shard_.end() && s->second == lease_id) {
     lease_of_shard_.erase(s);
   }
-  committed_[lease_id] = shard;
-  if (committed_.size() > kCommittedLeaseMemory) committed_.erase(committed_.begin());
+  committed_[lease_id] = Committed{shard, session_id};
+  committed_order_.push_back(lease_id);
+  if (committed_order_.size() > kCommittedLeaseMemory) {
+    committed_.erase(committed_order_.front());
+    committed_order_.pop_front();
+  }
   return true;
 }
 
@@ -108,18 +209,22 @@ void LeaseTable::CancelCommit(const std::string& lease_id) {
   if (it != leases_.end()) it->second.committing = false;
 }
 
-absl::Status LeaseTable::Abort(const std::string& lease_id) {
+absl::Status LeaseTable::Abort(const std::string& lease_id, const std::string& session_id) {
   ReservationPtr release;
   CheckedLock lock(&mu_);
   auto it = leases_.find(lease_id);
   if (it == leases_.end()) {
-    if (committed_.count(lease_id) != 0) {
-      return absl::FailedPreconditionError(absl::StrCat("lease ", lease_id, " is committed"));
+    if (auto c = committed_.find(lease_id); c != committed_.end()) {
+      if (c->second.session_id != session_id) {
+        return NotYours("lease", lease_id, ClientRef{0, c->second.session_id}, session_id);
+      }
+      return absl::FailedPreconditionError(absl::StrCat("lease ", IdForLog(lease_id), " is committed"));
     }
     return absl::OkStatus();
   }
+  if (!SameHolder(it->second.client, session_id)) return NotYours("lease", lease_id, it->second.client, session_id);
   if (it->second.committing) {
-    return absl::FailedPreconditionError(absl::StrCat("lease ", lease_id, " is being committed"));
+    return absl::FailedPreconditionError(absl::StrCat("lease ", IdForLog(lease_id), " is being committed"));
   }
   release = std::move(it->second.bytes);
   if (auto s = lease_of_shard_.find(it->second.shard); s != lease_of_shard_.end() && s->second == lease_id) {
@@ -129,20 +234,37 @@ absl::Status LeaseTable::Abort(const std::string& lease_id) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<Pin> LeaseTable::HandlePin(const std::string& handle_id) const {
+absl::StatusOr<Pin> LeaseTable::HandlePin(const std::string& handle_id, const std::string& session_id) const {
   CheckedLock lock(&mu_);
   auto it = handles_.find(handle_id);
   if (it == handles_.end()) {
-    return absl::NotFoundError(absl::StrCat("shard handle \"", handle_id, "\" is not open (closed or expired)"));
+    return absl::NotFoundError(
+        absl::StrCat("shard handle \"", IdForLog(handle_id), "\" is not open (closed or expired)"));
+  }
+  if (!SameHolder(it->second.client, session_id)) {
+    return NotYours("shard handle", handle_id, it->second.client, session_id);
   }
   return it->second.pin;
 }
 
 std::string LeaseTable::OpenHandle(const ShardId& shard, Pin pin, const ClientRef& client, absl::Duration ttl) {
   CheckedLock lock(&mu_);
-  const std::string id = NewId("h");
+  const std::string id = NewId("h-");
   handles_.emplace(id, Handle{shard, std::move(pin), client, clock_->MonotonicNow() + ttl});
   return id;
+}
+
+absl::Status LeaseTable::CloseHandle(const std::string& handle_id, const std::string& session_id) {
+  Pin release;
+  CheckedLock lock(&mu_);
+  auto it = handles_.find(handle_id);
+  if (it == handles_.end()) return absl::OkStatus();
+  if (!SameHolder(it->second.client, session_id)) {
+    return NotYours("shard handle", handle_id, it->second.client, session_id);
+  }
+  release = std::move(it->second.pin);
+  handles_.erase(it);
+  return absl::OkStatus();
 }
 
 void LeaseTable::CloseHandle(const std::string& handle_id) {
@@ -183,7 +305,7 @@ int LeaseTable::Expire() {
         ++it;
         continue;
       }
-      log::Info("lease {} for {} released ({})", it->first, ShardIdString(it->second.shard),
+      log::Info("lease {} for {} released ({})", IdForLog(it->first), ShardIdString(it->second.shard),
                 gone ? "its client is gone" : "its ttl passed");
       release.push_back(std::move(it->second.bytes));
       if (auto s = lease_of_shard_.find(it->second.shard); s != lease_of_shard_.end() && s->second == it->first) {
@@ -219,7 +341,7 @@ int LeaseTable::ReleaseSession(const std::string& session_id) {
         ++it;
         continue;
       }
-      log::Info("lease {} for {} released (its client's session ended)", it->first,
+      log::Info("lease {} for {} released (its client's session ended)", IdForLog(it->first),
                 ShardIdString(it->second.shard));
       release.push_back(std::move(it->second.bytes));
       if (auto s = lease_of_shard_.find(it->second.shard); s != lease_of_shard_.end() && s->second == it->first) {

@@ -9,6 +9,19 @@
 // Liveness: a lease or handle lives until its ttl passes or its client is
 // known to be gone (Expire; see docs/agent.md "Leases and handles").
 //
+// Ids and holders (docs/security.md "Ids and tokens"). Lease and handle ids
+// are 128 random bits (common/crypto.h RandomId), so nobody guesses one; and
+// each belongs to the client session that took it (ClientRef::session_id):
+// only a call naming that same session may commit, abort, close or deliver
+// it (PermissionDenied otherwise, and nothing changes). Calls without a
+// session (gRPC with no session_id: tools, tests) form one holder of their
+// own: what they take, only calls without a session use. A new lease for a
+// (job, step, rank) replaces an uncommitted one of the same holder (a
+// trainer that lost its lease id asks again); another holder's is replaced
+// only once that holder is gone (its session ended, or the ttl of a lease
+// taken without a session passed): before, the new lease is refused
+// (FailedPrecondition naming the holder's pid, never its ids).
+//
 // Locking: one mutex over the maps, never held across I/O or calls into
 // other components; space is released after the lock is dropped.
 //
@@ -16,6 +29,7 @@
 #pragma once
 
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <map>
 #include <optional>
@@ -44,9 +58,13 @@ std::vector<Region> RegionsOf(const std::string& pool_path, const std::vector<Ex
 
 // Who a lease or handle belongs to.
 struct ClientRef {
-  uint32_t pid = 0;         // 0: unknown (no liveness check by pid)
+  uint32_t pid = 0;         // as the client said (for messages; 0: unknown)
   std::string session_id;   // the client's session (empty: none)
 };
+
+// An id (lease, handle, session) as logs and messages show it: its first
+// characters, enough to tell ids apart, too few to use one.
+std::string IdForLog(const std::string& id);
 
 // A lease being committed: its shard, size and space (still owned by the
 // table until FinishCommit).
@@ -65,34 +83,55 @@ class LeaseTable {
   using GoneFn = std::function<bool(const ClientRef&)>;
   LeaseTable(Clock* clock, AgentMetrics* metrics, GoneFn is_gone);
 
+  // OK if `client` may take a lease for `shard` now: no uncommitted lease of
+  // another live holder is open for it (see the file comment). Otherwise
+  // FailedPrecondition naming the holder's pid (never its session or lease
+  // id). Add checks the same again; this lets a caller refuse before it
+  // does anything else. Blocks only on is_gone (without the lock).
+  absl::Status MayLease(const ShardId& shard, const ClientRef& client) const;
   // Adds a lease for `shard` over `bytes`, replacing (and releasing) an
-  // older uncommitted lease for the same shard. Returns the new lease id.
-  // `ahead`: asked for ahead of its save (begin_at_commit; counted apart in
-  // LeasedAheadBytes).
-  std::string Add(const ShardId& shard, uint64_t size_bytes, ReservationPtr bytes, const std::string& run_id,
-                  const ClientRef& client, absl::Duration ttl, bool ahead = false);
+  // older uncommitted lease for the same shard of the same holder, or of a
+  // holder that is gone. Returns the new lease id (RandomId "l-").
+  // FailedPrecondition as MayLease (then `bytes` is released and nothing
+  // else changes). `ahead`: asked for ahead of its save (begin_at_commit;
+  // counted apart in LeasedAheadBytes).
+  absl::StatusOr<std::string> Add(const ShardId& shard, uint64_t size_bytes, ReservationPtr bytes,
+                                  const std::string& run_id, const ClientRef& client, absl::Duration ttl,
+                                  bool ahead = false);
   // Marks the lease as being committed with `size_bytes` (0: the lease's
   // size), returns the pages past it to the arena, and returns the lease.
-  // FailedPrecondition (unknown, aborted, expired), AlreadyExists (committed
-  // before), Aborted (a commit of it is in progress), InvalidArgument (size
-  // over the lease's).
-  absl::StatusOr<CommittingLease> BeginCommit(const std::string& lease_id, uint64_t size_bytes);
+  // `session_id`: the committing call's session ("" for none).
+  // PermissionDenied (the lease, or the commit that consumed it, is another
+  // holder's: nothing changes), FailedPrecondition (unknown, aborted,
+  // expired), AlreadyExists (committed before by this holder), Aborted (a
+  // commit of it is in progress), InvalidArgument (size over the lease's).
+  absl::StatusOr<CommittingLease> BeginCommit(const std::string& lease_id, uint64_t size_bytes,
+                                              const std::string& session_id);
   // Ends a commit: the lease goes away (kept: its space now belongs to a
   // holding). False if the lease vanished meanwhile (replaced or expired).
   bool FinishCommit(const std::string& lease_id, const ShardId& shard);
   // A commit that failed validation: the lease stays usable (at the size
   // BeginCommit trimmed it to).
   void CancelCommit(const std::string& lease_id);
-  // Releases an uncommitted lease. FailedPrecondition if it was committed.
-  absl::Status Abort(const std::string& lease_id);
+  // Releases an uncommitted lease for a call of session `session_id` ("":
+  // none). OK for an unknown id (aborted or expired before).
+  // PermissionDenied (another holder's), FailedPrecondition if it was
+  // committed (or is being committed).
+  absl::Status Abort(const std::string& lease_id, const std::string& session_id);
 
-  // Opens a handle on a pinned copy. Returns its id.
+  // Opens a handle on a pinned copy. Returns its id (RandomId "h-").
   std::string OpenHandle(const ShardId& shard, Pin pin, const ClientRef& client, absl::Duration ttl);
-  // Closes a handle (unknown ids are fine).
+  // Closes a handle for a call of session `session_id` ("": none). OK for
+  // an unknown id (closed before); PermissionDenied if the handle is another
+  // holder's (it stays open).
+  absl::Status CloseHandle(const std::string& handle_id, const std::string& session_id);
+  // The agent's own close of a handle it just opened (any holder's; unknown
+  // ids are fine).
   void CloseHandle(const std::string& handle_id);
-  // The pin an open handle holds (a copy: the bytes stay while it lives).
-  // NotFound for an unknown or closed handle.
-  absl::StatusOr<Pin> HandlePin(const std::string& handle_id) const;
+  // The pin an open handle holds (a copy: the bytes stay while it lives),
+  // for a call of session `session_id`. NotFound for an unknown or closed
+  // handle, PermissionDenied for another holder's.
+  absl::StatusOr<Pin> HandlePin(const std::string& handle_id, const std::string& session_id) const;
 
   // Releases leases and handles whose ttl passed or whose client is gone.
   // Returns how many were released.
@@ -123,17 +162,36 @@ class LeaseTable {
     ClientRef client;
     absl::Time expires;
   };
-  std::string NewId(const char* prefix) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A lease committed, kept for replays of its commit.
+  struct Committed {
+    ShardId shard;
+    std::string session_id;  // its holder's
+  };
+  // A lease of another holder that stands in the way of a new one.
+  struct Holder {
+    std::string lease_id;
+    ClientRef client;
+    bool committing = false;
+    absl::Duration ttl_left;  // a lease without a session: until it expires
+  };
+  // A new id with `prefix` that no lease or handle has.
+  std::string NewId(const char* prefix) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The uncommitted lease of `shard` that `client` may not replace without
+  // asking whether its holder is gone: another holder's, and not expired.
+  std::optional<Holder> OtherHolder(const ShardId& shard, const ClientRef& client) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The refusal of a lease for `shard` that `holder` holds.
+  static absl::Status HeldBy(const ShardId& shard, const Holder& holder);
 
   Clock* const clock_;
   AgentMetrics* const metrics_;
   const GoneFn is_gone_;
 
   mutable absl::Mutex mu_;
-  uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
   std::map<std::string, Lease> leases_ ABSL_GUARDED_BY(mu_);
   std::map<ShardId, std::string> lease_of_shard_ ABSL_GUARDED_BY(mu_);
-  std::map<std::string, ShardId> committed_ ABSL_GUARDED_BY(mu_);  // recent commits, for replays
+  std::map<std::string, Committed> committed_ ABSL_GUARDED_BY(mu_);  // recent commits, for replays
+  std::deque<std::string> committed_order_ ABSL_GUARDED_BY(mu_);     // their ids, oldest first
   std::map<std::string, Handle> handles_ ABSL_GUARDED_BY(mu_);
 };
 

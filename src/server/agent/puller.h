@@ -17,12 +17,15 @@
 
 namespace ckpt::agent {
 
-// Staging memory starts with a header: the lease's pull token (16 bytes)
+// Staging memory starts with a header: the lease's pull token (32 bytes:
+// HMAC-SHA256 of the lease id under a key of the agent's, Agent::PullToken)
 // then zeros; the shard follows at `address + kPullHeaderBytes`. The agent
-// reads the header first: memory that does not hold the token is not the
-// committing client's own staging (AgentService PullSource).
+// reads the header first and compares in constant time: memory that does not
+// hold the token is not the committing client's own staging (AgentService
+// PullSource). A restore's deliver token works the same way.
 inline constexpr uint64_t kPullHeaderBytes = 64;
-inline constexpr size_t kPullTokenBytes = 16;
+inline constexpr size_t kPullTokenBytes = 32;
+static_assert(kPullTokenBytes <= kPullHeaderBytes);
 
 // The client's staging memory (AgentService PullSource).
 struct PullSource {

@@ -11,11 +11,11 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
-#include <random>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
+#include "common/crypto.h"
 #include "common/lock_check.h"
 #include "common/log.h"
 #include "common/status_macros.h"
@@ -31,10 +31,12 @@ namespace {
 constexpr size_t kMaxMessage = 512;
 constexpr absl::Duration kHelloTimeout = absl::Seconds(5);
 
-std::string NewSessionId() {
-  std::random_device rd;
-  return absl::StrFormat("%08x%08x%08x%08x", rd(), rd(), rd(), rd());
-}
+// 128 random bits, hex (the client names its session with it: it must not
+// be guessable).
+std::string NewSessionId() { return RandomId(""); }
+
+// A session id as logs show it: too short to resume or name the session.
+std::string ForLog(const std::string& id) { return id.size() <= 8 ? id : id.substr(0, 8) + "..."; }
 
 absl::Status Errno(const std::string& what) {
   return absl::UnavailableError(absl::StrCat(what, ": ", std::strerror(errno)));
@@ -292,7 +294,7 @@ void SessionServer::ServeRequests() {
     if (!sent) {
       // Half a reply would leave the stream out of step: the connection
       // ends (the session's grace begins; the client opens a new one).
-      log::Warn("session {}: the client did not take its reply within {}; closing the connection", r.session_id,
+      log::Warn("session {}: the client did not take its reply within {}; closing the connection", ForLog(r.session_id),
                 absl::FormatDuration(options_.reply_timeout));
       ::shutdown(r.fd, SHUT_RDWR);
     }
@@ -410,7 +412,7 @@ bool SessionServer::Greet(int fd) {
     v2_.erase(fd);
     return false;
   }
-  log::Debug("client session {} opened", id);
+  log::Debug("client session {} opened", ForLog(id));
   return true;
 }
 
@@ -423,7 +425,7 @@ void SessionServer::Hangup(int fd) {
     if (s != sessions_.end()) {
       s->second.fd = -1;
       s->second.closed_at = clock_->MonotonicNow();
-      log::Info("client session {} closed; its leases and handles go in {}", it->second,
+      log::Info("client session {} closed; its leases and handles go in {}", ForLog(it->second),
                 absl::FormatDuration(options_.grace));
     }
     by_fd_.erase(it);

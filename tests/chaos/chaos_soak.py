@@ -353,6 +353,7 @@ class Soak:
         self.log_file = open(self.work / "soak.log", "a")
         self.log_lock = threading.Lock()
         self.tls = threading.local()
+        self.certs = None  # ClusterTls, made by start_cluster
         self.failures = []
         self.counts = collections.Counter()
         self.faults = collections.Counter()
@@ -445,7 +446,7 @@ class Soak:
 
     def ctl_env(self):
         """ckptctl's environment: the daemons', with an admin certificate (CKPT_TLS_*)."""
-        return dict(self.daemon_env(), **self.certs.admin_env())
+        return dict(self.daemon_env(), **(self.certs.admin_env() if self.certs else {}))
 
     def setup_durable(self):
         self.durable.mkdir()

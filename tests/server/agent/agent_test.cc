@@ -44,6 +44,7 @@ class AgentTest : public ::testing::Test {
     o.durable_root = "/durable";
     o.flush_retry_initial_ms = 100;
     o.flush_max_tries = 3;
+    o.on_data_plane_key = [this](const std::string& key) { data_plane_keys_.push_back(key); };
     absl::StatusOr<std::unique_ptr<Agent>> a = Agent::Create(o, &meta_, &clock_, &fault_fs_, &metrics_);
     ASSERT_TRUE(a.ok()) << a.status();
     agent_ = *std::move(a);
@@ -105,7 +106,30 @@ class AgentTest : public ::testing::Test {
   FaultFileSystem fault_fs_{&mem_fs_};
   MetricsRegistry metrics_;
   std::unique_ptr<Agent> agent_;
+  std::vector<std::string> data_plane_keys_;  // what on_data_plane_key got (ControlOnce runs here)
 };
+
+// Meta's data-plane key reaches the daemon's hook (its UCX transport) at
+// each registration, before anything else happens with meta; an --insecure
+// meta's empty key is passed on as it is (the daemon then keeps its token).
+TEST_F(AgentTest, MetasDataPlaneKeyIsHandedOnAtEachRegistration) {
+  EXPECT_TRUE(data_plane_keys_.empty()) << "nothing before registering";
+  meta_.data_plane_key = std::string(32, 'k');
+  agent_->ControlOnce();
+  ASSERT_EQ(data_plane_keys_.size(), 1u);
+  EXPECT_EQ(data_plane_keys_[0], std::string(32, 'k'));
+  agent_->ControlOnce();
+  EXPECT_EQ(data_plane_keys_.size(), 1u) << "registered once";
+  // A restarted agent registers again and gets the key again (it is not kept
+  // on disk: without meta a restarted agent still serves local restores).
+  agent_.reset();
+  data_plane_keys_.clear();
+  meta_.data_plane_key.clear();
+  StartAgent();
+  agent_->ControlOnce();
+  ASSERT_EQ(data_plane_keys_.size(), 1u);
+  EXPECT_EQ(data_plane_keys_[0], "");
+}
 
 TEST_F(AgentTest, CommitRecordsShardReportsStagedAndVerifiesInBackground) {
   ShardRecord rec = Save(10, 1);

@@ -28,7 +28,7 @@ class FakeMeta : public MetaLink {
     absl::MutexLock lock(&mu);
     if (!up) return absl::UnavailableError("meta down");
     registrations++;
-    return RegistrationReply{++incarnation, 5000, 1000, 7};
+    return RegistrationReply{++incarnation, 5000, 1000, 7, data_plane_key};
   }
   absl::StatusOr<HeartbeatReply> Heartbeat(const std::string&, uint64_t inc, const LoadReport& load) override {
     AssertNoCheckedLock("an RPC to meta");
@@ -165,6 +165,7 @@ class FakeMeta : public MetaLink {
   std::vector<Member> members;
   int heartbeats = 0;
   int registrations = 0;
+  std::string data_plane_key;  // what registrations answer with
   int begins = 0;
   int task_counter = 0;
   std::map<std::string, uint32_t> world;

@@ -658,6 +658,70 @@ TEST(UcxTransport, SelfCheckPassesAndPeersConnectAfterIt) {
   EXPECT_TRUE(hb.failed().empty()) << "the self-check's connection is never reported";
 }
 
+// Connection ids are random, with or without a key: a process that reaches
+// the UCX worker cannot guess the id of another connection (they used to be
+// 1, 2, 3... without a key).
+TEST(UcxTransport, ConnectionIdsAreRandomWithoutAKey) {
+  TestHandler ha, hb;
+  auto a = NewUcxTransport(NoSelfCheck());
+  auto b = NewUcxTransport(NoSelfCheck());
+  ASSERT_TRUE(a->Start("127.0.0.1:0", &ha).ok());
+  ASSERT_TRUE(b->Start("127.0.0.1:0", &hb).ok());
+  std::vector<PeerId> ids;
+  for (int i = 0; i < 4; ++i) {
+    absl::StatusOr<PeerId> id = a->Connect(b->address(), kConnectMs);
+    ASSERT_TRUE(id.ok()) << id.status();
+    ids.push_back(*id);
+    a->Send(*id, 1, absl::StrCat("m", i), {}, [](const absl::Status&) {});
+  }
+  ASSERT_TRUE(hb.WaitReceived(4));
+  for (const auto& got : hb.received()) ids.push_back(got.msg.from);  // b's ids for them
+  for (size_t i = 0; i < ids.size(); ++i) {
+    // Each below 2^32 with probability 2^-32: small numbers are a counter.
+    EXPECT_GE(ids[i], uint64_t{1} << 32) << "id " << ids[i];
+    for (size_t j = 0; j < i; ++j) {
+      EXPECT_NE(ids[i], ids[j]);
+      EXPECT_NE(ids[i], ids[j] + 1) << "consecutive ids";
+    }
+  }
+}
+
+// A message that names an open connection's id but arrives on another UCX
+// endpoint (another worker: c, which has a connection of its own to b) is
+// dropped: it never reaches b's handler as a message from a.
+TEST(UcxTransport, AMessageNamingAConnectionOnAnotherEndpointIsDropped) {
+  TestHandler ha, hb, hc;
+  auto a = NewUcxTransport(NoSelfCheck());
+  auto b = NewUcxTransport(NoSelfCheck());
+  auto c = NewUcxTransport(NoSelfCheck());
+  ASSERT_TRUE(a->Start("127.0.0.1:0", &ha).ok());
+  ASSERT_TRUE(b->Start("127.0.0.1:0", &hb).ok());
+  ASSERT_TRUE(c->Start("127.0.0.1:0", &hc).ok());
+  absl::StatusOr<PeerId> a_to_b = a->Connect(b->address(), kConnectMs);
+  ASSERT_TRUE(a_to_b.ok()) << a_to_b.status();
+  DoneLog done;
+  a->Send(*a_to_b, 1, "from a", {}, done.Callback());
+  ASSERT_TRUE(hb.WaitReceived(1));
+  const PeerId a_at_b = hb.received()[0].msg.from;  // what a's messages name at b
+  absl::StatusOr<PeerId> c_to_b = c->Connect(b->address(), kConnectMs);
+  ASSERT_TRUE(c_to_b.ok()) << c_to_b.status();
+  // c slips a message naming a's connection in over its own endpoint, then
+  // sends one of its own on the same endpoint (delivered after it).
+  c->TEST_SendNaming(*c_to_b, a_at_b, 1, "forged", done.Callback());
+  c->Send(*c_to_b, 1, "from c", {}, done.Callback());
+  ASSERT_TRUE(hb.WaitReceived(2));
+  ASSERT_TRUE(done.Wait(3));
+  // a's connection still works, and nothing failed.
+  a->Send(*a_to_b, 1, "a again", {}, done.Callback());
+  ASSERT_TRUE(hb.WaitReceived(3));
+  std::vector<std::string> got;
+  for (const auto& g : hb.received()) got.push_back(absl::StrCat(g.msg.header, g.msg.from == a_at_b ? " (a)" : ""));
+  EXPECT_EQ(got, (std::vector<std::string>{"from a (a)", "from c", "a again (a)"}));
+  EXPECT_TRUE(ha.failed().empty());
+  EXPECT_TRUE(hb.failed().empty());
+  EXPECT_TRUE(hc.failed().empty());
+}
+
 TEST(UcxTransport, RegisterMemoryMapsARange) {
   TestHandler h;
   auto t = NewUcxTransport(NoSelfCheck());

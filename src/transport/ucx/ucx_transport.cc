@@ -37,8 +37,9 @@ namespace ckpt::transport {
 namespace {
 
 // Active message ids. Every message starts with the receiver's PeerId for
-// the connection (8 bytes, little-endian): that, not the UCX endpoint a
-// message arrives on, tells the receiver which connection it belongs to.
+// the connection (8 bytes, little-endian, random), which tells the receiver
+// which connection it belongs to; it is accepted only on the UCX endpoint
+// that connection's handshake completed on (Peer::bound_ep).
 constexpr unsigned kAmId = 0;        // [receiver id][u16 type][application header] + payload
 constexpr unsigned kHelloAmId = 1;   // connecting -> accepting side: [receiver id][its nonce][proof]
 constexpr unsigned kReadyAmId = 2;   // accepting -> connecting side: [receiver id][its nonce][proof]
@@ -190,6 +191,10 @@ struct Peer {
   std::string remote_worker;  // inbound: the connecting side's address, until its hello
   absl::Time deadline = absl::InfiniteFuture();  // inbound: handshake must finish by then
   Remote* remote = nullptr;  // set once the UCX endpoint exists; holds a ref until failed
+  // Our UCX endpoint that the other side's hello (inbound) or ready
+  // (outbound) arrived on, as UCX reports it (reply_ep): every later
+  // message for this connection must arrive on it too.
+  ucp_ep_h bound_ep = nullptr;
   bool failed = false;
   absl::Status fail_status;              // what sends still in flight complete with
   std::shared_ptr<ConnectWait> connect;  // set while Connect() waits
@@ -754,6 +759,19 @@ class UcxImpl : public UcxTransport {
     pending_.erase(it);
   }
 
+  // A message that named connection `p` but came on another UCX endpoint
+  // than the one its handshake completed on: dropped, logged at most once a
+  // second.
+  void NoteForeign(const Peer& p) {
+    ++foreign_;
+    const absl::Time now = absl::Now();
+    if (now - last_foreign_log_ < absl::Seconds(1)) return;
+    log::Warn("data plane: dropped a message naming connection {} ({}) that came on another UCX endpoint than "
+              "the one its handshake completed on ({} dropped in all)",
+              p.id, p.address, foreign_);
+    last_foreign_log_ = now;
+  }
+
   // Garbage on the data port is logged, but at most once a second.
   void NoteRefused(const std::string& from, const absl::Status& why) {
     ++refused_;
@@ -1047,8 +1065,6 @@ class UcxImpl : public UcxTransport {
     return absl::OkStatus();
   }
 
-  // A connection id: sequential without a key (readable logs), random with
-  // one (not guessable by a process that reaches our UCX worker).
   // The key a handshake starting now uses.
   std::string HandshakeKey() { return probing_ ? probe_key_ : CurrentKey(); }
 
@@ -1066,8 +1082,9 @@ class UcxImpl : public UcxTransport {
     return key;
   }
 
+  // A connection id: random, so that nobody can guess the id of another
+  // connection (each message names its connection by the id).
   PeerId NewPeerId() {
-    if (options_.auth_key.empty() && !options_.require_auth) return next_peer_++;
     for (;;) {
       const PeerId id = ucx_wire::RandomU64();
       if (id != 0 && !peers_.contains(id)) return id;
@@ -1084,7 +1101,7 @@ class UcxImpl : public UcxTransport {
     rp.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_FLAGS;
     rp.cb.send = &UcxImpl::OnControlSent;
     rp.user_data = op.get();
-    rp.flags = UCP_AM_SEND_FLAG_EAGER;
+    rp.flags = UCP_AM_SEND_FLAG_EAGER | UCP_AM_SEND_FLAG_REPLY;
     void* req = ucp_am_send_nbx(p->remote->ep, am_id, op->header.data(), op->header.size(), nullptr, 0, &rp);
     if (UCS_PTR_IS_PTR(req)) {
       op.release();  // OnControlSent owns it now
@@ -1252,7 +1269,7 @@ class UcxImpl : public UcxTransport {
                       UCP_OP_ATTR_FIELD_FLAGS;
     rp.cb.send = &UcxImpl::OnSendDone;
     rp.user_data = op.get();
-    rp.flags = 0;
+    rp.flags = UCP_AM_SEND_FLAG_REPLY;  // the receiver checks the endpoint it arrives on
     if (payload > options_.rndv_threshold_bytes) rp.flags |= UCP_AM_SEND_FLAG_RNDV;
     const void* buffer = nullptr;
     size_t count = 0;
@@ -1317,16 +1334,33 @@ class UcxImpl : public UcxTransport {
     }
   }
 
+  // The endpoint a message came on (UCP_AM_SEND_FLAG_REPLY, which every
+  // sender sets), or null if UCX did not say.
+  static ucp_ep_h ArrivedOn(const ucp_am_recv_param_t* param) {
+    return (param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP) != 0 ? param->reply_ep : nullptr;
+  }
+
+  // Binds `p` to the endpoint its hello or ready came on.
+  static absl::Status Bind(Peer* p, const ucp_am_recv_param_t* param) {
+    p->bound_ep = ArrivedOn(param);
+    if (p->bound_ep == nullptr) {
+      return absl::PermissionDeniedError("its handshake message does not say which UCX endpoint it came on");
+    }
+    return absl::OkStatus();
+  }
+
   // Inbound side: the connecting side's endpoint works.
   static ucs_status_t OnHello(void* arg, const void* header, size_t header_length, void*, size_t,
-                              const ucp_am_recv_param_t*) {
+                              const ucp_am_recv_param_t* param) {
     auto* self = static_cast<UcxImpl*>(arg);
     Peer* p = self->FindPeer(header, header_length, kHelloBytes, PeerState::kUcxHello);
     if (p == nullptr || !p->inbound || GetLe(static_cast<const char*>(header) + kIdBytes, 8) != p->nonce) {
       log::Debug("data plane: dropped a hello that matches no handshake");
       return UCS_OK;
     }
-    if (absl::Status s = self->CheckControl(*p, kHelloAmId, header, header_length); !s.ok()) {
+    absl::Status s = self->CheckControl(*p, kHelloAmId, header, header_length);
+    if (s.ok()) s = Bind(p, param);
+    if (!s.ok()) {
       log::Warn("data plane: refused {}: {}", p->address, std::string(s.message()));
       self->PeerDown(p, s);
       return UCS_OK;
@@ -1338,14 +1372,16 @@ class UcxImpl : public UcxTransport {
 
   // Outbound side: the accepting side has its endpoint; Connect is complete.
   static ucs_status_t OnReady(void* arg, const void* header, size_t header_length, void*, size_t,
-                              const ucp_am_recv_param_t*) {
+                              const ucp_am_recv_param_t* param) {
     auto* self = static_cast<UcxImpl*>(arg);
     Peer* p = self->FindPeer(header, header_length, kHelloBytes, PeerState::kUcxHello);
     if (p == nullptr || p->inbound || GetLe(static_cast<const char*>(header) + kIdBytes, 8) != p->nonce) {
       log::Debug("data plane: dropped a ready message that matches no handshake");
       return UCS_OK;
     }
-    if (absl::Status s = self->CheckControl(*p, kReadyAmId, header, header_length); !s.ok()) {
+    absl::Status s = self->CheckControl(*p, kReadyAmId, header, header_length);
+    if (s.ok()) s = Bind(p, param);
+    if (!s.ok()) {
       log::Warn("data plane: refused {}: {}", p->address, std::string(s.message()));
       self->PeerDown(p, s);
       return UCS_OK;
@@ -1406,6 +1442,11 @@ class UcxImpl : public UcxTransport {
     if (p == nullptr) {
       log::Debug("UCX transport dropped a message for connection {}, which is not open",
                  GetLe(header, 8));
+      return UCS_OK;
+    }
+    if (ArrivedOn(param) != p->bound_ep) {
+      // Someone else's endpoint naming this connection: not its peer.
+      self->NoteForeign(*p);
       return UCS_OK;
     }
     const auto* h = static_cast<const unsigned char*>(header);
@@ -1500,7 +1541,8 @@ class UcxImpl : public UcxTransport {
   bool stopping_ = false;
   bool probing_ = false;  // SelfCheck running: new peers are silent
   std::string probe_key_;  // the self-check's key (a throwaway one if none is known yet)
-  PeerId next_peer_ = 1;
+  uint64_t foreign_ = 0;  // messages dropped because they came on another endpoint
+  absl::Time last_foreign_log_ = absl::InfinitePast();
   std::map<PeerId, std::unique_ptr<Peer>> peers_;
   std::vector<std::unique_ptr<Remote>> remotes_;        // every endpoint ever opened
   std::map<std::string, Remote*> remote_by_address_;   // the open one per worker address

@@ -40,8 +40,13 @@
 // Wire format of a message: one active message (id 0) whose AM header is
 // [uint64 receiver's PeerId][uint16 type][application header], little-endian,
 // and whose data is the payload (an IOV when the sender has several pieces).
-// The receiver maps the id, not the endpoint the message came on, to the
-// connection. Payloads larger than UcxOptions::rndv_threshold_bytes are
+// Connection ids are random 64-bit numbers (never 0), so nobody can guess
+// another connection's. The receiver maps the id to the connection, and
+// accepts the message only if it came on the UCX endpoint that the
+// connection's handshake completed on (every message is sent with
+// UCP_AM_SEND_FLAG_REPLY, so UCX tells the receiver its endpoint back to the
+// sender): a message naming a connection on any other endpoint is dropped
+// and logged (at most once a second). Payloads larger than UcxOptions::rndv_threshold_bytes are
 // forced to rendezvous, so the receiver pulls them straight into the pieces
 // that Handler::Allocate returned; smaller ones arrive eagerly and are copied
 // once. RMA (ucp_put/get) is never used: UCX emulates it in software over TCP.

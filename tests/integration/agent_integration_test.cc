@@ -4,11 +4,14 @@
 // the agent between commit and flush, corrupted bytes, bad input, metrics.
 #include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include <cstring>
 #include <filesystem>
 #include <random>
+#include <regex>
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -39,6 +42,56 @@ std::string Pattern(size_t n, uint32_t seed) {
   return s;
 }
 
+// A client session on the agent's session socket (docs/agent.md "Client
+// sessions"), spoken by hand: "HELLO 1", the id from "OK <id> <n>"; the pool
+// descriptors that come with it are closed. The connection (the session's
+// liveness) closes with the object.
+class RawSession {
+ public:
+  static std::unique_ptr<RawSession> Open(const std::string& path) {
+    auto s = std::unique_ptr<RawSession>(new RawSession);
+    s->fd_ = ::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+    sockaddr_un addr{};
+    addr.sun_family = AF_UNIX;
+    std::strncpy(addr.sun_path, path.c_str(), sizeof(addr.sun_path) - 1);
+    if (s->fd_ < 0 || ::connect(s->fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) return nullptr;
+    const std::string hello = "HELLO 1\n";
+    if (::send(s->fd_, hello.data(), hello.size(), MSG_NOSIGNAL) != static_cast<ssize_t>(hello.size())) return nullptr;
+    char buf[4096];
+    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * 16)];
+    iovec iov{buf, sizeof(buf) - 1};
+    msghdr msg{};
+    msg.msg_iov = &iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control;
+    msg.msg_controllen = sizeof(control);
+    const ssize_t n = ::recvmsg(s->fd_, &msg, MSG_CMSG_CLOEXEC);
+    if (n <= 0) return nullptr;
+    for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c != nullptr; c = CMSG_NXTHDR(&msg, c)) {
+      if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
+      const size_t fds = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+      for (size_t i = 0; i < fds; ++i) {
+        int fd;
+        std::memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof(int));
+        ::close(fd);
+      }
+    }
+    const std::string reply(buf, static_cast<size_t>(n));
+    if (reply.rfind("OK ", 0) != 0) return nullptr;
+    s->id_ = reply.substr(3, reply.find(' ', 3) - 3);
+    return s;
+  }
+  ~RawSession() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  const std::string& id() const { return id_; }
+
+ private:
+  RawSession() = default;
+  int fd_ = -1;
+  std::string id_;
+};
+
 class AgentIntegrationTest : public testing::NodeClusterTest {
  protected:
   AgentIntegrationTest() : NodeClusterTest("16MiB") {}
@@ -62,13 +115,15 @@ class AgentIntegrationTest : public testing::NodeClusterTest {
   }
 
   grpc::Status Lease(const std::string& job, uint64_t step, uint32_t rank, uint64_t size,
-                     v1::AcquireStagingLeaseResponse* resp) {
+                     v1::AcquireStagingLeaseResponse* resp, const std::string& session_id = "",
+                     uint32_t pid = static_cast<uint32_t>(::getpid())) {
     v1::AcquireStagingLeaseRequest req;
     req.set_job_id(job);
     req.set_step(step);
     req.set_rank(rank);
     req.set_size_bytes(size);
-    req.set_client_pid(static_cast<uint32_t>(::getpid()));
+    req.set_client_pid(pid);
+    req.set_session_id(session_id);
     grpc::ClientContext ctx;
     return local_->AcquireStagingLease(&ctx, req, resp);
   }
@@ -99,9 +154,10 @@ class AgentIntegrationTest : public testing::NodeClusterTest {
   }
 
   grpc::Status Commit(const std::string& lease_id, uint64_t size, const std::vector<v1::Item>& items,
-                      v1::CommitShardResponse* resp) {
+                      v1::CommitShardResponse* resp, const std::string& session_id = "") {
     v1::CommitShardRequest req;
     req.set_lease_id(lease_id);
+    req.set_session_id(session_id);
     req.set_size_bytes(size);
     for (const v1::Item& it : items) *req.add_items() = it;
     grpc::ClientContext ctx;
@@ -467,6 +523,121 @@ TEST_F(AgentIntegrationTest, ReadShardStreamsBoundedChunksAfterTheRecord) {
     EXPECT_THAT(s.error_message(), HasSubstr("chunk_bytes")) << bad;
     EXPECT_TRUE(msgs.empty());
   }
+}
+
+}  // namespace
+}  // namespace ckpt
+
+namespace ckpt {
+namespace {
+
+// Issue 34 finding 6, through the real daemons: two trainers of one job and
+// rank, each with its own session. Lease ids are 128 random bits; the second
+// trainer's lease for the rank the first holds is refused (naming the
+// holder's pid, not its ids); neither it nor a call without a session can
+// commit, abort or close what the first took; the first's commit goes
+// through and the shard is its bytes exactly. Once the first trainer's
+// connection is gone (it exited), its lease may be replaced at once.
+TEST_F(AgentIntegrationTest, ALeaseAndAHandleBelongToTheSessionThatTookThem) {
+  ASSERT_TRUE(CreateJob("two", 1, 0).ok());
+  const std::string sessions = agent_->run_dir() + "/session.sock";
+  std::unique_ptr<RawSession> a = RawSession::Open(sessions);
+  std::unique_ptr<RawSession> b = RawSession::Open(sessions);
+  ASSERT_TRUE(a != nullptr && b != nullptr);
+  EXPECT_TRUE(std::regex_match(a->id(), std::regex("[0-9a-f]{32}"))) << a->id();
+  EXPECT_NE(a->id(), b->id());
+
+  const std::string data = Pattern(3000, 61);
+  v1::AcquireStagingLeaseResponse la;
+  grpc::Status s = Lease("two", 1, 0, 8192, &la, a->id(), 4242);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_TRUE(std::regex_match(la.lease_id(), std::regex("l-[0-9a-f]{32}"))) << la.lease_id();
+  WriteRegions(la, 0, data);
+
+  // The second trainer's lease for the same (job, step, rank): refused.
+  v1::AcquireStagingLeaseResponse lb;
+  s = Lease("two", 1, 0, 8192, &lb, b->id());
+  ASSERT_EQ(s.error_code(), grpc::StatusCode::FAILED_PRECONDITION) << s.error_message();
+  EXPECT_THAT(s.error_message(), HasSubstr("pid 4242"));
+  EXPECT_THAT(s.error_message(), ::testing::Not(HasSubstr(a->id())));
+  EXPECT_THAT(s.error_message(), ::testing::Not(HasSubstr(la.lease_id())));
+  EXPECT_EQ(Lease("two", 1, 0, 8192, &lb, "").error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+
+  // Nobody else commits or aborts it: PERMISSION_DENIED, nothing changes.
+  const std::string other(data.size(), 'x');
+  for (const std::string& session : {b->id(), std::string()}) {
+    v1::CommitShardResponse resp;
+    s = Commit(la.lease_id(), data.size(), {MakeItem("w", 0, other)}, &resp, session);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::PERMISSION_DENIED) << s.error_message();
+    v1::AbortLeaseRequest abort;
+    abort.set_lease_id(la.lease_id());
+    abort.set_session_id(session);
+    v1::AbortLeaseResponse aresp;
+    grpc::ClientContext ctx;
+    s = local_->AbortLease(&ctx, abort, &aresp);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::PERMISSION_DENIED) << s.error_message();
+  }
+
+  // The first trainer's commit goes through: its bytes, exactly.
+  v1::CommitShardResponse committed;
+  s = Commit(la.lease_id(), data.size(), {MakeItem("w", 0, data)}, &committed, a->id());
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_EQ(committed.shard().crc32c(), Crc32c(data));
+  {
+    v1::ReadShardRequest req;
+    req.mutable_shard()->set_job_id("two");
+    req.mutable_shard()->set_step(1);
+    req.mutable_shard()->set_rank(0);
+    grpc::ClientContext ctx;
+    auto reader = local_->ReadShard(&ctx, req);
+    v1::ReadShardResponse m;
+    std::string got;
+    while (reader->Read(&m)) got += m.data();
+    ASSERT_TRUE(reader->Finish().ok());
+    EXPECT_EQ(got, data);
+  }
+
+  // A handle is its session's too.
+  v1::OpenShardRequest open;
+  open.mutable_key()->set_job_id("two");
+  open.mutable_key()->set_step(1);
+  open.mutable_key()->set_rank(0);
+  open.set_session_id(a->id());
+  v1::OpenShardResponse opened;
+  {
+    grpc::ClientContext ctx;
+    s = local_->OpenShard(&ctx, open, &opened);
+    ASSERT_TRUE(s.ok()) << s.error_message();
+  }
+  EXPECT_TRUE(std::regex_match(opened.handle_id(), std::regex("h-[0-9a-f]{32}"))) << opened.handle_id();
+  auto close = [&](const std::string& session) {
+    v1::CloseShardRequest req;
+    req.set_handle_id(opened.handle_id());
+    req.set_session_id(session);
+    v1::CloseShardResponse resp;
+    grpc::ClientContext ctx;
+    return local_->CloseShard(&ctx, req, &resp);
+  };
+  EXPECT_EQ(close(b->id()).error_code(), grpc::StatusCode::PERMISSION_DENIED);
+  EXPECT_EQ(close("").error_code(), grpc::StatusCode::PERMISSION_DENIED);
+  EXPECT_TRUE(close(a->id()).ok());
+
+  // The first trainer exits with a lease open: a restarted trainer (a new
+  // session) gets the rank's lease as soon as the agent saw the hang-up,
+  // without waiting for the dead session's grace period.
+  ASSERT_TRUE(Lease("two", 2, 0, 8192, &la, a->id()).ok());
+  a.reset();
+  const absl::Time give_up = absl::Now() + absl::Seconds(5);  // well inside the 10 s grace
+  while (true) {
+    s = Lease("two", 2, 0, 8192, &lb, b->id());
+    if (s.ok() || s.error_code() != grpc::StatusCode::FAILED_PRECONDITION || absl::Now() > give_up) break;
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  WriteRegions(lb, 0, other);
+  v1::CommitShardResponse again;
+  s = Commit(lb.lease_id(), other.size(), {MakeItem("w", 0, other)}, &again, b->id());
+  EXPECT_TRUE(s.ok()) << s.error_message();
 }
 
 }  // namespace

@@ -104,7 +104,10 @@ absl::Status Agent::Init() {
   // Liveness comes from the client's session connection, never from pids
   // (a trainer in its own PID namespace has a pid that means nothing here).
   leases_ = std::make_unique<LeaseTable>(clock_, &metrics_, [this](const ClientRef& c) {
-    return !c.session_id.empty() && (sessions_ == nullptr || !sessions_->Alive(c.session_id));
+    if (c.session_id.empty()) return ClientState::kConnected;  // its ttl rules
+    if (sessions_ == nullptr) return ClientState::kGone;
+    if (sessions_->Open(c.session_id)) return ClientState::kConnected;
+    return sessions_->Alive(c.session_id) ? ClientState::kDisconnected : ClientState::kGone;
   });
   if (!options_.session_socket.empty()) {
     SessionServer::Options so;

@@ -23,8 +23,8 @@ std::vector<Region> RegionsOf(const std::string& pool_path, const std::vector<Ex
   return out;
 }
 
-LeaseTable::LeaseTable(Clock* clock, AgentMetrics* metrics, GoneFn is_gone)
-    : clock_(clock), metrics_(metrics), is_gone_(std::move(is_gone)) {}
+LeaseTable::LeaseTable(Clock* clock, AgentMetrics* metrics, StateFn state)
+    : clock_(clock), metrics_(metrics), state_(std::move(state)) {}
 
 std::string IdForLog(const std::string& id) {
   // The prefix ("l-", "h-") and 8 hex digits: 32 of the 128 random bits.
@@ -84,10 +84,13 @@ absl::Status LeaseTable::HeldBy(const ShardId& shard, const Holder& holder) {
         " more (its ttl); a second lease for it is refused: two trainers save the same rank?"));
   }
   return absl::FailedPreconditionError(absl::StrCat(
-      "shard ", ShardIdString(shard), " has an uncommitted lease of another client session (pid ", holder.client.pid,
-      "), which is still open or within its grace period after closing; a second lease for it is refused: two "
-      "trainers save the same rank, or a restarted trainer asked before its previous session ended (that session's "
-      "leases go once its grace period has passed)"));
+      "shard ", ShardIdString(shard), " has an uncommitted lease of another client (pid ", holder.client.pid,
+      ") whose session is connected; a second lease for it is refused: two trainers save the same rank? (once that "
+      "client exits, its lease may be replaced)"));
+}
+
+bool LeaseTable::Replaceable(const ClientRef& holder) const {
+  return state_ && state_(holder) != ClientState::kConnected;
 }
 
 absl::Status LeaseTable::MayLease(const ShardId& shard, const ClientRef& client) const {
@@ -97,9 +100,9 @@ absl::Status LeaseTable::MayLease(const ShardId& shard, const ClientRef& client)
     holder = OtherHolder(shard, client);
   }
   if (!holder) return absl::OkStatus();
-  // A committing lease stays; any other lease of a holder that is gone may
-  // be replaced (asked without the lock: it may look at sessions).
-  if (!holder->committing && is_gone_ && is_gone_(holder->client)) return absl::OkStatus();
+  // A committing lease stays; any other lease of a holder no longer
+  // connected may be replaced (asked without the lock: it looks at sessions).
+  if (!holder->committing && Replaceable(holder->client)) return absl::OkStatus();
   return HeldBy(shard, *holder);
 }
 
@@ -108,22 +111,23 @@ absl::StatusOr<std::string> LeaseTable::Add(const ShardId& shard, uint64_t size_
                                             bool ahead) {
   ReservationPtr replaced;
   std::string id;
-  // The holder in the way, if any, must be gone; its liveness is asked
-  // without the lock, then the lease of the shard must still be the one
-  // asked about (else ask again).
-  std::string gone_lease;  // a lease whose holder is gone
+  // The holder in the way, if any, must no longer be connected; that is
+  // asked without the lock, then the lease of the shard must still be the
+  // one asked about (else ask again).
+  std::string gone_lease;  // a lease whose holder is no longer connected
   for (int round = 0;; ++round) {
     std::optional<Holder> holder;
     {
       CheckedLock lock(&mu_);
       holder = OtherHolder(shard, client);
       if (!holder || holder->lease_id == gone_lease) {
-        // Ours to replace: the same holder's, expired, or its holder gone.
+        // Ours to replace: the same holder's, expired, or its holder no
+        // longer connected.
         if (auto old = lease_of_shard_.find(shard); old != lease_of_shard_.end()) {
           auto l = leases_.find(old->second);
           if (l != leases_.end() && !l->second.committing) {
             log::Info("lease {} for {} replaced by a new lease{}", IdForLog(l->first), ShardIdString(shard),
-                      holder ? " (its client is gone)" : "");
+                      holder ? " (its client is no longer connected)" : "");
             replaced = std::move(l->second.bytes);
             leases_.erase(l);
           }
@@ -143,7 +147,7 @@ absl::StatusOr<std::string> LeaseTable::Add(const ShardId& shard, uint64_t size_
         break;
       }
     }
-    if (holder->committing || !is_gone_ || !is_gone_(holder->client) || round >= 8) {
+    if (holder->committing || !Replaceable(holder->client) || round >= 8) {
       return HeldBy(shard, *holder);  // (`bytes` is released here, without the lock)
     }
     gone_lease = holder->lease_id;
@@ -289,10 +293,10 @@ int LeaseTable::Expire() {
   }
   std::vector<std::string> gone_leases, gone_handles;
   for (const auto& [id, c] : leases) {
-    if (is_gone_ && is_gone_(c)) gone_leases.push_back(id);
+    if (state_ && state_(c) == ClientState::kGone) gone_leases.push_back(id);
   }
   for (const auto& [id, c] : handles) {
-    if (is_gone_ && is_gone_(c)) gone_handles.push_back(id);
+    if (state_ && state_(c) == ClientState::kGone) gone_handles.push_back(id);
   }
   std::vector<ReservationPtr> release;
   std::vector<Pin> unpin;

@@ -17,10 +17,14 @@
 // session (gRPC with no session_id: tools, tests) form one holder of their
 // own: what they take, only calls without a session use. A new lease for a
 // (job, step, rank) replaces an uncommitted one of the same holder (a
-// trainer that lost its lease id asks again); another holder's is replaced
-// only once that holder is gone (its session ended, or the ttl of a lease
-// taken without a session passed): before, the new lease is refused
-// (FailedPrecondition naming the holder's pid, never its ids).
+// trainer that lost its lease id asks again); another holder's only once
+// that holder is no longer connected (its session's connection closed: the
+// client exited, crashed or was killed, and the lease would go with the
+// session's grace period anyway; or the ttl of a lease taken without a
+// session passed). While the holder is connected, the new lease is refused
+// (FailedPrecondition naming the holder's pid, never its ids): a restarted
+// trainer never waits for its predecessor's grace period, and no live
+// trainer loses its lease to another.
 //
 // Locking: one mutex over the maps, never held across I/O or calls into
 // other components; space is released after the lock is dropped.
@@ -56,6 +60,13 @@ struct Region {
 };
 std::vector<Region> RegionsOf(const std::string& pool_path, const std::vector<Extent>& extents, uint64_t size);
 
+// Where a client stands, as the agent's sessions know it.
+enum class ClientState {
+  kConnected,     // its session is open (or it has none: its ttl rules)
+  kDisconnected,  // its session's connection closed, within the grace period
+  kGone,          // its session ended: what it held is released
+};
+
 // Who a lease or handle belongs to.
 struct ClientRef {
   uint32_t pid = 0;         // as the client said (for messages; 0: unknown)
@@ -78,20 +89,22 @@ struct CommittingLease {
 
 class LeaseTable {
  public:
-  // `is_gone(client)` says whether a client is known to be gone; called
-  // without the table's lock.
-  using GoneFn = std::function<bool(const ClientRef&)>;
-  LeaseTable(Clock* clock, AgentMetrics* metrics, GoneFn is_gone);
+  // `state(client)` says where a client stands (a client without a session:
+  // kConnected); called without the table's lock. Expire releases what a
+  // kGone client held; a lease of a client that is not kConnected may be
+  // replaced by another's.
+  using StateFn = std::function<ClientState(const ClientRef&)>;
+  LeaseTable(Clock* clock, AgentMetrics* metrics, StateFn state);
 
   // OK if `client` may take a lease for `shard` now: no uncommitted lease of
-  // another live holder is open for it (see the file comment). Otherwise
-  // FailedPrecondition naming the holder's pid (never its session or lease
-  // id). Add checks the same again; this lets a caller refuse before it
-  // does anything else. Blocks only on is_gone (without the lock).
+  // another connected holder is open for it (see the file comment).
+  // Otherwise FailedPrecondition naming the holder's pid (never its session
+  // or lease id). Add checks the same again; this lets a caller refuse
+  // before it does anything else. Blocks only on `state` (without the lock).
   absl::Status MayLease(const ShardId& shard, const ClientRef& client) const;
   // Adds a lease for `shard` over `bytes`, replacing (and releasing) an
   // older uncommitted lease for the same shard of the same holder, or of a
-  // holder that is gone. Returns the new lease id (RandomId "l-").
+  // holder no longer connected. Returns the new lease id (RandomId "l-").
   // FailedPrecondition as MayLease (then `bytes` is released and nothing
   // else changes). `ahead`: asked for ahead of its save (begin_at_commit;
   // counted apart in LeasedAheadBytes).
@@ -180,12 +193,15 @@ class LeaseTable {
   // asking whether its holder is gone: another holder's, and not expired.
   std::optional<Holder> OtherHolder(const ShardId& shard, const ClientRef& client) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Whether another client may replace a lease of `holder` (not
+  // kConnected). Calls state_: never under the lock.
+  bool Replaceable(const ClientRef& holder) const;
   // The refusal of a lease for `shard` that `holder` holds.
   static absl::Status HeldBy(const ShardId& shard, const Holder& holder);
 
   Clock* const clock_;
   AgentMetrics* const metrics_;
-  const GoneFn is_gone_;
+  const StateFn state_;
 
   mutable absl::Mutex mu_;
   std::map<std::string, Lease> leases_ ABSL_GUARDED_BY(mu_);

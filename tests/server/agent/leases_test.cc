@@ -31,10 +31,13 @@ class LeaseTableTest : public ::testing::Test {
     arena_ = *std::move(a);
   }
 
-  // A table whose clients are gone when their session is in `gone_`.
+  // A table whose clients' sessions are disconnected when in
+  // `disconnected_`, gone (ended) when in `gone_`, connected otherwise.
   std::unique_ptr<LeaseTable> NewTable() {
     return std::make_unique<LeaseTable>(&clock_, &metrics_, [this](const ClientRef& c) {
-      return !c.session_id.empty() && gone_.count(c.session_id) != 0;
+      if (gone_.count(c.session_id) != 0) return ClientState::kGone;
+      if (disconnected_.count(c.session_id) != 0) return ClientState::kDisconnected;
+      return ClientState::kConnected;
     });
   }
 
@@ -59,6 +62,7 @@ class LeaseTableTest : public ::testing::Test {
   MetricsRegistry registry_;
   AgentMetrics metrics_{registry_};
   std::set<std::string> gone_;
+  std::set<std::string> disconnected_;
   const ShardId shard_{"job", 7, 0};
   const ClientRef a_{111, "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa"};
   const ClientRef b_{222, "bbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb"};
@@ -167,13 +171,35 @@ TEST_F(LeaseTableTest, ALeaseOfASessionThatIsGoneIsReplaced) {
   auto t = NewTable();
   absl::StatusOr<std::string> first = Add(*t, shard_, a_);
   ASSERT_TRUE(first.ok());
-  gone_.insert(a_.session_id);  // closed, and its grace passed
+  gone_.insert(a_.session_id);  // closed, and its grace passed (Expire has not run yet)
   EXPECT_TRUE(t->MayLease(shard_, b_).ok());
   absl::StatusOr<std::string> second = Add(*t, shard_, b_);
   ASSERT_TRUE(second.ok()) << second.status();
   EXPECT_EQ(t->lease_count(), 1u);
   EXPECT_EQ(t->BeginCommit(*first, 0, a_.session_id).status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_TRUE(t->BeginCommit(*second, 0, b_.session_id).ok());
+}
+
+// A trainer killed right after a commit holds the lease it asked for ahead
+// of its next save; the restarted trainer (a new session) saves that step
+// at once, within the dead session's grace period.
+TEST_F(LeaseTableTest, ALeaseOfADisconnectedSessionIsReplacedButNotExpired) {
+  auto t = NewTable();
+  absl::StatusOr<std::string> first = Add(*t, shard_, a_);
+  const std::string h = t->OpenHandle(shard_, CopyPin(shard_), a_, absl::InfiniteDuration());
+  ASSERT_TRUE(first.ok());
+  disconnected_.insert(a_.session_id);
+  EXPECT_EQ(t->Expire(), 0);  // within the grace period: kept for a resumed session
+  EXPECT_EQ(t->lease_count(), 1u);
+  absl::StatusOr<std::string> second = Add(*t, shard_, b_);
+  ASSERT_TRUE(second.ok()) << second.status();
+  EXPECT_EQ(t->lease_count(), 1u);
+  EXPECT_EQ(t->handle_count(), 1u);  // its other holdings stay until the session ends
+  EXPECT_TRUE(t->BeginCommit(*second, 0, b_.session_id).ok());
+  gone_.insert(a_.session_id);
+  EXPECT_EQ(t->Expire(), 1);  // the handle
+  EXPECT_EQ(t->handle_count(), 0u);
+  (void)h;
 }
 
 TEST_F(LeaseTableTest, TheSameSessionReplacesItsOwnLease) {

@@ -187,6 +187,22 @@ uint64_t FaultFileSystem::UsedBytesLocked() const {
 absl::StatusOr<std::unique_ptr<WritableFile>> FaultFileSystem::NewWritableFile(
     const std::string& path, OpenMode mode) {
   CKPT_ASSIGN_OR_RETURN(std::unique_ptr<WritableFile> file, base_->NewWritableFile(path, mode));
+  return Track(std::move(file), path, mode);
+}
+
+absl::StatusOr<std::unique_ptr<WritableFile>> FaultFileSystem::NewPrivateWritableFile(
+    const std::string& path) {
+  CKPT_ASSIGN_OR_RETURN(std::unique_ptr<WritableFile> file, base_->NewPrivateWritableFile(path));
+  return Track(std::move(file), path, OpenMode::kCreateNew);
+}
+
+absl::StatusOr<std::unique_ptr<ReadableFile>> FaultFileSystem::NewPrivateReadableFile(
+    const std::string& path) {
+  return base_->NewPrivateReadableFile(path);
+}
+
+std::unique_ptr<WritableFile> FaultFileSystem::Track(std::unique_ptr<WritableFile> file,
+                                                     const std::string& path, OpenMode mode) {
   std::shared_ptr<Usage> usage;
   {
     absl::MutexLock lock(&mu_);

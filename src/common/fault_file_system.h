@@ -97,6 +97,12 @@ class FaultFileSystem : public FileSystem {
   absl::Status SyncDir(const std::string& path) override;
   absl::Status Truncate(const std::string& path, uint64_t size_bytes) override;
   absl::StatusOr<uint64_t> FreeSpaceBytes(const std::string& path) override;
+  // Forwarded to the base; a private file's writes and syncs are counted and
+  // failed like any other's, and it takes space as a kCreateNew file does.
+  absl::StatusOr<std::unique_ptr<WritableFile>> NewPrivateWritableFile(
+      const std::string& path) override;
+  absl::StatusOr<std::unique_ptr<ReadableFile>> NewPrivateReadableFile(
+      const std::string& path) override;
 
  private:
   class FaultWritableFile;
@@ -104,6 +110,10 @@ class FaultFileSystem : public FileSystem {
   // Space accounted to one file, shared by its path entry and its handles.
   struct Usage;
 
+  // Wraps a file the base opened at `path` (as `mode`) so that its writes
+  // and syncs are counted, failed and accounted.
+  std::unique_ptr<WritableFile> Track(std::unique_ptr<WritableFile> file, const std::string& path,
+                                      OpenMode mode);
   // Counts a write or sync and returns the injected failure, if any.
   absl::Status CountWriteLocked(const std::string& path) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status CountSyncLocked(const std::string& path) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

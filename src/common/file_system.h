@@ -39,6 +39,15 @@
 // Hence the commit protocol WriteStringToFileAtomically() implements: write a
 // temporary file, Sync, Close, Rename over the target, SyncDir the parent.
 //
+// Private files: state that no other user may read or change, such as the
+// agent's memory tier (its holding records and incarnation file,
+// docs/agent.md "Memory tier"). NewPrivateWritableFile creates one
+// exclusively with mode 0600; NewPrivateReadableFile never opens one through
+// a symbolic link and checks what it opened (fstat on the descriptor, not
+// the path, so a file swapped in after a check is not the one read):
+// CheckPrivateEntry below says what passes. WritePrivateFileAtomically and
+// ReadPrivateFileToString build on them.
+//
 // Thread safety: every FileSystem method may be called concurrently from any
 // thread. A WritableFile or ReadableFile may also be used from several threads
 // at once (e.g. positioned writes of disjoint ranges); see the classes. Files
@@ -227,6 +236,25 @@ class FileSystem {
   // Bytes available to this (unprivileged) process on the file system holding
   // `path` (statvfs f_bavail * f_frsize). NotFound if `path` does not exist.
   virtual absl::StatusOr<uint64_t> FreeSpaceBytes(const std::string& path) = 0;
+
+  // Creates the private file `path` for writing: it must not exist yet
+  // (AlreadyExists if anything is there, a symbolic link included: O_CREAT |
+  // O_EXCL | O_NOFOLLOW), and gets mode 0600 (narrower if the umask says
+  // so). Otherwise as NewWritableFile(path, OpenMode::kCreateNew). This base
+  // implementation fails with Unimplemented: a decorator that does not
+  // forward it never skips the checks silently.
+  virtual absl::StatusOr<std::unique_ptr<WritableFile>> NewPrivateWritableFile(
+      const std::string& path);
+
+  // Opens the existing private file `path` for reading, never through a
+  // symbolic link (O_NOFOLLOW), and checks the opened file:
+  // CheckPrivateEntry(kFile, kNoWriteByOthers). NotFound if missing;
+  // FailedPrecondition with CheckPrivateEntry's message (path, owner uid,
+  // mode, what to remove) if it fails the check, is a symbolic link or not a
+  // regular file; otherwise as NewReadableFile. This base implementation
+  // fails with Unimplemented.
+  virtual absl::StatusOr<std::unique_ptr<ReadableFile>> NewPrivateReadableFile(
+      const std::string& path);
 };
 
 // The process-wide file system on the real POSIX API. Stateless; safe to use
@@ -242,9 +270,12 @@ absl::Status PosixErrorToStatus(int error_number, std::string_view operation,
 // Reads the whole file at `path`. Errors as NewReadableFile / PositionedRead.
 absl::StatusOr<std::string> ReadFileToString(FileSystem* fs, const std::string& path);
 
-// Temporary files written by WriteStringToFileAtomically are named
-// "<path><kAtomicWriteTempInfix><pid>-<sequence>". A crash may leave them
-// behind: readers skip names containing this and cleanup may delete them.
+// Temporary files written by WriteStringToFileAtomically and
+// WritePrivateFileAtomically are named "<path><kAtomicWriteTempInfix><16 hex
+// digits>", the digits random (getrandom), so no one can guess a name and
+// put something there first (the file is created exclusively anyway). A
+// crash may leave them behind: readers skip names containing this and
+// cleanup may delete them.
 inline constexpr std::string_view kAtomicWriteTempInfix = ".tmp-";
 
 // Replaces the file at `path` with `data` so that after a crash `path` holds
@@ -256,6 +287,38 @@ inline constexpr std::string_view kAtomicWriteTempInfix = ".tmp-";
 // `data` but may not survive a crash: repeating the call is safe.
 absl::Status WriteStringToFileAtomically(FileSystem* fs, const std::string& path,
                                          std::string_view data);
+
+// Replaces `path` with `data` exactly as WriteStringToFileAtomically does,
+// but the temporary file is made by NewPrivateWritableFile, so the file that
+// takes `path`'s place is private (mode 0600, this process's user) and was
+// created by this call (no one can have it open already). Errors as
+// WriteStringToFileAtomically; on an error before the rename `path` is
+// untouched and the temporary file deleted.
+absl::Status WritePrivateFileAtomically(FileSystem* fs, const std::string& path,
+                                        std::string_view data);
+
+// Reads the whole private file `path` (NewPrivateReadableFile's checks).
+absl::StatusOr<std::string> ReadPrivateFileToString(FileSystem* fs, const std::string& path);
+
+// What may be trusted as a private file or directory, judged from what
+// lstat or fstat reported of it: `st_mode` (type and permission bits), the
+// owner's uid and the number of links. It must be of kind `kind` (a symbolic
+// link never is), owned by this process's effective uid (root included: root
+// trusts only its own files here), have none of the permission bits
+// `forbidden_permissions`, and, a file, one link only (a second name could
+// be in someone else's hands). OK, or FailedPrecondition with a message
+// naming `path`, its owner uid and mode, what is wrong and what to remove,
+// e.g.
+//   '/dev/shm/ckpt-n0/pool.bin' belongs to uid 65534 (mode 0666), not to
+//   this process's user (uid 0): that user can read and change what is kept
+//   in it; remove it (rm '/dev/shm/ckpt-n0/pool.bin')
+enum class PrivateKind { kFile, kDirectory };
+// Nothing for group or others (a file at most 0600, a directory 0700).
+inline constexpr uint32_t kNoAccessByOthers = 0077;
+// Group and others may read (and search) but never write.
+inline constexpr uint32_t kNoWriteByOthers = 0022;
+absl::Status CheckPrivateEntry(const std::string& path, PrivateKind kind, uint32_t st_mode,
+                               uint32_t owner_uid, uint64_t links, uint32_t forbidden_permissions);
 
 // Deletes `path` and, if it is a directory, everything below it (rm -rf).
 // Symbolic links are removed, never followed. OK if `path` does not exist.

@@ -271,6 +271,16 @@ absl::StatusOr<std::unique_ptr<ReadableFile>> MemFileSystem::NewReadableFile(
   return std::make_unique<MemReadableFile>(this, *std::move(node), path, generation_, size);
 }
 
+absl::StatusOr<std::unique_ptr<WritableFile>> MemFileSystem::NewPrivateWritableFile(
+    const std::string& path) {
+  return NewWritableFile(path, OpenMode::kCreateNew);
+}
+
+absl::StatusOr<std::unique_ptr<ReadableFile>> MemFileSystem::NewPrivateReadableFile(
+    const std::string& path) {
+  return NewReadableFile(path);
+}
+
 absl::StatusOr<FileStat> MemFileSystem::Stat(const std::string& path) {
   AssertNoCheckedLock("file I/O");
   absl::MutexLock lock(&mu_);

@@ -86,6 +86,13 @@ class MemFileSystem : public FileSystem {
   absl::Status SyncDir(const std::string& path) override;
   absl::Status Truncate(const std::string& path, uint64_t size_bytes) override;
   absl::StatusOr<uint64_t> FreeSpaceBytes(const std::string& path) override;
+  // Every file here is this process's user's, with one name and no links to
+  // follow: a private file is a file created exclusively (kCreateNew) and
+  // read as any other.
+  absl::StatusOr<std::unique_ptr<WritableFile>> NewPrivateWritableFile(
+      const std::string& path) override;
+  absl::StatusOr<std::unique_ptr<ReadableFile>> NewPrivateReadableFile(
+      const std::string& path) override;
 
   // Simulates a crash: reverts to what was durable, as described at the top of
   // this file, and invalidates every open handle. Never fails.

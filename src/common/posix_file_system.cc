@@ -377,6 +377,52 @@ class PosixFileSystemImpl : public FileSystem {
     return absl::OkStatus();
   }
 
+  absl::StatusOr<std::unique_ptr<WritableFile>> NewPrivateWritableFile(
+      const std::string& path) override {
+    AssertNoCheckedLock("file I/O");
+    // O_EXCL fails on anything at `path`, a symbolic link included (never
+    // followed with O_CREAT | O_EXCL); O_NOFOLLOW says so once more.
+    const int fd = RetryOnEintr([&] {
+      return ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+    });
+    if (fd < 0) return PosixErrorToStatus(errno, "create private file", path);
+    return std::make_unique<PosixWritableFile>(path, fd, 0);
+  }
+
+  absl::StatusOr<std::unique_ptr<ReadableFile>> NewPrivateReadableFile(
+      const std::string& path) override {
+    AssertNoCheckedLock("file I/O");
+    // O_NONBLOCK: a fifo put here must not hang the open (it is refused
+    // below); reads of a regular file ignore the flag.
+    const int fd = RetryOnEintr(
+        [&] { return ::open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC); });
+    if (fd < 0) {
+      const int err = errno;
+      // A symbolic link (ELOOP), or a file we may not open (EACCES): say
+      // what is there, from lstat, rather than the bare errno.
+      struct stat st;
+      if (err != ENOENT && ::lstat(path.c_str(), &st) == 0) {
+        absl::Status s = CheckPrivateEntry(path, PrivateKind::kFile, st.st_mode, st.st_uid,
+                                           st.st_nlink, kNoWriteByOthers);
+        if (!s.ok()) return s;
+      }
+      return PosixErrorToStatus(err, "open private file", path);
+    }
+    struct stat st;
+    absl::Status status;
+    if (::fstat(fd, &st) != 0) {
+      status = PosixErrorToStatus(errno, "stat", path);
+    } else {
+      status = CheckPrivateEntry(path, PrivateKind::kFile, st.st_mode, st.st_uid, st.st_nlink,
+                                 kNoWriteByOthers);
+    }
+    if (!status.ok()) {
+      ::close(fd);
+      return status;
+    }
+    return std::make_unique<PosixReadableFile>(path, fd, static_cast<uint64_t>(st.st_size));
+  }
+
   absl::StatusOr<uint64_t> FreeSpaceBytes(const std::string& path) override {
     AssertNoCheckedLock("file I/O");
     struct statvfs st;

@@ -180,6 +180,39 @@ TEST_F(FaultFileSystemTest, AtomicWriteSurvivesEveryInjectedFailure) {
   EXPECT_EQ(Read("/d/COMMITTED"), "new");
 }
 
+TEST_F(FaultFileSystemTest, PrivateAtomicWriteIsCoveredAndLeavesTheOldFileOnFailure) {
+  // The memory tier's records and incarnation file go through here: every
+  // write and sync of the protocol is counted and may fail, and a failure
+  // before the rename leaves the old file whole and no temporary behind.
+  ASSERT_TRUE(IsOk(WritePrivateFileAtomically(&fs_, "/d/incarnation", "1\n")));
+  EXPECT_EQ(fs_.WritesIssued(), 1);
+  EXPECT_EQ(fs_.SyncsIssued(), 2);  // the file, then its directory
+  struct Fault {
+    bool sync;
+    int n;
+  };
+  for (const Fault& fault : {Fault{false, 1}, Fault{true, 1}, Fault{true, 2}}) {
+    SCOPED_TRACE(std::string(fault.sync ? "sync #" : "write #") + std::to_string(fault.n));
+    if (fault.sync) {
+      fs_.FailNthSync(fault.n);
+    } else {
+      fs_.FailNthWrite(fault.n);
+    }
+    const absl::Status status = WritePrivateFileAtomically(&fs_, "/d/incarnation", "2\n");
+    EXPECT_EQ(status.code(), absl::StatusCode::kUnavailable) << status;
+    EXPECT_THAT(status.message(), HasSubstr("injected fault"));
+    EXPECT_EQ(*ReadPrivateFileToString(&fs_, "/d/incarnation"),
+              fault.sync && fault.n == 2 ? "2\n" : "1\n");
+    EXPECT_THAT(*fs_.ListDir("/d"), ElementsAre("incarnation"));
+    mem_.DropUnsyncedData();
+    EXPECT_EQ(*ReadPrivateFileToString(&fs_, "/d/incarnation"), "1\n");
+  }
+  fs_.SetCapacityBytes(fs_.UsedBytes());  // a full disk
+  EXPECT_EQ(WritePrivateFileAtomically(&fs_, "/d/incarnation", "3\n").code(),
+            absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(*ReadPrivateFileToString(&fs_, "/d/incarnation"), "1\n");
+}
+
 TEST_F(FaultFileSystemTest, FullDiskFailsWritesUntilSpaceIsFreed) {
   fs_.SetCapacityBytes(100);
   auto a = Open("/d/a");

@@ -4,6 +4,7 @@
 #include "common/file_system.h"
 
 #include <stdlib.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cstddef>
@@ -18,6 +19,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
 #include "common/mem_file_system.h"
 
 namespace ckpt {
@@ -497,6 +499,25 @@ TEST_P(FileSystemTest, DeleteRecursivelyRemovesTree) {
   EXPECT_THAT(*fs_->ListDir(root_), IsEmpty());
 }
 
+TEST_P(FileSystemTest, PrivateFilesAreCreatedExclusivelyAndReadBack) {
+  absl::StatusOr<std::unique_ptr<WritableFile>> file = fs_->NewPrivateWritableFile(Path("rec"));
+  ASSERT_TRUE(IsOk(file));
+  ASSERT_TRUE(IsOk((*file)->Append("record")));
+  ASSERT_TRUE(IsOk((*file)->Close()));
+  EXPECT_EQ(fs_->NewPrivateWritableFile(Path("rec")).status().code(),
+            absl::StatusCode::kAlreadyExists);
+  EXPECT_EQ(*ReadPrivateFileToString(fs_, Path("rec")), "record");
+  EXPECT_EQ(ReadPrivateFileToString(fs_, Path("missing")).status().code(),
+            absl::StatusCode::kNotFound);
+}
+
+TEST_P(FileSystemTest, WritePrivateFileAtomicallyCreatesAndReplaces) {
+  ASSERT_TRUE(IsOk(WritePrivateFileAtomically(fs_, Path("incarnation"), "1\n")));
+  ASSERT_TRUE(IsOk(WritePrivateFileAtomically(fs_, Path("incarnation"), "2\n")));
+  EXPECT_EQ(*ReadPrivateFileToString(fs_, Path("incarnation")), "2\n");
+  EXPECT_THAT(*fs_->ListDir(root_), ElementsAre("incarnation"));  // no temporary left
+}
+
 INSTANTIATE_TEST_SUITE_P(AllFileSystems, FileSystemTest, testing::Values(Kind::kPosix, Kind::kMem),
                          [](const testing::TestParamInfo<Kind>& info) {
                            return info.param == Kind::kPosix ? "Posix" : "Mem";
@@ -532,6 +553,118 @@ TEST(PosixFileSystem, DeleteRecursivelyRemovesSymlinksWithoutFollowingThem) {
   EXPECT_FALSE(*fs->FileExists(root + "/tree"));
   EXPECT_EQ(*ReadFileToString(fs, root + "/outside/precious"), "keep");
   EXPECT_TRUE(IsOk(DeleteRecursively(fs, root)));
+}
+
+// ---- Private files on POSIX: what is checked, on the opened descriptor ----
+
+class PrivateFileTest : public testing::Test {
+ protected:
+  void SetUp() override {
+    root_ = testing::TempDir() + "ckpt_private_file_test_XXXXXX";
+    ASSERT_NE(::mkdtemp(root_.data()), nullptr);
+  }
+  void TearDown() override { EXPECT_TRUE(IsOk(DeleteRecursively(fs_, root_))); }
+
+  // A plain file of `mode` (not through the private calls).
+  std::string Plant(const std::string& name, mode_t mode, std::string_view data = "x") {
+    const std::string path = root_ + "/" + name;
+    EXPECT_TRUE(IsOk(WriteStringToFileAtomically(fs_, path, data)));
+    EXPECT_EQ(::chmod(path.c_str(), mode), 0);
+    return path;
+  }
+
+  static mode_t ModeOf(const std::string& path) {
+    struct stat st {};
+    EXPECT_EQ(::lstat(path.c_str(), &st), 0) << path;
+    return st.st_mode & 07777;
+  }
+
+  FileSystem* fs_ = PosixFileSystem();
+  std::string root_;
+};
+
+TEST_F(PrivateFileTest, CreatedFilesAreOwnerOnlyWhateverTheUmask) {
+  const mode_t old = ::umask(0);
+  absl::Status written = WritePrivateFileAtomically(fs_, root_ + "/rec", "r");
+  ::umask(old);
+  ASSERT_TRUE(IsOk(written));
+  EXPECT_EQ(ModeOf(root_ + "/rec"), 0600u);
+  EXPECT_THAT(*fs_->ListDir(root_), ElementsAre("rec"));
+}
+
+TEST_F(PrivateFileTest, CreateNeverFollowsOrReusesWhatIsThere) {
+  const std::string target = Plant("target", 0600, "precious");
+  ASSERT_EQ(::symlink(target.c_str(), (root_ + "/link").c_str()), 0);
+  EXPECT_EQ(fs_->NewPrivateWritableFile(root_ + "/link").status().code(),
+            absl::StatusCode::kAlreadyExists);
+  // A symlink to a name that does not exist yet is not followed either.
+  ASSERT_EQ(::symlink((root_ + "/nowhere").c_str(), (root_ + "/dangling").c_str()), 0);
+  EXPECT_EQ(fs_->NewPrivateWritableFile(root_ + "/dangling").status().code(),
+            absl::StatusCode::kAlreadyExists);
+  EXPECT_FALSE(*fs_->FileExists(root_ + "/nowhere"));
+  EXPECT_EQ(*ReadFileToString(fs_, target), "precious");
+}
+
+TEST_F(PrivateFileTest, ReadRefusesLinksOtherKindsAndFilesOthersMayWrite) {
+  const std::string target = Plant("target", 0600);
+  ASSERT_EQ(::symlink(target.c_str(), (root_ + "/link").c_str()), 0);
+  absl::Status s = ReadPrivateFileToString(fs_, root_ + "/link").status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  EXPECT_THAT(s.message(), HasSubstr("'" + root_ + "/link' (owner uid"));
+  EXPECT_THAT(s.message(), HasSubstr("is a symbolic link"));
+  EXPECT_THAT(s.message(), HasSubstr("remove it (rm '" + root_ + "/link')"));
+
+  s = ReadPrivateFileToString(fs_, Plant("group-writable", 0620)).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  EXPECT_THAT(s.message(), HasSubstr("mode 0620) is writable by other users"));
+  s = ReadPrivateFileToString(fs_, Plant("world-writable", 0606)).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+
+  const std::string linked = Plant("linked", 0600);
+  ASSERT_EQ(::link(linked.c_str(), (root_ + "/second-name").c_str()), 0);
+  s = ReadPrivateFileToString(fs_, linked).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  EXPECT_THAT(s.message(), HasSubstr("has 2 hard links"));
+
+  ASSERT_EQ(::mkfifo((root_ + "/fifo").c_str(), 0600), 0);
+  s = ReadPrivateFileToString(fs_, root_ + "/fifo").status();  // must not block
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  EXPECT_THAT(s.message(), HasSubstr("is a fifo, not a regular file"));
+
+  // Others may read (files of earlier versions were 0640): still private.
+  EXPECT_EQ(*ReadPrivateFileToString(fs_, Plant("readable", 0644, "ok")), "ok");
+}
+
+TEST_F(PrivateFileTest, ReadRefusesAnotherUsersFileEvenAsRoot) {
+  if (::geteuid() != 0) GTEST_SKIP() << "needs root to give a file to uid 65534";
+  const std::string path = Plant("foreign", 0600);
+  ASSERT_EQ(::chown(path.c_str(), 65534, 65534), 0);
+  absl::Status s = ReadPrivateFileToString(fs_, path).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  EXPECT_THAT(s.message(), HasSubstr("'" + path + "' belongs to uid 65534 (mode 0600), not to this "
+                                     "process's user (uid 0)"));
+}
+
+TEST(CheckPrivateEntry, SaysWhatIsWrongAndWhatToRemove) {
+  const uint32_t me = ::geteuid();
+  EXPECT_TRUE(IsOk(CheckPrivateEntry("/m/pool.bin", PrivateKind::kFile, S_IFREG | 0600, me, 1,
+                                     kNoAccessByOthers)));
+  absl::Status s = CheckPrivateEntry("/m/pool.bin", PrivateKind::kFile, S_IFREG | 0666, me + 1, 1,
+                                     kNoAccessByOthers);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(s.message(), HasSubstr(absl::StrCat("'/m/pool.bin' belongs to uid ", me + 1,
+                                                  " (mode 0666), not to this process's user")));
+  EXPECT_THAT(s.message(), HasSubstr("remove it (rm '/m/pool.bin')"));
+  s = CheckPrivateEntry("/m/pool.bin", PrivateKind::kFile, S_IFREG | 0640, me, 1,
+                        kNoAccessByOthers);
+  EXPECT_THAT(s.message(), HasSubstr("mode 0640) is open to other users (at most 0600"));
+  s = CheckPrivateEntry("/m", PrivateKind::kDirectory, S_IFDIR | 0777, me, 2, kNoWriteByOthers);
+  EXPECT_THAT(s.message(), HasSubstr("mode 0777) is writable by other users (at most 0755"));
+  EXPECT_THAT(s.message(), HasSubstr("remove it (rm -r '/m')"));
+  s = CheckPrivateEntry("/m", PrivateKind::kDirectory, S_IFREG | 0600, me, 1, kNoWriteByOthers);
+  EXPECT_THAT(s.message(), HasSubstr("is a regular file, not a directory"));
+  EXPECT_TRUE(IsOk(
+      CheckPrivateEntry("/m", PrivateKind::kDirectory, S_IFDIR | 0755, me, 2, kNoWriteByOthers)));
 }
 
 // ---- MemFileSystem's crash model ------------------------------------------

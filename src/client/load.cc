@@ -537,8 +537,8 @@ std::unique_ptr<OpenedShard> UseLocal(const std::shared_ptr<ClientCore>& core, c
 // lives (without the manifest), and the manifest is decoded and checked and
 // the regions mapped before meta's answer is waited for: the local copy
 // serves in about one round trip to meta. Without a local copy, or if it
-// cannot be used (missing, corrupt, not the version's), the full manifest
-// and every source go to the agent, which fetches the shard from the next
+// cannot be used (missing, corrupt, not the version's), every source goes to
+// the agent, which checks them with meta and fetches the shard from the next
 // one.
 absl::StatusOr<std::unique_ptr<OpenedShard>> OpenBestNow(const std::shared_ptr<ClientCore>& core, uint64_t step,
                                                          bool skip_verify, bool keep_packed, LoadListing* listing,
@@ -575,6 +575,15 @@ absl::StatusOr<std::unique_ptr<OpenedShard>> OpenBestNow(const std::shared_ptr<C
         located.sources_size() > 0 && located.sources(0).kind() == v1::SOURCE_KIND_LOCAL) {
       return local.status();  // the agent itself fails (unavailable, session gone, ...)
     }
+  }
+  // The agent asks meta for the shard's record (items included) itself
+  // before it reads any source (docs/protocol.md "Restore"): Locate's answer
+  // without the items is enough. An agent older than that wants the items
+  // from us.
+  absl::StatusOr<std::unique_ptr<OpenedShard>> opened = Open(core, located, skip_verify, keep_packed);
+  if (opened.ok() || !absl::IsInvalidArgument(opened.status()) ||
+      !absl::StrContains(opened.status().message(), "expected.items")) {
+    return opened;
   }
   CKPT_ASSIGN_OR_RETURN(located, Locate(*core, step, /*omit_items=*/false));
   return Open(core, located, skip_verify, keep_packed);

@@ -196,6 +196,8 @@ absl::Status Agent::Init() {
   rd.stripes = stripes_.get();
   rd.arena = arena_.get();
   rd.session = session_.get();
+  rd.meta = meta_;
+  rd.node_id = options_.node_id;
   rd.durable_fs = durable_fs_;
   rd.durable_root = options_.durable_root;
   rd.clock = clock_;

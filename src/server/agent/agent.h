@@ -234,7 +234,11 @@ class Agent : private MetaSession::Delegate {
 
   // ---- restore path (see Restorer) ----
   absl::StatusOr<OpenResult> OpenShard(const ShardId& id, bool skip_verify, uint32_t client_pid, int64_t ttl_ms);
+  // Restorer::Open: a named source is read only if meta's Locate lists it
+  // for the shard (the caller-facing path: AgentService.OpenShard).
   absl::StatusOr<OpenOutcome> Open(const OpenRequest& request);
+  // One source each, trusted as given (no meta check): for tests and
+  // in-process callers that took the source from meta themselves.
   absl::StatusOr<OpenResult> RestoreFromDurable(const ShardRecord& expected, const std::string& durable_path,
                                                 uint32_t client_pid, int64_t ttl_ms);
   absl::StatusOr<OpenResult> RestoreFromPeer(const ShardRecord& expected, const PeerEndpoint& holder,

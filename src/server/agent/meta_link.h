@@ -168,6 +168,23 @@ struct EcDecodeSource {
   std::vector<EcStripeSource> stripes;
 };
 
+// Where a shard may be restored from (ckpt.v1.ShardSource).
+struct ShardSource {
+  enum class Kind { kLocal, kReplica, kEcDecode, kDurable };
+  Kind kind = Kind::kLocal;
+  PeerEndpoint holder;        // kLocal, kReplica
+  EcDecodeSource ec;          // kEcDecode
+  std::string durable_path;   // kDurable, relative to the durable root
+};
+
+// Meta's answer to Locate (ckpt.v1.LocateResponse): the shard as the version
+// records it (id, size, crc32c, manifest digest and items, set with
+// SetItems) and where it can be read, best first.
+struct LocatedShard {
+  ShardRecord shard;
+  std::vector<ShardSource> sources;
+};
+
 // A work order from meta (see docs/protocol.md §7), reduced to what the
 // single-node agent runs.
 struct AgentTask {
@@ -297,6 +314,17 @@ class MetaLink {
   // crc, digest and items). FailedPrecondition if some rank is not staged.
   virtual absl::StatusOr<DurableManifest> GetVersionManifest(const std::string& job_id,
                                                              uint64_t step) = 0;
+
+  // Where meta says `id` can be read from (MetaService.Locate, with items),
+  // asked for a caller on `near_node_id` (a VALID copy there comes back as
+  // kLocal). The restorer reads only sources this names (docs/security.md).
+  // Meta's errors: NotFound (unknown job, version or rank), FailedPrecondition
+  // (the version is not restorable), DataLoss (no readable source left).
+  // This default (a link that cannot ask): Unimplemented, and restores from
+  // anything but the local copy are refused.
+  virtual absl::StatusOr<LocatedShard> Locate(const ShardId& id, const std::string& near_node_id) {
+    return absl::UnimplementedError("this meta link cannot ask meta where a shard lives (Locate)");
+  }
 
   // Opens meta's task stream for one incarnation and calls `on_push` for
   // every push (new tasks, cancelled task ids, version notices) until the stream ends (stale

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <span>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
@@ -21,6 +22,67 @@ bool Decides(const absl::StatusOr<OpenResult>& local) {
   // that is not held, or is quarantined (now or by this check), falls
   // through: the source's copy replaces it (HoldingTable::Add).
   return local.ok() || !(absl::IsNotFound(local.status()) || absl::IsDataLoss(local.status()));
+}
+
+// The source meta listed that a caller's `named` source stands for: a copy
+// on the same node, the same owner's EC stripes, the same durable file. Null
+// when meta lists none (the named source is then refused).
+const ShardSource* Vouched(const ShardSource& named, const std::vector<ShardSource>& listed) {
+  for (const ShardSource& m : listed) {
+    if (m.kind != named.kind) continue;
+    switch (named.kind) {
+      case ShardSource::Kind::kReplica:
+        if (m.holder.node_id == named.holder.node_id) return &m;
+        break;
+      case ShardSource::Kind::kEcDecode:
+        if (m.ec.owner_node_id == named.ec.owner_node_id && m.ec.group_index == named.ec.group_index) return &m;
+        break;
+      case ShardSource::Kind::kDurable:
+        if (m.durable_path == named.durable_path) return &m;
+        break;
+      case ShardSource::Kind::kLocal:
+        break;
+    }
+  }
+  return nullptr;
+}
+
+// Where a source is, for messages: its node or its durable path (meta's).
+std::string SourceWhere(const ShardSource& src) {
+  switch (src.kind) {
+    case ShardSource::Kind::kReplica:
+      return absl::StrCat("the copy on node \"", src.holder.node_id, "\"");
+    case ShardSource::Kind::kEcDecode:
+      return absl::StrCat("the EC stripes of node \"", src.ec.owner_node_id, "\"");
+    case ShardSource::Kind::kDurable:
+      return absl::StrCat("durable file ", QuoteForMessage(src.durable_path));
+    case ShardSource::Kind::kLocal:
+      break;
+  }
+  return "this node's copy";
+}
+
+// What the caller is told of a source that failed: the code and a phrase.
+// The cause, which may state a size or a crc32c of bytes the caller never
+// read, stays in the agent's log (the function that decides logs it).
+// Unavailability, deadlines and this agent's own budget say nothing about
+// the bytes and keep their message.
+absl::Status SourceError(const ShardId& id, const ShardSource& src, const absl::Status& s) {
+  log::Warn("restore of {} from {} ({}) failed: {}", ShardIdString(id), SourceKindName(src.kind), SourceWhere(src),
+            s.ToString());
+  switch (s.code()) {
+    case absl::StatusCode::kUnavailable:
+    case absl::StatusCode::kDeadlineExceeded:
+    case absl::StatusCode::kResourceExhausted:
+    case absl::StatusCode::kCancelled:
+      return s;
+    case absl::StatusCode::kDataLoss:
+      return absl::DataLossError(absl::StrCat(SourceWhere(src), " does not match the shard (details in this agent's log)"));
+    case absl::StatusCode::kNotFound:
+      return absl::NotFoundError(absl::StrCat(SourceWhere(src), " was not found (details in this agent's log)"));
+    default:
+      return absl::Status(s.code(), absl::StrCat(SourceWhere(src), " could not be read (details in this agent's log)"));
+  }
 }
 
 }  // namespace
@@ -71,29 +133,68 @@ absl::StatusOr<OpenResult> Restorer::OpenLocal(const ShardId& id, bool skip_veri
   return out;
 }
 
+absl::StatusOr<LocatedShard> Restorer::AskMeta(const ShardId& id, const std::vector<ShardSource>& named) {
+  std::string kinds;
+  for (const ShardSource& src : named) {
+    if (src.kind == ShardSource::Kind::kLocal || absl::StrContains(kinds, SourceKindName(src.kind))) continue;
+    absl::StrAppend(&kinds, kinds.empty() ? "" : ", ", SourceKindName(src.kind));
+  }
+  absl::StatusOr<LocatedShard> located =
+      d_.meta != nullptr ? d_.meta->Locate(id, d_.node_id)
+                         : absl::StatusOr<LocatedShard>(absl::UnimplementedError("this agent has no link to meta"));
+  if (located.ok()) {
+    located->shard.id = id;
+    return located;
+  }
+  const absl::Status& s = located.status();
+  log::Warn("restore of {}: meta's Locate failed ({}); the sources named ({}) are not read", ShardIdString(id),
+            s.ToString(), kinds);
+  if (absl::IsUnavailable(s) || absl::IsDeadlineExceeded(s)) {
+    return absl::UnavailableError(absl::StrCat("cannot ask meta where ", ShardIdString(id),
+                                               " may be read from (", s.message(),
+                                               "); no source but this node's own copy is read without meta's answer"));
+  }
+  // Meta's reason (the version's state, its world size, ...) is about a job
+  // the caller may not see: the log has it.
+  return absl::PermissionDeniedError(absl::StrCat("meta lists no readable copy of ", ShardIdString(id),
+                                                  ": the sources named (", kinds, ") are refused, none was read"));
+}
+
 absl::StatusOr<OpenOutcome> Restorer::Open(const OpenRequest& req) {
   OpenOutcome out;
   absl::StatusOr<OpenResult> r = OpenLocal(req.id, req.skip_verify, req.client, req.ttl_ms, req.verify_at_most_bytes);
   const absl::Status local = r.status();
-  if (!r.ok() && (absl::IsNotFound(local) || absl::IsDataLoss(local))) {
+  const bool others_named = std::any_of(req.sources.begin(), req.sources.end(),
+                                        [](const ShardSource& s) { return s.kind != ShardSource::Kind::kLocal; });
+  if (!r.ok() && (absl::IsNotFound(local) || absl::IsDataLoss(local)) && others_named) {
+    // Only what meta placed is read, checked against meta's record of the
+    // shard (restorer.h). One Locate per open; none when the local copy
+    // served.
+    CKPT_ASSIGN_OR_RETURN(LocatedShard located, AskMeta(req.id, req.sources));
+    const ShardRecord& expected = located.shard;
+    bool all_refused = true;
     for (size_t i = 0; i < req.sources.size(); ++i) {
-      const ShardSource& src = req.sources[i];
-      if (src.kind == ShardSource::Kind::kLocal) continue;
-      if (!req.expected || req.expected->size_bytes == 0) {
-        return absl::InvalidArgumentError(
-            "expected (the shard's size, crc32c and items from Locate) is required with sources");
+      const ShardSource& named = req.sources[i];
+      if (named.kind == ShardSource::Kind::kLocal) continue;
+      const ShardSource* src = Vouched(named, located.sources);
+      if (src == nullptr) {
+        log::Warn("restore of {}: a {} source ({}) is not one meta lists for the shard: refused, not read",
+                  ShardIdString(req.id), SourceKindName(named.kind), SourceWhere(named));
+        r = absl::PermissionDeniedError(absl::StrCat("meta does not list this ", SourceKindName(named.kind),
+                                                     " source for ", ShardIdString(req.id), ": refused, not read"));
+        out.failed.push_back(SourceAttempt{i, r.status()});
+        continue;
       }
-      ShardRecord expected = *req.expected;
-      expected.id = req.id;
-      switch (src.kind) {
+      all_refused = false;
+      switch (src->kind) {
         case ShardSource::Kind::kReplica:
-          r = FromPeer(expected, src.holder, req.client, req.ttl_ms);
+          r = FromPeer(expected, src->holder, req.client, req.ttl_ms);
           break;
         case ShardSource::Kind::kEcDecode:
-          r = ByDecode(expected, src.ec, req.client, req.ttl_ms);
+          r = ByDecode(expected, src->ec, req.client, req.ttl_ms);
           break;
         case ShardSource::Kind::kDurable:
-          r = FromDurable(expected, src.durable_path, req.client, req.ttl_ms);
+          r = FromDurable(expected, src->durable_path, req.client, req.ttl_ms);
           break;
         default:
           r = absl::InvalidArgumentError("unknown source kind");
@@ -102,6 +203,7 @@ absl::StatusOr<OpenOutcome> Restorer::Open(const OpenRequest& req) {
         out.served_by = i;
         break;
       }
+      r = SourceError(req.id, *src, r.status());
       out.failed.push_back(SourceAttempt{i, r.status()});
     }
     if (!r.ok()) {
@@ -109,11 +211,11 @@ absl::StatusOr<OpenOutcome> Restorer::Open(const OpenRequest& req) {
       for (const SourceAttempt& a : out.failed) {
         absl::StrAppend(&why, "; source ", SourceKindName(req.sources[a.index].kind), ": ", a.status.message());
       }
-      return absl::Status(out.failed.empty() ? local.code() : absl::StatusCode::kDataLoss, why);
+      return absl::Status(all_refused ? absl::StatusCode::kPermissionDenied : absl::StatusCode::kDataLoss, why);
     }
   }
   CKPT_RETURN_IF_ERROR(r.status());
-  if (req.expected && req.expected->size_bytes != 0 &&
+  if (!out.served_by && req.expected && req.expected->size_bytes != 0 &&
       (req.expected->size_bytes != r->shard.record->size_bytes || req.expected->crc32c != r->shard.record->crc32c)) {
     d_.leases->CloseHandle(r->handle_id);
     return absl::DataLossError(absl::StrCat("the local copy of ", ShardIdString(req.id),
@@ -176,8 +278,10 @@ absl::StatusOr<OpenResult> Restorer::FromPeer(const ShardRecord& expected, const
   // failure below only drops our reference.
   absl::StatusOr<uint32_t> crc = d_.peers->Read(holder, req, bytes->MutablePieces(0, expected.size_bytes), bytes);
   if (crc.ok() && *crc != expected.crc32c) {
-    crc = absl::DataLossError(absl::StrFormat("copy on node \"%s\" has crc32c 0x%08x, the shard 0x%08x",
-                                              holder.node_id, *crc, expected.crc32c));
+    log::Warn("restore of {}: the copy read from node \"{}\" has crc32c {:#010x}, the shard {:#010x}",
+              ShardIdString(expected.id), holder.node_id, *crc, expected.crc32c);
+    crc = absl::DataLossError(absl::StrFormat("the copy on node \"%s\" does not match the shard's crc32c",
+                                              holder.node_id));
   }
   if (!crc.ok()) {
     d_.metrics->peer_errors->Increment();
@@ -221,8 +325,9 @@ absl::StatusOr<OpenResult> Restorer::ByDecode(const ShardRecord& expected, const
   if (st.ok()) {
     const uint32_t crc = bytes->Crc(0, expected.size_bytes);
     if (crc != expected.crc32c) {
-      st = absl::DataLossError(
-          absl::StrFormat("decoded shard has crc32c 0x%08x, the shard 0x%08x", crc, expected.crc32c));
+      log::Warn("restore of {}: the shard decoded from the EC stripes of node \"{}\" has crc32c {:#010x}, the "
+                "shard {:#010x}", ShardIdString(expected.id), src.owner_node_id, crc, expected.crc32c);
+      st = absl::DataLossError("the decoded shard does not match the shard's crc32c");
     }
   }
   if (!st.ok()) {
@@ -244,9 +349,13 @@ absl::StatusOr<OpenResult> Restorer::FromDurable(const ShardRecord& expected, co
   std::vector<std::string> parts = absl::StrSplit(durable_path, '/');
   CKPT_ASSIGN_OR_RETURN(std::string path, JoinUnderRoot(d_.durable_root, std::span<const std::string>(parts)));
   CKPT_ASSIGN_OR_RETURN(std::unique_ptr<ReadableFile> file, d_.durable_fs->NewReadableFile(path));
+  // (The file's size and crc32c go to the log, never into the error: see
+  // the file comment.)
   if (file->Size() != expected.size_bytes) {
-    return absl::DataLossError(absl::StrCat("durable file '", path, "' is ", file->Size(), " bytes, the shard ",
-                                            expected.size_bytes));
+    log::Warn("restore of {}: durable file '{}' is {} bytes, the shard {}", ShardIdString(expected.id), path,
+              file->Size(), expected.size_bytes);
+    return absl::DataLossError(absl::StrCat("durable file ", QuoteForMessage(durable_path),
+                                            " does not have the shard's size"));
   }
   CKPT_ASSIGN_OR_RETURN(ReservationPtr bytes, ReserveFor(expected));
   uint32_t crc = 0;
@@ -255,14 +364,18 @@ absl::StatusOr<OpenResult> Restorer::FromDurable(const ShardRecord& expected, co
     for (uint64_t off = 0; off < piece.size(); off += kReadChunkBytes) {
       const uint64_t len = std::min<uint64_t>(kReadChunkBytes, piece.size() - off);
       CKPT_ASSIGN_OR_RETURN(size_t got, file->PositionedRead(file_off, piece.subspan(off, len)));
-      if (got != len) return absl::DataLossError(absl::StrCat("durable file '", path, "' ended early"));
+      if (got != len) {
+        return absl::DataLossError(absl::StrCat("durable file ", QuoteForMessage(durable_path), " ended early"));
+      }
       crc = Crc32cExtend(crc, piece.data() + off, len);
       file_off += len;
     }
   }
   if (crc != expected.crc32c) {
-    return absl::DataLossError(
-        absl::StrFormat("durable file '%s': crc32c 0x%08x != shard 0x%08x", path, crc, expected.crc32c));
+    log::Warn("restore of {}: durable file '{}' has crc32c {:#010x}, the shard {:#010x}", ShardIdString(expected.id),
+              path, crc, expected.crc32c);
+    return absl::DataLossError(absl::StrCat("durable file ", QuoteForMessage(durable_path),
+                                            " does not match the shard's crc32c"));
   }
   return Adopt(expected, std::move(bytes), durable_path, "the durable tier", client, ttl_ms);
 }

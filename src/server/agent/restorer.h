@@ -3,6 +3,18 @@
 // order: a peer's replica (read over the data plane), a decode from the
 // owner's EC stripes, the durable tier. docs/agent.md "Restore path".
 //
+// Only what meta placed is read (docs/security.md): the caller names the
+// sources it wants tried, but before reading any of them the restorer asks
+// meta itself (MetaLink::Locate, once per open) and uses meta's version of
+// each named source that meta lists for that job/step/rank (its holder
+// endpoint, its EC layout, its durable path) and meta's record of the shard
+// (size, crc32c, items) to check the bytes. A named source meta does not
+// list is refused (PermissionDenied) without being touched; the caller's
+// `expected` never decides what is read or what the bytes are checked
+// against. Errors returned to the caller state nothing about bytes it could
+// not read (no size or crc32c of a file or a peer's copy): those details go
+// to the agent's log.
+//
 // A restored shard is built in a fresh Reservation, checked against the
 // expected crc32c (every chunk of a peer read is checked as it lands, and the
 // whole at the end), recorded and reported as a RESTORED copy, and then opened
@@ -49,14 +61,7 @@ struct OpenResult {
   bool version_staged = false;
 };
 
-// Where a shard may be restored from (ckpt.v1.ShardSource).
-struct ShardSource {
-  enum class Kind { kLocal, kReplica, kEcDecode, kDurable };
-  Kind kind = Kind::kLocal;
-  PeerEndpoint holder;        // kReplica
-  EcDecodeSource ec;          // kEcDecode
-  std::string durable_path;   // kDurable, relative to the durable root
-};
+// (ShardSource, a restore source: meta_link.h.)
 const char* SourceKindName(ShardSource::Kind kind);
 
 struct OpenRequest {
@@ -68,8 +73,12 @@ struct OpenRequest {
   // a client session's single request thread, must not stall on GiBs):
   // Unavailable, and the client asks over gRPC.
   uint64_t verify_at_most_bytes = 0;
-  // The shard's size, crc and items from Locate; required with sources.
+  // What the caller believes the shard is (from its own Locate). Only a
+  // local copy is checked against it (DataLoss if it differs); a restore
+  // from a source is checked against meta's record, never this.
   std::optional<ShardRecord> expected;
+  // The sources the caller wants tried, in order; each must be one meta's
+  // Locate lists for `id` (else it is refused and listed as failed).
   std::vector<ShardSource> sources;
 };
 
@@ -94,6 +103,10 @@ class Restorer {
     Executor* stripes;
     Arena* arena;
     MetaSession* session;
+    // Asked where a shard lives before any source but the local copy is
+    // read (Locate). Not owned; thread-safe.
+    MetaLink* meta;
+    std::string node_id;  // this node's, as near_node_id of Locate
     FileSystem* durable_fs;
     std::string durable_root;
     Clock* clock;
@@ -108,12 +121,17 @@ class Restorer {
   // mismatch). NotFound if not held here.
   absl::StatusOr<OpenResult> OpenLocal(const ShardId& id, bool skip_verify, const ClientRef& client, int64_t ttl_ms,
                                        uint64_t verify_at_most_bytes = 0);
-  // The local copy, else each source in order. With sources, DataLoss listing
-  // every failed source when none worked; InvalidArgument when `expected` is
-  // missing; DataLoss when the copy found differs from `expected`.
+  // The local copy, else each source in order (asking meta first, see the
+  // file comment; no meta call when the local copy serves). Errors: the local
+  // copy's (NotFound, DataLoss) when no other source was named; Unavailable
+  // when meta cannot be asked; PermissionDenied when meta lists no readable
+  // copy of the shard or none of the named sources; DataLoss listing every
+  // failed source when none worked; DataLoss when the local copy differs from
+  // `expected`. Blocks on meta, peers and files.
   absl::StatusOr<OpenOutcome> Open(const OpenRequest& req);
 
-  // One source each (also used by tests). If a VALID copy is already held
+  // One source each, trusted as given (the caller checked it with meta; also
+  // used by tests). If a VALID copy is already held
   // (or quarantined) here, that decides. Errors: Unavailable (no data plane or
   // durable tier, peer unreachable or dead, I/O error), DataLoss (bytes do not
   // match), ResourceExhausted (no room), NotFound.
@@ -125,6 +143,9 @@ class Restorer {
                                          const ClientRef& client, int64_t ttl_ms);
 
  private:
+  // Meta's Locate for `id`, with the caller-facing error when it fails
+  // (meta's own message goes to the log).
+  absl::StatusOr<LocatedShard> AskMeta(const ShardId& id, const std::vector<ShardSource>& named);
   absl::StatusOr<ReservationPtr> ReserveFor(const ShardRecord& expected);
   // Keeps verified restored bytes as a RESTORED copy (reported to meta) and
   // opens it.

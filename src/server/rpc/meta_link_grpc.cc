@@ -377,6 +377,38 @@ class GrpcMetaLink : public agent::MetaLink {
     return ManifestFromVersion(resp.version());
   }
 
+  absl::StatusOr<agent::LocatedShard> Locate(const agent::ShardId& id, const std::string& near_node_id) override {
+    AssertNoCheckedLock("an RPC to meta");
+    v1::LocateRequest req;
+    req.set_job_id(id.job_id);
+    req.set_step(id.step);
+    req.set_rank(id.rank);
+    req.set_near_node_id(near_node_id);
+    v1::LocateResponse resp;
+    grpc::ClientContext ctx;
+    SetDeadline(&ctx);
+    absl::Status s = FromGrpcStatus(stub_->Locate(&ctx, req, &resp));
+    if (!s.ok()) return s;
+    agent::LocatedShard out;
+    out.shard.id = id;
+    out.shard.size_bytes = resp.shard().size_bytes();
+    out.shard.crc32c = resp.shard().crc32c();
+    std::vector<ManifestItem> items;
+    items.reserve(static_cast<size_t>(resp.shard().items_size()));
+    for (const v1::Item& item : resp.shard().items()) items.push_back(ItemFromProto(item));
+    agent::SetItems(out.shard, std::move(items));
+    if (resp.shard().manifest_digest() != 0 && out.shard.manifest_digest != resp.shard().manifest_digest()) {
+      return absl::DataLossError(absl::StrCat("meta's Locate answer for ", agent::ShardIdString(id),
+                                              " has items that do not match its manifest digest"));
+    }
+    for (const v1::ShardSource& src : resp.sources()) {
+      absl::StatusOr<agent::ShardSource> domain = ShardSourceFromProto(src);
+      if (!domain.ok()) continue;  // a kind this agent does not know: not one it can read
+      out.sources.push_back(*std::move(domain));
+    }
+    return out;
+  }
+
   absl::Status WatchTasks(const std::string& node_id, uint64_t incarnation, const TaskPush& on_push) override {
     AssertNoCheckedLock("an RPC to meta");
     v1::WatchTasksRequest req;

@@ -7,7 +7,7 @@
 // for the same rank, or expired. A handle owns a Pin: the copy's bytes stay
 // allocated while the handle is open, even if the holding is dropped.
 // Liveness: a lease or handle lives until its ttl passes or its client is
-// known to be gone (Expire; see docs/agent.md "Leases and handles").
+// known to be gone (Expire; see docs/agent.md "Client sessions").
 //
 // Ids and holders (docs/security.md "Ids and tokens"). Lease and handle ids
 // are 128 random bits (common/crypto.h RandomId), so nobody guesses one; and

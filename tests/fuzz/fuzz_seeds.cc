@@ -16,9 +16,26 @@
 
 namespace {
 
-void Write(const std::filesystem::path& dir, const std::string& target, int n, const std::string& bytes) {
+void WriteNamed(const std::filesystem::path& dir, const std::string& target, const std::string& name,
+                const std::string& bytes) {
   std::filesystem::create_directories(dir / target);
-  std::ofstream(dir / target / ("seed-" + std::to_string(n)), std::ios::binary) << bytes;
+  std::ofstream(dir / target / name, std::ios::binary) << bytes;
+}
+
+void Write(const std::filesystem::path& dir, const std::string& target, int n, const std::string& bytes) {
+  WriteNamed(dir, target, "seed-" + std::to_string(n), bytes);
+}
+
+// Issue 34 finding 5: c128 [2^63, 2^61] is 2^128 bytes, which wrapped to the
+// 0 the item claims; validation accepted it. A regression input for each
+// target that validates manifests (ValidateManifest must refuse it, or the
+// target's invariant check aborts).
+ckpt::ManifestItem WrappingItem() {
+  ckpt::ManifestItem huge;
+  huge.name = "huge";
+  huge.dtype = 16;  // c128
+  huge.shape = {uint64_t{1} << 63, uint64_t{1} << 61};
+  return huge;
 }
 
 std::vector<ckpt::ManifestItem> Items() {
@@ -126,6 +143,26 @@ int main(int argc, char** argv) {
   auto greeting = ckpt::transport::ucx_wire::EncodeGreeting(g);
   if (!greeting.ok()) return 1;
   Write(dir, "fuzz_greeting", 0, std::string(1, '\x07') + *greeting);
+
+  {
+    const std::vector<ckpt::ManifestItem> wrapping = {WrappingItem()};
+    WriteNamed(dir, "fuzz_manifest", "regression-wrapping-shape", ckpt::EncodeManifest(wrapping));
+    // By hand: the writer refuses it (EncodeDurableManifest validates).
+    char json[1024];
+    std::snprintf(json, sizeof json,
+                  "{\"format_version\":1,\"job_id\":\"gpt\",\"step\":7,\"world_size\":1,\"writer\":\"t\","
+                  "\"created_unix_ms\":0,\"shards\":[{\"rank\":0,\"file\":\"rank-00000.bin\",\"size_bytes\":64,"
+                  "\"crc32c\":\"0x00000000\",\"manifest_digest\":\"0x%016llx\",\"items\":[{\"name\":\"huge\","
+                  "\"dtype\":\"c128\",\"shape\":[9223372036854775808,2305843009213693952],\"offset_bytes\":0,"
+                  "\"length_bytes\":0,\"crc32c\":\"0x00000000\",\"attributes\":{}}]}]}",
+                  static_cast<unsigned long long>(ckpt::ManifestDigest(wrapping)));
+    WriteNamed(dir, "fuzz_durable_manifest", "regression-wrapping-shape", json);
+    ckpt::agent::ShardRecord wrapped = r;
+    wrapped.size_bytes = 64;
+    wrapped.items = wrapping;
+    wrapped.manifest_digest = ckpt::ManifestDigest(wrapping);
+    WriteNamed(dir, "fuzz_agent_record", "regression-wrapping-shape", ckpt::agent::EncodeShardRecord(wrapped));
+  }
 
   Write(dir, "fuzz_config", 0,
         "listen: 127.0.0.1:7400\nmemory: 4GiB\nlease_ms: 5s\nlog_json: true\ndata_rate: 0\n");

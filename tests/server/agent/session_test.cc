@@ -161,7 +161,9 @@ TEST_F(SessionTest, HandlesLiveWithTheSessionAndAResumedSessionKeepsThem) {
   it.dtype = kDTypeBytes;
   it.length_bytes = 100;
   it.crc32c = Crc32c(bytes);
-  ASSERT_TRUE(agent_->Commit(g->lease_id, 100, {it}).ok());
+  // The lease is the session's: committed naming it (without: refused).
+  EXPECT_EQ(agent_->Commit(g->lease_id, 100, {it}).status().code(), absl::StatusCode::kPermissionDenied);
+  ASSERT_TRUE(agent_->Commit(g->lease_id, 100, {it}, nullptr, id).ok());
   OpenRequest open;
   open.id = ShardId{"job", 2, 0};
   open.client = ClientRef{0, id};

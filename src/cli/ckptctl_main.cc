@@ -945,7 +945,9 @@ int Main(int argc, char** argv) {
   }
 
   TlsFilesFromEnvironment(&g.tls);
-  if (absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> c = ChannelCredentials(g.tls); c.ok()) {
+  TlsFiles to_meta = g.tls;
+  to_meta.expect_peer_uri = MetaPeerUri();  // only ckpt-meta's certificate, whatever its address
+  if (absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> c = ChannelCredentials(to_meta); c.ok()) {
     g.credentials = *c;
   } else {
     std::fprintf(stderr, "%s: %s\n", kProgram, std::string(c.status().message()).c_str());

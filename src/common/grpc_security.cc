@@ -68,6 +68,35 @@ absl::Status CheckCrlDir(const std::string& dir) {
                                                  dir, "`"));
 }
 
+// Accepts a server only if its certificate carries `want` among its URI
+// subjectAltNames (gRPC checked the chain against the CA before). Runs
+// during the handshake, so nothing of a call reaches a server that fails it.
+class PeerUriVerifier final : public grpc::experimental::ExternalCertificateVerifier {
+ public:
+  explicit PeerUriVerifier(std::string want) : want_(std::move(want)) {}
+
+  bool Verify(grpc::experimental::TlsCustomVerificationCheckRequest* request, std::function<void(grpc::Status)>,
+              grpc::Status* sync_status) override {
+    std::vector<std::string> uris;
+    for (const grpc::string_ref& uri : request->uri_names()) {
+      if (absl::string_view(uri.data(), uri.size()) == want_) {
+        *sync_status = grpc::Status::OK;
+        return true;
+      }
+      uris.emplace_back(uri.data(), uri.size());
+    }
+    *sync_status = grpc::Status(
+        grpc::StatusCode::UNAUTHENTICATED,
+        absl::StrCat("the server's certificate is not ", want_, " (it names ",
+                     uris.empty() ? std::string("no ckpt identity") : absl::StrJoin(uris, ", "), ")"));
+    return true;  // answered synchronously
+  }
+  void Cancel(grpc::experimental::TlsCustomVerificationCheckRequest*) override {}
+
+ private:
+  const std::string want_;
+};
+
 const char* EnvOr(const char* name) {
   const char* v = std::getenv(name);
   return v == nullptr ? "" : v;
@@ -153,7 +182,7 @@ absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> ChannelCredentials(con
     return absl::InvalidArgumentError("--tls-cert and --tls-key go together");
   }
   const bool identity = !files.cert_file.empty();
-  if (files.reload_seconds > 0 || !files.crl_dir.empty()) {
+  if (files.reload_seconds > 0 || !files.crl_dir.empty() || !files.expect_peer_uri.empty()) {
     // As ServerCredentials: checked once here (a bad file is a usage error),
     // then gRPC's TLS credentials keep the caller's certificate and CA current
     // (reload) and check the server's certificate against the CRLs.
@@ -180,8 +209,15 @@ absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> ChannelCredentials(con
     opts.watch_root_certs();
     if (identity) opts.watch_identity_key_cert_pairs();
     opts.set_verify_server_certs(true);
-    // The server's name checked against its certificate, as SslCredentials does.
-    opts.set_certificate_verifier(std::make_shared<grpc::experimental::HostNameCertificateVerifier>());
+    if (files.expect_peer_uri.empty()) {
+      // The server's name checked against its certificate, as SslCredentials does.
+      opts.set_certificate_verifier(std::make_shared<grpc::experimental::HostNameCertificateVerifier>());
+    } else {
+      // The server's identity (after the chain was checked against the CA).
+      opts.set_certificate_verifier(
+          grpc::experimental::ExternalCertificateVerifier::Create<PeerUriVerifier>(files.expect_peer_uri));
+      opts.set_check_call_host(false);
+    }
     if (!files.crl_dir.empty()) opts.set_crl_directory(files.crl_dir);
     return grpc::experimental::TlsCredentials(opts);
   }

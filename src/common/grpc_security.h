@@ -47,6 +47,12 @@ struct TlsFiles {
   // whose certificate is revoked is. A CA with no CRL there is not checked.
   // Read by gRPC at each handshake, so a new CRL applies at once.
   std::string crl_dir;
+  // Callers only: the ckpt identity the server's certificate must carry, as
+  // a URI subjectAltName ("ckpt://meta", "ckpt://node/<id>"; common/pki.h).
+  // Set, the server is checked by that identity instead of by its host name
+  // (its address may be any the cluster uses), before anything is sent.
+  // Empty: the server's name is checked against its certificate.
+  std::string expect_peer_uri;
   bool enabled() const { return !ca_file.empty() || !cert_file.empty() || !key_file.empty(); }
 };
 
@@ -65,9 +71,12 @@ absl::Status CheckTlsFiles(const TlsFiles& files, bool server);
 absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> ServerCredentials(const TlsFiles& files);
 
 // Plaintext when !files.enabled(); otherwise TLS verifying the server with
-// the CA (required) and its name against the certificate, presenting the
-// certificate and key if both are given; with reload_seconds or crl_dir, gRPC's
-// TLS credentials that re-read the files and check the CRLs.
+// the CA (required) and its name against the certificate (or, with
+// expect_peer_uri, its identity: a server without it fails the handshake,
+// UNAVAILABLE, and the log names the identity it carried), presenting the
+// certificate and key if both are given; with reload_seconds, crl_dir or
+// expect_peer_uri, gRPC's TLS credentials that re-read the files and check
+// the CRLs.
 absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> ChannelCredentials(const TlsFiles& files);
 
 // The token in `path` (surrounding whitespace removed). InvalidArgument when
@@ -153,6 +162,11 @@ grpc::Status CheckJobCaller(const grpc::ServerContextBase& ctx, const CallerToke
 // trainer tokens configured, or the admin or agent token), else those of its
 // trainer token (empty if it has none).
 std::optional<std::vector<std::string>> VisibleJobs(const grpc::ServerContextBase& ctx, const CallerTokens& tokens);
+
+// The URI a ckpt server's certificate carries: "ckpt://meta" for ckpt-meta,
+// "ckpt://node/<id>" for the agent of node `id` (common/pki.h).
+inline std::string MetaPeerUri() { return "ckpt://meta"; }
+inline std::string NodePeerUri(const std::string& node_id) { return "ckpt://node/" + node_id; }
 
 // True if `listen` ("host:port") is a loopback address (127.0.0.0/8, ::1,
 // localhost) or a unix socket.

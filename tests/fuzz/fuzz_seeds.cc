@@ -136,13 +136,24 @@ int main(int argc, char** argv) {
   rr.sender_incarnation = 3;
   Write(dir, "fuzz_peer_wire", 5, std::string(1, '\3') + ckpt::agent::EncodeReadReq(rr));
 
-  ckpt::transport::ucx_wire::Greeting g;
-  g.peer_id = 42;
-  g.nonce = 99;
-  g.worker_address = std::string(200, 'w');
-  auto greeting = ckpt::transport::ucx_wire::EncodeGreeting(g);
-  if (!greeting.ok()) return 1;
-  Write(dir, "fuzz_greeting", 0, std::string(1, '\x07') + *greeting);
+  {
+    // One seed per record kind of the handshake (the input's second byte
+    // picks the kind the reader expects).
+    namespace w = ckpt::transport::ucx_wire;
+    const uint8_t kinds[] = {w::kAddress, w::kKeyed, w::kKeyed | w::kProof, w::kKeyed | w::kProof | w::kAddress,
+                             w::kKeyed | w::kAddress};
+    for (int i = 0; i < 5; ++i) {
+      w::Greeting g;
+      g.flags = kinds[i];
+      g.peer_id = 42;
+      g.nonce = 99;
+      if ((g.flags & w::kProof) != 0) g.proof = w::HandshakeProof("seed-key", 'a', 42, 99, 7, 8);
+      if ((g.flags & w::kAddress) != 0) g.worker_address = std::string(200, 'w');
+      auto greeting = w::EncodeGreeting(g);
+      if (!greeting.ok()) return 1;
+      Write(dir, "fuzz_greeting", i, std::string(1, '\x07') + std::string(1, static_cast<char>(i)) + *greeting);
+    }
+  }
 
   {
     const std::vector<ckpt::ManifestItem> wrapping = {WrappingItem()};

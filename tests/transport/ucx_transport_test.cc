@@ -555,7 +555,7 @@ TEST(UcxTransport, AStalledHandshakeIsClosedInTime) {
   o.handshake_timeout_ms = 200;
   auto t = NewUcxTransport(o);
   ASSERT_TRUE(t->Start("127.0.0.1:0", &h).ok());
-  const std::string greeting = *ucx_wire::EncodeGreeting({1, 2, "whatever"});
+  const std::string greeting = *ucx_wire::EncodeGreeting({ucx_wire::kAddress, 1, 2, "", "whatever"});
   absl::StatusOr<GarbageResult> r = SendGarbage(DataPort(*t), greeting.substr(0, 20), absl::Seconds(20));
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_TRUE(r->closed_by_peer);
@@ -571,7 +571,7 @@ TEST(UcxTransport, AGreetingWithoutAUcxHelloIsAnsweredThenClosed) {
   o.handshake_timeout_ms = 200;
   auto t = NewUcxTransport(o);
   ASSERT_TRUE(t->Start("127.0.0.1:0", &h).ok());
-  const std::string greeting = *ucx_wire::EncodeGreeting({1, 2, ckpt::testing::SeededRandomBytes(300, 3)});
+  const std::string greeting = *ucx_wire::EncodeGreeting({ucx_wire::kAddress, 1, 2, "", ckpt::testing::SeededRandomBytes(300, 3)});
   absl::StatusOr<GarbageResult> r = SendGarbage(DataPort(*t), greeting, absl::Seconds(20));
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_TRUE(r->closed_by_peer);
@@ -603,7 +603,7 @@ TEST(UcxTransport, IdleConnectionsBeyondTheLimitAreClosedAtOnce) {
   const int idle1 = IdleConnection(port.port);
   // The second sends a whole greeting but never the UCX hello: it counts too.
   const int idle2 = IdleConnection(port.port);
-  const std::string greeting = *ucx_wire::EncodeGreeting({9, 9, ckpt::testing::SeededRandomBytes(200, 9)});
+  const std::string greeting = *ucx_wire::EncodeGreeting({ucx_wire::kAddress, 9, 9, "", ckpt::testing::SeededRandomBytes(200, 9)});
   ASSERT_EQ(send(idle2, greeting.data(), greeting.size(), MSG_NOSIGNAL), static_cast<ssize_t>(greeting.size()));
   char reply[ucx_wire::kGreetingFixedBytes];
   ASSERT_EQ(recv(idle2, reply, sizeof(reply), MSG_WAITALL), static_cast<ssize_t>(sizeof(reply)));
@@ -835,7 +835,7 @@ TEST(UcxAuth, RequireAuthWithoutAKeyRefusesBothWaysUntilSetAuthKey) {
   EXPECT_EQ(to_a.status().code(), absl::StatusCode::kUnavailable) << to_a.status();
   // A well-formed greeting gets nothing back: the connection is closed
   // before a says anything.
-  const std::string greeting = *ucx_wire::EncodeGreeting({7, 8, ckpt::testing::SeededRandomBytes(300, 1)});
+  const std::string greeting = *ucx_wire::EncodeGreeting({ucx_wire::kKeyed, 7, 8, "", ""});
   absl::StatusOr<GarbageResult> r = SendGarbage(DataPort(*a), greeting, absl::Seconds(20));
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_TRUE(r->closed_by_peer);
@@ -877,11 +877,13 @@ TEST(UcxAuth, SetAuthKeyAppliesToNewConnectionsAndAnotherKeyIsRefused) {
   ASSERT_TRUE(a_to_b.ok()) << a_to_b.status();
 
   absl::StatusOr<PeerId> c_to_b = c->Connect(b->address(), kConnectMs);
-  // The accepting side checks the hello first and closes the connection:
-  // the connecting side's Connect fails with Unavailable (a retry).
-  EXPECT_FALSE(c_to_b.ok());
+  // The accepting side proves its key first: the connecting side refuses
+  // it, and says why.
+  ASSERT_FALSE(c_to_b.ok());
+  EXPECT_EQ(c_to_b.status().code(), absl::StatusCode::kPermissionDenied) << c_to_b.status();
   absl::StatusOr<PeerId> b_to_c = b->Connect(c->address(), kConnectMs);
-  EXPECT_FALSE(b_to_c.ok());
+  ASSERT_FALSE(b_to_c.ok());
+  EXPECT_EQ(b_to_c.status().code(), absl::StatusCode::kPermissionDenied) << b_to_c.status();
   EXPECT_TRUE(hc.received().empty());
 
   // b moves to k2: its connection with a (made under k1) goes on working,
@@ -905,6 +907,48 @@ TEST(UcxAuth, SetAuthKeyAppliesToNewConnectionsAndAnotherKeyIsRefused) {
   ASSERT_TRUE(hb.WaitReceived(2));
   EXPECT_EQ(hb.received()[1].msg.header, "from c");
   ASSERT_TRUE(done.Wait(3));
+}
+
+// With a key, the data port names its worker address (the way into UCX) only
+// to a peer that proved the key: a greeting without a key is closed
+// unanswered; a keyed one gets the accepting side's proof (and no address),
+// and is closed, still without an address, when its own proof is wrong.
+TEST(UcxAuth, AKeyedDataPortNamesItsWorkerOnlyToAPeerThatProvedTheKey) {
+  const std::string key = "cluster-key-0123456789abcdef";
+  TestHandler h;
+  auto t = NewUcxTransport(Keyed(key));
+  ASSERT_TRUE(t->Start("127.0.0.1:0", &h).ok());
+  const std::string address = ckpt::testing::SeededRandomBytes(300, 5);
+  absl::StatusOr<GarbageResult> r = SendGarbage(
+      DataPort(*t), *ucx_wire::EncodeGreeting({ucx_wire::kAddress, 5, 6, "", address}), absl::Seconds(20));
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_TRUE(r->closed_by_peer);
+  EXPECT_EQ(r->bytes_received, 0u);
+
+  const int fd = IdleConnection(DataPort(*t).port);
+  timeval tv{20, 0};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  const std::string first = *ucx_wire::EncodeGreeting({ucx_wire::kKeyed, 5, 6, "", ""});
+  ASSERT_EQ(send(fd, first.data(), first.size(), MSG_NOSIGNAL), static_cast<ssize_t>(first.size()));
+  std::string reply(ucx_wire::kGreetingFixedBytes + ucx_wire::kProofBytes, '\0');
+  ASSERT_EQ(recv(fd, reply.data(), reply.size(), MSG_WAITALL), static_cast<ssize_t>(reply.size()));
+  ucx_wire::GreetingReader reader(ucx_wire::kKeyed | ucx_wire::kProof);
+  absl::StatusOr<size_t> took = reader.Feed(reply);
+  ASSERT_TRUE(took.ok()) << took.status();
+  ASSERT_TRUE(reader.done());
+  const ucx_wire::Greeting& g = reader.greeting();
+  EXPECT_TRUE(g.worker_address.empty());
+  EXPECT_TRUE(ucx_wire::SameProof(g.proof, ucx_wire::HandshakeProof(key, 'a', g.peer_id, g.nonce, 5, 6)))
+      << "the accepting side proves the key first";
+  const std::string wrong = *ucx_wire::EncodeGreeting(
+      {ucx_wire::kKeyed | ucx_wire::kProof | ucx_wire::kAddress, 5, 6,
+       ucx_wire::HandshakeProof("another-key-0123456789abcd", 'c', g.peer_id, g.nonce, 5, 6), address});
+  ASSERT_EQ(send(fd, wrong.data(), wrong.size(), MSG_NOSIGNAL), static_cast<ssize_t>(wrong.size()));
+  char more[64];
+  EXPECT_LE(recv(fd, more, sizeof(more), 0), 0) << "closed, and no worker address";
+  close(fd);
+  EXPECT_TRUE(h.failed().empty());
+  EXPECT_TRUE(h.received().empty());
 }
 
 TEST(UcxAuth, ProofsDependOnKeyRoleIdsAndNonces) {

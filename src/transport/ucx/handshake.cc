@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstdlib>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 
@@ -26,34 +27,86 @@ uint64_t GetLe(std::string_view in, size_t offset, int bytes) {
 
 }  // namespace
 
+namespace {
+
+constexpr uint8_t kAllFlags = kKeyed | kProof | kAddress;
+
+std::string FlagsText(uint8_t flags) {
+  if (flags == 0) return "none";
+  std::string out;
+  for (auto [bit, name] : {std::pair{kKeyed, "keyed"}, std::pair{kProof, "proof"}, std::pair{kAddress, "address"}}) {
+    if ((flags & bit) == 0) continue;
+    if (!out.empty()) out += "+";
+    out += name;
+  }
+  if ((flags & ~kAllFlags) != 0) absl::StrAppend(&out, out.empty() ? "" : "+", "0x", absl::Hex(flags & ~kAllFlags));
+  return out;
+}
+
+// Why a record with `got` flags is not the `want` one, as a peer's operator
+// would want to read it.
+std::string FlagsMismatch(uint8_t want, uint8_t got) {
+  if ((want & kKeyed) != 0 && (got & ~kAllFlags) == 0 && (got & kKeyed) == 0) {
+    return "the peer does not authenticate (it has no data-plane key) and this agent requires it";
+  }
+  if ((want & kKeyed) == 0 && (got & ~kAllFlags) == 0 && (got & kKeyed) != 0) {
+    return "the peer authenticates with a data-plane key and this agent has none";
+  }
+  return absl::StrCat("a data-plane greeting record with flags ", FlagsText(got), " where one with ", FlagsText(want),
+                      " was expected");
+}
+
+}  // namespace
+
 absl::StatusOr<std::string> EncodeGreeting(const Greeting& g) {
   if (g.peer_id == 0) return absl::InvalidArgumentError("greeting: peer id 0");
-  if (g.worker_address.empty() || g.worker_address.size() > kMaxWorkerAddressBytes) {
-    return absl::InvalidArgumentError(absl::StrCat("greeting: worker address of ", g.worker_address.size(),
-                                                   " bytes (1..", kMaxWorkerAddressBytes, ")"));
+  if ((g.flags & ~kAllFlags) != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("greeting: unknown flags 0x", absl::Hex(g.flags)));
+  }
+  if (g.proof.size() != ((g.flags & kProof) != 0 ? kProofBytes : 0)) {
+    return absl::InvalidArgumentError(absl::StrCat("greeting: a proof of ", g.proof.size(), " bytes with flags ",
+                                                   FlagsText(g.flags)));
+  }
+  if ((g.flags & kAddress) != 0) {
+    if (g.worker_address.empty() || g.worker_address.size() > kMaxWorkerAddressBytes) {
+      return absl::InvalidArgumentError(absl::StrCat("greeting: worker address of ", g.worker_address.size(),
+                                                     " bytes (1..", kMaxWorkerAddressBytes, ")"));
+    }
+  } else if (!g.worker_address.empty()) {
+    return absl::InvalidArgumentError("greeting: a worker address without the address flag");
   }
   std::string out(kGreetingMagic);
-  out.reserve(kGreetingFixedBytes + g.worker_address.size());
+  out.reserve(kGreetingFixedBytes + kProofBytes + 4 + g.worker_address.size());
+  out.push_back(static_cast<char>(g.flags));
   PutLe(&out, g.peer_id, 8);
   PutLe(&out, g.nonce, 8);
-  PutLe(&out, g.worker_address.size(), 4);
-  out += g.worker_address;
+  out += g.proof;
+  if ((g.flags & kAddress) != 0) {
+    PutLe(&out, g.worker_address.size(), 4);
+    out += g.worker_address;
+  }
   return out;
+}
+
+size_t GreetingReader::HeadBytes() const {
+  return kGreetingFixedBytes + ((expected_flags_ & kProof) != 0 ? kProofBytes : 0) +
+         ((expected_flags_ & kAddress) != 0 ? 4 : 0);
 }
 
 size_t GreetingReader::wanted() const {
   if (done_ || !error_.ok()) return 0;
-  if (fixed_.size() < kGreetingFixedBytes) return kGreetingFixedBytes - fixed_.size();
+  if (head_.size() < HeadBytes()) return HeadBytes() - head_.size();
   return address_bytes_ - greeting_.worker_address.size();
 }
 
 absl::StatusOr<size_t> GreetingReader::Feed(std::string_view data) {
   if (!error_.ok()) return error_;
   size_t taken = 0;
+  const size_t head_bytes = HeadBytes();
   while (taken < data.size() && !done_) {
-    if (fixed_.size() < kGreetingFixedBytes) {
+    if (head_.size() < head_bytes) {
       const char c = data[taken];
-      const size_t at = fixed_.size();
+      const size_t at = head_.size();
       if (at < kGreetingMagic.size() && c != kGreetingMagic[at]) {
         error_ = absl::InvalidArgumentError(absl::StrCat(
             "not a ckpt data-plane greeting: byte ", consumed_, " is 0x",
@@ -61,17 +114,33 @@ absl::StatusOr<size_t> GreetingReader::Feed(std::string_view data) {
             std::string(kGreetingMagic), "\")"));
         return error_;
       }
-      fixed_.push_back(c);
+      if (at == kGreetingMagic.size() && static_cast<uint8_t>(c) != expected_flags_) {
+        error_ = absl::InvalidArgumentError(FlagsMismatch(expected_flags_, static_cast<uint8_t>(c)));
+        return error_;
+      }
+      head_.push_back(c);
       ++taken;
       ++consumed_;
-      if (fixed_.size() == kGreetingFixedBytes) {
-        greeting_.peer_id = GetLe(fixed_, 8, 8);
-        greeting_.nonce = GetLe(fixed_, 16, 8);
-        address_bytes_ = GetLe(fixed_, 24, 4);
+      if (head_.size() == kGreetingFixedBytes) {
+        greeting_.flags = static_cast<uint8_t>(head_[8]);
+        greeting_.peer_id = GetLe(head_, 9, 8);
+        greeting_.nonce = GetLe(head_, 17, 8);
         if (greeting_.peer_id == 0) {
           error_ = absl::InvalidArgumentError("data-plane greeting with peer id 0");
           return error_;
         }
+      }
+      if (head_.size() == head_bytes) {
+        size_t at_field = kGreetingFixedBytes;
+        if ((expected_flags_ & kProof) != 0) {
+          greeting_.proof = head_.substr(at_field, kProofBytes);
+          at_field += kProofBytes;
+        }
+        if ((expected_flags_ & kAddress) == 0) {
+          done_ = true;
+          break;
+        }
+        address_bytes_ = GetLe(head_, at_field, 4);
         if (address_bytes_ == 0 || address_bytes_ > kMaxWorkerAddressBytes) {
           error_ = absl::InvalidArgumentError(absl::StrCat("data-plane greeting announces a worker address of ",
                                                            address_bytes_, " bytes (1..", kMaxWorkerAddressBytes,

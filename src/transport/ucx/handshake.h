@@ -2,29 +2,46 @@
 //
 // A UcxTransport never exposes a UCX listener. Its data port (the address
 // peers get from meta) is a plain TCP socket owned by ckpt, on which two
-// transports swap one Greeting each: the connecting side first, the
-// accepting side in reply. A Greeting carries the sender's PeerId for the
-// connection, a random nonce and the sender's UCX worker address; each side
-// then opens a UCX endpoint to the other's worker address, and the TCP
-// connection stays open as the pair's liveness channel (either side closing
-// it, or its process dying, fails the connection on the other side).
+// transports swap greeting records: the connecting side first, the accepting
+// side in reply. A record carries the sender's PeerId for the connection, a
+// random nonce, and, depending on its flags, a proof that the sender holds
+// the cluster key and/or the sender's UCX worker address. Each side then
+// opens a UCX endpoint to the other's worker address, and the TCP connection
+// stays open as the pair's liveness channel (either side closing it, or its
+// process dying, fails the connection on the other side).
 //
-// Wire format of a Greeting (little-endian, 28 bytes + the address):
+// Wire format of a record (little-endian):
 //
 //   offset  size  field
-//        0     8  magic "CKPTDP01" (the last two characters are the version)
-//        8     8  sender's PeerId for this connection (never 0)
-//       16     8  nonce: echoed by the other side in its first UCX message
-//       24     4  length L of the worker address, 1..kMaxWorkerAddressBytes
-//       28     L  the sender's UCX worker address (opaque bytes)
+//        0     8  magic "CKPTDP02" (the last two characters are the version)
+//        8     1  flags: kKeyed 0x01, kProof 0x02, kAddress 0x04 (no others)
+//        9     8  sender's PeerId for this connection (never 0)
+//       17     8  sender's nonce (fresh per connection)
+//       25    32  with kProof: HandshakeProof (below)
+//        .     4  with kAddress: length L of the worker address, 1..kMaxWorkerAddressBytes
+//        .     L  with kAddress: the sender's UCX worker address (opaque bytes)
 //
-// Nothing else is ever sent on the TCP connection: a byte after the Greeting
-// is a protocol violation. GreetingReader checks each byte as it arrives, so
-// garbage (a port scanner, an HTTP/2 preface, zeros) is refused at the first
-// byte that cannot start a Greeting and never reaches UCX.
+// Without a cluster key (an --insecure cluster without an agent token):
+//   connecting -> accepting  {kAddress}        its worker address
+//   accepting -> connecting  {kAddress}        its worker address
+// With a key, neither side names its worker address to a side that has not
+// proven the key, and each proof covers both sides' ids and nonces:
+//   connecting -> accepting  {kKeyed}                     id, nonce
+//   accepting -> connecting  {kKeyed|kProof}              proof 'a'
+//   connecting -> accepting  {kKeyed|kProof|kAddress}     proof 'c', its address
+//   accepting -> connecting  {kKeyed|kAddress}            its address
+// The later records repeat the sender's id and nonce. A side reads exactly
+// the record it expects next (GreetingReader's `expected_flags`), so a peer
+// without a key, or with one when this side has none, is refused at the
+// flags byte with a message that says which.
+//
+// Nothing else is ever sent on the TCP connection: a byte after the last
+// record is a protocol violation. GreetingReader checks each byte as it
+// arrives, so garbage (a port scanner, an HTTP/2 preface, zeros) is refused
+// at the first byte that cannot start a record and never reaches UCX.
 //
 // This header has no UCX dependency; it is pure and unit-tested.
-// Thread safety: GreetingReader is not thread-safe (one per connection);
+// Thread safety: GreetingReader is not thread-safe (one per record);
 // EncodeGreeting is a pure function.
 #pragma once
 
@@ -38,45 +55,64 @@
 
 namespace ckpt::transport::ucx_wire {
 
-inline constexpr std::string_view kGreetingMagic = "CKPTDP01";
-inline constexpr size_t kGreetingFixedBytes = 28;
+inline constexpr std::string_view kGreetingMagic = "CKPTDP02";
+// magic, flags, PeerId, nonce: what every record starts with.
+inline constexpr size_t kGreetingFixedBytes = 25;
+inline constexpr size_t kProofBytes = 32;
 // UCX 1.13 worker addresses are a few hundred bytes (one entry per
 // transport and device); anything near this bound is not one.
 inline constexpr size_t kMaxWorkerAddressBytes = 16 << 10;
 
+// Record flags.
+inline constexpr uint8_t kKeyed = 0x01;    // the sender authenticates with a cluster key
+inline constexpr uint8_t kProof = 0x02;    // a proof follows the nonce
+inline constexpr uint8_t kAddress = 0x04;  // a worker address ends the record
+
 struct Greeting {
+  uint8_t flags = 0;
   uint64_t peer_id = 0;
   uint64_t nonce = 0;
-  std::string worker_address;
+  std::string proof;           // kProofBytes with kProof, else empty
+  std::string worker_address;  // non-empty with kAddress, else empty
 };
 
-// The bytes of `g`. InvalidArgument if peer_id is 0 or the worker address is
-// empty or longer than kMaxWorkerAddressBytes.
+// The bytes of `g`. InvalidArgument if peer_id is 0, flags has a bit other
+// than kKeyed, kProof and kAddress, the proof is not kProofBytes with kProof
+// (or not empty without), or the worker address is empty or longer than
+// kMaxWorkerAddressBytes with kAddress (or not empty without).
 absl::StatusOr<std::string> EncodeGreeting(const Greeting& g);
 
-// Reads one Greeting from a byte stream that may arrive in pieces.
+// Reads one record, with exactly `expected_flags`, from a byte stream that
+// may arrive in pieces.
 class GreetingReader {
  public:
-  // How many more bytes the Greeting needs (0 once done()). A caller that
-  // reads at most this many bytes from the socket never consumes anything
-  // past the Greeting.
+  explicit GreetingReader(uint8_t expected_flags = kAddress) : expected_flags_(expected_flags) {}
+
+  // How many more bytes the record needs (0 once done() or failed). A caller
+  // that reads at most this many bytes from the socket never consumes
+  // anything past the record.
   size_t wanted() const;
 
   // Consumes up to wanted() bytes of `data` and returns how many it took.
   // InvalidArgument, saying what was wrong, at the first byte that cannot be
-  // part of a Greeting (wrong magic, PeerId 0, a length of 0 or above
-  // kMaxWorkerAddressBytes); the reader then stays failed and consumes
-  // nothing more.
+  // part of the expected record (wrong magic; other flags, e.g. a peer
+  // without a cluster key when one is expected; PeerId 0; an address length
+  // of 0 or above kMaxWorkerAddressBytes); the reader then stays failed and
+  // consumes nothing more.
   absl::StatusOr<size_t> Feed(std::string_view data);
 
   bool done() const { return done_; }
-  // The Greeting, valid once done().
+  uint8_t expected_flags() const { return expected_flags_; }
+  // The record, valid once done().
   const Greeting& greeting() const { return greeting_; }
   // Bytes consumed so far (for messages).
   size_t consumed() const { return consumed_; }
 
  private:
-  std::string fixed_;  // the first kGreetingFixedBytes bytes
+  size_t HeadBytes() const;  // fixed part + proof + address length, as expected
+
+  uint8_t expected_flags_;
+  std::string head_;  // the record up to the address
   size_t address_bytes_ = 0;
   size_t consumed_ = 0;
   bool done_ = false;
@@ -85,12 +121,13 @@ class GreetingReader {
 };
 
 // Authentication (UcxOptions::auth_key, docs/protocol.md "Authentication"):
-// with a cluster key, the UCX hello and ready messages each carry a proof
-// that the sender holds it: HMAC-SHA256 over a role byte ('h' hello, 'r'
-// ready) and both sides' PeerIds and nonces (the accepting side's first), all
-// little-endian u64. The nonces are fresh per connection, so a proof cannot
-// be replayed on another one.
-inline constexpr size_t kProofBytes = 32;
+// with a cluster key, each side proves it holds it twice, on the TCP
+// connection before its worker address is given ('a' accepting side, 'c'
+// connecting side) and in the UCX hello ('h') and ready ('r') that complete
+// the connection: HMAC-SHA256 over the role byte and both sides' PeerIds and
+// nonces (the accepting side's first), all little-endian u64. The nonces are
+// fresh per connection, so a proof cannot be replayed on another one, and
+// the roles differ, so one cannot be reflected either.
 std::string HandshakeProof(std::string_view key, char role, uint64_t acceptor_id, uint64_t acceptor_nonce,
                            uint64_t connector_id, uint64_t connector_nonce);
 // Equal, in time that does not depend on where they differ.

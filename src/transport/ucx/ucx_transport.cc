@@ -143,7 +143,7 @@ struct ConnectWait {
 };
 
 enum class PeerState {
-  kTcpHandshake,  // greetings being swapped on the TCP connection
+  kTcpHandshake,  // greeting records being swapped on the TCP connection (handshake.h)
   kUcxHello,      // endpoint(s) created; waiting for the other side's UCX message
   kConnected,     // usable both ways; the handler may know its id
 };
@@ -184,7 +184,7 @@ struct Peer {
   bool tcp_connecting = false;  // outbound: connect() still in progress
   std::string out;              // bytes still to write on fd
   size_t out_offset = 0;
-  ucx_wire::GreetingReader reader;  // outbound: the accepting side's greeting
+  ucx_wire::GreetingReader reader;  // kTcpHandshake: the other side's next greeting record
   uint64_t nonce = 0;               // ours: the other side echoes it
   uint64_t remote_id = 0;           // the other side's PeerId: prefixes every message we send
   uint64_t remote_nonce = 0;
@@ -210,6 +210,7 @@ struct Peer {
 struct Pending {
   int fd = -1;
   std::string from;
+  std::string key;  // the cluster key when it was accepted ("": none)
   ucx_wire::GreetingReader reader;
   absl::Time deadline;
 };
@@ -698,7 +699,8 @@ class UcxImpl : public UcxTransport {
         return;
       }
       const std::string who = SockaddrText(from);
-      if (!probing_ && options_.require_auth && CurrentKey().empty()) {
+      std::string key = HandshakeKey();
+      if (key.empty() && options_.require_auth) {
         // Nothing is answered, not even our greeting: the peer retries.
         close(fd);
         NoteRefused(who, absl::UnavailableError(kNoKeyYet));
@@ -713,6 +715,9 @@ class UcxImpl : public UcxTransport {
       Pending p;
       p.fd = fd;
       p.from = who;
+      // With a key, the first record must say so and carry no address.
+      p.reader = ucx_wire::GreetingReader(key.empty() ? ucx_wire::kAddress : ucx_wire::kKeyed);
+      p.key = std::move(key);
       p.deadline = absl::Now() + absl::Milliseconds(options_.handshake_timeout_ms);
       pending_.push_back(std::move(p));
     }
@@ -782,14 +787,11 @@ class UcxImpl : public UcxTransport {
     last_refusal_log_ = now;
   }
 
-  // A well-formed greeting: the connection becomes an inbound Peer, which
-  // answers with our own greeting and waits for the UCX hello.
+  // A well-formed first record: the connection becomes an inbound Peer.
+  // Without a key it answers with our worker address and waits for the UCX
+  // hello; with one, it answers with our proof and waits for the connecting
+  // side's proof and address (OnRecord).
   void AcceptGreeting(std::list<Pending>::iterator it) {
-    std::string key = HandshakeKey();
-    if (key.empty() && options_.require_auth) {  // cleared since the accept
-      DropPending(it, absl::UnavailableError(kNoKeyYet), true);
-      return;
-    }
     const ucx_wire::Greeting& g = it->reader.greeting();
     auto owned = std::make_unique<Peer>();
     Peer* p = owned.get();
@@ -802,16 +804,21 @@ class UcxImpl : public UcxTransport {
     p->nonce = ucx_wire::RandomU64();
     p->remote_id = g.peer_id;
     p->remote_nonce = g.nonce;
-    p->remote_worker = g.worker_address;
-    p->key = std::move(key);
+    p->key = std::move(it->key);
     p->handshaking = true;
     ++inbound_handshakes_;
-    absl::StatusOr<std::string> reply = ucx_wire::EncodeGreeting({p->id, p->nonce, worker_address_});
+    if (p->key.empty()) {
+      p->remote_worker = g.worker_address;
+      p->out = Record(*p, ucx_wire::kAddress);
+      p->state = PeerState::kUcxHello;
+    } else {
+      p->out = Record(*p, ucx_wire::kKeyed | ucx_wire::kProof);
+      p->reader = ucx_wire::GreetingReader(ucx_wire::kKeyed | ucx_wire::kProof | ucx_wire::kAddress);
+      p->state = PeerState::kTcpHandshake;
+    }
     it->fd = -1;
     pending_.erase(it);
     SetKeepalive(p->fd);
-    p->out = *std::move(reply);  // our own address: always encodable (checked at Start)
-    p->state = PeerState::kUcxHello;
     peers_[p->id] = std::move(owned);
     WritePeer(p);
   }
@@ -867,7 +874,7 @@ class UcxImpl : public UcxTransport {
   void ReadPeer(Peer* p) {
     char buf[kReadChunk];
     for (;;) {
-      const bool greeting = !p->inbound && !p->reader.done();
+      const bool greeting = p->state == PeerState::kTcpHandshake && !p->reader.done();
       const size_t want = greeting ? std::min(p->reader.wanted(), sizeof(buf)) : sizeof(buf);
       const ssize_t n = recv(p->fd, buf, want, 0);
       if (n < 0) {
@@ -892,10 +899,63 @@ class UcxImpl : public UcxTransport {
         return;
       }
       if (p->reader.done()) {
-        OnGreetingReply(p);
+        OnRecord(p);
         return;
       }
     }
+  }
+
+  // Our greeting record with `flags` for connection `p` (the proof and our
+  // worker address as the flags say).
+  std::string Record(const Peer& p, uint8_t flags) const {
+    ucx_wire::Greeting g;
+    g.flags = flags;
+    g.peer_id = p.id;
+    g.nonce = p.nonce;
+    if ((flags & ucx_wire::kProof) != 0) g.proof = Proof(p, p.inbound ? 'a' : 'c');
+    if ((flags & ucx_wire::kAddress) != 0) g.worker_address = worker_address_;
+    return *ucx_wire::EncodeGreeting(g);  // our own fields: always encodable (address checked at Start)
+  }
+
+  // A refusal by this side during the handshake: said once, then the
+  // connection fails (the other side sees it close).
+  void Refuse(Peer* p, const std::string& why) {
+    log::Warn("data plane: refused {}: {}", p->address, why);
+    PeerDown(p, absl::PermissionDeniedError(why));
+  }
+
+  // The other side's next greeting record arrived on `p` (handshake.h).
+  void OnRecord(Peer* p) {
+    const ucx_wire::Greeting g = p->reader.greeting();
+    const bool first = !p->inbound && g.flags != (ucx_wire::kKeyed | ucx_wire::kAddress);
+    if (first) {
+      p->remote_id = g.peer_id;
+      p->remote_nonce = g.nonce;
+    } else if (g.peer_id != p->remote_id || g.nonce != p->remote_nonce) {
+      Refuse(p, "its greeting records name two different connections");
+      return;
+    }
+    if ((g.flags & ucx_wire::kProof) != 0 && !ucx_wire::SameProof(g.proof, Proof(*p, p->inbound ? 'c' : 'a'))) {
+      Refuse(p, "its greeting does not prove this cluster's data-plane key (another ckpt-meta's key, or another "
+                "--token-file than this agent's)");
+      return;
+    }
+    if (p->inbound) {
+      // The connecting side proved the key: now it gets our address.
+      p->remote_worker = g.worker_address;
+      p->out += Record(*p, ucx_wire::kKeyed | ucx_wire::kAddress);
+      p->state = PeerState::kUcxHello;
+      WritePeer(p);
+      return;
+    }
+    if (g.flags == (ucx_wire::kKeyed | ucx_wire::kProof)) {
+      // The accepting side proved the key: our proof and address, then its address.
+      p->reader = ucx_wire::GreetingReader(ucx_wire::kKeyed | ucx_wire::kAddress);
+      p->out += Record(*p, ucx_wire::kKeyed | ucx_wire::kProof | ucx_wire::kAddress);
+      WritePeer(p);
+      return;
+    }
+    OnGreetingReply(p, g.worker_address);
   }
 
   void StartConnect(const std::shared_ptr<ConnectWait>& wait, sockaddr_in addr, const std::string& address) {
@@ -920,7 +980,13 @@ class UcxImpl : public UcxTransport {
       return;
     }
     SetKeepalive(p->fd);
-    p->out = *ucx_wire::EncodeGreeting({p->id, p->nonce, worker_address_});
+    if (p->key.empty()) {
+      p->out = Record(*p, ucx_wire::kAddress);
+      p->reader = ucx_wire::GreetingReader(ucx_wire::kAddress);
+    } else {
+      p->out = Record(*p, ucx_wire::kKeyed);  // no address before the other side proves the key
+      p->reader = ucx_wire::GreetingReader(ucx_wire::kKeyed | ucx_wire::kProof);
+    }
     if (connect(p->fd, reinterpret_cast<const sockaddr*>(&addr), sizeof(addr)) != 0) {
       if (errno != EINPROGRESS) {
         PeerDown(p, absl::UnavailableError(ErrnoText(errno)));
@@ -932,13 +998,11 @@ class UcxImpl : public UcxTransport {
     WritePeer(p);
   }
 
-  // Outbound: the accepting side's greeting arrived. Open our endpoint to its
-  // worker and say hello over UCX; Connect completes on its ready message.
-  void OnGreetingReply(Peer* p) {
-    const ucx_wire::Greeting& g = p->reader.greeting();
-    p->remote_id = g.peer_id;
-    p->remote_nonce = g.nonce;
-    if (absl::Status s = AttachRemote(p, g.worker_address); !s.ok()) {
+  // Outbound: the accepting side's worker address arrived (after its proof,
+  // with a key). Open our endpoint to its worker and say hello over UCX;
+  // Connect completes on its ready message.
+  void OnGreetingReply(Peer* p, const std::string& worker_address) {
+    if (absl::Status s = AttachRemote(p, worker_address); !s.ok()) {
       PeerDown(p, s);
       return;
     }
@@ -1034,10 +1098,10 @@ class UcxImpl : public UcxTransport {
     if (UCS_PTR_IS_PTR(req)) ++closing_;
   }
 
-  // With a key: the proof that `p`'s hello (from the connecting side) or
-  // ready (from the accepting side) carries.
-  std::string Proof(const Peer& p, unsigned am_id) const {
-    const char role = am_id == kHelloAmId ? 'h' : 'r';
+  // With a key: the proof of `role` for connection `p` (handshake.h): 'a'
+  // and 'c' in the greeting records of the accepting and the connecting
+  // side, 'h' in the UCX hello, 'r' in the ready message.
+  static std::string Proof(const Peer& p, char role) {
     return p.inbound ? ucx_wire::HandshakeProof(p.key, role, p.id, p.nonce, p.remote_id, p.remote_nonce)
                      : ucx_wire::HandshakeProof(p.key, role, p.remote_id, p.remote_nonce, p.id, p.nonce);
   }
@@ -1057,7 +1121,7 @@ class UcxImpl : public UcxTransport {
     }
     if (!p.key.empty() &&
         !ucx_wire::SameProof(std::string_view(static_cast<const char*>(header) + kHelloBytes, ucx_wire::kProofBytes),
-                             Proof(p, am_id))) {
+                             Proof(p, am_id == kHelloAmId ? 'h' : 'r'))) {
       return absl::PermissionDeniedError(absl::StrCat(
           "its ", what, " does not prove this cluster's key (another ckpt-meta's key, or another --token-file than "
           "this agent's)"));
@@ -1096,7 +1160,7 @@ class UcxImpl : public UcxTransport {
     op->header.assign(kHelloBytes, '\0');
     PutLe(&op->header, 0, p->remote_id, 8);
     PutLe(&op->header, 8, p->remote_nonce, 8);
-    if (!p->key.empty()) op->header += Proof(*p, am_id);
+    if (!p->key.empty()) op->header += Proof(*p, am_id == kHelloAmId ? 'h' : 'r');
     ucp_request_param_t rp{};
     rp.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_FLAGS;
     rp.cb.send = &UcxImpl::OnControlSent;

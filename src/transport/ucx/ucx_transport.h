@@ -10,9 +10,9 @@
 // Connecting (docs/protocol.md §8b): UCX never listens for ckpt. The data
 // port (Start's listen address, what address() returns and peers Connect
 // to) is a plain TCP socket of our own that speaks only the handshake of
-// handshake.h: the connecting side sends a Greeting (its PeerId, a nonce and
-// its UCX worker address), the accepting side answers with its own; the
-// connecting side then opens a UCX endpoint to the accepting worker's
+// handshake.h: the two sides swap greeting records (PeerIds, nonces and
+// their UCX worker addresses; with a key, each proves it before it names its
+// worker address); the connecting side then opens a UCX endpoint to the accepting worker's
 // address and sends a hello active message; the accepting side, on that
 // hello, opens its endpoint back (UCX pairs the two when it can) and answers
 // ready, which completes Connect. Bytes that are not a Greeting are refused
@@ -129,12 +129,15 @@ struct UcxOptions {
   std::vector<std::pair<std::string, std::string>> config;
   // The cluster's data-plane key at start (UcxTransport::SetAuthKey sets or
   // replaces it later). With a key, a connection is made only with a peer
-  // that proves it holds the same key (HMAC-SHA256 in the UCX hello and
-  // ready, handshake.h), so a process that does not hold it can neither
-  // connect nor slip messages into another peer's connection. A peer without
-  // the key, or with another, is refused with a warning on the side that
-  // checked its proof, which closes the connection (the other side's Connect
-  // fails with Unavailable). Each connection keeps the key its
+  // that proves it holds the same key (HMAC-SHA256 proofs in the greeting
+  // records, before either side names its UCX worker address, and in the UCX
+  // hello and ready: handshake.h), so a process that does not hold it can
+  // neither connect nor learn where the worker listens. A peer with another
+  // key is refused with a warning on the side that checked its proof: a
+  // Connect to it fails PermissionDenied (the accepting side proves its key
+  // first). A peer that has no key when we have one, or the other way round,
+  // is closed at its first record: a Connect to it fails Unavailable. Each
+  // connection keeps the key its
   // handshake started with. Agents get the key from ckpt-meta when it serves
   // TLS; with an --insecure meta it is the agent token (--token-file).
   // Empty (and require_auth false): no authentication (loopback clusters,

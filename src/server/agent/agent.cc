@@ -70,7 +70,11 @@ absl::Status Agent::Init() {
   ao.dir = options_.memory_dir;
   ao.capacity_bytes = options_.memory_bytes;
   ao.populate = options_.populate;
+  ao.fs = options_.memory_fs != nullptr ? options_.memory_fs : PosixFileSystem();
   CKPT_ASSIGN_OR_RETURN(arena_, Arena::Open(ao));
+  // The incarnation file lives in the tier and is checked like its records.
+  CKPT_ASSIGN_OR_RETURN(const uint64_t previous_incarnation,
+                        ReadIncarnationFile(ao.fs, IncarnationPath(options_.memory_dir)));
   auto budget = [this](uint64_t bytes) { return BudgetMessage(bytes); };
 
   MetaSession::Options so;
@@ -90,6 +94,8 @@ absl::Status Agent::Init() {
   so.host_node_id = options_.host_node_id;
   so.memory_capacity_bytes = arena_->capacity_bytes();
   so.memory_dir = options_.memory_dir;
+  so.fs = ao.fs;
+  so.previous_incarnation = previous_incarnation;
   so.on_data_plane_key = options_.on_data_plane_key;
   if (options_.check_peer_membership) {
     membership_ = std::make_unique<PeerMembership>(clock_, [this] { session_->HeartbeatSoon(); });
@@ -271,13 +277,15 @@ void Agent::Stop() {
     stopping_ = true;
     ++verify_wake_;
   }
-  session_->Stop();
-  runner_->Stop();
-  peer_client_->Stop();
+  // Each component may be missing: Create stops an agent whose Init failed
+  // part of the way (e.g. a memory tier that is not the agent's own).
+  if (session_) session_->Stop();
+  if (runner_) runner_->Stop();
+  if (peer_client_) peer_client_->Stop();
   // No transport callback runs after this; in-flight sends end Cancelled.
-  plane_->Stop();
-  peer_server_->Stop();
-  stripes_->Stop();
+  if (plane_) plane_->Stop();
+  if (peer_server_) peer_server_->Stop();
+  if (stripes_) stripes_->Stop();
   if (sessions_) sessions_->Stop();
   for (std::thread& t : threads_) t.join();
   threads_.clear();

@@ -77,8 +77,14 @@ struct AgentOptions {
   // data_address is "" (a port picked at start on all interfaces).
   std::string advertise_host;
   std::string failure_domain;
+  // The memory tier (arena.h): its directory must be the agent's own (it is
+  // created 0700; docs/agent.md "Memory tier").
   std::string memory_dir;
   uint64_t memory_bytes = 0;
+  // Reads and writes the tier's records and incarnation file. Not owned;
+  // nullptr: PosixFileSystem(). It must see the real memory_dir (the pool is
+  // mapped from there): PosixFileSystem or a decorator over it.
+  FileSystem* memory_fs = nullptr;
   bool populate = true;       // pre-fault the pool (tests may skip)
   std::string durable_root;   // empty: no durable tier on this node
   int64_t default_lease_ttl_ms = 60000;

@@ -1,6 +1,5 @@
 #include "server/agent/arena.h"
 
-#include <dirent.h>
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -12,6 +11,7 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
+#include <utility>
 
 #include <nlohmann/json.hpp>
 
@@ -392,6 +392,107 @@ void Reservation::Trim(uint64_t size_bytes) {
 // ---------------------------------------------------------------------------
 // Arena
 
+namespace {
+
+constexpr mode_t kDirMode = 0700;
+constexpr mode_t kPoolMode = 0600;
+constexpr char kPoolName[] = "pool.bin";
+
+// A refusal of the tier as found: what to remove, then start again.
+absl::Status Refused(const absl::Status& why) {
+  return absl::FailedPreconditionError(
+      absl::StrCat("memory tier: ", why.message(), ", then start the agent again"));
+}
+
+// Closes a descriptor when it goes out of scope.
+class Fd {
+ public:
+  explicit Fd(int fd = -1) : fd_(fd) {}
+  ~Fd() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  Fd(const Fd&) = delete;
+  Fd& operator=(const Fd&) = delete;
+  int get() const { return fd_; }
+  int release() { return std::exchange(fd_, -1); }
+
+ private:
+  int fd_;
+};
+
+// Opens directory `name` of directory `at` (AT_FDCWD: `name` is a path),
+// creating it with mode 0700 if it is missing. One that is already there
+// must be the agent's own and writable by no one else (checked with lstat,
+// then again on the opened descriptor); one that others may read is
+// narrowed to 0700. `path` names it in messages.
+absl::StatusOr<int> OpenTierDir(int at, const std::string& name, const std::string& path) {
+  if (::mkdirat(at, name.c_str(), kDirMode) != 0 && errno != EEXIST) {
+    return Errno(absl::StrCat("create memory directory '", path, "'"), errno);
+  }
+  struct stat st {};
+  if (::fstatat(at, name.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0) {
+    return Errno(absl::StrCat("stat '", path, "'"), errno);
+  }
+  if (absl::Status s = CheckPrivateEntry(path, PrivateKind::kDirectory, st.st_mode, st.st_uid, st.st_nlink,
+                                         kNoWriteByOthers);
+      !s.ok()) {
+    return Refused(s);
+  }
+  Fd fd(::openat(at, name.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+  if (fd.get() < 0) return Errno(absl::StrCat("open directory '", path, "'"), errno);
+  if (::fstat(fd.get(), &st) != 0) return Errno(absl::StrCat("stat '", path, "'"), errno);
+  if (absl::Status s = CheckPrivateEntry(path, PrivateKind::kDirectory, st.st_mode, st.st_uid, st.st_nlink,
+                                         kNoWriteByOthers);
+      !s.ok()) {
+    return Refused(s);
+  }
+  // Also clears a set-group-id bit inherited from the parent.
+  if ((st.st_mode & 07777) != kDirMode) {
+    if (::fchmod(fd.get(), kDirMode) != 0) {
+      return Errno(absl::StrFormat("narrow '%s' (mode %04o) to 0700", path, st.st_mode & 07777), errno);
+    }
+    log::Info("memory tier: '{}' narrowed from mode {:04o} to 0700", path, st.st_mode & 07777);
+  }
+  return fd.release();
+}
+
+// Opens (creating, mode 0600, if missing) the pool in directory `dir_fd`; a
+// pool already there must be the agent's own, a regular file with one link,
+// open to no one else.
+absl::StatusOr<int> OpenPool(int dir_fd, const std::string& path) {
+  int raw = ::openat(dir_fd, kPoolName, O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, kPoolMode);
+  if (raw < 0 && errno == EEXIST) {
+    // Say what is there before opening it (a fifo would block the open).
+    struct stat st {};
+    if (::fstatat(dir_fd, kPoolName, &st, AT_SYMLINK_NOFOLLOW) != 0) {
+      return Errno(absl::StrCat("stat '", path, "'"), errno);
+    }
+    if (absl::Status s =
+            CheckPrivateEntry(path, PrivateKind::kFile, st.st_mode, st.st_uid, st.st_nlink, kNoAccessByOthers);
+        !s.ok()) {
+      return Refused(s);
+    }
+    raw = ::openat(dir_fd, kPoolName, O_RDWR | O_NOFOLLOW | O_CLOEXEC);
+  }
+  if (raw < 0) return Errno(absl::StrCat("open '", path, "'"), errno);
+  Fd fd(raw);
+  struct stat st {};
+  if (::fstat(fd.get(), &st) != 0) return Errno(absl::StrCat("stat '", path, "'"), errno);
+  if (absl::Status s =
+          CheckPrivateEntry(path, PrivateKind::kFile, st.st_mode, st.st_uid, st.st_nlink, kNoAccessByOthers);
+      !s.ok()) {
+    return Refused(s);
+  }
+  // A umask may have made it narrower than 0600 (the agent reopens it
+  // read-write after a restart).
+  if ((st.st_mode & 07777) != kPoolMode && ::fchmod(fd.get(), kPoolMode) != 0) {
+    return Errno(absl::StrFormat("set '%s' (mode %04o) to 0600", path, st.st_mode & 07777), errno);
+  }
+  return fd.release();
+}
+
+}  // namespace
+
 absl::StatusOr<std::unique_ptr<Arena>> Arena::Open(const Options& options) {
   if (options.capacity_bytes == 0) {
     return absl::InvalidArgumentError("memory capacity must be larger than 0");
@@ -402,25 +503,36 @@ absl::StatusOr<std::unique_ptr<Arena>> Arena::Open(const Options& options) {
   }
   std::unique_ptr<Arena> arena(new Arena());
   CKPT_RETURN_IF_ERROR(arena->Init(options));
-  arena->Adopt();
+  CKPT_RETURN_IF_ERROR(arena->Adopt());
   return arena;
 }
 
 absl::Status Arena::Init(const Options& options) {
+  fs_ = options.fs != nullptr ? options.fs : PosixFileSystem();
   dir_ = options.dir;
   while (dir_.size() > 1 && dir_.back() == '/') dir_.pop_back();
-  pool_path_ = dir_ + "/pool.bin";
+  if (dir_.empty()) return absl::InvalidArgumentError("the memory directory must be named");
+  pool_path_ = absl::StrCat(dir_, "/", kPoolName);
   records_dir_ = dir_ + "/records";
   capacity_ = RoundUp(options.capacity_bytes);
-  std::error_code ec;
-  std::filesystem::create_directories(records_dir_, ec);
-  if (ec) {
-    return absl::UnavailableError(absl::StrCat("create memory directory '", records_dir_, "': ", ec.message()));
+  // The parents are ordinary directories (e.g. /dev/shm); the memory
+  // directory itself and everything in it are the agent's alone.
+  if (const std::filesystem::path parent = std::filesystem::path(dir_).parent_path(); !parent.empty()) {
+    std::error_code ec;
+    std::filesystem::create_directories(parent, ec);
+    if (ec) {
+      return absl::UnavailableError(absl::StrCat("create the parent of memory directory '", dir_, "': ", ec.message()));
+    }
   }
-  // Clients in the agent's group map the pool read-write.
-  fd_ = ::open(pool_path_.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0660);
-  if (fd_ < 0) return Errno(absl::StrCat("open '", pool_path_, "'"), errno);
-  ::fchmod(fd_, 0660);
+  CKPT_ASSIGN_OR_RETURN(const int dir_fd, OpenTierDir(AT_FDCWD, dir_, dir_));
+  const Fd dir(dir_fd);
+  {
+    CKPT_ASSIGN_OR_RETURN(const int records_fd, OpenTierDir(dir.get(), "records", records_dir_));
+    ::close(records_fd);
+  }
+  // Clients get the pool as a descriptor over their session socket
+  // (SCM_RIGHTS, session_server.h): no one else needs to open it by name.
+  CKPT_ASSIGN_OR_RETURN(fd_, OpenPool(dir.get(), pool_path_));
   struct stat st {};
   if (::fstat(fd_, &st) != 0) return Errno(absl::StrCat("stat '", pool_path_, "'"), errno);
   if (static_cast<uint64_t>(st.st_size) != capacity_ &&
@@ -472,21 +584,6 @@ Arena::~Arena() {
 
 namespace {
 
-std::string ReadWholeFile(const std::string& path, std::string* error) {
-  std::string text;
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) {
-    *error = absl::StrCat("cannot open record: ", std::strerror(errno));
-    return text;
-  }
-  char buf[65536];
-  ssize_t n;
-  while ((n = ::read(fd, buf, sizeof(buf))) > 0) text.append(buf, static_cast<size_t>(n));
-  if (n < 0) *error = absl::StrCat("cannot read record: ", std::strerror(errno));
-  ::close(fd);
-  return text;
-}
-
 // What identifies a holding across its records: a shard copy or a segment.
 std::string HoldingKey(const ShardRecord& r) {
   if (r.segment) return absl::StrCat("seg:", SegmentIdString(*r.segment));
@@ -495,39 +592,41 @@ std::string HoldingKey(const ShardRecord& r) {
 
 }  // namespace
 
-void Arena::Adopt() {
-  DIR* d = ::opendir(records_dir_.c_str());
-  if (d == nullptr) return;
-  std::vector<std::string> names;
-  while (dirent* e = ::readdir(d)) {
-    const std::string name = e->d_name;
-    if (name == "." || name == "..") continue;
-    names.push_back(name);
-  }
-  ::closedir(d);
-  std::sort(names.begin(), names.end());
+absl::Status Arena::Adopt() {
+  absl::StatusOr<std::vector<std::string>> names = fs_->ListDir(records_dir_);
+  if (!names.ok()) return names.status();
+  auto remove = [&](const std::string& name) {
+    if (absl::Status s = fs_->DeleteFile(records_dir_ + "/" + name); !s.ok() && !absl::IsNotFound(s)) {
+      log::Warn("memory tier: cannot remove '{}/{}': {}", records_dir_, name, s.ToString());
+    }
+  };
   auto lose = [&](const std::string& name, ShardId id, std::string reason) {
     log::Warn("memory tier: dropping holding {} ({}): {}", ShardIdString(id), name, reason);
     lost_.push_back(LostHolding{std::move(id), name, std::move(reason)});
-    ::unlink((records_dir_ + "/" + name).c_str());
+    remove(name);
   };
   // The newest record of each holding; older ones were superseded (a crash
   // between writing a new record and removing the old one).
   std::map<std::string, ShardRecord> newest;
   uint64_t max_seq = 0;
-  for (const std::string& name : names) {
+  for (const std::string& name : *names) {
     const std::string path = records_dir_ + "/" + name;
     if (name.size() < 4 || name.substr(name.size() - 4) != ".rec") {
-      ::unlink(path.c_str());  // a temp file of an interrupted record write
+      remove(name);  // a temp file of an interrupted record write
       continue;
     }
-    std::string error;
-    const std::string text = ReadWholeFile(path, &error);
-    if (!error.empty()) {
-      lose(name, {}, error);
+    absl::StatusOr<std::string> text = ReadPrivateFileToString(fs_, path);
+    if (absl::IsFailedPrecondition(text.status()) || absl::IsPermissionDenied(text.status())) {
+      // Not the agent's own (or a link, or not a file): someone else's
+      // record must not decide what the pool holds. The operator removes it.
+      lost_.clear();
+      return Refused(text.status());
+    }
+    if (!text.ok()) {
+      lose(name, {}, std::string(text.status().message()));
       continue;
     }
-    absl::StatusOr<ShardRecord> rec = DecodeShardRecord(text);
+    absl::StatusOr<ShardRecord> rec = DecodeShardRecord(*text);
     if (!rec.ok()) {
       lose(name, {}, std::string(rec.status().message()));
       continue;
@@ -541,7 +640,7 @@ void Arena::Adopt() {
     const std::string old = newer ? kept.file : rec->file;
     if (newer) kept = *std::move(rec);
     log::Info("memory tier: record {} superseded by {}", old, kept.file);
-    ::unlink((records_dir_ + "/" + old).c_str());
+    remove(old);
   }
   {
     CheckedLock lock(&mu_);
@@ -592,6 +691,7 @@ void Arena::Adopt() {
     ReservationPtr bytes(new Reservation(this, rec.extents));
     adopted_.push_back(AdoptedHolding{std::move(rec), std::move(bytes)});
   }
+  return absl::OkStatus();
 }
 
 std::vector<AdoptedHolding> Arena::TakeAdopted() { return std::move(adopted_); }
@@ -705,36 +805,21 @@ std::string Arena::RecordName(const ShardRecord& r, uint64_t seq) const {
 
 absl::Status Arena::WriteRecord(ShardRecord* record) {
   CKPT_RETURN_IF_ERROR(ValidateJobId(record->id.job_id));
-  static std::atomic<uint64_t> counter{0};
   uint64_t seq;
   {
     CheckedLock lock(&mu_);
     seq = ++last_seq_;
   }
-  record->seq = seq;
   const std::string name = RecordName(*record, seq);
-  const std::string path = absl::StrCat(records_dir_, "/", name);
-  const std::string tmp = absl::StrCat(path, ".tmp-", ::getpid(), "-", counter.fetch_add(1));
+  // The record names its own sequence number; on failure `record` is left
+  // as it was (its file is still the one on disk).
+  const uint64_t old_seq = std::exchange(record->seq, seq);
   const std::string text = EncodeShardRecord(*record);
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0640);
-  if (fd < 0) return Errno(absl::StrCat("create '", tmp, "'"), errno);
-  size_t done = 0;
-  while (done < text.size()) {
-    const ssize_t n = ::write(fd, text.data() + done, text.size() - done);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      const int err = errno;
-      ::close(fd);
-      ::unlink(tmp.c_str());
-      return Errno(absl::StrCat("write '", tmp, "'"), err);
-    }
-    done += static_cast<size_t>(n);
-  }
-  ::close(fd);  // tmpfs: no fsync needed, the tier does not survive a reboot anyway
-  if (::rename(tmp.c_str(), path.c_str()) != 0) {
-    const int err = errno;
-    ::unlink(tmp.c_str());
-    return Errno(absl::StrCat("rename '", tmp, "'"), err);
+  // On a tmpfs the syncs cost next to nothing; they keep the protocol the
+  // one every FileSystem (and its fault injection) knows.
+  if (absl::Status s = WritePrivateFileAtomically(fs_, absl::StrCat(records_dir_, "/", name), text); !s.ok()) {
+    record->seq = old_seq;
+    return s;
   }
   record->file = name;
   return absl::OkStatus();
@@ -745,11 +830,8 @@ absl::Status Arena::RemoveRecord(const std::string& file) {
   if (file.find('/') != std::string::npos || file == "." || file == "..") {
     return absl::InvalidArgumentError(absl::StrCat("bad record file name '", file, "'"));
   }
-  const std::string path = absl::StrCat(records_dir_, "/", file);
-  if (::unlink(path.c_str()) != 0 && errno != ENOENT) {
-    return Errno(absl::StrCat("remove '", path, "'"), errno);
-  }
-  return absl::OkStatus();
+  absl::Status s = fs_->DeleteFile(absl::StrCat(records_dir_, "/", file));
+  return absl::IsNotFound(s) ? absl::OkStatus() : s;
 }
 
 }  // namespace ckpt::agent

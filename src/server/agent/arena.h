@@ -17,9 +17,24 @@
 // exactly when the last of those lets go, never earlier; nothing else in the
 // agent frees pool space.
 //
-// Every holding has a record file in `<memory-dir>/records/` (JSON, written to
-// a temporary name and renamed, so a record is either whole or absent; each
-// write gets a new file name, so writing and removing records needs no lock).
+// The tier is the agent's alone (docs/agent.md "Memory tier"): Open creates
+// `<memory-dir>` and `records/` with mode 0700 and the pool with 0600, and
+// opens nothing through a symbolic link. What it finds already there it
+// checks on the opened descriptor (fstat): both directories must be the
+// agent's user's (its effective uid, root too) and writable by no one else
+// (one of its own that others may only read, as an earlier version left
+// them, is narrowed to 0700); the pool must be the agent's, a regular file
+// with one link and mode 0600 or narrower: someone else may hold open a
+// pool that was ever open to them, and would read every shard saved into
+// it. Anything else stops Open with FailedPrecondition naming the path, its
+// owner uid and mode, and what to remove (CheckPrivateEntry).
+//
+// Every holding has a record file in `<memory-dir>/records/` (binary, format
+// in docs/agent.md "Records"), a private file written through the
+// FileSystem given in Options (WritePrivateFileAtomically: an exclusively
+// created temporary file of mode 0600, synced and renamed, so a record is
+// either whole or absent; each write gets a new file name, so writing and
+// removing records needs no lock).
 // On Open() after a restart, the newest record of each holding whose extents
 // lie inside the pool, do not overlap, and still hash to its crc32c is
 // re-adopted; the others are returned as lost (and their records removed),
@@ -42,6 +57,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "common/file_system.h"
 #include "server/agent/types.h"
 #include "transport/transport.h"
 
@@ -104,14 +120,21 @@ struct AdoptedHolding {
 class Arena {
  public:
   struct Options {
-    std::string dir;              // the memory directory (created 0750 if missing)
+    std::string dir;              // the memory directory (created 0700 if missing)
     uint64_t capacity_bytes = 0;  // rounded up to a page
     bool populate = true;         // fallocate + MAP_POPULATE now (tests may skip)
+    // Reads, writes and removes the records. Not owned; nullptr:
+    // PosixFileSystem(). It must see the real `dir` (the pool next to the
+    // records is mapped from there): PosixFileSystem or a decorator over it,
+    // such as FaultFileSystem.
+    FileSystem* fs = nullptr;
   };
 
   // Opens (creating if needed) the pool and re-adopts committed holdings.
-  // Fails with InvalidArgument for a zero capacity, ResourceExhausted if the
-  // tmpfs cannot hold the pool (the message says how much it has), or the
+  // Fails with InvalidArgument for a zero capacity, FailedPrecondition if the
+  // directory, records/, the pool or a record is not the agent's own (see
+  // above: the message says what to remove), ResourceExhausted if the tmpfs
+  // cannot hold the pool (the message says how much it has), or the
   // underlying I/O error. Blocks while pre-faulting (about 0.1 s per GiB).
   static absl::StatusOr<std::unique_ptr<Arena>> Open(const Options& options);
   // Every Reservation must be gone first (logged as an error otherwise).
@@ -125,10 +148,11 @@ class Arena {
   // also for sizes near 2^64.
   absl::StatusOr<ReservationPtr> Reserve(uint64_t size_bytes);
 
-  // Writes `record`'s file atomically (temp + rename) under a new name, which
-  // it stores in record->file, and gives it the next sequence number. The
-  // previous file (if any) is left for the caller to remove. Errors from the
-  // file system are returned as they are. No lock held during the I/O.
+  // Writes `record`'s file atomically (WritePrivateFileAtomically) under a
+  // new name, which it stores in record->file, and gives it the next sequence
+  // number. The previous file (if any) is left for the caller to remove.
+  // Errors from the file system are returned as they are, and leave every
+  // existing record as it was. No lock held during the I/O.
   absl::Status WriteRecord(ShardRecord* record);
   // Removes a record file by name; OK if it is already gone or `file` is "".
   absl::Status RemoveRecord(const std::string& file);
@@ -159,7 +183,9 @@ class Arena {
   friend class Reservation;
   Arena() = default;
   absl::Status Init(const Options& options);
-  void Adopt();
+  // Re-adopts the holdings of the records found; FailedPrecondition (and
+  // nothing adopted) if a record is not the agent's own.
+  absl::Status Adopt();
   // Returns extents to the free list and coalesces. An extent that is not
   // wholly allocated (outside the pool, or overlapping free space: a double
   // free) is refused and logged; the free list is never corrupted.
@@ -168,6 +194,7 @@ class Arena {
   void ReserveLocked(const Extent& e) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::string RecordName(const ShardRecord& r, uint64_t seq) const;
 
+  FileSystem* fs_ = nullptr;
   std::string dir_;
   std::string pool_path_;
   std::string records_dir_;

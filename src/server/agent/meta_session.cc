@@ -1,8 +1,9 @@
 #include "server/agent/meta_session.h"
 
-#include <fstream>
 #include <map>
 
+#include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/lock_check.h"
 #include "common/log.h"
@@ -50,14 +51,32 @@ bool IsPermanentRefusal(const absl::Status& s) {
   }
 }
 
+std::string IncarnationPath(const std::string& memory_dir) { return memory_dir + "/incarnation"; }
+
+absl::StatusOr<uint64_t> ReadIncarnationFile(FileSystem* fs, const std::string& path) {
+  absl::StatusOr<std::string> text = ReadPrivateFileToString(fs, path);
+  if (absl::IsNotFound(text.status())) return 0;
+  if (absl::IsFailedPrecondition(text.status()) || absl::IsPermissionDenied(text.status())) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("memory tier: ", text.status().message(), ", then start the agent again"));
+  }
+  if (!text.ok()) return text.status();
+  uint64_t incarnation = 0;
+  if (!absl::SimpleAtoi(absl::StripAsciiWhitespace(*text), &incarnation)) {
+    log::Warn("'{}' holds no incarnation number; meta is told of none", path);
+    return 0;
+  }
+  return incarnation;
+}
+
+absl::Status WriteIncarnationFile(FileSystem* fs, const std::string& path, uint64_t incarnation) {
+  return WritePrivateFileAtomically(fs, path, absl::StrCat(incarnation, "\n"));
+}
+
 MetaSession::MetaSession(MetaLink* meta, Clock* clock, AgentMetrics* metrics, Options options, Delegate* delegate)
     : meta_(meta), clock_(clock), metrics_(metrics), options_(std::move(options)), delegate_(delegate) {
-  std::ifstream in(options_.memory_dir + "/incarnation");
-  uint64_t inc = 0;
-  if (in >> inc) {
-    CheckedLock lock(&mu_);
-    previous_incarnation_ = inc;
-  }
+  CheckedLock lock(&mu_);
+  previous_incarnation_ = options_.previous_incarnation;
 }
 
 void MetaSession::PushLocked(Outbound o) {
@@ -207,9 +226,17 @@ void MetaSession::Register() {
     reg.previous_incarnation = std::max(previous_incarnation_, incarnation_);
   }
   absl::StatusOr<RegistrationReply> r = meta_->Register(reg);
+  if (r.ok() && !options_.memory_dir.empty()) {
+    // Remembered across restarts so meta can fence the old incarnation. A
+    // failed write leaves the previous file whole (the next start then names
+    // an older incarnation): worth a warning, not a failed registration.
+    FileSystem* fs = options_.fs != nullptr ? options_.fs : PosixFileSystem();
+    const std::string path = IncarnationPath(options_.memory_dir);
+    if (absl::Status s = WriteIncarnationFile(fs, path, r->incarnation); !s.ok()) {
+      log::Warn("cannot remember incarnation {} in '{}': {}", r->incarnation, path, s.ToString());
+    }
+  }
   if (r.ok()) {
-    // Remembered across restarts so meta can fence the old incarnation.
-    std::ofstream(options_.memory_dir + "/incarnation") << r->incarnation << "\n";
     // The data plane takes the key at once: peers that meta now tells about
     // this agent connect to it.
     if (options_.on_data_plane_key) options_.on_data_plane_key(r->data_plane_key);

@@ -32,7 +32,9 @@
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "absl/status/statusor.h"
 #include "common/clock.h"
+#include "common/file_system.h"
 #include "server/agent/agent_metrics.h"
 #include "server/agent/membership.h"
 #include "server/agent/meta_link.h"
@@ -41,6 +43,19 @@ namespace ckpt::agent {
 
 // True for meta's answers that are final refusals (not worth a retry).
 bool IsPermanentRefusal(const absl::Status& s);
+
+// The incarnation file of a memory directory: one decimal number and a
+// newline, a private file (common/file_system.h) replaced atomically.
+std::string IncarnationPath(const std::string& memory_dir);
+// The incarnation the file at `path` holds: 0 if there is none or its text
+// is not a number (logged). FailedPrecondition (the message says what to
+// remove) if it is not the agent's own private file (another user's, a
+// symbolic link, writable by others); other read errors as the file
+// system returns them. Blocks on the file system.
+absl::StatusOr<uint64_t> ReadIncarnationFile(FileSystem* fs, const std::string& path);
+// Replaces the file at `path` with `incarnation` (WritePrivateFileAtomically):
+// on any error the previous file is left whole. Blocks on the file system.
+absl::Status WriteIncarnationFile(FileSystem* fs, const std::string& path, uint64_t incarnation);
 
 class MetaSession {
  public:
@@ -75,7 +90,14 @@ class MetaSession {
     std::string failure_domain;
     std::string host_node_id;  // a DPU agent's host (registers as role DPU)
     uint64_t memory_capacity_bytes = 0;
-    std::string memory_dir;  // holds the "incarnation" file
+    // The agent's incarnation is remembered in `<memory_dir>/incarnation`, a
+    // private file written through `fs` (WriteIncarnationFile) after every
+    // registration, so that the next start tells meta which incarnation to
+    // fence. "": not remembered. `fs` is not owned; nullptr: PosixFileSystem().
+    std::string memory_dir;
+    FileSystem* fs = nullptr;
+    // What the previous start left there (ReadIncarnationFile), 0 if none.
+    uint64_t previous_incarnation = 0;
     // Kept up to date from heartbeat answers when set (outlives the session).
     PeerMembership* membership = nullptr;
   };

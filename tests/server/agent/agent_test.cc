@@ -3,6 +3,11 @@
 // the loops called by hand; no threads, no sleeps).
 #include "server/agent/agent.h"
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
 #include <cstring>
 #include <random>
 #include <set>
@@ -44,6 +49,7 @@ class AgentTest : public ::testing::Test {
     o.durable_root = "/durable";
     o.flush_retry_initial_ms = 100;
     o.flush_max_tries = 3;
+    o.memory_fs = &memory_fs_;
     o.on_data_plane_key = [this](const std::string& key) { data_plane_keys_.push_back(key); };
     absl::StatusOr<std::unique_ptr<Agent>> a = Agent::Create(o, &meta_, &clock_, &fault_fs_, &metrics_);
     ASSERT_TRUE(a.ok()) << a.status();
@@ -104,6 +110,8 @@ class AgentTest : public ::testing::Test {
   FakeClock clock_;
   MemFileSystem mem_fs_;
   FaultFileSystem fault_fs_{&mem_fs_};
+  // The memory tier's records and incarnation file (on the real memory dir).
+  FaultFileSystem memory_fs_{PosixFileSystem()};
   MetricsRegistry metrics_;
   std::unique_ptr<Agent> agent_;
   std::vector<std::string> data_plane_keys_;  // what on_data_plane_key got (ControlOnce runs here)
@@ -504,6 +512,59 @@ TEST_F(AgentTest, RestartReadoptsHoldingsAndReplaysStagedReports) {
   EXPECT_EQ(meta_.inventories[1].size(), 1u);
   absl::StatusOr<OpenResult> open = agent_->OpenShard(rec.id, false, 0, 0);
   ASSERT_TRUE(open.ok()) << open.status();
+}
+
+// The incarnation file goes through the memory tier's FileSystem: written
+// atomically as a private file after each registration; a failed write
+// leaves the previous one whole (and the agent registered).
+TEST_F(AgentTest, TheIncarnationFileIsPrivateAndAFailedWriteKeepsThePreviousOne) {
+  const std::string path = dir_->path() + "/mem/incarnation";
+  agent_->ControlOnce();  // registers: incarnation 1
+  EXPECT_EQ(*ReadPrivateFileToString(PosixFileSystem(), path), "1\n");
+  struct stat st {};
+  ASSERT_EQ(::stat(path.c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 07777, 0600u);
+  agent_.reset();
+  memory_fs_.FailNthWrite(1);
+  StartAgent();
+  agent_->ControlOnce();  // registers as incarnation 2, naming 1 as the previous one
+  EXPECT_EQ(meta_.registrations, 2);
+  EXPECT_TRUE(agent_->Status().registered);
+  EXPECT_EQ(*ReadPrivateFileToString(PosixFileSystem(), path), "1\n");
+  EXPECT_THAT(*PosixFileSystem()->ListDir(dir_->path() + "/mem"), ::testing::Not(::testing::Contains(HasSubstr(".tmp-"))));
+  agent_.reset();
+  memory_fs_.FailNthSync(1);  // the file's sync, before the rename
+  StartAgent();
+  agent_->ControlOnce();
+  EXPECT_EQ(*ReadPrivateFileToString(PosixFileSystem(), path), "1\n");
+  agent_.reset();
+  StartAgent();
+  agent_->ControlOnce();
+  EXPECT_EQ(*ReadPrivateFileToString(PosixFileSystem(), path), "4\n");
+}
+
+TEST_F(AgentTest, AnIncarnationFileThatIsNotTheAgentsOwnStopsItAtStart) {
+  agent_.reset();
+  const std::string path = dir_->path() + "/mem/incarnation";
+  ASSERT_EQ(::unlink(path.c_str()) == 0 || errno == ENOENT, true);
+  ASSERT_EQ(::symlink((dir_->path() + "/elsewhere").c_str(), path.c_str()), 0);
+  AgentOptions o;
+  o.node_id = "node-1";
+  o.memory_dir = dir_->path() + "/mem";
+  o.memory_bytes = 8 * kMiB;
+  o.populate = false;
+  o.memory_fs = &memory_fs_;
+  absl::StatusOr<std::unique_ptr<Agent>> a = Agent::Create(o, &meta_, &clock_, &fault_fs_, &metrics_);
+  ASSERT_EQ(a.status().code(), absl::StatusCode::kFailedPrecondition) << a.status();
+  EXPECT_THAT(a.status().message(), HasSubstr("memory tier: '" + path + "'"));
+  EXPECT_THAT(a.status().message(), HasSubstr("is a symbolic link"));
+  EXPECT_THAT(a.status().message(), HasSubstr("remove it (rm '" + path + "')"));
+  ASSERT_EQ(::unlink(path.c_str()), 0);
+  ASSERT_EQ(::close(::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL, 0600)), 0);
+  ASSERT_EQ(::chmod(path.c_str(), 0666), 0);
+  a = Agent::Create(o, &meta_, &clock_, &fault_fs_, &metrics_);
+  ASSERT_EQ(a.status().code(), absl::StatusCode::kFailedPrecondition) << a.status();
+  EXPECT_THAT(a.status().message(), HasSubstr("writable by other users"));
 }
 
 TEST_F(AgentTest, ReportsWaitWhileMetaIsDownAndGoOutWhenItReturns) {

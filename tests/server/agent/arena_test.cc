@@ -2,15 +2,18 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cstring>
 #include <random>
 
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include "absl/strings/str_format.h"
 #include "common/crc32c.h"
+#include "common/fault_file_system.h"
 #include "support/temp_dir.h"
 
 namespace ckpt::agent {
@@ -422,6 +425,211 @@ TEST(Arena, ReadoptsRecordsOfThePreviousJsonFormat) {
   ASSERT_EQ(back.size(), 1u);
   EXPECT_EQ(back[0].record.items, r.items);
   EXPECT_TRUE(again->lost().empty());
+}
+
+// ---- The tier is the agent's own (issue 34 finding 2) ----------------------
+
+mode_t ModeOf(const std::string& path) {
+  struct stat st {};
+  EXPECT_EQ(::lstat(path.c_str(), &st), 0) << path;
+  return st.st_mode & 07777;
+}
+
+// A file of `mode` at `path`, as someone else might have left it.
+void Plant(const std::string& path, mode_t mode, uid_t owner = ::geteuid()) {
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL, mode);
+  ASSERT_GE(fd, 0) << path << ": " << std::strerror(errno);
+  ASSERT_EQ(::fchmod(fd, mode), 0);
+  if (owner != ::geteuid()) {
+    ASSERT_EQ(::fchown(fd, owner, owner), 0);
+  }
+  ::close(fd);
+}
+
+// Opening the arena on `dir` fails with FailedPrecondition saying each of `says`.
+void ExpectRefused(const std::string& dir, std::initializer_list<std::string> says) {
+  absl::StatusOr<std::unique_ptr<Arena>> a = Arena::Open({dir, 16 * kPage, true});
+  ASSERT_EQ(a.status().code(), absl::StatusCode::kFailedPrecondition) << a.status();
+  for (const std::string& s : says) EXPECT_THAT(a.status().message(), ::testing::HasSubstr(s));
+  EXPECT_THAT(a.status().message(), ::testing::HasSubstr("then start the agent again"));
+}
+
+TEST(ArenaOwnership, MakesItsDirectoriesAndPoolOwnerOnly) {
+  TempDir dir = *TempDir::Create();
+  const std::string mem = dir.path() + "/mem";
+  const mode_t old = ::umask(0);  // as some container runtimes set it
+  {
+    auto arena = OpenArena(mem, 16 * kPage);
+    ::umask(old);
+    ReservationPtr e = *arena->Reserve(kPage);
+    ShardRecord r = Record(*e, "j", 1, 0, kPage);
+    ASSERT_TRUE(arena->WriteRecord(&r).ok());
+    EXPECT_EQ(ModeOf(mem), 0700u);
+    EXPECT_EQ(ModeOf(mem + "/records"), 0700u);
+    EXPECT_EQ(ModeOf(mem + "/pool.bin"), 0600u);
+    EXPECT_EQ(ModeOf(mem + "/records/" + r.file), 0600u);
+  }
+  ::umask(old);
+  // Its own tier, as left: re-adopted.
+  auto again = OpenArena(mem, 16 * kPage);
+  ASSERT_NE(again, nullptr);
+  EXPECT_EQ(again->TakeAdopted().size(), 1u);
+}
+
+TEST(ArenaOwnership, NarrowsItsOwnDirectoriesThatOthersMayOnlyRead) {
+  TempDir dir = *TempDir::Create();
+  const std::string mem = dir.path() + "/mem";
+  ASSERT_EQ(::mkdir(mem.c_str(), 0755), 0);  // as an earlier version left it
+  ASSERT_EQ(::chmod(mem.c_str(), 0755), 0);
+  ASSERT_EQ(::mkdir((mem + "/records").c_str(), 0755), 0);
+  ASSERT_EQ(::chmod((mem + "/records").c_str(), 0755), 0);
+  ASSERT_NE(OpenArena(mem, 16 * kPage), nullptr);
+  EXPECT_EQ(ModeOf(mem), 0700u);
+  EXPECT_EQ(ModeOf(mem + "/records"), 0700u);
+}
+
+TEST(ArenaOwnership, RefusesAPoolOthersMayOpenOrThatIsALink) {
+  TempDir dir = *TempDir::Create();
+  const std::string pool = dir.path() + "/pool.bin";
+  Plant(pool, 0666);
+  ExpectRefused(dir.path(), {"'" + pool + "'", "mode 0666", "writable by other users", "at most 0600",
+                             "remove it (rm '" + pool + "')"});
+  EXPECT_EQ(ModeOf(pool), 0666u);  // left as found, not resized
+  struct stat st {};
+  ASSERT_EQ(::stat(pool.c_str(), &st), 0);
+  EXPECT_EQ(st.st_size, 0);
+  ASSERT_EQ(::unlink(pool.c_str()), 0);
+
+  Plant(pool, 0640);
+  ExpectRefused(dir.path(), {"mode 0640", "open to other users"});
+  ASSERT_EQ(::unlink(pool.c_str()), 0);
+
+  // A symbolic link to a file elsewhere: never followed, the target untouched.
+  const std::string target = dir.path() + "/elsewhere";
+  Plant(target, 0600);
+  ASSERT_EQ(::symlink(target.c_str(), pool.c_str()), 0);
+  ExpectRefused(dir.path(), {"'" + pool + "'", "is a symbolic link"});
+  ASSERT_EQ(::stat(target.c_str(), &st), 0);
+  EXPECT_EQ(st.st_size, 0);
+  ASSERT_EQ(::unlink(pool.c_str()), 0);
+  // Dangling: not created through it either.
+  ASSERT_EQ(::symlink((dir.path() + "/nowhere").c_str(), pool.c_str()), 0);
+  ExpectRefused(dir.path(), {"is a symbolic link"});
+  EXPECT_NE(::access((dir.path() + "/nowhere").c_str(), F_OK), 0);
+  ASSERT_EQ(::unlink(pool.c_str()), 0);
+
+  // A second name for the pool.
+  Plant(pool, 0600);
+  ASSERT_EQ(::link(pool.c_str(), (target + "-2").c_str()), 0);
+  ExpectRefused(dir.path(), {"has 2 hard links"});
+  ASSERT_EQ(::unlink(pool.c_str()), 0);
+
+  // Not a file at all.
+  ASSERT_EQ(::mkfifo(pool.c_str(), 0600), 0);
+  ExpectRefused(dir.path(), {"is a fifo, not a regular file"});
+}
+
+TEST(ArenaOwnership, RefusesADirectoryOthersMayWriteOrThatIsALink) {
+  TempDir dir = *TempDir::Create();
+  const std::string mem = dir.path() + "/mem";
+  ASSERT_EQ(::mkdir(mem.c_str(), 0700), 0);
+  ASSERT_EQ(::chmod(mem.c_str(), 0777), 0);
+  ExpectRefused(mem, {"'" + mem + "'", "mode 0777", "writable by other users", "remove it (rm -r '" + mem + "')"});
+  EXPECT_NE(::access((mem + "/pool.bin").c_str(), F_OK), 0);  // nothing made in it
+  ASSERT_EQ(::chmod(mem.c_str(), 0770), 0);
+  ExpectRefused(mem, {"mode 0770"});
+  ASSERT_EQ(::chmod(mem.c_str(), 0700), 0);
+
+  const std::string link = dir.path() + "/link";
+  ASSERT_EQ(::symlink(mem.c_str(), link.c_str()), 0);
+  ExpectRefused(link, {"'" + link + "'", "is a symbolic link"});
+  EXPECT_NE(::access((mem + "/pool.bin").c_str(), F_OK), 0);
+
+  // records/ likewise.
+  ASSERT_EQ(::mkdir((mem + "/records").c_str(), 0700), 0);
+  ASSERT_EQ(::chmod((mem + "/records").c_str(), 0733), 0);
+  ExpectRefused(mem, {"'" + mem + "/records'", "mode 0733"});
+}
+
+TEST(ArenaOwnership, RefusesARecordThatIsALinkOrThatOthersMayWrite) {
+  TempDir dir = *TempDir::Create();
+  {
+    auto arena = OpenArena(dir.path(), 16 * kPage);
+    ReservationPtr e = *arena->Reserve(kPage);
+    ShardRecord r = Record(*e, "j", 1, 0, kPage);
+    ASSERT_TRUE(arena->WriteRecord(&r).ok());
+  }
+  const std::string rec = dir.path() + "/records/j.1.1.0000000000000009.rec";
+  ASSERT_EQ(::symlink((dir.path() + "/pool.bin").c_str(), rec.c_str()), 0);
+  ExpectRefused(dir.path(), {"'" + rec + "'", "is a symbolic link", "remove it (rm '" + rec + "')"});
+  ASSERT_EQ(::unlink(rec.c_str()), 0);
+  Plant(rec, 0666);
+  ExpectRefused(dir.path(), {"'" + rec + "'", "writable by other users"});
+  ASSERT_EQ(::unlink(rec.c_str()), 0);
+  auto arena = OpenArena(dir.path(), 16 * kPage);  // the agent's own again
+  ASSERT_NE(arena, nullptr);
+  EXPECT_EQ(arena->TakeAdopted().size(), 1u);
+}
+
+// CI runs as root: root must not adopt what another user left either.
+TEST(ArenaOwnership, RefusesWhatAnotherUserLeftEvenAsRoot) {
+  if (::geteuid() != 0) GTEST_SKIP() << "needs root to give files to uid 65534";
+  TempDir dir = *TempDir::Create();
+  const std::string pool = dir.path() + "/pool.bin";
+  Plant(pool, 0600, 65534);
+  ExpectRefused(dir.path(), {"'" + pool + "' belongs to uid 65534 (mode 0600), not to this process's user (uid 0)",
+                             "remove it (rm '" + pool + "')"});
+  ASSERT_EQ(::unlink(pool.c_str()), 0);
+
+  const std::string mem = dir.path() + "/mem";
+  ASSERT_EQ(::mkdir(mem.c_str(), 0700), 0);
+  ASSERT_EQ(::chown(mem.c_str(), 65534, 65534), 0);
+  ExpectRefused(mem, {"'" + mem + "' belongs to uid 65534", "remove it (rm -r '" + mem + "')"});
+  ASSERT_EQ(::chown(mem.c_str(), 0, 0), 0);
+
+  ASSERT_NE(OpenArena(mem, 16 * kPage), nullptr);
+  const std::string rec = mem + "/records/j.1.0.0000000000000001.rec";
+  Plant(rec, 0600, 65534);
+  ExpectRefused(mem, {"'" + rec + "' belongs to uid 65534"});
+  EXPECT_EQ(::access(rec.c_str(), F_OK), 0);  // left for the operator
+}
+
+TEST(ArenaRecords, GoThroughTheFileSystemAndAFailedWriteChangesNothing) {
+  TempDir dir = *TempDir::Create();
+  FaultFileSystem fs(PosixFileSystem());
+  uint32_t crc = 0;
+  {
+    absl::StatusOr<std::unique_ptr<Arena>> a = Arena::Open({dir.path(), 16 * kPage, true, &fs});
+    ASSERT_TRUE(a.ok()) << a.status();
+    Arena& arena = **a;
+    ReservationPtr e = *arena.Reserve(kPage);
+    Fill(*e, kPage, 7);
+    crc = e->Crc(0, kPage);
+    ShardRecord r = Record(*e, "j", 2, 0, kPage);
+    ASSERT_TRUE(arena.WriteRecord(&r).ok());
+    EXPECT_EQ(fs.WritesIssued(), 1);
+    EXPECT_EQ(fs.SyncsIssued(), 2);  // the record, then records/
+    const ShardRecord before = r;
+    // Each failure before the rename: an error, the record as it was, the
+    // old file whole, no temporary left.
+    for (int which = 0; which < 2; ++which) {
+      if (which == 0) fs.FailNthWrite(1);
+      if (which == 1) fs.FailNthSync(1);
+      r.durable_path = "j/2/rank-00000.bin";
+      absl::Status s = arena.WriteRecord(&r);
+      EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
+      EXPECT_EQ(r.file, before.file);
+      EXPECT_EQ(r.seq, before.seq);
+      EXPECT_THAT(*fs.ListDir(dir.path() + "/records"), ::testing::ElementsAre(before.file));
+    }
+  }
+  // The old record is what a restart finds.
+  absl::StatusOr<std::unique_ptr<Arena>> a = Arena::Open({dir.path(), 16 * kPage, true, &fs});
+  ASSERT_TRUE(a.ok()) << a.status();
+  std::vector<AdoptedHolding> adopted = (*a)->TakeAdopted();
+  ASSERT_EQ(adopted.size(), 1u);
+  EXPECT_EQ(adopted[0].record.crc32c, crc);
+  EXPECT_EQ(adopted[0].record.durable_path, "");
 }
 
 TEST(Arena, RefusesZeroCapacity) {

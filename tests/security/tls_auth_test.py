@@ -31,6 +31,7 @@ daemons as shipped. Checked:
     another node's, or a node's for meta).
 Run: CKPT_BUILD_DIR=build /usr/bin/python3 tests/security/tls_auth_test.py
 """
+import base64
 import os
 import pathlib
 import shutil
@@ -374,6 +375,22 @@ def bad_setups(work):
                 "meta refuses a world-readable admin token file", "readable by every user")
     usage_error([str(BUILD / "bin" / "ckptctl"), "--meta", "127.0.0.1:1", "--token-file", str(loose), "status"],
                 "ckptctl refuses a world-readable token file", "readable by every user")
+    # Tokens of fewer than 128 bits (issue 34 finding 8: one character was accepted), and a token file that
+    # is a symlink (the check is made on the opened descriptor, O_NOFOLLOW).
+    short = work / "short.token"
+    short.write_text("x\n")
+    short.chmod(0o600)
+    usage_error(meta + tls("meta") + ["--admin-token-file", str(short)],
+                "meta refuses a one-character admin token", "head -c 32 /dev/urandom | base64")
+    usage_error([str(BUILD / "bin" / "ckptctl"), "--meta", "127.0.0.1:1", "--token-file", str(short), "status"],
+                "ckptctl refuses a one-character token", "at least 22")
+    good = work / "good.token"
+    good.write_text(base64.b64encode(os.urandom(32)).decode() + "\n")
+    good.chmod(0o600)
+    link = work / "link.token"
+    link.symlink_to(good)
+    usage_error(meta + tls("meta") + ["--agent-token-file", str(link)],
+                "meta refuses a token file that is a symlink", "symbolic link")
     usage_error([str(BUILD / "bin" / "ckptctl"), "--meta", "127.0.0.1:1", "--tls-ca", str(ca / "ca.pem"),
                  "--tls-cert", str(ca / "admin.pem"), "status"], "--tls-cert without --tls-key is a usage error",
                 "go together")

@@ -182,7 +182,7 @@ start_meta
 declare -a agent_pid socket
 for n in $(seq 0 $((world - 1))); do
   node="node-${n}"
-  mkdir -p "${work}/${node}/run" "${shm}/${node}"
+  mkdir -p "${work}/${node}/run"  # the agent makes its memory dir ${shm}/${node} (0700)
   socket[n]="${work}/${node}/run/agent.sock"
   for try in 1 2 3; do
     port="$(free_port)"

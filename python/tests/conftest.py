@@ -55,7 +55,7 @@ class Cluster:
             suffix = "" if i == 0 else str(i)
             run_dir, mem = root / f"run{suffix}", root / f"mem{suffix}"
             run_dir.mkdir()
-            mem.mkdir()
+            mem.mkdir(mode=0o700)  # the agent refuses a memory dir others may write
             port, data_port, metrics_port = ports[2 + 3 * i: 5 + 3 * i]
             agent = self._start(f"ckpt-agent{suffix}", [
                 "--node-id", f"node-{i + 1}", "--meta", self.meta,

@@ -503,7 +503,7 @@ class Soak:
             node = f"n{i}"
             port, data_port, metrics = ports[2 + 3 * i: 5 + 3 * i]
             (self.work / node / "run").mkdir(parents=True)
-            (self.shm / node).mkdir()
+            (self.shm / node).mkdir(mode=0o700)  # the agent refuses a memory dir others may write
             # The last --dpu nodes run ckpt-dpu-agent (pull-mode ingest, docs/dpu.md),
             # each serving a host of its own.
             dpu = i >= self.n - a.dpu

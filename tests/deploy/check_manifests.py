@@ -619,7 +619,9 @@ def parse_bytes(q):
 
 
 def check_agent_pod(wname, spec, configmaps):
-    # The memory tier is an emptyDir on tmpfs at memory_dir, at least memory big.
+    # The memory tier is a directory inside an emptyDir on tmpfs, at least memory big. Not the
+    # emptyDir's mount point itself: kubelet makes that mode 0777, and the agent refuses a
+    # memory directory other users may write (it makes its own, 0700; docs/agent.md).
     c = next(c for c in spec["containers"] if daemon_of(c) == "ckpt-agent")
     cfg = {}
     for cm in configmaps.values():
@@ -627,9 +629,14 @@ def check_agent_pod(wname, spec, configmaps):
             cfg = yaml.safe_load(cm["data"]["agent.yaml"])
     mounts = {m["mountPath"]: m["name"] for m in c.get("volumeMounts", [])}
     volumes = {v["name"]: v for v in spec.get("volumes", [])}
-    mem_vol = volumes.get(mounts.get(cfg.get("memory_dir")))
-    if mem_vol is None or mem_vol.get("emptyDir", {}).get("medium") != "Memory":
-        fail(f"{wname}: memory_dir {cfg.get('memory_dir')} is not an emptyDir with medium Memory")
+    mem_dir = str(cfg.get("memory_dir", ""))
+    mem_mount = next((p for p in mounts if mem_dir.startswith(p.rstrip("/") + "/")), None)
+    mem_vol = volumes.get(mounts[mem_mount]) if mem_mount else None
+    if mem_dir in mounts:
+        fail(f"{wname}: memory_dir {mem_dir} is a volume's mount point (an emptyDir is mode 0777, which "
+             f"the agent refuses): name a directory inside it, e.g. {mem_dir.rstrip('/')}/tier")
+    elif mem_vol is None or mem_vol.get("emptyDir", {}).get("medium") != "Memory":
+        fail(f"{wname}: memory_dir {mem_dir} is not inside an emptyDir with medium Memory")
     else:
         size = parse_bytes(mem_vol["emptyDir"].get("sizeLimit", ""))
         want = parse_bytes(cfg.get("memory", "4GiB"))

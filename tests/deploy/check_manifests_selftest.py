@@ -85,6 +85,9 @@ MUTATIONS = [
     ("node certificate not for this node", "deploy/k8s/overlays/cert-manager/agent-node-cert.yaml",
      '--node-id "${NODE_NAME}"', "--node-id node-1",
      "does not take --node-id from spec.nodeName"),
+    ("memory tier in the emptyDir's 0777 mount point", "deploy/k8s/base/configmap.yaml",
+     "    memory_dir: /ckpt/memory/tier\n", "    memory_dir: /ckpt/memory\n",
+     "is a volume's mount point"),
 ]
 
 

@@ -289,8 +289,9 @@ absl::Status ConnectAgent(ClientCore& core, absl::Time deadline) {
       CKPT_RETURN_IF_ERROR_CTX(core.mappings.AddPoolFile(path), "mapping the agent's pool file");
     }
   }
+  // (Session ids are secrets of this process: logs show their first digits.)
   log::Debug("connected to agent {} (session {}, {} pool files mapped)", core.node_id,
-             session->empty() ? "none" : *session, resp.pool_files_size());
+             session->empty() ? "none" : session->substr(0, 8) + "...", resp.pool_files_size());
   return absl::OkStatus();
 }
 
@@ -368,8 +369,8 @@ absl::StatusOr<std::shared_ptr<AgentSession>> OpenSession(ClientCore& core) {
   absl::MutexLock lock(&core.session_mu);
   if (core.session != nullptr && !core.session->Closed()) return core.session;  // another thread won
   if (!resume.empty() && (*opened)->id() != resume) {
-    log::Warn("the agent restarted: new session {} (leases and handles of session {} are gone)", (*opened)->id(),
-              resume);
+    log::Warn("the agent restarted: new session {}... (leases and handles of session {}... are gone)",
+              (*opened)->id().substr(0, 8), resume.substr(0, 8));
   }
   core.session = *std::move(opened);
   return core.session;

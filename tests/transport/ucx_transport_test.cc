@@ -707,7 +707,7 @@ TEST(UcxTransport, AMessageNamingAConnectionOnAnotherEndpointIsDropped) {
   ASSERT_TRUE(c_to_b.ok()) << c_to_b.status();
   // c slips a message naming a's connection in over its own endpoint, then
   // sends one of its own on the same endpoint (delivered after it).
-  c->TEST_SendNaming(*c_to_b, a_at_b, 1, "forged", done.Callback());
+  c->TEST_SendTampered(*c_to_b, a_at_b, TestTamper::kNone, 1, "forged", {}, done.Callback());
   c->Send(*c_to_b, 1, "from c", {}, done.Callback());
   ASSERT_TRUE(hb.WaitReceived(2));
   ASSERT_TRUE(done.Wait(3));
@@ -949,6 +949,98 @@ TEST(UcxAuth, AKeyedDataPortNamesItsWorkerOnlyToAPeerThatProvedTheKey) {
   close(fd);
   EXPECT_TRUE(h.failed().empty());
   EXPECT_TRUE(h.received().empty());
+}
+
+// On a keyed connection every message is authenticated: a header whose tag
+// does not match, a payload changed after it was tagged (eager or
+// rendezvous, authenticated or encrypted) and a replayed sequence number
+// are refused, never delivered as good, and the connection is closed (both
+// sides learn it). The message before it arrived intact.
+TEST(UcxAuth, ATamperedOrReplayedMessageIsRefusedAndClosesTheConnection) {
+  const std::string key = "cluster-key-0123456789abcdef";
+  struct Case {
+    const char* name;
+    TestTamper tamper;
+    size_t payload;
+    bool encrypt;
+    bool delivered_as_error;  // the header passed: OnReceived gets DataLoss
+  };
+  const std::vector<Case> cases = {
+      {"header tag", TestTamper::kHeaderTag, 0, false, false},
+      {"replay", TestTamper::kReplay, 100, false, false},
+      {"eager payload", TestTamper::kPayload, 1000, false, true},
+      {"rendezvous payload", TestTamper::kPayload, 1 << 20, false, true},
+      {"encrypted eager payload", TestTamper::kPayload, 1000, true, true},
+      {"encrypted rendezvous payload", TestTamper::kPayload, 3 << 20, true, true},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    const std::vector<std::byte> data = Pattern(std::max<size_t>(c.payload, 1), 3);
+    DoneLog done;
+    TestHandler ha, hb;
+    UcxOptions sender = Keyed(key);
+    sender.encrypt_payloads = c.encrypt;
+    auto a = NewUcxTransport(sender);
+    auto b = NewUcxTransport(Keyed(key));
+    ASSERT_TRUE(a->Start("127.0.0.1:0", &ha).ok());
+    ASSERT_TRUE(b->Start("127.0.0.1:0", &hb).ok());
+    absl::StatusOr<PeerId> to_b = a->Connect(b->address(), kConnectMs);
+    ASSERT_TRUE(to_b.ok()) << to_b.status();
+    const ConstPieces payload = c.payload == 0 ? ConstPieces{} : AsPieces(data);
+    a->Send(*to_b, 1, "good", payload, done.Callback());
+    ASSERT_TRUE(hb.WaitReceived(1));
+    EXPECT_TRUE(hb.received()[0].status.ok()) << hb.received()[0].status;
+    if (c.payload > 0) {
+      EXPECT_TRUE(hb.received()[0].bytes == data);
+    }
+    a->TEST_SendTampered(*to_b, 0, c.tamper, 1, "bad", payload, done.Callback());
+    ASSERT_TRUE(hb.WaitPeerFailed(1)) << "b closes the connection";
+    ASSERT_TRUE(ha.WaitPeerFailed(1)) << "and a learns it";
+    EXPECT_EQ(hb.failed()[0].second.code(), absl::StatusCode::kPermissionDenied) << hb.failed()[0].second;
+    ASSERT_TRUE(done.Wait(2));
+    const auto got = hb.received();
+    ASSERT_EQ(got.size(), c.delivered_as_error ? 2u : 1u);
+    if (c.delivered_as_error) {
+      EXPECT_EQ(got[1].msg.header, "bad");
+      EXPECT_EQ(got[1].status.code(), absl::StatusCode::kDataLoss) << got[1].status;
+    }
+  }
+}
+
+// With encrypt_payloads, payloads arrive intact, eager and rendezvous, in
+// one piece or several; the receiver needs no setting (it takes either), and
+// the other direction, not encrypted, works alongside.
+TEST(UcxAuth, EncryptedPayloadsArriveIntact) {
+  const std::string key = "cluster-key-0123456789abcdef";
+  const std::vector<std::byte> small = Pattern(3000, 1), large = Pattern(5 << 20, 2), reply = Pattern(2 << 20, 3);
+  DoneLog done;
+  TestHandler ha, hb;
+  hb.pieces = 3;
+  UcxOptions encrypting = Keyed(key);
+  encrypting.encrypt_payloads = true;
+  auto a = NewUcxTransport(encrypting);
+  auto b = NewUcxTransport(Keyed(key));
+  ASSERT_TRUE(a->Start("127.0.0.1:0", &ha).ok());
+  ASSERT_TRUE(b->Start("127.0.0.1:0", &hb).ok());
+  absl::StatusOr<PeerId> to_b = a->Connect(b->address(), kConnectMs);
+  ASSERT_TRUE(to_b.ok()) << to_b.status();
+  a->Send(*to_b, 1, "small", AsPieces(small), done.Callback());
+  const size_t half = large.size() / 2;
+  a->Send(*to_b, 1, "large",
+          {std::span<const std::byte>(large.data(), half), std::span<const std::byte>(large.data() + half, half)},
+          done.Callback());
+  ASSERT_TRUE(hb.WaitReceived(2));
+  const PeerId to_a = hb.received()[0].msg.from;
+  b->Send(to_a, 1, "reply", AsPieces(reply), done.Callback());
+  ASSERT_TRUE(ha.WaitReceived(1));
+  ASSERT_TRUE(done.Wait(3));
+  for (const absl::Status& s : done.statuses()) EXPECT_TRUE(s.ok()) << s;
+  const auto got = hb.received();
+  EXPECT_TRUE(got[0].status.ok() && got[0].bytes == small) << got[0].status;
+  EXPECT_TRUE(got[1].status.ok() && got[1].bytes == large) << got[1].status;
+  EXPECT_TRUE(ha.received()[0].status.ok() && ha.received()[0].bytes == reply) << ha.received()[0].status;
+  EXPECT_TRUE(ha.failed().empty());
+  EXPECT_TRUE(hb.failed().empty());
 }
 
 TEST(UcxAuth, ProofsDependOnKeyRoleIdsAndNonces) {

@@ -77,6 +77,7 @@ const std::set<std::string>& KnownKeys() {
       "data_transport", "data_chunk", "data_rate", "data_in_flight", "peer_timeout_ms", "session_grace_ms",
       "advertise_host", "tls_ca", "tls_cert", "tls_key", "tls_reload_seconds", "tls_crl_dir", "token_file",
       "admin_token_file", "socket_group", "peer_membership", "host_node", "insecure",
+      "data_encryption",
   };
   return *keys;
 }
@@ -87,6 +88,7 @@ struct Settings {
   std::string listen;
   std::string data_listen;
   std::string data_transport;  // "ucx" or "none"
+  bool data_encryption = false;  // payloads encrypted on the data plane (UcxOptions::encrypt_payloads)
   std::string advertise_host;  // for wildcard listen addresses
   std::string run_dir;
   std::string metrics_listen;
@@ -218,6 +220,12 @@ absl::StatusOr<Settings> LoadSettings(const std::string& config_file, const std:
   }
   CKPT_ASSIGN_OR_RETURN(out.meta_token, daemon::TokenSetting(*config, "token_file"));
   CKPT_ASSIGN_OR_RETURN(out.admin_token, daemon::TokenSetting(*config, "admin_token_file"));
+  CKPT_ASSIGN_OR_RETURN(out.data_encryption, config->GetBoolOr("data_encryption", false));
+  if (out.data_encryption && !out.tls.enabled() && out.meta_token.empty()) {
+    return absl::InvalidArgumentError(
+        "--data-encryption needs a data-plane key: run with TLS (ckpt-meta hands the key out) or give "
+        "--token-file");
+  }
   return out;
 }
 
@@ -300,6 +308,7 @@ int Serve(const Settings& settings, const sigset_t& signals, const AgentFlavor& 
     // hands out no key, it is the agent token (--token-file), if any, from
     // the start.
     transport::UcxOptions ucx;
+    ucx.encrypt_payloads = settings.data_encryption;
     const bool key_from_meta = settings.tls.enabled();
     if (key_from_meta) {
       ucx.require_auth = true;
@@ -483,6 +492,10 @@ int RunAgentDaemon(int argc, char** argv, const AgentFlavor& flavor) {
   option("--data-in-flight", "Chunks in flight per peer.", "N", "4");
   option("--data-rate", "Per-peer send limit in bytes per second (e.g. 2GiB); 0: unlimited.", "SIZE", "0");
   option("--peer-timeout-ms", "How long a peer may take to answer one step of a transfer.", "MS", "30000");
+  option("--data-encryption",
+         "true: payloads this agent sends to peers travel encrypted (AES-256-GCM under a key of the connection); "
+         "false: authenticated only (every message is, whenever the data plane has a key). Peers take either.",
+         "BOOL", "false");
   option("--run-dir", "Directory of the local sockets agent.sock and session.sock (mode 0660); the only thing "
          "a trainer needs mounted.", "DIR", kDefaultRunDir);
   option("--advertise-host", "Host peers and tools dial when --listen/--data-listen is a wildcard (0.0.0.0); "

@@ -32,6 +32,7 @@
 #include "absl/time/time.h"
 #include "common/log.h"
 #include "transport/ucx/handshake.h"
+#include "transport/ucx/message_auth.h"
 
 namespace ckpt::transport {
 namespace {
@@ -47,6 +48,13 @@ constexpr unsigned kReadyAmId = 2;   // accepting -> connecting side: [receiver 
 constexpr size_t kIdBytes = 8;
 constexpr size_t kTypeBytes = sizeof(uint16_t);
 constexpr size_t kDataPrefixBytes = kIdBytes + kTypeBytes;
+// On a keyed connection (message_auth.h): [receiver id][u16 type][u8 flags]
+// [u64 seq][application header][payload tag][header tag] + payload.
+constexpr size_t kSealedPrefixBytes = kDataPrefixBytes + 1 + 8;
+constexpr size_t kSealedSuffixBytes = 2 * ucx_wire::kTagBytes;
+constexpr uint8_t kEncryptedFlag = 0x01;  // the payload is AES-256-GCM ciphertext
+// Encryption buffers kept for reuse (first touch of fresh memory is slow).
+constexpr size_t kMaxPooledScratchBytes = size_t{256} << 20;
 constexpr size_t kHelloBytes = 2 * kIdBytes;
 constexpr int kMaxAcceptsPerRound = 64;
 constexpr size_t kReadChunk = 4096;
@@ -203,6 +211,12 @@ struct Peer {
   // The cluster key as it was when this connection's handshake started
   // (UcxTransport::SetAuthKey does not change it); "": no authentication.
   std::string key;
+  // With a key, from the moment it is connected: this connection's message
+  // keys (message_auth.h), each direction's, and its sequence numbers.
+  std::string send_mac_key, recv_mac_key;
+  std::unique_ptr<ucx_wire::PayloadSealer> send_sealer, recv_sealer;
+  uint64_t send_seq = 0;
+  ucx_wire::ReplayWindow received;
 };
 
 // An accepted TCP connection whose greeting has not arrived yet. Not a Peer:
@@ -216,10 +230,12 @@ struct Pending {
 };
 
 struct SendOp {
+  ~SendOp();  // hands `scratch` back to the owner's pool
   UcxImpl* owner = nullptr;
   Peer* peer = nullptr;
   std::string am_header;          // must outlive the send (UCX 1.13)
   std::vector<ucp_dt_iov_t> iov;  // ditto
+  std::vector<std::byte> scratch;  // the encrypted (or tampered) payload, if any
   SendDone done;
 };
 
@@ -227,6 +243,12 @@ struct RecvOp {
   UcxImpl* owner = nullptr;
   Inbound msg;
   std::vector<ucp_dt_iov_t> iov;
+  // A keyed connection's message: its payload is checked (or decrypted) on
+  // arrival, before OnReceived.
+  bool sealed = false;
+  bool encrypted = false;
+  uint64_t seq = 0;
+  std::string payload_tag;
 };
 
 // The buffer of a hello or ready message (must outlive the send).
@@ -301,12 +323,12 @@ class UcxImpl : public UcxTransport {
 
   void Send(PeerId peer, uint16_t type, std::string header, ConstPieces payload,
             SendDone done) override {
-    SendNaming(peer, 0, type, std::move(header), std::move(payload), std::move(done));
+    SendNaming(peer, 0, TestTamper::kNone, type, std::move(header), std::move(payload), std::move(done));
   }
 
-  void TEST_SendNaming(PeerId via, uint64_t receiver_id, uint16_t type, std::string header,
-                       SendDone done) override {
-    SendNaming(via, receiver_id, type, std::move(header), {}, std::move(done));
+  void TEST_SendTampered(PeerId via, uint64_t receiver_id, TestTamper tamper, uint16_t type, std::string header,
+                         ConstPieces payload, SendDone done) override {
+    SendNaming(via, receiver_id, tamper, type, std::move(header), std::move(payload), std::move(done));
   }
 
   void SetAuthKey(std::string key) override {
@@ -321,9 +343,10 @@ class UcxImpl : public UcxTransport {
 
  private:
   // Send, except that a non-zero `receiver_id` replaces the id of the
-  // connection at the other side in the message (TEST_SendNaming).
-  void SendNaming(PeerId peer, uint64_t receiver_id, uint16_t type, std::string header, ConstPieces payload,
-                  SendDone done) {
+  // connection at the other side in the message, and `tamper`
+  // (TEST_SendTampered).
+  void SendNaming(PeerId peer, uint64_t receiver_id, TestTamper tamper, uint16_t type, std::string header,
+                  ConstPieces payload, SendDone done) {
     auto op = std::make_unique<SendOp>();
     op->owner = this;
     // The receiver's id (bytes 0-7) is filled in on the progress thread.
@@ -337,7 +360,9 @@ class UcxImpl : public UcxTransport {
     op->done = std::move(done);
     const size_t header_size = header.size();
     SendOp* raw = op.release();
-    if (!Post([this, raw, peer, header_size, receiver_id] { StartSend(raw, peer, header_size, receiver_id); })) {
+    if (!Post([this, raw, peer, header_size, receiver_id, tamper] {
+          StartSend(raw, peer, header_size, receiver_id, tamper);
+        })) {
       std::unique_ptr<SendOp> owned(raw);
       owned->done(absl::CancelledError("UCX transport stopped"));
     }
@@ -1027,6 +1052,7 @@ class UcxImpl : public UcxTransport {
     p->state = PeerState::kConnected;
     p->deadline = absl::InfiniteFuture();
     EndHandshake(p);
+    SetMessageKeys(p);  // before the ready: the connecting side may send at once
     SendControl(p, kReadyAmId);
   }
 
@@ -1310,7 +1336,7 @@ class UcxImpl : public UcxTransport {
     }
   }
 
-  void StartSend(SendOp* raw, PeerId peer_id, size_t header_size, uint64_t receiver_id) {
+  void StartSend(SendOp* raw, PeerId peer_id, size_t header_size, uint64_t receiver_id, TestTamper tamper) {
     std::unique_ptr<SendOp> op(raw);
     if (header_size > kMaxHeaderBytes) {
       op->done(absl::InvalidArgumentError(
@@ -1328,6 +1354,13 @@ class UcxImpl : public UcxTransport {
     PutLe(&op->am_header, 0, receiver_id != 0 ? receiver_id : p->remote_id, 8);
     uint64_t payload = 0;
     for (const auto& v : op->iov) payload += v.length;
+    if (p->send_sealer != nullptr) {
+      Seal(p, op.get(), payload, tamper);
+    } else if (tamper == TestTamper::kPayload && payload > 0) {
+      std::vector<std::span<const std::byte>> pieces;
+      for (const ucp_dt_iov_t& v : op->iov) pieces.emplace_back(static_cast<const std::byte*>(v.buffer), v.length);
+      SendFromCopy(op.get(), payload, &pieces, payload / 2);
+    }
     ucp_request_param_t rp{};
     rp.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA |
                       UCP_OP_ATTR_FIELD_FLAGS;
@@ -1359,6 +1392,93 @@ class UcxImpl : public UcxTransport {
     }
   }
 
+  // A keyed connection is connected: derive its message keys
+  // (message_auth.h), ours to send with and the other side's.
+  void SetMessageKeys(Peer* p) {
+    if (p->key.empty()) return;
+    const ucx_wire::ConnectionKeys k =
+        p->inbound ? ucx_wire::DeriveConnectionKeys(p->key, p->id, p->nonce, p->remote_id, p->remote_nonce)
+                   : ucx_wire::DeriveConnectionKeys(p->key, p->remote_id, p->remote_nonce, p->id, p->nonce);
+    const ucx_wire::DirectionKeys& send = p->inbound ? k.to_connector : k.to_acceptor;
+    const ucx_wire::DirectionKeys& recv = p->inbound ? k.to_acceptor : k.to_connector;
+    p->send_mac_key = send.mac_key;
+    p->recv_mac_key = recv.mac_key;
+    p->send_sealer = std::make_unique<ucx_wire::PayloadSealer>(send.aes_key);
+    p->recv_sealer = std::make_unique<ucx_wire::PayloadSealer>(recv.aes_key);
+  }
+
+  // The message of `op` on keyed connection `p`, sealed: sequence number,
+  // payload tag (or encrypted payload, sent from a buffer of the pool) and
+  // header tag (message_auth.h).
+  void Seal(Peer* p, SendOp* op, uint64_t payload, TestTamper tamper) {
+    const uint64_t seq = tamper == TestTamper::kReplay ? p->send_seq : ++p->send_seq;
+    uint8_t flags = 0;
+    std::string payload_tag(ucx_wire::kTagBytes, '\0');
+    if (payload > 0) {
+      std::vector<std::span<const std::byte>> pieces;
+      pieces.reserve(op->iov.size());
+      for (const ucp_dt_iov_t& v : op->iov) pieces.emplace_back(static_cast<const std::byte*>(v.buffer), v.length);
+      if (options_.encrypt_payloads) {
+        flags |= kEncryptedFlag;
+        SendFromCopy(op, payload, nullptr, 0);
+        payload_tag = p->send_sealer->Encrypt(seq, pieces, std::span<std::byte>(op->scratch.data(), payload));
+        if (tamper == TestTamper::kPayload) op->scratch[payload / 2] ^= std::byte{1};
+      } else {
+        payload_tag = p->send_sealer->Tag(seq, pieces);
+        if (tamper == TestTamper::kPayload) SendFromCopy(op, payload, &pieces, payload / 2);
+      }
+    }
+    std::string h;
+    h.reserve(op->am_header.size() + kSealedPrefixBytes - kDataPrefixBytes + kSealedSuffixBytes);
+    h.append(op->am_header, 0, kDataPrefixBytes);
+    h.push_back(static_cast<char>(flags));
+    h.append(8, '\0');
+    PutLe(&h, kDataPrefixBytes + 1, seq, 8);
+    h.append(op->am_header, kDataPrefixBytes);
+    h += payload_tag;
+    std::string tag = ucx_wire::HeaderTag(p->send_mac_key, h, payload);
+    if (tamper == TestTamper::kHeaderTag) tag[0] ^= 1;
+    h += tag;
+    op->am_header = std::move(h);
+  }
+
+  // `op` sends its payload from a buffer of the pool instead of the
+  // caller's pieces: the caller's bytes copied there when `copy_of` is given
+  // (one byte, at `flip`, spoiled: TestTamper::kPayload), else left for the
+  // caller to fill (encryption).
+  void SendFromCopy(SendOp* op, uint64_t payload, const std::vector<std::span<const std::byte>>* copy_of,
+                    uint64_t flip) {
+    op->scratch = TakeScratch(payload);
+    if (copy_of != nullptr) {
+      std::byte* at = op->scratch.data();
+      for (const auto& piece : *copy_of) at = std::copy(piece.begin(), piece.end(), at);
+      op->scratch[flip] ^= std::byte{1};
+    }
+    op->iov.assign(1, ucp_dt_iov_t{op->scratch.data(), payload});
+  }
+
+  // A buffer of at least `n` bytes: one from the pool if one is big enough.
+  std::vector<std::byte> TakeScratch(uint64_t n) {
+    for (auto it = scratch_pool_.begin(); it != scratch_pool_.end(); ++it) {
+      if (it->size() >= n) {
+        std::vector<std::byte> buf = std::move(*it);
+        scratch_pool_bytes_ -= buf.size();
+        scratch_pool_.erase(it);
+        return buf;
+      }
+    }
+    return std::vector<std::byte>(n);
+  }
+
+ public:
+  // A send's buffer, back to the pool (or freed if the pool is full).
+  void RecycleScratch(std::vector<std::byte> buf) {
+    if (buf.empty() || scratch_pool_bytes_ + buf.size() > kMaxPooledScratchBytes) return;
+    scratch_pool_bytes_ += buf.size();
+    scratch_pool_.push_back(std::move(buf));
+  }
+
+ private:
   absl::Status MapMemory(void* base, size_t length) {
     if (context_ == nullptr) return absl::FailedPreconditionError("UCX transport is not running");
     ucp_mem_map_params_t mp{};
@@ -1451,6 +1571,7 @@ class UcxImpl : public UcxTransport {
       return UCS_OK;
     }
     p->state = PeerState::kConnected;
+    self->SetMessageKeys(p);
     self->FinishConnect(p, absl::OkStatus());
     return UCS_OK;
   }
@@ -1487,10 +1608,99 @@ class UcxImpl : public UcxTransport {
     --op->owner->recvs_in_flight_;
     op->owner->inflight_recvs_.erase(request);
     ucp_request_free(request);
-    op->owner->handler_->OnReceived(
-        op->msg, status == UCS_OK ? absl::OkStatus()
-                                  : absl::UnavailableError(absl::StrCat(
-                                        "payload from peer ", op->msg.from, " lost: ", UcsError(status))));
+    op->owner->FinishRecv(*op, status == UCS_OK ? absl::OkStatus()
+                                                 : absl::UnavailableError(absl::StrCat(
+                                                       "payload from peer ", op->msg.from, " lost: ", UcsError(status))));
+  }
+
+  // A rendezvous payload is in its pieces: checked (or decrypted) if its
+  // connection is keyed, then handed to the handler.
+  void FinishRecv(RecvOp& op, absl::Status status) {
+    Peer* refused_by = nullptr;
+    if (status.ok() && op.sealed) {
+      auto it = peers_.find(op.msg.from);
+      Peer* p = it != peers_.end() ? it->second.get() : nullptr;
+      MutablePieces pieces;
+      for (const ucp_dt_iov_t& v : op.iov) pieces.emplace_back(static_cast<std::byte*>(v.buffer), v.length);
+      if (p == nullptr || p->recv_sealer == nullptr || !OpenPayload(p, op, nullptr, pieces)) {
+        status = PayloadRefused(op.msg.from);
+        refused_by = p;
+      }
+    }
+    handler_->OnReceived(op.msg, status);
+    if (refused_by != nullptr && !refused_by->failed) {
+      AuthFailed(refused_by, absl::PermissionDeniedError(status.message()));
+    }
+  }
+
+  // Checks (or decrypts) payload `pieces` of keyed message `op` from `p`:
+  // from `src` (eager: the bytes UCX holds; copied or decrypted into the
+  // pieces) or in place (src null). False if it fails authentication.
+  static bool OpenPayload(Peer* p, const RecvOp& op, const void* src, const MutablePieces& pieces) {
+    if (op.encrypted) return p->recv_sealer->Decrypt(op.seq, static_cast<const std::byte*>(src), pieces, op.payload_tag);
+    std::vector<std::span<const std::byte>> view;
+    if (src != nullptr) {
+      view.emplace_back(static_cast<const std::byte*>(src), TotalBytes(pieces));
+    } else {
+      for (const auto& piece : pieces) view.emplace_back(piece.data(), piece.size());
+    }
+    if (!p->recv_sealer->Check(op.seq, view, op.payload_tag)) return false;
+    if (src != nullptr) CopyInto(src, pieces);
+    return true;
+  }
+
+  static void CopyInto(const void* data, const MutablePieces& pieces) {
+    const auto* src = static_cast<const std::byte*>(data);
+    for (const auto& piece : pieces) {
+      std::memcpy(piece.data(), src, piece.size());
+      src += piece.size();
+    }
+  }
+
+  static absl::Status PayloadRefused(PeerId from) {
+    return absl::DataLossError(absl::StrCat("payload from peer ", from,
+                                            " fails authentication (forged, or corrupted in transit); the "
+                                            "connection is closed"));
+  }
+
+  // A keyed message's header (message_auth.h): checks its tag and sequence
+  // number and fills `msg`'s header and `op`'s seal fields; PermissionDenied
+  // saying why it is refused.
+  static absl::Status Unseal(Peer* p, const void* header, size_t header_length, size_t payload_length, Inbound* msg,
+                             RecvOp* op) {
+    if (header_length < kSealedPrefixBytes + kSealedSuffixBytes) {
+      return absl::PermissionDeniedError(
+          absl::StrCat("a message of ", header_length, " header bytes, too short to be authenticated"));
+    }
+    const std::string_view all(static_cast<const char*>(header), header_length);
+    const std::string_view tag = all.substr(header_length - ucx_wire::kTagBytes);
+    if (!ucx_wire::SameProof(
+            ucx_wire::HeaderTag(p->recv_mac_key, all.substr(0, header_length - ucx_wire::kTagBytes), payload_length),
+            tag)) {
+      return absl::PermissionDeniedError("a message whose header fails authentication (forged, or corrupted)");
+    }
+    const auto flags = static_cast<uint8_t>(all[kDataPrefixBytes]);
+    if ((flags & ~kEncryptedFlag) != 0) {
+      return absl::PermissionDeniedError(absl::StrCat("a message with unknown flags 0x", absl::Hex(flags)));
+    }
+    op->seq = GetLe(all.data() + kDataPrefixBytes + 1, 8);
+    if (!p->received.Accept(op->seq)) {
+      return absl::PermissionDeniedError(
+          absl::StrCat("a replayed message (sequence number ", op->seq, " was taken before, or is too old)"));
+    }
+    op->sealed = true;
+    op->encrypted = (flags & kEncryptedFlag) != 0;
+    op->payload_tag.assign(all.substr(header_length - kSealedSuffixBytes, ucx_wire::kTagBytes));
+    msg->header.assign(all.data() + kSealedPrefixBytes, header_length - kSealedPrefixBytes - kSealedSuffixBytes);
+    return absl::OkStatus();
+  }
+
+  // A message on keyed connection `p` failed authentication: the
+  // connection is closed (its peer, or someone on the path, cannot be
+  // trusted with it any more).
+  void AuthFailed(Peer* p, const absl::Status& why) {
+    log::Warn("data plane: closing connection {} ({}): {}", p->id, p->address, std::string(why.message()));
+    PeerDown(p, why);
   }
 
   static ucs_status_t OnAm(void* arg, const void* header, size_t header_length, void* data,
@@ -1517,7 +1727,15 @@ class UcxImpl : public UcxTransport {
     Inbound msg;
     msg.from = p->id;
     msg.type = static_cast<uint16_t>(GetLe(h + kIdBytes, kTypeBytes));
-    msg.header.assign(reinterpret_cast<const char*>(h) + kDataPrefixBytes, header_length - kDataPrefixBytes);
+    RecvOp seal;  // a keyed connection's sequence number and payload tag
+    if (p->recv_sealer != nullptr) {
+      if (absl::Status s = Unseal(p, header, header_length, length, &msg, &seal); !s.ok()) {
+        self->AuthFailed(p, s);
+        return UCS_OK;  // dropped unread (a rendezvous payload is never fetched)
+      }
+    } else {
+      msg.header.assign(reinterpret_cast<const char*>(h) + kDataPrefixBytes, header_length - kDataPrefixBytes);
+    }
     msg.payload_bytes = length;
     Handler* handler = self->handler_;
     if (length == 0) {
@@ -1536,16 +1754,20 @@ class UcxImpl : public UcxTransport {
       return UCS_OK;
     }
     if (!rndv) {
-      // Eager: the bytes are here already; one copy into the pieces.
-      const auto* src = static_cast<const std::byte*>(data);
-      for (auto& piece : *dest) {
-        std::memcpy(piece.data(), src, piece.size());
-        src += piece.size();
+      // Eager: the bytes are here already; one copy (or decryption) into
+      // the pieces.
+      if (!seal.sealed) {
+        CopyInto(data, *dest);
+      } else if (!OpenPayload(p, seal, data, *dest)) {
+        const absl::Status refused = PayloadRefused(p->id);
+        handler->OnReceived(msg, refused);
+        self->AuthFailed(p, absl::PermissionDeniedError(refused.message()));
+        return UCS_OK;
       }
       handler->OnReceived(msg, absl::OkStatus());
       return UCS_OK;
     }
-    auto op = std::make_unique<RecvOp>();
+    auto op = std::make_unique<RecvOp>(std::move(seal));
     op->owner = self;
     op->msg = std::move(msg);
     for (auto& piece : *dest) {
@@ -1565,7 +1787,7 @@ class UcxImpl : public UcxTransport {
     }
     void* req = ucp_am_recv_data_nbx(self->worker_, data, buffer, count, &rp);
     if (req == nullptr) {
-      handler->OnReceived(op->msg, absl::OkStatus());
+      self->FinishRecv(*op, absl::OkStatus());
     } else if (UCS_PTR_IS_ERR(req)) {
       handler->OnReceived(op->msg, absl::UnavailableError(absl::StrCat(
                                        "payload from peer ", op->msg.from, ": ",
@@ -1619,8 +1841,14 @@ class UcxImpl : public UcxTransport {
   // Shutdown ends itself when a peer does not let them finish.
   absl::flat_hash_map<void*, SendOp*> inflight_sends_;
   absl::flat_hash_map<void*, RecvOp*> inflight_recvs_;
+  std::vector<std::vector<std::byte>> scratch_pool_;  // encryption buffers to reuse
+  size_t scratch_pool_bytes_ = 0;
   bool abandon_worker_ = false;  // Shutdown could not finish: never destroy the worker
 };
+
+SendOp::~SendOp() {
+  if (owner != nullptr && !scratch.empty()) owner->RecycleScratch(std::move(scratch));
+}
 
 }  // namespace
 

@@ -150,6 +150,19 @@ struct UcxOptions {
   // serves TLS starts with this and no key, and gets the key when it
   // registers; peers retry refused connects as they retry any.
   bool require_auth = false;
+  // With a key: send every payload encrypted (AES-256-GCM, the connection's
+  // own key) instead of only authenticated (docs/protocol.md §8b,
+  // "Messages"). A receiver takes either. Costs a copy of each payload on
+  // the sending side (into reused buffers). Without a key: ignored.
+  bool encrypt_payloads = false;
+};
+
+// What TEST_SendTampered does to a message.
+enum class TestTamper {
+  kNone,
+  kHeaderTag,  // flips a bit of the header tag (keyed connections)
+  kPayload,    // flips a payload byte after its tag was computed (sent from a copy)
+  kReplay,     // reuses the previous message's sequence number (keyed connections)
 };
 
 // The UCX transport's own controls, beyond Transport.
@@ -163,12 +176,12 @@ class UcxTransport : public Transport {
   // Start(); never blocks on the progress thread.
   virtual void SetAuthKey(std::string key) = 0;
 
-  // Tests only: sends a data message over the UCX endpoint of connection
-  // `via` whose header names `receiver_id` instead of that connection's id
-  // at the other side (a peer slipping a message into another connection).
-  // Completes like Send.
-  virtual void TEST_SendNaming(PeerId via, uint64_t receiver_id, uint16_t type, std::string header,
-                               SendDone done) = 0;
+  // Tests only: Send over connection `via`, except that a non-zero
+  // `receiver_id` replaces the id of the connection at the other side in
+  // the message (a peer slipping a message into another connection) and
+  // `tamper` spoils the message the way it says. Completes like Send.
+  virtual void TEST_SendTampered(PeerId via, uint64_t receiver_id, TestTamper tamper, uint16_t type,
+                                 std::string header, ConstPieces payload, SendDone done) = 0;
 };
 
 // A new, not yet started, UCX transport. Start() fails with Unavailable and

@@ -18,7 +18,14 @@
 // a private network namespace (unshare -n, loopback only) with the same
 // UCX_TLS as the agents. Without unshare rights it says so and prints "n/a".
 //
-//   protection_bench [--size 512MiB] [--tls tcp|default] [--policies ring,ec]
+// --security runs each policy once per mode, in the same run: "mac" (as
+// shipped: mutual TLS, and the data-plane key meta hands out, so every
+// data-plane message is authenticated), "encrypt" (the same with
+// --data-encryption true on every agent) and "off" (every daemon
+// --insecure: no TLS, no data-plane key, nothing authenticated; what ckpt
+// did before issue 34). Rows are named <policy>/<mode>.
+//
+//   protection_bench [--size 512MiB] [--tls tcp|default] [--policies ring,ec] [--security mac]
 #include <signal.h>
 #include <sys/mman.h>
 #include <unistd.h>
@@ -103,7 +110,12 @@ struct Cluster {
   }
 };
 
-std::unique_ptr<Cluster> StartCluster(int n, uint64_t memory) {
+std::unique_ptr<Cluster> StartCluster(int n, uint64_t memory, const std::string& security) {
+  const bool insecure = security == "off";
+  if (insecure) {
+    // The bench's own clients then call the insecure meta in plaintext.
+    for (const char* v : {"CKPT_TLS_CA", "CKPT_TLS_CERT", "CKPT_TLS_KEY"}) ::unsetenv(v);
+  }
   auto c = std::make_unique<Cluster>();
   absl::StatusOr<testing::TempDir> tmp = testing::TempDir::Create();
   Die(tmp.status(), "temp dir");
@@ -111,7 +123,7 @@ std::unique_ptr<Cluster> StartCluster(int n, uint64_t memory) {
   const char* keep = std::getenv("CKPT_BENCH_KEEP");
   if (keep != nullptr) std::filesystem::create_directories(keep);
   absl::StatusOr<std::unique_ptr<MetaProcess>> meta =
-      MetaProcess::Start(*c->tmp->Sub("meta"), keep != nullptr ? keep : c->tmp->path(), 5000);
+      MetaProcess::Start(*c->tmp->Sub("meta"), keep != nullptr ? keep : c->tmp->path(), 5000, insecure);
   Die(meta.status(), "start ckpt-meta");
   c->meta = *std::move(meta);
   for (int i = 0; i < n; ++i) {
@@ -127,6 +139,8 @@ std::unique_ptr<Cluster> StartCluster(int n, uint64_t memory) {
     o.memory_dir = absl::StrCat("/dev/shm/ckpt-pbench-", ::getpid(), "-", i);
     const char* level = std::getenv("CKPT_BENCH_LOG_LEVEL");  // e.g. info, to see the timeline
     o.extra_args = {"--log-level", level != nullptr ? level : "warn"};
+    o.insecure = insecure;
+    if (security == "encrypt") o.extra_args.insert(o.extra_args.end(), {"--data-encryption", "true"});
     c->shm_dirs.push_back(o.memory_dir);
     absl::StatusOr<std::unique_ptr<AgentProcess>> a = AgentProcess::Start(o);
     Die(a.status(), "start ckpt-agent");
@@ -144,19 +158,20 @@ uint64_t UsedBytes(AgentProcess& a) {
 
 void Row(const std::string& policy, const std::string& what, double value, const char* unit,
          const std::string& ratio) {
-  std::printf("%-14s %-46s %10.3f %-5s %s\n", policy.c_str(), what.c_str(), value, unit, ratio.c_str());
+  std::printf("%-20s %-46s %10.3f %-5s %s\n", policy.c_str(), what.c_str(), value, unit, ratio.c_str());
 }
 
 std::string Ratio(double r, const char* of) { return r > 0 ? absl::StrFormat("%.2fx %s", r, of) : "n/a"; }
 
-void RunPolicy(const std::string& name, Protection protection, int nodes, uint64_t size, double memcpy_s,
-               double perf_gbps) {
+void RunPolicy(const std::string& policy, const std::string& security, Protection protection, int nodes,
+               uint64_t size, double memcpy_s, double perf_gbps) {
+  const std::string name = absl::StrCat(policy, "/", security);
   const bool ec = protection.kind == Protection::Kind::kErasureCode;
   // Room for two versions in flight plus their redundancy plus a restore.
   const double redundancy = ec ? static_cast<double>(protection.parity_m) / protection.data_k
                                : static_cast<double>(protection.copies - 1);
   const uint64_t memory = static_cast<uint64_t>((2 * (1 + redundancy) + 1.2) * size) + (64 << 20);
-  std::unique_ptr<Cluster> c = StartCluster(nodes, memory);
+  std::unique_ptr<Cluster> c = StartCluster(nodes, memory, security);
   g_cleanup = [&c] { c.reset(); };
 
   std::vector<std::unique_ptr<Buffer>> src;
@@ -171,7 +186,7 @@ void RunPolicy(const std::string& name, Protection protection, int nodes, uint64
     ClientOptions o;
     o.meta_address = c->meta->address();
     o.agent_socket = c->agents[r]->socket_path();
-    o.job_id = name;
+    o.job_id = policy;
     o.rank = r;
     o.world_size = nodes;
     o.protection = protection;
@@ -232,7 +247,7 @@ void RunPolicy(const std::string& name, Protection protection, int nodes, uint64
   ClientOptions o;
   o.meta_address = c->meta->address();
   o.agent_socket = c->agents[via]->socket_path();
-  o.job_id = name;
+  o.job_id = policy;
   o.rank = 1;
   o.world_size = nodes;
   o.protection = protection;
@@ -260,6 +275,7 @@ int main(int argc, char** argv) {
   uint64_t size = uint64_t{512} << 20;
   std::string tls = "tcp";
   std::vector<std::string> policies = {"ring", "ec"};
+  std::vector<std::string> security = {"mac"};
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string flag = argv[i], value = argv[i + 1];
     if (flag == "--size") {
@@ -273,8 +289,18 @@ int main(int argc, char** argv) {
       tls = value;
     } else if (flag == "--policies") {
       policies = absl::StrSplit(value, ',');
+    } else if (flag == "--security") {
+      security = absl::StrSplit(value, ',');
+      for (const std::string& s : security) {
+        if (s != "off" && s != "mac" && s != "encrypt") {
+          std::fprintf(stderr, "protection_bench: --security takes off, mac, encrypt (not %s)\n", s.c_str());
+          return 2;
+        }
+      }
     } else {
-      std::fprintf(stderr, "usage: protection_bench [--size 512MiB] [--tls tcp|default] [--policies ring,ec]\n");
+      std::fprintf(stderr,
+                   "usage: protection_bench [--size 512MiB] [--tls tcp|default] [--policies ring,ec] "
+                   "[--security off,mac,encrypt]\n");
       return 2;
     }
   }
@@ -303,24 +329,26 @@ int main(int argc, char** argv) {
     memcpy_s = t[2];
   }
   std::printf("protection_bench: S = %.0f MiB per node, UCX_TLS=%s\n", size / double(1 << 20), tls.c_str());
-  std::printf("%-14s %-46s %10.3f %-5s\n", "baseline", "memcpy of S", memcpy_s, "s");
+  std::printf("%-20s %-46s %10.3f %-5s\n", "baseline", "memcpy of S", memcpy_s, "s");
   if (perf > 0) {
-    std::printf("%-14s %-46s %10.3f %-5s\n", "baseline", "ucx_perftest tag_bw, 256 MiB messages", perf, "GB/s");
+    std::printf("%-20s %-46s %10.3f %-5s\n", "baseline", "ucx_perftest tag_bw, 256 MiB messages", perf, "GB/s");
   } else {
-    std::printf("%-14s %-46s %10s\n", "baseline", "ucx_perftest (needs unshare -n)", "n/a");
+    std::printf("%-20s %-46s %10s\n", "baseline", "ucx_perftest (needs unshare -n)", "n/a");
   }
   for (const std::string& p : policies) {
-    if (p == "ring") {
-      ckpt::RunPolicy("replicate2", ckpt::Protection::Replicate(2, ckpt::Protection::Placement::kRing), 4, size,
-                      memcpy_s, perf);
-    } else if (p == "group") {
-      ckpt::RunPolicy("group2", ckpt::Protection::Replicate(2, ckpt::Protection::Placement::kGroup), 4, size,
-                      memcpy_s, perf);
-    } else if (p == "ec") {
-      ckpt::RunPolicy("ec4-2", ckpt::Protection::ErasureCode(4, 2), 6, size, memcpy_s, perf);
-    } else {
-      std::fprintf(stderr, "protection_bench: unknown policy %s (ring, group, ec)\n", p.c_str());
-      return 2;
+    for (const std::string& sec : security) {
+      if (p == "ring") {
+        ckpt::RunPolicy("replicate2", sec, ckpt::Protection::Replicate(2, ckpt::Protection::Placement::kRing), 4,
+                        size, memcpy_s, perf);
+      } else if (p == "group") {
+        ckpt::RunPolicy("group2", sec, ckpt::Protection::Replicate(2, ckpt::Protection::Placement::kGroup), 4,
+                        size, memcpy_s, perf);
+      } else if (p == "ec") {
+        ckpt::RunPolicy("ec4-2", sec, ckpt::Protection::ErasureCode(4, 2), 6, size, memcpy_s, perf);
+      } else {
+        std::fprintf(stderr, "protection_bench: unknown policy %s (ring, group, ec)\n", p.c_str());
+        return 2;
+      }
     }
   }
   return 0;

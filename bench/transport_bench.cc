@@ -282,6 +282,32 @@ void BM_UcxTwoProcTcpSendChunked1GiB(benchmark::State& state) {
 }
 BENCHMARK(BM_UcxTwoProcTcpSendChunked1GiB)->Arg(8)->Arg(16)->Iterations(4)->UseManualTime()->Unit(benchmark::kMillisecond);
 
+// Data-plane authentication (docs/protocol.md §8b, "Messages"), in one run:
+// the two-process UCX_TLS=tcp transfer without a key (nothing
+// authenticated), with a key (every message authenticated: a GMAC of each
+// payload on both sides, an HMAC of each header) and with a key and
+// encrypt_payloads (AES-256-GCM: the sender encrypts into reused buffers,
+// the receiver decrypts in place). Args: chunk MiB, mode (0 off, 1 mac,
+// 2 encrypt). The sender's time ends when the child has pulled the last
+// chunk; with 4 chunks in flight the receiver's checks hold up the pulls
+// that follow them, so they are counted too (all but the last chunk's).
+void BM_UcxTwoProcTcpAuth1GiB(benchmark::State& state) {
+  UcxOptions opt;
+  opt.config = {{"TLS", "tcp"}};
+  const int64_t mode = state.range(1);
+  if (mode >= 1) opt.auth_key = std::string(32, 'k');
+  opt.encrypt_payloads = mode == 2;
+  state.SetLabel(mode == 0 ? "off" : mode == 1 ? "mac" : "encrypt");
+  RunUcxForked(state, opt);
+}
+BENCHMARK(BM_UcxTwoProcTcpAuth1GiB)
+    ->Args({8, 0})
+    ->Args({8, 1})
+    ->Args({8, 2})
+    ->Iterations(4)
+    ->UseManualTime()
+    ->Unit(benchmark::kMillisecond);
+
 // Both ways on one pair (what replicate{2, group} does: partners push to
 // each other at once) against the same bytes one way: 512 MiB from the
 // parent to a forked child while the child sends 512 MiB back, UCX_TLS=tcp.

@@ -33,6 +33,10 @@ struct AgentProcessOptions {
   std::string memory = "64MiB";
   std::string memory_dir;    // empty: <dir>/mem
   std::vector<std::string> extra_args;
+  // --insecure instead of the node's certificate: only for a benchmark that
+  // measures what security costs (bench/protection_bench --security);
+  // loopback only, with a MetaProcess started insecure.
+  bool insecure = false;
 };
 
 class AgentProcess {
@@ -71,10 +75,14 @@ class AgentProcess {
       o.argv.push_back("--durable-root");
       o.argv.push_back(options_.durable_root);
     }
-    const TlsFilePaths tls = TestPki::Shared().Node(options_.node_id);
-    for (const std::string& a : {std::string("--tls-ca"), tls.ca, std::string("--tls-cert"), tls.cert,
-                                 std::string("--tls-key"), tls.key}) {
-      o.argv.push_back(a);
+    if (options_.insecure) {
+      o.argv.push_back("--insecure");
+    } else {
+      const TlsFilePaths tls = TestPki::Shared().Node(options_.node_id);
+      for (const std::string& a : {std::string("--tls-ca"), tls.ca, std::string("--tls-cert"), tls.cert,
+                                   std::string("--tls-key"), tls.key}) {
+        o.argv.push_back(a);
+      }
     }
     for (const std::string& a : options_.extra_args) o.argv.push_back(a);
     o.name = options_.binary + "-" + options_.node_id;
@@ -83,7 +91,8 @@ class AgentProcess {
     if (!proc.ok()) return proc.status();
     proc_ = std::move(*proc);
     if (absl::Status s = WaitForTcpPort("127.0.0.1", port_, absl::Seconds(60), proc_.get()); !s.ok()) return s;
-    channel_ = TestChannel(absl::StrCat("127.0.0.1:", port_), AdminTls());
+    channel_ = options_.insecure ? PlainTestChannel(absl::StrCat("127.0.0.1:", port_))
+                                 : TestChannel(absl::StrCat("127.0.0.1:", port_), AdminTls());
     stub_ = ckpt::v1::AgentService::NewStub(channel_);
     if (!wait_registered) return absl::OkStatus();
     const absl::Time deadline = absl::Now() + absl::Seconds(30);

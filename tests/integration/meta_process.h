@@ -24,11 +24,15 @@ namespace ckpt::testing {
 class MetaProcess {
  public:
   // Starts ckpt-meta with data in `data_dir` and logs in `log_dir`.
+  // `insecure`: --insecure instead of meta's certificate, only for a
+  // benchmark that measures what security costs (the caller then clears
+  // CKPT_TLS_* for its clients); the tests run meta as shipped.
   static absl::StatusOr<std::unique_ptr<MetaProcess>> Start(const std::string& data_dir,
                                                             const std::string& log_dir,
-                                                            int lease_ms = 5000) {
-    ExportClientTlsEnvironment();
+                                                            int lease_ms = 5000, bool insecure = false) {
+    if (!insecure) ExportClientTlsEnvironment();
     auto p = std::unique_ptr<MetaProcess>(new MetaProcess());
+    p->insecure_ = insecure;
     p->data_dir_ = data_dir;
     p->log_dir_ = log_dir;
     p->lease_ms_ = lease_ms;
@@ -55,10 +59,14 @@ class MetaProcess {
               data_dir_,
               "--lease-ms",
               std::to_string(lease_ms_)};
-    const TlsFilePaths tls = TestPki::Shared().Meta();
-    for (const std::string& a : {std::string("--tls-ca"), tls.ca, std::string("--tls-cert"), tls.cert,
-                                 std::string("--tls-key"), tls.key}) {
-      o.argv.push_back(a);
+    if (insecure_) {
+      o.argv.push_back("--insecure");
+    } else {
+      const TlsFilePaths tls = TestPki::Shared().Meta();
+      for (const std::string& a : {std::string("--tls-ca"), tls.ca, std::string("--tls-cert"), tls.cert,
+                                   std::string("--tls-key"), tls.key}) {
+        o.argv.push_back(a);
+      }
     }
     o.name = "ckpt-meta";
     o.log_dir = log_dir_;
@@ -69,7 +77,7 @@ class MetaProcess {
         !s.ok()) {
       return s;
     }
-    channel_ = TestChannel(address(), AdminTls());
+    channel_ = insecure_ ? PlainTestChannel(address()) : TestChannel(address(), AdminTls());
     stub_ = ckpt::v1::MetaService::NewStub(channel_);
     node_stubs_.clear();
     return absl::OkStatus();
@@ -83,7 +91,8 @@ class MetaProcess {
   ckpt::v1::MetaService::Stub* NodeStub(const std::string& node_id) {
     auto& stub = node_stubs_[node_id];
     if (stub == nullptr) {
-      stub = ckpt::v1::MetaService::NewStub(TestChannel(address(), TestPki::Shared().Node(node_id)));
+      stub = ckpt::v1::MetaService::NewStub(insecure_ ? PlainTestChannel(address())
+                                                      : TestChannel(address(), TestPki::Shared().Node(node_id)));
     }
     return stub.get();
   }
@@ -94,6 +103,7 @@ class MetaProcess {
  private:
   MetaProcess() = default;
   int port_ = 0, metrics_port_ = 0, lease_ms_ = 5000;
+  bool insecure_ = false;
   std::string data_dir_, log_dir_;
   std::unique_ptr<Subprocess> proc_;
   std::shared_ptr<grpc::Channel> channel_;

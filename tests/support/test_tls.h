@@ -54,6 +54,14 @@ inline std::shared_ptr<grpc::Channel> TestChannel(const std::string& target, con
   return grpc::CreateCustomChannel(target, TestCredentials(as), args);
 }
 
+// A plaintext channel: only for a daemon a benchmark started with --insecure
+// to measure what security costs (loopback only).
+inline std::shared_ptr<grpc::Channel> PlainTestChannel(const std::string& target) {
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(-1);
+  return grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), args);
+}
+
 // CKPT_TLS_CA / CKPT_TLS_CERT / CKPT_TLS_KEY = the admin certificate, unless
 // the test set them already.
 inline void ExportClientTlsEnvironment() {

@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstring>
 #include <deque>
@@ -180,6 +181,19 @@ struct Remote {
   int refs = 0;           // connections (Peers) using it that have not failed
 };
 
+// What a sender needs to seal messages of one keyed connection
+// (message_auth.h). Shared between the progress thread, which makes it when
+// the connection is connected and drops it when it fails, and the threads
+// that call Send, which seal their messages themselves (the payload's tag,
+// or its encryption, costs a pass over the bytes: better there than on the
+// one thread that drives UCX).
+struct SendCrypto {
+  uint64_t receiver_id = 0;  // the other side's id for the connection
+  std::string mac_key;
+  std::string aes_key;
+  std::atomic<uint64_t> seq{0};  // the last sequence number taken
+};
+
 // One connection, outbound (Connect) or inbound (accepted on the data port).
 // A peer that ever had a Remote lives in peers_ until Stop (sends in flight
 // point to it); one that failed before it had one is dropped at once.
@@ -211,11 +225,11 @@ struct Peer {
   // The cluster key as it was when this connection's handshake started
   // (UcxTransport::SetAuthKey does not change it); "": no authentication.
   std::string key;
-  // With a key, from the moment it is connected: this connection's message
-  // keys (message_auth.h), each direction's, and its sequence numbers.
-  std::string send_mac_key, recv_mac_key;
-  std::unique_ptr<ucx_wire::PayloadSealer> send_sealer, recv_sealer;
-  uint64_t send_seq = 0;
+  // With a key, from the moment it is connected: the keys its messages are
+  // checked with (message_auth.h) and the sequence numbers taken so far.
+  // (The sending side's are in UcxImpl::send_crypto_.)
+  std::string recv_mac_key;
+  std::unique_ptr<ucx_wire::PayloadSealer> recv_sealer;
   ucx_wire::ReplayWindow received;
 };
 
@@ -233,6 +247,7 @@ struct SendOp {
   ~SendOp();  // hands `scratch` back to the owner's pool
   UcxImpl* owner = nullptr;
   Peer* peer = nullptr;
+  bool sealed = false;            // a keyed connection's message, sealed by Send
   std::string am_header;          // must outlive the send (UCX 1.13)
   std::vector<ucp_dt_iov_t> iov;  // ditto
   std::vector<std::byte> scratch;  // the encrypted (or tampered) payload, if any
@@ -359,6 +374,21 @@ class UcxImpl : public UcxTransport {
     }
     op->done = std::move(done);
     const size_t header_size = header.size();
+    if (header_size <= kMaxHeaderBytes) {
+      std::shared_ptr<SendCrypto> crypto;
+      {
+        absl::MutexLock lock(&crypto_mu_);
+        auto it = send_crypto_.find(peer);
+        if (it != send_crypto_.end()) crypto = it->second;
+      }
+      if (crypto != nullptr) Seal(*crypto, receiver_id, op.get(), tamper);
+    }
+    if (!op->sealed && tamper == TestTamper::kPayload) {
+      std::vector<std::span<const std::byte>> pieces;
+      for (const ucp_dt_iov_t& v : op->iov) pieces.emplace_back(static_cast<const std::byte*>(v.buffer), v.length);
+      const uint64_t bytes = TotalBytes(pieces);
+      if (bytes > 0) SendFromCopy(op.get(), bytes, &pieces, bytes / 2);
+    }
     SendOp* raw = op.release();
     if (!Post([this, raw, peer, header_size, receiver_id, tamper] {
           StartSend(raw, peer, header_size, receiver_id, tamper);
@@ -1285,6 +1315,10 @@ class UcxImpl : public UcxTransport {
   // that worker uses it). Its sends still in flight complete with `why`.
   void FailPeer(Peer* p, absl::Status why) {
     p->failed = true;
+    if (!p->key.empty()) {
+      absl::MutexLock lock(&crypto_mu_);
+      send_crypto_.erase(p->id);  // Sends to it are sealed no more (and fail)
+    }
     EndHandshake(p);
     p->fail_status = std::move(why);
     CloseFd(&p->fd);
@@ -1351,16 +1385,16 @@ class UcxImpl : public UcxTransport {
     }
     Peer* p = it->second.get();
     op->peer = p;
-    PutLe(&op->am_header, 0, receiver_id != 0 ? receiver_id : p->remote_id, 8);
+    if (op->sealed != !p->key.empty()) {
+      // A keyed connection's message that Send could not seal (the
+      // connection failed meanwhile), or a sealed one for a keyless
+      // connection (cannot happen): never put on the wire.
+      op->done(absl::UnavailableError(absl::StrCat("peer ", peer_id, " is not connected")));
+      return;
+    }
+    if (!op->sealed) PutLe(&op->am_header, 0, receiver_id != 0 ? receiver_id : p->remote_id, 8);
     uint64_t payload = 0;
     for (const auto& v : op->iov) payload += v.length;
-    if (p->send_sealer != nullptr) {
-      Seal(p, op.get(), payload, tamper);
-    } else if (tamper == TestTamper::kPayload && payload > 0) {
-      std::vector<std::span<const std::byte>> pieces;
-      for (const ucp_dt_iov_t& v : op->iov) pieces.emplace_back(static_cast<const std::byte*>(v.buffer), v.length);
-      SendFromCopy(op.get(), payload, &pieces, payload / 2);
-    }
     ucp_request_param_t rp{};
     rp.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA |
                       UCP_OP_ATTR_FIELD_FLAGS;
@@ -1401,45 +1435,58 @@ class UcxImpl : public UcxTransport {
                    : ucx_wire::DeriveConnectionKeys(p->key, p->remote_id, p->remote_nonce, p->id, p->nonce);
     const ucx_wire::DirectionKeys& send = p->inbound ? k.to_connector : k.to_acceptor;
     const ucx_wire::DirectionKeys& recv = p->inbound ? k.to_acceptor : k.to_connector;
-    p->send_mac_key = send.mac_key;
     p->recv_mac_key = recv.mac_key;
-    p->send_sealer = std::make_unique<ucx_wire::PayloadSealer>(send.aes_key);
     p->recv_sealer = std::make_unique<ucx_wire::PayloadSealer>(recv.aes_key);
+    auto crypto = std::make_shared<SendCrypto>();
+    crypto->receiver_id = p->remote_id;
+    crypto->mac_key = send.mac_key;
+    crypto->aes_key = send.aes_key;
+    absl::MutexLock lock(&crypto_mu_);
+    send_crypto_[p->id] = std::move(crypto);
   }
 
-  // The message of `op` on keyed connection `p`, sealed: sequence number,
-  // payload tag (or encrypted payload, sent from a buffer of the pool) and
-  // header tag (message_auth.h).
-  void Seal(Peer* p, SendOp* op, uint64_t payload, TestTamper tamper) {
-    const uint64_t seq = tamper == TestTamper::kReplay ? p->send_seq : ++p->send_seq;
+  // The message of `op` on a keyed connection, sealed on the caller's
+  // thread with `crypto`: receiver id, sequence number, payload tag (or
+  // encrypted payload, sent from a buffer of the pool) and header tag
+  // (message_auth.h). A non-zero `receiver_id` replaces the connection's
+  // (TEST_SendTampered).
+  void Seal(SendCrypto& crypto, uint64_t receiver_id, SendOp* op, TestTamper tamper) {
+    const uint64_t seq = tamper == TestTamper::kReplay ? crypto.seq.load() : ++crypto.seq;
+    uint64_t payload = 0;
+    for (const auto& v : op->iov) payload += v.length;
     uint8_t flags = 0;
     std::string payload_tag(ucx_wire::kTagBytes, '\0');
     if (payload > 0) {
       std::vector<std::span<const std::byte>> pieces;
       pieces.reserve(op->iov.size());
       for (const ucp_dt_iov_t& v : op->iov) pieces.emplace_back(static_cast<const std::byte*>(v.buffer), v.length);
+      // One sealer per message: EVP contexts are not shared between threads,
+      // and setting one up costs far less than a pass over a payload.
+      ucx_wire::PayloadSealer sealer(crypto.aes_key);
       if (options_.encrypt_payloads) {
         flags |= kEncryptedFlag;
         SendFromCopy(op, payload, nullptr, 0);
-        payload_tag = p->send_sealer->Encrypt(seq, pieces, std::span<std::byte>(op->scratch.data(), payload));
+        payload_tag = sealer.Encrypt(seq, pieces, std::span<std::byte>(op->scratch.data(), payload));
         if (tamper == TestTamper::kPayload) op->scratch[payload / 2] ^= std::byte{1};
       } else {
-        payload_tag = p->send_sealer->Tag(seq, pieces);
+        payload_tag = sealer.Tag(seq, pieces);
         if (tamper == TestTamper::kPayload) SendFromCopy(op, payload, &pieces, payload / 2);
       }
     }
     std::string h;
     h.reserve(op->am_header.size() + kSealedPrefixBytes - kDataPrefixBytes + kSealedSuffixBytes);
     h.append(op->am_header, 0, kDataPrefixBytes);
+    PutLe(&h, 0, receiver_id != 0 ? receiver_id : crypto.receiver_id, 8);
     h.push_back(static_cast<char>(flags));
     h.append(8, '\0');
     PutLe(&h, kDataPrefixBytes + 1, seq, 8);
     h.append(op->am_header, kDataPrefixBytes);
     h += payload_tag;
-    std::string tag = ucx_wire::HeaderTag(p->send_mac_key, h, payload);
+    std::string tag = ucx_wire::HeaderTag(crypto.mac_key, h, payload);
     if (tamper == TestTamper::kHeaderTag) tag[0] ^= 1;
     h += tag;
     op->am_header = std::move(h);
+    op->sealed = true;
   }
 
   // `op` sends its payload from a buffer of the pool instead of the
@@ -1459,6 +1506,7 @@ class UcxImpl : public UcxTransport {
 
   // A buffer of at least `n` bytes: one from the pool if one is big enough.
   std::vector<std::byte> TakeScratch(uint64_t n) {
+    absl::MutexLock lock(&scratch_mu_);
     for (auto it = scratch_pool_.begin(); it != scratch_pool_.end(); ++it) {
       if (it->size() >= n) {
         std::vector<std::byte> buf = std::move(*it);
@@ -1473,6 +1521,7 @@ class UcxImpl : public UcxTransport {
  public:
   // A send's buffer, back to the pool (or freed if the pool is full).
   void RecycleScratch(std::vector<std::byte> buf) {
+    absl::MutexLock lock(&scratch_mu_);
     if (buf.empty() || scratch_pool_bytes_ + buf.size() > kMaxPooledScratchBytes) return;
     scratch_pool_bytes_ += buf.size();
     scratch_pool_.push_back(std::move(buf));
@@ -1841,8 +1890,13 @@ class UcxImpl : public UcxTransport {
   // Shutdown ends itself when a peer does not let them finish.
   absl::flat_hash_map<void*, SendOp*> inflight_sends_;
   absl::flat_hash_map<void*, RecvOp*> inflight_recvs_;
-  std::vector<std::vector<std::byte>> scratch_pool_;  // encryption buffers to reuse
-  size_t scratch_pool_bytes_ = 0;
+  // Keyed connections' sealing keys, by our id for the connection (Send
+  // seals on its caller's thread).
+  absl::Mutex crypto_mu_;
+  absl::flat_hash_map<PeerId, std::shared_ptr<SendCrypto>> send_crypto_ ABSL_GUARDED_BY(crypto_mu_);
+  absl::Mutex scratch_mu_;
+  std::vector<std::vector<std::byte>> scratch_pool_ ABSL_GUARDED_BY(scratch_mu_);  // encryption buffers to reuse
+  size_t scratch_pool_bytes_ ABSL_GUARDED_BY(scratch_mu_) = 0;
   bool abandon_worker_ = false;  // Shutdown could not finish: never destroy the worker
 };
 

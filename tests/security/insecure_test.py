@@ -291,6 +291,14 @@ def strangers(d, tls, other):
     check(r.returncode != 0 and "PERMISSION_DENIED" in r.stderr
           and not (d.work / "by-operator" / "rank-00000.bin").exists(),
           "an operator certificate restores no shard", r.stderr)
+    # A node's certificate: agents read jobs for their trainers, never create or flush them.
+    for args, what in ((("create-job", "job-c", "--world-size", "1"), "CreateJob"),
+                       (("flush", "job-b", "1"), "FlushVersion")):
+        r = ctl(meta, *args, cert=tls.node("n1"))
+        check(r.returncode == 1 and "PERMISSION_DENIED" in r.stderr and "is a node" in r.stderr,
+              f"a node certificate cannot {what}", r.stderr)
+    r = ctl(meta, "--json", "versions", "job-b", cert=tls.node("n1"))
+    check(r.returncode == 0 and '"step"' in r.stdout, "a node certificate reads a job's versions", r.stderr)
     r = ctl(meta, "--json", "versions", "job-b", cert=admin)
     check('"step": 1' in r.stdout or '"step":1' in r.stdout, "the refused calls deleted nothing", r.stdout)
     r = ctl(meta, "--json", "jobs", cert=admin)

@@ -108,7 +108,14 @@ grpc::Status Authorizer::JobCall(const grpc::ServerContextBase& ctx, const std::
     const pki::Identity& who = **id;
     switch (who.role) {
       case pki::Role::kAdmin:
+        break;
       case pki::Role::kNode:
+        // Agents read jobs for their trainers (GetJob, Locate); they never
+        // create jobs or ask for flushes.
+        if (access != Access::kRead) {
+          return Denied(rpc, absl::StrCat("it changes job \"", job_id, "\" and ", IdentityText(who),
+                                          " is a node: agents read jobs, trainers and admins change them"));
+        }
         break;
       case pki::Role::kOperator:
         if (access != Access::kRead) {

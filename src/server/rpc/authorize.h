@@ -12,8 +12,9 @@
 //     itself (the request's node id must be the certificate's).
 //   meta, admin RPCs (DeleteVersion, DeleteJob, DrainNode, UndrainNode,
 //     RemoveNode): an admin.
-//   meta, job RPCs: an admin or a node (agents act for their trainers), an
-//     operator for reads only, a trainer for the jobs its certificate names.
+//   meta, job RPCs: an admin; a node or an operator for reads only (agents
+//     look jobs up for their trainers); a trainer for the jobs its
+//     certificate names.
 //   meta, cluster-wide reads (ListJobs, ListNodes, ClusterStatus): any
 //     identity; ListJobs shows a trainer only its jobs.
 //   agent TCP port: an admin; an operator for what returns no shard bytes

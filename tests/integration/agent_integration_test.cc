@@ -11,7 +11,6 @@
 #include <cstring>
 #include <filesystem>
 #include <random>
-#include <regex>
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -19,6 +18,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/crc32c.h"
 #include "common/durable_format.h"
+#include "support/hex_id.h"
 #include "common/file_system.h"
 #include "common/manifest.h"
 #include "integration/agent_process.h"
@@ -544,14 +544,14 @@ TEST_F(AgentIntegrationTest, ALeaseAndAHandleBelongToTheSessionThatTookThem) {
   std::unique_ptr<RawSession> a = RawSession::Open(sessions);
   std::unique_ptr<RawSession> b = RawSession::Open(sessions);
   ASSERT_TRUE(a != nullptr && b != nullptr);
-  EXPECT_TRUE(std::regex_match(a->id(), std::regex("[0-9a-f]{32}"))) << a->id();
+  EXPECT_TRUE(ckpt::testing::IsHexId(a->id(), "")) << a->id();
   EXPECT_NE(a->id(), b->id());
 
   const std::string data = Pattern(3000, 61);
   v1::AcquireStagingLeaseResponse la;
   grpc::Status s = Lease("two", 1, 0, 8192, &la, a->id(), 4242);
   ASSERT_TRUE(s.ok()) << s.error_message();
-  EXPECT_TRUE(std::regex_match(la.lease_id(), std::regex("l-[0-9a-f]{32}"))) << la.lease_id();
+  EXPECT_TRUE(ckpt::testing::IsHexId(la.lease_id(), "l-")) << la.lease_id();
   WriteRegions(la, 0, data);
 
   // The second trainer's lease for the same (job, step, rank): refused.
@@ -609,7 +609,7 @@ TEST_F(AgentIntegrationTest, ALeaseAndAHandleBelongToTheSessionThatTookThem) {
     s = local_->OpenShard(&ctx, open, &opened);
     ASSERT_TRUE(s.ok()) << s.error_message();
   }
-  EXPECT_TRUE(std::regex_match(opened.handle_id(), std::regex("h-[0-9a-f]{32}"))) << opened.handle_id();
+  EXPECT_TRUE(ckpt::testing::IsHexId(opened.handle_id(), "h-")) << opened.handle_id();
   auto close = [&](const std::string& session) {
     v1::CloseShardRequest req;
     req.set_handle_id(opened.handle_id());

@@ -3,13 +3,13 @@
 // clock and a liveness function the test sets; a real arena in a temp dir.
 #include "server/agent/leases.h"
 
-#include <regex>
 #include <set>
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include "common/clock.h"
+#include "support/hex_id.h"
 #include "common/metrics.h"
 #include "server/agent/arena.h"
 #include "support/temp_dir.h"
@@ -71,15 +71,13 @@ class LeaseTableTest : public ::testing::Test {
 TEST_F(LeaseTableTest, IdsAre128RandomBitsInHexThatNoOtherTableRepeats) {
   auto t1 = NewTable();
   auto t2 = NewTable();
-  const std::regex lease("l-[0-9a-f]{32}");
-  const std::regex handle("h-[0-9a-f]{32}");
   std::vector<std::string> ids1, ids2;
   for (uint32_t rank = 0; rank < 4; ++rank) {
     absl::StatusOr<std::string> id1 = Add(*t1, ShardId{"job", 1, rank}, a_);
     absl::StatusOr<std::string> id2 = Add(*t2, ShardId{"job", 1, rank}, a_);
     ASSERT_TRUE(id1.ok() && id2.ok());
-    EXPECT_TRUE(std::regex_match(*id1, lease)) << *id1;
-    EXPECT_TRUE(std::regex_match(*id2, lease)) << *id2;
+    EXPECT_TRUE(ckpt::testing::IsHexId(*id1, "l-")) << *id1;
+    EXPECT_TRUE(ckpt::testing::IsHexId(*id2, "l-")) << *id2;
     ids1.push_back(*id1);
     ids2.push_back(*id2);
   }
@@ -87,7 +85,7 @@ TEST_F(LeaseTableTest, IdsAre128RandomBitsInHexThatNoOtherTableRepeats) {
   // would give both tables the same ids.
   const std::string h1 = t1->OpenHandle(shard_, CopyPin(shard_), a_, absl::InfiniteDuration());
   const std::string h2 = t2->OpenHandle(shard_, CopyPin(shard_), a_, absl::InfiniteDuration());
-  EXPECT_TRUE(std::regex_match(h1, handle)) << h1;
+  EXPECT_TRUE(ckpt::testing::IsHexId(h1, "h-")) << h1;
   ids1.push_back(h1);
   ids2.push_back(h2);
   std::set<std::string> all(ids1.begin(), ids1.end());

@@ -211,6 +211,15 @@ absl::Status Agent::Init() {
   rd.default_handle_ttl_ms = options_.default_handle_ttl_ms;
   rd.budget_message = budget;
   restorer_ = std::make_unique<Restorer>(rd);
+  Verifier::Deps vd;
+  vd.holdings = holdings_.get();
+  vd.parity = parity_.get();
+  vd.session = session_.get();
+  vd.meta = meta_;
+  vd.clock = clock_;
+  vd.on_verified = [this] { runner_->Poke(); };
+  vd.on_freed = [this] { UpdateGauges(); };
+  verifier_ = std::make_unique<Verifier>(std::move(vd));
 
   // Re-adopt what a previous agent left; replay the STAGED reports (meta
   // answers a replay ALREADY_EXISTS).
@@ -251,16 +260,7 @@ void Agent::Start() {
   loop("ckpt-agent-ctl", [this] { ControlOnce(); return false; },
        [this] { session_->AwaitWork(absl::Milliseconds(50)); });
   loop("ckpt-agent-vfy", [this] { return VerifyOnce(); },
-       [this] {
-         // The loop is the one consumer of verify_wake_: a wake that came
-         // while VerifyOnce ran is not lost.
-         CheckedLock lock(&loop_mu_);
-         auto woken = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(loop_mu_) {
-           return stopping_ || verify_wake_ != verify_seen_;
-         };
-         clock_->AwaitWithTimeout(&loop_mu_, absl::Condition(&woken), absl::Milliseconds(200));
-         verify_seen_ = verify_wake_;
-       });
+       [this] { verifier_->AwaitWork(absl::Milliseconds(200)); });
   loop("ckpt-agent-task", [this] { return TasksOnce(); }, [this] { runner_->AwaitWork(absl::Milliseconds(100)); });
   threads_.emplace_back([this] {
     pthread_setname_np(pthread_self(), "ckpt-agent-wtch");
@@ -275,8 +275,8 @@ void Agent::Stop() {
   {
     CheckedLock lock(&loop_mu_);
     stopping_ = true;
-    ++verify_wake_;
   }
+  if (verifier_) verifier_->Stop();
   // Each component may be missing: Create stops an agent whose Init failed
   // part of the way (e.g. a memory tier that is not the agent's own).
   if (session_) session_->Stop();
@@ -297,11 +297,6 @@ absl::StatusOr<absl::Duration> Agent::PauseProtection(absl::Duration d) {
                                                    " (renew a longer one by calling again)"));
   }
   return protector_->Pause(d);
-}
-
-void Agent::NotifyVerifier() {
-  CheckedLock lock(&loop_mu_);
-  ++verify_wake_;
 }
 
 std::string Agent::BudgetMessage(uint64_t want) const {
@@ -462,7 +457,7 @@ absl::StatusOr<std::shared_ptr<const ShardRecord>> Agent::Commit(const std::stri
   }
   if (!pulled) {  // a pulled shard's items were checked as it arrived
     holdings_->QueueVerify(id);
-    NotifyVerifier();
+    verifier_->Notify();
   }
   HoldingReport r;
   r.kind = HoldingReport::Kind::kStaged;
@@ -653,7 +648,7 @@ absl::Status Agent::CompactRefused(const ShardRecord& rec, const std::vector<Pin
             ShardIdString(rec.id), FormatBytes(size), FormatBytes(rec.size_bytes));
   metrics_.shards_compacted->Increment();
   holdings_->QueueVerify(rec.id);
-  NotifyVerifier();
+  verifier_->Notify();
   HoldingReport r;
   r.kind = HoldingReport::Kind::kStaged;
   r.record = std::move(stored);
@@ -791,110 +786,15 @@ absl::StatusOr<std::vector<FlushResult>> Agent::FlushNow(const std::string& job_
 }
 
 absl::StatusOr<std::vector<HoldingInfo>> Agent::Evict(const std::string& job_id, uint64_t step, bool dry_run) {
-  CKPT_RETURN_IF_ERROR(ValidateJobId(job_id));
-  if (holdings_->Infos(job_id, step).empty()) {
-    return absl::NotFoundError(absl::StrCat("nothing of ", job_id, " step ", step, " is held here"));
-  }
-  CKPT_ASSIGN_OR_RETURN(MetaLink::EvictFacts facts, meta_->GetEvictFacts(job_id, step));
-  const auto state = static_cast<VersionState>(facts.version_state);
-  const bool ended = state == VersionState::kAborted || state == VersionState::kDeleted;
-  if (facts.newest_protected_step == step && !ended) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        job_id, " step ", step, " is the job's newest version at PROTECTED level or better; it is never evicted"));
-  }
-  if (state != VersionState::kPersisted && !ended) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        job_id, " step ", step,
-        " is not PERSISTED: this node's copy may be the last readable one; flush it first (ckptctl flush) "
-        "or let retention evict it"));
-  }
-  if (dry_run) return holdings_->Infos(job_id, step);
-  std::vector<HoldingInfo> out =
-      holdings_->DropShards([&](const ShardRecord& r) { return r.id.job_id == job_id && r.id.step == step; });
-  for (const HoldingInfo& info : out) {
-    HoldingReport r;
-    r.kind = HoldingReport::Kind::kCopyState;
-    r.id = info.id;
-    r.copy_role = info.role;
-    r.copy_state = CopyState::kEvicted;
-    r.size_bytes = info.size_bytes;
-    r.crc32c = info.crc32c;
-    r.detail = "evicted by a node-local command";
-    session_->Report(std::move(r));
-  }
-  parity_->EvictVersion(job_id, step);
-  UpdateGauges();
-  log::Info("evicted {} holdings of {} step {} (node-local command)", out.size(), job_id, step);
-  return out;
+  return verifier_->Evict(job_id, step, dry_run);
 }
 
 absl::StatusOr<std::vector<VerifyFinding>> Agent::Verify(const std::string& job_id, uint64_t step, bool dry_run,
                                                          uint64_t* bytes_checked) {
-  const std::vector<Pin> shards = holdings_->PinShardsOf(job_id, step);
-  const std::vector<Pin> segments = holdings_->PinSegmentsOf(job_id, step);
-  if (shards.empty() && segments.empty()) {
-    return absl::NotFoundError(absl::StrCat("nothing of ", job_id, " step ", step, " is held here"));
-  }
-  std::vector<VerifyFinding> out;
-  uint64_t checked = 0;
-  // EC segments (parity, rebuilt data): their bytes against their crc32c.
-  for (const Pin& pin : segments) {
-    const ShardRecord& rec = *pin.rec;
-    VerifyFinding f;
-    f.actual_crc32c = pin.bytes->Crc(0, rec.size_bytes);
-    checked += rec.size_bytes;
-    f.ok = f.actual_crc32c == rec.crc32c;
-    if (!f.ok) {
-      f.message = absl::StrFormat("segment crc32c 0x%08x != recorded 0x%08x", f.actual_crc32c, rec.crc32c);
-      if (!dry_run) holdings_->QuarantineSegment(pin, f.message, f.actual_crc32c);
-    }
-    f.holding.id = rec.id;
-    f.holding.segment = rec.segment;
-    f.holding.segment_kind = rec.segment_kind;
-    f.holding.state = f.ok || dry_run ? CopyState::kValid : CopyState::kCorrupt;
-    f.holding.size_bytes = rec.size_bytes;
-    f.holding.crc32c = rec.crc32c;
-    f.holding.stored_unix_ms = rec.staged_unix_ms;
-    out.push_back(std::move(f));
-  }
-  for (const Pin& pin : shards) {
-    VerifyFinding f;
-    absl::Status s = CheckShardBytes(*pin.rec, *pin.bytes, &f.actual_crc32c, &f.bad_item);
-    checked += pin.rec->size_bytes;
-    f.ok = s.ok();
-    f.message = std::string(s.message());
-    if (s.ok()) {
-      holdings_->MarkVerified(pin);
-    } else if (!dry_run) {
-      holdings_->Quarantine(pin, f.message);
-    }
-    for (const HoldingInfo& h : holdings_->Infos(pin.rec->id.job_id, pin.rec->id.step)) {
-      if (h.id == pin.rec->id) f.holding = h;
-    }
-    if (f.holding.id.job_id.empty()) {
-      f.holding.id = pin.rec->id;
-      f.holding.role = pin.rec->role;
-      f.holding.size_bytes = pin.rec->size_bytes;
-      f.holding.crc32c = pin.rec->crc32c;
-    }
-    out.push_back(std::move(f));
-  }
-  if (bytes_checked != nullptr) *bytes_checked = checked;
-  return out;
+  return verifier_->Verify(job_id, step, dry_run, bytes_checked);
 }
 
-bool Agent::VerifyOnce() {
-  std::optional<Pin> pin = holdings_->NextToVerify();
-  if (!pin) return false;
-  absl::Status s = CheckShardBytes(*pin->rec, *pin->bytes, nullptr, nullptr);
-  if (s.ok()) {
-    holdings_->MarkVerified(*pin);
-    runner_->Poke();  // a task may be waiting for it
-  } else {
-    holdings_->Quarantine(*pin, std::string(s.message()));
-  }
-  return true;
-}
+bool Agent::VerifyOnce() { return verifier_->VerifyOnce(); }
 
 AgentStatusSnapshot Agent::Status() const {
   AgentStatusSnapshot s;

@@ -64,6 +64,7 @@
 #include "server/agent/restorer.h"
 #include "server/agent/session_server.h"
 #include "server/agent/task_runner.h"
+#include "server/agent/verifier.h"
 #include "transport/bulk.h"
 #include "transport/transport.h"
 
@@ -164,14 +165,6 @@ struct LeaseGrant {
   uint64_t item_alignment_bytes = 0;
   bool pull = false;  // pull-mode ingest: no regions; commit with a PullSource
   std::string pull_token;  // pull mode: what the staging header must start with
-};
-
-struct VerifyFinding {
-  HoldingInfo holding;
-  bool ok = true;
-  uint32_t actual_crc32c = 0;
-  std::string bad_item;
-  std::string message;
 };
 
 struct AgentStatusSnapshot {
@@ -275,13 +268,7 @@ class Agent : private MetaSession::Delegate {
   std::vector<HoldingInfo> Inventory(const std::string& job_id, std::optional<uint64_t> step) const;
   absl::StatusOr<std::vector<FlushResult>> FlushNow(const std::string& job_id, uint64_t step,
                                                     const std::vector<uint32_t>& ranks);
-  // Node-local eviction (AgentService.Evict): frees this node's holdings of a
-  // version if meta's facts allow it: the version is PERSISTED, ABORTED or
-  // DELETED, and it is not the job's newest version at PROTECTED level or
-  // better. Reports each freed copy EVICTED. With dry_run, only checks and
-  // lists. Errors: NotFound (nothing held here, or meta does not know the
-  // version), FailedPrecondition (retention forbids it: the message says
-  // why), Unavailable (meta unreachable: nothing is freed).
+  // Verifier::Evict and Verifier::Verify.
   absl::StatusOr<std::vector<HoldingInfo>> Evict(const std::string& job_id, uint64_t step, bool dry_run);
   absl::StatusOr<std::vector<VerifyFinding>> Verify(const std::string& job_id, uint64_t step, bool dry_run,
                                                     uint64_t* bytes_checked);
@@ -294,7 +281,7 @@ class Agent : private MetaSession::Delegate {
 
   // ---- loops (public for deterministic tests) ----
   void ControlOnce();
-  // Returns true if it verified something.
+  // Verifier::VerifyOnce: true if it verified something.
   bool VerifyOnce();
   // Returns true if it ran a task step that finished or failed.
   bool TasksOnce();
@@ -363,7 +350,6 @@ class Agent : private MetaSession::Delegate {
   absl::Status RunStep(QueuedTask& qt, bool* finished);
   absl::Status FlushStep(QueuedTask& qt, bool* finished);
   void UpdateGauges();
-  void NotifyVerifier();
 
   // MetaSession::Delegate
   std::vector<InventoryItem> InventoryItems() override;
@@ -403,6 +389,7 @@ class Agent : private MetaSession::Delegate {
   std::unique_ptr<Reconstructor> reconstructor_;
   std::unique_ptr<Protector> protector_;
   std::unique_ptr<Restorer> restorer_;
+  std::unique_ptr<Verifier> verifier_;
 
   // Jobs and versions this node has seen (for leases): (job, step, run_id)
   // begun at meta, and each known job's world size.
@@ -431,8 +418,6 @@ class Agent : private MetaSession::Delegate {
 
   mutable absl::Mutex loop_mu_;
   bool stopping_ ABSL_GUARDED_BY(loop_mu_) = false;
-  uint64_t verify_wake_ ABSL_GUARDED_BY(loop_mu_) = 0;
-  uint64_t verify_seen_ ABSL_GUARDED_BY(loop_mu_) = 0;  // verify_wake_ when the loop last woke
   std::vector<std::thread> threads_;
   absl::Mutex stop_mu_;  // serialises Stop()
 };

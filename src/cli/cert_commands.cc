@@ -43,13 +43,16 @@ int Fail(const absl::Status& s) {
 }
 
 Json IdentityJson(const pki::Identity& id) {
-  return Json{{"role", std::string(pki::RoleName(id.role))}, {"name", id.name}, {"jobs", id.jobs}};
+  Json j{{"role", std::string(pki::RoleName(id.role))}, {"name", id.name}, {"jobs", id.jobs}};
+  if (!id.host_node.empty()) j["host_node"] = id.host_node;
+  return j;
 }
 
 std::string IdentityText(const pki::Identity& id) {
   std::string s(pki::RoleName(id.role));
   if (!id.name.empty()) absl::StrAppend(&s, " ", id.name);
   if (!id.jobs.empty()) absl::StrAppend(&s, " (jobs ", absl::StrJoin(id.jobs, ", "), ")");
+  if (!id.host_node.empty()) absl::StrAppend(&s, " (a DPU serving host ", id.host_node, ")");
   return s;
 }
 
@@ -87,6 +90,7 @@ struct CertCommands::Options {
   int days = pki::CertOptions().days;
   std::vector<std::string> hosts;
   std::string node_id;
+  std::string host_node;
   std::string role;
   std::string name;
   std::vector<std::string> jobs;
@@ -143,6 +147,11 @@ CertCommands::CertCommands(CLI::App* app) : o_(std::make_unique<Options>()) {
   ca_dir(o.create_node);
   o.create_node->add_option("--node-id", o.node_id, "The node id the agent runs with (--node-id)")
       ->required()
+      ->type_name("ID");
+  o.create_node
+      ->add_option("--host-node", o.host_node,
+                   "A DPU's certificate: the host node it serves (ckpt-dpu-agent --host-node). Meta admits the DPU "
+                   "only as that host's, and that host's ckpt-dpu-proxy talks only to it (docs/dpu.md)")
       ->type_name("ID");
   hosts(o.create_node);
   out(o.create_node);
@@ -255,8 +264,9 @@ int CertCommands::Run(bool json) const {
     c.identity = {pki::Role::kMeta, "", {}};
     what = "ckpt-meta's certificate";
   } else if (o.create_node->parsed()) {
-    c.identity = {pki::Role::kNode, o.node_id, {}};
-    what = absl::StrCat("node ", o.node_id, "'s certificate");
+    c.identity = {pki::Role::kNode, o.node_id, {}, o.host_node};
+    what = o.host_node.empty() ? absl::StrCat("node ", o.node_id, "'s certificate")
+                               : absl::StrCat("DPU node ", o.node_id, "'s certificate (serving host ", o.host_node, ")");
   } else if (o.create_client->parsed()) {
     absl::StatusOr<pki::Role> role = pki::ParseRole(o.role);
     if (!role.ok()) return Fail(role.status());

@@ -39,6 +39,7 @@ namespace {
 
 constexpr std::string_view kScheme = "ckpt://";
 constexpr std::string_view kJobKind = "job";
+constexpr std::string_view kHostKind = "host";
 constexpr size_t kMaxLabelLength = 63;
 constexpr int kMaxDays = 36500;
 // Certificates start an hour back so that a peer whose clock is a little
@@ -545,6 +546,14 @@ absl::Status ValidateIdentity(const Identity& identity) {
     default:
       return absl::InvalidArgumentError("unknown role");
   }
+  if (!identity.host_node.empty()) {
+    if (identity.role != Role::kNode) {
+      return absl::InvalidArgumentError(absl::StrCat("a host (ckpt://host/", identity.host_node,
+                                                     ") is for a DPU's node certificate only, not for role ",
+                                                     AV(RoleName(identity.role))));
+    }
+    CKPT_RETURN_IF_ERROR(ValidateHostNodeId(identity.name, identity.host_node, "host node"));
+  }
   if (identity.role != Role::kTrainer) {
     if (!identity.jobs.empty()) {
       return absl::InvalidArgumentError(
@@ -578,6 +587,7 @@ std::vector<std::string> IdentityUris(const Identity& identity) {
   if (identity.role == Role::kTrainer) {
     for (const std::string& job : identity.jobs) out.push_back(absl::StrCat(AV(kScheme), AV(kJobKind), "/", job));
   }
+  if (!identity.host_node.empty()) out.push_back(absl::StrCat(AV(kScheme), AV(kHostKind), "/", identity.host_node));
   return out;
 }
 
@@ -585,6 +595,7 @@ absl::StatusOr<Identity> IdentityFromUris(const std::vector<std::string>& uris) 
   std::optional<Identity> found;
   std::string role_uri;
   std::vector<std::string> jobs;
+  std::optional<std::string> host;
   for (const std::string& uri : uris) {
     // The scheme is case-insensitive (RFC 3986): "CKPT://..." is ours too, and
     // must then be written exactly as IdentityUris writes it.
@@ -605,10 +616,19 @@ absl::StatusOr<Identity> IdentityFromUris(const std::vector<std::string>& uris) 
       jobs.emplace_back(name);
       continue;
     }
+    if (kind == kHostKind) {
+      if (!has_name) return bad("a host URI names the host node (ckpt://host/<id>)");
+      if (host.has_value()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("the certificate names two hosts, ", QuoteForMessage(*host), " and ", QuoteForMessage(name)));
+      }
+      host = std::string(name);
+      continue;
+    }
     absl::StatusOr<Role> role = ParseRole(kind);
     if (!role.ok()) {
       return bad("not a ckpt identity (ckpt://meta, ckpt://node/<id>, ckpt://admin/<name>, "
-                 "ckpt://operator/<name>, ckpt://trainer/<name>, ckpt://job/<pattern>)");
+                 "ckpt://operator/<name>, ckpt://trainer/<name>, ckpt://job/<pattern>, ckpt://host/<id>)");
     }
     if (found.has_value()) {
       return absl::InvalidArgumentError(absl::StrCat("the certificate names two identities, ",
@@ -619,7 +639,7 @@ absl::StatusOr<Identity> IdentityFromUris(const std::vector<std::string>& uris) 
     } else if (!has_name) {
       return bad(absl::StrCat("a ", AV(RoleName(*role)), " URI names its holder (ckpt://", AV(kind), "/<name>)"));
     }
-    found = Identity{*role, std::string(name), {}};
+    found = Identity{*role, std::string(name), {}, {}};
     role_uri = uri;
   }
   if (!found.has_value()) {
@@ -628,6 +648,10 @@ absl::StatusOr<Identity> IdentityFromUris(const std::vector<std::string>& uris) 
         "ckpt://trainer/ URI subjectAltName)");
   }
   found->jobs = std::move(jobs);
+  if (host.has_value()) {
+    if (host->empty()) return absl::InvalidArgumentError("certificate URI \"ckpt://host/\": the host node is empty");
+    found->host_node = *std::move(host);
+  }
   CKPT_RETURN_IF_ERROR(ValidateIdentity(*found));
   return *std::move(found);
 }

@@ -8,6 +8,12 @@
 //   ckpt://operator/<name>         an operator (read-only)
 //   ckpt://trainer/<name>          a trainer, plus one ckpt://job/<pattern> per
 //                                  job pattern it may use (at least one)
+// and, on a DPU's node certificate only, the host it serves:
+//   ckpt://host/<host node id>     beside ckpt://node/<id>: meta admits the
+//                                  node as a DPU of that host only
+//                                  (RegisterNode's host_node_id), and a
+//                                  host's socket proxy talks only to a DPU
+//                                  that serves it (docs/dpu.md)
 // Servers read them from gRPC's "peer_uri" auth property (IdentityFromUris);
 // the subject CN repeats the role URI for people reading the certificate and
 // is never used to decide anything.
@@ -26,6 +32,7 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -43,6 +50,13 @@ std::string_view RoleName(Role role);
 absl::StatusOr<Role> ParseRole(std::string_view name);
 
 struct Identity {
+  // Identity{role, name}, Identity{role, name, jobs}, Identity{kNode, id, {},
+  // host}: a constructor rather than an aggregate, so that host_node may be
+  // left out of the braces.
+  Identity() = default;
+  Identity(Role r, std::string n, std::vector<std::string> j = {}, std::string h = {})
+      : role(r), name(std::move(n)), jobs(std::move(j)), host_node(std::move(h)) {}
+
   Role role = Role::kTrainer;
   // kNode: the node id (ValidateNodeId). kMeta: empty. kAdmin, kOperator,
   // kTrainer: a label matching [A-Za-z0-9._-]{1,63}, other than "." and "..".
@@ -51,6 +65,10 @@ struct Identity {
   // JobPatternMatches reads them: a job id ("gpt-7b"), a job id's prefix and
   // '*' ("team-a-*"), or "*" (every job). No pattern twice.
   std::vector<std::string> jobs;
+  // kNode only, optional: the host node a DPU node serves (ckpt://host/<id>;
+  // ValidateHostNodeId: a node id, not the node's own). Empty for every
+  // other certificate.
+  std::string host_node;
 
   friend bool operator==(const Identity&, const Identity&) = default;
 };
@@ -63,7 +81,8 @@ absl::Status ValidateIdentity(const Identity& identity);
 absl::Status ValidateJobPattern(std::string_view pattern);
 
 // "ckpt://node/n1" etc.: the role URI, then (trainers) one ckpt://job/<pattern>
-// per job, in order. Does not validate (call ValidateIdentity first).
+// per job, in order, or (a DPU node) ckpt://host/<host_node>. Does not
+// validate (call ValidateIdentity first).
 std::vector<std::string> IdentityUris(const Identity& identity);
 
 // The identity in a peer's URI subjectAltNames (gRPC's "peer_uri" auth
@@ -71,7 +90,8 @@ std::vector<std::string> IdentityUris(const Identity& identity);
 // ckpt:// URI must be one of the forms above. InvalidArgument when there is no
 // role URI or more than one, a malformed ckpt:// URI, a bad name or job
 // pattern, a job pattern twice, job URIs on a non-trainer, or a trainer
-// without jobs.
+// without jobs; a host URI on anything but a node, two host URIs, or a host
+// that is the node itself.
 absl::StatusOr<Identity> IdentityFromUris(const std::vector<std::string>& uris);
 
 // The identity in a PEM certificate (the first certificate of a chain): its

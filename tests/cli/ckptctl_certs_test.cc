@@ -186,6 +186,21 @@ TEST_F(CkptctlCertsTest, CreateMetaNodeAndClientsWithTheirIdentities) {
   EXPECT_EQ(*id, (pki::Identity{pki::Role::kNode, "gpu-07", {}}));
 }
 
+TEST_F(CkptctlCertsTest, CreateNodeWithHostNodeMakesADpuCertificate) {
+  Ok({"certs", "create-ca", "--dir", ca_});
+  std::string out = Ok({"certs", "create-node", "--ca-dir", ca_, "--node-id", "dpu-07", "--host-node", "gpu-07",
+                        "--host", "192.168.100.2", "--out", P("dpu-07")});
+  EXPECT_THAT(out, HasSubstr("identity: node dpu-07 (a DPU serving host gpu-07)"));
+  Json j = Show(P("dpu-07.pem"));
+  EXPECT_EQ(j["identity"]["role"], "node");
+  EXPECT_EQ(j["identity"]["name"], "dpu-07");
+  EXPECT_EQ(j["identity"]["host_node"], "gpu-07");
+  EXPECT_THAT(j["uris"].get<std::vector<std::string>>(), ElementsAre("ckpt://node/dpu-07", "ckpt://host/gpu-07"));
+  absl::StatusOr<pki::Identity> id = pki::IdentityOfCertificate(Slurp(P("dpu-07.pem")));
+  ASSERT_TRUE(id.ok()) << id.status();
+  EXPECT_EQ(*id, (pki::Identity{pki::Role::kNode, "dpu-07", {}, "gpu-07"}));
+}
+
 TEST_F(CkptctlCertsTest, RefusalsAreUsageErrorsThatWriteNothing) {
   Ok({"certs", "create-ca", "--dir", ca_});
   const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
@@ -195,6 +210,12 @@ TEST_F(CkptctlCertsTest, RefusalsAreUsageErrorsThatWriteNothing) {
       {{"certs", "create-node", "--ca-dir", ca_, "--node-id", "../x", "--host", "h", "--out", P("o")},
        "node id \"../x\" is invalid"},
       {{"certs", "create-node", "--ca-dir", ca_, "--host", "h", "--out", P("o")}, "--node-id is required"},
+      {{"certs", "create-node", "--ca-dir", ca_, "--node-id", "d1", "--host-node", "d1", "--host", "h", "--out",
+        P("o")},
+       "not its host's"},
+      {{"certs", "create-node", "--ca-dir", ca_, "--node-id", "d1", "--host-node", "a/b", "--host", "h", "--out",
+        P("o")},
+       "host node"},
       {{"certs", "create-client", "--ca-dir", ca_, "--role", "trainer", "--name", "t", "--out", P("o")},
        "needs --jobs"},
       {{"certs", "create-client", "--ca-dir", ca_, "--role", "admin", "--name", "a", "--jobs", "j", "--out", P("o")},

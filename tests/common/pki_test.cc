@@ -149,6 +149,7 @@ TEST_F(PkiTest, EveryRoleRoundTripsThroughItsCertificate) {
   const std::vector<RoleCase> cases = {
       {{Role::kMeta, "", {}}, {"127.0.0.1", "::1", "localhost", "meta.example.com"}, true},
       {{Role::kNode, "gpu-node-07.rack2", {}}, {"10.0.0.7"}, true},
+      {{Role::kNode, "dpu-07", {}, "gpu-node-07"}, {"192.168.100.2"}, true},  // a DPU serving its host
       {{Role::kAdmin, "alice", {}}, {}, false},
       {{Role::kOperator, "oncall_2", {}}, {}, false},
       {{Role::kTrainer, "team-a", {"gpt-7b", "team-a-*"}}, {}, false},
@@ -241,6 +242,8 @@ TEST_F(PkiTest, IssueRefusesBadIdentitiesAndHostsWritingNothing) {
       {{{Role::kTrainer, "t", {"a*b"}}, {}, false}, "job pattern"},
       {{{Role::kTrainer, "t", {"**"}}, {}, false}, "job pattern"},
       {{{Role::kTrainer, "t", {"a", "a"}}, {}, false}, "twice"},
+      {{{Role::kNode, "d1", {}, "d1"}, {"h"}, true}, "not its host's"},
+      {{{Role::kTrainer, "t", {"a"}, "h1"}, {}, false}, "DPU's node certificate only"},
       {{{Role::kMeta, "", {}}, {"bad host"}, true}, "neither an IP address nor a DNS name"},
       {{{Role::kMeta, "", {}}, {"-x.example"}, true}, "neither"},
       {{{Role::kMeta, "", {}}, {"1.2.3.400"}, true}, "neither"},
@@ -333,6 +336,18 @@ TEST(IdentityFromUris, AnyOrderOtherSchemesIgnored) {
   EXPECT_EQ(*id, (Identity{Role::kMeta, "", {}}));
 }
 
+TEST(IdentityFromUris, ADpuNodeNamesTheHostItServes) {
+  EXPECT_THAT(IdentityUris({Role::kNode, "dpu-7", {}, "node-7"}), ElementsAre("ckpt://node/dpu-7", "ckpt://host/node-7"));
+  absl::StatusOr<Identity> id = IdentityFromUris({"ckpt://host/node-7", "ckpt://node/dpu-7"});
+  ASSERT_TRUE(id.ok()) << id.status();
+  EXPECT_EQ(*id, (Identity{Role::kNode, "dpu-7", {}, "node-7"}));
+  EXPECT_NE(*id, (Identity{Role::kNode, "dpu-7", {}}));
+  EXPECT_TRUE(ValidateIdentity({Role::kNode, "dpu-7", {}, "node-7"}).ok());
+  EXPECT_THAT(ValidateIdentity({Role::kAdmin, "a", {}, "node-7"}).message(), HasSubstr("DPU's node certificate only"));
+  EXPECT_THAT(ValidateIdentity({Role::kNode, "n1", {}, "n1"}).message(), HasSubstr("not its host's"));
+  EXPECT_THAT(ValidateIdentity({Role::kNode, "n1", {}, "../x"}).message(), HasSubstr("node id"));
+}
+
 TEST(IdentityFromUris, Refusals) {
   const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
       {{}, "no ckpt identity"},
@@ -352,6 +367,14 @@ TEST(IdentityFromUris, Refusals) {
       {{"ckpt://trainer/t", "ckpt://job/X"}, "job pattern"},
       {{"ckpt://trainer/t", "ckpt://job/a", "ckpt://job/a"}, "twice"},
       {{"CKPT://admin/a"}, "write the scheme as ckpt://"},
+      {{"ckpt://host/h1"}, "no ckpt identity"},
+      {{"ckpt://trainer/t", "ckpt://job/a", "ckpt://host/h1"}, "DPU's node certificate only"},
+      {{"ckpt://admin/a", "ckpt://host/h1"}, "DPU's node certificate only"},
+      {{"ckpt://node/d1", "ckpt://host/h1", "ckpt://host/h2"}, "two hosts"},
+      {{"ckpt://node/d1", "ckpt://host"}, "names the host node"},
+      {{"ckpt://node/d1", "ckpt://host/"}, "empty"},
+      {{"ckpt://node/d1", "ckpt://host/d1"}, "not its host's"},
+      {{"ckpt://node/d1", "ckpt://host/a/b"}, "node id"},
   };
   for (const auto& [uris, want] : cases) {
     absl::StatusOr<Identity> id = IdentityFromUris(uris);

@@ -1,5 +1,6 @@
 # Finds every third-party dependency once, by the names that work on Debian 12
-# (see shared/ENVIRONMENT.md). Targets link them PRIVATE from their adapters.
+# (docs/building.md "The machine the figures come from"). Targets link them
+# PRIVATE from their adapters.
 find_package(PkgConfig REQUIRED)
 find_package(Threads REQUIRED)
 

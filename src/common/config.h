@@ -1,4 +1,4 @@
-// Layered configuration shared by every ckpt daemon (DESIGN.md §9).
+// Layered configuration shared by every ckpt daemon (docs/architecture.md "Interfaces").
 //
 // A Config is a flat map from dotted keys ("lease_ms", "metrics.listen") to
 // string values, each remembering where it came from. Config::Load() layers

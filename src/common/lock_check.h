@@ -1,6 +1,6 @@
-// Checked locks: "no lock is held across crc, file or network I/O" (STYLE.md),
-// enforced at run time wherever assertions are on (tests, the sanitizer
-// builds, CKPT_KEEP_ASSERTS).
+// Checked locks: "no lock is held across crc, file or network I/O"
+// (docs/style.md "Locks and threads"), enforced at run time wherever
+// assertions are on (tests, the sanitizer builds, CKPT_KEEP_ASSERTS).
 //
 // A component locks with ckpt::CheckedLock, an absl::MutexLock that also
 // counts, per thread, how many such locks the thread holds. The code that does

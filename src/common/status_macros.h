@@ -9,7 +9,7 @@
 //   CKPT_ASSIGN_OR_RETURN(size, fs->GetFileSize(path));
 //
 // Errors are passed on unchanged: the function that decides an error logs it and
-// adds context (see STYLE.md); callers that want to add context use
+// adds context (docs/style.md "Errors"); callers that want to add context use
 // CKPT_RETURN_IF_ERROR_CTX / Annotate() below.
 #pragma once
 

@@ -1,4 +1,4 @@
-// ckpt-dpu-agent: the agent daemon in offload mode (DESIGN.md §1, docs/dpu.md).
+// ckpt-dpu-agent: the agent daemon in offload mode (docs/architecture.md "Processes", docs/dpu.md).
 // The same daemon as ckpt-agent (server/cmd/agent_daemon.h: memory tier,
 // peers, EC, flush, restore), with pull-mode ingest: trainers stage shards in
 // memory of their own and the agent reads them with one-sided UCX gets.

@@ -11,7 +11,7 @@
 //
 // Fragment lengths. The stripe length L is the parity length. A data fragment
 // may be shorter than L: it is treated as zero-padded to L, without copying
-// (segments of unequal node blobs, DESIGN.md §4). Every parity fragment has
+// (segments of unequal node blobs, docs/architecture.md "Protection"). Every parity fragment has
 // length exactly L. No alignment is required of lengths or addresses; buffers
 // written by a call must not overlap any other buffer of that call.
 //

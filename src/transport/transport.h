@@ -1,4 +1,4 @@
-// Transport: the peer data plane between agents (DESIGN.md §1, §4, §6).
+// Transport: the peer data plane between agents (docs/architecture.md "Transport").
 //
 // A Transport moves messages between processes. A message is a small typed
 // header (application bytes, at most kMaxHeaderBytes) plus an optional bulk

@@ -89,11 +89,11 @@ def main():
                        "data": default_port(daemons["ckpt-agent"], "--data-listen"),
                        "metrics": default_port(daemons["ckpt-agent"], "--metrics-listen")},
     }
-    # DESIGN.md §9 defaults.
+    # The defaults of docs/architecture.md "Interfaces".
     expected = {"ckpt-meta": {"grpc": 7400, "metrics": 9400},
                 "ckpt-agent": {"grpc": 7401, "data": 7402, "metrics": 9401}}
     if ports != expected:
-        fail(f"daemon default ports {ports} differ from DESIGN.md {expected}")
+        fail(f"daemon default ports {ports} differ from docs/architecture.md {expected}")
 
     check_k8s(src, flags, ports)
     if dpu_help is not None:  # ckpt-dpu-agent: the agent's flags and --host-node

@@ -1,4 +1,4 @@
-// Agent: the node agent (DESIGN.md §5-§8), wired from components that each
+// Agent: the node agent (docs/architecture.md "ckpt-agent"), wired from components that each
 // own their state and lock (docs/agent.md "Components"):
 //
 //   Arena          the memory tier; Reservations own pool space

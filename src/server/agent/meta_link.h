@@ -186,7 +186,7 @@ struct LocatedShard {
 };
 
 // A work order from meta (see docs/protocol.md §7), reduced to what the
-// single-node agent runs.
+// agent runs.
 struct AgentTask {
   std::string id;
   uint32_t attempt = 1;

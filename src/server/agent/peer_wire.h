@@ -7,7 +7,7 @@
 // past it. docs/protocol.md "Data plane" describes the flows:
 //
 //   push (replicas, EC data segments to parity holders)
-//     A -> B  kPutBegin  {PutBegin}       payload: shard record JSON (replica)
+//     A -> B  kPutBegin  {PutBegin}       payload: shard record (replica)
 //     B -> A  kPutAck    {Result}         space reserved, or why not
 //     A -> B  kPutChunk  {PutChunk} *     payload: chunk bytes (crc in header)
 //     B -> A  kPutDone   {Result}         stored, verified, reported to meta

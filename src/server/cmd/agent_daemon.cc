@@ -1,4 +1,4 @@
-// The node agent daemon (DESIGN.md §1, §5-§9): ckpt-agent, and ckpt-dpu-agent
+// The node agent daemon (docs/architecture.md "Processes"): ckpt-agent, and ckpt-dpu-agent
 // (src/dpu_agent/) which runs the same daemon with pull-mode ingest.
 //
 // Flags and layered configuration, wiring (memory tier -> Agent -> gRPC

@@ -1,4 +1,4 @@
-// ckpt-meta: the metadata service daemon (DESIGN.md §1, §9).
+// ckpt-meta: the metadata service daemon (docs/architecture.md "Processes", "Interfaces").
 //
 // Flags and layered configuration, wiring (RocksDB store -> MetaCore ->
 // gRPC service, plus /metrics), a ticker, and signal handling. No logic: the

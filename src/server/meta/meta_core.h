@@ -1,4 +1,4 @@
-// MetaCore: the metadata service's state machine (DESIGN.md §3, §4, §8).
+// MetaCore: the metadata service's state machine (docs/architecture.md "ckpt-meta").
 //
 // It owns the in-memory view of nodes, jobs, versions and tasks, persists every
 // state change through a MetaStore (one WriteBatch per change, group-committed,
@@ -27,7 +27,7 @@
 // retries and the flush-by-time rule advance only in Tick(), which the daemon
 // calls periodically and unit tests call after FakeClock::Advance().
 //
-// Errors follow STYLE.md: InvalidArgument (bad input; the message says what to
+// Errors follow docs/style.md "Errors": InvalidArgument (bad input; the message says what to
 // change), NotFound (unknown job, step, node, task), FailedPrecondition (stale
 // incarnation, illegal transition), AlreadyExists (identical replay),
 // DataLoss (no readable source), DeadlineExceeded (wait timed out), Internal /

@@ -1,5 +1,5 @@
 // The metadata service's domain model: nodes, jobs, versions, shards, copies,
-// EC segments and tasks, as plain C++ values (DESIGN.md §3, §4, §8).
+// EC segments and tasks, as plain C++ values (docs/architecture.md "Data model").
 //
 // These mirror the meanings of the ckpt.v1 protocol messages (the rpc layer
 // translates; enum values are numerically equal to the proto enums so the

@@ -1,4 +1,4 @@
-// Placement planner: which nodes protect which for one job (DESIGN.md §3, §4),
+// Placement planner: which nodes protect which for one job (docs/architecture.md "Protection"),
 // and how likely a plan is to keep every node's data through f simultaneous
 // random node failures.
 //
@@ -8,7 +8,7 @@
 //
 // ---- Plan order ----------------------------------------------------------
 // Nodes are put in one "plan order"; a node's index in it is its position i of
-// DESIGN §4. Nodes are grouped by failure domain (unlabelled nodes form the
+// docs/architecture.md "Protection". Nodes are grouped by failure domain (unlabelled nodes form the
 // domain ""), each domain's nodes sorted by id, and the domains (sorted by
 // name) are interleaved round-robin: the first node of every domain, then the
 // second of every domain that has one, and so on. So consecutive positions lie
@@ -31,7 +31,8 @@
 //                        group covers window s (members s..s+k+m-1 mod g):
 //                        parity on members s..s+m-1 (mod g), data on the other
 //                        k members of the window, in member order. For a group
-//                        of exactly k+m that is DESIGN §4's rotated parity.
+//                        of exactly k+m that is the rotated parity of
+//                        docs/protocol.md "Node blobs and EC stripes".
 //
 // Leftover nodes (n not a multiple of W, group and ec only): the n nodes are
 // cut into G groups as evenly as possible: group j has floor(n/G) members,

@@ -1,5 +1,5 @@
 // ProtectionPolicy: how a job's in-memory node blobs are protected against node
-// loss (DESIGN.md §4), as the metadata service's domain code sees it. The rpc
+// loss (docs/architecture.md "Protection"), as the metadata service's domain code sees it. The rpc
 // layer translates ckpt.v1.ProtectionPolicy to and from this struct; jobs store
 // it and the placement planner (planner.h) turns it into a plan.
 //

@@ -1111,7 +1111,7 @@ absl::Status TaskToProto(const meta::TaskBundle& bundle, v1::Task* out) {
       d->set_job_id(task.job_id);
       d->set_step(task.step);
       // The version may be gone with its job; the durable layout is
-      // <job>/<step> (DESIGN §7), so the directory is known without it.
+      // <job>/<step> (docs/format.md "Layout"), so the directory is known without it.
       if (version != nullptr && !version->durable_dir.empty()) {
         d->set_durable_dir(version->durable_dir);
       } else {

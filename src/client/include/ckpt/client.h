@@ -136,7 +136,7 @@ enum class ServedFrom {
 // "local", "replica", "ec_decode", "durable" or "unknown".
 const char* ServedFromName(ServedFrom served_from);
 
-// How a job's shards are protected against node loss (DESIGN §4), if the
+// How a job's shards are protected against node loss (docs/architecture.md "Protection"), if the
 // trainer states one (ClientOptions::protection): rank 0 creates the job with
 // it, and meta compares it when the job already exists.
 struct Protection {

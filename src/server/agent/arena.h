@@ -213,7 +213,9 @@ class Arena {
   std::vector<LostHolding> lost_;
 };
 
-// Record (de)serialisation, exposed for tests.
+// Record (de)serialisation, exposed for tests: Encode writes format 2 (binary,
+// docs/agent.md "Records"); Decode reads it and format 1 (the JSON records of
+// earlier versions).
 std::string EncodeShardRecord(const ShardRecord& record);
 absl::StatusOr<ShardRecord> DecodeShardRecord(std::string_view json);
 

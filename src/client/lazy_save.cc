@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "client/client_core.h"
+#include "client/save_state.h"
 #include "common/names.h"
 #include "common/status_macros.h"
 
@@ -142,14 +143,14 @@ absl::StatusOr<SaveHandle> LazySave::Wait(absl::Time deadline) const {
 }
 
 absl::StatusOr<LazySave> SaveBuilder::CommitLazy() {
-  if (spent_ || core_ == nullptr) {
+  if (state_ == nullptr || state_->spent || state_->core == nullptr) {
     return absl::FailedPreconditionError("SaveBuilder::CommitLazy after Commit");
   }
-  CKPT_RETURN_IF_ERROR(ValidateStep(step_));
-  CKPT_RETURN_IF_ERROR(core_->CheckProcess());
-  const uint64_t step = step_;
+  CKPT_RETURN_IF_ERROR(ValidateStep(state_->step));
+  CKPT_RETURN_IF_ERROR(state_->core->CheckProcess());
+  const uint64_t step = state_->step;
   const absl::Time start = absl::Now();
-  std::shared_ptr<client::ClientCore> core = core_;
+  std::shared_ptr<client::ClientCore> core = state_->core;
   // Destroyed only in this process: a fork()ed child has no save thread to
   // join (client_core.h, NewClientCore).
   const pid_t creator = ::getpid();
@@ -157,7 +158,7 @@ absl::StatusOr<LazySave> SaveBuilder::CommitLazy() {
                                            [creator](client::LazyState* s) {
                                              if (::getpid() == creator) delete s;
                                            });
-  spent_ = true;  // this (moved-from) builder is spent
+  // (This builder, moved from, is spent: its state went with it.)
   state->core = core;
   {
     absl::MutexLock lock(&core->lazy_mu);

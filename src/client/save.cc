@@ -1,12 +1,14 @@
 // Save path: SaveBuilder (Add, Commit) -> AcquireStagingLease, copy + crc into
 // the mapped lease regions, CommitShard (by default on the client's committer,
-// after Commit returned); AbortLease on any failure.
+// after Commit returned); AbortLease on any failure. The steps of a commit
+// are listed in client/save_state.h.
 #include <unistd.h>
 
 #include <algorithm>
 #include <cstring>
 #include <utility>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/container/inlined_vector.h"
@@ -16,6 +18,7 @@
 #include "ckpt/client.h"
 #include "client/client_core.h"
 #include "client/lazy_save.h"
+#include "client/save_state.h"
 #include "common/crc32c.h"
 #include "common/log.h"
 #include "common/manifest.h"
@@ -28,48 +31,21 @@ namespace ckpt {
 constexpr size_t kMaxAttributes = 16;
 constexpr size_t kMaxAttributeBytes = 256;
 
-struct SaveBuilder::Item {
-  std::string_view name;  // in names_ (stable)
-  std::span<const std::byte> bytes;
-  DType dtype;
-  absl::InlinedVector<uint64_t, 4> shape;
-  std::map<std::string, std::string> attributes;
-  ItemChange change;
-};
+size_t SaveBuilder::item_count() const { return state_ == nullptr ? 0 : state_->items.size(); }
 
-// The names added so far: their bytes in blocks that never move (no
-// allocation per name), and a set of views of them for the duplicate check.
-struct SaveBuilder::Names {
-  static constexpr size_t kBlockBytes = 64 << 10;
-  std::vector<std::unique_ptr<char[]>> blocks;
-  size_t used = 0;      // bytes of the last block taken
-  size_t capacity = 0;  // of the last block
-  absl::flat_hash_set<std::string_view> set;
-
-  // A copy of `name` that lives as long as this.
-  std::string_view Keep(std::string_view name) {
-    if (capacity - used < name.size()) {
-      capacity = std::max(kBlockBytes, name.size());
-      blocks.push_back(std::make_unique_for_overwrite<char[]>(capacity));
-      used = 0;
-    }
-    char* at = blocks.back().get() + used;
-    std::memcpy(at, name.data(), name.size());
-    used += name.size();
-    return {at, name.size()};
-  }
-};
-
-size_t SaveBuilder::item_count() const { return items_.size(); }
+void SaveBuilder::CarryRest() {
+  if (state_ != nullptr) state_->carry_rest = true;
+}
 
 SaveBuilder Client::BeginSave(uint64_t step) { return SaveBuilder(core_, step); }
 
 absl::Status SaveBuilder::Add(std::string_view name, std::span<const std::byte> bytes, DType dtype,
                               absl::Span<const uint64_t> shape,
                               std::map<std::string, std::string> attributes, ItemChange change) {
-  if (spent_ || core_ == nullptr) {
+  if (state_ == nullptr || state_->spent || state_->core == nullptr) {
     return absl::FailedPreconditionError("SaveBuilder::Add after Commit");
   }
+  client::SaveState& s = *state_;
   CKPT_RETURN_IF_ERROR(ValidateItemName(name));
   const int d = static_cast<int>(dtype);
   if (d < 1 || d > kMaxDType) {
@@ -92,25 +68,20 @@ absl::Status SaveBuilder::Add(std::string_view name, std::span<const std::byte> 
     }
   }
   // One hash of the name: the set takes a copy only if it is new.
-  const size_t before = names_->set.size();
-  auto it = names_->set.lazy_emplace(name, [&](const auto& ctor) { ctor(names_->Keep(name)); });
-  if (names_->set.size() == before) {
+  const size_t before = s.names->set.size();
+  auto it = s.names->set.lazy_emplace(name, [&](const auto& ctor) { ctor(s.names->Keep(name)); });
+  if (s.names->set.size() == before) {
     return absl::InvalidArgumentError(
         absl::StrCat("item ", QuoteForMessage(name), " was already added to this save"));
   }
-  items_.push_back(Item{*it, bytes, dtype, {shape.begin(), shape.end()}, std::move(attributes), change});
-  if (change != ItemChange::kChanged) incremental_ = true;
+  s.items.push_back(client::SaveItem{*it, bytes, dtype, {shape.begin(), shape.end()}, std::move(attributes), change});
+  if (change != ItemChange::kChanged) s.incremental = true;
   return absl::OkStatus();
 }
 
+namespace client {
 namespace {
 
-using client::ClientCore;
-using client::FromGrpc;
-namespace v1 = ::ckpt::v1;
-
-// Releases a lease after a failure. Returns true if the agent says the lease
-// is committed (a commit whose response was lost took effect).
 // A staging lease request of this client's for `step` (the size and base
 // steps to be set), held by the session `session_id` ("" for none).
 v1::AcquireStagingLeaseRequest LeaseRequest(const ClientCore& core, uint64_t step, const std::string& session_id) {
@@ -125,6 +96,8 @@ v1::AcquireStagingLeaseRequest LeaseRequest(const ClientCore& core, uint64_t ste
   return req;
 }
 
+// Releases a lease after a failure. Returns true if the agent says the lease
+// is committed (a commit whose response was lost took effect).
 // `session_id`: the session the lease was taken on ("" for none): the agent
 // lets only that session release it.
 bool AbortLease(ClientCore& core, const std::string& lease_id, const std::string& session_id) {
@@ -132,7 +105,7 @@ bool AbortLease(ClientCore& core, const std::string& lease_id, const std::string
   req.set_lease_id(lease_id);
   req.set_session_id(session_id);
   v1::AbortLeaseResponse resp;
-  auto ctx = client::ContextWithTimeout(core.options.rpc_timeout);
+  auto ctx = ContextWithTimeout(core.options.rpc_timeout);
   absl::Status s = FromGrpc(core.agent->AbortLease(ctx.get(), req, &resp), "AbortLease");
   if (absl::IsFailedPrecondition(s)) return true;
   if (!s.ok()) {
@@ -146,17 +119,16 @@ bool AbortLease(ClientCore& core, const std::string& lease_id, const std::string
 // commit becomes the client's base (SavedBase) with `hashes`. Runs on the
 // caller's thread or on the client's committer (after Commit returned).
 absl::Status SendCommit(ClientCore& core, const std::shared_ptr<const v1::CommitShardRequest>& request,
-                        uint32_t shard_crc, uint64_t step,
-                        std::shared_ptr<const client::ItemHashes> hashes) {
+                        uint32_t shard_crc, uint64_t step, std::shared_ptr<const ItemHashes> hashes) {
   const v1::CommitShardRequest& commit = *request;
   const std::string& lease_id = commit.lease_id();
   const auto committed = [&] {
     absl::MutexLock lock(&core.base_mu);
-    core.base = client::SavedBase{step, request, std::move(hashes)};
+    core.base = SavedBase{step, request, std::move(hashes)};
     return absl::OkStatus();
   };
   v1::CommitShardResponse resp;
-  auto ctx = client::ContextWithTimeout(core.options.rpc_timeout);
+  auto ctx = ContextWithTimeout(core.options.rpc_timeout);
   absl::Status s = FromGrpc(core.agent->CommitShard(ctx.get(), commit, &resp), "CommitShard");
   if (absl::IsAlreadyExists(s)) {
     log::Debug("commit of lease {} was a replay", lease_id);
@@ -195,7 +167,7 @@ struct DecodedBase {
   uint64_t step = 0;
   std::vector<ManifestItem> items;
   absl::flat_hash_map<std::string_view, size_t> by_name;  // into items
-  std::shared_ptr<const client::ItemHashes> hashes;
+  std::shared_ptr<const ItemHashes> hashes;
 
   const ManifestItem* Find(std::string_view name) const {
     auto it = by_name.find(name);
@@ -220,7 +192,7 @@ struct DecodedBase {
 // versions (`partial` saves never are).
 std::unique_ptr<DecodedBase> BaseFor(ClientCore& core, uint64_t step, bool partial) {
   core.WaitCommits();
-  std::optional<client::SavedBase> saved;
+  std::optional<SavedBase> saved;
   {
     absl::MutexLock lock(&core.base_mu);
     saved = core.base;
@@ -242,23 +214,368 @@ std::unique_ptr<DecodedBase> BaseFor(ClientCore& core, uint64_t step, bool parti
   return base;
 }
 
-}  // namespace
+// What a commit copies and what it refers to (PlanReferences), and where the
+// copied items go in the shard (LayOutShard).
+struct SavePlan {
+  std::unique_ptr<DecodedBase> base;           // null: a full save
+  std::vector<std::optional<RefTo>> ref;       // per item: set if it refers to the base's bytes
+  std::vector<std::optional<uint64_t>> hash;   // per item: its XXH3-64, where known
+  std::vector<const ManifestItem*> carried;    // base items this partial save does not state
+  std::vector<uint64_t> lengths;               // of the items copied, in order
+  std::vector<uint64_t> base_steps;            // versions the references point into (sorted, unique)
+  Layout layout;
 
-namespace client {
-
-// A staging lease asked for on the session when a save began, of the size of
-// the client's previous full save; `answer` is set, then `done` notified.
-struct EarlyLease {
-  uint64_t size_bytes = 0;
-  uint64_t alignment = 0;  // the item alignment the size was laid out with
-  absl::StatusOr<v1::AcquireStagingLeaseResponse> answer = absl::UnknownError("not answered");
-  // The session that holds the lease: once it is closed (the agent stopped
-  // or restarted since), the lease is gone and its regions may be another's.
-  std::shared_ptr<AgentSession> session;
-  absl::Notification done;
+  // Recounts `lengths` and `base_steps` from `ref` and `carried`.
+  void Count(const std::vector<SaveItem>& items) {
+    lengths.clear();
+    base_steps.clear();
+    for (size_t i = 0; i < items.size(); ++i) {
+      if (ref[i]) {
+        base_steps.push_back(ref[i]->step);
+      } else {
+        lengths.push_back(items[i].bytes.size());
+      }
+    }
+    for (const ManifestItem* c : carried) {
+      if (c->length_bytes > 0) base_steps.push_back(base->Location(*c).step);
+    }
+    std::sort(base_steps.begin(), base_steps.end());
+    base_steps.erase(std::unique(base_steps.begin(), base_steps.end()), base_steps.end());
+  }
 };
 
-namespace {
+// Step 1. Incremental saves: which items refer to the base's bytes instead of
+// being copied (docs/protocol.md "Incremental saves"). FailedPrecondition for
+// a partial save without a base.
+absl::StatusOr<SavePlan> PlanReferences(ClientCore& core, const SaveState& s) {
+  SavePlan plan;
+  plan.ref.resize(s.items.size());
+  plan.hash.resize(s.items.size());
+  if (s.incremental || s.carry_rest) {
+    plan.base = BaseFor(core, s.step, s.carry_rest);
+    const DecodedBase* base = plan.base.get();
+    if (s.carry_rest && base == nullptr) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "a partial save (CarryRest) of step ", s.step, " needs a base: an earlier save of this client that "
+          "committed; save in full"));
+    }
+    for (size_t i = 0; i < s.items.size(); ++i) {
+      const SaveItem& it = s.items[i];
+      if (it.change == ItemChange::kDetect) plan.hash[i] = ContentHash(it.bytes);
+      const ManifestItem* b = base == nullptr ? nullptr : base->Find(it.name);
+      // (An empty item costs nothing to copy; a container marker must stay
+      // among the shard's own items, ahead of its elements.)
+      if (b == nullptr || b->length_bytes != it.bytes.size() || it.bytes.empty()) continue;
+      if (it.change == ItemChange::kUnchanged) {
+        plan.ref[i] = base->Location(*b);
+        plan.hash[i] = base->Hash(it.name);
+      } else if (it.change == ItemChange::kDetect && base->Hash(it.name) == plan.hash[i]) {
+        plan.ref[i] = base->Location(*b);
+      }
+    }
+    if (s.carry_rest) {
+      for (const ManifestItem& b : base->items) {
+        if (s.names->set.find(b.name) == s.names->set.end()) plan.carried.push_back(&b);
+      }
+    }
+  }
+  return plan;
+}
+
+// Step 2. The copied items' offsets at `alignment` and the shard's size.
+absl::Status LayOutShard(const SaveState& s, uint64_t alignment, SavePlan& plan) {
+  plan.Count(s.items);
+  CKPT_ASSIGN_OR_RETURN(plan.layout, LayOut(plan.lengths, alignment));
+  return absl::OkStatus();
+}
+
+// The lease a save copies into: the agent's grant and the session it was
+// taken on ("" for none), which its commit or abort names.
+struct HeldLease {
+  v1::AcquireStagingLeaseResponse grant;
+  std::string session_id;
+};
+
+// Step 3. The lease asked for at BeginSave (`early`), if its session is still
+// open and the shard fits it (laid out with the same alignment, no
+// references, and at least half of it used); released otherwise, before the
+// lease AcquireLease takes replaces it (one whose session closed went with
+// it). Waits for its answer.
+std::optional<HeldLease> TakeEarlyLease(ClientCore& core, const SaveState& s, std::shared_ptr<EarlyLease> early,
+                                        const SavePlan& plan) {
+  if (early == nullptr) return std::nullopt;
+  const ClientOptions& o = core.options;
+  early->done.WaitForNotification();
+  if (early->answer.ok() && early->session->Closed()) {
+    log::Info("{}/{} rank {}: the session of the lease asked for at BeginSave closed; asking again", o.job_id,
+              s.step, o.rank);
+  } else if (early->answer.ok()) {
+    const v1::AcquireStagingLeaseResponse& e = *early->answer;
+    const uint64_t align = e.item_alignment_bytes();
+    if (plan.base_steps.empty() && !e.pull() && plan.layout.size <= early->size_bytes &&
+        plan.layout.size >= early->size_bytes / 2 && early->alignment == core.item_alignment.load() &&
+        (align == 0 || align == early->alignment)) {
+      return HeldLease{*std::move(early->answer), early->session->id()};
+    }
+    AbortLease(core, e.lease_id(), early->session->id());
+  }
+  return std::nullopt;
+}
+
+// One AcquireStagingLease: on the session's connection (no gRPC round trip)
+// when it serves requests, else (or when the agent says Unavailable there:
+// it would have to ask meta) over gRPC.
+absl::StatusOr<v1::AcquireStagingLeaseResponse> AskForLease(ClientCore& core, AgentSession* session,
+                                                            const v1::AcquireStagingLeaseRequest& req) {
+  const ClientOptions& o = core.options;
+  v1::AcquireStagingLeaseResponse resp;
+  absl::Status s = absl::UnavailableError("not asked on the session");
+  if (session != nullptr && session->serves_requests()) {
+    absl::StatusOr<std::string> reply = session->Request("LEASE", req.SerializeAsString(), o.rpc_timeout);
+    s = reply.status();
+    if (reply.ok() && !resp.ParseFromString(*reply)) s = absl::InternalError("lease (session): unparsable answer");
+    if (!s.ok() && !absl::IsUnavailable(s)) s = Annotate(s, "AcquireStagingLease (session)");
+  }
+  if (absl::IsUnavailable(s)) {
+    auto ctx = ContextWithTimeout(o.rpc_timeout);
+    s = FromGrpc(core.agent->AcquireStagingLease(ctx.get(), req, &resp), "AcquireStagingLease");
+  }
+  if (!s.ok()) return s;
+  return resp;
+}
+
+// Step 4. A staging lease for the shard `plan` lays out, on `session` (null:
+// none). Asks at most twice: once more if the agent asks for a coarser
+// alignment than the shard was laid out with and the shard, laid out again,
+// no longer fits (the second lease replaces the first). A save whose base
+// the agent no longer holds (evicted, restarted, another node) is planned
+// again in full. On error no lease is held.
+absl::StatusOr<HeldLease> AcquireLease(ClientCore& core, const SaveState& s, AgentSession* session,
+                                       SavePlan& plan) {
+  const ClientOptions& o = core.options;
+  v1::AcquireStagingLeaseRequest req =
+      LeaseRequest(core, s.step, session == nullptr ? std::string() : session->id());
+  std::string replaced_lease;  // a first lease the second one replaces
+  v1::AcquireStagingLeaseResponse lease;
+  for (int attempt = 0;; ++attempt) {
+    req.set_size_bytes(plan.layout.size);
+    *req.mutable_base_steps() = {plan.base_steps.begin(), plan.base_steps.end()};
+    absl::StatusOr<v1::AcquireStagingLeaseResponse> resp = AskForLease(core, session, req);
+    absl::Status st = resp.status();
+    if (!st.ok() && absl::IsFailedPrecondition(st) && !plan.base_steps.empty() && plan.carried.empty() &&
+        absl::StrContains(st.message(), "base version")) {
+      log::Info("{}/{} rank {}: {}; saving in full", o.job_id, s.step, o.rank, std::string(st.message()));
+      std::fill(plan.ref.begin(), plan.ref.end(), std::nullopt);
+      st = LayOutShard(s, core.item_alignment.load(), plan);
+      if (st.ok()) {
+        --attempt;
+        continue;
+      }
+    }
+    if (!st.ok()) {
+      if (!replaced_lease.empty()) AbortLease(core, replaced_lease, req.session_id());
+      return st;
+    }
+    lease = *std::move(resp);
+    const uint64_t align = lease.item_alignment_bytes();
+    if (align == 0 || align == core.item_alignment.load() || attempt > 0 || (align & (align - 1)) != 0) {
+      break;
+    }
+    core.item_alignment.store(align);
+    absl::StatusOr<Layout> relaid = LayOut(plan.lengths, align);
+    if (!relaid.ok()) {
+      AbortLease(core, lease.lease_id(), req.session_id());
+      return relaid.status();
+    }
+    plan.layout = *std::move(relaid);
+    // Fits the lease: commit a smaller size. Larger: the next lease for this
+    // (job, step, rank) replaces (aborts) the open one.
+    if (plan.layout.size <= req.size_bytes()) break;
+    replaced_lease = lease.lease_id();
+  }
+  return HeldLease{std::move(lease), req.session_id()};
+}
+
+// A lease made ready for the copy: its regions in this process.
+struct StagedLease {
+  std::vector<ShardRegion> regions;
+  // The mappings of the regions, held while the items are copied.
+  std::vector<std::shared_ptr<MappedFile>> keep;
+  // A pull-mode agent (a DPU's) reads the shard out of staging memory of
+  // ours during the commit, which holds the buffer until it is answered.
+  std::shared_ptr<PullStaging::Buffer> staging;
+};
+
+// Step 5. The lease's regions, mapped read-write; for a pull-mode lease a
+// staging buffer of ours, starting with the lease's token (which proves to
+// the agent that the memory is ours for this lease), then the shard. Errors
+// name the lease; the caller still holds it.
+absl::StatusOr<StagedLease> StageLease(ClientCore& core, const HeldLease& held, uint64_t size) {
+  const v1::AcquireStagingLeaseResponse& lease = held.grant;
+  StagedLease staged;
+  absl::StatusOr<std::vector<ShardRegion>> regions;
+  if (lease.pull()) {
+    absl::StatusOr<std::shared_ptr<PullStaging::Buffer>> buffer = StagingBuffer(core, kPullHeaderBytes + size);
+    if (buffer.ok() && lease.pull_token().size() > kPullHeaderBytes) {
+      buffer = absl::InternalError("the agent's pull token is longer than the staging header");
+    }
+    if (buffer.ok()) {
+      staged.staging = *std::move(buffer);
+      std::memset(staged.staging->data(), 0, kPullHeaderBytes);
+      std::memcpy(staged.staging->data(), lease.pull_token().data(), lease.pull_token().size());
+      regions = std::vector<ShardRegion>{ShardRegion{staged.staging->data() + kPullHeaderBytes, size, 0}};
+    } else {
+      regions = buffer.status();
+    }
+  } else {
+    regions = MapRegions(core, lease.regions(), size, MappedFile::Access::kReadWrite, &staged.keep);
+  }
+  if (!regions.ok()) return Annotate(regions.status(), absl::StrCat("staging lease ", lease.lease_id()));
+  staged.regions = *std::move(regions);
+  return staged;
+}
+
+// What CopyItems made of the shard.
+struct CopiedShard {
+  uint32_t crc = 0;      // of the whole shard, padding included
+  bool any_ref = false;  // some item (or carried item with bytes) is a reference
+};
+
+// Step 6a. Copies the items that are not references into `regions` at the
+// layout's offsets, with their crcs, zeroes the padding, and adds the copied
+// items (and the carried empty ones, first) to `manifest`. `progress`, if
+// not null (a lazy save), hears of every item copied, and the copy runs on
+// one thread in order; otherwise many items are copied ahead on several
+// threads. Cannot fail.
+CopiedShard CopyItems(const SaveState& s, const SavePlan& plan, std::span<const ShardRegion> regions,
+                      LazyState* progress, ManifestEncoder& manifest) {
+  const Layout& layout = plan.layout;
+  // Carried empty items (container markers) are the shard's own, first, so
+  // that a container comes before the elements this save states.
+  for (const ManifestItem* c : plan.carried) {
+    if (c->length_bytes == 0) manifest.Add(c->name, c->dtype, c->shape, 0, 0, c->crc32c, c->attributes);
+  }
+  CopiedShard out;
+  uint64_t pos = 0;   // end of the bytes accounted for in out.crc
+  size_t copied = 0;  // items copied so far (index into layout.offsets)
+  std::vector<CopiedItem> ahead;
+  if (progress == nullptr) {
+    std::vector<ItemCopy> copies;
+    copies.reserve(layout.offsets.size());
+    for (size_t i = 0; i < s.items.size(); ++i) {
+      if (!plan.ref[i]) copies.push_back(ItemCopy{s.items[i].bytes, layout.offsets[copies.size()]});
+    }
+    ahead = CopyItemsToShard(regions, copies);
+  }
+  out.any_ref =
+      std::any_of(plan.carried.begin(), plan.carried.end(), [](const ManifestItem* c) { return c->length_bytes > 0; });
+  for (size_t i = 0; i < s.items.size(); ++i) {
+    const SaveItem& it = s.items[i];
+    if (plan.ref[i]) {
+      out.any_ref = true;
+      if (progress != nullptr) progress->MarkCopied(i + 1);
+      continue;
+    }
+    const size_t slot = copied++;
+    const uint64_t off = layout.offsets[slot];
+    if (off > pos) {
+      const uint32_t gap_crc = ahead.empty() ? ZeroShard(regions, pos, off - pos) : ahead[slot].gap_crc;
+      out.crc = Crc32cCombine(out.crc, gap_crc, off - pos);
+    }
+    // A lazy save (progress set) copies beside the training step: one thread.
+    const uint32_t crc =
+        !ahead.empty() ? ahead[slot].crc
+                       : CopyToShard(regions, off, it.bytes, 0,
+                                     progress != nullptr ? CopyThreads::kOne : CopyThreads::kAll);
+    out.crc = Crc32cCombine(out.crc, crc, it.bytes.size());
+    pos = off + it.bytes.size();
+
+    manifest.Add(it.name, static_cast<int>(it.dtype), it.shape, off, it.bytes.size(), crc, it.attributes);
+    if (progress != nullptr) progress->MarkCopied(i + 1);  // the caller may change item i now
+  }
+  if (progress != nullptr && s.items.empty()) progress->MarkCopied(0);
+  if (layout.size > pos) {
+    out.crc = Crc32cCombine(out.crc, ZeroShard(regions, pos, layout.size - pos), layout.size - pos);
+  }
+  return out;
+}
+
+// Step 6b. Adds the references to `manifest`, in canonical order
+// ((ref_step, offset)), and returns the hashes the next save compares
+// against (null if none).
+std::shared_ptr<ItemHashes> AddReferences(const SaveState& s, const SavePlan& plan, bool any_ref,
+                                          ManifestEncoder& manifest) {
+  if (!any_ref && std::none_of(plan.hash.begin(), plan.hash.end(), [](const auto& h) { return h.has_value(); })) {
+    return nullptr;
+  }
+  struct Ref {
+    RefTo to;
+    std::string_view name;
+    int dtype;
+    std::span<const uint64_t> shape;
+    const std::map<std::string, std::string>* attributes;
+  };
+  std::vector<Ref> refs;
+  auto hashes = std::make_shared<ItemHashes>();
+  hashes->reserve(s.items.size() + plan.carried.size());
+  for (size_t i = 0; i < s.items.size(); ++i) {
+    const SaveItem& it = s.items[i];
+    if (plan.hash[i]) hashes->emplace(std::string(it.name), *plan.hash[i]);
+    if (plan.ref[i]) refs.push_back(Ref{*plan.ref[i], it.name, static_cast<int>(it.dtype), it.shape, &it.attributes});
+  }
+  for (const ManifestItem* c : plan.carried) {
+    if (c->length_bytes == 0) continue;  // added by CopyItems
+    refs.push_back(Ref{plan.base->Location(*c), c->name, c->dtype, c->shape, &c->attributes});
+    if (std::optional<uint64_t> h = plan.base->Hash(c->name)) hashes->emplace(c->name, *h);
+  }
+  std::stable_sort(refs.begin(), refs.end(), [](const Ref& a, const Ref& b) {
+    return a.to.step != b.to.step ? a.to.step < b.to.step : a.to.offset_bytes < b.to.offset_bytes;
+  });
+  for (const Ref& r : refs) {
+    manifest.AddRef(r.to.step, r.name, r.dtype, r.shape, r.to.offset_bytes, r.to.length_bytes, r.to.crc32c,
+                    *r.attributes);
+  }
+  if (hashes->empty()) hashes.reset();
+  return hashes;
+}
+
+// The packed manifest's expected size (a hint for its buffer).
+size_t ManifestBytes(const SaveState& s) {
+  size_t bytes = 32;
+  for (const SaveItem& it : s.items) {
+    bytes += 48 + it.name.size() + 8 * it.shape.size();
+    for (const auto& [k, v] : it.attributes) bytes += 8 + k.size() + v.size();
+  }
+  return bytes;
+}
+
+// Step 6c. The CommitShard request of a filled lease. The manifest goes
+// packed (docs/protocol.md "Manifest digest"): one string for the whole
+// shard instead of a message per item.
+v1::CommitShardRequest CommitRequest(const HeldLease& lease, const StagedLease& staged, uint64_t size,
+                                     std::string manifest) {
+  v1::CommitShardRequest commit;
+  commit.set_lease_id(lease.grant.lease_id());
+  commit.set_session_id(lease.session_id);
+  commit.set_size_bytes(size);
+  commit.set_manifest(std::move(manifest));
+  if (staged.staging != nullptr) {
+    v1::PullSource* from = commit.mutable_pull_source();
+    from->set_worker_address(staged.staging->worker_address());
+    from->set_rkey(staged.staging->rkey());
+    from->set_address(reinterpret_cast<uint64_t>(staged.staging->data()));
+    from->set_length_bytes(staged.staging->length());
+  }
+  return commit;
+}
+
+// Notes that this client committed `step` at `at` (ClientCore::GraceEnd).
+void RememberCommitted(ClientCore& core, uint64_t step, absl::Time at) {
+  absl::MutexLock lock(&core.committed_mu);
+  core.committed_at[step] = at;
+  // Only recent steps matter; keep the map small.
+  while (core.committed_at.size() > 64) core.committed_at.erase(core.committed_at.begin());
+}
 
 // Asks for the lease on the client's session (only there: without one, or
 // when the agent would have to ask meta, Commit asks as before).
@@ -343,6 +660,44 @@ void LeaseAhead(ClientCore& core, uint64_t step, uint64_t begun_seq) {
   }
 }
 
+// The builder's bookkeeping (a name, shape and attributes per item), freed
+// by the committer after Commit returned when it sends in the background.
+struct SpentItems {
+  std::vector<SaveItem> items;
+  std::unique_ptr<SaveNames> names;
+};
+
+// Step 7 (background). Queues the commit on the client's committer and
+// returns its result, answered later. The trainer goes on; the committer
+// sends the manifest. Its queue is bounded: when it is full the commit is
+// sent here (as without background), so a stalled agent cannot pile up
+// commits. `staging` and `spent` are held until the agent answered.
+std::shared_ptr<CommitResult> SendInBackground(ClientCore& core, std::shared_ptr<const v1::CommitShardRequest> request,
+                                               uint32_t shard_crc, uint64_t step,
+                                               std::shared_ptr<const ItemHashes> hashes,
+                                               std::shared_ptr<PullStaging::Buffer> staging,
+                                               std::shared_ptr<SpentItems> spent, bool lazy, uint64_t begun_seq) {
+  auto result = std::make_shared<CommitResult>();
+  auto send = [&core, request = std::move(request), result, shard_crc, step, hashes = std::move(hashes),
+               staging = std::move(staging), spent = std::move(spent), lazy, begun_seq]() mutable {
+    result->status = SendCommit(core, request, shard_crc, step, std::move(hashes));
+    if (result->status.ok() && !lazy) LeaseAhead(core, step, begun_seq);
+    spent.reset();
+    staging.reset();  // the agent has read it (or the lease is gone)
+    if (!result->status.ok()) {
+      log::Warn("commit of {}/{} rank {} failed: {}", core.options.job_id, step, core.options.rank,
+                result->status.ToString());
+    }
+    result->done.Notify();
+  };
+  {
+    absl::MutexLock lock(&core.commit_mu);
+    core.last_commit = result;
+  }
+  if (!core.committer.TrySubmit(send)) send();
+  return result;
+}
+
 }  // namespace
 
 void DropLeaseAhead(ClientCore& core) {
@@ -362,49 +717,44 @@ void DropLeaseAhead(ClientCore& core) {
 }  // namespace client
 
 SaveBuilder::SaveBuilder(std::shared_ptr<client::ClientCore> core, uint64_t step)
-    : core_(std::move(core)), step_(step), names_(std::make_unique<Names>()) {
-  const size_t expect = core_->last_save_items.load(std::memory_order_relaxed);
-  items_.reserve(expect);
-  names_->set.reserve(expect);
-  const uint64_t size = core_->last_full_save_bytes.load(std::memory_order_relaxed);
+    : state_(std::make_unique<client::SaveState>()) {
+  client::SaveState& s = *state_;
+  s.core = std::move(core);
+  s.step = step;
+  client::ClientCore& c = *s.core;
+  const size_t expect = c.last_save_items.load(std::memory_order_relaxed);
+  s.items.reserve(expect);
+  s.names->set.reserve(expect);
+  const uint64_t size = c.last_full_save_bytes.load(std::memory_order_relaxed);
   // The lease asked for ahead of this save, if it guessed this step.
   std::shared_ptr<client::EarlyLease> ahead;
   {
-    absl::MutexLock lock(&core_->ahead_mu);
-    begun_seq_ = ++core_->saves_begun;
-    if (core_->ahead != nullptr && core_->ahead_step == step) ahead = std::move(core_->ahead);
+    absl::MutexLock lock(&c.ahead_mu);
+    s.begun_seq = ++c.saves_begun;
+    if (c.ahead != nullptr && c.ahead_step == step) ahead = std::move(c.ahead);
   }
-  if (size == 0 || !ValidateStep(step).ok() || !core_->CheckProcess().ok()) {
-    if (ahead != nullptr) client::ReleaseInBackground(*core_, std::move(ahead));
+  if (size == 0 || !ValidateStep(step).ok() || !c.CheckProcess().ok()) {
+    if (ahead != nullptr) client::ReleaseInBackground(c, std::move(ahead));
     return;
   }
   if (ahead != nullptr) {
-    early_ = std::move(ahead);
+    s.early = std::move(ahead);
     return;
   }
   auto early = std::make_shared<client::EarlyLease>();
   early->size_bytes = size;
-  early->alignment = core_->item_alignment.load();
-  client::ClientCore& c = *core_;
+  early->alignment = c.item_alignment.load();
   const bool sent = c.calls.TrySubmit([&c, step, early] {
     client::AskEarly(c, step, *early, /*begin_at_commit=*/false);
     early->done.Notify();
   });
-  if (sent) early_ = std::move(early);
+  if (sent) s.early = std::move(early);
 }
 SaveBuilder::SaveBuilder(SaveBuilder&&) noexcept = default;
 SaveBuilder& SaveBuilder::operator=(SaveBuilder&& other) noexcept {
   if (this != &other) {
     ReleaseEarlyLease();
-    core_ = std::move(other.core_);
-    step_ = other.step_;
-    spent_ = other.spent_;
-    carry_rest_ = other.carry_rest_;
-    incremental_ = other.incremental_;
-    items_ = std::move(other.items_);
-    names_ = std::move(other.names_);
-    early_ = std::move(other.early_);
-    begun_seq_ = other.begun_seq_;
+    state_ = std::move(other.state_);
   }
   return *this;
 }
@@ -413,370 +763,87 @@ SaveBuilder::~SaveBuilder() { ReleaseEarlyLease(); }
 // A lease asked for at BeginSave and not committed into: released in the
 // background once answered (on the caller's thread if the executor is full).
 void SaveBuilder::ReleaseEarlyLease() {
-  std::shared_ptr<client::EarlyLease> early = std::move(early_);
-  if (early == nullptr || core_ == nullptr) return;
-  client::ReleaseInBackground(*core_, std::move(early));
+  if (state_ == nullptr) return;
+  std::shared_ptr<client::EarlyLease> early = std::move(state_->early);
+  if (early == nullptr || state_->core == nullptr) return;
+  client::ReleaseInBackground(*state_->core, std::move(early));
 }
 
 absl::StatusOr<SaveHandle> SaveBuilder::Commit() {
-  if (spent_ || core_ == nullptr) {
+  if (state_ == nullptr || state_->spent || state_->core == nullptr) {
     return absl::FailedPreconditionError("SaveBuilder::Commit called twice");
   }
-  CKPT_RETURN_IF_ERROR(core_->CheckProcess());
-  spent_ = true;
+  CKPT_RETURN_IF_ERROR(state_->core->CheckProcess());
+  state_->spent = true;
   const absl::Time start = absl::Now();
-  std::shared_ptr<ClientCore> core = core_;  // CommitItems may leave the builder empty
-  const uint64_t step = step_;
+  std::shared_ptr<client::ClientCore> core = state_->core;
+  const uint64_t step = state_->step;
   absl::StatusOr<SaveHandle> h = CommitItems(nullptr, core->options.commit_in_background);
   if (h.ok()) core->AddSaveCost(step, absl::Now() - start);
   return h;
 }
 
 absl::StatusOr<SaveHandle> SaveBuilder::CommitItems(client::LazyState* progress, bool background) {
-  ClientCore& core = *core_;
-  const ClientOptions& o = core.options;
-  CKPT_RETURN_IF_ERROR(ValidateStep(step_));
+  client::SaveState& s = *state_;
+  client::ClientCore& core = *s.core;
+  CKPT_RETURN_IF_ERROR(ValidateStep(s.step));
   // This client's lazy saves begun before this one: their commits go first.
   const std::vector<std::weak_ptr<client::LazyState>> earlier =
       progress != nullptr ? progress->before : core.RunningLazySaves();
 
-  // Incremental saves: which items refer to the base's bytes instead of
-  // being copied (docs/protocol.md "Incremental saves").
-  std::unique_ptr<DecodedBase> base;
-  std::vector<std::optional<RefTo>> ref(items_.size());
-  std::vector<std::optional<uint64_t>> hash(items_.size());
-  std::vector<const ManifestItem*> carried;  // base items this partial save does not state
-  if (incremental_ || carry_rest_) {
-    base = BaseFor(core, step_, carry_rest_);
-    if (carry_rest_ && base == nullptr) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "a partial save (CarryRest) of step ", step_, " needs a base: an earlier save of this client that "
-          "committed; save in full"));
-    }
-    for (size_t i = 0; i < items_.size(); ++i) {
-      const Item& it = items_[i];
-      if (it.change == ItemChange::kDetect) hash[i] = ContentHash(it.bytes);
-      const ManifestItem* b = base == nullptr ? nullptr : base->Find(it.name);
-      // (An empty item costs nothing to copy; a container marker must stay
-      // among the shard's own items, ahead of its elements.)
-      if (b == nullptr || b->length_bytes != it.bytes.size() || it.bytes.empty()) continue;
-      if (it.change == ItemChange::kUnchanged) {
-        ref[i] = base->Location(*b);
-        hash[i] = base->Hash(it.name);
-      } else if (it.change == ItemChange::kDetect && base->Hash(it.name) == hash[i]) {
-        ref[i] = base->Location(*b);
-      }
-    }
-    if (carry_rest_) {
-      for (const ManifestItem& b : base->items) {
-        if (names_->set.find(b.name) == names_->set.end()) carried.push_back(&b);
-      }
-    }
-  }
-
-  std::vector<uint64_t> lengths;
-  std::vector<uint64_t> base_steps;
-  const auto plan = [&] {
-    lengths.clear();
-    base_steps.clear();
-    for (size_t i = 0; i < items_.size(); ++i) {
-      if (ref[i]) {
-        base_steps.push_back(ref[i]->step);
-      } else {
-        lengths.push_back(items_[i].bytes.size());
-      }
-    }
-    for (const ManifestItem* c : carried) {
-      if (c->length_bytes > 0) base_steps.push_back(base->Location(*c).step);
-    }
-    std::sort(base_steps.begin(), base_steps.end());
-    base_steps.erase(std::unique(base_steps.begin(), base_steps.end()), base_steps.end());
-  };
-  plan();
-  CKPT_ASSIGN_OR_RETURN(client::Layout layout,
-                        client::LayOut(lengths, core.item_alignment.load()));
+  CKPT_ASSIGN_OR_RETURN(client::SavePlan plan, client::PlanReferences(core, s));
+  CKPT_RETURN_IF_ERROR(client::LayOutShard(s, core.item_alignment.load(), plan));
 
   // The lease lives as long as this client's session with the agent.
   CKPT_ASSIGN_OR_RETURN(std::shared_ptr<client::AgentSession> session, client::OpenSession(core));
-  v1::AcquireStagingLeaseRequest lease_req =
-      LeaseRequest(core, step_, session == nullptr ? std::string() : session->id());
-  v1::AcquireStagingLeaseResponse lease;
-  // The lease asked for at BeginSave, if its session is still open and the
-  // shard fits it (laid out with the same alignment, no references, and at
-  // least half of it used); released otherwise, before the lease below
-  // replaces it (one whose session closed went with it).
-  bool early_used = false;
-  // The session the lease in use was taken on: its commit or abort names it.
-  std::string lease_session = lease_req.session_id();
-  if (std::shared_ptr<client::EarlyLease> early = std::move(early_); early != nullptr) {
-    early->done.WaitForNotification();
-    if (early->answer.ok() && early->session->Closed()) {
-      log::Info("{}/{} rank {}: the session of the lease asked for at BeginSave closed; asking again", o.job_id,
-                step_, o.rank);
-    } else if (early->answer.ok()) {
-      const v1::AcquireStagingLeaseResponse& e = *early->answer;
-      const uint64_t align = e.item_alignment_bytes();
-      if (base_steps.empty() && !e.pull() && layout.size <= early->size_bytes &&
-          layout.size >= early->size_bytes / 2 && early->alignment == core.item_alignment.load() &&
-          (align == 0 || align == early->alignment)) {
-        lease = *std::move(early->answer);
-        lease_session = early->session->id();
-        early_used = true;
-      } else {
-        AbortLease(core, e.lease_id(), early->session->id());
-      }
-    }
-  }
-  // At most twice: once more if the agent asks for a coarser alignment than
-  // we laid out with (then the shard may not fit the first lease).
-  std::string replaced_lease;  // a first lease the second one replaces
-  for (int attempt = 0; !early_used; ++attempt) {
-    lease_req.set_size_bytes(layout.size);
-    *lease_req.mutable_base_steps() = {base_steps.begin(), base_steps.end()};
-    v1::AcquireStagingLeaseResponse resp;
-    absl::Status s = absl::UnavailableError("not asked on the session");
-    if (session != nullptr && session->serves_requests()) {
-      // On the session's connection (no gRPC round trip); the agent says
-      // Unavailable when it would have to ask meta, and gRPC asks then.
-      absl::StatusOr<std::string> reply = session->Request("LEASE", lease_req.SerializeAsString(), o.rpc_timeout);
-      s = reply.status();
-      if (reply.ok() && !resp.ParseFromString(*reply)) s = absl::InternalError("lease (session): unparsable answer");
-      if (!s.ok() && !absl::IsUnavailable(s)) s = Annotate(s, "AcquireStagingLease (session)");
-    }
-    if (absl::IsUnavailable(s)) {
-      auto ctx = client::ContextWithTimeout(o.rpc_timeout);
-      s = FromGrpc(core.agent->AcquireStagingLease(ctx.get(), lease_req, &resp), "AcquireStagingLease");
-    }
-    if (!s.ok() && absl::IsFailedPrecondition(s) && !base_steps.empty() && carried.empty() &&
-        absl::StrContains(s.message(), "base version")) {
-      // The agent no longer holds the base (evicted, restarted, another
-      // node): this save copies everything.
-      log::Info("{}/{} rank {}: {}; saving in full", o.job_id, step_, o.rank, std::string(s.message()));
-      std::fill(ref.begin(), ref.end(), std::nullopt);
-      plan();
-      absl::StatusOr<client::Layout> full = client::LayOut(lengths, core.item_alignment.load());
-      if (!full.ok()) s = full.status();
-      if (full.ok()) {
-        layout = *std::move(full);
-        --attempt;
-        continue;
-      }
-    }
-    if (!s.ok()) {
-      if (!replaced_lease.empty()) AbortLease(core, replaced_lease, lease_session);
-      return s;
-    }
-    lease = std::move(resp);
-    const uint64_t align = lease.item_alignment_bytes();
-    if (align == 0 || align == core.item_alignment.load() || attempt > 0 ||
-        (align & (align - 1)) != 0) {
-      break;
-    }
-    core.item_alignment.store(align);
-    absl::StatusOr<client::Layout> relaid = client::LayOut(lengths, align);
-    if (!relaid.ok()) {
-      AbortLease(core, lease.lease_id(), lease_session);
-      return relaid.status();
-    }
-    layout = *std::move(relaid);
-    // Fits the lease: commit a smaller size. Larger: the next lease for this
-    // (job, step, rank) replaces (aborts) the open one.
-    if (layout.size <= lease_req.size_bytes()) break;
-    replaced_lease = lease.lease_id();
-  }
-  const std::string lease_id = lease.lease_id();
-
-  // Copy. Nothing below may return without releasing the lease.
-  std::vector<std::shared_ptr<client::MappedFile>> keep;
-  // A pull-mode agent (a DPU's) reads the shard out of staging memory of
-  // ours during the commit, which holds the buffer until it is answered.
-  std::shared_ptr<client::PullStaging::Buffer> staging;
-  absl::StatusOr<std::vector<client::ShardRegion>> regions;
-  if (lease.pull()) {
-    // The header (the lease's token, which proves to the agent that the
-    // memory is ours for this lease), then the shard.
-    absl::StatusOr<std::shared_ptr<client::PullStaging::Buffer>> buffer =
-        client::StagingBuffer(core, client::kPullHeaderBytes + layout.size);
-    if (buffer.ok() && lease.pull_token().size() > client::kPullHeaderBytes) {
-      buffer = absl::InternalError("the agent's pull token is longer than the staging header");
-    }
-    if (buffer.ok()) {
-      staging = *std::move(buffer);
-      std::memset(staging->data(), 0, client::kPullHeaderBytes);
-      std::memcpy(staging->data(), lease.pull_token().data(), lease.pull_token().size());
-      regions = std::vector<client::ShardRegion>{
-          client::ShardRegion{staging->data() + client::kPullHeaderBytes, layout.size, 0}};
-    } else {
-      regions = buffer.status();
-    }
-  } else {
-    regions = client::MapRegions(core, lease.regions(), layout.size, client::MappedFile::Access::kReadWrite, &keep);
-  }
-  if (!regions.ok()) {
-    AbortLease(core, lease_id, lease_session);
-    return Annotate(regions.status(), absl::StrCat("staging lease ", lease_id));
-  }
-  v1::CommitShardRequest commit;
-  commit.set_lease_id(lease_id);
-  commit.set_session_id(lease_session);
-  commit.set_size_bytes(layout.size);
-  // The manifest goes packed (docs/protocol.md "Manifest digest"): one
-  // string for the whole shard instead of a message per item.
-  size_t manifest_bytes = 32;
-  for (const Item& it : items_) {
-    manifest_bytes += 48 + it.name.size() + 8 * it.shape.size();
-    for (const auto& [k, v] : it.attributes) manifest_bytes += 8 + k.size() + v.size();
-  }
-  ManifestEncoder manifest(manifest_bytes);
-  // Carried empty items (container markers) are the shard's own, first, so
-  // that a container comes before the elements this save states.
-  for (const ManifestItem* c : carried) {
-    if (c->length_bytes == 0) manifest.Add(c->name, c->dtype, c->shape, 0, 0, c->crc32c, c->attributes);
-  }
-  uint32_t shard_crc = 0;
-  uint64_t pos = 0;      // end of the bytes accounted for in shard_crc
-  size_t copied = 0;     // items copied so far (index into layout.offsets)
-  // Many items of a save the trainer waits for are copied ahead, on several
-  // threads (a lazy save copies beside the training step: one, in order).
-  std::vector<client::CopiedItem> ahead;
-  if (progress == nullptr) {
-    std::vector<client::ItemCopy> copies;
-    copies.reserve(layout.offsets.size());
-    for (size_t i = 0; i < items_.size(); ++i) {
-      if (!ref[i]) copies.push_back(client::ItemCopy{items_[i].bytes, layout.offsets[copies.size()]});
-    }
-    ahead = client::CopyItemsToShard(*regions, copies);
-  }
-  bool any_ref = std::any_of(carried.begin(), carried.end(), [](const ManifestItem* c) { return c->length_bytes > 0; });
-  for (size_t i = 0; i < items_.size(); ++i) {
-    const Item& it = items_[i];
-    if (ref[i]) {
-      any_ref = true;
-      if (progress != nullptr) progress->MarkCopied(i + 1);
-      continue;
-    }
-    const size_t slot = copied++;
-    const uint64_t off = layout.offsets[slot];
-    if (off > pos) {
-      const uint32_t gap_crc = ahead.empty() ? client::ZeroShard(*regions, pos, off - pos) : ahead[slot].gap_crc;
-      shard_crc = Crc32cCombine(shard_crc, gap_crc, off - pos);
-    }
-    // A lazy save (progress set) copies beside the training step: one thread.
-    const uint32_t crc =
-        !ahead.empty() ? ahead[slot].crc
-                       : client::CopyToShard(*regions, off, it.bytes, 0,
-                                             progress != nullptr ? client::CopyThreads::kOne : client::CopyThreads::kAll);
-    shard_crc = Crc32cCombine(shard_crc, crc, it.bytes.size());
-    pos = off + it.bytes.size();
-
-    manifest.Add(it.name, static_cast<int>(it.dtype), it.shape, off, it.bytes.size(), crc, it.attributes);
-    if (progress != nullptr) progress->MarkCopied(i + 1);  // the caller may change item i now
-  }
-  if (progress != nullptr && items_.empty()) progress->MarkCopied(0);
-  if (layout.size > pos) {
-    shard_crc = Crc32cCombine(shard_crc, client::ZeroShard(*regions, pos, layout.size - pos),
-                              layout.size - pos);
-  }
-  keep.clear();  // the agent owns the bytes now; the cache keeps its mappings
-  // The references, in canonical order ((ref_step, offset)), and the hashes
-  // the next save compares against.
-  std::shared_ptr<client::ItemHashes> hashes;
-  if (any_ref || std::any_of(hash.begin(), hash.end(), [](const auto& h) { return h.has_value(); })) {
-    struct Ref {
-      RefTo to;
-      std::string_view name;
-      int dtype;
-      std::span<const uint64_t> shape;
-      const std::map<std::string, std::string>* attributes;
-    };
-    std::vector<Ref> refs;
-    hashes = std::make_shared<client::ItemHashes>();
-    hashes->reserve(items_.size() + carried.size());
-    for (size_t i = 0; i < items_.size(); ++i) {
-      const Item& it = items_[i];
-      if (hash[i]) hashes->emplace(std::string(it.name), *hash[i]);
-      if (ref[i]) refs.push_back(Ref{*ref[i], it.name, static_cast<int>(it.dtype), it.shape, &it.attributes});
-    }
-    for (const ManifestItem* c : carried) {
-      if (c->length_bytes == 0) continue;  // added above
-      refs.push_back(Ref{base->Location(*c), c->name, c->dtype, c->shape, &c->attributes});
-      if (std::optional<uint64_t> h = base->Hash(c->name)) hashes->emplace(c->name, *h);
-    }
-    std::stable_sort(refs.begin(), refs.end(), [](const Ref& a, const Ref& b) {
-      return a.to.step != b.to.step ? a.to.step < b.to.step : a.to.offset_bytes < b.to.offset_bytes;
-    });
-    for (const Ref& r : refs) {
-      manifest.AddRef(r.to.step, r.name, r.dtype, r.shape, r.to.offset_bytes, r.to.length_bytes, r.to.crc32c,
-                      *r.attributes);
-    }
-    if (hashes->empty()) hashes.reset();
-  }
-  commit.set_manifest(manifest.Finish());
-  if (staging != nullptr) {
-    v1::PullSource* from = commit.mutable_pull_source();
-    from->set_worker_address(staging->worker_address());
-    from->set_rkey(staging->rkey());
-    from->set_address(reinterpret_cast<uint64_t>(staging->data()));
-    from->set_length_bytes(staging->length());
-  }
-
-  core.last_save_items.store(items_.size(), std::memory_order_relaxed);
-  core.last_full_save_bytes.store(base_steps.empty() && !lease.pull() ? layout.size : 0, std::memory_order_relaxed);
-  // The builder's bookkeeping (a name, shape and attributes per item) is
-  // freed by the committer, after Commit returned, when it sends in the
-  // background; here otherwise.
-  struct Spent {
-    std::vector<Item> items;
-    std::unique_ptr<Names> names;
+  std::optional<client::HeldLease> early = client::TakeEarlyLease(core, s, std::move(s.early), plan);
+  absl::StatusOr<client::HeldLease> acquired =
+      early.has_value() ? absl::StatusOr<client::HeldLease>(*std::move(early))
+                        : client::AcquireLease(core, s, session.get(), plan);
+  if (!acquired.ok()) return acquired.status();
+  const client::HeldLease& lease = *acquired;
+  // Every return from here until the commit is handed over releases the lease.
+  absl::Cleanup release = [&core, &lease] {
+    client::AbortLease(core, lease.grant.lease_id(), lease.session_id);
   };
-  auto spent = std::make_shared<Spent>(Spent{std::move(items_), std::move(names_)});
-  items_.clear();
-  names_ = std::make_unique<Names>();
-  base.reset();  // `carried` pointed into it
-  carried.clear();
-  auto remember = [&core, step = step_](absl::Time at) {
-    absl::MutexLock lock(&core.committed_mu);
-    core.committed_at[step] = at;
-    // Only recent steps matter; keep the map small.
-    while (core.committed_at.size() > 64) core.committed_at.erase(core.committed_at.begin());
-  };
-  auto request = std::make_shared<const v1::CommitShardRequest>(std::move(commit));
+
+  CKPT_ASSIGN_OR_RETURN(client::StagedLease staged, client::StageLease(core, lease, plan.layout.size));
+  ManifestEncoder manifest(client::ManifestBytes(s));
+  const client::CopiedShard copied = client::CopyItems(s, plan, staged.regions, progress, manifest);
+  staged.keep.clear();  // the agent owns the bytes now; the cache keeps its mappings
+  std::shared_ptr<client::ItemHashes> hashes = client::AddReferences(s, plan, copied.any_ref, manifest);
+  auto request = std::make_shared<const v1::CommitShardRequest>(
+      client::CommitRequest(lease, staged, plan.layout.size, manifest.Finish()));
+  // From here the commit owns the lease: SendCommit releases it on failure.
+  std::move(release).Cancel();
+
+  const uint64_t size = plan.layout.size;
+  core.last_save_items.store(s.items.size(), std::memory_order_relaxed);
+  core.last_full_save_bytes.store(plan.base_steps.empty() && !lease.grant.pull() ? size : 0,
+                                  std::memory_order_relaxed);
+  // The builder's bookkeeping is freed by the committer, after Commit
+  // returned, when it sends in the background; here otherwise.
+  auto spent = std::make_shared<client::SpentItems>(client::SpentItems{std::move(s.items), std::move(s.names)});
+  s.items.clear();
+  s.names = std::make_unique<client::SaveNames>();
+  plan = {};  // `carried` pointed into its base
   // On this thread, not the committer's: a lazy save may itself wait for
   // the commits queued before it (its base), never for this one.
   client::AwaitEarlierCommits(earlier);
   if (!background) {
     spent.reset();
-    CKPT_RETURN_IF_ERROR(SendCommit(core, request, shard_crc, step_, std::move(hashes)));
-    if (progress == nullptr) client::LeaseAhead(core, step_, begun_seq_);
+    CKPT_RETURN_IF_ERROR(client::SendCommit(core, request, copied.crc, s.step, std::move(hashes)));
+    if (progress == nullptr) client::LeaseAhead(core, s.step, s.begun_seq);
     const absl::Time now = absl::Now();
-    remember(now);
-    return SaveHandle(core_, step_, layout.size, shard_crc, now);
+    client::RememberCommitted(core, s.step, now);
+    return SaveHandle(s.core, s.step, size, copied.crc, now);
   }
-  // The trainer goes on; the committer sends the manifest. Its queue is
-  // bounded: when it is full the commit is sent here (as without
-  // background), so a stalled agent cannot pile up commits.
   const absl::Time now = absl::Now();
-  remember(now);
-  auto result = std::make_shared<client::CommitResult>();
-  auto send = [&core, request, result, shard_crc, step = step_, hashes = std::move(hashes),
-               staging = std::move(staging), spent = std::move(spent), lazy = progress != nullptr,
-               begun_seq = begun_seq_]() mutable {
-    result->status = SendCommit(core, request, shard_crc, step, std::move(hashes));
-    if (result->status.ok() && !lazy) client::LeaseAhead(core, step, begun_seq);
-    spent.reset();
-    staging.reset();  // the agent has read it (or the lease is gone)
-    if (!result->status.ok()) {
-      log::Warn("commit of {}/{} rank {} failed: {}", core.options.job_id, step, core.options.rank,
-                result->status.ToString());
-    }
-    result->done.Notify();
-  };
-  {
-    absl::MutexLock lock(&core.commit_mu);
-    core.last_commit = result;
-  }
-  if (!core.committer.TrySubmit(send)) send();
-  return SaveHandle(core_, step_, layout.size, shard_crc, now, std::move(result));
+  client::RememberCommitted(core, s.step, now);
+  std::shared_ptr<client::CommitResult> result =
+      client::SendInBackground(core, std::move(request), copied.crc, s.step, std::move(hashes),
+                               std::move(staged.staging), std::move(spent), progress != nullptr, s.begun_seq);
+  return SaveHandle(s.core, s.step, size, copied.crc, now, std::move(result));
 }
 
 }  // namespace ckpt

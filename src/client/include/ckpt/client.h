@@ -83,6 +83,7 @@ struct LazyState;   // a lazy save in progress (LazySave)
 struct EarlyLease;  // a staging lease asked for when a save began
 struct CommitResult;  // a commit sent in the background (SaveHandle)
 struct ShardRegion;   // a mapped part of a shard (LoadedShard)
+struct SaveState;     // a SaveBuilder's items and lease (client/save_state.h)
 }  // namespace client
 
 // Element type of an item. The numbers are those of ckpt.v1.DType
@@ -420,7 +421,7 @@ class SaveBuilder {
   // (LoadedItem::step says where each was taken). Commit fails with
   // kFailedPrecondition when there is no base (this client's first save, or
   // the agent no longer holds it): save in full then.
-  void CarryRest() { carry_rest_ = true; }
+  void CarryRest();
 
   // Number of items added so far.
   size_t item_count() const;
@@ -479,25 +480,11 @@ class SaveBuilder {
   // `background`: send the commit on the client's committer and return
   // without its answer.
   absl::StatusOr<SaveHandle> CommitItems(client::LazyState* progress, bool background);
-  struct Item;
-  struct Names;  // the names added so far, for constant-time duplicate checks
   SaveBuilder(std::shared_ptr<client::ClientCore> core, uint64_t step);
-
-  std::shared_ptr<client::ClientCore> core_;
-  uint64_t step_ = 0;
-  bool spent_ = false;
-  bool carry_rest_ = false;
-  bool incremental_ = false;  // some item is not kChanged, or CarryRest
-  std::vector<Item> items_;
-  std::unique_ptr<Names> names_;
-  // The lease BeginSave asked for in the background, of the size of this
-  // client's previous save (a trainer saves the same state every time):
-  // Commit uses it when the items fit, and releases it otherwise.
-  std::shared_ptr<client::EarlyLease> early_;
-  // Which of this client's SaveBuilders this is (1, 2, ...): a lease is asked
-  // ahead after its commit only if no builder began since.
-  uint64_t begun_seq_ = 0;
+  // A lease asked for at BeginSave and not committed into: released.
   void ReleaseEarlyLease();
+
+  std::unique_ptr<client::SaveState> state_;  // null once moved from
 };
 
 // One item of a loaded shard, as recorded in its manifest.

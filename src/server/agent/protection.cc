@@ -226,7 +226,7 @@ absl::Status Protector::EcEncode(QueuedTask& qt, bool* finished) {
   const EcGroupLayout& g = t.group;
   const uint32_t k = g.data_k;
   if (!d_.data_plane) return NoDataPlane();
-  if (k == 0 || g.parity_m == 0 || k > 32 || g.parity_m > 8) return absl::InvalidArgumentError("bad EC group in task");
+  if (!ec::ValidateShape(k, g.parity_m).ok()) return absl::InvalidArgumentError("bad EC group in task");
   if (!qt.sends_done && Paused()) {
     *finished = false;
     return absl::OkStatus();

@@ -1,6 +1,6 @@
 // Domain types shared by the agent's components: what a shard, an EC segment
-// and a holding's record are, the roles and states a copy can have, and the
-// one rule that cuts a node's blob into EC segments.
+// and a holding's record are, the roles and states a copy can have (and, from
+// ec/layout.h, the rule that cuts a node's blob into EC segments).
 //
 // Plain values, no behaviour beyond formatting; safe to copy between threads.
 #pragma once
@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "common/manifest.h"
+#include "ec/layout.h"
 
 namespace ckpt::agent {
 
@@ -110,20 +111,7 @@ struct ShardRecord {
 };
 
 // How a node's blob (its primaries of a version, in rank order) is cut into
-// the k data segments of EC: every segment but the last is ceil(size / k)
-// bytes; trailing segments may be short or empty. The only place this rule
-// lives.
-struct BlobLayout {
-  uint64_t blob_bytes = 0;
-  uint32_t data_k = 1;
-  uint64_t SegmentBytes() const { return data_k == 0 ? 0 : (blob_bytes + data_k - 1) / data_k; }
-  uint64_t SegmentStart(uint32_t index) const { return SegmentBytes() * index; }
-  uint64_t SegmentLength(uint32_t index) const {
-    const uint64_t start = SegmentStart(index);
-    if (start >= blob_bytes) return 0;
-    const uint64_t seg = SegmentBytes();
-    return seg < blob_bytes - start ? seg : blob_bytes - start;
-  }
-};
+// the k data segments of EC: the rule lives in ec/layout.h.
+using ec::BlobLayout;
 
 }  // namespace ckpt::agent

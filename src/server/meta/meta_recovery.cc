@@ -10,6 +10,7 @@
 #include "common/log.h"
 #include "common/names.h"
 #include "common/status_macros.h"
+#include "ec/layout.h"
 #include "server/meta/core_state.h"
 
 namespace ckpt::meta {
@@ -293,16 +294,13 @@ void Engine::StartErasureCoding(Version& v) {
                  layout.status().ToString());
       continue;
     }
-    const uint64_t k = static_cast<uint64_t>(g.data_k);
+    const uint32_t k = static_cast<uint32_t>(g.data_k);
     for (const auto& m : g.members) {
       NodeBlob& b = blobs[m];
-      b.segment_bytes = (b.size_bytes + k - 1) / k;
+      b.segment_bytes = ec::BlobLayout{b.size_bytes, k}.SegmentBytes();
     }
     auto seg_len = [&](const std::string& owner, int t) -> uint64_t {
-      const NodeBlob& b = blobs[owner];
-      const uint64_t start = static_cast<uint64_t>(t) * b.segment_bytes;
-      if (start >= b.size_bytes) return 0;
-      return std::min(b.segment_bytes, b.size_bytes - start);
+      return ec::BlobLayout{blobs[owner].size_bytes, k}.SegmentLength(static_cast<uint32_t>(t));
     };
     for (size_t s = 0; s < layout->stripes().size(); ++s) {
       const EcStripe& stripe = layout->stripes()[s];

@@ -97,6 +97,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "ec/layout.h"
 #include "server/meta/policy.h"
 
 namespace ckpt::meta {
@@ -113,72 +114,13 @@ struct PlannerNode {
 };
 
 // ---------------------------------------------------------------------------
-// EC stripe layout
+// EC stripe layout: ec/layout.h (shared with the agents).
 // ---------------------------------------------------------------------------
 
-// Data position d of a stripe: segment `segment` (0..k-1) of the blob of group
-// member `member`.
-struct DataSlot {
-  int member = 0;
-  int segment = 0;
-  friend bool operator==(const DataSlot&, const DataSlot&) = default;
-};
-
-// One stripe of an EC group: k data segments and m parity segments, each on a
-// different member. In ec::Codec's fragment numbering, data position d is
-// fragment d and parity position p is fragment k+p.
-struct EcStripe {
-  // m entries: parity position p is held by member parity_members[p].
-  std::vector<int> parity_members;
-  // k entries in ascending member order.
-  std::vector<DataSlot> data;
-  friend bool operator==(const EcStripe&, const EcStripe&) = default;
-};
-
-// Where one segment sits: stripe `stripe`, position `position` (a data
-// position 0..k-1 for SegmentOf, a parity position 0..m-1 for ParityOf).
-struct StripeSlot {
-  int stripe = 0;
-  int position = 0;
-  friend bool operator==(const StripeSlot&, const StripeSlot&) = default;
-};
-
-// The rotated-parity layout of one EC group of `group_size` members (see the
-// file comment): group_size stripes; stripe s covers members s..s+k+m-1 (mod
-// group_size), parity on the first m of them, data on the other k in member
-// order. Member j's blob is cut into k segments; its segment t goes into the
-// t-th stripe (by stripe index) in which j is a data member. Agents use
-// SegmentOf to know where to send each segment and ParityOf to know which
-// parity they hold; restore uses stripes() to decode.
-class StripeLayout {
- public:
-  // InvalidArgument unless 1 <= k <= 32, 1 <= m <= 8 and
-  // k+m <= group_size <= 65536 (plans use at most 2*(k+m)-1).
-  static absl::StatusOr<StripeLayout> Create(int group_size, int data_k, int parity_m);
-
-  int group_size() const { return group_size_; }
-  int data_k() const { return k_; }
-  int parity_m() const { return m_; }
-  // group_size() stripes, by stripe index.
-  const std::vector<EcStripe>& stripes() const { return stripes_; }
-  // Where segment `segment` (0..k-1) of member `member`'s blob lives (a data
-  // slot). Arguments must be in range (checked by assert).
-  StripeSlot SegmentOf(int member, int segment) const;
-  // The m parity slots member `member` holds, by ascending stripe.
-  std::span<const StripeSlot> ParityOf(int member) const;
-
-  friend bool operator==(const StripeLayout&, const StripeLayout&) = default;
-
- private:
-  StripeLayout() = default;
-
-  int group_size_ = 0;
-  int k_ = 0;
-  int m_ = 0;
-  std::vector<EcStripe> stripes_;
-  std::vector<StripeSlot> segment_of_;  // [member * k + segment]
-  std::vector<StripeSlot> parity_of_;   // [member * m + i]
-};
+using ec::DataSlot;
+using ec::EcStripe;
+using ec::StripeLayout;
+using ec::StripeSlot;
 
 // ---------------------------------------------------------------------------
 // Plan

@@ -22,6 +22,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
+#include "ec/layout.h"
 
 namespace ckpt::meta {
 
@@ -31,13 +32,13 @@ struct ProtectionPolicy {
 
   // Limits enforced by Validate(). `copies` counts the node's own copy, so
   // copies = 2 means one replica and tolerates one node loss. The EC limits
-  // are those of ec::Codec (ISA-L).
+  // are those of ec::Codec (ISA-L), kept in ec/layout.h.
   static constexpr int kMinCopies = 2;
   static constexpr int kMaxCopies = 8;
-  static constexpr int kMinDataK = 1;
-  static constexpr int kMaxDataK = 32;
-  static constexpr int kMinParityM = 1;
-  static constexpr int kMaxParityM = 8;
+  static constexpr int kMinDataK = ec::kMinDataK;
+  static constexpr int kMaxDataK = ec::kMaxDataK;
+  static constexpr int kMinParityM = ec::kMinParityM;
+  static constexpr int kMaxParityM = ec::kMaxParityM;
 
   Kind kind = Kind::kNone;
   // kReplicate: total in-memory copies of every blob, own copy included.
@@ -85,15 +86,7 @@ struct ProtectionPolicy {
         }
         return absl::OkStatus();
       case Kind::kErasureCode:
-        if (data_k < kMinDataK || data_k > kMaxDataK) {
-          return absl::InvalidArgumentError(absl::StrCat(
-              "ec: data k is ", data_k, "; it must be ", kMinDataK, "..", kMaxDataK));
-        }
-        if (parity_m < kMinParityM || parity_m > kMaxParityM) {
-          return absl::InvalidArgumentError(absl::StrCat(
-              "ec: parity m is ", parity_m, "; it must be ", kMinParityM, "..", kMaxParityM));
-        }
-        return absl::OkStatus();
+        return ec::ValidateShape(data_k, parity_m);
     }
     return absl::InvalidArgumentError(absl::StrCat(
         "protection kind is ", static_cast<int>(kind), "; it must be none, replicate or ec"));

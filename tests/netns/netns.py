@@ -475,13 +475,13 @@ class NetTls(ClusterTls):
 class Rank:
     """One trainer process (tests/netns/rank.py) in its agent's namespace, driven by JSON lines."""
 
-    def __init__(self, cluster, job, rank, world, node, protection, seed):
+    def __init__(self, cluster, job, rank, world, node, protection, seed, rpc_timeout=10.0):
         self.cluster, self.job, self.rank, self.world, self.node = cluster, job, rank, world, node
         c = cluster
         host = c.net.host(node)
         argv = [PY, ROOT / "tests" / "netns" / "rank.py", "--meta", c.meta_addr, "--socket",
                 c.socket(node), "--job", job, "--rank", rank, "--world-size", world, "--protection", protection,
-                "--seed", seed]
+                "--seed", seed, "--rpc-timeout", rpc_timeout]
         env = dict(c.env, PYTHONPATH=str(c.build / "python"), PYTHONDONTWRITEBYTECODE="1",
                    **tls_env(c.tls.client("trainer", "netns", ["*"])))
         self.proc = c.net.spawn_piped(host, argv, c.work / f"rank-{job}-{rank}-{node}.err", env=env)
@@ -637,6 +637,19 @@ class Cluster:
         d = self.ctl("versions", job, check=False)
         return {v["step"]: v for v in d["versions"]} if d else {}
 
+    def holdings(self, node, job=None):
+        """What node's agent holds in its memory tier: [{job, step, what, role, size_bytes, state}],
+        None if it cannot be asked."""
+        d = self.ctl("holdings", node, *(["--job", job] if job else []), check=False)
+        return d["holdings"] if d else None
+
+    def copies(self, job, step):
+        """{rank: {node: (role, state)}} of one version (ckptctl inspect), None if unknown."""
+        d = self.ctl("inspect", job, step, check=False)
+        if not d:
+            return None
+        return {s["rank"]: {c["node_id"]: (c["role"], c["state"]) for c in s["copies"]} for s in d["shards"]}
+
     def wait_alive(self, nodes, timeout):
         ok, _ = wait_for(lambda: all(self.node_states().get(n) == "alive" for n in nodes), timeout)
         if not ok:
@@ -645,8 +658,8 @@ class Cluster:
     def create_job(self, job, world, protection_flags, keep=3):
         self.ctl("create-job", job, "--world-size", world, *protection_flags, "--keep-in-memory", keep)
 
-    def rank(self, job, rank, world, node, protection, seed=1):
-        r = Rank(self, job, rank, world, node, protection, seed)
+    def rank(self, job, rank, world, node, protection, seed=1, rpc_timeout=10.0):
+        r = Rank(self, job, rank, world, node, protection, seed, rpc_timeout)
         self.ranks.append(r)
         return r
 
@@ -672,6 +685,53 @@ class Cluster:
             log(f"logs kept in {self.work}")
         else:
             shutil.rmtree(self.work, ignore_errors=True)
+
+
+class StateWatch:
+    """Polls meta's node states (ckptctl nodes, every `period` s) in a thread and remembers when
+    each node was first seen in each state after mark(): detection times without blocking the
+    test's own calls."""
+
+    def __init__(self, cluster, period=0.2):
+        self.c, self.period = cluster, period
+        self.lock = threading.Lock()
+        self.t0 = time.monotonic()
+        self.first = {}       # (node, state) -> seconds after mark()
+        self.current = {}
+        self.stop_ev = threading.Event()
+        self.thread = threading.Thread(target=self._run, name="state-watch", daemon=True)
+        self.thread.start()
+
+    def _run(self):
+        while not self.stop_ev.is_set():
+            states = self.c.node_states()
+            now = time.monotonic()
+            with self.lock:
+                if states:
+                    self.current = states
+                for node, st in states.items():
+                    self.first.setdefault((node, st), now - self.t0)
+            self.stop_ev.wait(self.period)
+
+    def mark(self):
+        """Forgets what was seen; times count from now."""
+        with self.lock:
+            self.t0 = time.monotonic()
+            self.first = {}
+        return self.t0
+
+    def seen(self, node, state):
+        with self.lock:
+            return self.first.get((node, state))
+
+    def wait(self, node, state, timeout):
+        """Seconds from mark() until node was first seen in state; None after timeout s."""
+        ok, _ = wait_for(lambda: self.seen(node, state) is not None, timeout, period=0.05)
+        return self.seen(node, state) if ok else None
+
+    def stop(self):
+        self.stop_ev.set()
+        self.thread.join(timeout=30)
 
 
 def wait_for(fn, timeout, period=0.2):
@@ -715,6 +775,10 @@ class Checks:
     def time(self, key, seconds):
         self.timings[key] = round(seconds, 2)
         print(f"time {key}: {seconds:.2f} s", flush=True)
+
+    def count(self, key, n):
+        self.timings[key] = n
+        print(f"count {key}: {n}", flush=True)
 
     def finish(self, cluster=None):
         if cluster is not None:

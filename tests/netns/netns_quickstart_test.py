@@ -84,12 +84,14 @@ def body():
     # 2. n3 fails
     for job in JOBS:
         ranks[job][VICTIM_RANK].kill()
-    t0 = time.monotonic()
+    watch = netns.StateWatch(c, period=0.1)
     c.kill_agent(VICTIM)
+    t0 = watch.mark()
     log(f"killed {VICTIM}'s agent (SIGKILL) and its trainers")
-    ok, dt = wait_for(lambda: c.node_states().get(VICTIM) == "dead", 30)
-    if t.check(ok, f"meta declares {VICTIM} DEAD (lease {c.lease_ms} ms)", str(c.node_states())):
-        t.time(f"detection: {VICTIM} killed -> DEAD", dt)
+    dead = watch.wait(VICTIM, "dead", 30)
+    watch.stop()
+    if t.check(dead is not None, f"meta declares {VICTIM} DEAD (lease {c.lease_ms} ms)", str(c.node_states())):
+        t.time(f"detection: {VICTIM} killed -> DEAD", dead)
 
     def all_protected():
         for job in JOBS:
@@ -98,7 +100,7 @@ def body():
                 return False
         return True
 
-    ok, dt2 = wait_for(all_protected, 30, period=0.5)
+    ok, dt2 = wait_for(all_protected, 30, period=0.2)
     states = {job: {s: v["state"] for s, v in c.versions(job).items()} for job in JOBS}
     if t.check(ok, "every acknowledged version PROTECTED again on the 4 survivors", str(states)):
         t.time(f"recovery: {VICTIM} killed -> every version re-protected", time.monotonic() - t0)

@@ -33,6 +33,7 @@ def main():
     p.add_argument("--world-size", type=int, required=True)
     p.add_argument("--protection", default=None)
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--rpc-timeout", type=float, default=10.0, help="the client's deadline per call (s)")
     a = p.parse_args()
     import ckpt
     client = None
@@ -42,7 +43,7 @@ def main():
         if client is None:
             client = ckpt.Client(job=a.job, rank=a.rank, world_size=a.world_size, meta=a.meta,
                                  agent_socket=a.socket, protection=a.protection, connect_timeout=20.0,
-                                 rpc_timeout=10.0, load_timeout=30.0)
+                                 rpc_timeout=a.rpc_timeout, load_timeout=30.0)
         return client
 
     for line in sys.stdin:

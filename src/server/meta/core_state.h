@@ -160,10 +160,22 @@ class Engine {
   void CancelVersionTasks(const Version& v);
   TaskBundle Bundle(const Task& t);
 
+  // ---- state changes (transitions.h): the only writers of Node::state,
+  // Task::state and Version::state. A move the table does not list leaves
+  // the state unchanged, is logged here as an error and returned
+  // (FailedPrecondition naming both states). It is a bug in meta, never the
+  // caller's input: a caller with no error to return ignores it
+  // (IgnoreError), it was reported here. Setting the current state again is
+  // a no-op. Side effects (persisting, timestamps, generations) stay with
+  // the caller, except for versions (SetState).
+  absl::Status SetNodeState(meta::Node& n, NodeState to);
+  absl::Status SetTaskState(meta::Task& t, TaskState to);
+  // Also stamps the state's time, records `reason` for ABORTED and DELETED,
+  // persists the header, and tells the nodes holding a copy of the version
+  // when it becomes, or stops being, restorable from memory (NoticeStaged).
+  absl::Status SetState(Version& v, VersionState to, const std::string& reason = "");
+
   // ---- state machine (meta_recovery.cc)
-  // Also tells the nodes holding a copy of the version when it becomes, or
-  // stops being, restorable from memory (NoticeStaged).
-  void SetState(Version& v, VersionState to, const std::string& reason = "");
   // Queues a VersionNotice for every node holding a copy of a shard of `v`
   // and wakes the task streams.
   void NoticeStaged(const Version& v, bool staged);

@@ -14,6 +14,7 @@
 #include "common/names.h"
 #include "common/status_macros.h"
 #include "server/meta/core_state.h"
+#include "server/meta/transitions.h"
 
 namespace ckpt::meta {
 
@@ -114,18 +115,26 @@ absl::StatusOr<Node*> Engine::CheckNode(const std::string& node_id, uint64_t inc
   return &n;
 }
 
+absl::Status Engine::SetNodeState(Node& n, NodeState to) {
+  absl::Status st = Transition(&n.state, to);
+  if (!st.ok()) log::Error("node {}: {}", n.id, std::string(st.message()));
+  return st;
+}
+
+absl::Status Engine::SetTaskState(Task& t, TaskState to) {
+  absl::Status st = Transition(&t.state, to);
+  if (!st.ok()) log::Error("task {} ({} {}/{}): {}", t.id, TaskKindName(t.kind), t.job_id, t.step, std::string(st.message()));
+  return st;
+}
+
 bool Engine::IsUsable(const std::string& node_id) const {
   auto it = s_.nodes.find(node_id);
-  if (it == s_.nodes.end()) return false;
-  const NodeState st = it->second.state;
-  return st == NodeState::kAlive || st == NodeState::kSuspect || st == NodeState::kDraining;
+  return it != s_.nodes.end() && NodeIsUsable(it->second.state);
 }
 
 bool Engine::CountsForProtection(const std::string& node_id) const {
   auto it = s_.nodes.find(node_id);
-  if (it == s_.nodes.end()) return false;
-  const NodeState st = it->second.state;
-  return st == NodeState::kAlive || st == NodeState::kSuspect;
+  return it != s_.nodes.end() && NodeCountsForProtection(it->second.state);
 }
 
 bool Engine::IsSuspect(const std::string& node_id) const {
@@ -164,7 +173,7 @@ bool Engine::DeleteDurable(const Version& v) {
 std::vector<PlannerNode> Engine::AliveNodes() const {
   std::vector<PlannerNode> out;
   for (const auto& [id, n] : s_.nodes) {
-    if (n.state == NodeState::kAlive || n.state == NodeState::kSuspect) {
+    if (NodeCountsForProtection(n.state)) {
       out.push_back({id, PlacementDomain(s_.nodes, id, n)});
     }
   }
@@ -244,7 +253,7 @@ std::vector<Task*> Engine::ActiveTasks(const std::string& job_id, uint64_t step,
 
 void Engine::CancelTask(Task& t) {
   if (!Active(t)) return;
-  t.state = TaskState::kCancelled;
+  SetTaskState(t, TaskState::kCancelled).IgnoreError();  // legal from every active state
   txn_.Task(t);
   ++s_.task_generation;
 }
@@ -539,7 +548,9 @@ absl::StatusOr<std::unique_ptr<MetaCore>> MetaCore::Open(MetaStore* store, Clock
   CKPT_RETURN_IF_ERROR(scan(records::kTaskPrefix, [&](std::string_view k, std::string_view v) {
     CKPT_ASSIGN_OR_RETURN(Task t, records::DecodeTask(k, v));
     t.last_progress = mono;
-    if (t.state == TaskState::kRunning) t.state = TaskState::kPending;  // re-deliver
+    if (t.state == TaskState::kRunning) {
+      CKPT_RETURN_IF_ERROR(Transition(&t.state, TaskState::kPending));  // re-deliver
+    }
     s.tasks_by_version[{t.job_id, t.step}].insert(t.id);
     s.tasks[t.id] = std::move(t);
     return absl::OkStatus();
@@ -598,9 +609,7 @@ absl::StatusOr<RegisterResult> MetaCore::RegisterNode(const RegisterRequest& req
     bool restarted = false;  // a new incarnation while the old one's lease ran
     if (it != state_->nodes.end()) {
       Node& old = it->second;
-      const bool live = (old.state == NodeState::kAlive || old.state == NodeState::kSuspect ||
-                         old.state == NodeState::kDraining) &&
-                        old.lease_deadline > mono;
+      const bool live = e.IsUsable(req.node_id) && old.lease_deadline > mono;
       if (live && (old.grpc_address != req.grpc_address || old.data_address != req.data_address)) {
         return absl::FailedPreconditionError(absl::StrCat(
             "node id \"", req.node_id, "\" is held by a live node at ", old.grpc_address,
@@ -609,7 +618,7 @@ absl::StatusOr<RegisterResult> MetaCore::RegisterNode(const RegisterRequest& req
             "; use another node id or stop that agent"));
       }
       incarnation = old.incarnation + 1;
-      was_dead = old.state == NodeState::kDead || old.state == NodeState::kLeft;
+      was_dead = !NodeIsUsable(old.state);  // DEAD or LEFT
       // A new incarnation while the old one's lease still ran: the agent
       // crashed (or was killed) and came back before meta noticed.
       if (live) ++old.failures;
@@ -632,7 +641,7 @@ absl::StatusOr<RegisterResult> MetaCore::RegisterNode(const RegisterRequest& req
     n.agent_version = req.agent_version;
     n.incarnation = incarnation;
     if (n.state != NodeState::kAlive) n.state_since_ms = e.NowMs();
-    n.state = draining ? NodeState::kDraining : NodeState::kAlive;
+    CKPT_RETURN_IF_ERROR(e.SetNodeState(n, draining ? NodeState::kDraining : NodeState::kAlive));
     n.registered_ms = e.NowMs();
     n.last_heartbeat_ms = n.registered_ms;
     n.lease_deadline = mono + options_.lease;
@@ -642,7 +651,7 @@ absl::StatusOr<RegisterResult> MetaCore::RegisterNode(const RegisterRequest& req
     // Tasks of the previous incarnation are delivered again to the new one.
     for (auto& [id, t] : state_->tasks) {
       if (t.node_id == req.node_id && t.state == TaskState::kRunning) {
-        t.state = TaskState::kPending;
+        e.SetTaskState(t, TaskState::kPending).IgnoreError();  // legal: RUNNING -> PENDING
         t.last_progress = mono;
       }
     }
@@ -700,12 +709,14 @@ absl::StatusOr<HeartbeatResult> MetaCore::SubmitHeartbeat(const HeartbeatRequest
     n->flush_lag_ms = req.flush_lag_ms;
     n->flush_errors_total = req.flush_errors_total;
     if (n->state == NodeState::kSuspect) {
-      n->state = NodeState::kAlive;  // transient state: not persisted
+      CKPT_RETURN_IF_ERROR(e.SetNodeState(*n, NodeState::kAlive));  // transient state: not persisted
     }
     for (const TaskProgress& p : req.running_tasks) {
       auto t = state_->tasks.find(p.task_id);
       if (t == state_->tasks.end() || t->second.node_id != req.node_id) continue;
-      if (t->second.state == TaskState::kPending) t->second.state = TaskState::kRunning;
+      if (t->second.state == TaskState::kPending) {
+        CKPT_RETURN_IF_ERROR(e.SetTaskState(t->second, TaskState::kRunning));
+      }
       t->second.last_progress = mono;
       t->second.bytes_done = p.bytes_done;
       t->second.bytes_total = p.bytes_total;
@@ -716,7 +727,7 @@ absl::StatusOr<HeartbeatResult> MetaCore::SubmitHeartbeat(const HeartbeatRequest
     if (req.membership_generation != state_->membership_generation) {
       std::vector<Member>& members = result.members.emplace();
       for (const auto& [id, node] : state_->nodes) {
-        if (node.state == NodeState::kDead || node.state == NodeState::kLeft) continue;
+        if (!e.IsUsable(id)) continue;  // DEAD or LEFT
         members.push_back(Member{id, node.incarnation});
       }
     }
@@ -803,7 +814,7 @@ absl::StatusOr<TaskDisposition> MetaCore::ReportTaskResult(const std::string& no
     if (t.state == TaskState::kCancelled) return TaskDisposition::kCancelled;
     if (attempt < t.attempt && !outcome.ok()) return TaskDisposition::kDuplicate;
     if (outcome.ok()) {
-      t.state = TaskState::kDone;
+      CKPT_RETURN_IF_ERROR(e.SetTaskState(t, TaskState::kDone));
       txn.Task(t);
       auto v = e.FindVersion(t.job_id, t.step);
       if (v.ok()) {
@@ -817,7 +828,7 @@ absl::StatusOr<TaskDisposition> MetaCore::ReportTaskResult(const std::string& no
                   txn.ShardRecord(ver, rank);
                 }
               }
-              e.SetState(ver, VersionState::kPersisted);
+              CKPT_RETURN_IF_ERROR(e.SetState(ver, VersionState::kPersisted));
               e.ApplyRetention(*e.FindJob(t.job_id).value());
             }
             break;
@@ -855,13 +866,13 @@ absl::StatusOr<TaskDisposition> MetaCore::ReportTaskResult(const std::string& no
     } else {
       t.last_error = outcome.ToString();
       if (t.attempt >= static_cast<uint32_t>(Task::kMaxAttempts)) {
-        t.state = TaskState::kFailed;
+        CKPT_RETURN_IF_ERROR(e.SetTaskState(t, TaskState::kFailed));
         ++state_->counters.tasks_failed_total;
         disposition = TaskDisposition::kFailed;
         log::Warn("task {} ({}) on node {} failed for good after {} attempts: {}", t.id,
                   TaskKindName(t.kind), node_id, t.attempt, t.last_error);
       } else {
-        t.state = TaskState::kRetryWait;
+        CKPT_RETURN_IF_ERROR(e.SetTaskState(t, TaskState::kRetryWait));
         t.retry_at_ms = e.NowMs() + absl::ToInt64Milliseconds(options_.task_retry_backoff) *
                                         (int64_t{1} << std::min<uint32_t>(t.attempt - 1, 10));
         disposition = TaskDisposition::kRetry;
@@ -905,7 +916,7 @@ absl::StatusOr<Node> MetaCore::DrainNode(const std::string& node_id) {
       }
     } else if (n.state != NodeState::kDraining || !n.drained) {
       if (n.state != NodeState::kDraining) n.state_since_ms = e.NowMs();
-      n.state = NodeState::kDraining;
+      CKPT_RETURN_IF_ERROR(e.SetNodeState(n, NodeState::kDraining));
       n.drained = true;
       txn.Node(n);
       e.ReplanAll();
@@ -926,7 +937,7 @@ absl::StatusOr<Node> MetaCore::UndrainNode(const std::string& node_id) {
     const bool running = n.state == NodeState::kDraining ||
                          (n.state == NodeState::kLeft && n.lease_deadline > e.Mono());
     if (running) {
-      n.state = NodeState::kAlive;
+      CKPT_RETURN_IF_ERROR(e.SetNodeState(n, NodeState::kAlive));
       n.state_since_ms = e.NowMs();
     }
     txn.Node(n);
@@ -945,7 +956,7 @@ absl::Status MetaCore::RemoveNode(const std::string& node_id) {
     if (it == state_->nodes.end()) {
       return absl::NotFoundError(absl::StrCat("node \"", node_id, "\" is not registered"));
     }
-    if (it->second.state != NodeState::kDead && it->second.state != NodeState::kLeft) {
+    if (NodeIsUsable(it->second.state)) {
       return absl::FailedPreconditionError(
           absl::StrCat("node \"", node_id, "\" is ", NodeStateName(it->second.state),
                        "; only DEAD or LEFT nodes can be removed (drain it first)"));
@@ -1165,7 +1176,7 @@ absl::StatusOr<JobView> MetaCore::DeleteJob(const std::string& job_id, bool dele
           e.DeleteDurable(v);
         }
         if (v.state != VersionState::kAborted) {
-          e.SetState(v, VersionState::kDeleted, "job deleted");
+          CKPT_RETURN_IF_ERROR(e.SetState(v, VersionState::kDeleted, "job deleted"));
         }
       }
       log::Info("job {} deleted (durable files {})", job_id,
@@ -1268,7 +1279,7 @@ absl::StatusOr<std::pair<Version, bool>> MetaCore::BeginVersion(const std::strin
       Version& v = it->second;
       e.CancelVersionTasks(v);
       e.EvictVersion(v);
-      e.SetState(v, VersionState::kAborted, absl::StrCat("superseded by run ", run_id));
+      CKPT_RETURN_IF_ERROR(e.SetState(v, VersionState::kAborted, absl::StrCat("superseded by run ", run_id)));
     }
     if (it != by_step.end()) {
       // Replace the terminal version's records.
@@ -1458,7 +1469,7 @@ absl::Status ApplyStaged(Engine& e, const std::string& node_id, StagedReport& r)
   e.PlanFlush(*v);
   if (v->shards.size() == v->world_size) {
     v->staged_ms = e.NowMs();
-    e.SetState(*v, VersionState::kStaged);
+    CKPT_RETURN_IF_ERROR(e.SetState(*v, VersionState::kStaged));
     if (v->plan.policy.kind == ProtectionPolicy::Kind::kErasureCode) e.StartErasureCoding(*v);
     e.Recompute(*v);
     // Older versions still OPEN can never be the newest restorable one now.
@@ -1881,7 +1892,7 @@ absl::StatusOr<Version> MetaCore::DeleteVersion(const std::string& job_id, uint6
       if (durable || v->state == VersionState::kPersisted) {
         e.DeleteDurable(*v);
       }
-      e.SetState(*v, VersionState::kDeleted, "deleted by operator");
+      CKPT_RETURN_IF_ERROR(e.SetState(*v, VersionState::kDeleted, "deleted by operator"));
     }
     Version result = *v;
     for (auto& [rank, sh] : result.shards) sh.items.clear();

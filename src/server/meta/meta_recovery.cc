@@ -12,6 +12,7 @@
 #include "common/status_macros.h"
 #include "ec/layout.h"
 #include "server/meta/core_state.h"
+#include "server/meta/transitions.h"
 
 namespace ckpt::meta {
 
@@ -41,10 +42,13 @@ const NodeBlob* BlobOf(const Version& v, const std::string& node_id) {
 }
 }  // namespace
 
-void Engine::SetState(Version& v, VersionState to, const std::string& reason) {
-  if (v.state == to) return;
+absl::Status Engine::SetState(Version& v, VersionState to, const std::string& reason) {
+  if (v.state == to) return absl::OkStatus();
   const VersionState from = v.state;
-  v.state = to;
+  if (absl::Status st = Transition(&v.state, to); !st.ok()) {
+    log::Error("version {}/{}: {}", v.job_id, v.step, std::string(st.message()));
+    return st;
+  }
   if (from == VersionState::kOpen) s_.open_progress.erase({v.job_id, v.step});
   const int64_t now = NowMs();
   switch (to) {
@@ -77,10 +81,11 @@ void Engine::SetState(Version& v, VersionState to, const std::string& reason) {
       Version& d = s_.versions[v.job_id][step];
       if (d.flush_planned) PlanFlush(d);
     }
-    return;
+    return absl::OkStatus();
   }
   // (Versions that refer to its items stay: their own bytes may be referred
   // to in turn. They no longer load whole, and Latest skips them: RefsAvailable.)
+  return absl::OkStatus();
 }
 
 std::string StagedRanksText(const Version& v) {
@@ -109,7 +114,7 @@ void Engine::AbortOpenVersion(Version& v, const std::string& reason) {
   // version, on ranks that did save it) stay until nothing refers to them
   // (ApplyRetention); the version itself is never offered.
   if (Dependents(v.job_id, v.step).empty()) EvictVersion(v);
-  SetState(v, VersionState::kAborted, reason);
+  SetState(v, VersionState::kAborted, reason).IgnoreError();  // a refusal is logged by SetState
 }
 
 void Engine::AbortOpenVersionsBelow(const Version& staged) {
@@ -142,7 +147,8 @@ void Engine::Recompute(Version& v) {
           EvictVersion(v);  // the ranks that survive can never be restored: free them
           SetState(v, VersionState::kAborted,
                    absl::StrCat("rank ", rank, " was lost on node ", sh.primary_node_id,
-                                " before every rank was staged"));
+                                " before every rank was staged"))
+              .IgnoreError();  // a refusal is logged by SetState
           return;
         }
       }
@@ -162,7 +168,8 @@ void Engine::Recompute(Version& v) {
       CancelVersionTasks(v);
       EvictVersion(v);  // the other ranks' copies can never be restored: free them
       SetState(v, VersionState::kAborted,
-               absl::StrCat("data lost: rank ", rank, " has no readable copy left"));
+               absl::StrCat("data lost: rank ", rank, " has no readable copy left"))
+          .IgnoreError();  // a refusal is logged by SetState
       ++s_.counters.reports_rejected_total;  // visible in metrics as a failure
       return;
     }
@@ -204,12 +211,12 @@ void Engine::Recompute(Version& v) {
   }
   if (complete) {
     if (v.state != VersionState::kProtected) {
-      SetState(v, VersionState::kProtected);
+      SetState(v, VersionState::kProtected).IgnoreError();  // a refusal is logged by SetState
       if (auto job = s_.jobs.find(v.job_id); job != s_.jobs.end()) ApplyRetention(job->second);
     }
   } else if (v.state == VersionState::kProtected ||
              (v.state == VersionState::kStaged && lost_something)) {
-    SetState(v, VersionState::kDegraded, "redundancy lost; re-protecting");
+    SetState(v, VersionState::kDegraded, "redundancy lost; re-protecting").IgnoreError();  // logged if refused
   }
   if (!complete) PlanRecovery(v);
   PlanFlush(v);
@@ -887,7 +894,9 @@ void Engine::ApplyRetention(Job& job) {
     if (referenced.count(v.step) != 0 && !IsTerminal(v.state)) continue;  // kept for others
     CancelVersionTasks(v);
     EvictVersion(v);
-    if (v.state != VersionState::kPersisted) SetState(v, VersionState::kDeleted, evict_reason);
+    if (v.state != VersionState::kPersisted) {
+      SetState(v, VersionState::kDeleted, evict_reason).IgnoreError();  // a refusal is logged by SetState
+    }
   }
   const uint32_t keep_durable = job.spec.retention.keep_durable;
   if (keep_durable == 0) return;
@@ -908,7 +917,8 @@ void Engine::ApplyRetention(Job& job) {
     if (!DeleteDurable(v)) continue;
     SetState(v, VersionState::kDeleted,
              absl::StrCat("removed from the durable tier by retention (keep_durable=",
-                          keep_durable, ")"));
+                          keep_durable, ")"))
+        .IgnoreError();  // a refusal is logged by SetState
   }
 }
 
@@ -1316,19 +1326,17 @@ absl::Status MetaCore::Tick() {
     // Leases.
     std::vector<std::string> dead;
     for (auto& [id, n] : state_->nodes) {
-      if (n.state != NodeState::kAlive && n.state != NodeState::kSuspect &&
-          n.state != NodeState::kDraining)
-        continue;
+      if (!e.IsUsable(id)) continue;
       if (mono >= n.lease_deadline) {
         dead.push_back(id);
       } else if (n.state == NodeState::kAlive &&
                  mono >= n.lease_deadline - options_.lease + 2 * options_.heartbeat_interval) {
-        n.state = NodeState::kSuspect;  // transient: not persisted
+        e.SetNodeState(n, NodeState::kSuspect).IgnoreError();  // transient: not persisted
       }
     }
     for (const std::string& id : dead) {
       Node& n = state_->nodes[id];
-      n.state = NodeState::kDead;
+      e.SetNodeState(n, NodeState::kDead).IgnoreError();  // a refusal is logged by SetNodeState
       n.state_since_ms = now;
       ++n.failures;
       txn.Node(n);
@@ -1355,7 +1363,7 @@ absl::Status MetaCore::Tick() {
         }
       }
       if (!needed) {
-        n.state = NodeState::kLeft;
+        e.SetNodeState(n, NodeState::kLeft).IgnoreError();  // a refusal is logged by SetNodeState
         n.state_since_ms = now;
         txn.Node(n);
         ++state_->membership_generation;
@@ -1366,19 +1374,19 @@ absl::Status MetaCore::Tick() {
     for (auto& [id, t] : state_->tasks) {
       if (t.state == TaskState::kRetryWait && now >= t.retry_at_ms) {
         ++t.attempt;
-        t.state = TaskState::kPending;
+        e.SetTaskState(t, TaskState::kPending).IgnoreError();  // a refusal is logged by SetTaskState
         t.last_progress = mono;
         txn.Task(t);
         ++state_->task_generation;
       } else if ((t.state == TaskState::kPending || t.state == TaskState::kRunning) &&
                  mono - t.last_progress >= absl::Milliseconds(t.timeout_ms)) {
         if (t.attempt >= static_cast<uint32_t>(Task::kMaxAttempts)) {
-          t.state = TaskState::kFailed;
+          e.SetTaskState(t, TaskState::kFailed).IgnoreError();  // logged if refused
           t.last_error = "timed out";
           ++state_->counters.tasks_failed_total;
         } else {
           ++t.attempt;
-          t.state = TaskState::kPending;
+          e.SetTaskState(t, TaskState::kPending).IgnoreError();  // logged if refused
           t.last_progress = mono;
           ++state_->task_generation;
         }
@@ -1459,7 +1467,7 @@ void MetaCore::FailureStatsLocked(const std::string& job_id, ClusterStatusView* 
     const int64_t until = n.state == NodeState::kLeft ? n.state_since_ms : now;
     out->observed_node_ms += std::max<int64_t>(0, until - since);
     out->failures += n.failures;
-    if (n.state == NodeState::kAlive || n.state == NodeState::kSuspect || n.state == NodeState::kDraining) ++alive;
+    if (NodeIsUsable(n.state)) ++alive;
   }
   out->mtbf_is_lower_bound = out->failures == 0;
   out->node_mtbf_ms = out->observed_node_ms / static_cast<int64_t>(std::max<uint64_t>(out->failures, 1));
@@ -1504,8 +1512,7 @@ ClusterStatusView MetaCore::ClusterStatusLocked(bool include_nodes, uint32_t max
       out.nodes.push_back(n);
       out.nodes.back().pending_tasks = pending[id];
     }
-    if (n.state == NodeState::kAlive || n.state == NodeState::kSuspect ||
-        n.state == NodeState::kDraining) {
+    if (NodeIsUsable(n.state)) {
       out.memory_capacity_bytes += n.memory_capacity_bytes;
       out.memory_used_bytes += n.memory_used_bytes;
       out.memory_free_bytes += n.memory_free_bytes;

@@ -52,6 +52,15 @@ bool SatisfiesLevel(VersionState s, Level l);
 inline bool IsTerminal(VersionState s) {
   return s == VersionState::kAborted || s == VersionState::kDeleted;
 }
+// A node in state `s` can serve reads and run tasks: ALIVE, SUSPECT or
+// DRAINING (not DEAD or LEFT). MetaCore's Engine::IsUsable(node_id).
+inline bool NodeIsUsable(NodeState s) {
+  return s == NodeState::kAlive || s == NodeState::kSuspect || s == NodeState::kDraining;
+}
+// Holdings on a node in state `s` count toward protection: ALIVE or SUSPECT.
+inline bool NodeCountsForProtection(NodeState s) {
+  return s == NodeState::kAlive || s == NodeState::kSuspect;
+}
 
 // ---------------------------------------------------------------------------
 // Nodes

@@ -54,7 +54,7 @@ UnavailableError = _ckpt.UnavailableError
 DataLossError = _ckpt.DataLossError
 UnauthenticatedError = _ckpt.UnauthenticatedError
 
-__all__ = ["Client", "SaveHandle", "LazySave", "DType", "read_durable", "Error", "MAX_STEP"] + [
+__all__ = ["Client", "SaveHandle", "LazySave", "DType", "read_durable", "Error", "MAX_STEP", "environment"] + [
     n for n in dir(_ckpt) if n.endswith("Error")]
 
 # The largest step ckpt accepts (2**53 - 1: exact as a float and in JSON).
@@ -425,6 +425,16 @@ class _PausedProtection:
 class Client:
     """A connection to ckpt-meta and the node's agent, for one rank of one job.
 
+    job, rank, world_size, meta and agent_socket not given are taken from the
+    environment: torch.distributed (rank, world size) when it is initialised,
+    else the launcher's variables (torchrun: RANK, WORLD_SIZE,
+    TORCHELASTIC_RUN_ID; Slurm: SLURM_PROCID, SLURM_NTASKS, SLURM_JOB_ID) and
+    CKPT_JOB, CKPT_META, CKPT_AGENT_SOCKET (default /run/ckpt/agent.sock);
+    CKPT_JOB wins over a launcher's run id. ckpt.environment.client_config()
+    has the table; a value found nowhere raises ckpt.InvalidArgumentError
+    naming every place looked at. `client.config.sources` says where each
+    value came from.
+
     Connecting makes sure the job exists (rank 0 creates it with this
     world_size, flush and retention policy; other ranks wait for it) and maps
     the agent's memory tier. Blocks up to connect_timeout seconds while meta or
@@ -451,21 +461,32 @@ class Client:
     (kept in memory while they are) do not pile up.
     """
 
-    def __init__(self, job, rank, world_size, meta, agent_socket="/run/ckpt/agent.sock", *,
+    def __init__(self, job=None, rank=None, world_size=None, meta=None, agent_socket=None, *,
                  flush_every=0, flush_every_seconds=0, keep_in_memory=0, keep_durable=0,
                  run_id="", connect_timeout=30.0, rpc_timeout=60.0, load_timeout=600.0,
                  protection=None, full_save_every=10):
-        self._c = _ckpt.Client.connect(
-            job=job, rank=rank, world_size=world_size, meta=meta, agent_socket=str(agent_socket),
-            flush_every=flush_every, flush_every_seconds=flush_every_seconds,
-            keep_in_memory=keep_in_memory, keep_durable=keep_durable, run_id=run_id,
-            connect_timeout=float(connect_timeout), rpc_timeout=float(rpc_timeout),
-            load_timeout=float(load_timeout),
-            protection=None if protection is None else str(protection),
-            full_save_every=int(full_save_every))
-        self.job = job
-        self.rank = rank
-        self.world_size = world_size
+        cfg = environment.client_config(job=job, rank=rank, world_size=world_size, meta=meta,
+                                        agent_socket=agent_socket)
+        try:
+            self._c = _ckpt.Client.connect(
+                job=cfg.job, rank=cfg.rank, world_size=cfg.world_size, meta=cfg.meta,
+                agent_socket=str(cfg.agent_socket),
+                flush_every=flush_every, flush_every_seconds=flush_every_seconds,
+                keep_in_memory=keep_in_memory, keep_durable=keep_durable, run_id=run_id,
+                connect_timeout=float(connect_timeout), rpc_timeout=float(rpc_timeout),
+                load_timeout=float(load_timeout),
+                protection=None if protection is None else str(protection),
+                full_save_every=int(full_save_every))
+        except InvalidArgumentError as e:
+            if all(v.endswith("=") for v in cfg.sources.values()):
+                raise
+            # Say where the values came from: a job id from $TORCHELASTIC_RUN_ID, a rank
+            # from $SLURM_PROCID are not what the caller wrote.
+            raise InvalidArgumentError(f"{e} (from the environment: {cfg.describe()})") from None
+        self.job = cfg.job
+        self.rank = cfg.rank
+        self.world_size = cfg.world_size
+        self.config = cfg  # where each value came from (cfg.sources)
         self._lazy = None  # the newest lazy save whose copy may still run
         # The newest lazy save already copied, whose commit may still be on its way:
         # dropping the last reference to a LazySave waits for its save to finish, so the
@@ -699,4 +720,5 @@ def read_durable(path, structured=False):
     return out
 
 
+from . import environment  # noqa: E402  (ckpt.environment.client_config)
 from . import torch as _torch_helpers  # noqa: E402,F401  (ckpt.torch)

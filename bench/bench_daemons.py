@@ -64,7 +64,8 @@ class Daemons:
                 "--data-listen", f"127.0.0.1:{data_port}", "--metrics-listen", f"127.0.0.1:{metrics_port}",
                 "--run-dir", str(root / f"run{suffix}"), "--memory", memory,
                 "--memory-dir", str(self.shm / f"node-{i + 1}"), "--log-level", "warn",
-                *self.tls.node_flags(f"node-{i + 1}"), *extra, *agent_args],
+                *self.tls.node_flags(f"node-{i + 1}", f"host-{i + 1}" if binary == "ckpt-dpu-agent" else None),
+                *extra, *agent_args],
                 binary=binary)
             wait_tcp(port, agent, 60)
             self.agents.append(agent)

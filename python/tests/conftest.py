@@ -64,7 +64,8 @@ class Cluster:
                 "--memory", memory, "--memory-dir", str(mem),
                 "--durable-root", str(self.durable_root),
                 *(["--host-node", f"host-{i + 1}"] if binary == "ckpt-dpu-agent" else []),
-                *tls.node_flags(f"node-{i + 1}")], binary=binary)
+                *tls.node_flags(f"node-{i + 1}", f"host-{i + 1}" if binary == "ckpt-dpu-agent" else None)],
+                binary=binary)
             wait_tcp(port, agent, 60)
             self.sockets.append(run_dir / "agent.sock")
             self.metrics_ports.append(metrics_port)

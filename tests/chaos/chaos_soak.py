@@ -515,7 +515,8 @@ class Soak:
                               "--memory", str(a.agent_memory), "--memory-dir", str(self.shm / node),
                               "--durable-root", str(self.durable), "--peer-timeout-ms", str(a.peer_timeout_ms),
                               "--data-chunk", "1MiB", "--rpc-timeout-ms", "5000",
-                              *(["--host-node", f"host-{node}"] if dpu else []), *self.certs.node_flags(node)],
+                              *(["--host-node", f"host-{node}"] if dpu else []),
+                              *self.certs.node_flags(node, f"host-{node}" if dpu else None)],
                        self.work / f"{node}.log", env, prefix)
             d.port, d.metrics_port, d.index = port, metrics, i
             d.socket = self.work / node / "run" / "agent.sock"

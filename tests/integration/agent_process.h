@@ -8,6 +8,7 @@
 #include <grpcpp/grpcpp.h>
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -33,6 +34,10 @@ struct AgentProcessOptions {
   std::string memory = "64MiB";
   std::string memory_dir;    // empty: <dir>/mem
   std::vector<std::string> extra_args;
+  // The host a ckpt-dpu-agent's certificate names (ckpt://host/<id>); unset:
+  // its --host-node from extra_args, as `ckptctl certs create-node
+  // --host-node` makes it. (Set otherwise only to test the refusal.)
+  std::optional<std::string> cert_host_node;
   // --insecure instead of the node's certificate: only for a benchmark that
   // measures what security costs (bench/protection_bench --security);
   // loopback only, with a MetaProcess started insecure.
@@ -78,7 +83,13 @@ class AgentProcess {
     if (options_.insecure) {
       o.argv.push_back("--insecure");
     } else {
-      const TlsFilePaths tls = TestPki::Shared().Node(options_.node_id);
+      std::string host_node;  // a DPU's certificate names its host
+      for (size_t i = 0; i + 1 < options_.extra_args.size(); ++i) {
+        if (options_.extra_args[i] == "--host-node") host_node = options_.extra_args[i + 1];
+      }
+      if (options_.cert_host_node) host_node = *options_.cert_host_node;
+      const TlsFilePaths tls = host_node.empty() ? TestPki::Shared().Node(options_.node_id)
+                                                 : TestPki::Shared().Dpu(options_.node_id, host_node);
       for (const std::string& a : {std::string("--tls-ca"), tls.ca, std::string("--tls-cert"), tls.cert,
                                    std::string("--tls-key"), tls.key}) {
         o.argv.push_back(a);

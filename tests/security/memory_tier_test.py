@@ -68,7 +68,8 @@ class Env:
         node = ["--node-id", node_id] + (["--host-node", "n0"] if binary == "ckpt-dpu-agent" else [])
         return node + ["--meta", self.meta, "--listen", f"127.0.0.1:{ap}", "--data-listen", f"127.0.0.1:{dp}",
                        "--metrics-listen", f"127.0.0.1:{mp}", "--run-dir", str(self.work / f"run{self.runs}"),
-                       "--memory", "16MiB", "--memory-dir", str(memory_dir)] + self.tls.node_flags(node_id)
+                       "--memory", "16MiB", "--memory-dir", str(memory_dir)] + self.tls.node_flags(
+                           node_id, "n0" if binary == "ckpt-dpu-agent" else None)
 
     def refused(self, what, memory_dir, expect, binary="ckpt-agent"):
         """Starts `binary` on memory_dir and checks it stops at start, saying every string of

@@ -139,9 +139,12 @@ class ClusterTls:
         """ckpt-meta's certificate (ckpt://meta)."""
         return self._issue(("meta",), "create-meta", "--host", "127.0.0.1,::1,localhost")
 
-    def node(self, node_id):
-        """The certificate of node_id's agent (ckpt://node/<node_id>)."""
-        return self._issue(("node", node_id), "create-node", "--node-id", node_id, "--host", "127.0.0.1,::1,localhost")
+    def node(self, node_id, host_node=None):
+        """The certificate of node_id's agent (ckpt://node/<node_id>); a DPU's (ckpt-dpu-agent) also
+        names the host it serves (host_node: ckpt://host/<host_node>, its --host-node)."""
+        host = ["--host-node", host_node] if host_node else []
+        return self._issue(("node", node_id, host_node), "create-node", "--node-id", node_id, *host,
+                           "--host", "127.0.0.1,::1,localhost")
 
     def client(self, role, name, jobs=None):
         """A client certificate: role admin, operator or trainer (jobs: its job patterns)."""
@@ -153,9 +156,9 @@ class ClusterTls:
         """ckpt-meta's --tls-* flags."""
         return tls_flags(self.meta())
 
-    def node_flags(self, node_id):
-        """The --tls-* flags of node_id's agent."""
-        return tls_flags(self.node(node_id))
+    def node_flags(self, node_id, host_node=None):
+        """The --tls-* flags of node_id's agent (a DPU agent: serving host_node)."""
+        return tls_flags(self.node(node_id, host_node))
 
     def admin(self):
         return self.client("admin", "tests-admin")

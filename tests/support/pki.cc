@@ -42,6 +42,10 @@ TlsFilePaths TestPki::Meta() { return For({pki::Role::kMeta, "", {}}); }
 
 TlsFilePaths TestPki::Node(const std::string& node_id) { return For({pki::Role::kNode, node_id, {}}); }
 
+TlsFilePaths TestPki::Dpu(const std::string& node_id, const std::string& host_node) {
+  return For({pki::Role::kNode, node_id, {}, host_node});
+}
+
 TlsFilePaths TestPki::Client(pki::Role role, const std::string& name, const std::vector<std::string>& jobs) {
   return For({role, name, jobs});
 }

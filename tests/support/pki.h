@@ -45,6 +45,9 @@ class TestPki {
   // same files every time.
   TlsFilePaths Meta();
   TlsFilePaths Node(const std::string& node_id);
+  // A DPU's node certificate: node `node_id` serving host `host_node`
+  // (ckpt://host/<host_node>, as `ckptctl certs create-node --host-node`).
+  TlsFilePaths Dpu(const std::string& node_id, const std::string& host_node);
   TlsFilePaths Client(pki::Role role, const std::string& name, const std::vector<std::string>& jobs = {});
 
   // Any identity (hosts 127.0.0.1, ::1, localhost for meta and nodes).

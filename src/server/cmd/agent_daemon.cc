@@ -216,7 +216,8 @@ absl::StatusOr<Settings> LoadSettings(const std::string& config_file, const std:
   if (!out.insecure) {
     // The certificate must be this node's: meta accepts a node's calls only
     // from its own certificate, and tools check it before they send anything.
-    CKPT_RETURN_IF_ERROR(daemon::CheckOwnIdentity(out.tls, pki::Identity{pki::Role::kNode, a.node_id, {}}));
+    CKPT_RETURN_IF_ERROR(
+        daemon::CheckOwnIdentity(out.tls, pki::Identity{pki::Role::kNode, a.node_id, {}, a.host_node_id}));
   }
   CKPT_ASSIGN_OR_RETURN(out.meta_token, daemon::TokenSetting(*config, "token_file"));
   CKPT_ASSIGN_OR_RETURN(out.admin_token, daemon::TokenSetting(*config, "admin_token_file"));
@@ -380,7 +381,10 @@ int Serve(const Settings& settings, const sigset_t& signals, const AgentFlavor& 
         }
         return true;
       });
-  rpc::AgentServiceImpl service(a, "none", settings.admin_token, /*require_identity=*/!settings.insecure);
+  // A DPU agent takes its trainers' calls on TCP from its host's node
+  // certificate (the host's ckpt-dpu-proxy, docs/dpu.md).
+  rpc::AgentServiceImpl service(a, "none", settings.admin_token, /*require_identity=*/!settings.insecure,
+                                settings.agent.host_node_id);
   // Local clients take leases and open their own copies on their session
   // connections too (no gRPC round trip on a save's or a restore's path:
   // docs/agent.md "Client sessions").

@@ -164,6 +164,22 @@ inline absl::Status CheckOwnIdentity(const TlsFiles& tls, const pki::Identity& w
                                                    std::string(pki::RoleName(got->role)), got->name.empty() ? "" : "/", got->name,
                                                    " but this daemon is ", wanted, ": `", issue, "`"));
   }
+  // A DPU agent's certificate names the host it serves, and only a DPU
+  // agent's does (meta checks RegisterNode the same way).
+  if (want.role == pki::Role::kNode && got->host_node != want.host_node) {
+    if (want.host_node.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--tls-cert \"", tls.cert_file, "\" is a DPU's certificate (serving host ", got->host_node,
+          "): run ckpt-dpu-agent --host-node ", got->host_node, ", or give this agent a certificate made without "
+          "--host-node"));
+    }
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--tls-cert \"", tls.cert_file, "\" ",
+        got->host_node.empty() ? std::string("names no host")
+                               : absl::StrCat("names host \"", got->host_node, "\" (ckpt://host/", got->host_node, ")"),
+        " but --host-node is \"", want.host_node, "\": meta admits a DPU only as the host's its certificate names: `",
+        issue, " --host-node ", want.host_node, "`"));
+  }
   return absl::OkStatus();
 }
 

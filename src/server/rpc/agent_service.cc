@@ -34,10 +34,10 @@ constexpr uint64_t kSessionVerifyBytes = 64ull << 20;
 }  // namespace
 
 AgentServiceImpl::AgentServiceImpl(agent::Agent* agent, std::string data_transport, std::string admin_token,
-                                   bool require_identity)
+                                   bool require_identity, std::string host_node)
     : agent_(agent),
       data_transport_(std::move(data_transport)),
-      auth_(require_identity, CallerTokens{std::move(admin_token), "", {}}) {}
+      auth_(require_identity, CallerTokens{std::move(admin_token), "", {}}, std::move(host_node)) {}
 
 absl::StatusOr<agent::PullSource> AgentServiceImpl::PullSourceFromProto(const v1::PullSource& p,
                                                                          const char* field) {
@@ -49,7 +49,7 @@ absl::StatusOr<agent::PullSource> AgentServiceImpl::PullSourceFromProto(const v1
 
 grpc::Status AgentServiceImpl::AcquireStagingLease(grpc::ServerContext* ctx, const v1::AcquireStagingLeaseRequest* req,
                                                    v1::AcquireStagingLeaseResponse* resp) {
-  if (grpc::Status a = auth_.AgentPortCall(*ctx, req->job_id(), Access::kWrite, "AcquireStagingLease"); !a.ok()) return a;
+  if (grpc::Status a = auth_.AgentPortCall(*ctx, req->job_id(), Access::kSave, "AcquireStagingLease"); !a.ok()) return a;
   return LeaseChecked(req, /*without_meta=*/false, resp);
 }
 
@@ -85,7 +85,7 @@ grpc::Status AgentServiceImpl::LeaseChecked(const v1::AcquireStagingLeaseRequest
 
 grpc::Status AgentServiceImpl::CommitShard(grpc::ServerContext* ctx, const v1::CommitShardRequest* req,
                                            v1::CommitShardResponse* resp) {
-  if (grpc::Status a = auth_.AgentPortCall(*ctx, "", Access::kWrite, "CommitShard"); !a.ok()) return a;
+  if (grpc::Status a = auth_.AgentPortCall(*ctx, "", Access::kSave, "CommitShard"); !a.ok()) return a;
   std::vector<ManifestItem> items;
   if (!req->manifest().empty()) {
     if (req->items_size() != 0) return Invalid("set either items or manifest, not both");
@@ -111,7 +111,7 @@ grpc::Status AgentServiceImpl::CommitShard(grpc::ServerContext* ctx, const v1::C
 
 grpc::Status AgentServiceImpl::AbortLease(grpc::ServerContext* ctx, const v1::AbortLeaseRequest* req,
                                           v1::AbortLeaseResponse*) {
-  if (grpc::Status a = auth_.AgentPortCall(*ctx, "", Access::kWrite, "AbortLease"); !a.ok()) return a;
+  if (grpc::Status a = auth_.AgentPortCall(*ctx, "", Access::kSave, "AbortLease"); !a.ok()) return a;
   return ToGrpcStatus(agent_->AbortLease(req->lease_id(), req->session_id()));
 }
 
@@ -408,8 +408,14 @@ grpc::Status AgentServiceImpl::AgentStatus(grpc::ServerContext* ctx, const v1::A
   resp->set_memory_dir(s.memory_dir);
   resp->set_durable_root(s.durable_root);
   resp->set_data_transport(data_transport_);
-  resp->add_pool_files(s.pool_path);
-  resp->add_pool_file_bytes(s.pool_bytes);
+  // A pull-mode agent's pool is not for trainers to map (on a DPU it is not
+  // even on their machine): they stage shards in memory of their own. A
+  // trainer behind a ckpt-dpu-proxy, which has no session socket, would
+  // otherwise try to map it by this path.
+  if (!agent_->delivers()) {
+    resp->add_pool_files(s.pool_path);
+    resp->add_pool_file_bytes(s.pool_bytes);
+  }
   return grpc::Status::OK;
 }
 

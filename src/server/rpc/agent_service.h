@@ -23,9 +23,10 @@ class AgentServiceImpl final : public v1::AgentService::Service {
   // port serves mutual TLS) the caller's certificate identity decides
   // (server/rpc/authorize.h: admin, operator, trainer of the job); without
   // it (--insecure, loopback only) a non-empty `admin_token` guards every
-  // call (CheckAdminToken).
+  // call (CheckAdminToken). `host_node`: a DPU agent's --host-node, whose
+  // node certificate (its ckpt-dpu-proxy) makes trainer calls on TCP.
   AgentServiceImpl(agent::Agent* agent, std::string data_transport, std::string admin_token = "",
-                   bool require_identity = false);
+                   bool require_identity = false, std::string host_node = "");
 
   grpc::Status AcquireStagingLease(grpc::ServerContext*, const v1::AcquireStagingLeaseRequest*,
                                    v1::AcquireStagingLeaseResponse*) override;

@@ -42,11 +42,12 @@ std::string IdentityText(const pki::Identity& id) {
   std::string out = absl::StrCat("ckpt://", std::string(pki::RoleName(id.role)));
   if (!id.name.empty()) absl::StrAppend(&out, "/", id.name);
   if (!id.jobs.empty()) absl::StrAppend(&out, " (jobs ", absl::StrJoin(id.jobs, ","), ")");
+  if (!id.host_node.empty()) absl::StrAppend(&out, " (a DPU of host ", id.host_node, ")");
   return out;
 }
 
-Authorizer::Authorizer(bool require_identity, CallerTokens tokens)
-    : require_identity_(require_identity), tokens_(std::move(tokens)) {}
+Authorizer::Authorizer(bool require_identity, CallerTokens tokens, std::string host_node)
+    : require_identity_(require_identity), tokens_(std::move(tokens)), host_node_(std::move(host_node)) {}
 
 absl::StatusOr<std::optional<pki::Identity>> Authorizer::Required(const grpc::ServerContextBase& ctx,
                                                                   const char* rpc) const {
@@ -87,6 +88,33 @@ grpc::Status Authorizer::AgentCall(const grpc::ServerContextBase& ctx, const std
     }
   }
   return CheckAgentToken(ctx, tokens_.agent, tokens_.admin, rpc);
+}
+
+grpc::Status HostClaimDecision(const pki::Identity& who, const std::string& host_node_id, const char* rpc) {
+  if (who.host_node == host_node_id) return grpc::Status::OK;
+  if (host_node_id.empty()) {
+    return Denied(rpc, absl::StrCat("the caller's certificate ", IdentityText(who), " is a DPU's, serving host \"",
+                                    who.host_node, "\": register as ckpt-dpu-agent --host-node ", who.host_node));
+  }
+  const std::string issue = absl::StrCat("`ckptctl certs create-node --node-id ", who.name, " --host-node ",
+                                         host_node_id, " --host ...`");
+  if (who.host_node.empty()) {
+    return Denied(rpc, absl::StrCat("the request claims to serve host \"", host_node_id, "\" but the caller's certificate ",
+                                    IdentityText(who), " names no host (no ckpt://host/ URI): a DPU's certificate "
+                                    "must name the host it serves; issue it with ",
+                                    issue));
+  }
+  return Denied(rpc, absl::StrCat("the request claims to serve host \"", host_node_id, "\" but the caller's certificate ",
+                                  IdentityText(who), " names host \"", who.host_node,
+                                  "\": a DPU serves only the host its certificate names (", issue, ")"));
+}
+
+grpc::Status Authorizer::HostClaim(const grpc::ServerContextBase& ctx, const std::string& host_node_id,
+                                   const char* rpc) const {
+  absl::StatusOr<std::optional<pki::Identity>> id = Required(ctx, rpc);
+  if (!id.ok()) return ToGrpc(id.status());
+  if (!id->has_value()) return grpc::Status::OK;  // --insecure: no identities
+  return HostClaimDecision(**id, host_node_id, rpc);
 }
 
 grpc::Status Authorizer::AdminCall(const grpc::ServerContextBase& ctx, const char* rpc) const {
@@ -157,13 +185,8 @@ std::optional<std::vector<std::string>> Authorizer::VisibleJobs(const grpc::Serv
   return both;
 }
 
-grpc::Status Authorizer::AgentPortCall(const grpc::ServerContextBase& ctx, const std::string& job_id,
-                                       Access access, const char* rpc) const {
-  if (absl::StartsWith(ctx.peer(), "unix:")) return grpc::Status::OK;  // the kernel checked the socket's group
-  if (!require_identity_) return CheckAdminToken(ctx, tokens_.admin, rpc);
-  absl::StatusOr<std::optional<pki::Identity>> id = Required(ctx, rpc);
-  if (!id.ok()) return ToGrpc(id.status());
-  const pki::Identity& who = **id;
+grpc::Status AgentPortDecision(const pki::Identity& who, const std::string& host_node, const std::string& job_id,
+                               Access access, const char* rpc) {
   switch (who.role) {
     case pki::Role::kAdmin:
       return grpc::Status::OK;
@@ -181,11 +204,38 @@ grpc::Status Authorizer::AgentPortCall(const grpc::ServerContextBase& ctx, const
       return Denied(rpc, absl::StrCat(IdentityText(who), " may only read shards of its jobs on an agent's port",
                                       job_id.empty() ? std::string() : absl::StrCat(", not of job \"", job_id, "\"")));
     case pki::Role::kNode:
+      // A DPU agent's host: its ckpt-dpu-proxy carries the host's agent.sock
+      // here, so its calls are the trainers' of that host, whom the socket's
+      // group admitted: saves and restores of any job, as on agent.sock.
+      // Node-wide changes stay an admin's.
+      if (!host_node.empty() && who.name == host_node && who.host_node.empty()) {
+        if (access != Access::kWrite) return grpc::Status::OK;
+        return Denied(rpc, absl::StrCat(IdentityText(who), " is this DPU agent's host: through its ckpt-dpu-proxy it "
+                                                           "makes the trainers' calls (saves, restores, status), "
+                                                           "not flush, evict or pause (an admin certificate may)"));
+      }
+      if (!host_node.empty()) {
+        return Denied(rpc, absl::StrCat(IdentityText(who), " may not call this agent's port: of the nodes only "
+                                                           "ckpt://node/",
+                                        host_node,
+                                        ", the host this DPU agent serves (--host-node), may, through its "
+                                        "ckpt-dpu-proxy"));
+      }
+      break;
     case pki::Role::kMeta:
       break;
   }
   return Denied(rpc, absl::StrCat(IdentityText(who), " may not call an agent's port (tools use admin, operator or "
                                                      "trainer certificates)"));
+}
+
+grpc::Status Authorizer::AgentPortCall(const grpc::ServerContextBase& ctx, const std::string& job_id,
+                                       Access access, const char* rpc) const {
+  if (absl::StartsWith(ctx.peer(), "unix:")) return grpc::Status::OK;  // the kernel checked the socket's group
+  if (!require_identity_) return CheckAdminToken(ctx, tokens_.admin, rpc);
+  absl::StatusOr<std::optional<pki::Identity>> id = Required(ctx, rpc);
+  if (!id.ok()) return ToGrpc(id.status());
+  return AgentPortDecision(**id, host_node_, job_id, access, rpc);
 }
 
 }  // namespace ckpt::rpc

@@ -19,8 +19,15 @@
 //     identity; ListJobs shows a trainer only its jobs.
 //   agent TCP port: an admin; an operator for what returns no shard bytes
 //     and changes nothing (status, inventory, verify); a trainer for reads
-//     of its jobs (OpenShard, ReadShard, CloseShard, DeliverShard, verify). Nodes never call it. The local unix sockets are guarded
-//     by their mode and group (the kernel), not here.
+//     of its jobs (OpenShard, ReadShard, CloseShard, DeliverShard, verify).
+//     A DPU agent also takes the trainers' calls (saves, restores, status;
+//     any job, never flush, evict or pause) from one node: its host
+//     (--host-node), whose ckpt-dpu-proxy carries the host's agent.sock to
+//     it (docs/dpu.md); no other node calls an agent's port. The local unix
+//     sockets are guarded by their mode and group (the kernel), not here.
+//   meta, RegisterNode of a DPU: the host it claims to serve (host_node_id)
+//     must be the one its certificate names (ckpt://host/<id>), and a host
+//     agent's certificate names none.
 //
 // The tokens (common/grpc_security.h: admin, agent, trainer tokens) are
 // checked as before on top of the identity when configured. Without TLS
@@ -60,19 +67,36 @@ enum class Access {
   kReadBytes,  // returns a shard's bytes (OpenShard, ReadShard)
   kWrite,      // creates or changes (a job, a flush, a lease, an eviction)
   kOwnHandle,  // acts on a handle the caller opened (CloseShard, DeliverShard): its id is unguessable
+  kSave,       // saves into the agent's memory: a lease, its commit or abort (AcquireStagingLease,
+               // CommitShard, AbortLease)
 };
+
+// The agent port's rule for a TCP caller known by `who` (the file comment).
+// `host_node`: the node whose certificate may make trainer calls (a DPU
+// agent's --host-node); "" for a host agent.
+grpc::Status AgentPortDecision(const pki::Identity& who, const std::string& host_node, const std::string& job_id,
+                               Access access, const char* rpc);
+
+// Meta, RegisterNode by `who` (a node): the host it claims to serve
+// (`host_node_id`, "" for a host agent) must be the one its certificate
+// names (pki::Identity::host_node).
+grpc::Status HostClaimDecision(const pki::Identity& who, const std::string& host_node_id, const char* rpc);
 
 class Authorizer {
  public:
   // `require_identity`: the daemon serves mutual TLS, so every TCP caller
   // must carry a ckpt identity. `tokens`: checked on top, as configured.
-  Authorizer(bool require_identity, CallerTokens tokens);
+  // `host_node`: on a DPU agent's port, its --host-node (AgentPortDecision).
+  Authorizer(bool require_identity, CallerTokens tokens, std::string host_node = "");
 
   bool require_identity() const { return require_identity_; }
 
   // Meta: an RPC only agents make, by node `node_id` ("" when the request
   // names none).
   grpc::Status AgentCall(const grpc::ServerContextBase& ctx, const std::string& node_id, const char* rpc) const;
+  // Meta, RegisterNode (after AgentCall): HostClaimDecision on the caller's
+  // identity; OK without TLS (no identity).
+  grpc::Status HostClaim(const grpc::ServerContextBase& ctx, const std::string& host_node_id, const char* rpc) const;
   // Meta: an admin RPC.
   grpc::Status AdminCall(const grpc::ServerContextBase& ctx, const char* rpc) const;
   // Meta: a job RPC (`job_id` set) or a cluster-wide read (`job_id` empty).
@@ -95,6 +119,7 @@ class Authorizer {
 
   const bool require_identity_;
   const CallerTokens tokens_;
+  const std::string host_node_;
 };
 
 }  // namespace ckpt::rpc

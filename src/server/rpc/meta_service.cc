@@ -247,6 +247,9 @@ grpc::Status MetaServiceImpl::RegisterNode(grpc::ServerContext* ctx,
   if (grpc::Status a = AgentCall(*ctx, req->node_id(), "RegisterNode"); !a.ok()) return a;
   absl::StatusOr<meta::RegisterRequest> request = RegisterFromProto(*req);
   if (!request.ok()) return Fail("RegisterNode", request.status());
+  // A DPU's claim of the host it serves (placement's failure domain, the
+  // host whose proxy it takes trainers from) must be its certificate's.
+  if (grpc::Status a = auth_.HostClaim(*ctx, req->host_node_id(), "RegisterNode"); !a.ok()) return a;
   absl::StatusOr<meta::RegisterResult> result = core_->RegisterNode(*request);
   if (!result.ok()) return Fail("RegisterNode", result.status());
   ToProto(*result, resp);

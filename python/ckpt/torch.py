@@ -24,7 +24,13 @@ declared unchanged and every other entry is hashed, so what did not change
 since this client's previous save is stored as a reference to it instead of
 being copied, sent and kept again (Client.save's unchanged= and
 detect_unchanged=; docs/python.md "Incremental saves").
+
+Checkpointer (below) is one object for a training loop: resume(), step(s), close().
 """
+import collections
+import logging
+import sys
+import time
 
 
 def save(client, step, model=None, optimizer=None, extra=None, lazy=False, incremental=False):
@@ -148,3 +154,312 @@ def load(client, step, model=None, optimizer=None, strict=True):
             raise NotFoundError(f"step {step} holds no optimizer state")
         optimizer.load_state_dict(state["optimizer"])
     return state.get("extra")
+
+
+# ---------------------------------------------------------------------------
+# Checkpointer: one object for a training loop.
+
+_log = logging.getLogger("ckpt")
+
+
+def _parse_every(every):
+    """("steps", N) | ("seconds", T) | ("auto", None) of Checkpointer's `every`."""
+    import datetime
+    import re
+    from . import InvalidArgumentError
+    if isinstance(every, str) and every.strip() == "auto":
+        return "auto", None
+    if isinstance(every, bool):
+        raise InvalidArgumentError(f"every must be 'auto', a number of steps or a duration, not {every!r}")
+    if isinstance(every, int):
+        if every < 1:
+            raise InvalidArgumentError(f"every={every}: a number of steps must be >= 1")
+        return "steps", every
+    if isinstance(every, datetime.timedelta):
+        seconds = every.total_seconds()
+    elif isinstance(every, str):
+        m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*(s|sec|m|min|h)\s*", every)
+        if m is None:
+            raise InvalidArgumentError(
+                f"every={every!r}: write 'auto', a number of steps (every=100) or a duration "
+                "('30s', '5m', '1h', a datetime.timedelta)")
+        seconds = float(m.group(1)) * {"s": 1, "sec": 1, "m": 60, "min": 60, "h": 3600}[m.group(2)]
+    else:
+        raise InvalidArgumentError(
+            f"every={every!r}: write 'auto', a number of steps (an int) or a duration ('30s', a timedelta)")
+    if seconds <= 0:
+        raise InvalidArgumentError(f"every={every!r}: a duration must be > 0")
+    return "seconds", seconds
+
+
+def _rng_states():
+    """The RNG states a resumed run needs to go on bit-identically: torch's (and CUDA's
+    when it is in use), numpy's global generator and Python's `random`."""
+    import random
+    import numpy as np
+    import torch
+    out = {"torch": torch.get_rng_state()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        out["cuda"] = torch.cuda.get_rng_state_all()
+    kind, keys, pos, has_gauss, cached = np.random.get_state()
+    out["numpy"] = {"kind": str(kind), "keys": np.array(keys), "pos": int(pos), "has_gauss": int(has_gauss),
+                    "cached_gaussian": float(cached)}
+    version, internal, gauss_next = random.getstate()
+    out["python"] = {"version": int(version), "state": np.array(internal, dtype=np.uint64),
+                     "gauss_next": gauss_next}
+    return out
+
+
+def _restore_rng(rng):
+    import random
+    import numpy as np
+    import torch
+    if not rng:
+        return
+    if "torch" in rng:
+        torch.set_rng_state(rng["torch"])
+    if "cuda" in rng and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(list(rng["cuda"]))
+    if "numpy" in rng:
+        n = rng["numpy"]
+        np.random.set_state((n["kind"], n["keys"], n["pos"], n["has_gauss"], n["cached_gaussian"]))
+    if "python" in rng:
+        p = rng["python"]
+        random.setstate((p["version"], tuple(int(x) for x in p["state"]), p["gauss_next"]))
+
+
+def _distributed():
+    """torch.distributed if it is initialised, else None."""
+    dist = sys.modules.get("torch.distributed")
+    if dist is None or not dist.is_available() or not dist.is_initialized():
+        return None
+    return dist
+
+
+class Checkpointer:
+    """Checkpoints a training loop through ckpt: resume, save at an interval, wait at the end.
+
+        ck = ckpt.torch.Checkpointer(model, optimizer, every="auto")   # client from the environment
+        step = ck.resume()                # 0, or the step of the version restored
+        while step < steps:
+            ...train one step...
+            step += 1
+            ck.step(step)                 # saves when the interval says so
+        ck.close()                        # waits until the last save is PROTECTED
+
+    A step is the number of training steps done: ck.step(s) after the s-th
+    optimizer step saves the state after it, and resume() returns that s, so
+    the loop goes on with step s+1.
+
+    model, optimizer: saved and restored in place (state_dict / load_state_dict);
+    either may be None. every: "auto" (save at the first step, then every
+    Young/Daly interval sqrt(2 x C x M) steps, C the measured save cost, M the
+    job's MTBF from meta: Client.recommended_interval, re-chosen after each
+    save), an int N (every step that is a multiple of N), or a duration
+    ("30s", "5m", "1h", a datetime.timedelta: at the first step, then every
+    that many seconds of training converted to steps from the measured step
+    time, re-chosen after each save). With "auto" or a duration the ranks
+    agree on the steps (the smallest interval) through torch.distributed,
+    which must then be initialised when world_size > 1. lazy=True (default):
+    the copy overlaps the next forward and backward passes and the optimizer's
+    step() waits for it (ckpt.torch.save(lazy=True)). incremental=True: frozen
+    parameters and unchanged entries are stored as references
+    (ckpt.torch.save(incremental=True)).
+
+    client: a ckpt.Client; default ckpt.Client(**client_args), which takes the
+    job, rank, world size, meta and agent socket from the environment
+    (torchrun, Slurm, CKPT_*; docs/python.md "Using ckpt from torchrun / Slurm
+    / Kubernetes"). extra: a dict saved with every version and restored in
+    place by resume() (ck.extra), e.g. a data loader's position; values as in
+    a ckpt state. The RNG states (torch, CUDA when in use, numpy's global
+    generator, Python's random) are saved and restored too.
+    """
+
+    def __init__(self, model, optimizer=None, every="auto", lazy=True, incremental=False, *, client=None,
+                 extra=None, level="protected", settle_timeout=10.0, close_timeout=600.0, **client_args):
+        from . import Client, InvalidArgumentError
+        if level not in ("staged", "protected", "persisted"):
+            raise InvalidArgumentError(f"level must be staged, protected or persisted, not {level!r}")
+        self.mode, self.every = _parse_every(every)
+        self.model = model
+        self.optimizer = optimizer
+        self.lazy = bool(lazy)
+        self.incremental = bool(incremental)
+        self.client = client if client is not None else Client(**client_args)
+        self.rank = self.client.rank
+        self.world_size = self.client.world_size
+        self.extra = {} if extra is None else extra
+        self.level = level
+        self.settle_timeout = float(settle_timeout)
+        self.close_timeout = float(close_timeout)
+        self.restored = None       # what resume() found: step, level, served_from, node, seconds, ...
+        self.interval = None       # the interval chosen (auto / duration): steps and why
+        self.saved_steps = []      # the steps this Checkpointer saved
+        self._floor = -1           # steps <= the newest version found at resume are not saved again
+        self._next = None          # the next step to save at
+        self._last = None          # the newest save (SaveHandle or LazySave)
+        self._tick = time.monotonic()
+        self._step_times = collections.deque(maxlen=50)  # seconds of training between step() calls
+
+    # -- ranks agreeing --------------------------------------------------------------------------
+
+    def _agree(self, values, op):
+        """`values` (ints) reduced over the ranks with op "min"/"max" when torch.distributed is
+        initialised (and world_size > 1); as they are otherwise."""
+        dist = _distributed() if self.world_size > 1 else None
+        if dist is None:
+            return list(values)
+        import torch
+        t = torch.tensor(list(values), dtype=torch.int64)
+        if dist.get_backend() == "nccl":
+            t = t.cuda()
+        dist.all_reduce(t, op=dist.ReduceOp.MIN if op == "min" else dist.ReduceOp.MAX)
+        return [int(x) for x in t.cpu()]
+
+    # -- resume ----------------------------------------------------------------------------------
+
+    def resume(self):
+        """Restores the newest restorable version into the model and optimizer (in place), the RNG
+        states and ck.extra; returns its step, or 0 if the job has no version.
+
+        PROTECTED first: the newest version at PROTECTED or better (a newer STAGED one is given
+        settle_timeout seconds to get there), then the newest STAGED one if the protected one
+        cannot be loaded. The ranks agree on the step (through torch.distributed when it is
+        initialised). Versions the job has but none loadable: the last error is raised (with
+        every attempt in its message), since the job's steps cannot start again from 0.
+        ck.restored says what was restored from where.
+        """
+        from . import DataLossError, Error, NotFoundError
+        t0 = time.monotonic()
+        c = self.client
+
+        def latest(level):
+            v = c.latest(level)
+            return -1 if v is None else int(v)
+
+        protected, staged = latest("protected"), latest("staged")
+        protected, staged_min = self._agree([protected, staged], "min")
+        (staged_max,) = self._agree([staged], "max")
+        if staged_min > protected:
+            # A newer version still being protected (the run died just after saving it).
+            try:
+                c.wait(staged_min, "protected", timeout=self.settle_timeout)
+            except Error:
+                pass
+            (protected,) = self._agree([latest("protected")], "min")
+        self._floor = max(staged_max, protected)
+        candidates = [("protected", protected)] if protected >= 0 else []
+        if staged_min >= 0 and staged_min != protected:
+            candidates.append(("staged", staged_min))
+        tried, error = [], None
+        for level, step in candidates:
+            state, failure = None, None
+            try:
+                served_from, state = c.load_with_source(step)
+                extra = state.get("extra") or {}
+                if extra.get("step") != step:
+                    raise NotFoundError(f"step {step} was not saved by a Checkpointer (no extra/step)")
+                for part, obj in (("model", self.model), ("optimizer", self.optimizer)):
+                    if obj is not None and part not in state:
+                        raise NotFoundError(f"step {step} holds no {part} state")
+            except Error as e:
+                failure = f"step {step} ({level}): {type(e).__name__}: {e}"
+                error = e
+            (ok,) = self._agree([0 if failure else 1], "min")
+            if not ok:
+                tried.append(failure or f"step {step} ({level}): another rank could not load it")
+                continue
+            if self.model is not None:
+                self.model.load_state_dict(state["model"])
+            if self.optimizer is not None:
+                self.optimizer.load_state_dict(state["optimizer"])
+            _restore_rng(extra.get("rng"))
+            user = extra.get("user") or {}
+            self.extra.clear()
+            self.extra.update(user)
+            seconds = time.monotonic() - t0
+            self.restored = {"step": step, "level": level, "served_from": served_from, "node": c.node_id,
+                             "seconds": seconds, "rank": self.rank, "job": c.job, "skipped": tried}
+            _log.info("ckpt: rank %d/%d of job %s resumed from step %d (%s version, served from %s "
+                      "through %s) in %.3f s%s", self.rank, self.world_size, c.job, step, level, served_from,
+                      c.node_id, seconds, f"; skipped: {'; '.join(tried)}" if tried else "")
+            self._tick = time.monotonic()
+            return step
+        if tried:
+            raise (type(error) if error is not None else DataLossError)(
+                "no version of job {} could be restored: {}".format(c.job, "; ".join(tried)))
+        self.restored = {"step": 0, "level": None, "served_from": None, "node": c.node_id,
+                         "seconds": time.monotonic() - t0, "rank": self.rank, "job": c.job, "skipped": []}
+        _log.info("ckpt: rank %d/%d of job %s: no version to resume from, starting at step 0",
+                  self.rank, self.world_size, c.job)
+        self._tick = time.monotonic()
+        return 0
+
+    # -- saving ----------------------------------------------------------------------------------
+
+    def _median_step_time(self):
+        times = sorted(self._step_times)
+        return times[len(times) // 2] if times else 0.0
+
+    def _choose_interval(self, step):
+        """Steps to the next save after a save at `step` ("auto" and durations); the ranks agree."""
+        step_time = max(self._median_step_time(), 1e-6)
+        if self.mode == "auto":
+            advice = self.client.recommended_interval(step_time)
+            mine, why = int(advice["steps"]), advice["explanation"]
+        else:
+            mine = max(1, int(round(self.every / step_time)))
+            why = f"every {self.every:g} s at a median step time of {step_time * 1e3:.1f} ms: {mine} steps"
+        (steps,) = self._agree([mine], "min")
+        self.interval = {"steps": steps, "mine": mine, "why": why, "at_step": step}
+        _log.info("ckpt: rank %d: next save in %d steps (%s)", self.rank, steps, why)
+        return steps
+
+    def _check_agreement(self):
+        from . import FailedPreconditionError
+        if self.mode != "steps" and self.world_size > 1 and _distributed() is None:
+            raise FailedPreconditionError(
+                f"every={'auto' if self.mode == 'auto' else repr(f'{self.every:g}s')} with {self.world_size} "
+                "ranks needs torch.distributed initialised (the ranks agree on the steps to save at): "
+                "initialise it before the first step(), or give every=N steps")
+
+    def step(self, step):
+        """Call after each training step with the number of steps done; saves when the interval
+        says so. Returns the save (SaveHandle, or LazySave with lazy=True) or None."""
+        now = time.monotonic()
+        self._step_times.append(now - self._tick)
+        step = int(step)
+        handle = None
+        if step > self._floor:
+            if self._next is None:
+                self._check_agreement()
+                self._next = -(-step // self.every) * self.every if self.mode == "steps" else step
+            if step >= self._next:
+                handle = self.save(step)
+                self._next = step + (self.every if self.mode == "steps" else self._choose_interval(step))
+        self._tick = time.monotonic()
+        return handle
+
+    def save(self, step):
+        """Saves now, at `step` (whatever the interval): model, optimizer, RNG states, ck.extra."""
+        extra = {"step": int(step), "rng": _rng_states(), "user": self.extra}
+        handle = save(self.client, int(step), model=self.model, optimizer=self.optimizer, extra=extra,
+                      lazy=self.lazy, incremental=self.incremental)
+        self._last = handle
+        self.saved_steps.append(int(step))
+        return handle
+
+    def close(self, timeout=None):
+        """Waits for the newest save to be committed and to reach `level` (PROTECTED by default);
+        raises its error. timeout: seconds (default close_timeout)."""
+        handle, self._last = self._last, None
+        if handle is not None:
+            handle.wait(self.level, self.close_timeout if timeout is None else float(timeout))
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, exc_type, *rest):
+        if exc_type is None:
+            self.close()
+        return False

@@ -313,17 +313,19 @@ struct SegmentLocation {
   uint32_t crc32c = 0;
   Endpoint holder;
 };
+// EcStripeSource and EcDecodeSource mirror ckpt.v1's (and the agent's
+// agent/meta_link.h): the same field names and types.
 struct EcStripeSource {
-  int stripe = 0;
-  int blob_segment = 0;
-  int position = 0;
+  uint32_t stripe_index = 0;
+  uint32_t blob_segment_index = 0;
+  uint32_t position = 0;
   uint64_t stripe_length_bytes = 0;
   std::vector<SegmentLocation> segments;
 };
 struct EcDecodeSource {
-  int group = 0;
-  int data_k = 0;
-  int parity_m = 0;
+  uint32_t group_index = 0;
+  uint32_t data_k = 0;
+  uint32_t parity_m = 0;
   std::string owner_node_id;
   uint64_t blob_offset_bytes = 0;
   uint64_t segment_bytes = 0;

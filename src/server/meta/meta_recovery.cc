@@ -1036,9 +1036,9 @@ std::vector<Source> Engine::Sources(const Version& v, const Shard& shard,
                                        g->parity_m);
     if (found && layout.ok()) {
       EcDecodeSource ec;
-      ec.group = g->index;
-      ec.data_k = g->data_k;
-      ec.parity_m = g->parity_m;
+      ec.group_index = static_cast<uint32_t>(g->index);
+      ec.data_k = static_cast<uint32_t>(g->data_k);
+      ec.parity_m = static_cast<uint32_t>(g->parity_m);
       ec.owner_node_id = shard.primary_node_id;
       ec.blob_offset_bytes = offset;
       ec.segment_bytes = blob->segment_bytes;
@@ -1049,9 +1049,9 @@ std::vector<Source> Engine::Sources(const Version& v, const Shard& shard,
       for (uint64_t t = first; t <= last && ok; ++t) {
         const StripeSlot slot = layout->SegmentOf(member, static_cast<int>(t));
         EcStripeSource ss;
-        ss.stripe = slot.stripe;
-        ss.blob_segment = static_cast<int>(t);
-        ss.position = slot.position;
+        ss.stripe_index = static_cast<uint32_t>(slot.stripe);
+        ss.blob_segment_index = static_cast<uint32_t>(t);
+        ss.position = static_cast<uint32_t>(slot.position);
         bool wanted_valid = false;
         for (const Segment& seg : v.segments) {
           if (seg.key.group != g->index || seg.key.stripe != slot.stripe) continue;

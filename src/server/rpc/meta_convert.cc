@@ -912,17 +912,17 @@ void SourceToProto(const std::string& job_id, uint64_t step, const meta::Source&
     case meta::SourceKind::kEcDecode: {
       const meta::EcDecodeSource& ec = source.ec;
       v1::EcDecodeSource* e = out->mutable_ec();
-      e->set_group_index(static_cast<uint32_t>(ec.group));
-      e->set_data_k(static_cast<uint32_t>(ec.data_k));
-      e->set_parity_m(static_cast<uint32_t>(ec.parity_m));
+      e->set_group_index(ec.group_index);
+      e->set_data_k(ec.data_k);
+      e->set_parity_m(ec.parity_m);
       e->set_owner_node_id(ec.owner_node_id);
       e->set_blob_offset_bytes(ec.blob_offset_bytes);
       e->set_segment_bytes(ec.segment_bytes);
       for (const meta::EcStripeSource& st : ec.stripes) {
         v1::EcStripeSource* p = e->add_stripes();
-        p->set_stripe_index(static_cast<uint32_t>(st.stripe));
-        p->set_blob_segment_index(static_cast<uint32_t>(st.blob_segment));
-        p->set_position(static_cast<uint32_t>(st.position));
+        p->set_stripe_index(st.stripe_index);
+        p->set_blob_segment_index(st.blob_segment_index);
+        p->set_position(st.position);
         p->set_stripe_length_bytes(st.stripe_length_bytes);
         for (const meta::SegmentLocation& loc : st.segments) {
           v1::SegmentLocation* l = p->add_segments();

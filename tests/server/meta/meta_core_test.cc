@@ -1498,7 +1498,7 @@ TEST_F(MetaCoreTest, EcStripesAndRebuildSourcesSkipDeadAndListSuspectLast) {
   for (const Source& src : loc->sources) {
     if (src.kind != SourceKind::kEcDecode) continue;
     for (const EcStripeSource& st : src.ec.stripes) {
-      check_order(st.segments, "Locate stripe " + std::to_string(st.stripe));
+      check_order(st.segments, "Locate stripe " + std::to_string(st.stripe_index));
       for (const SegmentLocation& s : st.segments) {
         if (s.holder.node_id == slow && s.key.position < 5) suspect_not_last_by_position = true;
       }

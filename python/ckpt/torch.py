@@ -249,7 +249,14 @@ class Checkpointer:
 
     A step is the number of training steps done: ck.step(s) after the s-th
     optimizer step saves the state after it, and resume() returns that s, so
-    the loop goes on with step s+1.
+    the loop goes on with step s+1. A step at which a run of the job that died
+    had begun a version (some of its ranks saved it) is not saved again: the
+    next step is (ck.skipped_steps); steps up to the newest version found by
+    resume() are not saved either (meta refuses steps that do not increase).
+    Neither needs a rank to know more than the others: they agree through
+    torch.distributed (with several ranks and no torch.distributed, the first
+    check is not made, and a save at such a step raises
+    ckpt.AlreadyExistsError).
 
     model, optimizer: saved and restored in place (state_dict / load_state_dict);
     either may be None. every: "auto" (save at the first step, then every
@@ -295,6 +302,7 @@ class Checkpointer:
         self.restored = None       # what resume() found: step, level, served_from, node, seconds, ...
         self.interval = None       # the interval chosen (auto / duration): steps and why
         self.saved_steps = []      # the steps this Checkpointer saved
+        self.skipped_steps = []    # steps not saved: a run of the job that died began a version there
         self._floor = -1           # steps <= the newest version found at resume are not saved again
         self._next = None          # the next step to save at
         self._last = None          # the newest save (SaveHandle or LazySave)
@@ -423,6 +431,28 @@ class Checkpointer:
                 "ranks needs torch.distributed initialised (the ranks agree on the steps to save at): "
                 "initialise it before the first step(), or give every=N steps")
 
+    def _taken(self, step):
+        """True if the job has a version at `step` already (OPEN or ABORTED: begun by a run
+        that died), on any rank (the ranks agree, so that all or none save it). Looked at
+        only when the ranks can agree (one rank, or torch.distributed initialised)."""
+        from . import Error, NotFoundError
+        if self.world_size > 1 and _distributed() is None:
+            return False
+        last = self._last
+        if last is not None:
+            # The client's waits first wait for its own last save's commit (long done by
+            # now, in the background): then the look at meta takes no time.
+            last.result(self.close_timeout) if hasattr(last, "result") else last.committed(self.close_timeout)
+        try:
+            self.client.wait(step, "staged", timeout=0)
+            taken = 1  # STAGED or better: not after a resume (steps above the floor only)
+        except NotFoundError:
+            taken = 0
+        except Error:
+            taken = 1  # OPEN (DeadlineExceededError), ABORTED (FailedPreconditionError), meta away
+        (taken,) = self._agree([taken], "max")
+        return bool(taken)
+
     def step(self, step):
         """Call after each training step with the number of steps done; saves when the interval
         says so. Returns the save (SaveHandle, or LazySave with lazy=True) or None."""
@@ -434,9 +464,18 @@ class Checkpointer:
             if self._next is None:
                 self._check_agreement()
                 self._next = -(-step // self.every) * self.every if self.mode == "steps" else step
-            if step >= self._next:
+            if step >= self._next and self._taken(step):
+                # A run of this job that died began a version at this step: its shards
+                # cannot be saved again (the agent holds them), and a version mixing two
+                # runs would not be one state. The next step is saved instead.
+                self.skipped_steps.append(step)
+                _log.info("ckpt: rank %d: step %d not saved: a previous run of job %s began a version "
+                          "there; saving at step %d", self.rank, step, self.client.job, step + 1)
+                self._next = step + 1
+            elif step >= self._next:
                 handle = self.save(step)
-                self._next = step + (self.every if self.mode == "steps" else self._choose_interval(step))
+                self._next = (step // self.every + 1) * self.every if self.mode == "steps" \
+                    else step + self._choose_interval(step)
         self._tick = time.monotonic()
         return handle
 

@@ -210,3 +210,67 @@ def test_settle_timeout_lets_the_newer_version_get_protected(cluster2, job):
     drop(ck)
     ck2 = Checkpointer(*make(seed=3), every=1, settle_timeout=30, client=cluster2.client(job, agent=1))
     assert ck2.resume() == 1 and ck2.restored["level"] == "protected"
+
+
+WORKER = r"""
+import json, sys
+import torch, torch.distributed as dist
+import ckpt.torch
+dist.init_process_group("gloo")
+torch.manual_seed(0)
+model = torch.nn.Linear(4, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+ck = ckpt.torch.Checkpointer(model, opt, every=3)  # everything from the environment
+step = ck.resume()
+while step < 10:
+    model(torch.randn(2, 4)).sum().backward()
+    opt.step()
+    step += 1
+    ck.step(step)
+ck.close()
+print(json.dumps({"rank": ck.rank, "saved": ck.saved_steps, "skipped": ck.skipped_steps,
+                  "sources": ck.client.config.sources}))
+"""
+
+
+def test_ranks_skip_a_step_a_dead_run_began(cluster, job, tmp_path):
+    """Rank 0 of a run that died saved step 6, rank 1 never did: the version is OPEN. The
+    next run (2 processes, torch.distributed, configured from the environment only) does
+    not save step 6 (rank 0's shard is held; AlreadyExistsError) but step 7, on both ranks."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from conftest import BUILD_DIR, free_ports
+    dead = cluster.client(job, rank=0, world_size=2)
+    dead.save(6, {"x": np.ones(4)}).committed(timeout=30)
+    del dead
+    gc.collect()
+    script = tmp_path / "worker.py"
+    script.write_text(WORKER)
+    port, = free_ports(1)
+    env = dict(os.environ, CKPT_JOB=job, CKPT_META=cluster.meta, CKPT_AGENT_SOCKET=str(cluster.socket),
+               WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+               PYTHONPATH=os.environ.get("PYTHONPATH") or str(BUILD_DIR / "python"))
+    procs = [subprocess.Popen([sys.executable, str(script)], env=dict(env, RANK=str(r)), stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for r in range(2)]
+    out = []
+    try:
+        for p in procs:
+            stdout, stderr = p.communicate(timeout=120)
+            assert p.returncode == 0, stderr
+            out.append(json.loads(stdout.strip().splitlines()[-1]))
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    for r, o in enumerate(out):
+        assert o["rank"] == r
+        assert (o["saved"], o["skipped"]) == ([3, 7, 9], [6]), o
+        assert o["sources"] == {"job": "$CKPT_JOB", "rank": "torch.distributed", "world_size": "torch.distributed",
+                                "meta": "$CKPT_META", "agent_socket": "$CKPT_AGENT_SOCKET"}
+    c = cluster.client(job, rank=1, world_size=2)
+    assert c.latest("protected") == 9
+    with pytest.raises(ckpt.FailedPreconditionError, match="aborted"):
+        c.wait(6, "staged", timeout=0)

@@ -20,31 +20,6 @@
 namespace ckpt::agent {
 namespace {
 
-// A shard's crc from its items' crcs (`items` in canonical order) and the
-// padding between them: no pass over the item bytes (the verifier does that
-// in the background). References are another shard's bytes.
-uint32_t ShardCrc(const std::vector<ManifestItem>& items, const Reservation& bytes, uint64_t size) {
-  uint32_t crc = 0;
-  uint64_t pos = 0;
-  for (const ManifestItem& item : items) {
-    if (item.ref_step) break;  // references come last
-    if (item.offset_bytes > pos) {
-      crc = Crc32cCombine(crc, bytes.Crc(pos, item.offset_bytes - pos), item.offset_bytes - pos);
-    }
-    crc = Crc32cCombine(crc, item.crc32c, item.length_bytes);
-    pos = std::max(pos, item.offset_bytes + item.length_bytes);
-  }
-  if (size > pos) crc = Crc32cCombine(crc, bytes.Crc(pos, size - pos), size - pos);
-  return crc;
-}
-
-
-std::string FormatBytes(uint64_t b) {
-  if (b >= (uint64_t{1} << 30)) return absl::StrFormat("%.2f GiB", b / double(uint64_t{1} << 30));
-  if (b >= (uint64_t{1} << 20)) return absl::StrFormat("%.1f MiB", b / double(uint64_t{1} << 20));
-  return absl::StrCat(b, " bytes");
-}
-
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Agent>> Agent::Create(const AgentOptions& options, MetaLink* meta, Clock* clock,
@@ -75,7 +50,8 @@ absl::Status Agent::Init() {
   // The incarnation file lives in the tier and is checked like its records.
   CKPT_ASSIGN_OR_RETURN(const uint64_t previous_incarnation,
                         ReadIncarnationFile(ao.fs, IncarnationPath(options_.memory_dir)));
-  auto budget = [this](uint64_t bytes) { return BudgetMessage(bytes); };
+  // (ingest_ is made last; nothing asks for the budget before Init ends.)
+  auto budget = [this](uint64_t bytes) { return ingest_->BudgetMessage(bytes); };
 
   MetaSession::Options so;
   so.node_id = options_.node_id;
@@ -220,6 +196,22 @@ absl::Status Agent::Init() {
   vd.on_verified = [this] { runner_->Poke(); };
   vd.on_freed = [this] { UpdateGauges(); };
   verifier_ = std::make_unique<Verifier>(std::move(vd));
+  Ingest::Deps id;
+  id.arena = arena_.get();
+  id.holdings = holdings_.get();
+  id.leases = leases_.get();
+  id.session = session_.get();
+  id.meta = meta_;
+  id.verifier = verifier_.get();
+  id.sessions = sessions_.get();
+  id.clock = clock_;
+  id.metrics = &metrics_;
+  id.puller = options_.puller;
+  id.item_alignment_bytes = options_.item_alignment_bytes;
+  id.default_lease_ttl_ms = options_.default_lease_ttl_ms;
+  id.peer_timeout_ms = options_.peer_timeout_ms;
+  id.on_changed = [this] { UpdateGauges(); };
+  ingest_ = std::make_unique<Ingest>(std::move(id));
 
   // Re-adopt what a previous agent left; replay the STAGED reports (meta
   // answers a replay ALREADY_EXISTS).
@@ -276,6 +268,7 @@ void Agent::Stop() {
     CheckedLock lock(&loop_mu_);
     stopping_ = true;
   }
+  if (ingest_) ingest_->Stop();
   if (verifier_) verifier_->Stop();
   // Each component may be missing: Create stops an agent whose Init failed
   // part of the way (e.g. a memory tier that is not the agent's own).
@@ -299,361 +292,18 @@ absl::StatusOr<absl::Duration> Agent::PauseProtection(absl::Duration d) {
   return protector_->Pause(d);
 }
 
-std::string Agent::BudgetMessage(uint64_t want) const {
-  return absl::StrCat("memory tier cannot hold ", FormatBytes(want), ": ", FormatBytes(arena_->free_bytes()),
-                      " free of ", FormatBytes(arena_->capacity_bytes()), " (largest free run ",
-                      FormatBytes(arena_->largest_free_extent()), "); held by ", holdings_->HeldSummary(),
-                      "; open leases: ", FormatBytes(leases_->LeasedBytes()), " in ", leases_->lease_count(),
-                      ". Older versions are evicted when meta's retention allows it (a newer version "
-                      "PROTECTED); raise --memory or lower retention.keep_in_memory");
-}
-
 // ---------------------------------------------------------------------------
 // Save path
 
-absl::StatusOr<LeaseGrant> Agent::AcquireLease(const LeaseRequest& req) {
-  CKPT_RETURN_IF_ERROR(ValidateJobId(req.job_id));
-  if (req.size_bytes == 0) return absl::InvalidArgumentError("size_bytes must be larger than 0");
-  if (req.size_bytes > arena_->capacity_bytes()) {
-    metrics_.lease_rejected->Increment();
-    return absl::ResourceExhaustedError(absl::StrCat("a shard of ", FormatBytes(req.size_bytes),
-                                                     " is larger than the whole memory tier (",
-                                                     FormatBytes(arena_->capacity_bytes()), "); raise --memory"));
-  }
-  {
-    CheckedLock lock(&loop_mu_);
-    if (stopping_) return absl::UnavailableError("agent is shutting down");
-  }
-  CKPT_RETURN_IF_ERROR(CheckSession(req.session_id));
-  const ShardId id{req.job_id, req.step, req.rank};
-  const ClientRef client{req.client_pid, req.session_id};
-  // Another live client's uncommitted lease for the shard: refused before
-  // anything is begun at meta or reserved (Add checks again).
-  if (absl::Status may = leases_->MayLease(id, client); !may.ok()) {
-    metrics_.lease_rejected->Increment();
-    return may;
-  }
-  if (holdings_->HoldsValid(id)) {
-    return absl::AlreadyExistsError(absl::StrCat("shard ", ShardIdString(id), " is already committed on this node"));
-  }
-  for (uint64_t base : req.base_steps) {
-    if (base >= req.step || !holdings_->HoldsValid(ShardId{req.job_id, base, req.rank})) {
-      return absl::FailedPreconditionError(absl::StrCat("base version ", base, " of ", req.job_id, " rank ", req.rank,
-                                                        " is not held on this node: save in full"));
-    }
-  }
-  const auto begun_key = std::make_tuple(req.job_id, req.step, req.run_id);
-  std::optional<uint32_t> world_size;
-  {
-    CheckedLock lock(&jobs_mu_);
-    if (auto b = begun_.find(begun_key); b != begun_.end()) world_size = b->second;
-    if (auto j = job_world_.find(req.job_id); !world_size && j != job_world_.end()) world_size = j->second;
-  }
-  if (!world_size && req.without_meta) {
-    return absl::UnavailableError("this job's first lease on this node asks meta: use AcquireStagingLease");
-  }
-  if (!world_size) {
-    // First save of the job on this node: a read-only look-up at meta, so an
-    // unknown job is the lease's error (no write, no fsync on this path).
-    absl::StatusOr<uint32_t> ws = meta_->JobWorldSize(req.job_id);
-    if (!ws.ok()) {
-      if (!IsPermanentRefusal(ws.status())) metrics_.meta_errors->Increment();
-      return ws.status();
-    }
-    world_size = *ws;
-  }
-  if (req.rank >= *world_size) {
-    return absl::InvalidArgumentError(absl::StrCat("rank ", req.rank, " is out of range: job ", req.job_id,
-                                                   " has world size ", *world_size));
-  }
-  bool begin = false;
-  {
-    CheckedLock lock(&jobs_mu_);
-    job_world_[req.job_id] = *world_size;
-    if (!req.begin_at_commit) begin = begun_.emplace(begun_key, *world_size).second;
-  }
-  // Begin the version at meta in the background, before its STAGED reports:
-  // a save never waits for meta's fsync, nor for meta at all once the job is
-  // known here.
-  if (begin) session_->Begin(req.job_id, req.step, req.run_id);
-  absl::StatusOr<ReservationPtr> bytes = arena_->Reserve(req.size_bytes);
-  if (!bytes.ok()) {
-    metrics_.lease_rejected->Increment();
-    return absl::ResourceExhaustedError(BudgetMessage(req.size_bytes));
-  }
-  const absl::Duration ttl = TtlFor(req.session_id, req.ttl_ms, options_.default_lease_ttl_ms);
-  LeaseGrant grant;
-  grant.regions = RegionsOf(arena_->pool_path(), (*bytes)->extents(), req.size_bytes);
-  grant.expires_in_ms = ttl == absl::InfiniteDuration() ? 0 : absl::ToInt64Milliseconds(ttl);
-  grant.item_alignment_bytes = options_.item_alignment_bytes;
-  if (options_.puller != nullptr) {
-    // The client cannot map this agent's memory (on a DPU it is not even on
-    // the same machine): it stages the shard itself and commits naming it.
-    grant.pull = true;
-    grant.regions.clear();
-  }
-  absl::StatusOr<std::string> lease_id =
-      leases_->Add(id, req.size_bytes, *std::move(bytes), req.run_id, client, ttl, req.begin_at_commit);
-  if (!lease_id.ok()) {
-    metrics_.lease_rejected->Increment();
-    return lease_id.status();
-  }
-  grant.lease_id = *std::move(lease_id);
-  if (grant.pull) grant.pull_token = PullToken(grant.lease_id);
-  UpdateGauges();
-  return grant;
+absl::StatusOr<LeaseGrant> Agent::AcquireLease(const LeaseRequest& request) {
+  return ingest_->AcquireLease(request);
 }
 
 absl::StatusOr<std::shared_ptr<const ShardRecord>> Agent::Commit(const std::string& lease_id, uint64_t size_bytes,
-                                          std::vector<ManifestItem> items, const PullSource* pull,
-                                          const std::string& session_id) {
-  CKPT_ASSIGN_OR_RETURN(CommittingLease l, leases_->BeginCommit(lease_id, size_bytes, session_id));
-  // Validation, the pull and the crcs run without any lock; the lease stays
-  // usable if they fail.
-  std::vector<Pin> bases;
-  absl::Status valid = ValidateManifest(items, l.size_bytes, l.shard.step);
-  if (valid.ok()) valid = CheckRefs(l.shard, items, &bases);
-  if (valid.ok() && (options_.puller != nullptr) != (pull != nullptr)) {
-    valid = absl::FailedPreconditionError(
-        options_.puller != nullptr
-            ? "this agent pulls shards from the client's staging memory (ckpt-dpu-agent): the commit must name it "
-              "(pull_source); the client library is too old for a DPU agent"
-            : "this agent does not pull (a host ckpt-agent): the shard is written into the lease's regions, and the "
-              "commit names no pull_source");
-  }
-  const bool pulled = valid.ok() && pull != nullptr;
-  if (pulled) valid = PullInto(l, items, *pull);
-  if (!valid.ok()) {
-    leases_->CancelCommit(lease_id);
-    return valid;
-  }
-  SortByOffset(items);
-  ShardRecord rec;
-  rec.id = l.shard;
-  rec.role = CopyRole::kPrimary;
-  rec.size_bytes = l.size_bytes;
-  rec.crc32c = ShardCrc(items, *l.bytes, l.size_bytes);
-  SetItems(rec, std::move(items));
-  rec.run_id = l.run_id;
-  rec.staged_unix_ms = clock_->NowUnixMillis();
-  const ShardId id = rec.id;
-  const uint64_t size = rec.size_bytes;
-  OnVersionNotices({VersionNotice{id.job_id, id.step, /*staged=*/false}});  // a new instance of the version
-  std::shared_ptr<const ShardRecord> stored;  // the held record: no copy of its items
-  if (absl::Status s = holdings_->Add(std::move(rec), l.bytes, /*verified=*/pulled, /*if_absent=*/true, &stored);
-      !s.ok()) {
-    leases_->CancelCommit(lease_id);
-    if (absl::IsAlreadyExists(s)) {
-      return absl::AlreadyExistsError(absl::StrCat("shard ", ShardIdString(id), " is already committed on this node"));
-    }
-    log::Error("cannot record shard {}: {}", ShardIdString(id), s.ToString());
-    return s;
-  }
-  if (!leases_->FinishCommit(lease_id, id)) {
-    // The lease vanished meanwhile (replaced by a newer lease of the rank):
-    // the newer save wins.
-    holdings_->DropShard(id);
-    return absl::FailedPreconditionError(absl::StrCat("lease \"", lease_id, "\" was replaced while committing"));
-  }
-  if (!pulled) {  // a pulled shard's items were checked as it arrived
-    holdings_->QueueVerify(id);
-    verifier_->Notify();
-  }
-  HoldingReport r;
-  r.kind = HoldingReport::Kind::kStaged;
-  r.record = stored;
-  MetaSession::Done released;
-  if (!bases.empty()) {
-    {
-      CheckedLock lock(&base_pins_->mu);
-      base_pins_->by_shard[id] = {stored->crc32c, std::move(bases)};
-    }
-    released = [pins = base_pins_, id, crc = stored->crc32c](const absl::Status&) { pins->Take(id, crc); };
-  }
-  // A lease asked for ahead of its save (begin_at_commit) begins the version
-  // now, ahead of the report (the outbox keeps their order); any other lease
-  // began it already.
-  bool begin = false;
-  {
-    CheckedLock lock(&jobs_mu_);
-    if (auto j = job_world_.find(id.job_id); j != job_world_.end()) {
-      begin = begun_.emplace(std::make_tuple(id.job_id, id.step, l.run_id), j->second).second;
-    }
-  }
-  if (begin) session_->Begin(id.job_id, id.step, l.run_id);
-  session_->Report(std::move(r), std::move(released));
-  metrics_.staged_bytes->Increment(static_cast<double>(size));
-  metrics_.staged_shards->Increment();
-  UpdateGauges();
-  return stored;
-}
-
-std::string Agent::PullToken(const std::string& lease_id) const {
-  static_assert(kPullTokenBytes == kHmacSha256Bytes);
-  return HmacSha256(token_key_, absl::StrCat("pull:", lease_id));
-}
-
-std::string Agent::DeliverToken(const std::string& handle_id) const {
-  return HmacSha256(token_key_, absl::StrCat("deliver:", handle_id));
-}
-
-absl::Status Agent::PullInto(const CommittingLease& l, const std::vector<ManifestItem>& items,
-                             const PullSource& pull) {
-  const absl::Time t0 = absl::Now();
-  absl::Status s = options_.puller->Pull(pull, PullToken(l.lease_id), l.bytes, l.size_bytes,
-                                         absl::Milliseconds(options_.peer_timeout_ms));
-  if (!s.ok()) {
-    metrics_.pull_errors->Increment();
-    log::Warn("cannot pull {} ({} bytes) from the client: {}", ShardIdString(l.shard), l.size_bytes, s.ToString());
-    return s;
-  }
-  // Every byte that arrived is checked before the shard is recorded.
-  for (const ManifestItem& item : items) {
-    if (item.ref_step || item.length_bytes == 0) continue;
-    const uint32_t crc = l.bytes->Crc(item.offset_bytes, item.length_bytes);
-    if (crc != item.crc32c) {
-      metrics_.pull_errors->Increment();
-      return absl::DataLossError(absl::StrCat("item ", QuoteForMessage(item.name), " of ", ShardIdString(l.shard),
-                                              " pulled from the client has crc32c ", absl::Hex(crc, absl::kZeroPad8),
-                                              ", its manifest says ", absl::Hex(item.crc32c, absl::kZeroPad8)));
-    }
-  }
-  metrics_.pulled_bytes->Increment(static_cast<double>(l.size_bytes));
-  metrics_.pull_seconds->Increment(absl::ToDoubleSeconds(absl::Now() - t0));
-  return absl::OkStatus();
-}
-
-std::vector<Pin> Agent::BasePins::Take(const ShardId& id, uint32_t crc32c) {
-  std::vector<Pin> out;
-  {
-    CheckedLock lock(&mu);
-    auto it = by_shard.find(id);
-    if (it == by_shard.end() || it->second.first != crc32c) return out;
-    out = std::move(it->second.second);
-    by_shard.erase(it);
-  }
-  return out;  // (the pins go with the caller's copy, outside the lock)
-}
-
-absl::Status Agent::CheckRefs(const ShardId& id, const std::vector<ManifestItem>& items,
-                              std::vector<Pin>* bases) const {
-  std::map<uint64_t, std::vector<const ManifestItem*>> by_base;
-  for (const ManifestItem& item : items) {
-    if (item.ref_step) by_base[*item.ref_step].push_back(&item);
-  }
-  for (const auto& [base, refs] : by_base) {
-    const ShardId base_id{id.job_id, base, id.rank};
-    absl::StatusOr<Pin> pin = holdings_->PinValid(base_id);
-    if (!pin.ok()) {
-      return absl::FailedPreconditionError(absl::StrCat("shard ", ShardIdString(id), " refers to items of ",
-                                                        ShardIdString(base_id), ", which is not held on this node (",
-                                                        pin.status().message(), "): save in full"));
-    }
-    // The base's own items, by offset: each reference must be one of them.
-    std::map<uint64_t, const ManifestItem*> own;
-    for (const ManifestItem& it : pin->rec->items) {
-      if (!it.ref_step && it.length_bytes > 0) own.emplace(it.offset_bytes, &it);
-    }
-    for (const ManifestItem* ref : refs) {
-      if (ref->length_bytes == 0) continue;
-      auto it = own.find(ref->offset_bytes);
-      if (it == own.end() || it->second->length_bytes != ref->length_bytes || it->second->crc32c != ref->crc32c) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "item ", QuoteForMessage(ref->name), " refers to [", ref->offset_bytes, ", +", ref->length_bytes,
-            ") with crc32c ", absl::Hex(ref->crc32c, absl::kZeroPad8), " of ", ShardIdString(base_id),
-            ", which holds no such item"));
-      }
-    }
-    bases->push_back(*std::move(pin));
-  }
-  return absl::OkStatus();
-}
-
-absl::Status Agent::CompactRefused(const ShardRecord& rec, const std::vector<Pin>& bases) {
-  CKPT_ASSIGN_OR_RETURN(Pin self, holdings_->PinValid(rec.id));
-  if (self.rec->crc32c != rec.crc32c) {
-    return absl::FailedPreconditionError("another copy of the shard was stored meanwhile");
-  }
-  // The own items keep their offsets; each referred item goes after them.
-  struct Move {
-    const Pin* from;
-    uint64_t from_offset;
-    uint64_t to_offset;
-    uint64_t length;
-  };
-  std::vector<Move> moves;
-  std::vector<ManifestItem> items = self.rec->items;
-  uint64_t pos = self.rec->size_bytes;
-  const uint64_t align = std::max<uint64_t>(options_.item_alignment_bytes, 1);
-  for (ManifestItem& item : items) {
-    if (!item.ref_step) continue;
-    auto base = std::find_if(bases.begin(), bases.end(), [&](const Pin& p) { return p.rec->id.step == *item.ref_step; });
-    if (base == bases.end()) {
-      return absl::FailedPreconditionError(absl::StrCat("version ", *item.ref_step, " is not pinned here"));
-    }
-    item.ref_step.reset();
-    if (item.length_bytes == 0) {
-      item.offset_bytes = 0;
-      continue;
-    }
-    // Several references may name the same base item: the total is checked
-    // (a wrapped size would reserve too little for the copies below).
-    uint64_t at = 0;
-    if (__builtin_add_overflow(pos, align - 1, &at) ||
-        __builtin_add_overflow(at / align * align, item.length_bytes, &pos)) {
-      return absl::InvalidArgumentError(absl::StrCat("shard ", ShardIdString(rec.id), ": its items up to ",
-                                                     QuoteForMessage(item.name), " (", item.length_bytes,
-                                                     " bytes) add up to more than 2^64 bytes"));
-    }
-    at = at / align * align;
-    moves.push_back(Move{&*base, item.offset_bytes, at, item.length_bytes});
-    item.offset_bytes = at;
-  }
-  const uint64_t size = pos;
-  absl::StatusOr<ReservationPtr> bytes = arena_->Reserve(size);
-  if (!bytes.ok()) return absl::ResourceExhaustedError(BudgetMessage(size));
-  // Copies and crcs without any lock: the pins keep every source alive.
-  const auto copy = [&](const Reservation& from, uint64_t from_offset, uint64_t to_offset, uint64_t length) {
-    for (std::span<const std::byte> piece : from.Pieces(from_offset, length)) {
-      (*bytes)->CopyIn(to_offset, piece);
-      to_offset += piece.size();
-    }
-  };
-  copy(*self.bytes, 0, 0, self.rec->size_bytes);
-  (*bytes)->Zero(self.rec->size_bytes, size - self.rec->size_bytes);
-  for (const Move& m : moves) {
-    copy(*m.from->bytes, m.from_offset, m.to_offset, m.length);
-  }
-  SortByOffset(items);
-  for (const ManifestItem& item : items) {
-    if (item.length_bytes > 0 && item.offset_bytes >= self.rec->size_bytes &&
-        (*bytes)->Crc(item.offset_bytes, item.length_bytes) != item.crc32c) {
-      return absl::DataLossError(absl::StrCat("item ", QuoteForMessage(item.name),
-                                              " of the referred version does not match its crc32c"));
-    }
-  }
-  ShardRecord out;
-  out.id = rec.id;
-  out.role = CopyRole::kPrimary;
-  out.size_bytes = size;
-  out.crc32c = ShardCrc(items, **bytes, size);
-  SetItems(out, std::move(items));
-  out.run_id = self.rec->run_id;
-  out.staged_unix_ms = self.rec->staged_unix_ms;
-  std::shared_ptr<const ShardRecord> stored;
-  OnVersionNotices({VersionNotice{rec.id.job_id, rec.id.step, /*staged=*/false}});
-  CKPT_RETURN_IF_ERROR(holdings_->Add(std::move(out), *std::move(bytes), /*verified=*/false, /*if_absent=*/false,
-                                      &stored));
-  log::Warn("meta no longer holds a version {} refers to: stored it self-contained ({} instead of {})",
-            ShardIdString(rec.id), FormatBytes(size), FormatBytes(rec.size_bytes));
-  metrics_.shards_compacted->Increment();
-  holdings_->QueueVerify(rec.id);
-  verifier_->Notify();
-  HoldingReport r;
-  r.kind = HoldingReport::Kind::kStaged;
-  r.record = std::move(stored);
-  session_->Report(std::move(r));
-  return absl::OkStatus();
+                                                                 std::vector<ManifestItem> items,
+                                                                 const PullSource* pull,
+                                                                 const std::string& session_id) {
+  return ingest_->Commit(lease_id, size_bytes, std::move(items), pull, session_id);
 }
 
 absl::Status Agent::AbortLease(const std::string& lease_id, const std::string& session_id) {
@@ -671,50 +321,12 @@ absl::StatusOr<OpenResult> Agent::OpenShard(const ShardId& id, bool skip_verify,
 }
 
 absl::StatusOr<OpenOutcome> Agent::Open(const OpenRequest& request) {
-  CKPT_RETURN_IF_ERROR(CheckSession(request.client.session_id));
+  CKPT_RETURN_IF_ERROR(CheckClientSession(sessions_.get(), request.client.session_id));
   absl::StatusOr<OpenOutcome> outcome = restorer_->Open(request);
   if (outcome.ok() && !outcome->served_by) {
-    outcome->result.version_staged = VersionStaged(request.id.job_id, request.id.step);
+    outcome->result.version_staged = session_->VersionStaged(request.id.job_id, request.id.step);
   }
   return outcome;
-}
-
-bool Agent::VersionStaged(const std::string& job, uint64_t step) const {
-  absl::MutexLock lock(&staged_mu_);
-  auto it = staged_.find(job);
-  return it != staged_.end() && it->second.contains(step);
-}
-
-void Agent::OnVersionNotices(std::vector<VersionNotice> notices) {
-  absl::MutexLock lock(&staged_mu_);
-  for (VersionNotice& n : notices) {
-    if (n.staged) {
-      std::set<uint64_t>& steps = staged_[n.job_id];
-      steps.insert(n.step);
-      if (steps.size() > kMaxStagedSteps) steps.erase(steps.begin());
-    } else if (auto it = staged_.find(n.job_id); it != staged_.end()) {
-      it->second.erase(n.step);
-      if (it->second.empty()) staged_.erase(it);
-    }
-  }
-  size_t count = 0;
-  for (const auto& [job, steps] : staged_) count += steps.size();
-  metrics_.restorable_versions->Set(static_cast<double>(count));
-}
-
-absl::Status Agent::CheckSession(const std::string& session_id) const {
-  if (session_id.empty()) return absl::OkStatus();
-  if (sessions_ == nullptr || !sessions_->Open(session_id)) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "client session \"", session_id, "\" is not open on this agent (it restarted, or the client's session "
-        "connection closed); reconnect"));
-  }
-  return absl::OkStatus();
-}
-
-absl::Duration Agent::TtlFor(const std::string& session_id, int64_t ttl_ms, int64_t default_ms) const {
-  if (!session_id.empty()) return absl::InfiniteDuration();  // lives with the session
-  return absl::Milliseconds(ttl_ms > 0 ? ttl_ms : default_ms);
 }
 
 absl::StatusOr<OpenResult> Agent::RestoreFromDurable(const ShardRecord& expected, const std::string& durable_path,
@@ -739,7 +351,7 @@ absl::Status Agent::Deliver(const std::string& handle_id, const PullSource& targ
   }
   CKPT_ASSIGN_OR_RETURN(Pin pin, leases_->HandlePin(handle_id, session_id));
   const uint64_t size = pin.rec->size_bytes;
-  absl::Status s = options_.puller->Push(target, DeliverToken(handle_id), pin.bytes, size,
+  absl::Status s = options_.puller->Push(target, ingest_->DeliverToken(handle_id), pin.bytes, size,
                                          absl::Milliseconds(options_.peer_timeout_ms));
   if (!s.ok()) {
     metrics_.pull_errors->Increment();
@@ -950,13 +562,7 @@ void Agent::OnDrop(const std::vector<ShardId>& shards, const std::vector<Segment
 
 void Agent::OnVersionRefused(const std::string& job, uint64_t step, const std::string& run_id,
                              const absl::Status& why) {
-  {
-    CheckedLock lock(&jobs_mu_);
-    begun_.erase(std::make_tuple(job, step, run_id));
-  }
-  holdings_->DropShards([&](const ShardRecord& r) {
-    return r.id.job_id == job && r.id.step == step && r.run_id == run_id && r.role == CopyRole::kPrimary;
-  });
+  ingest_->OnVersionRefused(job, step, run_id);
   UpdateGauges();
 }
 
@@ -965,25 +571,7 @@ void Agent::OnCopyRefused(const HoldingReport& r, const absl::Status& why) {
     log::Warn("meta refused segment {}: {}; dropping it", SegmentIdString(r.segment), why.ToString());
     holdings_->DropSegment(r.segment);
   } else {
-    const bool staged = r.kind == HoldingReport::Kind::kStaged && r.record != nullptr;
-    const ShardId id = staged ? r.record->id : r.id;
-    const uint32_t crc = staged ? r.record->crc32c : r.crc32c;
-    // Only the copy the report was about (a newer one of the same shard may
-    // have been stored since).
-    absl::StatusOr<Pin> held = holdings_->PinValid(id);
-    if (held.ok() && held->rec->crc32c != crc) return;
-    if (staged && IsMissingBaseRefusal(why)) {
-      if (std::vector<Pin> bases = base_pins_->Take(id, crc); !bases.empty()) {
-        absl::Status s = CompactRefused(*r.record, bases);
-        if (s.ok()) {
-          UpdateGauges();
-          return;
-        }
-        log::Warn("cannot store {} self-contained: {}", ShardIdString(id), s.ToString());
-      }
-    }
-    log::Warn("meta refused {}: {}; dropping this copy", ShardIdString(id), why.ToString());
-    holdings_->DropShard(id);
+    ingest_->OnShardRefused(r, why);
   }
   UpdateGauges();
 }

@@ -52,6 +52,7 @@
 #include "common/executor.h"
 #include "server/agent/flusher.h"
 #include "server/agent/holdings.h"
+#include "server/agent/ingest.h"
 #include "server/agent/leases.h"
 #include "server/agent/meta_link.h"
 #include "server/agent/meta_session.h"
@@ -138,35 +139,6 @@ struct AgentOptions {
   std::string host_node_id;
 };
 
-struct LeaseRequest {
-  std::string job_id;
-  uint64_t step = 0;
-  uint32_t rank = 0;
-  uint64_t size_bytes = 0;
-  std::string run_id;
-  uint32_t client_pid = 0;
-  int64_t ttl_ms = 0;
-  std::string session_id;
-  // An incremental save's base versions: each must be held here (VALID).
-  std::vector<uint64_t> base_steps;
-  // Asked on a session connection (SessionServer): Unavailable instead of
-  // a look-up at meta (the job's first lease here); the client asks again
-  // over gRPC.
-  bool without_meta = false;
-  // The version is begun at meta by the commit, not by the lease (a lease
-  // asked for ahead of its save).
-  bool begin_at_commit = false;
-};
-
-struct LeaseGrant {
-  std::string lease_id;
-  std::vector<Region> regions;
-  int64_t expires_in_ms = 0;
-  uint64_t item_alignment_bytes = 0;
-  bool pull = false;  // pull-mode ingest: no regions; commit with a PullSource
-  std::string pull_token;  // pull mode: what the staging header must start with
-};
-
 struct AgentStatusSnapshot {
   std::string node_id;
   uint64_t incarnation = 0;
@@ -213,22 +185,15 @@ class Agent : private MetaSession::Delegate {
   // executors and joins every thread. Idempotent.
   void Stop();
 
-  // ---- save path ----
-  // See AgentService.AcquireStagingLease. Blocks on meta only for the first
-  // lease of a job on this node.
+  // ---- save path (see Ingest) ----
+  // Ingest::AcquireLease and Ingest::Commit. A lease is committed, aborted,
+  // closed or delivered only for the holder (client session) that took it
+  // (LeaseTable: PermissionDenied otherwise).
   absl::StatusOr<LeaseGrant> AcquireLease(const LeaseRequest& request);
-  // See AgentService.CommitShard: validates, records, queues the STAGED report
-  // and the background verification; never waits for meta. AlreadyExists for
-  // a lease committed before. A pull-mode agent (AgentOptions::puller) first
-  // reads the bytes from `pull` (required there, refused otherwise) and
-  // checks every item's crc32c: Unavailable if the read fails, DataLoss if
-  // an item does not match; the lease stays open either way.
-  // `session_id`: the committing call's client session ("" for none); a
-  // lease is committed, aborted, closed or delivered only for the holder that
-  // took it (LeaseTable: PermissionDenied otherwise).
   absl::StatusOr<std::shared_ptr<const ShardRecord>> Commit(const std::string& lease_id, uint64_t size_bytes,
-                                     std::vector<ManifestItem> items, const PullSource* pull = nullptr,
-                                     const std::string& session_id = "");
+                                                            std::vector<ManifestItem> items,
+                                                            const PullSource* pull = nullptr,
+                                                            const std::string& session_id = "");
   absl::Status AbortLease(const std::string& lease_id, const std::string& session_id = "");
 
   // ---- restore path (see Restorer) ----
@@ -250,8 +215,8 @@ class Agent : private MetaSession::Delegate {
   // OpenShard answers carry DeliverToken(handle) instead of regions).
   bool delivers() const { return options_.puller != nullptr; }
   // The token a client puts at the head of the staging memory a restore of
-  // handle `handle_id` is delivered into (kPullTokenBytes; see PullToken).
-  std::string DeliverToken(const std::string& handle_id) const;
+  // handle `handle_id` is delivered into (Ingest::DeliverToken).
+  std::string DeliverToken(const std::string& handle_id) const { return ingest_->DeliverToken(handle_id); }
   // Writes the shard of open handle `handle_id` into the client's `target`
   // (whose header must hold DeliverToken(handle_id)) with one-sided puts,
   // for a call of session `session_id` ("": none). NotFound (handle not
@@ -316,37 +281,9 @@ class Agent : private MetaSession::Delegate {
   }
 
  private:
-  // The references among `items` (a commit of `id`) each name an item of
-  // the same rank's shard of their ref_step held here (same offset, length
-  // and crc32c): FailedPrecondition if that shard is not held,
-  // InvalidArgument if it has no such item.
-  // The base shards are pinned into *bases (their bytes stay while the pins
-  // live, even if meta has them dropped meanwhile).
-  absl::Status CheckRefs(const ShardId& id, const std::vector<ManifestItem>& items, std::vector<Pin>* bases) const;
-  // Meta refused the STAGED report of `rec` (a committed shard with
-  // references) because a version it refers to is gone there (aborted and
-  // evicted after this node accepted the commit): copies the referred items
-  // from `bases` (pinned at commit) after the shard's own bytes into a new,
-  // self-contained copy that replaces it, and reports that. An error if it
-  // cannot (no memory, the copy replaced meanwhile, a base item's crc
-  // wrong); the caller then drops the shard.
-  absl::Status CompactRefused(const ShardRecord& rec, const std::vector<Pin>& bases);
-  // Pull-mode ingest: reads the lease's bytes from the client's staging
-  // memory and checks each of the shard's own items against its crc32c.
-  absl::Status PullInto(const CommittingLease& l, const std::vector<ManifestItem>& items, const PullSource& pull);
-  // The pull token of a lease (kPullTokenBytes): HMAC-SHA256 of the lease id
-  // under token_key_. Derived, not stored: worthless for any other lease,
-  // and a restarted agent (a new key) honours none of its predecessor's.
-  std::string PullToken(const std::string& lease_id) const;
-  const std::string token_key_ = RandomBytes(32);  // 256 random bits, this process's
   Agent(const AgentOptions& options, MetaLink* meta, Clock* clock, FileSystem* durable_fs, MetricsRegistry* metrics);
   absl::Status Init();
-  std::string BudgetMessage(uint64_t want) const;
   ClientRef ClientOf(uint32_t pid) const { return ClientRef{pid, ""}; }
-  // A session the client names must be open here (FailedPrecondition).
-  absl::Status CheckSession(const std::string& session_id) const;
-  // Leases and handles of a session never expire by ttl.
-  absl::Duration TtlFor(const std::string& session_id, int64_t ttl_ms, int64_t default_ms) const;
   absl::Status RunStep(QueuedTask& qt, bool* finished);
   absl::Status FlushStep(QueuedTask& qt, bool* finished);
   void UpdateGauges();
@@ -359,10 +296,6 @@ class Agent : private MetaSession::Delegate {
   void OnVersionRefused(const std::string& job, uint64_t step, const std::string& run_id,
                         const absl::Status& why) override;
   void OnCopyRefused(const HoldingReport& report, const absl::Status& why) override;
-  void OnVersionNotices(std::vector<VersionNotice> notices) override;
-  // Whether meta said (job, step) is restorable from memory and no shard of
-  // it was committed here since.
-  bool VersionStaged(const std::string& job, uint64_t step) const;
 
   const AgentOptions options_;
   MetaLink* const meta_;
@@ -390,31 +323,7 @@ class Agent : private MetaSession::Delegate {
   std::unique_ptr<Protector> protector_;
   std::unique_ptr<Restorer> restorer_;
   std::unique_ptr<Verifier> verifier_;
-
-  // Jobs and versions this node has seen (for leases): (job, step, run_id)
-  // begun at meta, and each known job's world size.
-  mutable absl::Mutex jobs_mu_;
-  std::map<std::tuple<std::string, uint64_t, std::string>, uint32_t> begun_ ABSL_GUARDED_BY(jobs_mu_);
-  std::map<std::string, uint32_t> job_world_ ABSL_GUARDED_BY(jobs_mu_);
-
-  // The base shards of committed shards with references, pinned until meta
-  // answers their STAGED report (CompactRefused needs their bytes then).
-  // Shared with the reports' completion callbacks, which release them.
-  struct BasePins {
-    absl::Mutex mu;
-    std::map<ShardId, std::pair<uint32_t, std::vector<Pin>>> by_shard ABSL_GUARDED_BY(mu);  // crc, pins
-    // The pins of `id`'s copy with `crc32c` (none if another copy's).
-    std::vector<Pin> Take(const ShardId& id, uint32_t crc32c);
-  };
-  const std::shared_ptr<BasePins> base_pins_ = std::make_shared<BasePins>();
-
-  // Versions meta said are restorable from memory (VersionNotice), by job,
-  // at most kMaxStagedSteps steps per job (the lowest forgotten first); a
-  // shard of one committed here forgets it (a version deleted and saved
-  // again). Local opens of these say version_staged.
-  static constexpr size_t kMaxStagedSteps = 64;
-  mutable absl::Mutex staged_mu_;
-  std::map<std::string, std::set<uint64_t>> staged_ ABSL_GUARDED_BY(staged_mu_);
+  std::unique_ptr<Ingest> ingest_;
 
   mutable absl::Mutex loop_mu_;
   bool stopping_ ABSL_GUARDED_BY(loop_mu_) = false;

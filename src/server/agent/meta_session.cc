@@ -543,7 +543,7 @@ void MetaSession::WatchLoop() {
     absl::Status s = meta_->WatchTasks(options_.node_id, inc,
                                        [this](std::vector<AgentTask> tasks, std::vector<std::string> cancelled,
                                               std::vector<VersionNotice> versions) {
-                                         if (!versions.empty()) delegate_->OnVersionNotices(std::move(versions));
+                                         if (!versions.empty()) ApplyVersionNotices(versions);
                                          if (!tasks.empty() || !cancelled.empty()) {
                                            delegate_->OnTasks(std::move(tasks), std::move(cancelled));
                                          }
@@ -609,6 +609,33 @@ MetaSession::Snapshot MetaSession::Status() const {
 uint64_t MetaSession::incarnation() const {
   CheckedLock lock(&mu_);
   return incarnation_;
+}
+
+bool MetaSession::VersionStaged(const std::string& job, uint64_t step) const {
+  CheckedLock lock(&mu_);
+  auto it = staged_.find(job);
+  return it != staged_.end() && it->second.contains(step);
+}
+
+void MetaSession::ApplyVersionNotices(const std::vector<VersionNotice>& notices) {
+  CheckedLock lock(&mu_);
+  for (const VersionNotice& n : notices) {
+    if (n.staged) {
+      std::set<uint64_t>& steps = staged_[n.job_id];
+      steps.insert(n.step);
+      if (steps.size() > kMaxStagedSteps) steps.erase(steps.begin());
+    } else if (auto it = staged_.find(n.job_id); it != staged_.end()) {
+      it->second.erase(n.step);
+      if (it->second.empty()) staged_.erase(it);
+    }
+  }
+  size_t count = 0;
+  for (const auto& [job, steps] : staged_) count += steps.size();
+  metrics_->restorable_versions->Set(static_cast<double>(count));
+}
+
+void MetaSession::ForgetStaged(const std::string& job, uint64_t step) {
+  ApplyVersionNotices({VersionNotice{job, step, /*staged=*/false}});
 }
 
 }  // namespace ckpt::agent

@@ -24,6 +24,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -75,8 +76,6 @@ class MetaSession {
     // Meta refused a report of a VALID copy or segment (FailedPrecondition,
     // NotFound): drop it, it can never count.
     virtual void OnCopyRefused(const HoldingReport& report, const absl::Status& why) = 0;
-    // Meta's version notices from the task stream, oldest first.
-    virtual void OnVersionNotices(std::vector<VersionNotice> notices) {}
   };
 
   struct Options {
@@ -126,6 +125,21 @@ class MetaSession {
               int64_t duration_ms);
   // Drops queued STAGED reports of a version (meta refused it).
   void ForgetVersion(const std::string& job, uint64_t step);
+
+  // ---- versions restorable from memory ----
+  // Whether meta said (job, step) is restorable from memory (a staged
+  // VersionNotice) and no shard of it was committed here since. Local opens
+  // of such a version say version_staged.
+  bool VersionStaged(const std::string& job, uint64_t step) const;
+  // Applies meta's version notices, oldest first (WatchLoop does with the
+  // task stream's; public for tests): a staged one is remembered (at most
+  // kMaxStagedSteps steps per job, the lowest forgotten first), any other
+  // forgotten.
+  void ApplyVersionNotices(const std::vector<VersionNotice>& notices);
+  // A shard of (job, step) was committed here: a new instance of the version
+  // (one deleted and saved again), not staged until meta says so again.
+  void ForgetStaged(const std::string& job, uint64_t step);
+  static constexpr size_t kMaxStagedSteps = 64;
 
   // One control round: register if due, send the outbox, the inventory and
   // the heartbeat. Public for deterministic tests.
@@ -219,6 +233,8 @@ class MetaSession {
   absl::StatusCode last_register_error_ ABSL_GUARDED_BY(mu_) = absl::StatusCode::kOk;  // the last one logged
   absl::Time lease_valid_until_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   int64_t last_heartbeat_unix_ms_ ABSL_GUARDED_BY(mu_) = 0;
+  // Versions meta said are restorable from memory, by job (VersionStaged).
+  std::map<std::string, std::set<uint64_t>> staged_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace ckpt::agent

@@ -18,7 +18,7 @@
 namespace ckpt::agent {
 
 // Staging memory starts with a header: the lease's pull token (32 bytes:
-// HMAC-SHA256 of the lease id under a key of the agent's, Agent::PullToken)
+// HMAC-SHA256 of the lease id under a key of the agent's, Ingest::PullToken)
 // then zeros; the shard follows at `address + kPullHeaderBytes`. The agent
 // reads the header first and compares in constant time: memory that does not
 // hold the token is not the committing client's own staging (AgentService

@@ -259,4 +259,37 @@ class Engine {
   Txn& txn_;
 };
 
+// ---- MetaCore's Apply / Write / Read (meta_core.h)
+
+template <typename Fn>
+auto MetaCore::Apply(Fn&& fn, uint64_t* seq) {
+  absl::MutexLock lock(&mu_);
+  Txn txn;
+  Engine e(*state_, clock_, options_, txn);
+  auto answer = fn(e);
+  *seq = SubmitLocked(txn);
+  return answer;
+}
+
+template <typename Fn>
+auto MetaCore::Write(Fn&& fn) {
+  uint64_t seq = 0;
+  auto answer = Apply(std::forward<Fn>(fn), &seq);
+  return WhenDurableAnswer(seq, std::move(answer));
+}
+
+template <typename Fn>
+auto MetaCore::Read(Fn&& fn) const {
+  uint64_t seq = 0;
+  auto answer = [&] {
+    absl::MutexLock lock(&mu_);
+    Txn unused;  // a reader records nothing
+    Engine e(*state_, clock_, options_, unused);
+    auto a = fn(e);
+    seq = VisibleSeqLocked();
+    return a;
+  }();
+  return WhenDurableAnswer(seq, std::move(answer));
+}
+
 }  // namespace ckpt::meta

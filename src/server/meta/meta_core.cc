@@ -595,13 +595,9 @@ absl::StatusOr<RegisterResult> MetaCore::RegisterNode(const RegisterRequest& req
     return absl::InvalidArgumentError(absl::StrCat(
         "node \"", req.node_id, "\": grpc_address and data_address are required (host:port)"));
   }
-  uint64_t seq = 0;
-  absl::StatusOr<RegisterResult> answer = [&]() -> absl::StatusOr<RegisterResult> {
+  return Write([&](Engine& e) -> absl::StatusOr<RegisterResult> {
     RegisterResult result;
-    absl::MutexLock lock(&mu_);
-    seq = VisibleSeqLocked();
-    Txn txn;
-    Engine e(*state_, clock_, options_, txn);
+    Txn& txn = e.txn();
     const absl::Time mono = e.Mono();
     auto it = state_->nodes.find(req.node_id);
     uint64_t incarnation = 1;
@@ -672,10 +668,8 @@ absl::StatusOr<RegisterResult> MetaCore::RegisterNode(const RegisterRequest& req
     result.heartbeat_interval = options_.heartbeat_interval;
     result.meta_instance_id = instance_id_;
     result.data_plane_key = options_.data_plane_key;
-    seq = SubmitLocked(txn);
     return result;
-  }();
-  return WhenDurableAnswer(seq, std::move(answer));
+  });
 }
 
 absl::StatusOr<HeartbeatResult> MetaCore::Heartbeat(const HeartbeatRequest& req) {
@@ -688,12 +682,9 @@ absl::StatusOr<HeartbeatResult> MetaCore::Heartbeat(const HeartbeatRequest& req)
 absl::StatusOr<HeartbeatResult> MetaCore::SubmitHeartbeat(const HeartbeatRequest& req,
                                                           uint64_t* durable_seq) {
   *durable_seq = 0;
-  HeartbeatResult result;
   uint64_t seq = 0;
-  {
-    absl::MutexLock lock(&mu_);
-    Txn txn;
-    Engine e(*state_, clock_, options_, txn);
+  absl::StatusOr<HeartbeatResult> answer = Apply([&](Engine& e) -> absl::StatusOr<HeartbeatResult> {
+    HeartbeatResult result;
     // A LEFT node's agent may keep heartbeating: it stays LEFT (drained)
     // instead of registering again every interval.
     CKPT_ASSIGN_OR_RETURN(Node * n, e.CheckNode(req.node_id, req.incarnation, /*allow_left=*/true));
@@ -739,25 +730,19 @@ absl::StatusOr<HeartbeatResult> MetaCore::SubmitHeartbeat(const HeartbeatRequest
         result.cancelled_task_ids.push_back(id);
       }
     }
-    seq = SubmitLocked(txn);
-  }
-  result.lease = options_.lease;
-  result.heartbeat_interval = options_.heartbeat_interval;
-  result.meta_instance_id = instance_id_;
-  *durable_seq = seq;
-  return result;
+    result.lease = options_.lease;
+    result.heartbeat_interval = options_.heartbeat_interval;
+    result.meta_instance_id = instance_id_;
+    return result;
+  }, &seq);
+  if (answer.ok()) *durable_seq = seq;  // an error is answered at once
+  return answer;
 }
 
 absl::StatusOr<std::vector<TaskBundle>> MetaCore::PendingTasks(const std::string& node_id,
                                                               uint64_t incarnation, bool all,
                                                               std::vector<VersionNotice>* notices) {
-  uint64_t seq = 0;
-  absl::StatusOr<std::vector<TaskBundle>> answer =
-      [&]() -> absl::StatusOr<std::vector<TaskBundle>> {
-    absl::MutexLock lock(&mu_);
-    seq = VisibleSeqLocked();
-    Txn txn;
-    Engine e(*state_, clock_, options_, txn);
+  return Write([&](Engine& e) -> absl::StatusOr<std::vector<TaskBundle>> {
     CKPT_RETURN_IF_ERROR(e.CheckNode(node_id, incarnation).status());
     if (notices != nullptr) {
       if (auto q = state_->version_notices.find(node_id); q != state_->version_notices.end()) {
@@ -773,8 +758,7 @@ absl::StatusOr<std::vector<TaskBundle>> MetaCore::PendingTasks(const std::string
       }
     }
     return out;
-  }();
-  return WhenDurableAnswer(seq, std::move(answer));
+  });
 }
 
 uint64_t MetaCore::WaitForTaskChange(uint64_t seen_generation, absl::Duration timeout) {
@@ -791,13 +775,9 @@ absl::StatusOr<TaskDisposition> MetaCore::ReportTaskResult(const std::string& no
                                                            const std::string& task_id,
                                                            uint32_t attempt,
                                                            const absl::Status& outcome) {
-  uint64_t seq = 0;
-  absl::StatusOr<TaskDisposition> answer = [&]() -> absl::StatusOr<TaskDisposition> {
+  return Write([&](Engine& e) -> absl::StatusOr<TaskDisposition> {
     TaskDisposition disposition = TaskDisposition::kCompleted;
-    absl::MutexLock lock(&mu_);
-    seq = VisibleSeqLocked();
-    Txn txn;
-    Engine e(*state_, clock_, options_, txn);
+    Txn& txn = e.txn();
     CKPT_RETURN_IF_ERROR(e.CheckNode(node_id, incarnation).status());
     auto it = state_->tasks.find(task_id);
     if (it == state_->tasks.end()) {
@@ -879,31 +859,22 @@ absl::StatusOr<TaskDisposition> MetaCore::ReportTaskResult(const std::string& no
       }
       txn.Task(t);
     }
-    seq = SubmitLocked(txn);
     return disposition;
-  }();
-  return WhenDurableAnswer(seq, std::move(answer));
+  });
 }
 
 absl::StatusOr<Node> MetaCore::ChangeNode(const std::string& node_id,
                                           absl::FunctionRef<absl::Status(Engine&, Txn&, Node&)> change) {
-  uint64_t seq = 0;
-  absl::StatusOr<Node> answer = [&]() -> absl::StatusOr<Node> {
-    absl::MutexLock lock(&mu_);
-    seq = VisibleSeqLocked();
-    Txn txn;
-    Engine e(*state_, clock_, options_, txn);
+  return Write([&](Engine& e) -> absl::StatusOr<Node> {
     auto it = state_->nodes.find(node_id);
     if (it == state_->nodes.end()) {
       return absl::NotFoundError(absl::StrCat("node \"", node_id, "\" is not registered"));
     }
-    CKPT_RETURN_IF_ERROR(change(e, txn, it->second));
+    CKPT_RETURN_IF_ERROR(change(e, e.txn(), it->second));
     ++state_->membership_generation;
     Node result = it->second;
-    seq = SubmitLocked(txn);
     return result;
-  }();
-  return WhenDurableAnswer(seq, std::move(answer));
+  });
 }
 
 absl::StatusOr<Node> MetaCore::DrainNode(const std::string& node_id) {
@@ -948,10 +919,7 @@ absl::StatusOr<Node> MetaCore::UndrainNode(const std::string& node_id) {
 }
 
 absl::Status MetaCore::RemoveNode(const std::string& node_id) {
-  uint64_t seq = 0;
-  absl::Status answer = [&]() -> absl::Status {
-    absl::MutexLock lock(&mu_);
-    seq = VisibleSeqLocked();
+  return Write([&](Engine& e) -> absl::Status {
     auto it = state_->nodes.find(node_id);
     if (it == state_->nodes.end()) {
       return absl::NotFoundError(absl::StrCat("node \"", node_id, "\" is not registered"));
@@ -971,24 +939,19 @@ absl::Status MetaCore::RemoveNode(const std::string& node_id) {
           " ago); stop the agent, then remove the node after its lease (", absl::FormatDuration(options_.lease),
           ")"));
     }
-    Txn txn;
+    Txn& txn = e.txn();
     txn.DeleteNode(node_id);
     state_->nodes.erase(it);
     state_->unknown.erase(node_id);
     state_->version_notices.erase(node_id);
     ++state_->membership_generation;
-    seq = SubmitLocked(txn);
     return absl::OkStatus();
-  }();
-  return WhenDurableAnswer(seq, std::move(answer));
+  });
 }
 
 absl::StatusOr<std::vector<Node>> MetaCore::ListNodes(const std::vector<NodeState>& states) const {
-  uint64_t seq = 0;
-  std::vector<Node> out;
-  {
-    absl::MutexLock lock(&mu_);
-    seq = VisibleSeqLocked();
+  return Read([&](Engine& e) -> absl::StatusOr<std::vector<Node>> {
+    std::vector<Node> out;
     std::map<std::string, uint32_t> pending;
     for (const auto& [id, t] : state_->tasks) {
       if (Engine::Active(t)) ++pending[t.node_id];
@@ -999,8 +962,8 @@ absl::StatusOr<std::vector<Node>> MetaCore::ListNodes(const std::vector<NodeStat
         out.back().pending_tasks = pending[id];
       }
     }
-  }
-  return WhenDurableAnswer<absl::StatusOr<std::vector<Node>>>(seq, std::move(out));
+    return out;
+  });
 }
 
 // ---- Jobs -------------------------------------------------------------------
@@ -1057,13 +1020,8 @@ absl::StatusOr<std::pair<JobView, bool>> MetaCore::CreateJob(const JobSpec& spec
 absl::StatusOr<std::pair<JobView, bool>> MetaCore::CreateJob(const JobRequest& req,
                                                             bool open_if_exists) {
   CKPT_RETURN_IF_ERROR(ValidateRequest(req));
-  uint64_t seq = 0;
-  absl::StatusOr<std::pair<JobView, bool>> answer =
-      [&]() -> absl::StatusOr<std::pair<JobView, bool>> {
-    absl::MutexLock lock(&mu_);
-    seq = VisibleSeqLocked();
-    Txn txn;
-    Engine e(*state_, clock_, options_, txn);
+  return Write([&](Engine& e) -> absl::StatusOr<std::pair<JobView, bool>> {
+    Txn& txn = e.txn();
     auto it = state_->jobs.find(req.job_id);
     if (it != state_->jobs.end()) {
       if (!open_if_exists) {
@@ -1117,52 +1075,39 @@ absl::StatusOr<std::pair<JobView, bool>> MetaCore::CreateJob(const JobRequest& r
     log::Info("job {} created: world size {}, protection {}{}", req.job_id, req.world_size,
               stored.spec.protection.ToString(), defaulted ? " (server default)" : "");
     JobView view = MakeJobView(stored, nullptr);
-    seq = SubmitLocked(txn);
     return std::make_pair(std::move(view), true);
-  }();
-  return WhenDurableAnswer(seq, std::move(answer));
+  });
 }
 
 absl::StatusOr<JobView> MetaCore::GetJob(const std::string& job_id) const {
   CKPT_RETURN_IF_ERROR(ValidateJobId(job_id));
-  uint64_t seq = 0;
-  absl::StatusOr<JobView> answer = [&]() -> absl::StatusOr<JobView> {
-    absl::MutexLock lock(&mu_);
-    seq = VisibleSeqLocked();
+  return Read([&](Engine& e) -> absl::StatusOr<JobView> {
     auto it = state_->jobs.find(job_id);
     if (it == state_->jobs.end()) {
       return absl::NotFoundError(absl::StrCat("job \"", job_id, "\" does not exist"));
     }
     auto vs = state_->versions.find(job_id);
     return MakeJobView(it->second, vs == state_->versions.end() ? nullptr : &vs->second);
-  }();
-  return WhenDurableAnswer(seq, std::move(answer));
+  });
 }
 
 absl::StatusOr<std::vector<JobView>> MetaCore::ListJobs(const std::string& after,
                                                         uint32_t limit) const {
-  uint64_t seq = 0;
-  std::vector<JobView> out;
-  {
-    absl::MutexLock lock(&mu_);
-    seq = VisibleSeqLocked();
+  return Read([&](Engine& e) -> absl::StatusOr<std::vector<JobView>> {
+    std::vector<JobView> out;
     for (auto it = state_->jobs.upper_bound(after); it != state_->jobs.end(); ++it) {
       if (limit != 0 && out.size() >= limit) break;
       auto vs = state_->versions.find(it->first);
       out.push_back(
           MakeJobView(it->second, vs == state_->versions.end() ? nullptr : &vs->second));
     }
-  }
-  return WhenDurableAnswer<absl::StatusOr<std::vector<JobView>>>(seq, std::move(out));
+    return out;
+  });
 }
 
 absl::StatusOr<JobView> MetaCore::DeleteJob(const std::string& job_id, bool delete_durable_files) {
-  uint64_t seq = 0;
-  absl::StatusOr<JobView> answer = [&]() -> absl::StatusOr<JobView> {
-    absl::MutexLock lock(&mu_);
-    seq = VisibleSeqLocked();
-    Txn txn;
-    Engine e(*state_, clock_, options_, txn);
+  return Write([&](Engine& e) -> absl::StatusOr<JobView> {
+    Txn& txn = e.txn();
     CKPT_ASSIGN_OR_RETURN(Job * job, e.FindJob(job_id));
     if (!job->deleting) {
       job->deleting = true;
@@ -1184,37 +1129,29 @@ absl::StatusOr<JobView> MetaCore::DeleteJob(const std::string& job_id, bool dele
     }
     auto vs = state_->versions.find(job_id);
     JobView view = MakeJobView(*job, vs == state_->versions.end() ? nullptr : &vs->second);
-    seq = SubmitLocked(txn);
     return view;
-  }();
-  return WhenDurableAnswer(seq, std::move(answer));
+  });
 }
 
 absl::StatusOr<PlacementView> MetaCore::GetPlacement(
     const std::string& job_id, const std::vector<int>& failures,
     const std::optional<ProtectionPolicy>& override, SurvivalOptions survival) const {
-  PlacementPlan plan;
+  CKPT_RETURN_IF_ERROR(ValidateJobId(job_id));
+  // The plan is over the alive nodes and the job as they are durably; the
+  // survival estimates are computed after, without the lock.
   PlacementView view;
-  uint64_t seq = 0;
-  {
-    absl::MutexLock lock(&mu_);
-    seq = VisibleSeqLocked();
-    CKPT_RETURN_IF_ERROR(ValidateJobId(job_id));
+  CKPT_ASSIGN_OR_RETURN(PlacementPlan plan, Read([&](Engine& e) -> absl::StatusOr<PlacementPlan> {
     auto it = state_->jobs.find(job_id);
     if (it == state_->jobs.end()) {
       return absl::NotFoundError(absl::StrCat("job \"", job_id, "\" does not exist"));
     }
     const ProtectionPolicy policy = override.has_value() ? *override : it->second.spec.protection;
     CKPT_RETURN_IF_ERROR(policy.Validate());
-    Txn unused;
-    Engine e(*state_, clock_, options_, unused);
-    CKPT_ASSIGN_OR_RETURN(plan, PlanPlacement(e.AliveNodes(), policy));
     view.plan.epoch = override.has_value() ? 0 : it->second.plan_epoch;
     view.job_id = job_id;
     view.created_ms = clock_->NowUnixMillis();
-  }
-  // The plan is over the alive nodes and the job as they are durably.
-  CKPT_RETURN_IF_ERROR(store_->AwaitDurable(seq));
+    return PlanPlacement(e.AliveNodes(), policy);
+  }));
   CKPT_ASSIGN_OR_RETURN(VersionPlan vp, PlanToVersionPlan(plan));
   vp.epoch = view.plan.epoch;
   view.plan = std::move(vp);
@@ -1231,13 +1168,8 @@ absl::StatusOr<std::pair<Version, bool>> MetaCore::BeginVersion(const std::strin
                                                                 uint64_t step,
                                                                 const std::string& run_id) {
   CKPT_RETURN_IF_ERROR(ValidateStep(step));
-  uint64_t seq = 0;
-  absl::StatusOr<std::pair<Version, bool>> answer =
-      [&]() -> absl::StatusOr<std::pair<Version, bool>> {
-    absl::MutexLock lock(&mu_);
-    seq = VisibleSeqLocked();
-    Txn txn;
-    Engine e(*state_, clock_, options_, txn);
+  return Write([&](Engine& e) -> absl::StatusOr<std::pair<Version, bool>> {
+    Txn& txn = e.txn();
     CKPT_ASSIGN_OR_RETURN(Job * job, e.FindJob(job_id));
     if (job->deleting) {
       return absl::FailedPreconditionError(
@@ -1324,10 +1256,8 @@ absl::StatusOr<std::pair<Version, bool>> MetaCore::BeginVersion(const std::strin
     state_->open_progress[{job_id, step}] = e.Mono();
     ++state_->counters.versions_begun_total;
     Version result = stored;
-    seq = SubmitLocked(txn);
     return std::make_pair(std::move(result), true);
-  }();
-  return WhenDurableAnswer(seq, std::move(answer));
+  });
 }
 
 namespace {
@@ -1630,14 +1560,11 @@ absl::StatusOr<ReportResult> MetaCore::SubmitReportShards(const std::string& nod
                                                           std::vector<ShardReport> reports,
                                                           uint64_t* durable_seq) {
   *durable_seq = 0;
-  ReportResult result;
-  result.results.reserve(reports.size());
   uint64_t seq = 0;
-  {
-    absl::MutexLock lock(&mu_);
-    Txn txn;
-    Engine e(*state_, clock_, options_, txn);
+  absl::StatusOr<ReportResult> answer = Apply([&](Engine& e) -> absl::StatusOr<ReportResult> {
     CKPT_RETURN_IF_ERROR(e.CheckNode(node_id, incarnation).status());
+    ReportResult result;
+    result.results.reserve(reports.size());
     state_->created_tasks.clear();
     for (ShardReport& r : reports) {
       absl::Status st;
@@ -1659,39 +1586,28 @@ absl::StatusOr<ReportResult> MetaCore::SubmitReportShards(const std::string& nod
       }
     }
     state_->created_tasks.clear();
-    seq = SubmitLocked(txn);
-  }
-  *durable_seq = seq;
-  return result;
+    return result;
+  }, &seq);
+  if (answer.ok()) *durable_seq = seq;  // an error is answered at once
+  return answer;
 }
 
 absl::StatusOr<Version> MetaCore::GetVersion(const std::string& job_id, uint64_t step,
                                              bool include_items) const {
-  uint64_t seq = 0;
-  absl::StatusOr<Version> answer = [&]() -> absl::StatusOr<Version> {
-    absl::MutexLock lock(&mu_);
-    seq = VisibleSeqLocked();
-    Txn unused;
-    Engine e(*state_, clock_, options_, unused);
+  return Read([&](Engine& e) -> absl::StatusOr<Version> {
     CKPT_ASSIGN_OR_RETURN(Version * v, e.FindVersion(job_id, step));
     Version copy = *v;
     if (!include_items) {
       for (auto& [rank, sh] : copy.shards) sh.items.clear();
     }
     return copy;
-  }();
-  return WhenDurableAnswer(seq, std::move(answer));
+  });
 }
 
 absl::StatusOr<std::vector<Version>> MetaCore::ListVersions(
     const std::string& job_id, const std::vector<VersionState>& states, bool newest_first,
     std::optional<uint64_t> after, uint32_t limit) const {
-  uint64_t seq = 0;
-  absl::StatusOr<std::vector<Version>> answer = [&]() -> absl::StatusOr<std::vector<Version>> {
-    absl::MutexLock lock(&mu_);
-    seq = VisibleSeqLocked();
-    Txn unused;
-    Engine e(*state_, clock_, options_, unused);
+  return Read([&](Engine& e) -> absl::StatusOr<std::vector<Version>> {
     CKPT_RETURN_IF_ERROR(e.FindJob(job_id).status());
     std::vector<Version> out;
     auto add = [&](const Version& v) {
@@ -1716,17 +1632,11 @@ absl::StatusOr<std::vector<Version>> MetaCore::ListVersions(
       }
     }
     return out;
-  }();
-  return WhenDurableAnswer(seq, std::move(answer));
+  });
 }
 
 absl::StatusOr<Version> MetaCore::Latest(const std::string& job_id, Level min_level) const {
-  uint64_t seq = 0;
-  absl::StatusOr<Version> answer = [&]() -> absl::StatusOr<Version> {
-    absl::MutexLock lock(&mu_);
-    seq = VisibleSeqLocked();
-    Txn unused;
-    Engine e(*state_, clock_, options_, unused);
+  return Read([&](Engine& e) -> absl::StatusOr<Version> {
     CKPT_RETURN_IF_ERROR(e.FindJob(job_id).status());
     const auto& by_step = state_->versions[job_id];
     for (auto it = by_step.rbegin(); it != by_step.rend(); ++it) {
@@ -1740,19 +1650,13 @@ absl::StatusOr<Version> MetaCore::Latest(const std::string& job_id, Level min_le
     }
     return absl::NotFoundError(absl::StrCat("job \"", job_id, "\" has no version at level ",
                                             LevelName(min_level), " or better"));
-  }();
-  return WhenDurableAnswer(seq, std::move(answer));
+  });
 }
 
 absl::StatusOr<LocateResult> MetaCore::Locate(const std::string& job_id, uint64_t step,
                                               uint32_t rank,
                                               const std::string& near_node_id) const {
-  uint64_t seq = 0;
-  absl::StatusOr<LocateResult> answer = [&]() -> absl::StatusOr<LocateResult> {
-    absl::MutexLock lock(&mu_);
-    seq = VisibleSeqLocked();
-    Txn unused;
-    Engine e(*state_, clock_, options_, unused);
+  return Read([&](Engine& e) -> absl::StatusOr<LocateResult> {
     CKPT_ASSIGN_OR_RETURN(Version * v, e.FindVersion(job_id, step));
     if (rank >= v->world_size) {
       return absl::NotFoundError(absl::StrCat("rank ", rank, " is out of range: version ",
@@ -1782,18 +1686,12 @@ absl::StatusOr<LocateResult> MetaCore::Locate(const std::string& job_id, uint64_
                                               " has no readable source left"));
     }
     return result;
-  }();
-  return WhenDurableAnswer(seq, std::move(answer));
+  });
 }
 
 absl::StatusOr<Version> MetaCore::WaitVersion(const std::string& job_id, uint64_t step,
                                               Level level, absl::Duration timeout) {
-  uint64_t seq = 0;
-  absl::StatusOr<Version> answer = [&]() -> absl::StatusOr<Version> {
-    absl::MutexLock lock(&mu_);
-    Txn unused;
-    Engine e(*state_, clock_, options_, unused);
-    seq = VisibleSeqLocked();
+  return Read([&](Engine& e) -> absl::StatusOr<Version> {
     CKPT_RETURN_IF_ERROR(e.FindVersion(job_id, step).status());
     auto done = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
       auto j = state_->versions.find(job_id);
@@ -1804,7 +1702,6 @@ absl::StatusOr<Version> MetaCore::WaitVersion(const std::string& job_id, uint64_
     };
     clock_->AwaitWithTimeout(&mu_, absl::Condition(&done), timeout);
     // The answer reflects the state now; it is returned once that is durable.
-    seq = VisibleSeqLocked();
     auto v = e.FindVersion(job_id, step);
     if (!v.ok()) return v.status();
     const Version& ver = **v;
@@ -1828,17 +1725,11 @@ absl::StatusOr<Version> MetaCore::WaitVersion(const std::string& job_id, uint64_
         "version ", job_id, "/", step, " did not reach ", LevelName(level), " within ",
         absl::FormatDuration(timeout), "; it is ", VersionStateName(ver.state), " with ",
         StagedRanksText(ver)));
-  }();
-  return WhenDurableAnswer(seq, std::move(answer));
+  });
 }
 
 absl::StatusOr<Version> MetaCore::FlushVersion(const std::string& job_id, uint64_t step) {
-  uint64_t seq = 0;
-  absl::StatusOr<Version> answer = [&]() -> absl::StatusOr<Version> {
-    absl::MutexLock lock(&mu_);
-    seq = VisibleSeqLocked();
-    Txn txn;
-    Engine e(*state_, clock_, options_, txn);
+  return Write([&](Engine& e) -> absl::StatusOr<Version> {
     CKPT_ASSIGN_OR_RETURN(Version * v, e.FindVersion(job_id, step));
     if (IsTerminal(v->state)) {
       return absl::FailedPreconditionError(absl::StrCat("version ", job_id, "/", step, " is ",
@@ -1851,20 +1742,13 @@ absl::StatusOr<Version> MetaCore::FlushVersion(const std::string& job_id, uint64
     e.StartFlush(*v);
     Version result = *v;
     for (auto& [rank, sh] : result.shards) sh.items.clear();
-    seq = SubmitLocked(txn);
     return result;
-  }();
-  return WhenDurableAnswer(seq, std::move(answer));
+  });
 }
 
 absl::StatusOr<Version> MetaCore::DeleteVersion(const std::string& job_id, uint64_t step,
                                                 bool force) {
-  uint64_t seq = 0;
-  absl::StatusOr<Version> answer = [&]() -> absl::StatusOr<Version> {
-    absl::MutexLock lock(&mu_);
-    seq = VisibleSeqLocked();
-    Txn txn;
-    Engine e(*state_, clock_, options_, txn);
+  return Write([&](Engine& e) -> absl::StatusOr<Version> {
     CKPT_ASSIGN_OR_RETURN(Version * v, e.FindVersion(job_id, step));
     if (v->state != VersionState::kDeleted) {
       if (!force && SatisfiesLevel(v->state, Level::kProtected)) {
@@ -1896,10 +1780,8 @@ absl::StatusOr<Version> MetaCore::DeleteVersion(const std::string& job_id, uint6
     }
     Version result = *v;
     for (auto& [rank, sh] : result.shards) sh.items.clear();
-    seq = SubmitLocked(txn);
     return result;
-  }();
-  return WhenDurableAnswer(seq, std::move(answer));
+  });
 }
 
 MetaCounters MetaCore::counters() const {

@@ -547,6 +547,26 @@ class MetaCore {
   static bool ActiveTasksEmpty(Engine& e, const Version& v);
   // Body of the durability thread.
   void DurableLoop();
+  // ---- The lock, the log and the wait, in one place (core_state.h). Every
+  // public method that reads or changes the state goes through one of these;
+  // `fn` gets an Engine over the state (its Txn collects what fn changes)
+  // and returns the answer (absl::Status or absl::StatusOr<T>).
+  //
+  // Apply(fn, &seq): takes mu_, runs fn, submits the Txn (also when fn
+  // fails: what it changed in memory reaches the store, in decision order),
+  // lets go of mu_ and returns fn's answer; `seq` is the store sequence the
+  // answer must wait for (the newest change visible to fn).
+  template <typename Fn>
+  auto Apply(Fn&& fn, uint64_t* seq);
+  // Write(fn): Apply, then the answer once that sequence is durable, or the
+  // store's error. Blocks on the store without holding mu_.
+  template <typename Fn>
+  auto Write(Fn&& fn);
+  // Read(fn): takes mu_, runs fn (which changes nothing persisted; it may
+  // wait on mu_, as WaitVersion does), lets go of mu_, and returns the answer
+  // once the newest change visible when fn returned is durable.
+  template <typename Fn>
+  auto Read(Fn&& fn) const;
   // Looks the node up and applies `change` (which records what it changes in
   // the Txn), under mu_; then waits for the change to be durable. NotFound
   // for an unknown node; `change`'s error unchanged.

@@ -1114,13 +1114,9 @@ std::vector<SegmentLocation> Engine::StripeLocations(const Version& v, int group
 absl::StatusOr<InventoryResult> MetaCore::ReportInventory(const std::string& node_id,
                                                           uint64_t incarnation,
                                                           const std::vector<Holding>& holdings) {
-  uint64_t seq = 0;
-  absl::StatusOr<InventoryResult> answer = [&]() -> absl::StatusOr<InventoryResult> {
+  return Write([&](Engine& e) -> absl::StatusOr<InventoryResult> {
     InventoryResult result;
-    absl::MutexLock lock(&mu_);
-    seq = VisibleSeqLocked();
-    Txn txn;
-    Engine e(*state_, clock_, options_, txn);
+    Txn& txn = e.txn();
     CKPT_ASSIGN_OR_RETURN(Node * node, e.CheckNode(node_id, incarnation));
     const int64_t now = e.NowMs();
     std::set<std::pair<std::pair<std::string, uint64_t>, uint32_t>> seen_shards;
@@ -1309,18 +1305,13 @@ absl::StatusOr<InventoryResult> MetaCore::ReportInventory(const std::string& nod
     // same segment here would drop the new copy.
     log::Info("inventory of node {}: {} entries, {} kept, {} decisions, {} missing", node_id,
               holdings.size(), result.kept, result.decisions.size(), result.missing.size());
-    seq = SubmitLocked(txn);
     return result;
-  }();
-  return WhenDurableAnswer(seq, std::move(answer));
+  });
 }
 
 absl::Status MetaCore::Tick() {
-  uint64_t seq = 0;
-  {
-    absl::MutexLock lock(&mu_);
-    Txn txn;
-    Engine e(*state_, clock_, options_, txn);
+  return Write([&](Engine& e) -> absl::Status {
+    Txn& txn = e.txn();
     const absl::Time mono = e.Mono();
     const int64_t now = e.NowMs();
     // Leases.
@@ -1447,9 +1438,8 @@ absl::Status MetaCore::Tick() {
       txn.DeleteJob(job_id);
       log::Info("job {} removed", job_id);
     }
-    seq = SubmitLocked(txn);
-  }
-  return store_->AwaitDurable(seq);
+    return absl::OkStatus();
+  });
 }
 
 bool MetaCore::ActiveTasksEmpty(Engine& e, const Version& v) {
@@ -1484,14 +1474,9 @@ void MetaCore::FailureStatsLocked(const std::string& job_id, ClusterStatusView* 
 
 absl::StatusOr<ClusterStatusView> MetaCore::ClusterStatus(bool include_nodes, uint32_t max_problems,
                                                          const std::string& job_id) const {
-  uint64_t seq = 0;
-  ClusterStatusView out;
-  {
-    absl::MutexLock lock(&mu_);
-    seq = VisibleSeqLocked();
-    out = ClusterStatusLocked(include_nodes, max_problems, job_id);
-  }
-  return WhenDurableAnswer<absl::StatusOr<ClusterStatusView>>(seq, std::move(out));
+  return Read([&](Engine& e) -> absl::StatusOr<ClusterStatusView> {
+    return ClusterStatusLocked(include_nodes, max_problems, job_id);
+  });
 }
 
 ClusterStatusView MetaCore::ClusterStatusLocked(bool include_nodes, uint32_t max_problems,

@@ -52,6 +52,14 @@ absl::Status FromGrpc(const grpc::Status& status, const char* call) {
                       absl::StrCat(call, ": ", status.error_message()));
 }
 
+void AwaitChannel(grpc::Channel* channel, absl::Time until) {
+  while (absl::Now() < until) {
+    const grpc_connectivity_state state = channel->GetState(/*try_to_connect=*/true);
+    if (state == GRPC_CHANNEL_READY) return;
+    channel->WaitForStateChange(state, absl::ToChronoTime(until));
+  }
+}
+
 std::unique_ptr<grpc::ClientContext> ContextWithTimeout(absl::Duration timeout) {
   auto ctx = std::make_unique<grpc::ClientContext>();
   ctx->set_deadline(absl::ToChronoTime(absl::Now() + timeout));
@@ -63,9 +71,7 @@ void CloseShardInBackground(ClientCore& core, std::string handle_id, std::string
     v1::CloseShardRequest req;
     req.set_handle_id(id);
     req.set_session_id(session);
-    v1::CloseShardResponse resp;
-    auto ctx = ContextWithTimeout(core.options.rpc_timeout);
-    if (absl::Status s = FromGrpc(core.agent->CloseShard(ctx.get(), req, &resp), "CloseShard"); !s.ok()) {
+    if (absl::Status s = core.agent->CloseShard(req, core.options.rpc_timeout); !s.ok()) {
       log::Warn("closing shard handle {}: {}", id, s.ToString());
     }
   };
@@ -132,18 +138,22 @@ constexpr absl::Duration kMaxBackoff = absl::Seconds(1);
 // fail-fast calls nothing did, save gRPC's backup poller every 5 s, and a
 // client kept failing for 9-20 s after meta was back (bench/meta_reconnect.py;
 // 0.6 s with this). Returns early once the channel is READY.
-void Backoff(grpc::Channel* channel, absl::Duration* backoff, absl::Time deadline) {
+absl::Time NextTry(absl::Duration* backoff, absl::Time deadline) {
   const absl::Time until = std::min(absl::Now() + *backoff, deadline);
   *backoff = std::min(*backoff * 2, kMaxBackoff);
+  return until;
+}
+void Backoff(grpc::Channel* channel, absl::Duration* backoff, absl::Time deadline) {
+  const absl::Time until = NextTry(backoff, deadline);
   if (channel == nullptr) {
     absl::SleepFor(std::max(until - absl::Now(), absl::ZeroDuration()));
     return;
   }
-  while (absl::Now() < until) {
-    const grpc_connectivity_state state = channel->GetState(/*try_to_connect=*/true);
-    if (state == GRPC_CHANNEL_READY) return;
-    channel->WaitForStateChange(state, absl::ToChronoTime(until));
-  }
+  AwaitChannel(channel, until);
+}
+// The same for a call to the agent: the link waits (AgentLink::AwaitRetry).
+void Backoff(AgentLink& agent, absl::Duration* backoff, absl::Time deadline) {
+  agent.AwaitRetry(NextTry(backoff, deadline));
 }
 
 v1::JobSpec MakeSpec(const ClientOptions& o) {
@@ -259,12 +269,13 @@ absl::Status AwaitJob(ClientCore& core, absl::Time deadline) {
   }
 }
 
+}  // namespace
+
 absl::Status ConnectAgent(ClientCore& core, absl::Time deadline) {
   absl::Duration backoff = kMinBackoff;
   v1::AgentStatusResponse resp;
   while (true) {
-    auto ctx = ContextWithTimeout(core.options.rpc_timeout);
-    absl::Status s = FromGrpc(core.agent->AgentStatus(ctx.get(), {}, &resp), "AgentStatus");
+    absl::Status s = core.agent->AgentStatus(&resp, core.options.rpc_timeout);
     if (s.ok()) break;
     if (!absl::IsUnavailable(s)) return s;
     if (absl::Now() >= deadline) {
@@ -272,7 +283,7 @@ absl::Status ConnectAgent(ClientCore& core, absl::Time deadline) {
           absl::StrCat("ckpt-agent at ", core.options.agent_socket,
                        " unreachable within the connect timeout: ", s.message()));
     }
-    Backoff(core.agent_channel.get(), &backoff, deadline);
+    Backoff(*core.agent, &backoff, deadline);
   }
   core.node_id = resp.node_id();
   if (resp.pool_file_bytes_size() != 0 && resp.pool_file_bytes_size() != resp.pool_files_size()) {
@@ -294,6 +305,8 @@ absl::Status ConnectAgent(ClientCore& core, absl::Time deadline) {
              session->empty() ? "none" : session->substr(0, 8) + "...", resp.pool_files_size());
   return absl::OkStatus();
 }
+
+namespace {
 
 std::shared_ptr<grpc::Channel> MakeChannel(const std::string& target,
                                            std::shared_ptr<grpc::ChannelCredentials> credentials,
@@ -417,6 +430,8 @@ absl::Status WaitForVersion(const ClientCore& core, uint64_t step, Level level,
 
 }  // namespace client
 
+Client client::MakeClient(std::shared_ptr<ClientCore> core) { return Client(std::move(core)); }
+
 Client::Client(std::shared_ptr<client::ClientCore> core) : core_(std::move(core)) {}
 Client::Client(Client&&) noexcept = default;
 Client& Client::operator=(Client&&) noexcept = default;
@@ -441,8 +456,7 @@ absl::StatusOr<Client> Client::Connect(const ClientOptions& options) {
   const std::string agent_target = absl::StartsWith(options.agent_socket, "unix:")
                                        ? options.agent_socket
                                        : absl::StrCat("unix:", options.agent_socket);
-  core->agent_channel = client::MakeChannel(agent_target, grpc::InsecureChannelCredentials());
-  core->agent = v1::AgentService::NewStub(core->agent_channel);
+  core->agent = client::NewGrpcAgentLink(agent_target);
   if (options.rank == 0) {
     CKPT_RETURN_IF_ERROR(client::CreateOrOpenJob(*core, deadline));
   } else {
@@ -507,9 +521,7 @@ absl::StatusOr<absl::Duration> Client::PauseProtection(absl::Duration d) const {
   v1::PauseProtectionRequest req;
   req.set_duration_ms(absl::ToInt64Milliseconds(d));
   v1::PauseProtectionResponse resp;
-  auto ctx = client::ContextWithTimeout(core_->options.rpc_timeout);
-  CKPT_RETURN_IF_ERROR(
-      client::FromGrpc(core_->agent->PauseProtection(ctx.get(), req, &resp), "PauseProtection"));
+  CKPT_RETURN_IF_ERROR(core_->agent->PauseProtection(req, &resp, core_->options.rpc_timeout));
   return absl::Milliseconds(resp.remaining_ms());
 }
 

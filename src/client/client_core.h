@@ -29,8 +29,9 @@
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
 #include "ckpt/client.h"
-#include "ckpt/v1/agent.grpc.pb.h"
+#include "ckpt/v1/agent.pb.h"
 #include "ckpt/v1/meta.grpc.pb.h"
+#include "client/agent_link.h"
 #include "client/mapped_file.h"
 #include "client/pull_staging.h"
 #include "client/region_io.h"
@@ -94,10 +95,10 @@ struct ClientCore {
   }
   ClientOptions options;
   std::unique_ptr<v1::MetaService::Stub> meta;
-  std::unique_ptr<v1::AgentService::Stub> agent;
-  // The channels under the stubs: retry loops wait on them (client.cc Backoff).
+  // The channel under the meta stub: retry loops wait on it (client.cc Backoff).
   std::shared_ptr<grpc::Channel> meta_channel;
-  std::shared_ptr<grpc::Channel> agent_channel;
+  // The local agent's gRPC service (NewGrpcAgentLink; a fake in unit tests).
+  std::unique_ptr<AgentLink> agent;
   std::string node_id;          // the local agent's, for Locate
   MappingCache mappings;
   // Populates a pool mapping in the background once this client saved into
@@ -222,6 +223,10 @@ void CloseShardInBackground(ClientCore& core, std::string handle_id, std::string
 // prefixed with `call` ("CommitShard: ...").
 absl::Status FromGrpc(const grpc::Status& status, const char* call);
 
+// Returns at `until`, or earlier once `channel` is READY, spending the time
+// in the channel's connectivity watch (client.cc Backoff says why).
+void AwaitChannel(grpc::Channel* channel, absl::Time until);
+
 // A client context whose deadline is `timeout` from now.
 std::unique_ptr<grpc::ClientContext> ContextWithTimeout(absl::Duration timeout);
 
@@ -242,6 +247,14 @@ absl::Status CallMetaRetrying(const ClientCore& core, const char* what,
 absl::StatusOr<std::vector<ShardRegion>> MapRegions(
     ClientCore& core, const google::protobuf::RepeatedPtrField<v1::MemoryRegion>& regions,
     uint64_t size, MappedFile::Access access, std::vector<std::shared_ptr<MappedFile>>* keep);
+
+// Asks the agent (core.agent) for its node id and pool files, retried while
+// it is unreachable until `deadline`, and maps the pool (over the session,
+// else by path). Client::Connect's last step.
+absl::Status ConnectAgent(ClientCore& core, absl::Time deadline);
+
+// A Client over `core` (connected: Client::Connect, or a test's core).
+Client MakeClient(std::shared_ptr<ClientCore> core);
 
 // Level -> ckpt.v1.DurabilityLevel.
 v1::DurabilityLevel ToProto(Level level);

@@ -100,9 +100,7 @@ struct OpenedShard {
     v1::CloseShardRequest req;
     req.set_handle_id(std::exchange(handle_id, ""));
     req.set_session_id(session_id);
-    v1::CloseShardResponse resp;
-    auto ctx = client::ContextWithTimeout(core->options.rpc_timeout);
-    return FromGrpc(core->agent->CloseShard(ctx.get(), req, &resp), "CloseShard");
+    return core->agent->CloseShard(req, core->options.rpc_timeout);
   }
 };
 
@@ -194,8 +192,7 @@ absl::StatusOr<std::unique_ptr<OpenedShard>> SendOpen(const std::shared_ptr<Clie
     }
   }
   if (!answered) {
-    auto ctx = client::ContextWithTimeout(core->options.load_timeout);
-    CKPT_RETURN_IF_ERROR(FromGrpc(core->agent->OpenShard(ctx.get(), req, resp), "OpenShard"));
+    CKPT_RETURN_IF_ERROR(core->agent->OpenShard(req, resp, core->options.load_timeout));
   }
   auto opened = std::make_unique<OpenedShard>();
   opened->core = core;
@@ -222,9 +219,7 @@ absl::Status Deliver(ClientCore& core, const std::string& token, OpenedShard& op
   target->set_rkey(opened.staging->rkey());
   target->set_address(reinterpret_cast<uint64_t>(opened.staging->data()));
   target->set_length_bytes(opened.staging->length());
-  v1::DeliverShardResponse resp;
-  auto ctx = client::ContextWithTimeout(core.options.load_timeout);
-  CKPT_RETURN_IF_ERROR(FromGrpc(core.agent->DeliverShard(ctx.get(), req, &resp), "DeliverShard"));
+  CKPT_RETURN_IF_ERROR(core.agent->DeliverShard(req, core.options.load_timeout));
   opened.regions = {client::ShardRegion{opened.staging->data() + client::kPullHeaderBytes, size, 0}};
   client::CloseShardInBackground(core, std::exchange(opened.handle_id, ""), opened.session_id);
   return absl::OkStatus();

@@ -104,9 +104,7 @@ bool AbortLease(ClientCore& core, const std::string& lease_id, const std::string
   v1::AbortLeaseRequest req;
   req.set_lease_id(lease_id);
   req.set_session_id(session_id);
-  v1::AbortLeaseResponse resp;
-  auto ctx = ContextWithTimeout(core.options.rpc_timeout);
-  absl::Status s = FromGrpc(core.agent->AbortLease(ctx.get(), req, &resp), "AbortLease");
+  absl::Status s = core.agent->AbortLease(req, core.options.rpc_timeout);
   if (absl::IsFailedPrecondition(s)) return true;
   if (!s.ok()) {
     // The agent expires the lease on its own (ttl, or our pid gone).
@@ -128,8 +126,7 @@ absl::Status SendCommit(ClientCore& core, const std::shared_ptr<const v1::Commit
     return absl::OkStatus();
   };
   v1::CommitShardResponse resp;
-  auto ctx = ContextWithTimeout(core.options.rpc_timeout);
-  absl::Status s = FromGrpc(core.agent->CommitShard(ctx.get(), commit, &resp), "CommitShard");
+  absl::Status s = core.agent->CommitShard(commit, &resp, core.options.rpc_timeout);
   if (absl::IsAlreadyExists(s)) {
     log::Debug("commit of lease {} was a replay", lease_id);
     return committed();
@@ -336,10 +333,7 @@ absl::StatusOr<v1::AcquireStagingLeaseResponse> AskForLease(ClientCore& core, Ag
     if (reply.ok() && !resp.ParseFromString(*reply)) s = absl::InternalError("lease (session): unparsable answer");
     if (!s.ok() && !absl::IsUnavailable(s)) s = Annotate(s, "AcquireStagingLease (session)");
   }
-  if (absl::IsUnavailable(s)) {
-    auto ctx = ContextWithTimeout(o.rpc_timeout);
-    s = FromGrpc(core.agent->AcquireStagingLease(ctx.get(), req, &resp), "AcquireStagingLease");
-  }
+  if (absl::IsUnavailable(s)) s = core.agent->AcquireStagingLease(req, &resp, o.rpc_timeout);
   if (!s.ok()) return s;
   return resp;
 }

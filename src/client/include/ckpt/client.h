@@ -274,6 +274,9 @@ struct IntervalAdvice {
 
 class Client;
 class SaveBuilder;
+namespace client {
+Client MakeClient(std::shared_ptr<ClientCore> core);  // client_core.h
+}  // namespace client
 
 // What a committed save returns: the version's step and this rank's shard,
 // and a way to wait for the version to reach a durability level.
@@ -696,6 +699,7 @@ class Client {
   absl::Status LoadIntoWhileOpening(uint64_t step, const std::function<absl::StatusOr<Buffers>()>& buffers) const;
 
  private:
+  friend Client client::MakeClient(std::shared_ptr<client::ClientCore> core);
   explicit Client(std::shared_ptr<client::ClientCore> core);
   std::shared_ptr<client::ClientCore> core_;
 };

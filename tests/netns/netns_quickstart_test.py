@@ -7,8 +7,9 @@ rank r in the namespace of agent n(r+1).
   1. every rank saves steps 1..3 of a replicated job (replicate:2:ring) and of an erasure-coded
      one (ec:2+2: stripes of 4 segments on 4 of the 5 hosts, so that the survivors of one loss
      can still place a stripe on distinct hosts; with ec:3+2 on 5 hosts a loss leaves the
-     versions DEGRADED by design, docs/meta.md "Re-protection"); each version is waited for until PROTECTED;
-     the bytes the saves sent over the veths are counted (`ip -s link`);
+     versions DEGRADED by design, docs/meta.md "Failures and recovery"); each version is
+     waited for until PROTECTED; the bytes the saves sent over the veths are counted
+     (/sys/class/net/eth0/statistics/tx_bytes in each host);
   2. host n3 fails: its agent is killed (SIGKILL) and so is its trainer; measured: how long meta
      takes to declare n3 DEAD, and until every acknowledged version is PROTECTED again;
   3. rank 2 (n3's) resumes on a host that holds no copy of its replicated shard and restores

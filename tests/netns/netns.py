@@ -484,6 +484,8 @@ class Rank:
                 "--seed", seed, "--rpc-timeout", rpc_timeout]
         env = dict(c.env, PYTHONPATH=str(c.build / "python"), PYTHONDONTWRITEBYTECODE="1",
                    **tls_env(c.tls.client("trainer", "netns", ["*"])))
+        if "LD_PRELOAD" in os.environ:
+            env["LD_PRELOAD"] = os.environ["LD_PRELOAD"]
         self.proc = c.net.spawn_piped(host, argv, c.work / f"rank-{job}-{rank}-{node}.err", env=env)
         self.buf = ""
 
@@ -550,9 +552,11 @@ class Cluster:
         self.lease_ms, self.heartbeat_ms, self.peer_timeout_ms = lease_ms, heartbeat_ms, peer_timeout_ms
         self.memory = memory
         self.extra_agent = list(extra_agent)
+        # The daemons' environment: no proxies; no LD_PRELOAD (ASan builds preload the runtime
+        # for the Python trainers only; the daemons carry their own, as in tests/chaos).
         self.env = {k: v for k, v in os.environ.items()
-                    if k not in ("http_proxy", "https_proxy", "HTTP_PROXY", "HTTPS_PROXY", "grpc_proxy",
-                                 "all_proxy", "ALL_PROXY")}
+                    if k not in ("LD_PRELOAD", "http_proxy", "https_proxy", "HTTP_PROXY", "HTTPS_PROXY",
+                                 "grpc_proxy", "all_proxy", "ALL_PROXY")}
         # The data plane over TCP on the veth: no shared memory between "hosts".
         self.env.update(UCX_TLS="tcp", UCX_NET_DEVICES="eth0")
         self.tls = NetTls(self.work / "pki", self.bin)

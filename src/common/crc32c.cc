@@ -6,6 +6,8 @@
 #include <cassert>
 #include <cstring>
 
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
 #include "common/lock_check.h"
 
 namespace ckpt {
@@ -106,6 +108,28 @@ uint32_t Crc32cCopy(void* dst, const void* src, size_t size, uint32_t crc) {
     s += n;
     size -= n;
   }
+  return crc;
+}
+
+uint32_t Crc32cOfPieces(std::span<const std::span<const std::byte>> pieces, uint32_t crc) {
+  for (const auto& p : pieces) crc = Crc32cExtend(crc, p.data(), p.size());
+  return crc;
+}
+
+uint32_t Crc32cOfPieces(std::span<const std::span<std::byte>> pieces, uint32_t crc) {
+  for (const auto& p : pieces) crc = Crc32cExtend(crc, p.data(), p.size());
+  return crc;
+}
+
+absl::StatusOr<uint32_t> Crc32cOfChunks(const Crc32cChunks& chunks, uint64_t total_bytes) {
+  uint32_t crc = 0;
+  uint64_t pos = 0;
+  for (const auto& [off, c] : chunks) {
+    if (off != pos) return absl::DataLossError(absl::StrCat("chunks do not tile the transfer at ", pos));
+    crc = Crc32cCombine(crc, c.first, c.second);
+    pos += c.second;
+  }
+  if (pos != total_bytes) return absl::DataLossError(absl::StrCat("received ", pos, " of ", total_bytes, " bytes"));
   return crc;
 }
 

@@ -13,8 +13,12 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <map>
 #include <span>
 #include <string_view>
+#include <utility>
+
+#include "absl/status/statusor.h"
 
 namespace ckpt {
 
@@ -35,5 +39,21 @@ uint32_t Crc32cCombine(uint32_t crc_a, uint32_t crc_b, uint64_t size_b);
 // Crc32cExtend(crc, src, size), reading each block while it is still in cache
 // so the checksum costs little beyond the copy. This is the trainer's save path.
 uint32_t Crc32cCopy(void* dst, const void* src, size_t size, uint32_t crc = 0);
+
+// Returns Crc32cExtend(crc, ...) over `pieces` in order: the CRC-32C of their
+// concatenation when crc == 0 (a shard or segment that lies in several
+// memory pieces, e.g. transport::ConstPieces).
+uint32_t Crc32cOfPieces(std::span<const std::span<const std::byte>> pieces, uint32_t crc = 0);
+uint32_t Crc32cOfPieces(std::span<const std::span<std::byte>> pieces, uint32_t crc = 0);
+
+// A transfer received in chunks, each checksummed on arrival: chunk offset ->
+// (its CRC-32C, its length in bytes).
+using Crc32cChunks = std::map<uint64_t, std::pair<uint32_t, uint64_t>>;
+
+// Returns the CRC-32C of the whole transfer from its chunks' (Crc32cCombine,
+// no data access). The chunks must tile [0, total_bytes) exactly: DataLoss
+// ("chunks do not tile the transfer at N" for a gap or overlap, "received N of
+// M bytes" for a short or long transfer) otherwise.
+absl::StatusOr<uint32_t> Crc32cOfChunks(const Crc32cChunks& chunks, uint64_t total_bytes);
 
 }  // namespace ckpt

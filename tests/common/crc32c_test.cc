@@ -2,7 +2,9 @@
 
 #include <gtest/gtest.h>
 
+#include <cstddef>
 #include <random>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -110,6 +112,64 @@ TEST(Crc32c, DetectsSingleBitFlip) {
   const uint32_t good = Crc32c(data);
   data[1234] ^= 0x10;
   EXPECT_NE(Crc32c(data), good);
+}
+
+// `data` cut at `cuts` (ascending offsets) into pieces.
+std::vector<std::span<const std::byte>> Cut(const std::string& data, const std::vector<size_t>& cuts) {
+  const std::span<const std::byte> all(reinterpret_cast<const std::byte*>(data.data()), data.size());
+  std::vector<std::span<const std::byte>> pieces;
+  size_t pos = 0;
+  for (size_t c : cuts) {
+    pieces.push_back(all.subspan(pos, c - pos));
+    pos = c;
+  }
+  pieces.push_back(all.subspan(pos));
+  return pieces;
+}
+
+TEST(Crc32cOfPieces, EqualsTheCrcOfTheConcatenation) {
+  const std::string data = RandomBytes(10000, 11);
+  EXPECT_EQ(Crc32cOfPieces(Cut(data, {})), Crc32c(data));
+  EXPECT_EQ(Crc32cOfPieces(Cut(data, {1, 1, 4096, 9999})), Crc32c(data));  // empty pieces too
+  EXPECT_EQ(Crc32cOfPieces(std::span<const std::span<const std::byte>>()), 0u);
+  // Extends a given crc.
+  const std::string head = RandomBytes(77, 12);
+  EXPECT_EQ(Crc32cOfPieces(Cut(data, {5000}), Crc32c(head)), Crc32c(head + data));
+  // Writable pieces (transport::MutablePieces) likewise.
+  std::string copy = data;
+  std::vector<std::span<std::byte>> mutable_pieces{
+      std::span<std::byte>(reinterpret_cast<std::byte*>(copy.data()), 3000),
+      std::span<std::byte>(reinterpret_cast<std::byte*>(copy.data()) + 3000, copy.size() - 3000)};
+  EXPECT_EQ(Crc32cOfPieces(mutable_pieces), Crc32c(data));
+}
+
+TEST(Crc32cOfChunks, CombinesChunksThatTileTheTransfer) {
+  const std::string data = RandomBytes(10000, 13);
+  Crc32cChunks chunks;
+  // Arrival order does not matter: the map orders them by offset.
+  for (uint64_t off : {8000, 0, 3000, 1000}) {
+    const uint64_t end = off == 8000 ? 10000 : off == 0 ? 1000 : off == 1000 ? 3000 : 8000;
+    chunks[off] = {Crc32c(data.data() + off, end - off), end - off};
+  }
+  absl::StatusOr<uint32_t> crc = Crc32cOfChunks(chunks, data.size());
+  ASSERT_TRUE(crc.ok()) << crc.status();
+  EXPECT_EQ(*crc, Crc32c(data));
+  // No chunks: the crc of nothing, if nothing was expected.
+  EXPECT_EQ(Crc32cOfChunks({}, 0).value(), 0u);
+}
+
+TEST(Crc32cOfChunks, RefusesGapsOverlapsAndWrongTotals) {
+  const Crc32cChunks gap = {{0, {1, 100}}, {200, {2, 100}}};
+  EXPECT_EQ(Crc32cOfChunks(gap, 300).status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_EQ(Crc32cOfChunks(gap, 300).status().message(), "chunks do not tile the transfer at 100");
+  const Crc32cChunks overlap = {{0, {1, 100}}, {50, {2, 100}}};
+  EXPECT_EQ(Crc32cOfChunks(overlap, 150).status().code(), absl::StatusCode::kDataLoss);
+  const Crc32cChunks two = {{0, {1, 100}}, {100, {2, 100}}};
+  EXPECT_EQ(Crc32cOfChunks(two, 300).status().message(), "received 200 of 300 bytes");
+  EXPECT_EQ(Crc32cOfChunks(two, 150).status().message(), "received 200 of 150 bytes");
+  EXPECT_EQ(Crc32cOfChunks({}, 1).status().code(), absl::StatusCode::kDataLoss);
+  const Crc32cChunks late = {{10, {1, 100}}};
+  EXPECT_EQ(Crc32cOfChunks(late, 110).status().message(), "chunks do not tile the transfer at 0");
 }
 
 }  // namespace

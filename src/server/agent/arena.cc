@@ -336,9 +336,7 @@ transport::MutablePieces Reservation::MutablePieces(uint64_t offset, uint64_t le
 }
 
 uint32_t Reservation::Crc(uint64_t offset, uint64_t length) const {
-  uint32_t crc = 0;
-  for (const auto& p : Pieces(offset, length)) crc = Crc32cExtend(crc, p.data(), p.size());
-  return crc;
+  return Crc32cOfPieces(Pieces(offset, length));
 }
 
 void Reservation::CopyOut(uint64_t offset, std::span<std::byte> out) const {

@@ -16,31 +16,6 @@ using transport::Inbound;
 using transport::MutablePieces;
 using transport::PeerId;
 
-namespace {
-
-// CRC of the concatenation of chunks given as offset -> (crc, length); the
-// chunks must tile [0, total).
-absl::StatusOr<uint32_t> CombineChunks(const std::map<uint64_t, std::pair<uint32_t, uint64_t>>& chunks,
-                                       uint64_t total) {
-  uint32_t crc = 0;
-  uint64_t pos = 0;
-  for (const auto& [off, c] : chunks) {
-    if (off != pos) return absl::DataLossError(absl::StrCat("chunks do not tile the transfer at ", pos));
-    crc = Crc32cCombine(crc, c.first, c.second);
-    pos += c.second;
-  }
-  if (pos != total) return absl::DataLossError(absl::StrCat("received ", pos, " of ", total, " bytes"));
-  return crc;
-}
-
-uint32_t PiecesCrc(const ConstPieces& pieces) {
-  uint32_t crc = 0;
-  for (const auto& p : pieces) crc = Crc32cExtend(crc, p.data(), p.size());
-  return crc;
-}
-
-}  // namespace
-
 PeerClient::PeerClient(DataPlane* plane, Clock* clock, AgentMetrics* metrics, Options options)
     : plane_(plane), clock_(clock), metrics_(metrics), options_(std::move(options)) {}
 
@@ -142,7 +117,7 @@ std::vector<absl::Status> PeerClient::Push(const std::vector<PeerEndpoint>& targ
         *plane_->transport(), peers, kPutChunk, source, options_.bulk,
         [&](const transport::ChunkInfo& c, size_t peer) {
           if (c.index != crc_index) {
-            chunk_crc = PiecesCrc(*c.pieces);
+            chunk_crc = Crc32cOfPieces(*c.pieces);
             crc_index = c.index;
           }
           return EncodeChunk(Chunk{ids[peer], c.offset, chunk_crc});
@@ -283,7 +258,7 @@ absl::StatusOr<uint32_t> PeerClient::FinishRead(uint64_t id) {
     metrics_->peer_errors->Increment();
     return absl::Status(r.status.code(), absl::StrCat("reading from node \"", r.node_id, "\": ", r.status.message()));
   }
-  CKPT_ASSIGN_OR_RETURN(uint32_t crc, CombineChunks(r.chunks, r.expected));
+  CKPT_ASSIGN_OR_RETURN(uint32_t crc, Crc32cOfChunks(r.chunks, r.expected));
   if (crc != r.end_crc) {
     return absl::DataLossError(absl::StrFormat("node \"%s\" sent bytes with crc32c 0x%08x, it announced 0x%08x",
                                                r.node_id, crc, r.end_crc));
@@ -392,8 +367,7 @@ void PeerClient::OnReadChunk(const Inbound& msg, const absl::Status& status) {
     where = transport::SlicePieces(it->second.dest, c->offset, msg.payload_bytes);
   }
   // The crc runs without the lock, on memory `landed` keeps alive.
-  uint32_t crc = 0;
-  for (const auto& p : where) crc = Crc32cExtend(crc, p.data(), p.size());
+  const uint32_t crc = Crc32cOfPieces(where);
   CheckedLock lock(&mu_);
   auto it = reads_.find(c->id);
   if (it == reads_.end() || it->second.ended) return;

@@ -26,19 +26,6 @@ constexpr size_t kScratchPool = 8;
 // a fresher one (a node that registered since this agent's last heartbeat).
 constexpr absl::Duration kMembershipWait = absl::Seconds(2);
 
-absl::StatusOr<uint32_t> CombineChunks(const std::map<uint64_t, std::pair<uint32_t, uint64_t>>& chunks,
-                                       uint64_t total) {
-  uint32_t crc = 0;
-  uint64_t pos = 0;
-  for (const auto& [off, c] : chunks) {
-    if (off != pos) return absl::DataLossError(absl::StrCat("chunks do not tile the transfer at ", pos));
-    crc = Crc32cCombine(crc, c.first, c.second);
-    pos += c.second;
-  }
-  if (pos != total) return absl::DataLossError(absl::StrCat("received ", pos, " of ", total, " bytes"));
-  return crc;
-}
-
 }  // namespace
 
 PeerServer::PeerServer(Deps deps, Options options)
@@ -413,7 +400,7 @@ void PeerServer::FinishPut(PeerId from, uint64_t xfer) {
     d_.metrics->pushes_receiving->Set(static_cast<double>(in_puts_.size()));
   }
   InPut& in = *taken;
-  absl::StatusOr<uint32_t> crc = CombineChunks(in.chunks, in.begin.total_bytes);
+  absl::StatusOr<uint32_t> crc = Crc32cOfChunks(in.chunks, in.begin.total_bytes);
   if (crc.ok() && *crc != in.begin.crc32c) {
     crc = absl::DataLossError(
         absl::StrFormat("received bytes have crc32c 0x%08x, expected 0x%08x", *crc, in.begin.crc32c));
@@ -548,8 +535,7 @@ void PeerServer::ServeRead(PeerId from, ReadReq req) {
     const std::vector<absl::Status> sent = transport::SendChunked(
         *d_.plane->transport(), peers, kReadChunk, source, options_.bulk,
         [&](const transport::ChunkInfo& c) {
-          uint32_t cc = 0;
-          for (const auto& p : *c.pieces) cc = Crc32cExtend(cc, p.data(), p.size());
+          const uint32_t cc = Crc32cOfPieces(*c.pieces);
           crc = Crc32cCombine(crc, cc, c.length);
           return EncodeChunk(Chunk{req.id, c.offset, cc});
         },

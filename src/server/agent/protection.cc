@@ -16,12 +16,6 @@ namespace {
 
 absl::Status NoDataPlane() { return absl::UnavailableError("this agent has no data plane"); }
 
-uint32_t PiecesCrc(const transport::ConstPieces& pieces) {
-  uint32_t crc = 0;
-  for (const auto& p : pieces) crc = Crc32cExtend(crc, p.data(), p.size());
-  return crc;
-}
-
 }  // namespace
 
 Protector::Protector(Deps deps) : d_(std::move(deps)) {}
@@ -161,7 +155,7 @@ absl::Status Protector::PushDataSegments(QueuedTask& qt, bool* finished) {
         const uint64_t len = layout.SegmentLength(idx);
         const SegmentId sid{t.job_id, t.step, g.group_index, st.stripe_index, d};
         const transport::ConstPieces seg = transport::SlicePieces(blob->pieces, layout.SegmentStart(idx), len);
-        const uint32_t crc = PiecesCrc(seg);
+        const uint32_t crc = Crc32cOfPieces(seg);
         std::vector<PeerEndpoint> targets;
         std::vector<uint32_t> positions;
         for (uint32_t p = 0; p < st.parity_node_ids.size(); ++p) {

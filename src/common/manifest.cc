@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/crc32c.h"
+#include "common/endian.h"
 #include "common/names.h"
 #include "common/status_macros.h"
 
@@ -37,58 +38,9 @@ constexpr std::string_view kManifestTagV2 = "ckpt-manifest-v2";
 static_assert(kManifestTag.size() == kManifestTagV2.size());
 constexpr size_t kCountAt = 16;  // where the u32 item count sits
 
-void PutU32(std::string& out, uint32_t v) {
-  char b[4];
-  for (int i = 0; i < 4; ++i) b[i] = static_cast<char>(v >> (8 * i));
-  out.append(b, 4);
-}
-// Reads the encoding front to back; any read past the end sets `bad` and
-// returns zeros (the caller checks ok() at points where it matters).
-class Reader {
- public:
-  explicit Reader(std::string_view in) : in_(in) {}
-  bool ok() const { return ok_; }
-  size_t left() const { return in_.size() - pos_; }
-  uint32_t U32() {
-    if (!Need(4)) return 0;
-    uint32_t v = 0;
-    for (int i = 0; i < 4; ++i) v |= static_cast<uint32_t>(static_cast<unsigned char>(in_[pos_ + i])) << (8 * i);
-    pos_ += 4;
-    return v;
-  }
-  uint64_t U64() {
-    if (!Need(8)) return 0;
-    uint64_t v = 0;
-    for (int i = 0; i < 8; ++i) v |= static_cast<uint64_t>(static_cast<unsigned char>(in_[pos_ + i])) << (8 * i);
-    pos_ += 8;
-    return v;
-  }
-  std::string_view Str() {
-    const uint32_t n = U32();
-    if (!Need(n)) return {};
-    std::string_view s = in_.substr(pos_, n);
-    pos_ += n;
-    return s;
-  }
-  std::string_view Raw(size_t n) {
-    if (!Need(n)) return {};
-    std::string_view s = in_.substr(pos_, n);
-    pos_ += n;
-    return s;
-  }
-
- private:
-  bool Need(size_t n) {
-    if (!ok_ || n > left()) {
-      ok_ = false;
-      return false;
-    }
-    return true;
-  }
-  std::string_view in_;
-  size_t pos_ = 0;
-  bool ok_ = true;
-};
+// Reads the encoding front to back; any read past the end makes it not ok()
+// and returns zeros (the caller checks ok() at points where it matters).
+using Reader = LeReader;
 
 bool SortedByOffsetAlready(std::span<const ManifestItem> items) {
   for (size_t i = 1; i < items.size(); ++i) {
@@ -120,10 +72,12 @@ void AppendItem(std::string& out, std::optional<uint64_t> ref_step, std::string_
   out.resize(at + n);
   char* p = out.data() + at;
   const auto u32 = [&p](uint32_t v) {
-    for (int i = 0; i < 4; ++i) *p++ = static_cast<char>(v >> (8 * i));
+    StoreLe32(p, v);
+    p += 4;
   };
   const auto u64 = [&p](uint64_t v) {
-    for (int i = 0; i < 8; ++i) *p++ = static_cast<char>(v >> (8 * i));
+    StoreLe64(p, v);
+    p += 8;
   };
   const auto str = [&](std::string_view s) {
     u32(static_cast<uint32_t>(s.size()));
@@ -349,7 +303,7 @@ absl::Status ItemCrcStream::Finish() const {
 ManifestEncoder::ManifestEncoder(size_t reserve_bytes) {
   out_.reserve(std::max<size_t>(reserve_bytes, kCountAt + 4));
   out_.append(kManifestTag);
-  PutU32(out_, 0);  // the count, patched by Finish()
+  AppendLe32(out_, 0);  // the count, patched by Finish()
 }
 
 void ManifestEncoder::Add(std::string_view name, int dtype, std::span<const uint64_t> shape,
@@ -367,16 +321,16 @@ void ManifestEncoder::AddRef(uint64_t ref_step, std::string_view name, int dtype
 }
 
 std::string ManifestEncoder::Finish() {
-  for (int i = 0; i < 4; ++i) out_[kCountAt + i] = static_cast<char>(count_ >> (8 * i));
+  StoreLe32(out_.data() + kCountAt, count_);
   if (ref_count_ > 0) {
     out_.replace(0, kManifestTagV2.size(), kManifestTagV2);
-    PutU32(out_, ref_count_);
+    AppendLe32(out_, ref_count_);
     out_.append(refs_);
   }
   std::string done = std::move(out_);
   out_.clear();
   out_.append(kManifestTag);
-  PutU32(out_, 0);
+  AppendLe32(out_, 0);
   refs_.clear();
   count_ = 0;
   ref_count_ = 0;
@@ -406,18 +360,6 @@ uint64_t ManifestDigest(std::span<const ManifestItem> items) {
 
 namespace {
 
-uint64_t LoadU64(const char* p) {
-  uint64_t v = 0;
-  for (int i = 0; i < 8; ++i) v |= static_cast<uint64_t>(static_cast<unsigned char>(p[i])) << (8 * i);
-  return v;
-}
-
-uint32_t LoadU32(const char* p) {
-  uint32_t v = 0;
-  for (int i = 0; i < 4; ++i) v |= static_cast<uint32_t>(static_cast<unsigned char>(p[i])) << (8 * i);
-  return v;
-}
-
 // Canonical order (CanonicalItemLess) on packed items.
 bool PackedLess(const PackedItem& a, const PackedItem& b) {
   if (a.ref_step.has_value() != b.ref_step.has_value()) return !a.ref_step.has_value();
@@ -427,7 +369,7 @@ bool PackedLess(const PackedItem& a, const PackedItem& b) {
 
 }  // namespace
 
-uint64_t PackedItem::Dim(uint32_t i) const { return LoadU64(shape_at + 8 * static_cast<size_t>(i)); }
+uint64_t PackedItem::Dim(uint32_t i) const { return LoadLe64(shape_at + 8 * static_cast<size_t>(i)); }
 
 std::vector<uint64_t> PackedItem::Shape() const {
   std::vector<uint64_t> shape(dims);
@@ -439,10 +381,10 @@ std::map<std::string, std::string> PackedItem::Attributes() const {
   std::map<std::string, std::string> out;
   const char* p = attributes_at;
   for (uint32_t a = 0; a < attribute_count; ++a) {
-    const uint32_t kn = LoadU32(p);
+    const uint32_t kn = LoadLe32(p);
     std::string_view k(p + 4, kn);
     p += 4 + kn;
-    const uint32_t vn = LoadU32(p);
+    const uint32_t vn = LoadLe32(p);
     std::string_view v(p + 4, vn);
     p += 4 + vn;
     out.emplace_hint(out.end(), k, v);
@@ -452,7 +394,7 @@ std::map<std::string, std::string> PackedItem::Attributes() const {
 
 size_t PackedItemCount(std::string_view encoded) {
   if (encoded.size() < kCountAt + 4) return 0;
-  return std::min<size_t>(LoadU32(encoded.data() + kCountAt), encoded.size() / 36);
+  return std::min<size_t>(LoadLe32(encoded.data() + kCountAt), encoded.size() / 36);
 }
 
 bool PackedHasRefs(std::string_view encoded) { return encoded.substr(0, kManifestTagV2.size()) == kManifestTagV2; }

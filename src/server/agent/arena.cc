@@ -18,6 +18,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/crc32c.h"
+#include "common/endian.h"
 #include "common/lock_check.h"
 #include "common/log.h"
 #include "common/names.h"
@@ -93,68 +94,6 @@ namespace {
 // canonical encoding, and a CRC-32C of everything before it.
 constexpr std::string_view kRecordTag = "ckpt-record-v2\n";
 
-class RecordWriter {
- public:
-  explicit RecordWriter(size_t reserve) { out_.reserve(reserve); }
-  void U8(uint8_t v) { out_.push_back(static_cast<char>(v)); }
-  void U32(uint32_t v) {
-    for (int i = 0; i < 4; ++i) out_.push_back(static_cast<char>(v >> (8 * i)));
-  }
-  void U64(uint64_t v) {
-    for (int i = 0; i < 8; ++i) out_.push_back(static_cast<char>(v >> (8 * i)));
-  }
-  void Str(std::string_view s) {
-    U32(static_cast<uint32_t>(s.size()));
-    out_.append(s);
-  }
-  void Raw(std::string_view s) { out_.append(s); }
-  std::string& out() { return out_; }
-
- private:
-  std::string out_;
-};
-
-class RecordReader {
- public:
-  explicit RecordReader(std::string_view in) : in_(in) {}
-  bool ok() const { return ok_; }
-  size_t left() const { return in_.size() - pos_; }
-  uint8_t U8() { return Need(1) ? static_cast<uint8_t>(in_[pos_++]) : 0; }
-  uint32_t U32() {
-    if (!Need(4)) return 0;
-    uint32_t v = 0;
-    for (int i = 0; i < 4; ++i) v |= static_cast<uint32_t>(static_cast<uint8_t>(in_[pos_ + i])) << (8 * i);
-    pos_ += 4;
-    return v;
-  }
-  uint64_t U64() {
-    if (!Need(8)) return 0;
-    uint64_t v = 0;
-    for (int i = 0; i < 8; ++i) v |= static_cast<uint64_t>(static_cast<uint8_t>(in_[pos_ + i])) << (8 * i);
-    pos_ += 8;
-    return v;
-  }
-  std::string_view Str() {
-    const uint32_t n = U32();
-    if (!Need(n)) return {};
-    std::string_view s = in_.substr(pos_, n);
-    pos_ += n;
-    return s;
-  }
-
- private:
-  bool Need(size_t n) {
-    if (!ok_ || left() < n) {
-      ok_ = false;
-      return false;
-    }
-    return true;
-  }
-  std::string_view in_;
-  size_t pos_ = 0;
-  bool ok_ = true;
-};
-
 // Format 1: the JSON records of earlier versions (still re-adopted).
 absl::StatusOr<ShardRecord> DecodeJsonRecord(std::string_view json) {
   try {
@@ -210,7 +149,7 @@ absl::StatusOr<ShardRecord> DecodeJsonRecord(std::string_view json) {
 
 std::string EncodeShardRecord(const ShardRecord& r) {
   const std::string manifest = PackedManifest(r);
-  RecordWriter w(manifest.size() + 256 + r.id.job_id.size() + r.run_id.size() + r.durable_path.size() +
+  LeWriter w(manifest.size() + 256 + r.id.job_id.size() + r.run_id.size() + r.durable_path.size() +
                  16 * r.extents.size());
   w.Raw(kRecordTag);
   w.Str(r.id.job_id);
@@ -248,11 +187,11 @@ absl::StatusOr<ShardRecord> DecodeShardRecord(std::string_view bytes) {
   }
   if (bytes.size() < kRecordTag.size() + 4) return absl::InvalidArgumentError("record: truncated");
   const std::string_view body = bytes.substr(0, bytes.size() - 4);
-  RecordReader crc_reader(bytes.substr(body.size()));
+  LeReader crc_reader(bytes.substr(body.size()));
   if (crc_reader.U32() != Crc32c(body)) {
     return absl::InvalidArgumentError("record: its crc32c does not match (torn or corrupt)");
   }
-  RecordReader in(body.substr(kRecordTag.size()));
+  LeReader in(body.substr(kRecordTag.size()));
   ShardRecord r;
   r.id.job_id = std::string(in.Str());
   r.id.step = in.U64();

@@ -6,48 +6,8 @@
 
 namespace ckpt::agent {
 
-void WireWriter::U32(uint32_t v) {
-  for (int i = 0; i < 4; ++i) out_.push_back(static_cast<char>(v >> (8 * i)));
-}
-void WireWriter::U64(uint64_t v) {
-  for (int i = 0; i < 8; ++i) out_.push_back(static_cast<char>(v >> (8 * i)));
-}
-void WireWriter::Str(std::string_view s) {
-  U32(static_cast<uint32_t>(s.size()));
-  out_.append(s);
-}
-
-bool WireReader::Need(size_t n) {
-  if (bad_ || in_.size() - pos_ < n) {
-    bad_ = true;
-    return false;
-  }
-  return true;
-}
-uint8_t WireReader::U8() { return Need(1) ? static_cast<uint8_t>(in_[pos_++]) : 0; }
-uint32_t WireReader::U32() {
-  if (!Need(4)) return 0;
-  uint32_t v = 0;
-  for (int i = 0; i < 4; ++i) v |= static_cast<uint32_t>(static_cast<uint8_t>(in_[pos_ + i])) << (8 * i);
-  pos_ += 4;
-  return v;
-}
-uint64_t WireReader::U64() {
-  if (!Need(8)) return 0;
-  uint64_t v = 0;
-  for (int i = 0; i < 8; ++i) v |= static_cast<uint64_t>(static_cast<uint8_t>(in_[pos_ + i])) << (8 * i);
-  pos_ += 8;
-  return v;
-}
-std::string WireReader::Str() {
-  const uint32_t n = U32();
-  if (!Need(n)) return {};
-  std::string s(in_.substr(pos_, n));
-  pos_ += n;
-  return s;
-}
 absl::Status WireReader::Finish(std::string_view what) const {
-  if (bad_) return absl::InvalidArgumentError(absl::StrCat("truncated ", std::string(what), " header"));
+  if (!ok()) return absl::InvalidArgumentError(absl::StrCat("truncated ", std::string(what), " header"));
   return absl::OkStatus();
 }
 

@@ -25,6 +25,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "common/endian.h"
 
 namespace ckpt::agent {
 
@@ -39,36 +40,18 @@ enum PeerMessage : uint16_t {
   kPutAbort = 8,
 };
 
-class WireWriter {
- public:
-  void U8(uint8_t v) { out_.push_back(static_cast<char>(v)); }
-  void U32(uint32_t v);
-  void U64(uint64_t v);
-  void Str(std::string_view s);
-  std::string Take() { return std::move(out_); }
+using WireWriter = LeWriter;
 
- private:
-  std::string out_;
-};
-
-class WireReader {
+// LeReader that copies strings out (a decoded header outlives the message
+// buffer) and names the truncated header.
+class WireReader : public LeReader {
  public:
-  explicit WireReader(std::string_view in) : in_(in) {}
-  uint8_t U8();
-  uint32_t U32();
-  uint64_t U64();
-  std::string Str();
+  using LeReader::LeReader;
+  std::string Str() { return std::string(LeReader::Str()); }
   // OK if every read was in bounds; InvalidArgument naming `what` otherwise.
   absl::Status Finish(std::string_view what) const;
-  // Nothing left to read (fields added at the end of a header are optional:
-  // a peer of an earlier version does not send them).
-  bool AtEnd() const { return pos_ >= in_.size(); }
-
- private:
-  bool Need(size_t n);
-  std::string_view in_;
-  size_t pos_ = 0;
-  bool bad_ = false;
+  // AtEnd(): nothing left to read (fields added at the end of a header are
+  // optional: a peer of an earlier version does not send them).
 };
 
 // What a push carries.

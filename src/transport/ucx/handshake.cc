@@ -11,21 +11,9 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/endian.h"
 
 namespace ckpt::transport::ucx_wire {
-namespace {
-
-void PutLe(std::string* out, uint64_t v, int bytes) {
-  for (int i = 0; i < bytes; ++i) out->push_back(static_cast<char>((v >> (8 * i)) & 0xff));
-}
-
-uint64_t GetLe(std::string_view in, size_t offset, int bytes) {
-  uint64_t v = 0;
-  for (int i = 0; i < bytes; ++i) v |= uint64_t{static_cast<unsigned char>(in[offset + i])} << (8 * i);
-  return v;
-}
-
-}  // namespace
 
 namespace {
 
@@ -78,11 +66,11 @@ absl::StatusOr<std::string> EncodeGreeting(const Greeting& g) {
   std::string out(kGreetingMagic);
   out.reserve(kGreetingFixedBytes + kProofBytes + 4 + g.worker_address.size());
   out.push_back(static_cast<char>(g.flags));
-  PutLe(&out, g.peer_id, 8);
-  PutLe(&out, g.nonce, 8);
+  AppendLe64(out, g.peer_id);
+  AppendLe64(out, g.nonce);
   out += g.proof;
   if ((g.flags & kAddress) != 0) {
-    PutLe(&out, g.worker_address.size(), 4);
+    AppendLe32(out, static_cast<uint32_t>(g.worker_address.size()));
     out += g.worker_address;
   }
   return out;
@@ -123,8 +111,8 @@ absl::StatusOr<size_t> GreetingReader::Feed(std::string_view data) {
       ++consumed_;
       if (head_.size() == kGreetingFixedBytes) {
         greeting_.flags = static_cast<uint8_t>(head_[8]);
-        greeting_.peer_id = GetLe(head_, 9, 8);
-        greeting_.nonce = GetLe(head_, 17, 8);
+        greeting_.peer_id = LoadLe64(head_.data() + 9);
+        greeting_.nonce = LoadLe64(head_.data() + 17);
         if (greeting_.peer_id == 0) {
           error_ = absl::InvalidArgumentError("data-plane greeting with peer id 0");
           return error_;
@@ -140,7 +128,7 @@ absl::StatusOr<size_t> GreetingReader::Feed(std::string_view data) {
           done_ = true;
           break;
         }
-        address_bytes_ = GetLe(head_, at_field, 4);
+        address_bytes_ = LoadLe32(head_.data() + at_field);
         if (address_bytes_ == 0 || address_bytes_ > kMaxWorkerAddressBytes) {
           error_ = absl::InvalidArgumentError(absl::StrCat("data-plane greeting announces a worker address of ",
                                                            address_bytes_, " bytes (1..", kMaxWorkerAddressBytes,
@@ -163,7 +151,7 @@ absl::StatusOr<size_t> GreetingReader::Feed(std::string_view data) {
 std::string HandshakeProof(std::string_view key, char role, uint64_t acceptor_id, uint64_t acceptor_nonce,
                            uint64_t connector_id, uint64_t connector_nonce) {
   std::string msg(1, role);
-  for (uint64_t v : {acceptor_id, acceptor_nonce, connector_id, connector_nonce}) PutLe(&msg, v, 8);
+  for (uint64_t v : {acceptor_id, acceptor_nonce, connector_id, connector_nonce}) AppendLe64(msg, v);
   unsigned char out[EVP_MAX_MD_SIZE];
   unsigned int len = 0;
   HMAC(EVP_sha256(), key.data(), static_cast<int>(key.size()), reinterpret_cast<const unsigned char*>(msg.data()),

@@ -9,12 +9,10 @@
 #include <cstdio>
 #include <cstdlib>
 
+#include "common/endian.h"
+
 namespace ckpt::transport::ucx_wire {
 namespace {
-
-void PutLe(std::string* out, uint64_t v) {
-  for (int i = 0; i < 8; ++i) out->push_back(static_cast<char>((v >> (8 * i)) & 0xff));
-}
 
 std::string Hmac(std::string_view key, std::string_view msg) {
   unsigned char out[EVP_MAX_MD_SIZE];
@@ -39,7 +37,7 @@ constexpr size_t kMaxUpdate = size_t{1} << 30;
 ConnectionKeys DeriveConnectionKeys(std::string_view cluster_key, uint64_t acceptor_id, uint64_t acceptor_nonce,
                                     uint64_t connector_id, uint64_t connector_nonce) {
   std::string salt = "ckpt data plane v1";
-  for (uint64_t v : {acceptor_id, acceptor_nonce, connector_id, connector_nonce}) PutLe(&salt, v);
+  for (uint64_t v : {acceptor_id, acceptor_nonce, connector_id, connector_nonce}) AppendLe64(salt, v);
   const std::string prk = Hmac(salt, cluster_key);
   auto expand = [&](std::string_view label) { return Hmac(prk, std::string(label) + '\x01'); };
   ConnectionKeys k;
@@ -53,7 +51,7 @@ ConnectionKeys DeriveConnectionKeys(std::string_view cluster_key, uint64_t accep
 std::string HeaderTag(std::string_view mac_key, std::string_view header, uint64_t payload_bytes) {
   std::string msg;
   msg.reserve(8 + header.size());
-  PutLe(&msg, payload_bytes);
+  AppendLe64(msg, payload_bytes);
   msg.append(header);
   return Hmac(mac_key, msg).substr(0, kTagBytes);
 }
@@ -70,7 +68,7 @@ struct PayloadSealer::Ctx {
 namespace {
 
 void Iv(uint64_t seq, unsigned char iv[12]) {
-  for (int i = 0; i < 8; ++i) iv[i] = static_cast<unsigned char>((seq >> (8 * i)) & 0xff);
+  StoreLe64(iv, seq);
   iv[8] = iv[9] = iv[10] = iv[11] = 0;
 }
 

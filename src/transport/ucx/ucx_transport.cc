@@ -31,6 +31,7 @@
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "common/endian.h"
 #include "common/log.h"
 #include "transport/ucx/handshake.h"
 #include "transport/ucx/message_auth.h"
@@ -67,16 +68,6 @@ std::string UcsError(ucs_status_t s) { return ucs_status_string(s); }
 
 std::string ErrnoText(int err) { return std::strerror(err); }
 
-void PutLe(std::string* out, size_t offset, uint64_t v, int bytes) {
-  for (int i = 0; i < bytes; ++i) (*out)[offset + i] = static_cast<char>((v >> (8 * i)) & 0xff);
-}
-
-uint64_t GetLe(const void* data, int bytes) {
-  const auto* p = static_cast<const unsigned char*>(data);
-  uint64_t v = 0;
-  for (int i = 0; i < bytes; ++i) v |= uint64_t{p[i]} << (8 * i);
-  return v;
-}
 
 // "host:port" -> IPv4 sockaddr. Port 0 is allowed (listen picks one).
 absl::Status ParseAddress(const std::string& address, bool passive, sockaddr_in* out) {
@@ -1214,8 +1205,8 @@ class UcxImpl : public UcxTransport {
   void SendControl(Peer* p, unsigned am_id) {
     auto op = std::make_unique<ControlOp>();
     op->header.assign(kHelloBytes, '\0');
-    PutLe(&op->header, 0, p->remote_id, 8);
-    PutLe(&op->header, 8, p->remote_nonce, 8);
+    StoreLe64(op->header.data(), p->remote_id);
+    StoreLe64(op->header.data() + 8, p->remote_nonce);
     if (!p->key.empty()) op->header += Proof(*p, am_id == kHelloAmId ? 'h' : 'r');
     ucp_request_param_t rp{};
     rp.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_FLAGS;
@@ -1392,7 +1383,7 @@ class UcxImpl : public UcxTransport {
       op->done(absl::UnavailableError(absl::StrCat("peer ", peer_id, " is not connected")));
       return;
     }
-    if (!op->sealed) PutLe(&op->am_header, 0, receiver_id != 0 ? receiver_id : p->remote_id, 8);
+    if (!op->sealed) StoreLe64(op->am_header.data(), receiver_id != 0 ? receiver_id : p->remote_id);
     uint64_t payload = 0;
     for (const auto& v : op->iov) payload += v.length;
     ucp_request_param_t rp{};
@@ -1476,10 +1467,10 @@ class UcxImpl : public UcxTransport {
     std::string h;
     h.reserve(op->am_header.size() + kSealedPrefixBytes - kDataPrefixBytes + kSealedSuffixBytes);
     h.append(op->am_header, 0, kDataPrefixBytes);
-    PutLe(&h, 0, receiver_id != 0 ? receiver_id : crypto.receiver_id, 8);
+    StoreLe64(h.data(), receiver_id != 0 ? receiver_id : crypto.receiver_id);
     h.push_back(static_cast<char>(flags));
     h.append(8, '\0');
-    PutLe(&h, kDataPrefixBytes + 1, seq, 8);
+    StoreLe64(h.data() + kDataPrefixBytes + 1, seq);
     h.append(op->am_header, kDataPrefixBytes);
     h += payload_tag;
     std::string tag = ucx_wire::HeaderTag(crypto.mac_key, h, payload);
@@ -1548,7 +1539,7 @@ class UcxImpl : public UcxTransport {
   // The peer a message names, if it is a live connection in `state`.
   Peer* FindPeer(const void* header, size_t header_length, size_t want_length, PeerState state) {
     if (header_length < want_length) return nullptr;
-    auto it = peers_.find(GetLe(header, 8));
+    auto it = peers_.find(LoadLe64(header));
     if (it == peers_.end() || it->second->failed || it->second->state != state) return nullptr;
     return it->second.get();
   }
@@ -1587,7 +1578,7 @@ class UcxImpl : public UcxTransport {
                               const ucp_am_recv_param_t* param) {
     auto* self = static_cast<UcxImpl*>(arg);
     Peer* p = self->FindPeer(header, header_length, kHelloBytes, PeerState::kUcxHello);
-    if (p == nullptr || !p->inbound || GetLe(static_cast<const char*>(header) + kIdBytes, 8) != p->nonce) {
+    if (p == nullptr || !p->inbound || LoadLe64(static_cast<const char*>(header) + kIdBytes) != p->nonce) {
       log::Debug("data plane: dropped a hello that matches no handshake");
       return UCS_OK;
     }
@@ -1608,7 +1599,7 @@ class UcxImpl : public UcxTransport {
                               const ucp_am_recv_param_t* param) {
     auto* self = static_cast<UcxImpl*>(arg);
     Peer* p = self->FindPeer(header, header_length, kHelloBytes, PeerState::kUcxHello);
-    if (p == nullptr || p->inbound || GetLe(static_cast<const char*>(header) + kIdBytes, 8) != p->nonce) {
+    if (p == nullptr || p->inbound || LoadLe64(static_cast<const char*>(header) + kIdBytes) != p->nonce) {
       log::Debug("data plane: dropped a ready message that matches no handshake");
       return UCS_OK;
     }
@@ -1732,7 +1723,7 @@ class UcxImpl : public UcxTransport {
     if ((flags & ~kEncryptedFlag) != 0) {
       return absl::PermissionDeniedError(absl::StrCat("a message with unknown flags 0x", absl::Hex(flags)));
     }
-    op->seq = GetLe(all.data() + kDataPrefixBytes + 1, 8);
+    op->seq = LoadLe64(all.data() + kDataPrefixBytes + 1);
     if (!p->received.Accept(op->seq)) {
       return absl::PermissionDeniedError(
           absl::StrCat("a replayed message (sequence number ", op->seq, " was taken before, or is too old)"));
@@ -1764,7 +1755,7 @@ class UcxImpl : public UcxTransport {
     Peer* p = self->FindPeer(header, header_length, kDataPrefixBytes, PeerState::kConnected);
     if (p == nullptr) {
       log::Debug("UCX transport dropped a message for connection {}, which is not open",
-                 GetLe(header, 8));
+                 LoadLe64(header));
       return UCS_OK;
     }
     if (ArrivedOn(param) != p->bound_ep) {
@@ -1775,7 +1766,7 @@ class UcxImpl : public UcxTransport {
     const auto* h = static_cast<const unsigned char*>(header);
     Inbound msg;
     msg.from = p->id;
-    msg.type = static_cast<uint16_t>(GetLe(h + kIdBytes, kTypeBytes));
+    msg.type = static_cast<uint16_t>(LoadLe(h + kIdBytes, kTypeBytes));
     RecvOp seal;  // a keyed connection's sequence number and payload tag
     if (p->recv_sealer != nullptr) {
       if (absl::Status s = Unseal(p, header, header_length, length, &msg, &seal); !s.ok()) {

@@ -31,6 +31,7 @@
 #include "ckpt/v1/meta.grpc.pb.h"
 #include "cli/cert_commands.h"
 #include "cli/data_commands.h"
+#include "common/config.h"
 #include "common/durable_format.h"
 #include "common/grpc_security.h"
 #include "common/names.h"
@@ -67,18 +68,6 @@ std::string ProblemKindName(v1::ProblemKind k) {
   return EnumName(v1::ProblemKind_Name(k), "PROBLEM_KIND_");
 }
 std::string SeverityName(v1::Severity s) { return EnumName(v1::Severity_Name(s), "SEVERITY_"); }
-
-std::string HumanSize(uint64_t bytes) {
-  static const char* const kUnits[] = {"KiB", "MiB", "GiB", "TiB", "PiB"};
-  if (bytes < 1024) return absl::StrCat(bytes, " B");
-  double v = static_cast<double>(bytes) / 1024.0;
-  int unit = 0;
-  while (v >= 1024.0 && unit < 4) {
-    v /= 1024.0;
-    ++unit;
-  }
-  return absl::StrFormat("%.1f %s", v, kUnits[unit]);
-}
 
 int64_t NowUnixMs() {
   return std::chrono::duration_cast<std::chrono::milliseconds>(
@@ -370,10 +359,10 @@ class Ctl {
               << "nodes:     " << counts(nodes) << "\n"
               << "jobs:      " << resp.jobs() << "\n"
               << "versions:  " << counts(versions) << "\n"
-              << "memory:    " << HumanSize(resp.memory_used_bytes()) << " used, "
-              << HumanSize(resp.memory_free_bytes()) << " free of "
-              << HumanSize(resp.memory_capacity_bytes()) << "\n"
-              << "flush lag: " << HumanSize(resp.flush_lag_bytes()) << ", "
+              << "memory:    " << FormatBytes(resp.memory_used_bytes()) << " used, "
+              << FormatBytes(resp.memory_free_bytes()) << " free of "
+              << FormatBytes(resp.memory_capacity_bytes()) << "\n"
+              << "flush lag: " << FormatBytes(resp.flush_lag_bytes()) << ", "
               << DurationMs(resp.flush_lag_ms()) << "\n"
               << "tasks:     " << resp.tasks_pending() << " pending, " << resp.tasks_running()
               << " running, " << resp.tasks_retrying() << " retrying\n"
@@ -409,8 +398,8 @@ class Ctl {
     for (const auto& n : resp.nodes()) {
       const bool marked = n.drained() && n.state() != v1::NODE_STATE_DRAINING && n.state() != v1::NODE_STATE_LEFT;
       rows.push_back({n.endpoint().node_id(), NodeStateName(n.state()) + std::string(marked ? " (drained)" : ""),
-                      n.endpoint().grpc_address(), HumanSize(n.memory_used_bytes()),
-                      HumanSize(n.memory_free_bytes()), Age(n.last_heartbeat_unix_ms())});
+                      n.endpoint().grpc_address(), FormatBytes(n.memory_used_bytes()),
+                      FormatBytes(n.memory_free_bytes()), Age(n.last_heartbeat_unix_ms())});
     }
     PrintTable({"NODE", "STATE", "ADDRESS", "USED", "FREE", "HEARTBEAT"}, rows);
     return kExitOk;
@@ -440,7 +429,7 @@ class Ctl {
       std::optional<uint64_t> newest = NewestStep(j);
       rows.push_back({j.spec().job_id(), std::to_string(j.spec().world_size()),
                       ProtectionString(j.spec().protection()), std::to_string(VersionCount(j)),
-                      newest ? std::to_string(*newest) : "-", HumanSize(j.memory_bytes())});
+                      newest ? std::to_string(*newest) : "-", FormatBytes(j.memory_bytes())});
     }
     PrintTable({"JOB", "WORLD", "PROTECTION", "VERSIONS", "NEWEST", "MEMORY"}, rows);
     return kExitOk;
@@ -470,7 +459,7 @@ class Ctl {
     for (const auto& v : versions) {
       rows.push_back({std::to_string(v.step()), VersionStateName(v.state()),
                       absl::StrCat(v.shards_staged(), "/", v.world_size()),
-                      HumanSize(v.total_bytes()), Age(v.created_unix_ms()),
+                      FormatBytes(v.total_bytes()), Age(v.created_unix_ms()),
                       v.abort_reason().empty() ? "-" : v.abort_reason()});
     }
     PrintTable({"STEP", "STATE", "SHARDS", "SIZE", "CREATED", "REASON"}, rows);
@@ -486,7 +475,7 @@ class Ctl {
               << "step:     " << v.step() << "\n"
               << "state:    " << VersionStateName(v.state()) << "\n"
               << "shards:   " << v.shards_staged() << "/" << v.world_size() << "\n"
-              << "size:     " << HumanSize(v.total_bytes()) << "\n"
+              << "size:     " << FormatBytes(v.total_bytes()) << "\n"
               << "created:  " << Age(v.created_unix_ms()) << "\n";
     if (!v.durable_dir().empty()) std::cout << "durable:  " << v.durable_dir() << "\n";
     if (!v.abort_reason().empty()) std::cout << "aborted:  " << v.abort_reason() << "\n";
@@ -501,7 +490,7 @@ class Ctl {
       }
       std::string durable = s.durable().path().empty() ? "-" : s.durable().path();
       if (!s.durable().path().empty() && !s.durable().written()) durable += " (not written)";
-      rows.push_back({std::to_string(s.info().key().rank()), HumanSize(s.info().size_bytes()),
+      rows.push_back({std::to_string(s.info().key().rank()), FormatBytes(s.info().size_bytes()),
                       CrcHex(s.info().crc32c()), copies.empty() ? "-" : copies, durable});
     }
     std::cout << "\n";
@@ -762,7 +751,7 @@ int Restore(const std::string& from_dir, const std::string& out_dir, bool json) 
               << "\n";
   } else {
     std::cout << "restored " << m->job_id << " step " << m->step << ": " << m->shards.size()
-              << " rank files, " << HumanSize(total) << ", all checksums verified, to "
+              << " rank files, " << FormatBytes(total) << ", all checksums verified, to "
               << out_dir << "\n";
   }
   return kExitOk;

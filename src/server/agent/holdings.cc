@@ -2,21 +2,13 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/config.h"
 #include "common/crc32c.h"
 #include "common/lock_check.h"
 #include "common/log.h"
 #include "common/names.h"
 
 namespace ckpt::agent {
-namespace {
-
-std::string FormatBytes(uint64_t b) {
-  if (b >= (uint64_t{1} << 30)) return absl::StrFormat("%.2f GiB", b / double(uint64_t{1} << 30));
-  if (b >= (uint64_t{1} << 20)) return absl::StrFormat("%.1f MiB", b / double(uint64_t{1} << 20));
-  return absl::StrCat(b, " bytes");
-}
-
-}  // namespace
 
 absl::Status CheckShardBytes(const ShardRecord& rec, const Reservation& bytes, uint32_t* actual_crc,
                              std::string* bad_item) {

@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/config.h"
 #include "common/crc32c.h"
 #include "common/lock_check.h"
 #include "common/log.h"
@@ -30,12 +31,6 @@ uint32_t ShardCrc(const std::vector<ManifestItem>& items, const Reservation& byt
   }
   if (size > pos) crc = Crc32cCombine(crc, bytes.Crc(pos, size - pos), size - pos);
   return crc;
-}
-
-std::string FormatBytes(uint64_t b) {
-  if (b >= (uint64_t{1} << 30)) return absl::StrFormat("%.2f GiB", b / double(uint64_t{1} << 30));
-  if (b >= (uint64_t{1} << 20)) return absl::StrFormat("%.1f MiB", b / double(uint64_t{1} << 20));
-  return absl::StrCat(b, " bytes");
 }
 
 // Leases and handles of a session never expire by ttl.

@@ -328,9 +328,9 @@ TEST_F(AgentTest, FullTierSaysWhatIsFreeAndWhatHoldsIt) {
   ASSERT_TRUE(g.ok()) << g.status();
   absl::Status s = agent_->AcquireLease(LeaseRequest{"job", 2, 1, 2 * kMiB, "", 0, 0, "", {}}).status();
   EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted);
-  EXPECT_THAT(s.message(), HasSubstr("free of 8.0 MiB"));
-  EXPECT_THAT(s.message(), HasSubstr("job step 1: 4096 bytes (1 shard)"));
-  EXPECT_THAT(s.message(), HasSubstr("open leases: 7.0 MiB in 1"));
+  EXPECT_THAT(s.message(), HasSubstr("free of 8 MiB"));
+  EXPECT_THAT(s.message(), HasSubstr("job step 1: 4 KiB (1 shard)"));
+  EXPECT_THAT(s.message(), HasSubstr("open leases: 7 MiB in 1"));
   // Aborting frees the space.
   ASSERT_TRUE(agent_->AbortLease(g->lease_id).ok());
   EXPECT_TRUE(agent_->AcquireLease(LeaseRequest{"job", 2, 1, 2 * kMiB, "", 0, 0, "", {}}).ok());

@@ -410,7 +410,7 @@ TEST(HoldingTable, HeldSummaryNamesVersionsWithTheirSpace) {
   ASSERT_TRUE(tier.AddShard(ShardId{"job", 5, 0}, SeededBytes(100, 60)).ok());
   ASSERT_TRUE(tier.AddShard(ShardId{"job", 5, 1}, SeededBytes(kPage + 1, 61)).ok());
   ASSERT_TRUE(tier.AddShard(ShardId{"job", 6, 0}, SeededBytes(1, 62)).ok());
-  EXPECT_EQ(h.HeldSummary(), "job step 5: 12288 bytes (2 shards), job step 6: 4096 bytes (1 shard)");
+  EXPECT_EQ(h.HeldSummary(), "job step 5: 12 KiB (2 shards), job step 6: 4 KiB (1 shard)");
 }
 
 TEST(HoldingTable, AdoptTakesBackWhatTheArenaFoundAndReturnsThePrimaries) {

@@ -32,8 +32,9 @@ class Txn {
   void Raw(std::string key, std::string value) { batch_.Put(std::move(key), std::move(value)); }
   void Delete(std::string key) { batch_.Delete(std::move(key)); }
 
-  // Encodes the version records marked so far (from `versions`) and submits.
-  // Returns the sequence to await (0 when nothing changed).
+  // Encodes the version records marked so far (from `versions`) and submits
+  // them with MetaStore::SubmitNoWait (the caller waited for room before
+  // taking its lock). Returns the sequence to await (0 when nothing changed).
   uint64_t Submit(MetaStore* store,
                   const std::map<std::string, std::map<uint64_t, Version>>& versions);
 
@@ -263,6 +264,9 @@ class Engine {
 
 template <typename Fn>
 auto MetaCore::Apply(Fn&& fn, uint64_t* seq) {
+  // Backpressure from a slow disk is taken here, before mu_: a full write
+  // queue holds up writers, never readers (Txn::Submit uses SubmitNoWait).
+  store_->WaitForRoom();
   absl::MutexLock lock(&mu_);
   Txn txn;
   Engine e(*state_, clock_, options_, txn);

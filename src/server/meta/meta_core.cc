@@ -48,7 +48,8 @@ uint64_t Txn::Submit(MetaStore* store,
     }
   }
   if (batch_.empty()) return 0;
-  return store->Submit(std::move(batch_));
+  // The caller waited for room before taking its lock (MetaCore::Apply).
+  return store->SubmitNoWait(std::move(batch_));
 }
 
 // ---------------------------------------------------------------------------

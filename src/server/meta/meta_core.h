@@ -9,7 +9,10 @@
 // durable (MetaStore::AwaitDurable), so an OK answer survives kill -9. Changes
 // are applied in memory and submitted under one mutex, so they reach the store
 // in the order they were decided; the fsync wait happens outside the mutex, so
-// concurrent callers share fsyncs (group commit).
+// concurrent callers share fsyncs (group commit). A call that changes state
+// waits for room in the store's write queue (MetaStore::WaitForRoom) before it
+// takes the mutex, so a slow disk slows writers down but never holds up
+// readers.
 //
 // Answers come only from durable state. The in-memory state runs ahead of the
 // disk by the batches submitted but not yet fsynced (another caller's change
@@ -419,7 +422,8 @@ class MetaCore {
   // Heartbeat without the durability wait: on success *durable_seq is the store
   // sequence to pass to WhenDurable() (0: nothing to wait for), and the result
   // must not be shown to the caller before that reports OK. Never blocks on
-  // I/O (except MetaStore::Submit's backpressure).
+  // I/O (except for room in the store's write queue, MetaStore::WaitForRoom,
+  // before the core's lock is taken).
   absl::StatusOr<HeartbeatResult> SubmitHeartbeat(const HeartbeatRequest& req,
                                                   uint64_t* durable_seq);
   absl::StatusOr<TaskDisposition> ReportTaskResult(const std::string& node_id,
@@ -552,7 +556,8 @@ class MetaCore {
   // `fn` gets an Engine over the state (its Txn collects what fn changes)
   // and returns the answer (absl::Status or absl::StatusOr<T>).
   //
-  // Apply(fn, &seq): takes mu_, runs fn, submits the Txn (also when fn
+  // Apply(fn, &seq): waits for room in the store's write queue (without any
+  // lock), takes mu_, runs fn, submits the Txn (also when fn
   // fails: what it changed in memory reaches the store, in decision order),
   // lets go of mu_ and returns fn's answer; `seq` is the store sequence the
   // answer must wait for (the newest change visible to fn).

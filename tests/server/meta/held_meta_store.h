@@ -13,6 +13,9 @@
 // caller is about to block in AwaitDurable: a test waits for it instead of
 // sleeping.
 //
+// Fill() makes the write queue look full until Drain(): WaitForRoom() and
+// Submit() block (after calling Fill's on_wait), SubmitNoWait() does not.
+//
 // Thread safety: every method may be called from any thread.
 #pragma once
 
@@ -45,6 +48,23 @@ class HeldMetaStore final : public MetaStore {
   }
 
   uint64_t Submit(WriteBatch batch) override {
+    WaitForRoom();
+    return SubmitNoWait(std::move(batch));
+  }
+
+  void WaitForRoom() override {
+    std::function<void()> on_wait;
+    {
+      absl::MutexLock lock(&mu_);
+      if (!full_) return;
+      on_wait = on_room_wait_;
+    }
+    if (on_wait) on_wait();
+    absl::MutexLock lock(&mu_);
+    mu_.Await(absl::Condition(+[](bool* full) { return !*full; }, &full_));
+  }
+
+  uint64_t SubmitNoWait(WriteBatch batch) override {
     absl::MutexLock lock(&mu_);
     log_.push_back(batch);
     const uint64_t seq = data_->Submit(std::move(batch));
@@ -70,6 +90,19 @@ class HeldMetaStore final : public MetaStore {
   }
 
   StoreStats stats() override { return data_->stats(); }
+
+  // From now on the write queue is full until Drain(): WaitForRoom() and
+  // Submit() call `on_wait` (if any, without the store's lock), then block.
+  void Fill(std::function<void()> on_wait = nullptr) {
+    absl::MutexLock lock(&mu_);
+    full_ = true;
+    on_room_wait_ = std::move(on_wait);
+  }
+  // Ends Fill(): the writers waiting for room go on.
+  void Drain() {
+    absl::MutexLock lock(&mu_);
+    full_ = false;
+  }
 
   // From now on batches stay un-synced until Release().
   void Hold() {
@@ -112,6 +145,8 @@ class HeldMetaStore final : public MetaStore {
   uint64_t durable_ ABSL_GUARDED_BY(mu_) = 0;
   bool held_ ABSL_GUARDED_BY(mu_) = false;
   bool crashed_ ABSL_GUARDED_BY(mu_) = false;
+  bool full_ ABSL_GUARDED_BY(mu_) = false;
+  std::function<void()> on_room_wait_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace ckpt::meta

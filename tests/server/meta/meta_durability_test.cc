@@ -2,7 +2,8 @@
 // whose fsync the test holds back (held_meta_store.h): a change that is in
 // memory but not yet on disk is never reported, it is reported once synced,
 // and a crash before the sync never leaves a caller told PROTECTED about a
-// version that comes back not PROTECTED.
+// version that comes back not PROTECTED. And a full write queue holds up
+// only the writers: they wait for room before taking the core's lock.
 #include <functional>
 #include <memory>
 #include <thread>
@@ -187,6 +188,50 @@ TEST_F(DurableAnswersTest, IdempotentAnswersWaitForTheChangeTheyReflect) {
   EXPECT_EQ(again->first.step, 2u);
   ASSERT_TRUE(opened.ok()) << opened.status();
   EXPECT_FALSE(opened->second);
+}
+
+// The store's write queue is at its limit (a slow disk): a writer waits for
+// room before it takes the core's lock (MetaStore::WaitForRoom), so readers,
+// which take that lock, are answered meanwhile; the writer goes on once the
+// queue drains. (Before, the writer waited inside MetaStore::Submit holding
+// the lock, and every reader waited with it.)
+TEST_F(DurableAnswersTest, AFullWriteQueueDoesNotBlockReaders) {
+  int room_waits = 0;
+  bool writer_done = false;
+  store_->Fill([&] {
+    absl::MutexLock lock(&mu_);
+    ++room_waits;
+  });
+  std::thread writer([&] {
+    auto begun = core_->BeginVersion("gpt", 2, "");
+    EXPECT_TRUE(begun.ok()) << begun.status();
+    absl::MutexLock lock(&mu_);
+    writer_done = true;
+  });
+  {
+    absl::MutexLock lock(&mu_);
+    mu_.Await(absl::Condition(+[](int* n) { return *n > 0; }, &room_waits));
+  }
+  // The writer is parked waiting for room; readers take the lock and answer.
+  auto job = core_->GetJob("gpt");
+  ASSERT_TRUE(job.ok()) << job.status();
+  auto nodes = core_->ListNodes({});
+  ASSERT_TRUE(nodes.ok()) << nodes.status();
+  EXPECT_EQ(nodes->size(), 1u);
+  auto v1 = core_->GetVersion("gpt", 1, false);
+  ASSERT_TRUE(v1.ok()) << v1.status();
+  EXPECT_TRUE(core_->ClusterStatus(false, 0).ok());
+  EXPECT_TRUE(absl::IsNotFound(core_->GetVersion("gpt", 2, false).status()));  // not begun yet
+  {
+    absl::MutexLock lock(&mu_);
+    EXPECT_FALSE(writer_done);
+  }
+  store_->Drain();
+  writer.join();
+  EXPECT_TRUE(writer_done);
+  auto v2 = core_->GetVersion("gpt", 2, false);
+  ASSERT_TRUE(v2.ok()) << v2.status();
+  EXPECT_EQ(v2->state, VersionState::kOpen);
 }
 
 }  // namespace

@@ -97,7 +97,8 @@ struct StoreStats {
   uint64_t fsyncs = 0;
   // Payload bytes handed to the storage engine.
   uint64_t bytes_written = 0;
-  // Submit() calls that had to wait for queue space (backpressure).
+  // Submit() and WaitForRoom() calls that had to wait for queue space
+  // (backpressure).
   uint64_t submit_waits = 0;
   // byte_size() of the batches submitted but not yet durable.
   uint64_t queued_bytes = 0;
@@ -139,6 +140,25 @@ class MetaStore {
   // disk). A batch larger than the whole limit is admitted once the queue is
   // empty. Empty batches are allowed and cost no I/O.
   virtual uint64_t Submit(WriteBatch batch) = 0;
+
+  // Backpressure for a caller that decides its batches under a lock of its
+  // own (MetaCore decides under its mutex, so that batches reach the store in
+  // the order they were decided). Waiting for room in Submit under that lock
+  // would stall every other user of the lock, readers included, for as long
+  // as the disk is slow; instead (as LevelDB's MakeRoomForWrite lets go of
+  // its mutex), the caller waits here before taking its lock and submits
+  // with SubmitNoWait under it.
+  //
+  // WaitForRoom blocks until the batches submitted but not yet durable hold
+  // less than the store's queue limit in byte_size(), or a write has failed
+  // (the next AwaitDurable reports it). Returns at once for a store with no
+  // limit. Takes no lock of the caller's; may be called from any thread.
+  virtual void WaitForRoom() {}
+  // Submit without the wait for room: `batch` is admitted even when the queue
+  // is at its limit, which it may then exceed by about one batch per thread
+  // that passed WaitForRoom at the same time. Never blocks on I/O or on the
+  // writer. Otherwise as Submit.
+  virtual uint64_t SubmitNoWait(WriteBatch batch) { return Submit(std::move(batch)); }
 
   // Blocks until every batch with sequence number <= `seq` is durable (on
   // disk, fsynced) and returns OK. seq 0 returns OK at once. If the write of

@@ -200,7 +200,21 @@ class RocksDbMetaStore final : public MetaStore {
     }
   }
 
-  uint64_t Submit(WriteBatch batch) override {
+  uint64_t Submit(WriteBatch batch) override { return SubmitImpl(std::move(batch), /*wait=*/true); }
+
+  uint64_t SubmitNoWait(WriteBatch batch) override {
+    return SubmitImpl(std::move(batch), /*wait=*/false);
+  }
+
+  void WaitForRoom() override {
+    absl::MutexLock lock(&mu_);
+    if (write_error_.ok() && pending_bytes_ >= opts_.max_queued_bytes) {
+      ++stats_.submit_waits;
+      while (write_error_.ok() && pending_bytes_ >= opts_.max_queued_bytes) room_cv_.Wait(&mu_);
+    }
+  }
+
+  uint64_t SubmitImpl(WriteBatch batch, bool wait) {
     const size_t bytes = batch.byte_size();
     // The batch's overlay entries (its last change of each key), allocated
     // before taking the lock and spliced into overlay_ under it.
@@ -214,7 +228,7 @@ class RocksDbMetaStore final : public MetaStore {
       }
     }
     absl::MutexLock lock(&mu_);
-    if (write_error_.ok() && !HasRoom(bytes)) {
+    if (wait && write_error_.ok() && !HasRoom(bytes)) {
       ++stats_.submit_waits;
       while (write_error_.ok() && !HasRoom(bytes)) room_cv_.Wait(&mu_);
     }

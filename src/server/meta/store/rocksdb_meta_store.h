@@ -22,7 +22,10 @@
 // would go beyond it waits until the writer makes room (a batch bigger than the
 // whole limit waits for an empty queue and then goes alone). So a slow disk
 // slows submitters down instead of growing memory without bound. Memory held
-// is about twice the limit (queue plus overlay).
+// is about twice the limit (queue plus overlay). WaitForRoom() waits the same
+// way without submitting, for callers that then SubmitNoWait() under a lock
+// of their own (meta_store.h); their batches may exceed the limit by about
+// one batch per such thread.
 //
 // On disk: an ordinary RocksDB database in `dir`. User keys live in the
 // default column family; column family "ckpt_internal" holds the format key

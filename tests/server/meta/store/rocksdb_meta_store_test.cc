@@ -428,6 +428,52 @@ TEST(RocksDbMetaStore, SubmitWaitsWhenQueuedBytesReachTheLimit) {
   EXPECT_EQ(Dump(*store).size(), 4u);
 }
 
+// For callers that decide their batches under a lock of their own: they
+// wait for room before taking it (WaitForRoom), then SubmitNoWait under it,
+// which never waits even when the queue is past its limit.
+TEST(RocksDbMetaStore, WaitForRoomWaitsForTheLimitAndSubmitNoWaitNever) {
+  ScopedTempDir tmp;
+  Gate gate;
+  RocksDbOptions opts;
+  opts.max_queued_bytes = 4096;
+  opts.test_write_hook = [&gate] {
+    gate.Pass();
+    return absl::OkStatus();
+  };
+  std::unique_ptr<MetaStore> store = OpenOrDie(tmp.path(), opts);
+  ASSERT_NE(store, nullptr);
+  auto batch = [](int i) {
+    WriteBatch b;
+    b.Put(absl::StrCat("k", i), std::string(1500, 'v'));
+    return b;
+  };
+  const size_t one = batch(0).byte_size();
+
+  store->WaitForRoom();  // empty queue: at once
+  gate.Close();
+  store->SubmitNoWait(batch(1));
+  store->SubmitNoWait(batch(2));
+  const uint64_t s3 = store->SubmitNoWait(batch(3));  // past the limit, admitted at once
+  EXPECT_EQ(store->stats().queued_bytes, 3 * one);
+  EXPECT_EQ(store->stats().submit_waits, 0u);
+
+  std::atomic<bool> room{false};
+  std::thread waiter([&] {
+    store->WaitForRoom();
+    room = true;
+  });
+  // Wait (without sleeping) until WaitForRoom has found the queue full.
+  while (store->stats().submit_waits == 0) std::this_thread::yield();
+  EXPECT_FALSE(room.load()) << "WaitForRoom returned although the queue was full";
+
+  gate.Open();
+  waiter.join();
+  EXPECT_TRUE(room.load());
+  ASSERT_TRUE(store->AwaitDurable(s3).ok());
+  EXPECT_EQ(store->stats().queued_bytes, 0u);
+  EXPECT_EQ(Dump(*store).size(), 3u);
+}
+
 TEST(RocksDbMetaStore, SecondOpenInThisProcessFailsWithLockError) {
   ScopedTempDir tmp;
   std::unique_ptr<MetaStore> store = OpenOrDie(tmp.path());

@@ -1,26 +1,16 @@
 #include "server/agent/agent.h"
 
-#include <signal.h>
-#include <sys/types.h>
-#include <unistd.h>
+#include <pthread.h>
 
 #include <algorithm>
-#include <cerrno>
-#include <cstring>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_format.h"
-#include "common/crc32c.h"
-#include "common/crypto.h"
 #include "common/lock_check.h"
 #include "common/log.h"
 #include "common/names.h"
 #include "common/status_macros.h"
 
 namespace ckpt::agent {
-namespace {
-
-}  // namespace
 
 absl::StatusOr<std::unique_ptr<Agent>> Agent::Create(const AgentOptions& options, MetaLink* meta, Clock* clock,
                                                      FileSystem* durable_fs, MetricsRegistry* metrics) {
@@ -155,63 +145,28 @@ absl::Status Agent::Init() {
   ro.hedge_after = options_.hedge_ms > 0 ? absl::Milliseconds(options_.hedge_ms)
                                          : std::min(absl::Seconds(1), peer_timeout / 4);
   reconstructor_ = std::make_unique<Reconstructor>(peer_client_.get(), clock_, &metrics_, ro);
-  Protector::Deps pd;
-  pd.holdings = holdings_.get();
-  pd.peers = peer_client_.get();
-  pd.parity = parity_.get();
-  pd.reconstructor = reconstructor_.get();
-  pd.stripes = stripes_.get();
-  pd.arena = arena_.get();
-  pd.clock = clock_;
-  pd.metrics = &metrics_;
-  pd.node_id = options_.node_id;
-  pd.peer_timeout_ms = options_.peer_timeout_ms;
-  pd.data_plane = options_.transport != nullptr;
-  pd.budget_message = budget;
-  pd.report = [this](HoldingReport r) { session_->Report(std::move(r)); };
-  protector_ = std::make_unique<Protector>(pd);
-  Restorer::Deps rd;
-  rd.holdings = holdings_.get();
-  rd.leases = leases_.get();
-  rd.peers = options_.transport != nullptr ? peer_client_.get() : nullptr;
-  rd.reconstructor = reconstructor_.get();
-  rd.stripes = stripes_.get();
-  rd.arena = arena_.get();
-  rd.session = session_.get();
-  rd.meta = meta_;
-  rd.node_id = options_.node_id;
-  rd.durable_fs = durable_fs_;
-  rd.durable_root = options_.durable_root;
-  rd.clock = clock_;
-  rd.metrics = &metrics_;
-  rd.default_handle_ttl_ms = options_.default_handle_ttl_ms;
-  rd.budget_message = budget;
-  restorer_ = std::make_unique<Restorer>(rd);
-  Verifier::Deps vd;
-  vd.holdings = holdings_.get();
-  vd.parity = parity_.get();
-  vd.session = session_.get();
-  vd.meta = meta_;
-  vd.clock = clock_;
-  vd.on_verified = [this] { runner_->Poke(); };
-  vd.on_freed = [this] { UpdateGauges(); };
-  verifier_ = std::make_unique<Verifier>(std::move(vd));
-  Ingest::Deps id;
-  id.arena = arena_.get();
-  id.holdings = holdings_.get();
-  id.leases = leases_.get();
-  id.session = session_.get();
-  id.meta = meta_;
-  id.verifier = verifier_.get();
-  id.sessions = sessions_.get();
-  id.clock = clock_;
-  id.metrics = &metrics_;
-  id.puller = options_.puller;
-  id.item_alignment_bytes = options_.item_alignment_bytes;
-  id.default_lease_ttl_ms = options_.default_lease_ttl_ms;
-  id.peer_timeout_ms = options_.peer_timeout_ms;
-  id.on_changed = [this] { UpdateGauges(); };
-  ingest_ = std::make_unique<Ingest>(std::move(id));
+  const bool data_plane = options_.transport != nullptr;
+  protector_ = std::make_unique<Protector>(Protector::Deps{
+      .holdings = holdings_.get(), .peers = peer_client_.get(), .parity = parity_.get(),
+      .reconstructor = reconstructor_.get(), .stripes = stripes_.get(), .arena = arena_.get(), .clock = clock_,
+      .metrics = &metrics_, .node_id = options_.node_id, .peer_timeout_ms = options_.peer_timeout_ms,
+      .data_plane = data_plane, .budget_message = budget,
+      .report = [this](HoldingReport r) { session_->Report(std::move(r)); }});
+  restorer_ = std::make_unique<Restorer>(Restorer::Deps{
+      .holdings = holdings_.get(), .leases = leases_.get(), .peers = data_plane ? peer_client_.get() : nullptr,
+      .reconstructor = reconstructor_.get(), .stripes = stripes_.get(), .arena = arena_.get(),
+      .session = session_.get(), .meta = meta_, .node_id = options_.node_id, .durable_fs = durable_fs_,
+      .durable_root = options_.durable_root, .clock = clock_, .metrics = &metrics_,
+      .default_handle_ttl_ms = options_.default_handle_ttl_ms, .budget_message = budget});
+  verifier_ = std::make_unique<Verifier>(Verifier::Deps{
+      .holdings = holdings_.get(), .parity = parity_.get(), .session = session_.get(), .meta = meta_,
+      .clock = clock_, .on_verified = [this] { runner_->Poke(); }, .on_freed = [this] { UpdateGauges(); }});
+  ingest_ = std::make_unique<Ingest>(Ingest::Deps{
+      .arena = arena_.get(), .holdings = holdings_.get(), .leases = leases_.get(), .session = session_.get(),
+      .meta = meta_, .verifier = verifier_.get(), .sessions = sessions_.get(), .clock = clock_,
+      .metrics = &metrics_, .puller = options_.puller, .item_alignment_bytes = options_.item_alignment_bytes,
+      .default_lease_ttl_ms = options_.default_lease_ttl_ms, .peer_timeout_ms = options_.peer_timeout_ms,
+      .on_changed = [this] { UpdateGauges(); }});
 
   // Re-adopt what a previous agent left; replay the STAGED reports (meta
   // answers a replay ALREADY_EXISTS).
@@ -226,9 +181,8 @@ absl::Status Agent::Init() {
   }
   if (count != 0 || lost != 0) log::Info("memory tier: re-adopted {} holdings, {} lost", count, lost);
   metrics_.capacity->Set(static_cast<double>(arena_->capacity_bytes()));
-  if (options_.transport != nullptr) {
-    CKPT_RETURN_IF_ERROR(
-        plane_->Start(options_.data_listen_address, arena_->Data(0), arena_->capacity_bytes()));
+  if (data_plane) {
+    CKPT_RETURN_IF_ERROR(plane_->Start(options_.data_listen_address, arena_->Data(0), arena_->capacity_bytes()));
   }
   UpdateGauges();
   return absl::OkStatus();
@@ -295,17 +249,6 @@ absl::StatusOr<absl::Duration> Agent::PauseProtection(absl::Duration d) {
 // ---------------------------------------------------------------------------
 // Save path
 
-absl::StatusOr<LeaseGrant> Agent::AcquireLease(const LeaseRequest& request) {
-  return ingest_->AcquireLease(request);
-}
-
-absl::StatusOr<std::shared_ptr<const ShardRecord>> Agent::Commit(const std::string& lease_id, uint64_t size_bytes,
-                                                                 std::vector<ManifestItem> items,
-                                                                 const PullSource* pull,
-                                                                 const std::string& session_id) {
-  return ingest_->Commit(lease_id, size_bytes, std::move(items), pull, session_id);
-}
-
 absl::Status Agent::AbortLease(const std::string& lease_id, const std::string& session_id) {
   absl::Status s = leases_->Abort(lease_id, session_id);
   UpdateGauges();
@@ -315,11 +258,6 @@ absl::Status Agent::AbortLease(const std::string& lease_id, const std::string& s
 // ---------------------------------------------------------------------------
 // Restore path
 
-absl::StatusOr<OpenResult> Agent::OpenShard(const ShardId& id, bool skip_verify, uint32_t client_pid,
-                                            int64_t ttl_ms) {
-  return restorer_->OpenLocal(id, skip_verify, ClientOf(client_pid), ttl_ms);
-}
-
 absl::StatusOr<OpenOutcome> Agent::Open(const OpenRequest& request) {
   CKPT_RETURN_IF_ERROR(CheckClientSession(sessions_.get(), request.client.session_id));
   absl::StatusOr<OpenOutcome> outcome = restorer_->Open(request);
@@ -327,21 +265,6 @@ absl::StatusOr<OpenOutcome> Agent::Open(const OpenRequest& request) {
     outcome->result.version_staged = session_->VersionStaged(request.id.job_id, request.id.step);
   }
   return outcome;
-}
-
-absl::StatusOr<OpenResult> Agent::RestoreFromDurable(const ShardRecord& expected, const std::string& durable_path,
-                                                     uint32_t client_pid, int64_t ttl_ms) {
-  return restorer_->FromDurable(expected, durable_path, ClientOf(client_pid), ttl_ms);
-}
-
-absl::StatusOr<OpenResult> Agent::RestoreFromPeer(const ShardRecord& expected, const PeerEndpoint& holder,
-                                                  uint32_t client_pid, int64_t ttl_ms) {
-  return restorer_->FromPeer(expected, holder, ClientOf(client_pid), ttl_ms);
-}
-
-absl::StatusOr<OpenResult> Agent::RestoreByDecode(const ShardRecord& expected, const EcDecodeSource& source,
-                                                  uint32_t client_pid, int64_t ttl_ms) {
-  return restorer_->ByDecode(expected, source, ClientOf(client_pid), ttl_ms);
 }
 
 absl::Status Agent::Deliver(const std::string& handle_id, const PullSource& target, const std::string& session_id) {
@@ -388,26 +311,6 @@ absl::Status Agent::ReadShard(const ShardId& id, uint64_t offset, uint64_t lengt
 // ---------------------------------------------------------------------------
 // Inventory and commands
 
-std::vector<HoldingInfo> Agent::Inventory(const std::string& job_id, std::optional<uint64_t> step) const {
-  return holdings_->Infos(job_id, step);
-}
-
-absl::StatusOr<std::vector<FlushResult>> Agent::FlushNow(const std::string& job_id, uint64_t step,
-                                                         const std::vector<uint32_t>& ranks) {
-  return flusher_->FlushNow(job_id, step, ranks);
-}
-
-absl::StatusOr<std::vector<HoldingInfo>> Agent::Evict(const std::string& job_id, uint64_t step, bool dry_run) {
-  return verifier_->Evict(job_id, step, dry_run);
-}
-
-absl::StatusOr<std::vector<VerifyFinding>> Agent::Verify(const std::string& job_id, uint64_t step, bool dry_run,
-                                                         uint64_t* bytes_checked) {
-  return verifier_->Verify(job_id, step, dry_run, bytes_checked);
-}
-
-bool Agent::VerifyOnce() { return verifier_->VerifyOnce(); }
-
 AgentStatusSnapshot Agent::Status() const {
   AgentStatusSnapshot s;
   const MetaSession::Snapshot m = session_->Status();
@@ -452,47 +355,19 @@ void Agent::ControlOnce() {
   session_->ControlOnce();
 }
 
-bool Agent::TasksOnce() { return runner_->RunOnce(); }
-
-void Agent::EnqueueTasks(std::vector<AgentTask> tasks) { runner_->Enqueue(std::move(tasks)); }
-
-absl::Status Agent::FlushStep(QueuedTask& qt, bool* finished) {
-  const AgentTask& t = qt.task;
-  while (qt.next_shard < t.flush.size()) {
-    const FlushOrder& o = t.flush[qt.next_shard];
-    const ShardId id{t.job_id, t.step, o.rank};
-    // Flush only verified bytes; wait (without blocking the loop) for the
-    // verifier if it has not reached this shard yet.
-    if (holdings_->HoldsValid(id) && !holdings_->Verified(id)) {
-      *finished = false;
-      return absl::OkStatus();
-    }
-    uint64_t bytes = 0;
-    absl::Status s = flusher_->FlushOne(t.id, o, t.job_id, t.step, &bytes);
-    qt.bytes_done += bytes;
-    CKPT_RETURN_IF_ERROR(s);
-    qt.next_shard++;
-  }
-  return absl::OkStatus();
-}
-
 absl::Status Agent::RunStep(QueuedTask& qt, bool* finished) {
   const AgentTask& t = qt.task;
   *finished = true;
   switch (t.kind) {
     case TaskKind::kFlush:
-      return FlushStep(qt, finished);
+      return flusher_->Step(qt, finished);
     case TaskKind::kCommitDurable:
       return flusher_->CommitVersion(t);
     case TaskKind::kDeleteDurable:
       return flusher_->DeleteVersion(t);
-    case TaskKind::kEvict: {
-      parity_->EvictVersion(t.job_id, t.step);
-      const size_t n = holdings_->DropVersion(t.job_id, t.step);
-      if (n != 0) log::Info("evicted {} holdings of {} step {}", n, t.job_id, t.step);
-      UpdateGauges();
+    case TaskKind::kEvict:
+      verifier_->EvictVersion(t.job_id, t.step);
       return absl::OkStatus();
-    }
     case TaskKind::kDrop: {
       for (const ShardId& id : t.drop) holdings_->DropShard(id);
       for (const SegmentId& id : t.drop_segments) holdings_->DropSegment(id);
@@ -526,8 +401,6 @@ void Agent::UpdateGauges() {
 
 // ---------------------------------------------------------------------------
 // MetaSession::Delegate
-
-std::vector<InventoryItem> Agent::InventoryItems() { return holdings_->InventoryItems(); }
 
 LoadReport Agent::Load() {
   LoadReport load;

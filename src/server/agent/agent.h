@@ -14,11 +14,17 @@
 //   Reconstructor  stripe ranges read or decoded from peers (hedged)
 //   Protector      replicate / EC encode / rebuild tasks
 //   Restorer       opening shards: local, replica, decode, durable
+//   Verifier       background crc checks, quarantine, Verify, eviction checks
+//   Ingest         the save path: leases taken, commits validated, pulls,
+//                  references checked, refused shards stored self-contained
 //
-// The Agent itself only translates calls to those components and runs the
-// loops (control, verify, tasks, task stream) on named threads that Stop()
-// joins. Lock order: no component calls another while holding its own lock;
-// the arena's lock is the only one taken under another (a Reservation freed).
+// The Agent itself only wires them, translates calls (and meta's callbacks,
+// MetaSession::Delegate; meta's tasks, by kind) to them, and runs the loops
+// (control, verify, tasks, task stream) on named threads that Stop() joins.
+// It keeps no state but its components and the loops' stop flag.
+// Lock order: no component calls another while holding its own lock (hooks
+// and callbacks run after it is released); the arena's lock is the only one
+// taken under another (a Reservation freed when a pin or an entry goes).
 // The rpc layer (src/server/rpc/agent_service.*) translates gRPC to these
 // calls; ckpt-agent's main wires it all.
 //
@@ -146,7 +152,7 @@ struct AgentStatusSnapshot {
   bool meta_reachable = false;
   int64_t last_heartbeat_unix_ms = 0;
   int64_t lease_remaining_ms = 0;
-  int node_state = 0;
+  NodeState node_state = NodeState::kUnknown;
   int64_t uptime_ms = 0;
   uint64_t capacity_bytes = 0;
   uint64_t used_bytes = 0;
@@ -189,26 +195,36 @@ class Agent : private MetaSession::Delegate {
   // Ingest::AcquireLease and Ingest::Commit. A lease is committed, aborted,
   // closed or delivered only for the holder (client session) that took it
   // (LeaseTable: PermissionDenied otherwise).
-  absl::StatusOr<LeaseGrant> AcquireLease(const LeaseRequest& request);
+  absl::StatusOr<LeaseGrant> AcquireLease(const LeaseRequest& request) { return ingest_->AcquireLease(request); }
   absl::StatusOr<std::shared_ptr<const ShardRecord>> Commit(const std::string& lease_id, uint64_t size_bytes,
                                                             std::vector<ManifestItem> items,
                                                             const PullSource* pull = nullptr,
-                                                            const std::string& session_id = "");
+                                                            const std::string& session_id = "") {
+    return ingest_->Commit(lease_id, size_bytes, std::move(items), pull, session_id);
+  }
   absl::Status AbortLease(const std::string& lease_id, const std::string& session_id = "");
 
   // ---- restore path (see Restorer) ----
-  absl::StatusOr<OpenResult> OpenShard(const ShardId& id, bool skip_verify, uint32_t client_pid, int64_t ttl_ms);
+  absl::StatusOr<OpenResult> OpenShard(const ShardId& id, bool skip_verify, uint32_t client_pid, int64_t ttl_ms) {
+    return restorer_->OpenLocal(id, skip_verify, ClientOf(client_pid), ttl_ms);
+  }
   // Restorer::Open: a named source is read only if meta's Locate lists it
   // for the shard (the caller-facing path: AgentService.OpenShard).
   absl::StatusOr<OpenOutcome> Open(const OpenRequest& request);
   // One source each, trusted as given (no meta check): for tests and
   // in-process callers that took the source from meta themselves.
   absl::StatusOr<OpenResult> RestoreFromDurable(const ShardRecord& expected, const std::string& durable_path,
-                                                uint32_t client_pid, int64_t ttl_ms);
+                                                uint32_t client_pid, int64_t ttl_ms) {
+    return restorer_->FromDurable(expected, durable_path, ClientOf(client_pid), ttl_ms);
+  }
   absl::StatusOr<OpenResult> RestoreFromPeer(const ShardRecord& expected, const PeerEndpoint& holder,
-                                             uint32_t client_pid, int64_t ttl_ms);
+                                             uint32_t client_pid, int64_t ttl_ms) {
+    return restorer_->FromPeer(expected, holder, ClientOf(client_pid), ttl_ms);
+  }
   absl::StatusOr<OpenResult> RestoreByDecode(const ShardRecord& expected, const EcDecodeSource& source,
-                                             uint32_t client_pid, int64_t ttl_ms);
+                                             uint32_t client_pid, int64_t ttl_ms) {
+    return restorer_->ByDecode(expected, source, ClientOf(client_pid), ttl_ms);
+  }
   absl::Status CloseShard(const std::string& handle_id, const std::string& session_id = "");
   // Pull mode (a DPU agent): restores are not mapped by the client but
   // written into its staging memory. True when this agent works so (its
@@ -230,13 +246,21 @@ class Agent : private MetaSession::Delegate {
                          ShardRecord* record);
 
   // ---- inventory and commands ----
-  std::vector<HoldingInfo> Inventory(const std::string& job_id, std::optional<uint64_t> step) const;
+  std::vector<HoldingInfo> Inventory(const std::string& job_id, std::optional<uint64_t> step) const {
+    return holdings_->Infos(job_id, step);
+  }
   absl::StatusOr<std::vector<FlushResult>> FlushNow(const std::string& job_id, uint64_t step,
-                                                    const std::vector<uint32_t>& ranks);
+                                                    const std::vector<uint32_t>& ranks) {
+    return flusher_->FlushNow(job_id, step, ranks);
+  }
   // Verifier::Evict and Verifier::Verify.
-  absl::StatusOr<std::vector<HoldingInfo>> Evict(const std::string& job_id, uint64_t step, bool dry_run);
+  absl::StatusOr<std::vector<HoldingInfo>> Evict(const std::string& job_id, uint64_t step, bool dry_run) {
+    return verifier_->Evict(job_id, step, dry_run);
+  }
   absl::StatusOr<std::vector<VerifyFinding>> Verify(const std::string& job_id, uint64_t step, bool dry_run,
-                                                    uint64_t* bytes_checked);
+                                                    uint64_t* bytes_checked) {
+    return verifier_->Verify(job_id, step, dry_run, bytes_checked);
+  }
   AgentStatusSnapshot Status() const;
   // This node's id (what Status().node_id says, without gathering the rest).
   const std::string& node_id() const { return options_.node_id; }
@@ -247,11 +271,11 @@ class Agent : private MetaSession::Delegate {
   // ---- loops (public for deterministic tests) ----
   void ControlOnce();
   // Verifier::VerifyOnce: true if it verified something.
-  bool VerifyOnce();
+  bool VerifyOnce() { return verifier_->VerifyOnce(); }
   // Returns true if it ran a task step that finished or failed.
-  bool TasksOnce();
+  bool TasksOnce() { return runner_->RunOnce(); }
   // Queues tasks as if meta had sent them (the rpc layer's WatchTasks, tests).
-  void EnqueueTasks(std::vector<AgentTask> tasks);
+  void EnqueueTasks(std::vector<AgentTask> tasks) { runner_->Enqueue(std::move(tasks)); }
 
   const Arena& arena() const { return *arena_; }
   // The data plane address peers reach this agent on ("" without one).
@@ -285,11 +309,10 @@ class Agent : private MetaSession::Delegate {
   absl::Status Init();
   ClientRef ClientOf(uint32_t pid) const { return ClientRef{pid, ""}; }
   absl::Status RunStep(QueuedTask& qt, bool* finished);
-  absl::Status FlushStep(QueuedTask& qt, bool* finished);
   void UpdateGauges();
 
   // MetaSession::Delegate
-  std::vector<InventoryItem> InventoryItems() override;
+  std::vector<InventoryItem> InventoryItems() override { return holdings_->InventoryItems(); }
   LoadReport Load() override;
   void OnTasks(std::vector<AgentTask> tasks, std::vector<std::string> cancelled) override;
   void OnDrop(const std::vector<ShardId>& shards, const std::vector<SegmentId>& segments) override;

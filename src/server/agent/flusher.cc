@@ -51,6 +51,26 @@ absl::StatusOr<std::string> Flusher::PathUnderRoot(const std::string& rel) const
   return JoinUnderRoot(root_, std::span<const std::string>(parts));
 }
 
+absl::Status Flusher::Step(QueuedTask& qt, bool* finished) {
+  const AgentTask& t = qt.task;
+  while (qt.next_shard < t.flush.size()) {
+    const FlushOrder& o = t.flush[qt.next_shard];
+    const ShardId id{t.job_id, t.step, o.rank};
+    // Flush only verified bytes; wait (without blocking the loop) for the
+    // verifier if it has not reached this shard yet.
+    if (holdings_->HoldsValid(id) && !holdings_->Verified(id)) {
+      *finished = false;
+      return absl::OkStatus();
+    }
+    uint64_t bytes = 0;
+    absl::Status s = FlushOne(t.id, o, t.job_id, t.step, &bytes);
+    qt.bytes_done += bytes;
+    CKPT_RETURN_IF_ERROR(s);
+    qt.next_shard++;
+  }
+  return absl::OkStatus();
+}
+
 absl::Status Flusher::FlushOne(const std::string& task_id, const FlushOrder& order, const std::string& job,
                                uint64_t step, uint64_t* bytes) {
   if (root_.empty()) return NoDurableTier();

@@ -25,6 +25,7 @@
 #include "server/agent/agent_metrics.h"
 #include "server/agent/holdings.h"
 #include "server/agent/meta_session.h"
+#include "server/agent/task_runner.h"
 
 namespace ckpt::agent {
 
@@ -50,6 +51,11 @@ class Flusher {
   Flusher(std::string durable_root, FileSystem* fs, HoldingTable* holdings, MetaSession* session, MetaLink* meta,
           Clock* clock, AgentMetrics* metrics, std::string writer_name);
 
+  // One step of a FlushTask (TaskRunner): writes its shards in order from
+  // qt.next_shard on, counting qt.bytes_done. Only verified copies are
+  // written: at a shard the verifier has not checked yet it returns OK with
+  // *finished = false (the runner calls again later). FlushOne's errors.
+  absl::Status Step(QueuedTask& qt, bool* finished);
   // Writes one shard (a flush order of task `task_id`; "" for a node-local
   // flush). *bytes counts what was written. FailedPrecondition when the copy
   // here differs from what meta expects; the holding's errors (NotFound,

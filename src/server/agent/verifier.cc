@@ -141,4 +141,12 @@ absl::StatusOr<std::vector<HoldingInfo>> Verifier::Evict(const std::string& job_
   return out;
 }
 
+size_t Verifier::EvictVersion(const std::string& job_id, uint64_t step) {
+  deps_.parity->EvictVersion(job_id, step);
+  const size_t n = deps_.holdings->DropVersion(job_id, step);
+  if (n != 0) log::Info("evicted {} holdings of {} step {}", n, job_id, step);
+  if (deps_.on_freed) deps_.on_freed();
+  return n;
+}
+
 }  // namespace ckpt::agent

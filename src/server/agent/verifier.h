@@ -11,7 +11,7 @@
 //     version's shards and EC segments, quarantining what is bad unless it
 //     is a dry run.
 //   - Evict (AgentService.Evict): frees a version's holdings here only if
-//     meta's facts allow it (see Evict).
+//     meta's facts allow it (see Evict); EvictVersion runs meta's EvictTask.
 //
 // Owns: the wake count of the verify loop and its stop flag; nothing else
 // (the queue and the verified / quarantined marks are the HoldingTable's).
@@ -65,7 +65,8 @@ class Verifier {
     // A copy was found good: a task may be waiting for it (TaskRunner::Poke).
     // Called without the verifier's lock. Unset: nothing.
     std::function<void()> on_verified;
-    // Evict freed holdings (the agent's gauges). Without the lock. Unset: nothing.
+    // Evict or EvictVersion freed holdings (the agent's gauges). Without the
+    // lock. Unset: nothing.
     std::function<void()> on_freed;
   };
   // Every pointer must outlive the verifier.
@@ -101,6 +102,10 @@ class Verifier {
   // Unavailable (meta unreachable: nothing is freed). Blocks on one call to
   // meta.
   absl::StatusOr<std::vector<HoldingInfo>> Evict(const std::string& job_id, uint64_t step, bool dry_run);
+  // Meta's EvictTask: frees this node's holdings of (job_id, step) and the
+  // parity being built for it, without the checks above (meta's retention
+  // decided). Returns how many holdings were dropped.
+  size_t EvictVersion(const std::string& job_id, uint64_t step);
 
  private:
   const Deps deps_;

@@ -27,6 +27,32 @@ uint32_t DTypeSize(DType dtype) {
   return DTypeElementSize(static_cast<int>(dtype));
 }
 
+// DType's numbers are ckpt.v1.DType's, which common/manifest.h's dtype rules
+// are indexed by: the casts to and from ManifestItem::dtype rely on these.
+#define CKPT_SAME_DTYPE(ours, proto) \
+  static_assert(static_cast<int>(DType::ours) == v1::proto, #ours " != " #proto)
+CKPT_SAME_DTYPE(kF32, DTYPE_F32);
+CKPT_SAME_DTYPE(kF16, DTYPE_F16);
+CKPT_SAME_DTYPE(kBF16, DTYPE_BF16);
+CKPT_SAME_DTYPE(kF64, DTYPE_F64);
+CKPT_SAME_DTYPE(kI8, DTYPE_I8);
+CKPT_SAME_DTYPE(kI16, DTYPE_I16);
+CKPT_SAME_DTYPE(kI32, DTYPE_I32);
+CKPT_SAME_DTYPE(kI64, DTYPE_I64);
+CKPT_SAME_DTYPE(kU8, DTYPE_U8);
+CKPT_SAME_DTYPE(kU16, DTYPE_U16);
+CKPT_SAME_DTYPE(kU32, DTYPE_U32);
+CKPT_SAME_DTYPE(kU64, DTYPE_U64);
+CKPT_SAME_DTYPE(kBool, DTYPE_BOOL);
+CKPT_SAME_DTYPE(kBytes, DTYPE_BYTES);
+CKPT_SAME_DTYPE(kC64, DTYPE_C64);
+CKPT_SAME_DTYPE(kC128, DTYPE_C128);
+CKPT_SAME_DTYPE(kF8E4M3FN, DTYPE_F8_E4M3FN);
+CKPT_SAME_DTYPE(kF8E5M2, DTYPE_F8_E5M2);
+#undef CKPT_SAME_DTYPE
+static_assert(static_cast<int>(DType::kBytes) == kDTypeBytes && static_cast<int>(DType::kF8E5M2) == kMaxDType &&
+              kMaxDType == v1::DType_MAX);
+
 const char* ServedFromName(ServedFrom served_from) {
   switch (served_from) {
     case ServedFrom::kLocal:

@@ -212,7 +212,7 @@ struct AgentTask {
 };
 
 struct HeartbeatReply {
-  int node_state = 1;  // ckpt.v1.NodeState number
+  NodeState node_state = NodeState::kAlive;
   bool inventory_required = false;
   int64_t lease_ms = 5000;
   int64_t heartbeat_ms = 1000;

@@ -18,17 +18,17 @@ constexpr absl::Duration kMaxBackoff = absl::Seconds(5);
 bool IsFencing(const absl::Status& s) { return absl::IsFailedPrecondition(s) || absl::IsNotFound(s); }
 
 // Operators drain, undrain and retire nodes with ckptctl; the agent says
-// what meta's answer means for it (ckpt.v1.NodeState numbers).
-void LogNodeState(int state) {
+// what meta's answer means for it.
+void LogNodeState(NodeState state) {
   switch (state) {
-    case 1:
+    case NodeState::kAlive:
       log::Info("meta: this node is ALIVE");
       break;
-    case 4:
+    case NodeState::kDraining:
       log::Warn("meta: this node is DRAINING (ckptctl drain): it takes no new peer data and what it holds is "
                 "re-protected elsewhere");
       break;
-    case 5:
+    case NodeState::kLeft:
       log::Warn("meta: this node is LEFT (drained; nothing depends on it): stop this agent to retire the node, "
                 "or `ckptctl undrain` it");
       break;
@@ -466,7 +466,9 @@ void MetaSession::Heartbeat() {
       return;
     }
     meta_reachable_ = true;
-    if (r->node_state != node_state_ && (node_state_ != 0 || r->node_state != 1)) LogNodeState(r->node_state);
+    if (r->node_state != node_state_ && (node_state_ != NodeState::kUnknown || r->node_state != NodeState::kAlive)) {
+      LogNodeState(r->node_state);
+    }
     node_state_ = r->node_state;
     lease_ms_ = r->lease_ms > 0 ? r->lease_ms : lease_ms_;
     heartbeat_ms_ = r->heartbeat_ms > 0 ? r->heartbeat_ms : heartbeat_ms_;

@@ -107,7 +107,7 @@ class MetaSession {
     bool meta_reachable = false;
     int64_t last_heartbeat_unix_ms = 0;
     int64_t lease_remaining_ms = 0;
-    int node_state = 0;
+    NodeState node_state = NodeState::kUnknown;
     size_t outbox = 0;
   };
 
@@ -225,7 +225,7 @@ class MetaSession {
   uint64_t incarnation_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t previous_incarnation_ ABSL_GUARDED_BY(mu_) = 0;
   bool meta_reachable_ ABSL_GUARDED_BY(mu_) = false;
-  int node_state_ ABSL_GUARDED_BY(mu_) = 0;
+  NodeState node_state_ ABSL_GUARDED_BY(mu_) = NodeState::kUnknown;
   int64_t heartbeat_ms_ ABSL_GUARDED_BY(mu_) = 1000;
   int64_t lease_ms_ ABSL_GUARDED_BY(mu_) = 5000;
   absl::Time next_heartbeat_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();

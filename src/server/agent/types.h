@@ -71,6 +71,18 @@ enum class VersionState : int {
   kAborted = 6,
   kDeleted = 7,
 };
+// ckpt.v1.NodeState (meta::NodeState's numbers): what meta says of this node.
+// kUnknown until meta first answers.
+enum class NodeState : int {
+  kUnknown = 0,
+  kAlive = 1,
+  kSuspect = 2,
+  kDead = 3,
+  kDraining = 4,
+  kLeft = 5,
+};
+// The numbers of these enums are the proto's: static_asserts in
+// server/rpc/agent_convert.cc keep them so, and the rpc layer casts.
 
 const char* CopyRoleName(CopyRole role);
 

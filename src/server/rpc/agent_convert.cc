@@ -5,6 +5,34 @@
 
 namespace ckpt::rpc {
 
+// ---------------------------------------------------------------------------
+// The agent's enums (agent/types.h) and the manifest's dtype numbers
+// (common/manifest.h) mirror the proto numbers; these asserts are what makes
+// the casts here, in meta_link_grpc.cc and in agent_service.cc correct.
+#define CKPT_SAME_NUMBER(domain, proto) \
+  static_assert(static_cast<int>(domain) == static_cast<int>(proto), #domain " != " #proto)
+
+CKPT_SAME_NUMBER(agent::CopyRole::kPrimary, v1::COPY_ROLE_PRIMARY);
+CKPT_SAME_NUMBER(agent::CopyRole::kReplica, v1::COPY_ROLE_REPLICA);
+CKPT_SAME_NUMBER(agent::CopyRole::kRestored, v1::COPY_ROLE_RESTORED);
+CKPT_SAME_NUMBER(agent::CopyState::kValid, v1::COPY_STATE_VALID);
+CKPT_SAME_NUMBER(agent::CopyState::kCorrupt, v1::COPY_STATE_CORRUPT);
+CKPT_SAME_NUMBER(agent::CopyState::kEvicted, v1::COPY_STATE_EVICTED);
+CKPT_SAME_NUMBER(agent::SegmentKind::kData, v1::SEGMENT_KIND_DATA);
+CKPT_SAME_NUMBER(agent::SegmentKind::kParity, v1::SEGMENT_KIND_PARITY);
+CKPT_SAME_NUMBER(agent::VersionState::kPersisted, v1::VERSION_STATE_PERSISTED);
+CKPT_SAME_NUMBER(agent::VersionState::kAborted, v1::VERSION_STATE_ABORTED);
+CKPT_SAME_NUMBER(agent::VersionState::kDeleted, v1::VERSION_STATE_DELETED);
+CKPT_SAME_NUMBER(agent::NodeState::kUnknown, v1::NODE_STATE_UNSPECIFIED);
+CKPT_SAME_NUMBER(agent::NodeState::kAlive, v1::NODE_STATE_ALIVE);
+CKPT_SAME_NUMBER(agent::NodeState::kSuspect, v1::NODE_STATE_SUSPECT);
+CKPT_SAME_NUMBER(agent::NodeState::kDead, v1::NODE_STATE_DEAD);
+CKPT_SAME_NUMBER(agent::NodeState::kDraining, v1::NODE_STATE_DRAINING);
+CKPT_SAME_NUMBER(agent::NodeState::kLeft, v1::NODE_STATE_LEFT);
+CKPT_SAME_NUMBER(kDTypeBytes, v1::DTYPE_BYTES);
+CKPT_SAME_NUMBER(kMaxDType, v1::DType_MAX);
+#undef CKPT_SAME_NUMBER
+
 void ShardIdToProto(const agent::ShardId& id, v1::ShardKey* out) {
   out->set_job_id(id.job_id);
   out->set_step(id.step);

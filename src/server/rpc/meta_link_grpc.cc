@@ -169,7 +169,7 @@ class GrpcMetaLink : public agent::MetaLink {
     absl::Status s = FromGrpcStatus(stub_->Heartbeat(&ctx, req, &resp));
     if (!s.ok()) return s;
     agent::HeartbeatReply r;
-    r.node_state = resp.node_state();
+    r.node_state = static_cast<agent::NodeState>(resp.node_state());
     r.inventory_required = resp.inventory_required();
     r.lease_ms = resp.lease_ms();
     r.heartbeat_ms = resp.heartbeat_interval_ms();

@@ -111,7 +111,7 @@ class ScriptedMeta : public FakeMeta {
   std::deque<absl::Status> report_results;  // replace the per-report results, in order
   InventoryReply inventory_reply;
   bool require_inventory = false;
-  int node_state = 1;
+  NodeState node_state = NodeState::kAlive;
   int report_calls = 0;
   NodeRegistration last_registration;
   std::vector<std::string> calls;
@@ -549,10 +549,10 @@ TEST_F(MetaSessionTest, AFailedHeartbeatMarksMetaUnreachableAndKeepsTheSession) 
 TEST_F(MetaSessionTest, MetaRestartedAsksForTheInventoryAgain) {
   Connect();
   meta_.require_inventory = true;
-  meta_.node_state = 4;  // DRAINING
+  meta_.node_state = NodeState::kDraining;
   clock_.Advance(absl::Seconds(1));
   session_->ControlOnce();
-  EXPECT_EQ(session_->Status().node_state, 4);
+  EXPECT_EQ(session_->Status().node_state, NodeState::kDraining);
   EXPECT_FALSE(session_->Status().registered);  // until the inventory is in
   session_->ControlOnce();
   EXPECT_THAT(meta_.Calls(), ElementsAre("heartbeat", "inventory"));

@@ -337,7 +337,8 @@ TEST(IdentityFromUris, AnyOrderOtherSchemesIgnored) {
 }
 
 TEST(IdentityFromUris, ADpuNodeNamesTheHostItServes) {
-  EXPECT_THAT(IdentityUris({Role::kNode, "dpu-7", {}, "node-7"}), ElementsAre("ckpt://node/dpu-7", "ckpt://host/node-7"));
+  EXPECT_THAT(IdentityUris({Role::kNode, "dpu-7", {}, "node-7"}),
+              ElementsAre("ckpt://node/dpu-7", "ckpt://host/node-7"));
   absl::StatusOr<Identity> id = IdentityFromUris({"ckpt://host/node-7", "ckpt://node/dpu-7"});
   ASSERT_TRUE(id.ok()) << id.status();
   EXPECT_EQ(*id, (Identity{Role::kNode, "dpu-7", {}, "node-7"}));

@@ -99,14 +99,15 @@ grpc::Status HostClaimDecision(const pki::Identity& who, const std::string& host
   const std::string issue = absl::StrCat("`ckptctl certs create-node --node-id ", who.name, " --host-node ",
                                          host_node_id, " --host ...`");
   if (who.host_node.empty()) {
-    return Denied(rpc, absl::StrCat("the request claims to serve host \"", host_node_id, "\" but the caller's certificate ",
-                                    IdentityText(who), " names no host (no ckpt://host/ URI): a DPU's certificate "
-                                    "must name the host it serves; issue it with ",
+    return Denied(rpc, absl::StrCat("the request claims to serve host \"", host_node_id,
+                                    "\" but the caller's certificate ", IdentityText(who),
+                                    " names no host (no ckpt://host/ URI): a DPU's certificate must name the host it "
+                                    "serves; issue it with ",
                                     issue));
   }
-  return Denied(rpc, absl::StrCat("the request claims to serve host \"", host_node_id, "\" but the caller's certificate ",
-                                  IdentityText(who), " names host \"", who.host_node,
-                                  "\": a DPU serves only the host its certificate names (", issue, ")"));
+  return Denied(rpc, absl::StrCat("the request claims to serve host \"", host_node_id,
+                                  "\" but the caller's certificate ", IdentityText(who), " names host \"",
+                                  who.host_node, "\": a DPU serves only the host its certificate names (", issue, ")"));
 }
 
 grpc::Status Authorizer::HostClaim(const grpc::ServerContextBase& ctx, const std::string& host_node_id,

@@ -66,7 +66,7 @@ class Torchrun:
             [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc_per_node", str(WORLD),
              "--max_restarts", "3", "--monitor_interval", "0.5", "--rdzv_backend", "c10d",
              "--rdzv_endpoint", f"127.0.0.1:{port}", "--rdzv_id", job, "--redirects", "1", "--tee", "1",
-             "--log_dir", str(self.dir / "logs"), str(wrapper), str(STEPS)],
+             "--log_dir", str(self.dir / "logs"), str(wrapper)],
             env=env, cwd=self.dir, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
             start_new_session=True)
         self.reader = threading.Thread(target=self._read, daemon=True)

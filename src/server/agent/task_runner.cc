@@ -82,41 +82,45 @@ bool TaskRunner::RunOnce() {
   const absl::Status s = hooks_.step(qt, &finished);
   const bool is_flush = qt.task.kind == TaskKind::kFlush;
   if (!s.ok() && is_flush && hooks_.on_flush_error) hooks_.on_flush_error(s);
-  CheckedLock lock(&mu_);
-  running_.erase(qt.task.id);
-  auto it = tasks_.find(qt.task.id);
-  if (it == tasks_.end()) return true;  // cancelled meanwhile
-  qt.task.attempt = std::max(qt.task.attempt, it->second.task.attempt);
-  if (s.ok() && !finished) {
-    qt.not_before = clock_->MonotonicNow() + absl::Milliseconds(20);
-    qt.deferred = true;
-    it->second = qt;
-    return false;
+  {
+    CheckedLock lock(&mu_);
+    running_.erase(qt.task.id);
+    auto it = tasks_.find(qt.task.id);
+    if (it == tasks_.end()) return true;  // cancelled meanwhile
+    qt.task.attempt = std::max(qt.task.attempt, it->second.task.attempt);
+    if (s.ok() && !finished) {
+      qt.not_before = clock_->MonotonicNow() + absl::Milliseconds(20);
+      qt.deferred = true;
+      it->second = qt;
+      return false;
+    }
+    const bool retryable = is_flush && (absl::IsResourceExhausted(s) || absl::IsUnavailable(s) ||
+                                        absl::IsInternal(s) || absl::IsPermissionDenied(s));
+    if (!s.ok() && retryable && qt.tries + 1 < options_.flush_max_tries) {
+      qt.tries++;
+      int64_t backoff = options_.flush_retry_initial_ms << std::min(qt.tries - 1, 20);
+      backoff = std::min(backoff, options_.flush_retry_max_ms);
+      log::Warn("task {} ({} {} step {}) failed, retry {} in {} ms: {}", qt.task.id, qt.task.kind_name,
+                qt.task.job_id, qt.task.step, qt.tries, backoff, s.ToString());
+      qt.not_before = clock_->MonotonicNow() + absl::Milliseconds(backoff);
+      qt.deferred = false;  // a backoff is not cut short by Poke
+      it->second = qt;
+      return true;
+    }
+    if (!s.ok()) {
+      log::Error("task {} ({} {} step {}) failed: {}", qt.task.id, qt.task.kind_name, qt.task.job_id,
+                 qt.task.step, s.ToString());
+    }
+    tasks_.erase(it);
+    finished_[qt.task.id] = qt.task.attempt;
+    if (finished_.size() > kFinishedMemory) finished_.erase(finished_.begin());
+    ++wake_;
   }
-  const bool retryable = is_flush && (absl::IsResourceExhausted(s) || absl::IsUnavailable(s) ||
-                                      absl::IsInternal(s) || absl::IsPermissionDenied(s));
-  if (!s.ok() && retryable && qt.tries + 1 < options_.flush_max_tries) {
-    qt.tries++;
-    int64_t backoff = options_.flush_retry_initial_ms << std::min(qt.tries - 1, 20);
-    backoff = std::min(backoff, options_.flush_retry_max_ms);
-    log::Warn("task {} ({} {} step {}) failed, retry {} in {} ms: {}", qt.task.id, qt.task.kind_name,
-              qt.task.job_id, qt.task.step, qt.tries, backoff, s.ToString());
-    qt.not_before = clock_->MonotonicNow() + absl::Milliseconds(backoff);
-    qt.deferred = false;  // a backoff is not cut short by Poke
-    it->second = qt;
-    return true;
-  }
-  if (!s.ok()) {
-    log::Error("task {} ({} {} step {}) failed: {}", qt.task.id, qt.task.kind_name, qt.task.job_id,
-               qt.task.step, s.ToString());
-  }
-  tasks_.erase(it);
-  finished_[qt.task.id] = qt.task.attempt;
-  if (finished_.size() > kFinishedMemory) finished_.erase(finished_.begin());
-  ++wake_;
+  // The task has left the queue: the hook and the result run without the
+  // runner's lock (each takes its component's own). The result follows the
+  // reports the task produced (both leave in order from the session's
+  // outbox).
   if (hooks_.on_ended) hooks_.on_ended(qt.task, s);
-  // The result follows the reports the task produced (both leave in order
-  // from the session's outbox).
   session_->Result(qt.task.id, qt.task.attempt, s, qt.bytes_done,
                    absl::ToInt64Milliseconds(clock_->MonotonicNow() - qt.started));
   return true;

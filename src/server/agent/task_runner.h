@@ -8,7 +8,7 @@
 //
 // Threads: RunOnce is called by the agent's task threads (or by tests, which
 // call it by hand). A task runs on one thread at a time. The lock is never
-// held while a step runs.
+// held while a step runs, nor while a hook or the MetaSession is called.
 //
 // Thread safety: every method may be called from any thread.
 #pragma once
@@ -47,13 +47,16 @@ class TaskRunner {
   struct Hooks {
     // Runs one step; sets *finished = false to be called again later.
     std::function<absl::Status(QueuedTask& qt, bool* finished)> step;
+    // Every hook is called without the runner's lock held, so it may call
+    // into other components and back into the runner.
+    //
     // A task was queued / cancelled by meta (e.g. to track flush lag, or to
     // let go of parity being built for it).
     std::function<void(const AgentTask&)> on_queued;
     std::function<void(const AgentTask&)> on_cancelled;
     // A task left the queue, finished or failed for good (its result goes to
-    // meta, which may retry it here or elsewhere). Runs under the runner's
-    // lock: it must be quick and must not call back into the runner.
+    // meta right after, which may retry it here or elsewhere). Called on the
+    // thread that ran the last step, before the result is queued.
     std::function<void(const AgentTask&, const absl::Status&)> on_ended;
     // A flush step failed (counted in the flush error metrics).
     std::function<void(const absl::Status&)> on_flush_error;

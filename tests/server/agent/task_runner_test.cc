@@ -134,5 +134,54 @@ TEST_F(TaskRunnerTest, APokeDoesNotCutAFlushBackoffShort) {
   EXPECT_EQ(steps, 2);
 }
 
+// Issue 35: the hooks run without the runner's lock (the lock order of
+// agent.h), so a hook may call into other components and back into the
+// runner. AssertNoCheckedLock aborts the test if a hook runs under it.
+TEST_F(TaskRunnerTest, HooksRunWithoutTheRunnersLock) {
+  std::unique_ptr<TaskRunner> runner;
+  std::vector<std::string> seen;
+  TaskRunner::Hooks hooks;
+  hooks.step = [](QueuedTask& qt, bool*) {
+    return qt.task.id == "f1" ? absl::UnavailableError("durable store down") : absl::OkStatus();
+  };
+  hooks.on_queued = [&](const AgentTask& t) {
+    AssertNoCheckedLock("on_queued");
+    seen.push_back("queued " + t.id);
+  };
+  hooks.on_cancelled = [&](const AgentTask& t) {
+    AssertNoCheckedLock("on_cancelled");
+    seen.push_back("cancelled " + t.id);
+    runner->Poke();
+  };
+  hooks.on_flush_error = [&](const absl::Status&) {
+    AssertNoCheckedLock("on_flush_error");
+    seen.push_back("flush error");
+  };
+  hooks.on_ended = [&](const AgentTask& t, const absl::Status& s) {
+    AssertNoCheckedLock("on_ended");
+    seen.push_back("ended " + t.id + (s.ok() ? " ok" : " failed"));
+    // Back into the runner: the ended task is no longer listed.
+    for (const RunningTask& r : runner->Running()) EXPECT_NE(r.task_id, t.id);
+  };
+  TaskRunner::Options options;
+  options.flush_max_tries = 1;  // the first failure is final
+  runner = std::make_unique<TaskRunner>(&clock_, &session_, options, std::move(hooks));
+  runner->Enqueue({Task("t1", TaskKind::kEvict), Task("f1", TaskKind::kFlush), Task("t2", TaskKind::kEvict)});
+  runner->Cancel({"t2"});
+  EXPECT_TRUE(runner->RunOnce());
+  EXPECT_TRUE(runner->RunOnce());
+  EXPECT_FALSE(runner->RunOnce());
+  EXPECT_EQ(seen, (std::vector<std::string>{"queued t1", "queued f1", "queued t2", "cancelled t2", "flush error",
+                                            "ended f1 failed", "ended t1 ok"}));
+  // Both results reach meta (t2's never: meta cancelled it).
+  session_.ControlOnce();
+  absl::MutexLock lock(&meta_.mu);
+  ASSERT_EQ(meta_.results.size(), 2u);
+  EXPECT_EQ(meta_.results[0].first, "f1");
+  EXPECT_EQ(meta_.results[0].second.code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(meta_.results[1].first, "t1");
+  EXPECT_TRUE(meta_.results[1].second.ok());
+}
+
 }  // namespace
 }  // namespace ckpt::agent

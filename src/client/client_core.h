@@ -42,7 +42,8 @@ namespace ckpt::client {
 
 namespace v1 = ::ckpt::v1;
 
-struct LazyState;  // lazy_save.h
+struct LazyState;   // lazy_save.h
+struct EarlyLease;  // save_state.h
 
 // XXH3-64 of a save's items, by name.
 using ItemHashes = absl::flat_hash_map<std::string, uint64_t>;

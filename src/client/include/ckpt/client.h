@@ -56,6 +56,10 @@
 // Lifetimes: SaveHandle and LoadedShard share the connection state with the
 // Client that made them, so either may outlive it (the gRPC channels and the
 // mappings stay alive until the last of them is destroyed).
+//
+// Headers: this one holds the classes; the value types are in ckpt/types.h
+// and the options in ckpt/options.h (both included here, so including
+// ckpt/client.h alone is enough). Errors are absl::Status.
 #pragma once
 
 #include <cstddef>
@@ -74,203 +78,19 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
+#include "ckpt/options.h"
+#include "ckpt/types.h"
 
 namespace ckpt {
 
+// Internals the classes below hold by pointer (src/client/*.h).
 namespace client {
-struct ClientCore;  // connection state shared by a Client and its handles
-struct LazyState;   // a lazy save in progress (LazySave)
-struct EarlyLease;  // a staging lease asked for when a save began
-struct CommitResult;  // a commit sent in the background (SaveHandle)
-struct ShardRegion;   // a mapped part of a shard (LoadedShard)
-struct SaveState;     // a SaveBuilder's items and lease (client/save_state.h)
+struct ClientCore;    // connection state shared by a Client and its handles (client_core.h)
+struct LazyState;     // a lazy save in progress (LazySave; lazy_save.h)
+struct CommitResult;  // a commit sent in the background (SaveHandle; client_core.h)
+struct ShardRegion;   // a mapped part of a shard (LoadedShard; region_io.h)
+struct SaveState;     // a SaveBuilder's items and lease (save_state.h)
 }  // namespace client
-
-// Element type of an item. The numbers are those of ckpt.v1.DType
-// (proto/ckpt/v1/common.proto). Items are dense and row-major (C order).
-// For every type except kBytes, an item's length in bytes must equal the
-// product of its shape's dimensions (1 for an empty shape: a scalar) times the
-// element size.
-enum class DType : int {
-  kF32 = 1,        // 4 bytes
-  kF16 = 2,        // 2 bytes
-  kBF16 = 3,       // 2 bytes
-  kF64 = 4,        // 8 bytes
-  kI8 = 5,         // 1 byte
-  kI16 = 6,        // 2 bytes
-  kI32 = 7,        // 4 bytes
-  kI64 = 8,        // 8 bytes
-  kU8 = 9,         // 1 byte
-  kU16 = 10,       // 2 bytes
-  kU32 = 11,       // 4 bytes
-  kU64 = 12,       // 8 bytes
-  kBool = 13,      // 1 byte
-  kBytes = 14,     // opaque bytes, any length; shape ignored (empty or {length})
-  kC64 = 15,       // 8 bytes (two f32)
-  kC128 = 16,      // 16 bytes (two f64)
-  kF8E4M3FN = 17,  // 1 byte
-  kF8E5M2 = 18,    // 1 byte
-};
-
-// Bytes per element of `dtype` (1, 2, 4, 8 or 16); 0 for kBytes and for
-// numbers that are not a DType.
-uint32_t DTypeSize(DType dtype);
-
-// A durability level a version can reach (ckpt.v1.DurabilityLevel):
-//   kStaged:    every rank's shard is in some agent's memory tier (survives
-//               trainer crashes);
-//   kProtected: the job's protection policy is complete (survives the
-//               configured number of node losses);
-//   kPersisted: in the durable tier with a commit marker.
-// A version at a higher level also satisfies the lower ones.
-enum class Level { kStaged = 1, kProtected = 2, kPersisted = 3 };
-
-// Where a load was served from (ckpt.v1.SourceKind).
-enum class ServedFrom {
-  kUnknown = 0,   // the agent did not say
-  kLocal = 1,     // this node's memory tier (zero copy)
-  kReplica = 2,   // a peer's full copy, fetched over the data plane
-  kEcDecode = 3,  // rebuilt from erasure-coded stripes
-  kDurable = 4,   // the durable tier
-};
-
-// "local", "replica", "ec_decode", "durable" or "unknown".
-const char* ServedFromName(ServedFrom served_from);
-
-// How a job's shards are protected against node loss (docs/architecture.md "Protection"), if the
-// trainer states one (ClientOptions::protection): rank 0 creates the job with
-// it, and meta compares it when the job already exists.
-struct Protection {
-  enum class Kind { kNone, kReplicate, kErasureCode };
-  enum class Placement { kRing, kGroup };
-
-  // Local memory only: survives a trainer crash, not a node loss.
-  static Protection None() { return Protection{}; }
-  // `copies` in-memory copies (2..8) counting the primary.
-  static Protection Replicate(uint32_t copies, Placement placement = Placement::kRing) {
-    Protection p;
-    p.kind = Kind::kReplicate;
-    p.copies = copies;
-    p.placement = placement;
-    return p;
-  }
-  // Reed-Solomon stripes of k data (1..32) and m parity (1..8) segments.
-  static Protection ErasureCode(uint32_t data_k, uint32_t parity_m) {
-    Protection p;
-    p.kind = Kind::kErasureCode;
-    p.data_k = data_k;
-    p.parity_m = parity_m;
-    return p;
-  }
-
-  Kind kind = Kind::kNone;
-  uint32_t copies = 0;                    // kReplicate
-  Placement placement = Placement::kRing; // kReplicate
-  uint32_t data_k = 0;                    // kErasureCode
-  uint32_t parity_m = 0;                  // kErasureCode
-};
-
-struct ClientOptions {
-  // ckpt-meta's gRPC address, "host:port" (any gRPC target string works).
-  // Required.
-  std::string meta_address;
-  // TLS to ckpt-meta (docs/security.md): PEM files of the CA that signed
-  // meta's certificate, and of this client's certificate and key (meta with
-  // mutual TLS requires them). Empty: $CKPT_TLS_CA, $CKPT_TLS_CERT,
-  // $CKPT_TLS_KEY; all empty: plaintext. (The agent is reached over its
-  // local socket, guarded by the socket's mode.)
-  std::string tls_ca_file;
-  std::string tls_cert_file;
-  std::string tls_key_file;
-  // A trainer token for this job (ckpt-meta --trainer-tokens-file;
-  // docs/security.md), sent to meta on every call: the file holding it (mode
-  // 0600 or 0640). Empty: $CKPT_TOKEN_FILE, else $CKPT_TOKEN; none: no token.
-  std::string token_file;
-  // Path of the node agent's unix socket (its <run-dir>/agent.sock). A value
-  // starting with "unix:" is used as a gRPC target as is.
-  std::string agent_socket = "/run/ckpt/agent.sock";
-  // Job id, [a-z0-9][a-z0-9._-]{0,62} without "..". Required.
-  std::string job_id;
-  // This process's rank, 0 <= rank < world_size.
-  uint32_t rank = 0;
-  // Number of ranks of the job (1..1,048,576). Compared with the stored job.
-  uint32_t world_size = 0;
-  // Identifies this training run (one launch of all ranks; a restarted
-  // launch should use a new one). A version begun by another run is aborted
-  // and replaced when this run saves the same step, so shards of two runs
-  // never mix. Empty: no run tracking.
-  std::string run_id;
-
-  // ---- Job spec, used by rank 0 to create the job (create-or-open) ----
-  // Unset (the default): a job that exists keeps its stored protection (an
-  // operator's `ckptctl create-job --replicate 2`, say), and a job rank 0
-  // creates gets the server's default (docs/meta.md: replicate{2, ring} when
-  // the cluster has at least two alive nodes, none on a single node). Set:
-  // the job is created with it, and an existing job must have it
-  // (kFailedPrecondition naming both otherwise).
-  std::optional<Protection> protection;
-  // Flush every Nth version / every N seconds to the durable tier (0: rule
-  // off). Left at 0 both, the stored flush policy is not compared.
-  uint32_t flush_every_n_versions = 0;
-  uint32_t flush_every_seconds = 0;
-  // Versions kept in memory / in the durable tier; 0 = server default. Left
-  // at 0 both, the stored retention is not compared.
-  uint32_t keep_in_memory = 0;
-  uint32_t keep_durable = 0;
-  // Free-form labels stored with the job when rank 0 creates it (not compared).
-  std::map<std::string, std::string> labels;
-
-  // ---- Timing ----
-  // How long Connect keeps trying: meta or the agent unreachable, or (ranks
-  // other than 0) the job not yet created by rank 0.
-  absl::Duration connect_timeout = absl::Seconds(30);
-  // Deadline of each short control call (lease, commit, latest, locate, ...).
-  absl::Duration rpc_timeout = absl::Seconds(60);
-  // Deadline of OpenShard, which blocks while the agent fetches a shard that
-  // is not local (from a peer, by EC decode, or from disk).
-  absl::Duration load_timeout = absl::Minutes(10);
-
-  // ---- Save ----
-  // True (the default): SaveBuilder::Commit returns once the bytes are
-  // copied, and the commit (the manifest, one local call whose cost grows
-  // with the number of items) goes to the agent in the background; its
-  // outcome is SaveHandle::Committed (and the start of SaveHandle::Wait).
-  // This client's own Load, LoadInto, WaitVersion and Latest wait for its
-  // commits first. False: Commit waits for the agent's answer.
-  bool commit_in_background = true;
-  // True (the default): once a save that copied every item committed, and
-  // the last two such saves were at steps P < S, the client asks its agent
-  // for the staging lease of step S + (S - P) at once (the same size), so
-  // that a trainer saving at a fixed interval finds its next lease granted
-  // when it begins that save (docs/agent.md "Save path"). The agent begins
-  // such a version at meta only when a shard is committed into it; a save at
-  // another step releases it and asks as before. It holds pool memory of one
-  // shard between saves.
-  bool lease_ahead = true;
-  // Incremental saves (ItemChange, SaveBuilder::CarryRest): a save whose
-  // step reaches a multiple of N that its base's step had not (N, 2N, ...,
-  // the same steps on every rank) is made in full: a reference points to
-  // the version that holds the bytes, which stays in memory (whole) while
-  // referred to, so this bounds how many old versions are kept. 0: never
-  // forced. Partial saves (CarryRest) are never forced full.
-  uint32_t full_save_every = 10;
-};
-
-// How often to checkpoint (Client::RecommendedInterval): the Young/Daly
-// interval sqrt(2 x C x M) for a checkpoint cost C (what this client's saves
-// blocked the trainer, measured) and the job's mean time between failures M
-// (from meta's history of node failures).
-struct IntervalAdvice {
-  uint64_t steps = 1;                  // the interval in training steps (at least 1)
-  absl::Duration interval;             // sqrt(2 x C x M)
-  absl::Duration checkpoint_cost;      // C: median blocking time of the recent saves
-  absl::Duration mtbf;                 // M: the job's MTBF
-  bool mtbf_is_lower_bound = false;    // meta has seen no failure: M is the time observed
-  uint64_t failures_seen = 0;          // node failures meta has seen (all nodes)
-  absl::Duration observed_node_time;   // node time meta has watched (all nodes)
-  uint32_t job_nodes = 0;              // nodes the job runs on
-  std::string explanation;             // the numbers in one sentence
-};
 
 class Client;
 class SaveBuilder;
@@ -371,21 +191,6 @@ class LazySave {
   LazySave(std::shared_ptr<client::LazyState> state, uint64_t step) : state_(std::move(state)), step_(step) {}
   std::shared_ptr<client::LazyState> state_;
   uint64_t step_ = 0;
-};
-
-// How an item of a save relates to the same-named item of the client's
-// previous save (its "base": the last save of this Client that committed, or
-// the version it last loaded if that is newer, so that a restarted trainer
-// goes on from the version it restored; docs/protocol.md "Incremental saves"). An item that is the base's is
-// stored as a reference to the base's bytes: nothing is copied, sent to
-// peers or kept twice. Loads follow references transparently.
-enum class ItemChange {
-  kChanged,    // copy it (the default)
-  kUnchanged,  // the caller vouches it is equal to the base's item (frozen
-               // parameters): referenced without reading it, if the base has
-               // an item of that name and length; copied otherwise
-  kDetect,     // hash it (XXH3-64, a read-only pass) and reference the base's
-               // item when that was hashed too and is equal; copied otherwise
 };
 
 // Collects the items of one save (one rank's shard of one step) and commits
@@ -490,23 +295,6 @@ class SaveBuilder {
   std::unique_ptr<client::SaveState> state_;  // null once moved from
 };
 
-// One item of a loaded shard, as recorded in its manifest.
-struct LoadedItem {
-  std::string name;
-  DType dtype = DType::kBytes;
-  std::vector<uint64_t> shape;
-  // Position of the item inside the shard of version `step` (this rank's).
-  uint64_t offset_bytes = 0;
-  uint64_t length_bytes = 0;
-  // CRC-32C of the item's bytes, computed by the writer.
-  uint32_t crc32c = 0;
-  std::map<std::string, std::string> attributes;
-  // The version whose save copied these bytes: the loaded version's own
-  // step, or an older one for an item an incremental save carried over
-  // (a reference: unchanged, or not stated by a partial save).
-  uint64_t step = 0;
-};
-
 // This rank's shard of one version, opened for zero-copy reading in the
 // agent's memory tier. Returned by Client::Load. Views stay valid (and the
 // agent keeps the bytes unmodified) until Close() or destruction.
@@ -572,20 +360,6 @@ class LoadedShard {
   // The mapped regions holding `item`'s bytes (this shard's or a base's).
   const std::vector<client::ShardRegion>& RegionsOf(const LoadedItem& item) const;
   std::unique_ptr<Impl> impl_;
-};
-
-// How Client::Load opens a shard.
-struct LoadOptions {
-  // True: every item's crc32c is checked before Load returns: by the client
-  // (one pass over the shard against its crc32c, item by item only if that
-  // fails; on a second thread while it lists the items, for a shard of 1 MiB
-  // or more), and on a mismatch once more by the agent, which quarantines a copy
-  // that fails and serves the next source (docs/protocol.md "Restore").
-  // False: nothing is checked, and the caller reads items only through
-  // LoadedShard::CopyItem, which checks each one while copying; on kDataLoss,
-  // load again with verify = true. Saves one pass over the shard when every
-  // item is copied anyway.
-  bool verify = true;
 };
 
 // A connection to ckpt-meta and to the node's agent, for one rank of one job.

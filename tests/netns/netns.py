@@ -491,6 +491,12 @@ class Rank:
 
     def call(self, timeout=60, **req):
         """Sends one request, returns the answer (a dict; ok False with error on failure)."""
+        err = self.send(**req)
+        return err if err else self.recv(req["op"], timeout)
+
+    def send(self, **req):
+        """Sends one request without waiting (recv() reads the answer): None, or an answer
+        saying why it could not be sent."""
         if self.proc.poll() is not None:
             return {"ok": False, "error": f"rank process exited with {self.proc.returncode}"}
         try:
@@ -498,6 +504,11 @@ class Rank:
             self.proc.stdin.flush()
         except (BrokenPipeError, OSError) as e:
             return {"ok": False, "error": f"rank process: {e}"}
+        return None
+
+    def recv(self, op, timeout=60):
+        """The answer to the request send() sent; after timeout s the rank is killed."""
+        req = {"op": op}
         deadline = time.monotonic() + timeout
         fd = self.proc.stdout.fileno()
         while "\n" not in self.buf:

@@ -59,6 +59,7 @@ def main():
                 state = {"payload": netns.payload(a.seed, a.job, req["step"], a.rank, req["size"]),
                          "tag": f"{a.job}/{req['step']}/{a.rank}".encode()}
                 c.save(req["step"], state).committed(timeout=req.get("timeout", 30))
+                out["sha256"] = hashlib.sha256(state["payload"].tobytes()).hexdigest()
             elif op == "wait":
                 c.wait(req["step"], req.get("level", "protected"), timeout=req.get("timeout", 30))
             elif op == "load":

@@ -8,6 +8,10 @@
     step = c.latest("protected")                                    # int or None
     state = c.load(step)                                            # the same structure back
 
+    c = ckpt.Client()   # under torchrun / Slurm / Kubernetes: job, rank, world size, meta and
+                        # agent socket from the environment (ckpt.environment)
+    ck = ckpt.torch.Checkpointer(model, optimizer, every="auto")   # a training loop's resume/save
+
 A state is a dict, nested to any depth, of torch.Tensor, numpy.ndarray (and
 numpy scalars), bytes, int, float, bool, str and None, and of lists, tuples
 and dicts (str or int keys) of those. It is flattened into one ckpt item per

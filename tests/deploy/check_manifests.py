@@ -72,12 +72,13 @@ def load_docs(path):
 
 
 def main():
-    if len(sys.argv) not in (4, 5):
+    if len(sys.argv) not in (4, 5, 6):
         print(__doc__)
         return 2
     src, meta_bin, agent_bin = sys.argv[1:4]
     daemons = {"ckpt-meta": help_of(meta_bin), "ckpt-agent": help_of(agent_bin)}
-    dpu_help = help_of(sys.argv[4]) if len(sys.argv) == 5 else None
+    extra = {os.path.basename(b): b for b in sys.argv[4:]}  # ckpt-dpu-agent (UCX builds), ckpt-dpu-proxy
+    dpu_help = help_of(extra["ckpt-dpu-agent"]) if "ckpt-dpu-agent" in extra else None
     flags = {d: flags_of(h) for d, h in daemons.items()}
     for d in daemons:
         if "--config" not in flags[d] or "--listen" not in flags[d]:
@@ -100,6 +101,11 @@ def main():
         flags["ckpt-dpu-agent"] = flags_of(dpu_help)
         if "--host-node" not in flags["ckpt-dpu-agent"]:
             fail("ckpt-dpu-agent --help does not list --host-node")
+    if "ckpt-dpu-proxy" in extra:  # the host side of a DPU's control path: TLS client, unix socket
+        flags["ckpt-dpu-proxy"] = flags_of(help_of(extra["ckpt-dpu-proxy"]))
+        for want in ("--dpu-address", "--socket", "--tls-cert"):
+            if want not in flags["ckpt-dpu-proxy"]:
+                fail(f"ckpt-dpu-proxy --help does not list {want}")
     check_systemd_env(src, flags)
     check_dockerfile(src, ports)
     check_no_insecure_text(src)
@@ -722,7 +728,7 @@ def check_trainer_example(src):
 
 
 def check_systemd_env(src, flags):
-    for daemon in [d for d in ("ckpt-meta", "ckpt-agent", "ckpt-dpu-agent") if d in flags]:
+    for daemon in [d for d in ("ckpt-meta", "ckpt-agent", "ckpt-dpu-agent", "ckpt-dpu-proxy") if d in flags]:
         path = os.path.join(src, "deploy", "systemd", daemon + ".env")
         unit = os.path.join(src, "deploy", "systemd", daemon + ".service")
         for p in (path, unit):

@@ -106,7 +106,7 @@ def run_check(tree, binaries):
 
 
 def main():
-    if len(sys.argv) not in (4, 5):
+    if len(sys.argv) not in (4, 5, 6):
         print(__doc__)
         return 2
     src, binaries = sys.argv[1], sys.argv[2:]

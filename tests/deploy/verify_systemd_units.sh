@@ -4,15 +4,17 @@
 # (verify requires executables that exist). Any warning about the units fails
 # the test. Exits 77 (ctest SKIP_RETURN_CODE) when systemd-analyze is missing.
 #
-# usage: verify_systemd_units.sh SOURCE_DIR CKPT_META CKPT_AGENT [CKPT_DPU_AGENT]
+# usage: verify_systemd_units.sh SOURCE_DIR CKPT_META CKPT_AGENT [CKPT_DPU_AGENT] [CKPT_DPU_PROXY]
+# (the optional ones known by their file names)
 set -euo pipefail
 src="$1"
 declare -A bin=([ckpt-meta]="$2" [ckpt-agent]="$3")
 daemons=(ckpt-meta ckpt-agent)
-if [[ $# -ge 4 ]]; then
-  bin[ckpt-dpu-agent]="$4"
-  daemons+=(ckpt-dpu-agent)
-fi
+for extra in "${@:4}"; do
+  name="$(basename "${extra}")"
+  bin[${name}]="${extra}"
+  daemons+=("${name}")
+done
 
 if ! command -v systemd-analyze >/dev/null 2>&1; then
   echo "SKIP: systemd-analyze not found"
@@ -39,7 +41,7 @@ rc=$?
 set -e
 # Warnings about the host (other units, the machine) are not ours.
 ours="$(grep -F "${tmp}" <<<"${out}" || true)"
-ours+="$(grep -E '^ckpt-(meta|agent|dpu-agent)\.service:' <<<"${out}" || true)"
+ours+="$(grep -E '^ckpt-(meta|agent|dpu-agent|dpu-proxy)\.service:' <<<"${out}" || true)"
 if [[ ${rc} -ne 0 || -n "${ours}" ]]; then
   echo "FAIL: systemd-analyze verify (exit ${rc}):"
   echo "${out}"

@@ -33,13 +33,10 @@
 
 #include <cstdint>
 #include <functional>
-#include <map>
 #include <memory>
 #include <optional>
-#include <set>
 #include <string>
 #include <thread>
-#include <tuple>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -48,7 +45,6 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/clock.h"
-#include "common/crypto.h"
 #include "common/file_system.h"
 #include "common/manifest.h"
 #include "common/metrics.h"

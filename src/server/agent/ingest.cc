@@ -403,8 +403,8 @@ absl::Status Ingest::CompactRefused(const ShardRecord& rec, const std::vector<Pi
   out.staged_unix_ms = self.rec->staged_unix_ms;
   std::shared_ptr<const ShardRecord> stored;
   deps_.session->ForgetStaged(rec.id.job_id, rec.id.step);
-  CKPT_RETURN_IF_ERROR(deps_.holdings->Add(std::move(out), *std::move(bytes), /*verified=*/false, /*if_absent=*/false,
-                                      &stored));
+  CKPT_RETURN_IF_ERROR(deps_.holdings->Add(std::move(out), *std::move(bytes), /*verified=*/false,
+                                            /*if_absent=*/false, &stored));
   log::Warn("meta no longer holds a version {} refers to: stored it self-contained ({} instead of {})",
             ShardIdString(rec.id), FormatBytes(size), FormatBytes(rec.size_bytes));
   deps_.metrics->shards_compacted->Increment();

@@ -1,6 +1,7 @@
-// Internal to MetaCore (meta_core.cc, meta_recovery.cc): the in-memory state
-// and the transaction helper that records every change for the store. Not a
-// public header.
+// Internal to MetaCore (meta_*.cc, engine_*.cc): the in-memory state, the
+// transaction helper that records every change for the store, the Engine
+// (the operations on the state, split by concern across engine_*.cc) and
+// MetaCore's Read / Write / Apply. Not a public header.
 #pragma once
 
 #include <deque>
@@ -55,6 +56,17 @@ std::string StagedRanksText(const Version& v);
 
 // Version notices kept per node while no stream takes them.
 inline constexpr size_t kMaxVersionNotices = 1024;
+
+// A copy or segment in state `s` can be read: VALID.
+inline bool Usable(CopyState s) { return s == CopyState::kValid; }
+
+// Task priorities (agents run higher first).
+inline constexpr int32_t kPriorityRecovery = 300;
+inline constexpr int32_t kPriorityProtection = 200;
+inline constexpr int32_t kPriorityFlush = 100;
+
+// The planner's placement as a version's plan (epoch left 0).
+absl::StatusOr<VersionPlan> PlanToVersionPlan(const PlacementPlan& plan);
 
 struct UnknownHolding {
   Holding holding;
@@ -117,7 +129,7 @@ class Engine {
   Txn& txn() { return txn_; }
   const MetaOptions& options() const { return options_; }
 
-  // ---- lookups (meta_core.cc)
+  // ---- versions: lookups (engine_versions.cc)
   absl::StatusOr<Job*> FindJob(const std::string& job_id);
   // InvalidArgument for a step above kMaxStep; NotFound for an unknown job or
   // step (saying when a newer version refuses the step, see
@@ -127,6 +139,8 @@ class Engine {
   // OPEN, not ABORTED or DELETED), or nullptr: the version that makes a new
   // version at `step` a rewind.
   const Version* NewestReadableAbove(const std::string& job_id, uint64_t step) const;
+
+  // ---- membership (engine_membership.cc)
   // The node, if `incarnation` is current and it is not DEAD/LEFT (or, with
   // `allow_left`, LEFT: a drained node's agent that keeps running heartbeats
   // without registering again).
@@ -141,15 +155,18 @@ class Engine {
   Endpoint EndpointOf(const std::string& node_id) const;
   // The first usable node by id, or "" if none.
   std::string AnyUsableNode() const;
-  // Issues a DeleteDurableTask for the version on any usable node; false if
-  // there is none.
-  bool DeleteDurable(const Version& v);
+
+  // ---- placement (engine_placement.cc)
+  // The nodes that count for protection, with their placement domains.
   std::vector<PlannerNode> AliveNodes() const;
   // The job's plan over the alive nodes; bumps and persists the epoch when
   // the node set changed since the last plan.
   absl::StatusOr<VersionPlan> CurrentPlan(Job& job);
 
-  // ---- tasks (meta_core.cc)
+  // ---- tasks (engine_tasks.cc)
+  // Issues a DeleteDurableTask for the version on any usable node; false if
+  // there is none.
+  bool DeleteDurable(const Version& v);
   Task& NewTask(const std::string& node_id, TaskKind kind, const std::string& job_id,
                 uint64_t step, int32_t priority);
   static bool Active(const Task& t) {
@@ -162,13 +179,14 @@ class Engine {
   TaskBundle Bundle(const Task& t);
 
   // ---- state changes (transitions.h): the only writers of Node::state,
-  // Task::state and Version::state. A move the table does not list leaves
-  // the state unchanged, is logged here as an error and returned
-  // (FailedPrecondition naming both states). It is a bug in meta, never the
-  // caller's input: a caller with no error to return ignores it
-  // (IgnoreError), it was reported here. Setting the current state again is
-  // a no-op. Side effects (persisting, timestamps, generations) stay with
-  // the caller, except for versions (SetState).
+  // Task::state and Version::state (engine_membership.cc, engine_tasks.cc,
+  // engine_versions.cc). A move the table does not list leaves the state
+  // unchanged, is logged here as an error and returned (FailedPrecondition
+  // naming both states). It is a bug in meta, never the caller's input: a
+  // caller with no error to return ignores it (IgnoreError), it was reported
+  // here. Setting the current state again is a no-op. Side effects
+  // (persisting, timestamps, generations) stay with the caller, except for
+  // versions (SetState).
   absl::Status SetNodeState(meta::Node& n, NodeState to);
   absl::Status SetTaskState(meta::Task& t, TaskState to);
   // Also stamps the state's time, records `reason` for ABORTED and DELETED,
@@ -176,7 +194,11 @@ class Engine {
   // when it becomes, or stops being, restorable from memory (NoticeStaged).
   absl::Status SetState(Version& v, VersionState to, const std::string& reason = "");
 
-  // ---- state machine (meta_recovery.cc)
+  // ---- membership, continued (engine_membership.cc)
+  // The node's holdings are gone (death) or leaving (drain).
+  void NodeLost(const std::string& node_id, const std::string& reason);
+  // Recomputes every version a change of the node set may affect.
+  void ReplanAll();
   // Queues a VersionNotice for every node holding a copy of a shard of `v`
   // and wakes the task streams.
   void NoticeStaged(const Version& v, bool staged);
@@ -185,6 +207,8 @@ class Engine {
   // inventory lists a shard that meta counts as a valid copy there: a
   // restarted agent knows of none (ReportInventory).
   void NoticeHeldVersions(const std::string& node_id, const std::vector<Holding>& holdings);
+
+  // ---- versions: state and flush (engine_versions.cc)
   // Re-derives the version's state from its holdings (PROTECTED, DEGRADED,
   // ABORTED), then plans recovery and flush and applies retention.
   void Recompute(Version& v);
@@ -195,11 +219,13 @@ class Engine {
   // Aborts an OPEN version that can never complete (superseded, no
   // progress): cancels its tasks, evicts its shards, records `reason`.
   void AbortOpenVersion(Version& v, const std::string& reason);
-  // After the last rank staged: EC layout + encode tasks.
-  void StartErasureCoding(Version& v);
-  // Replication tasks for shards with too few copies, rebuild tasks for lost
-  // EC segments.
-  void PlanRecovery(Version& v);
+  bool ShardReadable(const Version& v, const Shard& shard) const;
+  // A shard of `v` (`rank`) has no readable copy left. True if a copy or
+  // segment of the version was lost with a node that may still bring it
+  // back (DEAD, or registered again but its inventory not yet received)
+  // less than lost_copy_grace ago: the version is then kept as it is and
+  // recorded in awaiting_return. False (and forgotten) once that is over.
+  bool AwaitLostCopies(const Version& v, uint32_t rank);
   // Flush tasks for planned shards not yet written; commit when all are.
   void PlanFlush(Version& v);
   // Plans the flush of a version not planned yet (FlushVersion, and the
@@ -215,6 +241,13 @@ class Engine {
   // Versions of the job above `step` that refer to items of it and still
   // need them: not ended, and in memory or PERSISTED (ascending).
   std::vector<uint64_t> Dependents(const std::string& job_id, uint64_t step) const;
+
+  // ---- recovery (engine_recovery.cc)
+  // After the last rank staged: EC layout + encode tasks.
+  void StartErasureCoding(Version& v);
+  // Replication tasks for shards with too few copies, rebuild tasks for lost
+  // EC segments.
+  void PlanRecovery(Version& v);
   // `node_id` restarted (a new incarnation while its lease ran): each EC
   // group with a parity still being built there encodes again on every
   // member whose encode task had finished.
@@ -227,12 +260,20 @@ class Engine {
   // away, and no stripe has k segments to rebuild from. Returns the versions
   // it changed.
   std::vector<Version*> ResumeStalledEncodes(const std::string& node_id);
+  // The stripe survives any `parity_m` of the nodes holding it failing: its
+  // VALID segments on nodes that count for protection, less those on the m
+  // nodes holding most of them, still number `data_k` (empty segments need
+  // no node). False when a rebuild doubled segments up on one node.
+  bool StripeTolerates(const Version& v, const EcGroup& group, int stripe) const;
+
+  // ---- retention (engine_retention.cc)
+  // Evicts and deletes the job's versions its RetentionPolicy no longer
+  // keeps (in memory, then on the durable tier).
   void ApplyRetention(Job& job);
   // Evicts every memory holding of the version (EvictTask per holder).
   void EvictVersion(Version& v);
-  // The node's holdings are gone (death) or leaving (drain).
-  void NodeLost(const std::string& node_id, const std::string& reason);
-  void ReplanAll();
+
+  // ---- placement: reads (engine_placement.cc)
   // Where the shard can be read, best first (MetaCore::Locate's order).
   std::vector<Source> Sources(const Version& v, const Shard& shard,
                               const std::string& near_node_id) const;
@@ -240,18 +281,23 @@ class Engine {
   // `exclude` left out: in position order, those on SUSPECT nodes last.
   std::vector<SegmentLocation> StripeLocations(const Version& v, int group, int stripe,
                                                const SegmentKey* exclude) const;
-  bool ShardReadable(const Version& v, const Shard& shard) const;
-  // A shard of `v` (`rank`) has no readable copy left. True if a copy or
-  // segment of the version was lost with a node that may still bring it
-  // back (DEAD, or registered again but its inventory not yet received)
-  // less than lost_copy_grace ago: the version is then kept as it is and
-  // recorded in awaiting_return. False (and forgotten) once that is over.
-  bool AwaitLostCopies(const Version& v, uint32_t rank);
-  // The stripe survives any `parity_m` of the nodes holding it failing: its
-  // VALID segments on nodes that count for protection, less those on the m
-  // nodes holding most of them, still number `data_k` (empty segments need
-  // no node). False when a rebuild doubled segments up on one node.
-  bool StripeTolerates(const Version& v, const EcGroup& group, int stripe) const;
+
+  // ---- time-driven steps of MetaCore::Tick, in its order (meta_tick.cc)
+  // Nodes whose lease ran out are DEAD (NodeLost); ALIVE ones that missed
+  // two heartbeat intervals are SUSPECT.
+  void ExpireLeases(absl::Time mono, int64_t now);
+  // DRAINING nodes that no version still needs are LEFT.
+  void RetireDrainedNodes(int64_t now);
+  // Tasks whose retry time came are PENDING again; tasks with no progress
+  // for their time-out are re-issued, or FAILED after the last attempt.
+  void RetryAndTimeOutTasks(absl::Time mono, int64_t now);
+  // Versions kept for a dead node's copies (awaiting_return) whose grace is
+  // over are recomputed (and so aborted unless a copy came back).
+  void EndLostCopyGraces(int64_t now);
+  // OPEN versions with no progress for open_version_timeout are ABORTED.
+  void AbortStalledOpenVersions(absl::Time mono);
+  // Jobs being deleted whose clean-up tasks finished are forgotten.
+  void RemoveDeletedJobs();
 
  private:
   MetaCore::State& s_;

@@ -548,7 +548,6 @@ class MetaCore {
   friend class Engine;
   struct State;
   MetaCore(MetaStore* store, Clock* clock, MetaOptions options);
-  static bool ActiveTasksEmpty(Engine& e, const Version& v);
   // Body of the durability thread.
   void DurableLoop();
   // ---- The lock, the log and the wait, in one place (core_state.h). Every

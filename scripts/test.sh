@@ -68,7 +68,9 @@ start=$(date +%s)
 rc=0
 # Labels: unit, integration, fault run here; hw needs RDMA/GPU hardware.
 # Label nosan: checks that reach no code of ours worth sanitizing (file and
-# manifest checks); the sanitizer pass leaves them to the plain one.
+# manifest checks), and end-to-end stories whose native code the sanitized tests
+# already run (two of the three quickstarts, torchrun, all but one netns test, the
+# netns soak); the sanitizer pass leaves them to the plain one (docs/testing.md).
 exclude=()
 if [ "${sanitize}" -eq 1 ]; then exclude=(-LE nosan); fi
 ctest --test-dir "${build}" -L 'unit|integration|fault' "${exclude[@]}" --output-on-failure \

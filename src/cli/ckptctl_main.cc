@@ -47,6 +47,44 @@ constexpr int kExitOk = 0;
 constexpr int kExitFailure = 1;
 constexpr int kExitUsage = 2;
 constexpr char kDefaultMeta[] = "127.0.0.1:7400";
+constexpr char kDefaultMetaPort[] = "7400";
+
+// Set once --json is parsed: errors then go to stderr as one JSON object,
+// {"error": {"code": "NOT_FOUND", "message": "..."}}, instead of a line.
+bool g_json_errors = false;
+
+// An error on stderr: "ckptctl: CODE: message", or with --json the object
+// above (code "USAGE" for usage errors, exit 2).
+void PrintError(bool json, const std::string& code, const std::string& message) {
+  if (json) {
+    std::fprintf(stderr, "%s\n",
+                 nlohmann::ordered_json{{"error", {{"code", code}, {"message", message}}}}.dump().c_str());
+  } else {
+    std::fprintf(stderr, "%s: %s: %s\n", kProgram, code.c_str(), message.c_str());
+  }
+}
+
+// A usage error (exit 2): "ckptctl: message", or the JSON object above.
+int UsageError(const std::string& message) {
+  if (g_json_errors) {
+    PrintError(true, "USAGE", message);
+  } else {
+    std::fprintf(stderr, "%s: %s\n", kProgram, message.c_str());
+  }
+  return 2;
+}
+
+// --meta HOST (no port) means HOST:7400, as ckpt-meta's default --listen.
+// "[::1]" gets the port too; a bare IPv6 address ("::1") is refused by gRPC
+// as before, since its last group reads as a port.
+std::string WithDefaultPort(const std::string& meta) {
+  if (meta.empty() || meta.rfind("unix:", 0) == 0 || meta.rfind("dns:", 0) == 0 || meta.rfind("ipv", 0) == 0) {
+    return meta;
+  }
+  if (meta.front() == '[') return meta.back() == ']' ? meta + ":" + kDefaultMetaPort : meta;
+  if (meta.find(':') == std::string::npos) return meta + ":" + kDefaultMetaPort;
+  return meta;
+}
 
 // ---------------------------------------------------------------------------
 // Formatting helpers.
@@ -290,7 +328,7 @@ class Ctl {
                                     "docs/security.md)");
       }
     }
-    std::fprintf(stderr, "%s: %s: %s\n", kProgram, code.c_str(), msg.c_str());
+    PrintError(g_.json, code, msg);
     return false;
   }
 
@@ -320,7 +358,7 @@ class Ctl {
     }
     const v1::FailureStats& f = resp.failure_stats();
     if (g_.json) {
-      PrintJson(Json{{"meta_instance_id", resp.meta_instance_id()},
+      PrintJson(Json{{"meta_instance_id", std::to_string(resp.meta_instance_id())},  // above 2^53: a string
                      {"meta_version", resp.meta_version()},
                      {"meta_start_unix_ms", resp.meta_start_unix_ms()},
                      {"nodes_by_state", nodes},
@@ -514,6 +552,9 @@ class Ctl {
     const bool defaulted = !spec.has_protection();
     v1::CreateJobRequest req;
     *req.mutable_spec() = spec;
+    // Idempotent: the same spec again is OK ("unchanged"); a different one is
+    // FAILED_PRECONDITION, meta's message naming each differing field.
+    req.set_open_if_exists(true);
     v1::CreateJobResponse resp;
     if (!Call([&](grpc::ClientContext* c) { return stub_->CreateJob(c, req, &resp); })) {
       return kExitFailure;
@@ -522,6 +563,8 @@ class Ctl {
       Json j = JobJson(resp.job());
       j["created"] = resp.created();
       PrintJson(j);
+    } else if (!resp.created()) {
+      std::cout << "job " << resp.job().spec().job_id() << " unchanged (it exists with this spec)\n";
     } else {
       std::cout << "created job " << resp.job().spec().job_id() << " (world size "
                 << resp.job().spec().world_size() << ", protection "
@@ -554,6 +597,24 @@ class Ctl {
     }
     if (!g_.json) std::cout << "deleting\n";
     return PrintVersion(resp.version(), false);
+  }
+
+  int DeleteJob(const std::string& job, bool delete_durable_files) {
+    v1::DeleteJobRequest req;
+    req.set_job_id(job);
+    req.set_delete_durable_files(delete_durable_files);
+    v1::DeleteJobResponse resp;
+    if (!Call([&](grpc::ClientContext* c) { return stub_->DeleteJob(c, req, &resp); })) {
+      return kExitFailure;
+    }
+    if (g_.json) {
+      PrintJson(JobJson(resp.job()));
+    } else {
+      std::cout << "deleting job " << job << " (its versions are deleted and its memory copies evicted; durable "
+                << (delete_durable_files ? "files deleted too" : "files kept: `ckptctl restore --from-dir` reads them")
+                << ")\n";
+    }
+    return kExitOk;
   }
 
   int Drain(const std::string& node) {
@@ -685,8 +746,7 @@ class Ctl {
 };
 
 int Fail(const absl::Status& s) {
-  std::fprintf(stderr, "%s: %s: %s\n", kProgram, absl::StatusCodeToString(s.code()).c_str(),
-               std::string(s.message()).c_str());
+  PrintError(g_json_errors, absl::StatusCodeToString(s.code()), std::string(s.message()));
   return kExitFailure;
 }
 
@@ -775,6 +835,9 @@ int Main(int argc, char** argv) {
       "(the server's error on stderr), 2 usage error.",
       kProgram};
   app.require_subcommand(1);
+  // Global options (--json, --meta, --timeout, the TLS and token flags) are
+  // taken after the subcommand too: `ckptctl versions JOB --json`.
+  app.fallthrough();
   Globals g;
   const char* env_meta = std::getenv("CKPT_META");
   g.meta = env_meta != nullptr && *env_meta != '\0' ? env_meta : kDefaultMeta;
@@ -812,11 +875,18 @@ int Main(int argc, char** argv) {
 
   std::string job;
   uint64_t step = 0;
+  // Before the conversion to uint64 (which would wrap -1 to 2^64-1).
+  const CLI::Validator non_negative_step(
+      [](std::string& v) -> std::string {
+        if (!v.empty() && v.front() == '-') return "step must be >= 0 (got " + v + ")";
+        return "";
+      },
+      "STEP>=0");
   CLI::App* versions = app.add_subcommand("versions", "List a job's versions.");
   versions->add_option("JOB", job, "Job id")->required();
   CLI::App* inspect = app.add_subcommand("inspect", "Show one version shard by shard.");
   inspect->add_option("JOB", job, "Job id")->required();
-  inspect->add_option("STEP", step, "Step")->required();
+  inspect->add_option("STEP", step, "Step")->check(non_negative_step)->required();
 
   CLI::App* create = app.add_subcommand("create-job", "Create a job.");
   uint32_t world_size = 0, copies = 0, flush_every = 0, keep_mem = 0, keep_durable = 0;
@@ -852,11 +922,18 @@ int Main(int argc, char** argv) {
   bool force = false;
   CLI::App* flush = app.add_subcommand("flush", "Flush a version to durable storage.");
   flush->add_option("JOB", job, "Job id")->required();
-  flush->add_option("STEP", step, "Step")->required();
+  flush->add_option("STEP", step, "Step")->check(non_negative_step)->required();
   CLI::App* del = app.add_subcommand("delete", "Delete a version.");
   del->add_option("JOB", job, "Job id")->required();
-  del->add_option("STEP", step, "Step")->required();
+  del->add_option("STEP", step, "Step")->check(non_negative_step)->required();
   del->add_flag("--force", force, "Delete even if it is the newest protected version");
+
+  bool delete_durable = false;
+  CLI::App* del_job = app.add_subcommand(
+      "delete-job", "Delete a job: every version DELETED, memory copies evicted (admin token).");
+  del_job->add_option("JOB", job, "Job id")->required();
+  del_job->add_flag("--delete-durable-files", delete_durable,
+                    "Also delete its files in the durable tier (default: kept, readable with restore --from-dir)");
 
   std::vector<uint32_t> failures = {1};
   CLI::App* placement_cmd =
@@ -885,7 +962,7 @@ int Main(int argc, char** argv) {
       "the agents holding it, or `restore --from-dir PATH --out DIR` from a durable-tier directory with no "
       "daemon running.");
   restore->add_option("JOB", job, "Job id");
-  CLI::Option* restore_step = restore->add_option("STEP", step, "Step");
+  CLI::Option* restore_step = restore->add_option("STEP", step, "Step")->check(non_negative_step);
   CLI::Option* from_opt =
       restore->add_option("--from-dir", from_dir, "Version directory <durable_root>/JOB/STEP");
   restore->add_option("--rank", restore_rank, "Only this rank");
@@ -900,7 +977,7 @@ int Main(int argc, char** argv) {
   uint32_t save_rank = 0, save_world = 0;
   CLI::App* save = app.add_subcommand("save", "Store a file as one rank's shard (one item) through the local agent.");
   save->add_option("JOB", job, "Job id")->required();
-  save->add_option("STEP", step, "Step")->required();
+  save->add_option("STEP", step, "Step")->check(non_negative_step)->required();
   save->add_option("FILE", file, "File to store")->required();
   save->add_option("--rank", save_rank, "Rank")->required();
   save->add_option("--world-size", save_world, "World size (needed to create the job; default: the job's)");
@@ -913,7 +990,7 @@ int Main(int argc, char** argv) {
   holdings->add_option("--job", holdings_job, "Only this job");
   CLI::App* verify = app.add_subcommand("verify", "Have every holder re-read a version and check its crcs.");
   verify->add_option("JOB", job, "Job id")->required();
-  verify->add_option("STEP", step, "Step")->required();
+  verify->add_option("STEP", step, "Step")->check(non_negative_step)->required();
 
   // `certs ...`: local files only, so dispatched before any TLS or token
   // setting is read.
@@ -922,44 +999,56 @@ int Main(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
+    bool json = false;
+    for (int i = 1; i < argc; ++i) json = json || std::string(argv[i]) == "--json";
+    if (json && e.get_exit_code() != 0) {
+      g_json_errors = true;
+      return UsageError(e.what());
+    }
     const int code = app.exit(e);
     return code == 0 ? kExitOk : kExitUsage;
   }
+  g_json_errors = g.json;
+  SetJsonErrors(g.json);
+  g.meta = WithDefaultPort(g.meta);
   if (certs.chosen()) return certs.Run(g.json);
   // Every STEP argument, whatever the command: a step above 2^53-1 is a
   // usage error, refused before anything is sent.
   if (absl::Status s = ValidateStep(step); !s.ok()) {
-    std::fprintf(stderr, "%s: STEP: %s\n", kProgram, std::string(s.message()).c_str());
-    return kExitUsage;
+    return UsageError(absl::StrCat("STEP: ", s.message()));
   }
 
   TlsFilesFromEnvironment(&g.tls);
+  // ckpt's daemons serve mutual TLS only: a CA without a certificate can
+  // never get through, and the handshake's failure would point at the CA.
+  if (!g.tls.ca_file.empty() && g.tls.cert_file.empty() && g.tls.key_file.empty()) {
+    return UsageError(
+        "--tls-ca is set but no client certificate is: give --tls-cert and --tls-key (or CKPT_TLS_CERT, "
+        "CKPT_TLS_KEY); ckpt-meta and the agents require one (mutual TLS). Make one with `ckptctl certs "
+        "create-client --ca-dir DIR --role admin|operator --name NAME --out PREFIX` (docs/security.md)");
+  }
   TlsFiles to_meta = g.tls;
   to_meta.expect_peer_uri = MetaPeerUri();  // only ckpt-meta's certificate, whatever its address
   if (absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> c = ChannelCredentials(to_meta); c.ok()) {
     g.credentials = *c;
   } else {
-    std::fprintf(stderr, "%s: %s\n", kProgram, std::string(c.status().message()).c_str());
-    return kExitUsage;
+    return UsageError(std::string(c.status().message()));
   }
   if (absl::StatusOr<std::string> t = TokenFromEnvironment(g.token_file); t.ok()) {
     g.token = *t;
   } else {
-    std::fprintf(stderr, "%s: %s\n", kProgram, std::string(t.status().message()).c_str());
-    return kExitUsage;
+    return UsageError(std::string(t.status().message()));
   }
   DataOptions data{g.meta, agent_socket, g.timeout_s, g.json, g.credentials, g.token, g.tls, g.token_file};
   if (*restore) {
     if (from_opt->count() > 0) {
       if (!job.empty()) {
-        std::fprintf(stderr, "%s: restore takes either JOB STEP or --from-dir, not both\n", kProgram);
-        return kExitUsage;
+        return UsageError("restore takes either JOB STEP or --from-dir, not both");
       }
       return Restore(from_dir, out_dir, g.json);
     }
     if (job.empty() || restore_step->count() == 0) {
-      std::fprintf(stderr, "%s: restore needs JOB STEP (or --from-dir PATH)\n", kProgram);
-      return kExitUsage;
+      return UsageError("restore needs JOB STEP (or --from-dir PATH)");
     }
     return RestoreOnline(data, job, step, restore_rank, out_dir);
   }
@@ -984,9 +1073,7 @@ int Main(int argc, char** argv) {
     } else if (ec_opt->count() > 0) {
       std::optional<std::pair<uint32_t, uint32_t>> km = ParseEc(ec_spec);
       if (!km) {
-        std::fprintf(stderr, "%s: --ec: expected K+M with positive integers, e.g. 4+2; got '%s'\n",
-                     kProgram, ec_spec.c_str());
-        return kExitUsage;
+        return UsageError(absl::StrCat("--ec: expected K+M with positive integers, e.g. 4+2; got '", ec_spec, "'"));
       }
       spec.mutable_protection()->mutable_ec()->set_data_k(km->first);
       spec.mutable_protection()->mutable_ec()->set_parity_m(km->second);
@@ -1000,6 +1087,7 @@ int Main(int argc, char** argv) {
   }
   if (*flush) return ctl.Flush(job, step);
   if (*del) return ctl.Delete(job, step, force);
+  if (*del_job) return ctl.DeleteJob(job, delete_durable);
   if (*drain) return ctl.Drain(node);
   if (*undrain) return ctl.Undrain(node);
   if (*remove_node) return ctl.RemoveNode(node);

@@ -1,6 +1,9 @@
 #include "cli/data_commands.h"
 
 #include <grpcpp/grpcpp.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
 
 #include <cctype>
 #include <chrono>
@@ -40,11 +43,71 @@ absl::Status FromGrpc(const grpc::Status& s, const std::string& what) {
   return absl::Status(static_cast<absl::StatusCode>(s.error_code()), absl::StrCat(what, ": ", s.error_message()));
 }
 
+bool json_errors = false;
+
+// "ckptctl: CODE: message" on stderr, or with --json one JSON object
+// {"error": {"code": ..., "message": ...}} (as ckptctl_main.cc's errors).
 int Fail(const absl::Status& s) {
-  std::fprintf(stderr, "ckptctl: %s: %s\n", absl::StatusCodeToString(s.code()).c_str(),
-               std::string(s.message()).c_str());
+  if (json_errors) {
+    std::fprintf(stderr, "%s\n",
+                 Json{{"error", {{"code", absl::StatusCodeToString(s.code())}, {"message", std::string(s.message())}}}}
+                     .dump()
+                     .c_str());
+  } else {
+    std::fprintf(stderr, "ckptctl: %s: %s\n", absl::StatusCodeToString(s.code()).c_str(),
+                 std::string(s.message()).c_str());
+  }
   return 1;
 }
+
+}  // namespace
+
+void SetJsonErrors(bool on) { json_errors = on; }
+
+absl::Status ProbeAgentSocket(const std::string& path) {
+  const std::string dir = std::filesystem::path(path).parent_path().string();
+  const std::string agent_sock = (dir.empty() ? std::string(".") : dir) + "/agent.sock";
+  const std::string how = "--agent-socket or CKPT_AGENT_SOCKET";
+  sockaddr_un addr{};
+  if (path.size() >= sizeof(addr.sun_path)) {
+    return absl::InvalidArgumentError(absl::StrCat("agent socket path \"", path, "\" is longer than ",
+                                                   sizeof(addr.sun_path) - 1, " bytes"));
+  }
+  addr.sun_family = AF_UNIX;
+  std::memcpy(addr.sun_path, path.data(), path.size());
+  const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return absl::InternalError(absl::StrCat("socket: ", std::strerror(errno)));
+  const int rc = ::connect(fd, reinterpret_cast<const sockaddr*>(&addr), sizeof(addr));
+  const int err = errno;
+  ::close(fd);
+  if (rc == 0) return absl::OkStatus();
+  switch (err) {
+    case ENOENT:
+    case ENOTDIR:
+      return absl::FailedPreconditionError(absl::StrCat(
+          "no agent socket at ", path, ": is ckpt-agent running on this host? It serves <run-dir>/agent.sock "
+          "(--run-dir, default /run/ckpt); point ", how, " at it"));
+    case EPROTOTYPE:
+      return absl::FailedPreconditionError(absl::StrCat(
+          path, " is not the agent's gRPC socket (it is a SOCK_SEQPACKET socket: the session socket); trainers "
+          "and ckptctl use ", agent_sock, " (", how, ")"));
+    case ECONNREFUSED:
+      return absl::FailedPreconditionError(absl::StrCat(
+          "nothing accepts on ", path, " (connection refused): a socket left by a ckpt-agent that stopped, or "
+          "not a socket; start ckpt-agent, or point ", how, " at the running agent's agent.sock"));
+    case EACCES:
+    case EPERM:
+      return absl::PermissionDeniedError(absl::StrCat(
+          "permission denied on ", path, ": the socket is mode 0660 for the agent's user and group (ckpt-agent "
+          "--socket-group); run ckptctl as that user or in that group"));
+    default:
+      // Anything else may heal (EAGAIN: the backlog is full): the client
+      // retries within its timeout.
+      return absl::OkStatus();
+  }
+}
+
+namespace {
 
 std::unique_ptr<grpc::ClientContext> Context(const DataOptions& o) {
   auto ctx = std::make_unique<grpc::ClientContext>();
@@ -197,6 +260,9 @@ int SaveFile(const DataOptions& o, const std::string& job, uint64_t step, uint32
   std::ifstream in(file, std::ios::binary);
   if (!in) return Fail(absl::NotFoundError(absl::StrCat("cannot read '", file, "'")));
   std::vector<char> data((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  // A socket that cannot work fails now, saying what to do, instead of
+  // after the client's connect timeout.
+  if (absl::Status s = ProbeAgentSocket(o.agent_socket); !s.ok()) return Fail(s);
   if (world_size == 0) {
     auto meta = v1::MetaService::NewStub(Channel(o, o.meta));
     v1::GetJobRequest req;

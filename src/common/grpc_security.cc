@@ -11,6 +11,12 @@
 #include <sstream>
 
 #include <grpcpp/security/tls_certificate_provider.h>
+#include <openssl/bio.h>
+#include <openssl/err.h>
+#include <openssl/evp.h>
+#include <openssl/pem.h>
+#include <openssl/x509.h>
+#include <openssl/x509v3.h>
 #include <grpcpp/security/tls_certificate_verifier.h>
 #include <grpcpp/security/tls_credentials_options.h>
 
@@ -43,6 +49,125 @@ absl::StatusOr<std::string> ReadPem(const std::string& path, const char* what, c
         absl::StrCat(what, " file \"", path, "\" (", flag, ") is not PEM (no -----BEGIN line)"));
   }
   return pem;
+}
+
+// The TLS files parsed and matched with OpenSSL, so that a daemon or ckptctl
+// refuses them at start, naming the flag and the problem, instead of gRPC's
+// "Invalid private key" at bind time or a handshake that fails later.
+struct BioFree {
+  void operator()(BIO* b) const { BIO_free(b); }
+};
+struct X509Free {
+  void operator()(X509* x) const { X509_free(x); }
+};
+struct PkeyFree {
+  void operator()(EVP_PKEY* k) const { EVP_PKEY_free(k); }
+};
+using X509Ptr = std::unique_ptr<X509, X509Free>;
+
+std::string AsnTimeText(const ASN1_TIME* t) {
+  std::unique_ptr<BIO, BioFree> bio(BIO_new(BIO_s_mem()));
+  if (bio == nullptr || ASN1_TIME_print(bio.get(), t) != 1) return "?";
+  char* data = nullptr;
+  const long n = BIO_get_mem_data(bio.get(), &data);
+  return std::string(data, static_cast<size_t>(n));
+}
+
+// The certificates in `pem`, in order (empty if none parses).
+std::vector<X509Ptr> ParseCerts(const std::string& pem) {
+  std::vector<X509Ptr> out;
+  std::unique_ptr<BIO, BioFree> bio(BIO_new_mem_buf(pem.data(), static_cast<int>(pem.size())));
+  while (bio != nullptr) {
+    X509* x = PEM_read_bio_X509(bio.get(), nullptr, nullptr, nullptr);
+    if (x == nullptr) break;
+    out.emplace_back(x);
+  }
+  ERR_clear_error();
+  return out;
+}
+
+// What a PEM file that is not what its flag wants holds instead.
+std::string PemHolds(const std::string& pem) {
+  if (pem.find("PRIVATE KEY-----") != std::string::npos) return "it holds a private key, not a certificate";
+  if (pem.find("-----BEGIN CERTIFICATE REQUEST") != std::string::npos) return "it holds a certificate request";
+  return "no certificate in it parses";
+}
+
+absl::Status CheckValidity(X509* cert, const std::string& path, const char* flag, const char* what) {
+  if (X509_cmp_current_time(X509_get0_notAfter(cert)) < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(what, " \"", path, "\" (", flag, ") expired on ",
+                                                   AsnTimeText(X509_get0_notAfter(cert)),
+                                                   ": issue a new one (`ckptctl certs`)"));
+  }
+  if (X509_cmp_current_time(X509_get0_notBefore(cert)) > 0) {
+    return absl::InvalidArgumentError(absl::StrCat(what, " \"", path, "\" (", flag, ") is not valid before ",
+                                                   AsnTimeText(X509_get0_notBefore(cert)),
+                                                   " (is this host's clock right?)"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckTlsContents(const TlsFiles& files, bool server, bool client, const std::string& ca_pem,
+                              const std::string& cert_pem, const std::string& key_pem) {
+  std::vector<X509Ptr> cas = ParseCerts(ca_pem);
+  if (cas.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--tls-ca \"", files.ca_file, "\" is not a CA certificate: ", PemHolds(ca_pem)));
+  }
+  // The first certificate of the bundle must be a CA: a leaf given as
+  // --tls-ca (the daemon's own certificate, say) verifies nobody.
+  if (X509_check_ca(cas.front().get()) == 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--tls-ca \"", files.ca_file,
+        "\" is not a CA certificate (it is a leaf certificate, not one that signs others): give the cluster "
+        "CA's ca.pem (`ckptctl certs create-ca`)"));
+  }
+  CKPT_RETURN_IF_ERROR(CheckValidity(cas.front().get(), files.ca_file, "--tls-ca", "CA certificate"));
+  if (cert_pem.empty()) return absl::OkStatus();
+  std::vector<X509Ptr> chain = ParseCerts(cert_pem);
+  if (chain.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--tls-cert \"", files.cert_file, "\" is not a certificate: ", PemHolds(cert_pem)));
+  }
+  X509* cert = chain.front().get();
+  CKPT_RETURN_IF_ERROR(CheckValidity(cert, files.cert_file, "--tls-cert", "certificate"));
+  std::unique_ptr<EVP_PKEY, PkeyFree> key;
+  {
+    std::unique_ptr<BIO, BioFree> bio(BIO_new_mem_buf(key_pem.data(), static_cast<int>(key_pem.size())));
+    if (bio != nullptr) key.reset(PEM_read_bio_PrivateKey(bio.get(), nullptr, nullptr, nullptr));
+    ERR_clear_error();
+  }
+  if (key == nullptr) {
+    const bool is_cert = key_pem.find("-----BEGIN CERTIFICATE") != std::string::npos;
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--tls-key \"", files.key_file, "\" is not a private key",
+        is_cert ? ": it holds a certificate (the key is the .key file beside the certificate)"
+                : " (not PEM, or encrypted with a passphrase: ckpt reads unencrypted keys)"));
+  }
+  if (X509_check_private_key(cert, key.get()) != 1) {
+    ERR_clear_error();
+    return absl::InvalidArgumentError(absl::StrCat("--tls-key \"", files.key_file,
+                                                   "\" does not match the certificate --tls-cert \"", files.cert_file,
+                                                   "\": give the key made with that certificate (PREFIX.key beside "
+                                                   "PREFIX.pem)"));
+  }
+  // No extendedKeyUsage at all allows every use.
+  if ((X509_get_extension_flags(cert) & EXFLAG_XKUSAGE) != 0) {
+    const uint32_t xku = X509_get_extended_key_usage(cert);
+    if (server && (xku & XKU_SSL_SERVER) == 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--tls-cert \"", files.cert_file,
+          "\" lacks serverAuth in its extended key usage: callers refuse it as a server's certificate; issue a "
+          "daemon certificate (`ckptctl certs create-meta|create-node`)"));
+    }
+    if (client && (xku & XKU_SSL_CLIENT) == 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--tls-cert \"", files.cert_file,
+          "\" lacks clientAuth in its extended key usage: servers refuse it from a caller; issue one with "
+          "clientAuth (`ckptctl certs create-node|create-client`)"));
+    }
+  }
+  return absl::OkStatus();
 }
 
 // A CRL directory gRPC can use: it exists and holds at least one file named
@@ -111,7 +236,7 @@ void TlsFilesFromEnvironment(TlsFiles* files) {
   if (files->crl_dir.empty()) files->crl_dir = EnvOr("CKPT_TLS_CRL_DIR");
 }
 
-absl::Status CheckTlsFiles(const TlsFiles& files, bool server) {
+absl::Status CheckTlsFiles(const TlsFiles& files, bool server, bool also_client) {
   if (!files.enabled()) return absl::OkStatus();
   if (server && (files.ca_file.empty() || files.cert_file.empty() || files.key_file.empty())) {
     return absl::InvalidArgumentError(
@@ -124,11 +249,13 @@ absl::Status CheckTlsFiles(const TlsFiles& files, bool server) {
   if (files.cert_file.empty() != files.key_file.empty()) {
     return absl::InvalidArgumentError("--tls-cert and --tls-key go together");
   }
-  CKPT_RETURN_IF_ERROR(ReadPem(files.ca_file, "CA", "--tls-ca").status());
+  CKPT_ASSIGN_OR_RETURN(std::string ca_pem, ReadPem(files.ca_file, "CA", "--tls-ca"));
+  std::string cert_pem, key_pem;
   if (!files.cert_file.empty()) {
-    CKPT_RETURN_IF_ERROR(ReadPem(files.cert_file, "certificate", "--tls-cert").status());
-    CKPT_RETURN_IF_ERROR(ReadPem(files.key_file, "key", "--tls-key").status());
+    CKPT_ASSIGN_OR_RETURN(cert_pem, ReadPem(files.cert_file, "certificate", "--tls-cert"));
+    CKPT_ASSIGN_OR_RETURN(key_pem, ReadPem(files.key_file, "key", "--tls-key"));
   }
+  CKPT_RETURN_IF_ERROR(CheckTlsContents(files, server, also_client || !server, ca_pem, cert_pem, key_pem));
   if (!files.crl_dir.empty()) CKPT_RETURN_IF_ERROR(CheckCrlDir(files.crl_dir));
   return absl::OkStatus();
 }

@@ -62,8 +62,14 @@ void TlsFilesFromEnvironment(TlsFiles* files);
 
 // Checks the files as ServerCredentials (server) or ChannelCredentials would,
 // without touching gRPC (daemons check their flags before they block signals,
-// and gRPC starts threads when first used).
-absl::Status CheckTlsFiles(const TlsFiles& files, bool server);
+// and gRPC starts threads when first used), and parses them with OpenSSL:
+// InvalidArgument naming the flag and the problem when --tls-ca is not a CA
+// certificate (or has expired), --tls-cert is not a certificate, has expired
+// or is not yet valid, --tls-key is not a private key or does not match the
+// certificate, or the certificate's extended key usage lacks serverAuth
+// (server) or clientAuth (a caller: !server, or also_client for a daemon
+// that also calls another, as an agent calls meta).
+absl::Status CheckTlsFiles(const TlsFiles& files, bool server, bool also_client = false);
 
 // Plaintext when !files.enabled(); otherwise TLS requiring and verifying
 // client certificates. InvalidArgument naming the file when one is missing,

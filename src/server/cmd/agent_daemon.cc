@@ -209,7 +209,7 @@ absl::StatusOr<Settings> LoadSettings(const std::string& config_file, const std:
   out.log_json = *json;
   out.log_file = config->GetStringOr("log_file", "");
   CKPT_ASSIGN_OR_RETURN(out.tls, daemon::TlsSettings(*config));
-  if (absl::Status s = CheckTlsFiles(out.tls, /*server=*/true); !s.ok()) return s;
+  if (absl::Status s = CheckTlsFiles(out.tls, /*server=*/true, /*also_client=*/true); !s.ok()) return s;
   CKPT_ASSIGN_OR_RETURN(out.insecure, daemon::InsecureSetting(*config, out.tls,
                                                               {{"--listen", out.listen},
                                                                {"--data-listen", out.data_listen}}));

@@ -98,6 +98,18 @@ struct MetaCore::State {
   // newest such copy ends (NowMs). Tick recomputes them then. Not persisted:
   // Open() recomputes every version.
   std::map<std::pair<std::string, uint64_t>, int64_t> awaiting_return;
+  // Pushes held off after a replicate or EC encode task failed for good
+  // (ProtectionTaskFailed): (source node, target node, "" for an encode) ->
+  // until when (NowMs), the versions waiting for the retry, and the task's
+  // error. PlanRecovery plans no replica from the source to the target until
+  // then; Tick retries (RetryHeldOffPushes). Not persisted: a restarted meta
+  // tries every target again.
+  struct HeldOffPush {
+    int64_t until_ms = 0;
+    std::set<std::pair<std::string, uint64_t>> versions;
+    std::string error;
+  };
+  std::map<std::pair<std::string, std::string>, HeldOffPush> held_off_pushes;
   // Changes with every change of who may use the data plane (a node
   // registers, dies, leaves, drains, is undrained or removed). Starts at a
   // random value per meta process, so that an agent's generation from an
@@ -260,6 +272,13 @@ class Engine {
   // away, and no stripe has k segments to rebuild from. Returns the versions
   // it changed.
   std::vector<Version*> ResumeStalledEncodes(const std::string& node_id);
+  // A replicate or EC encode task used up its attempts (task `t`, now
+  // FAILED): pushes from its node to its targets (to "" for an encode) are
+  // held off for push_retry_backoff, and its version is recomputed, so that
+  // PlanRecovery puts the copy on another node that can take it.
+  void ProtectionTaskFailed(const Task& t);
+  // PlanRecovery does not push from `source` to `target` now.
+  bool PushHeldOff(const std::string& source, const std::string& target) const;
   // The stripe survives any `parity_m` of the nodes holding it failing: its
   // VALID segments on nodes that count for protection, less those on the m
   // nodes holding most of them, still number `data_k` (empty segments need
@@ -294,6 +313,10 @@ class Engine {
   // Versions kept for a dead node's copies (awaiting_return) whose grace is
   // over are recomputed (and so aborted unless a copy came back).
   void EndLostCopyGraces(int64_t now);
+  // Held-off pushes (ProtectionTaskFailed) whose time is over are forgotten
+  // and their versions recomputed (the target is tried again); an encode
+  // that failed for good starts again (ResumeStalledEncodes).
+  void RetryHeldOffPushes(int64_t now);
   // OPEN versions with no progress for open_version_timeout are ABORTED.
   void AbortStalledOpenVersions(absl::Time mono);
   // Jobs being deleted whose clean-up tasks finished are forgotten.

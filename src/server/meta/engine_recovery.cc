@@ -6,6 +6,7 @@
 #include <set>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "common/log.h"
 #include "common/status_macros.h"
 #include "ec/layout.h"
@@ -168,12 +169,22 @@ void Engine::PlanRecovery(Version& v) {
       }
       int need = policy.copies - protective - static_cast<int>(pending[rank].size());
       if (need <= 0) continue;
+      // Not to a target the source failed to push to for good, for a while
+      // (ProtectionTaskFailed); the version waits for the retry if nothing
+      // else can take the copy.
+      std::set<std::string> exclude = holders;
+      for (const auto& [node, n] : s_.nodes)
+        if (PushHeldOff(source, node)) exclude.insert(node);
       std::vector<std::string> targets;
-      for (const auto& id : ReplicaCandidates(*this, v, sh, holders)) {
+      for (const auto& id : ReplicaCandidates(*this, v, sh, exclude)) {
         if (static_cast<int>(targets.size()) >= need) break;
         targets.push_back(id);
       }
-      if (targets.empty()) continue;  // waits for a node to join
+      if (static_cast<int>(targets.size()) < need) {
+        for (auto& [key, held] : s_.held_off_pushes)
+          if (key.first == source && NowMs() < held.until_ms) held.versions.insert({v.job_id, v.step});
+      }
+      if (targets.empty()) continue;  // waits for a node to join, or the retry
       plan[{source, targets}].push_back(rank);
     }
     for (auto& [key, ranks] : plan) {
@@ -303,6 +314,31 @@ void Engine::PlanRecovery(Version& v) {
       txn_.Task(t);
     }
   }
+}
+
+void Engine::ProtectionTaskFailed(const Task& t) {
+  if (t.kind != TaskKind::kReplicate && t.kind != TaskKind::kEcEncode) return;
+  const int64_t until = NowMs() + absl::ToInt64Milliseconds(options_.push_retry_backoff);
+  std::vector<std::string> targets = t.targets;
+  if (t.kind == TaskKind::kEcEncode) targets = {""};
+  for (const std::string& target : targets) {
+    auto& held = s_.held_off_pushes[{t.node_id, target}];
+    held.until_ms = until;
+    held.versions.insert({t.job_id, t.step});
+    held.error = t.last_error;
+  }
+  log::Warn("task {} ({} {}/{}) failed for good: no push from node {} to {} for {}; the copy goes "
+            "to another node if one can take it, else that target is tried again then",
+            t.id, TaskKindName(t.kind), t.job_id, t.step, t.node_id,
+            t.kind == TaskKind::kEcEncode ? std::string("its group") : absl::StrJoin(t.targets, ","),
+            absl::FormatDuration(options_.push_retry_backoff));
+  auto v = FindVersion(t.job_id, t.step);
+  if (v.ok()) Recompute(**v);
+}
+
+bool Engine::PushHeldOff(const std::string& source, const std::string& target) const {
+  auto it = s_.held_off_pushes.find({source, target});
+  return it != s_.held_off_pushes.end() && clock_->NowUnixMillis() < it->second.until_ms;
 }
 
 void Engine::RestartEncodesBuiltOn(const std::string& node_id) {

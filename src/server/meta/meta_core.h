@@ -81,6 +81,12 @@ struct MetaOptions {
   absl::Duration task_timeout = absl::Seconds(60);
   // Delay before re-issuing a failed attempt (doubles per attempt).
   absl::Duration task_retry_backoff = absl::Seconds(1);
+  // A replicate or EC encode task that failed for good (its attempts used
+  // up: a one-way cut, a target that refuses) holds off pushes from its node
+  // to its target(s) for this long: the copy is planned on another node if
+  // one can take it at once, and the held-off target is tried again when
+  // this ends (a healed link recovers). Not persisted.
+  absl::Duration push_retry_backoff = absl::Seconds(30);
   // Shown in ClusterStatus.
   std::string version = "0.1.0";
   // Survival estimates: samples for Monte Carlo.

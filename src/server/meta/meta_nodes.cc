@@ -275,6 +275,7 @@ absl::StatusOr<TaskDisposition> MetaCore::ReportTaskResult(const std::string& no
         disposition = TaskDisposition::kFailed;
         log::Warn("task {} ({}) on node {} failed for good after {} attempts: {}", t.id,
                   TaskKindName(t.kind), node_id, t.attempt, t.last_error);
+        e.ProtectionTaskFailed(t);
       } else {
         CKPT_RETURN_IF_ERROR(e.SetTaskState(t, TaskState::kRetryWait));
         t.retry_at_ms = e.NowMs() + absl::ToInt64Milliseconds(options_.task_retry_backoff) *

@@ -136,6 +136,29 @@ ClusterStatusView MetaCore::ClusterStatusLocked(bool include_nodes, uint32_t max
       }
     }
   }
+  // Versions waiting for a held-off push (ProtectionTaskFailed) to be tried
+  // again: why they are not PROTECTED yet.
+  for (const auto& [key, held] : state_->held_off_pushes) {
+    const int64_t now = clock_->NowUnixMillis();
+    if (now >= held.until_ms) continue;
+    for (const auto& [job_id, step] : held.versions) {
+      auto v = e.FindVersion(job_id, step);
+      if (!v.ok() || IsTerminal((*v)->state) || (*v)->state == VersionState::kProtected ||
+          (*v)->state == VersionState::kPersisted) {
+        continue;
+      }
+      problems.push_back(
+          {Problem::Kind::kTaskFailing, false,
+           absl::StrCat("version ", job_id, "/", step, " is ", VersionStateName((*v)->state),
+                        ", not protected: pushes from node ", key.first, " to ",
+                        key.second.empty() ? std::string("its EC group") : key.second,
+                        " failed for good (", held.error, "); ",
+                        key.second.empty() ? "encoding" : "another node takes the copy if one can, else "
+                                                          "that node",
+                        " is tried again in ", (held.until_ms - now + 999) / 1000, " s"),
+           key.first, job_id, step, now});
+    }
+  }
   for (const auto& [id, t] : state_->tasks) {
     switch (t.state) {
       case TaskState::kPending: ++out.tasks_pending; break;

@@ -16,6 +16,7 @@ absl::Status MetaCore::Tick() {
     e.ExpireLeases(mono, now);
     e.RetireDrainedNodes(now);
     e.RetryAndTimeOutTasks(mono, now);
+    e.RetryHeldOffPushes(now);
     e.EndLostCopyGraces(now);
     e.AbortStalledOpenVersions(mono);
     e.RemoveDeletedJobs();
@@ -75,6 +76,7 @@ void Engine::RetireDrainedNodes(int64_t now) {
 }
 
 void Engine::RetryAndTimeOutTasks(absl::Time mono, int64_t now) {
+  std::vector<std::string> failed;
   for (auto& [id, t] : s_.tasks) {
     if (t.state == TaskState::kRetryWait && now >= t.retry_at_ms) {
       ++t.attempt;
@@ -88,6 +90,7 @@ void Engine::RetryAndTimeOutTasks(absl::Time mono, int64_t now) {
         SetTaskState(t, TaskState::kFailed).IgnoreError();  // logged if refused
         t.last_error = "timed out";
         ++s_.counters.tasks_failed_total;
+        failed.push_back(id);
       } else {
         ++t.attempt;
         SetTaskState(t, TaskState::kPending).IgnoreError();  // logged if refused
@@ -96,6 +99,29 @@ void Engine::RetryAndTimeOutTasks(absl::Time mono, int64_t now) {
       }
       txn_.Task(t);
     }
+  }
+  for (const std::string& id : failed) ProtectionTaskFailed(s_.tasks.at(id));
+}
+
+void Engine::RetryHeldOffPushes(int64_t now) {
+  std::set<std::pair<std::string, uint64_t>> versions;
+  for (auto it = s_.held_off_pushes.begin(); it != s_.held_off_pushes.end();) {
+    if (now < it->second.until_ms) {
+      ++it;
+      continue;
+    }
+    const auto& [source, target] = it->first;
+    log::Info("pushes from node {} to {} are tried again ({} version(s) wait)", source,
+              target.empty() ? std::string("its EC group") : target, it->second.versions.size());
+    if (target.empty()) {
+      for (Version* v : ResumeStalledEncodes(source)) versions.insert({v->job_id, v->step});
+    }
+    versions.insert(it->second.versions.begin(), it->second.versions.end());
+    it = s_.held_off_pushes.erase(it);
+  }
+  for (const auto& [job_id, step] : versions) {
+    auto v = FindVersion(job_id, step);
+    if (v.ok()) Recompute(**v);
   }
 }
 

@@ -256,6 +256,51 @@ class MetaCoreTest : public ::testing::Test {
     }
   }
 
+  // Lets `d` pass a second at a time while every live node heartbeats.
+  void Pass(absl::Duration d) {
+    for (absl::Duration t; t < d; t += absl::Seconds(1)) {
+      clock_.Advance(absl::Seconds(1));
+      for (const auto& [n, inc] : inc_)
+        if (!dead_.count(n)) Beat(n);
+      ASSERT_TRUE(core_->Tick().ok());
+    }
+  }
+
+  // `node`'s pending task of `kind` fails (as with a one-way cut to its
+  // target) on each attempt until meta gives up on it: its id.
+  std::string FailForGood(const std::string& node, TaskKind kind) {
+    std::string id;
+    for (int attempt = 0; attempt < Task::kMaxAttempts; ++attempt) {
+      auto tasks = core_->PendingTasks(node, inc_[node], false);
+      EXPECT_TRUE(tasks.ok()) << tasks.status();
+      if (!tasks.ok()) return id;
+      const Task* t = nullptr;
+      for (const TaskBundle& b : *tasks)
+        if (b.task.kind == kind && (id.empty() || b.task.id == id)) t = &b.task;
+      EXPECT_NE(t, nullptr) << "attempt " << attempt;
+      if (t == nullptr) return id;
+      id = t->id;
+      auto d = core_->ReportTaskResult(node, inc_[node], t->id, t->attempt,
+                                       absl::UnavailableError("connect timed out"));
+      EXPECT_TRUE(d.ok()) << d.status();
+      if (!d.ok()) return id;
+      EXPECT_EQ(*d, attempt + 1 == Task::kMaxAttempts ? TaskDisposition::kFailed : TaskDisposition::kRetry);
+      if (*d == TaskDisposition::kRetry) Pass(absl::Seconds(int64_t{1} << attempt));
+    }
+    return id;
+  }
+
+  // Pending replicate tasks of `node`: their targets, joined.
+  std::vector<std::string> ReplicateTargets(const std::string& node) {
+    std::vector<std::string> out;
+    auto tasks = core_->PendingTasks(node, inc_[node], false);
+    EXPECT_TRUE(tasks.ok()) << tasks.status();
+    if (!tasks.ok()) return out;
+    for (const TaskBundle& b : *tasks)
+      if (b.task.kind == TaskKind::kReplicate) out.push_back(absl::StrJoin(b.task.targets, ","));
+    return out;
+  }
+
   // Nodes a and b, job "gpt" of `world` ranks under replicate:2, and rank 0
   // of version 1 staged on a only (its replication not run).
   void StageRankZeroOnA(uint32_t world) {
@@ -712,6 +757,82 @@ TEST_F(MetaCoreTest, AReplicateTaskWhoseTargetDiesIsReplannedElsewhere) {
   EXPECT_NE((*tasks)[0].task.targets[0], "a");
   RunAgents();
   EXPECT_EQ(StateOf("gpt", 5), VersionState::kProtected);
+}
+
+// A push that fails for good (a one-way cut a -> b: every attempt times out)
+// is planned again on another node with room, away from the failed target
+// (issue 36: the version stayed STAGED for good with c healthy).
+TEST_F(MetaCoreTest, AReplicateTaskThatFailsForGoodIsReplannedOnAnotherNode) {
+  for (const char* n : {"a", "b", "c"}) Register(n);
+  CreateJob("gpt", 1, ProtectionPolicy::Replicate(2, ProtectionPolicy::Placement::kRing));
+  ASSERT_TRUE(core_->BeginVersion("gpt", 1, "").ok());
+  ASSERT_TRUE(Stage("a", "gpt", 1, 0).ok());
+  const std::vector<std::string> first = ReplicateTargets("a");
+  ASSERT_EQ(first.size(), 1u);
+  const std::string failed = first[0];
+  const std::string other = failed == "b" ? "c" : "b";
+  FailForGood("a", TaskKind::kReplicate);
+  EXPECT_EQ(StateOf("gpt", 1), VersionState::kStaged);
+  EXPECT_EQ(ReplicateTargets("a"), std::vector<std::string>{other});
+  RunAgents();
+  EXPECT_EQ(StateOf("gpt", 1), VersionState::kProtected);
+  auto v = core_->GetVersion("gpt", 1, false);
+  ASSERT_TRUE(v.ok());
+  std::set<std::string> holders;
+  for (const meta::Copy& c : v->shards.at(0).copies) holders.insert(c.node_id);
+  EXPECT_EQ(holders, (std::set<std::string>{"a", other}));
+  // Nothing left to say in the status once it is protected.
+  auto status = *core_->ClusterStatus(false, 0);
+  for (const Problem& p : status.problems)
+    EXPECT_EQ(p.message.find("not protected"), std::string::npos) << p.message;
+}
+
+// With no other node to take the copy, the version waits, says why, and the
+// failed target is tried again after push_retry_backoff: a healed link
+// protects it.
+TEST_F(MetaCoreTest, AReplicateTaskThatFailsForGoodIsRetriedOnItsTargetAfterABackOff) {
+  StageRankZeroOnA(1);
+  ASSERT_EQ(ReplicateTargets("a"), std::vector<std::string>{"b"});
+  FailForGood("a", TaskKind::kReplicate);
+  EXPECT_TRUE(ReplicateTargets("a").empty());
+  EXPECT_EQ(StateOf("gpt", 1), VersionState::kStaged);
+  auto status = *core_->ClusterStatus(false, 0);
+  bool said = false;
+  for (const Problem& p : status.problems) {
+    if (p.message.find("version gpt/1 is STAGED, not protected: pushes from node a to b failed for good") !=
+        std::string::npos) {
+      said = true;
+      EXPECT_NE(p.message.find("connect timed out"), std::string::npos) << p.message;
+    }
+  }
+  EXPECT_TRUE(said);
+  Pass(options_.push_retry_backoff - absl::Seconds(2));
+  EXPECT_TRUE(ReplicateTargets("a").empty()) << "retried before the back-off ended";
+  Pass(absl::Seconds(3));
+  EXPECT_EQ(ReplicateTargets("a"), std::vector<std::string>{"b"});
+  RunAgents();  // the link healed
+  EXPECT_EQ(StateOf("gpt", 1), VersionState::kProtected);
+}
+
+// An EC encode that fails for good (its parity push across a one-way cut)
+// is not left for good: the group's members encode again after the back-off.
+// An EC encode that fails for good (its parity push across a one-way cut),
+// after the other members' encodes finished, is not left for good: what it
+// left PENDING is rebuilt elsewhere if the stripes allow, else the group
+// encodes again after the back-off.
+TEST_F(MetaCoreTest, AnEcEncodeThatFailsForGoodIsReplannedOrRetried) {
+  StageEcOnFourNodes(ProtectionPolicy::ErasureCode(2, 1));
+  for (const char* n : {"n1", "n2", "n3"}) {
+    auto tasks = core_->PendingTasks(n, inc_[n], false);
+    ASSERT_TRUE(tasks.ok());
+    for (const TaskBundle& b : *tasks)
+      if (b.task.kind == TaskKind::kEcEncode) Execute(n, b);
+  }
+  EXPECT_EQ(StateOf("ec", 1), VersionState::kStaged);
+  FailForGood("n0", TaskKind::kEcEncode);
+  Pass(options_.push_retry_backoff + absl::Seconds(1));
+  RunAgents();
+  EXPECT_EQ(StateOf("ec", 1), VersionState::kProtected);
 }
 
 TEST_F(MetaCoreTest, ErasureCodedVersionEncodesDecodesAndRebuilds) {

@@ -7,7 +7,7 @@
 // old wire form) and converting them, encoding and decoding the packed
 // manifest (the current one), ValidateManifest, SortedByOffset,
 // ManifestDigest, EncodeShardRecord + Arena::WriteRecord (to a tmpfs),
-// DecodeShardRecord (re-adoption), copying a ShardRecord (Agent::Commit keeps
+// DecodeShardRecord (re-adoption), copying a ShardRecord (Ingest::Commit keeps
 // copies), and RecordToShardInfo with items plus its serialisation (an
 // OpenShard answer without packed_manifest). Median of --runs, in ms and ns
 // per item, and the sizes of the two wire forms and of the record.

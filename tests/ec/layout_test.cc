@@ -109,7 +109,7 @@ TEST(BlobLayout, NeverWrapsOnHugeBlobsOrIndices) {
 }
 
 TEST(BlobLayout, SameAsTheFormulaItReplaces) {
-  // agent/types.h and meta_recovery.cc both had: seg = (size + k - 1) / k,
+  // agent/types.h and meta's StartErasureCoding both had: seg = (size + k - 1) / k,
   // start = seg * t, length = start >= size ? 0 : min(seg, size - start).
   std::mt19937_64 rng(35);
   for (int i = 0; i < 20000; ++i) {

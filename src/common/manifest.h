@@ -215,7 +215,7 @@ class ManifestEncoder {
 // longer holds (aborted and evicted meanwhile): FailedPrecondition carrying
 // kMissingBaseMarker. The agent answers it by compacting the shard into a
 // self-contained copy from the base bytes it pinned at commit
-// (server/agent/agent.cc, CompactRefused).
+// (server/agent/ingest.h, Ingest::CompactRefused).
 inline constexpr char kMissingBaseMarker[] = "refers to items of version";
 absl::Status MissingBaseError(uint32_t rank, const std::string& job_id, uint64_t step, uint64_t base,
                               const std::string& why);

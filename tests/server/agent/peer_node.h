@@ -13,6 +13,7 @@
 
 #include <memory>
 #include <string>
+#include <thread>
 
 #include <gtest/gtest.h>
 
@@ -46,6 +47,11 @@ class PeerNode {
     int64_t peer_timeout_ms = 20000;   // on the node's FakeClock
     uint64_t chunk_bytes = 1000;       // several chunks per transfer, unaligned
     uint64_t capacity_bytes = 256 * kArenaPageBytes;
+    // Runs the session's control rounds on a thread whenever something is
+    // queued, as the agent's control thread does: a receiver of replica
+    // pushes acknowledges only once meta answered its report. The thread
+    // waits on the node's FakeClock (it counts as one of its waiters).
+    bool run_session = false;
   };
 
   PeerNode(std::string node_id, Options o)
@@ -80,6 +86,18 @@ class PeerNode {
                                    tier_.arena().capacity_bytes());
     EXPECT_TRUE(s.ok()) << s;
     endpoint_ = PeerEndpoint{id_, 1, plane_->address(), false};
+    if (o.run_session) {
+      control_ = std::thread([this] {
+        while (true) {
+          session_.ControlOnce();
+          {
+            absl::MutexLock lock(&control_mu_);
+            if (control_stop_) return;
+          }
+          session_.AwaitWork(absl::Hours(1));
+        }
+      });
+    }
   }
   ~PeerNode() { Stop(); }
 
@@ -90,7 +108,12 @@ class PeerNode {
     client_->Stop();
     plane_->Stop();
     server_->Stop();
-    session_.Stop();
+    {
+      absl::MutexLock lock(&control_mu_);
+      control_stop_ = true;
+    }
+    session_.Stop();  // ends the control thread's wait
+    if (control_.joinable()) control_.join();
   }
 
   static MetaSession::Options SessionOptions(const std::string& id) {
@@ -125,6 +148,9 @@ class PeerNode {
   std::unique_ptr<PeerServer> server_;
   PeerEndpoint endpoint_;
   bool stopped_ = false;
+  absl::Mutex control_mu_;
+  bool control_stop_ ABSL_GUARDED_BY(control_mu_) = false;
+  std::thread control_;
 };
 
 }  // namespace ckpt::agent

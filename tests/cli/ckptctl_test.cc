@@ -553,5 +553,66 @@ TEST_F(CkptctlTest, UsageErrorsExitTwo) {
   EXPECT_TRUE(CtlJson({"jobs"})["jobs"].empty());
 }
 
+// Issue 40, item 5: delete-job, create-job of the same spec is OK
+// ("unchanged") and of another names the differing field, global flags after
+// the subcommand, --json errors as one JSON object, meta_instance_id a string,
+// --meta HOST meaning port 7400, a negative step refused as negative.
+TEST_F(CkptctlTest, DeleteJobIdempotentCreateGlobalFlagsAnywhereJsonErrors) {
+  RunResult r = Ctl({"create-job", "ops", "--world-size", "2", "--no-protection", "--keep-in-memory", "2"});
+  ASSERT_TRUE(r.status.success()) << r.stderr_text;
+  EXPECT_THAT(r.stdout_text, HasSubstr("created job ops"));
+  r = Ctl({"create-job", "ops", "--world-size", "2", "--no-protection", "--keep-in-memory", "2"});
+  ASSERT_TRUE(r.status.success()) << r.stderr_text;
+  EXPECT_THAT(r.stdout_text, HasSubstr("job ops unchanged"));
+  // --json after the subcommand.
+  r = Ctl({"create-job", "ops", "--world-size", "2", "--no-protection", "--keep-in-memory", "2", "--json"});
+  ASSERT_TRUE(r.status.success()) << r.stderr_text;
+  EXPECT_EQ(Json::parse(r.stdout_text)["created"], false);
+  r = Ctl({"create-job", "ops", "--world-size", "3", "--no-protection", "--keep-in-memory", "2"});
+  EXPECT_EQ(r.status.exit_code(), 1);
+  EXPECT_THAT(r.stderr_text, HasSubstr("FAILED_PRECONDITION"));
+  EXPECT_THAT(r.stderr_text, HasSubstr("world_size (stored 2, asked 3)"));
+
+  // Errors under --json: one object on stderr, nothing on stdout.
+  r = Ctl({"versions", "nosuchjob", "--json"});
+  EXPECT_EQ(r.status.exit_code(), 1);
+  EXPECT_TRUE(r.stdout_text.empty()) << r.stdout_text;
+  Json err = Json::parse(r.stderr_text, nullptr, false);
+  ASSERT_FALSE(err.is_discarded()) << r.stderr_text;
+  EXPECT_EQ(err["error"]["code"], "NOT_FOUND");
+  EXPECT_THAT(err["error"]["message"].get<std::string>(), HasSubstr("nosuchjob"));
+  r = Ctl({"--json", "inspect", "ops", "-1"});
+  EXPECT_EQ(r.status.exit_code(), 2);
+  err = Json::parse(r.stderr_text, nullptr, false);
+  ASSERT_FALSE(err.is_discarded()) << r.stderr_text;
+  EXPECT_EQ(err["error"]["code"], "USAGE");
+  // A negative step is refused as negative, not as 2^64-1.
+  r = Ctl({"flush", "ops", "-1"});
+  EXPECT_EQ(r.status.exit_code(), 2);
+  EXPECT_THAT(r.stderr_text, HasSubstr("step must be >= 0 (got -1)"));
+  EXPECT_THAT(r.stderr_text, ::testing::Not(HasSubstr("18446744073709551615")));
+
+  // 64-bit ids as strings (jq reads numbers as doubles).
+  Json status = CtlJson({"status"});
+  ASSERT_TRUE(status["meta_instance_id"].is_string()) << status.dump();
+  EXPECT_NE(status["meta_instance_id"], "0");
+
+  // --meta HOST: the default port 7400 (nothing listens there in this test:
+  // the error names the address dialed).
+  testing::SubprocessOptions o;
+  o.argv = {testing::BinaryPath("ckptctl"), "--timeout", "2", "jobs", "--meta", "127.0.0.1"};
+  absl::StatusOr<RunResult> dialed = testing::RunToCompletion(o, absl::Seconds(60));
+  ASSERT_TRUE(dialed.ok()) << dialed.status();
+  EXPECT_THAT(dialed->stderr_text, HasSubstr("ckpt-meta at 127.0.0.1:7400"));
+
+  // delete-job (global flag --meta after it, too).
+  r = Ctl({"delete-job", "ops"});
+  ASSERT_TRUE(r.status.success()) << r.stderr_text;
+  EXPECT_THAT(r.stdout_text, HasSubstr("deleting job ops"));
+  r = Ctl({"delete-job", "nosuchjob"});
+  EXPECT_EQ(r.status.exit_code(), 1);
+  EXPECT_THAT(r.stderr_text, HasSubstr("NOT_FOUND"));
+}
+
 }  // namespace
 }  // namespace ckpt

@@ -156,8 +156,9 @@ constexpr absl::Duration kMaxPoll = absl::Minutes(10);
 constexpr absl::Duration kMinBackoff = absl::Milliseconds(10);
 constexpr absl::Duration kMaxBackoff = absl::Seconds(1);
 
-// Waits `*backoff` (but not past `deadline`) before a call on `channel` is
-// tried again, and doubles it. The wait is spent in the channel's
+// Waits `*backoff` (but not past `deadline`) before a call to meta is tried
+// again, and doubles it. The gRPC link (meta_link_grpc.cc) waits on its
+// channel (MetaLink::AwaitRetry -> AwaitChannel). The wait is spent in the channel's
 // connectivity watch, not in a sleep: a call that failed because the server
 // was down leaves a reconnect attempt behind, and gRPC notices its outcome
 // only while some thread polls the channel. With plain sleeps between
@@ -169,13 +170,8 @@ absl::Time NextTry(absl::Duration* backoff, absl::Time deadline) {
   *backoff = std::min(*backoff * 2, kMaxBackoff);
   return until;
 }
-void Backoff(grpc::Channel* channel, absl::Duration* backoff, absl::Time deadline) {
-  const absl::Time until = NextTry(backoff, deadline);
-  if (channel == nullptr) {
-    absl::SleepFor(std::max(until - absl::Now(), absl::ZeroDuration()));
-    return;
-  }
-  AwaitChannel(channel, until);
+void Backoff(MetaLink& meta, absl::Duration* backoff, absl::Time deadline) {
+  meta.AwaitRetry(NextTry(backoff, deadline));
 }
 // The same for a call to the agent: the link waits (AgentLink::AwaitRetry).
 void Backoff(AgentLink& agent, absl::Duration* backoff, absl::Time deadline) {
@@ -244,21 +240,19 @@ absl::Status CreateOrOpenJob(ClientCore& core, absl::Time deadline) {
   absl::Duration backoff = kMinBackoff;
   while (true) {
     v1::CreateJobResponse resp;
-    auto ctx = ContextWithTimeout(core.options.rpc_timeout);
-    grpc::Status st = core.meta->CreateJob(ctx.get(), req, &resp);
-    if (st.ok()) {
+    absl::Status s = core.meta->CreateJob(req, &resp, core.options.rpc_timeout);
+    if (s.ok()) {
       log::Debug("job {} {} (world size {})", core.options.job_id,
                  resp.created() ? "created" : "opened", resp.job().spec().world_size());
       return absl::OkStatus();
     }
-    absl::Status s = FromGrpc(st, "CreateJob");
     if (!absl::IsUnavailable(s)) return s;
     if (absl::Now() >= deadline) {
       return absl::DeadlineExceededError(
           absl::StrCat("ckpt-meta at ", core.options.meta_address,
                        " unreachable within the connect timeout: ", s.message()));
     }
-    Backoff(core.meta_channel.get(), &backoff, deadline);
+    Backoff(*core.meta, &backoff, deadline);
   }
 }
 
@@ -269,9 +263,7 @@ absl::Status AwaitJob(ClientCore& core, absl::Time deadline) {
   absl::Duration backoff = kMinBackoff;
   while (true) {
     v1::GetJobResponse resp;
-    auto ctx = ContextWithTimeout(core.options.rpc_timeout);
-    grpc::Status st = core.meta->GetJob(ctx.get(), req, &resp);
-    absl::Status s = FromGrpc(st, "GetJob");
+    absl::Status s = core.meta->GetJob(req, &resp, core.options.rpc_timeout);
     if (s.ok()) {
       const uint32_t stored = resp.job().spec().world_size();
       if (stored != core.options.world_size) {
@@ -291,11 +283,15 @@ absl::Status AwaitJob(ClientCore& core, absl::Time deadline) {
           absl::IsNotFound(s) ? "rank 0 did not create job \"" : "ckpt-meta unreachable for job \"",
           core.options.job_id, "\" within the connect timeout: ", s.message()));
     }
-    Backoff(core.meta_channel.get(), &backoff, deadline);
+    Backoff(*core.meta, &backoff, deadline);
   }
 }
 
 }  // namespace
+
+absl::Status JoinJob(ClientCore& core, absl::Time deadline) {
+  return core.options.rank == 0 ? CreateOrOpenJob(core, deadline) : AwaitJob(core, deadline);
+}
 
 absl::Status ConnectAgent(ClientCore& core, absl::Time deadline) {
   absl::Duration backoff = kMinBackoff;
@@ -332,27 +328,13 @@ absl::Status ConnectAgent(ClientCore& core, absl::Time deadline) {
   return absl::OkStatus();
 }
 
-namespace {
-
-std::shared_ptr<grpc::Channel> MakeChannel(const std::string& target,
-                                           std::shared_ptr<grpc::ChannelCredentials> credentials,
-                                           const std::string& token = "") {
-  grpc::ChannelArguments args;
-  SetReconnectArgs(&args);  // quick reconnects, unlimited message sizes
-  return ChannelWithToken(target, std::move(credentials), args, token);
-}
-
-}  // namespace
-
-absl::Status CallMetaRetrying(const ClientCore& core, const char* what,
-                              const std::function<grpc::Status(grpc::ClientContext*)>& call) {
+absl::Status CallMetaRetrying(const ClientCore& core, const std::function<absl::Status(absl::Duration)>& call) {
   const absl::Time deadline = absl::Now() + core.options.rpc_timeout;
   absl::Duration backoff = kMinBackoff;
   while (true) {
-    auto ctx = ContextWithTimeout(std::max(deadline - absl::Now(), absl::Milliseconds(1)));
-    absl::Status s = FromGrpc(call(ctx.get()), what);
+    absl::Status s = call(std::max(deadline - absl::Now(), absl::Milliseconds(1)));
     if (!absl::IsUnavailable(s) || absl::Now() >= deadline) return s;
-    Backoff(core.meta_channel.get(), &backoff, deadline);
+    Backoff(*core.meta, &backoff, deadline);
   }
 }
 
@@ -429,9 +411,8 @@ absl::Status WaitForVersion(const ClientCore& core, uint64_t step, Level level,
     const absl::Duration poll = std::min(left, kMaxPoll);
     req.set_timeout_ms(absl::ToInt64Milliseconds(poll));
     // The server answers at timeout_ms; the gRPC deadline leaves it room.
-    auto ctx = ContextWithTimeout(poll + core.options.rpc_timeout);
     v1::WaitVersionResponse resp;
-    last = FromGrpc(core.meta->WaitVersion(ctx.get(), req, &resp), "WaitVersion");
+    last = core.meta->WaitVersion(req, &resp, poll + core.options.rpc_timeout);
     if (last.ok()) return last;
     const bool time_left = absl::Now() < deadline;
     if (absl::IsDeadlineExceeded(last)) {
@@ -450,7 +431,7 @@ absl::Status WaitForVersion(const ClientCore& core, uint64_t step, Level level,
           "waiting for ", core.options.job_id, "/", step, ": ckpt-meta unreachable: ",
           last.message()));
     }
-    Backoff(core.meta_channel.get(), &backoff, deadline);
+    Backoff(*core.meta, &backoff, deadline);
   }
 }
 
@@ -477,17 +458,12 @@ absl::StatusOr<Client> Client::Connect(const ClientOptions& options) {
   CKPT_ASSIGN_OR_RETURN(std::shared_ptr<grpc::ChannelCredentials> meta_credentials, ChannelCredentials(tls));
   absl::StatusOr<std::string> token = TokenFromEnvironment(options.token_file);
   if (!token.ok()) return token.status();
-  core->meta_channel = client::MakeChannel(options.meta_address, meta_credentials, *token);
-  core->meta = v1::MetaService::NewStub(core->meta_channel);
+  core->meta = client::NewGrpcMetaLink(options.meta_address, std::move(meta_credentials), *token);
   const std::string agent_target = absl::StartsWith(options.agent_socket, "unix:")
                                        ? options.agent_socket
                                        : absl::StrCat("unix:", options.agent_socket);
   core->agent = client::NewGrpcAgentLink(agent_target);
-  if (options.rank == 0) {
-    CKPT_RETURN_IF_ERROR(client::CreateOrOpenJob(*core, deadline));
-  } else {
-    CKPT_RETURN_IF_ERROR(client::AwaitJob(*core, deadline));
-  }
+  CKPT_RETURN_IF_ERROR(client::JoinJob(*core, deadline));
   CKPT_RETURN_IF_ERROR(client::ConnectAgent(*core, deadline));
   return Client(std::move(core));
 }
@@ -524,7 +500,7 @@ absl::StatusOr<uint64_t> Client::Latest(Level level) const {
   req.set_min_level(client::ToProto(level));
   v1::LatestResponse resp;
   CKPT_RETURN_IF_ERROR(client::CallMetaRetrying(
-      *core_, "Latest", [&](grpc::ClientContext* ctx) { return core_->meta->Latest(ctx, req, &resp); }));
+      *core_, [&](absl::Duration timeout) { return core_->meta->Latest(req, &resp, timeout); }));
   return resp.version().step();
 }
 
@@ -571,8 +547,8 @@ absl::StatusOr<IntervalAdvice> Client::RecommendedInterval(absl::Duration step_t
   req.set_job_id(core_->options.job_id);
   req.set_max_problems(1);
   v1::ClusterStatusResponse resp;
-  CKPT_RETURN_IF_ERROR(client::CallMetaRetrying(*core_, "ClusterStatus", [&](grpc::ClientContext* ctx) {
-    return core_->meta->ClusterStatus(ctx, req, &resp);
+  CKPT_RETURN_IF_ERROR(client::CallMetaRetrying(*core_, [&](absl::Duration timeout) {
+    return core_->meta->ClusterStatus(req, &resp, timeout);
   }));
   const v1::FailureStats& f = resp.failure_stats();
   if (f.job_mtbf_ms() <= 0) {

@@ -1,10 +1,10 @@
 // Connection state shared by a Client and the handles it creates (SaveHandle,
-// LoadedShard): the options, the gRPC stubs for meta and the local agent, the
+// LoadedShard): the options, the links to meta and the local agent, the
 // agent's node id and the cache of memory-tier mappings. Internal to
 // src/client; the public API is ckpt/client.h.
 //
 // Thread safety: every member is either const after Connect, guarded by a
-// mutex, or thread-safe itself (gRPC stubs, MappingCache, atomics, the
+// mutex, or thread-safe itself (the links, MappingCache, atomics, the
 // committer).
 #pragma once
 
@@ -30,9 +30,10 @@
 #include "absl/time/time.h"
 #include "ckpt/client.h"
 #include "ckpt/v1/agent.pb.h"
-#include "ckpt/v1/meta.grpc.pb.h"
+#include "ckpt/v1/meta.pb.h"
 #include "client/agent_link.h"
 #include "client/mapped_file.h"
+#include "client/meta_link.h"
 #include "client/pull_staging.h"
 #include "client/region_io.h"
 #include "client/session.h"
@@ -95,9 +96,9 @@ struct ClientCore {
         " (after fork()): connect a new client in this process"));
   }
   ClientOptions options;
-  std::unique_ptr<v1::MetaService::Stub> meta;
-  // The channel under the meta stub: retry loops wait on it (client.cc Backoff).
-  std::shared_ptr<grpc::Channel> meta_channel;
+  // Meta's gRPC service (NewGrpcMetaLink; a fake in unit tests). Retry loops
+  // wait between attempts with MetaLink::AwaitRetry (client.cc Backoff).
+  std::unique_ptr<MetaLink> meta;
   // The local agent's gRPC service (NewGrpcAgentLink; a fake in unit tests).
   std::unique_ptr<AgentLink> agent;
   std::string node_id;          // the local agent's, for Locate
@@ -231,13 +232,12 @@ void AwaitChannel(grpc::Channel* channel, absl::Time until);
 // A client context whose deadline is `timeout` from now.
 std::unique_ptr<grpc::ClientContext> ContextWithTimeout(absl::Duration timeout);
 
-// Runs a read-only call to meta (`call` sends it with the context it is
-// given) and, while it fails UNAVAILABLE, sends it again after a backoff
-// spent waiting on the meta channel, for up to rpc_timeout in all: right
-// after meta restarts, the channel's first call fails before it reconnects.
-// Returns the last answer, as FromGrpc(status, `what`).
-absl::Status CallMetaRetrying(const ClientCore& core, const char* what,
-                              const std::function<grpc::Status(grpc::ClientContext*)>& call);
+// Runs a read-only call to meta (`call` sends it through core.meta with the
+// timeout it is given) and, while it fails UNAVAILABLE, sends it again after
+// a backoff spent in MetaLink::AwaitRetry, for up to rpc_timeout in all:
+// right after meta restarts, the channel's first call fails before it
+// reconnects. Returns the last answer (the link's status: "Locate: ...").
+absl::Status CallMetaRetrying(const ClientCore& core, const std::function<absl::Status(absl::Duration)>& call);
 
 // Maps each MemoryRegion into this process (through core.mappings, with the
 // given access) and returns them as ShardRegions, checked to cover [0, size).
@@ -248,6 +248,12 @@ absl::Status CallMetaRetrying(const ClientCore& core, const char* what,
 absl::StatusOr<std::vector<ShardRegion>> MapRegions(
     ClientCore& core, const google::protobuf::RepeatedPtrField<v1::MemoryRegion>& regions,
     uint64_t size, MappedFile::Access access, std::vector<std::shared_ptr<MappedFile>>* keep);
+
+// Joins the job at meta (core.meta), retried while meta is unreachable
+// until `deadline`: rank 0 creates it or opens it if it exists with the same
+// spec (CreateJob, open_if_exists); other ranks wait for rank 0 to have
+// created it and check its world size (GetJob). Client::Connect's first step.
+absl::Status JoinJob(ClientCore& core, absl::Time deadline);
 
 // Asks the agent (core.agent) for its node id and pool files, retried while
 // it is unreachable until `deadline`, and maps the pool (over the session,

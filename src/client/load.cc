@@ -116,7 +116,7 @@ absl::StatusOr<v1::LocateResponse> Locate(const ClientCore& core, uint64_t step,
   req.set_omit_items(omit_items);
   v1::LocateResponse resp;
   CKPT_RETURN_IF_ERROR(client::CallMetaRetrying(
-      core, "Locate", [&](grpc::ClientContext* ctx) { return core.meta->Locate(ctx, req, &resp); }));
+      core, [&](absl::Duration timeout) { return core.meta->Locate(req, &resp, timeout); }));
   return resp;
 }
 

@@ -8,11 +8,29 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/crc32c.h"
+#include "common/manifest.h"
 
 namespace ckpt::testing {
 
 namespace {
 constexpr uint64_t kPage = 4096;
+
+// A commit's unpacked items, sorted for EncodeManifest.
+std::vector<ManifestItem> ToManifestItems(const google::protobuf::RepeatedPtrField<v1::Item>& items) {
+  std::vector<ManifestItem> out;
+  for (const v1::Item& it : items) {
+    ManifestItem m;
+    m.name = it.name();
+    m.dtype = it.dtype();
+    m.shape.assign(it.shape().begin(), it.shape().end());
+    m.offset_bytes = it.offset_bytes();
+    m.length_bytes = it.length_bytes();
+    m.crc32c = it.crc32c();
+    m.attributes.insert(it.attributes().begin(), it.attributes().end());
+    out.push_back(std::move(m));
+  }
+  return SortedByOffset(out);
+}
 }  // namespace
 
 FakeAgentLink::FakeAgentLink(Options options) : options_(std::move(options)) {
@@ -164,6 +182,11 @@ absl::Status FakeAgentLink::CommitShard(const v1::CommitShardRequest& req, v1::C
   }
   lease->committed = true;
   commits_.push_back(req);
+  lease->shard.mutable_key()->set_step(lease->step);
+  lease->shard.set_size_bytes(req.size_bytes());
+  lease->shard.set_crc32c(crc);
+  lease->manifest = req.items_size() > 0 ? EncodeManifest(ToManifestItems(req.items())) : req.manifest();
+  lease->shard.set_manifest_digest(ManifestDigestOfEncoding(lease->manifest));
   v1::ShardInfo* shard = resp->mutable_shard();
   shard->mutable_key()->set_step(lease->step);
   shard->set_size_bytes(req.size_bytes());
@@ -177,11 +200,59 @@ absl::Status FakeAgentLink::CommitShard(const v1::CommitShardRequest& req, v1::C
   return absl::OkStatus();
 }
 
-absl::Status FakeAgentLink::OpenShard(const v1::OpenShardRequest&, v1::OpenShardResponse*, absl::Duration) {
-  return absl::UnimplementedError("OpenShard: not in the fake");
+v1::ShardInfo FakeAgentLink::committed_shard(uint64_t step) const {
+  absl::MutexLock lock(&mu_);
+  for (auto it = leases_.rbegin(); it != leases_.rend(); ++it) {
+    if (it->committed && it->step == step) return it->shard;
+  }
+  return v1::ShardInfo();
 }
-absl::Status FakeAgentLink::CloseShard(const v1::CloseShardRequest&, absl::Duration) {
-  return absl::UnimplementedError("CloseShard: not in the fake");
+
+size_t FakeAgentLink::open_handles() const {
+  absl::MutexLock lock(&mu_);
+  return handles_.size();
+}
+
+absl::Status FakeAgentLink::OpenShard(const v1::OpenShardRequest& req, v1::OpenShardResponse* resp,
+                                      absl::Duration) {
+  absl::MutexLock lock(&mu_);
+  if (absl::Status s = TakeFailure(Call::kOpenShard); !s.ok()) {
+    return absl::Status(s.code(), absl::StrCat("OpenShard: ", s.message()));
+  }
+  const v1::ShardKey& key = req.key();
+  const Lease* lease = nullptr;
+  for (auto it = leases_.rbegin(); it != leases_.rend() && lease == nullptr; ++it) {
+    if (it->committed && it->step == key.step()) lease = &*it;
+  }
+  if (lease == nullptr) {
+    return absl::NotFoundError(absl::StrCat("OpenShard: ", key.job_id(), "/", key.step(), " rank ", key.rank(),
+                                            " is not held by this agent"));
+  }
+  const std::string id = absl::StrCat("handle-", ++next_id_);
+  handles_[id] = key.step();
+  resp->set_handle_id(id);
+  *resp->mutable_shard() = lease->shard;
+  *resp->mutable_shard()->mutable_key() = key;
+  resp->set_manifest(lease->manifest);
+  if (!options_.pull && lease->shard.size_bytes() > 0) {
+    v1::MemoryRegion* r = resp->add_regions();
+    r->set_path(pool_path_);
+    r->set_file_offset_bytes(lease->pool_offset);
+    r->set_shard_offset_bytes(0);
+    r->set_length_bytes(lease->shard.size_bytes());
+  }
+  resp->mutable_served_from()->set_kind(v1::SOURCE_KIND_LOCAL);
+  resp->set_verified(!req.skip_verify());
+  resp->set_version_staged(options_.version_staged);
+  return absl::OkStatus();
+}
+
+absl::Status FakeAgentLink::CloseShard(const v1::CloseShardRequest& req, absl::Duration) {
+  absl::MutexLock lock(&mu_);
+  if (handles_.erase(req.handle_id()) == 0) {
+    return absl::NotFoundError(absl::StrCat("CloseShard: no open handle ", req.handle_id()));
+  }
+  return absl::OkStatus();
 }
 absl::Status FakeAgentLink::DeliverShard(const v1::DeliverShardRequest&, absl::Duration) {
   return absl::UnimplementedError("DeliverShard: not in the fake");

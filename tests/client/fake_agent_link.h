@@ -12,8 +12,15 @@
 //   - CommitShard: the lease must be open; computes the shard's crc32c from
 //     the pool and answers it; a replay of a committed lease gives
 //     kAlreadyExists.
-// Open/Close/DeliverShard and PauseProtection answer kUnimplemented. Fault
-// knobs make the next call of a kind fail. Every call is recorded.
+// and the load half, for the shards committed into it:
+//   - OpenShard: the newest committed shard of the key's step (any job and
+//     rank): its ShardInfo (crc32c from the pool, manifest digest of its
+//     packed manifest), the packed manifest, its region of the pool, served
+//     from LOCAL, verified if not skip_verify; version_staged as configured;
+//     kNotFound for a step with no committed shard;
+//   - CloseShard: releases the handle; kNotFound for an unknown one.
+// DeliverShard and PauseProtection answer kUnimplemented. Fault knobs make
+// the next call of a kind fail. Every call is recorded.
 //
 // Thread safety: all methods may be called from any thread.
 #pragma once
@@ -48,9 +55,12 @@ class FakeAgentLink final : public client::AgentLink {
     // Refuse every lease that names base steps ("base version ... is not
     // held"), as an agent that evicted or never held the base.
     bool bases_gone = false;
+    // OpenShard answers version_staged (meta told the agent the version is
+    // restorable from memory: the client need not ask meta).
+    bool version_staged = false;
   };
 
-  enum class Call { kAcquireStagingLease, kAbortLease, kCommitShard };
+  enum class Call { kAcquireStagingLease, kAbortLease, kCommitShard, kOpenShard };
 
   // One lease granted.
   struct Lease {
@@ -61,6 +71,10 @@ class FakeAgentLink final : public client::AgentLink {
     std::vector<uint64_t> base_steps;
     bool aborted = false;    // by AbortLease, or replaced by a newer lease
     bool committed = false;
+    // Once committed: the shard as the agent holds it (key.step only), and
+    // its packed manifest.
+    v1::ShardInfo shard;
+    std::string manifest;
   };
 
   explicit FakeAgentLink(Options options);
@@ -86,6 +100,11 @@ class FakeAgentLink final : public client::AgentLink {
   std::vector<v1::CommitShardRequest> commits() const;
   // AbortLease calls received (lease ids).
   std::vector<std::string> aborts() const;
+  // The committed shard of `step` (the newest lease's), as OpenShard and
+  // Locate describe it; an empty ShardInfo if none.
+  v1::ShardInfo committed_shard(uint64_t step) const;
+  // Shard handles opened and not closed.
+  size_t open_handles() const;
   // AcquireStagingLease requests received.
   std::vector<v1::AcquireStagingLeaseRequest> lease_requests() const;
 
@@ -121,6 +140,7 @@ class FakeAgentLink final : public client::AgentLink {
   std::vector<v1::CommitShardRequest> commits_ ABSL_GUARDED_BY(mu_);
   std::vector<std::string> aborts_ ABSL_GUARDED_BY(mu_);
   std::vector<v1::AcquireStagingLeaseRequest> lease_requests_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, uint64_t> handles_ ABSL_GUARDED_BY(mu_);  // open handle id -> step
 };
 
 }  // namespace ckpt::testing

@@ -1,0 +1,65 @@
+// client::MetaLink over gRPC: the MetaService stub on a channel to meta.
+#include <grpcpp/grpcpp.h>
+
+#include <memory>
+#include <string>
+#include <utility>
+
+#include "ckpt/v1/meta.grpc.pb.h"
+#include "client/client_core.h"
+#include "client/meta_link.h"
+#include "common/grpc_security.h"
+
+namespace ckpt::client {
+namespace {
+
+class GrpcMetaLink final : public MetaLink {
+ public:
+  explicit GrpcMetaLink(std::shared_ptr<grpc::Channel> channel)
+      : channel_(std::move(channel)), stub_(v1::MetaService::NewStub(channel_)) {}
+
+  absl::Status CreateJob(const v1::CreateJobRequest& req, v1::CreateJobResponse* resp,
+                         absl::Duration timeout) override {
+    auto ctx = ContextWithTimeout(timeout);
+    return FromGrpc(stub_->CreateJob(ctx.get(), req, resp), "CreateJob");
+  }
+  absl::Status GetJob(const v1::GetJobRequest& req, v1::GetJobResponse* resp, absl::Duration timeout) override {
+    auto ctx = ContextWithTimeout(timeout);
+    return FromGrpc(stub_->GetJob(ctx.get(), req, resp), "GetJob");
+  }
+  absl::Status WaitVersion(const v1::WaitVersionRequest& req, v1::WaitVersionResponse* resp,
+                           absl::Duration timeout) override {
+    auto ctx = ContextWithTimeout(timeout);
+    return FromGrpc(stub_->WaitVersion(ctx.get(), req, resp), "WaitVersion");
+  }
+  absl::Status Latest(const v1::LatestRequest& req, v1::LatestResponse* resp, absl::Duration timeout) override {
+    auto ctx = ContextWithTimeout(timeout);
+    return FromGrpc(stub_->Latest(ctx.get(), req, resp), "Latest");
+  }
+  absl::Status Locate(const v1::LocateRequest& req, v1::LocateResponse* resp, absl::Duration timeout) override {
+    auto ctx = ContextWithTimeout(timeout);
+    return FromGrpc(stub_->Locate(ctx.get(), req, resp), "Locate");
+  }
+  absl::Status ClusterStatus(const v1::ClusterStatusRequest& req, v1::ClusterStatusResponse* resp,
+                             absl::Duration timeout) override {
+    auto ctx = ContextWithTimeout(timeout);
+    return FromGrpc(stub_->ClusterStatus(ctx.get(), req, resp), "ClusterStatus");
+  }
+  void AwaitRetry(absl::Time until) override { AwaitChannel(channel_.get(), until); }
+
+ private:
+  const std::shared_ptr<grpc::Channel> channel_;
+  const std::unique_ptr<v1::MetaService::Stub> stub_;
+};
+
+}  // namespace
+
+std::unique_ptr<MetaLink> NewGrpcMetaLink(const std::string& target,
+                                          std::shared_ptr<grpc::ChannelCredentials> credentials,
+                                          const std::string& token) {
+  grpc::ChannelArguments args;
+  SetReconnectArgs(&args);  // quick reconnects, unlimited message sizes
+  return std::make_unique<GrpcMetaLink>(ChannelWithToken(target, std::move(credentials), args, token));
+}
+
+}  // namespace ckpt::client

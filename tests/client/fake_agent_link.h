@@ -11,7 +11,7 @@
 //   - AbortLease: idempotent; kFailedPrecondition for a committed lease;
 //   - CommitShard: the lease must be open; computes the shard's crc32c from
 //     the pool and answers it; a replay of a committed lease gives
-//     kAlreadyExists.
+//     kAlreadyExists;
 // and the load half, for the shards committed into it:
 //   - OpenShard: the newest committed shard of the key's step (any job and
 //     rank): its ShardInfo (crc32c from the pool, manifest digest of its
@@ -20,7 +20,8 @@
 //     kNotFound for a step with no committed shard;
 //   - CloseShard: releases the handle; kNotFound for an unknown one.
 // DeliverShard and PauseProtection answer kUnimplemented. Fault knobs make
-// the next call of a kind fail. Every call is recorded.
+// the next call of a kind fail. Lease requests, leases, commits, aborts and
+// open handles are recorded.
 //
 // Thread safety: all methods may be called from any thread.
 #pragma once

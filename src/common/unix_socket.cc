@@ -1,10 +1,13 @@
 #include "common/unix_socket.h"
 
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 
@@ -31,6 +34,30 @@ absl::Status OpenSocketToGroup(const std::string& path, int gid) {
                                                     " (run the agent as root or as a member of that group)"));
   }
   return absl::OkStatus();
+}
+
+std::string PeerOutsideGroup(int fd, int gid, const std::string& where) {
+  if (gid < 0) return "";
+  const auto allowed = static_cast<gid_t>(gid);
+  ucred cred{};
+  socklen_t len = sizeof(cred);
+  if (::getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0) {
+    return absl::StrCat("cannot read the peer's credentials: ", std::strerror(errno));
+  }
+  if (cred.uid == 0 || cred.uid == ::geteuid() || cred.gid == allowed) return "";
+  // The supplementary groups the process had when it connected.
+  std::vector<gid_t> groups(64);
+  socklen_t glen = static_cast<socklen_t>(groups.size() * sizeof(gid_t));
+  int rc = ::getsockopt(fd, SOL_SOCKET, SO_PEERGROUPS, groups.data(), &glen);
+  if (rc != 0 && errno == ERANGE) {
+    groups.resize(glen / sizeof(gid_t));
+    rc = ::getsockopt(fd, SOL_SOCKET, SO_PEERGROUPS, groups.data(), &glen);
+  }
+  if (rc == 0) {
+    groups.resize(glen / sizeof(gid_t));
+    if (std::find(groups.begin(), groups.end(), allowed) != groups.end()) return "";
+  }
+  return absl::StrCat("uid ", cred.uid, " gid ", cred.gid, " (pid ", cred.pid, ") is not in ", where);
 }
 
 }  // namespace ckpt

@@ -46,4 +46,12 @@ class OwnerOnlyUmask {
 // failure.
 absl::Status OpenSocketToGroup(const std::string& path, int gid);
 
+// Why the process connected on unix socket `fd` may not use it, or "" when it
+// may: with `gid` < 0 anyone may; otherwise root, our own uid, and processes
+// whose primary or supplementary groups (as they were at connect time,
+// SO_PEERCRED and SO_PEERGROUPS) include `gid`. The reason names the peer's
+// uid, gid and pid and the group, followed by `where` (e.g. the flag that
+// sets the group).
+std::string PeerOutsideGroup(int fd, int gid, const std::string& where);
+
 }  // namespace ckpt

@@ -406,27 +406,8 @@ DpuProxy::Stats DpuProxy::stats() const {
 }
 
 std::string DpuProxy::RefusePeer(int fd) const {
-  if (options_.socket_gid < 0) return "";
-  const auto allowed = static_cast<gid_t>(options_.socket_gid);
-  ucred cred{};
-  socklen_t len = sizeof(cred);
-  if (::getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0) {
-    return absl::StrCat("cannot read the peer's credentials: ", std::strerror(errno));
-  }
-  if (cred.uid == 0 || cred.uid == ::geteuid() || cred.gid == allowed) return "";
-  std::vector<gid_t> groups(64);
-  socklen_t glen = static_cast<socklen_t>(groups.size() * sizeof(gid_t));
-  int rc = ::getsockopt(fd, SOL_SOCKET, SO_PEERGROUPS, groups.data(), &glen);
-  if (rc != 0 && errno == ERANGE) {
-    groups.resize(glen / sizeof(gid_t));
-    rc = ::getsockopt(fd, SOL_SOCKET, SO_PEERGROUPS, groups.data(), &glen);
-  }
-  if (rc == 0) {
-    groups.resize(glen / sizeof(gid_t));
-    if (std::find(groups.begin(), groups.end(), allowed) != groups.end()) return "";
-  }
-  return absl::StrCat("uid ", cred.uid, " gid ", cred.gid, " (pid ", cred.pid, ") is not in the socket group ",
-                      allowed, " (ckpt-dpu-proxy --socket-group)");
+  return PeerOutsideGroup(fd, options_.socket_gid,
+                          absl::StrCat("the socket group ", options_.socket_gid, " (ckpt-dpu-proxy --socket-group)"));
 }
 
 void DpuProxy::ReapFinished() {

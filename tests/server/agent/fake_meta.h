@@ -18,8 +18,21 @@
 #include "common/manifest.h"
 #include "common/names.h"
 #include "server/agent/meta_link.h"
+#include "server/agent/meta_session.h"
 
 namespace ckpt::agent {
+
+// A MetaSession delegate that holds nothing and ignores every task, drop and
+// refusal: for tests of a component that needs a session but not its callbacks.
+class NoDelegate : public MetaSession::Delegate {
+ public:
+  std::vector<InventoryItem> InventoryItems() override { return {}; }
+  LoadReport Load() override { return {}; }
+  void OnTasks(std::vector<AgentTask>, std::vector<std::string>) override {}
+  void OnDrop(const std::vector<ShardId>&, const std::vector<SegmentId>&) override {}
+  void OnVersionRefused(const std::string&, uint64_t, const std::string&, const absl::Status&) override {}
+  void OnCopyRefused(const HoldingReport&, const absl::Status&) override {}
+};
 
 class FakeMeta : public MetaLink {
  public:

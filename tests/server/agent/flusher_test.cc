@@ -18,16 +18,6 @@ namespace {
 
 using ::testing::HasSubstr;
 
-class NoDelegate : public MetaSession::Delegate {
- public:
-  std::vector<InventoryItem> InventoryItems() override { return {}; }
-  LoadReport Load() override { return {}; }
-  void OnTasks(std::vector<AgentTask>, std::vector<std::string>) override {}
-  void OnDrop(const std::vector<ShardId>&, const std::vector<SegmentId>&) override {}
-  void OnVersionRefused(const std::string&, uint64_t, const std::string&, const absl::Status&) override {}
-  void OnCopyRefused(const HoldingReport&, const absl::Status&) override {}
-};
-
 const ShardId kR0{"job", 5, 0};
 const ShardId kR1{"job", 5, 1};
 

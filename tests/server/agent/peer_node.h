@@ -30,16 +30,6 @@
 
 namespace ckpt::agent {
 
-class QuietDelegate : public MetaSession::Delegate {
- public:
-  std::vector<InventoryItem> InventoryItems() override { return {}; }
-  LoadReport Load() override { return {}; }
-  void OnTasks(std::vector<AgentTask>, std::vector<std::string>) override {}
-  void OnDrop(const std::vector<ShardId>&, const std::vector<SegmentId>&) override {}
-  void OnVersionRefused(const std::string&, uint64_t, const std::string&, const absl::Status&) override {}
-  void OnCopyRefused(const HoldingReport&, const absl::Status&) override {}
-};
-
 class PeerNode {
  public:
   struct Options {
@@ -138,7 +128,7 @@ class PeerNode {
   const std::string id_;
   MemoryTier tier_;
   FakeMeta meta_;
-  QuietDelegate delegate_;
+  NoDelegate delegate_;
   MetaSession session_;
   std::unique_ptr<transport::Transport> transport_;
   transport::FaultTransport* fault_ = nullptr;

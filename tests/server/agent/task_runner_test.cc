@@ -16,16 +16,6 @@
 namespace ckpt::agent {
 namespace {
 
-class NoDelegate : public MetaSession::Delegate {
- public:
-  std::vector<InventoryItem> InventoryItems() override { return {}; }
-  LoadReport Load() override { return {}; }
-  void OnTasks(std::vector<AgentTask>, std::vector<std::string>) override {}
-  void OnDrop(const std::vector<ShardId>&, const std::vector<SegmentId>&) override {}
-  void OnVersionRefused(const std::string&, uint64_t, const std::string&, const absl::Status&) override {}
-  void OnCopyRefused(const HoldingReport&, const absl::Status&) override {}
-};
-
 AgentTask Task(const std::string& id, TaskKind kind) {
   AgentTask t;
   t.id = id;

@@ -26,16 +26,6 @@ const ShardId kA{"job", 5, 0};
 const ShardId kB{"job", 5, 1};
 const ShardId kOther{"job", 6, 0};
 
-class NoDelegate : public MetaSession::Delegate {
- public:
-  std::vector<InventoryItem> InventoryItems() override { return {}; }
-  LoadReport Load() override { return {}; }
-  void OnTasks(std::vector<AgentTask>, std::vector<std::string>) override {}
-  void OnDrop(const std::vector<ShardId>&, const std::vector<SegmentId>&) override {}
-  void OnVersionRefused(const std::string&, uint64_t, const std::string&, const absl::Status&) override {}
-  void OnCopyRefused(const HoldingReport&, const absl::Status&) override {}
-};
-
 ShardRecord SegmentRecord(const SegmentId& id, const std::string& content) {
   ShardRecord r;
   r.id = ShardId{id.job_id, id.step, 0};

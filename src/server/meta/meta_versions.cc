@@ -1,6 +1,7 @@
 // MetaCore, versions: BeginVersion, the reads (GetVersion, ListVersions,
 // Latest, Locate, WaitVersion), FlushVersion and DeleteVersion.
 #include <algorithm>
+#include <map>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -11,6 +12,48 @@
 #include "server/meta/records.h"
 
 namespace ckpt::meta {
+
+namespace {
+
+// Why `shard` of `v` has no source while meta waits for a node that held it
+// to come back (Engine::AwaitLostCopies, within lost_copy_grace): "node a
+// holds it and is down ...; it may come back within 24 s ...". Empty when
+// meta waits for nothing: the data is lost.
+std::string AwaitedHolderText(const std::map<std::pair<std::string, uint64_t>, int64_t>& awaiting_return,
+                              const std::map<std::string, Node>& nodes, const Version& v,
+                              const Shard& shard, int64_t now) {
+  auto awaited = awaiting_return.find({v.job_id, v.step});
+  if (awaited == awaiting_return.end() || awaited->second <= now) return "";
+  // The holder lost last (the one the wait is for): the shard's own copies
+  // first, else (erasure coding) any segment of the version.
+  std::string holder;
+  int64_t lost_ms = -1;
+  auto consider = [&](CopyState state, const std::string& node, int64_t ms) {
+    if (state != CopyState::kLost || ms <= lost_ms) return;
+    auto n = nodes.find(node);
+    if (n == nodes.end()) return;
+    if (NodeIsUsable(n->second.state) && n->second.inventory_received) return;  // it said: gone
+    holder = node;
+    lost_ms = ms;
+  };
+  for (const Copy& c : shard.copies) consider(c.state, c.node_id, c.updated_ms);
+  if (holder.empty()) {
+    for (const Segment& seg : v.segments) consider(seg.state, seg.holder_node_id, seg.updated_ms);
+  }
+  if (holder.empty()) return "";
+  const Node& n = nodes.at(holder);
+  const int64_t left_s = (awaited->second - now + 999) / 1000;
+  const std::string how =
+      NodeIsUsable(n.state)
+          ? std::string("came back and has not reported its memory tier yet")
+          : absl::StrCat("is down (", NodeStateName(n.state), " for ",
+                         std::max<int64_t>(0, now - n.state_since_ms) / 1000, " s)");
+  return absl::StrCat("node ", holder, " holds it and ", how, "; it may come back within ",
+                      left_s, " s (meta's lost_copy_grace), and a restore then reads it; "
+                      "after that the version is aborted as data lost");
+}
+
+}  // namespace
 
 absl::StatusOr<std::pair<Version, bool>> MetaCore::BeginVersion(const std::string& job_id,
                                                                 uint64_t step,
@@ -198,6 +241,15 @@ absl::StatusOr<LocateResult> MetaCore::Locate(const std::string& job_id, uint64_
     result.shard.copies.clear();
     result.sources = e.Sources(*v, it->second, near_node_id);
     if (result.sources.empty()) {
+      // Meta still waits (lost_copy_grace) for the node that held the copy
+      // to come back with its memory tier: the data is not lost yet, and a
+      // later try may read it.
+      if (std::string awaited = AwaitedHolderText(state_->awaiting_return, state_->nodes, *v, it->second,
+                                                         clock_->NowUnixMillis());
+          !awaited.empty()) {
+        return absl::UnavailableError(absl::StrCat("rank ", rank, " of ", job_id, "/", step,
+                                                   " has no readable copy now: ", awaited));
+      }
       return absl::DataLossError(absl::StrCat("rank ", rank, " of ", job_id, "/", step,
                                               " has no readable source left"));
     }

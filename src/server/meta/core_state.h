@@ -5,6 +5,7 @@
 #pragma once
 
 #include <deque>
+#include <functional>
 #include <map>
 #include <set>
 #include <string>
@@ -255,11 +256,29 @@ class Engine {
   std::vector<uint64_t> Dependents(const std::string& job_id, uint64_t step) const;
 
   // ---- recovery (engine_recovery.cc)
+  // After the last rank staged, before StartErasureCoding: a rank staged on
+  // a node outside every EC group of the version's plan (the node was away
+  // when the version began) gets the groups planned again over the nodes
+  // that count now, if that takes every rank in; else those ranks are
+  // protected by whole copies (InStripes).
+  void TakeInShardsOutsideTheGroups(Version& v);
   // After the last rank staged: EC layout + encode tasks.
   void StartErasureCoding(Version& v);
   // Replication tasks for shards with too few copies, rebuild tasks for lost
   // EC segments.
   void PlanRecovery(Version& v);
+  // Replicate tasks until each shard `wanted` picks has `copies` copies on
+  // nodes that count for protection.
+  void PlanReplicas(Version& v, int copies, const std::function<bool(const Shard&)>& wanted);
+  // Rebuild tasks for lost EC segments, and moves of segments doubled up on
+  // one node.
+  void PlanRebuilds(Version& v);
+  // The shard's node is a member of one of the version's EC groups, so its
+  // bytes are in stripes. A shard staged on a node the plan left out (it
+  // was away when the version began) is not, and is protected by
+  // ReplicasOutsideStripes whole copies instead (as many losses survived).
+  bool InStripes(const Version& v, const Shard& sh) const;
+  static int ReplicasOutsideStripes(const Version& v);
   // `node_id` restarted (a new incarnation while its lease ran): each EC
   // group with a parity still being built there encodes again on every
   // member whose encode task had finished.

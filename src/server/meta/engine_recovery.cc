@@ -3,6 +3,7 @@
 // (replicate and rebuild tasks, encodes started again).
 #include <algorithm>
 #include <cstdint>
+#include <functional>
 #include <set>
 
 #include "absl/strings/str_cat.h"
@@ -36,6 +37,41 @@ bool Engine::StripeTolerates(const Version& v, const EcGroup& group, int stripe)
     survive -= counts[i];
   }
   return survive >= group.data_k;
+}
+
+void Engine::TakeInShardsOutsideTheGroups(Version& v) {
+  std::vector<uint32_t> outside;
+  for (const auto& [rank, sh] : v.shards)
+    if (!InStripes(v, sh)) outside.push_back(rank);
+  if (outside.empty()) return;
+  auto job = s_.jobs.find(v.job_id);
+  if (job == s_.jobs.end()) return;
+  absl::StatusOr<VersionPlan> plan = CurrentPlan(job->second);
+  std::string why;
+  if (!plan.ok()) {
+    why = plan.status().ToString();
+  } else if (plan->policy.kind != v.plan.policy.kind || plan->policy.data_k != v.plan.policy.data_k ||
+             plan->policy.parity_m != v.plan.policy.parity_m) {
+    why = "the job's protection changed since the version began";
+  } else {
+    VersionPlan old = std::move(v.plan);
+    v.plan = *std::move(plan);
+    std::vector<uint32_t> still;
+    for (uint32_t rank : outside)
+      if (!InStripes(v, v.shards.at(rank))) still.push_back(rank);
+    if (still.empty()) {
+      log::Info("version {}/{}: rank(s) {} were staged on nodes the plan of its begin left out; the "
+                "EC groups are planned again over the {} nodes that count now",
+                v.job_id, v.step, absl::StrJoin(outside, ","), v.plan.nodes.size());
+      txn_.Header(v);
+      return;
+    }
+    v.plan = std::move(old);
+    why = absl::StrCat("rank(s) ", absl::StrJoin(still, ","), " are on nodes that do not count for protection");
+  }
+  log::Warn("version {}/{}: rank(s) {} are on nodes outside every EC group ({}); they are protected by "
+            "{} whole copies each instead of stripes", v.job_id, v.step, absl::StrJoin(outside, ","), why,
+            ReplicasOutsideStripes(v));
 }
 
 void Engine::StartErasureCoding(Version& v) {
@@ -133,186 +169,207 @@ std::vector<std::string> ReplicaCandidates(Engine& e, const Version& v, const Sh
 
 }  // namespace
 
+bool Engine::InStripes(const Version& v, const Shard& sh) const {
+  for (const EcGroup& g : v.plan.groups)
+    if (std::find(g.members.begin(), g.members.end(), sh.primary_node_id) != g.members.end()) return true;
+  return false;
+}
+
+int Engine::ReplicasOutsideStripes(const Version& v) { return 1 + v.plan.policy.parity_m; }
+
 void Engine::PlanRecovery(Version& v) {
   if (IsTerminal(v.state) || v.evicted) return;
   const ProtectionPolicy& policy = v.plan.policy;
   if (policy.kind == ProtectionPolicy::Kind::kReplicate) {
-    // Targets already planned by active replicate tasks, per rank.
-    std::map<uint32_t, std::set<std::string>> pending;
-    for (Task* t : ActiveTasks(v.job_id, v.step, TaskKind::kReplicate)) {
-      for (uint32_t r : t->ranks)
-        for (const auto& target : t->targets) pending[r].insert(target);
-    }
-    // (source, targets) -> ranks
-    std::map<std::pair<std::string, std::vector<std::string>>, std::vector<uint32_t>> plan;
-    for (auto& [rank, sh] : v.shards) {
-      std::set<std::string> holders;
-      int protective = 0;
-      // The source: a holder on a node that is not SUSPECT if there is one,
-      // the primary first.
-      std::string source;
-      int source_rank = INT32_MAX;
-      for (const Copy& c : sh.copies) {
-        if (c.state == CopyState::kValid || c.state == CopyState::kPending) holders.insert(c.node_id);
-        if (Usable(c.state) && IsUsable(c.node_id)) {
-          const int rank = (IsSuspect(c.node_id) ? 2 : 0) + (c.role == CopyRole::kPrimary ? 0 : 1);
-          if (rank < source_rank) {
-            source = c.node_id;
-            source_rank = rank;
-          }
-          if (c.role != CopyRole::kRestored && CountsForProtection(c.node_id)) ++protective;
-        }
-      }
-      if (source.empty()) continue;  // unreadable: Recompute aborts
-      for (const auto& t : pending[rank]) {
-        if (CountsForProtection(t)) holders.insert(t);
-      }
-      int need = policy.copies - protective - static_cast<int>(pending[rank].size());
-      if (need <= 0) continue;
-      // Not to a target the source failed to push to for good, for a while
-      // (ProtectionTaskFailed); the version waits for the retry if nothing
-      // else can take the copy.
-      std::set<std::string> exclude = holders;
-      for (const auto& [node, n] : s_.nodes)
-        if (PushHeldOff(source, node)) exclude.insert(node);
-      std::vector<std::string> targets;
-      for (const auto& id : ReplicaCandidates(*this, v, sh, exclude)) {
-        if (static_cast<int>(targets.size()) >= need) break;
-        targets.push_back(id);
-      }
-      if (static_cast<int>(targets.size()) < need) {
-        for (auto& [key, held] : s_.held_off_pushes)
-          if (key.first == source && NowMs() < held.until_ms) held.versions.insert({v.job_id, v.step});
-      }
-      if (targets.empty()) continue;  // waits for a node to join, or the retry
-      plan[{source, targets}].push_back(rank);
-    }
-    for (auto& [key, ranks] : plan) {
-      const bool recovery = v.state == VersionState::kDegraded;
-      Task& t = NewTask(key.first, TaskKind::kReplicate, v.job_id, v.step,
-                        recovery ? kPriorityRecovery : kPriorityProtection);
-      t.ranks = ranks;
-      t.targets = key.second;
-      txn_.Task(t);
-    }
+    PlanReplicas(v, policy.copies, [](const Shard&) { return true; });
   } else if (policy.kind == ProtectionPolicy::Kind::kErasureCode && !v.segments.empty()) {
-    std::set<SegmentKey> pending;
-    std::map<SegmentKey, std::string> pending_target;  // where a running rebuild puts it
-    for (Task* t : ActiveTasks(v.job_id, v.step, TaskKind::kRebuildSegments)) {
-      if (!IsUsable(t->node_id)) continue;
-      for (const SegmentKey& k : t->segments) {
-        pending.insert(k);
-        pending_target[k] = t->node_id;
+    // A shard on a node outside every group (the version was planned while
+    // its node was away, and a re-plan could not take it in) is in no
+    // stripe: as many whole copies as a stripe survives losses protect it.
+    PlanReplicas(v, ReplicasOutsideStripes(v), [&](const Shard& sh) { return !InStripes(v, sh); });
+    PlanRebuilds(v);
+  }
+}
+
+void Engine::PlanReplicas(Version& v, int copies, const std::function<bool(const Shard&)>& wanted) {
+  // Targets already planned by active replicate tasks, per rank.
+  std::map<uint32_t, std::set<std::string>> pending;
+  for (Task* t : ActiveTasks(v.job_id, v.step, TaskKind::kReplicate)) {
+    for (uint32_t r : t->ranks)
+      for (const auto& target : t->targets) pending[r].insert(target);
+  }
+  // (source, targets) -> ranks
+  std::map<std::pair<std::string, std::vector<std::string>>, std::vector<uint32_t>> plan;
+  for (auto& [rank, sh] : v.shards) {
+    if (!wanted(sh)) continue;
+    std::set<std::string> holders;
+    int protective = 0;
+    // The source: a holder on a node that is not SUSPECT if there is one,
+    // the primary first.
+    std::string source;
+    int source_rank = INT32_MAX;
+    for (const Copy& c : sh.copies) {
+      if (c.state == CopyState::kValid || c.state == CopyState::kPending) holders.insert(c.node_id);
+      if (Usable(c.state) && IsUsable(c.node_id)) {
+        const int rank = (IsSuspect(c.node_id) ? 2 : 0) + (c.role == CopyRole::kPrimary ? 0 : 1);
+        if (rank < source_rank) {
+          source = c.node_id;
+          source_rank = rank;
+        }
+        if (c.role != CopyRole::kRestored && CountsForProtection(c.node_id)) ++protective;
       }
     }
-    // EC encoding still running: its segments are not lost.
-    const bool encoding = !ActiveTasks(v.job_id, v.step, TaskKind::kEcEncode).empty();
-    std::map<std::string, std::vector<SegmentKey>> rebuilds;
-    for (const Segment& seg : v.segments) {
-      const bool lost = seg.state == CopyState::kLost || seg.state == CopyState::kCorrupt ||
-                        (seg.state == CopyState::kValid && !CountsForProtection(seg.holder_node_id)) ||
-                        (seg.state == CopyState::kPending && !encoding);
-      if (!lost || pending.count(seg.key)) continue;
-      // Survivors of the stripe.
-      int valid = 0;
-      std::map<std::string, int> held;  // node -> segments of this stripe it holds
-      int k = 0;
-      const EcGroup* group = nullptr;
-      for (const EcGroup& g : v.plan.groups)
-        if (g.index == seg.key.group) group = &g;
-      if (group == nullptr) continue;
-      k = group->data_k;
-      for (const Segment& o : v.segments) {
-        if (o.key.group != seg.key.group || o.key.stripe != seg.key.stripe) continue;
-        if (Usable(o.state) && IsUsable(o.holder_node_id)) {
-          ++valid;
-          ++held[o.holder_node_id];
-        }
-      }
-      if (valid < k) continue;  // not recoverable from memory; Recompute decides
-      // Segments of this stripe already being rebuilt count where they will
-      // land, so a second loss never piles a stripe onto one node.
-      for (const auto& [pk, node] : pending_target) {
-        if (pk.group == seg.key.group && pk.stripe == seg.key.stripe) ++held[node];
-      }
-      // Target: an alive node holding no segment of the stripe, outside the
-      // group first; else the one holding fewest.
-      std::string target;
-      int best = INT32_MAX;
-      std::set<std::string> members(group->members.begin(), group->members.end());
-      for (int pass = 0; pass < 2 && target.empty(); ++pass) {
-        for (const auto& [id, n] : s_.nodes) {
-          if (!CountsForProtection(id)) continue;
-          if (pass == 0 && members.count(id)) continue;
-          const int h = held.count(id) ? held[id] : 0;
-          if (h < best) {
-            best = h;
-            target = id;
-          }
-        }
-        if (pass == 0 && best > 0) {
-          target.clear();
-          best = INT32_MAX;
-        }
-      }
-      if (target.empty()) continue;
-      rebuilds[target].push_back(seg.key);
-      ++held[target];
+    if (source.empty()) continue;  // unreadable: Recompute aborts
+    for (const auto& t : pending[rank]) {
+      if (CountsForProtection(t)) holders.insert(t);
     }
-    // A stripe whose segments doubled up on one node (a rebuild had nowhere
-    // else to go) does not survive m losses: once a node holding none of it
-    // counts for protection, one doubled segment moves there. ApplySegment
-    // drops the old copy when the new one reports VALID.
-    std::set<std::pair<int, int>> seen;
-    for (const Segment& seg : v.segments) {
-      if (encoding) break;
-      if (!seen.insert({seg.key.group, seg.key.stripe}).second) continue;
-      const EcGroup* group = nullptr;
-      for (const EcGroup& g : v.plan.groups)
-        if (g.index == seg.key.group) group = &g;
-      if (group == nullptr || StripeTolerates(v, *group, seg.key.stripe)) continue;
-      bool busy = false;  // a rebuild of this stripe is under way or planned
-      std::map<std::string, std::vector<const Segment*>> held;
-      for (const Segment& o : v.segments) {
-        if (o.key.group != seg.key.group || o.key.stripe != seg.key.stripe) continue;
-        if (pending.count(o.key)) busy = true;
-        for (const auto& [node, keys] : rebuilds)
-          busy = busy || std::find(keys.begin(), keys.end(), o.key) != keys.end();
-        if (Usable(o.state) && o.length_bytes > 0 && CountsForProtection(o.holder_node_id)) {
-          held[o.holder_node_id].push_back(&o);
-        }
+    int need = copies - protective - static_cast<int>(pending[rank].size());
+    if (need <= 0) continue;
+    // Not to a target the source failed to push to for good, for a while
+    // (ProtectionTaskFailed); the version waits for the retry if nothing
+    // else can take the copy.
+    std::set<std::string> exclude = holders;
+    for (const auto& [node, n] : s_.nodes)
+      if (PushHeldOff(source, node)) exclude.insert(node);
+    std::vector<std::string> targets;
+    for (const auto& id : ReplicaCandidates(*this, v, sh, exclude)) {
+      if (static_cast<int>(targets.size()) >= need) break;
+      targets.push_back(id);
+    }
+    if (static_cast<int>(targets.size()) < need) {
+      for (auto& [key, held] : s_.held_off_pushes)
+        if (key.first == source && NowMs() < held.until_ms) held.versions.insert({v.job_id, v.step});
+    }
+    if (targets.empty()) continue;  // waits for a node to join, or the retry
+    plan[{source, targets}].push_back(rank);
+  }
+  for (auto& [key, ranks] : plan) {
+    const bool recovery = v.state == VersionState::kDegraded;
+    Task& t = NewTask(key.first, TaskKind::kReplicate, v.job_id, v.step,
+                      recovery ? kPriorityRecovery : kPriorityProtection);
+    t.ranks = ranks;
+    t.targets = key.second;
+    txn_.Task(t);
+  }
+}
+
+void Engine::PlanRebuilds(Version& v) {
+  std::set<SegmentKey> pending;
+  std::map<SegmentKey, std::string> pending_target;  // where a running rebuild puts it
+  for (Task* t : ActiveTasks(v.job_id, v.step, TaskKind::kRebuildSegments)) {
+    if (!IsUsable(t->node_id)) continue;
+    for (const SegmentKey& k : t->segments) {
+      pending.insert(k);
+      pending_target[k] = t->node_id;
+    }
+  }
+  // EC encoding still running: its segments are not lost.
+  const bool encoding = !ActiveTasks(v.job_id, v.step, TaskKind::kEcEncode).empty();
+  std::map<std::string, std::vector<SegmentKey>> rebuilds;
+  for (const Segment& seg : v.segments) {
+    const bool lost = seg.state == CopyState::kLost || seg.state == CopyState::kCorrupt ||
+                      (seg.state == CopyState::kValid && !CountsForProtection(seg.holder_node_id)) ||
+                      (seg.state == CopyState::kPending && !encoding);
+    if (!lost || pending.count(seg.key)) continue;
+    // Survivors of the stripe.
+    int valid = 0;
+    std::map<std::string, int> held;  // node -> segments of this stripe it holds
+    int k = 0;
+    const EcGroup* group = nullptr;
+    for (const EcGroup& g : v.plan.groups)
+      if (g.index == seg.key.group) group = &g;
+    if (group == nullptr) continue;
+    k = group->data_k;
+    for (const Segment& o : v.segments) {
+      if (o.key.group != seg.key.group || o.key.stripe != seg.key.stripe) continue;
+      if (Usable(o.state) && IsUsable(o.holder_node_id)) {
+        ++valid;
+        ++held[o.holder_node_id];
       }
-      if (busy) continue;
-      const Segment* move = nullptr;
-      for (const auto& [node, segs] : held) {
-        if (segs.size() < 2) continue;
-        // A parity or rebuilt segment, not the owner's own data.
-        for (const Segment* o : segs)
-          if (move == nullptr || o->holder_node_id != o->owner_node_id) move = o;
-        break;
-      }
-      if (move == nullptr) continue;
-      // The node holding none of the stripe with the fewest rebuilds planned.
-      auto planned = [&](const std::string& id) {
-        auto it = rebuilds.find(id);
-        return it == rebuilds.end() ? size_t{0} : it->second.size();
-      };
-      std::string target;
+    }
+    if (valid < k) continue;  // not recoverable from memory; Recompute decides
+    // Segments of this stripe already being rebuilt count where they will
+    // land, so a second loss never piles a stripe onto one node.
+    for (const auto& [pk, node] : pending_target) {
+      if (pk.group == seg.key.group && pk.stripe == seg.key.stripe) ++held[node];
+    }
+    // Target: an alive node holding no segment of the stripe, outside the
+    // group first; else the one holding fewest.
+    std::string target;
+    int best = INT32_MAX;
+    std::set<std::string> members(group->members.begin(), group->members.end());
+    for (int pass = 0; pass < 2 && target.empty(); ++pass) {
       for (const auto& [id, n] : s_.nodes) {
-        if (!CountsForProtection(id) || held.count(id)) continue;
-        if (target.empty() || planned(target) > planned(id)) target = id;
+        if (!CountsForProtection(id)) continue;
+        if (pass == 0 && members.count(id)) continue;
+        const int h = held.count(id) ? held[id] : 0;
+        if (h < best) {
+          best = h;
+          target = id;
+        }
       }
-      if (target.empty()) continue;
-      log::Info("version {}/{}: stripe {}/{} has segments doubled up on node {}; moving {} to {}",
-                v.job_id, v.step, seg.key.group, seg.key.stripe, move->holder_node_id,
-                move->key.position, target);
-      rebuilds[target].push_back(move->key);
+      if (pass == 0 && best > 0) {
+        target.clear();
+        best = INT32_MAX;
+      }
     }
-    for (auto& [node, keys] : rebuilds) {
-      Task& t = NewTask(node, TaskKind::kRebuildSegments, v.job_id, v.step, kPriorityRecovery);
-      t.segments = keys;
-      txn_.Task(t);
+    if (target.empty()) continue;
+    rebuilds[target].push_back(seg.key);
+    ++held[target];
+  }
+  // A stripe whose segments doubled up on one node (a rebuild had nowhere
+  // else to go) does not survive m losses: once a node holding none of it
+  // counts for protection, one doubled segment moves there. ApplySegment
+  // drops the old copy when the new one reports VALID.
+  std::set<std::pair<int, int>> seen;
+  for (const Segment& seg : v.segments) {
+    if (encoding) break;
+    if (!seen.insert({seg.key.group, seg.key.stripe}).second) continue;
+    const EcGroup* group = nullptr;
+    for (const EcGroup& g : v.plan.groups)
+      if (g.index == seg.key.group) group = &g;
+    if (group == nullptr || StripeTolerates(v, *group, seg.key.stripe)) continue;
+    bool busy = false;  // a rebuild of this stripe is under way or planned
+    std::map<std::string, std::vector<const Segment*>> held;
+    for (const Segment& o : v.segments) {
+      if (o.key.group != seg.key.group || o.key.stripe != seg.key.stripe) continue;
+      if (pending.count(o.key)) busy = true;
+      for (const auto& [node, keys] : rebuilds)
+        busy = busy || std::find(keys.begin(), keys.end(), o.key) != keys.end();
+      if (Usable(o.state) && o.length_bytes > 0 && CountsForProtection(o.holder_node_id)) {
+        held[o.holder_node_id].push_back(&o);
+      }
     }
+    if (busy) continue;
+    const Segment* move = nullptr;
+    for (const auto& [node, segs] : held) {
+      if (segs.size() < 2) continue;
+      // A parity or rebuilt segment, not the owner's own data.
+      for (const Segment* o : segs)
+        if (move == nullptr || o->holder_node_id != o->owner_node_id) move = o;
+      break;
+    }
+    if (move == nullptr) continue;
+    // The node holding none of the stripe with the fewest rebuilds planned.
+    auto planned = [&](const std::string& id) {
+      auto it = rebuilds.find(id);
+      return it == rebuilds.end() ? size_t{0} : it->second.size();
+    };
+    std::string target;
+    for (const auto& [id, n] : s_.nodes) {
+      if (!CountsForProtection(id) || held.count(id)) continue;
+      if (target.empty() || planned(target) > planned(id)) target = id;
+    }
+    if (target.empty()) continue;
+    log::Info("version {}/{}: stripe {}/{} has segments doubled up on node {}; moving {} to {}",
+              v.job_id, v.step, seg.key.group, seg.key.stripe, move->holder_node_id,
+              move->key.position, target);
+    rebuilds[target].push_back(move->key);
+  }
+  for (auto& [node, keys] : rebuilds) {
+    Task& t = NewTask(node, TaskKind::kRebuildSegments, v.job_id, v.step, kPriorityRecovery);
+    t.segments = keys;
+    txn_.Task(t);
   }
 }
 

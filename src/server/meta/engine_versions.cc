@@ -150,11 +150,15 @@ void Engine::Recompute(Version& v) {
   if (IsTerminal(v.state) || v.state == VersionState::kOpen) {
     if (v.state == VersionState::kOpen) {
       // A staged shard that lost every copy before the version completed.
+      bool awaiting = false;
       for (const auto& [rank, sh] : v.shards) {
         bool any = false;
         for (const Copy& c : sh.copies) any = any || (Usable(c.state) && IsUsable(c.node_id));
         if (!any) {
-          if (AwaitLostCopies(v, rank)) return;
+          if (AwaitLostCopies(v, rank)) {
+            awaiting = true;  // the other ranks are protected meanwhile
+            break;
+          }
           CancelVersionTasks(v);
           EvictVersion(v);  // the ranks that survive can never be restored: free them
           SetState(v, VersionState::kAborted,
@@ -164,7 +168,7 @@ void Engine::Recompute(Version& v) {
           return;
         }
       }
-      s_.awaiting_return.erase({v.job_id, v.step});
+      if (!awaiting) s_.awaiting_return.erase({v.job_id, v.step});
       PlanRecovery(v);
     }
     return;
@@ -176,7 +180,14 @@ void Engine::Recompute(Version& v) {
   // Readability.
   for (const auto& [rank, sh] : v.shards) {
     if (!ShardReadable(v, sh)) {
-      if (AwaitLostCopies(v, rank)) return;
+      if (AwaitLostCopies(v, rank)) {
+        // The state stays while the rank's node may come back with it, but
+        // the other ranks are not left unprotected meanwhile: a rack lost
+        // at once takes several nodes, and the ranks with a survivor are
+        // copied again.
+        PlanRecovery(v);
+        return;
+      }
       CancelVersionTasks(v);
       EvictVersion(v);  // the other ranks' copies can never be restored: free them
       SetState(v, VersionState::kAborted,
@@ -201,6 +212,9 @@ void Engine::Recompute(Version& v) {
     }
     if (policy.kind == ProtectionPolicy::Kind::kReplicate) {
       if (protective < policy.copies) complete = false;
+    } else if (policy.kind == ProtectionPolicy::Kind::kErasureCode) {
+      // A shard in no stripe (TakeInShardsOutsideTheGroups) needs whole copies.
+      if (!InStripes(v, sh) && protective < ReplicasOutsideStripes(v)) complete = false;
     } else if (policy.kind == ProtectionPolicy::Kind::kNone) {
       if (protective < 1) complete = false;
     }

@@ -154,7 +154,10 @@ absl::Status ApplyStaged(Engine& e, const std::string& node_id, StagedReport& r)
   if (v->shards.size() == v->world_size) {
     v->staged_ms = e.NowMs();
     CKPT_RETURN_IF_ERROR(e.SetState(*v, VersionState::kStaged));
-    if (v->plan.policy.kind == ProtectionPolicy::Kind::kErasureCode) e.StartErasureCoding(*v);
+    if (v->plan.policy.kind == ProtectionPolicy::Kind::kErasureCode) {
+      e.TakeInShardsOutsideTheGroups(*v);
+      e.StartErasureCoding(*v);
+    }
     e.Recompute(*v);
     // Older versions still OPEN can never be the newest restorable one now.
     e.AbortOpenVersionsBelow(*v);

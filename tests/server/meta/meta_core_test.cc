@@ -3,8 +3,10 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <map>
 #include <optional>
+#include <set>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -734,6 +736,52 @@ TEST_F(MetaCoreTest, RingReplicationProtectsThenRecoversAfterNodeDeath) {
   EXPECT_EQ(StateOf("gpt", 100), VersionState::kProtected);
 }
 
+// A rack lost at once (netns_rack_test): rank 2 has no copy left and meta
+// waits lost_copy_grace for its nodes, but the ranks that kept one copy on
+// the surviving side are copied again meanwhile (the wait for one rank used
+// to return before recovery was planned for any).
+TEST_F(MetaCoreTest, WaitingForOneLostRankStillReprotectsTheOthers) {
+  const std::vector<std::string> nodes = {"n0", "n1", "n2", "n3", "n4"};
+  for (const auto& n : nodes) Register(n);
+  CreateJob("gpt", 5, ProtectionPolicy::Replicate(2, ProtectionPolicy::Placement::kRing));
+  ASSERT_TRUE(core_->BeginVersion("gpt", 1, "").ok());
+  for (uint32_t r = 0; r < 5; ++r) ASSERT_TRUE(Stage(nodes[r], "gpt", 1, r).ok());
+  RunAgents();
+  ASSERT_EQ(StateOf("gpt", 1), VersionState::kProtected);
+  auto before = core_->GetVersion("gpt", 1, false);
+  ASSERT_TRUE(before.ok());
+  // Which ranks keep a copy on n0/n1 only, once n2..n4 are gone.
+  std::set<uint32_t> survivors, lost;
+  for (const auto& [rank, sh] : before->shards) {
+    bool near = false;
+    for (const auto& c : sh.copies) near = near || c.node_id == "n0" || c.node_id == "n1";
+    (near ? survivors : lost).insert(rank);
+  }
+  ASSERT_FALSE(lost.empty());
+  ASSERT_GE(survivors.size(), 3u);
+  for (const char* n : {"n2", "n3", "n4"}) dead_.insert(n);
+  for (int i = 0; i < 7; ++i) {
+    clock_.Advance(absl::Seconds(1));
+    Beat("n0");
+    Beat("n1");
+    ASSERT_TRUE(core_->Tick().ok());
+  }
+  for (const char* n : {"n2", "n3", "n4"}) inc_.erase(n);
+  RunAgents();
+  EXPECT_NE(StateOf("gpt", 1), VersionState::kAborted);  // waiting for n2..n4
+  auto v = core_->GetVersion("gpt", 1, false);
+  ASSERT_TRUE(v.ok());
+  for (uint32_t rank : survivors) {
+    std::set<std::string> valid;
+    for (const auto& c : v->shards.at(rank).copies)
+      if (c.state == CopyState::kValid && (c.node_id == "n0" || c.node_id == "n1")) valid.insert(c.node_id);
+    EXPECT_EQ(valid.size(), 2u) << "rank " << rank << " was not copied again while rank "
+                                << *lost.begin() << " waits for its nodes";
+  }
+  PassLostCopyGrace();
+  EXPECT_EQ(StateOf("gpt", 1), VersionState::kAborted);  // the lost ranks never came back
+}
+
 // A push target that dies before it holds anything: the replicate task aimed
 // at it is re-planned onto a live node (the chaos soak found versions stuck
 // STAGED with a task retrying forever against a dead target).
@@ -991,6 +1039,74 @@ TEST_F(MetaCoreTest, AGroupWhoseEncodesFailedWhileAMemberWasDeadEncodesAgainWhen
   for (const Segment& seg : v->segments) {
     EXPECT_EQ(seg.state, CopyState::kValid) << seg.key.group << "/" << seg.key.stripe << "/" << seg.key.position;
   }
+}
+
+// netns_soak (seed 9) found an EC version PROTECTED with a rank outside
+// every stripe: the version began while the rank's node was away, so the
+// plan's groups left it out, and the node came back and staged the rank. One
+// loss of that node then lost the version. The groups are now planned again
+// when the last rank stages.
+TEST_F(MetaCoreTest, ARankStagedOnANodeThePlanLeftOutIsTakenIntoTheStripes) {
+  const std::vector<std::string> nodes = {"n0", "n1", "n2", "n3", "n4"};
+  for (const auto& n : nodes) Register(n);
+  CreateJob("ec", 5, ProtectionPolicy::ErasureCode(3, 1));
+  Kill("n2");
+  ASSERT_TRUE(core_->BeginVersion("ec", 1, "").ok());
+  auto begun = core_->GetVersion("ec", 1, false);
+  ASSERT_TRUE(begun.ok());
+  for (const EcGroup& g : begun->plan.groups) {
+    ASSERT_EQ(std::count(g.members.begin(), g.members.end(), "n2"), 0) << "the scenario needs n2 left out";
+  }
+  dead_.erase("n2");
+  Register("n2");
+  for (uint32_t r = 0; r < 5; ++r) ASSERT_TRUE(Stage(nodes[r], "ec", 1, r).ok());
+  RunAgents();
+  ASSERT_EQ(StateOf("ec", 1), VersionState::kProtected);
+  auto v = core_->GetVersion("ec", 1, false);
+  ASSERT_TRUE(v.ok());
+  int in_groups = 0;
+  for (const EcGroup& g : v->plan.groups) in_groups += std::count(g.members.begin(), g.members.end(), "n2");
+  EXPECT_EQ(in_groups, 1) << "n2 is in no EC group of the version";
+  // The loss of n2 alone is survived: rank 2 decodes from its stripes.
+  Kill("n2");
+  PassLostCopyGrace();
+  EXPECT_NE(StateOf("ec", 1), VersionState::kAborted);
+  auto loc = core_->Locate("ec", 1, 2, "n0");
+  ASSERT_TRUE(loc.ok()) << loc.status();
+  ASSERT_FALSE(loc->sources.empty());
+}
+
+// Where the groups cannot take the rank in (its node is down again when the
+// last rank stages), the rank is protected by whole copies, as many as a
+// stripe survives losses, before the version is PROTECTED.
+TEST_F(MetaCoreTest, ARankOutsideEveryStripeIsProtectedByWholeCopies) {
+  const std::vector<std::string> nodes = {"n0", "n1", "n2", "n3", "n4"};
+  for (const auto& n : nodes) Register(n);
+  CreateJob("ec", 5, ProtectionPolicy::ErasureCode(3, 1));
+  Kill("n2");
+  ASSERT_TRUE(core_->BeginVersion("ec", 1, "").ok());
+  dead_.erase("n2");
+  Register("n2");
+  ASSERT_TRUE(Stage("n2", "ec", 1, 2).ok());
+  Kill("n2");  // with the only copy of rank 2, within the lost-copy grace
+  for (uint32_t r : {0u, 1u, 3u, 4u}) ASSERT_TRUE(Stage(nodes[r], "ec", 1, r).ok());
+  RunAgents();
+  EXPECT_NE(StateOf("ec", 1), VersionState::kProtected);  // rank 2: one copy, in no stripe
+  dead_.erase("n2");
+  Register("n2");
+  auto inv = core_->ReportInventory("n2", inc_["n2"], {HoldingOf("ec", 1, 2)});
+  ASSERT_TRUE(inv.ok()) << inv.status();
+  RunAgents();
+  ASSERT_EQ(StateOf("ec", 1), VersionState::kProtected);
+  auto v = core_->GetVersion("ec", 1, false);
+  ASSERT_TRUE(v.ok());
+  int valid = 0;
+  for (const auto& c : v->shards.at(2).copies) valid += c.state == CopyState::kValid ? 1 : 0;
+  EXPECT_EQ(valid, 2) << "EC(3,1) survives one loss: rank 2 needs 2 whole copies";
+  Kill("n2");
+  PassLostCopyGrace();
+  EXPECT_NE(StateOf("ec", 1), VersionState::kAborted);
+  EXPECT_TRUE(core_->Locate("ec", 1, 2, "n0").ok());
 }
 
 TEST_F(MetaCoreTest, LosingMoreThanParityAbortsWithDataLoss) {

@@ -1,14 +1,18 @@
 #include "common/unix_socket.h"
 
+#include <grp.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdint>
+#include <limits>
 #include <cstring>
 #include <vector>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 
 namespace ckpt {
@@ -34,6 +38,33 @@ absl::Status OpenSocketToGroup(const std::string& path, int gid) {
                                                     " (run the agent as root or as a member of that group)"));
   }
   return absl::OkStatus();
+}
+
+absl::StatusOr<int> SocketGroupId(const std::string& group) {
+  constexpr char flag[] = "--socket-group";
+  if (group.empty()) return absl::InvalidArgumentError(absl::StrCat(flag, ": empty group name"));
+  uint64_t gid = 0;
+  if (absl::SimpleAtoi(group, &gid)) {
+    // A negative gid means "no group" to OpenSocketToGroup and PeerOutsideGroup.
+    if (gid > static_cast<uint64_t>(std::numeric_limits<int>::max())) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(flag, ": group id ", group, " is out of range (0..", std::numeric_limits<int>::max(), ")"));
+    }
+    return static_cast<int>(gid);
+  }
+  struct group info {};
+  std::vector<char> buf(16384);
+  struct group* found = nullptr;
+  const int rc = ::getgrnam_r(group.c_str(), &info, buf.data(), buf.size(), &found);
+  if (rc != 0 || found == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat(flag, ": no group named \"", group, "\"",
+                                                   rc != 0 ? absl::StrCat(" (", std::strerror(rc), ")") : ""));
+  }
+  if (found->gr_gid > static_cast<gid_t>(std::numeric_limits<int>::max())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(flag, ": group \"", group, "\" has id ", found->gr_gid, ", out of range"));
+  }
+  return static_cast<int>(found->gr_gid);
 }
 
 std::string PeerOutsideGroup(int fd, int gid, const std::string& where) {

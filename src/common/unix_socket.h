@@ -18,6 +18,7 @@
 #include <string>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 
 namespace ckpt {
 
@@ -45,6 +46,13 @@ class OwnerOnlyUmask {
 // membership of `gid`; the file then keeps the owner's group), or the chmod
 // failure.
 absl::Status OpenSocketToGroup(const std::string& path, int gid);
+
+// The group id a daemon's --socket-group names: a number (0 .. 2^31-1) or a
+// group name looked up in the group database (getgrnam_r). Blocks on that
+// lookup (NSS may ask a directory service). Errors: InvalidArgument naming
+// the flag ("--socket-group: no group named \"x\""), for an unknown or empty
+// name, or an id out of that range.
+absl::StatusOr<int> SocketGroupId(const std::string& group);
 
 // Why the process connected on unix socket `fd` may not use it, or "" when it
 // may: with `gid` < 0 anyone may; otherwise root, our own uid, and processes

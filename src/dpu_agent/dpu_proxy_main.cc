@@ -5,24 +5,21 @@
 //
 // Exit codes: 0 after SIGTERM/SIGINT, 1 for a runtime failure (the socket
 // cannot be made), 2 for a usage or configuration error.
-#include <grp.h>
 #include <signal.h>
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
 
 #include <cstdio>
-#include <cstring>
 #include <map>
 #include <set>
 #include <string>
-#include <vector>
 
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/config.h"
 #include "common/log.h"
 #include "common/sd_notify.h"
+#include "common/unix_socket.h"
 #include "dpu_agent/dpu_proxy.h"
 #include "server/cmd/daemon.h"
 
@@ -38,21 +35,6 @@ const std::set<std::string>& KnownKeys() {
       "tls_ca",      "tls_cert", "tls_key", "log_level",   "log_json",        "log_file",
   };
   return *keys;
-}
-
-// A group by name or number (--socket-group).
-absl::StatusOr<int> GroupId(const std::string& name) {
-  uint32_t gid = 0;
-  if (absl::SimpleAtoi(name, &gid)) return static_cast<int>(gid);
-  struct group info {};
-  std::vector<char> buf(16384);
-  struct group* found = nullptr;
-  const int rc = ::getgrnam_r(name.c_str(), &info, buf.data(), buf.size(), &found);
-  if (rc != 0 || found == nullptr) {
-    return absl::InvalidArgumentError(absl::StrCat("--socket-group: no group named \"", name, "\"",
-                                                   rc != 0 ? absl::StrCat(" (", std::strerror(rc), ")") : ""));
-  }
-  return static_cast<int>(found->gr_gid);
 }
 
 struct Settings {
@@ -75,7 +57,7 @@ absl::StatusOr<Settings> LoadSettings(const std::string& config_file, const std:
   p.dpu_node = config->GetStringOr("dpu_node", "");
   p.socket_path = config->GetStringOr("socket", kDefaultSocket);
   if (const std::string group = config->GetStringOr("socket_group", ""); !group.empty()) {
-    absl::StatusOr<int> gid = GroupId(group);
+    absl::StatusOr<int> gid = SocketGroupId(group);
     if (!gid.ok()) return gid.status();
     p.socket_gid = *gid;
   }

@@ -121,5 +121,38 @@ TEST(UnixSocket, AGroupThatCannotBeGivenIsAClearError) {
   EXPECT_EQ(WEXITSTATUS(status), 0) << "see the child's stderr above (3: could not drop to uid 4343)";
 }
 
+TEST(SocketGroupId, TakesANumberAsTheGroupId) {
+  EXPECT_EQ(*SocketGroupId("0"), 0);
+  EXPECT_EQ(*SocketGroupId("4242"), 4242);
+  EXPECT_EQ(*SocketGroupId("2147483647"), 2147483647);
+}
+
+TEST(SocketGroupId, LooksANameUpInTheGroupDatabase) {
+  // Our own group, by the name the group database gives it.
+  const struct group* own = ::getgrgid(::getegid());
+  if (own == nullptr) GTEST_SKIP() << "gid " << ::getegid() << " has no name in the group database";
+  const std::string name = own->gr_name;
+  absl::StatusOr<int> gid = SocketGroupId(name);
+  ASSERT_TRUE(gid.ok()) << gid.status();
+  EXPECT_EQ(*gid, static_cast<int>(::getegid()));
+}
+
+TEST(SocketGroupId, AnUnknownNameIsAClearError) {
+  absl::StatusOr<int> gid = SocketGroupId("ckpt-no-such-group-xyz");
+  EXPECT_EQ(gid.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(gid.status().message(), ::testing::HasSubstr("--socket-group: no group named \"ckpt-no-such-group-xyz\""));
+}
+
+// A gid that does not fit an int would read as "no group" (negative) to the
+// socket's checks: refused, not taken as "anyone may connect".
+TEST(SocketGroupId, AnIdOutOfRangeOrAnEmptyNameIsRefused) {
+  for (const char* bad : {"2147483648", "4294967295", "18446744073709551615", ""}) {
+    absl::StatusOr<int> gid = SocketGroupId(bad);
+    EXPECT_EQ(gid.status().code(), absl::StatusCode::kInvalidArgument) << "\"" << bad << "\"";
+    EXPECT_THAT(gid.status().message(), ::testing::HasSubstr("--socket-group")) << bad;
+  }
+  EXPECT_THAT(SocketGroupId("2147483648").status().message(), ::testing::HasSubstr("out of range"));
+}
+
 }  // namespace
 }  // namespace ckpt

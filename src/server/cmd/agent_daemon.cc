@@ -11,7 +11,6 @@
 //
 // Exit codes: 0 after a clean shutdown, 1 for a runtime failure (cannot bind,
 // memory tier cannot be reserved), 2 for a usage or configuration error.
-#include <grp.h>
 #include <signal.h>
 #include <sys/stat.h>
 #include <sys/socket.h>
@@ -104,21 +103,6 @@ struct Settings {
 
 using daemon::AgentFlavor;
 
-// A group by name or number (--socket-group).
-absl::StatusOr<int64_t> GroupId(const std::string& name) {
-  uint32_t gid = 0;
-  if (absl::SimpleAtoi(name, &gid)) return static_cast<int64_t>(gid);
-  struct group info {};
-  std::vector<char> buf(16384);
-  struct group* found = nullptr;
-  const int rc = ::getgrnam_r(name.c_str(), &info, buf.data(), buf.size(), &found);
-  if (rc != 0 || found == nullptr) {
-    return absl::InvalidArgumentError(absl::StrCat("--socket-group: no group named \"", name, "\"",
-                                                   rc != 0 ? absl::StrCat(" (", std::strerror(rc), ")") : ""));
-  }
-  return static_cast<int64_t>(found->gr_gid);
-}
-
 absl::StatusOr<Settings> LoadSettings(const std::string& config_file, const std::map<std::string, std::string>& flags,
                                       const AgentFlavor& flavor) {
   absl::StatusOr<Config> config = daemon::LoadDaemonConfig(config_file, flags, KnownKeys());
@@ -196,7 +180,7 @@ absl::StatusOr<Settings> LoadSettings(const std::string& config_file, const std:
   if (*grace < absl::ZeroDuration()) return absl::InvalidArgumentError("--session-grace-ms must not be negative");
   a.session_grace_ms = absl::ToInt64Milliseconds(*grace);
   if (const std::string group = config->GetStringOr("socket_group", ""); !group.empty()) {
-    CKPT_ASSIGN_OR_RETURN(a.socket_gid, GroupId(group));
+    CKPT_ASSIGN_OR_RETURN(a.socket_gid, SocketGroupId(group));
   }
   absl::StatusOr<absl::Duration> rpc_timeout = config->GetDurationOr("rpc_timeout_ms", absl::Seconds(10));
   if (!rpc_timeout.ok()) return rpc_timeout.status();

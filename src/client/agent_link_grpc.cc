@@ -19,49 +19,39 @@ class GrpcAgentLink final : public AgentLink {
       : channel_(std::move(channel)), stub_(v1::AgentService::NewStub(channel_)) {}
 
   absl::Status AgentStatus(v1::AgentStatusResponse* resp, absl::Duration timeout) override {
-    auto ctx = ContextWithTimeout(timeout);
-    return FromGrpc(stub_->AgentStatus(ctx.get(), {}, resp), "AgentStatus");
+    return CallUnary(*stub_, &Stub::AgentStatus, v1::AgentStatusRequest{}, resp, timeout, "AgentStatus");
   }
   absl::Status AcquireStagingLease(const v1::AcquireStagingLeaseRequest& req, v1::AcquireStagingLeaseResponse* resp,
                                    absl::Duration timeout) override {
-    auto ctx = ContextWithTimeout(timeout);
-    return FromGrpc(stub_->AcquireStagingLease(ctx.get(), req, resp), "AcquireStagingLease");
+    return CallUnary(*stub_, &Stub::AcquireStagingLease, req, resp, timeout, "AcquireStagingLease");
   }
   absl::Status AbortLease(const v1::AbortLeaseRequest& req, absl::Duration timeout) override {
-    v1::AbortLeaseResponse resp;
-    auto ctx = ContextWithTimeout(timeout);
-    return FromGrpc(stub_->AbortLease(ctx.get(), req, &resp), "AbortLease");
+    return CallUnary(*stub_, &Stub::AbortLease, req, timeout, "AbortLease");
   }
   absl::Status CommitShard(const v1::CommitShardRequest& req, v1::CommitShardResponse* resp,
                            absl::Duration timeout) override {
-    auto ctx = ContextWithTimeout(timeout);
-    return FromGrpc(stub_->CommitShard(ctx.get(), req, resp), "CommitShard");
+    return CallUnary(*stub_, &Stub::CommitShard, req, resp, timeout, "CommitShard");
   }
   absl::Status OpenShard(const v1::OpenShardRequest& req, v1::OpenShardResponse* resp,
                          absl::Duration timeout) override {
-    auto ctx = ContextWithTimeout(timeout);
-    return FromGrpc(stub_->OpenShard(ctx.get(), req, resp), "OpenShard");
+    return CallUnary(*stub_, &Stub::OpenShard, req, resp, timeout, "OpenShard");
   }
   absl::Status CloseShard(const v1::CloseShardRequest& req, absl::Duration timeout) override {
-    v1::CloseShardResponse resp;
-    auto ctx = ContextWithTimeout(timeout);
-    return FromGrpc(stub_->CloseShard(ctx.get(), req, &resp), "CloseShard");
+    return CallUnary(*stub_, &Stub::CloseShard, req, timeout, "CloseShard");
   }
   absl::Status DeliverShard(const v1::DeliverShardRequest& req, absl::Duration timeout) override {
-    v1::DeliverShardResponse resp;
-    auto ctx = ContextWithTimeout(timeout);
-    return FromGrpc(stub_->DeliverShard(ctx.get(), req, &resp), "DeliverShard");
+    return CallUnary(*stub_, &Stub::DeliverShard, req, timeout, "DeliverShard");
   }
   absl::Status PauseProtection(const v1::PauseProtectionRequest& req, v1::PauseProtectionResponse* resp,
                                absl::Duration timeout) override {
-    auto ctx = ContextWithTimeout(timeout);
-    return FromGrpc(stub_->PauseProtection(ctx.get(), req, resp), "PauseProtection");
+    return CallUnary(*stub_, &Stub::PauseProtection, req, resp, timeout, "PauseProtection");
   }
   void AwaitRetry(absl::Time until) override { AwaitChannel(channel_.get(), until); }
 
  private:
   const std::shared_ptr<grpc::Channel> channel_;
-  const std::unique_ptr<v1::AgentService::Stub> stub_;
+  using Stub = v1::AgentService::Stub;
+  const std::unique_ptr<Stub> stub_;
 };
 
 }  // namespace

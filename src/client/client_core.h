@@ -232,6 +232,26 @@ void AwaitChannel(grpc::Channel* channel, absl::Time until);
 // A client context whose deadline is `timeout` from now.
 std::unique_ptr<grpc::ClientContext> ContextWithTimeout(absl::Duration timeout);
 
+// One unary call of a generated stub's `method` (e.g.
+// &v1::AgentService::Stub::CommitShard) with a deadline `timeout` from now:
+// the one place the client's links (agent_link_grpc.cc, meta_link_grpc.cc)
+// make a call. Blocks until the answer or the deadline. Returns FromGrpc of
+// the call's status, named `call` ("CommitShard: ...").
+template <typename Stub, typename Request, typename Response>
+absl::Status CallUnary(Stub& stub, grpc::Status (Stub::*method)(grpc::ClientContext*, const Request&, Response*),
+                       const Request& req, Response* resp, absl::Duration timeout, const char* call) {
+  const std::unique_ptr<grpc::ClientContext> ctx = ContextWithTimeout(timeout);
+  return FromGrpc((stub.*method)(ctx.get(), req, resp), call);
+}
+
+// The same for a call whose answer carries nothing the caller needs.
+template <typename Stub, typename Request, typename Response>
+absl::Status CallUnary(Stub& stub, grpc::Status (Stub::*method)(grpc::ClientContext*, const Request&, Response*),
+                       const Request& req, absl::Duration timeout, const char* call) {
+  Response resp;
+  return CallUnary(stub, method, req, &resp, timeout, call);
+}
+
 // Runs a read-only call to meta (`call` sends it through core.meta with the
 // timeout it is given) and, while it fails UNAVAILABLE, sends it again after
 // a backoff spent in MetaLink::AwaitRetry, for up to rpc_timeout in all:

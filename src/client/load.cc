@@ -20,6 +20,7 @@
 #include "absl/synchronization/notification.h"
 #include "ckpt/client.h"
 #include "client/client_core.h"
+#include "client/manifest_proto.h"
 #include "common/crc32c.h"
 #include "common/log.h"
 #include "common/manifest.h"
@@ -118,23 +119,6 @@ absl::StatusOr<v1::LocateResponse> Locate(const ClientCore& core, uint64_t step,
   CKPT_RETURN_IF_ERROR(client::CallMetaRetrying(
       core, [&](absl::Duration timeout) { return core.meta->Locate(req, &resp, timeout); }));
   return resp;
-}
-
-std::vector<ManifestItem> ToManifest(const v1::ShardInfo& shard) {
-  std::vector<ManifestItem> items;
-  items.reserve(shard.items_size());
-  for (const v1::Item& it : shard.items()) {
-    ManifestItem m;
-    m.name = it.name();
-    m.dtype = it.dtype();
-    m.shape.assign(it.shape().begin(), it.shape().end());
-    m.offset_bytes = it.offset_bytes();
-    m.length_bytes = it.length_bytes();
-    m.crc32c = it.crc32c();
-    m.attributes.insert(it.attributes().begin(), it.attributes().end());
-    items.push_back(std::move(m));
-  }
-  return SortedByOffset(items);
 }
 
 // OK iff every item of the shard's own (references aside) lies inside a
@@ -277,7 +261,8 @@ absl::Status FinishOpen(ClientCore& core, const v1::LocateResponse* located, v1:
     opened.items = *std::move(items);
   } else {
     // An agent that does not pack manifests: items in the shard info.
-    opened.items = ToManifest(opened.shard.items_size() > 0 ? opened.shard : want.shard());
+    opened.items =
+        client::SortedManifestFromProto(opened.shard.items_size() > 0 ? opened.shard.items() : want.shard().items());
     opened.shard.clear_items();
   }
   if (want.shard().manifest_digest() != 0 && digest != 0 && digest != want.shard().manifest_digest()) {

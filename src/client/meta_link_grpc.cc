@@ -20,36 +20,31 @@ class GrpcMetaLink final : public MetaLink {
 
   absl::Status CreateJob(const v1::CreateJobRequest& req, v1::CreateJobResponse* resp,
                          absl::Duration timeout) override {
-    auto ctx = ContextWithTimeout(timeout);
-    return FromGrpc(stub_->CreateJob(ctx.get(), req, resp), "CreateJob");
+    return CallUnary(*stub_, &Stub::CreateJob, req, resp, timeout, "CreateJob");
   }
   absl::Status GetJob(const v1::GetJobRequest& req, v1::GetJobResponse* resp, absl::Duration timeout) override {
-    auto ctx = ContextWithTimeout(timeout);
-    return FromGrpc(stub_->GetJob(ctx.get(), req, resp), "GetJob");
+    return CallUnary(*stub_, &Stub::GetJob, req, resp, timeout, "GetJob");
   }
   absl::Status WaitVersion(const v1::WaitVersionRequest& req, v1::WaitVersionResponse* resp,
                            absl::Duration timeout) override {
-    auto ctx = ContextWithTimeout(timeout);
-    return FromGrpc(stub_->WaitVersion(ctx.get(), req, resp), "WaitVersion");
+    return CallUnary(*stub_, &Stub::WaitVersion, req, resp, timeout, "WaitVersion");
   }
   absl::Status Latest(const v1::LatestRequest& req, v1::LatestResponse* resp, absl::Duration timeout) override {
-    auto ctx = ContextWithTimeout(timeout);
-    return FromGrpc(stub_->Latest(ctx.get(), req, resp), "Latest");
+    return CallUnary(*stub_, &Stub::Latest, req, resp, timeout, "Latest");
   }
   absl::Status Locate(const v1::LocateRequest& req, v1::LocateResponse* resp, absl::Duration timeout) override {
-    auto ctx = ContextWithTimeout(timeout);
-    return FromGrpc(stub_->Locate(ctx.get(), req, resp), "Locate");
+    return CallUnary(*stub_, &Stub::Locate, req, resp, timeout, "Locate");
   }
   absl::Status ClusterStatus(const v1::ClusterStatusRequest& req, v1::ClusterStatusResponse* resp,
                              absl::Duration timeout) override {
-    auto ctx = ContextWithTimeout(timeout);
-    return FromGrpc(stub_->ClusterStatus(ctx.get(), req, resp), "ClusterStatus");
+    return CallUnary(*stub_, &Stub::ClusterStatus, req, resp, timeout, "ClusterStatus");
   }
   void AwaitRetry(absl::Time until) override { AwaitChannel(channel_.get(), until); }
 
  private:
   const std::shared_ptr<grpc::Channel> channel_;
-  const std::unique_ptr<v1::MetaService::Stub> stub_;
+  using Stub = v1::MetaService::Stub;
+  const std::unique_ptr<Stub> stub_;
 };
 
 }  // namespace

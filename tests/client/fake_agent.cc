@@ -12,6 +12,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "client/manifest_proto.h"
 #include "common/crc32c.h"
 #include "common/file_system.h"
 #include "common/manifest.h"
@@ -303,17 +304,7 @@ Status FakeAgent::ApplyCommit(Lease& lease, const v1::CommitShardRequest& req,
     if (!decoded.ok()) return ToGrpc(decoded.status());
     manifest = *std::move(decoded);
   }
-  for (const v1::Item& it : req.items()) {
-    ManifestItem m;
-    m.name = it.name();
-    m.dtype = it.dtype();
-    m.shape.assign(it.shape().begin(), it.shape().end());
-    m.offset_bytes = it.offset_bytes();
-    m.length_bytes = it.length_bytes();
-    m.crc32c = it.crc32c();
-    m.attributes.insert(it.attributes().begin(), it.attributes().end());
-    manifest.push_back(std::move(m));
-  }
+  for (const v1::Item& it : req.items()) manifest.push_back(client::ManifestItemFromProto(it));
   if (absl::Status s = ValidateManifest(manifest, size); !s.ok()) return ToGrpc(s);
   // Check the client: every item's crc from the file, and zero padding.
   const std::vector<ManifestItem> sorted = SortedByOffset(manifest);

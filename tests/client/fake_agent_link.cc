@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "client/manifest_proto.h"
 #include "common/crc32c.h"
 #include "common/manifest.h"
 
@@ -14,23 +15,6 @@ namespace ckpt::testing {
 
 namespace {
 constexpr uint64_t kPage = 4096;
-
-// A commit's unpacked items, sorted for EncodeManifest.
-std::vector<ManifestItem> ToManifestItems(const google::protobuf::RepeatedPtrField<v1::Item>& items) {
-  std::vector<ManifestItem> out;
-  for (const v1::Item& it : items) {
-    ManifestItem m;
-    m.name = it.name();
-    m.dtype = it.dtype();
-    m.shape.assign(it.shape().begin(), it.shape().end());
-    m.offset_bytes = it.offset_bytes();
-    m.length_bytes = it.length_bytes();
-    m.crc32c = it.crc32c();
-    m.attributes.insert(it.attributes().begin(), it.attributes().end());
-    out.push_back(std::move(m));
-  }
-  return SortedByOffset(out);
-}
 }  // namespace
 
 FakeAgentLink::FakeAgentLink(Options options) : options_(std::move(options)) {
@@ -185,7 +169,7 @@ absl::Status FakeAgentLink::CommitShard(const v1::CommitShardRequest& req, v1::C
   lease->shard.mutable_key()->set_step(lease->step);
   lease->shard.set_size_bytes(req.size_bytes());
   lease->shard.set_crc32c(crc);
-  lease->manifest = req.items_size() > 0 ? EncodeManifest(ToManifestItems(req.items())) : req.manifest();
+  lease->manifest = req.items_size() > 0 ? EncodeManifest(client::SortedManifestFromProto(req.items())) : req.manifest();
   lease->shard.set_manifest_digest(ManifestDigestOfEncoding(lease->manifest));
   v1::ShardInfo* shard = resp->mutable_shard();
   shard->mutable_key()->set_step(lease->step);

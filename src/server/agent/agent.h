@@ -186,6 +186,12 @@ class Agent : private MetaSession::Delegate {
   // Refuses new work, wakes every wait, stops the data plane, drains the
   // executors and joins every thread. Idempotent.
   void Stop();
+  // A clean shutdown (SIGTERM) is under way: meta is told, so the node's
+  // lease running out is not a failure in its MTBF (MetaSession::
+  // AnnounceStop). Call before Stop(); a crash never calls it.
+  void AnnounceStop() {
+    if (session_) session_->AnnounceStop();
+  }
 
   // ---- save path (see Ingest) ----
   // Ingest::AcquireLease and Ingest::Commit. A lease is committed, aborted,

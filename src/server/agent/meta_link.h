@@ -64,6 +64,9 @@ struct LoadReport {
   // Not load: the membership generation this agent holds (0: none), so that
   // meta sends the members only when they changed.
   uint64_t membership_generation = 0;
+  // Not load: the agent is stopping on purpose (MetaSession::AnnounceStop),
+  // so meta does not count its lease running out as a failure.
+  bool stopping = false;
 };
 
 // A node that may push to and read from this agent (membership.h).

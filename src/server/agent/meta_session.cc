@@ -440,6 +440,7 @@ void MetaSession::Heartbeat() {
   {
     CheckedLock lock(&mu_);
     inc = incarnation_;
+    load.stopping = announced_stop_;
   }
   uint64_t number = 0;
   if (options_.membership != nullptr) {
@@ -559,6 +560,16 @@ void MetaSession::WatchLoop() {
     auto changed = [this, seen]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stopping_ || incarnation_ != seen; };
     clock_->AwaitWithTimeout(&mu_, absl::Condition(&changed), absl::Seconds(1));
   }
+}
+
+void MetaSession::AnnounceStop() {
+  {
+    CheckedLock lock(&mu_);
+    if (announced_stop_) return;
+    announced_stop_ = true;
+    if (incarnation_ == 0) return;  // never registered: nothing to tell
+  }
+  Heartbeat();
 }
 
 void MetaSession::Stop() {

@@ -148,6 +148,11 @@ class MetaSession {
   void WatchLoop();
   // Wakes waits, ends the task stream, cancels pending callbacks. Idempotent.
   void Stop();
+  // A clean shutdown begins: heartbeats from now on (one at once, if
+  // registered) tell meta the agent is stopping on purpose, so that its
+  // lease running out is not counted as a node failure (the MTBF). Best
+  // effort: meta unreachable, it counts as before.
+  void AnnounceStop();
 
   // Waits until something is queued or `timeout` passes (or Stop).
   void AwaitWork(absl::Duration timeout);
@@ -206,6 +211,7 @@ class MetaSession {
 
   mutable absl::Mutex mu_;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  bool announced_stop_ ABSL_GUARDED_BY(mu_) = false;  // AnnounceStop
   uint64_t wake_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t wake_seen_ ABSL_GUARDED_BY(mu_) = 0;  // wake_ when AwaitWork last returned
   uint64_t next_seq_ ABSL_GUARDED_BY(mu_) = 1;

@@ -426,6 +426,7 @@ int Serve(const Settings& settings, const sigset_t& signals, const AgentFlavor& 
   log::Info("{} stopping ({})", kProgram, stop.reason());
   sd::NotifyStopping(absl::StrCat("stopping: ", stop.reason()));
   ready.store(false);
+  if (exit_code == kExitOk) a->AnnounceStop();  // SIGTERM/SIGINT: a clean stop, not a failure in meta's MTBF
   if (server != nullptr) {
     server->Shutdown(std::chrono::system_clock::now() + kDrainDeadline);
     server->Wait();

@@ -164,6 +164,7 @@ struct HeartbeatRequest {
   uint64_t flush_errors_total = 0;
   std::vector<TaskProgress> running_tasks;
   uint64_t membership_generation = 0;  // what the agent holds (0: none)
+  bool stopping = false;               // a clean shutdown: not a failure (Node::stopping)
 };
 
 // A node that may use the data plane (HeartbeatResult::members).

@@ -40,8 +40,9 @@ absl::StatusOr<RegisterResult> MetaCore::RegisterNode(const RegisterRequest& req
       incarnation = old.incarnation + 1;
       was_dead = !NodeIsUsable(old.state);  // DEAD or LEFT
       // A new incarnation while the old one's lease still ran: the agent
-      // crashed (or was killed) and came back before meta noticed.
-      if (live) ++old.failures;
+      // crashed (or was killed) and came back before meta noticed; unless
+      // it said it was stopping (a clean restart) or was drained.
+      if (live && !old.stopping && !old.drained) ++old.failures;
       restarted = live;
     }
     Node& n = state_->nodes[req.node_id];
@@ -60,6 +61,7 @@ absl::StatusOr<RegisterResult> MetaCore::RegisterNode(const RegisterRequest& req
     n.failure_domain = req.failure_domain;
     n.agent_version = req.agent_version;
     n.incarnation = incarnation;
+    n.stopping = false;
     if (n.state != NodeState::kAlive) n.state_since_ms = e.NowMs();
     CKPT_RETURN_IF_ERROR(e.SetNodeState(n, draining ? NodeState::kDraining : NodeState::kAlive));
     n.registered_ms = e.NowMs();
@@ -123,6 +125,14 @@ absl::StatusOr<HeartbeatResult> MetaCore::SubmitHeartbeat(const HeartbeatRequest
     n->flush_lag_bytes = req.flush_lag_bytes;
     n->flush_lag_ms = req.flush_lag_ms;
     n->flush_errors_total = req.flush_errors_total;
+    if (n->stopping != req.stopping) {
+      // Persisted: the lease may run out after a meta restart too.
+      n->stopping = req.stopping;
+      e.txn().Node(*n);
+      if (n->stopping) {
+        log::Info("node {} is stopping (clean shutdown): its lease running out is not a failure", n->id);
+      }
+    }
     if (n->state == NodeState::kSuspect) {
       CKPT_RETURN_IF_ERROR(e.SetNodeState(*n, NodeState::kAlive));  // transient state: not persisted
     }

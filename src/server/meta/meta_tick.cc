@@ -39,12 +39,18 @@ void Engine::ExpireLeases(absl::Time mono, int64_t now) {
     Node& n = s_.nodes[id];
     SetNodeState(n, NodeState::kDead).IgnoreError();  // a refusal is logged by SetNodeState
     n.state_since_ms = now;
-    ++n.failures;
+    // A clean stop (the agent said so) or a drained node is no failure:
+    // the MTBF behind the recommended interval counts crashes only.
+    const bool graceful = n.stopping || n.drained;
+    if (!graceful) ++n.failures;
     txn_.Node(n);
     ++s_.counters.nodes_declared_dead_total;
     ++s_.membership_generation;
-    log::Warn("node {} declared DEAD: lease expired (last heartbeat {} ms ago)", id,
-              now - n.last_heartbeat_ms);
+    log::Warn("node {} declared DEAD: lease expired (last heartbeat {} ms ago){}", id,
+              now - n.last_heartbeat_ms,
+              n.stopping  ? "; it had stopped cleanly: not counted as a failure"
+              : n.drained ? "; it was drained: not counted as a failure"
+                          : "");
     NodeLost(id, "node died (lease expired)");
   }
 }

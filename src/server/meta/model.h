@@ -86,7 +86,12 @@ struct Node {
   int64_t lease_expiry_ms = 0;
   int64_t state_since_ms = 0;
   int64_t first_seen_ms = 0;  // first registration of this node id (any incarnation)
-  uint64_t failures = 0;      // leases expired + re-registrations while the lease ran
+  // Leases expired + re-registrations while the lease ran, except after a
+  // clean stop (`stopping`) or a drain: what the MTBF counts.
+  uint64_t failures = 0;
+  // The agent said it is stopping on purpose (HeartbeatRequest::stopping);
+  // cleared when it registers again.
+  bool stopping = false;
   // Set by DrainNode, cleared only by UndrainNode (or RemoveNode): a drained
   // node registers again as DRAINING, whatever its agent does meanwhile.
   bool drained = false;

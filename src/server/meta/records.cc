@@ -26,7 +26,7 @@ NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(Node, id, grpc_address, data_add
                                                 flush_lag_bytes, flush_lag_ms, flush_errors_total,
                                                 registered_ms, last_heartbeat_ms, lease_expiry_ms,
                                                 state_since_ms, first_seen_ms, failures, drained,
-                                                host_node_id)
+                                                host_node_id, stopping)
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(Item, name, dtype, shape, offset_bytes,
                                                 length_bytes, crc32c, attributes, ref_step)
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(Copy, node_id, role, state, updated_ms, detail)

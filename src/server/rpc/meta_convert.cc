@@ -449,6 +449,7 @@ meta::HeartbeatRequest HeartbeatFromProto(const v1::HeartbeatRequest& req) {
   out.flush_lag_ms = req.flush_lag_ms();
   out.flush_errors_total = req.flush_errors_total();
   out.membership_generation = req.membership_generation();
+  out.stopping = req.stopping();
   out.running_tasks.reserve(req.running_tasks_size());
   for (const v1::TaskProgress& p : req.running_tasks()) {
     meta::TaskProgress t;

@@ -156,6 +156,7 @@ class GrpcMetaLink : public agent::MetaLink {
     req.set_flush_lag_ms(load.flush_lag_ms);
     req.set_flush_errors_total(load.flush_errors_total);
     req.set_membership_generation(load.membership_generation);
+    req.set_stopping(load.stopping);
     for (const agent::RunningTask& t : load.running) {
       v1::TaskProgress* p = req.add_running_tasks();
       p->set_task_id(t.task_id);

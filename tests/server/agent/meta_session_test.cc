@@ -595,5 +595,27 @@ TEST_F(MetaSessionTest, AwaitWorkReturnsWhenSomethingIsQueuedOrTheTimeoutPasses)
   woken.join();
 }
 
+// Issue 40 point 9: a clean shutdown tells meta at once, and every heartbeat
+// after it says so too (a regular round must not take it back).
+TEST_F(MetaSessionTest, AnnounceStopHeartbeatsAtOnceWithStopping) {
+  Connect();
+  session_->ControlOnce();
+  EXPECT_FALSE(meta_.last_load.stopping);
+  meta_.ClearCalls();
+  session_->AnnounceStop();
+  EXPECT_THAT(meta_.Calls(), ElementsAre("heartbeat"));
+  EXPECT_TRUE(meta_.last_load.stopping);
+  clock_.Advance(absl::Seconds(2));
+  session_->ControlOnce();
+  EXPECT_TRUE(meta_.last_load.stopping);
+  session_->AnnounceStop();  // once is enough
+  EXPECT_EQ(meta_.Calls().size(), 2u);
+}
+
+TEST_F(MetaSessionTest, AnnounceStopBeforeRegisteringSendsNothing) {
+  session_->AnnounceStop();
+  EXPECT_TRUE(meta_.Calls().empty());
+}
+
 }  // namespace
 }  // namespace ckpt::agent

@@ -181,6 +181,7 @@ absl::Status Agent::Init() {
   }
   if (count != 0 || lost != 0) log::Info("memory tier: re-adopted {} holdings, {} lost", count, lost);
   metrics_.capacity->Set(static_cast<double>(arena_->capacity_bytes()));
+  metrics_.memory_dir_in_memory->Set(options_.memory_dir_in_memory ? 1 : 0);
   if (data_plane) {
     CKPT_RETURN_IF_ERROR(plane_->Start(options_.data_listen_address, arena_->Data(0), arena_->capacity_bytes()));
   }
@@ -338,6 +339,8 @@ AgentStatusSnapshot Agent::Status() const {
   s.last_flush_error_unix_ms = f.last_error_unix_ms;
   s.running_tasks = runner_->Running();
   s.memory_dir = options_.memory_dir;
+  s.memory_dir_fs = options_.memory_dir_fs;
+  s.memory_dir_in_memory = options_.memory_dir_in_memory;
   s.durable_root = options_.durable_root;
   s.pool_path = arena_->pool_path();
   s.pool_bytes = arena_->capacity_bytes();

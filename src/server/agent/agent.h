@@ -84,6 +84,11 @@ struct AgentOptions {
   // The memory tier (arena.h): its directory must be the agent's own (it is
   // created 0700; docs/agent.md "Memory tier").
   std::string memory_dir;
+  // What memory_dir lives on ("tmpfs", "ext4", ...; "" not known) and
+  // whether that is memory (ckpt-agent finds out with statfs: cmd/memory_fs.h).
+  // Reported in Status() and the ckpt_agent_memory_dir_in_memory gauge.
+  std::string memory_dir_fs;
+  bool memory_dir_in_memory = true;
   uint64_t memory_bytes = 0;
   // Reads and writes the tier's records and incarnation file. Not owned;
   // nullptr: PosixFileSystem(). It must see the real memory_dir (the pool is
@@ -165,6 +170,8 @@ struct AgentStatusSnapshot {
   int64_t last_flush_error_unix_ms = 0;
   std::vector<RunningTask> running_tasks;
   std::string memory_dir;
+  std::string memory_dir_fs;  // AgentOptions::memory_dir_fs
+  bool memory_dir_in_memory = true;
   std::string durable_root;
   std::string pool_path;
   uint64_t pool_bytes = 0;

@@ -71,6 +71,9 @@ AgentMetrics::AgentMetrics(MetricsRegistry& m)
                                       "Versions meta said are restorable from memory, of which this node holds a "
                                       "copy: local loads of them do not ask meta")),
       open_handles(&m.AddGauge("ckpt_agent_open_handles",
-                               "Restore handles local clients hold (each pins its copy's bytes)")) {}
+                               "Restore handles local clients hold (each pins its copy's bytes)")),
+      memory_dir_in_memory(&m.AddGauge("ckpt_agent_memory_dir_in_memory",
+                                       "1 if the memory dir is on tmpfs or hugetlbfs, 0 if on a disk file system "
+                                       "(the memory tier is then a disk file)")) {}
 
 }  // namespace ckpt::agent

@@ -56,6 +56,9 @@ struct AgentMetrics {
   Gauge* open_leases;
   Gauge* restorable_versions;
   Gauge* open_handles;
+  // 1 when the memory dir is on tmpfs/hugetlbfs/ramfs (or not known), 0 on
+  // a disk file system (AgentOptions::memory_dir_fs).
+  Gauge* memory_dir_in_memory;
 };
 
 }  // namespace ckpt::agent

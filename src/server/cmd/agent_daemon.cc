@@ -49,6 +49,7 @@
 #include "server/agent/agent.h"
 #include "server/cmd/agent_daemon.h"
 #include "server/cmd/daemon.h"
+#include "server/cmd/memory_fs.h"
 #include "server/cmd/daemon_tls.h"
 #include "server/rpc/agent_service.h"
 #include "server/rpc/meta_link_grpc.h"
@@ -267,6 +268,18 @@ int Serve(const Settings& settings, const sigset_t& signals, const AgentFlavor& 
   std::unique_ptr<agent::MetaLink> meta =
       rpc::NewGrpcMetaLink(settings.meta, settings.rpc_timeout, *meta_credentials, settings.meta_token);
   agent::AgentOptions options = settings.agent;
+  // The memory tier is meant to be memory: on a disk file system it works,
+  // but as a disk file. Said loudly, and in AgentStatus and /metrics.
+  if (absl::StatusOr<daemon::FsKind> fs = daemon::FsKindOf(options.memory_dir); fs.ok()) {
+    options.memory_dir_fs = fs->name;
+    options.memory_dir_in_memory = fs->in_memory;
+    if (std::string warning = daemon::MemoryDirWarning(options.memory_dir, *fs); !warning.empty()) {
+      log::Warn("{}: WARNING: {}", kProgram, warning);
+    }
+  } else {
+    log::Warn("{}: cannot tell what file system memory dir {} is on: {}", kProgram, options.memory_dir,
+              fs.status().ToString());
+  }
   // Peers and tools dial what the agent advertises: never a wildcard.
   absl::StatusOr<std::string> grpc_address = daemon::AdvertisedAddress(settings.listen, settings.advertise_host);
   if (!grpc_address.ok()) {

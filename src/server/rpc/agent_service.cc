@@ -406,6 +406,8 @@ grpc::Status AgentServiceImpl::AgentStatus(grpc::ServerContext* ctx, const v1::A
     p->set_bytes_total(t.bytes_total);
   }
   resp->set_memory_dir(s.memory_dir);
+  resp->set_memory_dir_fs(s.memory_dir_fs);
+  resp->set_memory_dir_in_memory(s.memory_dir_in_memory);
   resp->set_durable_root(s.durable_root);
   resp->set_data_transport(data_transport_);
   // A pull-mode agent's pool is not for trainers to map (on a DPU it is not

@@ -365,6 +365,8 @@ absl::StatusOr<std::unique_ptr<EtcdClient>> EtcdClient::Create(EtcdOptions optio
     args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 10000);
     args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS,
                 static_cast<int>(absl::ToInt64Milliseconds(options.call_timeout)));
+    // Keep pinging a quiet watch (gRPC stops after 2 pings without data).
+    args.SetInt(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
     Impl::Endpoint e;
     e.address = *target;
     e.channel = grpc::CreateCustomChannel(*target, credentials, args);

@@ -211,9 +211,8 @@ class EtcdClient {
   std::string endpoint() const;
   absl::Duration call_timeout() const;
 
-  struct Impl;  // in etcd_client.cc; public for the watch's use
-
  private:
+  struct Impl;  // etcd_client.cc
   explicit EtcdClient(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
 };
@@ -242,10 +241,9 @@ class EtcdWatch {
   // the reader thread has stopped.
   void Cancel();
 
-  struct Impl;  // in etcd_client.cc
-
  private:
   friend class EtcdClient;
+  struct Impl;  // etcd_client.cc
   explicit EtcdWatch(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
 };

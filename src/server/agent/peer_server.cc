@@ -1,6 +1,8 @@
 #include "server/agent/peer_server.h"
 
 #include <algorithm>
+#include <optional>
+#include <string_view>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -25,6 +27,17 @@ constexpr size_t kScratchPool = 8;
 // How long a push or read from a sender missing from the membership waits for
 // a fresher one (a node that registered since this agent's last heartbeat).
 constexpr absl::Duration kMembershipWait = absl::Seconds(2);
+
+// The id a push's begin or a read request starts with (its xfer, its request
+// id), so that a header that does not decode is still answered with the
+// reason rather than left to the sender's timeout; nullopt if even that is
+// missing.
+std::optional<uint64_t> LeadingId(std::string_view header) {
+  WireReader r(header);
+  const uint64_t id = r.U64();
+  if (!r.ok()) return std::nullopt;
+  return id;
+}
 
 }  // namespace
 
@@ -193,6 +206,10 @@ void PeerServer::OnPutBegin(const Inbound& msg, const absl::Status& status) {
   absl::StatusOr<PutBegin> b = DecodePutBegin(msg.header);
   if (!b.ok()) {
     log::Warn("data plane: bad push from peer {}: {}", msg.from, b.status().ToString());
+    if (const std::optional<uint64_t> xfer = LeadingId(msg.header)) {
+      d_.plane->Send(msg.from, kPutAck,
+                     EncodeResult(Result{*xfer, Annotate(b.status(), "this agent cannot read the push's header")}));
+    }
     return;
   }
   const PushKey key{msg.from, b->xfer};
@@ -457,6 +474,11 @@ void PeerServer::OnReadReq(const Inbound& msg) {
   absl::StatusOr<ReadReq> req = DecodeReadReq(msg.header);
   if (!req.ok()) {
     log::Warn("data plane: bad read request from peer {}: {}", msg.from, req.status().ToString());
+    if (const std::optional<uint64_t> id = LeadingId(msg.header)) {
+      d_.plane->Send(msg.from, kReadEnd,
+                     EncodeResult(Result{*id, Annotate(req.status(), "this agent cannot read the request's header"),
+                                         0, 0}));
+    }
     return;
   }
   const PeerId from = msg.from;

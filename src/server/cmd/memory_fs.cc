@@ -13,7 +13,7 @@ namespace ckpt::daemon {
 
 namespace {
 
-// linux/magic.h values (not every libc exposes them all).
+// statfs(2) f_type magic numbers (not every libc names them all).
 constexpr uint64_t kTmpfs = 0x01021994;
 constexpr uint64_t kHugetlbfs = 0x958458f6;
 constexpr uint64_t kRamfs = 0x858458f6;

@@ -200,10 +200,10 @@ TEST_F(EtcdTest, ExpiredLeaseRemovesItsKeyAndRevokeRemovesAtOnce) {
   EXPECT_THAT(std::string(late.status().message()), HasSubstr(server_->endpoint()));
 
   // A session keeps its lease past the TTL; Close() revokes it: its key goes at once.
-  std::unique_ptr<EtcdSession> session = NewSession(etcd_.get(), absl::Seconds(1));
+  std::unique_ptr<EtcdSession> session = NewSession(etcd_.get(), absl::Seconds(2));
   ASSERT_NE(session, nullptr);
   ASSERT_TRUE(etcd_->Put("/eph/2", "v", session->lease_id()).ok());
-  absl::SleepFor(absl::Seconds(3));  // three TTLs
+  absl::SleepFor(absl::Seconds(3));  // longer than the TTL
   EXPECT_TRUE(session->status().ok()) << session->status();
   kv = etcd_->Get("/eph/2");
   ASSERT_TRUE(kv.ok() && kv->has_value()) << "a kept-alive lease expired";
@@ -321,7 +321,7 @@ TEST_F(EtcdTest, OneLeaderAndTheNextTakesOverWhenItsLeaseIsRevoked) {
 
 TEST_F(EtcdTest, APausedLeaderWhoseLeaseExpiredCannotAppend) {
   std::unique_ptr<EtcdClient> etcd2 = NewClient();
-  std::unique_ptr<EtcdSession> s1 = NewSession(etcd_.get(), absl::Seconds(1));
+  std::unique_ptr<EtcdSession> s1 = NewSession(etcd_.get(), absl::Seconds(2));
   std::unique_ptr<EtcdSession> s2 = NewSession(etcd2.get(), absl::Seconds(2));
   ASSERT_NE(s1, nullptr);
   ASSERT_NE(s2, nullptr);

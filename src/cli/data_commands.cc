@@ -1,6 +1,7 @@
 #include "cli/data_commands.h"
 
 #include <grpcpp/grpcpp.h>
+#include <errno.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <unistd.h>
@@ -27,6 +28,7 @@
 #include "ckpt/v1/agent.grpc.pb.h"
 #include "common/grpc_security.h"
 #include "ckpt/v1/meta.grpc.pb.h"
+#include "common/config.h"
 #include "common/crc32c.h"
 #include "common/durable_format.h"
 #include "common/file_system.h"
@@ -237,14 +239,21 @@ absl::Status StreamFromAgent(const DataOptions& o, const std::string& node, cons
       const auto piece = std::as_bytes(std::span<const char>(msg.data()));
       bad = items.Update(piece);
       if (bad.ok()) bad = out->Append(piece);
+      if (bad.ok() && o.meter != nullptr) o.meter->Add(piece.size());
+      if (bad.ok()) MaybePauseAfterFirstChunk();
     }
   }
+  // A failed read is not progress: the next source starts again.
+  if (o.meter != nullptr && !bad.ok()) o.meter->Rewind(items.position());
   if (!bad.ok()) {
     ctx.TryCancel();
     reader->Finish().ok();  // cancelled by us: its status says nothing new
     return bad;
   }
-  CKPT_RETURN_IF_ERROR(FromGrpc(reader->Finish(), absl::StrCat("ReadShard from ", address)));
+  if (absl::Status s = FromGrpc(reader->Finish(), absl::StrCat("ReadShard from ", address)); !s.ok()) {
+    if (o.meter != nullptr) o.meter->Rewind(items.position());
+    return s;
+  }
   if (items.position() != shard.size_bytes) {
     return absl::DataLossError(absl::StrCat("got ", items.position(), " of ", shard.size_bytes, " bytes"));
   }
@@ -257,9 +266,24 @@ absl::Status StreamFromAgent(const DataOptions& o, const std::string& node, cons
 
 int SaveFile(const DataOptions& o, const std::string& job, uint64_t step, uint32_t rank, uint32_t world_size,
              const std::string& file) {
-  std::ifstream in(file, std::ios::binary);
-  if (!in) return Fail(absl::NotFoundError(absl::StrCat("cannot read '", file, "'")));
-  std::vector<char> data((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::error_code size_error;
+  const uint64_t file_size = std::filesystem::file_size(file, size_error);
+  std::FILE* in = size_error ? nullptr : std::fopen(file.c_str(), "rb");
+  if (in == nullptr) return Fail(absl::NotFoundError(absl::StrCat("cannot read '", file, "'")));
+  // Read in chunks: the progress line counts them (then the copy into the
+  // agent's memory tier and its commit).
+  Progress meter(absl::StrCat("save ", job, "/", step, " rank ", rank), file_size, o.progress);
+  std::vector<char> data(file_size);
+  size_t got = 0;
+  while (got < data.size()) {
+    const size_t n = std::fread(data.data() + got, 1, std::min<size_t>(kReadChunkBytes * 8, data.size() - got), in);
+    if (n == 0) break;
+    got += n;
+    meter.Add(n);
+  }
+  const bool read_error = std::ferror(in) != 0 || got != data.size();
+  std::fclose(in);
+  if (read_error) return Fail(absl::UnavailableError(absl::StrCat("cannot read '", file, "' (", got, " of ", data.size(), " bytes)")));
   // A socket that cannot work fails now, saying what to do, instead of
   // after the client's connect timeout.
   if (absl::Status s = ProbeAgentSocket(o.agent_socket); !s.ok()) return Fail(s);
@@ -289,6 +313,7 @@ int SaveFile(const DataOptions& o, const std::string& job, uint64_t step, uint32
   co.token_file = o.token_file;
   absl::StatusOr<Client> client = Client::Connect(co);
   if (!client.ok()) return Fail(client.status());
+  meter.Note(absl::StrCat("read ", FormatBytes(data.size()), "; copying into the agent's memory tier"));
   SaveBuilder b = client->BeginSave(step);
   const std::string name = std::filesystem::path(file).filename().string();
   absl::Status s = b.Add(name, std::as_bytes(std::span<const char>(data)), DType::kBytes, {data.size()});
@@ -296,6 +321,7 @@ int SaveFile(const DataOptions& o, const std::string& job, uint64_t step, uint32
   absl::StatusOr<SaveHandle> h = b.Commit();
   if (!h.ok()) return Fail(h.status());
   if (absl::Status c = h->Committed(); !c.ok()) return Fail(c);  // the agent holds it before we say so
+  meter.Finish();
   if (o.json) {
     std::cout << Json{{"job", job}, {"step", step}, {"rank", rank}, {"item", name},
                       {"size_bytes", h->size_bytes()}, {"crc32c", Hex(h->crc32c())}}
@@ -353,9 +379,11 @@ absl::Status DecodeOnAgent(const DataOptions& o, const std::map<std::string, std
 // the first source that serves it (a holder, or an agent decoding EC
 // stripes), every crc checked. Returns where it came from; `info` gets the
 // shard's record (items included).
+// `counted`: the shard's size is already in o.meter's total (else added).
 absl::StatusOr<std::string> FetchShard(const DataOptions& o, v1::MetaService::Stub* meta,
                                        const std::map<std::string, std::string>& addresses, const std::string& job,
-                                       uint64_t step, uint32_t r, const std::string& path, v1::ShardInfo* info) {
+                                       uint64_t step, uint32_t r, const std::string& path, v1::ShardInfo* info,
+                                       bool counted = true) {
   v1::LocateRequest lreq;
   lreq.set_job_id(job);
   lreq.set_step(step);
@@ -365,6 +393,7 @@ absl::StatusOr<std::string> FetchShard(const DataOptions& o, v1::MetaService::St
     auto ctx = Context(o);
     CKPT_RETURN_IF_ERROR(FromGrpc(meta->Locate(ctx.get(), lreq, &loc), "Locate"));
   }
+  if (!counted && o.meter != nullptr) o.meter->AddTotal(loc.shard().size_bytes());
   absl::Status read = absl::NotFoundError("no live source");
   std::string served, why;
   std::optional<absl::StatusCode> refusal;
@@ -425,10 +454,16 @@ absl::StatusOr<DurableShard> Materialize(const DataOptions& o, v1::MetaService::
   absl::StatusOr<DurableShard> dense = absl::UnknownError("not materialized");
   [&] {
     for (uint64_t base : RefSteps(shard.items)) {
-      const std::string file = absl::StrCat(path, ".ref-", base);
+      // Hidden and named after this process (RestoreTempFileOwner): removed
+      // on Ctrl-C, and swept by a later restore if this one is killed.
+      const std::filesystem::path p(path);
+      const std::string file = (p.parent_path() / absl::StrCat(".", p.filename().string(), ".ref-", base, ".tmp-",
+                                                               ::getpid()))
+                                   .string();
       base_files[base] = file;
       v1::ShardInfo info;
-      absl::StatusOr<std::string> from = FetchShard(o, meta, addresses, job, base, shard.rank, file, &info);
+      absl::StatusOr<std::string> from =
+          FetchShard(o, meta, addresses, job, base, shard.rank, file, &info, /*counted=*/false);
       if (!from.ok()) {
         dense = Annotate(from.status(), absl::StrCat("version ", base, ", whose items version ", step,
                                                      " refers to"));
@@ -461,8 +496,34 @@ absl::StatusOr<DurableShard> Materialize(const DataOptions& o, v1::MetaService::
   return dense;
 }
 
-int RestoreOnline(const DataOptions& o, const std::string& job, uint64_t step, std::optional<uint32_t> rank,
+// Makes `out_dir`, watches it for Ctrl-C, sweeps stale temporary files of
+// ours there (their count in `*swept`) and, for a full restore (`uncommit`),
+// removes a COMMITTED marker of what was there before.
+absl::Status PrepareOutDir(const std::string& out_dir, bool uncommit, int* swept) {
+  std::error_code ec;
+  std::filesystem::create_directories(out_dir, ec);
+  if (ec) return absl::UnavailableError(absl::StrCat("cannot create '", out_dir, "': ", ec.message()));
+  WatchRestoreDir(out_dir);
+  *swept = SweepStaleRestoreTempFiles(out_dir);
+  if (uncommit) {
+    const std::string marker = absl::StrCat(out_dir, "/", std::string(kDurableCommittedFileName));
+    if (::unlink(marker.c_str()) != 0 && errno != ENOENT) {
+      return absl::UnavailableError(absl::StrCat("cannot remove '", marker, "': ", std::strerror(errno)));
+    }
+  }
+  return absl::OkStatus();
+}
+
+void PrintSwept(const std::string& out_dir, int swept) {
+  if (swept > 0) {
+    std::cout << "removed " << swept << " stale temporary file(s) of an earlier, interrupted restore in " << out_dir
+              << "\n";
+  }
+}
+
+int RestoreOnline(const DataOptions& options, const std::string& job, uint64_t step, std::optional<uint32_t> rank,
                   const std::string& out_dir) {
+  DataOptions o = options;
   auto meta = v1::MetaService::NewStub(Channel(o, o.meta));
   absl::StatusOr<std::map<std::string, std::string>> addresses = NodeAddresses(o, meta.get());
   if (!addresses.ok()) return Fail(addresses.status());
@@ -472,9 +533,15 @@ int RestoreOnline(const DataOptions& o, const std::string& job, uint64_t step, s
   if (rank && *rank >= world) {
     return Fail(absl::InvalidArgumentError(absl::StrCat("rank ", *rank, " is out of range: world size ", world)));
   }
-  std::error_code ec;
-  std::filesystem::create_directories(out_dir, ec);
-  if (ec) return Fail(absl::UnavailableError(absl::StrCat("cannot create '", out_dir, "': ", ec.message())));
+  int swept = 0;
+  if (absl::Status s = PrepareOutDir(out_dir, !rank, &swept); !s.ok()) return Fail(s);
+  if (!o.json) PrintSwept(out_dir, swept);
+  uint64_t total = 0;
+  for (const v1::ShardDetail& d : vresp.version().shards()) {
+    if (!rank || d.info().key().rank() == *rank) total += d.info().size_bytes();
+  }
+  Progress meter(absl::StrCat("restore ", job, "/", step), total, o.progress);
+  o.meter = &meter;
   DurableManifest manifest;
   manifest.job_id = job;
   manifest.step = step;
@@ -500,6 +567,7 @@ int RestoreOnline(const DataOptions& o, const std::string& job, uint64_t step, s
     files.push_back(Json{{"rank", r}, {"path", path}, {"size_bytes", shard.size_bytes},
                          {"crc32c", Hex(shard.crc32c)}, {"served_from", *served}});
     if (!o.json) {
+      meter.Clear();
       std::cout << "rank " << r << ": " << shard.size_bytes << " bytes from " << *served << ", crc32c "
                 << Hex(shard.crc32c) << " verified -> " << path << "\n";
     }
@@ -508,17 +576,136 @@ int RestoreOnline(const DataOptions& o, const std::string& job, uint64_t step, s
   bool committed = false;
   if (!rank) {
     // A complete version: make out_dir a durable-tier version directory.
+    SetWritingManifest(true);
     absl::Status s = WriteDurableManifest(PosixFileSystem(), out_dir, manifest);
+    SetWritingManifest(false);
     if (!s.ok()) return Fail(s);
     committed = true;
   }
+  meter.Finish();
   if (o.json) {
     std::cout << Json{{"job", job}, {"step", step}, {"world_size", world}, {"out_dir", out_dir},
-                      {"committed", committed}, {"files", files}}
+                      {"committed", committed}, {"stale_temp_files_removed", swept}, {"files", files}}
                      .dump(2)
               << "\n";
   } else if (committed) {
     std::cout << "wrote manifest.json and COMMITTED: " << out_dir << " is a loadable version directory\n";
+  }
+  return 0;
+}
+
+namespace {
+
+// Copies the rank file of `shard` (no references) from `from_dir` into a
+// RankFileWriter at `path` chunk by chunk, checking every item's crc32c as the
+// bytes go by and the whole file's at Commit (what ReadRankFile checks).
+absl::Status CopyRankFile(const DataOptions& o, const std::string& from_dir, const DurableShard& shard,
+                          const std::string& path) {
+  const std::string src = absl::StrCat(from_dir, "/", shard.file);
+  std::FILE* in = std::fopen(src.c_str(), "rb");
+  if (in == nullptr) {
+    return absl::DataLossError(absl::StrCat("rank ", shard.rank, ": cannot open ", src, ": ", std::strerror(errno)));
+  }
+  absl::Status s = [&]() -> absl::Status {
+    CKPT_ASSIGN_OR_RETURN(std::unique_ptr<RankFileWriter> out,
+                          RankFileWriter::Create(PosixFileSystem(), path, shard.size_bytes, shard.crc32c));
+    ItemCrcStream items(shard.items);
+    std::vector<std::byte> buf(kReadChunkBytes);
+    while (true) {
+      const size_t n = std::fread(buf.data(), 1, buf.size(), in);
+      if (n == 0) break;
+      if (items.position() + n > shard.size_bytes) {
+        return absl::DataLossError(absl::StrCat("rank ", shard.rank, ": ", src, " is longer than the ",
+                                                shard.size_bytes, " bytes the manifest says"));
+      }
+      const std::span<const std::byte> piece(buf.data(), n);
+      CKPT_RETURN_IF_ERROR(items.Update(piece));
+      CKPT_RETURN_IF_ERROR(out->Append(piece));
+      if (o.meter != nullptr) o.meter->Add(n);
+      MaybePauseAfterFirstChunk();
+    }
+    if (std::ferror(in) != 0) return absl::UnavailableError(absl::StrCat("read error on ", src));
+    if (items.position() != shard.size_bytes) {
+      return absl::DataLossError(absl::StrCat("rank ", shard.rank, ": ", src, " has ", items.position(),
+                                              " bytes, the manifest says ", shard.size_bytes));
+    }
+    CKPT_RETURN_IF_ERROR(items.Finish());
+    return out->Commit();  // size and whole-file crc32c, then durable
+  }();
+  std::fclose(in);
+  return s;
+}
+
+}  // namespace
+
+int RestoreFromDir(const DataOptions& options, const std::string& from_dir, const std::string& out_dir) {
+  DataOptions o = options;
+  FileSystem* fs = PosixFileSystem();
+  absl::StatusOr<DurableManifest> m = ReadDurableManifest(fs, from_dir);
+  if (!m.ok()) return Fail(m.status());
+  int swept = 0;
+  if (absl::Status s = PrepareOutDir(out_dir, /*uncommit=*/true, &swept); !s.ok()) return Fail(s);
+  if (!o.json) PrintSwept(out_dir, swept);
+  uint64_t in_total = 0;
+  for (const DurableShard& shard : m->shards) in_total += shard.size_bytes;
+  Progress meter(absl::StrCat("restore ", m->job_id, "/", m->step), in_total, o.progress);
+  o.meter = &meter;
+  Json files = Json::array();
+  uint64_t total = 0;
+  DurableManifest dense = *m;  // with every item in its own rank file (format 1)
+  dense.format_version = kDurableFormatVersion;
+  dense.writer = "ckptctl restore";
+  dense.created_unix_ms = absl::ToUnixMillis(absl::Now());
+  for (DurableShard& shard : dense.shards) {
+    const std::string path = absl::StrCat(out_dir, "/", shard.file);
+    if (RefSteps(shard.items).empty()) {
+      if (absl::Status s = CopyRankFile(o, from_dir, shard, path); !s.ok()) return Fail(s);
+    } else {
+      // An incremental version: its references are read from the versions
+      // they name and laid out, with its own items, in one self-contained
+      // shard (in memory).
+      std::vector<std::byte> bytes;
+      absl::StatusOr<DurableShard> materialized = MaterializeDurableShard(fs, from_dir, *m, shard, &bytes);
+      if (!materialized.ok()) return Fail(materialized.status());
+      meter.AddTotal(materialized->size_bytes > shard.size_bytes ? materialized->size_bytes - shard.size_bytes : 0);
+      shard = *std::move(materialized);
+      absl::StatusOr<std::unique_ptr<RankFileWriter>> w =
+          RankFileWriter::Create(fs, path, shard.size_bytes, shard.crc32c);
+      absl::Status s = w.status();
+      for (uint64_t at = 0; s.ok() && at < bytes.size(); at += kReadChunkBytes) {
+        const size_t n = static_cast<size_t>(std::min<uint64_t>(kReadChunkBytes, bytes.size() - at));
+        s = (*w)->Append(std::span<const std::byte>(bytes.data() + at, n));
+        meter.Add(n);
+        MaybePauseAfterFirstChunk();
+      }
+      if (s.ok()) s = (*w)->Commit();
+      if (!s.ok()) return Fail(s);
+    }
+    total += shard.size_bytes;
+    files.push_back(Json{{"rank", shard.rank}, {"path", path}, {"size_bytes", shard.size_bytes},
+                         {"crc32c", Hex(shard.crc32c)}});
+  }
+  // manifest.json, then COMMITTED: out_dir is a committed version directory.
+  SetWritingManifest(true);
+  absl::Status committed = WriteDurableManifest(fs, out_dir, dense);
+  SetWritingManifest(false);
+  if (!committed.ok()) return Fail(committed);
+  meter.Finish();
+  if (o.json) {
+    std::cout << Json{{"job", m->job_id},
+                      {"step", m->step},
+                      {"world_size", m->world_size},
+                      {"out_dir", out_dir},
+                      {"total_bytes", total},
+                      {"committed", true},
+                      {"stale_temp_files_removed", swept},
+                      {"files", files}}
+                     .dump(2)
+              << "\n";
+  } else {
+    std::cout << "restored " << m->job_id << " step " << m->step << ": " << m->shards.size() << " rank files, "
+              << FormatBytes(total) << ", all checksums verified, to " << out_dir
+              << "; wrote manifest.json and COMMITTED: a loadable version directory\n";
   }
   return 0;
 }

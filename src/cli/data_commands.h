@@ -14,6 +14,7 @@
 #include <optional>
 #include <string>
 
+#include "cli/progress.h"
 #include "common/grpc_security.h"
 
 namespace ckpt::cli {
@@ -31,6 +32,10 @@ struct DataOptions {
   // (empty: the client reads CKPT_TLS_* and CKPT_TOKEN_FILE / CKPT_TOKEN).
   TlsFiles tls;
   std::string token_file;
+  // Progress of save and restore on stderr (--progress, --quiet).
+  ProgressMode progress;
+  // Set by a restore while it runs: counts the bytes written.
+  Progress* meter = nullptr;
 };
 
 // With --json: errors go to stderr as {"error": {"code", "message"}}.
@@ -56,8 +61,22 @@ int SaveFile(const DataOptions& o, const std::string& job, uint64_t step, uint32
 // and checked, or not at all. A full restore also writes
 // manifest.json and COMMITTED, so `out_dir` is a durable-tier version
 // directory (`restore --from-dir` and the Python reader load it).
+// Before writing, temporary files of earlier restores into `out_dir` whose
+// process is gone are removed (SweepStaleRestoreTempFiles) and counted in
+// the output; a full restore first removes a COMMITTED marker already there
+// (the directory is being rewritten), so a restore interrupted part-way never
+// leaves it looking committed. Call StartInterruptWatcher first (Ctrl-C).
 int RestoreOnline(const DataOptions& o, const std::string& job, uint64_t step,
                   std::optional<uint32_t> rank, const std::string& out_dir);
+
+// Copies the committed durable version at `from_dir` to `out_dir`, verifying
+// every item's and file's crc32c, and commits it there (manifest.json, then
+// COMMITTED: WriteDurableManifest), so `out_dir` is itself a loadable version
+// directory (ReadDurableManifest, ckpt.read_durable). A self-contained shard
+// is streamed chunk by chunk; an incremental one (format 2) is laid out in
+// memory as a self-contained one (format 1). Stale temporary files and an
+// old COMMITTED marker as for RestoreOnline.
+int RestoreFromDir(const DataOptions& o, const std::string& from_dir, const std::string& out_dir);
 
 // Asks every node holding copies of (job, step) to re-read and check them
 // (AgentService.Verify); prints each finding. Exit 1 if any copy is bad or a

@@ -28,12 +28,9 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "absl/time/clock.h"
-#include "absl/time/time.h"
 #include "ckpt/v1/meta.grpc.pb.h"
 #include "cli/cert_commands.h"
 #include "cli/data_commands.h"
-#include "cli/progress.h"
 #include "common/config.h"
 #include "common/durable_format.h"
 #include "common/grpc_security.h"
@@ -295,8 +292,6 @@ struct Globals {
   std::shared_ptr<grpc::ChannelCredentials> credentials;  // from tls
   std::string token_file;                               // --token-file
   std::string token;                                    // sent with every call to meta
-  bool progress = false;                                // --progress: progress lines even off a terminal
-  bool quiet = false;                                   // --quiet: none even on a terminal
 };
 
 class Ctl {
@@ -579,9 +574,7 @@ class Ctl {
     return kExitOk;
   }
 
-  // `wait`: with a value, then waits until the version is PERSISTED (Wait).
-  int Flush(const std::string& job, uint64_t step, std::optional<std::optional<absl::Duration>> wait,
-            ProgressMode mode) {
+  int Flush(const std::string& job, uint64_t step) {
     v1::FlushVersionRequest req;
     req.set_job_id(job);
     req.set_step(step);
@@ -590,83 +583,7 @@ class Ctl {
       return kExitFailure;
     }
     if (!g_.json) std::cout << "flush requested\n";
-    if (!wait) return PrintVersion(resp.version(), false);
-    if (!g_.json) PrintVersion(resp.version(), false);
-    return Wait(job, step, v1::DURABILITY_LEVEL_PERSISTED, *wait, mode);
-  }
-
-  // Waits until (job, step) reaches `level` (WaitVersion long polls; meta
-  // being unreachable is ridden out until `timeout`; none: no limit). Exit 0
-  // once reached; 1 on timeout (DEADLINE_EXCEEDED, with the version's state
-  // as meta says it), for a version or job meta does not know (NOT_FOUND), or
-  // one that can never get there (aborted: DATA_LOSS or FAILED_PRECONDITION,
-  // meta's reason).
-  int Wait(const std::string& job, uint64_t step, v1::DurabilityLevel level, std::optional<absl::Duration> timeout,
-           ProgressMode mode) {
-    const std::string level_name = EnumName(v1::DurabilityLevel_Name(level), "DURABILITY_LEVEL_");
-    const std::string what = absl::StrCat(job, "/", step);
-    const absl::Time start = absl::Now();
-    const absl::Time deadline = timeout ? start + *timeout : absl::InfiniteFuture();
-    Progress meter(absl::StrCat("waiting for ", what, " to be ", level_name), 0, mode);
-    v1::WaitVersionRequest req;
-    req.set_job_id(job);
-    req.set_step(step);
-    req.set_level(level);
-    absl::Duration backoff = absl::Milliseconds(100);
-    std::string last;
-    while (true) {
-      const absl::Duration left = std::max(deadline - absl::Now(), absl::ZeroDuration());
-      // Short polls while a progress line shows the time waited.
-      const absl::Duration poll = std::min(left, mode.on ? absl::Seconds(1) : absl::Minutes(10));
-      req.set_timeout_ms(absl::ToInt64Milliseconds(poll));
-      v1::WaitVersionResponse resp;
-      grpc::ClientContext ctx;
-      ctx.set_deadline(absl::ToChronoTime(absl::Now() + poll + absl::Seconds(g_.timeout_s)));
-      AddToken(&ctx, g_.token);
-      const grpc::Status st = stub_->WaitVersion(&ctx, req, &resp);
-      const absl::Duration waited = absl::Now() - start;
-      if (st.ok()) {
-        meter.Clear();
-        if (g_.json) {
-          Json j = VersionJson(resp.version(), false);
-          j["level"] = level_name;
-          j["waited_ms"] = absl::ToInt64Milliseconds(waited);
-          PrintJson(j);
-        } else {
-          std::cout << what << " reached " << level_name << " after " << DurationMs(absl::ToInt64Milliseconds(waited))
-                    << " (state " << VersionStateName(resp.version().state()) << ")\n";
-        }
-        return kExitOk;
-      }
-      const bool time_left = absl::Now() < deadline;
-      if (st.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED || st.error_code() == grpc::StatusCode::UNAVAILABLE) {
-        last = st.error_message();
-        if (time_left) {
-          meter.Note(absl::StrCat(DurationMs(absl::ToInt64Milliseconds(waited)), " so far"));
-          if (st.error_code() == grpc::StatusCode::UNAVAILABLE) {
-            absl::SleepFor(std::min(backoff, std::max(deadline - absl::Now(), absl::ZeroDuration())));
-            backoff = std::min(backoff * 2, absl::Seconds(2));
-          }
-          continue;
-        }
-        meter.Clear();
-        PrintError(g_.json, "DEADLINE_EXCEEDED",
-                   absl::StrCat(what, " did not reach ", level_name, " within ", absl::FormatDuration(*timeout),
-                                st.error_code() == grpc::StatusCode::UNAVAILABLE
-                                    ? absl::StrCat(": ckpt-meta at ", g_.meta, " unreachable: ")
-                                    : ": ",
-                                last));
-        return kExitFailure;
-      }
-      meter.Clear();
-      std::string code = absl::StatusCodeToString(static_cast<absl::StatusCode>(st.error_code()));
-      std::string reason = st.error_code() == grpc::StatusCode::DATA_LOSS ||
-                                   st.error_code() == grpc::StatusCode::FAILED_PRECONDITION
-                               ? absl::StrCat(what, " will never be ", level_name, ": ")
-                               : absl::StrCat("waiting for ", what, " to be ", level_name, ": ");
-      PrintError(g_.json, code, reason + st.error_message());
-      return kExitFailure;
-    }
+    return PrintVersion(resp.version(), false);
   }
 
   int Delete(const std::string& job, uint64_t step, bool force) {
@@ -870,6 +787,78 @@ class Ctl {
   std::unique_ptr<v1::MetaService::Stub> stub_;
 };
 
+int Fail(const absl::Status& s) {
+  PrintError(g_json_errors, absl::StatusCodeToString(s.code()), std::string(s.message()));
+  return kExitFailure;
+}
+
+absl::Status WriteFile(const std::string& path, std::string_view data) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out.write(data.data(), static_cast<std::streamsize>(data.size()));
+  out.close();
+  if (!out) return absl::UnavailableError(absl::StrCat("cannot write '", path, "'"));
+  return absl::OkStatus();
+}
+
+// Copies a committed durable version directory to `out_dir`, verifying every
+// item's and file's crc32c on the way. An incremental version (format 2, its
+// references in older versions' files) comes out self-contained (format 1).
+int Restore(const std::string& from_dir, const std::string& out_dir, bool json) {
+  FileSystem* fs = PosixFileSystem();
+  absl::StatusOr<DurableManifest> m = ReadDurableManifest(fs, from_dir);
+  if (!m.ok()) return Fail(m.status());
+  absl::StatusOr<std::string> manifest_text =
+      ReadFileToString(fs, from_dir + "/" + std::string(kDurableManifestFileName));
+  if (!manifest_text.ok()) return Fail(manifest_text.status());
+  std::error_code ec;
+  std::filesystem::create_directories(out_dir, ec);
+  if (ec) {
+    return Fail(absl::UnavailableError(
+        absl::StrCat("cannot create '", out_dir, "': ", ec.message())));
+  }
+  Json files = Json::array();
+  uint64_t total = 0;
+  DurableManifest dense = *m;  // with every item in its own rank file
+  dense.writer = "ckptctl restore";
+  for (DurableShard& shard : dense.shards) {
+    std::vector<std::byte> bytes;
+    absl::StatusOr<DurableShard> materialized = MaterializeDurableShard(fs, from_dir, *m, shard, &bytes);
+    if (!materialized.ok()) return Fail(materialized.status());
+    shard = *std::move(materialized);
+    const std::string path = absl::StrCat(out_dir, "/", shard.file);
+    absl::Status s = WriteFile(path, std::string_view(reinterpret_cast<const char*>(bytes.data()), bytes.size()));
+    if (!s.ok()) return Fail(s);
+    total += shard.size_bytes;
+    files.push_back(Json{{"rank", shard.rank},
+                         {"path", path},
+                         {"size_bytes", shard.size_bytes},
+                         {"crc32c", CrcHex(shard.crc32c)}});
+  }
+  if (m->format_version != kDurableFormatVersion) {
+    dense.format_version = kDurableFormatVersion;
+    absl::StatusOr<std::string> text = EncodeDurableManifest(dense);
+    if (!text.ok()) return Fail(text.status());
+    *manifest_text = *std::move(text);
+  }
+  absl::Status s = WriteFile(out_dir + "/" + std::string(kDurableManifestFileName), *manifest_text);
+  if (!s.ok()) return Fail(s);
+  if (json) {
+    std::cout << Json{{"job", m->job_id},
+                      {"step", m->step},
+                      {"world_size", m->world_size},
+                      {"out_dir", out_dir},
+                      {"total_bytes", total},
+                      {"files", files}}
+                     .dump(2)
+              << "\n";
+  } else {
+    std::cout << "restored " << m->job_id << " step " << m->step << ": " << m->shards.size()
+              << " rank files, " << FormatBytes(total) << ", all checksums verified, to "
+              << out_dir << "\n";
+  }
+  return kExitOk;
+}
+
 // "4+2" -> (4, 2); nullopt if malformed or zero.
 std::optional<std::pair<uint32_t, uint32_t>> ParseEc(const std::string& s) {
   size_t plus = s.find('+');
@@ -901,9 +890,6 @@ int Main(int argc, char** argv) {
   app.add_option("--timeout", g.timeout_s, "Deadline of each RPC in seconds.")
       ->check(CLI::PositiveNumber)
       ->default_str("30");
-  app.add_flag("--progress", g.progress,
-               "Progress of save, restore and waits on stderr even when it is not a terminal (one line per update).");
-  app.add_flag("-q,--quiet", g.quiet, "No progress on stderr, even on a terminal.");
   app.add_option("--tls-ca", g.tls.ca_file,
                  "PEM file of the CA that signed ckpt-meta's and the agents' certificates: talk "
                  "TLS (default: $CKPT_TLS_CA; docs/security.md)")
@@ -979,25 +965,6 @@ int Main(int argc, char** argv) {
   CLI::App* flush = app.add_subcommand("flush", "Flush a version to durable storage.");
   flush->add_option("JOB", job, "Job id")->required();
   flush->add_option("STEP", step, "Step")->check(non_negative_step)->required();
-  bool flush_wait = false;
-  std::string wait_timeout;
-  flush->add_flag("--wait", flush_wait, "Then wait until the version is PERSISTED");
-  CLI::Option* flush_timeout =
-      flush->add_option("--timeout", wait_timeout,
-                        "With --wait: give up after DUR (30s, 5m, 1h; a plain number is seconds); default: no limit")
-          ->type_name("DUR");
-  CLI::App* wait_cmd = app.add_subcommand(
-      "wait", "Wait until a version reaches a level: exit 0 then, 1 on timeout or if it can never get there.");
-  std::string wait_level;
-  wait_cmd->add_option("JOB", job, "Job id")->required();
-  wait_cmd->add_option("STEP", step, "Step")->check(non_negative_step)->required();
-  wait_cmd->add_option("LEVEL", wait_level, "staged, protected or persisted")
-      ->check(CLI::IsMember({"staged", "protected", "persisted"}))
-      ->required();
-  CLI::Option* wait_timeout_opt =
-      wait_cmd->add_option("--timeout", wait_timeout, "Give up after DUR (30s, 5m, 1h; a plain number is seconds); "
-                                                      "default: no limit")
-          ->type_name("DUR");
   CLI::App* del = app.add_subcommand("delete", "Delete a version.");
   del->add_option("JOB", job, "Job id")->required();
   del->add_option("STEP", step, "Step")->check(non_negative_step)->required();
@@ -1100,9 +1067,6 @@ int Main(int argc, char** argv) {
   }
   g_json_errors = g.json;
   SetJsonErrors(g.json);
-  // Before any thread starts (gRPC's): they inherit SIGINT and SIGTERM
-  // blocked, and the watcher removes the restore's temporary files.
-  if (*restore) StartInterruptWatcher(g.json);
   g.meta = WithDefaultPort(g.meta);
   if (certs.chosen()) return certs.Run(g.json);
   // Every STEP argument, whatever the command: a step above 2^53-1 is a
@@ -1132,24 +1096,13 @@ int Main(int argc, char** argv) {
   } else {
     return UsageError(std::string(t.status().message()));
   }
-  const ProgressMode progress = ChooseProgressMode(g.progress, g.quiet, g.json);
-  DataOptions data{g.meta, agent_socket, g.timeout_s, g.json, g.credentials, g.token, g.tls, g.token_file, progress};
-  // `wait` and `flush --wait`: DUR, or none (no limit).
-  std::optional<absl::Duration> wait_limit;
-  if (flush_timeout->count() > 0 || wait_timeout_opt->count() > 0) {
-    wait_limit = ParseWaitTimeout(wait_timeout);
-    if (!wait_limit) {
-      return UsageError(absl::StrCat("--timeout: expected a duration such as 30s, 5m, 1h30m or a number of seconds; "
-                                     "got '", wait_timeout, "'"));
-    }
-    if (*flush && !flush_wait) return UsageError("flush: --timeout needs --wait");
-  }
+  DataOptions data{g.meta, agent_socket, g.timeout_s, g.json, g.credentials, g.token, g.tls, g.token_file};
   if (*restore) {
     if (from_opt->count() > 0) {
       if (!job.empty()) {
         return UsageError("restore takes either JOB STEP or --from-dir, not both");
       }
-      return RestoreFromDir(data, from_dir, out_dir);
+      return Restore(from_dir, out_dir, g.json);
     }
     if (job.empty() || restore_step->count() == 0) {
       return UsageError("restore needs JOB STEP (or --from-dir PATH)");
@@ -1189,15 +1142,7 @@ int Main(int argc, char** argv) {
     spec.mutable_retention()->set_keep_durable(keep_durable);
     return ctl.CreateJob(spec);
   }
-  if (*flush) {
-    return ctl.Flush(job, step, flush_wait ? std::make_optional(wait_limit) : std::nullopt, progress);
-  }
-  if (*wait_cmd) {
-    const v1::DurabilityLevel level = wait_level == "staged"      ? v1::DURABILITY_LEVEL_STAGED
-                                      : wait_level == "protected" ? v1::DURABILITY_LEVEL_PROTECTED
-                                                                  : v1::DURABILITY_LEVEL_PERSISTED;
-    return ctl.Wait(job, step, level, wait_limit, progress);
-  }
+  if (*flush) return ctl.Flush(job, step);
   if (*del) return ctl.Delete(job, step, force);
   if (*del_job) return ctl.DeleteJob(job, delete_durable);
   if (*update_job) {

@@ -477,6 +477,13 @@ class MetaCore {
   // Jobs with id > after (empty: from the start), at most `limit`.
   absl::StatusOr<std::vector<JobView>> ListJobs(const std::string& after, uint32_t limit) const;
   absl::StatusOr<JobView> DeleteJob(const std::string& job_id, bool delete_durable_files);
+  // Replaces the job's flush and/or retention policy (nullopt: kept); a
+  // tighter retention applies at once (ApplyRetention). Returns the job and
+  // whether anything changed. Errors: NotFound, FailedPrecondition (being
+  // deleted), InvalidArgument (neither given).
+  absl::StatusOr<std::pair<JobView, bool>> UpdateJob(const std::string& job_id,
+                                                     const std::optional<FlushPolicy>& flush,
+                                                     const std::optional<RetentionPolicy>& retention);
   // The job's current plan (or `override`'s over the same alive nodes) and
   // survival estimates for each failure count.
   absl::StatusOr<PlacementView> GetPlacement(const std::string& job_id,

@@ -257,6 +257,52 @@ absl::StatusOr<JobView> MetaCore::DeleteJob(const std::string& job_id, bool dele
   });
 }
 
+absl::StatusOr<std::pair<JobView, bool>> MetaCore::UpdateJob(const std::string& job_id,
+                                                            const std::optional<FlushPolicy>& flush,
+                                                            const std::optional<RetentionPolicy>& retention) {
+  CKPT_RETURN_IF_ERROR(ValidateJobId(job_id));
+  if (!flush.has_value() && !retention.has_value()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "update of job \"", job_id, "\" changes nothing: give a flush policy, a retention policy or both"));
+  }
+  return Write([&](Engine& e) -> absl::StatusOr<std::pair<JobView, bool>> {
+    CKPT_ASSIGN_OR_RETURN(Job * job, e.FindJob(job_id));
+    if (job->deleting) {
+      return absl::FailedPreconditionError(absl::StrCat("job \"", job_id, "\" is being deleted"));
+    }
+    std::vector<std::string> what;
+    if (flush.has_value() && (flush->every_n_versions != job->spec.flush.every_n_versions ||
+                              flush->every_seconds != job->spec.flush.every_seconds)) {
+      what.push_back(absl::StrCat("flush every ", flush->every_n_versions, " versions / ", flush->every_seconds,
+                                  " s (was ", job->spec.flush.every_n_versions, " / ",
+                                  job->spec.flush.every_seconds, ")"));
+      job->spec.flush = *flush;
+    }
+    bool retention_changed = false;
+    if (retention.has_value() && (retention->keep_in_memory != job->spec.retention.keep_in_memory ||
+                                  retention->keep_durable != job->spec.retention.keep_durable)) {
+      what.push_back(absl::StrCat("keep ", retention->EffectiveKeepInMemory(), " in memory and ",
+                                  retention->keep_durable == 0 ? std::string("every")
+                                                               : absl::StrCat(retention->keep_durable),
+                                  " durable (was ", job->spec.retention.EffectiveKeepInMemory(), " and ",
+                                  job->spec.retention.keep_durable == 0
+                                      ? std::string("every")
+                                      : absl::StrCat(job->spec.retention.keep_durable),
+                                  ")"));
+      job->spec.retention = *retention;
+      retention_changed = true;
+    }
+    if (!what.empty()) {
+      e.txn().Job(*job);
+      if (retention_changed) e.ApplyRetention(*job);
+      log::Info("job {} updated: {}", job_id, absl::StrJoin(what, "; "));
+    }
+    auto vs = state_->versions.find(job_id);
+    return std::make_pair(MakeJobView(*job, vs == state_->versions.end() ? nullptr : &vs->second),
+                          !what.empty());
+  });
+}
+
 absl::StatusOr<PlacementView> MetaCore::GetPlacement(
     const std::string& job_id, const std::vector<int>& failures,
     const std::optional<ProtectionPolicy>& override, SurvivalOptions survival) const {

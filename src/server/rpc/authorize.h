@@ -10,7 +10,7 @@
 //   meta, agent RPCs (RegisterNode, Heartbeat, WatchTasks, ReportTaskResult,
 //     ReportInventory, ReportShards, BeginVersion): a node, acting only as
 //     itself (the request's node id must be the certificate's).
-//   meta, admin RPCs (DeleteVersion, DeleteJob, DrainNode, UndrainNode,
+//   meta, admin RPCs (DeleteVersion, DeleteJob, UpdateJob, DrainNode, UndrainNode,
 //     RemoveNode): an admin.
 //   meta, job RPCs: an admin; a node or an operator for reads only (agents
 //     look jobs up for their trainers); a trainer for the jobs its

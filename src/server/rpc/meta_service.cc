@@ -511,6 +511,24 @@ grpc::Status MetaServiceImpl::DeleteJob(grpc::ServerContext* ctx, const v1::Dele
   return grpc::Status::OK;
 }
 
+grpc::Status MetaServiceImpl::UpdateJob(grpc::ServerContext* ctx, const v1::UpdateJobRequest* req,
+                                        v1::UpdateJobResponse* resp) {
+  if (grpc::Status a = AdminCall(*ctx, "UpdateJob"); !a.ok()) return a;
+  std::optional<meta::FlushPolicy> flush;
+  if (req->has_flush()) flush = meta::FlushPolicy{req->flush().every_n_versions(), req->flush().every_seconds()};
+  std::optional<meta::RetentionPolicy> retention;
+  if (req->has_retention()) {
+    retention.emplace();
+    retention->keep_in_memory = req->retention().keep_in_memory();
+    retention->keep_durable = req->retention().keep_durable();
+  }
+  absl::StatusOr<std::pair<meta::JobView, bool>> job = core_->UpdateJob(req->job_id(), flush, retention);
+  if (!job.ok()) return Fail("UpdateJob", job.status());
+  ToProto(job->first, resp->mutable_job());
+  resp->set_changed(job->second);
+  return grpc::Status::OK;
+}
+
 grpc::Status MetaServiceImpl::GetPlacement(grpc::ServerContext* ctx,
                                            const v1::GetPlacementRequest* req,
                                            v1::GetPlacementResponse* resp) {

@@ -54,7 +54,7 @@ class MetaServiceImpl final : public MetaServiceBase {
   // `core` and `clock` are not owned and must outlive this object. `clock`
   // paces WaitVersion's slices (use the core's clock).
   // A non-empty `admin_token` guards the admin RPCs (DeleteVersion,
-  // DeleteJob, DrainNode, UndrainNode, RemoveNode), a non-empty `agent_token` the RPCs
+  // DeleteJob, UpdateJob, DrainNode, UndrainNode, RemoveNode), a non-empty `agent_token` the RPCs
   // only agents make (RegisterNode, Heartbeat, WatchTasks, ReportTaskResult,
   // ReportInventory, ReportShards, BeginVersion), and trainer tokens limit
   // the job RPCs to the jobs each token names (CheckJobCaller): see
@@ -112,6 +112,8 @@ class MetaServiceImpl final : public MetaServiceBase {
                         v1::ListJobsResponse* resp) override;
   grpc::Status DeleteJob(grpc::ServerContext* ctx, const v1::DeleteJobRequest* req,
                          v1::DeleteJobResponse* resp) override;
+  grpc::Status UpdateJob(grpc::ServerContext* ctx, const v1::UpdateJobRequest* req,
+                         v1::UpdateJobResponse* resp) override;
   grpc::Status GetPlacement(grpc::ServerContext* ctx, const v1::GetPlacementRequest* req,
                             v1::GetPlacementResponse* resp) override;
 

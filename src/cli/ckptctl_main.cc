@@ -28,9 +28,12 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "ckpt/v1/meta.grpc.pb.h"
 #include "cli/cert_commands.h"
 #include "cli/data_commands.h"
+#include "cli/progress.h"
 #include "common/config.h"
 #include "common/durable_format.h"
 #include "common/grpc_security.h"
@@ -292,6 +295,8 @@ struct Globals {
   std::shared_ptr<grpc::ChannelCredentials> credentials;  // from tls
   std::string token_file;                               // --token-file
   std::string token;                                    // sent with every call to meta
+  bool progress = false;                                // --progress: progress lines even off a terminal
+  bool quiet = false;                                   // --quiet: none even on a terminal
 };
 
 class Ctl {
@@ -574,7 +579,9 @@ class Ctl {
     return kExitOk;
   }
 
-  int Flush(const std::string& job, uint64_t step) {
+  // `wait`: with a value, then waits until the version is PERSISTED (Wait).
+  int Flush(const std::string& job, uint64_t step, std::optional<std::optional<absl::Duration>> wait,
+            ProgressMode mode) {
     v1::FlushVersionRequest req;
     req.set_job_id(job);
     req.set_step(step);
@@ -583,7 +590,83 @@ class Ctl {
       return kExitFailure;
     }
     if (!g_.json) std::cout << "flush requested\n";
-    return PrintVersion(resp.version(), false);
+    if (!wait) return PrintVersion(resp.version(), false);
+    if (!g_.json) PrintVersion(resp.version(), false);
+    return Wait(job, step, v1::DURABILITY_LEVEL_PERSISTED, *wait, mode);
+  }
+
+  // Waits until (job, step) reaches `level` (WaitVersion long polls; meta
+  // being unreachable is ridden out until `timeout`; none: no limit). Exit 0
+  // once reached; 1 on timeout (DEADLINE_EXCEEDED, with the version's state
+  // as meta says it), for a version or job meta does not know (NOT_FOUND), or
+  // one that can never get there (aborted: DATA_LOSS or FAILED_PRECONDITION,
+  // meta's reason).
+  int Wait(const std::string& job, uint64_t step, v1::DurabilityLevel level, std::optional<absl::Duration> timeout,
+           ProgressMode mode) {
+    const std::string level_name = EnumName(v1::DurabilityLevel_Name(level), "DURABILITY_LEVEL_");
+    const std::string what = absl::StrCat(job, "/", step);
+    const absl::Time start = absl::Now();
+    const absl::Time deadline = timeout ? start + *timeout : absl::InfiniteFuture();
+    Progress meter(absl::StrCat("waiting for ", what, " to be ", level_name), 0, mode);
+    v1::WaitVersionRequest req;
+    req.set_job_id(job);
+    req.set_step(step);
+    req.set_level(level);
+    absl::Duration backoff = absl::Milliseconds(100);
+    std::string last;
+    while (true) {
+      const absl::Duration left = std::max(deadline - absl::Now(), absl::ZeroDuration());
+      // Short polls while a progress line shows the time waited.
+      const absl::Duration poll = std::min(left, mode.on ? absl::Seconds(1) : absl::Minutes(10));
+      req.set_timeout_ms(absl::ToInt64Milliseconds(poll));
+      v1::WaitVersionResponse resp;
+      grpc::ClientContext ctx;
+      ctx.set_deadline(absl::ToChronoTime(absl::Now() + poll + absl::Seconds(g_.timeout_s)));
+      AddToken(&ctx, g_.token);
+      const grpc::Status st = stub_->WaitVersion(&ctx, req, &resp);
+      const absl::Duration waited = absl::Now() - start;
+      if (st.ok()) {
+        meter.Clear();
+        if (g_.json) {
+          Json j = VersionJson(resp.version(), false);
+          j["level"] = level_name;
+          j["waited_ms"] = absl::ToInt64Milliseconds(waited);
+          PrintJson(j);
+        } else {
+          std::cout << what << " reached " << level_name << " after " << DurationMs(absl::ToInt64Milliseconds(waited))
+                    << " (state " << VersionStateName(resp.version().state()) << ")\n";
+        }
+        return kExitOk;
+      }
+      const bool time_left = absl::Now() < deadline;
+      if (st.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED || st.error_code() == grpc::StatusCode::UNAVAILABLE) {
+        last = st.error_message();
+        if (time_left) {
+          meter.Note(absl::StrCat(DurationMs(absl::ToInt64Milliseconds(waited)), " so far"));
+          if (st.error_code() == grpc::StatusCode::UNAVAILABLE) {
+            absl::SleepFor(std::min(backoff, std::max(deadline - absl::Now(), absl::ZeroDuration())));
+            backoff = std::min(backoff * 2, absl::Seconds(2));
+          }
+          continue;
+        }
+        meter.Clear();
+        PrintError(g_.json, "DEADLINE_EXCEEDED",
+                   absl::StrCat(what, " did not reach ", level_name, " within ", absl::FormatDuration(*timeout),
+                                st.error_code() == grpc::StatusCode::UNAVAILABLE
+                                    ? absl::StrCat(": ckpt-meta at ", g_.meta, " unreachable: ")
+                                    : ": ",
+                                last));
+        return kExitFailure;
+      }
+      meter.Clear();
+      std::string code = absl::StatusCodeToString(static_cast<absl::StatusCode>(st.error_code()));
+      std::string reason = st.error_code() == grpc::StatusCode::DATA_LOSS ||
+                                   st.error_code() == grpc::StatusCode::FAILED_PRECONDITION
+                               ? absl::StrCat(what, " will never be ", level_name, ": ")
+                               : absl::StrCat("waiting for ", what, " to be ", level_name, ": ");
+      PrintError(g_.json, code, reason + st.error_message());
+      return kExitFailure;
+    }
   }
 
   int Delete(const std::string& job, uint64_t step, bool force) {
@@ -614,48 +697,6 @@ class Ctl {
                 << (delete_durable_files ? "files deleted too" : "files kept: `ckptctl restore --from-dir` reads them")
                 << ")\n";
     }
-    return kExitOk;
-  }
-
-  // update-job: each policy given (even in part) is read from the job, the
-  // flags given applied, and sent whole; UpdateJob replaces it.
-  int UpdateJob(const std::string& job, std::optional<uint32_t> keep_mem, std::optional<uint32_t> keep_durable,
-                std::optional<uint32_t> flush_every, std::optional<uint32_t> flush_seconds) {
-    v1::GetJobRequest greq;
-    greq.set_job_id(job);
-    v1::GetJobResponse got;
-    if (!Call([&](grpc::ClientContext* c) { return stub_->GetJob(c, greq, &got); })) return kExitFailure;
-    v1::UpdateJobRequest req;
-    req.set_job_id(job);
-    if (keep_mem || keep_durable) {
-      *req.mutable_retention() = got.job().spec().retention();
-      if (keep_mem) req.mutable_retention()->set_keep_in_memory(*keep_mem);
-      if (keep_durable) req.mutable_retention()->set_keep_durable(*keep_durable);
-    }
-    if (flush_every || flush_seconds) {
-      *req.mutable_flush() = got.job().spec().flush();
-      if (flush_every) req.mutable_flush()->set_every_n_versions(*flush_every);
-      if (flush_seconds) req.mutable_flush()->set_every_seconds(*flush_seconds);
-    }
-    v1::UpdateJobResponse resp;
-    if (!Call([&](grpc::ClientContext* c) { return stub_->UpdateJob(c, req, &resp); })) return kExitFailure;
-    if (g_.json) {
-      Json j = JobJson(resp.job());
-      j["changed"] = resp.changed();
-      PrintJson(j);
-      return kExitOk;
-    }
-    const v1::RetentionPolicy& r = resp.job().spec().retention();
-    const v1::FlushPolicy& f = resp.job().spec().flush();
-    std::string flush_text;
-    if (f.every_n_versions() != 0) absl::StrAppend(&flush_text, "every ", f.every_n_versions(), " versions");
-    if (f.every_seconds() != 0) {
-      absl::StrAppend(&flush_text, flush_text.empty() ? "" : " or ", "every ", f.every_seconds(), " s");
-    }
-    std::cout << (resp.changed() ? "updated job " : "job ") << job << (resp.changed() ? "" : " unchanged")
-              << ": keeps " << (r.keep_in_memory() == 0 ? 2 : r.keep_in_memory()) << " version(s) in memory and "
-              << (r.keep_durable() == 0 ? std::string("every") : absl::StrCat(r.keep_durable()))
-              << " durable; flushes " << (flush_text.empty() ? std::string("only when asked") : flush_text) << "\n";
     return kExitOk;
   }
 
@@ -787,78 +828,6 @@ class Ctl {
   std::unique_ptr<v1::MetaService::Stub> stub_;
 };
 
-int Fail(const absl::Status& s) {
-  PrintError(g_json_errors, absl::StatusCodeToString(s.code()), std::string(s.message()));
-  return kExitFailure;
-}
-
-absl::Status WriteFile(const std::string& path, std::string_view data) {
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  out.write(data.data(), static_cast<std::streamsize>(data.size()));
-  out.close();
-  if (!out) return absl::UnavailableError(absl::StrCat("cannot write '", path, "'"));
-  return absl::OkStatus();
-}
-
-// Copies a committed durable version directory to `out_dir`, verifying every
-// item's and file's crc32c on the way. An incremental version (format 2, its
-// references in older versions' files) comes out self-contained (format 1).
-int Restore(const std::string& from_dir, const std::string& out_dir, bool json) {
-  FileSystem* fs = PosixFileSystem();
-  absl::StatusOr<DurableManifest> m = ReadDurableManifest(fs, from_dir);
-  if (!m.ok()) return Fail(m.status());
-  absl::StatusOr<std::string> manifest_text =
-      ReadFileToString(fs, from_dir + "/" + std::string(kDurableManifestFileName));
-  if (!manifest_text.ok()) return Fail(manifest_text.status());
-  std::error_code ec;
-  std::filesystem::create_directories(out_dir, ec);
-  if (ec) {
-    return Fail(absl::UnavailableError(
-        absl::StrCat("cannot create '", out_dir, "': ", ec.message())));
-  }
-  Json files = Json::array();
-  uint64_t total = 0;
-  DurableManifest dense = *m;  // with every item in its own rank file
-  dense.writer = "ckptctl restore";
-  for (DurableShard& shard : dense.shards) {
-    std::vector<std::byte> bytes;
-    absl::StatusOr<DurableShard> materialized = MaterializeDurableShard(fs, from_dir, *m, shard, &bytes);
-    if (!materialized.ok()) return Fail(materialized.status());
-    shard = *std::move(materialized);
-    const std::string path = absl::StrCat(out_dir, "/", shard.file);
-    absl::Status s = WriteFile(path, std::string_view(reinterpret_cast<const char*>(bytes.data()), bytes.size()));
-    if (!s.ok()) return Fail(s);
-    total += shard.size_bytes;
-    files.push_back(Json{{"rank", shard.rank},
-                         {"path", path},
-                         {"size_bytes", shard.size_bytes},
-                         {"crc32c", CrcHex(shard.crc32c)}});
-  }
-  if (m->format_version != kDurableFormatVersion) {
-    dense.format_version = kDurableFormatVersion;
-    absl::StatusOr<std::string> text = EncodeDurableManifest(dense);
-    if (!text.ok()) return Fail(text.status());
-    *manifest_text = *std::move(text);
-  }
-  absl::Status s = WriteFile(out_dir + "/" + std::string(kDurableManifestFileName), *manifest_text);
-  if (!s.ok()) return Fail(s);
-  if (json) {
-    std::cout << Json{{"job", m->job_id},
-                      {"step", m->step},
-                      {"world_size", m->world_size},
-                      {"out_dir", out_dir},
-                      {"total_bytes", total},
-                      {"files", files}}
-                     .dump(2)
-              << "\n";
-  } else {
-    std::cout << "restored " << m->job_id << " step " << m->step << ": " << m->shards.size()
-              << " rank files, " << FormatBytes(total) << ", all checksums verified, to "
-              << out_dir << "\n";
-  }
-  return kExitOk;
-}
-
 // "4+2" -> (4, 2); nullopt if malformed or zero.
 std::optional<std::pair<uint32_t, uint32_t>> ParseEc(const std::string& s) {
   size_t plus = s.find('+');
@@ -890,6 +859,9 @@ int Main(int argc, char** argv) {
   app.add_option("--timeout", g.timeout_s, "Deadline of each RPC in seconds.")
       ->check(CLI::PositiveNumber)
       ->default_str("30");
+  app.add_flag("--progress", g.progress,
+               "Progress of save, restore and waits on stderr even when it is not a terminal (one line per update).");
+  app.add_flag("-q,--quiet", g.quiet, "No progress on stderr, even on a terminal.");
   app.add_option("--tls-ca", g.tls.ca_file,
                  "PEM file of the CA that signed ckpt-meta's and the agents' certificates: talk "
                  "TLS (default: $CKPT_TLS_CA; docs/security.md)")
@@ -905,7 +877,7 @@ int Main(int argc, char** argv) {
                  "(default: $CKPT_TLS_CRL_DIR)")
       ->type_name("DIR");
   app.add_option("--token-file", g.token_file,
-                 "File holding the token to send (the admin token for delete, delete-job, update-job, drain, "
+                 "File holding the token to send (the admin token for delete, delete-job, drain, "
                  "remove-node; default: $CKPT_TOKEN_FILE, else $CKPT_TOKEN)")
       ->type_name("FILE");
 
@@ -965,6 +937,25 @@ int Main(int argc, char** argv) {
   CLI::App* flush = app.add_subcommand("flush", "Flush a version to durable storage.");
   flush->add_option("JOB", job, "Job id")->required();
   flush->add_option("STEP", step, "Step")->check(non_negative_step)->required();
+  bool flush_wait = false;
+  std::string wait_timeout;
+  flush->add_flag("--wait", flush_wait, "Then wait until the version is PERSISTED");
+  CLI::Option* flush_timeout =
+      flush->add_option("--timeout", wait_timeout,
+                        "With --wait: give up after DUR (30s, 5m, 1h; a plain number is seconds); default: no limit")
+          ->type_name("DUR");
+  CLI::App* wait_cmd = app.add_subcommand(
+      "wait", "Wait until a version reaches a level: exit 0 then, 1 on timeout or if it can never get there.");
+  std::string wait_level;
+  wait_cmd->add_option("JOB", job, "Job id")->required();
+  wait_cmd->add_option("STEP", step, "Step")->check(non_negative_step)->required();
+  wait_cmd->add_option("LEVEL", wait_level, "staged, protected or persisted")
+      ->check(CLI::IsMember({"staged", "protected", "persisted"}))
+      ->required();
+  CLI::Option* wait_timeout_opt =
+      wait_cmd->add_option("--timeout", wait_timeout, "Give up after DUR (30s, 5m, 1h; a plain number is seconds); "
+                                                      "default: no limit")
+          ->type_name("DUR");
   CLI::App* del = app.add_subcommand("delete", "Delete a version.");
   del->add_option("JOB", job, "Job id")->required();
   del->add_option("STEP", step, "Step")->check(non_negative_step)->required();
@@ -976,21 +967,6 @@ int Main(int argc, char** argv) {
   del_job->add_option("JOB", job, "Job id")->required();
   del_job->add_flag("--delete-durable-files", delete_durable,
                     "Also delete its files in the durable tier (default: kept, readable with restore --from-dir)");
-
-  uint32_t upd_keep_mem = 0, upd_keep_durable = 0, upd_flush_every = 0, upd_flush_seconds = 0;
-  CLI::App* update_job = app.add_subcommand(
-      "update-job",
-      "Change a job's retention or flush policy (admin token); flags left out keep their value. A lower "
-      "--keep-in-memory evicts the oldest versions beyond it at once.");
-  update_job->add_option("JOB", job, "Job id")->required();
-  CLI::Option* upd_keep_mem_opt =
-      update_job->add_option("--keep-in-memory", upd_keep_mem, "Versions kept in memory (0: the default, 2)");
-  CLI::Option* upd_keep_durable_opt =
-      update_job->add_option("--keep-durable", upd_keep_durable, "Versions kept on durable storage (0: all)");
-  CLI::Option* upd_flush_every_opt = update_job->add_option(
-      "--flush-every", upd_flush_every, "Flush every Nth version to durable storage (0: not by count)");
-  CLI::Option* upd_flush_seconds_opt = update_job->add_option(
-      "--flush-every-seconds", upd_flush_seconds, "Flush a version when this many seconds passed since the last (0: not by time)");
 
   std::vector<uint32_t> failures = {1};
   CLI::App* placement_cmd =
@@ -1067,6 +1043,9 @@ int Main(int argc, char** argv) {
   }
   g_json_errors = g.json;
   SetJsonErrors(g.json);
+  // Before any thread starts (gRPC's): they inherit SIGINT and SIGTERM
+  // blocked, and the watcher removes the restore's temporary files.
+  if (*restore) StartInterruptWatcher(g.json);
   g.meta = WithDefaultPort(g.meta);
   if (certs.chosen()) return certs.Run(g.json);
   // Every STEP argument, whatever the command: a step above 2^53-1 is a
@@ -1096,13 +1075,24 @@ int Main(int argc, char** argv) {
   } else {
     return UsageError(std::string(t.status().message()));
   }
-  DataOptions data{g.meta, agent_socket, g.timeout_s, g.json, g.credentials, g.token, g.tls, g.token_file};
+  const ProgressMode progress = ChooseProgressMode(g.progress, g.quiet, g.json);
+  DataOptions data{g.meta, agent_socket, g.timeout_s, g.json, g.credentials, g.token, g.tls, g.token_file, progress};
+  // `wait` and `flush --wait`: DUR, or none (no limit).
+  std::optional<absl::Duration> wait_limit;
+  if (flush_timeout->count() > 0 || wait_timeout_opt->count() > 0) {
+    wait_limit = ParseWaitTimeout(wait_timeout);
+    if (!wait_limit) {
+      return UsageError(absl::StrCat("--timeout: expected a duration such as 30s, 5m, 1h30m or a number of seconds; "
+                                     "got '", wait_timeout, "'"));
+    }
+    if (*flush && !flush_wait) return UsageError("flush: --timeout needs --wait");
+  }
   if (*restore) {
     if (from_opt->count() > 0) {
       if (!job.empty()) {
         return UsageError("restore takes either JOB STEP or --from-dir, not both");
       }
-      return Restore(from_dir, out_dir, g.json);
+      return RestoreFromDir(data, from_dir, out_dir);
     }
     if (job.empty() || restore_step->count() == 0) {
       return UsageError("restore needs JOB STEP (or --from-dir PATH)");
@@ -1142,20 +1132,17 @@ int Main(int argc, char** argv) {
     spec.mutable_retention()->set_keep_durable(keep_durable);
     return ctl.CreateJob(spec);
   }
-  if (*flush) return ctl.Flush(job, step);
+  if (*flush) {
+    return ctl.Flush(job, step, flush_wait ? std::make_optional(wait_limit) : std::nullopt, progress);
+  }
+  if (*wait_cmd) {
+    const v1::DurabilityLevel level = wait_level == "staged"      ? v1::DURABILITY_LEVEL_STAGED
+                                      : wait_level == "protected" ? v1::DURABILITY_LEVEL_PROTECTED
+                                                                  : v1::DURABILITY_LEVEL_PERSISTED;
+    return ctl.Wait(job, step, level, wait_limit, progress);
+  }
   if (*del) return ctl.Delete(job, step, force);
   if (*del_job) return ctl.DeleteJob(job, delete_durable);
-  if (*update_job) {
-    auto given = [](CLI::Option* o, uint32_t v) { return o->count() > 0 ? std::make_optional(v) : std::nullopt; };
-    if (upd_keep_mem_opt->count() + upd_keep_durable_opt->count() + upd_flush_every_opt->count() +
-            upd_flush_seconds_opt->count() ==
-        0) {
-      return UsageError("update-job: give at least one of --keep-in-memory, --keep-durable, --flush-every, "
-                        "--flush-every-seconds");
-    }
-    return ctl.UpdateJob(job, given(upd_keep_mem_opt, upd_keep_mem), given(upd_keep_durable_opt, upd_keep_durable),
-                         given(upd_flush_every_opt, upd_flush_every), given(upd_flush_seconds_opt, upd_flush_seconds));
-  }
   if (*drain) return ctl.Drain(node);
   if (*undrain) return ctl.Undrain(node);
   if (*remove_node) return ctl.RemoveNode(node);

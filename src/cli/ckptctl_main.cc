@@ -700,6 +700,48 @@ class Ctl {
     return kExitOk;
   }
 
+  // update-job: each policy given (even in part) is read from the job, the
+  // flags given applied, and sent whole; UpdateJob replaces it.
+  int UpdateJob(const std::string& job, std::optional<uint32_t> keep_mem, std::optional<uint32_t> keep_durable,
+                std::optional<uint32_t> flush_every, std::optional<uint32_t> flush_seconds) {
+    v1::GetJobRequest greq;
+    greq.set_job_id(job);
+    v1::GetJobResponse got;
+    if (!Call([&](grpc::ClientContext* c) { return stub_->GetJob(c, greq, &got); })) return kExitFailure;
+    v1::UpdateJobRequest req;
+    req.set_job_id(job);
+    if (keep_mem || keep_durable) {
+      *req.mutable_retention() = got.job().spec().retention();
+      if (keep_mem) req.mutable_retention()->set_keep_in_memory(*keep_mem);
+      if (keep_durable) req.mutable_retention()->set_keep_durable(*keep_durable);
+    }
+    if (flush_every || flush_seconds) {
+      *req.mutable_flush() = got.job().spec().flush();
+      if (flush_every) req.mutable_flush()->set_every_n_versions(*flush_every);
+      if (flush_seconds) req.mutable_flush()->set_every_seconds(*flush_seconds);
+    }
+    v1::UpdateJobResponse resp;
+    if (!Call([&](grpc::ClientContext* c) { return stub_->UpdateJob(c, req, &resp); })) return kExitFailure;
+    if (g_.json) {
+      Json j = JobJson(resp.job());
+      j["changed"] = resp.changed();
+      PrintJson(j);
+      return kExitOk;
+    }
+    const v1::RetentionPolicy& r = resp.job().spec().retention();
+    const v1::FlushPolicy& f = resp.job().spec().flush();
+    std::string flush_text;
+    if (f.every_n_versions() != 0) absl::StrAppend(&flush_text, "every ", f.every_n_versions(), " versions");
+    if (f.every_seconds() != 0) {
+      absl::StrAppend(&flush_text, flush_text.empty() ? "" : " or ", "every ", f.every_seconds(), " s");
+    }
+    std::cout << (resp.changed() ? "updated job " : "job ") << job << (resp.changed() ? "" : " unchanged")
+              << ": keeps " << (r.keep_in_memory() == 0 ? 2 : r.keep_in_memory()) << " version(s) in memory and "
+              << (r.keep_durable() == 0 ? std::string("every") : absl::StrCat(r.keep_durable()))
+              << " durable; flushes " << (flush_text.empty() ? std::string("only when asked") : flush_text) << "\n";
+    return kExitOk;
+  }
+
   int Drain(const std::string& node) {
     v1::DrainNodeRequest req;
     req.set_node_id(node);
@@ -877,7 +919,7 @@ int Main(int argc, char** argv) {
                  "(default: $CKPT_TLS_CRL_DIR)")
       ->type_name("DIR");
   app.add_option("--token-file", g.token_file,
-                 "File holding the token to send (the admin token for delete, delete-job, drain, "
+                 "File holding the token to send (the admin token for delete, delete-job, update-job, drain, "
                  "remove-node; default: $CKPT_TOKEN_FILE, else $CKPT_TOKEN)")
       ->type_name("FILE");
 
@@ -967,6 +1009,21 @@ int Main(int argc, char** argv) {
   del_job->add_option("JOB", job, "Job id")->required();
   del_job->add_flag("--delete-durable-files", delete_durable,
                     "Also delete its files in the durable tier (default: kept, readable with restore --from-dir)");
+
+  uint32_t upd_keep_mem = 0, upd_keep_durable = 0, upd_flush_every = 0, upd_flush_seconds = 0;
+  CLI::App* update_job = app.add_subcommand(
+      "update-job",
+      "Change a job's retention or flush policy (admin token); flags left out keep their value. A lower "
+      "--keep-in-memory evicts the oldest versions beyond it at once.");
+  update_job->add_option("JOB", job, "Job id")->required();
+  CLI::Option* upd_keep_mem_opt =
+      update_job->add_option("--keep-in-memory", upd_keep_mem, "Versions kept in memory (0: the default, 2)");
+  CLI::Option* upd_keep_durable_opt =
+      update_job->add_option("--keep-durable", upd_keep_durable, "Versions kept on durable storage (0: all)");
+  CLI::Option* upd_flush_every_opt = update_job->add_option(
+      "--flush-every", upd_flush_every, "Flush every Nth version to durable storage (0: not by count)");
+  CLI::Option* upd_flush_seconds_opt = update_job->add_option(
+      "--flush-every-seconds", upd_flush_seconds, "Flush a version when this many seconds passed since the last (0: not by time)");
 
   std::vector<uint32_t> failures = {1};
   CLI::App* placement_cmd =
@@ -1143,6 +1200,17 @@ int Main(int argc, char** argv) {
   }
   if (*del) return ctl.Delete(job, step, force);
   if (*del_job) return ctl.DeleteJob(job, delete_durable);
+  if (*update_job) {
+    auto given = [](CLI::Option* o, uint32_t v) { return o->count() > 0 ? std::make_optional(v) : std::nullopt; };
+    if (upd_keep_mem_opt->count() + upd_keep_durable_opt->count() + upd_flush_every_opt->count() +
+            upd_flush_seconds_opt->count() ==
+        0) {
+      return UsageError("update-job: give at least one of --keep-in-memory, --keep-durable, --flush-every, "
+                        "--flush-every-seconds");
+    }
+    return ctl.UpdateJob(job, given(upd_keep_mem_opt, upd_keep_mem), given(upd_keep_durable_opt, upd_keep_durable),
+                         given(upd_flush_every_opt, upd_flush_every), given(upd_flush_seconds_opt, upd_flush_seconds));
+  }
   if (*drain) return ctl.Drain(node);
   if (*undrain) return ctl.Undrain(node);
   if (*remove_node) return ctl.RemoveNode(node);

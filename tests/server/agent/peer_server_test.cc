@@ -23,26 +23,16 @@
 #include "common/crc32c.h"
 #include "peer_node.h"
 #include "raw_peer.h"
+#include "support/eventually.h"
 
 namespace ckpt::agent {
 namespace {
 
 using ::testing::HasSubstr;
+using ckpt::testing::Eventually;
 
 constexpr uint64_t kChunk = 1000;
 constexpr int64_t kPeerTimeoutMs = 20000;
-
-// Polls `cond` until it holds or RawPeer::kWait passes (for a state another
-// thread reaches with nothing to wait on).
-template <typename Cond>
-bool Eventually(Cond cond) {
-  const absl::Time deadline = absl::Now() + RawPeer::kWait;
-  while (!cond()) {
-    if (absl::Now() > deadline) return false;
-    absl::SleepFor(absl::Milliseconds(1));
-  }
-  return true;
-}
 
 class PeerServerTest : public ::testing::Test {
  protected:

@@ -31,6 +31,7 @@
 #include "absl/time/clock.h"
 #include "client/session.h"
 #include "common/clock.h"
+#include "support/eventually.h"
 #include "support/temp_dir.h"
 
 namespace ckpt::agent {
@@ -40,18 +41,9 @@ using ::testing::HasSubstr;
 using ::testing::StartsWith;
 using ckpt::client::AgentSession;
 using ckpt::testing::TempDir;
+using ckpt::testing::Eventually;
 
 constexpr absl::Duration kGrace = absl::Seconds(10);
-
-template <typename Cond>
-bool Eventually(Cond cond) {
-  const absl::Time deadline = absl::Now() + absl::Seconds(30);
-  while (!cond()) {
-    if (absl::Now() > deadline) return false;
-    absl::SleepFor(absl::Milliseconds(1));  // the server's own thread decides
-  }
-  return true;
-}
 
 class SessionServerTest : public ::testing::Test {
  protected:

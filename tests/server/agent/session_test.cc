@@ -26,6 +26,7 @@
 #include "fake_meta.h"
 #include "server/agent/agent.h"
 #include "server/agent/session_server.h"
+#include "support/eventually.h"
 #include "support/temp_dir.h"
 
 namespace ckpt::agent {
@@ -34,16 +35,7 @@ namespace {
 using ::testing::HasSubstr;
 using ckpt::client::AgentSession;
 using ckpt::testing::TempDir;
-
-template <typename Cond>
-bool Eventually(Cond cond) {
-  const absl::Time deadline = absl::Now() + absl::Seconds(30);
-  while (!cond()) {
-    if (absl::Now() > deadline) return false;
-    absl::SleepFor(absl::Milliseconds(1));  // the server's own thread decides
-  }
-  return true;
-}
+using ckpt::testing::Eventually;
 
 // Sends raw bytes to a SOCK_SEQPACKET socket and returns the reply ("" if
 // the server just closed).

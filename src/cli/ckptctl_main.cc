@@ -641,6 +641,12 @@ class Ctl {
       const bool time_left = absl::Now() < deadline;
       if (st.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED || st.error_code() == grpc::StatusCode::UNAVAILABLE) {
         last = st.error_message();
+        // "version J/S did not reach L within <this poll>; it is OPEN with ...":
+        // the state, without the poll's own limit.
+        if (const size_t cut = last.find("; "); cut != std::string::npos &&
+                                                last.find(" did not reach ") < cut) {
+          last = last.substr(cut + 2);
+        }
         if (time_left) {
           meter.Note(absl::StrCat(DurationMs(absl::ToInt64Milliseconds(waited)), " so far"));
           if (st.error_code() == grpc::StatusCode::UNAVAILABLE) {

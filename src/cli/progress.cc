@@ -60,7 +60,7 @@ Progress::Progress(std::string label, uint64_t total_bytes, ProgressMode mode)
     : label_(std::move(label)), total_(total_bytes), mode_(mode), start_(absl::Now()) {}
 
 Progress::~Progress() {
-  if (mode_.on && mode_.tty && printed_ && !finished_) {
+  if (mode_.on && mode_.tty && g_line_open) {
     std::fputs("\n", stderr);  // an error follows on a line of its own
     g_line_open = false;
   }

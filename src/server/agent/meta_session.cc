@@ -568,6 +568,9 @@ void MetaSession::AnnounceStop() {
     if (announced_stop_) return;
     announced_stop_ = true;
     if (incarnation_ == 0) return;  // never registered: nothing to tell
+    // Meta did not answer the last heartbeat: a stop must not wait out an
+    // RPC deadline for it (the lease expiry then counts, as before).
+    if (!meta_reachable_) return;
   }
   Heartbeat();
 }

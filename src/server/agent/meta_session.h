@@ -151,7 +151,8 @@ class MetaSession {
   // A clean shutdown begins: heartbeats from now on (one at once, if
   // registered) tell meta the agent is stopping on purpose, so that its
   // lease running out is not counted as a node failure (the MTBF). Best
-  // effort: meta unreachable, it counts as before.
+  // effort: when the last heartbeat failed (meta unreachable) nothing is
+  // sent now, so a stop never waits for meta, and the lease expiry counts.
   void AnnounceStop();
 
   // Waits until something is queued or `timeout` passes (or Stop).

@@ -612,6 +612,19 @@ TEST_F(MetaSessionTest, AnnounceStopHeartbeatsAtOnceWithStopping) {
   EXPECT_EQ(meta_.Calls().size(), 2u);
 }
 
+TEST_F(MetaSessionTest, AnnounceStopDoesNotWaitForAnUnreachableMeta) {
+  Connect();
+  {
+    absl::MutexLock lock(&meta_.mu);
+    meta_.up = false;
+  }
+  clock_.Advance(absl::Seconds(2));
+  session_->ControlOnce();  // the heartbeat fails: meta unreachable
+  meta_.ClearCalls();
+  session_->AnnounceStop();
+  EXPECT_TRUE(meta_.Calls().empty());
+}
+
 TEST_F(MetaSessionTest, AnnounceStopBeforeRegisteringSendsNothing) {
   session_->AnnounceStop();
   EXPECT_TRUE(meta_.Calls().empty());

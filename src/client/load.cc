@@ -20,10 +20,10 @@
 #include "absl/synchronization/notification.h"
 #include "ckpt/client.h"
 #include "client/client_core.h"
-#include "client/manifest_proto.h"
 #include "common/crc32c.h"
 #include "common/log.h"
 #include "common/manifest.h"
+#include "common/manifest_proto.h"
 #include "common/names.h"
 #include "common/status_macros.h"
 
@@ -262,7 +262,7 @@ absl::Status FinishOpen(ClientCore& core, const v1::LocateResponse* located, v1:
   } else {
     // An agent that does not pack manifests: items in the shard info.
     opened.items =
-        client::SortedManifestFromProto(opened.shard.items_size() > 0 ? opened.shard.items() : want.shard().items());
+        SortedManifestFromProto(opened.shard.items_size() > 0 ? opened.shard.items() : want.shard().items());
     opened.shard.clear_items();
   }
   if (want.shard().manifest_digest() != 0 && digest != 0 && digest != want.shard().manifest_digest()) {

@@ -1,8 +1,8 @@
-#include "client/manifest_proto.h"
+#include "common/manifest_proto.h"
 
 #include <utility>
 
-namespace ckpt::client {
+namespace ckpt {
 
 ManifestItem ManifestItemFromProto(const v1::Item& item) {
   ManifestItem m;
@@ -17,6 +17,17 @@ ManifestItem ManifestItemFromProto(const v1::Item& item) {
   return m;
 }
 
+void ManifestItemToProto(const ManifestItem& item, v1::Item* out) {
+  out->set_name(item.name);
+  out->set_dtype(static_cast<v1::DType>(item.dtype));
+  for (uint64_t d : item.shape) out->add_shape(d);
+  out->set_offset_bytes(item.offset_bytes);
+  out->set_length_bytes(item.length_bytes);
+  out->set_crc32c(item.crc32c);
+  for (const auto& [k, v] : item.attributes) (*out->mutable_attributes())[k] = v;
+  if (item.ref_step) out->set_ref_step(*item.ref_step);
+}
+
 std::vector<ManifestItem> SortedManifestFromProto(const google::protobuf::RepeatedPtrField<v1::Item>& items) {
   std::vector<ManifestItem> out;
   out.reserve(static_cast<size_t>(items.size()));
@@ -24,4 +35,4 @@ std::vector<ManifestItem> SortedManifestFromProto(const google::protobuf::Repeat
   return SortedByOffset(out);
 }
 
-}  // namespace ckpt::client
+}  // namespace ckpt

@@ -12,10 +12,10 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
-#include "client/manifest_proto.h"
 #include "common/crc32c.h"
 #include "common/file_system.h"
 #include "common/manifest.h"
+#include "common/manifest_proto.h"
 #include "support/test_tls.h"
 
 namespace ckpt::testing {
@@ -304,7 +304,7 @@ Status FakeAgent::ApplyCommit(Lease& lease, const v1::CommitShardRequest& req,
     if (!decoded.ok()) return ToGrpc(decoded.status());
     manifest = *std::move(decoded);
   }
-  for (const v1::Item& it : req.items()) manifest.push_back(client::ManifestItemFromProto(it));
+  for (const v1::Item& it : req.items()) manifest.push_back(ManifestItemFromProto(it));
   if (absl::Status s = ValidateManifest(manifest, size); !s.ok()) return ToGrpc(s);
   // Check the client: every item's crc from the file, and zero padding.
   const std::vector<ManifestItem> sorted = SortedByOffset(manifest);
@@ -346,14 +346,7 @@ Status FakeAgent::ApplyCommit(Lease& lease, const v1::CommitShardRequest& req,
   info.set_primary_node_id(options_.node_id);
   info.set_staged_unix_ms(absl::ToUnixMillis(absl::Now()));
   for (const ManifestItem& m : sorted) {
-    v1::Item* it = info.add_items();
-    it->set_name(m.name);
-    it->set_dtype(static_cast<v1::DType>(m.dtype));
-    for (uint64_t d : m.shape) it->add_shape(d);
-    it->set_offset_bytes(m.offset_bytes);
-    it->set_length_bytes(m.length_bytes);
-    it->set_crc32c(m.crc32c);
-    for (const auto& [k, v] : m.attributes) (*it->mutable_attributes())[k] = v;
+    ManifestItemToProto(m, info.add_items());
   }
   shard.manifest = EncodeManifest(sorted);
   // Regions trimmed to the committed size.

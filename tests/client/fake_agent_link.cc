@@ -7,9 +7,9 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "client/manifest_proto.h"
 #include "common/crc32c.h"
 #include "common/manifest.h"
+#include "common/manifest_proto.h"
 
 namespace ckpt::testing {
 
@@ -169,7 +169,7 @@ absl::Status FakeAgentLink::CommitShard(const v1::CommitShardRequest& req, v1::C
   lease->shard.mutable_key()->set_step(lease->step);
   lease->shard.set_size_bytes(req.size_bytes());
   lease->shard.set_crc32c(crc);
-  lease->manifest = req.items_size() > 0 ? EncodeManifest(client::SortedManifestFromProto(req.items())) : req.manifest();
+  lease->manifest = req.items_size() > 0 ? EncodeManifest(SortedManifestFromProto(req.items())) : req.manifest();
   lease->shard.set_manifest_digest(ManifestDigestOfEncoding(lease->manifest));
   v1::ShardInfo* shard = resp->mutable_shard();
   shard->mutable_key()->set_step(lease->step);

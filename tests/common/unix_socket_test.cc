@@ -140,7 +140,8 @@ TEST(SocketGroupId, LooksANameUpInTheGroupDatabase) {
 TEST(SocketGroupId, AnUnknownNameIsAClearError) {
   absl::StatusOr<int> gid = SocketGroupId("ckpt-no-such-group-xyz");
   EXPECT_EQ(gid.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(gid.status().message(), ::testing::HasSubstr("--socket-group: no group named \"ckpt-no-such-group-xyz\""));
+  EXPECT_THAT(gid.status().message(),
+              ::testing::HasSubstr("--socket-group: no group named \"ckpt-no-such-group-xyz\""));
 }
 
 // A gid that does not fit an int would read as "no group" (negative) to the

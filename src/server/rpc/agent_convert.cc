@@ -1,6 +1,7 @@
 #include "server/rpc/agent_convert.h"
 
 #include "absl/strings/str_cat.h"
+#include "common/manifest_proto.h"
 #include "common/names.h"
 
 namespace ckpt::rpc {
@@ -49,29 +50,9 @@ absl::StatusOr<agent::ShardId> ShardIdFromProto(const v1::ShardKey& key, const s
   return agent::ShardId{key.job_id(), key.step(), key.rank()};
 }
 
-void ItemToProto(const ManifestItem& item, v1::Item* out) {
-  out->set_name(item.name);
-  out->set_dtype(static_cast<v1::DType>(item.dtype));
-  for (uint64_t d : item.shape) out->add_shape(d);
-  out->set_offset_bytes(item.offset_bytes);
-  out->set_length_bytes(item.length_bytes);
-  out->set_crc32c(item.crc32c);
-  for (const auto& [k, v] : item.attributes) (*out->mutable_attributes())[k] = v;
-  if (item.ref_step) out->set_ref_step(*item.ref_step);
-}
+void ItemToProto(const ManifestItem& item, v1::Item* out) { ManifestItemToProto(item, out); }
 
-ManifestItem ItemFromProto(const v1::Item& item) {
-  ManifestItem m;
-  m.name = item.name();
-  m.dtype = item.dtype();
-  m.shape.assign(item.shape().begin(), item.shape().end());
-  m.offset_bytes = item.offset_bytes();
-  m.length_bytes = item.length_bytes();
-  m.crc32c = item.crc32c();
-  for (const auto& [k, v] : item.attributes()) m.attributes[k] = v;
-  if (item.has_ref_step()) m.ref_step = item.ref_step();
-  return m;
-}
+ManifestItem ItemFromProto(const v1::Item& item) { return ManifestItemFromProto(item); }
 
 void RecordToShardInfo(const agent::ShardRecord& rec, const std::string& node_id, bool with_items,
                        v1::ShardInfo* out) {

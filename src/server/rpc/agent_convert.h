@@ -19,6 +19,7 @@ namespace ckpt::rpc {
 void ShardIdToProto(const agent::ShardId& id, v1::ShardKey* out);
 absl::StatusOr<agent::ShardId> ShardIdFromProto(const v1::ShardKey& key, const std::string& field);
 
+// common/manifest_proto.h ManifestItemToProto and ManifestItemFromProto.
 void ItemToProto(const ManifestItem& item, v1::Item* out);
 ManifestItem ItemFromProto(const v1::Item& item);
 

@@ -614,5 +614,30 @@ TEST_F(CkptctlTest, DeleteJobIdempotentCreateGlobalFlagsAnywhereJsonErrors) {
   EXPECT_THAT(r.stderr_text, HasSubstr("NOT_FOUND"));
 }
 
+// update-job: retention and flush policy after creation; flags left out keep
+// their value; the same values again are "unchanged" (issue 40).
+TEST_F(CkptctlTest, UpdateJobChangesRetentionAndFlush) {
+  RunResult r = Ctl({"create-job", "upd", "--world-size", "1", "--no-protection", "--keep-durable", "5"});
+  ASSERT_TRUE(r.status.success()) << r.stderr_text;
+  r = Ctl({"update-job", "upd", "--keep-in-memory", "1", "--flush-every", "4"});
+  ASSERT_TRUE(r.status.success()) << r.stderr_text;
+  EXPECT_THAT(r.stdout_text,
+              HasSubstr("updated job upd: keeps 1 version(s) in memory and 5 durable; flushes every 4 versions"));
+  r = Ctl({"update-job", "upd", "--keep-in-memory", "1"});
+  ASSERT_TRUE(r.status.success()) << r.stderr_text;
+  EXPECT_THAT(r.stdout_text, HasSubstr("job upd unchanged"));
+  Json j = CtlJson({"update-job", "upd", "--flush-every-seconds", "600"});
+  EXPECT_EQ(j["changed"], true) << j.dump();
+  EXPECT_EQ(j["keep_in_memory"], 1) << j.dump();
+  EXPECT_EQ(j["keep_durable"], 5) << j.dump();
+  EXPECT_EQ(j["flush_every_n_versions"], 4) << j.dump();
+  r = Ctl({"update-job", "upd"});
+  EXPECT_EQ(r.status.exit_code(), 2);
+  EXPECT_THAT(r.stderr_text, HasSubstr("give at least one of --keep-in-memory"));
+  r = Ctl({"update-job", "nosuchjob", "--keep-durable", "3"});
+  EXPECT_EQ(r.status.exit_code(), 1);
+  EXPECT_THAT(r.stderr_text, HasSubstr("NOT_FOUND"));
+}
+
 }  // namespace
 }  // namespace ckpt

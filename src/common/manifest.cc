@@ -206,9 +206,21 @@ void SortByOffset(std::vector<ManifestItem>& items) {
 
 absl::Status ValidateManifest(std::span<const ManifestItem> items, uint64_t shard_size_bytes,
                               std::optional<uint64_t> step) {
+  std::vector<ItemView> views;
+  views.reserve(items.size());
+  for (const ManifestItem& it : items) {
+    views.push_back(ItemView{it.name, it.dtype, it.shape, it.offset_bytes, it.length_bytes, it.ref_step});
+  }
+  return ValidateItems(views, shard_size_bytes, step);
+}
+
+absl::Status ValidateItems(std::span<const ItemView> items, uint64_t shard_size_bytes,
+                           std::optional<uint64_t> step) {
   absl::flat_hash_set<std::string_view> names;
   names.reserve(items.size());
-  for (const ManifestItem& item : items) {
+  bool in_offset_order = true;  // the shard's own items, as a client lays them out
+  const ItemView* prev_own = nullptr;
+  for (const ItemView& item : items) {
     if (absl::Status s = ValidateItemName(item.name); !s.ok()) {
       return absl::InvalidArgumentError(absl::StrCat("manifest: ", s.message()));
     }
@@ -226,9 +238,13 @@ absl::Status ValidateManifest(std::span<const ManifestItem> items, uint64_t shar
                                                        " refers to version ", *item.ref_step,
                                                        ", which is not older than this one (", *step, ")"));
       }
-    } else if (absl::Status s = CheckItemInShard(item.name, item.offset_bytes, item.length_bytes, shard_size_bytes);
-               !s.ok()) {
-      return absl::InvalidArgumentError(absl::StrCat("manifest: ", s.message()));
+    } else {
+      if (absl::Status s = CheckItemInShard(item.name, item.offset_bytes, item.length_bytes, shard_size_bytes);
+          !s.ok()) {
+        return absl::InvalidArgumentError(absl::StrCat("manifest: ", s.message()));
+      }
+      if (prev_own != nullptr && item.offset_bytes < prev_own->offset_bytes) in_offset_order = false;
+      prev_own = &item;
     }
     if (absl::Status s = CheckItemLength(item.name, item.dtype, item.shape, item.length_bytes); !s.ok()) {
       return absl::InvalidArgumentError(absl::StrCat("manifest: ", s.message()));
@@ -237,9 +253,10 @@ absl::Status ValidateManifest(std::span<const ManifestItem> items, uint64_t shar
   // In offset order every non-empty item must start at or after the end of
   // the previous non-empty one (empty items may sit anywhere, even inside
   // another item, and must not hide an overlap of their neighbours). The
-  // end of `last` cannot wrap: it passed CheckItemInShard above.
-  const ManifestItem* last = nullptr;  // the previous non-empty item
-  auto check = [&last](const ManifestItem* cur) -> absl::Status {
+  // end of `last` cannot wrap: it passed CheckItemInShard above. References
+  // have no bytes here.
+  const ItemView* last = nullptr;  // the previous non-empty item
+  auto check = [&last](const ItemView* cur) -> absl::Status {
     if (cur->length_bytes == 0 || cur->ref_step) return absl::OkStatus();
     if (last != nullptr && cur->offset_bytes < last->offset_bytes + last->length_bytes) {
       return absl::InvalidArgumentError(absl::StrCat(
@@ -250,10 +267,16 @@ absl::Status ValidateManifest(std::span<const ManifestItem> items, uint64_t shar
     last = cur;
     return absl::OkStatus();
   };
-  if (SortedByOffsetAlready(items)) {  // the usual case: no index to build
-    for (const ManifestItem& cur : items) CKPT_RETURN_IF_ERROR(check(&cur));
+  if (in_offset_order) {  // the usual case: no index to build
+    for (const ItemView& cur : items) CKPT_RETURN_IF_ERROR(check(&cur));
   } else {
-    for (const ManifestItem* cur : OffsetOrder(items)) CKPT_RETURN_IF_ERROR(check(cur));
+    std::vector<const ItemView*> order;
+    order.reserve(items.size());
+    for (const ItemView& it : items)
+      if (!it.ref_step) order.push_back(&it);
+    std::stable_sort(order.begin(), order.end(),
+                     [](const ItemView* a, const ItemView* b) { return a->offset_bytes < b->offset_bytes; });
+    for (const ItemView* cur : order) CKPT_RETURN_IF_ERROR(check(cur));
   }
   return absl::OkStatus();
 }

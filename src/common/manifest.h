@@ -119,6 +119,24 @@ absl::Status CheckItemInShard(std::string_view name, uint64_t offset_bytes, uint
 absl::Status ValidateManifest(std::span<const ManifestItem> items, uint64_t shard_size_bytes,
                               std::optional<uint64_t> step = std::nullopt);
 
+// What ValidateManifest looks at in an item, as views into the caller's
+// own item type (meta keeps items of its own: meta::Item). Valid while the
+// item is.
+struct ItemView {
+  std::string_view name;
+  int dtype = 0;
+  std::span<const uint64_t> shape;
+  uint64_t offset_bytes = 0;
+  uint64_t length_bytes = 0;
+  std::optional<uint64_t> ref_step;
+};
+
+// ValidateManifest's rules over views: the one place they live (the agent
+// checks a committed manifest with ValidateManifest, meta a STAGED report's
+// items with this; both refuse the same items with the same words).
+absl::Status ValidateItems(std::span<const ItemView> items, uint64_t shard_size_bytes,
+                           std::optional<uint64_t> step = std::nullopt);
+
 // XXH3-64 (seed 0) of the canonical manifest encoding (docs/protocol.md
 // "Manifest digest"): items in canonical order, attributes in key order.
 // The order of `items` does not matter. A manifest without references

@@ -1,8 +1,8 @@
 // MetaCore, shard reports (ReportShards): a rank staged, a copy or segment
 // changed state, a durable file written; each checked, then applied.
 #include <algorithm>
-#include <string_view>
-#include <unordered_set>
+#include <optional>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "common/log.h"
@@ -15,50 +15,17 @@ namespace ckpt::meta {
 
 namespace {
 
+// The manifest rules of common/manifest.h (ValidateItems), as the agent
+// applied them when the rank committed.
 absl::Status ValidateManifest(const Shard& shard, uint64_t step) {
-  std::vector<const Item*> items;
-  std::unordered_set<std::string_view> names;
-  names.reserve(shard.items.size());
+  std::vector<ItemView> views;
+  views.reserve(shard.items.size());
   for (const Item& it : shard.items) {
-    CKPT_RETURN_IF_ERROR(ValidateItemName(it.name));
-    if (!names.insert(it.name).second) {
-      return absl::InvalidArgumentError(absl::StrCat("item name \"", it.name, "\" appears twice"));
-    }
-    // The size rules of common/manifest.h, as the agent applied them: length
-    // == dtype x shape exactly (no product may wrap), own items inside the
-    // shard.
-    if (it.ref_step >= 0) {
-      // A reference: its bytes are in an older version's shard (checked
-      // against that version in ApplyStaged).
-      CKPT_RETURN_IF_ERROR(CheckItemLength(it.name, it.dtype, it.shape, it.length_bytes));
-      if (static_cast<uint64_t>(it.ref_step) >= step) {
-        return absl::InvalidArgumentError(absl::StrCat("item \"", it.name, "\" refers to version ", it.ref_step,
-                                                       ", which is not older than this one (", step, ")"));
-      }
-      continue;
-    }
-    CKPT_RETURN_IF_ERROR(CheckItemInShard(it.name, it.offset_bytes, it.length_bytes, shard.size_bytes));
-    CKPT_RETURN_IF_ERROR(CheckItemLength(it.name, it.dtype, it.shape, it.length_bytes));
-    items.push_back(&it);
+    std::optional<uint64_t> ref;
+    if (it.ref_step >= 0) ref = static_cast<uint64_t>(it.ref_step);
+    views.push_back(ItemView{it.name, it.dtype, it.shape, it.offset_bytes, it.length_bytes, ref});
   }
-  std::sort(items.begin(), items.end(),
-            [](const Item* a, const Item* b) { return a->offset_bytes < b->offset_bytes; });
-  // In offset order each non-empty item starts at or after the end of the
-  // previous non-empty one. Empty items overlap nothing and may sit anywhere
-  // (std::sort may place one after a non-empty item at the same offset), but
-  // must not hide an overlap of their neighbours, as in common/manifest.cc.
-  // No end wraps: CheckItemInShard held for each.
-  const Item* last = nullptr;  // the previous non-empty item
-  for (const Item* cur : items) {
-    if (cur->length_bytes == 0) continue;
-    if (last != nullptr && last->offset_bytes + last->length_bytes > cur->offset_bytes) {
-      return absl::InvalidArgumentError(absl::StrCat("items \"", last->name, "\" [", last->offset_bytes, ", +",
-                                                     last->length_bytes, ") and \"", cur->name, "\" [",
-                                                     cur->offset_bytes, ", +", cur->length_bytes, ") overlap"));
-    }
-    last = cur;
-  }
-  return absl::OkStatus();
+  return ValidateItems(views, shard.size_bytes, step);
 }
 
 // Every version `shard` refers to must still hold this rank's bytes in

@@ -15,34 +15,13 @@
 #include "common/names.h"
 #include "server/meta/records.h"
 #include "server/meta/store/mem_meta_store.h"
+#include "meta_fixture.h"
 
 namespace ckpt::meta {
 namespace {
 
-class MetaCoreTest : public ::testing::Test {
+class MetaCoreTest : public MetaFixture {
  protected:
-  void SetUp() override { Reopen(); }
-
-  void Reopen() {
-    core_.reset();
-    auto c = MetaCore::Open(store_.get(), &clock_, options_);
-    ASSERT_TRUE(c.ok()) << c.status();
-    core_ = std::move(*c);
-  }
-
-  uint64_t Register(const std::string& id, const std::string& domain = "") {
-    RegisterRequest r;
-    r.node_id = id;
-    r.grpc_address = id + ":7401";
-    r.data_address = id + ":7402";
-    r.memory_capacity_bytes = 1 << 30;
-    r.failure_domain = domain;
-    auto res = core_->RegisterNode(r);
-    EXPECT_TRUE(res.ok()) << res.status();
-    inc_[id] = res->incarnation;
-    return res->incarnation;
-  }
-
   // A DPU agent `id` serving host `host`.
   uint64_t RegisterDpu(const std::string& id, const std::string& host, const std::string& domain = "") {
     RegisterRequest r;
@@ -57,54 +36,6 @@ class MetaCoreTest : public ::testing::Test {
     EXPECT_TRUE(res.ok()) << res.status();
     inc_[id] = res->incarnation;
     return res->incarnation;
-  }
-
-  HeartbeatResult Beat(const std::string& id) {
-    HeartbeatRequest h;
-    h.node_id = id;
-    h.incarnation = inc_[id];
-    auto res = core_->Heartbeat(h);
-    EXPECT_TRUE(res.ok()) << res.status();
-    return res.ok() ? *res : HeartbeatResult{};
-  }
-
-  void CreateJob(const std::string& id, uint32_t world, ProtectionPolicy p, FlushPolicy f = {},
-                 RetentionPolicy r = {}) {
-    JobSpec spec;
-    spec.job_id = id;
-    spec.world_size = world;
-    spec.protection = p;
-    spec.flush = f;
-    spec.retention = r;
-    auto res = core_->CreateJob(spec, false);
-    ASSERT_TRUE(res.ok()) << res.status();
-  }
-
-  static Shard MakeShard(uint32_t rank, uint64_t size) {
-    Shard s;
-    s.rank = rank;
-    s.size_bytes = size;
-    s.crc32c = 0x1000 + rank;
-    s.manifest_digest = 77 + rank;
-    Item it;
-    it.name = "w";
-    it.dtype = 9;  // u8: a length of any size matches its shape
-    it.shape = {size};
-    it.length_bytes = size;
-    s.items.push_back(it);
-    return s;
-  }
-
-  absl::Status Stage(const std::string& node, const std::string& job, uint64_t step,
-                     uint32_t rank, uint64_t size = 4096) {
-    ShardReport r;
-    r.kind = ShardReport::Kind::kStaged;
-    r.staged.job_id = job;
-    r.staged.step = step;
-    r.staged.shard = MakeShard(rank, size);
-    auto res = core_->ReportShards(node, inc_[node], {r});
-    if (!res.ok()) return res.status();
-    return res->results[0];
   }
 
   // Stages rank 0 of `job` at `step` on node "a" with an own item and a
@@ -220,14 +151,7 @@ class MetaCoreTest : public ::testing::Test {
   }
 
   void Kill(const std::string& node) {
-    dead_.insert(node);
-    // Everyone else keeps heartbeating while the lease runs out.
-    for (int i = 0; i < 7; ++i) {
-      clock_.Advance(absl::Seconds(1));
-      for (const auto& [n, inc] : inc_)
-        if (!dead_.count(n)) Beat(n);
-      ASSERT_TRUE(core_->Tick().ok());
-    }
+    Silence(node);  // everyone else keeps heartbeating while the lease runs out
     inc_.erase(node);
   }
 
@@ -251,16 +175,6 @@ class MetaCoreTest : public ::testing::Test {
   void PassLostCopyGrace() {
     const int seconds = static_cast<int>(absl::ToInt64Seconds(options_.lost_copy_grace)) + 1;
     for (int i = 0; i < seconds; ++i) {
-      clock_.Advance(absl::Seconds(1));
-      for (const auto& [n, inc] : inc_)
-        if (!dead_.count(n)) Beat(n);
-      ASSERT_TRUE(core_->Tick().ok());
-    }
-  }
-
-  // Lets `d` pass a second at a time while every live node heartbeats.
-  void Pass(absl::Duration d) {
-    for (absl::Duration t; t < d; t += absl::Seconds(1)) {
       clock_.Advance(absl::Seconds(1));
       for (const auto& [n, inc] : inc_)
         if (!dead_.count(n)) Beat(n);
@@ -338,12 +252,6 @@ class MetaCoreTest : public ::testing::Test {
   }
 
   std::vector<std::pair<std::string, Holding>> dropped_;  // (node, holding) of drop tasks
-  FakeClock clock_;
-  MetaOptions options_;
-  std::unique_ptr<MetaStore> store_ = NewMemMetaStore();
-  std::unique_ptr<MetaCore> core_;
-  std::map<std::string, uint64_t> inc_;
-  std::set<std::string> dead_;
 };
 
 TEST_F(MetaCoreTest, RegistrationIncarnationsAndFencing) {

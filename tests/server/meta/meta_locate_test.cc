@@ -11,53 +11,14 @@
 #include "common/clock.h"
 #include "server/meta/meta_core.h"
 #include "server/meta/store/mem_meta_store.h"
+#include "meta_fixture.h"
 
 namespace ckpt::meta {
 namespace {
 
-class MetaLocateTest : public ::testing::Test {
+class MetaLocateTest : public MetaFixture {
  protected:
-  void SetUp() override { Reopen(); }
-
-  void Reopen() {
-    core_.reset();
-    auto c = MetaCore::Open(store_.get(), &clock_, options_);
-    ASSERT_TRUE(c.ok()) << c.status();
-    core_ = std::move(*c);
-  }
-
-  void Register(const std::string& id) {
-    RegisterRequest r;
-    r.node_id = id;
-    r.grpc_address = id + ":7401";
-    r.data_address = id + ":7402";
-    r.memory_capacity_bytes = 1 << 30;
-    auto res = core_->RegisterNode(r);
-    ASSERT_TRUE(res.ok()) << res.status();
-    inc_[id] = res->incarnation;
-    dead_.erase(id);
-  }
-
-  // Every live node heartbeats each second of `d`; meta ticks.
-  void Pass(absl::Duration d) {
-    for (absl::Duration t; t < d; t += absl::Seconds(1)) {
-      clock_.Advance(absl::Seconds(1));
-      for (const auto& [n, inc] : inc_) {
-        if (dead_.count(n)) continue;
-        HeartbeatRequest h;
-        h.node_id = n;
-        h.incarnation = inc;
-        ASSERT_TRUE(core_->Heartbeat(h).ok());
-      }
-      ASSERT_TRUE(core_->Tick().ok());
-    }
-  }
-
-  // `node` stops heartbeating until meta declares it DEAD (lease 5 s).
-  void Kill(const std::string& node) {
-    dead_.insert(node);
-    Pass(absl::Seconds(7));
-  }
+  void Kill(const std::string& node) { Silence(node); }
 
   // Nodes a and b; job "gpt" of one rank (2 copies); step 1 staged on a
   // only (its replication not run): a holds the only copy.
@@ -70,31 +31,8 @@ class MetaLocateTest : public ::testing::Test {
     spec.protection = ProtectionPolicy::Replicate(2, ProtectionPolicy::Placement::kRing);
     ASSERT_TRUE(core_->CreateJob(spec, false).ok());
     ASSERT_TRUE(core_->BeginVersion("gpt", 1, "").ok());
-    ShardReport r;
-    r.kind = ShardReport::Kind::kStaged;
-    r.staged.job_id = "gpt";
-    r.staged.step = 1;
-    r.staged.shard.rank = 0;
-    r.staged.shard.size_bytes = 4096;
-    r.staged.shard.crc32c = 0x1000;
-    r.staged.shard.manifest_digest = 77;
-    Item it;
-    it.name = "w";
-    it.dtype = 9;  // u8
-    it.shape = {4096};
-    it.length_bytes = 4096;
-    r.staged.shard.items.push_back(it);
-    auto res = core_->ReportShards("a", inc_["a"], {r});
-    ASSERT_TRUE(res.ok()) << res.status();
-    ASSERT_TRUE(res->results[0].ok()) << res->results[0];
+    ASSERT_TRUE(Stage("a", "gpt", 1, 0).ok());
   }
-
-  FakeClock clock_;
-  MetaOptions options_;
-  std::unique_ptr<MetaStore> store_ = NewMemMetaStore();
-  std::unique_ptr<MetaCore> core_;
-  std::map<std::string, uint64_t> inc_;
-  std::set<std::string> dead_;
 };
 
 TEST_F(MetaLocateTest, TheOnlyHolderDownWithinTheGraceIsUnavailableNotDataLoss) {

@@ -10,60 +10,17 @@
 #include "common/clock.h"
 #include "server/meta/meta_core.h"
 #include "server/meta/store/mem_meta_store.h"
+#include "meta_fixture.h"
 
 namespace ckpt::meta {
 namespace {
 
-class MetaMtbfTest : public ::testing::Test {
+class MetaMtbfTest : public MetaFixture {
  protected:
   void SetUp() override {
-    Reopen();
+    MetaFixture::SetUp();
     Register("a");
     Register("b");
-  }
-
-  void Reopen() {
-    core_.reset();
-    auto c = MetaCore::Open(store_.get(), &clock_, options_);
-    ASSERT_TRUE(c.ok()) << c.status();
-    core_ = std::move(*c);
-  }
-
-  void Register(const std::string& id) {
-    RegisterRequest r;
-    r.node_id = id;
-    r.grpc_address = id + ":7401";
-    r.data_address = id + ":7402";
-    r.memory_capacity_bytes = 1 << 30;
-    auto res = core_->RegisterNode(r);
-    ASSERT_TRUE(res.ok()) << res.status();
-    inc_[id] = res->incarnation;
-    dead_.erase(id);
-  }
-
-  void Beat(const std::string& id, bool stopping = false) {
-    HeartbeatRequest h;
-    h.node_id = id;
-    h.incarnation = inc_[id];
-    h.stopping = stopping;
-    auto res = core_->Heartbeat(h);
-    ASSERT_TRUE(res.ok()) << res.status();
-  }
-
-  // Every live node heartbeats each second of `d`; meta ticks.
-  void Pass(absl::Duration d) {
-    for (absl::Duration t; t < d; t += absl::Seconds(1)) {
-      clock_.Advance(absl::Seconds(1));
-      for (const auto& [n, inc] : inc_)
-        if (!dead_.count(n)) Beat(n);
-      ASSERT_TRUE(core_->Tick().ok());
-    }
-  }
-
-  // `node` stops heartbeating until meta declares it DEAD (lease 5 s).
-  void Silence(const std::string& node) {
-    dead_.insert(node);
-    Pass(absl::Seconds(7));
   }
 
   uint64_t Failures() {
@@ -71,13 +28,6 @@ class MetaMtbfTest : public ::testing::Test {
     EXPECT_TRUE(s.ok()) << s.status();
     return s.ok() ? s->failures : 0;
   }
-
-  FakeClock clock_;
-  MetaOptions options_;
-  std::unique_ptr<MetaStore> store_ = NewMemMetaStore();
-  std::unique_ptr<MetaCore> core_;
-  std::map<std::string, uint64_t> inc_;
-  std::set<std::string> dead_;
 };
 
 TEST_F(MetaMtbfTest, ACrashIsAFailure) {

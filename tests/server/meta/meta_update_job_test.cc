@@ -8,56 +8,23 @@
 #include "common/clock.h"
 #include "server/meta/meta_core.h"
 #include "server/meta/store/mem_meta_store.h"
+#include "meta_fixture.h"
 
 namespace ckpt::meta {
 namespace {
 
-class MetaUpdateJobTest : public ::testing::Test {
+class MetaUpdateJobTest : public MetaFixture {
  protected:
   void SetUp() override {
-    Reopen();
-    RegisterRequest r;
-    r.node_id = "a";
-    r.grpc_address = "a:7401";
-    r.data_address = "a:7402";
-    r.memory_capacity_bytes = 1 << 30;
-    auto res = core_->RegisterNode(r);
-    ASSERT_TRUE(res.ok()) << res.status();
-    inc_ = res->incarnation;
-    JobSpec spec;
-    spec.job_id = "gpt";
-    spec.world_size = 1;
-    spec.protection = ProtectionPolicy::None();
-    ASSERT_TRUE(core_->CreateJob(spec, false).ok());
-  }
-
-  void Reopen() {
-    core_.reset();
-    auto c = MetaCore::Open(store_.get(), &clock_, options_);
-    ASSERT_TRUE(c.ok()) << c.status();
-    core_ = std::move(*c);
+    MetaFixture::SetUp();
+    Register("a");
+    CreateJob("gpt", 1, ProtectionPolicy::None());
   }
 
   // Step `step` saved on node a (protection none: PROTECTED at once).
   void Save(uint64_t step) {
     ASSERT_TRUE(core_->BeginVersion("gpt", step, "").ok());
-    ShardReport r;
-    r.kind = ShardReport::Kind::kStaged;
-    r.staged.job_id = "gpt";
-    r.staged.step = step;
-    r.staged.shard.rank = 0;
-    r.staged.shard.size_bytes = 4096;
-    r.staged.shard.crc32c = 1;
-    r.staged.shard.manifest_digest = 2;
-    Item it;
-    it.name = "w";
-    it.dtype = 9;  // u8
-    it.shape = {4096};
-    it.length_bytes = 4096;
-    r.staged.shard.items.push_back(it);
-    auto res = core_->ReportShards("a", inc_, {r});
-    ASSERT_TRUE(res.ok()) << res.status();
-    ASSERT_TRUE(res->results[0].ok()) << res->results[0];
+    ASSERT_TRUE(Stage("a", "gpt", step, 0).ok());
   }
 
   bool Evicted(uint64_t step) {
@@ -72,12 +39,6 @@ class MetaUpdateJobTest : public ::testing::Test {
     r.keep_durable = durable;
     return r;
   }
-
-  FakeClock clock_;
-  MetaOptions options_;
-  std::unique_ptr<MetaStore> store_ = NewMemMetaStore();
-  std::unique_ptr<MetaCore> core_;
-  uint64_t inc_ = 0;
 };
 
 TEST_F(MetaUpdateJobTest, ALowerKeepInMemoryEvictsAtOnce) {

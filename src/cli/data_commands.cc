@@ -31,6 +31,7 @@
 #include "common/config.h"
 #include "common/crc32c.h"
 #include "common/durable_format.h"
+#include "common/manifest_proto.h"
 #include "common/file_system.h"
 #include "common/names.h"
 #include "common/status_macros.h"
@@ -154,19 +155,6 @@ std::unique_ptr<v1::AgentService::Stub> AgentStub(const DataOptions& o, const st
   return v1::AgentService::NewStub(Channel(to_agent, address));
 }
 
-ManifestItem ItemOf(const v1::Item& item) {
-  ManifestItem m;
-  m.name = item.name();
-  m.dtype = item.dtype();
-  m.shape.assign(item.shape().begin(), item.shape().end());
-  m.offset_bytes = item.offset_bytes();
-  m.length_bytes = item.length_bytes();
-  m.crc32c = item.crc32c();
-  for (const auto& [k, v] : item.attributes()) m.attributes[k] = v;
-  if (item.has_ref_step()) m.ref_step = item.ref_step();
-  return m;
-}
-
 DurableShard ShardOf(const v1::ShardInfo& info) {
   DurableShard s;
   s.rank = info.key().rank();
@@ -174,7 +162,7 @@ DurableShard ShardOf(const v1::ShardInfo& info) {
   s.size_bytes = info.size_bytes();
   s.crc32c = info.crc32c();
   s.manifest_digest = info.manifest_digest();
-  for (const v1::Item& item : info.items()) s.items.push_back(ItemOf(item));
+  for (const v1::Item& item : info.items()) s.items.push_back(ManifestItemFromProto(item));
   return s;
 }
 

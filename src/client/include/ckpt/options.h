@@ -4,17 +4,69 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <optional>
 #include <string>
 #include <vector>
 
+#include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "ckpt/types.h"
 
 namespace ckpt {
 
+struct ClientOptions;
+
+// Values given to ClientOptions::FromEnvironment; a value left unset is taken
+// from the environment (an explicit value always wins).
+struct ClientEnvironmentGiven {
+  std::optional<std::string> job;           // ClientOptions::job_id
+  std::optional<uint32_t> rank;             // ClientOptions::rank
+  std::optional<uint32_t> world_size;       // ClientOptions::world_size
+  std::optional<std::string> meta;          // ClientOptions::meta_address
+  std::optional<std::string> agent_socket;  // ClientOptions::agent_socket
+};
+
+// Where ClientOptions::FromEnvironment reads: a variable's value (nullopt:
+// unset) and whether a path exists (for the default agent socket). Process()
+// is the real one (getenv, stat); FromMap() a fixed set, for tests.
+struct EnvironmentSource {
+  std::function<std::optional<std::string>(const std::string& name)> variable;
+  std::function<bool(const std::string& path)> path_exists;
+
+  static EnvironmentSource Process();
+  static EnvironmentSource FromMap(std::map<std::string, std::string> variables,
+                                   std::vector<std::string> existing_paths = {});
+};
+
 struct ClientOptions {
+  // ---- From the launcher's environment (torchrun, Slurm, Kubernetes) ----
+  // Options with job_id, rank, world_size, meta_address and agent_socket
+  // filled, each from the first place that has it (the same rules as
+  // Python's ckpt.Client(); docs/python.md "Using ckpt from torchrun / Slurm
+  // / Kubernetes"):
+  //   job           given.job         $CKPT_JOB  $TORCHELASTIC_RUN_ID  $SLURM_JOB_ID
+  //   rank          given.rank        $RANK  $SLURM_PROCID
+  //   world_size    given.world_size  $WORLD_SIZE  $SLURM_NTASKS
+  //   meta          given.meta        $CKPT_META
+  //   agent_socket  given.agent_socket  $CKPT_AGENT_SOCKET  /run/ckpt/agent.sock (if it exists)
+  // A variable set to blanks counts as unset, and so does torchrun's run id
+  // "none" (its default without --rdzv_id). Every other option keeps its
+  // default; TLS files and the token are read from $CKPT_TLS_* and
+  // $CKPT_TOKEN_FILE / $CKPT_TOKEN by Client::Connect itself.
+  // kInvalidArgument naming, for each value found nowhere, every place looked
+  // at; a rank or world size that is not an integer >= 0 (in 32 bits); and a
+  // rank not below the world size. `sources`, when not null, gets where each
+  // value came from ("given", "$RANK", "default").
+  static absl::StatusOr<ClientOptions> FromEnvironment(
+      const ClientEnvironmentGiven& given = {},
+      std::map<std::string, std::string>* sources = nullptr);
+  // The same, reading `env` instead of the process's environment.
+  static absl::StatusOr<ClientOptions> FromEnvironment(
+      const ClientEnvironmentGiven& given, const EnvironmentSource& env,
+      std::map<std::string, std::string>* sources = nullptr);
+
   // ckpt-meta's gRPC address, "host:port" (any gRPC target string works).
   // Required.
   std::string meta_address;

@@ -662,18 +662,109 @@ def check_agent_pod(wname, spec, configmaps):
         fail(f"{wname}: CKPT_NODE_ID does not come from spec.nodeName")
 
 
+# The trainer examples of deploy/k8s/examples: file, (apiVersion, kind) of
+# its one object, and whether it is a launcher example (job, meta and agent
+# from CKPT_* variables, examples/train_torchrun.py under torchrun).
+TRAINER_EXAMPLES = (
+    ("trainer.yaml", ("v1", "Pod"), False),
+    ("job.yaml", ("batch/v1", "Job"), True),
+    ("pytorchjob.yaml", ("kubeflow.org/v1", "PyTorchJob"), True),
+)
+
+
+def pod_specs(obj):
+    """(where, pod spec) of every pod a Pod, Job or PyTorchJob makes."""
+    kind = obj.get("kind")
+    if kind == "Pod":
+        return [("Pod", obj.get("spec"))]
+    if kind == "Job":
+        return [("Job template", obj.get("spec", {}).get("template", {}).get("spec"))]
+    if kind == "PyTorchJob":
+        replicas = obj.get("spec", {}).get("pytorchReplicaSpecs") or {}
+        return [(f"{role} template", r.get("template", {}).get("spec")) for role, r in replicas.items()]
+    return []
+
+
 def check_trainer_example(src):
+    for name, (api, kind), launcher in TRAINER_EXAMPLES:
+        path = os.path.join(src, "deploy", "k8s", "examples", name)
+        if not os.path.exists(path):
+            fail(f"{path}: missing (a trainer example)")
+            continue
+        try:
+            objs = load_docs(path)
+        except yaml.YAMLError:
+            continue  # check_k8s said so
+        if [(d.get("apiVersion"), d.get("kind")) for d in objs] != [(api, kind)]:
+            fail(f"{path}: want one {kind} ({api}), found {[(d.get('apiVersion'), d.get('kind')) for d in objs]}")
+            continue
+        specs = pod_specs(objs[0])
+        if not specs or any(not isinstance(spec, dict) or not spec.get("containers") for _, spec in specs):
+            fail(f"{path}: a pod template without containers")
+            continue
+        for where, spec in specs:
+            check_trainer_pod(src, f"{path} ({where})" if kind != "Pod" else path, spec)
+            if launcher:
+                check_launcher_pod(src, f"{path} ({where})", objs[0], spec)
+    check_examples_listed(src)
+
+
+def check_launcher_pod(src, path, obj, spec):
+    # Job, meta and agent from the environment (docs/python.md "Using ckpt
+    # from torchrun / Slurm / Kubernetes"): the script under torchrun, CKPT_JOB
+    # stable across pod restarts (a value, or a label of the pod), CKPT_META
+    # at meta's Service.
+    if obj["kind"] == "PyTorchJob":
+        ep = obj["spec"].get("elasticPolicy") or {}
+        if ep.get("rdzvBackend") != "c10d" or not ep.get("maxRestarts"):
+            fail(f"{path}: elasticPolicy wants rdzvBackend c10d and maxRestarts (torchrun restarts the group)")
+        if [c["name"] for c in spec["containers"]][:1] != ["pytorch"]:
+            fail(f"{path}: the training operator wants the container named pytorch")
+    for c in spec["containers"]:
+        where = f"{path}: container {c['name']}"
+        cmd = c.get("command", []) + c.get("args", [])
+        if not cmd or cmd[0] != "torchrun" or not any(a.startswith("--max_restarts=") for a in cmd):
+            fail(f"{where}: want torchrun with --max_restarts=N, found {cmd}")
+        scripts = [a for a in cmd if a.endswith(".py")]
+        if scripts != ["/usr/local/share/ckpt/examples/train_torchrun.py"] or not os.path.exists(
+                os.path.join(src, "examples", "train_torchrun.py")):
+            fail(f"{where}: want /usr/local/share/ckpt/examples/train_torchrun.py (examples/), found {scripts}")
+        envs = {e["name"]: e for e in c.get("env", [])}
+        job = envs.get("CKPT_JOB", {})
+        path_ref = job.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath", "")
+        m = re.fullmatch(r"metadata\.labels\['([a-z0-9./-]+)'\]", path_ref)
+        if not (job.get("value") or m):
+            fail(f"{where}: CKPT_JOB is neither a value nor a label of the pod (downward API): {job}")
+        elif m and m.group(1) not in ("job-name", "training.kubeflow.org/job-name"):
+            fail(f"{where}: CKPT_JOB from label {m.group(1)}, which its controller does not set")
+        meta = str(envs.get("CKPT_META", {}).get("value", ""))
+        if not re.fullmatch(r"ckpt-meta\.ckpt\.svc(\.cluster\.local)?:7400", meta):
+            fail(f"{where}: CKPT_META {meta!r} is not meta's Service ckpt-meta.ckpt.svc:7400")
+        sock = envs.get("CKPT_AGENT_SOCKET", {}).get("value")
+        if sock is not None and sock != "/run/ckpt/agent.sock":
+            fail(f"{where}: CKPT_AGENT_SOCKET {sock}, not /run/ckpt/agent.sock")
+        for e in envs.values():
+            if e["name"].startswith("CKPT_") and e["name"] not in CLIENT_VARIABLES:
+                fail(f"{where}: {e['name']} is not a variable the client reads")
+
+
+# What the client libraries read (python/ckpt/environment.py, ckpt/options.h).
+CLIENT_VARIABLES = ("CKPT_JOB", "CKPT_META", "CKPT_AGENT_SOCKET", "CKPT_TLS_CA", "CKPT_TLS_CERT", "CKPT_TLS_KEY",
+                    "CKPT_TLS_CRL_DIR", "CKPT_TOKEN_FILE", "CKPT_TOKEN")
+
+
+def check_examples_listed(src):
+    # Every manifest of deploy/k8s/examples is one this script checks.
+    d = os.path.join(src, "deploy", "k8s", "examples")
+    known = {n for n, _, _ in TRAINER_EXAMPLES}
+    for name in sorted(os.listdir(d)) if os.path.isdir(d) else []:
+        if name.endswith((".yaml", ".yml")) and name not in known:
+            fail(f"{d}/{name}: not checked (add it to TRAINER_EXAMPLES in tests/deploy/check_manifests.py)")
+
+
+def check_trainer_pod(src, path, spec):
     # A trainer pod needs the host's /run/ckpt and nothing else of the agent:
     # the pool comes over session.sock as a descriptor (docs/operations.md).
-    path = os.path.join(src, "deploy", "k8s", "examples", "trainer.yaml")
-    if not os.path.exists(path):
-        fail(f"{path}: missing (the trainer pod example)")
-        return
-    pods = [d for d in load_docs(path) if d.get("kind") == "Pod"]
-    if len(pods) != 1:
-        fail(f"{path}: want one Pod")
-        return
-    spec = pods[0]["spec"]
     for host_ns in ("hostPID", "hostIPC", "hostNetwork"):
         if spec.get(host_ns):
             fail(f"{path}: the trainer must not need {host_ns}")

@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """Proves that check_manifests.py fails on insecure deploy files, not only
 that it passes on the shipped ones: copies what it reads (deploy/, docs/,
-scripts/packages.txt, src/) to a temporary tree, checks that the copy passes,
+examples/, scripts/packages.txt, src/) to a temporary tree, checks that the copy passes,
 then applies one insecure change at a time and checks that the run fails
 with the expected message. Each change is one an operator could make by
 hand (turn TLS off, drop a key, share one agent certificate, hand the CA key
@@ -85,6 +85,15 @@ MUTATIONS = [
     ("node certificate not for this node", "deploy/k8s/overlays/cert-manager/agent-node-cert.yaml",
      '--node-id "${NODE_NAME}"', "--node-id node-1",
      "does not take --node-id from spec.nodeName"),
+    ("PyTorchJob trainer without its key", "deploy/k8s/examples/pytorchjob.yaml",
+     "                - name: CKPT_TLS_KEY\n                  value: /etc/ckpt-tls/tls.key\n", "",
+     "sets no CKPT_TLS_KEY"),
+    ("Job example runs a script that is not in examples/", "deploy/k8s/examples/job.yaml",
+     "/usr/local/share/ckpt/examples/train_torchrun.py", "/usr/local/share/ckpt/examples/train_torchrn.py",
+     "want /usr/local/share/ckpt/examples/train_torchrun.py"),
+    ("Job example's CKPT_JOB from a label the Job controller does not set", "deploy/k8s/examples/job.yaml",
+     "fieldPath: metadata.labels['job-name']", "fieldPath: metadata.labels['jobname']",
+     "CKPT_JOB from label jobname"),
     ("memory tier in the emptyDir's 0777 mount point", "deploy/k8s/base/configmap.yaml",
      "    memory_dir: /ckpt/memory/tier\n", "    memory_dir: /ckpt/memory\n",
      "is a volume's mount point"),
@@ -92,7 +101,7 @@ MUTATIONS = [
 
 
 def copy_tree(src, dst):
-    for d in ("deploy", "docs", "src"):
+    for d in ("deploy", "docs", "src", "examples"):
         shutil.copytree(os.path.join(src, d), os.path.join(dst, d),
                         ignore=shutil.ignore_patterns("*.o", "*.a", "*.so"))
     os.makedirs(os.path.join(dst, "scripts"))

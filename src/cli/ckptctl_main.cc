@@ -7,8 +7,14 @@
 // command (field names in docs/cli.md).
 #include <grpcpp/grpcpp.h>
 
+#include <signal.h>
+#include <unistd.h>
+
 #include <CLI/CLI.hpp>
 #include <algorithm>
+#include <csignal>
+#include <functional>
+#include <sstream>
 #include <cctype>
 #include <chrono>
 #include <cstdint>
@@ -285,6 +291,22 @@ Json VersionJson(const v1::VersionInfo& v, bool with_shards) {
 }
 
 // ---------------------------------------------------------------------------
+// Ctrl-C of a watch: ends it after the refresh being drawn, exit 0.
+
+volatile std::sig_atomic_t g_interrupted = 0;
+
+void OnInterrupt(int) { g_interrupted = 1; }
+
+void StopOnInterrupt() {
+  struct sigaction sa {};
+  sa.sa_handler = OnInterrupt;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGINT, &sa, nullptr);
+}
+
+bool Interrupted() { return g_interrupted != 0; }
+
+// ---------------------------------------------------------------------------
 // Commands.
 
 struct Globals {
@@ -333,11 +355,88 @@ class Ctl {
                                     "docs/security.md)");
       }
     }
+    if (watching_) {  // shown in the refresh (Watch)
+      error_code_ = code;
+      error_message_ = msg;
+      return false;
+    }
     PrintError(g_.json, code, msg);
     return false;
   }
 
-  void PrintJson(const Json& j) { std::cout << j.dump(2) << "\n"; }
+  void PrintJson(const Json& j) {
+    if (watching_) {
+      captured_ = j;
+      return;
+    }
+    std::cout << j.dump(2) << "\n";
+  }
+
+  // `-w`: runs `refresh` (Status or Versions) every `interval` until Ctrl-C
+  // (exit 0) or `count` refreshes (0: no limit). On a terminal each refresh
+  // clears the screen and draws a header line (interval, command, time) and
+  // the table; elsewhere the blocks follow one another, a blank line
+  // between; with --json one JSON object per line (JSON Lines): "refresh",
+  // "time", "unix_ms" and the command's own fields, or "error". An error of
+  // the first refresh is the command's error (an unknown job: exit 1 at
+  // once) unless meta is unreachable; later errors are shown in their
+  // refresh and the watch goes on.
+  int Watch(const std::string& title, absl::Duration interval, uint64_t count, const std::function<int()>& refresh) {
+    StopOnInterrupt();
+    const bool tty = !g_.json && ::isatty(STDOUT_FILENO) == 1;
+    for (uint64_t n = 1; count == 0 || n <= count; ++n) {
+      const absl::Time now = absl::Now();
+      error_code_.clear();
+      error_message_.clear();
+      captured_.reset();
+      std::ostringstream body;
+      std::streambuf* const saved = std::cout.rdbuf(body.rdbuf());
+      watching_ = true;
+      const int rc = refresh();
+      watching_ = false;
+      std::cout.rdbuf(saved);
+      if (rc != kExitOk && n == 1 && error_code_ != "UNAVAILABLE" && error_code_ != "DEADLINE_EXCEEDED") {
+        PrintError(g_.json, error_code_.empty() ? "UNKNOWN" : error_code_, error_message_);
+        return kExitFailure;
+      }
+      if (g_.json) {
+        Json line{{"refresh", n},
+                  {"time", absl::FormatTime("%Y-%m-%dT%H:%M:%E3SZ", now, absl::UTCTimeZone())},
+                  {"unix_ms", absl::ToUnixMillis(now)}};
+        if (rc == kExitOk && captured_) {
+          for (auto it = captured_->begin(); it != captured_->end(); ++it) line[it.key()] = it.value();
+        } else {
+          line["error"] = Json{{"code", error_code_}, {"message", error_message_}};
+        }
+        std::cout << line.dump() << "\n";
+      } else {
+        if (tty) {
+          std::cout << "\033[H\033[2J";  // home, clear
+        } else if (n > 1) {
+          std::cout << "\n";
+        }
+        std::cout << "Every " << absl::FormatDuration(interval) << ": ckptctl " << title << "    "
+                  << absl::FormatTime("%Y-%m-%d %H:%M:%S %Z", now, absl::LocalTimeZone())
+                  << (count != 0 ? absl::StrCat("  (", n, "/", count, ")") : std::string()) << "\n\n";
+        if (rc == kExitOk) {
+          std::cout << body.str();
+        } else {
+          std::cout << kProgram << ": " << error_code_ << ": " << error_message_ << "\n(still watching; next try in "
+                    << absl::FormatDuration(interval) << ")\n";
+        }
+      }
+      std::cout << std::flush;
+      if (count != 0 && n == count) break;
+      // Sleep in short steps so Ctrl-C ends the watch at once.
+      const absl::Time next = now + interval;
+      while (!Interrupted() && absl::Now() < next) {
+        absl::SleepFor(std::min(absl::Milliseconds(50), next - absl::Now()));
+      }
+      if (Interrupted()) break;
+    }
+    if (Interrupted() && tty) std::cout << "\n" << std::flush;  // after the terminal's "^C"
+    return kExitOk;
+  }
 
   // `job` (may be empty): also that job's MTBF.
   int Status(const std::string& job) {
@@ -592,7 +691,7 @@ class Ctl {
     if (!g_.json) std::cout << "flush requested\n";
     if (!wait) return PrintVersion(resp.version(), false);
     if (!g_.json) PrintVersion(resp.version(), false);
-    return Wait(job, step, v1::DURABILITY_LEVEL_PERSISTED, *wait, mode);
+    return Wait(job, step, v1::DURABILITY_LEVEL_PERSISTED, *wait, mode, resp.version().state());
   }
 
   // Waits until (job, step) reaches `level` (WaitVersion long polls; meta
@@ -601,8 +700,9 @@ class Ctl {
   // as meta says it), for a version or job meta does not know (NOT_FOUND), or
   // one that can never get there (aborted: DATA_LOSS or FAILED_PRECONDITION,
   // meta's reason).
+  // `known_state`: the version's state as the caller last saw it (flush).
   int Wait(const std::string& job, uint64_t step, v1::DurabilityLevel level, std::optional<absl::Duration> timeout,
-           ProgressMode mode) {
+           ProgressMode mode, std::optional<v1::VersionState> known_state = std::nullopt) {
     const std::string level_name = EnumName(v1::DurabilityLevel_Name(level), "DURABILITY_LEVEL_");
     const std::string what = absl::StrCat(job, "/", step);
     const absl::Time start = absl::Now();
@@ -611,7 +711,13 @@ class Ctl {
     v1::WaitVersionRequest req;
     req.set_job_id(job);
     req.set_step(step);
-    req.set_level(level);
+    // With progress on: one level after the other (staged, protected, ...),
+    // each state change a line as it happens ("w/1: staged -> protected
+    // after 0.4s"); else straight to `level`.
+    v1::DurabilityLevel stage = mode.on ? v1::DURABILITY_LEVEL_STAGED : level;
+    std::optional<v1::VersionState> shown = known_state;
+    if (shown) meter.Line(absl::StrCat(what, ": ", VersionStateName(*shown)));
+    req.set_level(stage);
     absl::Duration backoff = absl::Milliseconds(100);
     std::string last;
     while (true) {
@@ -625,6 +731,20 @@ class Ctl {
       AddToken(&ctx, g_.token);
       const grpc::Status st = stub_->WaitVersion(&ctx, req, &resp);
       const absl::Duration waited = absl::Now() - start;
+      if (st.ok() && mode.on) {
+        const v1::VersionState now_state = resp.version().state();
+        if (!shown || *shown != now_state) {
+          meter.Line(shown ? absl::StrCat(what, ": ", VersionStateName(*shown), " -> ", VersionStateName(now_state),
+                                          " after ", DurationMs(absl::ToInt64Milliseconds(waited)))
+                           : absl::StrCat(what, ": ", VersionStateName(now_state)));
+          shown = now_state;
+        }
+      }
+      if (st.ok() && stage != level) {
+        stage = static_cast<v1::DurabilityLevel>(static_cast<int>(stage) + 1);
+        req.set_level(stage);
+        continue;
+      }
       if (st.ok()) {
         meter.Clear();
         if (g_.json) {
@@ -874,6 +994,10 @@ class Ctl {
  private:
   Globals g_;
   std::unique_ptr<v1::MetaService::Stub> stub_;
+  // Watch: errors and JSON documents are kept for the refresh, not printed.
+  bool watching_ = false;
+  std::string error_code_, error_message_;
+  std::optional<Json> captured_;
 };
 
 // "4+2" -> (4, 2); nullopt if malformed or zero.
@@ -908,7 +1032,7 @@ int Main(int argc, char** argv) {
       ->check(CLI::PositiveNumber)
       ->default_str("30");
   app.add_flag("--progress", g.progress,
-               "Progress of save, restore and waits on stderr even when it is not a terminal (one line per update).");
+               "Progress of save, restore, verify and waits on stderr even when it is not a terminal (one line per update).");
   app.add_flag("-q,--quiet", g.quiet, "No progress on stderr, even on a terminal.");
   app.add_option("--tls-ca", g.tls.ca_file,
                  "PEM file of the CA that signed ckpt-meta's and the agents' certificates: talk "
@@ -932,6 +1056,23 @@ int Main(int argc, char** argv) {
   CLI::App* status = app.add_subcommand("status", "Cluster summary, node failure history (MTBF) and problems.");
   std::string status_job;
   status->add_option("--job", status_job, "Also the MTBF of this job's nodes");
+  // -w on status and versions (one set of variables: one subcommand runs).
+  bool watch = false;
+  std::string watch_interval = "2s";
+  uint64_t watch_count = 0;
+  std::vector<CLI::Option*> watch_opts;  // --interval, --count of both
+  auto add_watch = [&](CLI::App* cmd) {
+    cmd->add_flag("-w,--watch", watch,
+                  "Refresh every --interval until Ctrl-C (exit 0): redrawn on a terminal, one block per refresh "
+                  "elsewhere, one JSON object per line with --json");
+    watch_opts.push_back(
+        cmd->add_option("--interval", watch_interval, "With --watch: time between refreshes (default 2s; 500ms, 1m, ...)")
+            ->type_name("DUR"));
+    watch_opts.push_back(
+        cmd->add_option("--count", watch_count, "With --watch: stop after N refreshes (default 0: until Ctrl-C)")
+            ->type_name("N"));
+  };
+  add_watch(status);
   CLI::App* nodes = app.add_subcommand("nodes", "List agent nodes.");
   CLI::App* jobs = app.add_subcommand("jobs", "List jobs.");
 
@@ -946,6 +1087,7 @@ int Main(int argc, char** argv) {
       "STEP>=0");
   CLI::App* versions = app.add_subcommand("versions", "List a job's versions.");
   versions->add_option("JOB", job, "Job id")->required();
+  add_watch(versions);
   CLI::App* inspect = app.add_subcommand("inspect", "Show one version shard by shard.");
   inspect->add_option("JOB", job, "Job id")->required();
   inspect->add_option("STEP", step, "Step")->check(non_negative_step)->required();
@@ -1167,6 +1309,21 @@ int Main(int argc, char** argv) {
   if (*holdings) return NodeHoldings(data, holdings_node, holdings_job);
 
   Ctl ctl(g);
+  if ((*status || *versions) && watch) {
+    std::optional<absl::Duration> interval = ParseWaitTimeout(watch_interval);
+    if (!interval || *interval < absl::Milliseconds(100)) {
+      return UsageError(absl::StrCat("--interval: expected a duration of at least 100ms such as 2s, 500ms or 1m; got '",
+                                     watch_interval, "'"));
+    }
+    if (*status) {
+      return ctl.Watch(status_job.empty() ? "status" : "status --job " + status_job, *interval, watch_count,
+                       [&] { return ctl.Status(status_job); });
+    }
+    return ctl.Watch("versions " + job, *interval, watch_count, [&] { return ctl.Versions(job); });
+  }
+  if (!watch && std::any_of(watch_opts.begin(), watch_opts.end(), [](CLI::Option* o) { return o->count() > 0; })) {
+    return UsageError("--interval and --count need --watch");
+  }
   if (*status) return ctl.Status(status_job);
   if (*nodes) return ctl.Nodes();
   if (*jobs) return ctl.Jobs();

@@ -769,9 +769,23 @@ int VerifyVersion(const DataOptions& o, const std::string& job, uint64_t step) {
   for (const v1::SegmentInfo& seg : vresp.version().segments()) {
     if (seg.state() == v1::COPY_STATE_VALID && seg.length_bytes() > 0) holders.insert(seg.holder_node_id());
   }
+  // Progress: every valid copy and segment is re-read once by its holder
+  // (one Verify per holder: the line moves holder by holder).
+  uint64_t total = 0;
+  for (const v1::ShardDetail& d : vresp.version().shards()) {
+    for (const v1::ShardCopy& c : d.copies()) {
+      if (c.state() == v1::COPY_STATE_VALID) total += d.info().size_bytes();
+    }
+  }
+  for (const v1::SegmentInfo& seg : vresp.version().segments()) {
+    if (seg.state() == v1::COPY_STATE_VALID) total += seg.length_bytes();
+  }
+  Progress meter(absl::StrCat("verifying ", job, "/", step), total, o.progress);
+  meter.Note(absl::StrCat(FormatBytes(total), " on ", holders.size(), " holder(s)"));
   Json findings = Json::array();
   int problems = 0;
-  uint64_t checked = 0;
+  uint64_t checked = 0, pieces = 0;
+  size_t holders_done = 0;
   for (const std::string& node : holders) {
     auto stub = AgentStub(o, node, (*addresses)[node]);
     v1::VerifyRequest req;
@@ -783,6 +797,7 @@ int VerifyVersion(const DataOptions& o, const std::string& job, uint64_t step) {
     if (!s.ok()) {
       ++problems;
       findings.push_back(Json{{"node", node}, {"ok", false}, {"message", std::string(s.message())}});
+      ++holders_done;
       continue;
     }
     checked += resp.bytes_checked();
@@ -797,8 +812,14 @@ int VerifyVersion(const DataOptions& o, const std::string& job, uint64_t step) {
         finding["rank"] = f.holding().shard().rank();
       }
       findings.push_back(std::move(finding));
+      ++pieces;
     }
+    ++holders_done;
+    meter.SetDetail(absl::StrCat(holders_done, "/", holders.size(), " holder(s), ", pieces, " shard(s)/segment(s) checked, ",
+                                 problems, " problem(s)"));
+    meter.Add(resp.bytes_checked());
   }
+  meter.Finish();
   if (o.json) {
     std::cout << Json{{"job", job}, {"step", step}, {"bytes_checked", checked}, {"problems", problems},
                       {"findings", findings}}

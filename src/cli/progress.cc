@@ -88,6 +88,15 @@ void Progress::Note(std::string_view what) {
   printed_ = true;
 }
 
+void Progress::Line(std::string_view text) {
+  if (!mode_.on) return;
+  std::fprintf(stderr, "%s%.*s\n", mode_.tty && g_line_open ? "\r\033[K" : "", static_cast<int>(text.size()),
+               text.data());
+  std::fflush(stderr);
+  g_line_open = false;
+  last_print_ = absl::InfinitePast();
+}
+
 void Progress::Clear() {
   if (!mode_.on || !mode_.tty || !g_line_open) return;
   std::fputs("\r\033[K", stderr);
@@ -115,6 +124,7 @@ void Progress::Print(bool final) {
     line = absl::StrCat(label_, ": ", FormatBytes(done_), " / ", FormatBytes(total), " (", pct, "%), ", Rate(rate),
                         ", ETA ", rate > 0 ? Eta(static_cast<double>(total - done_) / rate) : "?");
   }
+  if (!detail_.empty()) absl::StrAppend(&line, ", ", detail_);
   if (mode_.tty) {
     std::fprintf(stderr, "\r\033[K%s%s", line.c_str(), final ? "\n" : "");
     g_line_open = !final;

@@ -43,6 +43,12 @@ class Progress {
   void Rewind(uint64_t bytes) { done_ = bytes > done_ ? 0 : done_ - bytes; }
   // A line (not bytes) about what happens now, e.g. "copying into the agent".
   void Note(std::string_view what);
+  // Text appended to every later byte line (", 2/3 holders, 5 shards").
+  void SetDetail(std::string detail) { detail_ = std::move(detail); }
+  // A line that stays (e.g. a state change "w/1: staged -> protected after
+  // 0.4s"): on a terminal it replaces the unfinished line, which the next
+  // update draws again below it.
+  void Line(std::string_view text);
   // Erases an unfinished line on a terminal before something goes to stdout
   // (the next update draws it again).
   void Clear();
@@ -52,6 +58,7 @@ class Progress {
   void Print(bool final);
 
   const std::string label_;
+  std::string detail_;
   uint64_t total_;
   const ProgressMode mode_;
   uint64_t done_ = 0;

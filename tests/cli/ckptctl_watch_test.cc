@@ -1,9 +1,11 @@
 // The real ckptctl binary against real ckpt-meta and ckpt-agent processes
 // (issue 40, item 4): `versions -w` and `status -w` (refreshes, one block each
 // off a terminal, JSON Lines with --json, --count, a version saved meanwhile
-// shows up, an unknown job fails at once, meta going away is shown and the
-// watch goes on), progress lines of `verify` and the state changes of `flush
-// --wait --progress`.
+// shows up, an unknown job fails at once, Ctrl-C ends it with exit 0, meta
+// going away is shown and the watch goes on), progress lines of `verify` and
+// the state changes of `flush --wait --progress`.
+#include <signal.h>
+
 #include <fstream>
 #include <memory>
 #include <random>
@@ -135,6 +137,23 @@ TEST_F(CkptctlWatchTest, StatusWatchJsonLinesAndErrors) {
   EXPECT_LT(absl::Now() - start, absl::Seconds(9));
   EXPECT_THAT(r.stderr_text, HasSubstr("ckptctl: NOT_FOUND: "));
   EXPECT_EQ(r.stdout_text, "");
+  // Ctrl-C (SIGINT) ends a watch with no --count: exit 0, after whole refreshes.
+  {
+    testing::SubprocessOptions o;
+    o.argv = Argv({"versions", "s", "-w", "--interval", "100ms"});
+    const std::string out = dir_->path() + "/int.out";
+    o.stdout_path = out;
+    o.stderr_path = out + ".err";
+    absl::StatusOr<std::unique_ptr<testing::Subprocess>> p = testing::Subprocess::Start(o);
+    ASSERT_TRUE(p.ok()) << p.status();
+    for (int i = 0; i < 300 && Count(Read(out), "Every 100ms: ") < 2; ++i) absl::SleepFor(absl::Milliseconds(50));
+    ASSERT_GE(Count(Read(out), "Every 100ms: "), 2);
+    ASSERT_TRUE((*p)->Kill(SIGINT).ok());
+    absl::StatusOr<testing::ExitStatus> st = (*p)->WaitFor(absl::Seconds(30));
+    ASSERT_TRUE(st.ok()) << st.status();
+    EXPECT_TRUE(st->success()) << *st;
+    EXPECT_EQ(Read(out + ".err"), "");
+  }
   // Usage.
   EXPECT_EQ(Ctl({"versions", "s", "-w", "--interval", "soon"}).status.exit_code(), 2);
   EXPECT_EQ(Ctl({"versions", "s", "--count", "2"}).status.exit_code(), 2);

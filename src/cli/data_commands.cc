@@ -32,6 +32,7 @@
 #include "common/crc32c.h"
 #include "common/durable_format.h"
 #include "common/manifest_proto.h"
+#include "common/unix_socket.h"
 #include "common/file_system.h"
 #include "common/names.h"
 #include "common/status_macros.h"
@@ -66,49 +67,6 @@ int Fail(const absl::Status& s) {
 }  // namespace
 
 void SetJsonErrors(bool on) { json_errors = on; }
-
-absl::Status ProbeAgentSocket(const std::string& path) {
-  const std::string dir = std::filesystem::path(path).parent_path().string();
-  const std::string agent_sock = (dir.empty() ? std::string(".") : dir) + "/agent.sock";
-  const std::string how = "--agent-socket or CKPT_AGENT_SOCKET";
-  sockaddr_un addr{};
-  if (path.size() >= sizeof(addr.sun_path)) {
-    return absl::InvalidArgumentError(absl::StrCat("agent socket path \"", path, "\" is longer than ",
-                                                   sizeof(addr.sun_path) - 1, " bytes"));
-  }
-  addr.sun_family = AF_UNIX;
-  std::memcpy(addr.sun_path, path.data(), path.size());
-  const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) return absl::InternalError(absl::StrCat("socket: ", std::strerror(errno)));
-  const int rc = ::connect(fd, reinterpret_cast<const sockaddr*>(&addr), sizeof(addr));
-  const int err = errno;
-  ::close(fd);
-  if (rc == 0) return absl::OkStatus();
-  switch (err) {
-    case ENOENT:
-    case ENOTDIR:
-      return absl::FailedPreconditionError(absl::StrCat(
-          "no agent socket at ", path, ": is ckpt-agent running on this host? It serves <run-dir>/agent.sock "
-          "(--run-dir, default /run/ckpt); point ", how, " at it"));
-    case EPROTOTYPE:
-      return absl::FailedPreconditionError(absl::StrCat(
-          path, " is not the agent's gRPC socket (it is a SOCK_SEQPACKET socket: the session socket); trainers "
-          "and ckptctl use ", agent_sock, " (", how, ")"));
-    case ECONNREFUSED:
-      return absl::FailedPreconditionError(absl::StrCat(
-          "nothing accepts on ", path, " (connection refused): a socket left by a ckpt-agent that stopped, or "
-          "not a socket; start ckpt-agent, or point ", how, " at the running agent's agent.sock"));
-    case EACCES:
-    case EPERM:
-      return absl::PermissionDeniedError(absl::StrCat(
-          "permission denied on ", path, ": the socket is mode 0660 for the agent's user and group (ckpt-agent "
-          "--socket-group); run ckptctl as that user or in that group"));
-    default:
-      // Anything else may heal (EAGAIN: the backlog is full): the client
-      // retries within its timeout.
-      return absl::OkStatus();
-  }
-}
 
 namespace {
 
@@ -274,7 +232,9 @@ int SaveFile(const DataOptions& o, const std::string& job, uint64_t step, uint32
   if (read_error) return Fail(absl::UnavailableError(absl::StrCat("cannot read '", file, "' (", got, " of ", data.size(), " bytes)")));
   // A socket that cannot work fails now, saying what to do, instead of
   // after the client's connect timeout.
-  if (absl::Status s = ProbeAgentSocket(o.agent_socket); !s.ok()) return Fail(s);
+  if (absl::Status s = ProbeAgentSocket(o.agent_socket, "--agent-socket or CKPT_AGENT_SOCKET"); !s.ok()) {
+    return Fail(s);
+  }
   if (world_size == 0) {
     auto meta = v1::MetaService::NewStub(Channel(o, o.meta));
     v1::GetJobRequest req;

@@ -41,13 +41,6 @@ struct DataOptions {
 // With --json: errors go to stderr as {"error": {"code", "message"}}.
 void SetJsonErrors(bool on);
 
-// Connects once to the agent's unix socket at `path` (what `save` and the
-// client use): FailedPrecondition / PermissionDenied saying what to do for
-// errors waiting cannot heal (ENOENT/ENOTDIR: no agent there; EPROTOTYPE:
-// the session socket, not agent.sock; ECONNREFUSED: nobody accepts; EACCES:
-// the socket's group); OK otherwise (also for errors that may pass).
-absl::Status ProbeAgentSocket(const std::string& path);
-
 // Stores `file` as rank `rank`'s shard of (job, step): one item named after
 // the file, dtype bytes. world_size 0: the job must exist (its size is used).
 int SaveFile(const DataOptions& o, const std::string& job, uint64_t step, uint32_t rank,

@@ -20,6 +20,7 @@
 #include "common/manifest.h"
 #include "common/names.h"
 #include "common/status_macros.h"
+#include "common/unix_socket.h"
 
 namespace ckpt {
 
@@ -293,6 +294,12 @@ absl::Status JoinJob(ClientCore& core, absl::Time deadline) {
   return core.options.rank == 0 ? CreateOrOpenJob(core, deadline) : AwaitJob(core, deadline);
 }
 
+std::string AgentSocketPath(const std::string& agent_socket) {
+  if (absl::StartsWith(agent_socket, "unix:")) return agent_socket.substr(5);
+  if (absl::StrContains(agent_socket, ":")) return "";  // another gRPC target (unix-abstract:, dns:)
+  return agent_socket;
+}
+
 absl::Status ConnectAgent(ClientCore& core, absl::Time deadline) {
   absl::Duration backoff = kMinBackoff;
   v1::AgentStatusResponse resp;
@@ -301,9 +308,14 @@ absl::Status ConnectAgent(ClientCore& core, absl::Time deadline) {
     if (s.ok()) break;
     if (!absl::IsUnavailable(s)) return s;
     if (absl::Now() >= deadline) {
+      // What the socket says now, in words, if it says anything.
+      absl::Status probe = absl::OkStatus();
+      if (std::string path = AgentSocketPath(core.options.agent_socket); !path.empty()) {
+        probe = ProbeAgentSocket(path, kAgentSocketHow);
+      }
       return absl::DeadlineExceededError(
-          absl::StrCat("ckpt-agent at ", core.options.agent_socket,
-                       " unreachable within the connect timeout: ", s.message()));
+          absl::StrCat("ckpt-agent at ", core.options.agent_socket, " unreachable within the connect timeout: ",
+                       probe.ok() ? s.message() : probe.message()));
     }
     Backoff(*core.agent, &backoff, deadline);
   }
@@ -446,6 +458,13 @@ Client::~Client() = default;
 
 absl::StatusOr<Client> Client::Connect(const ClientOptions& options) {
   CKPT_RETURN_IF_ERROR(client::ValidateOptions(options));
+  // A socket that cannot work (the session socket, a path through a file,
+  // one we may not open) fails at once, saying what to do; no socket yet or
+  // nobody accepting may pass (an agent starting), so those are waited for.
+  if (std::string path = client::AgentSocketPath(options.agent_socket); !path.empty()) {
+    bool may_heal = false;
+    if (absl::Status s = ProbeAgentSocket(path, client::kAgentSocketHow, &may_heal); !s.ok() && !may_heal) return s;
+  }
   const absl::Time deadline = absl::Now() + options.connect_timeout;
   std::shared_ptr<client::ClientCore> core = client::NewClientCore();
   core->options = options;

@@ -275,6 +275,13 @@ absl::StatusOr<std::vector<ShardRegion>> MapRegions(
 // created it and check its world size (GetJob). Client::Connect's first step.
 absl::Status JoinJob(ClientCore& core, absl::Time deadline);
 
+// Where ClientOptions::agent_socket is set, for messages.
+inline constexpr char kAgentSocketHow[] = "ClientOptions::agent_socket (Python: agent_socket=) or CKPT_AGENT_SOCKET";
+
+// The file system path of an agent_socket target ("unix:" stripped); "" for
+// another kind of gRPC target, which is not probed.
+std::string AgentSocketPath(const std::string& agent_socket);
+
 // Asks the agent (core.agent) for its node id and pool files, retried while
 // it is unreachable until `deadline`, and maps the pool (over the session,
 // else by path). Client::Connect's last step.

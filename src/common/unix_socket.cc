@@ -3,6 +3,7 @@
 #include <grp.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -10,6 +11,7 @@
 #include <cstdint>
 #include <limits>
 #include <cstring>
+#include <filesystem>
 #include <vector>
 
 #include "absl/strings/numbers.h"
@@ -89,6 +91,51 @@ std::string PeerOutsideGroup(int fd, int gid, const std::string& where) {
     if (std::find(groups.begin(), groups.end(), allowed) != groups.end()) return "";
   }
   return absl::StrCat("uid ", cred.uid, " gid ", cred.gid, " (pid ", cred.pid, ") is not in ", where);
+}
+
+absl::Status ProbeAgentSocket(const std::string& path, const std::string& how, bool* may_heal) {
+  if (may_heal != nullptr) *may_heal = false;
+  const std::string dir = std::filesystem::path(path).parent_path().string();
+  const std::string agent_sock = (dir.empty() ? std::string(".") : dir) + "/agent.sock";
+  sockaddr_un addr{};
+  if (path.size() >= sizeof(addr.sun_path)) {
+    return absl::InvalidArgumentError(absl::StrCat("agent socket path \"", path, "\" is longer than ",
+                                                   sizeof(addr.sun_path) - 1, " bytes"));
+  }
+  addr.sun_family = AF_UNIX;
+  std::memcpy(addr.sun_path, path.data(), path.size());
+  const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return absl::InternalError(absl::StrCat("socket: ", std::strerror(errno)));
+  const int rc = ::connect(fd, reinterpret_cast<const sockaddr*>(&addr), sizeof(addr));
+  const int err = errno;
+  ::close(fd);
+  if (rc == 0) return absl::OkStatus();
+  switch (err) {
+    case ENOTDIR:
+    case ENOENT:
+      if (may_heal != nullptr) *may_heal = err == ENOENT;  // an agent starting creates it
+      return absl::FailedPreconditionError(absl::StrCat(
+          "no agent socket at ", path, ": is ckpt-agent running on this host? It serves <run-dir>/agent.sock "
+          "(--run-dir, default /run/ckpt); point ", how, " at it"));
+    case EPROTOTYPE:
+      return absl::FailedPreconditionError(absl::StrCat(
+          path, " is not the agent's gRPC socket (it is a SOCK_SEQPACKET socket: the session socket); trainers "
+          "and ckptctl use ", agent_sock, " (", how, ")"));
+    case ECONNREFUSED:
+      if (may_heal != nullptr) *may_heal = true;  // an agent restarting binds it again
+      return absl::FailedPreconditionError(absl::StrCat(
+          "nothing accepts on ", path, " (connection refused): a socket left by a ckpt-agent that stopped, or "
+          "not a socket; start ckpt-agent, or point ", how, " at the running agent's agent.sock"));
+    case EACCES:
+    case EPERM:
+      return absl::PermissionDeniedError(absl::StrCat(
+          "permission denied on ", path, ": the socket is mode 0660 for the agent's user and group (ckpt-agent "
+          "--socket-group); run ckptctl or the trainer as that user or in that group"));
+    default:
+      // Anything else may heal (EAGAIN: the backlog is full): the client
+      // retries within its timeout.
+      return absl::OkStatus();
+  }
 }
 
 }  // namespace ckpt

@@ -62,4 +62,15 @@ absl::StatusOr<int> SocketGroupId(const std::string& group);
 // sets the group).
 std::string PeerOutsideGroup(int fd, int gid, const std::string& where);
 
+// Connects once to the agent's gRPC unix socket at `path` (what ckptctl and
+// the client library use) and says in words what to do when that cannot
+// work: FailedPrecondition for ENOENT/ENOTDIR (no agent there), EPROTOTYPE
+// (the session socket, not agent.sock) and ECONNREFUSED (nobody accepts),
+// PermissionDenied for EACCES/EPERM (the socket's group). `how` names where
+// the path is set ("--agent-socket or CKPT_AGENT_SOCKET"). OK when it
+// accepts, and for errors that say nothing (EAGAIN: a full backlog).
+// *may_heal, when given: the error can go away by waiting (ENOENT: an agent
+// starting creates the socket; ECONNREFUSED: one restarting binds it again).
+absl::Status ProbeAgentSocket(const std::string& path, const std::string& how, bool* may_heal = nullptr);
+
 }  // namespace ckpt

@@ -6,12 +6,15 @@
 #include <gtest/gtest.h>
 
 #include <signal.h>
+#include <sys/socket.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <cctype>
 #include <cmath>
 #include <cstring>
+#include <fstream>
 #include <initializer_list>
 #include <optional>
 #include <thread>
@@ -153,6 +156,46 @@ class ClientTest : public ::testing::Test {
 
 MetaProcess* ClientTest::meta_ = nullptr;
 TempDir* ClientTest::meta_dir_ = nullptr;
+
+// Socket errors waiting cannot heal fail at once with what to do (issue
+// 40): Connect answers FAILED_PRECONDITION, where a wait would end in
+// DEADLINE_EXCEEDED. No socket yet is waited for (an agent starting), and
+// the error at the end says what the socket said.
+TEST_F(ClientTest, ASocketThatCannotWorkFailsAtOnceSayingWhatToDo) {
+  // The session socket (SOCK_SEQPACKET) instead of agent.sock.
+  const std::string seq = dir_->path() + "/session.sock";
+  const int fd = ::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+  ASSERT_GE(fd, 0);
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::memcpy(addr.sun_path, seq.c_str(), seq.size());
+  ASSERT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0) << std::strerror(errno);
+  ASSERT_EQ(::listen(fd, 4), 0);
+  ClientOptions o = Options();
+  o.connect_timeout = absl::Hours(1);  // a wait would not end within the test's timeout
+  o.agent_socket = seq;
+  auto c = Client::Connect(o);
+  ::close(fd);
+  ASSERT_FALSE(c.ok());
+  EXPECT_EQ(c.status().code(), absl::StatusCode::kFailedPrecondition) << c.status();
+  EXPECT_THAT(std::string(c.status().message()), HasSubstr("is not the agent's gRPC socket"));
+  EXPECT_THAT(std::string(c.status().message()), HasSubstr("CKPT_AGENT_SOCKET"));
+  // A path through a regular file (ENOTDIR) never becomes a socket.
+  const std::string file = dir_->path() + "/not-a-dir";
+  std::ofstream(file) << "x";
+  o.agent_socket = file + "/agent.sock";
+  c = Client::Connect(o);
+  ASSERT_FALSE(c.ok());
+  EXPECT_EQ(c.status().code(), absl::StatusCode::kFailedPrecondition) << c.status();
+  EXPECT_THAT(std::string(c.status().message()), HasSubstr("no agent socket at " + o.agent_socket));
+  // No socket at all: waited for until the connect timeout, then said.
+  o.agent_socket = dir_->path() + "/agent.sock";
+  o.connect_timeout = absl::Milliseconds(300);
+  c = Client::Connect(o);
+  ASSERT_FALSE(c.ok());
+  EXPECT_EQ(c.status().code(), absl::StatusCode::kDeadlineExceeded) << c.status();
+  EXPECT_THAT(std::string(c.status().message()), HasSubstr("is ckpt-agent running on this host?"));
+}
 
 TEST_F(ClientTest, SaveLoadRoundTrip) {
   StartAgent();

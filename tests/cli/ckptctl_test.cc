@@ -52,17 +52,6 @@ class CkptctlTest : public testing::NodeClusterTest {
  protected:
   CkptctlTest() : NodeClusterTest("64MiB") {}
 
-  // Runs ckptctl with --meta pointing at the test's meta.
-  RunResult Ctl(std::vector<std::string> args, absl::Duration timeout = absl::Seconds(60)) {
-    testing::SubprocessOptions o;
-    o.argv = {testing::BinaryPath("ckptctl"), "--meta", meta_->address()};
-    for (std::string& a : args) o.argv.push_back(std::move(a));
-    absl::StatusOr<RunResult> r = testing::RunToCompletion(o, timeout);
-    EXPECT_TRUE(r.ok()) << r.status();
-    if (!r.ok()) return RunResult{testing::ExitStatus(-1), "", ""};
-    return *std::move(r);
-  }
-
   Json CtlJson(std::vector<std::string> args) {
     args.insert(args.begin(), "--json");
     RunResult r = Ctl(args);

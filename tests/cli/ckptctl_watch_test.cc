@@ -38,21 +38,6 @@ class CkptctlWatchTest : public testing::NodeClusterTest {
  protected:
   CkptctlWatchTest() : NodeClusterTest("64MiB") {}
 
-  std::vector<std::string> Argv(std::vector<std::string> args) {
-    std::vector<std::string> argv = {testing::BinaryPath("ckptctl"), "--meta", meta_->address()};
-    for (std::string& a : args) argv.push_back(std::move(a));
-    return argv;
-  }
-
-  RunResult Ctl(std::vector<std::string> args, absl::Duration timeout = absl::Seconds(60)) {
-    testing::SubprocessOptions o;
-    o.argv = Argv(std::move(args));
-    absl::StatusOr<RunResult> r = testing::RunToCompletion(o, timeout);
-    EXPECT_TRUE(r.ok()) << r.status();
-    if (!r.ok()) return RunResult{testing::ExitStatus(-1), "", ""};
-    return *std::move(r);
-  }
-
   void Save(const std::string& job, uint64_t step, uint64_t bytes) {
     std::string content(bytes, '\0');
     std::mt19937 rng(static_cast<uint32_t>(step));

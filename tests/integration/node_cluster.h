@@ -14,6 +14,7 @@
 
 #include "integration/agent_process.h"
 #include "integration/meta_process.h"
+#include "support/process.h"
 #include "support/temp_dir.h"
 
 namespace ckpt::testing {
@@ -42,6 +43,23 @@ class NodeClusterTest : public ::testing::Test {
     absl::StatusOr<std::unique_ptr<AgentProcess>> agent = AgentProcess::Start(o);
     ASSERT_TRUE(agent.ok()) << agent.status();
     agent_ = *std::move(agent);
+  }
+
+  // ckptctl's command line with --meta pointing at the test's meta, then `args`.
+  std::vector<std::string> Argv(std::vector<std::string> args) const {
+    std::vector<std::string> argv = {BinaryPath("ckptctl"), "--meta", meta_->address()};
+    for (std::string& a : args) argv.push_back(std::move(a));
+    return argv;
+  }
+
+  // Runs ckptctl (Argv) to completion within `timeout`.
+  RunResult Ctl(std::vector<std::string> args, absl::Duration timeout = absl::Seconds(60)) {
+    SubprocessOptions o;
+    o.argv = Argv(std::move(args));
+    absl::StatusOr<RunResult> r = RunToCompletion(o, timeout);
+    EXPECT_TRUE(r.ok()) << r.status();
+    if (!r.ok()) return RunResult{ExitStatus(-1), "", ""};
+    return *std::move(r);
   }
 
   // Stops `proc` (if it is still running) with SIGTERM and expects it to exit 0 within

@@ -71,11 +71,16 @@ absl::Status CheckCoverage(std::span<const ShardRegion> regions, uint64_t size) 
   return absl::OkStatus();
 }
 
-uint32_t ParallelCrc32cCopy(void* dst, const void* src, size_t n, uint32_t crc) {
+unsigned CopyThreadCount() {
+  static const unsigned kThreads = std::clamp(std::thread::hardware_concurrency(), 1u, 4u);
+  return kThreads;
+}
+
+uint32_t ParallelCrc32cCopy(void* dst, const void* src, size_t n, uint32_t crc, unsigned threads) {
   // One memcpy stream does not saturate memory bandwidth: with 2 cores, copy +
   // crc on 2 threads runs at about 0.6x of one plain memcpy here. The trainer
   // is blocked anyway, so its idle cores help.
-  static const unsigned kThreads = std::clamp(std::thread::hardware_concurrency(), 1u, 4u);
+  const unsigned kThreads = threads == 0 ? CopyThreadCount() : threads;
   if (n < kParallelCopyMinBytes || kThreads == 1) return Crc32cCopy(dst, src, n, crc);
   // Each part is ceil(n / kThreads) rounded up to kCopyAlign, so the parts
   // cover all n bytes (rounding n / kThreads down would drop the remainder
@@ -117,8 +122,9 @@ uint32_t CopyFromShard(std::span<const ShardRegion> regions, uint64_t offset,
   return crc;
 }
 
-std::vector<CopiedItem> CopyItemsToShard(std::span<const ShardRegion> regions, std::span<const ItemCopy> items) {
-  static const unsigned kThreads = std::clamp(std::thread::hardware_concurrency(), 1u, 4u);
+std::vector<CopiedItem> CopyItemsToShard(std::span<const ShardRegion> regions, std::span<const ItemCopy> items,
+                                         unsigned threads) {
+  const unsigned kThreads = threads == 0 ? CopyThreadCount() : threads;
   uint64_t total = 0;
   for (const ItemCopy& it : items) total += it.src.size();
   if (kThreads == 1 || items.size() < 64 || total < (4u << 20)) return {};

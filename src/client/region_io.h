@@ -37,9 +37,14 @@ absl::Status CheckCoverage(std::span<const ShardRegion> regions, uint64_t size);
 // The following require CheckCoverage(regions, size) to be OK and
 // [offset, offset + n) to lie within [0, size).
 
-// Crc32cCopy, split over up to min(4, cores) threads for copies of 8 MiB and
-// more (the calling thread takes part). Returns Crc32cExtend(crc, src, n).
-uint32_t ParallelCrc32cCopy(void* dst, const void* src, size_t n, uint32_t crc = 0);
+// The threads a parallel copy uses by default: min(4, cores), at least 1.
+unsigned CopyThreadCount();
+
+// Crc32cCopy, split over `threads` threads (0: CopyThreadCount()) for copies
+// of 8 MiB and more (the calling thread takes part). Returns
+// Crc32cExtend(crc, src, n). Tests force `threads` to cover the 3- and
+// 4-thread splits on machines with fewer cores.
+uint32_t ParallelCrc32cCopy(void* dst, const void* src, size_t n, uint32_t crc = 0, unsigned threads = 0);
 
 // How a copy into the shard may use the machine's cores.
 enum class CopyThreads {
@@ -65,13 +70,15 @@ struct CopiedItem {
 };
 
 // Copies many items into the shard (in ascending offset order, not
-// overlapping), zeroing the padding before each, on up to min(4, cores)
+// overlapping), zeroing the padding before each, on up to `threads`
 // threads (the caller's among them), each a run of consecutive items of about
 // equal bytes: a model's thousands of small tensors are each too short for
 // ParallelCrc32cCopy to split. Returns each item's crcs; empty, having copied
 // nothing, when there are fewer than 64 items or less than 4 MiB in all (the
-// caller copies them one by one).
-std::vector<CopiedItem> CopyItemsToShard(std::span<const ShardRegion> regions, std::span<const ItemCopy> items);
+// caller copies them one by one). `threads` as for ParallelCrc32cCopy (0:
+// CopyThreadCount(); 1 copies nothing, as on one core).
+std::vector<CopiedItem> CopyItemsToShard(std::span<const ShardRegion> regions, std::span<const ItemCopy> items,
+                                         unsigned threads = 0);
 
 // Copies shard bytes [offset, offset + dst.size()) to `dst` and returns their
 // CRC-32C, computed while copying.

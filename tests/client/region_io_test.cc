@@ -61,6 +61,27 @@ TEST(RegionIo, ParallelCopyCoversEveryByteOfAwkwardSizes) {
   }
 }
 
+// The 3- and 4-thread splits never run on a 2-core machine by default: the
+// thread count is forced here, 1 to 4, over sizes that leave a tail after
+// the 64 KiB-aligned parts (and one whose last part is empty with 4 threads:
+// 8 MiB + 1 gives parts of 2 MiB + 64 KiB, so 3 parts cover it). A continued
+// crc (not 0) is carried through the combine.
+TEST(RegionIo, ParallelCopyWithEachForcedThreadCountCopiesEveryByte) {
+  const uint32_t seed_crc = Crc32c(Pattern(77, 5).data(), 77);
+  for (unsigned threads : {1u, 2u, 3u, 4u}) {
+    for (size_t n : {(size_t{8} << 20) + 1, (size_t{12} << 20) + 3, (size_t{12} << 20) - 1,
+                     (size_t{24} << 20) + 65537, (size_t{8} << 20) + 3 * 65536 + 7}) {
+      const auto src = Pattern(n, static_cast<int>((n + threads) % 251));
+      std::vector<std::byte> dst(n + 2, std::byte{0xEE});
+      const uint32_t crc = ParallelCrc32cCopy(dst.data() + 1, src.data(), n, seed_crc, threads);
+      EXPECT_EQ(crc, Crc32cExtend(seed_crc, src.data(), n)) << threads << " threads, " << n << " bytes";
+      EXPECT_EQ(std::memcmp(dst.data() + 1, src.data(), n), 0) << threads << " threads, " << n << " bytes";
+      EXPECT_EQ(dst.front(), std::byte{0xEE}) << threads << " threads, " << n << " bytes";
+      EXPECT_EQ(dst.back(), std::byte{0xEE}) << threads << " threads, " << n << " bytes";
+    }
+  }
+}
+
 TEST(RegionIo, CopyToShardSplitsAcrossRegionsAndCombinesCrc) {
   Scattered s;
   const auto src = Pattern(300, 1);
@@ -113,11 +134,11 @@ TEST(RegionIo, ZeroShardZeroesAcrossRegions) {
   EXPECT_EQ(s.backing[689], std::byte{0xEE});
 }
 
-TEST(RegionIo, ManyItemsCopyOnSeveralThreadsAsOneByOneWould) {
-  // 3,000 items of awkward sizes with padding between them, over regions
-  // whose boundaries fall inside items and padding: the same bytes and crcs
-  // as copying them one by one, padding zeroed, nothing else touched.
-  if (std::thread::hardware_concurrency() < 2) GTEST_SKIP() << "one core: the items are copied one by one";
+// 3,000 items of awkward sizes with padding between them, over regions
+// whose boundaries fall inside items and padding, copied on `threads`
+// threads: the same bytes and crcs as copying them one by one, padding
+// zeroed, nothing else touched.
+void CopyManyItemsOn(unsigned threads) {
   std::vector<std::vector<std::byte>> srcs;
   std::vector<ItemCopy> items;
   uint64_t at = 5;  // padding before the first item too
@@ -133,7 +154,7 @@ TEST(RegionIo, ManyItemsCopyOnSeveralThreadsAsOneByOneWould) {
                                             {backing.data() + 4096 + size / 3 + 100, size - size / 3 - 4000,
                                              size / 3 + 4000}};
   ASSERT_TRUE(CheckCoverage(regions, size).ok());
-  const std::vector<CopiedItem> copied = CopyItemsToShard(regions, items);
+  const std::vector<CopiedItem> copied = CopyItemsToShard(regions, items, threads);
   ASSERT_EQ(copied.size(), items.size());
   uint64_t prev_end = 0;
   for (size_t i = 0; i < items.size(); ++i) {
@@ -151,12 +172,25 @@ TEST(RegionIo, ManyItemsCopyOnSeveralThreadsAsOneByOneWould) {
   // Bytes outside the regions were left alone.
   EXPECT_EQ(backing[4095], std::byte{0xEE});
   EXPECT_EQ(backing.back(), std::byte{0xEE});
-  // Few or small items are left to the caller: nothing copied.
-  EXPECT_TRUE(CopyItemsToShard(regions, std::span<const ItemCopy>(items).first(63)).empty());
+  // Few or small items are left to the caller: nothing copied. So are all
+  // of them on one thread.
+  EXPECT_TRUE(CopyItemsToShard(regions, std::span<const ItemCopy>(items).first(63), threads).empty());
+  EXPECT_TRUE(CopyItemsToShard(regions, items, 1).empty());
   std::vector<std::byte> tiny(10);
   std::vector<ItemCopy> small;
   for (int i = 0; i < 100; ++i) small.push_back(ItemCopy{tiny, static_cast<uint64_t>(i) * 10});
-  EXPECT_TRUE(CopyItemsToShard(regions, small).empty());
+  EXPECT_TRUE(CopyItemsToShard(regions, small, threads).empty());
+}
+
+// Each thread count forced (the 3- and 4-thread splits never run on a 2-core
+// machine by default), then the machine's own.
+TEST(RegionIo, ManyItemsCopyOnSeveralThreadsAsOneByOneWould) {
+  for (unsigned threads : {2u, 3u, 4u}) {
+    SCOPED_TRACE(::testing::Message() << threads << " threads");
+    CopyManyItemsOn(threads);
+  }
+  if (CopyThreadCount() < 2) GTEST_SKIP() << "one core: the items are copied one by one";
+  CopyManyItemsOn(0);
 }
 
 TEST(RegionIo, ContiguousRangeOnlyWhenAdjacentInMemory) {

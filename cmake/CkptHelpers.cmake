@@ -62,6 +62,8 @@ function(ckpt_cc_binary)
 endfunction()
 
 # LABELS: unit | integration | fault | hw. TIMEOUT: seconds per test (default 120).
+# With CKPT_BUILD_GTESTS=OFF the binary is still defined (buildable by name) but left out of
+# `all` and of ctest: scripts/test.sh's plain half runs only the script tests (label nosan).
 function(ckpt_cc_test)
   cmake_parse_arguments(ARG "" "NAME;TIMEOUT" "SRCS;DEPS;LABELS" ${ARGN})
   if(NOT ARG_LABELS)
@@ -70,7 +72,11 @@ function(ckpt_cc_test)
   if(NOT ARG_TIMEOUT)
     set(ARG_TIMEOUT 120)
   endif()
-  add_executable(${ARG_NAME} ${ARG_SRCS})
+  if(CKPT_BUILD_GTESTS)
+    add_executable(${ARG_NAME} ${ARG_SRCS})
+  else()
+    add_executable(${ARG_NAME} EXCLUDE_FROM_ALL ${ARG_SRCS})
+  endif()
   target_link_libraries(${ARG_NAME} PRIVATE ${CKPT_SANITIZER_LINK}
     ${ARG_DEPS} GTest::gtest GTest::gmock GTest::gtest_main)
   target_compile_definitions(${ARG_NAME} PRIVATE
@@ -78,6 +84,9 @@ function(ckpt_cc_test)
   set_target_properties(${ARG_NAME} PROPERTIES RUNTIME_OUTPUT_DIRECTORY ${PROJECT_BINARY_DIR}/tests)
   ckpt_set_warnings(${ARG_NAME})
   ckpt_write_asan_options(${ARG_NAME})
+  if(NOT CKPT_BUILD_GTESTS)
+    return()
+  endif()
   gtest_discover_tests(${ARG_NAME}
     DISCOVERY_MODE PRE_TEST
     PROPERTIES LABELS "${ARG_LABELS}" TIMEOUT ${ARG_TIMEOUT})

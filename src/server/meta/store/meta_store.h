@@ -92,8 +92,9 @@ class WriteBatch {
 struct StoreStats {
   // Batches made durable (empty batches included).
   uint64_t batches_written = 0;
-  // Synchronous writes (write groups) done; batches_written / fsyncs is the
-  // group-commit factor.
+  // Syncs of the log done (RocksDB: WAL syncs RocksDB reports having done,
+  // one per write group; none if writes are not synced). batches_written /
+  // fsyncs is the group-commit factor.
   uint64_t fsyncs = 0;
   // Payload bytes handed to the storage engine.
   uint64_t bytes_written = 0;

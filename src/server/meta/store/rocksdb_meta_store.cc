@@ -24,8 +24,10 @@
 #include "common/log.h"
 #include "common/status_macros.h"
 #include "rocksdb/db.h"
+#include "rocksdb/env.h"
 #include "rocksdb/options.h"
 #include "rocksdb/slice.h"
+#include "rocksdb/statistics.h"
 #include "rocksdb/status.h"
 #include "rocksdb/write_batch.h"
 
@@ -73,12 +75,23 @@ absl::Status FromException(const std::exception& e, absl::string_view what,
   return absl::InternalError(absl::StrCat(what, " '", dir, "': exception: ", e.what()));
 }
 
+// What a store's RocksDB needs besides the database: the Env its I/O goes
+// through (set only when a test passes its own file system) and the
+// statistics whose WAL_FILE_SYNCED ticker stats().fsyncs reports. Must
+// outlive the database.
+struct Engine {
+  std::unique_ptr<rocksdb::Env> env;  // null: rocksdb::Env::Default()
+  std::shared_ptr<rocksdb::Statistics> statistics;
+};
+
 // Options for a small metadata database on a 2-core machine: two background
 // threads, default WAL (synced by every write), a bounded WAL total so the
 // rarely written internal column family does not pin old WAL files, and a
 // few small info logs.
-rocksdb::Options StoreOptions() {
+rocksdb::Options StoreOptions(const Engine& engine) {
   rocksdb::Options options;
+  if (engine.env != nullptr) options.env = engine.env.get();
+  options.statistics = engine.statistics;
   options.IncreaseParallelism(2);
   options.create_if_missing = true;
   options.create_missing_column_families = true;
@@ -90,11 +103,12 @@ rocksdb::Options StoreOptions() {
 
 class RocksDbMetaStore final : public MetaStore {
  public:
-  // Takes ownership of `db` and of both column family handles.
-  RocksDbMetaStore(std::string dir, RocksDbOptions opts, rocksdb::DB* db,
+  // Takes ownership of `engine`, `db` and both column family handles.
+  RocksDbMetaStore(std::string dir, RocksDbOptions opts, Engine engine, rocksdb::DB* db,
                    rocksdb::ColumnFamilyHandle* data_cf, rocksdb::ColumnFamilyHandle* internal_cf)
       : dir_(std::move(dir)),
         opts_(std::move(opts)),
+        engine_(std::move(engine)),
         db_(db),
         data_cf_(data_cf),
         internal_cf_(internal_cf) {}
@@ -165,7 +179,11 @@ class RocksDbMetaStore final : public MetaStore {
   }
 
   // Starts the writer thread. Throws std::system_error if it cannot.
-  void Start() { writer_ = std::thread([this] { WriterLoop(); }); }
+  void Start() {
+    // stats().fsyncs counts the WAL syncs from here on (not the format key's).
+    fsyncs_at_start_ = WalSyncs();
+    writer_ = std::thread([this] { WriterLoop(); });
+  }
 
   absl::StatusOr<std::string> Get(std::string_view key) override {
     {
@@ -267,9 +285,13 @@ class RocksDbMetaStore final : public MetaStore {
   }
 
   StoreStats stats() override {
-    absl::MutexLock lock(&mu_);
-    StoreStats stats = stats_;
-    stats.queued_bytes = pending_bytes_;
+    StoreStats stats;
+    {
+      absl::MutexLock lock(&mu_);
+      stats = stats_;
+      stats.queued_bytes = pending_bytes_;
+    }
+    stats.fsyncs = WalSyncs() - fsyncs_at_start_;
     return stats;
   }
 
@@ -284,6 +306,13 @@ class RocksDbMetaStore final : public MetaStore {
     uint64_t seq = 0;                  // the batch that made it
   };
   using Overlay = std::map<std::string, OverlayEntry, std::less<>>;
+
+  // WAL syncs RocksDB has done since it opened (its WAL_FILE_SYNCED ticker:
+  // one per write with sync=true that succeeded, plus explicit WAL syncs), so
+  // a write without sync is not counted as one.
+  uint64_t WalSyncs() const {
+    return engine_.statistics->getTickerCount(rocksdb::WAL_FILE_SYNCED);
+  }
 
   bool HasRoom(size_t bytes) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     return pending_bytes_ == 0 || pending_bytes_ + bytes <= opts_.max_queued_bytes;
@@ -327,8 +356,9 @@ class RocksDbMetaStore final : public MetaStore {
     return absl::OkStatus();
   }
 
-  // Merges `group` into one RocksDB batch and writes it with sync. Sets
-  // `*wrote` if a write (and so an fsync) happened, `*payload_bytes` to its size.
+  // Merges `group` into one RocksDB batch and writes it with sync (unless a
+  // test turned sync off). Sets `*wrote` if a write happened, `*payload_bytes`
+  // to its size.
   absl::Status WriteGroup(const std::deque<Pending>& group, bool* wrote, uint64_t* payload_bytes) {
     *wrote = false;
     *payload_bytes = 0;
@@ -348,7 +378,7 @@ class RocksDbMetaStore final : public MetaStore {
                                       absl::StrCat("writing meta store '", dir_, "'")));
       }
       rocksdb::WriteOptions wo;
-      wo.sync = true;
+      wo.sync = opts_.test_sync_writes;
       *wrote = true;
       *payload_bytes = merged.GetDataSize();
       return FromRocks(db_->Write(wo, &merged), "writing meta store", dir_);
@@ -398,8 +428,7 @@ class RocksDbMetaStore final : public MetaStore {
         }
       }
       stats_.batches_written += group.size();
-      if (wrote) ++stats_.fsyncs;
-      stats_.bytes_written += payload_bytes;
+      if (wrote) stats_.bytes_written += payload_bytes;
     } else {
       // Sticky: this group and every batch queued behind it fail with
       // `status`; later Submits are refused. The daemon must restart.
@@ -416,6 +445,7 @@ class RocksDbMetaStore final : public MetaStore {
 
   const std::string dir_;
   const RocksDbOptions opts_;
+  const Engine engine_;  // outlives db_ (deleted by the destructor's body)
   rocksdb::DB* const db_;                         // owned
   rocksdb::ColumnFamilyHandle* const data_cf_;      // owned; the service's keys
   rocksdb::ColumnFamilyHandle* const internal_cf_;  // owned; the format key
@@ -446,7 +476,9 @@ class RocksDbMetaStore final : public MetaStore {
   absl::Status write_error_ ABSL_GUARDED_BY(mu_);
   uint64_t failed_from_seq_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t refused_from_seq_ ABSL_GUARDED_BY(mu_) = 0;
-  StoreStats stats_ ABSL_GUARDED_BY(mu_);
+  StoreStats stats_ ABSL_GUARDED_BY(mu_);  // all but fsyncs and queued_bytes
+  // WalSyncs() when the writer started; set before it starts.
+  uint64_t fsyncs_at_start_ = 0;
 
   // The group-commit writer; started by Start(), joined by the destructor.
   std::thread writer_;
@@ -454,8 +486,9 @@ class RocksDbMetaStore final : public MetaStore {
 
 // Whether `dir` holds a RocksDB database whose default column family has keys.
 // Opened read-only: takes no lock and changes nothing.
-absl::StatusOr<bool> HasUserKeys(const std::string& dir) {
+absl::StatusOr<bool> HasUserKeys(const std::string& dir, const Engine& engine) {
   rocksdb::Options options;
+  if (engine.env != nullptr) options.env = engine.env.get();
   rocksdb::DB* raw = nullptr;
   CKPT_RETURN_IF_ERROR(FromRocks(rocksdb::DB::OpenForReadOnly(options, dir, &raw),
                                  "opening meta store (read-only check)", dir));
@@ -481,7 +514,11 @@ absl::StatusOr<std::unique_ptr<MetaStore>> OpenImpl(const std::string& dir,
     return absl::InvalidArgumentError(absl::StrCat("meta store path '", dir, "': ", why));
   }
 
-  const rocksdb::Options options = StoreOptions();
+  Engine engine;
+  if (opts.test_file_system != nullptr) engine.env = rocksdb::NewCompositeEnv(opts.test_file_system);
+  engine.statistics = rocksdb::CreateDBStatistics();
+  engine.statistics->set_stats_level(rocksdb::StatsLevel::kExceptHistogramOrTimers);
+  const rocksdb::Options options = StoreOptions(engine);
   if (fs::exists(fs::path(dir) / "CURRENT")) {
     // An existing database. Refuse one that is not ours before opening it
     // read-write (which would add our column family to it); a database with
@@ -492,7 +529,7 @@ absl::StatusOr<std::unique_ptr<MetaStore>> OpenImpl(const std::string& dir,
     if (std::find(families.begin(), families.end(), kInternalCf) == families.end()) {
       bool foreign = families.size() != 1;  // we never make other families
       if (!foreign) {
-        CKPT_ASSIGN_OR_RETURN(foreign, HasUserKeys(dir));
+        CKPT_ASSIGN_OR_RETURN(foreign, HasUserKeys(dir, engine));
       }
       if (foreign) {
         return absl::FailedPreconditionError(absl::StrCat(
@@ -511,7 +548,8 @@ absl::StatusOr<std::unique_ptr<MetaStore>> OpenImpl(const std::string& dir,
   CKPT_RETURN_IF_ERROR(FromRocks(rocksdb::DB::Open(rocksdb::DBOptions(options), dir, descriptors,
                                                    &handles, &db),
                                  "opening meta store", dir));
-  auto store = std::make_unique<RocksDbMetaStore>(dir, opts, db, handles[0], handles[1]);
+  auto store = std::make_unique<RocksDbMetaStore>(dir, opts, std::move(engine), db, handles[0],
+                                                  handles[1]);
   bool created = false;
   CKPT_RETURN_IF_ERROR(store->CheckFormat(&created));
   store->Start();

@@ -12,10 +12,16 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
+#include <functional>
 #include <memory>
 #include <sstream>
 #include <string>
+#include <thread>
+
+#include "absl/synchronization/notification.h"
+#include "absl/time/time.h"
 
 namespace ckpt::client {
 namespace {
@@ -117,17 +123,65 @@ TEST(PoolWarmer, WaitsWhileThisProcessUsesThePool) {
   ::close(fd);
 }
 
+// Threads of this process named `name` (/proc/self/task/*/comm).
+int ThreadsNamed(const std::string& name) {
+  int n = 0;
+  for (const auto& task : std::filesystem::directory_iterator("/proc/self/task")) {
+    std::ifstream comm(task.path() / "comm");
+    std::string line;
+    if (std::getline(comm, line) && line == name) ++n;
+  }
+  return n;
+}
+
+// Waits (bounded) until ThreadsNamed(name) == n: a new thread names itself
+// once it runs.
+bool EventuallyThreadsNamed(const std::string& name, int n) {
+  const absl::Time deadline = absl::Now() + absl::Minutes(1);
+  while (ThreadsNamed(name) != n) {
+    if (absl::Now() > deadline) return false;
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  return true;
+}
+
+// Destroys `warmer` on a thread of its own; false if that has not returned
+// within a minute (the destructor waits for the pin, or the warming never
+// stops). Then `unblock` runs, so the thread can end and the test fails
+// itself rather than hang until ctest's timeout.
+bool DestroyedWithinAMinute(std::unique_ptr<PoolWarmer> warmer, const std::function<void()>& unblock) {
+  absl::Notification done;
+  std::thread t([&] {
+    warmer.reset();
+    done.Notify();
+  });
+  const bool in_time = done.WaitForNotificationWithTimeout(absl::Minutes(1));
+  if (!in_time) unblock();
+  t.join();
+  return in_time;
+}
+
 TEST(PoolWarmer, DestructionEndsAWarmingThatWaitsForAPin) {
   const int fd = FilledPool();
   ASSERT_GE(fd, 0);
   std::shared_ptr<MappedFile> m = *MappedFile::MapFd("/pool", fd, MappedFile::Access::kReadWrite, false);
+  ASSERT_EQ(RssOf(m->data()), 0);
   std::shared_ptr<void> pin;
-  {
-    PoolWarmer warmer;
-    pin = warmer.Pin(m->data(), m->data() + 4096);
-    warmer.Warm(m);
-  }  // returns although the pin is still held
+  auto warmer = std::make_unique<PoolWarmer>();
+  ASSERT_TRUE(EventuallyThreadsNamed("ckpt-warm", 1));
+  pin = warmer->Pin(m->data(), m->data() + 4096);
+  warmer->Warm(m);
+  // Returns although the pin is still held...
+  EXPECT_TRUE(DestroyedWithinAMinute(std::move(warmer), [&] { pin.reset(); }))
+      << "the destructor waited for the pin to go";
+  // ...having joined its thread, and touched no page: the warming waited
+  // for the pin from its first chunk on.
+  EXPECT_TRUE(EventuallyThreadsNamed("ckpt-warm", 0)) << "the warmer's thread outlived it";
+  EXPECT_EQ(RssOf(m->data()), 0) << "warmed a chunk while the pool was pinned";
   pin.reset();  // a pin may outlive its warmer
+  std::weak_ptr<MappedFile> weak = m;
+  m.reset();
+  EXPECT_TRUE(weak.expired());
   ::close(fd);
 }
 
@@ -135,11 +189,20 @@ TEST(PoolWarmer, DestructionStopsAWarmingInProgress) {
   const int fd = FilledPool();
   ASSERT_GE(fd, 0);
   std::shared_ptr<MappedFile> m = *MappedFile::MapFd("/pool", fd, MappedFile::Access::kReadWrite, false);
-  {
-    PoolWarmer warmer;
-    warmer.Warm(m);
-  }  // joins (within one chunk); nothing runs after this
-  SUCCEED();
+  auto warmer = std::make_unique<PoolWarmer>();
+  warmer->Warm(m);
+  ASSERT_TRUE(EventuallyThreadsNamed("ckpt-warm", 1));
+  // The warming has begun (a first chunk is resident; bounded wait).
+  const absl::Time deadline = absl::Now() + absl::Minutes(1);
+  while (RssOf(m->data()) <= 0 && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(1));
+  if (RssOf(m->data()) <= 0) GTEST_SKIP() << "nothing warmed: this kernel has no MADV_POPULATE_WRITE (Linux < 5.14)";
+  // Destruction returns (within one chunk: the warming stopped, or done)...
+  EXPECT_TRUE(DestroyedWithinAMinute(std::move(warmer), [] {})) << "the destructor did not stop the warming";
+  // ...and nothing runs after this: the warmer's thread is gone.
+  EXPECT_TRUE(EventuallyThreadsNamed("ckpt-warm", 0)) << "the warmer's thread outlived it";
+  std::weak_ptr<MappedFile> weak = m;
+  m.reset();
+  EXPECT_TRUE(weak.expired()) << "the stopped warming kept the mapping alive";
   ::close(fd);
 }
 

@@ -3,6 +3,7 @@
 // thing; then MemFileSystem's crash model (DropUnsyncedData).
 #include "common/file_system.h"
 
+#include <fcntl.h>
 #include <stdlib.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -539,7 +540,42 @@ TEST(PosixErrorToStatus, MapsErrnoAndNamesOperationAndPath) {
   EXPECT_EQ(PosixErrorToStatus(EPIPE, "op", "p").code(), absl::StatusCode::kInternal);
 }
 
-TEST(PosixFileSystem, IsOneInstance) { EXPECT_EQ(PosixFileSystem(), PosixFileSystem()); }
+// One instance for every caller (the first calls racing on 8 threads agree),
+// and it is the real file system: bytes written with write(2) are read back
+// through it, and what it writes is what stat(2) sees.
+TEST(PosixFileSystem, IsOneInstanceOverTheRealFileSystem) {
+  std::vector<FileSystem*> seen(8, nullptr);
+  {
+    std::vector<std::thread> threads;
+    for (size_t i = 0; i < seen.size(); ++i) threads.emplace_back([&seen, i] { seen[i] = PosixFileSystem(); });
+    for (std::thread& t : threads) t.join();
+  }
+  ASSERT_NE(seen[0], nullptr);
+  for (FileSystem* fs : seen) EXPECT_EQ(fs, seen[0]);
+  FileSystem* fs = seen[0];
+  std::string root = testing::TempDir() + "ckpt_file_system_test_XXXXXX";
+  ASSERT_NE(::mkdtemp(root.data()), nullptr);
+  const std::string by_posix = root + "/by_posix";
+  {
+    const int fd = ::open(by_posix.c_str(), O_WRONLY | O_CREAT | O_EXCL, 0600);
+    ASSERT_GE(fd, 0);
+    ASSERT_EQ(::write(fd, "written by write(2)", 19), 19);
+    ASSERT_EQ(::close(fd), 0);
+  }
+  const absl::StatusOr<std::string> read = ReadFileToString(fs, by_posix);
+  ASSERT_TRUE(IsOk(read));
+  EXPECT_EQ(*read, "written by write(2)");
+  const absl::StatusOr<FileStat> stat = fs->Stat(by_posix);
+  ASSERT_TRUE(IsOk(stat));
+  EXPECT_EQ(stat->size_bytes, 19u);
+  ASSERT_TRUE(IsOk(WriteStringToFileAtomically(fs, root + "/by_fs", "0123456789abc")));
+  struct stat st {};
+  ASSERT_EQ(::stat((root + "/by_fs").c_str(), &st), 0);
+  EXPECT_TRUE(S_ISREG(st.st_mode));
+  EXPECT_EQ(st.st_size, 13);
+  EXPECT_TRUE(IsOk(DeleteRecursively(fs, root)));
+  EXPECT_NE(::access(root.c_str(), F_OK), 0);
+}
 
 TEST(PosixFileSystem, DeleteRecursivelyRemovesSymlinksWithoutFollowingThem) {
   FileSystem* fs = PosixFileSystem();

@@ -1,6 +1,7 @@
 #include "server/agent/arena.h"
 
 #include <fcntl.h>
+#include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/statfs.h>
@@ -463,6 +464,18 @@ absl::Status Arena::Init(const Options& options) {
   }
   CKPT_ASSIGN_OR_RETURN(const int dir_fd, OpenTierDir(AT_FDCWD, dir_, dir_));
   const Fd dir(dir_fd);
+  // One agent per tier: a directory descriptor of our own (never handed to
+  // clients, closed on exec) carries the lock, released when we close it or die.
+  dir_lock_fd_ = ::openat(dir.get(), ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dir_lock_fd_ < 0) return Errno(absl::StrCat("open directory '", dir_, "'"), errno);
+  if (::flock(dir_lock_fd_, LOCK_EX | LOCK_NB) != 0) {
+    if (errno == EWOULDBLOCK) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "memory directory '", dir_, "' is in use by another process (a ckpt-agent serving this tier): ",
+          "stop it first, or give each agent its own --memory-dir"));
+    }
+    return Errno(absl::StrCat("lock directory '", dir_, "'"), errno);
+  }
   {
     CKPT_ASSIGN_OR_RETURN(const int records_fd, OpenTierDir(dir.get(), "records", records_dir_));
     ::close(records_fd);
@@ -517,6 +530,7 @@ Arena::~Arena() {
   }
   if (base_ != nullptr) ::munmap(base_, capacity_);
   if (fd_ >= 0) ::close(fd_);
+  if (dir_lock_fd_ >= 0) ::close(dir_lock_fd_);  // releases the tier's lock
 }
 
 namespace {

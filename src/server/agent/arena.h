@@ -40,6 +40,13 @@
 // re-adopted; the others are returned as lost (and their records removed),
 // and all space not covered by an adopted record is free again.
 //
+// One agent per memory directory: Open() takes an exclusive flock on the
+// directory (never on the pool, whose descriptor clients hold) for the arena's
+// lifetime, so a second agent on the same tier is refused instead of sharing
+// the pool, and the lock ends with the process (kill -9 included). Holding it
+// is also how a restarted agent proves to meta that the node it names is the
+// one whose tier it read (docs/meta.md "Registration").
+//
 // Thread safety: all methods are safe to call concurrently. The bytes of a
 // reservation are not protected by the arena's lock: its owners coordinate.
 #pragma once
@@ -133,7 +140,8 @@ class Arena {
   // Opens (creating if needed) the pool and re-adopts committed holdings.
   // Fails with InvalidArgument for a zero capacity, FailedPrecondition if the
   // directory, records/, the pool or a record is not the agent's own (see
-  // above: the message says what to remove), ResourceExhausted if the tmpfs
+  // above: the message says what to remove) or another process holds the
+  // directory's lock (another agent on the same tier), ResourceExhausted if the tmpfs
   // cannot hold the pool (the message says how much it has), or the
   // underlying I/O error. Blocks while pre-faulting (about 0.1 s per GiB).
   static absl::StatusOr<std::unique_ptr<Arena>> Open(const Options& options);
@@ -200,6 +208,7 @@ class Arena {
   std::string records_dir_;
   uint64_t capacity_ = 0;
   int fd_ = -1;
+  int dir_lock_fd_ = -1;  // the memory directory, flock(LOCK_EX) while open
   std::byte* base_ = nullptr;
 
   mutable absl::Mutex mu_;

@@ -30,12 +30,20 @@ absl::StatusOr<RegisterResult> MetaCore::RegisterNode(const RegisterRequest& req
     if (it != state_->nodes.end()) {
       Node& old = it->second;
       const bool live = e.IsUsable(req.node_id) && old.lease_deadline > mono;
-      if (live && (old.grpc_address != req.grpc_address || old.data_address != req.data_address)) {
+      // Another address while the lease runs: two agents with one id, unless
+      // the new one read the live incarnation from the node's memory tier,
+      // which only one agent can hold at a time (Arena's lock): the old
+      // process is gone and the node came back at a new address (a new pod
+      // IP or DHCP lease on the same tier). That is taken over at once.
+      const bool same_tier = req.previous_incarnation != 0 && req.previous_incarnation == old.incarnation;
+      if (live && !same_tier &&
+          (old.grpc_address != req.grpc_address || old.data_address != req.data_address)) {
         return absl::FailedPreconditionError(absl::StrCat(
             "node id \"", req.node_id, "\" is held by a live node at ", old.grpc_address,
             " (data ", old.data_address, ") whose lease expires in ",
             absl::FormatDuration(old.lease_deadline - mono),
-            "; use another node id or stop that agent"));
+            "; use another node id or stop that agent (an agent restarted on the node's memory tier "
+            "takes it over at once)"));
       }
       incarnation = old.incarnation + 1;
       was_dead = !NodeIsUsable(old.state);  // DEAD or LEFT

@@ -3,7 +3,10 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
+
+#include <csignal>
 
 #include <cstring>
 #include <random>
@@ -630,6 +633,55 @@ TEST(ArenaRecords, GoThroughTheFileSystemAndAFailedWriteChangesNothing) {
   ASSERT_EQ(adopted.size(), 1u);
   EXPECT_EQ(adopted[0].record.crc32c, crc);
   EXPECT_EQ(adopted[0].record.durable_path, "");
+}
+
+// One agent per tier: a second Open of the same directory is refused while the
+// first arena lives, and works once it is closed.
+TEST(ArenaLock, ASecondArenaOnTheSameTierIsRefusedUntilTheFirstCloses) {
+  TempDir dir = *TempDir::Create();
+  auto first = OpenArena(dir.path(), 16 * kPage);
+  ASSERT_NE(first, nullptr);
+  absl::StatusOr<std::unique_ptr<Arena>> second = Arena::Open({dir.path(), 16 * kPage, true});
+  ASSERT_EQ(second.status().code(), absl::StatusCode::kFailedPrecondition) << second.status();
+  EXPECT_THAT(second.status().message(), ::testing::HasSubstr("is in use by another process"));
+  EXPECT_THAT(second.status().message(), ::testing::HasSubstr("its own --memory-dir"));
+  first.reset();
+  EXPECT_NE(OpenArena(dir.path(), 16 * kPage), nullptr);
+}
+
+// The lock dies with its process (kill -9): a restarted agent takes the tier over
+// and re-adopts what the dead one committed.
+TEST(ArenaLock, IsReleasedWhenItsProcessIsKilled) {
+  TempDir dir = *TempDir::Create();
+  int ready[2];
+  ASSERT_EQ(::pipe(ready), 0);
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    ::close(ready[0]);
+    absl::StatusOr<std::unique_ptr<Arena>> a = Arena::Open({dir.path(), 16 * kPage, true});
+    if (!a.ok()) ::_exit(2);
+    ReservationPtr e = *(*a)->Reserve(kPage);
+    Fill(*e, kPage, 11);
+    ShardRecord r = Record(*e, "j", 1, 0, kPage);
+    if (!(*a)->WriteRecord(&r).ok()) ::_exit(3);
+    const char ok = 'k';
+    if (::write(ready[1], &ok, 1) != 1) ::_exit(4);
+    for (;;) ::pause();
+  }
+  ::close(ready[1]);
+  char got = 0;
+  ASSERT_EQ(::read(ready[0], &got, 1), 1) << "the child could not open its arena";
+  ::close(ready[0]);
+  absl::StatusOr<std::unique_ptr<Arena>> while_alive = Arena::Open({dir.path(), 16 * kPage, true});
+  EXPECT_EQ(while_alive.status().code(), absl::StatusCode::kFailedPrecondition) << while_alive.status();
+  ASSERT_EQ(::kill(child, SIGKILL), 0);
+  int status = 0;
+  ASSERT_EQ(::waitpid(child, &status, 0), child);
+  ASSERT_TRUE(WIFSIGNALED(status));
+  absl::StatusOr<std::unique_ptr<Arena>> after = Arena::Open({dir.path(), 16 * kPage, true});
+  ASSERT_TRUE(after.ok()) << after.status();
+  EXPECT_EQ((*after)->TakeAdopted().size(), 1u);
 }
 
 TEST(Arena, RefusesZeroCapacity) {

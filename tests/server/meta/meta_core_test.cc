@@ -276,6 +276,37 @@ TEST_F(MetaCoreTest, RegistrationIncarnationsAndFencing) {
   EXPECT_EQ(core_->RegisterNode(r).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
+// A node back at a new address while its lease runs: refused for an agent that
+// does not hold its tier (a stale or absent incarnation), taken over at once,
+// ALIVE at the new address, for one that read the live incarnation from it.
+TEST_F(MetaCoreTest, AnAgentOnTheNodesTierTakesItOverFromANewAddressAtOnce) {
+  const uint64_t live = Register("n1");
+  RegisterRequest r;
+  r.node_id = "n1";
+  r.grpc_address = "10.0.0.9:7401";
+  r.data_address = "10.0.0.9:7402";
+  for (const uint64_t stale : {uint64_t{0}, live - 1, live + 1}) {
+    r.previous_incarnation = stale;
+    auto res = core_->RegisterNode(r);
+    EXPECT_EQ(res.status().code(), absl::StatusCode::kFailedPrecondition) << "previous " << stale;
+    EXPECT_TRUE(absl::StrContains(res.status().message(), "is held by a live node at n1:7401")) << res.status();
+  }
+  r.previous_incarnation = live;
+  auto res = core_->RegisterNode(r);
+  ASSERT_TRUE(res.ok()) << res.status();
+  EXPECT_GT(res->incarnation, live);
+  auto nodes = *core_->ListNodes({});
+  ASSERT_EQ(nodes.size(), 1u);
+  EXPECT_EQ(nodes[0].state, NodeState::kAlive);
+  EXPECT_EQ(nodes[0].grpc_address, "10.0.0.9:7401");
+  EXPECT_EQ(nodes[0].data_address, "10.0.0.9:7402");
+  // The old process is fenced.
+  HeartbeatRequest h;
+  h.node_id = "n1";
+  h.incarnation = live;
+  EXPECT_EQ(core_->Heartbeat(h).status().code(), absl::StatusCode::kFailedPrecondition);
+}
+
 TEST_F(MetaCoreTest, LeaseExpiryMarksDeadAndHeartbeatsKeepAlive) {
   Register("n1");
   Register("n2");

@@ -391,6 +391,7 @@ absl::Status PowerCutFileSystem::Cut() {
     }
     if (e.inode == nullptr) continue;
     const uintmax_t size = fs::file_size(path, ec);
+    if (ec == std::errc::no_such_file_or_directory) continue;  // removed behind our back
     if (ec) return absl::InternalError(absl::StrCat("power cut: size of ", path, ": ", ec.message()));
     if (size > e.inode->synced) {
       fs::resize_file(path, e.inode->synced, ec);

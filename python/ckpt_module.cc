@@ -1616,4 +1616,20 @@ PYBIND11_MODULE(_ckpt, m) {
       .def_property_readonly("node_id", &PyClient::node_id);
 
   m.def("read_durable", &ReadDurable, py::arg("version_dir"));
+  // Young's interval for given numbers (ckpt::YoungDalyInterval): what
+  // recommended_interval computes from the measured cost and meta's MTBF.
+  m.def(
+      "young_daly_interval",
+      [](double checkpoint_cost_s, double mtbf_s, double step_time_s) {
+        if (!(step_time_s > 0) || !(checkpoint_cost_s >= 0) || !(mtbf_s >= 0)) {
+          throw py::value_error("young_daly_interval: step_time must be positive, cost and MTBF not negative");
+        }
+        const ckpt::IntervalAdvice a = ckpt::YoungDalyInterval(absl::Seconds(checkpoint_cost_s), absl::Seconds(mtbf_s),
+                                                               absl::Seconds(step_time_s));
+        py::dict d;
+        d["steps"] = a.steps;
+        d["interval_s"] = absl::ToDoubleSeconds(a.interval);
+        return d;
+      },
+      py::arg("checkpoint_cost_s"), py::arg("mtbf_s"), py::arg("step_time_s"));
 }

@@ -781,12 +781,27 @@ def test_recommended_interval_is_young_daly(cluster, job):
     c.save(2, {"w": np.ones(1 << 20, np.float32)}, lazy=True).wait("staged", timeout=30)
     a = c.recommended_interval(0.01)
     assert a["checkpoint_cost_s"] > 0 and a["mtbf_s"] > 0 and a["job_nodes"] >= 1
-    t = (2 * a["checkpoint_cost_s"] * a["mtbf_s"]) ** 0.5
-    assert abs(a["interval_s"] - t) < 1e-6
-    assert a["steps"] == max(1, round(t / 0.01))
+    # Young's formula (checked against known values in the next test) of the
+    # cost and MTBF the advice reports.
+    young = ckpt._ckpt.young_daly_interval(a["checkpoint_cost_s"], a["mtbf_s"], 0.01)
+    assert abs(a["interval_s"] - young["interval_s"]) < 1e-6
+    assert a["steps"] == young["steps"]
     assert "Young/Daly" in a["explanation"]
     with pytest.raises(ckpt.InvalidArgumentError):
         c.recommended_interval(0)
+
+
+def test_young_daly_interval_known_values():
+    """sqrt(2 x C x M) against values worked out by hand, not from what the code returned."""
+    yd = ckpt._ckpt.young_daly_interval
+    a = yd(10, 3600, 1)  # C = 10 s, M = 1 h: sqrt(72000) = 268.3282 s
+    assert abs(a["interval_s"] - 268.3282) < 1e-4 and a["steps"] == 268
+    assert yd(10, 3600, 0.5)["steps"] == 537  # 536.66 steps of 0.5 s
+    a = yd(8, 3600, 0.25)  # sqrt(57600) = 240 s exactly
+    assert abs(a["interval_s"] - 240.0) < 1e-9 and a["steps"] == 960
+    assert yd(8, 3600, 1000)["steps"] == 1  # a step longer than the interval: at least 1
+    with pytest.raises(ValueError):
+        yd(10, 3600, 0)
 
 
 def test_example_trainer_every_auto_saves_at_the_intervals_it_prints(cluster, job):

@@ -546,6 +546,17 @@ absl::StatusOr<absl::Duration> Client::PauseProtection(absl::Duration d) const {
   return absl::Milliseconds(resp.remaining_ms());
 }
 
+IntervalAdvice YoungDalyInterval(absl::Duration checkpoint_cost, absl::Duration mtbf, absl::Duration step_time) {
+  IntervalAdvice a;
+  a.checkpoint_cost = checkpoint_cost;
+  a.mtbf = mtbf;
+  const double t = std::sqrt(2.0 * absl::ToDoubleSeconds(checkpoint_cost) * absl::ToDoubleSeconds(mtbf));
+  a.interval = absl::Seconds(t);
+  const double steps = std::round(t / absl::ToDoubleSeconds(step_time));
+  a.steps = steps < 1 ? 1 : static_cast<uint64_t>(std::min(steps, 1e18));
+  return a;
+}
+
 absl::StatusOr<IntervalAdvice> Client::RecommendedInterval(absl::Duration step_time) const {
   if (step_time <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError(absl::StrCat("step_time must be positive, got ", absl::FormatDuration(step_time)));
@@ -578,12 +589,9 @@ absl::StatusOr<IntervalAdvice> Client::RecommendedInterval(absl::Duration step_t
   a.failures_seen = f.failures();
   a.observed_node_time = absl::Milliseconds(f.observed_node_ms());
   a.job_nodes = f.job_nodes();
-  const double c = absl::ToDoubleSeconds(a.checkpoint_cost);
-  const double m = absl::ToDoubleSeconds(a.mtbf);
-  const double t = std::sqrt(2.0 * c * m);
-  a.interval = absl::Seconds(t);
-  const double steps = std::round(t / absl::ToDoubleSeconds(step_time));
-  a.steps = steps < 1 ? 1 : static_cast<uint64_t>(std::min(steps, 1e18));
+  const IntervalAdvice young = YoungDalyInterval(a.checkpoint_cost, a.mtbf, step_time);
+  a.interval = young.interval;
+  a.steps = young.steps;
   a.explanation = absl::StrCat(
       "Young/Daly: sqrt(2 x checkpoint cost ", Human(a.checkpoint_cost), " x MTBF ", a.mtbf_is_lower_bound ? ">= " : "",
       Human(a.mtbf), ") = ", Human(a.interval), " = ", a.steps, " step(s) of ", Human(step_time), "; MTBF: ",

@@ -813,12 +813,15 @@ TEST_F(ClientTest, RanksOpenTheJobRankZeroCreates) {
   auto early = Client::Connect(o1);
   EXPECT_EQ(early.status().code(), absl::StatusCode::kDeadlineExceeded) << early.status();
 
-  // Rank 1 waits while rank 0 creates it.
-  absl::StatusOr<Client> rank1 = absl::UnknownError("not run");
-  std::thread t([&] { rank1 = Client::Connect(Options(1, 2)); });
+  EXPECT_THAT(std::string(early.status().message()), HasSubstr("rank 0 did not create job"));
+
+  // Rank 0 creates it; rank 1, asking afterwards, opens it. (Rank 1 asking
+  // first, waiting and joining once rank 0 created the job, is forced in that
+  // order against a fake meta: MetaLinkJoin in meta_link_test. Here the two
+  // used to race, and the test passed whichever went first.)
   auto rank0 = Client::Connect(Options(0, 2));
-  t.join();
   ASSERT_TRUE(rank0.ok()) << rank0.status();
+  auto rank1 = Client::Connect(Options(1, 2));
   ASSERT_TRUE(rank1.ok()) << rank1.status();
   // Rank 0 again (a restart): create-or-open.
   EXPECT_TRUE(Client::Connect(Options(0, 2)).ok());
@@ -1222,10 +1225,38 @@ TEST_F(ClientTest, RecommendedIntervalIsYoungDalyFromTheSaveCostAndMetasMtbf) {
   EXPECT_GT(adv->mtbf, absl::ZeroDuration());
   EXPECT_GE(adv->job_nodes, 1u);
   EXPECT_EQ(adv->mtbf_is_lower_bound, adv->failures_seen == 0);
-  const double c = absl::ToDoubleSeconds(adv->checkpoint_cost), m = absl::ToDoubleSeconds(adv->mtbf);
-  EXPECT_NEAR(absl::ToDoubleSeconds(adv->interval), std::sqrt(2 * c * m), 1e-6);
-  EXPECT_EQ(adv->steps, std::max<uint64_t>(1, static_cast<uint64_t>(std::llround(std::sqrt(2 * c * m) / 0.01))));
+  // The interval is Young's formula (checked against known values below) of
+  // the cost and MTBF the advice reports.
+  const IntervalAdvice young = YoungDalyInterval(adv->checkpoint_cost, adv->mtbf, absl::Milliseconds(10));
+  EXPECT_EQ(adv->interval, young.interval);
+  EXPECT_EQ(adv->steps, young.steps);
   EXPECT_THAT(adv->explanation, HasSubstr("Young/Daly"));
+}
+
+// Young's interval sqrt(2 x C x M) against values worked out by hand (not
+// recomputed from what the code returned).
+TEST(YoungDalyInterval, KnownValues) {
+  // C = 10 s, M = 1 h: sqrt(2 x 10 x 3600) = sqrt(72000) = 268.3282 s.
+  IntervalAdvice a = YoungDalyInterval(absl::Seconds(10), absl::Hours(1), absl::Seconds(1));
+  EXPECT_NEAR(absl::ToDoubleSeconds(a.interval), 268.3282, 1e-4);
+  EXPECT_EQ(a.steps, 268u);  // 268.33 steps of 1 s, rounded
+  EXPECT_EQ(a.checkpoint_cost, absl::Seconds(10));
+  EXPECT_EQ(a.mtbf, absl::Hours(1));
+  EXPECT_EQ(YoungDalyInterval(absl::Seconds(10), absl::Hours(1), absl::Milliseconds(500)).steps, 537u);  // 536.66
+  // C = 8 s, M = 1 h: sqrt(57600) = 240 s exactly; 960 steps of 250 ms.
+  a = YoungDalyInterval(absl::Seconds(8), absl::Hours(1), absl::Milliseconds(250));
+  EXPECT_EQ(a.interval, absl::Seconds(240));
+  EXPECT_EQ(a.steps, 960u);
+  // C = 2 s, M = 1 day: sqrt(345600) = 587.8775 s, 59 steps of 10 s (58.79).
+  a = YoungDalyInterval(absl::Seconds(2), absl::Hours(24), absl::Seconds(10));
+  EXPECT_NEAR(absl::ToDoubleSeconds(a.interval), 587.8775, 1e-4);
+  EXPECT_EQ(a.steps, 59u);
+  // A step longer than the interval: at least 1 step (240 s / 1000 s rounds to 0).
+  EXPECT_EQ(YoungDalyInterval(absl::Seconds(8), absl::Hours(1), absl::Seconds(1000)).steps, 1u);
+  // 100 ms cost, 50 ms MTBF: sqrt(2 x 0.1 x 0.05) = 0.1 s.
+  EXPECT_NEAR(absl::ToDoubleSeconds(YoungDalyInterval(absl::Milliseconds(100), absl::Milliseconds(50),
+                                                      absl::Milliseconds(10)).interval),
+              0.1, 1e-9);
 }
 
 }  // namespace

@@ -146,6 +146,33 @@ TEST(MetaLinkJoin, OtherRanksWaitForTheJobAndCheckItsWorldSize) {
   EXPECT_TRUE(client::JoinJob(*ok.core, absl::Now() + absl::Seconds(5)).ok());
 }
 
+// The order client_test cannot force with a real meta: rank 1 asks before
+// rank 0 created the job, is told NotFound, waits and asks again, and joins
+// once the job exists (created while it waited: the test waits until rank 1
+// was refused twice before creating it).
+TEST(MetaLinkJoin, ARankThatAsksBeforeRankZeroCreatedTheJobWaitsAndJoins) {
+  FakeCore rank1(/*rank=*/1, /*world_size=*/2);
+  absl::Status joined = absl::UnknownError("not run");
+  std::thread t([&] { joined = client::JoinJob(*rank1.core, absl::Now() + absl::Minutes(1)); });
+  const absl::Time deadline = absl::Now() + absl::Minutes(1);
+  while (rank1.meta->calls(MetaCall::kGetJob) < 2 && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(1));
+  const int refused = rank1.meta->calls(MetaCall::kGetJob);
+  EXPECT_GE(refused, 2) << "rank 1 never asked";
+  rank1.meta->PutJob(Spec(2));  // rank 0 creates it now
+  t.join();
+  EXPECT_TRUE(joined.ok()) << joined;
+  EXPECT_GT(rank1.meta->calls(MetaCall::kGetJob), refused) << "joined without asking after the job was created";
+  EXPECT_GE(rank1.meta->retries(), refused) << "asked again without waiting";
+  EXPECT_EQ(rank1.meta->calls(MetaCall::kCreateJob), 0);
+
+  // The other order: the job exists before rank 1 asks: one GetJob, no wait.
+  FakeCore late(/*rank=*/1, /*world_size=*/2);
+  late.meta->PutJob(Spec(2));
+  EXPECT_TRUE(client::JoinJob(*late.core, absl::Now() + absl::Minutes(1)).ok());
+  EXPECT_EQ(late.meta->calls(MetaCall::kGetJob), 1);
+  EXPECT_EQ(late.meta->retries(), 0);
+}
+
 // --- Latest ---
 
 TEST(MetaLinkLatest, AsksForTheLevelAndGetsTheNewestVersionAtIt) {

@@ -478,4 +478,11 @@ class Client {
   std::shared_ptr<client::ClientCore> core_;
 };
 
+// Young's interval sqrt(2 x C x M) for a checkpoint cost C and an MTBF M,
+// and that interval in steps of `step_time` (rounded to the nearest, at
+// least 1): the arithmetic of Client::RecommendedInterval, which fills the
+// other fields of IntervalAdvice. E.g. C = 10 s, M = 1 h: 268.3 s, 268 steps
+// of 1 s. Requires step_time > 0 and C, M >= 0.
+IntervalAdvice YoungDalyInterval(absl::Duration checkpoint_cost, absl::Duration mtbf, absl::Duration step_time);
+
 }  // namespace ckpt

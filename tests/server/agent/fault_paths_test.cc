@@ -8,6 +8,10 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <thread>
+
+#include "absl/synchronization/notification.h"
+
 #include "agent_cluster.h"
 #include "server/agent/peer_wire.h"
 
@@ -352,10 +356,20 @@ TEST_F(FaultPathsTest, StopEndsWaitsOnSilentPeersAtOnce) {
   b.fault->StallNthSend(b.fault->sends(kPutAck) + 1, kPutAck);
   a.agent->EnqueueTasks({ReplicateTask("t-1", 5, 0, {b.endpoint})});
   ASSERT_TRUE(Eventually([&] { return b.fault->stalled() == 1; }));
-  // An hour-long peer timeout: if Stop waited for it, this test would hit
-  // ctest's timeout.
-  a.agent->Stop();
+  // An hour-long peer timeout: Stop must return well within a minute, while
+  // b still holds its acknowledgement back. Stop runs on a thread of its own
+  // so that a Stop that waits fails this test (the acknowledgement is then
+  // released to let it end) instead of hanging until ctest's timeout.
+  absl::Notification stopped;
+  std::thread stopper([&] {
+    a.agent->Stop();
+    stopped.Notify();
+  });
+  const bool in_time = stopped.WaitForNotificationWithTimeout(absl::Minutes(1));
+  EXPECT_TRUE(in_time) << "Stop waited on the silent peer";
+  EXPECT_EQ(b.fault->stalled(), 1) << "the acknowledgement was not held back all along";
   b.fault->Release();
+  stopper.join();
 }
 
 }  // namespace

@@ -135,7 +135,9 @@ def main():
         check(out.endswith("OK"), "a trainer with the group as a supplementary group saves and loads", out[-500:])
 
         out = trainer(meta, str(sock), USER)
-        check("OK" not in out and "Error" in out, "a trainer outside the group cannot use the agent (socket mode)",
+        check(out.startswith("PermissionDeniedError: permission denied on ") and str(sock) in out and
+              "socket is mode 0660" in out,
+              "a trainer outside the group cannot use the agent (socket mode): PermissionDenied naming the socket",
               out[-500:])
 
         for s in (sock, run / "session.sock"):

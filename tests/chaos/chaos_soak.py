@@ -101,6 +101,10 @@ CRASH_PATTERNS = [
 
 
 # Failure kinds the summary always lists (wrong_bytes counts bytes, the others events).
+# Fault kinds and their weights after the first rounds (which run each kind once, in a
+# seeded order, so every run, CI's 3 minutes included, has all of them).
+FAULT_WEIGHTS = {"kill_agent": 3, "kill_meta": 2, "stop_agent": 3, "kill_two_agents": 1, "disk_full": 1}
+
 MAIN_FAILURES = ["lost_protected", "rollback", "daemon_crash", "memory_growth", "restore_failed",
                  "save_failed_healthy", "not_reprotected"]
 FAILURE_TITLES = {
@@ -357,6 +361,7 @@ class Soak:
         self.failures = []
         self.counts = collections.Counter()
         self.faults = collections.Counter()
+        self.faults_excluded = {}  # kind -> why it does not run (run() fills it)
         self.served_from = collections.Counter()
         self.restore_ms = {"during_fault": [], "healthy": []}
         self.down = []            # [node, start, end or None]
@@ -1618,31 +1623,46 @@ class Soak:
         self.log(f"cluster up: meta {self.meta_addr} (pid {self.meta.pid}), agents " +
                  ", ".join(f"{d.name} (pid {d.pid})" for d in self.agents) +
                  f"; durable tier {'tmpfs ' + fmt_bytes(a.durable_size) if self.durable_mounted else 'a plain dir'}"
-                 f"{'' if self.durable_mounted else ' (full-disk fault skipped: ' + self.disk_full_reason + ')'}")
+                 f"{'' if self.durable_mounted else ' (full-disk fault cannot run: ' + self.disk_full_reason + ')'}")
         self.make_jobs()
         self.memory_checkpoint("baseline")
         self.check("initial", during_fault=False)
-        kinds = [("kill_agent", 3), ("kill_meta", 2), ("stop_agent", 3)]
-        if any(j.tolerance >= 2 for j in self.jobs):
-            kinds.append(("kill_two_agents", 1))
-        if self.durable_mounted:
-            kinds.append(("disk_full", 1))
+        # Every kind runs unless excluded with a reason (--exclude, --faults); one that cannot
+        # run here fails the soak rather than vanish from it.
+        cannot = {}
+        if not any(j.tolerance >= 2 for j in self.jobs):
+            cannot["kill_two_agents"] = "no job tolerates two lost holders"
+        if not self.durable_mounted:
+            cannot["disk_full"] = self.disk_full_reason
+        self.faults_excluded = dict(a.exclude)
         if a.faults:
-            kinds = [(k, w) for k, w in kinds if k in a.faults]
-            if not kinds:
-                raise Failure(f"none of --faults {','.join(a.faults)} can run here "
-                              f"(disk_full: {self.disk_full_reason or 'ok'})")
+            for k in FAULT_WEIGHTS:
+                if k not in a.faults:
+                    self.faults_excluded.setdefault(k, "not in --faults")
+        for k, why in cannot.items():
+            if k not in self.faults_excluded:
+                raise Failure(f"fault kind {k} cannot run here ({why}): exclude it with --exclude {k}:REASON "
+                              f"to run without it")
+        kinds = [(k, w) for k, w in FAULT_WEIGHTS.items() if k not in self.faults_excluded]
+        if not kinds:
+            raise Failure("every fault kind is excluded: " +
+                          ", ".join(f"{k} ({why})" for k, why in self.faults_excluded.items()))
+        pending = [k for k, _ in kinds]
+        self.rng.shuffle(pending)
         order = {"kill_agent": self.fault_kill_agent, "kill_meta": self.fault_kill_meta,
                  "stop_agent": self.fault_stop_agent, "kill_two_agents": self.fault_kill_two,
                  "disk_full": self.fault_disk_full}
         end = self.t0 + a.duration
         i = 0
         last_mem = 0
-        while now() < end:
+        while now() < end or pending:
             i += 1
             if a.sabotage and i == 2 and not self.sabotaged:
                 self.sabotage()
-            kind = self.rng.choices([k for k, _ in kinds], weights=[w for _, w in kinds])[0]
+            if pending:  # each kind once first: the run outlasts --duration until all have run
+                kind = pending.pop(0)
+            else:
+                kind = self.rng.choices([k for k, _ in kinds], weights=[w for _, w in kinds])[0]
             self.faults[kind] += 1
             target = order[kind]()
             self.heal(f"{kind} ({target})")
@@ -1659,6 +1679,9 @@ class Soak:
             self.memory_checkpoint("final")
         self.check("final", during_fault=False)
         self.audit("final")
+        for k, _ in kinds:
+            if self.faults[k] == 0:
+                self.fail("fault_kind_not_run", f"fault kind {k} never ran")
 
     # ---- shutdown and cleanup
     def shutdown(self, graceful):
@@ -1755,8 +1778,8 @@ class Soak:
             "logs": str(self.work),
             "jobs": {j.name: {"protection": j.protection, "world_size": j.world, "tolerates_down": j.tolerance,
                               "flushed": j.flush} for j in getattr(self, "jobs", [])},
-            "faults": dict(self.faults), "faults_skipped": {"disk_full": self.disk_full_reason}
-            if not self.durable_mounted else {},
+            "faults": {k: self.faults[k] for k in FAULT_WEIGHTS if k not in self.faults_excluded},
+            "faults_excluded": dict(self.faults_excluded),
             "restores": {"client": self.counts["restores_client"], "ckptctl": self.counts["restores_ckptctl"],
                          "durable_reads": self.durable_reads, "served_from": dict(self.served_from),
                          "bytes_compared": self.counts["bytes_compared"],
@@ -1787,9 +1810,12 @@ class Soak:
     def print_summary(self, s):
         print("\n== chaos soak summary")
         print(f"seed {s['seed']}, {s['nodes']} agents, {s['duration_s']:.0f} s asked, {s['elapsed_s']} s run")
-        print(f"{'faults injected':34} " + (", ".join(f"{k} {v}" for k, v in sorted(s['faults'].items())) or "none"))
-        if s["faults_skipped"]:
-            print(f"{'faults skipped':34} disk_full ({s['faults_skipped']['disk_full']})")
+        print("faults by kind:")
+        for k in FAULT_WEIGHTS:
+            if k in s["faults_excluded"]:
+                print(f"  {k:32} excluded: {s['faults_excluded'][k]}")
+            else:
+                print(f"  {k:32} {s['faults'].get(k, 0)}")
         r = s["restores"]
         print(f"{'restores (client / ckptctl / disk)':34} {r['client']} / {r['ckptctl']} / {r['durable_reads']}"
               f"  served from {dict(sorted(r['served_from'].items()))}")
@@ -1821,6 +1847,14 @@ class Soak:
         for k, c in sorted(fk["other"].items()):
             print(f"  {k:32} {c}")
         print("SUMMARY_JSON " + json.dumps({k: s[k] for k in s if k not in ("failures", "crashes")}, sort_keys=True))
+
+
+def exclusion(text):
+    """--exclude KIND:REASON -> (kind, reason); the reason is required."""
+    kind, _, reason = text.partition(":")
+    if not kind.strip() or not reason.strip():
+        raise argparse.ArgumentTypeError(f"{text!r}: give KIND:REASON (why the kind does not run)")
+    return kind.strip(), reason.strip()
 
 
 def repro_args(argv, seed):
@@ -1888,6 +1922,9 @@ def main():
     p.add_argument("--faults", type=lambda t: [x for x in t.split(",") if x],
                    help="only these fault kinds (comma list of kill_agent, kill_meta, stop_agent, "
                         "kill_two_agents, disk_full)")
+    p.add_argument("--exclude", action="append", default=[], metavar="KIND:REASON", type=exclusion,
+                   help="run without this fault kind, for the reason given (printed in the summary); a kind "
+                        "that cannot run here (disk_full without a mount namespace) fails the soak otherwise")
     p.add_argument("--sabotage", choices=["crash", "lose", "wrong-bytes", "leak"],
                    help="damage on purpose to show the soak catches it (the run must fail)")
     args = p.parse_args()
@@ -1899,7 +1936,7 @@ def main():
         p.error("--duration must be > 0 and --mem-every >= 1")
     if args.peer_timeout_ms >= args.lease_ms:
         p.error("--peer-timeout-ms must be below --lease-ms (stops between the two are one fault variant)")
-    bad = set(args.faults or []) - {"kill_agent", "kill_meta", "stop_agent", "kill_two_agents", "disk_full"}
+    bad = (set(args.faults or []) | {k for k, _ in args.exclude}) - set(FAULT_WEIGHTS)
     if bad:
         p.error(f"unknown fault kind(s) {', '.join(sorted(bad))}")
     if args.seed is None:

@@ -829,7 +829,8 @@ class Ctl {
   // update-job: each policy given (even in part) is read from the job, the
   // flags given applied, and sent whole; UpdateJob replaces it.
   int UpdateJob(const std::string& job, std::optional<uint32_t> keep_mem, std::optional<uint32_t> keep_durable,
-                std::optional<uint32_t> flush_every, std::optional<uint32_t> flush_seconds) {
+                std::optional<uint32_t> flush_every, std::optional<uint32_t> flush_seconds,
+                const std::optional<v1::ProtectionPolicy>& protection) {
     v1::GetJobRequest greq;
     greq.set_job_id(job);
     v1::GetJobResponse got;
@@ -846,6 +847,7 @@ class Ctl {
       if (flush_every) req.mutable_flush()->set_every_n_versions(*flush_every);
       if (flush_seconds) req.mutable_flush()->set_every_seconds(*flush_seconds);
     }
+    if (protection) *req.mutable_protection() = *protection;
     v1::UpdateJobResponse resp;
     if (!Call([&](grpc::ClientContext* c) { return stub_->UpdateJob(c, req, &resp); })) return kExitFailure;
     if (g_.json) {
@@ -864,7 +866,10 @@ class Ctl {
     std::cout << (resp.changed() ? "updated job " : "job ") << job << (resp.changed() ? "" : " unchanged")
               << ": keeps " << (r.keep_in_memory() == 0 ? 2 : r.keep_in_memory()) << " version(s) in memory and "
               << (r.keep_durable() == 0 ? std::string("every") : absl::StrCat(r.keep_durable()))
-              << " durable; flushes " << (flush_text.empty() ? std::string("only when asked") : flush_text) << "\n";
+              << " durable; flushes " << (flush_text.empty() ? std::string("only when asked") : flush_text)
+              << "; protects new versions with " << ProtectionString(resp.job().spec().protection())
+              << (protection && resp.changed() ? " (versions begun before keep the policy they were planned with)" : "")
+              << "\n";
     return kExitOk;
   }
 
@@ -1012,6 +1017,55 @@ std::optional<std::pair<uint32_t, uint32_t>> ParseEc(const std::string& s) {
   return std::make_pair(k, m);
 }
 
+// The protection flags of create-job and update-job.
+struct ProtectionFlags {
+  uint32_t copies = 0;
+  std::string placement = "ring";
+  std::string ec_spec;
+  bool none = false;
+  CLI::Option* replicate_opt = nullptr;
+  CLI::Option* ec_opt = nullptr;
+  CLI::Option* none_opt = nullptr;
+
+  void Add(CLI::App* cmd, const std::string& none_help) {
+    replicate_opt = cmd->add_option("--replicate", copies, "Keep COPIES copies of every shard")
+                        ->type_name("COPIES")
+                        ->check(CLI::PositiveNumber);
+    cmd->add_option("--placement", placement, "Replica placement: ring or group")
+        ->check(CLI::IsMember({"ring", "group"}))
+        ->needs(replicate_opt);
+    ec_opt = cmd->add_option("--ec", ec_spec, "Erasure coding with K data and M parity segments")->type_name("K+M");
+    none_opt = cmd->add_flag("--no-protection", none, none_help);
+    replicate_opt->excludes(ec_opt)->excludes(none_opt);
+    ec_opt->excludes(none_opt)->excludes(replicate_opt);
+    none_opt->excludes(replicate_opt)->excludes(ec_opt);
+  }
+  bool Given() const { return replicate_opt->count() + ec_opt->count() + none_opt->count() > 0; }
+  // The policy the flags name; nullopt when none was given; a usage error
+  // message for a malformed --ec.
+  absl::StatusOr<std::optional<v1::ProtectionPolicy>> Policy() const {
+    v1::ProtectionPolicy p;
+    if (replicate_opt->count() > 0) {
+      p.mutable_replicate()->set_copies(copies);
+      p.mutable_replicate()->set_placement(placement == "group" ? v1::REPLICA_PLACEMENT_GROUP
+                                                                : v1::REPLICA_PLACEMENT_RING);
+    } else if (ec_opt->count() > 0) {
+      std::optional<std::pair<uint32_t, uint32_t>> km = ParseEc(ec_spec);
+      if (!km) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("--ec: expected K+M with positive integers, e.g. 4+2; got '", ec_spec, "'"));
+      }
+      p.mutable_ec()->set_data_k(km->first);
+      p.mutable_ec()->set_parity_m(km->second);
+    } else if (none_opt->count() > 0) {
+      p.mutable_none();
+    } else {
+      return std::optional<v1::ProtectionPolicy>();
+    }
+    return std::make_optional(p);
+  }
+};
+
 int Main(int argc, char** argv) {
   CLI::App app{
       "ckptctl: administer a ckpt cluster through ckpt-meta. Exit codes: 0 ok, 1 failure "
@@ -1093,32 +1147,15 @@ int Main(int argc, char** argv) {
   inspect->add_option("STEP", step, "Step")->check(non_negative_step)->required();
 
   CLI::App* create = app.add_subcommand("create-job", "Create a job.");
-  uint32_t world_size = 0, copies = 0, flush_every = 0, keep_mem = 0, keep_durable = 0;
-  std::string placement = "ring", ec_spec;
-  bool no_protection = false;
+  uint32_t world_size = 0, flush_every = 0, keep_mem = 0, keep_durable = 0;
+  ProtectionFlags create_protection;
   create->add_option("JOB", job, "Job id")->required();
   create->add_option("--world-size", world_size, "Number of ranks")
       ->required()
       ->check(CLI::PositiveNumber);
-  CLI::Option* rep_opt =
-      create->add_option("--replicate", copies, "Keep COPIES copies of every shard")
-          ->type_name("COPIES")
-          ->check(CLI::PositiveNumber);
-  CLI::Option* placement_opt =
-      create->add_option("--placement", placement, "Replica placement: ring or group")
-          ->check(CLI::IsMember({"ring", "group"}))
-          ->needs(rep_opt);
-  CLI::Option* ec_opt =
-      create->add_option("--ec", ec_spec, "Erasure coding with K data and M parity segments")
-          ->type_name("K+M");
-  CLI::Option* none_opt = create->add_flag(
-      "--no-protection", no_protection,
-      "No protection (local memory only). With no protection flag the server's default applies "
-      "(ckpt-meta --default-protection; auto: replicate 2 on two or more nodes, none on one)");
-  rep_opt->excludes(ec_opt)->excludes(none_opt);
-  ec_opt->excludes(none_opt)->excludes(rep_opt);
-  none_opt->excludes(rep_opt)->excludes(ec_opt);
-  (void)placement_opt;
+  create_protection.Add(create,
+                        "No protection (local memory only). With no protection flag the server's default applies "
+                        "(ckpt-meta --default-protection; auto: replicate 2 on two or more nodes, none on one)");
   create->add_option("--flush-every", flush_every, "Flush every Nth version to durable storage");
   create->add_option("--keep-in-memory", keep_mem, "Versions kept in memory");
   create->add_option("--keep-durable", keep_durable, "Versions kept on durable storage");
@@ -1161,8 +1198,9 @@ int Main(int argc, char** argv) {
   uint32_t upd_keep_mem = 0, upd_keep_durable = 0, upd_flush_every = 0, upd_flush_seconds = 0;
   CLI::App* update_job = app.add_subcommand(
       "update-job",
-      "Change a job's retention or flush policy (admin token); flags left out keep their value. A lower "
-      "--keep-in-memory evicts the oldest versions beyond it at once.");
+      "Change a job's retention, flush or protection policy (admin token); flags left out keep their value. A "
+      "lower --keep-in-memory evicts the oldest versions beyond it at once; a new protection applies to versions "
+      "begun from now on (existing ones keep theirs).");
   update_job->add_option("JOB", job, "Job id")->required();
   CLI::Option* upd_keep_mem_opt =
       update_job->add_option("--keep-in-memory", upd_keep_mem, "Versions kept in memory (0: the default, 2)");
@@ -1172,6 +1210,8 @@ int Main(int argc, char** argv) {
       "--flush-every", upd_flush_every, "Flush every Nth version to durable storage (0: not by count)");
   CLI::Option* upd_flush_seconds_opt = update_job->add_option(
       "--flush-every-seconds", upd_flush_seconds, "Flush a version when this many seconds passed since the last (0: not by time)");
+  ProtectionFlags upd_protection;
+  upd_protection.Add(update_job, "No protection (local memory only) for versions begun from now on");
 
   std::vector<uint32_t> failures = {1};
   CLI::App* placement_cmd =
@@ -1333,20 +1373,9 @@ int Main(int argc, char** argv) {
     v1::JobSpec spec;
     spec.set_job_id(job);
     spec.set_world_size(world_size);
-    if (rep_opt->count() > 0) {
-      spec.mutable_protection()->mutable_replicate()->set_copies(copies);
-      spec.mutable_protection()->mutable_replicate()->set_placement(
-          placement == "group" ? v1::REPLICA_PLACEMENT_GROUP : v1::REPLICA_PLACEMENT_RING);
-    } else if (ec_opt->count() > 0) {
-      std::optional<std::pair<uint32_t, uint32_t>> km = ParseEc(ec_spec);
-      if (!km) {
-        return UsageError(absl::StrCat("--ec: expected K+M with positive integers, e.g. 4+2; got '", ec_spec, "'"));
-      }
-      spec.mutable_protection()->mutable_ec()->set_data_k(km->first);
-      spec.mutable_protection()->mutable_ec()->set_parity_m(km->second);
-    } else if (no_protection) {
-      spec.mutable_protection()->mutable_none();
-    }  // else: unset, the server's default applies
+    absl::StatusOr<std::optional<v1::ProtectionPolicy>> policy = create_protection.Policy();
+    if (!policy.ok()) return UsageError(std::string(policy.status().message()));
+    if (policy->has_value()) *spec.mutable_protection() = **policy;  // else the server's default applies
     spec.mutable_flush()->set_every_n_versions(flush_every);
     spec.mutable_retention()->set_keep_in_memory(keep_mem);
     spec.mutable_retention()->set_keep_durable(keep_durable);
@@ -1366,13 +1395,17 @@ int Main(int argc, char** argv) {
   if (*update_job) {
     auto given = [](CLI::Option* o, uint32_t v) { return o->count() > 0 ? std::make_optional(v) : std::nullopt; };
     if (upd_keep_mem_opt->count() + upd_keep_durable_opt->count() + upd_flush_every_opt->count() +
-            upd_flush_seconds_opt->count() ==
-        0) {
+                upd_flush_seconds_opt->count() ==
+            0 &&
+        !upd_protection.Given()) {
       return UsageError("update-job: give at least one of --keep-in-memory, --keep-durable, --flush-every, "
-                        "--flush-every-seconds");
+                        "--flush-every-seconds, --replicate, --ec, --no-protection");
     }
+    absl::StatusOr<std::optional<v1::ProtectionPolicy>> policy = upd_protection.Policy();
+    if (!policy.ok()) return UsageError(std::string(policy.status().message()));
     return ctl.UpdateJob(job, given(upd_keep_mem_opt, upd_keep_mem), given(upd_keep_durable_opt, upd_keep_durable),
-                         given(upd_flush_every_opt, upd_flush_every), given(upd_flush_seconds_opt, upd_flush_seconds));
+                         given(upd_flush_every_opt, upd_flush_every), given(upd_flush_seconds_opt, upd_flush_seconds),
+                         *policy);
   }
   if (*drain) return ctl.Drain(node);
   if (*undrain) return ctl.Undrain(node);

@@ -626,6 +626,21 @@ TEST_F(CkptctlTest, UpdateJobChangesRetentionAndFlush) {
   r = Ctl({"update-job", "nosuchjob", "--keep-durable", "3"});
   EXPECT_EQ(r.status.exit_code(), 1);
   EXPECT_THAT(r.stderr_text, HasSubstr("NOT_FOUND"));
+  // Protection (meta_update_job_test has a change that takes): one agent cannot place 2 copies,
+  // and the job keeps its policy; the same policy is unchanged; a malformed --ec is a usage error.
+  r = Ctl({"update-job", "upd", "--replicate", "2"});
+  EXPECT_EQ(r.status.exit_code(), 1);
+  EXPECT_THAT(r.stderr_text, HasSubstr("FAILED_PRECONDITION"));
+  EXPECT_THAT(r.stderr_text, HasSubstr("cannot be placed on the nodes alive now"));
+  r = Ctl({"update-job", "upd", "--no-protection"});
+  ASSERT_TRUE(r.status.success()) << r.stderr_text;
+  EXPECT_THAT(r.stdout_text, HasSubstr("job upd unchanged"));
+  EXPECT_THAT(r.stdout_text, HasSubstr("protects new versions with none"));
+  r = Ctl({"update-job", "upd", "--ec", "2+"});
+  EXPECT_EQ(r.status.exit_code(), 2);
+  EXPECT_THAT(r.stderr_text, HasSubstr("--ec: expected K+M"));
+  r = Ctl({"update-job", "upd", "--ec", "2+1", "--replicate", "2"});
+  EXPECT_EQ(r.status.exit_code(), 2);
 }
 
 }  // namespace

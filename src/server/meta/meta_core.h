@@ -477,13 +477,18 @@ class MetaCore {
   // Jobs with id > after (empty: from the start), at most `limit`.
   absl::StatusOr<std::vector<JobView>> ListJobs(const std::string& after, uint32_t limit) const;
   absl::StatusOr<JobView> DeleteJob(const std::string& job_id, bool delete_durable_files);
-  // Replaces the job's flush and/or retention policy (nullopt: kept); a
-  // tighter retention applies at once (ApplyRetention). Returns the job and
-  // whether anything changed. Errors: NotFound, FailedPrecondition (being
-  // deleted), InvalidArgument (neither given).
+  // Replaces the job's flush, retention and/or protection policy (nullopt:
+  // kept); a tighter retention applies at once (ApplyRetention). A new
+  // protection applies to versions begun from then on (each version keeps the
+  // policy it was planned with: its copies, stripes and recovery); it must be
+  // plannable over the nodes alive now, and the plan epoch moves on. Returns
+  // the job and whether anything changed. Errors: NotFound,
+  // FailedPrecondition (being deleted; a protection the alive nodes cannot
+  // place), InvalidArgument (nothing given; an invalid policy).
   absl::StatusOr<std::pair<JobView, bool>> UpdateJob(const std::string& job_id,
                                                      const std::optional<FlushPolicy>& flush,
-                                                     const std::optional<RetentionPolicy>& retention);
+                                                     const std::optional<RetentionPolicy>& retention,
+                                                     const std::optional<ProtectionPolicy>& protection = std::nullopt);
   // The job's current plan (or `override`'s over the same alive nodes) and
   // survival estimates for each failure count.
   absl::StatusOr<PlacementView> GetPlacement(const std::string& job_id,

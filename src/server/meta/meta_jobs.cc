@@ -259,18 +259,41 @@ absl::StatusOr<JobView> MetaCore::DeleteJob(const std::string& job_id, bool dele
 
 absl::StatusOr<std::pair<JobView, bool>> MetaCore::UpdateJob(const std::string& job_id,
                                                             const std::optional<FlushPolicy>& flush,
-                                                            const std::optional<RetentionPolicy>& retention) {
+                                                            const std::optional<RetentionPolicy>& retention,
+                                                            const std::optional<ProtectionPolicy>& protection) {
   CKPT_RETURN_IF_ERROR(ValidateJobId(job_id));
-  if (!flush.has_value() && !retention.has_value()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "update of job \"", job_id, "\" changes nothing: give a flush policy, a retention policy or both"));
+  if (!flush.has_value() && !retention.has_value() && !protection.has_value()) {
+    return absl::InvalidArgumentError(absl::StrCat("update of job \"", job_id,
+                                                   "\" changes nothing: give a flush, retention or protection policy"));
   }
+  if (protection.has_value()) CKPT_RETURN_IF_ERROR(protection->Validate());
   return Write([&](Engine& e) -> absl::StatusOr<std::pair<JobView, bool>> {
     CKPT_ASSIGN_OR_RETURN(Job * job, e.FindJob(job_id));
     if (job->deleting) {
       return absl::FailedPreconditionError(absl::StrCat("job \"", job_id, "\" is being deleted"));
     }
+    const bool protection_changed = protection.has_value() && !SamePolicy(job->spec.protection, *protection);
+    // Checked before anything changes: a refusal leaves the job as it was.
+    if (protection_changed && protection->kind != ProtectionPolicy::Kind::kNone) {
+      if (absl::StatusOr<PlacementPlan> plan = PlanPlacement(e.AliveNodes(), *protection); !plan.ok()) {
+        return absl::FailedPreconditionError(absl::StrCat("job \"", job_id, "\": protection policy ",
+                                                          protection->ToString(),
+                                                          " cannot be placed on the nodes alive now: ",
+                                                          plan.status().message()));
+      }
+    }
     std::vector<std::string> what;
+    if (protection_changed) {
+      size_t existing = 0;
+      if (auto vs = state_->versions.find(job_id); vs != state_->versions.end()) existing = vs->second.size();
+      what.push_back(absl::StrCat("protection ", protection->ToString(), " for versions begun from now on (was ",
+                                  job->spec.protection.ToString(), "; the ", existing,
+                                  " existing version(s) keep the policy they were planned with)"));
+      job->spec.protection = *protection;
+      // The next version is planned afresh, under a new epoch.
+      state_->last_plan_nodes.erase(job_id);
+      CKPT_RETURN_IF_ERROR(e.CurrentPlan(*job).status());
+    }
     if (flush.has_value() && (flush->every_n_versions != job->spec.flush.every_n_versions ||
                               flush->every_seconds != job->spec.flush.every_seconds)) {
       what.push_back(absl::StrCat("flush every ", flush->every_n_versions, " versions / ", flush->every_seconds,

@@ -522,7 +522,14 @@ grpc::Status MetaServiceImpl::UpdateJob(grpc::ServerContext* ctx, const v1::Upda
     retention->keep_in_memory = req->retention().keep_in_memory();
     retention->keep_durable = req->retention().keep_durable();
   }
-  absl::StatusOr<std::pair<meta::JobView, bool>> job = core_->UpdateJob(req->job_id(), flush, retention);
+  std::optional<meta::ProtectionPolicy> protection;
+  if (req->has_protection()) {
+    absl::StatusOr<meta::ProtectionPolicy> p = PolicyFromProto(req->protection(), "protection");
+    if (!p.ok()) return Fail("UpdateJob", p.status());
+    protection = *p;
+  }
+  absl::StatusOr<std::pair<meta::JobView, bool>> job =
+      core_->UpdateJob(req->job_id(), flush, retention, protection);
   if (!job.ok()) return Fail("UpdateJob", job.status());
   ToProto(job->first, resp->mutable_job());
   resp->set_changed(job->second);

@@ -5,7 +5,6 @@
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
-#include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -255,10 +254,10 @@ TEST(UcxTransport, StopCompletesSendsInFlight) {
   constexpr int kSends = 16;
   DoneLog done;
   for (int i = 0; i < kSends; ++i) p.a->Send(p.to_b, 1, absl::StrCat(i), AsPieces(data), done.Callback());
-  const absl::Time start = absl::Now();
   p.a->Stop();
-  EXPECT_LT(absl::Now() - start, absl::Seconds(10));
-  // Every send completed, before Stop returned.
+  // Every send completed, before Stop returned. (How long Stop takes is not
+  // asserted here: its waits are bounded by stop_timeout_ms and
+  // stop_limit_ms, StopEndsSendsAPeerDoesNotTake.)
   ASSERT_TRUE(done.Wait(kSends, absl::ZeroDuration()));
   for (const auto& s : done.statuses()) {
     EXPECT_TRUE(s.ok() || s.code() == absl::StatusCode::kCancelled) << s;
@@ -348,11 +347,12 @@ TEST(UcxTransport, ConnectToNothingFailsInTime) {
   dead->Stop();
   auto t = NewUcxTransport(NoSelfCheck());
   ASSERT_TRUE(t->Start("127.0.0.1:0", &h).ok());
-  const absl::Time start = absl::Now();
+  // Not timed: the failure is the refusal itself, not the 5 s timeout
+  // running out (that would say it timed out).
   auto id = t->Connect(address, 5000);
   EXPECT_EQ(id.status().code(), absl::StatusCode::kUnavailable) << id.status();
-  EXPECT_LT(absl::Now() - start, absl::Seconds(6));
   EXPECT_TRUE(absl::StrContains(id.status().message(), address)) << id.status();
+  EXPECT_TRUE(absl::StrContains(id.status().message(), "Connection refused")) << id.status();
 }
 
 TEST(UcxTransport, NoUsableTransportIsAClearStartError) {
@@ -397,23 +397,42 @@ TEST(UcxTransport, FaultDecoratorCorruptsOneChunkOverUcx) {
   EXPECT_EQ(diffs[0], (2u << 20) + 17);
 }
 
-double CpuSeconds() {
-  rusage u{};
-  getrusage(RUSAGE_SELF, &u);
-  return u.ru_utime.tv_sec + u.ru_stime.tv_sec + (u.ru_utime.tv_usec + u.ru_stime.tv_usec) / 1e6;
+// True once `t`'s progress thread has slept through `n` rounds in a row (no
+// woken round between them); false if that did not happen within a minute.
+bool SleepsThroughRounds(const UcxTransport& t, uint64_t n) {
+  const absl::Time deadline = absl::Now() + absl::Minutes(1);
+  UcxTransport::ProgressRounds from = t.TEST_progress_rounds();
+  while (absl::Now() < deadline) {
+    const UcxTransport::ProgressRounds now = t.TEST_progress_rounds();
+    if (now.woken != from.woken) {
+      from = now;  // work (e.g. UCX's keepalive): count again from here
+    } else if (now.slept >= from.slept + n) {
+      return true;
+    }
+    absl::SleepFor(absl::Milliseconds(1));  // polls a counter; asserts no duration
+  }
+  return false;
 }
 
 // The progress threads sleep on their fds: an idle connected pair burns no
-// CPU (this machine's 2 cores are shared by several agents).
-TEST(UcxTransport, IdleTransportsUseNoCpu) {
-  UcxPair p;
-  ASSERT_NO_FATAL_FAILURE(p.Start());
-  p.a->Send(p.to_b, 1, "hello", {}, [](const absl::Status&) {});
-  ASSERT_TRUE(p.hb.WaitReceived(1));
-  const double before = CpuSeconds();
-  absl::SleepFor(absl::Seconds(1));
-  const double used = CpuSeconds() - before;
-  EXPECT_LT(used, 0.05) << "progress threads spin while idle";
+// CPU (this machine's 2 cores are shared by several agents). Counted, not
+// timed: once idle, each progress thread's rounds end in a long wait that
+// expired with nothing ready; a spinning thread's rounds never do (a poll
+// that returns at once, an eventfd left readable, a worker that never arms).
+TEST(UcxTransport, IdleTransportsSleepInTheirWaits) {
+  TestHandler ha, hb;
+  auto a = NewUcxTransport(NoSelfCheck());
+  auto b = NewUcxTransport(NoSelfCheck());
+  ASSERT_TRUE(a->Start("127.0.0.1:0", &ha).ok());
+  ASSERT_TRUE(b->Start("127.0.0.1:0", &hb).ok());
+  absl::StatusOr<PeerId> to_b = a->Connect(b->address(), kConnectMs);
+  ASSERT_TRUE(to_b.ok()) << to_b.status();
+  a->Send(*to_b, 1, "hello", {}, [](const absl::Status&) {});
+  ASSERT_TRUE(hb.WaitReceived(1));
+  const UcxTransport::ProgressRounds busy = a->TEST_progress_rounds();
+  EXPECT_GT(busy.woken, 0u) << "the connect and the send woke a's progress thread";
+  EXPECT_TRUE(SleepsThroughRounds(*a, 2)) << "a's progress thread spins while idle";
+  EXPECT_TRUE(SleepsThroughRounds(*b, 2)) << "b's progress thread spins while idle";
 }
 
 // Several connections between the same two transports, both ways, and one

@@ -332,6 +332,10 @@ class UcxImpl : public UcxTransport {
     SendNaming(peer, 0, TestTamper::kNone, type, std::move(header), std::move(payload), std::move(done));
   }
 
+  ProgressRounds TEST_progress_rounds() const override {
+    return {slept_rounds_.load(std::memory_order_relaxed), woken_rounds_.load(std::memory_order_relaxed)};
+  }
+
   void TEST_SendTampered(PeerId via, uint64_t receiver_id, TestTamper tamper, uint16_t type, std::string header,
                          ConstPieces payload, SendDone done) override {
     SendNaming(via, receiver_id, tamper, type, std::move(header), std::move(payload), std::move(done));
@@ -656,7 +660,9 @@ class UcxImpl : public UcxTransport {
       if (stop) break;
       // The timeout only bounds how long UCX's own timers (keepalive) may
       // wait; all real work wakes one of the fds.
+      round_slept_ = false;
       PumpOnce(1000);
+      (round_slept_ ? slept_rounds_ : woken_rounds_).fetch_add(1, std::memory_order_relaxed);
     }
     Shutdown();
   }
@@ -706,6 +712,7 @@ class UcxImpl : public UcxTransport {
     const int timeout_ms =
         static_cast<int>(std::clamp<int64_t>(absl::ToInt64Milliseconds(next - now) + 1, 0, max_wait_ms));
     const int ready = poll(fds.data(), fds.size(), timeout_ms);
+    round_slept_ = ready == 0 && timeout_ms >= 100;
     if (fds[1].revents & POLLIN) {
       uint64_t count = 0;
       [[maybe_unused]] ssize_t n = read(event_fd_, &count, sizeof(count));
@@ -1866,6 +1873,8 @@ class UcxImpl : public UcxTransport {
   absl::Time last_refusal_log_ = absl::InfinitePast();
   bool stopping_ = false;
   bool probing_ = false;  // SelfCheck running: new peers are silent
+  bool round_slept_ = false;  // the current round's wait expired with nothing ready (progress thread)
+  std::atomic<uint64_t> slept_rounds_{0}, woken_rounds_{0};  // TEST_progress_rounds
   std::string probe_key_;  // the self-check's key (a throwaway one if none is known yet)
   uint64_t foreign_ = 0;  // messages dropped because they came on another endpoint
   absl::Time last_foreign_log_ = absl::InfinitePast();

@@ -186,6 +186,17 @@ class UcxTransport : public Transport {
   // Start(); never blocks on the progress thread.
   virtual void SetAuthKey(std::string key) = 0;
 
+  // Tests only: rounds of the progress thread so far. `slept`: rounds that
+  // ended in a wait on the fds of 100 ms or more that expired with nothing
+  // ready; `woken`: every other round (work, a ready fd, a short wait or
+  // none). An idle transport adds only slept rounds (about one a second); a
+  // spinning progress thread only woken ones.
+  struct ProgressRounds {
+    uint64_t slept = 0;
+    uint64_t woken = 0;
+  };
+  virtual ProgressRounds TEST_progress_rounds() const = 0;
+
   // Tests only: Send over connection `via`, except that a non-zero
   // `receiver_id` replaces the id of the connection at the other side in
   // the message (a peer slipping a message into another connection) and

@@ -12,11 +12,24 @@
 #include "common/config.h"
 
 namespace {
+std::string& Dir() {
+  static std::string dir;
+  return dir;
+}
+
+// Removes the private directory at exit (ctest replays this target in every build).
+void RemoveDir() {
+  std::remove((Dir() + "/config.yaml").c_str());
+  ::rmdir(Dir().c_str());
+}
+
 std::string Path() {
   static const std::string path = [] {
     char tmpl[] = "/tmp/ckpt-fuzz-config-XXXXXX";
     const char* dir = ::mkdtemp(tmpl);
     if (dir == nullptr) std::abort();
+    Dir() = dir;
+    std::atexit(RemoveDir);
     return std::string(dir) + "/config.yaml";
   }();
   return path;

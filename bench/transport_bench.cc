@@ -9,6 +9,7 @@
 #include <benchmark/benchmark.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -184,6 +185,54 @@ void BM_UcxSendChunked1GiB(benchmark::State& state) {
   RunUcx(state, opt);
 }
 BENCHMARK(BM_UcxSendChunked1GiB)->Arg(8)->Arg(16)->Iterations(4)->UseManualTime()->Unit(benchmark::kMillisecond);
+
+// An idle connected pair: the process's CPU time per second of idling
+// ("cpu_ms_per_s"; the progress threads sleep on their fds, so about 0) and
+// the progress rounds per second ("slept_per_s", "woken_per_s"). Moved here
+// from ucx_transport_test, which counts rounds instead of timing (issue 41).
+void BM_UcxIdlePairCpu(benchmark::State& state) {
+  ChunkSink sink, unused;
+  UcxOptions opt;
+  opt.self_check_timeout_ms = 0;
+  auto a = NewUcxTransport(opt);
+  auto b = NewUcxTransport(opt);
+  if (!a->Start("127.0.0.1:0", &unused).ok() || !b->Start("127.0.0.1:0", &sink).ok()) {
+    state.SkipWithError("UCX start failed");
+    return;
+  }
+  auto peer = a->Connect(b->address(), 10000);
+  if (!peer.ok()) {
+    state.SkipWithError("UCX connect failed");
+    return;
+  }
+  a->Send(*peer, 1, "0", {}, [](const absl::Status&) {});
+  auto cpu_seconds = [] {
+    rusage u{};
+    getrusage(RUSAGE_SELF, &u);
+    return u.ru_utime.tv_sec + u.ru_stime.tv_sec + (u.ru_utime.tv_usec + u.ru_stime.tv_usec) / 1e6;
+  };
+  double cpu = 0, secs = 0;
+  uint64_t slept = 0, woken = 0;
+  for (auto _ : state) {
+    const UcxTransport::ProgressRounds r0 = a->TEST_progress_rounds();
+    const double c0 = cpu_seconds();
+    const absl::Time start = absl::Now();
+    absl::SleepFor(absl::Seconds(1));
+    const double s = absl::ToDoubleSeconds(absl::Now() - start);
+    cpu += cpu_seconds() - c0;
+    secs += s;
+    const UcxTransport::ProgressRounds r1 = a->TEST_progress_rounds();
+    slept += r1.slept - r0.slept;
+    woken += r1.woken - r0.woken;
+    state.SetIterationTime(s);
+  }
+  state.counters["cpu_ms_per_s"] = cpu * 1e3 / secs;
+  state.counters["slept_per_s"] = slept / secs;
+  state.counters["woken_per_s"] = woken / secs;
+  a->Stop();
+  b->Stop();
+}
+BENCHMARK(BM_UcxIdlePairCpu)->Iterations(3)->UseManualTime()->Unit(benchmark::kMillisecond);
 
 // In a forked child: a started transport receiving into Dest(); its address
 // and a newline are written to `fd` ("\n" alone if it did not start).

@@ -44,30 +44,23 @@
 #include "absl/strings/escaping.h"
 #include "power_cut_file_system.h"
 #include "rocksdb/file_system.h"
+#include "support/temp_dir.h"
 #include "server/meta/store/meta_store.h"
 #include "server/meta/store/rocksdb_meta_store.h"
 
 namespace ckpt::meta {
 namespace {
 
+// A scratch directory (tests/support/temp_dir.h, deleted with the test) and
+// paths of files or directories inside it (not created).
 class ScopedTempDir {
  public:
-  ScopedTempDir() {
-    std::string pattern =
-        (std::filesystem::path(::testing::TempDir()) / "rocksdb_meta_store_powercut_test.XXXXXX");
-    char* made = mkdtemp(pattern.data());
-    EXPECT_NE(made, nullptr) << "mkdtemp " << pattern << ": " << std::strerror(errno);
-    path_ = pattern;
-  }
-  ~ScopedTempDir() {
-    std::error_code ec;
-    std::filesystem::remove_all(path_, ec);
-  }
-  const std::string& path() const { return path_; }
-  std::string Sub(std::string_view name) const { return std::filesystem::path(path_) / name; }
+  ScopedTempDir() : dir_(*ckpt::testing::TempDir::Create()) {}
+  const std::string& path() const { return dir_.path(); }
+  std::string Sub(std::string_view name) const { return dir_.path() + "/" + std::string(name); }
 
  private:
-  std::string path_;
+  ckpt::testing::TempDir dir_;
 };
 
 using State = std::map<std::string, std::string>;

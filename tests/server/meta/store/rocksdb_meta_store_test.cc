@@ -37,6 +37,7 @@
 #include "absl/synchronization/mutex.h"
 #include "power_cut_file_system.h"
 #include "server/meta/store/meta_store.h"
+#include "support/temp_dir.h"
 
 extern char** environ;
 
@@ -52,24 +53,16 @@ constexpr char kChildRoundEnv[] = "CKPT_META_STORE_TEST_ROUND";
 constexpr int kChildReportFd = 3;
 constexpr int kChildThreads = 8;
 
+// A scratch directory (tests/support/temp_dir.h, deleted with the test) and
+// paths of files or directories inside it (not created).
 class ScopedTempDir {
  public:
-  ScopedTempDir() {
-    std::string pattern =
-        (std::filesystem::path(::testing::TempDir()) / "rocksdb_meta_store_test.XXXXXX");
-    char* made = mkdtemp(pattern.data());
-    EXPECT_NE(made, nullptr) << "mkdtemp " << pattern << ": " << std::strerror(errno);
-    path_ = pattern;
-  }
-  ~ScopedTempDir() {
-    std::error_code ec;
-    std::filesystem::remove_all(path_, ec);
-  }
-  const std::string& path() const { return path_; }
-  std::string Sub(std::string_view name) const { return (std::filesystem::path(path_) / name); }
+  ScopedTempDir() : dir_(*ckpt::testing::TempDir::Create()) {}
+  const std::string& path() const { return dir_.path(); }
+  std::string Sub(std::string_view name) const { return dir_.path() + "/" + std::string(name); }
 
  private:
-  std::string path_;
+  ckpt::testing::TempDir dir_;
 };
 
 // Holds the writer inside the write hook while closed (see meta_store_test.cc).

@@ -13,8 +13,9 @@ bridge, a replicated job (replicate:2:ring, 4 ranks, rank r on n(r+1)).
          and 2 on n2..n4 (measured; every shard back to 2 VALID copies off n1);
   3. heal: n1 rejoins (measured: ALIVE again), step 3 (which waited for n1's shard) becomes
      PROTECTED (measured), steps 1..3 restore byte-identical on every rank; copies beyond the
-     policy are counted (n1's copies, re-adopted when it rejoined, on top of those re-protection
-     made): each must be one on n1, at most one a shard;
+     policy (n1's, re-adopted when it rejoined, on top of those re-protection made) are
+     released: every shard back to 2 VALID copies, every memory tier holding exactly what meta
+     lists for steps 1..3 (measured), and those restore byte-identical again;
   4. three more saves (keep_in_memory 3) evict steps 1..3: every node's memory tier then holds
      exactly the copies meta lists for steps 4..6, 2 a shard (the partition left nothing
      behind), and those restore byte-identical.
@@ -145,21 +146,58 @@ def body():
         t.check(vs.get(step, {}).get("state") == "protected", f"step {step} PROTECTED after the heal",
                 str(vs.get(step)))
     restore_all(acked, "healed")
+    def tiers_hold_what_meta_lists(steps):
+        """Every node's memory tier holds exactly the VALID copies meta lists for `steps` (and
+        nothing else of the job), COPIES a shard."""
+        steps = tuple(steps)
+        want = {}
+        for step in steps:
+            for rank, holders in (c.copies(JOB, step) or {}).items():
+                for n, (_, s) in holders.items():
+                    if s == "valid":
+                        want.setdefault(n, set()).add((step, rank))
+        for i in range(1, WORLD + 1):
+            h = c.holdings(f"n{i}", JOB)
+            if h is None:
+                tiers_hold_what_meta_lists.last = f"n{i}'s holdings unknown"
+                return False
+            got = {(x["step"], int(x["what"].split()[1])) for x in h}
+            if got != want.get(f"n{i}", set()):
+                tiers_hold_what_meta_lists.last = (f"n{i} holds {sorted(got)}, meta lists "
+                                                   f"{sorted(want.get(f'n{i}', set()))}")
+                return False
+        return all(len([1 for n in want if (s, r) in want[n]]) == COPIES for s in steps for r in range(WORLD))
+
+    tiers_hold_what_meta_lists.last = ""
+
     # Copies beyond the policy: n1's primaries come back with it (re-adopted from its memory
     # tier) on top of the replicas re-protection made, and a replica pushed to n1 while meta
-    # was declaring it dead can be adopted too; nothing releases them before retention
-    # (docs/testing.md "Network namespaces", findings). Each must include a copy on n1.
-    surplus = []
-    for step in acked:
-        for rank, holders in (c.copies(JOB, step) or {}).items():
-            valid = sorted(n for n, (_, s) in holders.items() if s == "valid")
-            if len(valid) > COPIES:
-                surplus.append((step, rank, valid))
-    log(f"shards with more than {COPIES} VALID copies after the heal: {len(surplus)} "
-        f"({'; '.join(f'{s}/{r}: {v}' for s, r, v in surplus) or 'none'})")
-    t.check(all(CUT in v and len(v) == COPIES + 1 for _, _, v in surplus),
-            f"every surplus copy is one on {CUT} (re-adopted when it rejoined), at most one a shard", str(surplus))
-    t.count("surplus copies after the heal (held until retention)", len(surplus))
+    # was declaring it dead can be adopted too. Meta releases the surplus once a version is
+    # PROTECTED again (docs/meta.md "Failures and recovery"): every shard back to COPIES VALID
+    # copies, and the memory tiers hold exactly what meta lists (the agents freed the rest).
+    # Before, the surplus stayed until retention evicted the version.
+    def surplus():
+        out = []
+        for step in acked:
+            for rank, holders in (c.copies(JOB, step) or {}).items():
+                valid = sorted(n for n, (_, s) in holders.items() if s == "valid")
+                if len(valid) > COPIES:
+                    out.append((step, rank, valid))
+        return out
+
+    first = surplus()
+    log(f"shards with more than {COPIES} VALID copies right after the heal: {len(first)} "
+        f"({'; '.join(f'{s}/{r}: {v}' for s, r, v in first) or 'none'})")
+    t.count("surplus copies seen right after the heal", len(first))
+    t2 = time.monotonic()
+    ok, _ = wait_for(lambda: not surplus(), 30, period=0.5)
+    if t.check(ok, f"no shard keeps more than {COPIES} VALID copies after the heal (the surplus released)",
+               str(surplus())) and first:
+        t.time("surplus seen after the heal -> released", time.monotonic() - t2)
+    ok, _ = wait_for(lambda: tiers_hold_what_meta_lists(acked), 30, period=0.5)
+    t.check(ok, f"after the heal every memory tier holds exactly meta's copies of steps {acked}",
+            tiers_hold_what_meta_lists.last)
+    restore_all(acked, "after the surplus was released")
 
     # 4. retention clears what the partition left
     for step in (4, 5, 6):
@@ -169,27 +207,9 @@ def body():
     t.check(all(vs.get(s, {}).get("state") == "protected" for s in (4, 5, 6)), "steps 4..6 PROTECTED",
             str({s: vs.get(s, {}).get("state") for s in (4, 5, 6)}))
 
-    def clean():
-        want = {}
-        for step in (4, 5, 6):
-            for rank, holders in (c.copies(JOB, step) or {}).items():
-                for n, (_, s) in holders.items():
-                    if s == "valid":
-                        want.setdefault(n, set()).add((step, rank))
-        for i in range(1, WORLD + 1):
-            h = c.holdings(f"n{i}", JOB)
-            if h is None:
-                return False
-            got = {(x["step"], int(x["what"].split()[1])) for x in h}
-            if got != want.get(f"n{i}", set()):
-                clean.last = f"n{i} holds {sorted(got)}, meta lists {sorted(want.get(f'n{i}', set()))}"
-                return False
-        return all(len([1 for n in want if (s, r) in want[n]]) == COPIES for s in (4, 5, 6) for r in range(WORLD))
-
-    clean.last = ""
-    ok, dt = wait_for(clean, 30, period=0.5)
+    ok, dt = wait_for(lambda: tiers_hold_what_meta_lists((4, 5, 6)), 30, period=0.5)
     if t.check(ok, f"after retention every memory tier holds exactly meta's copies of steps 4..6 ({COPIES} a shard)",
-               clean.last):
+               tiers_hold_what_meta_lists.last):
         t.time("retention: step 6 PROTECTED -> memory tiers clean", dt)
     restore_all((4, 5, 6), "after retention")
     return t.finish(c)

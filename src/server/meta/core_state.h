@@ -273,6 +273,17 @@ class Engine {
   // Rebuild tasks for lost EC segments, and moves of segments doubled up on
   // one node.
   void PlanRebuilds(Version& v);
+  // A PROTECTED (or PERSISTED) replicated version with no replicate or flush
+  // task running: a shard
+  // with more copies that count for protection than the policy's (a node
+  // came back with its primaries, always re-adopted, on top of the replicas
+  // re-protection made while it was away) keeps its primary and the
+  // replicas best placed (distinct failure domains first, then the plan's
+  // protectors, then the oldest), and each other replica gets a drop task
+  // and leaves meta's record. Nothing is released while a holder of the
+  // shard is SUSPECT. Readers told of a released copy fall back to the next
+  // source; the agent frees the bytes once no read holds them.
+  void ReleaseSurplusReplicas(Version& v);
   // The shard's node is a member of one of the version's EC groups, so its
   // bytes are in stripes. A shard staged on a node the plan left out (it
   // was away when the version began) is not, and is protected by

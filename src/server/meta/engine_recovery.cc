@@ -253,6 +253,88 @@ void Engine::PlanReplicas(Version& v, int copies, const std::function<bool(const
   }
 }
 
+void Engine::ReleaseSurplusReplicas(Version& v) {
+  const ProtectionPolicy& policy = v.plan.policy;
+  if (policy.kind != ProtectionPolicy::Kind::kReplicate || v.evicted ||
+      (v.state != VersionState::kProtected && v.state != VersionState::kPersisted)) {
+    return;
+  }
+  // Not while copies are pushed or flushed (a flush may read the replica).
+  if (!ActiveTasks(v.job_id, v.step, TaskKind::kReplicate).empty() ||
+      !ActiveTasks(v.job_id, v.step, TaskKind::kFlush).empty()) {
+    return;
+  }
+  for (auto& [rank, sh] : v.shards) {
+    std::vector<const Copy*> counted;
+    bool suspect = false;
+    for (const Copy& c : sh.copies) {
+      if (c.state != CopyState::kValid || c.role == CopyRole::kRestored || !CountsForProtection(c.node_id)) continue;
+      suspect = suspect || IsSuspect(c.node_id);
+      counted.push_back(&c);
+    }
+    if (suspect || static_cast<int>(counted.size()) <= policy.copies) continue;
+    // Kept: the primary, then one replica at a time, best placed first.
+    std::set<std::string> keep, domains;
+    auto domain_of = [&](const std::string& id) {
+      auto n = s_.nodes.find(id);
+      return n == s_.nodes.end() ? id : PlacementDomain(s_.nodes, id, n->second);
+    };
+    for (const Copy* c : counted) {
+      if (c->role == CopyRole::kPrimary && keep.empty()) {
+        keep.insert(c->node_id);
+        domains.insert(domain_of(c->node_id));
+      }
+    }
+    std::vector<std::string> planned;
+    if (auto it = v.plan.protectors.find(sh.primary_node_id); it != v.plan.protectors.end()) planned = it->second;
+    while (static_cast<int>(keep.size()) < policy.copies) {
+      const Copy* best = nullptr;
+      auto score = [&](const Copy* c) {
+        const bool new_domain = domains.count(domain_of(c->node_id)) == 0;
+        const bool in_plan = std::find(planned.begin(), planned.end(), c->node_id) != planned.end();
+        return std::make_tuple(new_domain, in_plan, -c->updated_ms);
+      };
+      for (const Copy* c : counted) {
+        if (keep.count(c->node_id) != 0) continue;
+        if (best == nullptr || score(c) > score(best) ||
+            (score(c) == score(best) && c->node_id < best->node_id)) {
+          best = c;
+        }
+      }
+      if (best == nullptr) break;
+      keep.insert(best->node_id);
+      domains.insert(domain_of(best->node_id));
+    }
+    std::vector<std::string> released;
+    for (const Copy* c : counted) {
+      if (keep.count(c->node_id) != 0 || c->role != CopyRole::kReplica) continue;
+      Holding h;
+      h.job_id = v.job_id;
+      h.step = v.step;
+      h.rank = rank;
+      h.role = CopyRole::kReplica;
+      h.size_bytes = sh.size_bytes;
+      h.crc32c = sh.crc32c;
+      h.manifest_digest = sh.manifest_digest;
+      Task& t = NewTask(c->node_id, TaskKind::kDrop, "", 0, 0);
+      t.drop = {h};
+      t.reason = absl::StrCat("surplus copy: rank ", rank, " of ", v.job_id, "/", v.step, " has ", counted.size(),
+                              " copies, the policy keeps ", policy.copies);
+      txn_.Task(t);
+      released.push_back(c->node_id);
+    }
+    if (released.empty()) continue;
+    std::erase_if(sh.copies, [&](const Copy& c) {
+      return c.role == CopyRole::kReplica && c.state == CopyState::kValid &&
+             std::find(released.begin(), released.end(), c.node_id) != released.end();
+    });
+    txn_.ShardRecord(v, rank);
+    log::Info("version {}/{} rank {}: released the surplus copies on {} ({} copies counted, policy {}; kept {})",
+              v.job_id, v.step, rank, absl::StrJoin(released, ", "), counted.size(), policy.copies,
+              absl::StrJoin(keep, ", "));
+  }
+}
+
 void Engine::PlanRebuilds(Version& v) {
   std::set<SegmentKey> pending;
   std::map<SegmentKey, std::string> pending_target;  // where a running rebuild puts it

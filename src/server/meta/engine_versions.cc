@@ -175,6 +175,7 @@ void Engine::Recompute(Version& v) {
   }
   if (v.state == VersionState::kPersisted) {
     PlanFlush(v);
+    ReleaseSurplusReplicas(v);
     return;
   }
   // Readability.
@@ -245,6 +246,7 @@ void Engine::Recompute(Version& v) {
     SetState(v, VersionState::kDegraded, "redundancy lost; re-protecting").IgnoreError();  // logged if refused
   }
   if (!complete) PlanRecovery(v);
+  if (complete) ReleaseSurplusReplicas(v);
   PlanFlush(v);
 }
 

@@ -2061,6 +2061,63 @@ TEST_F(MetaCoreTest, AVersionWaitsForItsDeadNodeToComeBackWithTheOnlyCopy) {
   EXPECT_EQ(StateOf("gpt", 1), VersionState::kProtected);
 }
 
+// A node that comes back brings its primary (always re-adopted) on top of the
+// replica re-protection made while it was away: the surplus copy is released
+// (a drop task to its node, gone from meta's record), the plan's protector is
+// kept, and the version stays PROTECTED with exactly 2 copies. Before, the
+// third copy stayed until retention evicted the version (netns_partition_test).
+TEST_F(MetaCoreTest, ASurplusCopyIsReleasedWhenANodeComesBackWithItsPrimary) {
+  for (const char* n : {"n0", "n1", "n2"}) Register(n);
+  CreateJob("gpt", 3, ProtectionPolicy::Replicate(2, ProtectionPolicy::Placement::kRing));
+  ASSERT_TRUE(core_->BeginVersion("gpt", 1, "").ok());
+  for (uint32_t r = 0; r < 3; ++r) ASSERT_TRUE(Stage(absl::StrCat("n", r), "gpt", 1, r).ok());
+  RunAgents();
+  ASSERT_EQ(StateOf("gpt", 1), VersionState::kProtected);
+  auto holders = [&](uint32_t rank) {
+    std::map<std::string, CopyRole> out;
+    auto v = core_->GetVersion("gpt", 1, false);
+    EXPECT_TRUE(v.ok()) << v.status();
+    if (!v.ok()) return out;
+    for (const auto& c : v->shards.at(rank).copies)
+      if (c.state == CopyState::kValid) out[c.node_id] = c.role;
+    return out;
+  };
+  auto before = holders(1);
+  ASSERT_EQ(before.size(), 2u);
+  ASSERT_EQ(before.count("n1"), 1u);
+  std::string protector;  // where the plan put rank 1's replica
+  for (const auto& [node, role] : before)
+    if (node != "n1") protector = node;
+  const std::string other = protector == "n0" ? "n2" : "n0";
+
+  Kill("n1");
+  RunAgents();  // rank 1 copied again, onto the one node left
+  ASSERT_EQ(StateOf("gpt", 1), VersionState::kProtected);
+  EXPECT_EQ(holders(1).size(), 2u);
+  EXPECT_EQ(holders(1).count(other), 1u);
+
+  Register("n1");
+  dead_.erase("n1");
+  std::vector<Holding> inventory = {HoldingOf("gpt", 1, 1)};
+  auto inv = core_->ReportInventory("n1", inc_["n1"], inventory);
+  ASSERT_TRUE(inv.ok()) << inv.status();
+  dropped_.clear();
+  RunAgents();
+  EXPECT_EQ(StateOf("gpt", 1), VersionState::kProtected);
+  const auto after = holders(1);
+  EXPECT_EQ(after.size(), 2u);
+  EXPECT_EQ(after.count("n1"), 1u) << "the primary is kept";
+  EXPECT_EQ(after.count(protector), 1u) << "the plan's protector is kept";
+  bool released = false;
+  for (const auto& [node, h] : dropped_) {
+    if (node == other && !h.is_segment && h.job_id == "gpt" && h.step == 1 && h.rank == 1) released = true;
+  }
+  EXPECT_TRUE(released) << "no drop task for rank 1's surplus copy on " << other;
+  // The other ranks kept exactly their 2 copies.
+  EXPECT_EQ(holders(0).size(), 2u);
+  EXPECT_EQ(holders(2).size(), 2u);
+}
+
 TEST_F(MetaCoreTest, ANodeThatComesBackWithoutTheOnlyCopyEndsTheWait) {
   StageRankZeroOnA(1);
   Kill("a");

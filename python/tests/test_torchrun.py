@@ -10,9 +10,7 @@ import os
 import pathlib
 import re
 import signal
-import subprocess
 import sys
-import threading
 import time
 import uuid
 
@@ -20,6 +18,7 @@ import pytest
 
 import ckpt
 from conftest import BUILD_DIR, free_ports
+from launched import Launched
 
 pytestmark = pytest.mark.skipif(os.environ.get("CKPT_TORCHRUN_TEST") != "1",
                                 reason="runs torchrun for ~1 min: ctest python_torchrun_test (CKPT_TORCHRUN_TEST=1)")
@@ -43,8 +42,9 @@ STEP = re.compile(r"^\[default(\d)\]:step (\d+) loss")
 STARTED = re.compile(r"^\[default(\d)\]:worker started")
 
 
-class Torchrun:
+class Torchrun(Launched):
     """One `torchrun` (its own session), its output read line by line with arrival times."""
+    name = "torchrun"
 
     def __init__(self, tmp, cluster, job):
         self.dir = tmp / job
@@ -60,44 +60,12 @@ class Torchrun:
         env.update(CKPT_META=cluster.meta, CKPT_AGENT_SOCKET=str(cluster.socket),
                    PYTHONPATH=os.environ.get("PYTHONPATH") or str(BUILD_DIR / "python"),
                    OMP_NUM_THREADS="1")
-        self.lines = []  # (monotonic time, line)
-        self.cv = threading.Condition()
-        self.proc = subprocess.Popen(
+        super().__init__(
             [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc_per_node", str(WORLD),
              "--max_restarts", "3", "--monitor_interval", "0.5", "--rdzv_backend", "c10d",
              "--rdzv_endpoint", f"127.0.0.1:{port}", "--rdzv_id", job, "--redirects", "1", "--tee", "1",
              "--log_dir", str(self.dir / "logs"), str(wrapper)],
-            env=env, cwd=self.dir, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-            start_new_session=True)
-        self.reader = threading.Thread(target=self._read, daemon=True)
-        self.reader.start()
-
-    def _read(self):
-        for line in self.proc.stdout:
-            with self.cv:
-                self.lines.append((time.monotonic(), line.rstrip("\n")))
-                self.cv.notify_all()
-        with self.cv:
-            self.cv.notify_all()
-
-    def wait_for(self, pattern, timeout, since=0):
-        """The first (time, match) of `pattern` in lines[since:], waiting up to timeout s."""
-        deadline = time.monotonic() + timeout
-        i = since
-        with self.cv:
-            while True:
-                while i < len(self.lines):
-                    m = pattern(self.lines[i][1]) if callable(pattern) else re.search(pattern, self.lines[i][1])
-                    if m:
-                        return self.lines[i][0], m, i
-                    i += 1
-                left = deadline - time.monotonic()
-                if left <= 0 or (self.proc.poll() is not None and not self.reader.is_alive()):
-                    raise AssertionError(f"no line matching {pattern} in {timeout} s:\n" + self.tail())
-                self.cv.wait(min(left, 1.0))
-
-    def tail(self, n=60):
-        return "\n".join(line for _, line in self.lines[-n:])
+            env, self.dir)
 
     def workers(self):
         """{local rank: pid} of the workers running now (children of torchrun)."""
@@ -117,28 +85,8 @@ class Torchrun:
                         out[int(kv.split(b"=", 1)[1])] = pid
         return out
 
-    def finish(self, timeout):
-        try:
-            rc = self.proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            rc = None
-        self.reader.join(timeout=10)
-        assert rc == 0, f"torchrun exited {rc}:\n{self.tail()}"
-
-    def stop(self):
-        """Kills torchrun and every worker it started (its session's process group, by id)."""
-        if self.proc.poll() is None:
-            pids = list(self.workers().values())
-            try:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            for pid in pids:
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-            self.proc.wait(timeout=30)
+    def children(self):
+        return self.workers()
 
 
 def leftover_processes(tmp):

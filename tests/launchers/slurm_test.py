@@ -20,7 +20,6 @@ import signal
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import traceback
 
@@ -29,6 +28,7 @@ BUILD_DIR = pathlib.Path(os.environ.get("CKPT_BUILD_DIR", SRC / "build"))
 sys.path.insert(0, str(BUILD_DIR / "python"))
 sys.path.insert(0, str(SRC / "tests" / "support"))
 sys.path.insert(0, str(SRC / "python" / "tests"))
+from launched import Launched  # noqa: E402  (tests/support)
 
 EXAMPLE = SRC / "examples" / "train_torchrun.py"
 TORCH_ENV = SRC / "examples" / "slurm" / "torch_env.sh"
@@ -202,9 +202,10 @@ PartitionName=debug Nodes=localhost Default=YES MaxTime=INFINITE State=UP
                     p.wait(timeout=15)
 
 
-class Step:
+class Step(Launched):
     """One `srun -n 4 torch_env.sh python3 run_example.py` in allocation `jobid`, its output
     read line by line with arrival times."""
+    name = "srun"
 
     def __init__(self, slurm, jobid, cluster, workdir):
         self.dir = workdir
@@ -219,41 +220,10 @@ class Step:
         # torch.distributed (whose variables examples/slurm/torch_env.sh derives from Slurm's).
         env.update(CKPT_META=cluster.meta, CKPT_AGENT_SOCKET=str(cluster.socket), MASTER_PORT=str(port),
                    PYTHONPATH=str(BUILD_DIR / "python"), OMP_NUM_THREADS="1", CKPT_SLURM_TEST=str(workdir))
-        self.lines = []
-        self.cv = threading.Condition()
-        self.proc = subprocess.Popen(
+        super().__init__(
             ["srun", f"--jobid={jobid}", "-n", str(WORLD), "--label", "--kill-on-bad-exit=1", "--wait=30",
              str(TORCH_ENV), sys.executable, str(runner)],
-            env=env, cwd=workdir, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-            start_new_session=True)
-        self.reader = threading.Thread(target=self._read, daemon=True)
-        self.reader.start()
-
-    def _read(self):
-        for line in self.proc.stdout:
-            with self.cv:
-                self.lines.append((time.monotonic(), line.rstrip("\n")))
-                self.cv.notify_all()
-        with self.cv:
-            self.cv.notify_all()
-
-    def wait_for(self, pattern, timeout, since=0):
-        deadline = time.monotonic() + timeout
-        i = since
-        with self.cv:
-            while True:
-                while i < len(self.lines):
-                    m = pattern(self.lines[i][1]) if callable(pattern) else re.search(pattern, self.lines[i][1])
-                    if m:
-                        return self.lines[i][0], m, i
-                    i += 1
-                left = deadline - time.monotonic()
-                if left <= 0 or (self.proc.poll() is not None and not self.reader.is_alive()):
-                    raise AssertionError(f"no line matching {pattern} in {timeout} s:\n" + self.tail())
-                self.cv.wait(min(left, 1.0))
-
-    def tail(self, n=60):
-        return "\n".join(line for _, line in self.lines[-n:])
+            env, workdir)
 
     def tasks(self):
         """{SLURM_PROCID: pid} of this step's python processes (started by slurmstepd)."""
@@ -272,29 +242,8 @@ class Step:
                     out[int(kv.split(b"=", 1)[1])] = int(pid)
         return out
 
-    def finish(self, timeout, want_ok=True):
-        try:
-            rc = self.proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            rc = None
-        self.reader.join(timeout=10)
-        if want_ok:
-            assert rc == 0, f"srun exited {rc}:\n{self.tail()}"
-        return rc
-
-    def stop(self):
-        if self.proc.poll() is None:
-            pids = list(self.tasks().values())
-            try:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            for pid in pids:
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-            self.proc.wait(timeout=30)
+    def children(self):
+        return self.tasks()
 
 
 def main(tmp):

@@ -44,24 +44,12 @@
 #include "absl/strings/escaping.h"
 #include "power_cut_file_system.h"
 #include "rocksdb/file_system.h"
-#include "support/temp_dir.h"
+#include "scratch_dir.h"
 #include "server/meta/store/meta_store.h"
 #include "server/meta/store/rocksdb_meta_store.h"
 
 namespace ckpt::meta {
 namespace {
-
-// A scratch directory (tests/support/temp_dir.h, deleted with the test) and
-// paths of files or directories inside it (not created).
-class ScopedTempDir {
- public:
-  ScopedTempDir() : dir_(*ckpt::testing::TempDir::Create()) {}
-  const std::string& path() const { return dir_.path(); }
-  std::string Sub(std::string_view name) const { return dir_.path() + "/" + std::string(name); }
-
- private:
-  ckpt::testing::TempDir dir_;
-};
 
 using State = std::map<std::string, std::string>;
 
@@ -227,7 +215,7 @@ bool SyncWritesFromEnv() {
 TEST(RocksDbMetaStorePowerCut, AcknowledgedChangesSurvivePowerCuts) {
   const bool sync_writes = SyncWritesFromEnv();
   for (uint64_t seed : {41u, 42u, 43u}) {
-    ScopedTempDir tmp;
+    ScratchDir tmp;
     const CutReport report = RunPowerCuts(tmp.Sub("meta"), sync_writes, seed, /*rounds=*/12);
     std::cout << "[ info ] seed " << seed << (sync_writes ? "" : " (sync off)") << ": " << report
               << "\n";
@@ -238,7 +226,7 @@ TEST(RocksDbMetaStorePowerCut, AcknowledgedChangesSurvivePowerCuts) {
 
 // The harness can fail: without sync the same cuts lose acknowledged changes.
 TEST(RocksDbMetaStorePowerCut, SyncOffLosesAcknowledgedChanges) {
-  ScopedTempDir tmp;
+  ScratchDir tmp;
   const CutReport report = RunPowerCuts(tmp.Sub("meta"), /*sync_writes=*/false, 41, 12);
   std::cout << "[ info ] sync off: " << report << "\n";
   EXPECT_GT(report.lost, 0) << "the power-cut harness did not notice unsynced commits: "
@@ -251,7 +239,7 @@ TEST(RocksDbMetaStorePowerCut, SyncOffLosesAcknowledgedChanges) {
 TEST(RocksDbMetaStorePowerCut, ConcurrentCommittersKeepTheirAcknowledgedChanges) {
   constexpr int kThreads = 8;
   constexpr int kMaxCommits = 400;  // per thread and round, should no cut come
-  ScopedTempDir tmp;
+  ScratchDir tmp;
   const std::string dir = tmp.Sub("meta");
   auto fs = std::make_shared<PowerCutFileSystem>();
   RocksDbOptions opts;
@@ -326,7 +314,7 @@ std::string ReadAll(const std::string& path) {
 }
 
 TEST(PowerCutFileSystem, CutKeepsSyncedBytesAndSyncedDirectoryEntriesOnly) {
-  ScopedTempDir tmp;
+  ScratchDir tmp;
   PowerCutFileSystem fs;
   const rocksdb::IOOptions io;
   const rocksdb::FileOptions fo;

@@ -37,7 +37,7 @@
 #include "absl/synchronization/mutex.h"
 #include "power_cut_file_system.h"
 #include "server/meta/store/meta_store.h"
-#include "support/temp_dir.h"
+#include "scratch_dir.h"
 
 extern char** environ;
 
@@ -52,18 +52,6 @@ constexpr char kChildRoundEnv[] = "CKPT_META_STORE_TEST_ROUND";
 // The child writes its reports to this descriptor (the pipe's write end).
 constexpr int kChildReportFd = 3;
 constexpr int kChildThreads = 8;
-
-// A scratch directory (tests/support/temp_dir.h, deleted with the test) and
-// paths of files or directories inside it (not created).
-class ScopedTempDir {
- public:
-  ScopedTempDir() : dir_(*ckpt::testing::TempDir::Create()) {}
-  const std::string& path() const { return dir_.path(); }
-  std::string Sub(std::string_view name) const { return dir_.path() + "/" + std::string(name); }
-
- private:
-  ckpt::testing::TempDir dir_;
-};
 
 // Holds the writer inside the write hook while closed (see meta_store_test.cc).
 class Gate {
@@ -283,7 +271,7 @@ class Child {
 // ---------------------------------------------------------------------------
 
 TEST(RocksDbMetaStore, CreatesDirectoryAndReopenKeepsEverything) {
-  ScopedTempDir tmp;
+  ScratchDir tmp;
   const std::string dir = tmp.Sub("a/b/meta");
   std::map<std::string, std::string> expected;
   {
@@ -322,7 +310,7 @@ TEST(RocksDbMetaStore, CreatesDirectoryAndReopenKeepsEverything) {
 // grouping factor under free-running load is measured by
 // bench/meta_store_bench.cc, not asserted here.)
 TEST(RocksDbMetaStore, GroupCommitSharesFsyncsAmongConcurrentCommitters) {
-  ScopedTempDir tmp;
+  ScratchDir tmp;
   Gate gate;
   auto fs = std::make_shared<PowerCutFileSystem>();
   RocksDbOptions opts;
@@ -370,7 +358,7 @@ TEST(RocksDbMetaStore, GroupCommitSharesFsyncsAmongConcurrentCommitters) {
 TEST(RocksDbMetaStore, FsyncsCountsSyncsNotWrites) {
   for (bool sync : {true, false}) {
     SCOPED_TRACE(sync ? "sync on" : "sync off");
-    ScopedTempDir tmp;
+    ScratchDir tmp;
     auto fs = std::make_shared<PowerCutFileSystem>();
     RocksDbOptions opts;
     opts.test_file_system = fs;
@@ -395,7 +383,7 @@ TEST(RocksDbMetaStore, FsyncsCountsSyncsNotWrites) {
 // once released they go to disk in at most two writes (the one the writer had
 // already taken, and all the rest).
 TEST(RocksDbMetaStore, BatchesQueuedDuringAWriteShareTheNextFsync) {
-  ScopedTempDir tmp;
+  ScratchDir tmp;
   Gate gate;
   RocksDbOptions opts;
   opts.test_write_hook = [&gate] {
@@ -426,7 +414,7 @@ TEST(RocksDbMetaStore, BatchesQueuedDuringAWriteShareTheNextFsync) {
 }
 
 TEST(RocksDbMetaStore, SubmitWaitsWhenQueuedBytesReachTheLimit) {
-  ScopedTempDir tmp;
+  ScratchDir tmp;
   Gate gate;
   RocksDbOptions opts;
   opts.max_queued_bytes = 4096;
@@ -473,7 +461,7 @@ TEST(RocksDbMetaStore, SubmitWaitsWhenQueuedBytesReachTheLimit) {
 // wait for room before taking it (WaitForRoom), then SubmitNoWait under it,
 // which never waits even when the queue is past its limit.
 TEST(RocksDbMetaStore, WaitForRoomWaitsForTheLimitAndSubmitNoWaitNever) {
-  ScopedTempDir tmp;
+  ScratchDir tmp;
   Gate gate;
   RocksDbOptions opts;
   opts.max_queued_bytes = 4096;
@@ -516,7 +504,7 @@ TEST(RocksDbMetaStore, WaitForRoomWaitsForTheLimitAndSubmitNoWaitNever) {
 }
 
 TEST(RocksDbMetaStore, SecondOpenInThisProcessFailsWithLockError) {
-  ScopedTempDir tmp;
+  ScratchDir tmp;
   std::unique_ptr<MetaStore> store = OpenOrDie(tmp.path());
   ASSERT_NE(store, nullptr);
   absl::StatusOr<std::unique_ptr<MetaStore>> second = OpenRocksDbMetaStore(tmp.path());
@@ -528,7 +516,7 @@ TEST(RocksDbMetaStore, SecondOpenInThisProcessFailsWithLockError) {
 }
 
 TEST(RocksDbMetaStore, SecondOpenFromAnotherProcessFailsWithLockError) {
-  ScopedTempDir tmp;
+  ScratchDir tmp;
   std::unique_ptr<MetaStore> store = OpenOrDie(tmp.path());
   ASSERT_NE(store, nullptr);
   std::string report;
@@ -548,7 +536,7 @@ TEST(RocksDbMetaStore, SecondOpenFromAnotherProcessFailsWithLockError) {
 }
 
 TEST(RocksDbMetaStore, OtherFormatVersionIsRefused) {
-  ScopedTempDir tmp;
+  ScratchDir tmp;
   {
     RocksDbOptions opts;
     opts.test_create_format_version = "2";
@@ -563,7 +551,7 @@ TEST(RocksDbMetaStore, OtherFormatVersionIsRefused) {
 }
 
 TEST(RocksDbMetaStore, BadPathsAreRefused) {
-  ScopedTempDir tmp;
+  ScratchDir tmp;
   const std::string file = tmp.Sub("file");
   { std::ofstream(file) << "not a directory"; }
   absl::StatusOr<std::unique_ptr<MetaStore>> store = OpenRocksDbMetaStore(file);
@@ -582,7 +570,7 @@ TEST(RocksDbMetaStore, BadPathsAreRefused) {
 }
 
 TEST(RocksDbMetaStore, FailedWriteIsNotPersistedAndEarlierOnesAre) {
-  ScopedTempDir tmp;
+  ScratchDir tmp;
   std::atomic<bool> fail{false};
   {
     RocksDbOptions opts;
@@ -611,7 +599,7 @@ TEST(RocksDbMetaStore, FailedWriteIsNotPersistedAndEarlierOnesAre) {
 }
 
 TEST(RocksDbMetaStore, FinalStateOfConcurrentSubmittersSurvivesReopen) {
-  ScopedTempDir tmp;
+  ScratchDir tmp;
   std::map<std::string, std::string> before;
   {
     std::unique_ptr<MetaStore> store = OpenOrDie(tmp.path());
@@ -640,7 +628,7 @@ TEST(RocksDbMetaStore, FinalStateOfConcurrentSubmittersSurvivesReopen) {
 // same directory: every commit acknowledged before the kill is on disk, with
 // its value, and each thread's commits are a gap-free prefix (Submit order).
 TEST(RocksDbMetaStore, AcknowledgedCommitsSurviveKill9) {
-  ScopedTempDir tmp;
+  ScratchDir tmp;
   constexpr int kRounds = 3;
   constexpr int kAcksBeforeKill = 300;
   // acked[round][thread] = highest acknowledged i (-1: none).

@@ -18,24 +18,15 @@ import pytest
 
 import ckpt
 from conftest import BUILD_DIR, free_ports
-from launched import Launched
+from launched import Launched, example_runner, final_states, leftover_processes
 
 pytestmark = pytest.mark.skipif(os.environ.get("CKPT_TORCHRUN_TEST") != "1",
                                 reason="runs torchrun for ~1 min: ctest python_torchrun_test (CKPT_TORCHRUN_TEST=1)")
 
 EXAMPLE = pathlib.Path(__file__).resolve().parents[2] / "examples" / "train_torchrun.py"
 WORLD, STEPS, EVERY, KILL_AFTER = 4, 200, 5, 80
-# Runs the example unchanged, with the Checkpointer's log lines (logger "ckpt") on stdout.
-WRAPPER = f"""
-import logging, runpy, sys
-print("worker started", flush=True)
-handler = logging.StreamHandler(sys.stdout)
-handler.setFormatter(logging.Formatter("%(message)s"))
-logging.getLogger("ckpt").addHandler(handler)
-logging.getLogger("ckpt").setLevel(logging.INFO)
-sys.argv = [{str(EXAMPLE)!r}] + sys.argv[1:]
-runpy.run_path(sys.argv[0], run_name="__main__")
-"""
+# Runs the example unchanged, with the Checkpointer's log lines on stdout.
+WRAPPER = example_runner(EXAMPLE)
 RESUMED = re.compile(r"^\[default(\d)\]:ckpt: rank (\d)/4 of job (\S+) resumed from step (\d+) "
                      r"\((\w+) version, served from (\w+) through (\S+)\) in ([\d.]+) s")
 STEP = re.compile(r"^\[default(\d)\]:step (\d+) loss")
@@ -87,28 +78,6 @@ class Torchrun(Launched):
 
     def children(self):
         return self.workers()
-
-
-def leftover_processes(tmp):
-    """Processes with `tmp` on their command line (torchrun and its workers run scripts under it)."""
-    left = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            cmd = pathlib.Path(f"/proc/{pid}/cmdline").read_bytes()
-        except OSError:
-            continue
-        if int(pid) != os.getpid() and tmp.encode() in cmd:
-            left.append(f"{pid}: {cmd.replace(bytes(1), b' ').decode(errors='replace')[:120]}")
-    return left
-
-
-def final_states(cluster, job):
-    out = {}
-    for r in range(WORLD):
-        c = cluster.client(job, rank=r, world_size=WORLD)
-        out[r] = c.load(STEPS)
-        del c
-    return out
 
 
 def same(a, b, path=""):
@@ -217,7 +186,8 @@ def test_torchrun_worker_killed_resumes_from_protected(cluster2, tmp_path):
     assert all(info["level"] == "protected" for info in resumed.values())
     assert step == newest, f"restored step {step}, newest PROTECTED version of the first run {newest}"
     assert is_protected(after[STEPS])
-    expected, got = final_states(cluster2, f"torchrun-whole-{tag}"), final_states(cluster2, job)
+    expected = final_states(cluster2, f"torchrun-whole-{tag}", WORLD, STEPS)
+    got = final_states(cluster2, job, WORLD, STEPS)
     for r in range(WORLD):
         # numpy's and Python's generators are not seeded by the example (nor used): their
         # states differ from run to run whatever ckpt does.

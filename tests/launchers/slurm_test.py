@@ -28,23 +28,14 @@ BUILD_DIR = pathlib.Path(os.environ.get("CKPT_BUILD_DIR", SRC / "build"))
 sys.path.insert(0, str(BUILD_DIR / "python"))
 sys.path.insert(0, str(SRC / "tests" / "support"))
 sys.path.insert(0, str(SRC / "python" / "tests"))
-from launched import Launched  # noqa: E402  (tests/support)
+from launched import Launched, example_runner, final_states, leftover_processes  # noqa: E402  (tests/support)
 
 EXAMPLE = SRC / "examples" / "train_torchrun.py"
 TORCH_ENV = SRC / "examples" / "slurm" / "torch_env.sh"
 WORLD, STEPS, EVERY, KILL_AFTER = 4, 200, 5, 80
 SKIP = 77
-# Runs the example unchanged, with the Checkpointer's log lines (logger "ckpt") on stdout.
-RUN_EXAMPLE = f"""
-import logging, runpy, sys
-print("worker started", flush=True)
-handler = logging.StreamHandler(sys.stdout)
-handler.setFormatter(logging.Formatter("%(message)s"))
-logging.getLogger("ckpt").addHandler(handler)
-logging.getLogger("ckpt").setLevel(logging.INFO)
-sys.argv = [{str(EXAMPLE)!r}]
-runpy.run_path(sys.argv[0], run_name="__main__")
-"""
+# Runs the example unchanged, with the Checkpointer's log lines on stdout.
+RUN_EXAMPLE = example_runner(EXAMPLE)
 # srun --label: "<task>: <line>".
 RESUMED = re.compile(r"^\s*(\d+): ckpt: rank (\d)/4 of job (\S+) resumed from step (\d+) "
                      r"\((\w+) version, served from (\w+) through (\S+)\) in ([\d.]+) s")
@@ -360,7 +351,8 @@ def main(tmp):
         assert all(info["level"] == "protected" for info in resumed.values()), resumed
         assert step == newest, f"restored step {step}, newest PROTECTED version of the first step {newest}"
         assert tt.is_protected(after[STEPS]), after[STEPS]
-        expected, got = final_states(cluster, whole_job), final_states(cluster, job)
+        expected = final_states(cluster, whole_job, WORLD, STEPS)
+        got = final_states(cluster, job, WORLD, STEPS)
         for r in range(WORLD):
             for state in (expected[r], got[r]):
                 for unseeded in ("numpy", "python"):
@@ -381,28 +373,6 @@ def main(tmp):
             cluster.stop()
     left = leftover_processes(tmp)
     assert not left, f"processes of the test still running: {left}"
-
-
-def leftover_processes(tmp):
-    """Processes with `tmp` on their command line (the daemons' configuration, the tasks' script)."""
-    left = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            cmd = pathlib.Path(f"/proc/{pid}/cmdline").read_bytes()
-        except OSError:
-            continue
-        if int(pid) != os.getpid() and str(tmp).encode() in cmd:
-            left.append(f"{pid}: {cmd.replace(bytes(1), b' ').decode(errors='replace')[:120]}")
-    return left
-
-
-def final_states(cluster, job):
-    out = {}
-    for r in range(WORLD):
-        c = cluster.client(job, rank=r, world_size=WORLD)
-        out[r] = c.load(STEPS)
-        del c
-    return out
 
 
 if __name__ == "__main__":

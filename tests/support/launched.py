@@ -79,3 +79,42 @@ class Launched:
                 except ProcessLookupError:
                     pass
             self.proc.wait(timeout=30)
+
+
+def leftover_processes(tmp):
+    """Processes (but this one) with `tmp` on their command line: what a test started there and
+    did not stop."""
+    left = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            cmd = open(f"/proc/{pid}/cmdline", "rb").read()
+        except OSError:
+            continue
+        if int(pid) != os.getpid() and str(tmp).encode() in cmd:
+            left.append(f"{pid}: {cmd.replace(bytes(1), b' ').decode(errors='replace')[:120]}")
+    return left
+
+
+def final_states(cluster, job, world, step):
+    """{rank: the state each of `world` ranks saved at `step`}, loaded through the cluster."""
+    out = {}
+    for r in range(world):
+        c = cluster.client(job, rank=r, world_size=world)
+        out[r] = c.load(step)
+        del c
+    return out
+
+
+def example_runner(example):
+    """A Python script that runs `example` (a path) unchanged, with its arguments, after printing
+    "worker started" and sending the Checkpointer's log lines (logger "ckpt") to stdout."""
+    return f"""
+import logging, runpy, sys
+print("worker started", flush=True)
+handler = logging.StreamHandler(sys.stdout)
+handler.setFormatter(logging.Formatter("%(message)s"))
+logging.getLogger("ckpt").addHandler(handler)
+logging.getLogger("ckpt").setLevel(logging.INFO)
+sys.argv = [{str(example)!r}] + sys.argv[1:]
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""

@@ -42,9 +42,9 @@ class ClusterTest : public ::testing::Test {
     absl::StatusOr<TempDir> dir = TempDir::Create();
     ASSERT_TRUE(dir.ok()) << dir.status();
     dir_ = std::make_unique<TempDir>(*std::move(dir));
-    // A short lease: a killed agent is declared dead within ~2 s.
+    // A short lease (meta_lease_ms_): a killed agent is declared dead within ~2 s.
     absl::StatusOr<std::unique_ptr<MetaProcess>> meta =
-        MetaProcess::Start(*dir_->Sub("meta"), dir_->path(), /*lease_ms=*/2000);
+        MetaProcess::Start(*dir_->Sub("meta"), dir_->path(), meta_lease_ms_);
     ASSERT_TRUE(meta.ok()) << meta.status();
     meta_ = *std::move(meta);
     for (int i = 0; i < agents; ++i) {
@@ -183,6 +183,7 @@ class ClusterTest : public ::testing::Test {
   std::vector<std::unique_ptr<AgentProcess>> agents_;
   std::vector<bool> alive_;
   std::vector<std::string> extra_agent_args_;  // given to every agent StartCluster starts
+  int64_t meta_lease_ms_ = 2000;               // meta's --lease-ms for StartCluster
   std::vector<Client> clients_;
   Protection protection_;
 };

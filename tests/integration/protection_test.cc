@@ -4,11 +4,13 @@
 // protection is in flight. Every rank's restored bytes are compared with
 // what it saved.
 #include <fcntl.h>
+#include <signal.h>
 #include <unistd.h>
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <iterator>
@@ -132,6 +134,32 @@ TEST_F(ProtectionTest, AVerifiedLoadOfACorruptLocalCopyIsServedFromTheReplica) {
   ASSERT_EQ(from.size(), 2u);
   EXPECT_EQ(from[0], ServedFrom::kReplica) << Logs();
   EXPECT_EQ(from[1], ServedFrom::kLocal);
+}
+
+// A holder stopped (SIGSTOP) while meta still counts it alive is the first
+// source of a restore: the restoring agent reads the next replica beside it
+// after about a second (the hedge: min(1 s, peer timeout / 4)) instead of
+// waiting out the peer timeout (60 s here), and the load returns the right
+// bytes while the holder is still stopped.
+TEST_F(ProtectionTest, ARestoreDoesNotWaitForAStoppedHolder) {
+  meta_lease_ms_ = 120'000;  // meta does not notice the stop during the test
+  extra_agent_args_ = {"--peer-timeout-ms", "60000"};
+  StartCluster(3);
+  constexpr size_t kBytes = 8 << 20;
+  SaveAll("stall", 1, 3, Protection::Replicate(2, Protection::Placement::kRing), kBytes);
+  // Rank 0: primary on n0 (listed first), replica on n1; n2 holds neither.
+  ASSERT_EQ(::kill(agents_[0]->proc()->pid(), SIGSTOP), 0);
+  const absl::Time t0 = absl::Now();
+  // (Ranks 1 and 2 load from their own nodes.)
+  std::vector<ServedFrom> from = LoadAll("stall", 1, 3, kBytes, [](uint32_t r) { return r == 0 ? 2 : r; });
+  const absl::Duration took = absl::Now() - t0;
+  ASSERT_EQ(::kill(agents_[0]->proc()->pid(), SIGCONT), 0);
+  std::printf("restore of 3 ranks (8 MiB each, rank 0's first holder stopped): %.0f ms\n",
+              absl::ToDoubleMilliseconds(took));
+  ASSERT_EQ(from.size(), 3u);
+  EXPECT_EQ(from[0], ServedFrom::kReplica);
+  EXPECT_LT(took, absl::Seconds(30)) << "the restore waited for the stopped holder\n" << Logs();
+  EXPECT_THAT(agents_[2]->proc()->LogTail(), ::testing::HasSubstr("reading the next source beside it")) << Logs();
 }
 
 TEST_F(ProtectionTest, GroupReplicasSurviveAKillThenReprotectAndSurviveAnother) {

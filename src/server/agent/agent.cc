@@ -119,6 +119,9 @@ absl::Status Agent::Init() {
       TaskRunner::Options{options_.flush_retry_initial_ms, options_.flush_retry_max_ms, options_.flush_max_tries},
       std::move(hooks));
   stripes_ = std::make_unique<Executor>("ckpt-agent-strp", std::max(options_.stripe_threads, 1), 64);
+  // Sources of restores read side by side (restorer.h "Hedging"); full, an
+  // open reads its sources one after another.
+  restore_races_ = std::make_unique<Executor>("ckpt-agent-race", 8, 64);
 
   plane_ = std::make_unique<DataPlane>(options_.transport, clock_, options_.peer_timeout_ms);
   const absl::Duration peer_timeout = absl::Milliseconds(options_.peer_timeout_ms);
@@ -157,7 +160,8 @@ absl::Status Agent::Init() {
       .reconstructor = reconstructor_.get(), .stripes = stripes_.get(), .arena = arena_.get(),
       .session = session_.get(), .meta = meta_, .node_id = options_.node_id, .durable_fs = durable_fs_,
       .durable_root = options_.durable_root, .clock = clock_, .metrics = &metrics_,
-      .default_handle_ttl_ms = options_.default_handle_ttl_ms, .budget_message = budget});
+      .default_handle_ttl_ms = options_.default_handle_ttl_ms, .budget_message = budget,
+      .races = restore_races_.get(), .hedge_after = ro.hedge_after});
   verifier_ = std::make_unique<Verifier>(Verifier::Deps{
       .holdings = holdings_.get(), .parity = parity_.get(), .session = session_.get(), .meta = meta_,
       .clock = clock_, .on_verified = [this] { runner_->Poke(); }, .on_freed = [this] { UpdateGauges(); }});
@@ -234,6 +238,7 @@ void Agent::Stop() {
   if (plane_) plane_->Stop();
   if (peer_server_) peer_server_->Stop();
   if (stripes_) stripes_->Stop();
+  if (restore_races_) restore_races_->Stop();
   if (sessions_) sessions_->Stop();
   for (std::thread& t : threads_) t.join();
   threads_.clear();

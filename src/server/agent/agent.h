@@ -124,7 +124,8 @@ struct AgentOptions {
   // encode task is being retried keeps what it folded.
   int64_t parity_expire_ms = 0;
   // How long a stripe read waits on a silent holder before also reading
-  // other survivors (0: min(1 s, peer timeout / 4)).
+  // other survivors, and a restore on a silent replica holder before also
+  // reading the next source (0: min(1 s, peer timeout / 4)).
   int64_t hedge_ms = 0;
   // The client session socket (session_server.h): "" for none. Clients of
   // a session hold leases and handles for as long as their connection lives,
@@ -347,6 +348,7 @@ class Agent : private MetaSession::Delegate {
   std::unique_ptr<Flusher> flusher_;
   std::unique_ptr<TaskRunner> runner_;
   std::unique_ptr<Executor> stripes_;
+  std::unique_ptr<Executor> restore_races_;
   std::unique_ptr<DataPlane> plane_;
   std::unique_ptr<ParityBuilder> parity_;
   std::unique_ptr<PeerClient> peer_client_;

@@ -25,6 +25,8 @@ AgentMetrics::AgentMetrics(MetricsRegistry& m)
                                   "Peer requests that got no answer within --peer-timeout-ms")),
       hedged_reads(&m.AddCounter("ckpt_agent_hedged_reads_total",
                                  "Extra segment reads started because a holder was slow")),
+      hedged_restores(&m.AddCounter("ckpt_agent_hedged_restores_total",
+                                    "Restore sources read beside a peer's copy that had sent nothing for a while")),
       peer_refused(&m.AddCounter("ckpt_agent_peer_refused_total",
                                  "Pushes and reads refused: the sender is not one of meta's members")),
       protection_paused(&m.AddGauge("ckpt_agent_protection_paused",

@@ -29,6 +29,7 @@ struct AgentMetrics {
   Counter* peer_errors;
   Counter* peer_timeouts;
   Counter* hedged_reads;
+  Counter* hedged_restores;
   Counter* peer_refused;
   Gauge* protection_paused;            // 1 while a trainer's pause is in force
   Counter* protection_paused_seconds;  // time protection was held back

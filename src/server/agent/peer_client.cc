@@ -271,6 +271,21 @@ void PeerClient::Abandon(uint64_t id) {
   reads_.erase(id);  // landings in flight keep the memory alive
 }
 
+void PeerClient::Cancel(uint64_t id, const absl::Status& why) {
+  CheckedLock lock(&mu_);
+  auto it = reads_.find(id);
+  if (it == reads_.end() || it->second.ended) return;
+  it->second.ended = true;
+  it->second.status = why.ok() ? absl::CancelledError("read cancelled") : why;
+}
+
+std::optional<absl::Time> PeerClient::LastChunk(uint64_t id) const {
+  CheckedLock lock(&mu_);
+  auto it = reads_.find(id);
+  if (it == reads_.end() || EndedLocked(id)) return std::nullopt;
+  return it->second.last_chunk;
+}
+
 absl::StatusOr<uint32_t> PeerClient::Read(const PeerEndpoint& ep, ReadReq req, MutablePieces dest,
                                           std::shared_ptr<void> keep_alive) {
   CKPT_ASSIGN_OR_RETURN(uint64_t id, StartRead(ep, std::move(req), std::move(dest), std::move(keep_alive)));
@@ -381,6 +396,7 @@ void PeerClient::OnReadChunk(const Inbound& msg, const absl::Status& status) {
   r.chunks[c->offset] = {crc, msg.payload_bytes};
   r.received += msg.payload_bytes;
   r.last_progress = clock_->MonotonicNow();
+  r.last_chunk = r.last_progress;
   metrics_->peer_received_bytes->Increment(static_cast<double>(msg.payload_bytes));
 }
 

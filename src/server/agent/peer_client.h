@@ -14,7 +14,8 @@
 // reference until every such payload has landed, so the caller may drop its
 // own reference at once, but must not reuse `dest` for anything else.
 //
-// Threads: Push, StartRead, FinishRead, AwaitAny and Abandon block or may be
+// Threads: Push, StartRead, FinishRead, AwaitAny, Abandon, Cancel and
+// LastChunk block or may be
 // called from any thread except a transport callback; the PeerFlows methods
 // run on the transport's thread and never block.
 #pragma once
@@ -23,6 +24,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -75,6 +77,13 @@ class PeerClient : public PeerFlows {
   uint64_t AwaitAny(const std::vector<uint64_t>& ids, absl::Time until);
   // Forgets a read whose result is no longer wanted.
   void Abandon(uint64_t id);
+  // Ends a read at once with `why` (its FinishRead returns it); payloads in
+  // flight still land, as after any early end. No-op for an ended or
+  // unknown read.
+  void Cancel(uint64_t id, const absl::Status& why);
+  // When a chunk of a read last landed (absl::InfinitePast() before the
+  // first); nullopt for an ended or unknown read.
+  std::optional<absl::Time> LastChunk(uint64_t id) const;
   // StartRead + FinishRead.
   absl::StatusOr<uint32_t> Read(const PeerEndpoint& ep, ReadReq req, transport::MutablePieces dest,
                                 std::shared_ptr<void> keep_alive);
@@ -109,6 +118,7 @@ class PeerClient : public PeerFlows {
     absl::Status status;
     uint32_t end_crc = 0;
     absl::Time last_progress;
+    absl::Time last_chunk = absl::InfinitePast();
   };
   // Ends reads among `ids` that made no progress for the peer timeout;
   // returns the earliest time another may stall.

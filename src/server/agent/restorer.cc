@@ -1,6 +1,8 @@
 #include "server/agent/restorer.h"
 
 #include <algorithm>
+#include <deque>
+#include <optional>
 #include <span>
 
 #include "absl/strings/match.h"
@@ -8,6 +10,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "common/crc32c.h"
+#include "common/lock_check.h"
 #include "common/log.h"
 #include "common/names.h"
 #include "common/status_macros.h"
@@ -160,6 +163,66 @@ absl::StatusOr<LocatedShard> Restorer::AskMeta(const ShardId& id, const std::vec
                                                   ": the sources named (", kinds, ") are refused, none was read"));
 }
 
+// One source of an open (Race::mu guards what changes).
+struct Restorer::Attempt {
+  size_t slot = 0;     // in Race::attempts
+  size_t index = 0;    // in OpenRequest::sources
+  ShardSource source;  // meta's version of it
+  absl::Time started;
+  uint64_t read_id = 0;    // the peer read under way (a replica), 0 if none
+  bool cancelled = false;  // another source served
+  bool done = false;
+  absl::Status status;               // why it failed
+  std::optional<OpenResult> result;  // the winner's
+};
+
+// The sources of one open, read one after another or side by side. Shared by
+// the caller and the attempts' threads: an attempt may outlive the open.
+struct Restorer::Race {
+  Race(ShardRecord e, ClientRef c, int64_t t) : expected(std::move(e)), client(std::move(c)), ttl_ms(t) {}
+  const ShardRecord expected;
+  const ClientRef client;
+  const int64_t ttl_ms;
+  absl::Mutex mu;
+  std::deque<Attempt> attempts ABSL_GUARDED_BY(mu);  // (a deque: addresses stay)
+  std::optional<size_t> winner ABSL_GUARDED_BY(mu);   // slot
+  uint64_t ended ABSL_GUARDED_BY(mu) = 0;
+};
+
+void Restorer::RunAttempt(const std::shared_ptr<Race>& race, Attempt* a) {
+  absl::StatusOr<OpenResult> r = ReadSource(a->source, race->expected, race->client, race->ttl_ms, race, a);
+  std::string surplus;
+  {
+    CheckedLock lock(&race->mu);
+    a->done = true;
+    race->ended++;
+    if (r.ok() && !race->winner) {
+      race->winner = a->slot;
+      a->result = *std::move(r);
+    } else if (r.ok()) {
+      surplus = r->handle_id;  // a faster source served: this handle is not wanted
+    } else {
+      a->status = r.status();
+    }
+  }
+  if (!surplus.empty()) d_.leases->CloseHandle(surplus);
+}
+
+absl::StatusOr<OpenResult> Restorer::ReadSource(const ShardSource& src, const ShardRecord& expected,
+                                                const ClientRef& client, int64_t ttl_ms,
+                                                const std::shared_ptr<Race>& race, Attempt* attempt) {
+  switch (src.kind) {
+    case ShardSource::Kind::kReplica:
+      return FromPeerFor(expected, src.holder, client, ttl_ms, race, attempt);
+    case ShardSource::Kind::kEcDecode:
+      return ByDecode(expected, src.ec, client, ttl_ms);
+    case ShardSource::Kind::kDurable:
+      return FromDurable(expected, src.durable_path, client, ttl_ms);
+    default:
+      return absl::InvalidArgumentError("unknown source kind");
+  }
+}
+
 absl::StatusOr<OpenOutcome> Restorer::Open(const OpenRequest& req) {
   OpenOutcome out;
   absl::StatusOr<OpenResult> r = OpenLocal(req.id, req.skip_verify, req.client, req.ttl_ms, req.verify_at_most_bytes);
@@ -171,47 +234,119 @@ absl::StatusOr<OpenOutcome> Restorer::Open(const OpenRequest& req) {
     // shard (restorer.h). One Locate per open; none when the local copy
     // served.
     CKPT_ASSIGN_OR_RETURN(LocatedShard located, AskMeta(req.id, req.sources));
-    const ShardRecord& expected = located.shard;
-    bool all_refused = true;
-    for (size_t i = 0; i < req.sources.size(); ++i) {
-      const ShardSource& named = req.sources[i];
-      if (named.kind == ShardSource::Kind::kLocal) continue;
-      const ShardSource* src = Vouched(named, located.sources);
-      if (src == nullptr) {
-        log::Warn("restore of {}: a {} source ({}) is not one meta lists for the shard: refused, not read",
-                  ShardIdString(req.id), SourceKindName(named.kind), SourceWhere(named));
-        r = absl::PermissionDeniedError(absl::StrCat("meta does not list this ", SourceKindName(named.kind),
-                                                     " source for ", ShardIdString(req.id), ": refused, not read"));
-        out.failed.push_back(SourceAttempt{i, r.status()});
+    auto race = std::make_shared<Race>(located.shard, req.client, req.ttl_ms);
+    size_t next = 0;
+    bool any_vouched = false;
+    // Starts the next named source meta vouches for (refusing the others);
+    // false when none is left.
+    auto launch = [&]() -> bool {
+      for (; next < req.sources.size(); ++next) {
+        const ShardSource& named = req.sources[next];
+        if (named.kind == ShardSource::Kind::kLocal) continue;
+        const ShardSource* src = Vouched(named, located.sources);
+        if (src == nullptr) {
+          log::Warn("restore of {}: a {} source ({}) is not one meta lists for the shard: refused, not read",
+                    ShardIdString(req.id), SourceKindName(named.kind), SourceWhere(named));
+          out.failed.push_back(SourceAttempt{
+              next, absl::PermissionDeniedError(absl::StrCat("meta does not list this ", SourceKindName(named.kind),
+                                                             " source for ", ShardIdString(req.id),
+                                                             ": refused, not read"))});
+          continue;
+        }
+        any_vouched = true;
+        Attempt* a = nullptr;
+        {
+          CheckedLock lock(&race->mu);
+          a = &race->attempts.emplace_back();
+          a->slot = race->attempts.size() - 1;
+          a->index = next;
+          a->source = *src;
+          a->started = d_.clock->MonotonicNow();
+        }
+        ++next;
+        auto run = [this, race, a] { RunAttempt(race, a); };
+        if (d_.races == nullptr || !d_.races->TrySubmit(run)) run();
+        return true;
+      }
+      return false;
+    };
+    bool more = launch();
+    while (true) {
+      uint64_t seen = 0;
+      size_t running = 0;
+      const Attempt* newest = nullptr;
+      uint64_t newest_read = 0;
+      absl::Time newest_started;
+      {
+        CheckedLock lock(&race->mu);
+        if (race->winner) break;
+        seen = race->ended;
+        for (const Attempt& a : race->attempts) running += a.done ? 0 : 1;
+        for (const Attempt& a : race->attempts) {
+          if (a.done) continue;
+          newest = &a;  // the last one still reading
+          newest_read = a.read_id;
+          newest_started = a.started;
+        }
+      }
+      if (running == 0) {
+        if (!more || !(more = launch())) break;
         continue;
       }
-      all_refused = false;
-      switch (src->kind) {
-        case ShardSource::Kind::kReplica:
-          r = FromPeer(expected, src->holder, req.client, req.ttl_ms);
-          break;
-        case ShardSource::Kind::kEcDecode:
-          r = ByDecode(expected, src->ec, req.client, req.ttl_ms);
-          break;
-        case ShardSource::Kind::kDurable:
-          r = FromDurable(expected, src->durable_path, req.client, req.ttl_ms);
-          break;
-        default:
-          r = absl::InvalidArgumentError("unknown source kind");
+      // A replica that has sent nothing for hedge_after (since the attempt
+      // began: connecting counts; or since its last chunk) is raced by the
+      // next source.
+      absl::Time hedge_at = absl::InfiniteFuture();
+      if (more && newest != nullptr && newest->source.kind == ShardSource::Kind::kReplica && d_.peers != nullptr) {
+        absl::Time progress = newest_started;
+        if (newest_read != 0) progress = std::max(progress, d_.peers->LastChunk(newest_read).value_or(progress));
+        hedge_at = progress + d_.hedge_after;
+        if (d_.clock->MonotonicNow() >= hedge_at) {
+          log::Info("restore of {}: {} sent nothing for {}; reading the next source beside it",
+                    ShardIdString(req.id), SourceWhere(newest->source), absl::FormatDuration(d_.hedge_after));
+          d_.metrics->hedged_restores->Increment();
+          more = launch();
+          continue;
+        }
       }
-      if (r.ok()) {
-        out.served_by = i;
-        break;
-      }
-      r = SourceError(req.id, *src, r.status());
-      out.failed.push_back(SourceAttempt{i, r.status()});
+      CheckedLock lock(&race->mu);
+      auto changed = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(race->mu) { return race->ended != seen; };
+      d_.clock->AwaitWithTimeout(&race->mu, absl::Condition(&changed), hedge_at - d_.clock->MonotonicNow());
     }
-    if (!r.ok()) {
+    // The winner serves; the others still reading are cancelled; those that
+    // failed are listed.
+    std::vector<uint64_t> cancel;
+    std::vector<std::pair<size_t, absl::Status>> failed;  // (index, raw status)
+    std::vector<const ShardSource*> failed_src;
+    {
+      CheckedLock lock(&race->mu);
+      for (Attempt& a : race->attempts) {
+        if (race->winner && a.slot == *race->winner) {
+          r = *std::move(a.result);
+          out.served_by = a.index;
+        } else if (!a.done) {
+          a.cancelled = true;
+          if (a.read_id != 0) cancel.push_back(a.read_id);
+        } else {
+          failed.emplace_back(a.index, a.status);
+          failed_src.push_back(&a.source);
+        }
+      }
+    }
+    for (uint64_t id : cancel) d_.peers->Cancel(id, absl::CancelledError("another source served the restore first"));
+    for (size_t i = 0; i < failed.size(); ++i) {
+      // (Attempts that are done no longer change: their sources are read
+      // without the lock.)
+      out.failed.push_back(SourceAttempt{failed[i].first, SourceError(req.id, *failed_src[i], failed[i].second)});
+    }
+    std::sort(out.failed.begin(), out.failed.end(),
+              [](const SourceAttempt& x, const SourceAttempt& y) { return x.index < y.index; });
+    if (!out.served_by) {
       std::string why(local.message());
       for (const SourceAttempt& a : out.failed) {
         absl::StrAppend(&why, "; source ", SourceKindName(req.sources[a.index].kind), ": ", a.status.message());
       }
-      return absl::Status(all_refused ? absl::StatusCode::kPermissionDenied : absl::StatusCode::kDataLoss, why);
+      return absl::Status(any_vouched ? absl::StatusCode::kDataLoss : absl::StatusCode::kPermissionDenied, why);
     }
   }
   CKPT_RETURN_IF_ERROR(r.status());
@@ -265,6 +400,12 @@ absl::StatusOr<OpenResult> Restorer::Adopt(const ShardRecord& expected, Reservat
 
 absl::StatusOr<OpenResult> Restorer::FromPeer(const ShardRecord& expected, const PeerEndpoint& holder,
                                               const ClientRef& client, int64_t ttl_ms) {
+  return FromPeerFor(expected, holder, client, ttl_ms, nullptr, nullptr);
+}
+
+absl::StatusOr<OpenResult> Restorer::FromPeerFor(const ShardRecord& expected, const PeerEndpoint& holder,
+                                                 const ClientRef& client, int64_t ttl_ms,
+                                                 const std::shared_ptr<Race>& race, Attempt* attempt) {
   if (absl::StatusOr<OpenResult> held = OpenLocal(expected.id, false, client, ttl_ms); Decides(held)) return held;
   if (d_.peers == nullptr) return absl::UnavailableError("this agent has no data plane");
   CKPT_ASSIGN_OR_RETURN(ReservationPtr bytes, ReserveFor(expected));
@@ -276,7 +417,22 @@ absl::StatusOr<OpenResult> Restorer::FromPeer(const ShardRecord& expected, const
   req.length = expected.size_bytes;
   // The read keeps `bytes` alive while payloads may still land in them, so a
   // failure below only drops our reference.
-  absl::StatusOr<uint32_t> crc = d_.peers->Read(holder, req, bytes->MutablePieces(0, expected.size_bytes), bytes);
+  absl::StatusOr<uint32_t> crc = absl::UnknownError("not read");
+  absl::StatusOr<uint64_t> id = d_.peers->StartRead(holder, req, bytes->MutablePieces(0, expected.size_bytes), bytes);
+  if (!id.ok()) {
+    crc = id.status();
+  } else {
+    bool cancelled = false;
+    if (attempt != nullptr) {
+      // The racing caller sees the read's progress (and cancels it when
+      // another source served first).
+      CheckedLock lock(&race->mu);
+      attempt->read_id = *id;
+      cancelled = attempt->cancelled;
+    }
+    if (cancelled) d_.peers->Cancel(*id, absl::CancelledError("another source served the restore first"));
+    crc = d_.peers->FinishRead(*id);
+  }
   if (crc.ok() && *crc != expected.crc32c) {
     log::Warn("restore of {}: the copy read from node \"{}\" has crc32c {:#010x}, the shard {:#010x}",
               ShardIdString(expected.id), holder.node_id, *crc, expected.crc32c);

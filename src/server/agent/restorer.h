@@ -21,6 +21,17 @@
 // like a local one. A failed source costs only its Reservation (freed once
 // no transfer can still write into it) and is listed with its error.
 //
+// Hedging. With an executor for the attempts (Deps::races), a peer's replica
+// that has sent nothing for `hedge_after` (before its first byte, or in the
+// middle of the read: a stopped or overloaded holder) does not hold the
+// restore up to the peer timeout: the next source is read beside it, and the
+// first to deliver a verified shard serves the open. The others are
+// cancelled (a peer read at once; a decode or durable read runs to its end
+// and its bytes are dropped, as its handle if it opened one). Decodes hedge
+// their own stripe reads (reconstructor.h); a decode or durable read is not
+// raced. Without an executor (or when it is full) sources are read one
+// after another.
+//
 // Thread safety: every method may be called from any thread (gRPC handlers);
 // they block on peers and files.
 #pragma once
@@ -34,6 +45,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "common/clock.h"
 #include "common/file_system.h"
 #include "server/agent/agent_metrics.h"
@@ -113,6 +125,11 @@ class Restorer {
     AgentMetrics* metrics;
     int64_t default_handle_ttl_ms = 600000;
     std::function<std::string(uint64_t bytes)> budget_message;
+    // Where the sources of one open are read concurrently (see Hedging);
+    // null: one after another. Not owned; stopped by the owner before the
+    // Restorer is destroyed (after the PeerClient, which ends its reads).
+    Executor* races = nullptr;
+    absl::Duration hedge_after = absl::Seconds(1);
   };
   explicit Restorer(Deps deps);
 
@@ -143,6 +160,16 @@ class Restorer {
                                          const ClientRef& client, int64_t ttl_ms);
 
  private:
+  struct Attempt;
+  struct Race;
+  // Reads source `src` (one meta vouched for) for `race` on this thread and
+  // records the outcome (restorer.cc).
+  void RunAttempt(const std::shared_ptr<Race>& race, Attempt* attempt);
+  absl::StatusOr<OpenResult> ReadSource(const ShardSource& src, const ShardRecord& expected, const ClientRef& client,
+                                        int64_t ttl_ms, const std::shared_ptr<Race>& race, Attempt* attempt);
+  absl::StatusOr<OpenResult> FromPeerFor(const ShardRecord& expected, const PeerEndpoint& holder,
+                                         const ClientRef& client, int64_t ttl_ms, const std::shared_ptr<Race>& race,
+                                         Attempt* attempt);
   // Meta's Locate for `id`, with the caller-facing error when it fails
   // (meta's own message goes to the log).
   absl::StatusOr<LocatedShard> AskMeta(const ShardId& id, const std::vector<ShardSource>& named);

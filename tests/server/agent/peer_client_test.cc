@@ -34,38 +34,6 @@ using ::testing::HasSubstr;
 constexpr uint64_t kChunk = 1000;
 constexpr int64_t kPeerTimeoutMs = 20000;
 
-// What a hand-played holder does with a read request.
-struct HolderScript {
-  std::string content = "";
-  // Chunks sent (from the first); SIZE_MAX: all.
-  size_t chunks = SIZE_MAX;
-  bool send_end = true;
-  // Applied to each chunk's payload after its crc was computed (corruption on the way).
-  std::function<void(uint64_t offset, std::string&)> spoil_chunk = nullptr;
-  // Applied to the end before it is sent.
-  std::function<void(Result&)> spoil_end = nullptr;
-};
-
-RawPeer::Responder Holder(HolderScript script) {
-  return [script = std::move(script)](RawPeer& self, const RawPeer::Message& m) {
-    if (m.type != kReadReq) return;
-    absl::StatusOr<ReadReq> req = DecodeReadReq(m.header);
-    ASSERT_TRUE(req.ok()) << req.status();
-    const std::string bytes = script.content.substr(req->offset, req->length);
-    size_t sent = 0;
-    for (uint64_t off = 0; off < bytes.size() && sent < script.chunks; off += kChunk, ++sent) {
-      std::string piece = bytes.substr(off, kChunk);
-      const uint32_t crc = Crc32c(piece);
-      if (script.spoil_chunk) script.spoil_chunk(off, piece);
-      self.Send(m.from, kReadChunk, EncodeChunk(Chunk{req->id, off, crc}), piece);
-    }
-    if (!script.send_end) return;
-    Result end{req->id, absl::OkStatus(), Crc32c(bytes), bytes.size()};
-    if (script.spoil_end) script.spoil_end(end);
-    self.Send(m.from, kReadEnd, EncodeResult(end));
-  };
-}
-
 // What a hand-played push target does.
 struct TargetScript {
   absl::Status ack = absl::OkStatus();   // the answer to the begin

@@ -10,11 +10,15 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <optional>
+#include <thread>
+
 #include "absl/strings/str_format.h"
 #include "common/mem_file_system.h"
 #include "common/names.h"
 #include "ec/codec.h"
 #include "peer_node.h"
+#include "raw_peer.h"
 
 namespace ckpt::agent {
 namespace {
@@ -64,6 +68,7 @@ class RestorerTest : public ::testing::Test {
         leases_(&reader_.tier().clock(), &reader_.tier().metrics(), [](const ClientRef&) { return ClientState::kConnected; }),
         reconstructor_(&reader_.client(), &reader_.tier().clock(), &reader_.tier().metrics(), Reconstructor::Options{}),
         stripes_("test-stripes", 2, 16),
+        races_("test-races", 4, 16),
         content_(SeededBytes(3 * kArenaPageBytes + 100, 7)),
         record_(RecordOf(kId, content_, 3)) {
     restorer_ = std::make_unique<Restorer>(Restorer::Deps{
@@ -77,7 +82,20 @@ class RestorerTest : public ::testing::Test {
   }
   ~RestorerTest() override {
     stripes_.Stop();
-    reader_.Stop();
+    reader_.Stop();  // ends every read an attempt may still wait on
+    races_.Stop();
+  }
+  // A Restorer that reads a silent replica's next source beside it after
+  // one second (of the reader's FakeClock).
+  std::unique_ptr<Restorer> Hedging() {
+    return std::make_unique<Restorer>(Restorer::Deps{
+        .holdings = &reader_.holdings(), .leases = &leases_, .peers = &reader_.client(),
+        .reconstructor = &reconstructor_, .stripes = &stripes_, .arena = &reader_.tier().arena(),
+        .session = &reader_.session(), .meta = &meta_, .node_id = "reader", .durable_fs = &durable_fs_,
+        .durable_root = "/durable", .clock = &reader_.tier().clock(), .metrics = &reader_.tier().metrics(),
+        .default_handle_ttl_ms = 60000,
+        .budget_message = [](uint64_t b) { return absl::StrCat("no room for ", b, " bytes here"); },
+        .races = &races_, .hedge_after = absl::Seconds(1)});
   }
 
   void WriteDurable(const std::string& rel, const std::string& bytes) {
@@ -112,6 +130,7 @@ class RestorerTest : public ::testing::Test {
   LeaseTable leases_;
   Reconstructor reconstructor_;
   Executor stripes_;
+  Executor races_;
   std::string content_;
   ShardRecord record_;
   std::unique_ptr<Restorer> restorer_;
@@ -317,6 +336,76 @@ TEST_F(RestorerTest, APeersBadCopyIsDataLossAndADeadPeerUnavailable) {
   EXPECT_EQ(r.status().code(), absl::StatusCode::kUnavailable) << r.status();
   EXPECT_FALSE(reader_.holdings().Holds(kId));
   EXPECT_EQ(reader_.tier().arena().free_bytes(), reader_.tier().arena().capacity_bytes());
+}
+
+// A holder that goes silent (SIGSTOP, overload) before its first byte or in
+// the middle of the read (three chunks sent, then nothing) holds a restore
+// up for the hedge delay, not the peer timeout (20 s here): the next
+// replica is read beside it and serves; the silent read is cancelled.
+class RestorerHedgeTest : public RestorerTest, public ::testing::WithParamInterface<bool> {};
+
+TEST_P(RestorerHedgeTest, ASilentReplicaHolderIsRacedByTheNextSource) {
+  const bool mid_read = GetParam();
+  RawPeer slow;  // a hand-played holder
+  if (mid_read) slow.set_responder(Holder({.content = content_, .chunks = 3, .send_end = false}));
+  PeerNode good("good", {});
+  ASSERT_TRUE(good.tier().AddShard(kId, content_, true, CopyRole::kReplica).ok());
+  meta_.located.sources = {Replica(PeerEndpoint{"slow", 1, slow.address(), false}), Replica(good.endpoint())};
+  std::unique_ptr<Restorer> hedging = Hedging();
+  absl::StatusOr<OpenOutcome> o;
+  std::thread t([&] { o = hedging->Open(Request(meta_.located.sources)); });
+  // Once the holder has the request (and, mid-read, its chunks landed), the
+  // open and the silent read both wait on the clock; one second later the
+  // next replica is read.
+  ASSERT_EQ(slow.AwaitType(kReadReq, 1).size(), 1u);
+  while (reader_.tier().metrics().peer_received_bytes->Value() < (mid_read ? 3000.0 : 0.0)) {
+    std::this_thread::yield();
+  }
+  reader_.tier().clock().BlockUntilWaiters(2);
+  EXPECT_EQ(reader_.tier().metrics().hedged_restores->Value(), 0.0);
+  reader_.tier().clock().Advance(absl::Seconds(1));
+  t.join();
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_EQ(o->served_by, std::optional<size_t>(1));
+  EXPECT_TRUE(o->failed.empty());  // the silent one was cancelled, not failed
+  EXPECT_EQ(HandleBytes(o->result), content_);
+  EXPECT_EQ(reader_.tier().metrics().hedged_restores->Value(), 1.0);
+  EXPECT_EQ(RestoredReports().size(), 1u);
+  races_.Stop();  // the silent attempt has ended (cancelled): it returns at once
+  EXPECT_EQ(leases_.handle_count(), 1u);
+  leases_.CloseHandle(o->result.handle_id);
+}
+
+INSTANTIATE_TEST_SUITE_P(BeforeAndDuringTheRead, RestorerHedgeTest, ::testing::Bool());
+
+TEST_F(RestorerTest, WithoutASilentHolderNothingIsHedged) {
+  PeerNode first("first", {}), second("second", {});
+  ASSERT_TRUE(first.tier().AddShard(kId, content_, true, CopyRole::kReplica).ok());
+  ASSERT_TRUE(second.tier().AddShard(kId, content_, true, CopyRole::kReplica).ok());
+  meta_.located.sources = {Replica(first.endpoint()), Replica(second.endpoint())};
+  absl::StatusOr<OpenOutcome> o = Hedging()->Open(Request(meta_.located.sources));
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_EQ(o->served_by, std::optional<size_t>(0));
+  EXPECT_EQ(HandleBytes(o->result), content_);
+  EXPECT_EQ(reader_.tier().metrics().hedged_restores->Value(), 0.0);
+  EXPECT_EQ(second.tier().metrics().peer_sent_bytes->Value(), 0.0);
+}
+
+TEST_F(RestorerTest, AHedgedOpenListsTheSourcesThatFailedInOrder) {
+  PeerNode dead("dead", {}), good("good", {});
+  ASSERT_TRUE(good.tier().AddShard(kId, content_, true, CopyRole::kReplica).ok());
+  dead.Stop();
+  WriteDurable("job/5/0.shard", "not the shard");
+  meta_.located.sources = {Replica(dead.endpoint()), Durable("job/5/0.shard"), Replica(good.endpoint())};
+  absl::StatusOr<OpenOutcome> o = Hedging()->Open(Request(meta_.located.sources));
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_EQ(o->served_by, std::optional<size_t>(2));
+  ASSERT_EQ(o->failed.size(), 2u);
+  EXPECT_EQ(o->failed[0].index, 0u);
+  EXPECT_EQ(o->failed[0].status.code(), absl::StatusCode::kUnavailable) << o->failed[0].status;
+  EXPECT_EQ(o->failed[1].index, 1u);
+  EXPECT_EQ(o->failed[1].status.code(), absl::StatusCode::kDataLoss) << o->failed[1].status;
+  EXPECT_EQ(HandleBytes(o->result), content_);
 }
 
 // RS(2, 1). The owner's blob (just this shard) is cut in two segments:

@@ -23,6 +23,12 @@ from localnet import TLS_VARS, ClusterTls, free_ports, start_daemon, wait_tcp  #
 BUILD_DIR = pathlib.Path(os.environ.get("CKPT_BUILD_DIR", "build")).resolve()
 
 
+def _scrape(port, name):
+    import urllib.request
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+    return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith(name + " "))
+
+
 class Daemons:
     """ckpt-meta and `agents` ckpt-agents (node-1, node-2, ...) on free 127.0.0.1 ports;
     stop() kills them by PID. durable=True gives them a durable root (<root>/durable).
@@ -47,6 +53,7 @@ class Daemons:
         ports = free_ports(2 + 3 * agents)
         meta_port, meta_metrics = ports[:2]
         self.meta = f"127.0.0.1:{meta_port}"
+        self.meta_metrics_port = meta_metrics
         (root / "meta").mkdir()
         meta = self._start("ckpt-meta", ["--listen", self.meta, "--metrics-listen", f"127.0.0.1:{meta_metrics}",
                                          "--data-dir", str(root / "meta"), *self.tls.meta_flags()])
@@ -90,16 +97,11 @@ class Daemons:
 
     def metric(self, name, agent=None):
         """The value of Prometheus metric `name` (no labels) on one agent, or summed over all."""
-        import urllib.request
-        total = 0.0
-        for i, port in enumerate(self.metrics_ports):
-            if agent is not None and i != agent:
-                continue
-            text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
-            for line in text.splitlines():
-                if line.startswith(name + " "):
-                    total += float(line.split()[1])
-        return total
+        return sum(_scrape(port, name) for i, port in enumerate(self.metrics_ports) if agent is None or i == agent)
+
+    def meta_metric(self, name):
+        """The value of meta's metric `name`, labels included as exposed (e.g. 'ckpt_meta_nodes{state="dead"}')."""
+        return _scrape(self.meta_metrics_port, name)
 
     def client(self, job, **kw):
         return ckpt.Client(job=job, rank=0, world_size=1, meta=self.meta, agent_socket=str(self.socket), **kw)
@@ -115,6 +117,32 @@ class Daemons:
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
+
+
+def ucx_perftest_mbps(test, size, iters=10, window=None):
+    """MB/s (ucx_perftest's MB: MiB) of `ucx_perftest -t TEST` (ucp_get, tag_bw,
+    ...) of `size` bytes on 127.0.0.1 with this process's UCX_* environment, or
+    None without ucx_perftest."""
+    import re
+    import socket
+    import subprocess
+    exe = shutil.which("ucx_perftest")
+    if exe is None:
+        return None
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = str(s.getsockname()[1])
+    server = subprocess.Popen([exe, "-p", port], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        time.sleep(0.5)  # the server's listener (a benchmark, not a test)
+        extra = [] if window is None else ["-w", str(window)]
+        out = subprocess.run([exe, "127.0.0.1", "-p", port, "-t", test, "-s", str(size), "-n", str(iters), *extra],
+                             capture_output=True, text=True, timeout=120).stdout
+        m = re.search(r"Final:\s+\d+\s+\S+\s+\S+\s+\S+\s+(\S+)", out)
+        return float(m.group(1)) if m else None
+    finally:
+        server.kill()
+        server.wait()
 
 
 @contextlib.contextmanager

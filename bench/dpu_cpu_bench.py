@@ -34,17 +34,13 @@ loaded back and compared.
 """
 import argparse
 import os
-import re
 import resource
-import shutil
-import socket
-import subprocess
 import sys
 import time
 
 import numpy as np
 
-from bench_daemons import running  # bench/ (this script's directory)
+from bench_daemons import running, ucx_perftest_mbps  # bench/ (this script's directory)
 
 TICK = os.sysconf("SC_CLK_TCK")
 
@@ -113,30 +109,6 @@ def run_mode(binary, mib, versions):
     return rows, (pulled / pull_s if pull_s > 0 else 0.0)
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def perftest_get(size):
-    """MB/s of ucx_perftest -t ucp_get of `size` bytes on 127.0.0.1, or None."""
-    exe = shutil.which("ucx_perftest")
-    if exe is None:
-        return None
-    port = str(free_port())
-    server = subprocess.Popen([exe, "-p", port], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        time.sleep(0.5)
-        out = subprocess.run([exe, "127.0.0.1", "-p", port, "-t", "ucp_get", "-s", str(size), "-n", "10"],
-                             capture_output=True, text=True, timeout=120).stdout
-        m = re.search(r"Final:\s+\d+\s+\S+\s+\S+\s+\S+\s+(\S+)", out)
-        return float(m.group(1)) if m else None
-    finally:
-        server.kill()
-        server.wait()
-
-
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--mib", type=int, default=512)
@@ -157,7 +129,7 @@ def main():
     results = {}
     for mode, binary in (("push", "ckpt-agent"), ("pull", "ckpt-dpu-agent")):
         results[mode] = run_mode(binary, args.mib, args.versions)
-    perf = perftest_get(min(nbytes, 256 << 20))
+    perf = ucx_perftest_mbps("ucp_get", min(nbytes, 256 << 20))
 
     def med(rows, key):
         return float(np.median([r[key] for r in rows]))

@@ -160,6 +160,34 @@ TEST_F(ProtectionTest, ARestoreDoesNotWaitForAStoppedHolder) {
   EXPECT_EQ(from[0], ServedFrom::kReplica);
   EXPECT_LT(took, absl::Seconds(30)) << "the restore waited for the stopped holder\n" << Logs();
   EXPECT_THAT(agents_[2]->proc()->LogTail(), ::testing::HasSubstr("reading the next source beside it")) << Logs();
+  EXPECT_EQ(agents_[2]->Metric("ckpt_agent_hedged_restores_total"), 1.0);
+}
+
+// The same for a decode: rank 0's node is killed and a survivor of its
+// stripes stopped (meta still counts it alive); the decode reads other
+// survivors beside the silent one after about a second (the reconstructor's
+// hedge) instead of the peer timeout.
+TEST_F(ProtectionTest, ADecodeDoesNotWaitForAStoppedSurvivor) {
+  meta_lease_ms_ = 120'000;
+  extra_agent_args_ = {"--peer-timeout-ms", "60000"};
+  StartCluster(5);
+  constexpr size_t kBytes = 8 << 20;
+  SaveAll("ecstall", 1, 4, Protection::ErasureCode(2, 2), kBytes);
+  Kill(0);
+  // n1 holds the other data segment of rank 0's stripes (the first survivor
+  // a decode reads).
+  ASSERT_EQ(::kill(agents_[1]->proc()->pid(), SIGSTOP), 0);
+  const absl::Time t0 = absl::Now();
+  std::vector<ServedFrom> from =
+      LoadAll("ecstall", 1, 4, kBytes, [](uint32_t r) { return r == 0 ? 4 : r == 1 ? 2 : static_cast<int>(r); });
+  const absl::Duration took = absl::Now() - t0;
+  ASSERT_EQ(::kill(agents_[1]->proc()->pid(), SIGCONT), 0);
+  std::printf("restore of 4 ranks (8 MiB each, rank 0 decoded, a survivor stopped): %.0f ms\n",
+              absl::ToDoubleMilliseconds(took));
+  ASSERT_EQ(from.size(), 4u);
+  EXPECT_EQ(from[0], ServedFrom::kEcDecode);
+  EXPECT_LT(took, absl::Seconds(30)) << "the decode waited for the stopped survivor\n" << Logs();
+  EXPECT_GE(agents_[4]->Metric("ckpt_agent_hedged_reads_total"), 1.0) << Logs();
 }
 
 TEST_F(ProtectionTest, GroupReplicasSurviveAKillThenReprotectAndSurviveAnother) {

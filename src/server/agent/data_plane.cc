@@ -35,7 +35,7 @@ void DataPlane::Stop() {
 
 std::string DataPlane::address() const { return started_ ? transport_->address() : std::string(); }
 
-absl::StatusOr<PeerId> DataPlane::PeerFor(const PeerEndpoint& ep) {
+absl::StatusOr<PeerId> DataPlane::PeerFor(const PeerEndpoint& ep, int64_t connect_timeout_ms) {
   AssertNoCheckedLock("a data-plane connect");
   if (!started_) return absl::UnavailableError("this agent has no data plane");
   if (ep.data_address.empty()) {
@@ -50,7 +50,8 @@ absl::StatusOr<PeerId> DataPlane::PeerFor(const PeerEndpoint& ep) {
       return f->second.second;
     }
   }
-  absl::StatusOr<PeerId> p = transport_->Connect(ep.data_address, connect_timeout_ms_);
+  absl::StatusOr<PeerId> p =
+      transport_->Connect(ep.data_address, connect_timeout_ms > 0 ? connect_timeout_ms : connect_timeout_ms_);
   if (!p.ok()) {
     const absl::Status why = absl::UnavailableError(absl::StrCat("cannot reach node \"", ep.node_id, "\" at ",
                                                                  ep.data_address, ": ", p.status().message()));

@@ -57,7 +57,10 @@ class DataPlane : public transport::Handler {
   // The connection to a peer (connecting if needed). Unavailable naming the
   // node when it cannot be reached; a node that just refused is not retried
   // for 2 s (a decode would otherwise try a dead holder once per slice).
-  absl::StatusOr<transport::PeerId> PeerFor(const PeerEndpoint& ep);
+  // `connect_timeout_ms` (0: the plane's own) bounds a new connection's
+  // set-up: a caller with other sources to try (a decode's survivors) gives
+  // up on a silent peer early; the failure is remembered for 2 s like any.
+  absl::StatusOr<transport::PeerId> PeerFor(const PeerEndpoint& ep, int64_t connect_timeout_ms = 0);
   // Sends a control message (header only or with a small payload whose
   // memory the caller keeps until done); failures are logged at debug level
   // (the protocol's timeouts and acknowledgements handle them).

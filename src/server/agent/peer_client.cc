@@ -165,8 +165,8 @@ std::vector<absl::Status> PeerClient::Push(const std::vector<PeerEndpoint>& targ
 // Reads
 
 absl::StatusOr<uint64_t> PeerClient::StartRead(const PeerEndpoint& ep, ReadReq req, MutablePieces dest,
-                                               std::shared_ptr<void> keep_alive) {
-  CKPT_ASSIGN_OR_RETURN(PeerId peer, plane_->PeerFor(ep));
+                                               std::shared_ptr<void> keep_alive, int64_t connect_timeout_ms) {
+  CKPT_ASSIGN_OR_RETURN(PeerId peer, plane_->PeerFor(ep, connect_timeout_ms));
   req.target_incarnation = ep.incarnation;
   req.sender_node_id = options_.node_id;
   req.sender_incarnation = options_.incarnation ? options_.incarnation() : 0;

@@ -64,9 +64,11 @@ class PeerClient : public PeerFlows {
                                  const std::function<void(size_t, PutBegin&)>& customize = nullptr);
 
   // Starts reading [req.offset, +req.length) of a peer's shard or segment into
-  // `dest` (exactly req.length bytes). Returns the read's id.
+  // `dest` (exactly req.length bytes). Returns the read's id. A new
+  // connection to the peer is given `connect_timeout_ms` (0: the plane's;
+  // DataPlane::PeerFor).
   absl::StatusOr<uint64_t> StartRead(const PeerEndpoint& ep, ReadReq req, transport::MutablePieces dest,
-                                     std::shared_ptr<void> keep_alive);
+                                     std::shared_ptr<void> keep_alive, int64_t connect_timeout_ms = 0);
   // Waits for a read to end and forgets it. Returns the crc32c of the bytes
   // read (every chunk's and the whole's crc checked), or why it failed:
   // DeadlineExceeded (no progress within the peer timeout), DataLoss (bad

@@ -117,11 +117,20 @@ absl::Status Reconstructor::Rebuild(const std::vector<SegmentLocation>& sources,
       }
       Buffer buf = buffer(p);
       const bool direct = p == position;
+      const absl::Time asked = clock_->MonotonicNow();
       absl::StatusOr<uint64_t> id = peers_->StartRead(
           loc.holder,
           SegmentReadReq(loc, direct ? data_k : 0, direct ? blob_segment_index : 0, at, real[p]),
-          MutablePieces{std::span<std::byte>(reinterpret_cast<std::byte*>(buf->data()), real[p])}, buf);
+          MutablePieces{std::span<std::byte>(reinterpret_cast<std::byte*>(buf->data()), real[p])}, buf,
+          // A survivor that does not even take a connection within the
+          // hedge delay (stopped, overloaded) is read around, as a silent
+          // read is.
+          std::max<int64_t>(absl::ToInt64Milliseconds(options_.hedge_after), 1));
       if (!id.ok()) {
+        if (clock_->MonotonicNow() - asked >= options_.hedge_after) {
+          MarkSlow(loc.holder.node_id);  // it made us wait: the others are read instead
+          metrics_->hedged_reads->Increment();
+        }
         usable[i] = false;
         errors.push_back(std::string(id.status().message()));
         return false;

@@ -170,6 +170,9 @@ struct Restorer::Attempt {
   ShardSource source;  // meta's version of it
   absl::Time started;
   uint64_t read_id = 0;    // the peer read under way (a replica), 0 if none
+  // A new connection to a replica's holder gets this long (0: the plane's
+  // own): the hedge delay while another source is left to try.
+  int64_t connect_timeout_ms = 0;
   bool cancelled = false;  // another source served
   bool done = false;
   absl::Status status;               // why it failed
@@ -262,6 +265,12 @@ absl::StatusOr<OpenOutcome> Restorer::Open(const OpenRequest& req) {
           a->index = next;
           a->source = *src;
           a->started = d_.clock->MonotonicNow();
+          for (size_t j = next + 1; j < req.sources.size(); ++j) {
+            if (req.sources[j].kind != ShardSource::Kind::kLocal && Vouched(req.sources[j], located.sources)) {
+              a->connect_timeout_ms = std::max<int64_t>(absl::ToInt64Milliseconds(d_.hedge_after), 1);
+              break;
+            }
+          }
         }
         ++next;
         auto run = [this, race, a] { RunAttempt(race, a); };
@@ -418,7 +427,11 @@ absl::StatusOr<OpenResult> Restorer::FromPeerFor(const ShardRecord& expected, co
   // The read keeps `bytes` alive while payloads may still land in them, so a
   // failure below only drops our reference.
   absl::StatusOr<uint32_t> crc = absl::UnknownError("not read");
-  absl::StatusOr<uint64_t> id = d_.peers->StartRead(holder, req, bytes->MutablePieces(0, expected.size_bytes), bytes);
+  // (Whether another source is left is set when the attempt is made: no
+  // lock needed to read it.)
+  const int64_t connect_timeout_ms = attempt != nullptr ? attempt->connect_timeout_ms : 0;
+  absl::StatusOr<uint64_t> id =
+      d_.peers->StartRead(holder, req, bytes->MutablePieces(0, expected.size_bytes), bytes, connect_timeout_ms);
   if (!id.ok()) {
     crc = id.status();
   } else {

@@ -24,7 +24,9 @@
 // Hedging. With an executor for the attempts (Deps::races), a peer's replica
 // that has sent nothing for `hedge_after` (before its first byte, or in the
 // middle of the read: a stopped or overloaded holder) does not hold the
-// restore up to the peer timeout: the next source is read beside it, and the
+// restore up to the peer timeout: the next source is read beside it (and a
+// new connection to such a holder is given up after `hedge_after` while
+// another source is left), and the
 // first to deliver a verified shard serves the open. The others are
 // cancelled (a peer read at once; a decode or durable read runs to its end
 // and its bytes are dropped, as its handle if it opened one). Decodes hedge

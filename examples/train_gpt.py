@@ -163,12 +163,16 @@ def main(argv):
 
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{a.dist_port}", rank=a.rank,
                             world_size=a.world_size, timeout=datetime.timedelta(seconds=60))
+    t_connect = time.perf_counter()
     client = ckpt.Client(job=a.job, rank=a.rank, world_size=a.world_size, meta=a.meta,
                          agent_socket=a.agent_socket, protection=a.protection)
+    connect_ms = round((time.perf_counter() - t_connect) * 1e3, 3)
 
     step = 0
     if a.resume:
+        t_latest = time.perf_counter()
         latest = client.latest("protected")
+        latest_ms = round((time.perf_counter() - t_latest) * 1e3, 3)
         mine = -1 if latest is None else latest
         agreed = torch.tensor([mine], dtype=torch.int64)
         dist.all_reduce(agreed, op=dist.ReduceOp.MIN)  # every rank restores the same step
@@ -186,7 +190,7 @@ def main(argv):
             torch.set_rng_state(extra["torch_rng"])
             data_gen.set_state(extra["data_rng"])
             emit(event="resume", rank=a.rank, step=step, served_from=served_from, node=client.node_id,
-                 load_ms=round((time.perf_counter() - t0) * 1e3, 3))
+                 connect_ms=connect_ms, latest_ms=latest_ms, load_ms=round((time.perf_counter() - t0) * 1e3, 3))
 
     log = open(a.log, "a") if a.log else None
     model.train()

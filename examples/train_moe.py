@@ -254,11 +254,15 @@ def main(argv):
     # (the experts' snapshots and the logs of every step since): each holds the
     # newest snapshot of some expert, which the newest version refers to, so
     # meta keeps them whatever the job's keep_in_memory.
+    t_connect = time.perf_counter()
     client = ckpt.Client(job=a.job, rank=a.rank, world_size=a.world_size, meta=a.meta,
                          agent_socket=a.agent_socket, protection=a.protection, flush_every=a.flush_every)
+    connect_ms = round((time.perf_counter() - t_connect) * 1e3, 3)
     step, save_index = 0, 0
     if a.resume:
+        t_latest = time.perf_counter()
         latest = client.latest("protected")
+        latest_ms = round((time.perf_counter() - t_latest) * 1e3, 3)
         agreed = torch.tensor([-1 if latest is None else latest], dtype=torch.int64)
         dist.all_reduce(agreed, op=dist.ReduceOp.MIN)  # every rank restores the same step
         if agreed.item() >= 0:
@@ -268,7 +272,7 @@ def main(argv):
             save_index = last_index + 1
             emit(event="resume", rank=a.rank, step=step, node=client.node_id, served_from=served_from,
                  snapshot_steps=snap, replayed_expert_steps=replayed,
-                 load_ms=round((time.perf_counter() - t0) * 1e3, 3))
+                 connect_ms=connect_ms, latest_ms=latest_ms, load_ms=round((time.perf_counter() - t0) * 1e3, 3))
         else:
             emit(event="resume", rank=a.rank, step=None, note="no protected version")
     log = open(a.log, "a") if a.log else None

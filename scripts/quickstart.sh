@@ -273,11 +273,14 @@ echo "   rank ${victim} died by SIGKILL (exit 137) after step ${crash_at} was pr
 wait_json 10 "step ${crash_at} protected" \
   "any(v['step']==${crash_at} and v['state'].lower()=='protected' for v in d['versions'])" versions "${run_job}"
 echo "   kill -9 ckpt-agent node-${victim} (pid ${agent_pid[victim]})"
+t_kill=$(date +%s.%N)
 kill -9 "${agent_pid[victim]}"
 wait "${agent_pid[victim]}" 2>/dev/null || true
 echo "   waiting for meta to declare node-${victim} dead and re-protect step ${crash_at}"
 wait_json 30 "node-${victim} dead" \
   "any(n['id']=='node-${victim}' and n['state'].lower()=='dead' for n in d['nodes'])" nodes
+detect_s="$(elapsed "${t_kill}")"
+echo "   meta declared node-${victim} dead ${detect_s} s after the kill (the lease; polled every 0.2 s)"
 wait_json 60 "step ${crash_at} re-protected" \
   "any(v['step']==${crash_at} and v['state'].lower()=='protected' for v in d['versions'])" versions "${run_job}"
 echo "   failure phase took $(elapsed "${t0}") s"
@@ -337,7 +340,8 @@ for r in range(world):
         print(f"rank {r}: did not restore a checkpoint"); ok = False; continue
     e = res[0]
     tag = " (its agent was killed)" if r == victim else ""
-    print(f"rank {r}: restored step {e['step']} through {e['node']} from {e['served_from']} in {e['load_ms']:.1f} ms{tag}")
+    print(f"rank {r}: restored step {e['step']} through {e['node']} from {e['served_from']} in {e['load_ms']:.1f} ms"
+          f" (connect {e.get('connect_ms', 0):.1f} ms, newest protected step {e.get('latest_ms', 0):.1f} ms){tag}")
     if e["step"] != crash_at:
         print(f"rank {r}: expected to restore step {crash_at}"); ok = False
     if r == victim:

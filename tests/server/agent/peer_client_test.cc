@@ -14,6 +14,7 @@
 #include "server/agent/peer_client.h"
 
 #include <atomic>
+#include <optional>
 #include <string>
 #include <thread>
 
@@ -218,6 +219,45 @@ TEST_F(PeerClientTest, AHolderThatStallsIsDeadlineExceededAfterThePeerTimeout) {
   reader.join();
   EXPECT_EQ(crc.status().code(), absl::StatusCode::kDeadlineExceeded) << crc.status();
   EXPECT_THAT(crc.status().message(), HasSubstr("node \"h\" sent nothing for 20000 ms (0 of 4500 bytes read)"));
+}
+
+// What a racing restore sees of a read (restorer.h "Hedging"): when its last
+// chunk landed (none yet: the infinite past) and, once it is cancelled, the
+// cancel's status at once, with no landing left behind.
+TEST_F(PeerClientTest, AReadShowsItsLastChunkAndEndsAtOnceWhenCancelled) {
+  RawPeer h;
+  const std::string content = SeededBytes(4500, 7);
+  h.set_responder(Holder({.content = content, .chunks = 2, .send_end = false}));
+  auto dest = std::make_shared<std::string>(content.size(), '\0');
+  absl::StatusOr<uint64_t> id = a_.client().StartRead(
+      Endpoint("h", h), ShardRead(0, content.size()),
+      {std::as_writable_bytes(std::span<char>(dest->data(), dest->size()))}, dest);
+  ASSERT_TRUE(id.ok()) << id.status();
+  ASSERT_EQ(h.AwaitType(kReadReq, 1).size(), 1u);
+  while (a_.tier().metrics().peer_received_bytes->Value() < 2.0 * kChunk) std::this_thread::yield();
+  const absl::Time landed = a_.tier().clock().MonotonicNow();
+  a_.tier().clock().Advance(absl::Seconds(3));  // the last chunk stays where it landed
+  EXPECT_EQ(a_.client().LastChunk(*id), std::optional<absl::Time>(landed));
+  a_.client().Cancel(*id, absl::CancelledError("another source served"));
+  EXPECT_EQ(a_.client().LastChunk(*id), std::nullopt);  // ended
+  absl::StatusOr<uint32_t> crc = a_.client().FinishRead(*id);
+  EXPECT_EQ(crc.status().code(), absl::StatusCode::kCancelled) << crc.status();
+  EXPECT_THAT(crc.status().message(), HasSubstr("another source served"));
+  EXPECT_EQ(a_.client().LastChunk(*id), std::nullopt);  // forgotten
+  a_.client().Cancel(*id, absl::CancelledError("again"));  // no-op on a forgotten read
+  EXPECT_EQ(a_.client().landings(), 0u);
+}
+
+TEST_F(PeerClientTest, AReadBeforeItsFirstChunkHasNoLastChunk) {
+  RawPeer h;  // answers nothing
+  auto dest = std::make_shared<std::string>(100, '\0');
+  absl::StatusOr<uint64_t> id =
+      a_.client().StartRead(Endpoint("h", h), ShardRead(0, 100),
+                            {std::as_writable_bytes(std::span<char>(dest->data(), dest->size()))}, dest);
+  ASSERT_TRUE(id.ok()) << id.status();
+  EXPECT_EQ(a_.client().LastChunk(*id), std::optional<absl::Time>(absl::InfinitePast()));
+  a_.client().Cancel(*id, absl::OkStatus());  // an OK status still ends it, as cancelled
+  EXPECT_EQ(a_.client().FinishRead(*id).status().code(), absl::StatusCode::kCancelled);
 }
 
 TEST_F(PeerClientTest, APushGetsOneAnswerPerTargetEachWithItsOwnTransfer) {

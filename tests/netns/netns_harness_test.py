@@ -28,17 +28,29 @@ from netns import PY, Checks  # noqa: E402
 
 HERE = pathlib.Path(__file__).resolve().parent
 
-# Counts UDP datagrams on port 9000 for argv[1] seconds, prints the count.
+# Counts UDP datagrams on port 9000 until a line comes on stdin (the sender is done and what it
+# sent had time to arrive), then prints the count. Not a fixed window: on a loaded machine the
+# sender's start alone can outlast one, and datagrams it sent would go uncounted.
 SINK = r"""
-import socket, sys, time
-s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.bind(("0.0.0.0", 9000)); s.settimeout(0.1)
+import select, socket, sys
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.bind(("0.0.0.0", 9000))
+try:  # room for every datagram even if this process is not scheduled meanwhile (root: FORCE)
+    s.setsockopt(socket.SOL_SOCKET, getattr(socket, "SO_RCVBUFFORCE", 33), 8 << 20)
+except OSError:
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 8 << 20)
 print("ready", flush=True)
-n, end = 0, time.monotonic() + float(sys.argv[1])
-while time.monotonic() < end:
-    try:
+n = 0
+while True:
+    ready, _, _ = select.select([s, sys.stdin], [], [])
+    if s in ready:
         s.recv(2048); n += 1
-    except socket.timeout:
-        pass
+    elif sys.stdin in ready:
+        break
+while True:  # what is already queued counts too
+    ready, _, _ = select.select([s], [], [], 0)
+    if not ready:
+        break
+    s.recv(2048); n += 1
 print(n, flush=True)
 """
 # Sends argv[2] UDP datagrams to argv[1]:9000.
@@ -90,10 +102,13 @@ time.sleep(600)
 """
 
 
-def udp(net, src, dst, n=400, seconds=0.8):
-    sink = net.spawn_piped(dst, [PY, "-c", SINK, str(seconds)], "/dev/null")
+def udp(net, src, dst, n=400):
+    sink = net.spawn_piped(dst, [PY, "-c", SINK], "/dev/null")
     assert sink.stdout.readline().strip() == "ready"
     net.host(src).exec([PY, "-c", SEND, net.host(dst).address, str(n)])
+    time.sleep(0.3)  # the last datagrams cross the veth pair and the bridge (real network)
+    sink.stdin.write("done\n")
+    sink.stdin.flush()
     out = sink.stdout.readline().strip()
     sink.wait()
     return int(out)

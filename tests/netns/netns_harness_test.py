@@ -205,10 +205,12 @@ def body():
         if sig == signal.SIGTERM:
             t.check(not namespaces_of(tag), "SIGTERM: the harness deleted its namespaces")
         else:
+            # (Left behind: 3, unless another harness, a netns test running beside this one,
+            # started meanwhile and its sweep took some or all of them already.)
             left = len(namespaces_of(tag))
             netns.sweep_stale()
-            t.check(left == 3 and not namespaces_of(tag),
-                    f"SIGKILL: {left} namespaces left behind, removed by the next sweep")
+            t.check(left <= 3 and not namespaces_of(tag),
+                    f"SIGKILL: {left} namespaces left behind, none after the next sweep")
     return t.finish()
 
 

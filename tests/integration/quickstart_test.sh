@@ -56,18 +56,11 @@ left="$(find "${tmp}" -mindepth 1 -maxdepth 1 ! -name out.txt)"
 [ -z "${left}" ] || fail "quickstart.sh left ${left}"
 [ ! -e "/dev/shm/ckpt-quickstart-${qs}" ] || fail "quickstart.sh left /dev/shm/ckpt-quickstart-${qs}"
 # Every daemon and rank it started had a path under ${tmp} on its command line.
-/usr/bin/python3 - "${tmp}" <<'PY' || fail "processes started by quickstart.sh are still running"
-import os, sys
-me, tmp = os.getpid(), sys.argv[1].encode()
-left = []
-for pid in filter(str.isdigit, os.listdir("/proc")):
-    try:
-        cmd = open(f"/proc/{pid}/cmdline", "rb").read()
-    except OSError:
-        continue
-    if int(pid) != me and tmp in cmd and b"quickstart_test.sh" not in cmd:
-        text = cmd.replace(bytes(1), b" ").decode(errors="replace")[:120]
-        left.append(f"{pid}: {text}")
+/usr/bin/python3 - "${src}/tests/support" "${tmp}" <<'PY' || fail "processes started by quickstart.sh are still running"
+import sys
+sys.path.insert(0, sys.argv[1])
+from launched import leftover_processes
+left = leftover_processes(sys.argv[2], but=("quickstart_test.sh",))
 print("\n".join(left), file=sys.stderr)
 sys.exit(1 if left else 0)
 PY

@@ -81,16 +81,16 @@ class Launched:
             self.proc.wait(timeout=30)
 
 
-def leftover_processes(tmp):
-    """Processes (but this one) with `tmp` on their command line: what a test started there and
-    did not stop."""
+def leftover_processes(tmp, but=()):
+    """Processes (but this one, and those whose command line holds a string of `but`) with `tmp`
+    on their command line: what a test started there and did not stop."""
     left = []
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
             cmd = open(f"/proc/{pid}/cmdline", "rb").read()
         except OSError:
             continue
-        if int(pid) != os.getpid() and str(tmp).encode() in cmd:
+        if int(pid) != os.getpid() and str(tmp).encode() in cmd and not any(b.encode() in cmd for b in but):
             left.append(f"{pid}: {cmd.replace(bytes(1), b' ').decode(errors='replace')[:120]}")
     return left
 

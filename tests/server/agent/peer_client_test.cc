@@ -100,6 +100,13 @@ class PeerClientTest : public ::testing::Test {
                          {std::as_writable_bytes(std::span<char>(dest->data(), dest->size()))}, dest);
     return {crc, *dest};
   }
+  // Starts a read of `length` bytes from `holder` into a fresh buffer (kept
+  // alive by the read); the read's id.
+  absl::StatusOr<uint64_t> StartReadFrom(const RawPeer& holder, uint64_t length) {
+    auto dest = std::make_shared<std::string>(length, '\0');
+    return a_.client().StartRead(Endpoint("h", holder), ShardRead(0, length),
+                                 {std::as_writable_bytes(std::span<char>(dest->data(), dest->size()))}, dest);
+  }
   static PutBegin ReplicaBegin(const std::string& content) {
     PutBegin b;
     b.kind = PutKind::kReplica;
@@ -188,10 +195,7 @@ TEST_F(PeerClientTest, AHolderThatDiesMidReadIsUnavailableAndNoLandingOutlivesIt
   RawPeer h;
   const std::string content = SeededBytes(4500, 5);
   h.set_responder(Holder({.content = content, .chunks = 2, .send_end = false}));
-  auto dest = std::make_shared<std::string>(content.size(), '\0');
-  absl::StatusOr<uint64_t> id = a_.client().StartRead(
-      Endpoint("h", h), ShardRead(0, content.size()),
-      {std::as_writable_bytes(std::span<char>(dest->data(), dest->size()))}, dest);
+  absl::StatusOr<uint64_t> id = StartReadFrom(h, content.size());
   ASSERT_TRUE(id.ok()) << id.status();
   ASSERT_EQ(h.AwaitType(kReadReq, 1).size(), 1u);
   h.Stop();  // as the holder's process dying
@@ -207,10 +211,7 @@ TEST_F(PeerClientTest, AHolderThatStallsIsDeadlineExceededAfterThePeerTimeout) {
   // Nothing comes back (a chunk landing after the clock moved would count as
   // progress: this test leaves no such race).
   h.set_responder(Holder({.content = content, .chunks = 0, .send_end = false}));
-  auto dest = std::make_shared<std::string>(content.size(), '\0');
-  absl::StatusOr<uint64_t> id = a_.client().StartRead(
-      Endpoint("h", h), ShardRead(0, content.size()),
-      {std::as_writable_bytes(std::span<char>(dest->data(), dest->size()))}, dest);
+  absl::StatusOr<uint64_t> id = StartReadFrom(h, content.size());
   ASSERT_TRUE(id.ok()) << id.status();
   absl::StatusOr<uint32_t> crc = absl::UnknownError("not finished");
   std::thread reader([&] { crc = a_.client().FinishRead(*id); });
@@ -228,10 +229,7 @@ TEST_F(PeerClientTest, AReadShowsItsLastChunkAndEndsAtOnceWhenCancelled) {
   RawPeer h;
   const std::string content = SeededBytes(4500, 7);
   h.set_responder(Holder({.content = content, .chunks = 2, .send_end = false}));
-  auto dest = std::make_shared<std::string>(content.size(), '\0');
-  absl::StatusOr<uint64_t> id = a_.client().StartRead(
-      Endpoint("h", h), ShardRead(0, content.size()),
-      {std::as_writable_bytes(std::span<char>(dest->data(), dest->size()))}, dest);
+  absl::StatusOr<uint64_t> id = StartReadFrom(h, content.size());
   ASSERT_TRUE(id.ok()) << id.status();
   ASSERT_EQ(h.AwaitType(kReadReq, 1).size(), 1u);
   while (a_.tier().metrics().peer_received_bytes->Value() < 2.0 * kChunk) std::this_thread::yield();
@@ -250,10 +248,7 @@ TEST_F(PeerClientTest, AReadShowsItsLastChunkAndEndsAtOnceWhenCancelled) {
 
 TEST_F(PeerClientTest, AReadBeforeItsFirstChunkHasNoLastChunk) {
   RawPeer h;  // answers nothing
-  auto dest = std::make_shared<std::string>(100, '\0');
-  absl::StatusOr<uint64_t> id =
-      a_.client().StartRead(Endpoint("h", h), ShardRead(0, 100),
-                            {std::as_writable_bytes(std::span<char>(dest->data(), dest->size()))}, dest);
+  absl::StatusOr<uint64_t> id = StartReadFrom(h, 100);
   ASSERT_TRUE(id.ok()) << id.status();
   EXPECT_EQ(a_.client().LastChunk(*id), std::optional<absl::Time>(absl::InfinitePast()));
   a_.client().Cancel(*id, absl::OkStatus());  // an OK status still ends it, as cancelled

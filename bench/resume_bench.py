@@ -24,7 +24,11 @@ the agents') in the same run: goal <= 1.25x for a replica, <= 2.5x for a
 decode. Each protection runs --runs times.
 
   PYTHONPATH=build/python CKPT_BUILD_DIR=build /usr/bin/python3 bench/resume_bench.py \\
-      [--mib 1024] [--protection replicate:2 --protection ec:2+1] [--runs 1] [--perf /tmp/resume.perf]
+      [--mib 1024] [--protection replicate:2 --protection ec:2+1] [--runs 1] [--fault kill|stop]
+      [--perf /tmp/resume.perf]
+
+--fault stop SIGSTOPs node-2's agent instead (continued at the end): meta still lists its copy
+first, and the restore must read past the silent holder (hedged restores, docs/agent.md).
 """
 import argparse
 import os
@@ -65,7 +69,7 @@ def timed_load(client, step, want):
     return served, took
 
 
-def one_run(protection, mib, run, perf_out=None):
+def one_run(protection, mib, run, perf_out=None, fault="kill"):
     agent_mib = 3 * mib + 256
     with running(f"{agent_mib}MiB", f"resume{run}", agents=5) as d:
         job = f"resume-{protection.replace(':', '-').replace('+', '-')}"
@@ -82,9 +86,12 @@ def one_run(protection, mib, run, perf_out=None):
 
         victim = d.agents[VICTIM]
         t_kill = time.monotonic()
-        victim.send_signal(signal.SIGKILL)
-        victim.wait(timeout=30)
-        shutil.rmtree(d.shm / f"node-{VICTIM + 1}", ignore_errors=True)  # the node's memory is gone with it
+        if fault == "kill":
+            victim.send_signal(signal.SIGKILL)
+            victim.wait(timeout=30)
+            shutil.rmtree(d.shm / f"node-{VICTIM + 1}", ignore_errors=True)  # the node's memory is gone with it
+        else:  # stop: the node hangs (meta still counts it alive for a lease); its copy is listed first
+            victim.send_signal(signal.SIGSTOP)
         clients[VICTIM] = None  # its trainer died with the node
 
         detected = {}
@@ -113,6 +120,8 @@ def one_run(protection, mib, run, perf_out=None):
             perf.wait(timeout=60)
         others = {r: timed_load(clients[r], 1, want[r]) for r in range(RANKS) if r != VICTIM}
         watcher.join()
+        if fault == "stop":
+            victim.send_signal(signal.SIGCONT)
         return {"detection": detected.get("at"), "connect": connect, "restore": restore, "served": served,
                 "others": others}
 
@@ -122,19 +131,23 @@ def main():
     ap.add_argument("--mib", type=int, default=1024, help="state per rank (default 1024)")
     ap.add_argument("--protection", action="append", help="replicate:2, ec:2+1, ... (default both)")
     ap.add_argument("--runs", type=int, default=1)
+    ap.add_argument("--fault", choices=["kill", "stop"], default="kill",
+                    help="kill: node-2's agent SIGKILLed and its tier removed (default); stop: SIGSTOPped, so its "
+                         "copy is listed first and the restore must hedge past it")
     ap.add_argument("--perf", metavar="PREFIX", help="perf record the spare agent during the restore into PREFIX.*")
     args = ap.parse_args()
     protections = args.protection or ["replicate:2", "ec:2+1"]
     tag = ucx_perftest_mbps("tag_bw", 256 << 20, iters=16, window=4)  # MiB/s
     wire = None if tag is None else args.mib / tag
-    print(f"{RANKS} ranks x {args.mib} MiB; node-2 lost (agent SIGKILL, memory tier removed); rank 1 resumes on node-5")
+    lost = "lost (agent SIGKILL, memory tier removed)" if args.fault == "kill" else "stopped (agent SIGSTOP)"
+    print(f"{RANKS} ranks x {args.mib} MiB; node-2 {lost}; rank 1 resumes on node-5")
     print(f"ucx_perftest tag_bw 256 MiB: {'n/a' if tag is None else f'{tag:.0f} MiB/s'}"
           f" -> {args.mib} MiB in {'n/a' if wire is None else f'{wire * 1e3:.0f} ms'}")
     print(f"{'protection':12} {'run':>3} {'detect ms':>9} {'connect ms':>10} {'restore ms':>10} {'from':>10}"
           f" {'x wire':>6} {'others ms (local)':>24}")
     for protection in protections:
         for run in range(args.runs):
-            r = one_run(protection, args.mib, run, args.perf)
+            r = one_run(protection, args.mib, run, args.perf, args.fault)
             others = " ".join(f"{o[1] * 1e3:.0f}" for o in r["others"].values())
             ratio = "n/a" if wire is None else f"{r['restore'] / wire:.2f}"
             detect = "n/a" if r["detection"] is None else f"{r['detection'] * 1e3:.0f}"

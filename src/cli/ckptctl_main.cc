@@ -328,7 +328,7 @@ class Ctl {
     // (inspect): no limit on what we receive.
     grpc::ChannelArguments args;
     args.SetMaxReceiveMessageSize(-1);
-    stub_ = v1::MetaService::NewStub(grpc::CreateCustomChannel(g.meta, g.credentials, args));
+    stub_ = v1::MetaService::NewStub(grpc::CreateCustomChannel(GrpcTargetOf(g.meta), g.credentials, args));
   }
 
   // Runs `call` on a fresh context with the --timeout deadline. Returns true

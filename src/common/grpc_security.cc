@@ -502,9 +502,18 @@ void SetReconnectArgs(grpc::ChannelArguments* args) {
   args->SetMaxSendMessageSize(-1);
 }
 
-std::shared_ptr<grpc::Channel> ChannelWithToken(const std::string& target,
+std::string GrpcTargetOf(const std::string& addresses) {
+  if (addresses.find(',') == std::string::npos || addresses.find(':') == std::string::npos ||
+      absl::StartsWith(addresses, "ipv4:") || absl::StartsWith(addresses, "ipv6:")) {
+    return addresses;
+  }
+  return absl::StrCat(addresses.front() == '[' ? "ipv6:" : "ipv4:", addresses);
+}
+
+std::shared_ptr<grpc::Channel> ChannelWithToken(const std::string& addresses,
                                                 std::shared_ptr<grpc::ChannelCredentials> credentials,
                                                 const grpc::ChannelArguments& args, const std::string& token) {
+  const std::string target = GrpcTargetOf(addresses);
   if (token.empty()) return grpc::CreateCustomChannel(target, credentials, args);
   std::vector<std::unique_ptr<grpc::experimental::ClientInterceptorFactoryInterface>> interceptors;
   interceptors.push_back(std::make_unique<TokenInterceptorFactory>(token));

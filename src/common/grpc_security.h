@@ -108,12 +108,20 @@ absl::StatusOr<std::string> TokenFromEnvironment(const std::string& token_file);
 // No limit on message sizes (manifests of big models run to megabytes).
 void SetReconnectArgs(grpc::ChannelArguments* args);
 
+// The gRPC target for `addresses`: one "host:port" as it is; a list of IP
+// literals "10.0.0.1:7400,10.0.0.2:7400" (or "[::1]:7400,[::1]:7401") as
+// gRPC's ipv4:/ipv6: target, whose channel connects to the first address that
+// accepts and moves on when it goes away. That is how callers follow meta's
+// leader: only the leading replica listens. A DNS name resolving to several
+// addresses works the same way, given alone.
+std::string GrpcTargetOf(const std::string& addresses);
+
 // Adds "authorization: Bearer TOKEN" to a call (nothing if token is empty).
 void AddToken(grpc::ClientContext* ctx, const std::string& token);
 
-// A channel whose every call carries "authorization: Bearer TOKEN" (a plain
-// channel when token is empty).
-std::shared_ptr<grpc::Channel> ChannelWithToken(const std::string& target,
+// A channel to `addresses` (GrpcTargetOf) whose every call carries
+// "authorization: Bearer TOKEN" (a plain channel when token is empty).
+std::shared_ptr<grpc::Channel> ChannelWithToken(const std::string& addresses,
                                                 std::shared_ptr<grpc::ChannelCredentials> credentials,
                                                 const grpc::ChannelArguments& args, const std::string& token);
 

@@ -122,7 +122,7 @@ absl::StatusOr<Settings> LoadSettings(const std::string& config_file, const std:
   if (out.meta.empty()) {
     return absl::InvalidArgumentError("the meta address is required: pass --meta HOST:PORT (or CKPT_META)");
   }
-  if (absl::Status s = daemon::ValidateHostPort("meta", out.meta); !s.ok()) return s;
+  if (absl::Status s = daemon::ValidateMetaAddresses("meta", out.meta); !s.ok()) return s;
   out.listen = config->GetStringOr("listen", kDefaultListen);
   if (absl::Status s = daemon::ValidateHostPort("listen", out.listen); !s.ok()) return s;
   out.data_listen = config->GetStringOr("data_listen", kDefaultDataListen);

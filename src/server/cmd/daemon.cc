@@ -8,8 +8,12 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
+#include <vector>
 
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "common/status_macros.h"
 
 namespace ckpt::daemon {
 
@@ -41,6 +45,22 @@ absl::StatusOr<std::string> AdvertisedAddress(const std::string& listen, const s
         "pass --advertise-host"));
   }
   return absl::StrCat(found, ":", port);
+}
+
+absl::Status ValidateMetaAddresses(const std::string& key, const std::string& value) {
+  if (value.find(',') == std::string::npos) return ValidateHostPort(key, value);
+  for (const std::string& one : std::vector<std::string>(absl::StrSplit(value, ','))) {
+    CKPT_RETURN_IF_ERROR(ValidateHostPort(key, one));
+    std::string host = one.substr(0, one.rfind(':'));
+    if (host.front() == '[') host = host.substr(1, host.size() - 2);
+    unsigned char buf[sizeof(in6_addr)];
+    if (inet_pton(AF_INET, host.c_str(), buf) != 1 && inet_pton(AF_INET6, host.c_str(), buf) != 1) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          key, " \"", value, "\": a list of addresses must be IP literals (", host,
+          " is not); give a DNS name that resolves to every replica alone instead"));
+    }
+  }
+  return absl::OkStatus();
 }
 
 absl::Status ValidateHostPort(const std::string& key, const std::string& value) {

@@ -37,6 +37,11 @@ inline constexpr int kExitUsage = 2;
 // port 0..65535 (0: any free port).
 absl::Status ValidateHostPort(const std::string& key, const std::string& value);
 
+// Meta's address: one "host:port", or the replicas' addresses as a list of
+// IP literals "10.0.0.1:7400,10.0.0.2:7400" (GrpcTargetOf in
+// common/grpc_security.h; a DNS name with several addresses goes alone).
+absl::Status ValidateMetaAddresses(const std::string& key, const std::string& value);
+
 // Sets up logging for `program`, then blocks SIGTERM and SIGINT in this thread
 // (call it before any thread exists, so every thread inherits the mask and
 // only SignalThread's sigwait() receives them). Returns the exit code to use

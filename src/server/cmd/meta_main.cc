@@ -46,6 +46,7 @@
 #include "absl/time/time.h"
 #include "common/clock.h"
 #include "common/config.h"
+#include "common/file_system.h"
 #include "common/grpc_security.h"
 #include "common/log.h"
 #include "common/metrics.h"
@@ -59,6 +60,7 @@
 #include "server/rpc/meta_service.h"
 #include "server/cmd/daemon.h"
 #include "server/cmd/data_plane_key.h"
+#include "server/cmd/meta_replica.h"
 #include "server/cmd/daemon_tls.h"
 
 namespace ckpt {
@@ -100,6 +102,7 @@ const std::set<std::string>& KnownKeys() {
       "tls_ca",       "tls_cert",  "tls_key", "tls_reload_seconds", "tls_crl_dir",
       "admin_token_file", "agent_token_file",
       "trainer_tokens_file", "insecure",
+      "replica_of", "replica_lease_ms", "etcd_ca", "etcd_cert", "etcd_key",
   };
   return *keys;
 }
@@ -122,7 +125,68 @@ struct Settings {
   std::string admin_token;  // empty: admin RPCs open to every caller
   std::string agent_token;  // empty: agent RPCs open to every caller
   std::vector<TrainerToken> trainers;  // empty: job RPCs open to every caller
+  // --replica-of: one of several replicas on etcd (meta_replica.h).
+  std::optional<daemon::ReplicaSettings> replica;
 };
+
+// Reads a PEM file for the etcd client's TLS.
+absl::StatusOr<std::string> ReadPem(const std::string& key, const std::string& path) {
+  absl::StatusOr<std::string> pem = ReadFileToString(PosixFileSystem(), path);
+  if (!pem.ok()) return absl::InvalidArgumentError(absl::StrCat(key, ": ", pem.status().message()));
+  return pem;
+}
+
+// The replica settings (none without replica_of).
+absl::StatusOr<std::optional<daemon::ReplicaSettings>> LoadReplicaSettings(const Config& config,
+                                                                           const std::string& listen) {
+  const std::string url = config.GetStringOr("replica_of", "");
+  for (const char* key : {"replica_lease_ms", "etcd_ca", "etcd_cert", "etcd_key"}) {
+    if (url.empty() && config.Has(key)) {
+      return absl::InvalidArgumentError(absl::StrCat(key, " is only for replicas: give replica_of too"));
+    }
+  }
+  if (url.empty()) return std::nullopt;
+  if (!daemon::ReplicasSupported()) {
+    return absl::InvalidArgumentError(
+        "replica_of: this ckpt-meta was built without the etcd client (install golang-etcd-server-dev and "
+        "rebuild)");
+  }
+  CKPT_ASSIGN_OR_RETURN(daemon::ReplicaSettings r, daemon::ParseReplicaOf(url));
+  if (listen.substr(listen.rfind(':') + 1) == "0") {
+    return absl::InvalidArgumentError(
+        "replica_of needs a fixed --listen port: clients are given every replica's address");
+  }
+  r.name = listen;
+  CKPT_ASSIGN_OR_RETURN(r.lease, config.GetDurationOr("replica_lease_ms", absl::Seconds(5)));
+  if (r.lease < absl::Seconds(1)) {
+    return absl::InvalidArgumentError("replica_lease_ms must be at least 1000 (etcd leases are whole seconds)");
+  }
+  const std::string ca = config.GetStringOr("etcd_ca", ""), cert = config.GetStringOr("etcd_cert", ""),
+                    key = config.GetStringOr("etcd_key", "");
+  if (cert.empty() != key.empty() || (ca.empty() && !cert.empty())) {
+    return absl::InvalidArgumentError("etcd_cert and etcd_key go together, and need etcd_ca");
+  }
+  if (!ca.empty()) {
+    grpc::SslCredentialsOptions ssl;
+    CKPT_ASSIGN_OR_RETURN(ssl.pem_root_certs, ReadPem("etcd_ca", ca));
+    if (!cert.empty()) {
+      CKPT_ASSIGN_OR_RETURN(ssl.pem_cert_chain, ReadPem("etcd_cert", cert));
+      CKPT_ASSIGN_OR_RETURN(ssl.pem_private_key, ReadPem("etcd_key", key));
+    }
+    r.credentials = grpc::SslCredentials(ssl);
+  } else {
+    // The log holds every record and the data-plane key: plaintext only
+    // where nobody else can listen.
+    for (const std::string& e : r.endpoints) {
+      if (!IsLoopbackListen(e)) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "replica_of: etcd member ", e,
+            " is not on loopback: give etcd_ca (and etcd_cert, etcd_key) so that the log travels over TLS"));
+      }
+    }
+  }
+  return r;
+}
 
 // Reads the layered configuration (file, CKPT_* environment, set flags) into
 // Settings. Every error is a usage error.
@@ -197,6 +261,7 @@ absl::StatusOr<Settings> LoadSettings(const std::string& config_file,
   CKPT_ASSIGN_OR_RETURN(out.insecure,
                         daemon::InsecureSetting(*config, out.tls, {{"--listen", out.listen}}));
   if (!out.insecure) CKPT_RETURN_IF_ERROR(daemon::CheckOwnIdentity(out.tls, pki::Identity{pki::Role::kMeta, "", {}}));
+  CKPT_ASSIGN_OR_RETURN(out.replica, LoadReplicaSettings(*config, out.listen));
   CKPT_ASSIGN_OR_RETURN(out.admin_token, daemon::TokenSetting(*config, "admin_token_file"));
   CKPT_ASSIGN_OR_RETURN(out.agent_token, daemon::TokenSetting(*config, "agent_token_file"));
   if (const std::string f = config->GetStringOr("trainer_tokens_file", ""); !f.empty()) {
@@ -215,7 +280,17 @@ absl::StatusOr<Settings> LoadSettings(const std::string& config_file,
 // The daemon's Prometheus metrics, refreshed from the core and the store.
 class MetaMetrics {
  public:
-  explicit MetaMetrics(MetricsRegistry* r) : r_(r) {
+  MetaMetrics(MetricsRegistry* r, bool replica) : r_(r) {
+    if (replica) {
+      leader_ = &r->AddGauge("ckpt_meta_replica_leader", "1 while this replica leads, 0 while it follows");
+      applied_index_ = &r->AddGauge("ckpt_meta_replica_applied_index",
+                                    "Index of the last log entry this replica wrote (leader) or applied (follower)");
+      entries_ = &r->AddCounter("ckpt_meta_replica_log_entries_total", "Log entries this replica appended to etcd");
+      groups_ = &r->AddCounter("ckpt_meta_replica_log_groups_total",
+                               "Store batch groups this replica replicated through etcd");
+      append_seconds_ = &r->AddCounter("ckpt_meta_replica_append_seconds_total",
+                                       "Time spent appending to the log in etcd (per group: divide by groups)");
+    }
     for (meta::NodeState s : {meta::NodeState::kAlive, meta::NodeState::kSuspect,
                               meta::NodeState::kDead, meta::NodeState::kDraining,
                               meta::NodeState::kLeft}) {
@@ -272,6 +347,14 @@ class MetaMetrics {
                [](const Sample& s) { return s.store.submit_waits; });
   }
 
+  void RefreshReplica(daemon::MetaReplica* replica) {
+    leader_->Set(replica->leading() ? 1 : 0);
+    applied_index_->Set(static_cast<double>(replica->applied_index()));
+    Advance(entries_, &last_entries_, static_cast<double>(replica->entries_appended()));
+    Advance(groups_, &last_groups_, static_cast<double>(replica->groups_appended()));
+    Advance(append_seconds_, &last_append_seconds_, replica->append_seconds());
+  }
+
   void Refresh(meta::MetaCore* core, meta::MetaStore* store) {
     absl::StatusOr<meta::ClusterStatusView> answer =
         core->ClusterStatus(/*include_nodes=*/false, /*max_problems=*/1);
@@ -318,6 +401,11 @@ class MetaMetrics {
     uint64_t last = 0;
   };
 
+  static void Advance(Counter* c, double* last, double now) {
+    if (now > *last) c->Increment(now - *last);
+    *last = now;
+  }
+
   static std::string Lower(std::string_view s) {
     return absl::AsciiStrToLower(absl::string_view(s.data(), s.size()));
   }
@@ -343,6 +431,12 @@ class MetaMetrics {
   Gauge* start_time_;
   Gauge* queued_bytes_;
   std::vector<MonotonicCounter> counters_;
+  Gauge* leader_ = nullptr;  // the replica's, when --replica-of
+  Gauge* applied_index_ = nullptr;
+  Counter* entries_ = nullptr;
+  Counter* groups_ = nullptr;
+  Counter* append_seconds_ = nullptr;
+  double last_entries_ = 0, last_groups_ = 0, last_append_seconds_ = 0;
 };
 
 // Everything after the settings are known. Returns the exit code.
@@ -361,6 +455,58 @@ int Serve(const Settings& settings, const sigset_t& signals) {
     return kExitFailure;
   }
 
+  // A replica follows the log on etcd until it leads (meta_replica.h).
+  std::unique_ptr<daemon::MetaReplica> replica;
+  if (settings.replica.has_value()) {
+    absl::StatusOr<std::unique_ptr<daemon::MetaReplica>> r = daemon::MetaReplica::Start(*settings.replica, store->get());
+    if (!r.ok()) {
+      log::Error("{}: cannot join the replicas on etcd: {}", kProgram, r.status().ToString());
+      return kExitFailure;
+    }
+    replica = std::move(*r);
+  }
+
+  MetricsRegistry registry;
+  MetaMetrics metrics(&registry, replica != nullptr);
+  std::atomic<bool> ready{false};
+  std::atomic<bool> stopping{false};
+  absl::StatusOr<std::unique_ptr<MetricsServer>> metrics_server = MetricsServer::Start(
+      settings.metrics_listen, &registry, [&](std::string* reason) {
+        if (ready.load()) return true;
+        *reason = stopping.load()                           ? "shutting down"
+                  : replica != nullptr && !replica->leading() ? replica->Role()
+                                                              : "starting";
+        return false;
+      });
+  if (!metrics_server.ok()) {
+    log::Error("{}: cannot serve metrics on {}: {}", kProgram, settings.metrics_listen,
+               metrics_server.status().ToString());
+    return kExitFailure;
+  }
+  std::atomic<meta::MetaCore*> live_core{nullptr};
+  std::atomic<meta::MetaStore*> live_store{nullptr};
+  PeriodicThread stats("ckpt-meta-stats", kStatsInterval, [&] {
+    if (replica != nullptr) metrics.RefreshReplica(replica.get());
+    if (meta::MetaCore* c = live_core.load(); c != nullptr) metrics.Refresh(c, live_store.load());
+  });
+
+  if (replica != nullptr) {
+    const absl::Status led = replica->Lead(&stop);
+    if (!led.ok()) {
+      const int code = absl::IsCancelled(led) ? stop.exit_code() : kExitFailure;
+      if (!absl::IsCancelled(led)) log::Error("{}: replica: {}", kProgram, led.ToString());
+      stats.Stop();
+      metrics_server->reset();
+      replica.reset();
+      store->reset();
+      signal_thread.Stop();
+      log::Info("{} stopped", kProgram);
+      log::Flush();
+      return code;
+    }
+  }
+  meta::MetaStore* const s = replica != nullptr ? replica->store() : store->get();
+
   meta::MetaOptions options;
   options.lease = settings.lease;
   options.heartbeat_interval = settings.heartbeat;
@@ -370,26 +516,33 @@ int Serve(const Settings& settings, const sigset_t& signals) {
   // Served over TLS, meta hands every agent that registers (authenticated by
   // its certificate) the cluster's data-plane key, which the agents prove to
   // each other in the UCX handshake (data_plane_key.h). An --insecure meta
-  // hands out none: its agents use their agent token, if any.
+  // hands out none: its agents use their agent token, if any. Replicas keep
+  // it in the replicated store, so that every leader hands out the same one.
   if (settings.tls.enabled()) {
-    const std::string key_path = absl::StrCat(settings.data_dir, "/", daemon::kDataPlaneKeyFile);
-    absl::StatusOr<std::string> key = daemon::LoadOrCreateDataPlaneKey(key_path);
+    absl::StatusOr<std::string> key;
+    std::string where;
+    if (replica != nullptr) {
+      key = daemon::LoadOrCreateReplicatedDataPlaneKey(s);
+      where = "the replicated store";
+    } else {
+      where = absl::StrCat(settings.data_dir, "/", daemon::kDataPlaneKeyFile);
+      key = daemon::LoadOrCreateDataPlaneKey(where);
+    }
     if (!key.ok()) {
       log::Error("{}: {}", kProgram, key.status().ToString());
       return kExitFailure;
     }
     options.data_plane_key = *std::move(key);
-    log::Info("{}: data-plane key in {}; registered agents get it", kProgram, key_path);
+    log::Info("{}: data-plane key in {}; registered agents get it", kProgram, where);
   }
   absl::StatusOr<std::unique_ptr<meta::MetaCore>> core =
-      meta::MetaCore::Open(store->get(), RealClock(), options);
+      meta::MetaCore::Open(s, RealClock(), options);
   if (!core.ok()) {
     log::Error("{}: cannot load the metadata from {}: {}", kProgram, settings.data_dir,
                core.status().ToString());
     return kExitFailure;
   }
   meta::MetaCore* const c = core->get();
-  meta::MetaStore* const s = store->get();
 
   // Ticker: time-driven state (leases, task time-outs, flush schedule), and
   // the fatal-store check.
@@ -408,20 +561,26 @@ int Serve(const Settings& settings, const sigset_t& signals) {
       }
     }
   });
+  // A leader whose etcd lease is gone cannot write (its appends are fenced)
+  // and another replica is taking over: stop serving at once.
+  std::thread lease_watch;
+  if (replica != nullptr) {
+    lease_watch = std::thread([&] {
+      pthread_setname_np(pthread_self(), "ckpt-meta-lease");
+      while (!stop.requested()) {
+        const absl::Status lost = replica->WaitLost(absl::Milliseconds(200));
+        if (!lost.ok()) {
+          log::Error("{}: lost the leadership ({}); exiting, to come back as a follower", kProgram, lost.ToString());
+          stop.Request(kExitFailure, "lost the leadership");
+          return;
+        }
+      }
+    });
+  }
 
-  MetricsRegistry registry;
-  MetaMetrics metrics(&registry);
   metrics.Refresh(c, s);
-  PeriodicThread stats("ckpt-meta-stats", kStatsInterval, [&] { metrics.Refresh(c, s); });
-
-  std::atomic<bool> ready{false};
-  std::atomic<bool> stopping{false};
-  absl::StatusOr<std::unique_ptr<MetricsServer>> metrics_server = MetricsServer::Start(
-      settings.metrics_listen, &registry, [&](std::string* reason) {
-        if (ready.load()) return true;
-        *reason = stopping.load() ? "shutting down" : "starting";
-        return false;
-      });
+  live_store.store(s);
+  live_core.store(c);
 
   // Every caller on TCP shows a certificate with a ckpt identity unless
   // --insecure (loopback only): server/rpc/authorize.h.
@@ -437,10 +596,6 @@ int Serve(const Settings& settings, const sigset_t& signals) {
   if (!credentials.ok()) {  // (the files were checked at start; changed since?)
     log::Error("{}: {}", kProgram, credentials.status().ToString());
     stop.Request(kExitFailure, "TLS files unreadable");
-  } else if (!metrics_server.ok()) {
-    log::Error("{}: cannot serve metrics on {}: {}", kProgram, settings.metrics_listen,
-               metrics_server.status().ToString());
-    stop.Request(kExitFailure, "metrics server failed to start");
   } else {
     grpc::ServerBuilder builder;
     int port = 0;
@@ -483,9 +638,11 @@ int Serve(const Settings& settings, const sigset_t& signals) {
   }
   ticker.Stop();
   stats.Stop();
-  if (metrics_server.ok()) metrics_server->reset();
-  core->reset();   // no more state changes
-  store->reset();  // writes what is queued, fsyncs, closes RocksDB
+  if (lease_watch.joinable()) lease_watch.join();
+  metrics_server->reset();
+  core->reset();    // no more state changes
+  replica.reset();  // replicates what is queued, resigns: the next replica leads at once
+  store->reset();   // writes what is queued, fsyncs, closes RocksDB
   signal_thread.Stop();
   log::Info("{} stopped", kProgram);
   log::Flush();
@@ -508,7 +665,7 @@ int Main(int argc, char** argv) {
 
   std::string listen, data_dir, metrics_listen, config_file, lease_ms, heartbeat_ms, log_level,
       log_file, default_protection, open_version_timeout_ms, lost_copy_grace_ms, admin_token_file, agent_token_file,
-      trainer_tokens_file;
+      trainer_tokens_file, replica_of, replica_lease_ms, etcd_ca, etcd_cert, etcd_key;
   daemon::TlsFlags tls_flags;
   bool log_json = false;
   CLI::Option* listen_opt =
@@ -602,6 +759,29 @@ int Main(int argc, char** argv) {
                      "--agent-token-file.")
           ->type_name("FILE");
 
+  CLI::Option* replica_of_opt =
+      app.add_option("--replica-of", replica_of,
+                     "Run as one of several replicas of this meta (3 is usual), sharing a log on etcd: "
+                     "etcd://HOST:PORT[,HOST:PORT...]/PREFIX. One replica leads and serves; the others follow the "
+                     "log in their own --data-dir, keep --listen closed, and take over when the leader's etcd lease "
+                     "ends. Give clients and agents every replica's address (--meta A,B,C). Without it: one meta, "
+                     "no etcd.")
+          ->type_name("URL");
+  CLI::Option* replica_lease_opt =
+      app.add_option("--replica-lease-ms", replica_lease_ms,
+                     "The leader's etcd lease: a leader that dies or is cut from etcd is replaced this long after "
+                     "(whole seconds, at least 1000; etcd raises it to its own minimum).")
+          ->type_name("MS")
+          ->default_str("5000");
+  CLI::Option* etcd_ca_opt = app.add_option("--etcd-ca", etcd_ca,
+                                            "CA certificate (PEM) of etcd's members: talk to etcd over TLS. "
+                                            "Required unless every member is on loopback.")
+                                 ->type_name("FILE");
+  CLI::Option* etcd_cert_opt =
+      app.add_option("--etcd-cert", etcd_cert, "Client certificate (PEM) for etcd, with --etcd-key.")->type_name("FILE");
+  CLI::Option* etcd_key_opt =
+      app.add_option("--etcd-key", etcd_key, "Private key (PEM) of --etcd-cert.")->type_name("FILE");
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -629,6 +809,11 @@ int Main(int argc, char** argv) {
   set(admin_token_opt, "--admin-token-file", admin_token_file);
   set(agent_token_opt, "--agent-token-file", agent_token_file);
   set(trainer_tokens_opt, "--trainer-tokens-file", trainer_tokens_file);
+  set(replica_of_opt, "--replica-of", replica_of);
+  set(replica_lease_opt, "--replica-lease-ms", replica_lease_ms);
+  set(etcd_ca_opt, "--etcd-ca", etcd_ca);
+  set(etcd_cert_opt, "--etcd-cert", etcd_cert);
+  set(etcd_key_opt, "--etcd-key", etcd_key);
   daemon::SetTlsFlags(tls_flags, &flags);
 
   absl::StatusOr<Settings> settings = LoadSettings(config_file, flags);

@@ -110,7 +110,7 @@ std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address,
   grpc::ChannelArguments args;
   SetReconnectArgs(&args);
   return grpc::CreateCustomChannel(
-      address, credentials != nullptr ? credentials : grpc::InsecureChannelCredentials(), args);
+      GrpcTargetOf(address), credentials != nullptr ? credentials : grpc::InsecureChannelCredentials(), args);
 }
 
 class GrpcMetaLink : public agent::MetaLink {

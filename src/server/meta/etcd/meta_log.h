@@ -41,7 +41,6 @@ inline constexpr size_t kMaxEntryBytes = 1 << 20;
 // Keys of a replica's own store that are not meta's records (MetaCore reads
 // only the record prefixes of records.h).
 inline constexpr char kAppliedKey[] = "~replica/applied";
-inline constexpr char kDataPlaneKey[] = "~replica/data_plane_key";
 
 std::string LeaderPrefix(std::string_view root);
 std::string LogPrefix(std::string_view root);

@@ -33,11 +33,17 @@ class Daemons:
     """ckpt-meta and `agents` ckpt-agents (node-1, node-2, ...) on free 127.0.0.1 ports;
     stop() kills them by PID. durable=True gives them a durable root (<root>/durable).
     binary="ckpt-dpu-agent" runs DPU agents instead (node-N serving host-N: pull-mode ingest).
+    meta_replicas=N (> 0): N ckpt-meta replicas on an etcd of their own (/usr/bin/etcd) instead of
+    one meta; self.meta is then every replica's address ("A,B,C"), self.metas the processes and
+    self.meta_ports / self.meta_metrics_ports theirs; leader() says which one leads.
     Sets CKPT_TLS_* of this process to a trainer certificate of the daemons' CA until stop()."""
 
-    def __init__(self, root, memory, name="bench", agent_args=(), agents=1, durable=False, binary="ckpt-agent"):
+    def __init__(self, root, memory, name="bench", agent_args=(), agents=1, durable=False, binary="ckpt-agent",
+                 meta_replicas=0, replica_lease_ms=2000):
         self.root = root
         self.procs = []
+        self.meta_replicas = meta_replicas
+        self.replica_lease_ms = replica_lease_ms
         self.shm = pathlib.Path(f"/dev/shm/ckpt-{name}-{os.getpid()}")
         self.tls = ClusterTls(root / "pki", BUILD_DIR / "bin", trainer_name="bench")
         self._saved_env = {k: os.environ.get(k) for k in TLS_VARS}
@@ -48,16 +54,71 @@ class Daemons:
             self.stop()  # what started, and the environment as it was
             raise
 
+    def _start_etcd(self):
+        client, peer = free_ports(2)
+        self.etcd_endpoint = f"127.0.0.1:{client}"
+        self.etcd = start_daemon(pathlib.Path("/usr/bin"), self.root, "etcd", [
+            "--data-dir", str(self.root / "etcd"), "--listen-client-urls", f"http://{self.etcd_endpoint}",
+            "--advertise-client-urls", f"http://{self.etcd_endpoint}",
+            "--listen-peer-urls", f"http://127.0.0.1:{peer}", "--initial-advertise-peer-urls",
+            f"http://127.0.0.1:{peer}", "--initial-cluster", f"default=http://127.0.0.1:{peer}",
+            "--heartbeat-interval", "50", "--election-timeout", "500"])
+        self.procs.append(self.etcd)
+        wait_tcp(client, self.etcd, 30)
+
+    def start_meta_replica(self, i):
+        """(Re)starts meta replica i (0-based) on its ports and data dir; returns the process."""
+        p = self._start(f"ckpt-meta{i}", [
+            "--listen", f"127.0.0.1:{self.meta_ports[i]}", "--metrics-listen",
+            f"127.0.0.1:{self.meta_metrics_ports[i]}", "--data-dir", str(self.root / f"meta{i}"),
+            "--replica-of", f"etcd://{self.etcd_endpoint}/ckpt/bench", "--replica-lease-ms",
+            str(self.replica_lease_ms), *self.tls.meta_flags()], binary="ckpt-meta")
+        self.metas[i] = p
+        return p
+
+    def leader(self):
+        """Index of the meta replica whose /readyz is 200, or None."""
+        import urllib.error
+        import urllib.request
+        for i, port in enumerate(self.meta_metrics_ports):
+            if self.metas[i].poll() is not None:
+                continue
+            try:
+                if urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=1).status == 200:
+                    return i
+            except (urllib.error.URLError, OSError):
+                pass
+        return None
+
+    def _start_meta(self):
+        root = self.root
+        if self.meta_replicas == 0:
+            meta_port, meta_metrics = free_ports(2)
+            self.meta = f"127.0.0.1:{meta_port}"
+            self.meta_metrics_port = meta_metrics
+            (root / "meta").mkdir()
+            meta = self._start("ckpt-meta", ["--listen", self.meta, "--metrics-listen", f"127.0.0.1:{meta_metrics}",
+                                             "--data-dir", str(root / "meta"), *self.tls.meta_flags()])
+            wait_tcp(meta_port, meta, 30)
+            return
+        self._start_etcd()
+        ports = free_ports(2 * self.meta_replicas)
+        self.meta_ports, self.meta_metrics_ports = ports[::2], ports[1::2]
+        self.metas = [None] * self.meta_replicas
+        for i in range(self.meta_replicas):
+            self.start_meta_replica(i)
+        self.meta = ",".join(f"127.0.0.1:{p}" for p in self.meta_ports)
+        deadline = time.monotonic() + 30
+        while self.leader() is None:
+            if time.monotonic() > deadline:
+                raise RuntimeError("no meta replica became leader in 30 s")
+            time.sleep(0.05)
+        self.meta_metrics_port = self.meta_metrics_ports[self.leader()]
+
     def _start_all(self, memory, name, agent_args, agents, durable, binary):
         root = self.root
-        ports = free_ports(2 + 3 * agents)
-        meta_port, meta_metrics = ports[:2]
-        self.meta = f"127.0.0.1:{meta_port}"
-        self.meta_metrics_port = meta_metrics
-        (root / "meta").mkdir()
-        meta = self._start("ckpt-meta", ["--listen", self.meta, "--metrics-listen", f"127.0.0.1:{meta_metrics}",
-                                         "--data-dir", str(root / "meta"), *self.tls.meta_flags()])
-        wait_tcp(meta_port, meta, 30)
+        self._start_meta()
+        ports = [0, 0] + free_ports(3 * agents)
         self.sockets, self.metrics_ports, self.agents = [], [], []
         for i in range(agents):
             suffix = "" if i == 0 else str(i)
@@ -146,12 +207,14 @@ def ucx_perftest_mbps(test, size, iters=10, window=None):
 
 
 @contextlib.contextmanager
-def running(memory, name, agent_args=(), agents=1, durable=False, binary="ckpt-agent"):
+def running(memory, name, agent_args=(), agents=1, durable=False, binary="ckpt-agent", meta_replicas=0,
+            replica_lease_ms=2000):
     """Daemons(...) in a fresh temporary directory; stopped and removed on exit."""
     root = pathlib.Path(tempfile.mkdtemp(prefix=f"ckpt-{name}-"))
     d = None
     try:
-        d = Daemons(root, memory, name, agent_args=agent_args, agents=agents, durable=durable, binary=binary)
+        d = Daemons(root, memory, name, agent_args=agent_args, agents=agents, durable=durable, binary=binary,
+                    meta_replicas=meta_replicas, replica_lease_ms=replica_lease_ms)
         yield d
     finally:
         if d is not None:

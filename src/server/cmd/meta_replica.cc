@@ -150,7 +150,11 @@ class EtcdReplica : public MetaReplica {
     absl::StatusOr<uint64_t> next;
     for (;;) {
       next = follower_->CatchUp();
-      if (next.ok() || !(absl::IsUnavailable(next.status()) || absl::IsDeadlineExceeded(next.status()))) break;
+      // Aborted: a snapshot replaced the log we were reading; read again.
+      if (next.ok() || !(absl::IsUnavailable(next.status()) || absl::IsDeadlineExceeded(next.status()) ||
+                         absl::IsAborted(next.status()))) {
+        break;
+      }
       if (!session_->status().ok()) return absl::FailedPreconditionError(session_->status().message());
       absl::SleepFor(absl::Milliseconds(100));
     }

@@ -433,6 +433,18 @@ absl::StatusOr<int64_t> EtcdClient::Delete(const std::string& key, const std::st
   return resp.deleted();
 }
 
+absl::Status EtcdClient::Compact(int64_t revision) {
+  pb::CompactionRequest req;
+  req.set_revision(revision);
+  pb::CompactionResponse resp;
+  grpc::ClientContext ctx;
+  impl_->Prepare(&ctx);
+  const size_t i = impl_->Pick();
+  grpc::Status status = impl_->endpoints[i].kv->Compact(&ctx, req, &resp);
+  if (!status.ok()) return impl_->Failed(i, status, absl::StrCat("Compact ", revision));
+  return absl::OkStatus();
+}
+
 absl::StatusOr<EtcdTxnResult> EtcdClient::Txn(const EtcdTxn& txn) {
   pb::TxnRequest req;
   for (const EtcdCompare& c : txn.compare) ToProto(c, req.add_compare());

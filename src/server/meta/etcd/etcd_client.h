@@ -184,6 +184,11 @@ class EtcdClient {
   absl::StatusOr<int64_t> Put(const std::string& key, const std::string& value, int64_t lease = 0);
   // Deletes the key (or [key, range_end)); returns how many keys were deleted.
   absl::StatusOr<int64_t> Delete(const std::string& key, const std::string& range_end = "");
+  // Drops the history before `revision` (every key keeps its value as of
+  // then): etcd frees the space of deleted keys and old values. Watches and
+  // reads at older revisions then fail with OUT_OF_RANGE. OUT_OF_RANGE too if
+  // it is compacted already that far.
+  absl::Status Compact(int64_t revision);
   // One atomic transaction. A comparison that fails is not an error:
   // succeeded is false and the failure ops ran.
   absl::StatusOr<EtcdTxnResult> Txn(const EtcdTxn& txn);

@@ -73,6 +73,25 @@ std::string LogPrefix(std::string_view root) { return std::string(root) + "/log/
 std::string LogKey(std::string_view root, uint64_t index) { return LogPrefix(root) + EncodeIndex(index); }
 std::string EncodeIndex(uint64_t index) { return absl::StrFormat("%020u", index); }
 
+std::string SnapshotHeadKey(std::string_view root) { return std::string(root) + "/snapshot"; }
+std::string SnapshotPrefix(std::string_view root) { return std::string(root) + "/snap/"; }
+std::string SnapshotPartKey(std::string_view root, uint64_t index, uint32_t part) {
+  return absl::StrFormat("%s%s/%06u", SnapshotPrefix(root), EncodeIndex(index), part);
+}
+
+std::string EncodeSnapshotHead(const SnapshotHead& head) { return absl::StrCat(head.index, " ", head.parts); }
+
+absl::StatusOr<SnapshotHead> DecodeSnapshotHead(std::string_view value) {
+  const std::string v(value);
+  const size_t space = v.find(' ');
+  SnapshotHead head;
+  if (space == std::string::npos || !absl::SimpleAtoi(v.substr(0, space), &head.index) ||
+      !absl::SimpleAtoi(v.substr(space + 1), &head.parts) || head.index == 0 || head.parts == 0) {
+    return absl::DataLossError(absl::StrCat("meta log: the snapshot head is damaged: ", absl::CHexEscape(v)));
+  }
+  return head;
+}
+
 absl::StatusOr<uint64_t> LogIndexOf(std::string_view root, std::string_view key) {
   const std::string prefix = LogPrefix(root);
   uint64_t index = 0;

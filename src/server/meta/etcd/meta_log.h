@@ -17,6 +17,14 @@
 //   op count (4 bytes) | per op: type (1 byte: 0 put, 1 delete) |
 //   key length (4 bytes) | key | value length (4 bytes) | value.
 //
+// Snapshots, so that the log can be trimmed: the leader writes its whole
+// store as of log index I (the puts of one group, encoded as entries) under
+//   <root>/snap/<I, 20 digits>/<part, 6 digits>
+// then points <root>/snapshot ("I PARTS") at it, and only then deletes the
+// log entries up to I and older snapshots. A replica whose next entry is no
+// longer in the log loads the snapshot instead (replacing its whole store in
+// one batch) and goes on from I + 1.
+//
 // Each replica's own store records how far it has applied the log in key
 // kAppliedKey (the index of the last entry of the last group applied,
 // 20 digits), written in the same batch as the group, so a crash never
@@ -45,6 +53,18 @@ inline constexpr char kAppliedKey[] = "~replica/applied";
 std::string LeaderPrefix(std::string_view root);
 std::string LogPrefix(std::string_view root);
 std::string LogKey(std::string_view root, uint64_t index);
+std::string SnapshotHeadKey(std::string_view root);
+std::string SnapshotPrefix(std::string_view root);
+std::string SnapshotPartKey(std::string_view root, uint64_t index, uint32_t part);
+
+struct SnapshotHead {
+  uint64_t index = 0;  // the log index the snapshot is the state after
+  uint32_t parts = 0;
+};
+std::string EncodeSnapshotHead(const SnapshotHead& head);
+// DataLoss if `value` is not "INDEX PARTS".
+absl::StatusOr<SnapshotHead> DecodeSnapshotHead(std::string_view value);
+
 // The index of a key under LogPrefix(root); InvalidArgument for other keys.
 absl::StatusOr<uint64_t> LogIndexOf(std::string_view root, std::string_view key);
 

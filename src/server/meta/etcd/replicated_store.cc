@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/log.h"
+#include "common/status_macros.h"
 
 namespace ckpt::meta {
 namespace {
@@ -40,6 +41,7 @@ ReplicatedMetaStore::~ReplicatedMetaStore() {
     stopping_ = true;
   }
   writer_.join();
+  if (snapshotter_.joinable()) snapshotter_.join();
 }
 
 absl::StatusOr<std::string> ReplicatedMetaStore::Get(std::string_view key) {
@@ -163,25 +165,30 @@ void ReplicatedMetaStore::WriterLoop() {
     }
     const uint64_t payload = group.byte_size();
     const absl::Status s = group.empty() ? absl::OkStatus() : Replicate(std::move(group));
-    absl::MutexLock lock(&mu_);
-    queued_bytes_ -= bytes;
-    const uint64_t last = taken.back().first;
-    if (s.ok() && error_.ok()) {
-      ok_seq_ = last;
-      stats_.batches_written += taken.size();
-      stats_.bytes_written += payload;
-    } else if (error_.ok()) {
-      error_ = s;
-      failed_through_ = last_seq_;  // what was queued behind is failed with it
-      log::Error("ckpt-meta: the replicated store failed at log index {}: {}", next_index_, s.ToString());
+    bool ok = false;
+    {
+      absl::MutexLock lock(&mu_);
+      queued_bytes_ -= bytes;
+      const uint64_t last = taken.back().first;
+      if (s.ok() && error_.ok()) {
+        ok = true;
+        ok_seq_ = last;
+        stats_.batches_written += taken.size();
+        stats_.bytes_written += payload;
+      } else if (error_.ok()) {
+        error_ = s;
+        failed_through_ = last_seq_;  // what was queued behind is failed with it
+        log::Error("ckpt-meta: the replicated store failed at log index {}: {}", next_index_, s.ToString());
+      }
+      done_seq_ = last;
+      if (!error_.ok()) {
+        // Everything still queued fails with the same error.
+        for (auto& [seq, batch] : queue_) queued_bytes_ -= batch.byte_size();
+        if (!queue_.empty()) done_seq_ = queue_.back().first;
+        queue_.clear();
+      }
     }
-    done_seq_ = last;
-    if (!error_.ok()) {
-      // Everything still queued fails with the same error.
-      for (auto& [seq, batch] : queue_) queued_bytes_ -= batch.byte_size();
-      if (!queue_.empty()) done_seq_ = queue_.back().first;
-      queue_.clear();
-    }
+    if (ok) MaybeSnapshot();
   }
 }
 
@@ -201,6 +208,84 @@ absl::Status ReplicatedMetaStore::Replicate(WriteBatch group) {
   }
   group.Put(replica::kAppliedKey, replica::EncodeIndex(next_index_ - 1));
   return local_->Commit(std::move(group));
+}
+
+void ReplicatedMetaStore::MaybeSnapshot() {
+  const uint64_t index = next_index_ - 1;
+  if (options_.snapshot_every_entries == 0 || index < last_snapshot_index_ + options_.snapshot_every_entries ||
+      snapshot_running_.load()) {
+    return;
+  }
+  if (snapshotter_.joinable()) snapshotter_.join();
+  // The local store holds exactly the state after `index`: this thread is
+  // its only writer. Writes wait meanwhile (a scan of memory-sized state).
+  WriteBatch state;
+  const absl::Status scanned = local_->Scan("", [&](std::string_view k, std::string_view v) {
+    if (k != replica::kAppliedKey) state.Put(std::string(k), std::string(v));
+    return true;
+  });
+  if (!scanned.ok()) {
+    log::Warn("ckpt-meta: no snapshot at log index {}: reading the store: {}", index, scanned.ToString());
+    return;
+  }
+  last_snapshot_index_ = index;
+  snapshot_running_ = true;
+  snapshotter_ = std::thread([this, index, parts = replica::EncodeEntries(state)] {
+    pthread_setname_np(pthread_self(), "ckpt-meta-snap");
+    const absl::Time start = absl::Now();
+    const absl::Status s = WriteSnapshot(index, parts);
+    if (s.ok()) {
+      log::Info("ckpt-meta: snapshot of log index {} ({} parts) written in {} ms; the log before it trimmed", index,
+                parts.size(), absl::ToInt64Milliseconds(absl::Now() - start));
+    } else {
+      log::Warn("ckpt-meta: snapshot of log index {} failed (the log stays untrimmed): {}", index, s.ToString());
+    }
+    snapshot_running_ = false;
+  });
+}
+
+absl::StatusOr<EtcdTxnResult> ReplicatedMetaStore::FencedRetried(const EtcdTxn& txn, const std::string& what) {
+  const absl::Time deadline = absl::Now() + options_.append_timeout;
+  absl::Duration backoff = absl::Milliseconds(20);
+  for (;;) {
+    absl::StatusOr<EtcdTxnResult> r = election_->FencedTxn(txn);
+    if (r.ok() || !Retryable(r.status()) || absl::Now() + backoff >= deadline) {
+      if (absl::IsFailedPrecondition(r.status())) {
+        return absl::FailedPreconditionError(absl::StrCat("no longer the leader, ", what, ": ", r.status().message()));
+      }
+      return r;
+    }
+    absl::SleepFor(backoff);
+    backoff = std::min(backoff * 2, absl::Milliseconds(500));
+  }
+}
+
+absl::Status ReplicatedMetaStore::WriteSnapshot(uint64_t index, const std::vector<std::string>& parts) {
+  for (size_t i = 0; i < parts.size(); ++i) {
+    EtcdTxn put;
+    put.success.push_back(EtcdOp::Put(replica::SnapshotPartKey(root_, index, static_cast<uint32_t>(i)), parts[i]));
+    absl::StatusOr<EtcdTxnResult> r = FencedRetried(put, "writing a snapshot");
+    if (!r.ok()) return r.status();
+  }
+  // The head, then what it makes redundant: log entries up to `index` and
+  // older snapshots (keys sort by index).
+  EtcdTxn head;
+  head.success.push_back(EtcdOp::Put(replica::SnapshotHeadKey(root_),
+                                     replica::EncodeSnapshotHead({index, static_cast<uint32_t>(parts.size())})));
+  head.success.push_back(EtcdOp::Delete(replica::LogKey(root_, 1), replica::LogKey(root_, index + 1)));
+  head.success.push_back(
+      EtcdOp::Delete(replica::SnapshotPrefix(root_), replica::SnapshotPrefix(root_) + replica::EncodeIndex(index)));
+  absl::StatusOr<EtcdTxnResult> r = FencedRetried(head, "trimming the log");
+  if (!r.ok()) return r.status();
+  // etcd keeps every old revision until compacted: free them. Followers
+  // watching from before resynchronise (by reading).
+  if (absl::Status s = etcd_->Compact(r->revision); !s.ok() && !absl::IsOutOfRange(s)) {
+    log::Warn("ckpt-meta: compacting etcd at revision {}: {}", r->revision, s.ToString());
+  }
+  absl::MutexLock lock(&mu_);
+  ++replica_.snapshots;
+  replica_.snapshot_index = index;
+  return absl::OkStatus();
 }
 
 absl::Status ReplicatedMetaStore::Append(const std::string& value) {
@@ -303,7 +388,63 @@ absl::Status LogFollower::Apply(uint64_t index, std::string_view entry) {
   return absl::OkStatus();
 }
 
+absl::Status LogFollower::LoadSnapshotIfAhead() {
+  absl::StatusOr<std::optional<EtcdKeyValue>> kv = etcd_->Get(replica::SnapshotHeadKey(root_));
+  if (!kv.ok()) return kv.status();
+  if (!kv->has_value()) return absl::OkStatus();
+  absl::StatusOr<replica::SnapshotHead> head = replica::DecodeSnapshotHead((*kv)->value);
+  if (!head.ok()) return head.status();
+  if (head->index < next_) return absl::OkStatus();  // the log has what we need
+  // Read the parts at the head's revision: a newer snapshot may be replacing them.
+  EtcdRange range;
+  const std::string dir = replica::SnapshotPrefix(root_) + replica::EncodeIndex(head->index) + "/";
+  range.range_end = EtcdPrefixEnd(dir);
+  range.revision = (*kv)->mod_revision;
+  range.sort_target = EtcdRange::SortTarget::kKey;
+  range.sort_order = EtcdRange::SortOrder::kAscend;
+  replica::EntryAssembler assembler;
+  std::optional<WriteBatch> state;
+  std::string from = dir;
+  uint32_t parts = 0;
+  for (;;) {
+    range.limit = kReadPage;
+    absl::StatusOr<EtcdRangeResult> r = etcd_->Range(from, range);
+    if (absl::IsOutOfRange(r.status())) return absl::AbortedError("the snapshot was replaced while read");
+    if (!r.ok()) return r.status();
+    for (const EtcdKeyValue& part : r->kvs) {
+      ++parts;
+      absl::StatusOr<std::optional<WriteBatch>> g = assembler.Add(part.value);
+      if (!g.ok()) return g.status();
+      if (g->has_value()) state = **std::move(g);
+    }
+    if (!r->more || r->kvs.empty()) break;
+    from = r->kvs.back().key + std::string(1, '\0');
+  }
+  if (parts != head->parts || !state.has_value()) {
+    return absl::AbortedError(absl::StrCat("snapshot ", head->index, " has ", parts, " of its ", head->parts, " parts"));
+  }
+  // One batch: everything we had goes, the snapshot comes, all or nothing.
+  WriteBatch batch;
+  CKPT_RETURN_IF_ERROR(local_->Scan("", [&](std::string_view k, std::string_view) {
+    batch.Delete(std::string(k));
+    return true;
+  }));
+  for (const WriteBatch::Op& op : state->ops()) batch.Put(op.key, op.value);
+  batch.Put(replica::kAppliedKey, replica::EncodeIndex(head->index));
+  if (absl::Status s = local_->Commit(std::move(batch)); !s.ok()) {
+    return absl::FailedPreconditionError(absl::StrCat("the local store failed: ", s.message()));
+  }
+  log::Info("ckpt-meta: loaded the snapshot of log index {} ({} keys): the log before it is trimmed", head->index,
+            state->size());
+  next_ = head->index + 1;
+  assembler_ = replica::EntryAssembler();
+  absl::MutexLock lock(&mu_);
+  applied_ = head->index;
+  return absl::OkStatus();
+}
+
 absl::StatusOr<int64_t> LogFollower::ReadToEnd(uint64_t* end_index) {
+  if (absl::Status s = LoadSnapshotIfAhead(); !s.ok()) return s;
   int64_t revision = 0;
   for (;;) {
     EtcdRange range;
@@ -318,6 +459,10 @@ absl::StatusOr<int64_t> LogFollower::ReadToEnd(uint64_t* end_index) {
     for (const EtcdKeyValue& kv : r->kvs) {
       absl::StatusOr<uint64_t> index = replica::LogIndexOf(root_, kv.key);
       if (!index.ok()) return absl::DataLossError(index.status().message());
+      if (*index > next_) {
+        // Trimmed behind a snapshot taken since we looked: load it.
+        return absl::AbortedError(absl::StrCat("meta log: entry ", next_, " is trimmed; reading the snapshot"));
+      }
       if (absl::Status s = Apply(*index, kv.value); !s.ok()) return s;
     }
     if (!r->more || r->kvs.empty()) break;

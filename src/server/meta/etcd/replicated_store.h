@@ -29,6 +29,7 @@
 // outlive the ReplicatedMetaStore; nothing else may write the log meanwhile.
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <deque>
@@ -36,6 +37,7 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
@@ -56,6 +58,10 @@ struct ReplicaOptions {
   // out (a member down, an election among etcd's members) before the store
   // fails. Each retry goes to the next endpoint.
   absl::Duration append_timeout = absl::Seconds(10);
+  // A snapshot of the store is written to etcd after this many log entries
+  // since the last one, and the log before it is deleted and etcd's history
+  // compacted (meta_log.h "Snapshots"); 0: never (the log grows without end).
+  uint64_t snapshot_every_entries = 10000;
 };
 
 // Counters of the replicated log, monotonic.
@@ -65,6 +71,8 @@ struct ReplicaStats {
   double append_seconds = 0;       // total time in etcd appends (latency = seconds / groups)
   uint64_t groups = 0;             // groups replicated
   uint64_t last_index = 0;         // the log's last index we wrote or applied
+  uint64_t snapshots = 0;          // snapshots written (log trimmed behind each)
+  uint64_t snapshot_index = 0;     // the log index of the newest
 };
 
 class ReplicatedMetaStore : public MetaStore {
@@ -92,6 +100,14 @@ class ReplicatedMetaStore : public MetaStore {
   absl::Status Replicate(WriteBatch group);
   // One entry at next_index_, retried (idempotently) on etcd errors.
   absl::Status Append(const std::string& value);
+  // `txn` fenced on our leadership, retried on etcd's transient errors for
+  // append_timeout.
+  absl::StatusOr<EtcdTxnResult> FencedRetried(const EtcdTxn& txn, const std::string& what);
+  // After a group: starts a snapshot when one is due (writer thread).
+  void MaybeSnapshot();
+  // Writes the snapshot of log index `index`, points the head at it, trims
+  // the log and older snapshots, compacts etcd (snapshot thread).
+  absl::Status WriteSnapshot(uint64_t index, const std::vector<std::string>& parts);
   uint64_t Enqueue(WriteBatch batch) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool HasRoom() const ABSL_SHARED_LOCKS_REQUIRED(mu_);
 
@@ -101,6 +117,9 @@ class ReplicatedMetaStore : public MetaStore {
   const std::string root_;
   const ReplicaOptions options_;
   uint64_t next_index_;  // writer thread only
+  uint64_t last_snapshot_index_ = 0;  // writer thread only
+  std::thread snapshotter_;           // started and joined by the writer thread (and the destructor)
+  std::atomic<bool> snapshot_running_{false};
 
   absl::Mutex mu_;
   std::deque<std::pair<uint64_t, WriteBatch>> queue_ ABSL_GUARDED_BY(mu_);
@@ -146,6 +165,9 @@ class LogFollower {
   // revision. *end_index: the index after the last entry seen.
   absl::StatusOr<int64_t> ReadToEnd(uint64_t* end_index);
   absl::Status Apply(uint64_t index, std::string_view entry);
+  // Replaces the local store with the snapshot `head` names, if it is ahead
+  // of what we applied (Aborted if it changed while read: read again).
+  absl::Status LoadSnapshotIfAhead();
   bool WaitStopping(absl::Duration d);
 
   MetaStore* const local_;

@@ -158,12 +158,13 @@ class ReplicatedStoreTest : public ::testing::Test {
   }
 
   // Campaigns, catches up and opens the replicated store.
-  void Lead(Replica* r) {
+  void Lead(Replica* r, ReplicaOptions options = {}) {
     ASSERT_TRUE(r->election->Campaign("me", absl::Seconds(10)).ok());
     r->follower->Stop();
     absl::StatusOr<uint64_t> next = r->follower->CatchUp();
     ASSERT_TRUE(next.ok()) << next.status();
-    r->store = std::make_unique<ReplicatedMetaStore>(r->local.get(), etcd_.get(), r->election.get(), kRoot, *next);
+    r->store =
+        std::make_unique<ReplicatedMetaStore>(r->local.get(), etcd_.get(), r->election.get(), kRoot, *next, options);
   }
 
   static bool WaitApplied(Replica* r, uint64_t index) {
@@ -256,6 +257,64 @@ TEST_F(ReplicatedStoreTest, AFollowerResumesWhereItsStoreSaysItStopped) {
   EXPECT_EQ(*end, 4u);
   EXPECT_EQ(*store->Get("n/1"), "b");
   EXPECT_EQ(*store->Get("n/2"), "c");
+}
+
+TEST_F(ReplicatedStoreTest, SnapshotsTrimTheLogAndBringUpAReplicaThatIsFarBehind) {
+  std::unique_ptr<Replica> leader = NewReplica();
+  ASSERT_TRUE(leader);
+  ReplicaOptions options;
+  options.snapshot_every_entries = 5;
+  Lead(leader.get(), options);
+  // A follower that applied the start of the log, then stopped.
+  auto behind = NewMemMetaStore();
+  ASSERT_TRUE(leader->store->Commit(Batch("n/0", "first")).ok());
+  {
+    absl::StatusOr<std::unique_ptr<LogFollower>> f = LogFollower::Create(behind.get(), etcd_.get(), kRoot);
+    ASSERT_TRUE(f.ok());
+    ASSERT_TRUE((*f)->CatchUp().ok());
+  }
+  WriteBatch big;
+  big.Put("v/big", std::string(replica::kMaxEntryBytes + 7, 'b'));  // a snapshot of two parts
+  ASSERT_TRUE(leader->store->Commit(std::move(big)).ok());
+  for (int i = 1; i <= 30; ++i) ASSERT_TRUE(leader->store->Commit(Batch(absl::StrCat("n/", i % 7), absl::StrCat(i))).ok());
+  WriteBatch del;
+  del.Delete("n/3");
+  ASSERT_TRUE(leader->store->Commit(std::move(del)).ok());
+  // Snapshots run beside the writer: wait for one past the start of the log.
+  const absl::Time deadline = absl::Now() + absl::Seconds(20);
+  while (leader->store->replica_stats().snapshot_index < 20 && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  const ReplicaStats stats = leader->store->replica_stats();
+  ASSERT_GE(stats.snapshot_index, 20u);
+  absl::StatusOr<std::optional<EtcdKeyValue>> first = etcd_->Get(replica::LogKey(kRoot, 1));
+  ASSERT_TRUE(first.ok());
+  EXPECT_FALSE(first->has_value()) << "the log before the snapshot is still there";
+
+  // The stopped follower and a replica with nothing both come up from the snapshot.
+  const auto want = Contents(leader->local.get());
+  EXPECT_EQ(want.count("n/3"), 0u);
+  for (MetaStore* store : {behind.get()}) {
+    absl::StatusOr<std::unique_ptr<LogFollower>> f = LogFollower::Create(store, etcd_.get(), kRoot);
+    ASSERT_TRUE(f.ok());
+    absl::StatusOr<uint64_t> end = absl::AbortedError("");
+    for (int i = 0; i < 10 && absl::IsAborted(end.status()); ++i) end = (*f)->CatchUp();
+    ASSERT_TRUE(end.ok()) << end.status();
+    EXPECT_EQ(*end, stats.last_index + 1);
+    EXPECT_EQ(Contents(store), want);
+  }
+  std::unique_ptr<Replica> fresh = NewReplica();
+  ASSERT_TRUE(fresh);
+  fresh->follower->Start();
+  ASSERT_TRUE(WaitApplied(fresh.get(), stats.last_index)) << fresh->follower->status();
+  EXPECT_EQ(Contents(fresh->local.get()), want);
+  // And it leads on from there.
+  fresh->follower->Stop();
+  leader->store.reset();
+  ASSERT_TRUE(leader->election->Resign().ok());
+  Lead(fresh.get());
+  ASSERT_TRUE(fresh->store->Commit(Batch("n/after", "x")).ok());
+  EXPECT_EQ(*fresh->store->Get("n/after"), "x");
 }
 
 }  // namespace

@@ -14,6 +14,11 @@ namespace {
 constexpr size_t kMaxReportBatch = 512;
 constexpr absl::Duration kFirstBackoff = absl::Milliseconds(200);
 constexpr absl::Duration kMaxBackoff = absl::Seconds(5);
+// While meta cannot be reached at all: as often as the channel reconnects
+// (SetReconnectArgs), so that a restarted meta, or a new leader among meta's
+// replicas, hears from us within a second of serving rather than after a
+// backoff that grew while it was away (measured: up to 3 s more with 5 s).
+constexpr absl::Duration kMaxUnreachableBackoff = absl::Seconds(1);
 
 bool IsFencing(const absl::Status& s) { return absl::IsFailedPrecondition(s) || absl::IsNotFound(s); }
 
@@ -199,7 +204,7 @@ void MetaSession::BackOffLocked(const absl::Status& why) {
   metrics_->meta_errors->Increment();
   if (meta_reachable_) log::Warn("meta call failed, will retry: {}", why.ToString());
   meta_reachable_ = false;
-  backoff_ = backoff_ == absl::ZeroDuration() ? kFirstBackoff : std::min(backoff_ * 2, kMaxBackoff);
+  backoff_ = backoff_ == absl::ZeroDuration() ? kFirstBackoff : std::min(backoff_ * 2, kMaxUnreachableBackoff);
   next_send_ = clock_->MonotonicNow() + backoff_;
 }
 

@@ -379,6 +379,30 @@ TEST_F(MetaSessionTest, ATransientErrorKeepsEverythingQueuedAndBacksOff) {
   EXPECT_EQ(meta_.staged.size(), 1u);
 }
 
+TEST_F(MetaSessionTest, WhileMetaIsUnreachableItTriesAtLeastEverySecond) {
+  // A new leader among meta's replicas (or a restarted meta) hears from us
+  // within a second of serving, however long it was away.
+  Connect();
+  Answers answers;
+  meta_.report_errors = std::deque<absl::Status>(6, absl::UnavailableError("no leader yet"));
+  session_->Report(Staged({"job", 5, 0}), answers.Collect());
+  session_->ControlOnce();  // call 1 fails: 200 ms
+  for (absl::Duration wait : {absl::Milliseconds(200), absl::Milliseconds(400), absl::Milliseconds(800),
+                              absl::Seconds(1), absl::Seconds(1)}) {
+    const int calls = meta_.report_calls;
+    clock_.Advance(wait - absl::Milliseconds(1));
+    session_->ControlOnce();
+    EXPECT_EQ(meta_.report_calls, calls) << "retried before " << wait;
+    clock_.Advance(absl::Milliseconds(1));
+    session_->ControlOnce();
+    EXPECT_EQ(meta_.report_calls, calls + 1) << "not retried after " << wait;
+  }
+  clock_.Advance(absl::Seconds(1));
+  session_->ControlOnce();  // the 7th call goes through
+  EXPECT_EQ(session_->Status().outbox, 0u);
+  EXPECT_THAT(answers.Got(), ElementsAre(absl::StatusCode::kOk));
+}
+
 TEST_F(MetaSessionTest, AValidCopyMetaRefusesIsHandedBackToBeDropped) {
   Connect();
   Answers answers;

@@ -1078,7 +1078,8 @@ int Main(int argc, char** argv) {
   Globals g;
   const char* env_meta = std::getenv("CKPT_META");
   g.meta = env_meta != nullptr && *env_meta != '\0' ? env_meta : kDefaultMeta;
-  app.add_option("--meta", g.meta, "host:port of ckpt-meta (default: $CKPT_META, else " +
+  app.add_option("--meta", g.meta, "host:port of ckpt-meta, or of each meta replica separated by commas "
+                                   "(IP literals; the leader answers) (default: $CKPT_META, else " +
                                        std::string(kDefaultMeta) + ")")
       ->type_name("HOST:PORT");
   app.add_flag("--json", g.json, "Print one JSON document per command (see docs/cli.md).");

@@ -67,7 +67,9 @@ struct ClientOptions {
       const ClientEnvironmentGiven& given, const EnvironmentSource& env,
       std::map<std::string, std::string>* sources = nullptr);
 
-  // ckpt-meta's gRPC address, "host:port" (any gRPC target string works).
+  // ckpt-meta's gRPC address, "host:port" (any gRPC target string works),
+  // or the addresses of meta's replicas, "10.0.0.1:7400,10.0.0.2:7400,..."
+  // (IP literals): calls go to the replica that leads, and follow a takeover.
   // Required.
   std::string meta_address;
   // TLS to ckpt-meta (docs/security.md): PEM files of the CA that signed

@@ -403,6 +403,29 @@ TEST_F(MetaSessionTest, WhileMetaIsUnreachableItTriesAtLeastEverySecond) {
   EXPECT_THAT(answers.Got(), ElementsAre(absl::StatusCode::kOk));
 }
 
+TEST_F(MetaSessionTest, AParkedVersionIsRetriedAtLeastEverySecond) {
+  // A begin sent while meta's leader was away is parked like one meta cannot
+  // begin yet; the new leader must get it within a second of serving.
+  Connect();
+  meta_.begin_errors = std::deque<absl::Status>(5, absl::UnavailableError("no leader yet"));
+  session_->Begin("job", 9, "run-1");
+  auto begins = [&] {
+    const std::vector<std::string> calls = meta_.Calls();
+    return std::count(calls.begin(), calls.end(), "begin job/9");
+  };
+  session_->ControlOnce();  // parked: 200 ms
+  for (absl::Duration wait : {absl::Milliseconds(200), absl::Milliseconds(400), absl::Milliseconds(800),
+                              absl::Seconds(1), absl::Seconds(1)}) {
+    const auto calls = begins();
+    clock_.Advance(wait - absl::Milliseconds(1));
+    session_->ControlOnce();
+    EXPECT_EQ(begins(), calls) << "retried before " << wait;
+    clock_.Advance(absl::Milliseconds(1));
+    session_->ControlOnce();
+    EXPECT_EQ(begins(), calls + 1) << "not retried after " << wait;
+  }
+}
+
 TEST_F(MetaSessionTest, AValidCopyMetaRefusesIsHandedBackToBeDropped) {
   Connect();
   Answers answers;

@@ -7,7 +7,12 @@
 // as an agent does (burst); and one report per call offered at a steady 20,000
 // reports/s (the goal rate: p99 here is the latency a report sees at that load).
 //
-//   build/bench/meta_report_bench [versions=20]
+//   build/bench/meta_report_bench [versions=20] [replicas=0]
+//
+// replicas > 0: ckpt-meta runs as that many replicas (--replica-of) on a
+// single-member etcd the benchmark starts (/usr/bin/etcd), the first one
+// leading: every acknowledged change also went through etcd (docs/meta.md
+// "Replicas on etcd"). 0: one meta with its RocksDB only.
 //
 // Prints reports/s and p50/p99 latency per mode, next to the goal
 // (>= 20,000 reports/s, p99 < 10 ms on this 2-core machine). Then the cost of
@@ -26,6 +31,9 @@
 #include <vector>
 
 #include "integration/meta_process.h"
+#if !CKPT_NO_ETCD_TEST_SERVER
+#include "server/meta/etcd/etcd_test_server.h"
+#endif
 #include "support/temp_dir.h"
 
 namespace v1 = ckpt::v1;
@@ -76,13 +84,50 @@ double Percentile(std::vector<double> v, double p) {
 
 int main(int argc, char** argv) {
   const int versions = argc > 1 ? std::atoi(argv[1]) : 20;
+  const int replicas = argc > 2 ? std::atoi(argv[2]) : 0;
   auto dir = ckpt::testing::TempDir::Create();
   if (!dir.ok()) return 1;
+  std::vector<std::string> replica_args;
+#if CKPT_NO_ETCD_TEST_SERVER
+  if (replicas > 0) {
+    std::fprintf(stderr, "built without etcd's protos: no replicas\n");
+    return 1;
+  }
+#else
+  std::unique_ptr<ckpt::testing::EtcdTestServer> etcd;
+  if (replicas > 0) {
+    auto e = ckpt::testing::EtcdTestServer::Start(*dir->Sub("etcd"));
+    if (!e.ok()) {
+      std::fprintf(stderr, "cannot start etcd: %s\n", e.status().ToString().c_str());
+      return 1;
+    }
+    etcd = std::move(*e);
+    replica_args = {"--replica-of", "etcd://" + etcd->endpoint() + "/ckpt/bench"};
+  }
+#endif
   auto meta = ckpt::testing::MetaProcess::Start(*dir->Sub("data"), *dir->Sub("logs"),
-                                                /*lease_ms=*/600000);
+                                                /*lease_ms=*/600000, /*insecure=*/false, replica_args);
   if (!meta.ok()) {
     std::fprintf(stderr, "cannot start ckpt-meta: %s\n", meta.status().ToString().c_str());
     return 1;
+  }
+  // The followers, once the first leads: each applies the log as it grows
+  // (killed by PID when the benchmark ends).
+  std::vector<std::unique_ptr<ckpt::testing::Subprocess>> followers;
+  for (int i = 1; i < replicas; ++i) {
+    auto ports = ckpt::testing::PickFreePorts(2);
+    if (!ports.ok()) return 1;
+    const ckpt::testing::TlsFilePaths tls = ckpt::testing::TestPki::Shared().Meta();
+    ckpt::testing::SubprocessOptions o;
+    o.argv = {ckpt::testing::BinaryPath("ckpt-meta"), "--listen", "127.0.0.1:" + std::to_string((*ports)[0]),
+              "--metrics-listen", "127.0.0.1:" + std::to_string((*ports)[1]), "--data-dir",
+              *dir->Sub("data" + std::to_string(i)), "--tls-ca", tls.ca, "--tls-cert", tls.cert, "--tls-key", tls.key};
+    o.argv.insert(o.argv.end(), replica_args.begin(), replica_args.end());
+    o.name = "ckpt-meta-" + std::to_string(i);
+    o.log_dir = *dir->Sub("logs");
+    auto p = ckpt::testing::Subprocess::Start(o);
+    if (!p.ok()) return 1;
+    followers.push_back(std::move(*p));
   }
   auto* stub = (*meta)->stub();
   std::vector<uint64_t> inc(kNodes);
@@ -114,8 +159,9 @@ int main(int argc, char** argv) {
   }
 
   uint64_t step = 0;
-  std::printf("ckpt-meta report benchmark: %d nodes x %d ranks = %d ranks, %d versions per mode\n",
-              kNodes, kRanksPerNode, kRanks, versions);
+  std::printf("ckpt-meta report benchmark: %d nodes x %d ranks = %d ranks, %d versions per mode, %s\n",
+              kNodes, kRanksPerNode, kRanks, versions,
+              replicas == 0 ? "one meta (RocksDB)" : (std::to_string(replicas) + " replicas on etcd").c_str());
   std::printf("%-44s %12s %10s %10s\n", "mode", "reports/s", "p50 ms", "p99 ms");
   struct Mode {
     const char* name;

@@ -461,10 +461,18 @@ class Ctl {
                               {"since_unix_ms", p.since_unix_ms()}});
     }
     const v1::FailureStats& f = resp.failure_stats();
+    // Meta replicas (--replica-of): who leads, how far each follower is.
+    Json replicas = Json::array();
+    uint64_t leader_index = 0;
+    for (const v1::MetaReplica& r : resp.meta_replicas()) {
+      if (r.leader()) leader_index = r.applied_index();
+      replicas.push_back(Json{{"address", r.address()}, {"leader", r.leader()}, {"applied_index", r.applied_index()}});
+    }
     if (g_.json) {
       PrintJson(Json{{"meta_instance_id", std::to_string(resp.meta_instance_id())},  // above 2^53: a string
                      {"meta_version", resp.meta_version()},
                      {"meta_start_unix_ms", resp.meta_start_unix_ms()},
+                     {"meta_replicas", replicas},
                      {"nodes_by_state", nodes},
                      {"jobs", resp.jobs()},
                      {"versions_by_state", versions},
@@ -497,8 +505,22 @@ class Ctl {
       return s;
     };
     std::cout << "meta:      " << resp.meta_version() << " (up since "
-              << Age(resp.meta_start_unix_ms()) << ")\n"
-              << "nodes:     " << counts(nodes) << "\n"
+              << Age(resp.meta_start_unix_ms()) << ")\n";
+    if (resp.meta_replicas_size() > 0) {
+      std::cout << "replicas:  ";
+      for (const v1::MetaReplica& r : resp.meta_replicas()) {
+        if (&r != &resp.meta_replicas(0)) std::cout << ", ";
+        std::cout << r.address();
+        if (r.leader()) {
+          std::cout << " (leader, log index " << r.applied_index() << ")";
+        } else {
+          std::cout << " (follower, " << (leader_index > r.applied_index() ? leader_index - r.applied_index() : 0)
+                    << " behind)";
+        }
+      }
+      std::cout << "\n";
+    }
+    std::cout << "nodes:     " << counts(nodes) << "\n"
               << "jobs:      " << resp.jobs() << "\n"
               << "versions:  " << counts(versions) << "\n"
               << "memory:    " << FormatBytes(resp.memory_used_bytes()) << " used, "

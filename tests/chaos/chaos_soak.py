@@ -366,7 +366,9 @@ class Soak:
         self.restore_ms = {"during_fault": [], "healthy": []}
         self.down = []            # [node, start, end or None]
         self.down_lock = threading.Lock()
-        self.meta = None
+        self.meta = None          # the meta (with --meta-replicas: the one that led last we looked)
+        self.metas = []           # every meta replica (one without --meta-replicas)
+        self.etcd = None
         self.agents = []
         self.clients = {}
         self.clients_lock = threading.Lock()
@@ -493,17 +495,7 @@ class Soak:
         # Every port at once: ports picked in separate calls may repeat (a port
         # handed to one agent is free until that agent binds it).
         ports = free_ports(2 + 3 * self.n)
-        meta_port, meta_metrics = ports[0], ports[1]
-        self.meta_addr = f"127.0.0.1:{meta_port}"
-        self.meta_port = meta_port
-        self.meta = Daemon("meta", [str(self.bin / "ckpt-meta"), "--listen", self.meta_addr,
-                                    "--metrics-listen", f"127.0.0.1:{meta_metrics}",
-                                    "--data-dir", str(self.work / "meta"),
-                                    "--lease-ms", str(a.lease_ms), "--heartbeat-ms", str(a.heartbeat_ms),
-                                    *self.certs.meta_flags()],
-                           self.work / "meta.log", env, prefix)
-        self.meta.start()
-        self.wait_port(meta_port, self.meta, 30)
+        self.start_metas(ports[0], ports[1], env, prefix)
         for i in range(self.n):
             node = f"n{i}"
             port, data_port, metrics = ports[2 + 3 * i: 5 + 3 * i]
@@ -532,6 +524,68 @@ class Soak:
         self.wait_nodes_alive(60)
         self.monitor_thread = threading.Thread(target=self.monitor, name="monitor", daemon=True)
         self.monitor_thread.start()
+
+    def start_metas(self, meta_port, meta_metrics, env, prefix):
+        """One ckpt-meta, or --meta-replicas replicas on an etcd of their own (--replica-of):
+        then self.meta_addr lists them all and self.meta is the leader."""
+        a = self.args
+        common = ["--lease-ms", str(a.lease_ms), "--heartbeat-ms", str(a.heartbeat_ms), *self.certs.meta_flags()]
+        if a.meta_replicas == 0:
+            self.meta_addr = f"127.0.0.1:{meta_port}"
+            self.meta_port = meta_port
+            self.meta = Daemon("meta", [str(self.bin / "ckpt-meta"), "--listen", self.meta_addr,
+                                        "--metrics-listen", f"127.0.0.1:{meta_metrics}",
+                                        "--data-dir", str(self.work / "meta"), *common],
+                               self.work / "meta.log", env, prefix)
+            self.meta.metrics_port = meta_metrics
+            self.metas = [self.meta]
+            self.meta.start()
+            self.wait_port(meta_port, self.meta, 30)
+            return
+        client, peer, *replica_ports = free_ports(2 + 2 * a.meta_replicas)
+        endpoint = f"127.0.0.1:{client}"
+        self.etcd = Daemon("etcd", ["/usr/bin/etcd", "--data-dir", str(self.work / "etcd"),
+                                    "--listen-client-urls", f"http://{endpoint}", "--advertise-client-urls",
+                                    f"http://{endpoint}", "--listen-peer-urls", f"http://127.0.0.1:{peer}",
+                                    "--initial-advertise-peer-urls", f"http://127.0.0.1:{peer}",
+                                    "--initial-cluster", f"default=http://127.0.0.1:{peer}",
+                                    "--heartbeat-interval", "50", "--election-timeout", "500"],
+                           self.work / "etcd.log", env, prefix)
+        self.etcd.start()
+        self.wait_port(client, self.etcd, 30)
+        addrs = []
+        for i in range(a.meta_replicas):
+            port, metrics = replica_ports[2 * i], replica_ports[2 * i + 1]
+            addrs.append(f"127.0.0.1:{port}")
+            d = Daemon(f"meta{i}", [str(self.bin / "ckpt-meta"), "--listen", addrs[-1],
+                                    "--metrics-listen", f"127.0.0.1:{metrics}",
+                                    "--data-dir", str(self.work / f"meta{i}"),
+                                    "--replica-of", f"etcd://{endpoint}/ckpt/chaos", "--replica-lease-ms", "2000",
+                                    *common],
+                       self.work / f"meta{i}.log", env, prefix)
+            d.metrics_port, d.port = metrics, port
+            self.metas.append(d)
+            d.start()
+        self.meta_addr = ",".join(addrs)
+        self.meta = self.wait_meta_leader(30)
+        if self.meta is None:
+            raise RuntimeError("no meta replica became leader in 30 s")
+
+    def meta_leader(self):
+        """The meta replica whose /readyz says ready, or None."""
+        for d in self.metas:
+            if d.running() and http_get(d.metrics_port, "/readyz", 1.0)[0] == 200:
+                return d
+        return None
+
+    def wait_meta_leader(self, timeout):
+        deadline = now() + timeout
+        while now() < deadline:
+            d = self.meta_leader()
+            if d is not None:
+                return d
+            time.sleep(0.05)
+        return None
 
     def wait_port(self, port, daemon, timeout):
         deadline = now() + timeout
@@ -616,7 +670,7 @@ class Soak:
             series.write("t_s,node,memory_used_bytes,holdings,flush_errors_total,peer_errors_total\n")
             last_sample = 0.0
             while not self.stop_monitor.is_set():
-                for d in [self.meta] + self.agents:
+                for d in self.metas + ([self.etcd] if self.etcd else []) + self.agents:
                     self.check_exit(d)
                 if now() - last_sample >= 1.0:
                     last_sample = now()
@@ -651,7 +705,7 @@ class Soak:
             self.fail("daemon_crash", f"{d.name} (pid {d.proc.pid}) {how}"
                       f"{' after our signal, with crash reports' if expected else ' unexpectedly'}; "
                       f"log {d.log_path}:\n" + "\n".join(bad[:10] or d.log_tail(25).splitlines()))
-            if not expected and d is not self.meta:
+            if not expected and d not in self.metas and d is not self.etcd:
                 self.mark_down(d.name)
 
     def agent_metrics(self, d, timeout=2.0):
@@ -692,20 +746,32 @@ class Soak:
             self.mark_up(d.name)
 
     def kill_meta(self):
+        """kill -9 of meta; with replicas, of the one leading."""
+        if self.etcd is not None:
+            self.meta = self.meta_leader() or self.meta
         if self.meta.send(signal.SIGKILL, expect_exit=True):
             self.meta.wait(30)
         self.check_exit(self.meta)
 
     def restart_meta(self):
-        self.check_exit(self.meta)
-        if self.meta.running():
-            return
-        self.meta.start()
-        self.wait_port(self.meta_port, self.meta, 60)
+        """Starts every meta that is down; with replicas, then waits until one leads."""
+        for d in self.metas:
+            self.check_exit(d)
+            if d.running():
+                continue
+            d.start()
+            if self.etcd is None:
+                self.wait_port(self.meta_port, d, 60)
+        if self.etcd is not None:
+            leader = self.wait_meta_leader(60)
+            if leader is None:
+                self.fail("restart_failed", "no meta replica leads 60 s after a restart")
+            else:
+                self.meta = leader
 
     def revive_all(self):
         """Brings back every daemon that is down, whatever the reason."""
-        if not self.meta.running():
+        if not all(d.running() for d in self.metas):
             self.restart_meta()
         for d in self.agents:
             if d.stopped:
@@ -1493,7 +1559,9 @@ class Soak:
     def fault_kill_meta(self):
         during = self.rng.random() < 0.6
         down_s = self.rng.uniform(0.2, 3.0)
-        self.log(f"FAULT kill -9 meta (pid {self.meta.pid}), restart after {down_s:.1f} s"
+        if self.etcd is not None:
+            self.meta = self.meta_leader() or self.meta
+        self.log(f"FAULT kill -9 {self.meta.name} (pid {self.meta.pid}), restart after {down_s:.1f} s"
                  f"{', while a save round is being protected' if during else ''}")
         bg = self.start_background_round() if during else None
         if bg:
@@ -1689,7 +1757,7 @@ class Soak:
         self.stop_monitor.set()
         if self.monitor_thread is not None:
             self.monitor_thread.join(timeout=10)
-        daemons = [d for d in self.agents] + ([self.meta] if self.meta else [])
+        daemons = [d for d in self.agents] + self.metas
         for d in daemons:
             if d.stopped:
                 d.send(signal.SIGCONT, expect_exit=False)
@@ -1720,6 +1788,12 @@ class Soak:
                 d.wait(30)
                 with d.lock:
                     d.exited = True
+        # etcd is the test's, not ours to judge: killed after the metas that use it.
+        if self.etcd is not None and self.etcd.running():
+            self.etcd.send(signal.SIGKILL, expect_exit=True)
+            self.etcd.wait(30)
+            with self.etcd.lock:
+                self.etcd.exited = True
         # Whole-log scan: reports from runs that ended in our kill -9 too.
         for d in daemons:
             for line in d.crash_lines(0):
@@ -1905,6 +1979,9 @@ def main():
     p.add_argument("--agent-memory", type=parse_size, default=640 * MiB, help="each agent's memory tier")
     p.add_argument("--durable-size", type=parse_size, default=192 * MiB, help="the durable tmpfs")
     p.add_argument("--ucx-tls", default="tcp", help="UCX_TLS of the agents ('' = UCX's choice)")
+    p.add_argument("--meta-replicas", type=int, default=0,
+                   help="run N ckpt-meta replicas on an etcd of their own (/usr/bin/etcd) instead of one meta; "
+                        "kill_meta then kills the one leading (default 0: one meta)")
     p.add_argument("--lease-ms", type=int, default=4000)
     p.add_argument("--heartbeat-ms", type=int, default=1000)
     p.add_argument("--peer-timeout-ms", type=int, default=2000)

@@ -11,6 +11,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
@@ -27,11 +28,14 @@ class MetaProcess {
   // `insecure`: --insecure instead of meta's certificate, only for a
   // benchmark that measures what security costs (the caller then clears
   // CKPT_TLS_* for its clients); the tests run meta as shipped.
+  // `extra_args` go on ckpt-meta's command line (e.g. --replica-of).
   static absl::StatusOr<std::unique_ptr<MetaProcess>> Start(const std::string& data_dir,
                                                             const std::string& log_dir,
-                                                            int lease_ms = 5000, bool insecure = false) {
+                                                            int lease_ms = 5000, bool insecure = false,
+                                                            std::vector<std::string> extra_args = {}) {
     if (!insecure) ExportClientTlsEnvironment();
     auto p = std::unique_ptr<MetaProcess>(new MetaProcess());
+    p->extra_args_ = std::move(extra_args);
     p->insecure_ = insecure;
     p->data_dir_ = data_dir;
     p->log_dir_ = log_dir;
@@ -59,6 +63,7 @@ class MetaProcess {
               data_dir_,
               "--lease-ms",
               std::to_string(lease_ms_)};
+    o.argv.insert(o.argv.end(), extra_args_.begin(), extra_args_.end());
     if (insecure_) {
       o.argv.push_back("--insecure");
     } else {
@@ -105,6 +110,7 @@ class MetaProcess {
   int port_ = 0, metrics_port_ = 0, lease_ms_ = 5000;
   bool insecure_ = false;
   std::string data_dir_, log_dir_;
+  std::vector<std::string> extra_args_;
   std::unique_ptr<Subprocess> proc_;
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<ckpt::v1::MetaService::Stub> stub_;

@@ -251,10 +251,32 @@ TEST_F(MetaReplicaTest, KillingTheLeaderDuringABurstLosesNoAcknowledgedCall) {
   EXPECT_TRUE(lost.empty()) << lost.size() << " acknowledged jobs lost, e.g. " << lost.front();
   EXPECT_GE(jobs.size(), acked.size());
 
-  // The killed replica comes back as a follower and catches up.
+  // The killed replica comes back as a follower and catches up; ClusterStatus
+  // (ckptctl status) lists the three, the leader flagged, none behind.
   ASSERT_TRUE(StartReplica(first).ok());
   ASSERT_TRUE(CreateJob("after-restart").ok());
   EXPECT_EQ(WaitLeader(absl::Seconds(5)), second);
+  const absl::Time deadline = absl::Now() + absl::Seconds(20);
+  std::string seen;
+  for (;;) {
+    v1::ClusterStatusRequest req;
+    v1::ClusterStatusResponse resp;
+    grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
+    ASSERT_TRUE(stub_->ClusterStatus(&ctx, req, &resp).ok());
+    int leaders = 0;
+    uint64_t lo = UINT64_MAX, hi = 0;
+    seen.clear();
+    for (const v1::MetaReplica& r : resp.meta_replicas()) {
+      leaders += r.leader() && r.address() == absl::StrCat("127.0.0.1:", port_[second]);
+      lo = std::min<uint64_t>(lo, r.applied_index());
+      hi = std::max<uint64_t>(hi, r.applied_index());
+      absl::StrAppend(&seen, r.address(), r.leader() ? " leader " : " follower ", r.applied_index(), "; ");
+    }
+    if (resp.meta_replicas_size() == kReplicas && leaders == 1 && lo == hi && hi > 0) break;
+    ASSERT_LT(absl::Now(), deadline) << "ClusterStatus lists: " << seen;
+    absl::SleepFor(absl::Milliseconds(100));
+  }
 }
 
 TEST_F(MetaReplicaTest, APausedLeaderIsReplacedAndCannotWriteWhenItWakes) {

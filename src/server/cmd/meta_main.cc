@@ -486,7 +486,10 @@ int Serve(const Settings& settings, const sigset_t& signals) {
   std::atomic<meta::MetaCore*> live_core{nullptr};
   std::atomic<meta::MetaStore*> live_store{nullptr};
   PeriodicThread stats("ckpt-meta-stats", kStatsInterval, [&] {
-    if (replica != nullptr) metrics.RefreshReplica(replica.get());
+    if (replica != nullptr) {
+      metrics.RefreshReplica(replica.get());
+      replica->Publish();
+    }
     if (meta::MetaCore* c = live_core.load(); c != nullptr) metrics.Refresh(c, live_store.load());
   });
 
@@ -587,6 +590,15 @@ int Serve(const Settings& settings, const sigset_t& signals) {
   rpc::MetaServiceImpl service(c, RealClock(),
                                CallerTokens{settings.admin_token, settings.agent_token, settings.trainers},
                                /*require_identity=*/!settings.insecure);
+  if (replica != nullptr) {
+    service.set_replicas_source([r = replica.get()] {
+      std::vector<rpc::MetaServiceImpl::ReplicaInfo> out;
+      absl::StatusOr<std::vector<daemon::MetaReplica::View>> views = r->Replicas();
+      if (!views.ok()) return out;  // etcd unreachable: the rest of the status still answers
+      for (const daemon::MetaReplica::View& v : *views) out.push_back({v.name, v.leader, v.applied_index});
+      return out;
+    });
+  }
   absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> credentials = ServerCredentials(settings.tls);
   if (settings.insecure) {
     log::Warn("{}: --insecure: serving plaintext on {} with no caller authentication (loopback only)", kProgram,

@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
@@ -170,6 +171,33 @@ class EtcdReplica : public MetaReplica {
 
   meta::MetaStore* store() override { return store_.get(); }
 
+  void Publish() override {
+    const absl::StatusOr<int64_t> put =
+        etcd_->Put(absl::StrCat(settings_.root, "/replicas/", settings_.name), absl::StrCat(applied_index()),
+                   session_->lease_id());
+    if (put.ok() == publish_ok_) return;
+    publish_ok_ = put.ok();
+    if (!put.ok()) log::Warn("ckpt-meta: cannot publish this replica's progress in etcd: {}", put.status().ToString());
+  }
+
+  absl::StatusOr<std::vector<View>> Replicas() override {
+    const std::string dir = absl::StrCat(settings_.root, "/replicas/");
+    meta::EtcdRange range;
+    range.range_end = meta::EtcdPrefixEnd(dir);
+    absl::StatusOr<meta::EtcdRangeResult> r = etcd_->Range(dir, range);
+    if (!r.ok()) return r.status();
+    absl::StatusOr<meta::EtcdKeyValue> leader = election_->Leader();
+    std::vector<View> out;
+    for (const meta::EtcdKeyValue& kv : r->kvs) {
+      View v;
+      v.name = kv.key.substr(dir.size());
+      v.leader = leader.ok() && leader->value == v.name;
+      (void)absl::SimpleAtoi(kv.value, &v.applied_index);
+      out.push_back(std::move(v));
+    }
+    return out;
+  }
+
   absl::Status WaitLost(absl::Duration timeout) override { return session_->WaitLost(timeout); }
 
   std::string Role() override {
@@ -196,6 +224,8 @@ class EtcdReplica : public MetaReplica {
   std::unique_ptr<meta::EtcdElection> election_;
   std::unique_ptr<meta::LogFollower> follower_;
   std::unique_ptr<meta::ReplicatedMetaStore> store_;  // set once by Lead, before leading_
+
+  bool publish_ok_ = true;  // Publish's caller only
 
   absl::Mutex mu_;
   bool leading_ ABSL_GUARDED_BY(mu_) = false;

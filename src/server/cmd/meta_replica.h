@@ -68,6 +68,18 @@ class MetaReplica {
   // returns why it was lost, or OK.
   virtual absl::Status WaitLost(absl::Duration timeout) = 0;
 
+  // This replica's name and applied index, published in etcd under
+  // <root>/replicas/ with its lease (gone a lease after it dies). Call every
+  // second; errors are logged once, not returned.
+  virtual void Publish() = 0;
+  struct View {
+    std::string name;
+    bool leader = false;
+    uint64_t applied_index = 0;
+  };
+  // Every replica as last published, the leader flagged. Errors: etcd's.
+  virtual absl::StatusOr<std::vector<View>> Replicas() = 0;
+
   // For /readyz and /metrics: "leader", or "follower (leader: NAME)".
   virtual std::string Role() = 0;
   virtual bool leading() = 0;

@@ -786,6 +786,14 @@ grpc::Status MetaServiceImpl::ClusterStatus(grpc::ServerContext* ctx,
       core_->ClusterStatus(req->include_nodes(), max_problems, req->job_id());
   if (!status.ok()) return Fail("ClusterStatus", status.status());
   ToProto(*status, resp);
+  if (replicas_) {
+    for (const ReplicaInfo& r : replicas_()) {
+      v1::MetaReplica* out = resp->add_meta_replicas();
+      out->set_address(r.address);
+      out->set_leader(r.leader);
+      out->set_applied_index(r.applied_index);
+    }
+  }
   return grpc::Status::OK;
 }
 

@@ -31,8 +31,10 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include <grpcpp/grpcpp.h>
 
@@ -68,6 +70,15 @@ class MetaServiceImpl final : public MetaServiceBase {
 
   MetaServiceImpl(const MetaServiceImpl&) = delete;
   MetaServiceImpl& operator=(const MetaServiceImpl&) = delete;
+
+  // Meta's replicas as ClusterStatus lists them (ckpt-meta --replica-of):
+  // set once before serving; called on the RPC's thread (it may read etcd).
+  struct ReplicaInfo {
+    std::string address;
+    bool leader = false;
+    uint64_t applied_index = 0;
+  };
+  void set_replicas_source(std::function<std::vector<ReplicaInfo>()> source) { replicas_ = std::move(source); }
 
   // Starts draining: open WatchTasks streams end with UNAVAILABLE and
   // WaitVersion calls return UNAVAILABLE within about a second; new calls of
@@ -152,6 +163,7 @@ class MetaServiceImpl final : public MetaServiceBase {
 
   meta::MetaCore* const core_;
   Clock* const clock_;
+  std::function<std::vector<ReplicaInfo>()> replicas_;
   const Authorizer auth_;
   // An RPC only agents make, for node `node_id` (the caller must be it).
   grpc::Status AgentCall(const grpc::ServerContextBase& ctx, const std::string& node_id, const char* rpc) const {

@@ -2022,6 +2022,9 @@ def main():
     missing = [str(build / f) for f in ("bin/ckpt-meta", "bin/ckpt-agent", "bin/ckptctl", "python/ckpt/__init__.py",
                                         *(["bin/ckpt-dpu-agent"] if args.dpu else []))
                if not (build / f).exists()]
+    if args.meta_replicas and not os.access("/usr/bin/etcd", os.X_OK):
+        print("chaos_soak: SKIP: --meta-replicas needs /usr/bin/etcd (Debian package etcd-server)", file=sys.stderr)
+        return 77
     if missing:
         print(f"chaos_soak: SKIP: not built: {', '.join(missing)} (cmake --build {build} --target "
               "ckpt-meta ckpt-agent ckptctl python_module)", file=sys.stderr)

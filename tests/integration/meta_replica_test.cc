@@ -47,10 +47,7 @@ class MetaReplicaTest : public ::testing::Test {
  protected:
   void SetUp() override {
     if (!EtcdTestServer::Available()) GTEST_SKIP() << EtcdTestServer::MissingReason();
-    absl::StatusOr<TempDir> tmp = TempDir::Create();
-    ASSERT_TRUE(tmp.ok()) << tmp.status();
-    tmp_ = std::make_unique<TempDir>(std::move(*tmp));
-    absl::StatusOr<std::unique_ptr<EtcdTestServer>> etcd = EtcdTestServer::Start(tmp_->path());
+    absl::StatusOr<std::unique_ptr<EtcdTestServer>> etcd = EtcdTestServer::StartInTempDir(&tmp_);
     ASSERT_TRUE(etcd.ok()) << etcd.status();
     etcd_ = std::move(*etcd);
     absl::StatusOr<std::vector<int>> ports = PickFreePorts(2 * kReplicas);
@@ -139,7 +136,9 @@ class MetaReplicaTest : public ::testing::Test {
     return -1;
   }
 
-  grpc::Status CreateJob(const std::string& id, absl::Duration timeout = absl::Seconds(3)) {
+  // Creates (or opens) job `id` through `stub` (default: every replica's address).
+  grpc::Status CreateJob(const std::string& id, absl::Duration timeout = absl::Seconds(3),
+                         v1::MetaService::Stub* stub = nullptr, bool wait_for_ready = true) {
     v1::CreateJobRequest req;
     req.mutable_spec()->set_job_id(id);
     req.mutable_spec()->set_world_size(1);
@@ -148,8 +147,8 @@ class MetaReplicaTest : public ::testing::Test {
     v1::CreateJobResponse resp;
     grpc::ClientContext ctx;
     ctx.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
-    ctx.set_wait_for_ready(true);
-    return stub_->CreateJob(&ctx, req, &resp);
+    ctx.set_wait_for_ready(wait_for_ready);
+    return (stub != nullptr ? stub : stub_.get())->CreateJob(&ctx, req, &resp);
   }
 
   // Every job the leader knows.
@@ -291,16 +290,7 @@ TEST_F(MetaReplicaTest, APausedLeaderIsReplacedAndCannotWriteWhenItWakes) {
   ASSERT_TRUE(proc_[first]->Kill(SIGSTOP).ok());
   const absl::Time paused = absl::Now();
   grpc::Status stale_status;
-  std::thread stale([&] {
-    v1::CreateJobRequest req;
-    req.mutable_spec()->set_job_id("stale");
-    req.mutable_spec()->set_world_size(1);
-    req.mutable_spec()->mutable_protection()->mutable_none();
-    v1::CreateJobResponse resp;
-    grpc::ClientContext ctx;
-    ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(60)));
-    stale_status = old_leader->CreateJob(&ctx, req, &resp);
-  });
+  std::thread stale([&] { stale_status = CreateJob("stale", absl::Seconds(60), old_leader.get(), false); });
   const int second = WaitLeader(absl::Seconds(30), first);
   ASSERT_GE(second, 0) << "nobody took over from a paused leader";
   std::printf("takeover after SIGSTOP of the leader: %lld ms (lease %d ms)\n",
@@ -308,15 +298,7 @@ TEST_F(MetaReplicaTest, APausedLeaderIsReplacedAndCannotWriteWhenItWakes) {
   // The new leader serves while the old one is still paused.
   {
     std::unique_ptr<v1::MetaService::Stub> new_leader = v1::MetaService::NewStub(channel_for(second));
-    v1::CreateJobRequest req;
-    req.mutable_spec()->set_job_id("during");
-    req.mutable_spec()->set_world_size(1);
-    req.mutable_spec()->mutable_protection()->mutable_none();
-    v1::CreateJobResponse resp;
-    grpc::ClientContext ctx;
-    ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
-    ctx.set_wait_for_ready(true);
-    const grpc::Status s = new_leader->CreateJob(&ctx, req, &resp);
+    const grpc::Status s = CreateJob("during", absl::Seconds(10), new_leader.get());
     ASSERT_TRUE(s.ok()) << s.error_message();
   }
 

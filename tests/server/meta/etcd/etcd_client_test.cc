@@ -42,10 +42,7 @@ class EtcdTest : public ::testing::Test {
  protected:
   void SetUp() override {
     if (!EtcdTestServer::Available()) GTEST_SKIP() << EtcdTestServer::MissingReason();
-    absl::StatusOr<TempDir> tmp = TempDir::Create();
-    ASSERT_TRUE(tmp.ok()) << tmp.status();
-    tmp_ = std::make_unique<TempDir>(std::move(*tmp));
-    absl::StatusOr<std::unique_ptr<EtcdTestServer>> server = EtcdTestServer::Start(tmp_->path());
+    absl::StatusOr<std::unique_ptr<EtcdTestServer>> server = EtcdTestServer::StartInTempDir(&tmp_);
     ASSERT_TRUE(server.ok()) << server.status();
     server_ = std::move(*server);
     etcd_ = NewClient();

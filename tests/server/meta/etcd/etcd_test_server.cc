@@ -24,6 +24,13 @@ std::string EtcdTestServer::MissingReason() {
                       "or point CKPT_ETCD_BINARY at an etcd 3.4+");
 }
 
+absl::StatusOr<std::unique_ptr<EtcdTestServer>> EtcdTestServer::StartInTempDir(std::unique_ptr<TempDir>* dir) {
+  absl::StatusOr<TempDir> tmp = TempDir::Create();
+  if (!tmp.ok()) return tmp.status();
+  *dir = std::make_unique<TempDir>(std::move(*tmp));
+  return Start((*dir)->path());
+}
+
 absl::StatusOr<std::unique_ptr<EtcdTestServer>> EtcdTestServer::Start(const std::string& dir) {
   absl::Status last;
   for (int attempt = 0; attempt < 3; ++attempt) {

@@ -22,6 +22,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "support/process.h"
+#include "support/temp_dir.h"
 
 namespace ckpt::testing {
 
@@ -48,6 +49,9 @@ class EtcdTestServer {
 
   // kill -9 by PID, and reap it.
   absl::Status Kill();
+
+  // For a test's SetUp: a new TempDir (into *dir) and an etcd in it.
+  static absl::StatusOr<std::unique_ptr<EtcdTestServer>> StartInTempDir(std::unique_ptr<TempDir>* dir);
 
  private:
   EtcdTestServer(std::unique_ptr<Subprocess> process, std::string endpoint)

@@ -16,6 +16,7 @@
 // store failure), 2 for a usage or configuration error.
 #include <pthread.h>
 #include <signal.h>
+#include <unistd.h>
 
 #include <CLI/CLI.hpp>
 #include <grpcpp/grpcpp.h>
@@ -156,7 +157,15 @@ absl::StatusOr<std::optional<daemon::ReplicaSettings>> LoadReplicaSettings(const
     return absl::InvalidArgumentError(
         "replica_of needs a fixed --listen port: clients are given every replica's address");
   }
+  // How the others and `ckptctl status` name this replica: its listen
+  // address, with this host's name for a wildcard host.
   r.name = listen;
+  if (const std::string host = HostOf(listen); host == "0.0.0.0" || host == "[::]") {
+    char name[256] = {};
+    if (gethostname(name, sizeof(name) - 1) == 0 && name[0] != '\0') {
+      r.name = absl::StrCat(name, listen.substr(host.size()));
+    }
+  }
   CKPT_ASSIGN_OR_RETURN(r.lease, config.GetDurationOr("replica_lease_ms", absl::Seconds(5)));
   if (r.lease < absl::Seconds(1)) {
     return absl::InvalidArgumentError("replica_lease_ms must be at least 1000 (etcd leases are whole seconds)");

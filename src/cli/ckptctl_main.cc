@@ -328,6 +328,7 @@ class Ctl {
     // (inspect): no limit on what we receive.
     grpc::ChannelArguments args;
     args.SetMaxReceiveMessageSize(-1);
+    SetFailoverArgs(g.meta, &args);
     stub_ = v1::MetaService::NewStub(grpc::CreateCustomChannel(GrpcTargetOf(g.meta), g.credentials, args));
   }
 

@@ -510,10 +510,27 @@ std::string GrpcTargetOf(const std::string& addresses) {
   return absl::StrCat(addresses.front() == '[' ? "ipv6:" : "ipv4:", addresses);
 }
 
+void SetFailoverArgs(const std::string& addresses, grpc::ChannelArguments* args) {
+  if (GrpcTargetOf(addresses) == addresses) return;  // one address: nothing to fail over to
+  args->SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 2000);
+  args->SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 3000);
+  args->SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  args->SetInt(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
+  args->SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 5000);  // the connect attempt's timeout
+}
+
+void SetFailoverServerArgs(grpc::ServerBuilder* builder) {
+  builder->AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 1000);
+  builder->AddChannelArgument(GRPC_ARG_HTTP2_MAX_PING_STRIKES, 0);
+  builder->AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+}
+
 std::shared_ptr<grpc::Channel> ChannelWithToken(const std::string& addresses,
                                                 std::shared_ptr<grpc::ChannelCredentials> credentials,
-                                                const grpc::ChannelArguments& args, const std::string& token) {
+                                                const grpc::ChannelArguments& given, const std::string& token) {
   const std::string target = GrpcTargetOf(addresses);
+  grpc::ChannelArguments args = given;
+  SetFailoverArgs(addresses, &args);
   if (token.empty()) return grpc::CreateCustomChannel(target, credentials, args);
   std::vector<std::unique_ptr<grpc::experimental::ClientInterceptorFactoryInterface>> interceptors;
   interceptors.push_back(std::make_unique<TokenInterceptorFactory>(token));

@@ -116,14 +116,25 @@ void SetReconnectArgs(grpc::ChannelArguments* args);
 // addresses works the same way, given alone.
 std::string GrpcTargetOf(const std::string& addresses);
 
+// For a channel to several addresses (GrpcTargetOf): keepalive pings every
+// 2 s (a leader that stopped answering -- paused, or its machine cut off --
+// is given up within about 5 s, and the channel moves on to the next address
+// instead of waiting for TCP to notice), and a connect attempt's timeout of
+// 5 s (an address that accepts but never completes the TLS handshake costs
+// that, not gRPC's 20 s). Nothing for a single address.
+void SetFailoverArgs(const std::string& addresses, grpc::ChannelArguments* args);
+// What a server those channels call must allow: their pings every 2 s.
+void SetFailoverServerArgs(grpc::ServerBuilder* builder);
+
 // Adds "authorization: Bearer TOKEN" to a call (nothing if token is empty).
 void AddToken(grpc::ClientContext* ctx, const std::string& token);
 
-// A channel to `addresses` (GrpcTargetOf) whose every call carries
-// "authorization: Bearer TOKEN" (a plain channel when token is empty).
+// A channel to `addresses` (GrpcTargetOf, with SetFailoverArgs) whose every
+// call carries "authorization: Bearer TOKEN" (a plain channel when token is
+// empty).
 std::shared_ptr<grpc::Channel> ChannelWithToken(const std::string& addresses,
                                                 std::shared_ptr<grpc::ChannelCredentials> credentials,
-                                                const grpc::ChannelArguments& args, const std::string& token);
+                                                const grpc::ChannelArguments& given, const std::string& token);
 
 // OK if `ctx` carries `admin_token` (or no admin token is configured);
 // UNAUTHENTICATED without a token, PERMISSION_DENIED with another one; the

@@ -625,6 +625,9 @@ int Serve(const Settings& settings, const sigset_t& signals) {
     // gRPC sets SO_REUSEPORT by default, which would let a second ckpt-meta
     // bind the same port and silently share the traffic: refuse instead.
     builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+    // Callers given several replicas ping every 2 s to notice a leader that
+    // stopped answering (SetFailoverArgs): allow it.
+    SetFailoverServerArgs(&builder);
     // Heartbeat and ReportShards are callback reactors finished by the core's
     // durability thread, so many reports share each fsync without parking a
     // thread each. The other RPCs are synchronous and may block on the group

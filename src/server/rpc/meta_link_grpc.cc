@@ -109,6 +109,7 @@ std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address,
                                            const std::shared_ptr<grpc::ChannelCredentials>& credentials) {
   grpc::ChannelArguments args;
   SetReconnectArgs(&args);
+  SetFailoverArgs(address, &args);
   return grpc::CreateCustomChannel(
       GrpcTargetOf(address), credentials != nullptr ? credentials : grpc::InsecureChannelCredentials(), args);
 }

@@ -72,7 +72,7 @@ class Daemons:
             "--listen", f"127.0.0.1:{self.meta_ports[i]}", "--metrics-listen",
             f"127.0.0.1:{self.meta_metrics_ports[i]}", "--data-dir", str(self.root / f"meta{i}"),
             "--replica-of", f"etcd://{self.etcd_endpoint}/ckpt/bench", "--replica-lease-ms",
-            str(self.replica_lease_ms), *self.tls.meta_flags()], binary="ckpt-meta")
+            str(self.replica_lease_ms), "--etcd-plaintext", *self.tls.meta_flags()], binary="ckpt-meta")
         self.metas[i] = p
         return p
 

@@ -102,7 +102,7 @@ int main(int argc, char** argv) {
       return 1;
     }
     etcd = std::move(*e);
-    replica_args = {"--replica-of", "etcd://" + etcd->endpoint() + "/ckpt/bench"};
+    replica_args = {"--replica-of", "etcd://" + etcd->endpoint() + "/ckpt/bench", "--etcd-plaintext"};
   }
 #endif
   auto meta = ckpt::testing::MetaProcess::Start(*dir->Sub("data"), *dir->Sub("logs"),

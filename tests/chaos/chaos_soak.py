@@ -561,7 +561,7 @@ class Soak:
                                     "--metrics-listen", f"127.0.0.1:{metrics}",
                                     "--data-dir", str(self.work / f"meta{i}"),
                                     "--replica-of", f"etcd://{endpoint}/ckpt/chaos", "--replica-lease-ms", "2000",
-                                    *common],
+                                    "--etcd-plaintext", *common],
                        self.work / f"meta{i}.log", env, prefix)
             d.metrics_port, d.port = metrics, port
             self.metas.append(d)

@@ -98,7 +98,7 @@ class MetaReplicaTest : public ::testing::Test {
               "--metrics-listen", absl::StrCat("127.0.0.1:", metrics_port_[i]),
               "--data-dir", DataDir(i),
               "--replica-of", absl::StrCat("etcd://", etcd_->endpoint(), "/ckpt/test"),
-              "--replica-lease-ms", std::to_string(kLeaseMs),
+              "--replica-lease-ms", std::to_string(kLeaseMs), "--etcd-plaintext",
               "--tls-ca", tls.ca, "--tls-cert", tls.cert, "--tls-key", tls.key};
     o.name = absl::StrCat("ckpt-meta-", i);
     o.log_dir = tmp_->path();
@@ -342,6 +342,59 @@ TEST_F(MetaReplicaTest, AReplicaThatLostItsDiskReplaysTheLogAndLeadsWithEverythi
   const std::set<std::string> jobs = Jobs();
   for (int i = 0; i < 20; ++i) EXPECT_EQ(jobs.count(absl::StrCat("j", i)), 1u) << i;
   EXPECT_EQ(jobs.count("after-wipe"), 1u);
+}
+
+// Bad replica settings: ckpt-meta (and an agent given a bad list of meta
+// addresses) exits 2 naming the problem, before it touches its data dir or
+// reaches for etcd.
+TEST(MetaReplicaUsageTest, BadReplicaSettingsAreRefusedClearlyAndCreateNothing) {
+  absl::StatusOr<TempDir> tmp = TempDir::Create();
+  ASSERT_TRUE(tmp.ok()) << tmp.status();
+  const std::string data = tmp->path() + "/meta-data";
+  auto run = [&](std::vector<std::string> argv) {
+    SubprocessOptions o;
+    o.argv = std::move(argv);
+    o.env = {{"CKPT_META", ""}, {"CKPT_TLS_CA", ""}, {"CKPT_TLS_CERT", ""}, {"CKPT_TLS_KEY", ""}};
+    absl::StatusOr<RunResult> r = RunToCompletion(o, absl::Seconds(60));
+    EXPECT_TRUE(r.ok()) << r.status();
+    return r.ok() ? *std::move(r) : RunResult{ExitStatus(-1), "", ""};
+  };
+  const std::vector<std::string> meta = {BinaryPath("ckpt-meta"), "--insecure", "--listen", "127.0.0.1:17400",
+                                         "--data-dir", data};
+  const struct {
+    std::vector<std::string> args;
+    const char* want;
+  } cases[] = {
+      {{"--replica-of", "http://127.0.0.1:2379/ckpt/a", "--etcd-plaintext"}, "not an etcd:// address"},
+      {{"--replica-of", "etcd://127.0.0.1:2379", "--etcd-plaintext"}, "no prefix after the members"},
+      {{"--replica-of", "etcd://127.0.0.1:2379/ckpt/../x", "--etcd-plaintext"}, "prefix element '..'"},
+      {{"--replica-of", "etcd://127.0.0.1/ckpt/a", "--etcd-plaintext"}, "no ':port'"},
+      {{"--replica-of", "etcd://127.0.0.1:2379/ckpt/a"}, "needs TLS to etcd"},
+      {{"--replica-of", "etcd://10.0.0.1:2379/ckpt/a", "--etcd-plaintext"}, "10.0.0.1:2379 is not on loopback"},
+      {{"--replica-of", "etcd://127.0.0.1:2379/ckpt/a", "--etcd-ca", "/nonexistent/ca.pem"},
+       "etcd_ca without etcd_cert and etcd_key"},
+      {{"--replica-of", "etcd://127.0.0.1:2379/ckpt/a", "--etcd-plaintext", "--replica-lease-ms", "500"},
+       "at least 1000"},
+      {{"--etcd-plaintext"}, "only for replicas"},
+  };
+  for (const auto& c : cases) {
+    std::vector<std::string> argv = meta;
+    argv.insert(argv.end(), c.args.begin(), c.args.end());
+    const RunResult r = run(argv);
+    EXPECT_TRUE(r.status.exited() && r.status.exit_code() == 2) << absl::StrJoin(c.args, " ") << ": " << r.status;
+    EXPECT_NE(r.stderr_text.find(c.want), std::string::npos) << absl::StrJoin(c.args, " ") << ": " << r.stderr_text;
+  }
+  // Replicas need a fixed port: clients are given every replica's address.
+  RunResult r = run({BinaryPath("ckpt-meta"), "--insecure", "--listen", "127.0.0.1:0", "--data-dir", data,
+                     "--replica-of", "etcd://127.0.0.1:2379/ckpt/a", "--etcd-plaintext"});
+  EXPECT_EQ(r.status.exit_code(), 2);
+  EXPECT_NE(r.stderr_text.find("fixed --listen port"), std::string::npos) << r.stderr_text;
+  EXPECT_FALSE(std::filesystem::exists(data)) << "a refused start created its data dir";
+  // An agent given a list of meta addresses that are not IP literals.
+  r = run({BinaryPath("ckpt-agent"), "--node-id", "n1", "--meta", "127.0.0.1:7400,meta-b.example:7400", "--run-dir",
+           tmp->path(), "--memory", "64MiB"});
+  EXPECT_EQ(r.status.exit_code(), 2) << r.stderr_text;
+  EXPECT_NE(r.stderr_text.find("must be IP literals"), std::string::npos) << r.stderr_text;
 }
 
 }  // namespace

@@ -103,7 +103,7 @@ const std::set<std::string>& KnownKeys() {
       "tls_ca",       "tls_cert",  "tls_key", "tls_reload_seconds", "tls_crl_dir",
       "admin_token_file", "agent_token_file",
       "trainer_tokens_file", "insecure",
-      "replica_of", "replica_lease_ms", "etcd_ca", "etcd_cert", "etcd_key",
+      "replica_of", "replica_lease_ms", "etcd_ca", "etcd_cert", "etcd_key", "etcd_plaintext",
   };
   return *keys;
 }
@@ -141,7 +141,7 @@ absl::StatusOr<std::string> ReadPem(const std::string& key, const std::string& p
 absl::StatusOr<std::optional<daemon::ReplicaSettings>> LoadReplicaSettings(const Config& config,
                                                                            const std::string& listen) {
   const std::string url = config.GetStringOr("replica_of", "");
-  for (const char* key : {"replica_lease_ms", "etcd_ca", "etcd_cert", "etcd_key"}) {
+  for (const char* key : {"replica_lease_ms", "etcd_ca", "etcd_cert", "etcd_key", "etcd_plaintext"}) {
     if (url.empty() && config.Has(key)) {
       return absl::InvalidArgumentError(absl::StrCat(key, " is only for replicas: give replica_of too"));
     }
@@ -175,6 +175,11 @@ absl::StatusOr<std::optional<daemon::ReplicaSettings>> LoadReplicaSettings(const
   if (cert.empty() != key.empty() || (ca.empty() && !cert.empty())) {
     return absl::InvalidArgumentError("etcd_cert and etcd_key go together, and need etcd_ca");
   }
+  if (!ca.empty() && cert.empty()) {
+    return absl::InvalidArgumentError(
+        "etcd_ca without etcd_cert and etcd_key: etcd must know meta by a client certificate (anyone who can "
+        "write the log writes meta's state)");
+  }
   if (!ca.empty()) {
     grpc::SslCredentialsOptions ssl;
     CKPT_ASSIGN_OR_RETURN(ssl.pem_root_certs, ReadPem("etcd_ca", ca));
@@ -183,15 +188,23 @@ absl::StatusOr<std::optional<daemon::ReplicaSettings>> LoadReplicaSettings(const
       CKPT_ASSIGN_OR_RETURN(ssl.pem_private_key, ReadPem("etcd_key", key));
     }
     r.credentials = grpc::SslCredentials(ssl);
-  } else {
-    // The log holds every record and the data-plane key: plaintext only
-    // where nobody else can listen.
-    for (const std::string& e : r.endpoints) {
-      if (!IsLoopbackListen(e)) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "replica_of: etcd member ", e,
-            " is not on loopback: give etcd_ca (and etcd_cert, etcd_key) so that the log travels over TLS"));
-      }
+  }
+  // The log holds every record and the data-plane key, and whoever can write
+  // it writes meta's state: TLS with a client certificate unless the operator
+  // says otherwise, and then only on loopback (a test cluster).
+  CKPT_ASSIGN_OR_RETURN(const bool plaintext, config.GetBoolOr("etcd_plaintext", false));
+  if (plaintext && !ca.empty()) {
+    return absl::InvalidArgumentError("etcd_plaintext and etcd_ca exclude each other");
+  }
+  if (ca.empty() && !plaintext) {
+    return absl::InvalidArgumentError(
+        "replica_of needs TLS to etcd: give etcd_ca, etcd_cert and etcd_key (etcd started with "
+        "--client-cert-auth), or etcd_plaintext for a test cluster on loopback");
+  }
+  for (const std::string& e : r.endpoints) {
+    if (plaintext && !IsLoopbackListen(e)) {
+      return absl::InvalidArgumentError(absl::StrCat("etcd_plaintext: etcd member ", e,
+                                                     " is not on loopback; give etcd_ca, etcd_cert and etcd_key"));
     }
   }
   return r;
@@ -690,6 +703,7 @@ int Main(int argc, char** argv) {
   std::string listen, data_dir, metrics_listen, config_file, lease_ms, heartbeat_ms, log_level,
       log_file, default_protection, open_version_timeout_ms, lost_copy_grace_ms, admin_token_file, agent_token_file,
       trainer_tokens_file, replica_of, replica_lease_ms, etcd_ca, etcd_cert, etcd_key;
+  bool etcd_plaintext = false;
   daemon::TlsFlags tls_flags;
   bool log_json = false;
   CLI::Option* listen_opt =
@@ -798,13 +812,19 @@ int Main(int argc, char** argv) {
           ->type_name("MS")
           ->default_str("5000");
   CLI::Option* etcd_ca_opt = app.add_option("--etcd-ca", etcd_ca,
-                                            "CA certificate (PEM) of etcd's members: talk to etcd over TLS. "
-                                            "Required unless every member is on loopback.")
+                                            "CA certificate (PEM) of etcd's members: talk to etcd over TLS, "
+                                            "with --etcd-cert and --etcd-key. Required with --replica-of unless "
+                                            "--etcd-plaintext.")
                                  ->type_name("FILE");
   CLI::Option* etcd_cert_opt =
-      app.add_option("--etcd-cert", etcd_cert, "Client certificate (PEM) for etcd, with --etcd-key.")->type_name("FILE");
+      app.add_option("--etcd-cert", etcd_cert, "Client certificate (PEM) meta shows etcd, with --etcd-key.")
+          ->type_name("FILE");
   CLI::Option* etcd_key_opt =
       app.add_option("--etcd-key", etcd_key, "Private key (PEM) of --etcd-cert.")->type_name("FILE");
+  CLI::Option* etcd_plaintext_opt = app.add_flag(
+      "--etcd-plaintext", etcd_plaintext,
+      "Talk to etcd without TLS: only for a test cluster whose etcd members are all on loopback (anyone who can "
+      "write etcd's log writes meta's state).");
 
   try {
     app.parse(argc, argv);
@@ -838,6 +858,7 @@ int Main(int argc, char** argv) {
   set(etcd_ca_opt, "--etcd-ca", etcd_ca);
   set(etcd_cert_opt, "--etcd-cert", etcd_cert);
   set(etcd_key_opt, "--etcd-key", etcd_key);
+  set(etcd_plaintext_opt, "--etcd-plaintext", etcd_plaintext ? "true" : "false");
   daemon::SetTlsFlags(tls_flags, &flags);
 
   absl::StatusOr<Settings> settings = LoadSettings(config_file, flags);

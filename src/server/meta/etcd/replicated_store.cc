@@ -467,6 +467,21 @@ absl::StatusOr<int64_t> LogFollower::ReadToEnd(uint64_t* end_index) {
     }
     if (!r->more || r->kvs.empty()) break;
   }
+  // A snapshot written since LoadSnapshotIfAhead looked may have trimmed the
+  // entries we needed before `revision`: then the read found none of them
+  // (or later ones only, caught above). The head as of that revision says.
+  EtcdRange at;
+  at.revision = revision;
+  absl::StatusOr<EtcdRangeResult> head = etcd_->Range(replica::SnapshotHeadKey(root_), at);
+  if (!head.ok()) return head.status();
+  if (!head->kvs.empty()) {
+    absl::StatusOr<replica::SnapshotHead> h = replica::DecodeSnapshotHead(head->kvs[0].value);
+    if (!h.ok()) return h.status();
+    if (h->index >= next_) {
+      return absl::AbortedError(absl::StrCat("meta log: entry ", next_, " was trimmed behind snapshot ", h->index,
+                                             " while read; reading the snapshot"));
+    }
+  }
   *end_index = next_;
   return revision;
 }

@@ -61,6 +61,8 @@ struct ReplicaOptions {
   // A snapshot of the store is written to etcd after this many log entries
   // since the last one, and the log before it is deleted and etcd's history
   // compacted (meta_log.h "Snapshots"); 0: never (the log grows without end).
+  // A snapshot starts after the group that makes it due, unless the previous
+  // one is still being written; then the next group starts it.
   uint64_t snapshot_every_entries = 10000;
 };
 

@@ -279,7 +279,10 @@ TEST_F(ReplicatedStoreTest, SnapshotsTrimTheLogAndBringUpAReplicaThatIsFarBehind
   ASSERT_TRUE(leader->store->Commit(std::move(del)).ok());
   // Snapshots run beside the writer: wait for one past the start of the log.
   const absl::Time deadline = absl::Now() + absl::Seconds(20);
-  while (leader->store->replica_stats().snapshot_index < 20 && absl::Now() < deadline) {
+  // A snapshot is started by a write after it is due (not while the previous
+  // one is still being written): keep writing until one past index 20 is done.
+  for (int i = 0; leader->store->replica_stats().snapshot_index < 20 && absl::Now() < deadline; ++i) {
+    ASSERT_TRUE(leader->store->Commit(Batch("n/tick", absl::StrCat(i))).ok());
     absl::SleepFor(absl::Milliseconds(20));
   }
   const ReplicaStats stats = leader->store->replica_stats();

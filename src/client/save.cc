@@ -600,6 +600,8 @@ void AskEarly(ClientCore& core, uint64_t step, EarlyLease& early, bool begin_at_
 // A lease asked for and not committed into: released once answered, in the
 // background (on the caller's thread if the executor is full).
 void ReleaseInBackground(ClientCore& core, std::shared_ptr<EarlyLease> early) {
+  // Not in a fork()ed child: the executor and the session are the parent's.
+  if (!core.CheckProcess().ok()) return;
   auto release = [&core, early] {
     early->done.WaitForNotification();
     if (early->answer.ok() && !early->session->Closed()) {
@@ -720,6 +722,10 @@ SaveBuilder::SaveBuilder(std::shared_ptr<client::ClientCore> core, uint64_t step
   s.items.reserve(expect);
   s.names->set.reserve(expect);
   const uint64_t size = c.last_full_save_bytes.load(std::memory_order_relaxed);
+  // A fork()ed child touches none of the client's mutexes: one may have been
+  // held by a parent's thread at fork() and would stay locked here forever.
+  // Its Commit is refused (CheckProcess).
+  if (!c.CheckProcess().ok()) return;
   // The lease asked for ahead of this save, if it guessed this step.
   std::shared_ptr<client::EarlyLease> ahead;
   {
@@ -727,7 +733,7 @@ SaveBuilder::SaveBuilder(std::shared_ptr<client::ClientCore> core, uint64_t step
     s.begun_seq = ++c.saves_begun;
     if (c.ahead != nullptr && c.ahead_step == step) ahead = std::move(c.ahead);
   }
-  if (size == 0 || !ValidateStep(step).ok() || !c.CheckProcess().ok()) {
+  if (size == 0 || !ValidateStep(step).ok()) {
     if (ahead != nullptr) client::ReleaseInBackground(c, std::move(ahead));
     return;
   }

@@ -544,7 +544,7 @@ class Cluster:
     """ckpt-meta on host "meta" and agents n1..nN on hosts of the same names (module doc)."""
 
     def __init__(self, net, agents, build=None, lease_ms=5000, heartbeat_ms=1000, peer_timeout_ms=3000,
-                 memory="64MiB", label="cluster", extra_meta=(), extra_agent=()):
+                 memory="64MiB", label="cluster", extra_meta=(), extra_agent=(), meta_replicas=0):
         self.net = net
         self.build = pathlib.Path(build or os.environ.get("CKPT_BUILD_DIR", ROOT / "build")).resolve()
         self.bin = self.build / "bin"
@@ -572,14 +572,34 @@ class Cluster:
         self.env.update(UCX_TLS="tcp", UCX_NET_DEVICES="eth0")
         self.tls = NetTls(self.work / "pki", self.bin)
         self.admin_env = dict(self.env, **self.tls.admin_env())
-        self.meta_host = net.add_host("meta")
+        self.meta_replicas = meta_replicas
+        self.meta_hosts = [net.add_host(f"m{i}") for i in range(1, meta_replicas + 1)]
+        # One meta on host "meta"; with replicas, ckptctl runs on a host of its own ("admin").
+        self.meta_host = net.add_host("admin" if meta_replicas else "meta")
         self.agent_hosts = [net.add_host(f"n{i}") for i in range(1, agents + 1)]
-        self.meta_addr = f"{self.meta_host.address}:7400"
+        self.meta_addr = (",".join(f"{h.address}:7400" for h in self.meta_hosts) if meta_replicas
+                          else f"{self.meta_host.address}:7400")
         self.meta_proc = None
+        self.meta_procs = {}  # replica host name -> Popen (meta_replicas)
+        self.etcd_procs = {}  # replica host name -> Popen of the etcd member beside it
+        self.extra_meta = list(extra_meta)
         self.agents = {}  # node -> Popen
-        log(f"{label}: {1 + agents} hosts on the bridge: " +
-            ", ".join(f"{h.name}={h.address}" for h in [self.meta_host] + self.agent_hosts) + f"; logs in {self.work}")
-        self.start_meta(extra_meta)
+        log(f"{label}: {len(net.hosts)} hosts on the bridge: " +
+            ", ".join(f"{h.name}={h.address}" for h in net.hosts.values()) + f"; logs in {self.work}")
+        if meta_replicas:
+            # etcd's members have a CA of their own (as an operator would keep them): meta shows
+            # them a certificate of that CA, and they show meta theirs.
+            self.etcd_tls = NetTls(self.work / "etcd-pki", self.bin)
+            for h in self.meta_hosts:
+                self.start_etcd(h.name)
+            for h in self.meta_hosts:
+                self.wait_listening(h, 2379, self.etcd_procs[h.name], f"etcd {h.name}")
+            for h in self.meta_hosts:
+                self.start_replica(h.name)
+            if self.wait_leader(60) is None:
+                raise RuntimeError(f"no meta replica leads after 60 s (logs in {self.work})")
+        else:
+            self.start_meta(extra_meta)
         for h in self.agent_hosts:
             self.start_agent(h.name)
         self.wait_alive([h.name for h in self.agent_hosts], 60)
@@ -593,6 +613,72 @@ class Cluster:
             "--data-dir", self.work / "meta", "--lease-ms", self.lease_ms, "--heartbeat-ms", self.heartbeat_ms,
             *tls_flags(self.tls.meta_at(self.meta_host.address)), *extra], self.work / "meta.log", env=self.env)
         self.wait_listening(self.meta_host, 7400, self.meta_proc, "ckpt-meta")
+
+    # ---- meta replicas (meta_replicas > 0): on hosts m1..mN, each beside an etcd member
+    def start_etcd(self, name):
+        """Starts (or restarts, on its data dir) the etcd member on replica host `name`: mutual
+        TLS to clients and to its peers, with the etcd CA's certificates."""
+        host = self.net.host(name)
+        files = self.etcd_tls.meta_at(host.address)
+        peers = ",".join(f"{h.name}=https://{h.address}:2380" for h in self.meta_hosts)
+        a = host.address
+        p = self.net.spawn(host, [
+            "/usr/bin/etcd", "--name", name, "--data-dir", self.work / f"etcd-{name}",
+            "--listen-client-urls", f"https://{a}:2379", "--advertise-client-urls", f"https://{a}:2379",
+            "--listen-peer-urls", f"https://{a}:2380", "--initial-advertise-peer-urls", f"https://{a}:2380",
+            "--initial-cluster", peers, "--initial-cluster-token", self.net.tag, "--initial-cluster-state", "new",
+            "--cert-file", files.cert, "--key-file", files.key, "--trusted-ca-file", files.ca,
+            "--client-cert-auth", "--peer-cert-file", files.cert, "--peer-key-file", files.key,
+            "--peer-trusted-ca-file", files.ca, "--peer-client-cert-auth",
+            # --pre-vote: a member that was cut off does not depose etcd's leader when it comes
+            # back (etcd 3.4 has it off by default; docs/operations.md says to turn it on).
+            "--pre-vote", "--heartbeat-interval", "100", "--election-timeout", "1000"],
+            self.work / f"etcd-{name}.log", env=self.env)
+        self.etcd_procs[name] = p
+        return p
+
+    def start_replica(self, name):
+        """Starts (or restarts) ckpt-meta on replica host `name`, a replica of the etcd members'
+        log; only the leader opens --listen."""
+        host = self.net.host(name)
+        endpoints = ",".join(f"{h.address}:2379" for h in self.meta_hosts)
+        etcd = self.etcd_tls.meta_at(host.address)
+        p = self.net.spawn(host, [
+            self.bin / "ckpt-meta", "--listen", f"{host.address}:7400", "--metrics-listen", "127.0.0.1:9400",
+            "--data-dir", self.work / f"meta-{name}", "--lease-ms", self.lease_ms,
+            "--heartbeat-ms", self.heartbeat_ms, "--replica-of", f"etcd://{endpoints}/ckpt/{self.net.tag}",
+            "--etcd-ca", etcd.ca, "--etcd-cert", etcd.cert, "--etcd-key", etcd.key,
+            *tls_flags(self.tls.meta_at(host.address)), *self.extra_meta], self.work / f"meta-{name}.log",
+            env=self.env)
+        self.meta_procs[name] = p
+        return p
+
+    def replicas(self):
+        """ckptctl status's replicas: {host name: (leader, applied_index)}, {} if meta cannot be
+        asked."""
+        d = self.ctl("status", check=False, timeout=5)
+        by_address = {h.address: h.name for h in self.meta_hosts}
+        out = {}
+        for r in (d or {}).get("meta_replicas", []):
+            out[by_address.get(r["address"].rsplit(":", 1)[0], r["address"])] = (r["leader"], r["applied_index"])
+        return out
+
+    def leader(self):
+        """The replica host whose meta leads (as meta's status says), or None."""
+        return next((n for n, (lead, _) in self.replicas().items() if lead), None)
+
+    def wait_leader(self, timeout, other_than=None):
+        """Waits for a leader (other than `other_than`): its host name, None on timeout."""
+        found = []
+
+        def led():
+            n = self.leader()
+            if n is not None and n != other_than:
+                found.append(n)
+                return True
+            return False
+        ok, _ = wait_for(led, timeout, period=0.2)
+        return found[-1] if ok else None
 
     def start_agent(self, node):
         host = self.net.host(node)

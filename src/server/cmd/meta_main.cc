@@ -93,6 +93,7 @@ constexpr absl::Duration kStatsInterval = absl::Seconds(1);
 // diverged from disk, and only a restart (reload) fixes that.
 constexpr int kStoreProbeEveryTicks = 5;
 constexpr auto kDrainDeadline = std::chrono::seconds(5);
+constexpr auto kDeposedDrainDeadline = std::chrono::seconds(1);
 
 // Config keys this daemon reads (file keys, and flags spelled with '-').
 const std::set<std::string>& KnownKeys() {
@@ -669,7 +670,10 @@ int Serve(const Settings& settings, const sigset_t& signals) {
   stopping.store(true);
   service.Shutdown();  // streams and waits end with UNAVAILABLE within ~1 s
   if (server != nullptr) {
-    server->Shutdown(std::chrono::system_clock::now() + kDrainDeadline);
+    // A deposed leader has nothing to finish (its writes are fenced) and a
+    // replica is taking over: callers are sent on at once.
+    const bool deposed = replica != nullptr && replica->leading() && !replica->WaitLost(absl::ZeroDuration()).ok();
+    server->Shutdown(std::chrono::system_clock::now() + (deposed ? kDeposedDrainDeadline : kDrainDeadline));
     server->Wait();
     server.reset();
   }

@@ -100,11 +100,16 @@ class EtcdReplica : public MetaReplica {
 
   ~EtcdReplica() override {
     if (follower_ != nullptr) follower_->Stop();
-    store_.reset();  // writes what is queued
-    if (election_ != nullptr && leading()) {
-      if (absl::Status s = election_->Resign(); !s.ok()) log::Warn("ckpt-meta: resigning: {}", s.ToString());
+    store_.reset();  // writes what is queued (fails at once if the lease is lost)
+    std::shared_ptr<Candidacy> c = candidacy();
+    if (c == nullptr) return;
+    // A lost lease: nothing to resign or revoke (etcd may be unreachable, and
+    // each try would wait out its deadline before this process could exit).
+    if (!c->session->status().ok()) return;
+    if (leading()) {
+      if (absl::Status s = c->election->Resign(); !s.ok()) log::Warn("ckpt-meta: resigning: {}", s.ToString());
     }
-    if (session_ != nullptr) (void)session_->Close();  // our keys go now, not a lease later
+    (void)c->session->Close();  // our keys go now, not a lease later
   }
 
   absl::Status Init() {
@@ -114,35 +119,55 @@ class EtcdReplica : public MetaReplica {
     absl::StatusOr<std::unique_ptr<meta::EtcdClient>> etcd = meta::EtcdClient::Create(options);
     if (!etcd.ok()) return etcd.status();
     etcd_ = std::move(*etcd);
-    absl::StatusOr<std::unique_ptr<meta::EtcdSession>> session = meta::EtcdSession::Create(etcd_.get(), settings_.lease);
-    if (!session.ok()) return session.status();
-    session_ = std::move(*session);
-    election_ = std::make_unique<meta::EtcdElection>(etcd_.get(), session_.get(),
-                                                      meta::replica::LeaderPrefix(settings_.root));
+    absl::StatusOr<std::shared_ptr<Candidacy>> c = NewCandidacy();
+    if (!c.ok()) return c.status();
+    {
+      absl::MutexLock lock(&mu_);
+      candidacy_ = std::move(*c);
+    }
     absl::StatusOr<std::unique_ptr<meta::LogFollower>> follower =
         meta::LogFollower::Create(local_, etcd_.get(), settings_.root);
     if (!follower.ok()) return follower.status();
     follower_ = std::move(*follower);
     follower_->Start();
     log::Info("ckpt-meta: replica of etcd {} {} (lease {} s): following the log from index {}",
-              absl::StrJoin(settings_.endpoints, ","), settings_.root, absl::ToInt64Seconds(session_->ttl()),
+              absl::StrJoin(settings_.endpoints, ","), settings_.root, absl::ToInt64Seconds(candidacy()->session->ttl()),
               follower_->applied_index() + 1);
     return absl::OkStatus();
   }
 
   absl::Status Lead(StopRequest* stop) override {
     std::string last_error;
+    std::shared_ptr<Candidacy> c = candidacy();
     for (;;) {
       if (stop->requested()) return absl::CancelledError("stopping");
       if (absl::Status s = follower_->status(); !s.ok()) return absl::FailedPreconditionError(s.message());
-      const absl::Status s = election_->Campaign(settings_.name, kCampaignSlice);
+      const absl::Status s = c->election->Campaign(settings_.name, kCampaignSlice);
       if (s.ok()) break;
-      if (absl::IsFailedPrecondition(s)) return s;  // session lost
+      if (absl::IsFailedPrecondition(s)) {
+        // Our lease lapsed while we followed (the etcd member we talked to
+        // was cut off, or lost its quorum): a follower has nothing to fence,
+        // so it queues again with a new lease instead of exiting.
+        log::Warn("ckpt-meta: campaigning: {}; queueing again with a new lease", s.ToString());
+        absl::StatusOr<std::shared_ptr<Candidacy>> renewed = NewCandidacy();
+        if (!renewed.ok()) {
+          if (renewed.status().ToString() != last_error) {
+            log::Warn("ckpt-meta: campaigning: a new lease: {}", renewed.status().ToString());
+            last_error = renewed.status().ToString();
+          }
+          absl::SleepFor(kCampaignSlice);
+          continue;
+        }
+        c = std::move(*renewed);
+        absl::MutexLock lock(&mu_);
+        candidacy_ = c;  // the old one is freed by its last user
+        continue;
+      }
       if (!absl::IsDeadlineExceeded(s) && s.ToString() != last_error) {
         log::Warn("ckpt-meta: campaigning: {}", s.ToString());
         last_error = s.ToString();
       }
-      absl::StatusOr<meta::EtcdKeyValue> leader = election_->Leader();
+      absl::StatusOr<meta::EtcdKeyValue> leader = c->election->Leader();
       absl::MutexLock lock(&mu_);
       leader_name_ = leader.ok() ? leader->value : "unknown";
     }
@@ -156,16 +181,16 @@ class EtcdReplica : public MetaReplica {
                          absl::IsAborted(next.status()))) {
         break;
       }
-      if (!session_->status().ok()) return absl::FailedPreconditionError(session_->status().message());
+      if (!c->session->status().ok()) return absl::FailedPreconditionError(c->session->status().message());
       absl::SleepFor(absl::Milliseconds(100));
     }
     if (!next.ok()) return absl::FailedPreconditionError(absl::StrCat("catching up with the log: ", next.status().message()));
-    store_ = std::make_unique<meta::ReplicatedMetaStore>(local_, etcd_.get(), election_.get(), settings_.root, *next);
+    store_ = std::make_unique<meta::ReplicatedMetaStore>(local_, etcd_.get(), c->election.get(), settings_.root, *next);
     {
       absl::MutexLock lock(&mu_);
       leading_ = true;
     }
-    log::Info("ckpt-meta: leading {} from log index {} (election key {})", settings_.root, *next, election_->key());
+    log::Info("ckpt-meta: leading {} from log index {} (election key {})", settings_.root, *next, c->election->key());
     return absl::OkStatus();
   }
 
@@ -174,7 +199,7 @@ class EtcdReplica : public MetaReplica {
   void Publish() override {
     const absl::StatusOr<int64_t> put =
         etcd_->Put(absl::StrCat(settings_.root, "/replicas/", settings_.name), absl::StrCat(applied_index()),
-                   session_->lease_id());
+                   candidacy()->session->lease_id());
     if (put.ok() == publish_ok_) return;
     publish_ok_ = put.ok();
     if (!put.ok()) log::Warn("ckpt-meta: cannot publish this replica's progress in etcd: {}", put.status().ToString());
@@ -186,7 +211,7 @@ class EtcdReplica : public MetaReplica {
     range.range_end = meta::EtcdPrefixEnd(dir);
     absl::StatusOr<meta::EtcdRangeResult> r = etcd_->Range(dir, range);
     if (!r.ok()) return r.status();
-    absl::StatusOr<meta::EtcdKeyValue> leader = election_->Leader();
+    absl::StatusOr<meta::EtcdKeyValue> leader = candidacy()->election->Leader();
     std::vector<View> out;
     for (const meta::EtcdKeyValue& kv : r->kvs) {
       View v;
@@ -198,7 +223,7 @@ class EtcdReplica : public MetaReplica {
     return out;
   }
 
-  absl::Status WaitLost(absl::Duration timeout) override { return session_->WaitLost(timeout); }
+  absl::Status WaitLost(absl::Duration timeout) override { return candidacy()->session->WaitLost(timeout); }
 
   std::string Role() override {
     absl::MutexLock lock(&mu_);
@@ -219,9 +244,27 @@ class EtcdReplica : public MetaReplica {
  private:
   const ReplicaSettings settings_;
   meta::MetaStore* const local_;
+  // A lease and our place in the election under it. Replaced (by Lead, while
+  // following) when the lease lapses; readers copy the pointer under mu_.
+  struct Candidacy {
+    std::unique_ptr<meta::EtcdSession> session;
+    std::unique_ptr<meta::EtcdElection> election;  // on `session`
+  };
+  absl::StatusOr<std::shared_ptr<Candidacy>> NewCandidacy() {
+    absl::StatusOr<std::unique_ptr<meta::EtcdSession>> session = meta::EtcdSession::Create(etcd_.get(), settings_.lease);
+    if (!session.ok()) return session.status();
+    auto c = std::make_shared<Candidacy>();
+    c->session = std::move(*session);
+    c->election = std::make_unique<meta::EtcdElection>(etcd_.get(), c->session.get(),
+                                                         meta::replica::LeaderPrefix(settings_.root));
+    return c;
+  }
+  std::shared_ptr<Candidacy> candidacy() {
+    absl::MutexLock lock(&mu_);
+    return candidacy_;
+  }
+
   std::unique_ptr<meta::EtcdClient> etcd_;
-  std::unique_ptr<meta::EtcdSession> session_;
-  std::unique_ptr<meta::EtcdElection> election_;
   std::unique_ptr<meta::LogFollower> follower_;
   std::unique_ptr<meta::ReplicatedMetaStore> store_;  // set once by Lead, before leading_
 
@@ -230,6 +273,7 @@ class EtcdReplica : public MetaReplica {
   absl::Mutex mu_;
   bool leading_ ABSL_GUARDED_BY(mu_) = false;
   std::string leader_name_ ABSL_GUARDED_BY(mu_) = "unknown";
+  std::shared_ptr<Candidacy> candidacy_ ABSL_GUARDED_BY(mu_);  // set by Init
 };
 
 }  // namespace

@@ -194,8 +194,8 @@ struct EtcdClient::Impl {
     }
   }
 
-  void Prepare(grpc::ClientContext* ctx) const {
-    ctx->set_deadline(DeadlineAfter(call_timeout));
+  void Prepare(grpc::ClientContext* ctx, absl::Duration timeout = absl::ZeroDuration()) const {
+    ctx->set_deadline(DeadlineAfter(timeout > absl::ZeroDuration() ? std::min(timeout, call_timeout) : call_timeout));
     ctx->set_wait_for_ready(false);  // a member that is down fails fast
   }
 };
@@ -445,14 +445,14 @@ absl::Status EtcdClient::Compact(int64_t revision) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<EtcdTxnResult> EtcdClient::Txn(const EtcdTxn& txn) {
+absl::StatusOr<EtcdTxnResult> EtcdClient::Txn(const EtcdTxn& txn, absl::Duration timeout) {
   pb::TxnRequest req;
   for (const EtcdCompare& c : txn.compare) ToProto(c, req.add_compare());
   for (const EtcdOp& op : txn.success) ToProto(op, req.add_success());
   for (const EtcdOp& op : txn.failure) ToProto(op, req.add_failure());
   pb::TxnResponse resp;
   grpc::ClientContext ctx;
-  impl_->Prepare(&ctx);
+  impl_->Prepare(&ctx, timeout);
   const size_t i = impl_->Pick();
   grpc::Status status = impl_->endpoints[i].kv->Txn(&ctx, req, &resp);
   if (!status.ok()) {
@@ -497,9 +497,9 @@ absl::Status EtcdClient::LeaseRevoke(int64_t id) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<absl::Duration> EtcdClient::LeaseKeepAliveOnce(int64_t id) {
+absl::StatusOr<absl::Duration> EtcdClient::LeaseKeepAliveOnce(int64_t id, absl::Duration timeout) {
   grpc::ClientContext ctx;
-  impl_->Prepare(&ctx);
+  impl_->Prepare(&ctx, timeout);
   const size_t i = impl_->Pick();
   const std::string what = absl::StrCat("LeaseKeepAlive ", absl::Hex(id));
   auto stream = impl_->endpoints[i].lease->LeaseKeepAlive(&ctx);

@@ -191,7 +191,8 @@ class EtcdClient {
   absl::Status Compact(int64_t revision);
   // One atomic transaction. A comparison that fails is not an error:
   // succeeded is false and the failure ops ran.
-  absl::StatusOr<EtcdTxnResult> Txn(const EtcdTxn& txn);
+  // `timeout`, if positive and below call_timeout, bounds this call instead.
+  absl::StatusOr<EtcdTxnResult> Txn(const EtcdTxn& txn, absl::Duration timeout = absl::ZeroDuration());
 
   // A new lease of `ttl` (rounded up to whole seconds, at least 1); `id` 0
   // lets etcd choose it.
@@ -201,8 +202,11 @@ class EtcdClient {
   absl::Status LeaseRevoke(int64_t id);
   // Refreshes the lease once over etcd's LeaseKeepAlive stream (a stream per
   // refresh, so that each carries the deadline); returns the TTL it has again.
-  // NOT_FOUND if it has expired or was revoked.
-  absl::StatusOr<absl::Duration> LeaseKeepAliveOnce(int64_t id);
+  // NOT_FOUND if it has expired or was revoked. `timeout` (if positive and
+  // below call_timeout) bounds this call instead: a lease holder must give up
+  // on a member that does not answer soon enough to try the next one before
+  // its lease runs out.
+  absl::StatusOr<absl::Duration> LeaseKeepAliveOnce(int64_t id, absl::Duration timeout = absl::ZeroDuration());
 
   // Watches `key` (or [key, range_end)) from `start_revision` (inclusive; 0:
   // from now): every change at or after it, in revision order, including

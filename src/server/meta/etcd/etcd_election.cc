@@ -162,8 +162,17 @@ absl::StatusOr<EtcdTxnResult> EtcdElection::FencedTxn(EtcdTxn txn) {
   if (rev == 0) {
     return absl::FailedPreconditionError(absl::StrCat("election ", prefix_, ": not a candidate (no Campaign)"));
   }
+  // A lease we can no longer vouch for: the fence would refuse the txn, if
+  // etcd could be reached at all; say so now rather than after a deadline.
+  if (absl::Status s = session_->status(); !s.ok()) {
+    return absl::FailedPreconditionError(absl::StrCat("election ", prefix_, ": not the leader: ", s.message()));
+  }
   txn.compare.insert(txn.compare.begin(), EtcdCompare::CreateRevision(key_, EtcdCompare::Result::kEqual, rev));
-  absl::StatusOr<EtcdTxnResult> r = client_->Txn(txn);
+  // No longer than the lease is known to hold (at least 100 ms): a write
+  // stuck on a member that cannot answer would otherwise outlast it, and the
+  // leader's step-down with it.
+  const absl::Duration left = std::max(session_->held_until() - absl::Now(), absl::Milliseconds(100));
+  absl::StatusOr<EtcdTxnResult> r = client_->Txn(txn, left);
   if (!r.ok()) return r.status();
   if (!r->succeeded) {
     // The caller's own comparisons may have failed too; tell which.

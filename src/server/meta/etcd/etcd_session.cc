@@ -62,6 +62,10 @@ absl::Status EtcdSession::WaitLost(absl::Duration timeout) const {
 void EtcdSession::Run() {
   pthread_setname_np(pthread_self(), "etcd-lease");
   absl::Duration interval = ttl_ / 3;
+  // One refresh may take a quarter of the TTL: a member that does not answer
+  // by then (cut off, or in a minority that cannot reach etcd's leader) is
+  // left for the next one (EtcdClient moves on) while the lease still holds.
+  const absl::Duration attempt = std::max(ttl_ / 4, absl::Milliseconds(250));
   while (true) {
     {
       absl::MutexLock lock(&mu_);
@@ -75,7 +79,7 @@ void EtcdSession::Run() {
       }
     }
     const absl::Time sent = absl::Now();
-    absl::StatusOr<absl::Duration> refreshed = client_->LeaseKeepAliveOnce(lease_id_);  // no lock held
+    absl::StatusOr<absl::Duration> refreshed = client_->LeaseKeepAliveOnce(lease_id_, attempt);  // no lock held
     absl::MutexLock lock(&mu_);
     if (stopping_) return;
     if (refreshed.ok()) {
@@ -85,8 +89,9 @@ void EtcdSession::Run() {
       MarkLost(absl::FailedPreconditionError(refreshed.status().message()));
       return;
     } else {
-      // etcd unreachable or slow: retry sooner, until the lease runs out.
-      interval = std::min(ttl_ / 3, absl::Milliseconds(500));
+      // etcd unreachable or slow: retry soon (on the next member), until the
+      // lease runs out.
+      interval = std::min(ttl_ / 3, absl::Milliseconds(100));
       if (absl::Now() >= held_until_) {
         MarkLost(absl::FailedPreconditionError(absl::StrCat("etcd lease ", absl::Hex(lease_id_),
                                                             ": no refresh succeeded for ", absl::FormatDuration(ttl_),

@@ -27,7 +27,7 @@ timeout_s="${CKPT_TSAN_TIMEOUT:-1800}"
 # that tests added with the agent's rewrite are picked up: the agent, transport and meta
 # tests, the client library (its committer thread), the daemons' entry points, and the tests
 # that start real daemons.
-test_dirs=(tests/server/agent tests/transport tests/server/meta tests/server/meta/store tests/client
+test_dirs=(tests/server/agent tests/transport tests/server/meta tests/server/meta/store tests/server/meta/etcd tests/client
            tests/server/cmd tests/integration tests/cli)
 default_programs=(tsan_selftest)
 for d in "${test_dirs[@]}"; do

@@ -285,7 +285,10 @@ def check_objects(where, objects, flags, ports, documented):
             cports = {p["name"]: p["containerPort"] for p in c.get("ports", [])}
             if cports != ports[daemon]:
                 fail(f"{cname}: container ports {cports} != daemon defaults {ports[daemon]}")
-            for probe, path in (("livenessProbe", "/healthz"), ("readinessProbe", "/readyz"),
+            # Meta replicas (replica_of): a follower never leads, and a rolling update waits for
+            # each pod to be Ready: Ready is "runs" (/healthz) there, "serves" (/readyz) otherwise.
+            ready_path = "/healthz" if daemon == "ckpt-meta" and cfg.get("replica_of") else "/readyz"
+            for probe, path in (("livenessProbe", "/healthz"), ("readinessProbe", ready_path),
                                 ("startupProbe", None)):
                 p = c.get(probe)
                 if p is None:
@@ -395,6 +398,15 @@ def check_secure_settings(where, daemon, settings):
     if insecure is not None and str(insecure).strip().lower() in TRUE_WORDS:
         fail(f"{where}: {daemon} is started insecure (insecure = {insecure!r}): shipped configurations "
              "serve mutual TLS only")
+    if daemon == "ckpt-meta" and str(settings.get("replica_of", "")).strip():
+        plaintext = settings.get("etcd_plaintext")
+        if plaintext is not None and str(plaintext).strip().lower() in TRUE_WORDS:
+            fail(f"{where}: ckpt-meta replicas reach etcd in plaintext (etcd_plaintext = {plaintext!r}): whoever "
+                 "writes etcd's log writes meta's state; give etcd_ca, etcd_cert and etcd_key")
+        no_etcd_tls = [k for k in ("etcd_ca", "etcd_cert", "etcd_key") if not str(settings.get(k, "")).strip()]
+        if no_etcd_tls:
+            fail(f"{where}: ckpt-meta with replica_of starts without {', '.join(no_etcd_tls)}: it refuses to "
+                 "reach etcd without TLS and a client certificate (docs/meta.md \"Replicas on etcd\")")
     missing = [k for k in TLS_KEYS if not str(settings.get(k, "")).strip()]
     if missing:
         fail(f"{where}: {daemon} starts without {', '.join(missing)}: it refuses to serve without mutual TLS "

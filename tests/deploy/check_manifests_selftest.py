@@ -22,6 +22,12 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 # (name, file under the tree, old text, new text, expected in the output).
 # `old` must occur exactly once.
 MUTATIONS = [
+    ("meta replicas without etcd's client key", "deploy/k8s/overlays/meta-replicas/config-replicas.yaml",
+     "    etcd_key: /etc/ckpt-etcd-tls/tls.key\n", "",
+     "starts without etcd_key"),
+    ("meta replicas on plaintext etcd", "deploy/k8s/overlays/meta-replicas/config-replicas.yaml",
+     "    replica_lease_ms: 5000\n", "    replica_lease_ms: 5000\n    etcd_plaintext: true\n",
+     "reach etcd in plaintext"),
     ("meta config insecure: true", "deploy/k8s/base/configmap.yaml",
      "    log_level: info\n    log_json: true\n  agent.yaml: |",
      "    log_level: info\n    log_json: true\n    insecure: true\n  agent.yaml: |",

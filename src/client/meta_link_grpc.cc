@@ -53,7 +53,7 @@ std::unique_ptr<MetaLink> NewGrpcMetaLink(const std::string& target,
                                           std::shared_ptr<grpc::ChannelCredentials> credentials,
                                           const std::string& token) {
   grpc::ChannelArguments args;
-  SetReconnectArgs(&args);  // quick reconnects, unlimited message sizes
+  SetReconnectArgs(&args, target);  // quick reconnects, unlimited message sizes
   return std::make_unique<GrpcMetaLink>(ChannelWithToken(target, std::move(credentials), args, token));
 }
 

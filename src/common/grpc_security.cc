@@ -494,10 +494,12 @@ class TokenInterceptorFactory : public grpc::experimental::ClientInterceptorFact
 
 }  // namespace
 
-void SetReconnectArgs(grpc::ChannelArguments* args) {
+void SetReconnectArgs(grpc::ChannelArguments* args, const std::string& addresses) {
   args->SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
   args->SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
-  args->SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 20000);  // the minimum connect timeout
+  // The minimum connect timeout; a list's is SetFailoverArgs' (the argument
+  // given twice, gRPC 1.51 used the first: 20 s per paused replica).
+  if (GrpcTargetOf(addresses) == addresses) args->SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 20000);
   args->SetMaxReceiveMessageSize(-1);
   args->SetMaxSendMessageSize(-1);
 }

@@ -106,7 +106,9 @@ absl::StatusOr<std::string> TokenFromEnvironment(const std::string& token_file);
 // capped an attempt at about a second, and TLS handshakes on a loaded node
 // (ASan in CI beside other tests) never finished: "tcp handshaker shutdown".
 // No limit on message sizes (manifests of big models run to megabytes).
-void SetReconnectArgs(grpc::ChannelArguments* args);
+// For a channel to a list of addresses (GrpcTargetOf) the connect timeout is
+// left to SetFailoverArgs, which the caller must then also call.
+void SetReconnectArgs(grpc::ChannelArguments* args, const std::string& addresses = "");
 
 // The gRPC target for `addresses`: one "host:port" as it is; a list of IP
 // literals "10.0.0.1:7400,10.0.0.2:7400" (or "[::1]:7400,[::1]:7401") as

@@ -540,6 +540,48 @@ class Rank:
                 self.kill()
 
 
+class JobDriver:
+    """One job's ranks driven together, each result checked with `checks` (Checks): save a step
+    on every rank, wait for it to be PROTECTED (steps seen so are kept in .acked, in order), and
+    restore steps on every rank against the payloads. size(step, rank) gives each payload's
+    size; `waiter` is the index of the rank that waits."""
+
+    def __init__(self, checks, ranks, seed, job, size, waiter=1):
+        self.t, self.ranks, self.seed, self.job, self.size, self.waiter = checks, ranks, seed, job, size, waiter
+        self.acked = []
+
+    def save_all(self, step):
+        ok = True
+        for r in self.ranks:
+            a = r.call(op="save", step=step, size=self.size(step, r.rank))
+            ok = self.t.check(a["ok"], f"step {step} rank {r.rank} saved on {r.node}", a.get("error")) and ok
+        return ok
+
+    def wait_protected(self, step, timeout=30, unknown_for=0):
+        """Seconds until step was PROTECTED, None if it was not. unknown_for: how long to keep
+        asking while meta does not know the step (one committed while no meta could begin it:
+        its agents begin it once one answers, retrying every second)."""
+        t0 = time.monotonic()
+        while True:
+            a = self.ranks[self.waiter].call(op="wait", step=step, level="protected", timeout=timeout)
+            if a["ok"] or "no version at step" not in a.get("error", "") or time.monotonic() - t0 > unknown_for:
+                break
+            time.sleep(0.5)  # bounded poll of real daemons
+        if self.t.check(a["ok"], f"step {step} PROTECTED", a.get("error")):
+            self.acked.append(step)
+            return time.monotonic() - t0
+        return None
+
+    def restore_all(self, steps, what):
+        for step in steps:
+            for r in self.ranks:
+                a = r.call(op="load", step=step)
+                want = payload_sha(self.seed, self.job, step, r.rank, self.size(step, r.rank))
+                self.t.check(a["ok"] and a["sha256"] == want and a["tag_ok"],
+                             f"{what}: step {step} rank {r.rank} restored byte-identical on {r.node} "
+                             f"({a.get('served_from')})", str(a))
+
+
 class Cluster:
     """ckpt-meta on host "meta" and agents n1..nN on hosts of the same names (module doc)."""
 

@@ -61,37 +61,11 @@ def body():
     c.create_job(JOB, WORLD, ["--replicate", COPIES, "--placement", "ring"], keep=6)
     ranks = [c.rank(JOB, r, WORLD, f"n{r + 1}", f"replicate:{COPIES}:ring", seed, rpc_timeout=3.0)
              for r in range(WORLD)]
-    acked = []
+    d = netns.JobDriver(t, ranks, seed, JOB, size)
+    acked, save_all, restore_all = d.acked, d.save_all, d.restore_all
 
-    def save_all(step):
-        ok = True
-        for r in ranks:
-            a = r.call(op="save", step=step, size=size(step, r.rank))
-            ok = t.check(a["ok"], f"step {step} rank {r.rank} saved on {r.node}", a.get("error")) and ok
-        return ok
-
-    def wait_protected(step, timeout=60):
-        t0 = time.monotonic()
-        while True:
-            a = ranks[1].call(op="wait", step=step, level="protected", timeout=timeout)
-            # A step committed while no meta could begin it: its agents begin it once one
-            # leads (retried every second), and until then meta does not know it.
-            if a["ok"] or "no version at step" not in a.get("error", "") or time.monotonic() - t0 > 30:
-                break
-            time.sleep(0.5)  # bounded poll of real daemons
-        if t.check(a["ok"], f"step {step} PROTECTED", a.get("error")):
-            acked.append(step)
-            return time.monotonic() - t0
-        return None
-
-    def restore_all(steps, what):
-        for step in steps:
-            for r in ranks:
-                a = r.call(op="load", step=step)
-                want = netns.payload_sha(seed, JOB, step, r.rank, size(step, r.rank))
-                t.check(a["ok"] and a["sha256"] == want and a["tag_ok"],
-                        f"{what}: step {step} rank {r.rank} restored byte-identical on {r.node} "
-                        f"({a.get('served_from')})", str(a))
+    def wait_protected(step):
+        return d.wait_protected(step, timeout=60, unknown_for=30)
 
     def exited(name, timeout):
         """Waits for the meta on `name` to exit: (exit status or None, seconds)."""

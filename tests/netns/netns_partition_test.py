@@ -52,28 +52,8 @@ def body():
     c.create_job(JOB, WORLD, ["--replicate", COPIES, "--placement", "ring"], keep=3)
     ranks = [c.rank(JOB, r, WORLD, f"n{r + 1}", f"replicate:{COPIES}:ring", seed, rpc_timeout=3.0)
              for r in range(WORLD)]
-    acked = []
-
-    def save_all(step):
-        ok = True
-        for r in ranks:
-            a = r.call(op="save", step=step, size=size(step, r.rank))
-            ok = t.check(a["ok"], f"step {step} rank {r.rank} saved on {r.node}", a.get("error")) and ok
-        return ok
-
-    def wait_protected(step, timeout=30):
-        a = ranks[1].call(op="wait", step=step, level="protected", timeout=timeout)
-        if t.check(a["ok"], f"step {step} PROTECTED", a.get("error")):
-            acked.append(step)
-
-    def restore_all(steps, what):
-        for step in steps:
-            for r in ranks:
-                a = r.call(op="load", step=step)
-                want = netns.payload_sha(seed, JOB, step, r.rank, size(step, r.rank))
-                t.check(a["ok"] and a["sha256"] == want and a["tag_ok"],
-                        f"{what}: step {step} rank {r.rank} restored byte-identical on {r.node} "
-                        f"({a.get('served_from')})", str(a))
+    d = netns.JobDriver(t, ranks, seed, JOB, size)
+    acked, save_all, wait_protected, restore_all = d.acked, d.save_all, d.wait_protected, d.restore_all
 
     for step in (1, 2):
         save_all(step)

@@ -108,7 +108,7 @@ AgentTask TaskFromProto(const v1::Task& t) {
 std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address,
                                            const std::shared_ptr<grpc::ChannelCredentials>& credentials) {
   grpc::ChannelArguments args;
-  SetReconnectArgs(&args);
+  SetReconnectArgs(&args, address);
   SetFailoverArgs(address, &args);
   return grpc::CreateCustomChannel(
       GrpcTargetOf(address), credentials != nullptr ? credentials : grpc::InsecureChannelCredentials(), args);

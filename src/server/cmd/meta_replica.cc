@@ -93,6 +93,8 @@ bool ReplicasSupported() { return true; }
 namespace {
 
 constexpr absl::Duration kCampaignSlice = absl::Milliseconds(500);
+// How long a starting replica keeps trying etcd's members before it exits.
+constexpr absl::Duration kJoinPatience = absl::Seconds(30);
 
 class EtcdReplica : public MetaReplica {
  public:
@@ -119,7 +121,23 @@ class EtcdReplica : public MetaReplica {
     absl::StatusOr<std::unique_ptr<meta::EtcdClient>> etcd = meta::EtcdClient::Create(options);
     if (!etcd.ok()) return etcd.status();
     etcd_ = std::move(*etcd);
-    absl::StatusOr<std::shared_ptr<Candidacy>> c = NewCandidacy();
+    // etcd may be out of reach for a moment (a member rejoining after a cut
+    // takes calls before it can answer them): keep trying the members for a
+    // while before giving up.
+    absl::StatusOr<std::shared_ptr<Candidacy>> c;
+    const absl::Time give_up = absl::Now() + kJoinPatience;
+    for (bool warned = false;; warned = true) {
+      c = NewCandidacy();
+      if (c.ok() || !(absl::IsUnavailable(c.status()) || absl::IsDeadlineExceeded(c.status())) ||
+          absl::Now() >= give_up) {
+        break;
+      }
+      if (!warned) {
+        log::Warn("ckpt-meta: joining the replicas on etcd: {}; trying the members for up to {}",
+                  c.status().ToString(), absl::FormatDuration(kJoinPatience));
+      }
+      absl::SleepFor(absl::Milliseconds(200));
+    }
     if (!c.ok()) return c.status();
     {
       absl::MutexLock lock(&mu_);

@@ -52,7 +52,8 @@ absl::StatusOr<std::string> LoadOrCreateReplicatedDataPlaneKey(meta::MetaStore* 
 class MetaReplica {
  public:
   // Connects to etcd, opens a session (lease) and starts following the log
-  // into `local`. Errors: etcd's (UNAVAILABLE when no member answers).
+  // into `local`; while no member answers it keeps trying them for 30 s.
+  // Errors: etcd's (UNAVAILABLE or DEADLINE_EXCEEDED when none answered).
   static absl::StatusOr<std::unique_ptr<MetaReplica>> Start(const ReplicaSettings& settings, meta::MetaStore* local);
   // Resigns (the next replica leads at once) and closes the session.
   virtual ~MetaReplica() = default;

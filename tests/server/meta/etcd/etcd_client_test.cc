@@ -281,7 +281,9 @@ TEST_F(EtcdTest, OneLeaderAndTheNextTakesOverWhenItsLeaseIsRevoked) {
   ASSERT_TRUE(a1.ok()) << a1.status();
   EXPECT_TRUE(a1->succeeded);
 
-  // e2 waits again (re-entrant, same key); e1's lease is revoked: e2 leads.
+  // e2 waits again (re-entrant, same key); e1's key goes while e1's session
+  // still believes in it (removed by hand, as etcd would on a lease it saw
+  // expire first): e2 leads, and only etcd's fence can stop e1.
   absl::Status campaign2;
   absl::Time won;
   std::thread waiter([&] {
@@ -290,7 +292,7 @@ TEST_F(EtcdTest, OneLeaderAndTheNextTakesOverWhenItsLeaseIsRevoked) {
   });
   absl::SleepFor(absl::Milliseconds(300));
   const absl::Time revoked = absl::Now();
-  ASSERT_TRUE(s1->Close().ok());
+  ASSERT_TRUE(etcd_->Delete(e1.key()).ok());
   waiter.join();
   ASSERT_TRUE(campaign2.ok()) << campaign2;
   std::cerr << "takeover after revoke: " << (won - revoked) << "\n";
@@ -303,6 +305,11 @@ TEST_F(EtcdTest, OneLeaderAndTheNextTakesOverWhenItsLeaseIsRevoked) {
   // The deposed leader's fenced append fails; the new leader's goes through.
   append.success = {EtcdOp::Put(LogKey(2), "by meta-1, deposed")};
   absl::StatusOr<EtcdTxnResult> stale = e1.FencedTxn(append);
+  EXPECT_TRUE(absl::IsFailedPrecondition(stale.status())) << stale.status();
+  EXPECT_THAT(std::string(stale.status().message()), HasSubstr("is gone"));  // said by etcd's fence
+  // A session known to be over refuses without asking etcd.
+  ASSERT_TRUE(s1->Close().ok());
+  stale = e1.FencedTxn(append);
   EXPECT_TRUE(absl::IsFailedPrecondition(stale.status())) << stale.status();
   EXPECT_THAT(std::string(stale.status().message()), HasSubstr("not the leader"));
   append.success = {EtcdOp::Put(LogKey(2), "by meta-2")};

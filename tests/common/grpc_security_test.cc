@@ -1,7 +1,8 @@
 // Trainer identities (ckpt-meta --trainer-tokens-file): the file's format and
 // the job patterns. The RPC checks run through the daemons in
 // tests/security/trainer_token_test.py. Token files and tokens: at least 128
-// bits, files checked on the opened descriptor (issue 34 finding 8).
+// bits, files checked on the opened descriptor (issue 34 finding 8). And the
+// channel arguments of callers that fail over between meta replicas.
 #include "common/grpc_security.h"
 
 #include <fcntl.h>
@@ -10,6 +11,8 @@
 
 #include <cstdlib>
 #include <fstream>
+#include <string>
+#include <utility>
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -177,6 +180,39 @@ TEST(TokenFromEnvironment, AShortCkptTokenIsRefused) {
   t = TokenFromEnvironment("");
   ASSERT_TRUE(t.ok());
   EXPECT_EQ(*t, "");
+}
+
+// The connect timeout of a channel, and how often the arguments give it.
+std::pair<int, int> MinReconnect(const grpc::ChannelArguments& args) {
+  grpc_channel_args c = args.c_channel_args();
+  int value = -1;
+  int count = 0;
+  for (size_t i = 0; i < c.num_args; ++i) {
+    if (std::string(c.args[i].key) == GRPC_ARG_MIN_RECONNECT_BACKOFF_MS) {
+      value = c.args[i].value.integer;
+      ++count;
+    }
+  }
+  return {value, count};
+}
+
+// A channel to a list of meta replicas gets a connect timeout of 5 s, given
+// once: given twice (20 s, then 5 s) gRPC 1.51 used the first, and a paused
+// replica first in the list cost 20 s per TLS handshake that never ended.
+TEST(ChannelArgs, AListGetsOneShortConnectTimeoutAndOneAddressTheDefault) {
+  grpc::ChannelArguments list;
+  SetReconnectArgs(&list, "127.0.0.1:7400,127.0.0.1:7401");
+  SetFailoverArgs("127.0.0.1:7400,127.0.0.1:7401", &list);
+  EXPECT_EQ(MinReconnect(list), std::make_pair(5000, 1));
+
+  grpc::ChannelArguments one;
+  SetReconnectArgs(&one, "127.0.0.1:7400");
+  SetFailoverArgs("127.0.0.1:7400", &one);
+  EXPECT_EQ(MinReconnect(one), std::make_pair(20000, 1));
+
+  grpc::ChannelArguments local;  // a unix socket (no address given)
+  SetReconnectArgs(&local);
+  EXPECT_EQ(MinReconnect(local), std::make_pair(20000, 1));
 }
 
 }  // namespace

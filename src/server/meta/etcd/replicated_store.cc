@@ -47,7 +47,7 @@ ReplicatedMetaStore::~ReplicatedMetaStore() {
 absl::StatusOr<std::string> ReplicatedMetaStore::Get(std::string_view key) {
   {
     absl::MutexLock lock(&mu_);
-    if (!error_.ok()) return internal::RefusedAfterWriteError(error_);
+    if (!error_.ok()) return Refused(error_);
   }
   return local_->Get(key);
 }
@@ -56,7 +56,7 @@ absl::Status ReplicatedMetaStore::Scan(std::string_view prefix,
                                        const std::function<bool(std::string_view, std::string_view)>& fn) {
   {
     absl::MutexLock lock(&mu_);
-    if (!error_.ok()) return internal::RefusedAfterWriteError(error_);
+    if (!error_.ok()) return Refused(error_);
   }
   return local_->Scan(prefix, fn);
 }
@@ -117,7 +117,7 @@ absl::Status ReplicatedMetaStore::AwaitDurable(uint64_t seq) {
       &wait));
   if (seq <= ok_seq_) return absl::OkStatus();
   if (seq <= failed_through_) return error_;
-  return internal::RefusedAfterWriteError(error_);
+  return Refused(error_);
 }
 
 StoreStats ReplicatedMetaStore::stats() {
@@ -132,6 +132,13 @@ StoreStats ReplicatedMetaStore::stats() {
 ReplicaStats ReplicatedMetaStore::replica_stats() {
   absl::MutexLock lock(&mu_);
   return replica_;
+}
+
+// A store that failed refuses everything after with its error, which stays
+// UNAVAILABLE (WriterLoop): the replica steps down, callers retry elsewhere.
+absl::Status ReplicatedMetaStore::Refused(const absl::Status& error) {
+  return absl::UnavailableError(
+      absl::StrCat("meta store refuses reads and writes after an earlier write error (", error.message(), ")"));
 }
 
 void ReplicatedMetaStore::WriterLoop() {
@@ -176,7 +183,13 @@ void ReplicatedMetaStore::WriterLoop() {
         stats_.batches_written += taken.size();
         stats_.bytes_written += payload;
       } else if (error_.ok()) {
-        error_ = s;
+        // Not the caller's fault and not for good: this replica can no longer
+        // commit (deposed, or etcd out of reach past its lease) and is about
+        // to exit; another replica takes over. UNAVAILABLE tells callers to
+        // retry (an agent drops a report refused with FAILED_PRECONDITION).
+        error_ = absl::UnavailableError(absl::StrCat(
+            "this ckpt-meta replica cannot replicate the change (", s.ToString(),
+            "); it steps down and another replica takes over: retry"));
         failed_through_ = last_seq_;  // what was queued behind is failed with it
         log::Error("ckpt-meta: the replicated store failed at log index {}: {}", next_index_, s.ToString());
       }

@@ -30,7 +30,7 @@ absl::Status KeyNotFound(std::string_view key) {
 }
 
 absl::Status RefusedAfterWriteError(const absl::Status& original) {
-  return absl::FailedPreconditionError(
+  return absl::UnavailableError(
       absl::StrCat("meta store refuses reads and writes after an earlier write error (",
                    original.ToString(), "); restart the daemon to reload its state"));
 }

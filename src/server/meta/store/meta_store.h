@@ -22,9 +22,11 @@
 // Errors are sticky. Once a write fails (disk error, disk full), AwaitDurable
 // of the failed batches and of every batch submitted after them returns the
 // original error, later Submits are refused (AwaitDurable returns
-// FailedPrecondition naming the original error), and reads return
-// FailedPrecondition too: the in-memory state of the daemon has diverged from
-// the disk, so it must restart and reload.
+// Unavailable naming the original error), and reads return Unavailable too:
+// the in-memory state of the daemon has diverged from the disk, so it must
+// restart and reload. Unavailable, not FailedPrecondition: the caller did
+// nothing wrong and should retry once meta is back (docs/protocol.md's table:
+// an agent drops a report refused with FAILED_PRECONDITION).
 //
 // Implementations: OpenRocksDbMetaStore() (rocksdb_meta_store.h), the real one;
 // NewMemMetaStore() (mem_meta_store.h), an in-memory twin for unit tests.
@@ -116,7 +118,7 @@ class MetaStore {
   virtual ~MetaStore() = default;
 
   // Point read of the value of `key` in the state after every batch submitted
-  // so far (durable or not). NotFound if the key is absent; FailedPrecondition
+  // so far (durable or not). NotFound if the key is absent; Unavailable
   // after a write error; Unavailable/Internal for an I/O error reading. Blocks
   // on disk reads only (never on the writer).
   virtual absl::StatusOr<std::string> Get(std::string_view key) = 0;
@@ -165,7 +167,7 @@ class MetaStore {
   // disk, fsynced) and returns OK. seq 0 returns OK at once. If the write of
   // one of those batches failed, returns that first write error (same code and
   // message, naming the store's path) for the batches submitted before the
-  // failure was known, and FailedPrecondition naming it for batches submitted
+  // failure was known, and Unavailable naming it for batches submitted
   // after. InvalidArgument if `seq` was never returned by Submit.
   virtual absl::Status AwaitDurable(uint64_t seq) = 0;
 
@@ -180,7 +182,7 @@ class MetaStore {
 namespace internal {
 
 // The status returned for writes and reads refused because `original` failed
-// earlier: FailedPrecondition with `original`'s code and message quoted.
+// earlier: Unavailable with `original`'s code and message quoted.
 absl::Status RefusedAfterWriteError(const absl::Status& original);
 
 // NotFound naming `key` (C-escaped: keys may be binary).

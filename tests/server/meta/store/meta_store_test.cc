@@ -386,14 +386,14 @@ TEST_P(MetaStoreTest, WriteErrorIsSticky) {
   later.Put("k3", "v3");
   const uint64_t later_seq = store->Submit(std::move(later));
   absl::Status refused = store->AwaitDurable(later_seq);
-  EXPECT_EQ(refused.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(refused.code(), absl::StatusCode::kUnavailable);
   EXPECT_THAT(std::string(refused.message()), HasSubstr("disk on fire"));
-  EXPECT_EQ(store->Commit(WriteBatch()).code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(store->Commit(WriteBatch()).code(), absl::StatusCode::kUnavailable);
 
   EXPECT_TRUE(store->AwaitDurable(ok_seq).ok()) << "batches before the failure stay durable";
-  EXPECT_EQ(store->Get("k1").status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(store->Get("k1").status().code(), absl::StatusCode::kUnavailable);
   absl::Status scan = store->Scan("", [](std::string_view, std::string_view) { return true; });
-  EXPECT_EQ(scan.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(scan.code(), absl::StatusCode::kUnavailable);
   EXPECT_THAT(std::string(scan.message()), HasSubstr("disk on fire"));
 }
 

@@ -591,7 +591,7 @@ TEST(RocksDbMetaStore, FailedWriteIsNotPersistedAndEarlierOnesAre) {
     EXPECT_THAT(std::string(s.message()), HasSubstr("disk full"));
     WriteBatch refused;
     refused.Put("refused", "1");
-    EXPECT_EQ(store->Commit(std::move(refused)).code(), absl::StatusCode::kFailedPrecondition);
+    EXPECT_EQ(store->Commit(std::move(refused)).code(), absl::StatusCode::kUnavailable);
   }
   std::unique_ptr<MetaStore> store = OpenOrDie(tmp.path());
   ASSERT_NE(store, nullptr);

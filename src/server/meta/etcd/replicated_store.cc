@@ -47,7 +47,7 @@ ReplicatedMetaStore::~ReplicatedMetaStore() {
 absl::StatusOr<std::string> ReplicatedMetaStore::Get(std::string_view key) {
   {
     absl::MutexLock lock(&mu_);
-    if (!error_.ok()) return Refused(error_);
+    if (!error_.ok()) return internal::RefusedAfterWriteError(error_);
   }
   return local_->Get(key);
 }
@@ -56,7 +56,7 @@ absl::Status ReplicatedMetaStore::Scan(std::string_view prefix,
                                        const std::function<bool(std::string_view, std::string_view)>& fn) {
   {
     absl::MutexLock lock(&mu_);
-    if (!error_.ok()) return Refused(error_);
+    if (!error_.ok()) return internal::RefusedAfterWriteError(error_);
   }
   return local_->Scan(prefix, fn);
 }
@@ -117,7 +117,7 @@ absl::Status ReplicatedMetaStore::AwaitDurable(uint64_t seq) {
       &wait));
   if (seq <= ok_seq_) return absl::OkStatus();
   if (seq <= failed_through_) return error_;
-  return Refused(error_);
+  return internal::RefusedAfterWriteError(error_);
 }
 
 StoreStats ReplicatedMetaStore::stats() {
@@ -132,13 +132,6 @@ StoreStats ReplicatedMetaStore::stats() {
 ReplicaStats ReplicatedMetaStore::replica_stats() {
   absl::MutexLock lock(&mu_);
   return replica_;
-}
-
-// A store that failed refuses everything after with its error, which stays
-// UNAVAILABLE (WriterLoop): the replica steps down, callers retry elsewhere.
-absl::Status ReplicatedMetaStore::Refused(const absl::Status& error) {
-  return absl::UnavailableError(
-      absl::StrCat("meta store refuses reads and writes after an earlier write error (", error.message(), ")"));
 }
 
 void ReplicatedMetaStore::WriterLoop() {

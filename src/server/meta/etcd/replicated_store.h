@@ -98,7 +98,6 @@ class ReplicatedMetaStore : public MetaStore {
 
  private:
   void WriterLoop();
-  static absl::Status Refused(const absl::Status& error);
   // Appends `group` to the log and commits it locally.
   absl::Status Replicate(WriteBatch group);
   // One entry at next_index_, retried (idempotently) on etcd errors.

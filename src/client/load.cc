@@ -561,6 +561,13 @@ absl::StatusOr<std::unique_ptr<OpenedShard>> OpenBestNow(const std::shared_ptr<C
   // without the items is enough. An agent older than that wants the items
   // from us.
   absl::StatusOr<std::unique_ptr<OpenedShard>> opened = Open(core, located, skip_verify, keep_packed);
+  if (absl::IsNotFound(opened.status())) {
+    // A source meta named went away before the agent read it (meta aborted
+    // the version as data lost, or moved the copy, and the holder dropped
+    // it): meta's answer now says which.
+    CKPT_ASSIGN_OR_RETURN(located, Locate(*core, step, /*omit_items=*/true));
+    opened = Open(core, located, skip_verify, keep_packed);
+  }
   if (opened.ok() || !absl::IsInvalidArgument(opened.status()) ||
       !absl::StrContains(opened.status().message(), "expected.items")) {
     return opened;

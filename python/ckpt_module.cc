@@ -1115,8 +1115,9 @@ class PyClient {
                                            std::string run_id, double connect_timeout,
                                            double rpc_timeout, double load_timeout,
                                            const std::optional<std::string>& protection,
-                                           uint32_t full_save_every) {
+                                           uint32_t full_save_every, bool resize_world) {
     ClientOptions o;
+    o.resize_world = resize_world;
     // None: the job's stored protection, or the server's default if rank 0
     // creates it.
     if (protection.has_value()) o.protection = ParseProtection(*protection);
@@ -1468,6 +1469,46 @@ class PyClient {
 
   std::string node_id() const { return client_.node_id(); }
 
+  // {name: (dtype, shape, [(rank, item, offsets, lengths)])}: the global
+  // tensors of `step` (Client::GlobalTensors).
+  py::dict GlobalTensors(uint64_t step) const {
+    absl::StatusOr<std::map<std::string, GlobalTensor>> tensors = absl::UnknownError("not read");
+    {
+      py::gil_scoped_release release;
+      tensors = client_.GlobalTensors(step);
+    }
+    Check(tensors.status());
+    py::dict out;
+    for (const auto& [name, t] : *tensors) {
+      py::list pieces;
+      for (const GlobalPiece& p : t.pieces) pieces.append(py::make_tuple(p.rank, p.item, p.offsets, p.lengths));
+      out[py::str(name)] = py::make_tuple(static_cast<int>(t.dtype), t.shape, pieces);
+    }
+    return out;
+  }
+
+  // slices: sequence of (name, offsets, lengths, writable C-contiguous
+  // buffer) (Client::LoadSlices).
+  void LoadSlices(uint64_t step, const py::sequence& slices) const {
+    std::vector<WritableView> views;
+    views.reserve(py::len(slices));
+    std::vector<SliceRequest> requests;
+    requests.reserve(py::len(slices));
+    for (const py::handle& slice : slices) {
+      auto t = slice.cast<py::tuple>();
+      if (t.size() != 4) ThrowStatus(absl::InvalidArgumentError("a slice is (name, offsets, lengths, buffer)"));
+      views.emplace_back(py::reinterpret_borrow<py::object>(t[3]));
+      requests.push_back(SliceRequest{t[0].cast<std::string>(), t[1].cast<std::vector<uint64_t>>(),
+                                      t[2].cast<std::vector<uint64_t>>(), views.back().bytes()});
+    }
+    absl::Status status;
+    {
+      py::gil_scoped_release release;
+      status = client_.LoadSlices(step, requests);
+    }
+    Check(status);
+  }
+
   // {name: step} of this rank's items of `step`: the version each item's
   // bytes were copied at (older than `step` for what an incremental save
   // carried over).
@@ -1596,7 +1637,8 @@ PYBIND11_MODULE(_ckpt, m) {
                   py::arg("flush_every_seconds") = 0, py::arg("keep_in_memory") = 0,
                   py::arg("keep_durable") = 0, py::arg("run_id") = "", py::arg("connect_timeout") = 30.0,
                   py::arg("rpc_timeout") = 60.0, py::arg("load_timeout") = 600.0,
-                  py::arg("protection") = py::none(), py::arg("full_save_every") = 10)
+                  py::arg("protection") = py::none(), py::arg("full_save_every") = 10,
+                  py::arg("resize_world") = false)
       .def("save_items", &PyClient::SaveItems, py::arg("step"), py::arg("items"))
       .def("save_state", &PyClient::SaveState, py::arg("step"), py::arg("state"),
            py::arg("unchanged") = std::vector<std::string>(), py::arg("detect") = false, py::arg("partial") = false)
@@ -1613,6 +1655,8 @@ PYBIND11_MODULE(_ckpt, m) {
       .def("load_items", &PyClient::LoadItems, py::arg("step"))
       .def("load_into", &PyClient::LoadInto, py::arg("step"), py::arg("buffers"))
       .def("load_into_targets", &PyClient::LoadIntoTargets, py::arg("step"), py::arg("targets"))
+      .def("global_tensors", &PyClient::GlobalTensors, py::arg("step"))
+      .def("load_slices", &PyClient::LoadSlices, py::arg("step"), py::arg("slices"))
       .def_property_readonly("node_id", &PyClient::node_id);
 
   m.def("read_durable", &ReadDurable, py::arg("version_dir"));

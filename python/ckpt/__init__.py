@@ -58,7 +58,8 @@ UnavailableError = _ckpt.UnavailableError
 DataLossError = _ckpt.DataLossError
 UnauthenticatedError = _ckpt.UnauthenticatedError
 
-__all__ = ["Client", "SaveHandle", "LazySave", "DType", "read_durable", "Error", "MAX_STEP", "environment"] + [
+__all__ = ["Client", "SaveHandle", "LazySave", "DType", "GlobalSlice", "read_durable", "Error", "MAX_STEP",
+           "environment"] + [
     n for n in dir(_ckpt) if n.endswith("Error")]
 
 # The largest step ckpt accepts (2**53 - 1: exact as a float and in JSON).
@@ -175,6 +176,27 @@ def _tensor_item(value):
     return arr.reshape(-1).view(_np.uint8) if arr.size else b"", code, shape, attrs, arr
 
 
+class GlobalSlice:
+    """A tensor (torch or numpy) saved as the slice at `offsets` of the global
+    tensor `name` of `shape` (docs/python.md "Another layout"): put it in a
+    state where the tensor would go. Its item carries the ckpt.global_*
+    attributes (docs/format.md "Global tensors"), so any rank of any later
+    world size can load any slice of the global tensor (Client.load_slices).
+    A load of the rank's own state gives back the plain tensor. offsets None:
+    the whole tensor (a replica: shape must then be the tensor's own)."""
+
+    def __init__(self, tensor, name, shape, offsets=None):
+        self.tensor = tensor
+        self.name = str(name)
+        self.shape = [int(d) for d in shape]
+        self.offsets = [0] * len(self.shape) if offsets is None else [int(o) for o in offsets]
+
+    def attributes(self):
+        out = {"ckpt.global_shape": ",".join(map(str, self.shape)),
+               "ckpt.global_offset": ",".join(map(str, self.offsets))}
+        return out
+
+
 def _flatten(prefix, value, out):
     """Appends (name, buffer, dtype, shape, attributes) items for `value` at path `prefix`."""
     if isinstance(value, dict):
@@ -191,6 +213,17 @@ def _flatten(prefix, value, out):
         out.append((prefix, b"", DType.BYTES, [], {_TYPE_KEY: kind}))
         for i, v in enumerate(value):
             _flatten(f"{prefix}/{i}", v, out)
+        return
+    if isinstance(value, GlobalSlice):
+        start = len(out)
+        _flatten(prefix, value.tensor, out)
+        if len(out) != start + 1 or out[start][2] == DType.BYTES:
+            raise InvalidArgumentError(f"GlobalSlice at {prefix!r} must hold a tensor or an array")
+        attrs = dict(out[start][4])
+        attrs.update(value.attributes())
+        if value.name != prefix:
+            attrs["ckpt.global_name"] = value.name
+        out[start] = out[start][:4] + (attrs,) + out[start][5:]
         return
     if _is_torch_tensor(value):
         buf, code, shape, attrs, keep = _tensor_item(value)
@@ -463,12 +496,18 @@ class Client:
     a save whose step reaches a multiple of N (N, 2N, ...: the same steps on
     every rank) is made in full (0: never), so that the versions referred to
     (kept in memory while they are) do not pile up.
+
+    resize_world: the job may exist with another world size (a relaunch on more
+    or fewer ranks): rank 0 changes it, the others wait for that; the versions
+    saved before keep their size and are restored by resharding
+    (load_slices, ckpt.torch.load_sharded). Without it a different world size
+    raises ckpt.FailedPreconditionError.
     """
 
     def __init__(self, job=None, rank=None, world_size=None, meta=None, agent_socket=None, *,
                  flush_every=0, flush_every_seconds=0, keep_in_memory=0, keep_durable=0,
                  run_id="", connect_timeout=30.0, rpc_timeout=60.0, load_timeout=600.0,
-                 protection=None, full_save_every=10):
+                 protection=None, full_save_every=10, resize_world=False):
         cfg = environment.client_config(job=job, rank=rank, world_size=world_size, meta=meta,
                                         agent_socket=agent_socket)
         try:
@@ -480,7 +519,7 @@ class Client:
                 connect_timeout=float(connect_timeout), rpc_timeout=float(rpc_timeout),
                 load_timeout=float(load_timeout),
                 protection=None if protection is None else str(protection),
-                full_save_every=int(full_save_every))
+                full_save_every=int(full_save_every), resize_world=bool(resize_world))
         except InvalidArgumentError as e:
             if all(v.endswith("=") for v in cfg.sources.values()):
                 raise
@@ -693,6 +732,32 @@ class Client:
         step = _step(step)
         self._own_lazy_committed(step)
         return self._c.load_items(step)
+
+    def global_tensors(self, step):
+        """The global tensors of `step` (items saved as ckpt.GlobalSlice), from meta's
+        record of the version (no shard is read): {name: (dtype, shape, pieces)}, pieces
+        a list of (rank, item name, offsets, lengths), replicas included."""
+        step = _step(step)
+        self._own_lazy_committed(step)
+        return {name: (d, list(shape),
+                       [(r, item, list(o), list(n)) for r, item, o, n in pieces])
+                for name, (d, shape, pieces) in self._c.global_tensors(step).items()}
+
+    def load_slices(self, step, slices):
+        """Loads slices of global tensors of `step`, from whichever ranks' shards hold
+        them (any world size: a job relaunched with resize_world=True), into targets:
+        `slices` is a list of (name, offsets, lengths, target), target a contiguous
+        CPU torch tensor or C-contiguous writable numpy array of exactly the slice's
+        elements. Every byte is checked (crc32c); nothing is written before every
+        slice is known to be covered and its shards are open. Raises
+        ckpt.NotFoundError (no such tensor), ckpt.InvalidArgumentError (a slice
+        outside the tensor, a target of another size), ckpt.DataLossError (part of
+        a slice is in no shard)."""
+        step = _step(step)
+        self._own_lazy_committed(step)
+        req = [(str(name), [int(o) for o in offsets], [int(n) for n in lengths], _load_into_buffer(name, target))
+               for name, offsets, lengths, target in slices]
+        self._c.load_slices(step, req)
 
 
 def read_durable(path, structured=False):

@@ -502,3 +502,247 @@ class Checkpointer:
         if exc_type is None:
             self.close()
         return False
+
+
+# ---------------------------------------------------------------------------
+# Another layout: a model split over tensor-parallel ranks and replicated over
+# data-parallel ones, saved once per piece and restored into any other split
+# (docs/python.md "Another layout").
+
+def _chunk(n, i, k):
+    """(offset, length) of part i of k of a dimension of n (the first n % k parts one longer,
+    as torch.tensor_split)."""
+    base, extra = divmod(n, k)
+    return i * base + min(i, extra), base + (1 if i < extra else 0)
+
+
+class Layout:
+    """Where this rank's parameters sit in the whole model.
+
+    tp=(tp_rank, tp_size), dp=(dp_rank, dp_size): the rank is dp_rank * tp_size + tp_rank
+    (Megatron's order). split={name: dim}: the parameter (or buffer) is split along `dim`
+    over the tensor-parallel ranks (a ColumnParallelLinear's weight and bias: 0; a
+    RowParallelLinear's weight: 1), in torch.tensor_split's parts (the first ones one longer
+    when the size does not divide); a name not in `split` is replicated. shapes={name:
+    global shape}: needed only when a split does not divide evenly (otherwise the local
+    shape times tp_size). Every data-parallel rank holds the same tensors: save_sharded
+    stores each piece once (dedup)."""
+
+    def __init__(self, tp=(0, 1), dp=(0, 1), split=None, shapes=None):
+        self.tp_rank, self.tp_size = (int(v) for v in tp)
+        self.dp_rank, self.dp_size = (int(v) for v in dp)
+        from . import InvalidArgumentError
+        if not (0 <= self.tp_rank < self.tp_size and 0 <= self.dp_rank < self.dp_size):
+            raise InvalidArgumentError(f"bad layout: tp={tp} dp={dp} (rank, size) with 0 <= rank < size")
+        self.split = dict(split or {})
+        self.shapes = {k: [int(d) for d in v] for k, v in (shapes or {}).items()}
+
+    @property
+    def rank(self):
+        return self.dp_rank * self.tp_size + self.tp_rank
+
+    @property
+    def world_size(self):
+        return self.tp_size * self.dp_size
+
+    def global_shape(self, name, local_shape):
+        if name in self.shapes:
+            return list(self.shapes[name])
+        shape = list(local_shape)
+        dim = self.split.get(name)
+        if dim is not None:
+            shape[dim] *= self.tp_size
+        return shape
+
+    def box(self, name, global_shape, tp_rank=None):
+        """(offsets, lengths) of tensor-parallel rank tp_rank's (default: this rank's) piece."""
+        tp_rank = self.tp_rank if tp_rank is None else tp_rank
+        offsets, lengths = [0] * len(global_shape), list(global_shape)
+        dim = self.split.get(name)
+        if dim is not None:
+            offsets[dim], lengths[dim] = _chunk(global_shape[dim], tp_rank, self.tp_size)
+        return offsets, lengths
+
+
+def _json_array(value):
+    import json
+    import numpy as np
+    return np.frombuffer(json.dumps(value, sort_keys=True).encode(), dtype=np.uint8).copy()
+
+
+def _sharded_tensors(model, optimizer, layout):
+    """[(global name, layout key, local tensor)]: the model's parameters and persistent
+    buffers, then the optimizer's per-parameter state; layout key None: replicated."""
+    out = []
+    names = {}
+    for name, t in list(model.named_parameters()) + list(model.named_buffers()):
+        if id(t) in names:
+            continue  # a tied parameter is saved once
+        names[id(t)] = name
+        out.append((f"model/{name}", name, t.detach()))
+    if optimizer is not None:
+        params = [p for g in optimizer.param_groups for p in g["params"]]
+        state = optimizer.state_dict()["state"]
+        for i, p in enumerate(params):
+            for key, v in sorted(state.get(i, {}).items()):
+                if not _is_tensor(v):
+                    continue
+                same = tuple(v.shape) == tuple(p.shape)
+                out.append((f"optimizer/{names[id(p)]}/{key}", names[id(p)] if same else None, v.detach()))
+    return out
+
+
+def _is_tensor(v):
+    import torch
+    return isinstance(v, torch.Tensor)
+
+
+def _owners(pieces, layout):
+    """{(global name, tp piece): rank}: which rank of those holding a piece saves it, the
+    bytes spread evenly (largest first, to the least loaded holder; ties to the lowest
+    rank). Every rank computes the same answer from the same pieces."""
+    load = [0] * layout.world_size
+    owners = {}
+    for nbytes, name, piece in sorted(pieces, key=lambda x: (-x[0], x[1], x[2])):
+        if piece is None:
+            holders = range(layout.world_size)
+        else:
+            holders = [dp * layout.tp_size + piece for dp in range(layout.dp_size)]
+        best = min(holders, key=lambda r: (load[r], r))
+        load[best] += nbytes
+        owners[(name, piece)] = best
+    return owners
+
+
+def save_sharded(client, step, model, optimizer=None, layout=None, extra=None, dedup=True, lazy=False):
+    """Saves this rank's part of a model split as `layout` says (a ckpt.torch.Layout), every
+    parameter, buffer and optimizer tensor as a slice of its global tensor, so that
+    load_sharded can restore it into another layout and world size. With dedup (the
+    default) a piece several data-parallel ranks hold is saved by one of them, the work
+    spread evenly; the others refer to it through the version's index. `extra` (JSON-able)
+    and the optimizer's param_groups are stored once. Returns what Client.save returns."""
+    from . import GlobalSlice
+    layout = layout or Layout()
+    tensors = _sharded_tensors(model, optimizer, layout)
+    pieces, places = [], []
+    for gname, key, t in tensors:
+        gshape = layout.global_shape(key, t.shape) if key is not None else list(t.shape)
+        offsets, lengths = layout.box(key, gshape) if key is not None else ([0] * len(gshape), list(gshape))
+        if lengths != list(t.shape):
+            from . import InvalidArgumentError
+            raise InvalidArgumentError(f"{gname}: local shape {list(t.shape)} is not this rank's part "
+                                       f"{lengths} of {gshape} (give Layout(shapes=...))")
+        piece = layout.tp_rank if key is not None and key in layout.split else None
+        nbytes = t.numel() * t.element_size()
+        pieces.append((nbytes, gname, piece))
+        places.append((gname, piece, t, gshape, offsets))
+    replicated = {"optimizer/param_groups": None, "extra": None}
+    if optimizer is not None:
+        groups = [{k: v for k, v in g.items() if k != "params"} for g in optimizer.state_dict()["param_groups"]]
+        replicated["optimizer/param_groups"] = _json_array(groups)
+    if extra is not None:
+        replicated["extra"] = _json_array(extra)
+    for gname, arr in replicated.items():
+        if arr is not None:
+            pieces.append((arr.nbytes, gname, None))
+    owners = _owners(pieces, layout) if dedup else None
+    state = {"layout": {"tp": [layout.tp_rank, layout.tp_size], "dp": [layout.dp_rank, layout.dp_size]},
+             "model": {}, "optimizer": {}, "global": {}}
+    for gname, piece, t, gshape, offsets in places:
+        if owners is not None and owners[(gname, piece)] != layout.rank:
+            continue
+        kind, _, rest = gname.partition("/")
+        state[kind][rest] = GlobalSlice(t, gname, gshape, offsets)
+    for gname, arr in replicated.items():
+        if arr is not None and (owners is None or owners[(gname, None)] == layout.rank):
+            state["global"][gname] = GlobalSlice(arr, gname, [arr.size])
+    if lazy:
+        return client.save(step, state, lazy=True)
+    return client.save(step, state)
+
+
+def _empty(dtype, shape):
+    """A new CPU tensor of ckpt dtype `dtype`."""
+    import numpy as np
+    import torch
+    from . import DType, _DTYPE_TO_NUMPY
+    arr = np.empty(shape, _DTYPE_TO_NUMPY[dtype])
+    t = torch.from_numpy(arr)
+    return t.view(torch.bfloat16) if dtype == DType.BF16 else t
+
+
+def load_sharded(client, step, model, optimizer=None, layout=None):
+    """Restores `model` (and `optimizer`) in place from `step` saved by save_sharded, in
+    `layout` (a ckpt.torch.Layout), whatever layout and world size saved it: each
+    parameter, buffer and optimizer tensor gets this rank's slice of its global tensor,
+    read from whichever ranks' shards hold it (Client.load_slices: local copy, peers, EC
+    decode, durable tier; every byte checked). Returns the saved `extra` (or None).
+    Raises ckpt.NotFoundError for a tensor the version does not hold."""
+    import json
+    import torch
+    from . import NotFoundError, InvalidArgumentError
+    layout = layout or Layout()
+    index = client.global_tensors(step)
+
+    def need(gname):
+        if gname not in index:
+            raise NotFoundError(f"step {step} holds no global tensor {gname!r}")
+        return index[gname]
+
+    slices, after = [], []
+    names = {}
+    for name, t in list(model.named_parameters()) + list(model.named_buffers()):
+        if id(t) in names:
+            continue
+        names[id(t)] = name
+        _, gshape, _ = need(f"model/{name}")
+        offsets, lengths = layout.box(name, gshape)
+        if lengths != list(t.shape):
+            raise InvalidArgumentError(f"model/{name}: this rank's part of {gshape} is {lengths}, "
+                                       f"the model's tensor {list(t.shape)}")
+        target = t.detach()
+        if not target.is_contiguous() or target.device.type != "cpu":
+            staging = torch.empty(lengths, dtype=t.dtype)
+            after.append((target, staging))
+            target = staging
+        slices.append((f"model/{name}", offsets, lengths, target))
+    state = {}
+    if optimizer is not None:
+        by_param = {}  # parameter name -> [(state key, global name)]
+        for gname in index:
+            kind, _, rest = gname.partition("/")
+            pname, _, key = rest.rpartition("/")
+            if kind == "optimizer" and pname:
+                by_param.setdefault(pname, []).append((key, gname))
+        params = [p for g in optimizer.param_groups for p in g["params"]]
+        for i, p in enumerate(params):
+            for key, gname in by_param.get(names[id(p)], []):
+                dtype, gshape, _ = index[gname]
+                if gshape == index[f"model/{names[id(p)]}"][1]:
+                    offsets, lengths = layout.box(names[id(p)], gshape)
+                else:
+                    offsets, lengths = [0] * len(gshape), list(gshape)
+                t = _empty(dtype, lengths)
+                state.setdefault(i, {})[key] = t
+                slices.append((gname, offsets, lengths, t))
+    blobs = {}
+    for gname in ("optimizer/param_groups", "extra"):
+        if gname in index:
+            dtype, gshape, _ = index[gname]
+            blobs[gname] = _empty(dtype, gshape)
+            slices.append((gname, [0], list(gshape), blobs[gname]))
+    client.load_slices(step, slices)
+    for target, staging in after:
+        target.copy_(staging)
+    if optimizer is not None:
+        current = optimizer.state_dict()["param_groups"]
+        if "optimizer/param_groups" in blobs:
+            groups = json.loads(blobs["optimizer/param_groups"].numpy().tobytes())
+            for g, c in zip(groups, current):
+                g["params"] = c["params"]
+        else:
+            groups = current
+        optimizer.load_state_dict({"state": state, "param_groups": groups})
+    if "extra" in blobs:
+        return json.loads(blobs["extra"].numpy().tobytes())
+    return None

@@ -238,6 +238,7 @@ absl::Status CreateOrOpenJob(ClientCore& core, absl::Time deadline) {
   v1::CreateJobRequest req;
   *req.mutable_spec() = MakeSpec(core.options);
   req.set_open_if_exists(true);
+  req.set_resize_world(core.options.resize_world);
   absl::Duration backoff = kMinBackoff;
   while (true) {
     v1::CreateJobResponse resp;
@@ -267,6 +268,10 @@ absl::Status AwaitJob(ClientCore& core, absl::Time deadline) {
     absl::Status s = core.meta->GetJob(req, &resp, core.options.rpc_timeout);
     if (s.ok()) {
       const uint32_t stored = resp.job().spec().world_size();
+      if (stored != core.options.world_size && core.options.resize_world && absl::Now() < deadline) {
+        Backoff(*core.meta, &backoff, deadline);  // rank 0 resizes it
+        continue;
+      }
       if (stored != core.options.world_size) {
         return absl::FailedPreconditionError(
             absl::StrCat("job \"", core.options.job_id, "\" exists with world size ", stored,

@@ -107,12 +107,12 @@ struct OpenedShard {
 
 namespace {
 
-absl::StatusOr<v1::LocateResponse> Locate(const ClientCore& core, uint64_t step, bool omit_items) {
+absl::StatusOr<v1::LocateResponse> Locate(const ClientCore& core, uint64_t step, uint32_t rank, bool omit_items) {
   CKPT_RETURN_IF_ERROR(ValidateStep(step));
   v1::LocateRequest req;
   req.set_job_id(core.options.job_id);
   req.set_step(step);
-  req.set_rank(core.options.rank);
+  req.set_rank(rank);
   req.set_near_node_id(core.node_id);
   req.set_omit_items(omit_items);
   v1::LocateResponse resp;
@@ -140,7 +140,7 @@ absl::Status ItemsInside(const std::vector<ManifestItem>& items, uint64_t size) 
 // the returned OpenedShard (closed when it goes); `resp` keeps the rest of
 // the answer for FinishOpen.
 absl::StatusOr<std::unique_ptr<OpenedShard>> SendOpen(const std::shared_ptr<ClientCore>& core, uint64_t step,
-                                                      const v1::LocateResponse* located, bool skip_verify,
+                                                      uint32_t rank, const v1::LocateResponse* located, bool skip_verify,
                                                       v1::OpenShardResponse* resp) {
   v1::OpenShardRequest req;
   if (located != nullptr) {
@@ -150,7 +150,7 @@ absl::StatusOr<std::unique_ptr<OpenedShard>> SendOpen(const std::shared_ptr<Clie
   } else {
     req.mutable_key()->set_job_id(core->options.job_id);
     req.mutable_key()->set_step(step);
-    req.mutable_key()->set_rank(core->options.rank);
+    req.mutable_key()->set_rank(rank);
   }
   req.set_skip_verify(skip_verify);
   req.set_client_pid(static_cast<uint32_t>(::getpid()));
@@ -226,7 +226,7 @@ absl::Status FinishOpen(ClientCore& core, const v1::LocateResponse* located, v1:
   opened.verified = resp.verified();
   for (const auto& f : resp.failed_sources()) {
     log::Info("restore of {}/{} rank {}: source {} failed: {}", core.options.job_id,
-              opened.shard.key().step(), core.options.rank,
+              opened.shard.key().step(), opened.shard.key().rank(),
               ServedFromName(FromProto(f.source().kind())), f.status().message());
   }
   const uint64_t digest = opened.shard.manifest_digest();
@@ -294,7 +294,7 @@ absl::StatusOr<std::unique_ptr<OpenedShard>> Open(const std::shared_ptr<ClientCo
                                                   bool keep_packed) {
   v1::OpenShardResponse resp;
   CKPT_ASSIGN_OR_RETURN(std::unique_ptr<OpenedShard> opened,
-                        SendOpen(core, located.shard().key().step(), &located, skip_verify, &resp));
+                        SendOpen(core, located.shard().key().step(), located.shard().key().rank(), &located, skip_verify, &resp));
   CKPT_RETURN_IF_ERROR(FinishOpen(*core, &located, resp, *opened, keep_packed));
   return opened;
 }
@@ -346,8 +346,8 @@ class Claimed {
 // Locate at meta, sent on `core.calls`: Wait() returns its answer.
 class PendingLocate {
  public:
-  PendingLocate(ClientCore& core, uint64_t step, bool omit_items)
-      : call_(core.calls, [&core, step, omit_items] { return Locate(core, step, omit_items); }) {}
+  PendingLocate(ClientCore& core, uint64_t step, uint32_t rank, bool omit_items)
+      : call_(core.calls, [&core, step, rank, omit_items] { return Locate(core, step, rank, omit_items); }) {}
 
   absl::StatusOr<v1::LocateResponse> Wait() { return std::move(call_.Get()); }
 
@@ -497,13 +497,13 @@ std::unique_ptr<OpenedShard> UseLocal(const std::shared_ptr<ClientCore>& core, c
   if (!named_first) return nullptr;
   if (!finished.ok()) {
     log::Info("{}/{} rank {}: the local copy cannot be used ({}); trying every source", core->options.job_id,
-              want.key().step(), core->options.rank, std::string(finished.message()));
+              want.key().step(), want.key().rank(), std::string(finished.message()));
     return nullptr;
   }
   if (have.size_bytes() != want.size_bytes() || have.crc32c() != want.crc32c() || want.manifest_digest() == 0 ||
       have.manifest_digest() != want.manifest_digest()) {
     log::Info("{}/{} rank {}: the local copy differs from the version's (size, crc32c or manifest); "
-              "trying every source", core->options.job_id, want.key().step(), core->options.rank);
+              "trying every source", core->options.job_id, want.key().step(), want.key().rank());
     return nullptr;
   }
   return opened;
@@ -521,16 +521,16 @@ std::unique_ptr<OpenedShard> UseLocal(const std::shared_ptr<ClientCore>& core, c
 // the agent, which checks them with meta and fetches the shard from the next
 // one.
 absl::StatusOr<std::unique_ptr<OpenedShard>> OpenBestNow(const std::shared_ptr<ClientCore>& core, uint64_t step,
-                                                         bool skip_verify, bool keep_packed, LoadListing* listing,
+                                                         uint32_t rank, bool skip_verify, bool keep_packed, LoadListing* listing,
                                                          bool check) {
   CKPT_RETURN_IF_ERROR(ValidateStep(step));
   v1::LocateResponse located;
   {
     v1::OpenShardResponse resp;
-    absl::StatusOr<std::unique_ptr<OpenedShard>> local = SendOpen(core, step, nullptr, skip_verify, &resp);
+    absl::StatusOr<std::unique_ptr<OpenedShard>> local = SendOpen(core, step, rank, nullptr, skip_verify, &resp);
     const bool staged = local.ok() && resp.version_staged();
     std::optional<PendingLocate> locate;
-    if (!staged) locate.emplace(*core, step, /*omit_items=*/true);
+    if (!staged) locate.emplace(*core, step, rank, /*omit_items=*/true);
     absl::Status finished = local.status();
     if (local.ok()) finished = FinishOpen(*core, nullptr, resp, **local, keep_packed);
     // The caller's listing of the items starts on the local copy while meta
@@ -545,7 +545,7 @@ absl::StatusOr<std::unique_ptr<OpenedShard>> OpenBestNow(const std::shared_ptr<C
       std::move(not_used).Cancel();
       return *std::move(local);
     }
-    if (!locate) locate.emplace(*core, step, /*omit_items=*/true);
+    if (!locate) locate.emplace(*core, step, rank, /*omit_items=*/true);
     CKPT_ASSIGN_OR_RETURN(located, locate->Wait());  // a version meta does not serve: its error
     if (std::unique_ptr<OpenedShard> opened = UseLocal(core, located, local, finished); opened != nullptr) {
       std::move(not_used).Cancel();
@@ -565,14 +565,14 @@ absl::StatusOr<std::unique_ptr<OpenedShard>> OpenBestNow(const std::shared_ptr<C
     // A source meta named went away before the agent read it (meta aborted
     // the version as data lost, or moved the copy, and the holder dropped
     // it): meta's answer now says which.
-    CKPT_ASSIGN_OR_RETURN(located, Locate(*core, step, /*omit_items=*/true));
+    CKPT_ASSIGN_OR_RETURN(located, Locate(*core, step, rank, /*omit_items=*/true));
     opened = Open(core, located, skip_verify, keep_packed);
   }
   if (opened.ok() || !absl::IsInvalidArgument(opened.status()) ||
       !absl::StrContains(opened.status().message(), "expected.items")) {
     return opened;
   }
-  CKPT_ASSIGN_OR_RETURN(located, Locate(*core, step, /*omit_items=*/false));
+  CKPT_ASSIGN_OR_RETURN(located, Locate(*core, step, rank, /*omit_items=*/false));
   return Open(core, located, skip_verify, keep_packed);
 }
 
@@ -586,19 +586,19 @@ absl::StatusOr<std::unique_ptr<OpenedShard>> OpenBestNow(const std::shared_ptr<C
 // `listing`, if not null, may be started on the shard returned (with its
 // crc32c check if `check`), or is left unstarted.
 absl::StatusOr<std::unique_ptr<OpenedShard>> OpenBest(const std::shared_ptr<ClientCore>& core, uint64_t step,
-                                                      bool skip_verify, bool keep_packed = false,
+                                                      uint32_t rank, bool skip_verify, bool keep_packed = false,
                                                       LoadListing* listing = nullptr, bool check = false) {
   absl::StatusOr<std::unique_ptr<OpenedShard>> opened =
-      OpenBestNow(core, step, skip_verify, keep_packed, listing, check);
+      OpenBestNow(core, step, rank, skip_verify, keep_packed, listing, check);
   const absl::Status& s = opened.status();
-  if (opened.ok() || core->options.world_size != 1 || !(absl::IsNotFound(s) || absl::IsFailedPrecondition(s)) ||
+  if (opened.ok() || core->options.world_size != 1 || rank != core->options.rank || !(absl::IsNotFound(s) || absl::IsFailedPrecondition(s)) ||
       !absl::StartsWith(s.message(), "Locate: ")) {
     return opened;
   }
   const absl::Time grace_end = core->GraceEnd(step);
   if (absl::Now() >= grace_end) return opened;
   if (!WaitForVersion(*core, step, Level::kStaged, grace_end, grace_end).ok()) return opened;
-  return OpenBestNow(core, step, skip_verify, keep_packed, listing, check);
+  return OpenBestNow(core, step, rank, skip_verify, keep_packed, listing, check);
 }
 
 // The versions an incremental shard's references point to, opened (this
@@ -612,7 +612,7 @@ absl::StatusOr<Bases> OpenBases(const std::shared_ptr<ClientCore>& core, const O
   if (steps.empty()) return bases;
   const uint64_t step = main.shard.key().step();
   for (uint64_t base : steps) {
-    absl::StatusOr<std::unique_ptr<OpenedShard>> opened = OpenBest(core, base, skip_verify);
+    absl::StatusOr<std::unique_ptr<OpenedShard>> opened = OpenBest(core, base, main.shard.key().rank(), skip_verify);
     if (!opened.ok()) {
       return Annotate(opened.status(), absl::StrCat("version ", base, ", whose items version ", step,
                                                     " refers to (incremental save)"));
@@ -798,6 +798,7 @@ absl::Status LoadIntoOpened(const std::shared_ptr<ClientCore>& core, uint64_t st
 absl::StatusOr<LoadedShard> Client::Load(uint64_t step, const LoadOptions& options) const {
   CKPT_RETURN_IF_ERROR(core_->CheckProcess());
   core_->WaitSaves();  // this client's own saves first (lazy ones included)
+  const uint32_t rank = options.rank.value_or(core_->options.rank);
   // With verification, attempt 0 opens the copy without the agent's check
   // and checks every item's crc32c here, on a second thread while the items
   // are listed (the agent's check was a pass over the shard before it
@@ -810,7 +811,7 @@ absl::StatusOr<LoadedShard> Client::Load(uint64_t step, const LoadOptions& optio
     absl::StatusOr<std::unique_ptr<OpenedShard>> opened;
     // Reads the shard until waited for: declared after it, so it goes first.
     client::LoadListing listing;
-    opened = OpenBest(core_, step, /*skip_verify=*/!agent_verifies, /*keep_packed=*/true, &listing, options.verify);
+    opened = OpenBest(core_, step, rank, /*skip_verify=*/!agent_verifies, /*keep_packed=*/true, &listing, options.verify);
     if (!opened.ok()) {
       if (attempt == 0) return opened.status();
       return absl::Status(opened.status().code(), absl::StrCat(first_mismatch, "; re-opening with verification failed: ",
@@ -854,10 +855,11 @@ absl::StatusOr<LoadedShard> Client::Load(uint64_t step, const LoadOptions& optio
     if (mismatch.empty()) {
       if (options.verify) (*opened)->verified = true;
       impl->opened = *std::move(opened);
-      AdoptAsBase(*core_, step, *impl->opened);
+      // Another rank's shard (a resharding restore) is never this rank's base.
+      if (rank == core_->options.rank) AdoptAsBase(*core_, step, *impl->opened);
       return LoadedShard(std::move(impl));
     }
-    const std::string what = absl::StrCat(core_->options.job_id, "/", step, " rank ", core_->options.rank);
+    const std::string what = absl::StrCat(core_->options.job_id, "/", step, " rank ", rank);
     if (attempt == 1) {
       return absl::DataLossError(absl::StrCat(mismatch, " in ", what, " (", ServedFromName((*opened)->served_from),
                                               " copy, after verification by the agent)"));
@@ -873,7 +875,7 @@ absl::Status Client::LoadInto(uint64_t step,
   CKPT_RETURN_IF_ERROR(core_->CheckProcess());
   core_->WaitSaves();  // this client's own saves first (lazy ones included)
   return client::LoadIntoOpened(core_, step, buffers,
-                                OpenBest(core_, step, /*skip_verify=*/true, /*keep_packed=*/true));
+                                OpenBest(core_, step, core_->options.rank, /*skip_verify=*/true, /*keep_packed=*/true));
 }
 
 absl::Status Client::LoadIntoWhileOpening(uint64_t step,
@@ -883,7 +885,7 @@ absl::Status Client::LoadIntoWhileOpening(uint64_t step,
   // The open (Locate and the local agent's answer) on the client's call
   // thread while the caller works out its buffers here.
   client::Claimed<absl::StatusOr<std::unique_ptr<OpenedShard>>> opening(
-      core_->calls, [core = core_, step] { return OpenBest(core, step, /*skip_verify=*/true, /*keep_packed=*/true); });
+      core_->calls, [core = core_, step] { return OpenBest(core, step, core->options.rank, /*skip_verify=*/true, /*keep_packed=*/true); });
   absl::StatusOr<Buffers> found = buffers();
   absl::StatusOr<std::unique_ptr<OpenedShard>> opened = std::move(opening.Get());
   if (!found.ok()) return found.status();
@@ -904,7 +906,7 @@ absl::Status LoadIntoOpened(const std::shared_ptr<ClientCore>& core, uint64_t st
   std::string first_mismatch;
   for (int attempt = 0; attempt < 2; ++attempt) {
     absl::StatusOr<std::unique_ptr<OpenedShard>> opened =
-        attempt == 0 ? std::move(first) : OpenBest(core, step, /*skip_verify=*/false, /*keep_packed=*/true);
+        attempt == 0 ? std::move(first) : OpenBest(core, step, core->options.rank, /*skip_verify=*/false, /*keep_packed=*/true);
     if (!opened.ok()) {
       if (attempt == 0) return opened.status();
       return absl::Status(opened.status().code(),

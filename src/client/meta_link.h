@@ -59,6 +59,10 @@ class MetaLink {
   // version or staged rank; kFailedPrecondition: the version cannot be
   // restored; kDataLoss: no readable source left.
   virtual absl::Status Locate(const v1::LocateRequest& req, v1::LocateResponse* resp, absl::Duration timeout) = 0;
+  // One version with every shard (items included with req.include_items).
+  // kNotFound: no such job or version.
+  virtual absl::Status GetVersion(const v1::GetVersionRequest& req, v1::GetVersionResponse* resp,
+                                  absl::Duration timeout) = 0;
   // The cluster's (and the job's) state and failure statistics.
   virtual absl::Status ClusterStatus(const v1::ClusterStatusRequest& req, v1::ClusterStatusResponse* resp,
                                      absl::Duration timeout) = 0;

@@ -35,6 +35,10 @@ class GrpcMetaLink final : public MetaLink {
   absl::Status Locate(const v1::LocateRequest& req, v1::LocateResponse* resp, absl::Duration timeout) override {
     return CallUnary(*stub_, &Stub::Locate, req, resp, timeout, "Locate");
   }
+  absl::Status GetVersion(const v1::GetVersionRequest& req, v1::GetVersionResponse* resp,
+                          absl::Duration timeout) override {
+    return CallUnary(*stub_, &Stub::GetVersion, req, resp, timeout, "GetVersion");
+  }
   absl::Status ClusterStatus(const v1::ClusterStatusRequest& req, v1::ClusterStatusResponse* resp,
                              absl::Duration timeout) override {
     return CallUnary(*stub_, &Stub::ClusterStatus, req, resp, timeout, "ClusterStatus");

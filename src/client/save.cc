@@ -21,6 +21,7 @@
 #include "client/save_state.h"
 #include "common/crc32c.h"
 #include "common/log.h"
+#include "common/global_tensor.h"
 #include "common/manifest.h"
 #include "common/names.h"
 #include "common/status_macros.h"
@@ -66,6 +67,10 @@ absl::Status SaveBuilder::Add(std::string_view name, std::span<const std::byte> 
           absl::StrCat("item ", QuoteForMessage(name), ": attribute ", QuoteForMessage(k),
                        " has a key or value longer than 256 bytes"));
     }
+  }
+  if (!attributes.empty()) {  // a slice of a global tensor says so well (common/global_tensor.h)
+    CKPT_RETURN_IF_ERROR(
+        ParseGlobalPlace(name, d, std::span<const uint64_t>(shape.data(), shape.size()), attributes).status());
   }
   // One hash of the name: the set takes a copy only if it is new.
   const size_t before = s.names->set.size();

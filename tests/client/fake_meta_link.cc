@@ -241,6 +241,21 @@ absl::Status FakeMetaLink::Locate(const v1::LocateRequest& req, v1::LocateRespon
   return absl::OkStatus();
 }
 
+absl::Status FakeMetaLink::GetVersion(const v1::GetVersionRequest& req, v1::GetVersionResponse* resp,
+                                      absl::Duration) {
+  absl::MutexLock lock(&mu_);
+  CKPT_RETURN_IF_ERROR(Begin(Call::kGetVersion, "GetVersion"));
+  absl::StatusOr<Version*> v = FindVersion(req.job_id(), req.step());
+  if (!v.ok()) return Named("GetVersion", v.status());
+  *resp->mutable_version() = Info(req.job_id(), req.step(), **v);
+  for (const auto& [rank, located] : (*v)->shards) {
+    v1::ShardInfo* info = resp->mutable_version()->add_shards()->mutable_info();
+    *info = located.shard();
+    if (!req.include_items()) info->clear_items();
+  }
+  return absl::OkStatus();
+}
+
 absl::Status FakeMetaLink::ClusterStatus(const v1::ClusterStatusRequest&, v1::ClusterStatusResponse* resp,
                                          absl::Duration) {
   absl::MutexLock lock(&mu_);

@@ -40,7 +40,7 @@ namespace ckpt::testing {
 
 class FakeMetaLink final : public client::MetaLink {
  public:
-  enum class Call { kCreateJob, kGetJob, kWaitVersion, kLatest, kLocate, kClusterStatus };
+  enum class Call { kCreateJob, kGetJob, kWaitVersion, kLatest, kLocate, kGetVersion, kClusterStatus };
 
   // A job as if created (world size from `spec`).
   void PutJob(const v1::JobSpec& spec, bool deleting = false);
@@ -75,6 +75,10 @@ class FakeMetaLink final : public client::MetaLink {
                            absl::Duration timeout) override;
   absl::Status Latest(const v1::LatestRequest& req, v1::LatestResponse* resp, absl::Duration timeout) override;
   absl::Status Locate(const v1::LocateRequest& req, v1::LocateResponse* resp, absl::Duration timeout) override;
+  // The version's state and world size, and every shard put (PutShard)
+  // with its items when asked.
+  absl::Status GetVersion(const v1::GetVersionRequest& req, v1::GetVersionResponse* resp,
+                          absl::Duration timeout) override;
   absl::Status ClusterStatus(const v1::ClusterStatusRequest& req, v1::ClusterStatusResponse* resp,
                              absl::Duration timeout) override;
   void AwaitRetry(absl::Time until) override;

@@ -109,6 +109,9 @@ absl::StatusOr<LeaseGrant> Ingest::AcquireLease(const LeaseRequest& req) {
     if (auto b = begun_.find(begun_key); b != begun_.end()) world_size = b->second;
     if (auto j = job_world_.find(req.job_id); !world_size && j != job_world_.end()) world_size = j->second;
   }
+  // A rank beyond the size known here: the job may have been resized since
+  // (CreateJob resize_world): meta says.
+  if (world_size && req.rank >= *world_size && !req.without_meta) world_size.reset();
   if (!world_size && req.without_meta) {
     return absl::UnavailableError("this job's first lease on this node asks meta: use AcquireStagingLease");
   }

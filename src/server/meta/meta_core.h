@@ -244,6 +244,9 @@ struct JobRequest {
   std::optional<RetentionPolicy> retention;
   // Stored when the call creates the job; never compared.
   std::map<std::string, std::string> labels;
+  // Opening an existing job: a stated world_size that differs changes it
+  // (CreateJobRequest.resize_world) instead of being refused.
+  bool resize_world = false;
 
   // Every field of `spec` stated, except a flush or retention policy left at
   // its defaults (all zero), which is unstated.

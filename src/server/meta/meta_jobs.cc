@@ -155,7 +155,10 @@ absl::StatusOr<std::pair<JobView, bool>> MetaCore::CreateJob(const JobRequest& r
         return absl::FailedPreconditionError(
             absl::StrCat("job \"", req.job_id, "\" is being deleted; use another id"));
       }
-      const std::string diff = DiffSpecs(it->second.spec, req);
+      const bool resizing = req.resize_world && req.world_size != 0 && req.world_size != it->second.spec.world_size;
+      JobRequest compared = req;
+      if (resizing) compared.world_size = 0;
+      const std::string diff = DiffSpecs(it->second.spec, compared);
       if (!diff.empty()) {
         return absl::FailedPreconditionError(absl::StrCat(
             "job \"", req.job_id, "\" exists with a different spec: ", diff,
@@ -163,6 +166,23 @@ absl::StatusOr<std::pair<JobView, bool>> MetaCore::CreateJob(const JobRequest& r
             "or create a job with another id"));
       }
       auto vs = state_->versions.find(req.job_id);
+      if (resizing) {
+        // Versions keep the world size they were begun with (a restore
+        // reshards them); one still OPEN at the old size can never complete
+        // now, and must not take shards of the new size.
+        const uint32_t old_size = it->second.spec.world_size;
+        it->second.spec.world_size = req.world_size;
+        txn.Job(it->second);
+        if (vs != state_->versions.end()) {
+          for (auto& [step, v] : vs->second) {
+            if (v.state != VersionState::kOpen) continue;
+            e.AbortOpenVersion(v, absl::StrCat("the job was resized from ", old_size, " to ", req.world_size,
+                                               " ranks while this version had ", v.shards.size(), " of ",
+                                               v.world_size, " shards staged"));
+          }
+        }
+        log::Info("job {} resized: world size {} -> {}", req.job_id, old_size, req.world_size);
+      }
       return std::make_pair(
           MakeJobView(it->second, vs == state_->versions.end() ? nullptr : &vs->second), false);
     }

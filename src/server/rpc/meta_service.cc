@@ -455,6 +455,7 @@ grpc::Status MetaServiceImpl::CreateJob(grpc::ServerContext* ctx, const v1::Crea
   }
   absl::StatusOr<meta::JobRequest> spec = JobRequestFromProto(req->spec(), "spec");
   if (!spec.ok()) return Fail("CreateJob", spec.status());
+  spec->resize_world = req->resize_world();
   absl::StatusOr<std::pair<meta::JobView, bool>> result =
       core_->CreateJob(*spec, req->open_if_exists());
   if (!result.ok()) return Fail("CreateJob", result.status());

@@ -472,6 +472,32 @@ class Client {
   // anything is copied.
   absl::Status LoadIntoWhileOpening(uint64_t step, const std::function<absl::StatusOr<Buffers>()>& buffers) const;
 
+  // ---- Another layout: global tensors (docs/python.md "Another layout") ----
+  // A version saved by W ranks restored into this job's W' ranks, or into
+  // another split: items that say they are slices of global tensors
+  // (GlobalAttributes, ckpt/types.h) are indexed by the version's metadata at meta, and any
+  // slice of a global tensor is assembled from the shards that hold it.
+
+  // The global tensors of `step`, by name, from meta's record of the version
+  // (one call, every rank's manifest; no shard is read). Errors: kNotFound
+  // (job or version), kInvalidArgument (an item's global attributes are
+  // malformed, or two items disagree on a tensor's dtype or shape).
+  absl::StatusOr<std::map<std::string, GlobalTensor>> GlobalTensors(uint64_t step) const;
+
+  // Loads each slice of `slices` into its dst. Works out which ranks' shards
+  // overlap each slice (a slice several ranks hold whole, a replica, is read
+  // from one of them: this rank's, a shard whose primary copy is on this
+  // node, else the lowest rank), opens those shards (Load with
+  // LoadOptions::rank, in parallel, every item's crc32c checked: from the
+  // local agent, a peer's copy, EC decode or the durable tier, as any load)
+  // and copies the overlapping parts. Nothing is written into any dst before
+  // every slice is known to be covered and every shard it needs is open and
+  // verified. Blocks. Errors: those of GlobalTensors and Load; kNotFound (no
+  // such global tensor), kInvalidArgument (offsets or lengths with another
+  // count of dimensions, a slice outside the tensor, a dst of another size),
+  // kDataLoss (part of a slice is in no shard of the version).
+  absl::Status LoadSlices(uint64_t step, std::span<const SliceRequest> slices) const;
+
  private:
   friend Client client::MakeClient(std::shared_ptr<client::ClientCore> core);
   explicit Client(std::shared_ptr<client::ClientCore> core);

@@ -93,6 +93,13 @@ struct ClientOptions {
   uint32_t rank = 0;
   // Number of ranks of the job (1..1,048,576). Compared with the stored job.
   uint32_t world_size = 0;
+  // The job may have another world size than the stored one: a relaunch on
+  // more or fewer ranks, which restores by resharding (LoadSlice, or
+  // LoadOptions::rank; docs/python.md "Another layout"). Rank 0 changes the
+  // stored size (each version keeps the size it was saved with; versions
+  // still OPEN at the old size are aborted); the other ranks wait for it.
+  // Off: a different size is kFailedPrecondition at Connect.
+  bool resize_world = false;
   // Identifies this training run (one launch of all ranks; a restarted
   // launch should use a new one). A version begun by another run is aborted
   // and replaced when this run saves the same step, so shards of two runs
@@ -166,6 +173,13 @@ struct LoadOptions {
   // load again with verify = true. Saves one pass over the shard when every
   // item is copied anyway.
   bool verify = true;
+  // The rank whose shard to load (0 <= rank < the version's world size):
+  // unset, this client's own. Another rank's shard (a job relaunched with
+  // another world size restoring by resharding: ClientOptions::resize_world)
+  // is read from the same sources, in the same order, as one's own: a copy
+  // the local agent holds, a peer's, EC decode, the durable tier. It never
+  // becomes this client's base for incremental saves.
+  std::optional<uint32_t> rank = std::nullopt;
 };
 
 }  // namespace ckpt

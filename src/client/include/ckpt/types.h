@@ -6,8 +6,11 @@
 #pragma once
 
 #include <cstdint>
+#include <cstddef>
 #include <map>
+#include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "absl/time/time.h"
@@ -128,6 +131,43 @@ struct LoadedItem {
   // step, or an older one for an item an incremental save carried over
   // (a reference: unchanged, or not stated by a partial save).
   uint64_t step = 0;
+};
+
+// Global tensors (Client::GlobalTensors, Client::LoadSlices): a tensor of
+// the whole model that ranks save slices of (tensor-parallel splits, ZeRO
+// partitions) or whole copies of (data-parallel replicas). An item says it is
+// one with attributes (GlobalAttributes below; docs/format.md "Global
+// tensors").
+struct GlobalPiece {
+  uint32_t rank = 0;              // the rank whose shard holds it
+  std::string item;               // the item's name in that shard
+  std::vector<uint64_t> offsets;  // the slice it holds, per dimension
+  std::vector<uint64_t> lengths;
+};
+struct GlobalTensor {
+  std::string name;
+  DType dtype = DType::kBytes;
+  std::vector<uint64_t> shape;
+  // Every stored piece (replicas of the same slice included), by rank.
+  std::vector<GlobalPiece> pieces;
+};
+
+// The attributes that say an item named `item_name` holds the slice at
+// `offsets` (one per dimension; its lengths are the item's shape) of global
+// tensor `global_name` of `global_shape`; merge them into the item's own
+// (SaveBuilder::Add checks them). A replica saved whole: offsets all 0 and
+// global_shape the item's shape.
+std::map<std::string, std::string> GlobalAttributes(std::string_view item_name, std::string_view global_name,
+                                                    std::span<const uint64_t> global_shape,
+                                                    std::span<const uint64_t> offsets);
+
+// A slice of a global tensor to load (Client::LoadSlices) into `dst`, which
+// holds exactly its elements, row-major (product of lengths x element size).
+struct SliceRequest {
+  std::string name;
+  std::vector<uint64_t> offsets;
+  std::vector<uint64_t> lengths;
+  std::span<std::byte> dst;
 };
 
 // How often to checkpoint (Client::RecommendedInterval): the Young/Daly

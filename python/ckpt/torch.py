@@ -633,8 +633,12 @@ def save_sharded(client, step, model, optimizer=None, layout=None, extra=None, d
             raise InvalidArgumentError(f"{gname}: local shape {list(t.shape)} is not this rank's part "
                                        f"{lengths} of {gshape} (give Layout(shapes=...))")
         piece = layout.tp_rank if key is not None and key in layout.split else None
-        nbytes = t.numel() * t.element_size()
-        pieces.append((nbytes, gname, piece))
+        # Every rank's pieces, not only this one's: all ranks compute the same owners.
+        for i in (range(layout.tp_size) if piece is not None else [None]):
+            n = t.element_size()
+            for d in (layout.box(key, gshape, i)[1] if i is not None else gshape):
+                n *= d
+            pieces.append((n, gname, i))
         places.append((gname, piece, t, gshape, offsets))
     replicated = {"optimizer/param_groups": None, "extra": None}
     if optimizer is not None:

@@ -195,6 +195,58 @@ TEST_F(ClientIntegrationTest, CorruptedMemoryTierByteIsDataLossOnBothLoadPaths) 
       << again.status();
 }
 
+TEST_F(ClientIntegrationTest, AnyRanksShardAndAnySliceOfAGlobalTensorLoad) {
+  // Two ranks each save half of a [6, 5] tensor's rows (3 and 3) and their
+  // own scalar; rank 0 then reads rank 1's shard, and any slice of the whole.
+  std::vector<float> whole(30);
+  for (size_t i = 0; i < whole.size(); ++i) whole[i] = static_cast<float>(i) + 0.5f;
+  std::vector<Client> clients;
+  for (uint32_t r = 0; r < 2; ++r) {
+    absl::StatusOr<Client> c = Client::Connect(Options("reshard", r, 2));
+    ASSERT_TRUE(c.ok()) << c.status();
+    clients.push_back(*std::move(c));
+  }
+  for (uint32_t r = 0; r < 2; ++r) {
+    SaveBuilder s = clients[r].BeginSave(4);
+    std::span<const float> rows(whole.data() + r * 15, 15);
+    const std::vector<uint64_t> global = {6, 5}, offsets = {3 * r, 0};
+    ASSERT_TRUE(s.Add("w", std::as_bytes(rows), DType::kF32, {3, 5}, GlobalAttributes("w", "w", global, offsets)).ok());
+    const float own = 100.0f + static_cast<float>(r);
+    ASSERT_TRUE(s.Add("own", std::as_bytes(std::span<const float>(&own, 1)), DType::kF32, {}).ok());
+    // Malformed global attributes are refused at Add.
+    EXPECT_EQ(s.Add("bad", std::as_bytes(rows), DType::kF32, {3, 5},
+                    GlobalAttributes("bad", "bad", global, std::vector<uint64_t>{4, 0}))
+                  .code(),
+              absl::StatusCode::kInvalidArgument);
+    ASSERT_TRUE(s.Commit().ok());
+  }
+  ASSERT_TRUE(clients[0].WaitVersion(4, Level::kStaged, absl::Now() + absl::Seconds(30)).ok());
+  absl::StatusOr<LoadedShard> other = clients[0].Load(4, LoadOptions{.verify = true, .rank = 1});
+  ASSERT_TRUE(other.ok()) << other.status();
+  EXPECT_EQ(other->rank(), 1u);
+  absl::StatusOr<std::span<const std::byte>> own = other->View("own");
+  ASSERT_TRUE(own.ok());
+  float v = 0;
+  std::memcpy(&v, own->data(), sizeof(v));
+  EXPECT_EQ(v, 101.0f);
+  absl::StatusOr<LoadedShard> beyond = clients[0].Load(4, LoadOptions{.verify = true, .rank = 2});
+  EXPECT_EQ(beyond.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(beyond.status().message(), HasSubstr("has world size 2")) << beyond.status();
+
+  absl::StatusOr<std::map<std::string, GlobalTensor>> index = clients[1].GlobalTensors(4);
+  ASSERT_TRUE(index.ok()) << index.status();
+  ASSERT_EQ(index->size(), 1u);
+  EXPECT_EQ(index->at("w").shape, (std::vector<uint64_t>{6, 5}));
+  EXPECT_EQ(index->at("w").pieces.size(), 2u);
+  // Rows 2..4, columns 1..3: across both ranks' pieces.
+  std::vector<float> out(3 * 3, -1.0f);
+  const SliceRequest req{"w", {2, 1}, {3, 3}, std::as_writable_bytes(std::span<float>(out))};
+  ASSERT_TRUE(clients[1].LoadSlices(4, {&req, 1}).ok());
+  for (uint64_t i = 0; i < 3; ++i) {
+    for (uint64_t j = 0; j < 3; ++j) EXPECT_EQ(out[i * 3 + j], whole[(2 + i) * 5 + 1 + j]) << i << "," << j;
+  }
+}
+
 class ClientLargeShardTest : public testing::NodeClusterTest {
  protected:
   ClientLargeShardTest() : NodeClusterTest("320MiB") {}

@@ -1,0 +1,205 @@
+"""Another layout (issue 38): a model saved by 4 ranks at (tp=2, dp=2) with each piece stored
+once, one node killed, and the job relaunched at (tp=2, dp=1) on 2 ranks, (tp=1, dp=3) and
+(tp=3, dp=1) on 3: every global parameter and AdamW tensor gathered after the restore equals,
+bit for bit, the one gathered before the save, and a further training step equals that of a
+run that was never interrupted. And the errors of a slice load: nothing half-written."""
+import gc
+
+import numpy as np
+import pytest
+import torch
+
+import ckpt
+import ckpt.torch
+from ckpt.torch import Layout, load_sharded, save_sharded
+from conftest import _running
+
+# The global model: name -> shape, and how tensor parallelism splits it.
+GLOBAL = {"fc1.weight": [10, 6], "fc1.bias": [10], "fc2.weight": [5, 10], "fc2.bias": [5], "norm.weight": [6]}
+SPLIT = {"fc1.weight": 0, "fc1.bias": 0, "fc2.weight": 1}  # column-, then row-parallel; the rest replicated
+STEP = 10
+
+
+def init(name):
+    return np.random.default_rng(sorted(GLOBAL).index(name)).standard_normal(GLOBAL[name]).astype(np.float32)
+
+
+def grad(name, step):
+    rng = np.random.default_rng(1000 * step + sorted(GLOBAL).index(name))
+    return rng.standard_normal(GLOBAL[name]).astype(np.float32)
+
+
+def part(a, offsets, lengths):
+    return a[tuple(slice(o, o + n) for o, n in zip(offsets, lengths))]
+
+
+def layout(rank, tp, dp):
+    return Layout(tp=(rank % tp, tp), dp=(rank // tp, dp), split=SPLIT, shapes=GLOBAL)
+
+
+def build(lay, values=init):
+    """This rank's module (its slices of the global tensors) and AdamW."""
+    m = torch.nn.Module()
+    for name, shape in GLOBAL.items():
+        mod, attr = name.split(".")
+        if not hasattr(m, mod):
+            m.add_module(mod, torch.nn.Module())
+        offsets, lengths = lay.box(name, shape)
+        data = part(values(name), offsets, lengths).copy() if values else np.zeros(lengths, np.float32)
+        getattr(m, mod).register_parameter(attr, torch.nn.Parameter(torch.from_numpy(data)))
+    return m, torch.optim.AdamW(m.parameters(), lr=1e-2, weight_decay=0.1)
+
+
+def train(m, opt, lay, step):
+    """One step with the global gradient of `step` (AdamW is elementwise: every layout
+    computes the same global result)."""
+    for name, p in m.named_parameters():
+        p.grad = torch.from_numpy(part(grad(name, step), *lay.box(name, GLOBAL[name])).copy())
+    opt.step()
+
+
+def gather(ranks):
+    """{global name: array} assembled from every rank's (layout, model, optimizer)."""
+    out = {}
+    for lay, m, opt in ranks:
+        state = opt.state_dict()["state"]
+        for i, (name, p) in enumerate(m.named_parameters()):
+            pieces = {f"model/{name}": p.detach().numpy()}
+            for key, v in state.get(i, {}).items():
+                pieces[f"optimizer/{name}/{key}"] = v.numpy()
+            for gname, local in pieces.items():
+                shape = GLOBAL[name] if local.shape == p.shape else list(local.shape)
+                offsets, lengths = lay.box(name, GLOBAL[name]) if local.shape == p.shape else ([0] * len(shape), shape)
+                whole = out.setdefault(gname, np.full(shape, np.nan, local.dtype))
+                whole[tuple(slice(o, o + n) for o, n in zip(offsets, lengths))] = local
+    return out
+
+
+def assert_same(a, b):
+    assert sorted(a) == sorted(b)
+    for k in a:
+        assert a[k].dtype == b[k].dtype and a[k].shape == b[k].shape, k
+        assert a[k].tobytes() == b[k].tobytes(), k  # bit for bit
+
+
+@pytest.fixture(scope="module")
+def cluster4(tmp_path_factory, tls):
+    """Meta and four agents (one of them is killed by the test)."""
+    yield from _running(tmp_path_factory, tls, "ckpt4", agents=4, memory="64MiB")
+
+
+def test_saved_at_tp2_dp2_restores_into_other_layouts_after_a_node_is_lost(cluster4, job):
+    # An uninterrupted run on the whole model: what every layout must match.
+    ref_lay = Layout(split=SPLIT, shapes=GLOBAL)
+    ref = build(ref_lay)
+    for s in (1, 2):
+        train(*ref, ref_lay, s)
+    expected = gather([(ref_lay, *ref)])
+
+    # Four ranks at (tp=2, dp=2), one per node, each piece stored once.
+    ranks = []
+    clients = []
+    for r in range(4):
+        clients.append(cluster4.client(job, rank=r, world_size=4, agent=r, protection="replicate:2"))
+        lay = layout(r, 2, 2)
+        m, opt = build(lay)
+        for s in (1, 2):
+            train(m, opt, lay, s)
+        ranks.append((lay, m, opt))
+    before = gather(ranks)
+    assert_same(before, expected)  # the split training is the whole model's
+    handles = [save_sharded(c, STEP, m, opt, lay, extra={"epoch": 3}) for c, (lay, m, opt) in zip(clients, ranks)]
+    for h in handles:
+        h.wait("protected", timeout=60)
+
+    # Stored once: a tensor-parallel piece by one of its two data-parallel holders, a
+    # replicated tensor by one rank of four; the work spread over every rank.
+    index = clients[0].global_tensors(STEP)
+    for gname, (dtype, shape, pieces) in index.items():
+        name = gname.split("/")[1] if "/" in gname else gname
+        assert len(pieces) == (2 if name in SPLIT and gname != f"optimizer/{name}/step" else 1), (gname, pieces)
+    stored = {r: 0 for r in range(4)}
+    for gname, (dtype, shape, pieces) in index.items():
+        for r, item, offsets, lengths in pieces:
+            stored[r] += int(np.prod(lengths)) * (1 if gname in ("optimizer/param_groups", "extra") else 4)
+    total = sum(int(np.prod(a.shape)) * 4 for a in expected.values())
+    assert sum(stored.values()) == total + sum(int(np.prod(index[g][1])) for g in ("optimizer/param_groups", "extra"))
+    assert all(stored[r] > 0 for r in range(4)), stored  # rank 3's pieces are on the node killed below
+    without = sum(int(np.prod(a.shape)) * 4 * (2 if n.split("/")[1] in SPLIT and not n.endswith("/step") else 4)
+                  for n, a in expected.items())
+    print(f"\nbytes stored per rank with dedup: {stored}; {sum(stored.values())} in all, "
+          f"{without} without (each data-parallel rank its own copy)")
+
+    # The node of rank 3 dies; the job goes on at other sizes.
+    cluster4.procs[4].kill()
+    cluster4.procs[4].wait(timeout=30)
+    del clients, handles
+    gc.collect()
+
+    for tp, dp in ((2, 1), (1, 3), (3, 1)):
+        world = tp * dp
+        new = []
+        for r in range(world):
+            c = cluster4.client(job, rank=r, world_size=world, agent=r, resize_world=True)
+            lay = layout(r, tp, dp)
+            m, opt = build(lay, values=None)
+            assert load_sharded(c, STEP, m, opt, lay) == {"epoch": 3}
+            new.append((c, lay, m, opt))
+        assert_same(gather([(lay, m, opt) for _, lay, m, opt in new]), before)
+        # Training goes on: the next step equals the uninterrupted run's.
+        for _, lay, m, opt in new:
+            train(m, opt, lay, 3)
+        again = build(ref_lay)
+        for s in (1, 2, 3):
+            train(*again, ref_lay, s)
+        assert_same(gather([(lay, m, opt) for _, lay, m, opt in new]), gather([(ref_lay, *again)]))
+        del new
+        gc.collect()
+
+
+def test_slice_errors_leave_the_target_untouched(cluster, job):
+    c = cluster.client(job)
+    w = np.arange(12, dtype=np.float32).reshape(3, 4)
+    half = np.arange(5, dtype=np.float32)
+    c.save(1, {"w": ckpt.GlobalSlice(w, "w", [3, 4]),
+               "h": ckpt.GlobalSlice(half, "half", [10], [5])}).wait("staged", timeout=30)
+    index = c.global_tensors(1)
+    assert index["w"][1] == [3, 4] and index["half"][2] == [(0, "h", [5], [5])]
+
+    # Odd slices read right.
+    out = np.zeros((2, 3), np.float32)
+    c.load_slices(1, [("w", [1, 1], [2, 3], out)])
+    assert out.tobytes() == w[1:3, 1:4].tobytes()
+    got = torch.zeros(3)
+    c.load_slices(1, [("half", [6], [3], got)])
+    assert got.numpy().tobytes() == half[1:4].tobytes()
+
+    def untouched(target, slices, error, words):
+        target[...] = -7
+        with pytest.raises(error) as e:
+            c.load_slices(1, slices)
+        assert words in str(e.value), str(e.value)
+        assert (target == -7).all()
+
+    t = np.zeros((2, 3), np.float32)
+    ok = ("w", [0, 0], [2, 3], t)
+    untouched(t, [ok, ("nope", [0], [1], np.zeros(1, np.float32))], ckpt.NotFoundError, "no global tensor")
+    untouched(t, [ok, ("w", [2, 0], [2, 4], np.zeros((2, 4), np.float32))], ckpt.InvalidArgumentError, "outside")
+    untouched(t, [ok, ("w", [0, 0], [1, 4], np.zeros(3, np.float32))], ckpt.InvalidArgumentError, "destination")
+    untouched(t, [ok, ("w", [0], [1], np.zeros(1, np.float32))], ckpt.InvalidArgumentError, "dimensions")
+    untouched(t, [ok, ("half", [3], [4], np.zeros(4, np.float32))], ckpt.DataLossError, "in no rank's shard")
+
+    # A slice outside its global tensor is refused at save.
+    with pytest.raises(ckpt.InvalidArgumentError, match="outside the global tensor"):
+        c.save(2, {"bad": ckpt.GlobalSlice(w, "w", [3, 4], [1, 0])})
+    with pytest.raises(ckpt.InvalidArgumentError, match="must hold a tensor"):
+        c.save(2, {"bad": ckpt.GlobalSlice(b"xyz", "x", [3])})
+
+
+def test_a_job_opened_with_another_world_size_is_refused_unless_resized(cluster, job):
+    c = cluster.client(job, world_size=2)
+    with pytest.raises(ckpt.FailedPreconditionError, match="world_size"):
+        cluster.client(job, world_size=1)
+    resized = cluster.client(job, world_size=1, resize_world=True)
+    resized.save(1, {"x": np.ones(3, np.float32)}).wait("staged", timeout=30)
+    del c

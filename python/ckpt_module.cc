@@ -47,6 +47,7 @@
 #include "absl/time/time.h"
 #include "ckpt/client.h"
 #include "common/durable_format.h"
+#include "common/durable_slices.h"
 #include "common/file_system.h"
 #include "common/manifest.h"
 #include "common/status_macros.h"
@@ -1541,6 +1542,54 @@ class PyClient {
   Client client_;
 };
 
+// The global tensors of a committed durable version, as
+// Client.global_tensors gives them: (step, {name: (dtype, shape, [(rank,
+// item, offsets, lengths)])}).
+py::tuple DurableGlobalTensorsOf(const std::string& version_dir) {
+  absl::StatusOr<DurableManifest> manifest = absl::UnknownError("not read");
+  {
+    py::gil_scoped_release release;
+    manifest = ReadDurableManifest(PosixFileSystem(), version_dir);
+  }
+  Check(manifest.status());
+  absl::StatusOr<std::map<std::string, DurableGlobalTensor>> tensors = DurableGlobalTensors(*manifest);
+  Check(tensors.status());
+  py::dict out;
+  for (const auto& [name, t] : *tensors) {
+    py::list pieces;
+    for (const DurablePiece& p : t.pieces) {
+      pieces.append(py::make_tuple(p.rank, manifest->shards[p.rank].items[p.item].name, p.box.offsets, p.box.lengths));
+    }
+    out[py::str(name)] = py::make_tuple(t.dtype, t.shape, pieces);
+  }
+  return py::make_tuple(manifest->step, out);
+}
+
+// Reads slices of global tensors of a committed durable version into
+// writable buffers (ReadDurableSlices); returns the bytes read.
+uint64_t ReadDurableSlicesInto(const std::string& version_dir, const py::sequence& slices) {
+  std::vector<WritableView> views;
+  views.reserve(py::len(slices));
+  std::vector<DurableSliceRequest> requests;
+  for (const py::handle& slice : slices) {
+    auto t = slice.cast<py::tuple>();
+    if (t.size() != 4) ThrowStatus(absl::InvalidArgumentError("a slice is (name, offsets, lengths, buffer)"));
+    views.emplace_back(py::reinterpret_borrow<py::object>(t[3]));
+    requests.push_back(DurableSliceRequest{
+        t[0].cast<std::string>(), Box{t[1].cast<std::vector<uint64_t>>(), t[2].cast<std::vector<uint64_t>>()},
+        views.back().bytes()});
+  }
+  absl::StatusOr<uint64_t> read = absl::UnknownError("not read");
+  {
+    py::gil_scoped_release release;
+    absl::StatusOr<DurableManifest> manifest = ReadDurableManifest(PosixFileSystem(), version_dir);
+    read = manifest.ok() ? ReadDurableSlices(PosixFileSystem(), version_dir, *manifest, requests)
+                         : absl::StatusOr<uint64_t>(manifest.status());
+  }
+  Check(read.status());
+  return *read;
+}
+
 // Reads a committed durable-tier version directory with no daemon:
 // (job_id, step, world_size, {rank: [(name, dtype, shape, attributes, uint8 array)]}),
 // each item's array a view into one array per rank file.
@@ -1660,6 +1709,8 @@ PYBIND11_MODULE(_ckpt, m) {
       .def_property_readonly("node_id", &PyClient::node_id);
 
   m.def("read_durable", &ReadDurable, py::arg("version_dir"));
+  m.def("durable_global_tensors", &DurableGlobalTensorsOf, py::arg("version_dir"));
+  m.def("read_durable_slices", &ReadDurableSlicesInto, py::arg("version_dir"), py::arg("slices"));
   // Young's interval for given numbers (ckpt::YoungDalyInterval): what
   // recommended_interval computes from the measured cost and meta's MTBF.
   m.def(

@@ -58,7 +58,8 @@ UnavailableError = _ckpt.UnavailableError
 DataLossError = _ckpt.DataLossError
 UnauthenticatedError = _ckpt.UnauthenticatedError
 
-__all__ = ["Client", "SaveHandle", "LazySave", "DType", "GlobalSlice", "read_durable", "Error", "MAX_STEP",
+__all__ = ["Client", "SaveHandle", "LazySave", "DType", "GlobalSlice", "DurableVersion", "read_durable", "Error",
+           "MAX_STEP",
            "environment"] + [
     n for n in dir(_ckpt) if n.endswith("Error")]
 
@@ -758,6 +759,34 @@ class Client:
         req = [(str(name), [int(o) for o in offsets], [int(n) for n in lengths], _load_into_buffer(name, target))
                for name, offsets, lengths, target in slices]
         self._c.load_slices(step, req)
+
+
+class DurableVersion:
+    """A committed durable-tier version directory (<root>/<job>/<step>) read with no daemon,
+    with the global-tensor methods of a Client: global_tensors() and load_slices(), which
+    read only the items that overlap each slice (each whole, its crc32c checked). So
+    ckpt.torch.load_sharded(ckpt.DurableVersion(path), None, model, optimizer, layout)
+    reshards a version offline. `bytes_read` counts what load_slices read."""
+
+    def __init__(self, path):
+        self.path = str(path)
+        self.step, self._index = _ckpt.durable_global_tensors(self.path)
+        self.bytes_read = 0
+
+    def _check(self, step):
+        if step is not None and int(step) != self.step:
+            raise InvalidArgumentError(f"{self.path} holds step {self.step}, not {step}")
+
+    def global_tensors(self, step=None):
+        self._check(step)
+        return {name: (d, list(shape), [(r, item, list(o), list(n)) for r, item, o, n in pieces])
+                for name, (d, shape, pieces) in self._index.items()}
+
+    def load_slices(self, step, slices):
+        self._check(step)
+        req = [(str(name), [int(o) for o in offsets], [int(n) for n in lengths], _load_into_buffer(name, target))
+               for name, offsets, lengths, target in slices]
+        self.bytes_read += _ckpt.read_durable_slices(self.path, req)
 
 
 def read_durable(path, structured=False):

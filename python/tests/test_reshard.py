@@ -203,3 +203,55 @@ def test_a_job_opened_with_another_world_size_is_refused_unless_resized(cluster,
     resized = cluster.client(job, world_size=1, resize_world=True)
     resized.save(1, {"x": np.ones(3, np.float32)}).wait("staged", timeout=30)
     del c
+
+
+def test_offline_reshard_from_the_durable_tier_reads_only_what_overlaps(cluster, job):
+    # Two ranks at tp=2 (both on the one agent), flushed; then resharded with no daemon.
+    ranks = []
+    clients = [cluster.client(job, rank=r, world_size=2, flush_every=1) for r in range(2)]
+    for r, c in enumerate(clients):
+        lay = layout(r, 2, 1)
+        m, opt = build(lay)
+        train(m, opt, lay, 1)
+        ranks.append((lay, m, opt))
+    handles = [save_sharded(c, STEP, m, opt, lay) for c, (lay, m, opt) in zip(clients, ranks)]
+    for h in handles:
+        h.wait("persisted", timeout=60)
+    before = gather(ranks)
+    path = cluster.durable_root / job / str(STEP)
+    for tp in (1, 3):
+        new = []
+        for r in range(tp):
+            v = ckpt.DurableVersion(path)
+            lay = layout(r, tp, 1)
+            m, opt = build(lay, values=None)
+            load_sharded(v, None, m, opt, lay)
+            new.append((lay, m, opt))
+        assert_same(gather(new), before)
+    # Only the items a slice overlaps are read: rows 0..4 of fc1.weight are rank 0's.
+    v = ckpt.DurableVersion(path)
+    out = np.zeros((5, 6), np.float32)
+    v.load_slices(STEP, [("model/fc1.weight", [0, 0], [5, 6], out)])
+    assert out.tobytes() == before["model/fc1.weight"][:5].tobytes()
+    assert v.bytes_read == 5 * 6 * 4
+    with pytest.raises(ckpt.InvalidArgumentError, match="not 9"):
+        v.load_slices(9, [])
+    # A corrupt byte is DATA_LOSS, and nothing is written.
+    index = v.global_tensors()
+    rank, item, _, _ = index["model/fc1.weight"][2][0]
+    offset = next(o for name, _, _, _, o in _items_with_offsets(path, rank) if name == item)
+    f = path / f"rank-{rank:05d}.bin"
+    data = bytearray(f.read_bytes())
+    data[offset] ^= 0x40
+    f.write_bytes(bytes(data))
+    out[...] = -7
+    with pytest.raises(ckpt.DataLossError, match="fails its checksum"):
+        ckpt.DurableVersion(path).load_slices(None, [("model/fc1.weight", [0, 0], [5, 6], out)])
+    assert (out == -7).all()
+
+
+def _items_with_offsets(path, rank):
+    import json
+    doc = json.loads((path / "manifest.json").read_text())
+    return [(it["name"], it["dtype"], it["shape"], it["length_bytes"], it["offset_bytes"])
+            for it in doc["shards"][rank]["items"]]

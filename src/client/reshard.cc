@@ -81,47 +81,23 @@ struct Use {
   Box part;  // the overlap, in global coordinates
 };
 
-// The pieces of `t` that fill `want`: one of each set of replicas (equal
-// boxes), the best-placed; DataLoss if they leave part of it uncovered,
-// InvalidArgument if two pieces overlap without being equal (a layout no
-// save makes).
+// The pieces of `t` that fill `want` (PlanSlice), preferring this rank's,
+// then one whose primary copy is on this node.
 absl::StatusOr<std::vector<Use>> Plan(const GlobalTensor& t, const Box& want, const Index& index,
                                       const client::ClientCore& core) {
-  auto score = [&](const GlobalPiece& p) {
-    if (p.rank == core.options.rank) return 0;
-    auto n = index.primary_node.find(p.rank);
-    if (n != index.primary_node.end() && n->second == core.node_id) return 1;
-    return 2;
+  std::vector<SlicePiece> pieces;
+  pieces.reserve(t.pieces.size());
+  for (size_t i = 0; i < t.pieces.size(); ++i) {
+    pieces.push_back(SlicePiece{t.pieces[i].rank, Box{t.pieces[i].offsets, t.pieces[i].lengths}, i});
+  }
+  auto preference = [&](uint32_t rank) {
+    if (rank == core.options.rank) return 0;
+    auto n = index.primary_node.find(rank);
+    return n != index.primary_node.end() && n->second == core.node_id ? 1 : 2;
   };
-  std::map<std::pair<std::vector<uint64_t>, std::vector<uint64_t>>, const GlobalPiece*> best;
-  for (const GlobalPiece& p : t.pieces) {
-    auto [it, added] = best.try_emplace({p.offsets, p.lengths}, &p);
-    if (!added) {
-      const GlobalPiece* q = it->second;
-      if (std::make_pair(score(p), p.rank) < std::make_pair(score(*q), q->rank)) it->second = &p;
-    }
-  }
+  CKPT_ASSIGN_OR_RETURN(std::vector<SliceUse> planned, PlanSlice(t.name, pieces, want, preference));
   std::vector<Use> uses;
-  uint64_t covered = 0;
-  for (const auto& [box, piece] : best) {
-    std::optional<Box> part = Intersect(Box{box.first, box.second}, want);
-    if (!part) continue;
-    for (const Use& u : uses) {
-      if (Intersect(u.part, *part)) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "global tensor ", QuoteForMessage(t.name), ": rank ", u.piece->rank, "'s item ",
-            QuoteForMessage(u.piece->item), " and rank ", piece->rank, "'s item ", QuoteForMessage(piece->item),
-            " overlap without holding the same slice"));
-      }
-    }
-    covered += part->Elements();
-    uses.push_back(Use{piece, *std::move(part)});
-  }
-  if (covered != want.Elements()) {
-    return absl::DataLossError(absl::StrCat("global tensor ", QuoteForMessage(t.name), ": ",
-                                            want.Elements() - covered, " of the ", want.Elements(),
-                                            " elements asked for are in no rank's shard"));
-  }
+  for (SliceUse& u : planned) uses.push_back(Use{&t.pieces[u.id], std::move(u.part)});
   return uses;
 }
 

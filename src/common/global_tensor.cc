@@ -150,4 +150,39 @@ void CopyBox(std::span<const std::byte> src, const Box& src_box, std::span<std::
   }
 }
 
+absl::StatusOr<std::vector<SliceUse>> PlanSlice(std::string_view name, std::span<const SlicePiece> pieces,
+                                                const Box& want, const std::function<int(uint32_t)>& preference) {
+  std::map<std::pair<std::vector<uint64_t>, std::vector<uint64_t>>, const SlicePiece*> best;
+  for (const SlicePiece& p : pieces) {
+    auto [it, added] = best.try_emplace({p.box.offsets, p.box.lengths}, &p);
+    if (!added) {
+      const SlicePiece* q = it->second;
+      if (std::make_pair(preference(p.rank), p.rank) < std::make_pair(preference(q->rank), q->rank)) it->second = &p;
+    }
+  }
+  std::vector<SliceUse> uses;
+  std::vector<uint32_t> ranks;
+  uint64_t covered = 0;
+  for (const auto& [box, piece] : best) {
+    std::optional<Box> part = Intersect(piece->box, want);
+    if (!part) continue;
+    for (size_t i = 0; i < uses.size(); ++i) {
+      if (Intersect(uses[i].part, *part)) {
+        return absl::InvalidArgumentError(absl::StrCat("global tensor ", QuoteForMessage(name), ": pieces of ranks ",
+                                                       ranks[i], " and ", piece->rank,
+                                                       " overlap without holding the same slice"));
+      }
+    }
+    covered += part->Elements();
+    uses.push_back(SliceUse{piece->id, *std::move(part)});
+    ranks.push_back(piece->rank);
+  }
+  if (covered != want.Elements()) {
+    return absl::DataLossError(absl::StrCat("global tensor ", QuoteForMessage(name), ": ", want.Elements() - covered,
+                                            " of the ", want.Elements(),
+                                            " elements asked for are in no rank's shard"));
+  }
+  return uses;
+}
+
 }  // namespace ckpt

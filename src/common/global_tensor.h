@@ -21,6 +21,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <optional>
 #include <span>
@@ -79,5 +80,27 @@ std::optional<Box> Intersect(const Box& a, const Box& b);
 // (src.size() == src_box.Elements() x element_bytes, the same for dst).
 void CopyBox(std::span<const std::byte> src, const Box& src_box, std::span<std::byte> dst, const Box& dst_box,
              const Box& part, uint32_t element_bytes);
+
+// One stored piece of a global tensor, for PlanSlice: the rank whose shard
+// holds it, the slice it holds, and the caller's number for it.
+struct SlicePiece {
+  uint32_t rank = 0;
+  Box box;
+  size_t id = 0;
+};
+// A piece chosen to fill part of a slice: its id and the overlap, in global
+// coordinates.
+struct SliceUse {
+  size_t id = 0;
+  Box part;
+};
+
+// The pieces of global tensor `name` that fill `want`: of each set of
+// replicas (equal boxes) the one with the lowest (preference(rank), rank).
+// DataLoss if they leave part of `want` uncovered; InvalidArgument if two
+// pieces overlap without being equal (a layout no save makes). `want` and
+// every box have the tensor's dimension count.
+absl::StatusOr<std::vector<SliceUse>> PlanSlice(std::string_view name, std::span<const SlicePiece> pieces,
+                                                const Box& want, const std::function<int(uint32_t)>& preference);
 
 }  // namespace ckpt

@@ -3,7 +3,7 @@
 the same bytes saved by the same 3 ranks, from memory and from the durable tier.
 
 Starts a real ckpt-meta and four ckpt-agents (memory tiers on /dev/shm, one durable root)
-from $CKPT_BUILD_DIR (default ./build). The state is 8 float32 tensors of [rows, 1024],
+from $CKPT_BUILD_DIR (default ./build). The state is --tensors (8) float32 tensors of [rows, 1024],
 --gib in all, split by rows over the ranks (ckpt.GlobalSlice). One job, flushed every
 version, protection none (each shard in its node's memory and on disk):
 
@@ -31,7 +31,7 @@ import ckpt
 from bench_daemons import running  # bench/ (this script's directory)
 
 COLS = 1024
-TENSORS = 8
+TENSORS = 8  # --tensors
 
 
 def rows_of(i, k, n):
@@ -111,7 +111,10 @@ def memcpy_seconds(nbytes):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--gib", type=float, default=1.0, help="state size (GiB)")
+    ap.add_argument("--tensors", type=int, default=8, help="global tensors the state is made of (1: one of --gib)")
     a = ap.parse_args()
+    global TENSORS
+    TENSORS = a.tensors
     total_rows = int(a.gib * (1 << 30)) // (TENSORS * COLS * 4)
     state = total_rows * COLS * 4 * TENSORS
     tier = f"{int(state * 1.6 / (1 << 20)) + 256}MiB"

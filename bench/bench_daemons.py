@@ -23,6 +23,19 @@ from localnet import TLS_VARS, ClusterTls, free_ports, start_daemon, wait_tcp  #
 BUILD_DIR = pathlib.Path(os.environ.get("CKPT_BUILD_DIR", "build")).resolve()
 
 
+def memcpy_seconds(nbytes):
+    """The best of three numpy copies of `nbytes` bytes on this machine: the scale benches report against."""
+    import numpy as np
+    src = np.ones(nbytes, np.uint8)
+    dst = np.empty_like(src)
+    best = float("inf")
+    for _ in range(3):
+        t = time.perf_counter()
+        np.copyto(dst, src)
+        best = min(best, time.perf_counter() - t)
+    return best
+
+
 def _scrape(port, name):
     import urllib.request
     text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()

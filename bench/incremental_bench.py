@@ -34,7 +34,7 @@ import torch
 
 import ckpt
 import ckpt.torch as ct
-from bench_daemons import running  # bench/ (this script's directory)
+from bench_daemons import memcpy_seconds, running  # bench/ (this script's directory)
 
 
 def build(mib, seed):
@@ -64,15 +64,6 @@ def snapshot(model, opt):
     return {k: v.clone() for k, v in model.state_dict().items()}, opt.state_dict()["state"]
 
 
-def memcpy_seconds(nbytes):
-    src = np.ones(nbytes, np.uint8)
-    dst = np.empty_like(src)
-    best = float("inf")
-    for _ in range(3):
-        t = time.perf_counter()
-        np.copyto(dst, src)
-        best = min(best, time.perf_counter() - t)
-    return best
 
 
 def run_mode(d, mode, a, job):

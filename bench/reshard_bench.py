@@ -28,7 +28,7 @@ import time
 import numpy as np
 
 import ckpt
-from bench_daemons import running  # bench/ (this script's directory)
+from bench_daemons import memcpy_seconds, running  # bench/ (this script's directory)
 
 COLS = 1024
 TENSORS = 8  # --tensors
@@ -97,15 +97,6 @@ def load(clients, step, total_rows):
     return max(times), opened
 
 
-def memcpy_seconds(nbytes):
-    src = np.ones(nbytes, np.uint8)
-    dst = np.empty_like(src)
-    best = float("inf")
-    for _ in range(3):
-        t = time.perf_counter()
-        np.copyto(dst, src)
-        best = min(best, time.perf_counter() - t)
-    return best
 
 
 def main():

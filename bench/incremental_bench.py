@@ -64,8 +64,6 @@ def snapshot(model, opt):
     return {k: v.clone() for k, v in model.state_dict().items()}, opt.state_dict()["state"]
 
 
-
-
 def run_mode(d, mode, a, job):
     model, opt = build(a.mib, 1)
     c = d.client(job, protection="replicate:2", flush_every=1, keep_in_memory=2,

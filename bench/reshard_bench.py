@@ -97,8 +97,6 @@ def load(clients, step, total_rows):
     return max(times), opened
 
 
-
-
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--gib", type=float, default=1.0, help="state size (GiB)")

@@ -236,6 +236,30 @@ def test_offline_reshard_from_the_durable_tier_reads_only_what_overlaps(cluster,
     assert v.bytes_read == 5 * 6 * 4
     with pytest.raises(ckpt.InvalidArgumentError, match="not 9"):
         v.load_slices(9, [])
+    # ckptctl writes the version resharded for 3 ranks: a version directory of its own,
+    # whose rank r file holds exactly rank r's part (and reshards again).
+    out_dir = cluster.root / f"{job}-tp3"
+    splits = [f"{kind}{name}{key}={dim}" for name, dim in SPLIT.items()
+              for kind, key in (("model/", ""), ("optimizer/", "/exp_avg"), ("optimizer/", "/exp_avg_sq"))]
+    r = cluster.ctl("restore", "--from-dir", str(path), "--out", str(out_dir), "--world-size", "3",
+                    *[a for sp in splits for a in ("--split", sp)])
+    assert r.returncode == 0, r.stderr
+    assert "from 2 to 3 ranks" in r.stdout and "items of no global tensor left out" in r.stdout, r.stdout
+    new = []
+    for rank in range(3):
+        lay = layout(rank, 3, 1)
+        m, opt = build(lay, values=None)
+        load_sharded(ckpt.DurableVersion(out_dir), None, m, opt, lay)
+        new.append((lay, m, opt))
+    assert_same(gather(new), before)
+    pieces = ckpt.DurableVersion(out_dir).global_tensors()["model/fc1.weight"][2]
+    assert [(p[0], p[2], p[3]) for p in pieces] == [(0, [0, 0], [4, 6]), (1, [4, 0], [3, 6]), (2, [7, 0], [3, 6])]
+    bad = cluster.ctl("restore", "--from-dir", str(path), "--out", str(out_dir), "--world-size", "3",
+                      "--split", "model/nope=0")
+    assert bad.returncode == 2 and "no global tensor" in bad.stderr, bad.stderr
+    bad = cluster.ctl("restore", "--from-dir", str(path), "--out", str(out_dir), "--world-size", "3",
+                      "--split", "model/fc1.bias=1")
+    assert bad.returncode == 2 and "dimensions" in bad.stderr, bad.stderr
     # A corrupt byte is DATA_LOSS, and nothing is written.
     index = v.global_tensors()
     rank, item, _, _ = index["model/fc1.weight"][2][0]

@@ -1268,6 +1268,14 @@ int Main(int argc, char** argv) {
   CLI::Option* from_opt =
       restore->add_option("--from-dir", from_dir, "Version directory <durable_root>/JOB/STEP");
   restore->add_option("--rank", restore_rank, "Only this rank");
+  std::optional<uint32_t> reshard_world;
+  std::vector<std::string> reshard_splits;
+  restore->add_option("--world-size", reshard_world,
+                      "With --from-dir: write the version resharded for this many ranks (its global tensors; "
+                      "docs/python.md \"Another layout\")");
+  restore->add_option("--split", reshard_splits,
+                      "With --world-size: NAME=DIM, split global tensor NAME along DIM over the ranks "
+                      "(repeatable; a tensor not named is written whole to every rank)");
   restore->add_option("--out", out_dir, "Output directory")->required();
 
   std::string agent_socket;
@@ -1361,8 +1369,23 @@ int Main(int argc, char** argv) {
       if (!job.empty()) {
         return UsageError("restore takes either JOB STEP or --from-dir, not both");
       }
+      if (reshard_world) {
+        if (*reshard_world == 0) return UsageError("restore: --world-size must be at least 1");
+        std::map<std::string, uint32_t> splits;
+        for (const std::string& s : reshard_splits) {
+          const size_t eq = s.rfind('=');
+          uint32_t dim = 0;
+          if (eq == std::string::npos || eq == 0 || !absl::SimpleAtoi(s.substr(eq + 1), &dim)) {
+            return UsageError(absl::StrCat("restore: --split wants NAME=DIM, got '", s, "'"));
+          }
+          splits[s.substr(0, eq)] = dim;
+        }
+        return RestoreResharded(data, from_dir, out_dir, *reshard_world, splits);
+      }
+      if (!reshard_splits.empty()) return UsageError("restore: --split needs --world-size");
       return RestoreFromDir(data, from_dir, out_dir);
     }
+    if (reshard_world) return UsageError("restore: --world-size needs --from-dir (a flushed version)");
     if (job.empty() || restore_step->count() == 0) {
       return UsageError("restore needs JOB STEP (or --from-dir PATH)");
     }

@@ -31,6 +31,8 @@
 #include "common/config.h"
 #include "common/crc32c.h"
 #include "common/durable_format.h"
+#include "common/durable_slices.h"
+#include "common/global_tensor.h"
 #include "common/manifest_proto.h"
 #include "common/unix_socket.h"
 #include "common/file_system.h"
@@ -654,6 +656,113 @@ int RestoreFromDir(const DataOptions& options, const std::string& from_dir, cons
     std::cout << "restored " << m->job_id << " step " << m->step << ": " << m->shards.size() << " rank files, "
               << FormatBytes(total) << ", all checksums verified, to " << out_dir
               << "; wrote manifest.json and COMMITTED: a loadable version directory\n";
+  }
+  return 0;
+}
+
+int RestoreResharded(const DataOptions& o, const std::string& from_dir, const std::string& out_dir,
+                     uint32_t world_size, const std::map<std::string, uint32_t>& splits) {
+  FileSystem* fs = PosixFileSystem();
+  absl::StatusOr<DurableManifest> m = ReadDurableManifest(fs, from_dir);
+  if (!m.ok()) return Fail(m.status());
+  absl::StatusOr<std::map<std::string, DurableGlobalTensor>> tensors = DurableGlobalTensors(*m);
+  if (!tensors.ok()) return Fail(tensors.status());
+  for (const auto& [name, dim] : splits) {
+    auto t = tensors->find(name);
+    if (t == tensors->end()) {
+      std::cerr << "ckptctl: --split " << name << ": step " << m->step << " has no global tensor of that name\n";
+      return 2;
+    }
+    if (dim >= t->second.shape.size()) {
+      std::cerr << "ckptctl: --split " << name << "=" << dim << ": the tensor has " << t->second.shape.size()
+                << " dimensions\n";
+      return 2;
+    }
+  }
+  size_t others = 0;
+  for (const DurableShard& shard : m->shards) {
+    for (const ManifestItem& item : shard.items) {
+      auto place = ParseGlobalPlace(item.name, item.dtype, item.shape, item.attributes);
+      if (place.ok() && !place->has_value()) ++others;
+    }
+  }
+  int swept = 0;
+  if (absl::Status s = PrepareOutDir(out_dir, /*uncommit=*/true, &swept); !s.ok()) return Fail(s);
+  if (!o.json) PrintSwept(out_dir, swept);
+  DurableManifest out;
+  out.job_id = m->job_id;
+  out.step = m->step;
+  out.world_size = world_size;
+  out.writer = "ckptctl restore --world-size";
+  out.created_unix_ms = absl::ToUnixMillis(absl::Now());
+  uint64_t total = 0, read = 0;
+  for (uint32_t rank = 0; rank < world_size; ++rank) {
+    // This rank's part of every tensor, laid out at 64-byte aligned offsets.
+    DurableShard shard;
+    shard.rank = rank;
+    shard.file = RankFileName(rank);
+    std::vector<DurableSliceRequest> requests;
+    uint64_t size = 0;
+    for (const auto& [name, t] : *tensors) {
+      Box box{std::vector<uint64_t>(t.shape.size(), 0), t.shape};
+      if (auto s = splits.find(name); s != splits.end()) {
+        const uint64_t n = t.shape[s->second], base = n / world_size, extra = n % world_size;
+        box.offsets[s->second] = rank * base + std::min<uint64_t>(rank, extra);
+        box.lengths[s->second] = base + (rank < extra ? 1 : 0);
+      }
+      ManifestItem item;
+      item.name = name;
+      item.dtype = t.dtype;
+      item.shape = box.lengths;
+      item.offset_bytes = (size + 63) / 64 * 64;
+      item.length_bytes = box.Elements() * DTypeElementSize(t.dtype);
+      item.attributes = GlobalAttributes(name, name, t.shape, box.offsets);
+      size = item.offset_bytes + item.length_bytes;
+      shard.items.push_back(std::move(item));
+      requests.push_back(DurableSliceRequest{name, std::move(box), {}});
+    }
+    std::vector<std::byte> bytes(size);
+    for (size_t i = 0; i < requests.size(); ++i) {
+      requests[i].dst = std::span<std::byte>(bytes.data() + shard.items[i].offset_bytes, shard.items[i].length_bytes);
+    }
+    absl::StatusOr<uint64_t> n = ReadDurableSlices(fs, from_dir, *m, requests);
+    if (!n.ok()) return Fail(Annotate(n.status(), absl::StrCat("new rank ", rank)));
+    read += *n;
+    for (ManifestItem& item : shard.items) {
+      item.crc32c = Crc32c(std::span<const std::byte>(bytes.data() + item.offset_bytes, item.length_bytes));
+    }
+    shard.size_bytes = size;
+    shard.crc32c = Crc32c(bytes);
+    shard.manifest_digest = ManifestDigest(shard.items);
+    const std::string path = absl::StrCat(out_dir, "/", shard.file);
+    absl::StatusOr<std::unique_ptr<RankFileWriter>> w = RankFileWriter::Create(fs, path, shard.size_bytes, shard.crc32c);
+    absl::Status s = w.status();
+    for (uint64_t at = 0; s.ok() && at < bytes.size(); at += kReadChunkBytes) {
+      const size_t len = static_cast<size_t>(std::min<uint64_t>(kReadChunkBytes, bytes.size() - at));
+      s = (*w)->Append(std::span<const std::byte>(bytes.data() + at, len));
+    }
+    if (s.ok()) s = (*w)->Commit();
+    if (!s.ok()) return Fail(s);
+    total += size;
+    out.shards.push_back(std::move(shard));
+  }
+  SetWritingManifest(true);
+  absl::Status committed = WriteDurableManifest(fs, out_dir, out);
+  SetWritingManifest(false);
+  if (!committed.ok()) return Fail(committed);
+  if (o.json) {
+    std::cout << Json{{"job", m->job_id},       {"step", m->step},        {"world_size", world_size},
+                      {"from_world_size", m->world_size}, {"out_dir", out_dir}, {"total_bytes", total},
+                      {"bytes_read", read},     {"global_tensors", tensors->size()},
+                      {"items_left_out", others}, {"committed", true}}
+                     .dump(2)
+              << "\n";
+  } else {
+    std::cout << "resharded " << m->job_id << " step " << m->step << " from " << m->world_size << " to "
+              << world_size << " ranks: " << tensors->size() << " global tensors, " << FormatBytes(total)
+              << " written, " << FormatBytes(read) << " read, all checksums verified";
+    if (others > 0) std::cout << "; " << others << " items of no global tensor left out";
+    std::cout << "; wrote manifest.json and COMMITTED: " << out_dir << " is a loadable version directory\n";
   }
   return 0;
 }

@@ -71,6 +71,20 @@ int RestoreOnline(const DataOptions& o, const std::string& job, uint64_t step,
 // old COMMITTED marker as for RestoreOnline.
 int RestoreFromDir(const DataOptions& o, const std::string& from_dir, const std::string& out_dir);
 
+// RestoreFromDir into another world size (docs/python.md "Another layout"):
+// `out_dir` becomes a committed version of `world_size` ranks whose rank r
+// holds, of every global tensor of the version at `from_dir` (items with
+// ckpt.global_* attributes), the part tensor_split gives rank r along the
+// dimension `splits` names for it (the first ones one longer when it does
+// not divide), or the whole tensor when `splits` names none. Items keep
+// their global attributes (the result reshards again) and are named by the
+// global name; items of no global tensor (a rank's own state) are left out,
+// and counted. Reads only the items that overlap each part, each whole and
+// crc-checked (ReadDurableSlices); one new rank in memory at a time. Exit 2
+// for a split naming no global tensor or a dimension it does not have.
+int RestoreResharded(const DataOptions& o, const std::string& from_dir, const std::string& out_dir,
+                     uint32_t world_size, const std::map<std::string, uint32_t>& splits);
+
 // Asks every node holding copies of (job, step) to re-read and check them
 // (AgentService.Verify); prints each finding. Exit 1 if any copy is bad or a
 // holder cannot be asked.

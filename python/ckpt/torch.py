@@ -280,13 +280,27 @@ class Checkpointer:
     place by resume() (ck.extra), e.g. a data loader's position; values as in
     a ckpt state. The RNG states (torch, CUDA when in use, numpy's global
     generator, Python's random) are saved and restored too.
+
+    layout: a ckpt.torch.Layout: saves with save_sharded (each piece once; restorable into
+    any layout and world size) and resumes with load_sharded into this run's layout, so a
+    job relaunched on fewer or more ranks, or with another tensor-parallel split, resumes
+    with no glue code (the client is made with resize_world=True). extra must then be
+    JSON-able; the RNG states are not saved (they are a rank's own).
     """
 
     def __init__(self, model, optimizer=None, every="auto", lazy=True, incremental=False, *, client=None,
-                 extra=None, level="protected", settle_timeout=10.0, close_timeout=600.0, **client_args):
+                 extra=None, level="protected", settle_timeout=10.0, close_timeout=600.0, layout=None,
+                 **client_args):
         from . import Client, InvalidArgumentError
         if level not in ("staged", "protected", "persisted"):
             raise InvalidArgumentError(f"level must be staged, protected or persisted, not {level!r}")
+        if layout is not None:
+            if incremental:
+                raise InvalidArgumentError("incremental saves do not go with a layout (save_sharded)")
+            if model is None:
+                raise InvalidArgumentError("a layout needs the model")
+            client_args.setdefault("resize_world", True)  # a relaunch may have another world size
+        self.layout = layout
         self.mode, self.every = _parse_every(every)
         self.model = model
         self.optimizer = optimizer
@@ -363,8 +377,14 @@ class Checkpointer:
         for level, step in candidates:
             state, failure = None, None
             try:
-                served_from, state = c.load_with_source(step)
-                extra = state.get("extra") or {}
+                if self.layout is not None:
+                    # Into this run's layout, whatever layout and world size saved it.
+                    served_from = "slices"
+                    extra = load_sharded(c, step, self.model, self.optimizer, self.layout) or {}
+                    state = {"model": None, "optimizer": None}
+                else:
+                    served_from, state = c.load_with_source(step)
+                    extra = state.get("extra") or {}
                 if extra.get("step") != step:
                     raise NotFoundError(f"step {step} was not saved by a Checkpointer (no extra/step)")
                 for part, obj in (("model", self.model), ("optimizer", self.optimizer)):
@@ -377,9 +397,9 @@ class Checkpointer:
             if not ok:
                 tried.append(failure or f"step {step} ({level}): another rank could not load it")
                 continue
-            if self.model is not None:
+            if self.layout is None and self.model is not None:
                 self.model.load_state_dict(state["model"])
-            if self.optimizer is not None:
+            if self.layout is None and self.optimizer is not None:
                 self.optimizer.load_state_dict(state["optimizer"])
             _restore_rng(extra.get("rng"))
             user = extra.get("user") or {}
@@ -481,6 +501,14 @@ class Checkpointer:
 
     def save(self, step):
         """Saves now, at `step` (whatever the interval): model, optimizer, RNG states, ck.extra."""
+        if self.layout is not None:
+            # Sharded: stored once per piece, restorable into any layout. The RNG states are
+            # a rank's own, and a rank of another layout has no counterpart: not saved.
+            handle = save_sharded(self.client, int(step), self.model, self.optimizer, self.layout,
+                                  extra={"step": int(step), "user": self.extra}, lazy=self.lazy)
+            self._last = handle
+            self.saved_steps.append(int(step))
+            return handle
         extra = {"step": int(step), "rng": _rng_states(), "user": self.extra}
         handle = save(self.client, int(step), model=self.model, optimizer=self.optimizer, extra=extra,
                       lazy=self.lazy, incremental=self.incremental)
@@ -661,6 +689,12 @@ def save_sharded(client, step, model, optimizer=None, layout=None, extra=None, d
         if arr is not None and (owners is None or owners[(gname, None)] == layout.rank):
             state["global"][gname] = GlobalSlice(arr, gname, [arr.size])
     if lazy:
+        # The copy runs during the next forward and backward passes: the optimizer's step
+        # waits for it, and so does a forward pass that updates persistent buffers.
+        if optimizer is not None:
+            _wait_before_step(client, optimizer)
+        if any(True for _ in model.buffers()):
+            _wait_before_forward(client, model, None)
         return client.save(step, state, lazy=True)
     return client.save(step, state)
 

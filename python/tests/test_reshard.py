@@ -279,3 +279,38 @@ def _items_with_offsets(path, rank):
     doc = json.loads((path / "manifest.json").read_text())
     return [(it["name"], it["dtype"], it["shape"], it["length_bytes"], it["offset_bytes"])
             for it in doc["shards"][rank]["items"]]
+
+
+def test_a_checkpointer_with_a_layout_resumes_on_another_world_size(cluster, job):
+    from ckpt.torch import Checkpointer
+    # Two ranks at tp=2 train and save at step 2 (lazily); the job comes back as one rank.
+    cks = []
+    for r in range(2):
+        lay = layout(r, 2, 1)
+        m, opt = build(lay)
+        ck = Checkpointer(m, opt, every=2, layout=lay, extra={"epoch": 1},
+                          client=cluster.client(job, rank=r, world_size=2, resize_world=True))
+        assert ck.resume() == 0
+        cks.append((ck, lay, m, opt))
+    for s in (1, 2):
+        for ck, lay, m, opt in cks:
+            train(m, opt, lay, s)
+            ck.step(s)
+    for ck, *_ in cks:
+        ck.close()
+    before = gather([(lay, m, opt) for _, lay, m, opt in cks])
+    del cks
+    gc.collect()
+
+    lay = layout(0, 1, 1)
+    m, opt = build(lay, values=None)
+    ck = Checkpointer(m, opt, every=2, layout=lay, client=cluster.client(job, world_size=1, resize_world=True))
+    assert ck.resume() == 2
+    assert ck.extra == {"epoch": 1}
+    assert_same(gather([(lay, m, opt)]), before)
+    # And goes on saving at the new size.
+    train(m, opt, lay, 3)
+    ck.step(3)
+    train(m, opt, lay, 4)
+    assert ck.step(4) is not None
+    ck.close()

@@ -592,10 +592,15 @@ class Layout:
         return offsets, lengths
 
 
-def _json_array(value):
+def _json_array(value, what):
     import json
     import numpy as np
-    return np.frombuffer(json.dumps(value, sort_keys=True).encode(), dtype=np.uint8).copy()
+    from . import InvalidArgumentError
+    try:
+        text = json.dumps(value, sort_keys=True)
+    except (TypeError, ValueError) as e:
+        raise InvalidArgumentError(f"{what} must be JSON-able for a sharded save: {e}") from None
+    return np.frombuffer(text.encode(), dtype=np.uint8).copy()
 
 
 def _sharded_tensors(model, optimizer, layout):
@@ -631,7 +636,7 @@ def _owners(pieces, layout):
     rank). Every rank computes the same answer from the same pieces."""
     load = [0] * layout.world_size
     owners = {}
-    for nbytes, name, piece in sorted(pieces, key=lambda x: (-x[0], x[1], x[2])):
+    for nbytes, name, piece in sorted(pieces, key=lambda x: (-x[0], x[1], -1 if x[2] is None else x[2])):
         if piece is None:
             holders = range(layout.world_size)
         else:
@@ -671,9 +676,9 @@ def save_sharded(client, step, model, optimizer=None, layout=None, extra=None, d
     replicated = {"optimizer/param_groups": None, "extra": None}
     if optimizer is not None:
         groups = [{k: v for k, v in g.items() if k != "params"} for g in optimizer.state_dict()["param_groups"]]
-        replicated["optimizer/param_groups"] = _json_array(groups)
+        replicated["optimizer/param_groups"] = _json_array(groups, "the optimizer's param_groups")
     if extra is not None:
-        replicated["extra"] = _json_array(extra)
+        replicated["extra"] = _json_array(extra, "extra")
     for gname, arr in replicated.items():
         if arr is not None:
             pieces.append((arr.nbytes, gname, None))

@@ -194,6 +194,10 @@ def test_slice_errors_leave_the_target_untouched(cluster, job):
         c.save(2, {"bad": ckpt.GlobalSlice(w, "w", [3, 4], [1, 0])})
     with pytest.raises(ckpt.InvalidArgumentError, match="must hold a tensor"):
         c.save(2, {"bad": ckpt.GlobalSlice(b"xyz", "x", [3])})
+    lay = layout(0, 1, 1)
+    m, opt = build(lay)
+    with pytest.raises(ckpt.InvalidArgumentError, match="extra must be JSON-able"):
+        save_sharded(c, 2, m, opt, lay, extra={"x": object()})
 
 
 def test_a_job_opened_with_another_world_size_is_refused_unless_resized(cluster, job):

@@ -735,7 +735,8 @@ int RestoreResharded(const DataOptions& o, const std::string& from_dir, const st
     shard.crc32c = Crc32c(bytes);
     shard.manifest_digest = ManifestDigest(shard.items);
     const std::string path = absl::StrCat(out_dir, "/", shard.file);
-    absl::StatusOr<std::unique_ptr<RankFileWriter>> w = RankFileWriter::Create(fs, path, shard.size_bytes, shard.crc32c);
+    absl::StatusOr<std::unique_ptr<RankFileWriter>> w =
+        RankFileWriter::Create(fs, path, shard.size_bytes, shard.crc32c);
     absl::Status s = w.status();
     for (uint64_t at = 0; s.ok() && at < bytes.size(); at += kReadChunkBytes) {
       const size_t len = static_cast<size_t>(std::min<uint64_t>(kReadChunkBytes, bytes.size() - at));

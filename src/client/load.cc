@@ -140,8 +140,8 @@ absl::Status ItemsInside(const std::vector<ManifestItem>& items, uint64_t size) 
 // the returned OpenedShard (closed when it goes); `resp` keeps the rest of
 // the answer for FinishOpen.
 absl::StatusOr<std::unique_ptr<OpenedShard>> SendOpen(const std::shared_ptr<ClientCore>& core, uint64_t step,
-                                                      uint32_t rank, const v1::LocateResponse* located, bool skip_verify,
-                                                      v1::OpenShardResponse* resp) {
+                                                      uint32_t rank, const v1::LocateResponse* located,
+                                                      bool skip_verify, v1::OpenShardResponse* resp) {
   v1::OpenShardRequest req;
   if (located != nullptr) {
     *req.mutable_key() = located->shard().key();
@@ -294,7 +294,8 @@ absl::StatusOr<std::unique_ptr<OpenedShard>> Open(const std::shared_ptr<ClientCo
                                                   bool keep_packed) {
   v1::OpenShardResponse resp;
   CKPT_ASSIGN_OR_RETURN(std::unique_ptr<OpenedShard> opened,
-                        SendOpen(core, located.shard().key().step(), located.shard().key().rank(), &located, skip_verify, &resp));
+                        SendOpen(core, located.shard().key().step(), located.shard().key().rank(), &located,
+                                 skip_verify, &resp));
   CKPT_RETURN_IF_ERROR(FinishOpen(*core, &located, resp, *opened, keep_packed));
   return opened;
 }
@@ -521,8 +522,8 @@ std::unique_ptr<OpenedShard> UseLocal(const std::shared_ptr<ClientCore>& core, c
 // the agent, which checks them with meta and fetches the shard from the next
 // one.
 absl::StatusOr<std::unique_ptr<OpenedShard>> OpenBestNow(const std::shared_ptr<ClientCore>& core, uint64_t step,
-                                                         uint32_t rank, bool skip_verify, bool keep_packed, LoadListing* listing,
-                                                         bool check) {
+                                                         uint32_t rank, bool skip_verify, bool keep_packed,
+                                                         LoadListing* listing, bool check) {
   CKPT_RETURN_IF_ERROR(ValidateStep(step));
   v1::LocateResponse located;
   {
@@ -591,8 +592,8 @@ absl::StatusOr<std::unique_ptr<OpenedShard>> OpenBest(const std::shared_ptr<Clie
   absl::StatusOr<std::unique_ptr<OpenedShard>> opened =
       OpenBestNow(core, step, rank, skip_verify, keep_packed, listing, check);
   const absl::Status& s = opened.status();
-  if (opened.ok() || core->options.world_size != 1 || rank != core->options.rank || !(absl::IsNotFound(s) || absl::IsFailedPrecondition(s)) ||
-      !absl::StartsWith(s.message(), "Locate: ")) {
+  if (opened.ok() || core->options.world_size != 1 || rank != core->options.rank ||
+      !(absl::IsNotFound(s) || absl::IsFailedPrecondition(s)) || !absl::StartsWith(s.message(), "Locate: ")) {
     return opened;
   }
   const absl::Time grace_end = core->GraceEnd(step);
@@ -811,7 +812,8 @@ absl::StatusOr<LoadedShard> Client::Load(uint64_t step, const LoadOptions& optio
     absl::StatusOr<std::unique_ptr<OpenedShard>> opened;
     // Reads the shard until waited for: declared after it, so it goes first.
     client::LoadListing listing;
-    opened = OpenBest(core_, step, rank, /*skip_verify=*/!agent_verifies, /*keep_packed=*/true, &listing, options.verify);
+    opened = OpenBest(core_, step, rank, /*skip_verify=*/!agent_verifies, /*keep_packed=*/true, &listing,
+                      options.verify);
     if (!opened.ok()) {
       if (attempt == 0) return opened.status();
       return absl::Status(opened.status().code(), absl::StrCat(first_mismatch, "; re-opening with verification failed: ",
@@ -885,7 +887,9 @@ absl::Status Client::LoadIntoWhileOpening(uint64_t step,
   // The open (Locate and the local agent's answer) on the client's call
   // thread while the caller works out its buffers here.
   client::Claimed<absl::StatusOr<std::unique_ptr<OpenedShard>>> opening(
-      core_->calls, [core = core_, step] { return OpenBest(core, step, core->options.rank, /*skip_verify=*/true, /*keep_packed=*/true); });
+      core_->calls, [core = core_, step] {
+        return OpenBest(core, step, core->options.rank, /*skip_verify=*/true, /*keep_packed=*/true);
+      });
   absl::StatusOr<Buffers> found = buffers();
   absl::StatusOr<std::unique_ptr<OpenedShard>> opened = std::move(opening.Get());
   if (!found.ok()) return found.status();
@@ -906,7 +910,8 @@ absl::Status LoadIntoOpened(const std::shared_ptr<ClientCore>& core, uint64_t st
   std::string first_mismatch;
   for (int attempt = 0; attempt < 2; ++attempt) {
     absl::StatusOr<std::unique_ptr<OpenedShard>> opened =
-        attempt == 0 ? std::move(first) : OpenBest(core, step, core->options.rank, /*skip_verify=*/false, /*keep_packed=*/true);
+        attempt == 0 ? std::move(first)
+                     : OpenBest(core, step, core->options.rank, /*skip_verify=*/false, /*keep_packed=*/true);
     if (!opened.ok()) {
       if (attempt == 0) return opened.status();
       return absl::Status(opened.status().code(),

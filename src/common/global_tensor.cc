@@ -63,15 +63,23 @@ absl::StatusOr<std::optional<GlobalPlace>> ParseGlobalPlace(std::string_view ite
     return bad(absl::StrCat("give a bad global name: ", s.message()));
   }
   std::optional<std::vector<uint64_t>> global_shape = ParseList(shape_it->second);
-  if (!global_shape) return bad(absl::StrCat("give ", kGlobalShapeKey, " \"", shape_it->second, "\": not decimal numbers separated by commas"));
+  if (!global_shape) {
+    return bad(absl::StrCat("give ", kGlobalShapeKey, " \"", shape_it->second,
+                            "\": not decimal numbers separated by commas"));
+  }
   std::optional<std::vector<uint64_t>> offsets =
       offset_it == attributes.end() ? std::vector<uint64_t>(shape.size(), 0) : ParseList(offset_it->second);
-  if (!offsets) return bad(absl::StrCat("give ", kGlobalOffsetKey, " \"", offset_it->second, "\": not decimal numbers separated by commas"));
+  if (!offsets) {
+    return bad(absl::StrCat("give ", kGlobalOffsetKey, " \"", offset_it->second,
+                            "\": not decimal numbers separated by commas"));
+  }
   if (global_shape->size() != shape.size() || offsets->size() != shape.size()) {
     return bad(absl::StrCat("have ", global_shape->size(), " and ", offsets->size(), " dimensions, the item ",
                             shape.size()));
   }
-  if (DTypeElementSize(dtype) == 0) return bad(absl::StrCat("are on an item of dtype ", DTypeName(dtype), ", which has no element size"));
+  if (DTypeElementSize(dtype) == 0) {
+    return bad(absl::StrCat("are on an item of dtype ", DTypeName(dtype), ", which has no element size"));
+  }
   // The global tensor itself must have a size (no product beyond 2^64 bytes).
   if (absl::StatusOr<uint64_t> len = ItemByteLength(dtype, *global_shape); !len.ok()) {
     return bad(absl::StrCat("give a global shape with no size: ", len.status().message()));

@@ -243,7 +243,7 @@ def test_save_and_load_release_the_gil(cluster, job):
     import sys
     import threading
     c = cluster.client(job, keep_in_memory=1)
-    big = np.ones(32 * 1024 * 1024, np.float32)  # 128 MiB: the copy takes tens of milliseconds
+    big = np.ones(8 * 1024 * 1024, np.float32)  # 32 MiB (the tier is shared): the copy takes milliseconds
     ticks = [0]
     stop = threading.Event()
 

@@ -4,8 +4,8 @@
 // The index comes from meta's record of the version (GetVersion with every
 // shard's items): global tensor -> the pieces ranks saved. A slice is
 // assembled from the pieces that overlap it; replicas of the same piece are
-// read once, from the best rank (this one, one whose primary copy is on this
-// node, else the lowest). The shards needed are opened as any load opens
+// read once, from the best rank (this one, one with a copy on this node,
+// else the lowest). The shards needed are opened as any load opens
 // them (Load with LoadOptions::rank: local copy, peer, EC decode, durable
 // tier), verified, and only then copied from.
 #include <algorithm>
@@ -31,7 +31,7 @@ namespace {
 // What the client knows of a version's global tensors.
 struct Index {
   std::map<std::string, GlobalTensor> tensors;
-  std::map<uint32_t, std::string> primary_node;  // rank -> node of its primary copy
+  std::set<uint32_t> here;  // ranks with a VALID copy on this client's node (any role)
 };
 
 absl::StatusOr<Index> ReadIndex(const client::ClientCore& core, uint64_t step) {
@@ -46,7 +46,9 @@ absl::StatusOr<Index> ReadIndex(const client::ClientCore& core, uint64_t step) {
   for (const v1::ShardDetail& detail : resp.version().shards()) {
     const v1::ShardInfo& shard = detail.info();
     const uint32_t rank = shard.key().rank();
-    index.primary_node[rank] = shard.primary_node_id();
+    for (const v1::ShardCopy& copy : detail.copies()) {
+      if (copy.node_id() == core.node_id && copy.state() == v1::COPY_STATE_VALID) index.here.insert(rank);
+    }
     for (const v1::Item& item : shard.items()) {
       if (item.attributes().empty()) continue;
       const std::map<std::string, std::string> attributes(item.attributes().begin(), item.attributes().end());
@@ -82,7 +84,7 @@ struct Use {
 };
 
 // The pieces of `t` that fill `want` (PlanSlice), preferring this rank's,
-// then one whose primary copy is on this node.
+// then one with a copy on this node (primary, replica or restored).
 absl::StatusOr<std::vector<Use>> Plan(const GlobalTensor& t, const Box& want, const Index& index,
                                       const client::ClientCore& core) {
   std::vector<SlicePiece> pieces;
@@ -92,8 +94,7 @@ absl::StatusOr<std::vector<Use>> Plan(const GlobalTensor& t, const Box& want, co
   }
   auto preference = [&](uint32_t rank) {
     if (rank == core.options.rank) return 0;
-    auto n = index.primary_node.find(rank);
-    return n != index.primary_node.end() && n->second == core.node_id ? 1 : 2;
+    return index.here.count(rank) > 0 ? 1 : 2;
   };
   CKPT_ASSIGN_OR_RETURN(std::vector<SliceUse> planned, PlanSlice(t.name, pieces, want, preference));
   std::vector<Use> uses;

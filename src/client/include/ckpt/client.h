@@ -486,10 +486,11 @@ class Client {
 
   // Loads each slice of `slices` into its dst. Works out which ranks' shards
   // overlap each slice (a slice several ranks hold whole, a replica, is read
-  // from one of them: this rank's, a shard whose primary copy is on this
-  // node, else the lowest rank), opens those shards (Load with
-  // LoadOptions::rank, in parallel, every item's crc32c checked: from the
-  // local agent, a peer's copy, EC decode or the durable tier, as any load)
+  // from one of them: this rank's, a shard with a copy on this node (its
+  // primary, a replica or a restored copy), else the lowest rank), opens
+  // those shards (Load with LoadOptions::rank, in parallel, every item's
+  // crc32c checked: from the local agent, a peer's copy, EC decode or the
+  // durable tier, as any load)
   // and copies the overlapping parts. Nothing is written into any dst before
   // every slice is known to be covered and every shard it needs is open and
   // verified. Blocks. Errors: those of GlobalTensors and Load; kNotFound (no

@@ -586,6 +586,21 @@ absl::Status CopyRankFile(const DataOptions& o, const std::string& from_dir, con
   return s;
 }
 
+// Writes `bytes` (the whole of `shard`) as the rank file at `path` through a
+// RankFileWriter, in chunks (counted on `meter`, if any), and commits it.
+absl::Status WriteRankFile(FileSystem* fs, const std::string& path, const DurableShard& shard,
+                           std::span<const std::byte> bytes, Progress* meter) {
+  CKPT_ASSIGN_OR_RETURN(std::unique_ptr<RankFileWriter> w,
+                        RankFileWriter::Create(fs, path, shard.size_bytes, shard.crc32c));
+  for (uint64_t at = 0; at < bytes.size(); at += kReadChunkBytes) {
+    const size_t n = static_cast<size_t>(std::min<uint64_t>(kReadChunkBytes, bytes.size() - at));
+    CKPT_RETURN_IF_ERROR(w->Append(bytes.subspan(at, n)));
+    if (meter != nullptr) meter->Add(n);
+    MaybePauseAfterFirstChunk();
+  }
+  return w->Commit();  // size and whole-file crc32c, then durable
+}
+
 }  // namespace
 
 int RestoreFromDir(const DataOptions& options, const std::string& from_dir, const std::string& out_dir) {
@@ -619,17 +634,7 @@ int RestoreFromDir(const DataOptions& options, const std::string& from_dir, cons
       if (!materialized.ok()) return Fail(materialized.status());
       meter.AddTotal(materialized->size_bytes > shard.size_bytes ? materialized->size_bytes - shard.size_bytes : 0);
       shard = *std::move(materialized);
-      absl::StatusOr<std::unique_ptr<RankFileWriter>> w =
-          RankFileWriter::Create(fs, path, shard.size_bytes, shard.crc32c);
-      absl::Status s = w.status();
-      for (uint64_t at = 0; s.ok() && at < bytes.size(); at += kReadChunkBytes) {
-        const size_t n = static_cast<size_t>(std::min<uint64_t>(kReadChunkBytes, bytes.size() - at));
-        s = (*w)->Append(std::span<const std::byte>(bytes.data() + at, n));
-        meter.Add(n);
-        MaybePauseAfterFirstChunk();
-      }
-      if (s.ok()) s = (*w)->Commit();
-      if (!s.ok()) return Fail(s);
+      if (absl::Status s = WriteRankFile(fs, path, shard, bytes, &meter); !s.ok()) return Fail(s);
     }
     total += shard.size_bytes;
     files.push_back(Json{{"rank", shard.rank}, {"path", path}, {"size_bytes", shard.size_bytes},
@@ -735,15 +740,7 @@ int RestoreResharded(const DataOptions& o, const std::string& from_dir, const st
     shard.crc32c = Crc32c(bytes);
     shard.manifest_digest = ManifestDigest(shard.items);
     const std::string path = absl::StrCat(out_dir, "/", shard.file);
-    absl::StatusOr<std::unique_ptr<RankFileWriter>> w =
-        RankFileWriter::Create(fs, path, shard.size_bytes, shard.crc32c);
-    absl::Status s = w.status();
-    for (uint64_t at = 0; s.ok() && at < bytes.size(); at += kReadChunkBytes) {
-      const size_t len = static_cast<size_t>(std::min<uint64_t>(kReadChunkBytes, bytes.size() - at));
-      s = (*w)->Append(std::span<const std::byte>(bytes.data() + at, len));
-    }
-    if (s.ok()) s = (*w)->Commit();
-    if (!s.ok()) return Fail(s);
+    if (absl::Status s = WriteRankFile(fs, path, shard, bytes, nullptr); !s.ok()) return Fail(s);
     total += size;
     out.shards.push_back(std::move(shard));
   }

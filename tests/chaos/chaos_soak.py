@@ -244,24 +244,21 @@ class Daemon:
             return ""
         return "\n".join(data.splitlines()[-n:])
 
+    def log_since(self, offset=0):
+        """The log from byte `offset` on ("" if it cannot be read)."""
+        try:
+            with open(self.log_path, "rb") as f:
+                f.seek(offset)
+                return f.read().decode(errors="replace")
+        except OSError:
+            return ""
+
     def stepped_down(self, offset=0):
         """True if the log says this meta replica lost the leadership (its designed exit)."""
-        try:
-            with open(self.log_path, "rb") as f:
-                f.seek(offset)
-                data = f.read().decode(errors="replace")
-        except OSError:
-            return False
-        return "lost the leadership" in data
+        return "lost the leadership" in self.log_since(offset)
 
     def crash_lines(self, offset=0):
-        try:
-            with open(self.log_path, "rb") as f:
-                f.seek(offset)
-                data = f.read().decode(errors="replace")
-        except OSError:
-            return []
-        return [l for l in data.splitlines() if any(p.search(l) for p in CRASH_PATTERNS)]
+        return [l for l in self.log_since(offset).splitlines() if any(p.search(l) for p in CRASH_PATTERNS)]
 
 
 # ---------------------------------------------------------------------------

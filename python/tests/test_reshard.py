@@ -264,6 +264,12 @@ def test_offline_reshard_from_the_durable_tier_reads_only_what_overlaps(cluster,
     bad = cluster.ctl("restore", "--from-dir", str(path), "--out", str(out_dir), "--world-size", "3",
                       "--split", "model/fc1.bias=1")
     assert bad.returncode == 2 and "dimensions" in bad.stderr, bad.stderr
+    # A world size beyond a job's limit would write millions of rank files.
+    for world in ("0", str((1 << 20) + 1)):
+        bad = cluster.ctl("restore", "--from-dir", str(path), "--out", str(cluster.root / f"{job}-huge"),
+                          "--world-size", world)
+        assert bad.returncode == 2 and "1..1048576" in bad.stderr, bad.stderr
+        assert not (cluster.root / f"{job}-huge").exists()
     # A corrupt byte is DATA_LOSS, and nothing is written.
     index = v.global_tensors()
     rank, item, _, _ = index["model/fc1.weight"][2][0]

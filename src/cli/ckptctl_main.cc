@@ -1370,7 +1370,10 @@ int Main(int argc, char** argv) {
         return UsageError("restore takes either JOB STEP or --from-dir, not both");
       }
       if (reshard_world) {
-        if (*reshard_world == 0) return UsageError("restore: --world-size must be at least 1");
+        if (*reshard_world == 0 || *reshard_world > kMaxWorldSize) {
+          return UsageError(absl::StrCat("restore: --world-size ", *reshard_world, " is invalid: it must be 1..",
+                                         kMaxWorldSize, " (one rank file is written per rank)"));
+        }
         std::map<std::string, uint32_t> splits;
         for (const std::string& s : reshard_splits) {
           const size_t eq = s.rfind('=');

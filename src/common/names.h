@@ -42,6 +42,9 @@ inline constexpr size_t kMaxPathComponentLength = 255;
 // are 0..kMaxStep.
 inline constexpr uint64_t kMaxStep = (uint64_t{1} << 53) - 1;
 
+// Most ranks a job may have (meta's CreateJob, ckptctl's reshard): 2^20.
+inline constexpr uint32_t kMaxWorldSize = uint32_t{1} << 20;
+
 // OK iff step <= kMaxStep; otherwise InvalidArgument naming the step and the
 // limit. Every entry point that takes a step from a user or a peer calls it
 // (meta's version RPCs, the agent's staging lease, the clients, ckptctl), so a

@@ -693,6 +693,16 @@ absl::StatusOr<Identity> IdentityOfCertificate(std::string_view pem) {
   return IdentityFromUris(SanOfType(cert.get(), GEN_URI));
 }
 
+absl::StatusOr<Identity> IdentityOfCertificateDer(std::string_view der) {
+  const auto* p = reinterpret_cast<const unsigned char*>(der.data());
+  X509Ptr cert(d2i_X509(nullptr, &p, static_cast<long>(der.size())));
+  if (!cert || p != reinterpret_cast<const unsigned char*>(der.data()) + der.size()) {
+    ERR_clear_error();
+    return absl::InvalidArgumentError("not a DER certificate");
+  }
+  return IdentityFromUris(SanOfType(cert.get(), GEN_URI));
+}
+
 std::string CaCertPath(const std::string& ca_dir) { return ca_dir + "/ca.pem"; }
 std::string CaKeyPath(const std::string& ca_dir) { return ca_dir + "/ca.key"; }
 std::string CertPath(const std::string& out_prefix) { return out_prefix + ".pem"; }

@@ -98,6 +98,12 @@ absl::StatusOr<Identity> IdentityFromUris(const std::vector<std::string>& uris);
 // URI subjectAltNames through IdentityFromUris. InvalidArgument if `pem` holds
 // no certificate or the certificate no valid identity.
 absl::StatusOr<Identity> IdentityOfCertificate(std::string_view pem);
+// The same for one certificate in DER (the data plane's handshake carries
+// them so: transport/ucx/node_identity.h).
+absl::StatusOr<Identity> IdentityOfCertificateDer(std::string_view der);
+
+// "ckpt://node/<id>": the role URI of node `node_id`'s certificate.
+inline std::string NodeUri(std::string_view node_id) { return std::string("ckpt://node/").append(node_id); }
 
 // What `ckptctl certs show` prints about a certificate.
 struct CertificateInfo {

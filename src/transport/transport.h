@@ -115,6 +115,17 @@ class Transport {
   // Stops the progress thread; every send in flight completes with
   // Cancelled; no callback runs after Stop returns. Idempotent.
   virtual void Stop() = 0;
+
+  // Who the peer of a connection proved to be when it was made: the node
+  // identity of its certificate ("ckpt://node/<id>"; UCX with node
+  // identities, transport/ucx/node_identity.h), or "" when the connection
+  // was made without identities, or `peer` is unknown or has failed. May be
+  // called from any thread, Handler callbacks included; never blocks on the
+  // progress thread.
+  virtual std::string PeerIdentity(PeerId peer) const {
+    (void)peer;
+    return {};
+  }
 };
 
 }  // namespace ckpt::transport

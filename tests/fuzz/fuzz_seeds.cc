@@ -13,6 +13,7 @@
 #include "server/agent/arena.h"
 #include "server/agent/peer_wire.h"
 #include "transport/ucx/handshake.h"
+#include "transport/ucx/node_identity.h"
 
 namespace {
 
@@ -140,15 +141,25 @@ int main(int argc, char** argv) {
     // One seed per record kind of the handshake (the input's second byte
     // picks the kind the reader expects).
     namespace w = ckpt::transport::ucx_wire;
-    const uint8_t kinds[] = {w::kAddress, w::kKeyed, w::kKeyed | w::kProof, w::kKeyed | w::kProof | w::kAddress,
-                             w::kKeyed | w::kAddress};
-    for (int i = 0; i < 5; ++i) {
+    const uint8_t kinds[] = {w::kAddress,
+                             w::kKeyed,
+                             w::kKeyed | w::kProof,
+                             w::kKeyed | w::kProof | w::kAddress,
+                             w::kKeyed | w::kAddress,
+                             w::kKeyed | w::kIdentity,
+                             w::kKeyed | w::kProof | w::kIdentity,
+                             w::kKeyed | w::kProof | w::kIdentity | w::kAddress};
+    for (int i = 0; i < 8; ++i) {
       w::Greeting g;
       g.flags = kinds[i];
       g.peer_id = 42;
       g.nonce = 99;
       if ((g.flags & w::kProof) != 0) g.proof = w::HandshakeProof("seed-key", 'a', 42, 99, 7, 8);
       if ((g.flags & w::kAddress) != 0) g.worker_address = std::string(200, 'w');
+      if ((g.flags & w::kIdentity) != 0) {
+        g.identity = ckpt::transport::EncodeIdentityBlock(
+            {std::string(600, 'c'), std::string(ckpt::transport::kX25519Bytes, 'k'), std::string(70, 's')});
+      }
       auto greeting = w::EncodeGreeting(g);
       if (!greeting.ok()) return 1;
       Write(dir, "fuzz_greeting", i, std::string(1, '\x07') + std::string(1, static_cast<char>(i)) + *greeting);

@@ -15,13 +15,22 @@
 namespace ckpt::transport::ucx_wire {
 namespace {
 
-// Every record a handshake uses (handshake.h): without a key, and the four
-// of a keyed one.
+// Every record a handshake uses (handshake.h): without a key, the four of a
+// keyed one, and the three that carry node identities.
 const std::vector<uint8_t>& Kinds() {
-  static const auto* kinds = new std::vector<uint8_t>{kAddress, kKeyed, kKeyed | kProof, kKeyed | kProof | kAddress,
-                                                      kKeyed | kAddress};
+  static const auto* kinds = new std::vector<uint8_t>{kAddress,
+                                                      kKeyed,
+                                                      kKeyed | kProof,
+                                                      kKeyed | kProof | kAddress,
+                                                      kKeyed | kAddress,
+                                                      kKeyed | kIdentity,
+                                                      kKeyed | kProof | kIdentity,
+                                                      kKeyed | kProof | kIdentity | kAddress};
   return *kinds;
 }
+
+// An identity block's bytes (opaque here: node_identity.h reads them).
+const std::string kIdentityBytes(700, 'i');
 
 Greeting Make(uint8_t flags, uint64_t id, uint64_t nonce, const std::string& address) {
   Greeting g;
@@ -30,6 +39,7 @@ Greeting Make(uint8_t flags, uint64_t id, uint64_t nonce, const std::string& add
   g.nonce = nonce;
   if ((flags & kProof) != 0) g.proof = HandshakeProof("key", 'a', id, nonce, 1, 2);
   if ((flags & kAddress) != 0) g.worker_address = address;
+  if ((flags & kIdentity) != 0) g.identity = kIdentityBytes;
   return g;
 }
 
@@ -48,7 +58,8 @@ TEST(Greeting, EveryKindRoundTripsWhateverTheSplit) {
     EXPECT_EQ(bytes.substr(0, 8), "CKPTDP02");
     EXPECT_EQ(static_cast<uint8_t>(bytes[8]), kind);
     EXPECT_EQ(bytes.size(), kGreetingFixedBytes + ((kind & kProof) != 0 ? kProofBytes : 0) +
-                                ((kind & kAddress) != 0 ? 4 + address.size() : 0));
+                                ((kind & kAddress) != 0 ? 4 + address.size() : 0) +
+                                ((kind & kIdentity) != 0 ? 2 + kIdentityBytes.size() : 0));
     for (size_t step : {size_t{1}, size_t{3}, size_t{24}, size_t{25}, size_t{26}, size_t{57}, bytes.size()}) {
       SCOPED_TRACE(::testing::Message() << "kind " << int{kind} << " step " << step);
       GreetingReader r(kind);
@@ -67,6 +78,7 @@ TEST(Greeting, EveryKindRoundTripsWhateverTheSplit) {
       EXPECT_EQ(r.greeting().nonce, want.nonce);
       EXPECT_EQ(r.greeting().proof, want.proof);
       EXPECT_EQ(r.greeting().worker_address, want.worker_address);
+      EXPECT_EQ(r.greeting().identity, want.identity);
     }
   }
 }
@@ -106,6 +118,14 @@ TEST(Greeting, ARecordOfAnotherKindIsRefusedAtItsFlags) {
   took = plain.Feed(Encoded(Make(kKeyed, 5, 6, "")));
   ASSERT_FALSE(took.ok());
   EXPECT_TRUE(absl::StrContains(took.status().message(), "this agent has none")) << took.status();
+  GreetingReader identified(kKeyed | kIdentity);
+  took = identified.Feed(Encoded(Make(kKeyed, 5, 6, "")));
+  ASSERT_FALSE(took.ok());
+  EXPECT_TRUE(absl::StrContains(took.status().message(), "proves no node identity")) << took.status();
+  GreetingReader anonymous(kKeyed);
+  took = anonymous.Feed(Encoded(Make(kKeyed | kIdentity, 5, 6, "")));
+  ASSERT_FALSE(took.ok());
+  EXPECT_TRUE(absl::StrContains(took.status().message(), "no node certificate")) << took.status();
   GreetingReader unknown(kAddress);
   std::string bytes = Encoded(Make(kAddress, 5, 6, "addr"));
   bytes[8] = static_cast<char>(0x84);
@@ -167,6 +187,23 @@ TEST(Greeting, RefusesBadFieldsOnceTheyAreComplete) {
       {"huge address", head(1, 0xffffffff), "worker address of 4294967295 bytes", kGreetingFixedBytes + 3},
       {"just over", head(1, kMaxWorkerAddressBytes + 1), "bytes (1..", kGreetingFixedBytes + 3},
   };
+  // An identity block of 0 bytes, or more than kMaxIdentityBytes.
+  auto identity_head = [](uint16_t length) {
+    std::string s = "CKPTDP02";
+    s.push_back(static_cast<char>(kKeyed | kIdentity));
+    s.push_back(1);
+    s += std::string(7 + 8, '\0');  // rest of the id, nonce
+    s.push_back(static_cast<char>(length & 0xff));
+    s.push_back(static_cast<char>(length >> 8));
+    return s;
+  };
+  for (uint16_t length : {uint16_t{0}, static_cast<uint16_t>(kMaxIdentityBytes + 1), uint16_t{0xffff}}) {
+    GreetingReader r(kKeyed | kIdentity);
+    absl::StatusOr<size_t> took = r.Feed(identity_head(length));
+    ASSERT_FALSE(took.ok()) << length;
+    EXPECT_TRUE(absl::StrContains(took.status().message(), "identity block of")) << took.status();
+    EXPECT_EQ(r.consumed(), kGreetingFixedBytes + 2) << "refused at the length's last byte";
+  }
   for (const Case& c : cases) {
     GreetingReader r(kAddress);
     // Byte by byte: accepted up to the field's last byte, refused there.
@@ -195,7 +232,12 @@ TEST(Greeting, EncodeRefusesWhatReadersWouldRefuse) {
   EXPECT_EQ(code({kKeyed, 1, 1, "", "a"}), absl::StatusCode::kInvalidArgument) << "an address without the flag";
   EXPECT_EQ(code({kKeyed | kProof, 1, 1, "short", ""}), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(code({kKeyed, 1, 1, proof, ""}), absl::StatusCode::kInvalidArgument) << "a proof without the flag";
-  EXPECT_EQ(code({0x08, 1, 1, "", ""}), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(code({0x10, 1, 1, "", ""}), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(code({kKeyed | kIdentity, 1, 1, "", ""}), absl::StatusCode::kInvalidArgument) << "no identity block";
+  EXPECT_EQ(code({kKeyed | kIdentity, 1, 1, "", "", std::string(kMaxIdentityBytes + 1, 'i')}),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(code({kKeyed, 1, 1, "", "", "i"}), absl::StatusCode::kInvalidArgument) << "a block without the flag";
+  EXPECT_TRUE(EncodeGreeting({kKeyed | kIdentity, 1, 1, "", "", std::string(kMaxIdentityBytes, 'i')}).ok());
   EXPECT_TRUE(EncodeGreeting({kKeyed | kProof, 1, 1, proof, ""}).ok());
 }
 

@@ -9,6 +9,8 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <fstream>
+#include <sstream>
 #include <cstring>
 #include <thread>
 
@@ -20,8 +22,12 @@
 #include "test_handler.h"
 #include "transport/bulk.h"
 #include "transport/fault/fault_transport.h"
+#include "common/pki.h"
+#include "support/pki.h"
 #include "support/sockets.h"
+#include "support/temp_dir.h"
 #include "transport/ucx/handshake.h"
+#include "transport/ucx/node_identity.h"
 #include "transport/ucx/ucx_transport.h"
 
 namespace ckpt::transport {
@@ -1072,6 +1078,123 @@ TEST(UcxAuth, ProofsDependOnKeyRoleIdsAndNonces) {
   EXPECT_FALSE(ucx_wire::SameProof(p, ucx_wire::HandshakeProof("k", 'h', 2, 2, 3, 4)));
   EXPECT_FALSE(ucx_wire::SameProof(p, p.substr(0, 31)));
   EXPECT_NE(ucx_wire::RandomU64(), ucx_wire::RandomU64());
+}
+
+// --- node identities (node_identity.h) ---
+
+std::string ReadWhole(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::ostringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+std::shared_ptr<const NodeCredentials> CredsOf(const ckpt::testing::TlsFilePaths& f) {
+  absl::StatusOr<std::shared_ptr<const NodeCredentials>> c =
+      NodeCredentials::FromPem(ReadWhole(f.ca), ReadWhole(f.cert), ReadWhole(f.key));
+  EXPECT_TRUE(c.ok()) << c.status();
+  return c.ok() ? *c : nullptr;
+}
+
+UcxOptions Identified(const std::string& key, std::shared_ptr<const NodeCredentials> creds) {
+  UcxOptions o = Keyed(key);
+  o.identity = [creds] { return creds; };
+  return o;
+}
+
+constexpr char kClusterKey[] = "cluster-key-0123456789abcdef";
+
+// Two nodes of the cluster's CA connect; each side knows which node the
+// other is, messages flow both ways under keys that include the X25519
+// secret (a side that mixed another secret would fail every message's
+// MAC), and the self-check, which connects to itself, passes.
+TEST(UcxIdentity, NodesProveWhoTheyAreAndEachSideKnowsTheOther) {
+  const std::vector<std::byte> data = Pattern(2 << 20, 3);
+  DoneLog sent, replied;
+  TestHandler ha, hb;
+  UcxOptions checked = Identified(kClusterKey, CredsOf(ckpt::testing::TestPki::Shared().Node("n1")));
+  checked.self_check_timeout_ms = 5000;
+  checked.encrypt_payloads = true;
+  auto a = NewUcxTransport(checked);
+  auto b = NewUcxTransport(Identified(kClusterKey, CredsOf(ckpt::testing::TestPki::Shared().Node("n2"))));
+  Transport* bp = b.get();
+  std::string b_saw;
+  hb.on_received = [&](const Inbound& msg, const absl::Status&) {
+    b_saw = bp->PeerIdentity(msg.from);
+    bp->Send(msg.from, 2, "pong", {}, replied.Callback());
+  };
+  ASSERT_TRUE(a->Start("127.0.0.1:0", &ha).ok());
+  ASSERT_TRUE(b->Start("127.0.0.1:0", &hb).ok());
+  absl::StatusOr<PeerId> to_b = a->Connect(b->address(), kConnectMs);
+  ASSERT_TRUE(to_b.ok()) << to_b.status();
+  EXPECT_EQ(a->PeerIdentity(*to_b), "ckpt://node/n2");
+  a->Send(*to_b, 1, "ping", AsPieces(data), sent.Callback());
+  ASSERT_TRUE(hb.WaitReceived(1));
+  EXPECT_TRUE(hb.received()[0].bytes == data);
+  EXPECT_EQ(b_saw, "ckpt://node/n1");
+  ASSERT_TRUE(ha.WaitReceived(1));
+  EXPECT_EQ(ha.received()[0].msg.header, "pong");
+  ASSERT_TRUE(sent.Wait(1));
+  ASSERT_TRUE(replied.Wait(1));
+  EXPECT_TRUE(ha.failed().empty());
+  EXPECT_TRUE(hb.failed().empty());
+  // Unknown and failed connections have no identity.
+  EXPECT_EQ(a->PeerIdentity(*to_b + 1), "");
+  a->Disconnect(*to_b);
+  ASSERT_TRUE(ha.WaitPeerFailed(1));  // Disconnect reports the connection failed
+  EXPECT_EQ(a->PeerIdentity(*to_b), "");
+}
+
+// The cluster key alone no longer connects: a process that holds it but no
+// node certificate, or a node certificate of another CA, gets no connection
+// either way, nothing reaches a handler, and a node of the cluster still
+// connects afterwards.
+TEST(UcxIdentity, TheKeyWithoutANodeCertificateOfTheClusterIsRefused) {
+  TestHandler hb;
+  auto b = NewUcxTransport(Identified(kClusterKey, CredsOf(ckpt::testing::TestPki::Shared().Node("n2"))));
+  ASSERT_TRUE(b->Start("127.0.0.1:0", &hb).ok());
+
+  absl::StatusOr<ckpt::testing::TempDir> made = ckpt::testing::TempDir::Create();
+  ASSERT_TRUE(made.ok()) << made.status();
+  const ckpt::testing::TempDir& dir = *made;
+  ASSERT_TRUE(pki::CreateCa(dir.path() + "/ca").ok());
+  pki::CertOptions o;
+  o.identity = pki::Identity(pki::Role::kNode, "n1");
+  o.hosts = {"127.0.0.1"};
+  ASSERT_TRUE(pki::IssueCertificate(dir.path() + "/ca", o, dir.path() + "/n1").ok());
+  std::shared_ptr<const NodeCredentials> foreign =
+      CredsOf({dir.path() + "/ca/ca.pem", dir.path() + "/n1.pem", dir.path() + "/n1.key"});
+  ASSERT_NE(foreign, nullptr);
+
+  struct Stranger {
+    std::string name;
+    UcxOptions options;
+  };
+  for (const Stranger& who : {Stranger{"the key alone", Keyed(kClusterKey)},
+                              Stranger{"another CA's node certificate", Identified(kClusterKey, foreign)}}) {
+    SCOPED_TRACE(who.name);
+    TestHandler ha;
+    auto a = NewUcxTransport(who.options);
+    ASSERT_TRUE(a->Start("127.0.0.1:0", &ha).ok());
+    absl::StatusOr<PeerId> to_b = a->Connect(b->address(), kConnectMs);
+    EXPECT_FALSE(to_b.ok()) << "connected";
+    absl::StatusOr<PeerId> to_a = b->Connect(a->address(), kConnectMs);
+    EXPECT_FALSE(to_a.ok()) << "accepted";
+    if (to_a.ok()) b->Send(*to_a, 1, "x", {}, [](const absl::Status&) {});
+    if (to_b.ok()) a->Send(*to_b, 1, "x", {}, [](const absl::Status&) {});
+    a->Stop();
+    EXPECT_TRUE(ha.received().empty());
+  }
+  EXPECT_TRUE(hb.received().empty());
+  TestHandler hc;
+  auto c = NewUcxTransport(Identified(kClusterKey, CredsOf(ckpt::testing::TestPki::Shared().Node("n3"))));
+  ASSERT_TRUE(c->Start("127.0.0.1:0", &hc).ok());
+  absl::StatusOr<PeerId> ok = c->Connect(b->address(), kConnectMs);
+  ASSERT_TRUE(ok.ok()) << ok.status();
+  EXPECT_EQ(c->PeerIdentity(*ok), "ckpt://node/n2");
+  c->Send(*ok, 1, "hello", {}, [](const absl::Status&) {});
+  ASSERT_TRUE(hb.WaitReceived(1));
+  EXPECT_EQ(hb.received()[0].msg.header, "hello");
 }
 
 }  // namespace

@@ -123,7 +123,8 @@ absl::Status Agent::Init() {
   // open reads its sources one after another.
   restore_races_ = std::make_unique<Executor>("ckpt-agent-race", 8, 64);
 
-  plane_ = std::make_unique<DataPlane>(options_.transport, clock_, options_.peer_timeout_ms);
+  plane_ = std::make_unique<DataPlane>(options_.transport, clock_, options_.peer_timeout_ms,
+                                       options_.check_peer_identity);
   const absl::Duration peer_timeout = absl::Milliseconds(options_.peer_timeout_ms);
   const absl::Duration parity_expire = options_.parity_expire_ms > 0 ? absl::Milliseconds(options_.parity_expire_ms)
                                                                      : std::max(peer_timeout * 4, absl::Seconds(30));

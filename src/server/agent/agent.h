@@ -118,6 +118,12 @@ struct AgentOptions {
   // incarnation they state (membership.h). ckpt-agent turns it on; off here
   // for unit tests whose fake meta sends no membership.
   bool check_peer_membership = false;
+  // Serve pushes and reads only over connections that proved, with a node
+  // certificate, to be the node the message names, and connect only to the
+  // node meta lists at an address (DataPlane's require_identity). ckpt-agent
+  // turns it on with TLS (its transport then proves and checks node
+  // certificates: transport::UcxOptions::identity).
+  bool check_peer_identity = false;
   // How long a parity build may go without progress before it is dropped
   // (its memory freed, its task told). 0: max(4 x peer timeout, 30 s), which
   // outlasts meta's task retry backoff, so a build waiting for a peer whose

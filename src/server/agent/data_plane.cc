@@ -3,6 +3,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/lock_check.h"
 #include "common/log.h"
+#include "common/pki.h"
 #include "common/status_macros.h"
 #include "server/agent/peer_wire.h"
 
@@ -10,8 +11,12 @@ namespace ckpt::agent {
 
 using transport::PeerId;
 
-DataPlane::DataPlane(transport::Transport* transport, Clock* clock, int64_t connect_timeout_ms)
-    : transport_(transport), clock_(clock), connect_timeout_ms_(connect_timeout_ms) {}
+DataPlane::DataPlane(transport::Transport* transport, Clock* clock, int64_t connect_timeout_ms,
+                     bool require_identity)
+    : transport_(transport),
+      clock_(clock),
+      connect_timeout_ms_(connect_timeout_ms),
+      require_identity_(require_identity) {}
 
 void DataPlane::SetFlows(PeerFlows* server, PeerFlows* client) {
   server_ = server;
@@ -36,6 +41,39 @@ void DataPlane::Stop() {
 std::string DataPlane::address() const { return started_ ? transport_->address() : std::string(); }
 
 absl::StatusOr<PeerId> DataPlane::PeerFor(const PeerEndpoint& ep, int64_t connect_timeout_ms) {
+  CKPT_ASSIGN_OR_RETURN(PeerId peer, ConnectionTo(ep, connect_timeout_ms));
+  if (!require_identity_) return peer;
+  const std::string got = transport_->PeerIdentity(peer);
+  const std::string want = pki::NodeUri(ep.node_id);
+  if (got == want) return peer;
+  const absl::Status why =
+      got.empty() ? absl::UnavailableError(absl::StrCat("the connection to node \"", ep.node_id, "\" at ",
+                                                        ep.data_address, " is gone"))
+                  : absl::PermissionDeniedError(absl::StrCat(
+                        "the agent at ", ep.data_address, " proved to be ", got, ", not ", want,
+                        " (meta lists node \"", ep.node_id, "\" there): nothing was sent to it"));
+  if (!got.empty()) log::Warn("data plane: {}", std::string(why.message()));
+  {
+    // Not remembered as a failed connect: a caller asking for the node that
+    // is there now must get it.
+    CheckedLock lock(&mu_);
+    auto it = peer_by_address_.find(ep.data_address);
+    if (it != peer_by_address_.end() && it->second == peer) peer_by_address_.erase(it);
+  }
+  transport_->Disconnect(peer);
+  return why;
+}
+
+absl::Status DataPlane::CheckSender(PeerId from, const std::string& node_id) const {
+  if (!require_identity_) return absl::OkStatus();
+  const std::string got = transport_ != nullptr ? transport_->PeerIdentity(from) : std::string();
+  if (got == pki::NodeUri(node_id)) return absl::OkStatus();
+  return absl::PermissionDeniedError(absl::StrCat("the message claims to come from node \"", node_id,
+                                                  "\" but its connection proved to be ",
+                                                  got.empty() ? "no node" : got));
+}
+
+absl::StatusOr<PeerId> DataPlane::ConnectionTo(const PeerEndpoint& ep, int64_t connect_timeout_ms) {
   AssertNoCheckedLock("a data-plane connect");
   if (!started_) return absl::UnavailableError("this agent has no data plane");
   if (ep.data_address.empty()) {

@@ -38,7 +38,12 @@ class PeerFlows {
 class DataPlane : public transport::Handler {
  public:
   // `transport` may be null (no data plane: every peer call is Unavailable).
-  DataPlane(transport::Transport* transport, Clock* clock, int64_t connect_timeout_ms);
+  // `require_identity`: every connection must have proven which node it is
+  // (transport::Transport::PeerIdentity; UCX with node certificates): PeerFor
+  // refuses a peer that is not the node it was asked for, and CheckSender a
+  // message that claims another node than its connection proved.
+  DataPlane(transport::Transport* transport, Clock* clock, int64_t connect_timeout_ms,
+            bool require_identity = false);
 
   // Routes flows; both must be set before Start and outlive the DataPlane's
   // transport.
@@ -60,7 +65,15 @@ class DataPlane : public transport::Handler {
   // `connect_timeout_ms` (0: the plane's own) bounds a new connection's
   // set-up: a caller with other sources to try (a decode's survivors) gives
   // up on a silent peer early; the failure is remembered for 2 s like any.
+  // With require_identity, a connection whose peer proved another node
+  // (another agent now at that address, or one that took it over) is closed
+  // and PermissionDenied names both; one that proved none, Unavailable.
   absl::StatusOr<transport::PeerId> PeerFor(const PeerEndpoint& ep, int64_t connect_timeout_ms = 0);
+  // OK if a message on connection `from` may speak for node `node_id`: always
+  // without require_identity; with it, iff the connection proved to be that
+  // node (PermissionDenied naming both otherwise). Any thread, callbacks
+  // included.
+  absl::Status CheckSender(transport::PeerId from, const std::string& node_id) const;
   // Sends a control message (header only or with a small payload whose
   // memory the caller keeps until done); failures are logged at debug level
   // (the protocol's timeouts and acknowledgements handle them).
@@ -73,10 +86,13 @@ class DataPlane : public transport::Handler {
 
  private:
   PeerFlows* FlowsFor(uint16_t type) const;
+  // PeerFor without the identity check.
+  absl::StatusOr<transport::PeerId> ConnectionTo(const PeerEndpoint& ep, int64_t connect_timeout_ms);
 
   transport::Transport* const transport_;
   Clock* const clock_;
   const int64_t connect_timeout_ms_;
+  const bool require_identity_;
   PeerFlows* server_ = nullptr;
   PeerFlows* client_ = nullptr;
   bool started_ = false;

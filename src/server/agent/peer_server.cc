@@ -141,9 +141,10 @@ void PeerServer::OnReceived(const Inbound& msg, const absl::Status& status) {
   }
 }
 
-absl::Status PeerServer::AdmitSender(const std::string& node_id, uint64_t incarnation) {
-  if (d_.membership == nullptr) return absl::OkStatus();
-  absl::Status st = d_.membership->Admit(node_id, incarnation, kMembershipWait);
+absl::Status PeerServer::AdmitSender(PeerId from, const std::string& node_id, uint64_t incarnation) {
+  absl::Status st = d_.plane->CheckSender(from, node_id);
+  if (st.ok() && d_.membership == nullptr) return absl::OkStatus();
+  if (st.ok()) st = d_.membership->Admit(node_id, incarnation, kMembershipWait);
   if (!st.ok()) {
     d_.metrics->peer_refused->Increment();
     log::Warn("data plane: refused a peer claiming to be {} incarnation {}: {}", node_id.empty() ? "(nobody)" : node_id,
@@ -152,8 +153,8 @@ absl::Status PeerServer::AdmitSender(const std::string& node_id, uint64_t incarn
   return st;
 }
 
-absl::StatusOr<PeerServer::InPut> PeerServer::Check(const PutBegin& b, const std::string& record) {
-  CKPT_RETURN_IF_ERROR(AdmitSender(b.sender_node_id, b.sender_incarnation));
+absl::StatusOr<PeerServer::InPut> PeerServer::Check(PeerId from, const PutBegin& b, const std::string& record) {
+  CKPT_RETURN_IF_ERROR(AdmitSender(from, b.sender_node_id, b.sender_incarnation));
   if (b.target_incarnation != 0 && b.target_incarnation != d_.incarnation()) {
     return absl::FailedPreconditionError(absl::StrCat("push is for incarnation ", b.target_incarnation,
                                                       ", this agent is ", d_.incarnation()));
@@ -247,7 +248,7 @@ void PeerServer::Admit(const PushKey& key, const PutBegin& b, std::shared_ptr<st
   if (!status.ok()) {
     in = status;
   } else {
-    in = Check(b, record == nullptr ? std::string()
+    in = Check(key.first, b, record == nullptr ? std::string()
                                     : std::string(reinterpret_cast<const char*>(record->data()), record->size()));
   }
   if (in.ok()) {
@@ -496,7 +497,7 @@ void PeerServer::ServeRead(PeerId from, ReadReq req) {
   std::optional<Pin> whole_segment;
   absl::Status st;
   uint64_t total = 0;
-  if (absl::Status who = AdmitSender(req.sender_node_id, req.sender_incarnation); !who.ok()) {
+  if (absl::Status who = AdmitSender(from, req.sender_node_id, req.sender_incarnation); !who.ok()) {
     st = who;
   } else if (req.target_incarnation != 0 && req.target_incarnation != d_.incarnation()) {
     st = absl::FailedPreconditionError(absl::StrCat("read is for incarnation ", req.target_incarnation,

@@ -107,11 +107,12 @@ class PeerServer : public PeerFlows {
   void OnPutChunk(const transport::Inbound& msg, const absl::Status& status);
   void OnPutAbort(const transport::Inbound& msg);
   void OnReadReq(const transport::Inbound& msg);
-  // OK if the membership (when set) admits the sender; counts and logs a
-  // refusal.
-  absl::Status AdmitSender(const std::string& node_id, uint64_t incarnation);
-  // Validates a push and reserves for it; the InPut on success.
-  absl::StatusOr<InPut> Check(const PutBegin& b, const std::string& record);
+  // OK if the sender on connection `from` may speak for `node_id` (its
+  // proven identity, DataPlane::CheckSender) and the membership (when set)
+  // admits it; counts and logs a refusal.
+  absl::Status AdmitSender(transport::PeerId from, const std::string& node_id, uint64_t incarnation);
+  // Validates a push from `from` and reserves for it; the InPut on success.
+  absl::StatusOr<InPut> Check(transport::PeerId from, const PutBegin& b, const std::string& record);
   // On the finish executor: checks, registers and acknowledges a push.
   void Admit(const PushKey& key, const PutBegin& b, std::shared_ptr<std::vector<std::byte>> record,
              const absl::Status& status);

@@ -53,6 +53,7 @@
 #include "server/cmd/daemon_tls.h"
 #include "server/rpc/agent_service.h"
 #include "server/rpc/meta_link_grpc.h"
+#include "transport/ucx/node_identity.h"
 #include "transport/ucx/ucx_transport.h"
 
 namespace ckpt {
@@ -305,11 +306,25 @@ int Serve(const Settings& settings, const sigset_t& signals, const AgentFlavor& 
     // every connection, and peers retry. With an --insecure meta, which
     // hands out no key, it is the agent token (--token-file), if any, from
     // the start.
+    // Over TLS each connection also proves which node each side is, with
+    // the node certificates (--tls-cert, re-read as --tls-reload-seconds
+    // says), and the agent serves a message only for the node its connection
+    // proved and connects only to the node meta lists at an address
+    // (docs/protocol.md §8b "Identities").
     transport::UcxOptions ucx;
     ucx.encrypt_payloads = settings.data_encryption;
     const bool key_from_meta = settings.tls.enabled();
     if (key_from_meta) {
       ucx.require_auth = true;
+      absl::StatusOr<std::shared_ptr<transport::NodeCredentialsFiles>> identity =
+          transport::NodeCredentialsFiles::Open({settings.tls.ca_file, settings.tls.cert_file, settings.tls.key_file,
+                                                 settings.tls.crl_dir, settings.tls.reload_seconds});
+      if (!identity.ok()) {
+        log::Error("{}: {}", kProgram, identity.status().ToString());
+        return kExitFailure;
+      }
+      ucx.identity = [files = *std::move(identity)] { return files->Current(); };
+      options.check_peer_identity = true;
     } else {
       ucx.auth_key = settings.meta_token;
     }

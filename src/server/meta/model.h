@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "absl/time/time.h"
+#include "common/names.h"
 #include "server/meta/policy.h"
 
 namespace ckpt::meta {
@@ -139,7 +140,7 @@ struct RetentionPolicy {
 };
 
 struct JobSpec {
-  static constexpr uint32_t kMaxWorldSize = 1 << 20;
+  static constexpr uint32_t kMaxWorldSize = ckpt::kMaxWorldSize;  // common/names.h
   std::string job_id;
   uint32_t world_size = 0;
   ProtectionPolicy protection;

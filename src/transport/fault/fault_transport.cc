@@ -271,6 +271,8 @@ absl::Status FaultTransport::RegisterMemory(void* base, size_t length) {
   return inner_->RegisterMemory(base, length);
 }
 
+std::string FaultTransport::PeerIdentity(PeerId peer) const { return inner_->PeerIdentity(peer); }
+
 void FaultTransport::Stop() {
   inner_->Stop();
   std::vector<HeldSend> held;

@@ -71,6 +71,7 @@ class FaultTransport : public Transport {
             SendDone done) override;
   void Disconnect(PeerId peer) override;
   absl::Status RegisterMemory(void* base, size_t length) override;
+  std::string PeerIdentity(PeerId peer) const override;
   // Stops the inner transport (whether owned or not), then completes stalled
   // sends with Cancelled and joins the completion thread.
   void Stop() override;

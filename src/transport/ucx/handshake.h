@@ -14,10 +14,13 @@
 //
 //   offset  size  field
 //        0     8  magic "CKPTDP02" (the last two characters are the version)
-//        8     1  flags: kKeyed 0x01, kProof 0x02, kAddress 0x04 (no others)
+//        8     1  flags: kKeyed 0x01, kProof 0x02, kAddress 0x04, kIdentity 0x08
+//                 (no others)
 //        9     8  sender's PeerId for this connection (never 0)
 //       17     8  sender's nonce (fresh per connection)
 //       25    32  with kProof: HandshakeProof (below)
+//        .     2  with kIdentity: length I of the identity block, 1..kMaxIdentityBytes
+//        .     I  with kIdentity: the identity block (node_identity.h)
 //        .     4  with kAddress: length L of the worker address, 1..kMaxWorkerAddressBytes
 //        .     L  with kAddress: the sender's UCX worker address (opaque bytes)
 //
@@ -30,6 +33,14 @@
 //   accepting -> connecting  {kKeyed|kProof}              proof 'a'
 //   connecting -> accepting  {kKeyed|kProof|kAddress}     proof 'c', its address
 //   accepting -> connecting  {kKeyed|kAddress}            its address
+// With node identities as well (both sides hold a node certificate of the
+// cluster's CA: node_identity.h), the first three records carry kIdentity:
+//   connecting -> accepting  {kKeyed|kIdentity}           id, nonce, certificate, X25519 key
+//   accepting -> connecting  {kKeyed|kProof|kIdentity}    proof 'a', certificate, key, signature
+//   connecting -> accepting  {kKeyed|kProof|kIdentity|kAddress}  proof 'c', signature, address
+//   accepting -> connecting  {kKeyed|kAddress}            its address
+// so neither side names its worker address before the other has proven
+// which node it is.
 // The later records repeat the sender's id and nonce. A side reads exactly
 // the record it expects next (GreetingReader's `expected_flags`), so a peer
 // without a key, or with one when this side has none, is refused at the
@@ -62,11 +73,15 @@ inline constexpr size_t kProofBytes = 32;
 // UCX 1.13 worker addresses are a few hundred bytes (one entry per
 // transport and device); anything near this bound is not one.
 inline constexpr size_t kMaxWorkerAddressBytes = 16 << 10;
+// An identity block holds a certificate (about 600 bytes for ckpt's EC P-256
+// ones), a 32-byte key and a signature (about 72 bytes).
+inline constexpr size_t kMaxIdentityBytes = 12 << 10;
 
 // Record flags.
 inline constexpr uint8_t kKeyed = 0x01;    // the sender authenticates with a cluster key
 inline constexpr uint8_t kProof = 0x02;    // a proof follows the nonce
 inline constexpr uint8_t kAddress = 0x04;  // a worker address ends the record
+inline constexpr uint8_t kIdentity = 0x08; // an identity block follows the proof
 
 struct Greeting {
   uint8_t flags = 0;
@@ -74,12 +89,15 @@ struct Greeting {
   uint64_t nonce = 0;
   std::string proof;           // kProofBytes with kProof, else empty
   std::string worker_address;  // non-empty with kAddress, else empty
+  std::string identity = {};   // non-empty with kIdentity, else empty
 };
 
 // The bytes of `g`. InvalidArgument if peer_id is 0, flags has a bit other
 // than kKeyed, kProof and kAddress, the proof is not kProofBytes with kProof
-// (or not empty without), or the worker address is empty or longer than
-// kMaxWorkerAddressBytes with kAddress (or not empty without).
+// (or not empty without), the worker address is empty or longer than
+// kMaxWorkerAddressBytes with kAddress (or not empty without), or the
+// identity block is empty or longer than kMaxIdentityBytes with kIdentity
+// (or not empty without).
 absl::StatusOr<std::string> EncodeGreeting(const Greeting& g);
 
 // Reads one record, with exactly `expected_flags`, from a byte stream that
@@ -97,8 +115,9 @@ class GreetingReader {
   // InvalidArgument, saying what was wrong, at the first byte that cannot be
   // part of the expected record (wrong magic; other flags, e.g. a peer
   // without a cluster key when one is expected; PeerId 0; an address length
-  // of 0 or above kMaxWorkerAddressBytes); the reader then stays failed and
-  // consumes nothing more.
+  // of 0 or above kMaxWorkerAddressBytes, an identity length of 0 or above
+  // kMaxIdentityBytes); the reader then stays failed and consumes nothing
+  // more.
   absl::StatusOr<size_t> Feed(std::string_view data);
 
   bool done() const { return done_; }
@@ -109,10 +128,19 @@ class GreetingReader {
   size_t consumed() const { return consumed_; }
 
  private:
-  size_t HeadBytes() const;  // fixed part + proof + address length, as expected
+  // The parts of a record, in order; those its flags do not have are skipped.
+  enum class Part { kHead, kIdentityLength, kIdentity, kAddressLength, kAddress, kDone };
+  // The part after `part` that this record has.
+  Part NextPart(Part part) const;
+  // Bytes of the current part.
+  size_t PartBytes() const;
+  // The current part is complete in part_: take it and move on.
+  absl::Status EndPart();
 
   uint8_t expected_flags_;
-  std::string head_;  // the record up to the address
+  Part part_ = Part::kHead;
+  std::string part_bytes_;  // the current part, so far
+  size_t identity_bytes_ = 0;
   size_t address_bytes_ = 0;
   size_t consumed_ = 0;
   bool done_ = false;

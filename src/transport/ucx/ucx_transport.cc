@@ -33,8 +33,10 @@
 #include "absl/time/time.h"
 #include "common/endian.h"
 #include "common/log.h"
+#include "common/status_macros.h"
 #include "transport/ucx/handshake.h"
 #include "transport/ucx/message_auth.h"
+#include "transport/ucx/node_identity.h"
 
 namespace ckpt::transport {
 namespace {
@@ -183,6 +185,7 @@ struct SendCrypto {
   std::string mac_key;
   std::string aes_key;
   std::atomic<uint64_t> seq{0};  // the last sequence number taken
+  std::string peer_identity;     // what the other side proved ("": no identities)
 };
 
 // One connection, outbound (Connect) or inbound (accepted on the data port).
@@ -216,6 +219,12 @@ struct Peer {
   // The cluster key as it was when this connection's handshake started
   // (UcxTransport::SetAuthKey does not change it); "": no authentication.
   std::string key;
+  // With node identities (UcxOptions::identity): ours as they were when the
+  // handshake started, the exchange while it runs, and what it proved.
+  std::shared_ptr<const NodeCredentials> creds;
+  std::unique_ptr<IdentityExchange> exchange;
+  std::string peer_identity;    // "ckpt://node/<id>", once its signature checked
+  std::string identity_secret;  // the X25519 secret, mixed into the message keys
   // With a key, from the moment it is connected: the keys its messages are
   // checked with (message_auth.h) and the sequence numbers taken so far.
   // (The sending side's are in UcxImpl::send_crypto_.)
@@ -230,6 +239,7 @@ struct Pending {
   int fd = -1;
   std::string from;
   std::string key;  // the cluster key when it was accepted ("": none)
+  std::shared_ptr<const NodeCredentials> creds;  // ours then, with identities
   ucx_wire::GreetingReader reader;
   absl::Time deadline;
 };
@@ -563,7 +573,7 @@ class UcxImpl : public UcxTransport {
     // The self-check connects to itself: with no key known yet (require_auth,
     // the key comes later from meta) it proves a throwaway one.
     probe_key_ = CurrentKey();
-    if (probe_key_.empty() && options_.require_auth) probe_key_ = RandomKey();
+    if (probe_key_.empty() && KeyRequired()) probe_key_ = RandomKey();
     auto wait = std::make_shared<ConnectWait>();
     StartConnect(wait, addr, "self-check");
     const absl::Time deadline = absl::Now() + absl::Milliseconds(options_.self_check_timeout_ms);
@@ -753,7 +763,7 @@ class UcxImpl : public UcxTransport {
       }
       const std::string who = SockaddrText(from);
       std::string key = HandshakeKey();
-      if (key.empty() && options_.require_auth) {
+      if (key.empty() && KeyRequired()) {
         // Nothing is answered, not even our greeting: the peer retries.
         close(fd);
         NoteRefused(who, absl::UnavailableError(kNoKeyYet));
@@ -768,8 +778,10 @@ class UcxImpl : public UcxTransport {
       Pending p;
       p.fd = fd;
       p.from = who;
-      // With a key, the first record must say so and carry no address.
-      p.reader = ucx_wire::GreetingReader(key.empty() ? ucx_wire::kAddress : ucx_wire::kKeyed);
+      // With a key, the first record must say so and carry no address (and,
+      // with identities, carry the connecting node's certificate).
+      if (!key.empty()) p.creds = HandshakeCredentials();
+      p.reader = ucx_wire::GreetingReader(key.empty() ? ucx_wire::kAddress : ucx_wire::kKeyed | IdentityFlag(p.creds));
       p.key = std::move(key);
       p.deadline = absl::Now() + absl::Milliseconds(options_.handshake_timeout_ms);
       pending_.push_back(std::move(p));
@@ -858,22 +870,76 @@ class UcxImpl : public UcxTransport {
     p->remote_id = g.peer_id;
     p->remote_nonce = g.nonce;
     p->key = std::move(it->key);
+    p->creds = std::move(it->creds);
     p->handshaking = true;
     ++inbound_handshakes_;
+    const std::string their_identity = g.identity;
     if (p->key.empty()) {
       p->remote_worker = g.worker_address;
       p->out = Record(*p, ucx_wire::kAddress);
       p->state = PeerState::kUcxHello;
     } else {
-      p->out = Record(*p, ucx_wire::kKeyed | ucx_wire::kProof);
-      p->reader = ucx_wire::GreetingReader(ucx_wire::kKeyed | ucx_wire::kProof | ucx_wire::kAddress);
+      p->reader = ucx_wire::GreetingReader(ucx_wire::kKeyed | ucx_wire::kProof | ucx_wire::kAddress |
+                                           IdentityFlag(p->creds));
       p->state = PeerState::kTcpHandshake;
     }
     it->fd = -1;
     pending_.erase(it);
     SetKeepalive(p->fd);
     peers_[p->id] = std::move(owned);
+    if (!p->key.empty()) {
+      // Our proof (and, with identities, our certificate, key and signature,
+      // once the connecting node's certificate is known good).
+      std::string block;
+      if (p->creds != nullptr) {
+        absl::StatusOr<std::string> mine = AcceptorIdentity(p, their_identity);
+        if (!mine.ok()) {
+          Refuse(p, std::string(mine.status().message()));
+          return;
+        }
+        block = *std::move(mine);
+      }
+      p->out = Record(*p, ucx_wire::kKeyed | ucx_wire::kProof | IdentityFlag(p->creds), block);
+    }
     WritePeer(p);
+  }
+
+  // With identities, inbound: checks the connecting node's offer (record 1)
+  // and returns our identity block for record 2 (certificate, key and our
+  // signature 'a').
+  absl::StatusOr<std::string> AcceptorIdentity(Peer* p, const std::string& their_block) {
+    CKPT_ASSIGN_OR_RETURN(p->exchange, IdentityExchange::Start(p->creds, /*acceptor=*/true));
+    CKPT_ASSIGN_OR_RETURN(IdentityBlock theirs, DecodeIdentityBlock(their_block));
+    CKPT_RETURN_IF_ERROR(p->exchange->TakeOffer(theirs));
+    IdentityBlock mine = p->exchange->Offer();
+    CKPT_ASSIGN_OR_RETURN(mine.signature, p->exchange->Sign('a', p->id, p->nonce, p->remote_id, p->remote_nonce));
+    return EncodeIdentityBlock(mine);
+  }
+
+  // With identities, the other side's signature arrived (record 2 on the
+  // connecting side, 3 on the accepting side): checks it (and, connecting,
+  // the accepting node's certificate first), keeps what it proved and the
+  // shared secret, and returns our signature block for record 3 (connecting
+  // side; empty on the accepting side).
+  absl::StatusOr<std::string> FinishIdentity(Peer* p, const std::string& their_block) {
+    CKPT_ASSIGN_OR_RETURN(IdentityBlock theirs, DecodeIdentityBlock(their_block));
+    if (!p->inbound) CKPT_RETURN_IF_ERROR(p->exchange->TakeOffer(theirs));
+    const uint64_t a_id = p->inbound ? p->id : p->remote_id;
+    const uint64_t a_nonce = p->inbound ? p->nonce : p->remote_nonce;
+    const uint64_t c_id = p->inbound ? p->remote_id : p->id;
+    const uint64_t c_nonce = p->inbound ? p->remote_nonce : p->nonce;
+    CKPT_RETURN_IF_ERROR(
+        p->exchange->CheckSignature(p->inbound ? 'c' : 'a', a_id, a_nonce, c_id, c_nonce, theirs.signature));
+    CKPT_ASSIGN_OR_RETURN(p->identity_secret, p->exchange->SharedSecret());
+    p->peer_identity = p->exchange->peer_identity();
+    std::string reply;
+    if (!p->inbound) {
+      IdentityBlock mine;
+      CKPT_ASSIGN_OR_RETURN(mine.signature, p->exchange->Sign('c', a_id, a_nonce, c_id, c_nonce));
+      reply = EncodeIdentityBlock(mine);
+    }
+    p->exchange.reset();
+    return reply;
   }
 
   void ExpireHandshakes() {
@@ -960,13 +1026,14 @@ class UcxImpl : public UcxTransport {
 
   // Our greeting record with `flags` for connection `p` (the proof and our
   // worker address as the flags say).
-  std::string Record(const Peer& p, uint8_t flags) const {
+  std::string Record(const Peer& p, uint8_t flags, std::string identity_block = {}) const {
     ucx_wire::Greeting g;
     g.flags = flags;
     g.peer_id = p.id;
     g.nonce = p.nonce;
     if ((flags & ucx_wire::kProof) != 0) g.proof = Proof(p, p.inbound ? 'a' : 'c');
     if ((flags & ucx_wire::kAddress) != 0) g.worker_address = worker_address_;
+    g.identity = std::move(identity_block);
     return *ucx_wire::EncodeGreeting(g);  // our own fields: always encodable (address checked at Start)
   }
 
@@ -993,6 +1060,15 @@ class UcxImpl : public UcxTransport {
                 "--token-file than this agent's)");
       return;
     }
+    std::string our_signature;
+    if ((g.flags & ucx_wire::kIdentity) != 0) {
+      absl::StatusOr<std::string> done = FinishIdentity(p, g.identity);
+      if (!done.ok()) {
+        Refuse(p, std::string(done.status().message()));
+        return;
+      }
+      our_signature = *std::move(done);
+    }
     if (p->inbound) {
       // The connecting side proved the key: now it gets our address.
       p->remote_worker = g.worker_address;
@@ -1001,10 +1077,12 @@ class UcxImpl : public UcxTransport {
       WritePeer(p);
       return;
     }
-    if (g.flags == (ucx_wire::kKeyed | ucx_wire::kProof)) {
-      // The accepting side proved the key: our proof and address, then its address.
+    if (g.flags == (ucx_wire::kKeyed | ucx_wire::kProof | IdentityFlag(p->creds))) {
+      // The accepting side proved the key (and which node it is): our proof
+      // (and signature) and address, then its address.
       p->reader = ucx_wire::GreetingReader(ucx_wire::kKeyed | ucx_wire::kAddress);
-      p->out += Record(*p, ucx_wire::kKeyed | ucx_wire::kProof | ucx_wire::kAddress);
+      p->out += Record(*p, ucx_wire::kKeyed | ucx_wire::kProof | ucx_wire::kAddress | IdentityFlag(p->creds),
+                       std::move(our_signature));
       WritePeer(p);
       return;
     }
@@ -1013,7 +1091,7 @@ class UcxImpl : public UcxTransport {
 
   void StartConnect(const std::shared_ptr<ConnectWait>& wait, sockaddr_in addr, const std::string& address) {
     std::string key = HandshakeKey();
-    if (key.empty() && options_.require_auth) {
+    if (key.empty() && KeyRequired()) {
       wait->status = absl::UnavailableError(absl::StrCat("connect to ", address, ": ", kNoKeyYet));
       wait->done.Notify();
       return;
@@ -1026,7 +1104,16 @@ class UcxImpl : public UcxTransport {
     p->silent = probing_;
     p->nonce = ucx_wire::RandomU64();
     p->key = std::move(key);
+    if (!p->key.empty()) p->creds = HandshakeCredentials();
     peers_[p->id] = std::move(owned);
+    if (p->creds != nullptr) {
+      absl::StatusOr<std::unique_ptr<IdentityExchange>> x = IdentityExchange::Start(p->creds, /*acceptor=*/false);
+      if (!x.ok()) {
+        PeerDown(p, x.status());
+        return;
+      }
+      p->exchange = *std::move(x);
+    }
     p->fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
     if (p->fd < 0) {
       PeerDown(p, absl::UnavailableError(absl::StrCat("socket: ", ErrnoText(errno))));
@@ -1037,8 +1124,10 @@ class UcxImpl : public UcxTransport {
       p->out = Record(*p, ucx_wire::kAddress);
       p->reader = ucx_wire::GreetingReader(ucx_wire::kAddress);
     } else {
-      p->out = Record(*p, ucx_wire::kKeyed);  // no address before the other side proves the key
-      p->reader = ucx_wire::GreetingReader(ucx_wire::kKeyed | ucx_wire::kProof);
+      // No address before the other side proves the key (and which node it is).
+      p->out = Record(*p, ucx_wire::kKeyed | IdentityFlag(p->creds),
+                      p->exchange != nullptr ? EncodeIdentityBlock(p->exchange->Offer()) : std::string());
+      p->reader = ucx_wire::GreetingReader(ucx_wire::kKeyed | ucx_wire::kProof | IdentityFlag(p->creds));
     }
     if (connect(p->fd, reinterpret_cast<const sockaddr*>(&addr), sizeof(addr)) != 0) {
       if (errno != EINPROGRESS) {
@@ -1185,6 +1274,25 @@ class UcxImpl : public UcxTransport {
 
   // The key a handshake starting now uses.
   std::string HandshakeKey() { return probing_ ? probe_key_ : CurrentKey(); }
+
+  // No connection without a key: require_auth, or node identities (they
+  // ride on keyed handshakes only).
+  bool KeyRequired() const { return options_.require_auth || options_.identity != nullptr; }
+
+  // The node credentials a handshake starting now proves (null: no
+  // identities). May read files (NodeCredentialsFiles' reload).
+  std::shared_ptr<const NodeCredentials> HandshakeCredentials() const {
+    return options_.identity != nullptr ? options_.identity() : nullptr;
+  }
+  static uint8_t IdentityFlag(const std::shared_ptr<const NodeCredentials>& creds) {
+    return creds != nullptr ? ucx_wire::kIdentity : 0;
+  }
+
+  std::string PeerIdentity(PeerId peer) const override {
+    absl::MutexLock lock(&crypto_mu_);
+    auto it = send_crypto_.find(peer);
+    return it == send_crypto_.end() ? std::string() : it->second->peer_identity;
+  }
 
   std::string CurrentKey() {
     absl::MutexLock lock(&mu_);
@@ -1428,9 +1536,12 @@ class UcxImpl : public UcxTransport {
   // (message_auth.h), ours to send with and the other side's.
   void SetMessageKeys(Peer* p) {
     if (p->key.empty()) return;
+    // With identities, the X25519 secret too: a member that holds the
+    // cluster key but sits between two nodes cannot derive their keys.
+    const std::string secret = p->key + p->identity_secret;
     const ucx_wire::ConnectionKeys k =
-        p->inbound ? ucx_wire::DeriveConnectionKeys(p->key, p->id, p->nonce, p->remote_id, p->remote_nonce)
-                   : ucx_wire::DeriveConnectionKeys(p->key, p->remote_id, p->remote_nonce, p->id, p->nonce);
+        p->inbound ? ucx_wire::DeriveConnectionKeys(secret, p->id, p->nonce, p->remote_id, p->remote_nonce)
+                   : ucx_wire::DeriveConnectionKeys(secret, p->remote_id, p->remote_nonce, p->id, p->nonce);
     const ucx_wire::DirectionKeys& send = p->inbound ? k.to_connector : k.to_acceptor;
     const ucx_wire::DirectionKeys& recv = p->inbound ? k.to_acceptor : k.to_connector;
     p->recv_mac_key = recv.mac_key;
@@ -1439,6 +1550,7 @@ class UcxImpl : public UcxTransport {
     crypto->receiver_id = p->remote_id;
     crypto->mac_key = send.mac_key;
     crypto->aes_key = send.aes_key;
+    crypto->peer_identity = p->peer_identity;
     absl::MutexLock lock(&crypto_mu_);
     send_crypto_[p->id] = std::move(crypto);
   }
@@ -1892,7 +2004,7 @@ class UcxImpl : public UcxTransport {
   absl::flat_hash_map<void*, RecvOp*> inflight_recvs_;
   // Keyed connections' sealing keys, by our id for the connection (Send
   // seals on its caller's thread).
-  absl::Mutex crypto_mu_;
+  mutable absl::Mutex crypto_mu_;
   absl::flat_hash_map<PeerId, std::shared_ptr<SendCrypto>> send_crypto_ ABSL_GUARDED_BY(crypto_mu_);
   absl::Mutex scratch_mu_;
   std::vector<std::vector<std::byte>> scratch_pool_ ABSL_GUARDED_BY(scratch_mu_);  // encryption buffers to reuse

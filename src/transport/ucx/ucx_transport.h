@@ -105,6 +105,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <utility>
@@ -113,6 +114,8 @@
 #include "transport/transport.h"
 
 namespace ckpt::transport {
+
+class NodeCredentials;  // node_identity.h
 
 struct UcxOptions {
   // Payloads above this many bytes use rendezvous (zero-copy into the
@@ -165,6 +168,16 @@ struct UcxOptions {
   // "Messages"). A receiver takes either. Costs a copy of each payload on
   // the sending side (into reused buffers). Without a key: ignored.
   bool encrypt_payloads = false;
+  // Node identities (node_identity.h): the credentials this node proves
+  // with, asked for at the start of every handshake (so a renewed
+  // certificate applies to new connections). Set, every connection also
+  // proves both nodes' certificates (issued by the same CA, each naming
+  // ckpt://node/<id>) and mixes an X25519 secret into its message keys;
+  // a peer without a node certificate of that CA is refused, and
+  // PeerIdentity() says which node each connection's peer is. Identities
+  // need the cluster key: while none is known, connections are refused as
+  // with require_auth. Unset: no identities.
+  std::function<std::shared_ptr<const NodeCredentials>()> identity;
 };
 
 // What TEST_SendTampered does to a message.

@@ -84,8 +84,53 @@ std::string NewAddress() {
   return absl::StrCat("loop:data-plane-test-", ::getpid(), "-", counter++);
 }
 
+// A transport whose every connection's peer proved to be `identity`, as UCX
+// with node certificates reports it (the loopback proves nothing).
+class Proving : public transport::Transport {
+ public:
+  explicit Proving(std::unique_ptr<transport::Transport> inner) : inner_(std::move(inner)) {}
+  absl::Status Start(const std::string& address, transport::Handler* h) override { return inner_->Start(address, h); }
+  std::string address() const override { return inner_->address(); }
+  absl::StatusOr<transport::PeerId> Connect(const std::string& address, int64_t timeout_ms) override {
+    return inner_->Connect(address, timeout_ms);
+  }
+  void Send(transport::PeerId peer, uint16_t type, std::string header, transport::ConstPieces payload,
+            transport::SendDone done) override {
+    inner_->Send(peer, type, std::move(header), std::move(payload), std::move(done));
+  }
+  void Disconnect(transport::PeerId peer) override {
+    {
+      absl::MutexLock lock(&mu_);
+      ++disconnects_;
+    }
+    inner_->Disconnect(peer);
+  }
+  absl::Status RegisterMemory(void* base, size_t length) override { return inner_->RegisterMemory(base, length); }
+  void Stop() override { inner_->Stop(); }
+  std::string PeerIdentity(transport::PeerId) const override {
+    absl::MutexLock lock(&mu_);
+    return identity_;
+  }
+  void set_identity(std::string id) {
+    absl::MutexLock lock(&mu_);
+    identity_ = std::move(id);
+  }
+  int disconnects() const {
+    absl::MutexLock lock(&mu_);
+    return disconnects_;
+  }
+
+ private:
+  std::unique_ptr<transport::Transport> inner_;
+  mutable absl::Mutex mu_;
+  std::string identity_ ABSL_GUARDED_BY(mu_);
+  int disconnects_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
 struct Side {
-  Side() : transport(transport::NewLoopbackTransport()), plane(transport.get(), &clock, 1000) {
+  explicit Side(bool require_identity = false)
+      : transport(std::make_unique<Proving>(transport::NewLoopbackTransport())),
+        plane(transport.get(), &clock, 1000, require_identity) {
     plane.SetFlows(&server, &client);
   }
   ~Side() { plane.Stop(); }
@@ -93,7 +138,7 @@ struct Side {
   PeerEndpoint Endpoint(const std::string& node) const { return PeerEndpoint{node, 1, plane.address(), false}; }
 
   FakeClock clock;
-  std::unique_ptr<transport::Transport> transport;
+  std::unique_ptr<Proving> transport;
   RecordingFlows server, client;
   DataPlane plane;
   char pool[4096] = {};
@@ -163,6 +208,42 @@ TEST(DataPlane, KeepsOneConnectionPerPeerAddress) {
   absl::StatusOr<transport::PeerId> second = a.plane.PeerFor(b.Endpoint("b-under-another-name"));
   ASSERT_TRUE(first.ok() && second.ok());
   EXPECT_EQ(*first, *second);
+}
+
+// With node identities: a connection is used only for the node its peer
+// proved to be, and a message may speak only for that node.
+TEST(DataPlane, WithIdentitiesAPeerMustBeTheNodeItIsTakenFor) {
+  Side a(/*require_identity=*/true), b;
+  ASSERT_TRUE(a.Start(NewAddress()).ok());
+  ASSERT_TRUE(b.Start(NewAddress()).ok());
+  a.transport->set_identity("ckpt://node/b");
+  absl::StatusOr<transport::PeerId> to_b = a.plane.PeerFor(b.Endpoint("b"));
+  ASSERT_TRUE(to_b.ok()) << to_b.status();
+  // Meta lists node "c" at b's address (b took it over, or c moved): the
+  // connection is dropped and nothing can be sent to "c" through it.
+  absl::StatusOr<transport::PeerId> to_c = a.plane.PeerFor(b.Endpoint("c"));
+  ASSERT_FALSE(to_c.ok());
+  EXPECT_EQ(to_c.status().code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_THAT(std::string(to_c.status().message()), HasSubstr("proved to be ckpt://node/b, not ckpt://node/c"));
+  EXPECT_EQ(a.transport->disconnects(), 1);
+  // b itself is still reachable there at once (not refused for 2 s).
+  to_b = a.plane.PeerFor(b.Endpoint("b"));
+  ASSERT_TRUE(to_b.ok()) << to_b.status();
+  // A peer that proved nothing (its connection failed meanwhile): Unavailable.
+  a.transport->set_identity("");
+  absl::StatusOr<transport::PeerId> gone = a.plane.PeerFor(b.Endpoint("b"));
+  EXPECT_EQ(gone.status().code(), absl::StatusCode::kUnavailable) << gone.status();
+
+  // Senders: a message may speak only for the node its connection proved.
+  a.transport->set_identity("ckpt://node/b");
+  EXPECT_TRUE(a.plane.CheckSender(*to_b, "b").ok());
+  absl::Status other = a.plane.CheckSender(*to_b, "n0");
+  EXPECT_EQ(other.code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_THAT(std::string(other.message()), HasSubstr("claims to come from node \"n0\""));
+  a.transport->set_identity("");
+  EXPECT_EQ(a.plane.CheckSender(*to_b, "b").code(), absl::StatusCode::kPermissionDenied);
+  // Without identities the claim is all there is (an --insecure cluster).
+  EXPECT_TRUE(b.plane.CheckSender(b.server.from(), "anyone").ok());
 }
 
 TEST(DataPlane, AnUnreachablePeerIsNotAskedAgainFor2Seconds) {

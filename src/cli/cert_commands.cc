@@ -83,7 +83,11 @@ struct CertCommands::Options {
   CLI::App* create_node = nullptr;
   CLI::App* create_client = nullptr;
   CLI::App* show = nullptr;
+  CLI::App* revoke = nullptr;
   std::string dir;
+  std::string crl_dir;
+  int days_crl = 30;
+  std::vector<std::string> files;
   std::string ca_dir;
   std::string out;
   int days_ca = pki::CaOptions().days;
@@ -177,6 +181,18 @@ CertCommands::CertCommands(CLI::App* app) : o_(std::make_unique<Options>()) {
   o.show = o.certs->add_subcommand(
       "show", "Print a certificate's identity (role, name, jobs), names, usage, validity and issuer.");
   o.show->add_option("FILE", o.file, "PEM certificate (the first of a chain)")->required()->type_name("FILE.pem");
+
+  o.revoke = o.certs->add_subcommand(
+      "revoke",
+      "Revoke certificates: (re)write the CA's revocation list in --crl-dir, the directory every daemon and client "
+      "reads with --tls-crl-dir. Certificates it revoked before stay revoked; with no FILE it only renews the list.");
+  ca_dir(o.revoke);
+  o.revoke->add_option("--crl-dir", o.crl_dir, "Directory for the list (<hash>.r0; created, mode 0755, if missing)")
+      ->required()
+      ->type_name("DIR");
+  days(o.revoke, &o.days_crl, "Days the list is valid (renew it before then: peers refuse every certificate of a "
+                              "CA whose list has expired)");
+  o.revoke->add_option("FILE", o.files, "PEM certificates to revoke (the first of each chain)")->type_name("FILE.pem");
 }
 
 CertCommands::~CertCommands() = default;
@@ -253,6 +269,27 @@ int CertCommands::Run(bool json) const {
               << "uri:       " << list(info->uris) << "\n"
               << "dns:       " << list(info->dns_names) << "\n"
               << "ip:        " << list(info->ip_addresses) << "\n";
+    return kExitOk;
+  }
+
+  if (o.revoke->parsed()) {
+    absl::StatusOr<pki::CrlInfo> crl = pki::RevokeCertificates(o.ca_dir, o.files, o.crl_dir, o.days_crl);
+    if (!crl.ok()) return Fail(crl.status());
+    if (json) {
+      std::cout << Json{{"crl", crl->path},
+                        {"revoked_serials", crl->revoked_serials_hex},
+                        {"newly_revoked", crl->newly_revoked},
+                        {"next_update_unix_s", crl->next_update_unix_s}}
+                       .dump(2)
+                << "\n";
+      return kExitOk;
+    }
+    std::cout << "wrote the CA's revocation list " << crl->path << " (mode 0644): " << crl->newly_revoked
+              << " certificate(s) newly revoked, " << crl->revoked_serials_hex.size() << " in all\n"
+              << "valid until " << TimeText(crl->next_update_unix_s)
+              << ": renew it before then with `ckptctl certs revoke --ca-dir " << o.ca_dir << " --crl-dir "
+              << o.crl_dir << "`\n"
+              << "copy " << o.crl_dir << " to every node; daemons and clients read it with --tls-crl-dir\n";
     return kExitOk;
   }
 

@@ -514,6 +514,18 @@ std::string GrpcTargetOf(const std::string& addresses) {
 
 void SetFailoverArgs(const std::string& addresses, grpc::ChannelArguments* args) {
   if (GrpcTargetOf(addresses) == addresses) return;  // one address: nothing to fail over to
+  // The channel's authority is the whole list, which gRPC would send as the
+  // TLS server name (SNI): every replica then logged "No match found for
+  // server name: 10.0.0.1:7400,10.0.0.2:7400". Name the first address's host
+  // instead (an IP literal is sent as no server name at all). Callers of a
+  // list check meta by its identity (TlsFiles::expect_peer_uri), not by name.
+  std::string first = addresses.substr(0, addresses.find(','));
+  if (!first.empty() && first.front() == '[') {
+    first = first.substr(1, first.find(']') == std::string::npos ? std::string::npos : first.find(']') - 1);
+  } else if (const size_t colon = first.rfind(':'); colon != std::string::npos) {
+    first.resize(colon);
+  }
+  if (!first.empty()) args->SetSslTargetNameOverride(first);
   args->SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 2000);
   args->SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 3000);
   args->SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);

@@ -335,6 +335,7 @@ absl::StatusOr<std::string> ReadCaCert(const std::string& path, const std::strin
   return text;
 }
 
+
 // ---------------------------------------------------------------------------
 // Names and URIs.
 
@@ -475,6 +476,49 @@ std::string NameToString(const X509_NAME* name) {
   if (!bio || X509_NAME_print_ex(bio.get(), name, 0, XN_FLAG_RFC2253) < 0) return "";
   absl::StatusOr<std::string> s = BioToString(bio.get());
   return s.ok() ? *s : "";
+}
+
+// The CA of `ca_dir`, its certificate and key checked (IssueCertificate's
+// contract says how).
+struct Ca {
+  X509Ptr cert;
+  PkeyPtr key;
+};
+
+absl::StatusOr<Ca> LoadCa(const std::string& ca_dir) {
+  const std::string ca_key_path = CaKeyPath(ca_dir);
+  const std::string ca_cert_path = CaCertPath(ca_dir);
+  CKPT_ASSIGN_OR_RETURN(const std::string ca_cert_pem, ReadCaCert(ca_cert_path, ca_dir));
+  CKPT_ASSIGN_OR_RETURN(const std::string ca_key_pem, ReadCaKey(ca_key_path, ca_dir));
+  Ca ca;
+  absl::StatusOr<X509Ptr> cert = ParseFirstCert(ca_cert_pem, nullptr);
+  if (!cert.ok()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("CA certificate \"", ca_cert_path, "\": ", cert.status().message()));
+  }
+  ca.cert = *std::move(cert);
+  {
+    BioPtr bio(BIO_new_mem_buf(ca_key_pem.data(), static_cast<int>(ca_key_pem.size())));
+    if (bio) ca.key.reset(PEM_read_bio_PrivateKey(bio.get(), nullptr, nullptr, nullptr));
+    if (!ca.key) {
+      ERR_clear_error();
+      return absl::FailedPreconditionError(
+          absl::StrCat("CA key \"", ca_key_path, "\" is not a PEM private key (an unencrypted one)"));
+    }
+  }
+  if (X509_check_private_key(ca.cert.get(), ca.key.get()) != 1) {
+    ERR_clear_error();
+    return absl::FailedPreconditionError(absl::StrCat("CA key \"", ca_key_path, "\" does not belong to \"",
+                                                      ca_cert_path, "\": put the pair made together there"));
+  }
+  if (X509_check_ca(ca.cert.get()) == 0) {
+    return absl::FailedPreconditionError(absl::StrCat("\"", ca_cert_path, "\" is not a CA certificate"));
+  }
+  if (X509_cmp_time(X509_get0_notAfter(ca.cert.get()), nullptr) <= 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("CA certificate \"", ca_cert_path, "\" has expired: make a new CA and new certificates"));
+  }
+  return ca;
 }
 
 }  // namespace
@@ -766,37 +810,7 @@ absl::Status IssueCertificate(const std::string& ca_dir, const CertOptions& opti
   if (out_prefix.empty()) return absl::InvalidArgumentError("the output prefix is empty");
 
   // The CA, checked before any output file is created.
-  const std::string ca_key_path = CaKeyPath(ca_dir);
-  const std::string ca_cert_path = CaCertPath(ca_dir);
-  CKPT_ASSIGN_OR_RETURN(const std::string ca_cert_pem, ReadCaCert(ca_cert_path, ca_dir));
-  CKPT_ASSIGN_OR_RETURN(const std::string ca_key_pem, ReadCaKey(ca_key_path, ca_dir));
-  absl::StatusOr<X509Ptr> ca_cert = ParseFirstCert(ca_cert_pem, nullptr);
-  if (!ca_cert.ok()) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("CA certificate \"", ca_cert_path, "\": ", ca_cert.status().message()));
-  }
-  PkeyPtr ca_key;
-  {
-    BioPtr bio(BIO_new_mem_buf(ca_key_pem.data(), static_cast<int>(ca_key_pem.size())));
-    if (bio) ca_key.reset(PEM_read_bio_PrivateKey(bio.get(), nullptr, nullptr, nullptr));
-    if (!ca_key) {
-      ERR_clear_error();
-      return absl::FailedPreconditionError(
-          absl::StrCat("CA key \"", ca_key_path, "\" is not a PEM private key (an unencrypted one)"));
-    }
-  }
-  if (X509_check_private_key(ca_cert->get(), ca_key.get()) != 1) {
-    ERR_clear_error();
-    return absl::FailedPreconditionError(absl::StrCat("CA key \"", ca_key_path, "\" does not belong to \"",
-                                                      ca_cert_path, "\": put the pair made together there"));
-  }
-  if (X509_check_ca(ca_cert->get()) == 0) {
-    return absl::FailedPreconditionError(absl::StrCat("\"", ca_cert_path, "\" is not a CA certificate"));
-  }
-  if (X509_cmp_time(X509_get0_notAfter(ca_cert->get()), nullptr) <= 0) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("CA certificate \"", ca_cert_path, "\" has expired: make a new CA and new certificates"));
-  }
+  CKPT_ASSIGN_OR_RETURN(Ca ca, LoadCa(ca_dir));
 
   const std::string cert_path = CertPath(out_prefix);
   const std::string key_path = KeyPath(out_prefix);
@@ -810,20 +824,20 @@ absl::Status IssueCertificate(const std::string& ca_dir, const CertOptions& opti
   X509Ptr cert(X509_new());
   if (!cert || X509_set_version(cert.get(), 2) != 1) return OpensslError("creating the certificate");
   CKPT_RETURN_IF_ERROR(SetRandomSerial(cert.get()));
-  CKPT_RETURN_IF_ERROR(SetValidity(cert.get(), options.days, X509_get0_notAfter(ca_cert->get())));
+  CKPT_RETURN_IF_ERROR(SetValidity(cert.get(), options.days, X509_get0_notAfter(ca.cert.get())));
   const std::vector<std::string> uris = IdentityUris(id);
   CKPT_RETURN_IF_ERROR(SetCommonName(X509_get_subject_name(cert.get()), uris.front()));
-  if (X509_set_issuer_name(cert.get(), X509_get_subject_name(ca_cert->get())) != 1 ||
+  if (X509_set_issuer_name(cert.get(), X509_get_subject_name(ca.cert.get())) != 1 ||
       X509_set_pubkey(cert.get(), key.get()) != 1) {
     return OpensslError("creating the certificate");
   }
-  CKPT_RETURN_IF_ERROR(AddExtension(cert.get(), ca_cert->get(), NID_basic_constraints, "critical,CA:FALSE"));
+  CKPT_RETURN_IF_ERROR(AddExtension(cert.get(), ca.cert.get(), NID_basic_constraints, "critical,CA:FALSE"));
   CKPT_RETURN_IF_ERROR(
-      AddExtension(cert.get(), ca_cert->get(), NID_key_usage, "critical,digitalSignature,keyAgreement"));
-  CKPT_RETURN_IF_ERROR(AddExtension(cert.get(), ca_cert->get(), NID_ext_key_usage,
+      AddExtension(cert.get(), ca.cert.get(), NID_key_usage, "critical,digitalSignature,keyAgreement"));
+  CKPT_RETURN_IF_ERROR(AddExtension(cert.get(), ca.cert.get(), NID_ext_key_usage,
                                     server ? "serverAuth,clientAuth" : "clientAuth"));
-  CKPT_RETURN_IF_ERROR(AddExtension(cert.get(), ca_cert->get(), NID_subject_key_identifier, "hash"));
-  CKPT_RETURN_IF_ERROR(AddExtension(cert.get(), ca_cert->get(), NID_authority_key_identifier, "keyid:always"));
+  CKPT_RETURN_IF_ERROR(AddExtension(cert.get(), ca.cert.get(), NID_subject_key_identifier, "hash"));
+  CKPT_RETURN_IF_ERROR(AddExtension(cert.get(), ca.cert.get(), NID_authority_key_identifier, "keyid:always"));
   {
     // subjectAltName built from values, not from a config string, so no name
     // can smuggle a second entry in.
@@ -839,14 +853,118 @@ absl::Status IssueCertificate(const std::string& ca_dir, const CertOptions& opti
       return OpensslError("adding subjectAltName");
     }
   }
-  if (X509_sign(cert.get(), ca_key.get(), EVP_sha256()) <= 0) return OpensslError("signing the certificate");
+  if (X509_sign(cert.get(), ca.key.get(), EVP_sha256()) <= 0) return OpensslError("signing the certificate");
 
   CKPT_ASSIGN_OR_RETURN(const std::string key_pem, KeyToPem(key.get()));
   CKPT_ASSIGN_OR_RETURN(const std::string leaf_pem, CertToPem(cert.get()));
-  CKPT_ASSIGN_OR_RETURN(const std::string ca_pem, CertToPem(ca_cert->get()));
+  CKPT_ASSIGN_OR_RETURN(const std::string ca_pem, CertToPem(ca.cert.get()));
   CKPT_RETURN_IF_ERROR(files.Write(key_file, key_pem));
   CKPT_RETURN_IF_ERROR(files.Write(cert_file, leaf_pem + ca_pem));
   return files.Commit(out_dir);
+}
+
+
+absl::StatusOr<CrlInfo> RevokeCertificates(const std::string& ca_dir, const std::vector<std::string>& cert_files,
+                                           const std::string& crl_dir, int days) {
+  CKPT_RETURN_IF_ERROR(CheckDays(days));
+  if (crl_dir.empty()) return absl::InvalidArgumentError("the CRL directory is empty");
+  CKPT_ASSIGN_OR_RETURN(Ca ca, LoadCa(ca_dir));
+  EVP_PKEY* const ca_pub = X509_get0_pubkey(ca.cert.get());
+
+  // The certificates to revoke: each one this CA's.
+  std::vector<X509Ptr> certs;
+  for (const std::string& file : cert_files) {
+    absl::StatusOr<std::string> pem = ReadFileToString(PosixFileSystem(), file);
+    if (!pem.ok()) {
+      if (absl::IsNotFound(pem.status())) {
+        return absl::NotFoundError(absl::StrCat("certificate \"", file, "\" does not exist"));
+      }
+      return pem.status();
+    }
+    absl::StatusOr<X509Ptr> cert = ParseFirstCert(*pem, nullptr);
+    if (!cert.ok()) return absl::InvalidArgumentError(absl::StrCat("\"", file, "\": ", cert.status().message()));
+    if (X509_check_issued(ca.cert.get(), cert->get()) != X509_V_OK || X509_verify(cert->get(), ca_pub) != 1) {
+      ERR_clear_error();
+      return absl::InvalidArgumentError(
+          absl::StrCat("\"", file, "\" was not issued by the CA in \"", ca_dir, "\": nothing to revoke there"));
+    }
+    certs.push_back(*std::move(cert));
+  }
+
+  CrlInfo info;
+  char hash[16];
+  std::snprintf(hash, sizeof(hash), "%08lx", X509_NAME_hash_ex(X509_get_subject_name(ca.cert.get()), nullptr,
+                                                               nullptr, nullptr));
+  info.path = absl::StrCat(crl_dir, "/", hash, ".r0");
+
+  // What the CA's list revokes already (its own list only: one signed by
+  // another key is refused rather than replaced).
+  using CrlPtr = std::unique_ptr<X509_CRL, Deleter<X509_CRL, X509_CRL_free>>;
+  CrlPtr old;
+  if (absl::StatusOr<std::string> text = ReadFileToString(PosixFileSystem(), info.path); text.ok()) {
+    BioPtr bio(BIO_new_mem_buf(text->data(), static_cast<int>(text->size())));
+    if (bio) old.reset(PEM_read_bio_X509_CRL(bio.get(), nullptr, nullptr, nullptr));
+    if (!old || X509_CRL_verify(old.get(), ca_pub) != 1) {
+      ERR_clear_error();
+      return absl::FailedPreconditionError(absl::StrCat("\"", info.path,
+                                                        "\" is not a CRL this CA signed: move it away first"));
+    }
+  } else if (!absl::IsNotFound(text.status())) {
+    return text.status();
+  }
+
+  CrlPtr crl(X509_CRL_new());
+  using TimePtr = std::unique_ptr<ASN1_TIME, Deleter<ASN1_TIME, ASN1_TIME_free>>;
+  const time_t now = std::time(nullptr);
+  TimePtr last(ASN1_TIME_set(nullptr, now - kBackdateSeconds));
+  TimePtr next(ASN1_TIME_set(nullptr, now + static_cast<time_t>(days) * 86400));
+  TimePtr revoked_at(ASN1_TIME_set(nullptr, now));
+  if (!crl || !last || !next || !revoked_at || X509_CRL_set_version(crl.get(), 1) != 1 ||
+      X509_CRL_set_issuer_name(crl.get(), X509_get_subject_name(ca.cert.get())) != 1 ||
+      X509_CRL_set1_lastUpdate(crl.get(), last.get()) != 1 || X509_CRL_set1_nextUpdate(crl.get(), next.get()) != 1) {
+    return OpensslError("creating the CRL");
+  }
+  std::vector<std::string> listed;
+  auto add = [&](const ASN1_INTEGER* serial, const ASN1_TIME* when) -> absl::Status {
+    BnPtr bn(ASN1_INTEGER_to_BN(serial, nullptr));
+    char* hex = bn ? BN_bn2hex(bn.get()) : nullptr;
+    if (hex == nullptr) return OpensslError("reading a serial number");
+    std::string serial_hex = absl::AsciiStrToLower(hex);
+    OPENSSL_free(hex);
+    if (std::find(listed.begin(), listed.end(), serial_hex) != listed.end()) return absl::OkStatus();
+    X509_REVOKED* r = X509_REVOKED_new();
+    if (r == nullptr || X509_REVOKED_set_serialNumber(r, const_cast<ASN1_INTEGER*>(serial)) != 1 ||
+        X509_REVOKED_set_revocationDate(r, const_cast<ASN1_TIME*>(when)) != 1 ||
+        X509_CRL_add0_revoked(crl.get(), r) != 1) {
+      X509_REVOKED_free(r);
+      return OpensslError("listing a revoked certificate");
+    }
+    listed.push_back(std::move(serial_hex));
+    return absl::OkStatus();
+  };
+  if (old) {
+    STACK_OF(X509_REVOKED)* before = X509_CRL_get_REVOKED(old.get());
+    for (int i = 0; i < sk_X509_REVOKED_num(before); ++i) {
+      const X509_REVOKED* r = sk_X509_REVOKED_value(before, i);
+      CKPT_RETURN_IF_ERROR(add(X509_REVOKED_get0_serialNumber(r), X509_REVOKED_get0_revocationDate(r)));
+    }
+  }
+  const size_t had = listed.size();
+  for (const X509Ptr& cert : certs) {
+    CKPT_RETURN_IF_ERROR(add(X509_get0_serialNumber(cert.get()), revoked_at.get()));
+  }
+  info.newly_revoked = listed.size() - had;
+  info.revoked_serials_hex = listed;
+  info.next_update_unix_s = static_cast<int64_t>(now) + static_cast<int64_t>(days) * 86400;
+  if (X509_CRL_sort(crl.get()) != 1 || X509_CRL_sign(crl.get(), ca.key.get(), EVP_sha256()) <= 0) {
+    return OpensslError("signing the CRL");
+  }
+  BioPtr out(BIO_new(BIO_s_mem()));
+  if (!out || PEM_write_bio_X509_CRL(out.get(), crl.get()) != 1) return OpensslError("encoding the CRL");
+  CKPT_ASSIGN_OR_RETURN(const std::string pem, BioToString(out.get()));
+  if (::mkdir(crl_dir.c_str(), 0755) != 0 && errno != EEXIST) return PosixErrorToStatus(errno, "mkdir", crl_dir);
+  CKPT_RETURN_IF_ERROR(WriteStringToFileAtomically(PosixFileSystem(), info.path, pem));
+  return info;
 }
 
 }  // namespace ckpt::pki

@@ -174,6 +174,34 @@ struct CertOptions {
 absl::Status IssueCertificate(const std::string& ca_dir, const CertOptions& options,
                               const std::string& out_prefix);
 
+// What RevokeCertificates wrote.
+struct CrlInfo {
+  std::string path;                              // <crl_dir>/<hash>.r0
+  std::vector<std::string> revoked_serials_hex;  // every serial the list revokes, lower-case hex
+  size_t newly_revoked = 0;                      // of them, added by this call
+  int64_t next_update_unix_s = 0;                // the list is valid until then
+};
+
+// Revokes certificates of the CA in `ca_dir` (`ckptctl certs revoke`): writes
+// the CA's certificate revocation list, listing the serial numbers of
+// `cert_files` (PEM certificates this CA issued; the first of each file) and
+// of every certificate the CA's list there already revokes, signed with the
+// CA key, to <crl_dir>/<hash>.r0, <hash> being the CA subject's OpenSSL hash
+// (the name `openssl rehash` gives it). That is what --tls-crl-dir reads:
+// gRPC (meta, agents, clients), the data plane (transport/ucx/node_identity.h)
+// and ckpt-dpu-proxy. The list is valid for `days` days: run it again (with
+// no certificate, to renew it) before then, because a peer that checks CRLs
+// refuses every certificate of a CA whose list has expired. `crl_dir` is
+// created (mode 0755) if missing; the file is replaced atomically
+// (WriteStringToFileAtomically). The CA is checked as IssueCertificate does.
+// Errors: InvalidArgument for days outside 1..36500, a file that holds no
+// certificate, or a certificate another CA issued; NotFound naming a missing
+// certificate or CA file; FailedPrecondition for the CA's problems (as
+// IssueCertificate) or a file at the CRL's path that this CA did not sign;
+// the failing system call's error otherwise. Nothing is written on an error.
+absl::StatusOr<CrlInfo> RevokeCertificates(const std::string& ca_dir, const std::vector<std::string>& cert_files,
+                                           const std::string& crl_dir, int days = 30);
+
 // "<ca_dir>/ca.pem", "<ca_dir>/ca.key"; "<prefix>.pem", "<prefix>.key".
 std::string CaCertPath(const std::string& ca_dir);
 std::string CaKeyPath(const std::string& ca_dir);

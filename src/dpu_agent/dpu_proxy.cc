@@ -148,10 +148,10 @@ absl::StatusOr<pki::Identity> IdentityOfFile(const std::string& path) {
   return pki::IdentityOfCertificate(ReadFile(path));
 }
 
-struct Stamp {
-  ino_t ino[3] = {};
-  int64_t mtime_ns[3] = {};
-  off_t size[3] = {};
+struct Stamp {  // the CA, certificate and key files, and the CRL directory
+  ino_t ino[4] = {};
+  int64_t mtime_ns[4] = {};
+  off_t size[4] = {};
   bool operator==(const Stamp& o) const {
     return std::equal(std::begin(ino), std::end(ino), std::begin(o.ino)) &&
            std::equal(std::begin(mtime_ns), std::end(mtime_ns), std::begin(o.mtime_ns)) &&
@@ -168,8 +168,8 @@ struct Stamp {
 // good context kept.
 class DpuProxy::TlsContext {
  public:
-  TlsContext(std::string ca, std::string cert, std::string key)
-      : ca_(std::move(ca)), cert_(std::move(cert)), key_(std::move(key)) {}
+  TlsContext(std::string ca, std::string cert, std::string key, std::string crl_dir)
+      : ca_(std::move(ca)), cert_(std::move(cert)), key_(std::move(key)), crl_dir_(std::move(crl_dir)) {}
   ~TlsContext() {
     if (ctx_ != nullptr) SSL_CTX_free(ctx_);
   }
@@ -216,8 +216,9 @@ class DpuProxy::TlsContext {
  private:
   Stamp StampFiles() const {
     Stamp s;
-    const std::string* files[3] = {&ca_, &cert_, &key_};
-    for (int i = 0; i < 3; ++i) {
+    const std::string* files[4] = {&ca_, &cert_, &key_, &crl_dir_};
+    for (int i = 0; i < 4; ++i) {
+      if (files[i]->empty()) continue;
       struct stat st {};
       if (::stat(files[i]->c_str(), &st) == 0) {
         s.ino[i] = st.st_ino;
@@ -254,6 +255,27 @@ class DpuProxy::TlsContext {
     if (!used || SSL_CTX_check_private_key(ctx) != 1) {
       return fail(absl::StrCat("--tls-key \"", key_, "\" does not belong to --tls-cert \"", cert_, "\""));
     }
+    if (!crl_dir_.empty()) {
+      // Every PEM CRL in the directory; with any, a certificate one revokes is
+      // refused (and, as OpenSSL cannot tell a CA without a list from one
+      // whose list is lost, so is every certificate of a CA without one).
+      X509_STORE* store = SSL_CTX_get_cert_store(ctx);
+      int crls = 0;
+      std::error_code ec;
+      for (const auto& entry : std::filesystem::directory_iterator(crl_dir_, ec)) {
+        if (!entry.is_regular_file(ec)) continue;
+        BIO* bio = BIO_new_file(entry.path().c_str(), "r");
+        if (bio == nullptr) continue;
+        while (X509_CRL* crl = PEM_read_bio_X509_CRL(bio, nullptr, nullptr, nullptr)) {
+          if (X509_STORE_add_crl(store, crl) == 1) ++crls;
+          X509_CRL_free(crl);
+        }
+        BIO_free(bio);
+        ERR_clear_error();
+      }
+      if (ec) return fail(absl::StrCat("--tls-crl-dir \"", crl_dir_, "\" cannot be read (", ec.message(), ")"));
+      if (crls > 0) X509_STORE_set_flags(store, X509_V_FLAG_CRL_CHECK);
+    }
     SSL_CTX_set_verify(ctx, SSL_VERIFY_PEER, nullptr);  // the DPU's certificate must chain to the CA
     static const unsigned char kAlpn[] = {2, 'h', '2'};  // HTTP/2, as gRPC requires
     if (SSL_CTX_set_alpn_protos(ctx, kAlpn, sizeof(kAlpn)) != 0) return fail("ALPN");
@@ -261,7 +283,7 @@ class DpuProxy::TlsContext {
     return ctx;
   }
 
-  const std::string ca_, cert_, key_;
+  const std::string ca_, cert_, key_, crl_dir_;
   absl::Mutex mu_;
   SSL_CTX* ctx_ ABSL_GUARDED_BY(mu_) = nullptr;
   Stamp stamp_ ABSL_GUARDED_BY(mu_);
@@ -313,7 +335,22 @@ absl::StatusOr<std::unique_ptr<DpuProxy>> DpuProxy::Start(DpuProxyOptions option
     return absl::InvalidArgumentError("--dpu-node names the host itself: give the DPU's node id");
   }
   p->host_node_ = own->name;
-  p->tls_ = std::make_unique<TlsContext>(o.tls_ca, o.tls_cert, o.tls_key);
+  if (o.metrics != nullptr) {
+    MetricsRegistry& m = *o.metrics;
+    p->meters_.accepted = &m.AddCounter("ckpt_dpu_proxy_connections_total",
+                                        "Trainer connections taken and carried to the DPU agent (attempted)");
+    p->meters_.refused_peer = &m.AddCounter("ckpt_dpu_proxy_refused_total",
+                                            "Trainer connections closed unserved, by reason",
+                                            {{"reason", "socket_group"}});
+    p->meters_.refused_full = &m.AddCounter("ckpt_dpu_proxy_refused_total",
+                                            "Trainer connections closed unserved, by reason",
+                                            {{"reason", "max_connections"}});
+    p->meters_.upstream_failed = &m.AddCounter(
+        "ckpt_dpu_proxy_upstream_failed_total",
+        "Connections not forwarded: the DPU agent unreachable, or its handshake or certificate refused");
+    p->meters_.active = &m.AddGauge("ckpt_dpu_proxy_connections_active", "Trainer connections open now");
+  }
+  p->tls_ = std::make_unique<TlsContext>(o.tls_ca, o.tls_cert, o.tls_key, o.tls_crl_dir);
   if (absl::Status s = p->tls_->Init(); !s.ok()) return s;
 
   // OpenSSL writes to sockets with write(): a DPU that hung up must be an
@@ -451,11 +488,13 @@ void DpuProxy::AcceptLoop() {
         ::close(fd);
         absl::MutexLock lock(&mu_);
         ++stats_.refused_peer;
+        if (meters_.refused_peer != nullptr) meters_.refused_peer->Increment();
         continue;
       }
       absl::MutexLock lock(&mu_);
       if (stats_.active >= options_.max_connections) {
         ++stats_.refused_full;
+        if (meters_.refused_full != nullptr) meters_.refused_full->Increment();
         if (stats_.refused_full == 1 || stats_.refused_full % 100 == 0) {
           log::Warn("ckpt-dpu-proxy: {} connections open (--max-connections): closed a new one ({} so far)",
                     options_.max_connections, stats_.refused_full);
@@ -465,6 +504,10 @@ void DpuProxy::AcceptLoop() {
       }
       ++stats_.accepted;
       ++stats_.active;
+      if (meters_.accepted != nullptr) {
+        meters_.accepted->Increment();
+        meters_.active->Increment();
+      }
       const uint64_t id = next_id++;
       connections_.emplace(id, std::thread([this, fd, id] { Serve(fd, id); }));
     }
@@ -694,6 +737,7 @@ void DpuProxy::Serve(int client_fd, uint64_t id) {
       }
       absl::MutexLock lock(&mu_);
       ++stats_.upstream_failed;
+      if (meters_.upstream_failed != nullptr) meters_.upstream_failed->Increment();
     } else {
       log::Debug("ckpt-dpu-proxy: connection {} forwarded to {} (ckpt://node/{})", id, options_.dpu_address,
                  pump.dpu());
@@ -705,6 +749,7 @@ void DpuProxy::Serve(int client_fd, uint64_t id) {
     absl::MutexLock lock(&mu_);
     finished_.push_back(id);
     --stats_.active;
+    if (meters_.active != nullptr) meters_.active->Decrement();
   }
   const uint64_t one = 1;
   [[maybe_unused]] ssize_t n = ::write(reap_fd_, &one, sizeof(one));

@@ -43,6 +43,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/metrics.h"
 
 namespace ckpt::dpu {
 
@@ -66,7 +67,14 @@ struct DpuProxyOptions {
   std::string tls_ca;
   std::string tls_cert;
   std::string tls_key;
+  // Certificate revocation lists (PEM files in this directory, e.g. from
+  // `ckptctl certs revoke`): a DPU whose certificate one revokes is refused.
+  // "": none.
+  std::string tls_crl_dir;
   size_t max_connections = 256;
+  // Where the counters below are registered (ckpt_dpu_proxy_*, docs/dpu.md,
+  // "Control path"); must outlive the proxy. nullptr: none (stats() only).
+  MetricsRegistry* metrics = nullptr;
   // TCP connect plus TLS handshake with the DPU, per connection.
   absl::Duration connect_timeout = absl::Seconds(10);
 };
@@ -124,6 +132,15 @@ class DpuProxy {
   std::map<uint64_t, std::thread> connections_ ABSL_GUARDED_BY(mu_);
   std::vector<uint64_t> finished_ ABSL_GUARDED_BY(mu_);
   Stats stats_ ABSL_GUARDED_BY(mu_);
+  // The same counts for Prometheus (null without options_.metrics).
+  struct Meters {
+    Counter* accepted = nullptr;
+    Counter* refused_peer = nullptr;
+    Counter* refused_full = nullptr;
+    Counter* upstream_failed = nullptr;
+    Gauge* active = nullptr;
+  };
+  Meters meters_;
 };
 
 }  // namespace ckpt::dpu

@@ -28,17 +28,21 @@ namespace {
 
 constexpr char kProgram[] = "ckpt-dpu-proxy";
 constexpr char kDefaultSocket[] = "/run/ckpt/agent.sock";
+// Beside a host agent's 9401 (a host with a DPU runs none, but a test may).
+constexpr char kDefaultMetricsListen[] = "127.0.0.1:9402";
 
 const std::set<std::string>& KnownKeys() {
   static const auto* keys = new std::set<std::string>{
       "dpu_address", "dpu_node", "socket", "socket_group", "max_connections", "connect_timeout_ms",
-      "tls_ca",      "tls_cert", "tls_key", "log_level",   "log_json",        "log_file",
+      "tls_ca",      "tls_cert", "tls_key", "tls_crl_dir", "log_level",     "log_json",           "log_file",
+      "metrics_listen",
   };
   return *keys;
 }
 
 struct Settings {
   dpu::DpuProxyOptions proxy;
+  std::string metrics_listen;  // "" or "off": none
   log::Options log;
 };
 
@@ -55,6 +59,11 @@ absl::StatusOr<Settings> LoadSettings(const std::string& config_file, const std:
   }
   if (absl::Status s = daemon::ValidateHostPort("dpu_address", p.dpu_address); !s.ok()) return s;
   p.dpu_node = config->GetStringOr("dpu_node", "");
+  out.metrics_listen = config->GetStringOr("metrics_listen", kDefaultMetricsListen);
+  if (out.metrics_listen == "off") out.metrics_listen.clear();
+  if (!out.metrics_listen.empty()) {
+    if (absl::Status s = daemon::ValidateHostPort("metrics_listen", out.metrics_listen); !s.ok()) return s;
+  }
   p.socket_path = config->GetStringOr("socket", kDefaultSocket);
   if (const std::string group = config->GetStringOr("socket_group", ""); !group.empty()) {
     absl::StatusOr<int> gid = SocketGroupId(group);
@@ -72,6 +81,7 @@ absl::StatusOr<Settings> LoadSettings(const std::string& config_file, const std:
   p.tls_ca = config->GetStringOr("tls_ca", "");
   p.tls_cert = config->GetStringOr("tls_cert", "");
   p.tls_key = config->GetStringOr("tls_key", "");
+  p.tls_crl_dir = config->GetStringOr("tls_crl_dir", "");
   absl::StatusOr<log::Level> level = log::ParseLevel(config->GetStringOr("log_level", "info"));
   if (!level.ok()) return level.status();
   out.log.level = *level;
@@ -117,6 +127,13 @@ int Run(int argc, char** argv) {
   option("--tls-ca", "PEM file of the cluster CA (checks the DPU agent's certificate). Required.", "FILE");
   option("--tls-cert", "PEM certificate chain of this host's node (ckpt://node/<host>). Required.", "FILE");
   option("--tls-key", "Its private key. Re-read with the certificate when they change (new connections).", "FILE");
+  option("--tls-crl-dir",
+         "Directory of the CA's revocation lists (PEM, as `ckptctl certs revoke` writes them): a DPU agent whose "
+         "certificate is revoked is refused. Re-read when the directory changes (new connections).",
+         "DIR");
+  option("--metrics-listen",
+         "HTTP address of /metrics (ckpt_dpu_proxy_*), /healthz and /readyz; \"off\" for none.", "HOST:PORT",
+         kDefaultMetricsListen);
   option("--log-level", "trace, debug, info, warn, error or off.", "LEVEL", "info");
   option("--log-file", "Append logs to this file instead of stderr.", "FILE");
   std::string config_file;
@@ -142,11 +159,26 @@ int Run(int argc, char** argv) {
   }
   sigset_t signals;
   if (int rc = daemon::InitLoggingAndSignals(kProgram, settings->log, &signals); rc != daemon::kExitOk) return rc;
+  MetricsRegistry registry;  // outlives the proxy and the metrics server
+  settings->proxy.metrics = &registry;
   absl::StatusOr<std::unique_ptr<dpu::DpuProxy>> proxy = dpu::DpuProxy::Start(settings->proxy);
   if (!proxy.ok()) {
     log::Error("{}: {}", kProgram, std::string(proxy.status().message()));
     log::Flush();
     return absl::IsInvalidArgument(proxy.status()) ? daemon::kExitUsage : daemon::kExitFailure;
+  }
+  std::unique_ptr<MetricsServer> metrics;
+  if (!settings->metrics_listen.empty()) {
+    absl::StatusOr<std::unique_ptr<MetricsServer>> m = MetricsServer::Start(settings->metrics_listen, &registry);
+    if (!m.ok()) {
+      log::Error("{}: cannot serve metrics on {}: {}", kProgram, settings->metrics_listen,
+                 std::string(m.status().message()));
+      (*proxy)->Stop();
+      log::Flush();
+      return daemon::kExitFailure;
+    }
+    metrics = *std::move(m);
+    log::Info("{}: metrics on http://{}/metrics", kProgram, settings->metrics_listen);
   }
   daemon::StopRequest stop;
   daemon::SignalThread signal_thread(kProgram, "ckpt-proxy-sig", signals, &stop);
@@ -160,6 +192,7 @@ int Run(int argc, char** argv) {
             "(DPU unreachable or refused)",
             kProgram, st.accepted, st.refused_peer, st.refused_full, st.upstream_failed);
   proxy->reset();
+  metrics.reset();
   signal_thread.Stop();
   log::Flush();
   return stop.exit_code();

@@ -6,6 +6,7 @@
 // connect.
 #include <sys/stat.h>
 
+#include <cstdlib>
 #include <fstream>
 #include <sstream>
 #include <string>
@@ -266,6 +267,63 @@ TEST_F(CkptctlCertsTest, CaKeyReadableByOthersIsRefusedSayingWhatToDo) {
       Usage({"certs", "create-client", "--ca-dir", ca_, "--role", "admin", "--name", "a", "--out", P("a")});
   EXPECT_THAT(err, HasSubstr("chmod 600 " + ca_ + "/ca.key"));
   EXPECT_FALSE(Exists(P("a.pem")));
+}
+
+// certs revoke: the CA's list in --crl-dir under its OpenSSL hash name,
+// verified by `openssl crl` against the CA and read by `openssl verify
+// -crl_check` as revoking exactly the certificates given; a second run keeps
+// them and adds more; a certificate of another CA is refused and nothing is
+// written.
+TEST_F(CkptctlCertsTest, RevokeWritesTheCasListAndKeepsWhatItRevokedBefore) {
+  Ok({"certs", "create-ca", "--dir", ca_});
+  for (const char* n : {"n1", "n2", "n3"}) {
+    Ok({"certs", "create-node", "--ca-dir", ca_, "--node-id", n, "--host", "127.0.0.1", "--out", P(n)});
+  }
+  RunResult r = Ctl({"--json", "certs", "revoke", "--ca-dir", ca_, "--crl-dir", P("crl"), "--days", "7", P("n1.pem")});
+  ASSERT_TRUE(r.status.success()) << r.stderr_text;
+  Json j = Json::parse(r.stdout_text, nullptr, false);
+  const std::string crl = j["crl"];
+  EXPECT_THAT(crl, ::testing::MatchesRegex(".*/crl/[0-9a-f]{8}\\.r0"));
+  EXPECT_EQ(j["newly_revoked"], 1);
+  EXPECT_EQ(j["revoked_serials"], Json::array({Show(P("n1.pem"))["serial"]}));
+  EXPECT_EQ(Mode(crl), 0644u);
+  // openssl's own view: signed by the CA, and n1 revoked, n2 not.
+  auto openssl = [&](const std::string& args) {
+    return std::system(("openssl " + args + " >/dev/null 2>&1").c_str());
+  };
+  EXPECT_EQ(openssl("crl -in " + crl + " -CAfile " + ca_ + "/ca.pem -noout"), 0);
+  const std::string verify = "verify -crl_check -CAfile " + ca_ + "/ca.pem -CRLfile " + crl + " ";
+  EXPECT_NE(openssl(verify + P("n1.pem")), 0) << "n1 is not revoked";
+  EXPECT_EQ(openssl(verify + P("n2.pem")), 0) << "n2 is revoked";
+
+  // Again with n2: n1 stays revoked.
+  std::string out = Ok({"certs", "revoke", "--ca-dir", ca_, "--crl-dir", P("crl"), P("n2.pem"), P("n1.pem")});
+  EXPECT_THAT(out, HasSubstr("1 certificate(s) newly revoked, 2 in all"));
+  EXPECT_NE(openssl(verify + P("n1.pem")), 0);
+  EXPECT_NE(openssl(verify + P("n2.pem")), 0);
+  EXPECT_EQ(openssl(verify + P("n3.pem")), 0);
+
+  // Another CA's certificate, a missing file, bad days: refused, the list unchanged.
+  const std::string before = Slurp(crl);
+  Ok({"certs", "create-ca", "--dir", P("other-ca")});
+  Ok({"certs", "create-node", "--ca-dir", P("other-ca"), "--node-id", "x", "--host", "127.0.0.1", "--out", P("x")});
+  EXPECT_THAT(Usage({"certs", "revoke", "--ca-dir", ca_, "--crl-dir", P("crl"), P("x.pem")}),
+              HasSubstr("was not issued by the CA"));
+  EXPECT_THAT(Usage({"certs", "revoke", "--ca-dir", ca_, "--crl-dir", P("crl"), P("nope.pem")}),
+              HasSubstr("does not exist"));
+  EXPECT_THAT(Usage({"certs", "revoke", "--ca-dir", ca_, "--crl-dir", P("crl"), "--days", "0"}), HasSubstr("--days"));
+  EXPECT_EQ(Slurp(crl), before);
+  // A list at that name that this CA did not sign (the other CA has the same
+  // subject, so the same name) is not replaced.
+  Json other = Json::parse(
+      Ctl({"--json", "certs", "revoke", "--ca-dir", P("other-ca"), "--crl-dir", P("other-crl"), P("x.pem")}).stdout_text,
+      nullptr, false);
+  ASSERT_TRUE(other.contains("crl")) << other.dump();
+  const std::string foreign = Slurp(other["crl"].get<std::string>());
+  std::ofstream(crl, std::ios::trunc) << foreign;
+  EXPECT_THAT(Usage({"certs", "revoke", "--ca-dir", ca_, "--crl-dir", P("crl")}),
+              HasSubstr("is not a CRL this CA signed"));
+  EXPECT_EQ(Slurp(crl), foreign);
 }
 
 }  // namespace

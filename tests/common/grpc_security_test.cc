@@ -215,5 +215,28 @@ TEST(ChannelArgs, AListGetsOneShortConnectTimeoutAndOneAddressTheDefault) {
   EXPECT_EQ(MinReconnect(local), std::make_pair(20000, 1));
 }
 
+// The TLS server name a channel to a list sends: the first address's host
+// (an IP literal is then sent as no server name), not the whole list, which
+// every replica logged as "No match found for server name".
+std::string TargetNameOverride(const grpc::ChannelArguments& args) {
+  grpc_channel_args c = args.c_channel_args();
+  for (size_t i = 0; i < c.num_args; ++i) {
+    if (std::string(c.args[i].key) == GRPC_SSL_TARGET_NAME_OVERRIDE_ARG) return c.args[i].value.string;
+  }
+  return "";
+}
+
+TEST(ChannelArgs, AListNamesItsFirstHostAsTheTlsServerName) {
+  for (const auto& [addresses, want] : std::vector<std::pair<std::string, std::string>>{
+           {"127.0.0.1:7400,127.0.0.2:7400", "127.0.0.1"},
+           {"[::1]:7400,[::1]:7401", "::1"},
+           {"meta-a.example:7400,meta-b.example:7400", "meta-a.example"},
+           {"127.0.0.1:7400", ""}}) {
+    grpc::ChannelArguments args;
+    SetFailoverArgs(addresses, &args);
+    EXPECT_EQ(TargetNameOverride(args), want) << addresses;
+  }
+}
+
 }  // namespace
 }  // namespace ckpt

@@ -28,6 +28,7 @@
 #include "absl/strings/str_join.h"
 #include "ckpt/v1/agent.grpc.pb.h"
 #include "common/crc32c.h"
+#include "common/pki.h"
 #include "support/ports.h"
 #include "support/temp_dir.h"
 #include "support/test_tls.h"
@@ -240,6 +241,28 @@ TEST_F(DpuProxyTest, AServerThatIsNotADpuOfThisHostGetsNothing) {
     server_->Shutdown();
     server_.reset();
   }
+}
+
+// --tls-crl-dir: a DPU agent whose certificate the CA revoked (`ckptctl
+// certs revoke`) gets nothing; without the list the same DPU is served.
+TEST_F(DpuProxyTest, ADpuWhoseCertificateIsRevokedGetsNothing) {
+  const TlsFilePaths dpu = TestPki::Shared().Dpu("dpu-revoked", "host-1");
+  StartServer(dpu);
+  DpuProxyOptions o = Options();
+  StartProxy(o);
+  v1::AgentStatusResponse status;
+  grpc::Status s = Status(Client().get(), &status);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  proxy_->Stop();
+  proxy_.reset();
+  absl::StatusOr<pki::CrlInfo> crl =
+      pki::RevokeCertificates(TestPki::Shared().ca_dir(), {dpu.cert}, dir_->path() + "/crl");
+  ASSERT_TRUE(crl.ok()) << crl.status();
+  o.tls_crl_dir = dir_->path() + "/crl";
+  StartProxy(o);
+  s = Status(Client().get(), &status);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAVAILABLE) << s.error_message();
+  EXPECT_GE(proxy_->stats().upstream_failed, 1u);
 }
 
 TEST_F(DpuProxyTest, NothingListeningIsUnavailableAndTheProxyLivesOn) {

@@ -10,6 +10,7 @@
 // back to the same bytes.
 #include <algorithm>
 #include <cstddef>
+#include <iterator>
 #include <cstdint>
 #include <cstdlib>
 #include <string>
@@ -22,16 +23,8 @@ namespace w = ckpt::transport::ucx_wire;
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size < 2) return 0;
-  static constexpr uint8_t kKinds[] = {w::kAddress,
-                                       w::kKeyed,
-                                       w::kKeyed | w::kProof,
-                                       w::kKeyed | w::kProof | w::kAddress,
-                                       w::kKeyed | w::kAddress,
-                                       w::kKeyed | w::kIdentity,
-                                       w::kKeyed | w::kProof | w::kIdentity,
-                                       w::kKeyed | w::kProof | w::kIdentity | w::kAddress};
   const size_t piece = 1 + data[0] % 64;
-  const uint8_t expected = kKinds[data[1] % (sizeof(kKinds) / sizeof(kKinds[0]))];
+  const uint8_t expected = w::kRecordKinds[data[1] % std::size(w::kRecordKinds)];
   std::string_view in(reinterpret_cast<const char*>(data) + 2, size - 2);
   w::GreetingReader r(expected);
   std::string taken;

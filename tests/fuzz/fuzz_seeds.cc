@@ -4,6 +4,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <string>
 #include <vector>
 
@@ -141,17 +142,9 @@ int main(int argc, char** argv) {
     // One seed per record kind of the handshake (the input's second byte
     // picks the kind the reader expects).
     namespace w = ckpt::transport::ucx_wire;
-    const uint8_t kinds[] = {w::kAddress,
-                             w::kKeyed,
-                             w::kKeyed | w::kProof,
-                             w::kKeyed | w::kProof | w::kAddress,
-                             w::kKeyed | w::kAddress,
-                             w::kKeyed | w::kIdentity,
-                             w::kKeyed | w::kProof | w::kIdentity,
-                             w::kKeyed | w::kProof | w::kIdentity | w::kAddress};
-    for (int i = 0; i < 8; ++i) {
+    for (size_t i = 0; i < std::size(w::kRecordKinds); ++i) {
       w::Greeting g;
-      g.flags = kinds[i];
+      g.flags = w::kRecordKinds[i];
       g.peer_id = 42;
       g.nonce = 99;
       if ((g.flags & w::kProof) != 0) g.proof = w::HandshakeProof("seed-key", 'a', 42, 99, 7, 8);
@@ -162,7 +155,7 @@ int main(int argc, char** argv) {
       }
       auto greeting = w::EncodeGreeting(g);
       if (!greeting.ok()) return 1;
-      Write(dir, "fuzz_greeting", i, std::string(1, '\x07') + std::string(1, static_cast<char>(i)) + *greeting);
+      Write(dir, "fuzz_greeting", static_cast<int>(i), std::string(1, '\x07') + std::string(1, static_cast<char>(i)) + *greeting);
     }
   }
 

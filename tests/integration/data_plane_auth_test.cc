@@ -197,16 +197,18 @@ TEST_F(DataPlaneAuthTest, AMemberCannotSpeakForAnotherNodeOnTheDataPlane) {
   const std::string hex = ReadWhole(dir_->path() + "/meta/data-plane.key").substr(0, 64);
   ASSERT_EQ(hex.size(), 64u);
   const std::string key = absl::HexStringToBytes(hex);
-  uint64_t n0_incarnation = 0;
-  {
+  // Meta's incarnation of a node (what a real push or read states).
+  auto incarnation_of = [&](const std::string& node) -> uint64_t {
     v1::ListNodesRequest req;
     v1::ListNodesResponse resp;
     grpc::ClientContext ctx;
-    ASSERT_TRUE(meta_->stub()->ListNodes(&ctx, req, &resp).ok());
+    if (!meta_->stub()->ListNodes(&ctx, req, &resp).ok()) return 0;
     for (const auto& n : resp.nodes()) {
-      if (n.endpoint().node_id() == "n0") n0_incarnation = n.endpoint().incarnation();
+      if (n.endpoint().node_id() == node) return n.endpoint().incarnation();
     }
-  }
+    return 0;
+  };
+  const uint64_t n0_incarnation = incarnation_of("n0");
   ASSERT_NE(n0_incarnation, 0u);
 
   Keep h;
@@ -242,19 +244,10 @@ TEST_F(DataPlaneAuthTest, AMemberCannotSpeakForAnotherNodeOnTheDataPlane) {
 
   // In its own name, the same member is served (membership allows any
   // member to read; what it may not do is borrow another's name).
-  uint64_t n2_incarnation = 0;
-  {
-    v1::ListNodesRequest lreq;
-    v1::ListNodesResponse resp;
-    grpc::ClientContext ctx;
-    ASSERT_TRUE(meta_->stub()->ListNodes(&ctx, lreq, &resp).ok());
-    for (const auto& n : resp.nodes()) {
-      if (n.endpoint().node_id() == "n2") n2_incarnation = n.endpoint().incarnation();
-    }
-  }
   req.id = 78;
   req.sender_node_id = "n2";
-  req.sender_incarnation = n2_incarnation;
+  req.sender_incarnation = incarnation_of("n2");
+  ASSERT_NE(req.sender_incarnation, 0u);
   member->Send(*to_n1, agent::kReadReq, agent::EncodeReadReq(req), {}, [](const absl::Status&) {});
   EXPECT_EQ(h.WaitCount(agent::kReadEnd, 2), 2);
   EXPECT_GT(h.count(agent::kReadChunk), 0) << Logs();

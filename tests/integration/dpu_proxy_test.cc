@@ -18,12 +18,16 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "ckpt/client.h"
 #include "ckpt/v1/agent.grpc.pb.h"
 #include "ckpt/v1/meta.grpc.pb.h"
 #include "integration/client_options.h"
 #include "integration/cluster_fixture.h"
+#include "support/ports.h"
 #include "support/process.h"
 #include "support/test_tls.h"
 
@@ -52,10 +56,14 @@ class DpuProxyTest : public testing::ClusterTest {
   std::string StartProxy(const std::string& name, const TlsFilePaths& as, int node,
                          std::vector<std::string> extra = {}) {
     const std::string socket = *dir_->Sub(name) + "/agent.sock";
+    absl::StatusOr<int> metrics = testing::PickFreePort();
+    EXPECT_TRUE(metrics.ok()) << metrics.status();
+    proxy_metrics_ports_.push_back(metrics.ok() ? *metrics : 0);
     testing::SubprocessOptions o;
     o.argv = {testing::BinaryPath("ckpt-dpu-proxy"), "--dpu-address",
               absl::StrCat("127.0.0.1:", agents_[node]->port()), "--socket", socket, "--tls-ca", as.ca,
-              "--tls-cert", as.cert, "--tls-key", as.key, "--log-level", "debug"};
+              "--tls-cert", as.cert, "--tls-key", as.key, "--log-level", "debug", "--metrics-listen",
+              absl::StrCat("127.0.0.1:", proxy_metrics_ports_.back())};
     for (std::string& e : extra) o.argv.push_back(std::move(e));
     o.name = "ckpt-dpu-proxy-" + name;
     o.log_dir = dir_->path();
@@ -78,7 +86,22 @@ class DpuProxyTest : public testing::ClusterTest {
     return o;
   }
 
+  // A sample of proxy `i`'s /metrics ("name" or "name{labels}"), -1 if absent.
+  double ProxyMetric(size_t i, const std::string& sample) {
+    int code = 0;
+    absl::StatusOr<std::string> body = testing::HttpGet("127.0.0.1", proxy_metrics_ports_[i], "/metrics", &code);
+    if (!body.ok() || code != 200) return -1;
+    for (absl::string_view line : absl::StrSplit(*body, '\n')) {
+      if (absl::StartsWith(line, sample + " ")) {
+        double v = -1;
+        return absl::SimpleAtod(line.substr(sample.size() + 1), &v) ? v : -1;
+      }
+    }
+    return -1;
+  }
+
   std::vector<std::unique_ptr<testing::Subprocess>> proxies_;
+  std::vector<int> proxy_metrics_ports_;
 };
 
 TEST_F(DpuProxyTest, TrainersSaveAndRestoreThroughTheHostsProxy) {
@@ -113,6 +136,10 @@ TEST_F(DpuProxyTest, TrainersSaveAndRestoreThroughTheHostsProxy) {
     EXPECT_EQ(shard->served_from(), ServedFrom::kLocal);
   }
   EXPECT_GE(agents_[0]->Metric("ckpt_agent_delivered_bytes_total"), static_cast<double>(kBytes));
+  // The proxy's own counters (docs/dpu.md "Control path"): the connections it carried.
+  EXPECT_GE(ProxyMetric(0, "ckpt_dpu_proxy_connections_total"), 1) << proxies_[0]->LogTail();
+  EXPECT_EQ(ProxyMetric(0, "ckpt_dpu_proxy_upstream_failed_total"), 0);
+  EXPECT_EQ(ProxyMetric(0, "ckpt_dpu_proxy_refused_total{reason=\"max_connections\"}"), 0);
 
   // A trainer process: commits step 4 and SIGKILLs itself; a new process
   // resumes through the proxy and ends with the uninterrupted run's state.

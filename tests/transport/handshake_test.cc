@@ -15,17 +15,9 @@
 namespace ckpt::transport::ucx_wire {
 namespace {
 
-// Every record a handshake uses (handshake.h): without a key, the four of a
-// keyed one, and the three that carry node identities.
+// Every record a handshake uses (handshake.h).
 const std::vector<uint8_t>& Kinds() {
-  static const auto* kinds = new std::vector<uint8_t>{kAddress,
-                                                      kKeyed,
-                                                      kKeyed | kProof,
-                                                      kKeyed | kProof | kAddress,
-                                                      kKeyed | kAddress,
-                                                      kKeyed | kIdentity,
-                                                      kKeyed | kProof | kIdentity,
-                                                      kKeyed | kProof | kIdentity | kAddress};
+  static const auto* kinds = new std::vector<uint8_t>(std::begin(kRecordKinds), std::end(kRecordKinds));
   return *kinds;
 }
 

@@ -172,6 +172,34 @@ TEST(NodeIdentity, CertificatesOfAnotherCaOrOfAnotherRoleAreRefused) {
   EXPECT_EQ(n1->CheckPeerCertificate("\x30\x03junk").status().code(), absl::StatusCode::kPermissionDenied);
 }
 
+// --tls-crl-dir: a node whose certificate the CA revoked is refused on the
+// data plane; the CA's other nodes are not.
+TEST(NodeIdentity, ARevokedCertificateIsRefused) {
+  const TlsFilePaths n1 = TestPki::Shared().Node("n1");
+  const TlsFilePaths n2 = TestPki::Shared().Node("n2");
+  const TlsFilePaths n3 = TestPki::Shared().Node("n3");
+  absl::StatusOr<ckpt::testing::TempDir> dir = ckpt::testing::TempDir::Create();
+  ASSERT_TRUE(dir.ok()) << dir.status();
+  // The list as `ckptctl certs revoke` writes it, and a file that is no list.
+  absl::StatusOr<pki::CrlInfo> crl = pki::RevokeCertificates(TestPki::Shared().ca_dir(), {n2.cert}, dir->path());
+  ASSERT_TRUE(crl.ok()) << crl.status();
+  EXPECT_EQ(crl->newly_revoked, 1u);
+  std::ofstream(dir->path() + "/README") << "not a CRL";
+  absl::StatusOr<std::shared_ptr<NodeCredentialsFiles>> f =
+      NodeCredentialsFiles::Open({n1.ca, n1.cert, n1.key, dir->path(), 0});
+  ASSERT_TRUE(f.ok()) << f.status();
+  std::shared_ptr<const NodeCredentials> c = (*f)->Current();
+  absl::StatusOr<std::string> got = c->CheckPeerCertificate(DerOf(n2.cert));
+  ASSERT_FALSE(got.ok());
+  EXPECT_EQ(got.status().code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_TRUE(absl::StrContains(got.status().message(), "revoked")) << got.status();
+  got = c->CheckPeerCertificate(DerOf(n3.cert));
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(*got, "ckpt://node/n3");
+  // Without the CRL the same certificate is accepted (it is otherwise valid).
+  EXPECT_TRUE(Creds(n1)->CheckPeerCertificate(DerOf(n2.cert)).ok());
+}
+
 TEST(NodeIdentity, BadCredentialFilesAreClearErrors) {
   const TlsFilePaths n1 = TestPki::Shared().Node("n1");
   const TlsFilePaths n2 = TestPki::Shared().Node("n2");

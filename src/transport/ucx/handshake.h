@@ -83,6 +83,18 @@ inline constexpr uint8_t kProof = 0x02;    // a proof follows the nonce
 inline constexpr uint8_t kAddress = 0x04;  // a worker address ends the record
 inline constexpr uint8_t kIdentity = 0x08; // an identity block follows the proof
 
+// Every record kind a handshake uses, in the order of the flows above: the
+// one of a handshake without a key, the four of a keyed one, and the three
+// that carry node identities (tests and fuzzers go through them all).
+inline constexpr uint8_t kRecordKinds[] = {kAddress,
+                                           kKeyed,
+                                           kKeyed | kProof,
+                                           kKeyed | kProof | kAddress,
+                                           kKeyed | kAddress,
+                                           kKeyed | kIdentity,
+                                           kKeyed | kProof | kIdentity,
+                                           kKeyed | kProof | kIdentity | kAddress};
+
 struct Greeting {
   uint8_t flags = 0;
   uint64_t peer_id = 0;

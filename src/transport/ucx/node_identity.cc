@@ -152,11 +152,20 @@ absl::StatusOr<std::shared_ptr<const NodeCredentials>> NodeCredentials::FromPem(
     return absl::InvalidArgumentError(absl::StrCat("the certificate is ", c->certificate_der_.size(),
                                                    " bytes; the data plane carries at most ", kMaxCertificateBytes));
   }
-  absl::StatusOr<std::string> own = c->CheckPeerCertificate(c->certificate_der_);
+  // Its identity, not whether it chains to the CA: a node given a
+  // certificate of another CA by mistake keeps running (its peers refuse it)
+  // and is fixed by replacing the files, which are re-read, as on its gRPC
+  // side.
+  absl::StatusOr<pki::Identity> own = pki::IdentityOfCertificateDer(c->certificate_der_);
   if (!own.ok()) {
-    return absl::InvalidArgumentError(absl::StrCat("this node's own certificate: ", own.status().message()));
+    return absl::InvalidArgumentError(
+        absl::StrCat("this node's certificate names no ckpt identity: ", own.status().message()));
   }
-  c->identity_ = *std::move(own);
+  if (own->role != pki::Role::kNode) {
+    return absl::InvalidArgumentError(absl::StrCat("this node's certificate is ", pki::IdentityUris(*own).front(),
+                                                   ", not a node's (ckpt://node/<id>)"));
+  }
+  c->identity_ = pki::NodeUri(own->name);
   return std::shared_ptr<const NodeCredentials>(std::move(c));
 }
 
@@ -200,7 +209,7 @@ absl::StatusOr<std::string> NodeCredentials::CheckPeerCertificate(std::string_vi
                                                     ", not a node's (ckpt://node/<id>): only agents speak on the "
                                                     "data plane"));
   }
-  return pki::IdentityUris(pki::Identity(pki::Role::kNode, id->name)).front();
+  return pki::NodeUri(id->name);
 }
 
 bool NodeCredentials::CheckSignature(std::string_view der, std::string_view message, std::string_view signature) {

@@ -60,8 +60,10 @@ class NodeCredentials {
   // node's certificate (a chain: the first is the leaf), `key_pem` its key;
   // `crl_pems` certificate revocation lists (PEM, any number; empty: none).
   // InvalidArgument saying which when a part does not parse, the key does not
-  // match the certificate, or the certificate does not chain to the CA, is
-  // not valid now, or names no ckpt://node/ identity.
+  // match the certificate, or the certificate names no ckpt://node/ identity.
+  // Whether it chains to the CA is its peers' check (a node given another
+  // CA's certificate by mistake runs, refused by its peers, until its files
+  // are replaced).
   static absl::StatusOr<std::shared_ptr<const NodeCredentials>> FromPem(std::string_view ca_pem,
                                                                          std::string_view cert_pem,
                                                                          std::string_view key_pem,

@@ -1281,8 +1281,11 @@ class UcxImpl : public UcxTransport {
 
   // The node credentials a handshake starting now proves (null: no
   // identities). May read files (NodeCredentialsFiles' reload).
+  // Start's self-check proves none: it checks that UCX carries messages, and
+  // a node whose certificate does not chain to its own CA (a mistake its
+  // peers refuse, fixed by replacing the files) must still start.
   std::shared_ptr<const NodeCredentials> HandshakeCredentials() const {
-    return options_.identity != nullptr ? options_.identity() : nullptr;
+    return options_.identity != nullptr && !probing_ ? options_.identity() : nullptr;
   }
   static uint8_t IdentityFlag(const std::shared_ptr<const NodeCredentials>& creds) {
     return creds != nullptr ? ucx_wire::kIdentity : 0;

@@ -51,6 +51,7 @@ class Cluster:
         # Agent i: node-<i+1>, its run dir run<i> (run for the first) and socket.
         self.sockets = []
         self.metrics_ports = []
+        self.agents = []  # (name, args, binary, process) of agent i: restart_agent() starts it again
         for i in range(agents):
             suffix = "" if i == 0 else str(i)
             run_dir, mem = root / f"run{suffix}", root / f"mem{suffix}"
@@ -66,6 +67,7 @@ class Cluster:
                 *(["--host-node", f"host-{i + 1}"] if binary == "ckpt-dpu-agent" else []),
                 *tls.node_flags(f"node-{i + 1}", f"host-{i + 1}" if binary == "ckpt-dpu-agent" else None)],
                 binary=binary)
+            self.agents.append((f"ckpt-agent{suffix}", agent.args[1:], binary, agent))
             wait_tcp(port, agent, 60)
             self.sockets.append(run_dir / "agent.sock")
             self.metrics_ports.append(metrics_port)
@@ -99,8 +101,25 @@ class Cluster:
                 raise RuntimeError(f"not all {agents} agents ALIVE at meta:\n{r.stdout}{r.stderr}\n" + self.logs())
             time.sleep(0.1)
 
-    def _start(self, name, args, binary=None):
-        log = open(self.root / f"{name}.log", "wb")
+    def kill_agent(self, i):
+        """SIGKILLs agent i (by PID) and reaps it."""
+        p = self.agents[i][3]
+        if p.poll() is None:
+            p.kill()
+            p.wait(timeout=30)
+
+    def restart_agent(self, i):
+        """Starts agent i again with its arguments (as a supervisor would), its log appended to;
+        returns once its gRPC port listens."""
+        name, args, binary, _ = self.agents[i]
+        p = self._start(name, args, binary=binary, append=True)
+        self.agents[i] = (name, args, binary, p)
+        port = int(args[args.index("--listen") + 1].rsplit(":", 1)[1])
+        wait_tcp(port, p, 60)
+        return p
+
+    def _start(self, name, args, binary=None, append=False):
+        log = open(self.root / f"{name}.log", "ab" if append else "wb")
         p = subprocess.Popen([str(BUILD_DIR / "bin" / (binary or name))] + args, stdout=log,
                              stderr=subprocess.STDOUT, preexec_fn=_die_with_parent)
         log.close()

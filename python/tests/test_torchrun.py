@@ -114,17 +114,37 @@ def is_protected(v):
     return v["state"] in ("PROTECTED", "PERSISTED")
 
 
-def test_torchrun_worker_killed_resumes_from_protected(cluster2, tmp_path):
+@pytest.fixture(scope="module")
+def uninterrupted(cluster2, tmp_path_factory):
+    """The uninterrupted run (its job id, its time): what the runs with faults must end equal to."""
     pytest.importorskip("torch")
+    job = f"torchrun-whole-{uuid.uuid4().hex[:8]}"
+    whole = Torchrun(tmp_path_factory.mktemp("whole"), cluster2, job)
+    try:
+        t0 = time.monotonic()
+        whole.finish(timeout=120)
+        return job, time.monotonic() - t0
+    finally:
+        whole.stop()
+
+
+def assert_same_final_state(cluster, expected_job, job):
+    expected = final_states(cluster, expected_job, WORLD, STEPS)
+    got = final_states(cluster, job, WORLD, STEPS)
+    for r in range(WORLD):
+        # numpy's and Python's generators are not seeded by the example (nor used): their
+        # states differ from run to run whatever ckpt does.
+        for state in (expected[r], got[r]):
+            for unseeded in ("numpy", "python"):
+                state["extra"]["rng"].pop(unseeded)
+        same(expected[r], got[r], f"rank {r}")
+
+
+def test_torchrun_worker_killed_resumes_from_protected(cluster2, uninterrupted, tmp_path):
+    whole_job, whole_s = uninterrupted
     tag = uuid.uuid4().hex[:8]
     runs = []
     try:
-        # The uninterrupted run.
-        whole = Torchrun(tmp_path, cluster2, f"torchrun-whole-{tag}")
-        runs.append(whole)
-        t0 = time.monotonic()
-        whole.finish(timeout=120)
-        whole_s = time.monotonic() - t0
         # The run with a worker killed after step 100.
         job = f"torchrun-{tag}"
         run = Torchrun(tmp_path, cluster2, job)
@@ -186,14 +206,66 @@ def test_torchrun_worker_killed_resumes_from_protected(cluster2, tmp_path):
     assert all(info["level"] == "protected" for info in resumed.values())
     assert step == newest, f"restored step {step}, newest PROTECTED version of the first run {newest}"
     assert is_protected(after[STEPS])
-    expected = final_states(cluster2, f"torchrun-whole-{tag}", WORLD, STEPS)
-    got = final_states(cluster2, job, WORLD, STEPS)
-    for r in range(WORLD):
-        # numpy's and Python's generators are not seeded by the example (nor used): their
-        # states differ from run to run whatever ckpt does.
-        for state in (expected[r], got[r]):
-            for unseeded in ("numpy", "python"):
-                state["extra"]["rng"].pop(unseeded)
-        same(expected[r], got[r], f"rank {r}")
+    assert_same_final_state(cluster2, whole_job, job)
     print(f"final state (step {STEPS}, every rank: model, optimizer, torch RNG state, data position) "
           "equals the uninterrupted run: yes")
+
+
+def test_torchrun_agent_killed_resumes_from_protected(cluster2, uninterrupted, tmp_path):
+    """The node's agent, not a worker, is SIGKILLed mid-run (the 4 workers all use it) and
+    restarted a second later, as its systemd unit (Restart=always, RestartSec=1) would. The
+    workers' next save fails, torchrun restarts the group, the restarted agent re-adopts its
+    memory tier, and every rank resumes from the newest PROTECTED version; the run ends equal
+    to the uninterrupted one."""
+    whole_job, _ = uninterrupted
+    job = f"torchrun-agent-{uuid.uuid4().hex[:8]}"
+    run = Torchrun(tmp_path, cluster2, job)
+    try:
+        run.wait_for(lambda l: (m := STEP.match(l)) and int(m.group(2)) >= KILL_AFTER and m, timeout=90)
+        cluster2.kill_agent(0)
+        t_kill = time.monotonic()
+        kill_ms = time.time() * 1e3
+        mark = len(run.lines)
+        last_before = max((int(m.group(2)) for _, line in run.lines[:mark] if (m := STEP.match(line))), default=0)
+        time.sleep(1)  # the unit's RestartSec, on a real process: not a synchronisation
+        cluster2.restart_agent(0)
+        t_back = time.monotonic()
+        t_started, _, _ = run.wait_for(STARTED, timeout=90, since=mark)
+        resumed = {}
+        i = mark
+        while len(resumed) < WORLD:
+            t, m, i = run.wait_for(RESUMED, timeout=90, since=i)
+            resumed[int(m.group(2))] = dict(t=t, step=int(m.group(4)), level=m.group(5), served_from=m.group(6),
+                                            node=m.group(7), load_s=float(m.group(8)))
+            i += 1
+        at_resume = versions(cluster2, job)
+        run.finish(timeout=180)
+        after = versions(cluster2, job)
+        (tmp_path / "torchrun.out").write_text("\n".join(f"{t - t_kill:+8.3f} {line}" for t, line in run.lines))
+    finally:
+        run.stop()
+    left = leftover_processes(str(tmp_path))
+    assert not left, f"processes of the test still running: {left}"
+    log = (cluster2.root / "ckpt-agent.log").read_text(errors="replace").split("ckpt-agent starting")[-1]
+    print(f"\nagent of node-1 SIGKILLed after step {last_before} was printed, back {t_back - t_kill:.2f} s later; "
+          f"torchrun restarted the workers {t_started - t_kill:.2f} s after the kill")
+    for r in sorted(resumed):
+        info = resumed[r]
+        print(f"rank {r} restored step {info['step']} ({info['level']}) from {info['served_from']} through "
+              f"{info['node']} in {info['load_s']:.3f} s, {info['t'] - t_kill:.2f} s after the kill")
+    # The versions the first run had begun when the agent died, as they were when the group
+    # came back.
+    first = {s: v for s, v in at_resume.items() if v["created_unix_ms"] <= kill_ms}
+    newest = max((s for s, v in first.items() if is_protected(v)), default=0)
+    print("the first run's versions from step 70 when the group came back: " +
+          ", ".join(f"{s} {v['state']}" for s, v in sorted(first.items()) if s >= 70))
+    steps = {info["step"] for info in resumed.values()}
+    assert len(steps) == 1, resumed  # every rank the same version
+    step = steps.pop()
+    assert 0 < step <= last_before + EVERY and step % EVERY == 0, resumed
+    assert step == newest, f"restored step {step}, newest PROTECTED version of the first run {newest}"
+    assert all(info["level"] == "protected" for info in resumed.values()), resumed
+    assert "memory tier: re-adopted" in log, log[-2000:]
+    assert is_protected(after[STEPS])
+    assert_same_final_state(cluster2, whole_job, job)
+    print(f"final state (step {STEPS}) equals the uninterrupted run: yes")

@@ -715,6 +715,8 @@ TEST(UcxTransport, ConnectionIdsAreRandomWithoutAKey) {
 // endpoint (another worker: c, which has a connection of its own to b) is
 // dropped: it never reaches b's handler as a message from a.
 TEST(UcxTransport, AMessageNamingAConnectionOnAnotherEndpointIsDropped) {
+  // Before the transports: their threads run completions until they stop.
+  DoneLog done;
   TestHandler ha, hb, hc;
   auto a = NewUcxTransport(NoSelfCheck());
   auto b = NewUcxTransport(NoSelfCheck());
@@ -724,7 +726,6 @@ TEST(UcxTransport, AMessageNamingAConnectionOnAnotherEndpointIsDropped) {
   ASSERT_TRUE(c->Start("127.0.0.1:0", &hc).ok());
   absl::StatusOr<PeerId> a_to_b = a->Connect(b->address(), kConnectMs);
   ASSERT_TRUE(a_to_b.ok()) << a_to_b.status();
-  DoneLog done;
   a->Send(*a_to_b, 1, "from a", {}, done.Callback());
   ASSERT_TRUE(hb.WaitReceived(1));
   const PeerId a_at_b = hb.received()[0].msg.from;  // what a's messages name at b

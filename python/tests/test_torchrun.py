@@ -128,16 +128,32 @@ def uninterrupted(cluster2, tmp_path_factory):
         whole.stop()
 
 
-def assert_same_final_state(cluster, expected_job, job):
-    expected = final_states(cluster, expected_job, WORLD, STEPS)
-    got = final_states(cluster, job, WORLD, STEPS)
-    for r in range(WORLD):
+def assert_same_final_state(cluster, expected_job, job, world=WORLD, steps=STEPS):
+    """Every rank's state at the last step of `job` equals `expected_job`'s (the torch RNG state
+    included)."""
+    expected = final_states(cluster, expected_job, world, steps)
+    got = final_states(cluster, job, world, steps)
+    for r in range(world):
         # numpy's and Python's generators are not seeded by the example (nor used): their
         # states differ from run to run whatever ckpt does.
         for state in (expected[r], got[r]):
             for unseeded in ("numpy", "python"):
                 state["extra"]["rng"].pop(unseeded)
         same(expected[r], got[r], f"rank {r}")
+
+
+def await_resumed(run, since, timeout):
+    """After a fault at line `since` of `run`: when torchrun started the workers again, and
+    {rank: how it resumed} once every rank printed its Checkpointer's "resumed" line."""
+    t_started, _, _ = run.wait_for(STARTED, timeout=timeout, since=since)
+    resumed = {}
+    i = since
+    while len(resumed) < WORLD:
+        t, m, i = run.wait_for(RESUMED, timeout=timeout, since=i)
+        resumed[int(m.group(2))] = dict(t=t, step=int(m.group(4)), level=m.group(5), served_from=m.group(6),
+                                        node=m.group(7), load_s=float(m.group(8)), line=i)
+        i += 1
+    return t_started, resumed
 
 
 def test_torchrun_worker_killed_resumes_from_protected(cluster2, uninterrupted, tmp_path):
@@ -156,14 +172,7 @@ def test_torchrun_worker_killed_resumes_from_protected(cluster2, uninterrupted, 
         t_kill = time.monotonic()
         mark = len(run.lines)
         last_before = max((int(m.group(2)) for _, line in run.lines[:mark] if (m := STEP.match(line))), default=0)
-        t_started, _, _ = run.wait_for(STARTED, timeout=60, since=mark)
-        resumed = {}
-        i = mark
-        while len(resumed) < WORLD:
-            t, m, i = run.wait_for(RESUMED, timeout=60, since=i)
-            resumed[int(m.group(2))] = dict(t=t, step=int(m.group(4)), level=m.group(5), served_from=m.group(6),
-                                            node=m.group(7), load_s=float(m.group(8)), line=i)
-            i += 1
+        t_started, resumed = await_resumed(run, mark, timeout=60)
         resume_ms = time.time() * 1e3
         at_resume = versions(cluster2, job)
         going_on = {}
@@ -230,14 +239,7 @@ def test_torchrun_agent_killed_resumes_from_protected(cluster2, uninterrupted, t
         time.sleep(1)  # the unit's RestartSec, on a real process: not a synchronisation
         cluster2.restart_agent(0)
         t_back = time.monotonic()
-        t_started, _, _ = run.wait_for(STARTED, timeout=90, since=mark)
-        resumed = {}
-        i = mark
-        while len(resumed) < WORLD:
-            t, m, i = run.wait_for(RESUMED, timeout=90, since=i)
-            resumed[int(m.group(2))] = dict(t=t, step=int(m.group(4)), level=m.group(5), served_from=m.group(6),
-                                            node=m.group(7), load_s=float(m.group(8)))
-            i += 1
+        t_started, resumed = await_resumed(run, mark, timeout=90)
         at_resume = versions(cluster2, job)
         run.finish(timeout=180)
         after = versions(cluster2, job)

@@ -28,7 +28,7 @@ BUILD_DIR = pathlib.Path(os.environ.get("CKPT_BUILD_DIR", SRC / "build"))
 sys.path.insert(0, str(BUILD_DIR / "python"))
 sys.path.insert(0, str(SRC / "tests" / "support"))
 sys.path.insert(0, str(SRC / "python" / "tests"))
-from launched import Launched, example_runner, final_states, leftover_processes  # noqa: E402  (tests/support)
+from launched import Launched, example_runner, leftover_processes  # noqa: E402  (tests/support)
 
 EXAMPLE = SRC / "examples" / "train_torchrun.py"
 TORCH_ENV = SRC / "examples" / "slurm" / "torch_env.sh"
@@ -351,13 +351,7 @@ def main(tmp):
         assert all(info["level"] == "protected" for info in resumed.values()), resumed
         assert step == newest, f"restored step {step}, newest PROTECTED version of the first step {newest}"
         assert tt.is_protected(after[STEPS]), after[STEPS]
-        expected = final_states(cluster, whole_job, WORLD, STEPS)
-        got = final_states(cluster, job, WORLD, STEPS)
-        for r in range(WORLD):
-            for state in (expected[r], got[r]):
-                for unseeded in ("numpy", "python"):
-                    state["extra"]["rng"].pop(unseeded)
-            tt.same(expected[r], got[r], f"rank {r}")
+        tt.assert_same_final_state(cluster, whole_job, job, WORLD, STEPS)
         log(f"final state (step {STEPS}, every rank: model, optimizer, torch RNG state, data position) "
             "equals the uninterrupted run: yes")
     finally:

@@ -10,6 +10,12 @@ run again: every rank resumes from the newest PROTECTED version and the final st
 uninterrupted run's (examples/slurm/train.sbatch as shipped, through `sbatch --wait`: another job). Prints
 where each rank restored from and the time from the kill to training going on.
 
+Then a real requeue: train.sbatch through sbatch, `scontrol requeue` after step 80 (as Slurm does
+to a --requeue job whose node failed; AuthInfo cred_expire=10 shortens Slurm's wait before the
+job starts again). The job comes back with the same SLURM_JOB_ID (Restarts=1), every rank trains
+on from the step after the newest PROTECTED version, and it ends COMPLETED in the uninterrupted
+run's final state.
+
 Exit 0 passed, 1 failed, 77 skipped (Slurm or munge missing, not root, a daemon did not
 start). CKPT_BUILD_DIR: the build directory (bin/, python/)."""
 import os
@@ -34,6 +40,9 @@ EXAMPLE = SRC / "examples" / "train_torchrun.py"
 TORCH_ENV = SRC / "examples" / "slurm" / "torch_env.sh"
 WORLD, STEPS, EVERY, KILL_AFTER = 4, 200, 5, 80
 SKIP = 77
+# A requeued job starts again once its step credentials expire (AuthInfo cred_expire, 120 s by
+# default): 10 s here, so that the test's `scontrol requeue` comes back soon.
+CRED_EXPIRE_S = 10
 # Runs the example unchanged, with the Checkpointer's log lines on stdout.
 RUN_EXAMPLE = example_runner(EXAMPLE)
 # srun --label: "<task>: <line>".
@@ -105,7 +114,7 @@ SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge
 CredType=cred/munge
-AuthInfo=socket={self.munge_socket}
+AuthInfo=socket={self.munge_socket},cred_expire={CRED_EXPIRE_S}
 StateSaveLocation={r / "state"}
 SlurmdSpoolDir={r / "spool"}
 SlurmctldPidFile={r / "slurmctld.pid"}
@@ -237,6 +246,94 @@ class Step(Launched):
         return self.tasks()
 
 
+def job_state(slurm, job):
+    """(JobState, Restarts) of `job` as `scontrol show job` prints them."""
+    out = slurm.run("scontrol", "show", "job", "-o", job).stdout
+    state = re.search(r"\bJobState=(\S+)", out)
+    restarts = re.search(r"\bRestarts=(\d+)", out)
+    return (state.group(1) if state else "?", int(restarts.group(1)) if restarts else -1)
+
+
+def requeued(slurm, cluster, env, tmp, whole_job, jobs):
+    """examples/slurm/train.sbatch as shipped, through sbatch, requeued by `scontrol requeue`
+    after step 80 (what Slurm does to a --requeue job whose node failed): the job is killed, starts
+    again with the same SLURM_JOB_ID (the ckpt job), every rank goes on from the step after the
+    newest PROTECTED version, and the job ends COMPLETED with the uninterrupted run's final
+    state."""
+    import test_torchrun as tt
+    d = tmp / "requeue"
+    d.mkdir()
+    p = subprocess.run([slurm.bin["sbatch"], "--parsable", f"--output={d / '%j.out'}", f"--chdir={SRC}",
+                        str(SRC / "examples" / "slurm" / "train.sbatch")],
+                       env=env, capture_output=True, text=True, timeout=60)
+    job = p.stdout.strip().split(";")[0]
+    assert p.returncode == 0 and job.isdigit(), f"sbatch train.sbatch: {p.stdout}{p.stderr}"
+    jobs.append(job)
+    out = d / f"{job}.out"
+
+    def lines():
+        return out.read_text(errors="replace").splitlines() if out.exists() else []
+
+    def poll(ok, timeout, what):
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if ok():
+                return
+            time.sleep(0.2)  # bounded poll of real processes
+        raise AssertionError(f"{what} within {timeout} s:\n" + "\n".join(lines()[-30:]) + "\n" + slurm.logs())
+
+    poll(lambda: any((m := STEP.match(l)) and int(m.group(2)) >= KILL_AFTER for l in lines()), 150,
+         f"job {job} reached no step {KILL_AFTER}")
+    mark = len(lines())
+    last_before = max((int(m.group(2)) for l in lines()[:mark] if (m := STEP.match(l))), default=0)
+    r = slurm.run("scontrol", "requeue", job)
+    assert r.returncode == 0, f"scontrol requeue {job}: {r.stdout}{r.stderr}"
+    t_requeue = time.monotonic()
+    requeue_ms = time.time() * 1e3
+    poll(lambda: job_state(slurm, job)[1] >= 1, 30, f"job {job} shows no restart")
+    at_requeue = tt.versions(cluster, job)
+
+    # The batch script runs the example as it ships, which prints its steps but not the
+    # Checkpointer's log: a rank's first step after the restart says where it resumed (the
+    # step after the one it restored; the killed run's steps only ever grew).
+    def restarted():
+        """{rank: its first step in the restarted run} (ranks seen so far)."""
+        top, first = {}, {}
+        for line in lines()[mark:]:
+            if m := STEP.match(line):
+                rank, n = int(m.group(1)), int(m.group(2))
+                if rank not in first and n <= top.get(rank, last_before) - 1:
+                    first[rank] = n
+                top[rank] = max(top.get(rank, 0), n)
+        return first
+
+    def first_steps_of_the_restart():
+        first = restarted()
+        return first if len(first) == WORLD else None
+
+    poll(lambda: first_steps_of_the_restart() is not None or job_state(slurm, job)[0] == "COMPLETED", 240,
+         f"the requeued job {job} did not train again on every rank")
+    t_resumed = time.monotonic()
+    poll(lambda: job_state(slurm, job)[0] in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"), 240,
+         f"the requeued job {job} did not end")
+    state, restarts = job_state(slurm, job)
+    after = tt.versions(cluster, job)
+    first = restarted()
+    before = {s: v for s, v in at_requeue.items() if v["created_unix_ms"] <= requeue_ms}
+    newest = max((s for s, v in before.items() if tt.is_protected(v)), default=0)
+    log(f"job {job} (sbatch train.sbatch) requeued by `scontrol requeue` after step {last_before} was printed; "
+        f"its versions then: " + ", ".join(f"{s} {v['state']}" for s, v in sorted(before.items()) if s >= 70))
+    log(f"after the restart (Restarts={restarts}) each rank's first step: "
+        + ", ".join(f"rank {r_} step {n}" for r_, n in sorted(first.items()))
+        + f"; {t_resumed - t_requeue:.1f} s from the requeue to every rank training again (Slurm's cred_expire "
+        f"{CRED_EXPIRE_S} s and its scheduling included); the job ended {state}")
+    assert state == "COMPLETED" and restarts == 1, (state, restarts, lines()[-20:])
+    assert len(first) == WORLD and set(first.values()) == {newest + 1} and newest > 0, (first, newest)
+    assert tt.is_protected(after[STEPS]), after[STEPS]
+    tt.assert_same_final_state(cluster, whole_job, job, WORLD, STEPS)
+    log("the requeued job's final state equals the uninterrupted run: yes")
+
+
 def main(tmp):
     slurm = Slurm(tmp / "slurm")
     (tmp / "slurm").mkdir()
@@ -354,6 +451,10 @@ def main(tmp):
         tt.assert_same_final_state(cluster, whole_job, job, WORLD, STEPS)
         log(f"final state (step {STEPS}, every rank: model, optimizer, torch RNG state, data position) "
             "equals the uninterrupted run: yes")
+
+        # The allocation's CPUs back (the requeued job needs all of them).
+        slurm.run("scancel", job, timeout=20)
+        requeued(slurm, cluster, env, tmp, whole_job, jobs)
     finally:
         for s in steps:
             s.stop()

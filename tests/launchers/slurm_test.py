@@ -294,17 +294,16 @@ def requeued(slurm, cluster, env, tmp, whole_job, jobs):
     at_requeue = tt.versions(cluster, job)
 
     # The batch script runs the example as it ships, which prints its steps but not the
-    # Checkpointer's log: a rank's first step after the restart says where it resumed (the
-    # step after the one it restored; the killed run's steps only ever grew).
+    # Checkpointer's log: a rank's first step after the restart (the script's "restart 1" line)
+    # says where it resumed (the step after the one it restored).
     def restarted():
         """{rank: its first step in the restarted run} (ranks seen so far)."""
-        top, first = {}, {}
-        for line in lines()[mark:]:
-            if m := STEP.match(line):
-                rank, n = int(m.group(1)), int(m.group(2))
-                if rank not in first and n <= top.get(rank, last_before) - 1:
-                    first[rank] = n
-                top[rank] = max(top.get(rank, 0), n)
+        all_lines = lines()
+        marker = next((i for i, l in enumerate(all_lines) if "starting (restart 1)" in l), None)
+        first = {}
+        for line in all_lines[marker + 1:] if marker is not None else []:
+            if (m := STEP.match(line)) and int(m.group(1)) not in first:
+                first[int(m.group(1))] = int(m.group(2))
         return first
 
     def first_steps_of_the_restart():

@@ -37,6 +37,22 @@ done
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 jobs="${CKPT_JOBS:-2}"
 
+# What failed, printed again at the very end: CI shows a run's last lines, and the sanitized
+# half's thousand lines would otherwise hide a failure of the e2e half.
+summary="$(mktemp)"
+trap 'rm -f "${summary}"' EXIT
+
+# failed_excerpts HALF LOG: each failed test's name and the last 40 lines of its output
+# (ctest --output-on-failure prints a test's output after its result line).
+failed_excerpts() {
+  awk -v half="$1" '
+    function flush() { if (name != "") { print "== " half ": FAILED " name; for (i = (n > 40 ? n - 39 : 1); i <= n; i++) print "   | " buf[i]; } name = ""; n = 0 }
+    /^ *[0-9]+\/[0-9]+ Test +#[0-9]+:/ { flush(); if ($0 ~ /\*\*\*(Failed|Timeout|Exception|Not Run)/) name = $0; next }
+    /^ *Start +[0-9]+:/ || /^[0-9]+% tests passed/ { flush(); next }
+    name != "" { buf[++n] = $0 }
+    END { flush() }' "$2"
+}
+
 # run_half e2e|sanitize|plain: configure, build and test one build directory.
 run_half() {
   local half="$1" build extra_args=() labels=() reports="" rc=0 start
@@ -84,9 +100,15 @@ run_half() {
   # checks that reach no code of ours worth sanitizing (file and manifest checks), and
   # end-to-end stories whose native code the sanitized tests already run (two of the three
   # quickstarts, torchrun, all but one netns test, the netns soak).
-  ctest --test-dir "${build}" -L 'unit|integration|fault' "${labels[@]}" --output-on-failure \
-    -j "${jobs}" --timeout 600 || rc=$?
+  {
+    local ctest_rc=0
+    ctest --test-dir "${build}" -L 'unit|integration|fault' "${labels[@]}" --output-on-failure \
+      -j "${jobs}" --timeout 600 2>&1 || ctest_rc=$?
+    echo "${ctest_rc}" >"${build}/ctest.rc"
+  } | tee "${build}/ctest.log"
+  rc="$(cat "${build}/ctest.rc")"
   echo "== ${half}: tests took $(( $(date +%s) - start )) s"
+  [ "${rc}" = 0 ] || failed_excerpts "${half}" "${build}/ctest.log" >>"${summary}"
 
   if [ -n "${reports}" ]; then
     "${root}/scripts/sanitizer-reports.sh" "${reports}" sanitizer || rc=1
@@ -108,4 +130,8 @@ case "${mode}" in
     run_half sanitize || rc=$? ;;
   *) run_half "${mode}" || rc=$? ;;
 esac
+if [ -s "${summary}" ]; then
+  echo "== what failed (repeated from above)"
+  cat "${summary}"
+fi
 exit "${rc}"

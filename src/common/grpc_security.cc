@@ -51,6 +51,18 @@ absl::StatusOr<std::string> ReadPem(const std::string& path, const char* what, c
   return pem;
 }
 
+// A private key's PEM text, from a file only its owner (this process's user
+// or root) may change and no other user may read (common/secret_file.h; a
+// Kubernetes Secret's link is followed): a key others can read is as good as
+// published, and the daemon says so at start instead of using it.
+absl::StatusOr<std::string> ReadKeyPem(const std::string& path) {
+  CKPT_ASSIGN_OR_RETURN(std::string pem, ReadSecretFile(path, "key file (--tls-key)", /*follow_symlink=*/true));
+  if (pem.find("-----BEGIN ") == std::string::npos) {
+    return absl::InvalidArgumentError(absl::StrCat("key file \"", path, "\" (--tls-key) is not PEM (no -----BEGIN line)"));
+  }
+  return pem;
+}
+
 // The TLS files parsed and matched with OpenSSL, so that a daemon or ckptctl
 // refuses them at start, naming the flag and the problem, instead of gRPC's
 // "Invalid private key" at bind time or a handshake that fails later.
@@ -256,6 +268,9 @@ absl::Status CheckTlsFiles(const TlsFiles& files, bool server, bool also_client)
     CKPT_ASSIGN_OR_RETURN(key_pem, ReadPem(files.key_file, "key", "--tls-key"));
   }
   CKPT_RETURN_IF_ERROR(CheckTlsContents(files, server, also_client || !server, ca_pem, cert_pem, key_pem));
+  // Who may read the key, once it is known to be the certificate's key (a
+  // certificate given as the key is named as such first).
+  if (!files.key_file.empty()) CKPT_RETURN_IF_ERROR(ReadKeyPem(files.key_file).status());
   if (!files.crl_dir.empty()) CKPT_RETURN_IF_ERROR(CheckCrlDir(files.crl_dir));
   return absl::OkStatus();
 }
@@ -280,7 +295,7 @@ absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> ServerCredentials(const
       CKPT_ASSIGN_OR_RETURN(std::string ca, ReadPem(files.ca_file, "CA", "--tls-ca"));
       grpc::experimental::IdentityKeyCertPair pair;
       CKPT_ASSIGN_OR_RETURN(pair.certificate_chain, ReadPem(files.cert_file, "certificate", "--tls-cert"));
-      CKPT_ASSIGN_OR_RETURN(pair.private_key, ReadPem(files.key_file, "key", "--tls-key"));
+      CKPT_ASSIGN_OR_RETURN(pair.private_key, ReadKeyPem(files.key_file));
       provider = std::make_shared<grpc::experimental::StaticDataCertificateProvider>(
           ca, std::vector<grpc::experimental::IdentityKeyCertPair>{std::move(pair)});
     }
@@ -295,7 +310,7 @@ absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> ServerCredentials(const
   CKPT_ASSIGN_OR_RETURN(opts.pem_root_certs, ReadPem(files.ca_file, "CA", "--tls-ca"));
   grpc::SslServerCredentialsOptions::PemKeyCertPair pair;
   CKPT_ASSIGN_OR_RETURN(pair.cert_chain, ReadPem(files.cert_file, "certificate", "--tls-cert"));
-  CKPT_ASSIGN_OR_RETURN(pair.private_key, ReadPem(files.key_file, "key", "--tls-key"));
+  CKPT_ASSIGN_OR_RETURN(pair.private_key, ReadKeyPem(files.key_file));
   opts.pem_key_cert_pairs.push_back(std::move(pair));
   return grpc::SslServerCredentials(opts);
 }
@@ -326,7 +341,7 @@ absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> ChannelCredentials(con
       if (identity) {
         grpc::experimental::IdentityKeyCertPair pair;
         CKPT_ASSIGN_OR_RETURN(pair.certificate_chain, ReadPem(files.cert_file, "certificate", "--tls-cert"));
-        CKPT_ASSIGN_OR_RETURN(pair.private_key, ReadPem(files.key_file, "key", "--tls-key"));
+        CKPT_ASSIGN_OR_RETURN(pair.private_key, ReadKeyPem(files.key_file));
         pairs.push_back(std::move(pair));
       }
       provider = std::make_shared<grpc::experimental::StaticDataCertificateProvider>(ca, std::move(pairs));
@@ -352,7 +367,7 @@ absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> ChannelCredentials(con
   CKPT_ASSIGN_OR_RETURN(opts.pem_root_certs, ReadPem(files.ca_file, "CA", "--tls-ca"));
   if (identity) {
     CKPT_ASSIGN_OR_RETURN(opts.pem_cert_chain, ReadPem(files.cert_file, "certificate", "--tls-cert"));
-    CKPT_ASSIGN_OR_RETURN(opts.pem_private_key, ReadPem(files.key_file, "key", "--tls-key"));
+    CKPT_ASSIGN_OR_RETURN(opts.pem_private_key, ReadKeyPem(files.key_file));
   }
   return grpc::SslCredentials(opts);
 }

@@ -66,7 +66,10 @@ void TlsFilesFromEnvironment(TlsFiles* files);
 // InvalidArgument naming the flag and the problem when --tls-ca is not a CA
 // certificate (or has expired), --tls-cert is not a certificate, has expired
 // or is not yet valid, --tls-key is not a private key or does not match the
-// certificate, or the certificate's extended key usage lacks serverAuth
+// certificate, or is a file other users may read or change (the rules of
+// common/secret_file.h, a link followed: owned by this process's user or
+// root, mode no wider than 0640), or the certificate's extended key usage
+// lacks serverAuth
 // (server) or clientAuth (a caller: !server, or also_client for a daemon
 // that also calls another, as an agent calls meta).
 absl::Status CheckTlsFiles(const TlsFiles& files, bool server, bool also_client = false);

@@ -20,8 +20,9 @@ std::string Mode(mode_t m) { return absl::StrFormat("%04o", m & 07777); }
 
 }  // namespace
 
-absl::StatusOr<std::string> ReadSecretFile(const std::string& path, const std::string& what) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
+absl::StatusOr<std::string> ReadSecretFile(const std::string& path, const std::string& what, bool follow_symlink) {
+  const int fd =
+      ::open(path.c_str(), O_RDONLY | (follow_symlink ? 0 : O_NOFOLLOW) | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
   if (fd < 0) {
     const int e = errno;
     if (e == ELOOP) {

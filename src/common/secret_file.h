@@ -1,5 +1,6 @@
-// Files that hold secrets (admin, agent and trainer tokens), and the
-// smallest token ckpt accepts (docs/security.md "Ids and tokens").
+// Files that hold secrets (admin, agent and trainer tokens, TLS private
+// keys), and the smallest token ckpt accepts (docs/security.md "Ids and
+// tokens").
 //
 // A secret file is opened with O_NOFOLLOW | O_CLOEXEC and checked on the
 // opened descriptor (fstat), never by path: what is checked is what is read,
@@ -32,7 +33,13 @@ inline constexpr char kMakeTokenHint[] = "make one with `head -c 32 /dev/urandom
 // file, owned by another user than this process's euid and root (the message
 // names both uids), mode wider than 0640 ("readable by every user" when
 // others may read it; the message gives the chmod), larger than 1 MiB.
-absl::StatusOr<std::string> ReadSecretFile(const std::string& path, const std::string& what);
+//
+// `follow_symlink`: a symbolic link is followed and the file it names is
+// checked (private keys, which Kubernetes mounts as links into "..data/"
+// and tools such as cert-manager replace by swapping the link); tokens keep
+// refusing links.
+absl::StatusOr<std::string> ReadSecretFile(const std::string& path, const std::string& what,
+                                           bool follow_symlink = false);
 
 // OK if `token` has at least kMinTokenChars characters; otherwise
 // InvalidArgument "<where> holds a token of N characters; at least 22 (128

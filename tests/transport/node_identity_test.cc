@@ -8,6 +8,9 @@
 
 #include <gtest/gtest.h>
 
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <fstream>
 #include <sstream>
 
@@ -221,6 +224,86 @@ TEST(NodeIdentity, BadCredentialFilesAreClearErrors) {
   f = NodeCredentialsFiles::Open({n1.ca, n1.cert, n1.key, "", 0});
   ASSERT_TRUE(f.ok()) << f.status();
   EXPECT_EQ((*f)->Current()->identity(), "ckpt://node/n1");
+}
+
+// Copies `from` to `to` with `mode` (the test PKI's files are shared).
+void CopyFile(const std::string& from, const std::string& to, mode_t mode) {
+  std::ofstream(to, std::ios::binary | std::ios::trunc) << ReadTestFile(from);
+  ASSERT_EQ(::chmod(to.c_str(), mode), 0) << to;
+}
+
+TEST(NodeIdentity, AKeyFileOthersMayReadIsRefused) {
+  const TlsFilePaths n1 = TestPki::Shared().Node("n1");
+  absl::StatusOr<ckpt::testing::TempDir> dir = ckpt::testing::TempDir::Create();
+  ASSERT_TRUE(dir.ok()) << dir.status();
+  const std::string key = dir->path() + "/node.key";
+  CopyFile(n1.key, key, 0644);
+  absl::StatusOr<std::shared_ptr<NodeCredentialsFiles>> f = NodeCredentialsFiles::Open({n1.ca, n1.cert, key, "", 0});
+  ASSERT_FALSE(f.ok());
+  EXPECT_EQ(f.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(absl::StrContains(f.status().message(), "readable by every user")) << f.status();
+  EXPECT_TRUE(absl::StrContains(f.status().message(), "chmod 0600 " + key)) << f.status();
+  // Through a link (as a Kubernetes Secret volume mounts it), the file it
+  // names is what is checked.
+  const std::string link = dir->path() + "/tls.key";
+  ASSERT_EQ(::symlink(key.c_str(), link.c_str()), 0);
+  f = NodeCredentialsFiles::Open({n1.ca, n1.cert, link, "", 0});
+  ASSERT_FALSE(f.ok());
+  EXPECT_TRUE(absl::StrContains(f.status().message(), "readable by every user")) << f.status();
+  ASSERT_EQ(::chmod(key.c_str(), 0600), 0);
+  f = NodeCredentialsFiles::Open({n1.ca, n1.cert, link, "", 0});
+  ASSERT_TRUE(f.ok()) << f.status();
+  EXPECT_EQ((*f)->Current()->identity(), "ckpt://node/n1");
+  // Owned by another user (not root): refused even at 0600.
+  if (::geteuid() == 0) {
+    ASSERT_EQ(::chown(key.c_str(), 65534, 65534), 0);
+    f = NodeCredentialsFiles::Open({n1.ca, n1.cert, key, "", 0});
+    ASSERT_FALSE(f.ok());
+    EXPECT_TRUE(absl::StrContains(f.status().message(), "owned by uid 65534")) << f.status();
+  }
+}
+
+TEST(NodeIdentity, ARefreshTakesRenewedFilesAndKeepsTheOldOnesWhenTheNewAreBad) {
+  const TlsFilePaths n1 = TestPki::Shared().Node("n1");
+  const TlsFilePaths n2 = TestPki::Shared().Node("n2");
+  absl::StatusOr<ckpt::testing::TempDir> dir = ckpt::testing::TempDir::Create();
+  ASSERT_TRUE(dir.ok()) << dir.status();
+  const std::string cert = dir->path() + "/node.pem", key = dir->path() + "/node.key";
+  CopyFile(n1.cert, cert, 0644);
+  CopyFile(n1.key, key, 0600);
+  // reload_seconds 0: no thread, so only Refresh re-reads (deterministic).
+  absl::StatusOr<std::shared_ptr<NodeCredentialsFiles>> f = NodeCredentialsFiles::Open({n1.ca, cert, key, "", 0});
+  ASSERT_TRUE(f.ok()) << f.status();
+  const std::shared_ptr<const NodeCredentials> before = (*f)->Current();
+  EXPECT_EQ(before->identity(), "ckpt://node/n1");
+  // Half-renewed: n2's certificate with n1's key. Refused, n1's stay.
+  CopyFile(n2.cert, cert, 0644);
+  absl::Status s = (*f)->Refresh();
+  ASSERT_FALSE(s.ok());
+  EXPECT_TRUE(absl::StrContains(s.message(), "does not match")) << s;
+  EXPECT_EQ((*f)->Current(), before);
+  // Renewed: now n2's (a connection already started keeps what it took).
+  CopyFile(n2.key, key, 0600);
+  s = (*f)->Refresh();
+  ASSERT_TRUE(s.ok()) << s;
+  EXPECT_EQ((*f)->Current()->identity(), "ckpt://node/n2");
+  EXPECT_EQ(before->identity(), "ckpt://node/n1");
+  // A key made readable by others at renewal is refused as at start.
+  ASSERT_EQ(::chmod(key.c_str(), 0644), 0);
+  s = (*f)->Refresh();
+  ASSERT_FALSE(s.ok());
+  EXPECT_TRUE(absl::StrContains(s.message(), "readable by every user")) << s;
+  EXPECT_EQ((*f)->Current()->identity(), "ckpt://node/n2");
+}
+
+TEST(NodeIdentity, TheRereadingThreadStopsWithItsOwner) {
+  const TlsFilePaths n1 = TestPki::Shared().Node("n1");
+  // A period far longer than the test: the destructor must not wait it out.
+  absl::StatusOr<std::shared_ptr<NodeCredentialsFiles>> f =
+      NodeCredentialsFiles::Open({n1.ca, n1.cert, n1.key, "", 3600});
+  ASSERT_TRUE(f.ok()) << f.status();
+  EXPECT_EQ((*f)->Current()->identity(), "ckpt://node/n1");
+  f = absl::InternalError("released");  // joins the thread; a hang fails by ctest's timeout
 }
 
 TEST(NodeIdentity, MalformedIdentityBlocksAreRefused) {

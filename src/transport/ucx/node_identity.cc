@@ -17,6 +17,7 @@
 #include "common/endian.h"
 #include "common/log.h"
 #include "common/pki.h"
+#include "common/secret_file.h"
 #include "common/status_macros.h"
 
 namespace ckpt::transport {
@@ -232,7 +233,7 @@ bool NodeCredentials::CheckSignature(std::string_view der, std::string_view mess
 absl::StatusOr<std::shared_ptr<const NodeCredentials>> NodeCredentialsFiles::Read(const Files& files) {
   CKPT_ASSIGN_OR_RETURN(std::string ca, ReadWhole(files.ca_file, "--tls-ca"));
   CKPT_ASSIGN_OR_RETURN(std::string cert, ReadWhole(files.cert_file, "--tls-cert"));
-  CKPT_ASSIGN_OR_RETURN(std::string key, ReadWhole(files.key_file, "--tls-key"));
+  CKPT_ASSIGN_OR_RETURN(std::string key, ReadSecretFile(files.key_file, "--tls-key", /*follow_symlink=*/true));
   std::string crls;
   if (!files.crl_dir.empty()) {
     std::error_code ec;
@@ -256,35 +257,53 @@ absl::StatusOr<std::shared_ptr<const NodeCredentials>> NodeCredentialsFiles::Rea
 absl::StatusOr<std::shared_ptr<NodeCredentialsFiles>> NodeCredentialsFiles::Open(const Files& files) {
   CKPT_ASSIGN_OR_RETURN(std::shared_ptr<const NodeCredentials> first, Read(files));
   std::shared_ptr<NodeCredentialsFiles> out(new NodeCredentialsFiles(files));
-  absl::MutexLock lock(&out->mu_);
-  out->current_ = std::move(first);
-  out->read_at_ = absl::Now();
+  {
+    absl::MutexLock lock(&out->mu_);
+    out->current_ = std::move(first);
+  }
+  if (files.reload_seconds > 0) out->rereader_ = std::thread([f = out.get()] { f->RereadLoop(); });
   return out;
 }
 
-std::shared_ptr<const NodeCredentials> NodeCredentialsFiles::Current() {
+NodeCredentialsFiles::~NodeCredentialsFiles() {
   {
     absl::MutexLock lock(&mu_);
-    if (files_.reload_seconds == 0 || reading_ || absl::Now() - read_at_ < absl::Seconds(files_.reload_seconds)) {
-      return current_;
-    }
-    reading_ = true;
+    stopping_ = true;
   }
-  absl::StatusOr<std::shared_ptr<const NodeCredentials>> fresh = Read(files_);
+  if (rereader_.joinable()) rereader_.join();
+}
+
+std::shared_ptr<const NodeCredentials> NodeCredentialsFiles::Current() {
   absl::MutexLock lock(&mu_);
-  reading_ = false;
-  read_at_ = absl::Now();
-  if (fresh.ok()) {
-    if ((*fresh)->certificate_der() != current_->certificate_der()) {
-      log::Info("data plane: new certificate {} read from {}; new connections use it", (*fresh)->identity(),
-                files_.cert_file);
-    }
-    current_ = *std::move(fresh);
-  } else {
-    log::Warn("data plane: cannot re-read the TLS files ({}); the certificate read before stays in use",
-              std::string(fresh.status().message()));
-  }
   return current_;
+}
+
+absl::Status NodeCredentialsFiles::Refresh() {
+  absl::StatusOr<std::shared_ptr<const NodeCredentials>> fresh = Read(files_);
+  if (!fresh.ok()) return fresh.status();
+  absl::MutexLock lock(&mu_);
+  if ((*fresh)->certificate_der() != current_->certificate_der()) {
+    log::Info("data plane: new certificate {} read from {}; new connections use it", (*fresh)->identity(),
+              files_.cert_file);
+  }
+  current_ = *std::move(fresh);
+  return absl::OkStatus();
+}
+
+void NodeCredentialsFiles::RereadLoop() {
+  std::string last_error;
+  for (;;) {
+    {
+      absl::MutexLock lock(&mu_);
+      if (mu_.AwaitWithTimeout(absl::Condition(&stopping_), absl::Seconds(files_.reload_seconds))) return;
+    }
+    const absl::Status s = Refresh();
+    if (!s.ok() && s.ToString() != last_error) {
+      log::Warn("data plane: cannot re-read the TLS files ({}); the certificate read before stays in use",
+                std::string(s.message()));
+    }
+    last_error = s.ok() ? std::string() : s.ToString();
+  }
 }
 
 // ---------------------------------------------------------------------------

@@ -41,6 +41,7 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <thread>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
@@ -97,11 +98,17 @@ class NodeCredentials {
 };
 
 // A node's credentials read from its TLS files (the agent's --tls-ca,
-// --tls-cert, --tls-key and --tls-crl-dir), re-read at most every
-// `reload_seconds` when asked for (0: read once), so a renewed certificate or
-// a new CRL applies to new connections without a restart, as it does on the
-// agent's gRPC side. A re-read that fails (a half-written file, a key that
-// does not match) is logged and the credentials read before stay in use.
+// --tls-cert, --tls-key and --tls-crl-dir), re-read every `reload_seconds`
+// by a thread of its own (0: read once), so a renewed certificate or a new
+// CRL applies to new connections without a restart, as it does on the
+// agent's gRPC side. Current() never touches a file: it is called on the
+// transport's progress thread. A re-read that fails (a half-written file, a
+// key that does not match) is logged and the credentials read before stay
+// in use. The key file must be one only its owner may read
+// (common/secret_file.h; a link is followed).
+//
+// Thread safety: every method from any thread; the destructor stops and
+// joins the re-reading thread.
 class NodeCredentialsFiles {
  public:
   struct Files {
@@ -112,25 +119,35 @@ class NodeCredentialsFiles {
     uint32_t reload_seconds = 0;
   };
 
-  // Reads the files once: InvalidArgument naming the file and the problem
-  // (NodeCredentials::FromPem's errors, a file that cannot be read).
+  // Reads the files once and, with reload_seconds, starts the re-reading
+  // thread: InvalidArgument naming the file and the problem
+  // (NodeCredentials::FromPem's errors, a file that cannot be read, a key
+  // file others may read or change).
   static absl::StatusOr<std::shared_ptr<NodeCredentialsFiles>> Open(const Files& files);
+  ~NodeCredentialsFiles();
+  NodeCredentialsFiles(const NodeCredentialsFiles&) = delete;
+  NodeCredentialsFiles& operator=(const NodeCredentialsFiles&) = delete;
 
-  // The credentials to use for a connection starting now. Blocks on file
-  // I/O when a re-read is due (never under a lock).
+  // The credentials to use for a connection starting now (no I/O).
   std::shared_ptr<const NodeCredentials> Current();
 
-  // Reads the files (no lock held): what Open and a due re-read do.
+  // Reads the files again now (no lock held while reading) and, if they are
+  // good, makes them current; otherwise returns Read's error and keeps the
+  // credentials read before. What the re-reading thread does each period.
+  absl::Status Refresh();
+
+  // Reads the files (no lock held): what Open and Refresh do.
   static absl::StatusOr<std::shared_ptr<const NodeCredentials>> Read(const Files& files);
 
  private:
   explicit NodeCredentialsFiles(Files files) : files_(std::move(files)) {}
+  void RereadLoop();
 
   const Files files_;
   absl::Mutex mu_;
   std::shared_ptr<const NodeCredentials> current_ ABSL_GUARDED_BY(mu_);
-  absl::Time read_at_ ABSL_GUARDED_BY(mu_);
-  bool reading_ ABSL_GUARDED_BY(mu_) = false;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread rereader_;  // with reload_seconds; started by Open, joined by the destructor
 };
 
 // The fields of one side's identity block (see above).

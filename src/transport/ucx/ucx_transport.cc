@@ -1280,7 +1280,7 @@ class UcxImpl : public UcxTransport {
   bool KeyRequired() const { return options_.require_auth || options_.identity != nullptr; }
 
   // The node credentials a handshake starting now proves (null: no
-  // identities). May read files (NodeCredentialsFiles' reload).
+  // identities). Reads no file (UcxOptions::identity).
   // Start's self-check proves none: it checks that UCX carries messages, and
   // a node whose certificate does not chain to its own CA (a mistake its
   // peers refuse, fixed by replacing the files) must still start.

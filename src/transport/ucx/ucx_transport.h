@@ -176,7 +176,8 @@ struct UcxOptions {
   // a peer without a node certificate of that CA is refused, and
   // PeerIdentity() says which node each connection's peer is. Identities
   // need the cluster key: while none is known, connections are refused as
-  // with require_auth. Unset: no identities.
+  // with require_auth. Unset: no identities. Called on the progress thread:
+  // it must not block (NodeCredentialsFiles::Current reads no file).
   std::function<std::shared_ptr<const NodeCredentials>()> identity;
 };
 

@@ -5,6 +5,7 @@
 // before anything is bound or created (meta's --data-dir, the agent's run
 // dir and memory dir stay absent).
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <openssl/evp.h>
 #include <openssl/pem.h>
@@ -12,6 +13,7 @@
 #include <openssl/x509v3.h>
 
 #include <cstdio>
+#include <fstream>
 #include <string>
 #include <vector>
 
@@ -208,6 +210,46 @@ TEST_F(TlsStartupTest, AgentsRefuseACertificateWithoutClientAuthOrAKeyThatDoesNo
   const TlsFilePaths dpu_server_only =
       MakeCert(P("dpu-server-only"), {.uri = "ckpt://node/n1", .eku = "serverAuth"});
   AgentRefuses("ckpt-dpu-agent", dpu_server_only, "lacks clientAuth");
+}
+
+// A private key others may read is as good as published: every program
+// that takes --tls-key refuses it at start, saying how to fix it.
+TEST_F(TlsStartupTest, AKeyOthersMayReadOrChangeIsRefusedAtStart) {
+  const TlsFilePaths meta = TestPki::Shared().Meta();
+  const std::string wide = P("meta-wide.key");
+  {
+    std::ifstream in(meta.key, std::ios::binary);
+    std::ofstream(wide, std::ios::binary) << in.rdbuf();
+  }
+  ASSERT_EQ(::chmod(wide.c_str(), 0644), 0);
+  MetaRefuses({meta.ca, meta.cert, wide},
+              absl::StrCat("key file (--tls-key) \"", wide, "\" has mode 0644 (readable by every user)"));
+  ASSERT_EQ(::chmod(wide.c_str(), 0660), 0);
+  MetaRefuses({meta.ca, meta.cert, wide}, absl::StrCat("no wider than 0640: chmod 0600 ", wide));
+  const TlsFilePaths n1 = TestPki::Shared().Node("n1");
+  const std::string node_wide = P("n1-wide.key");
+  {
+    std::ifstream in(n1.key, std::ios::binary);
+    std::ofstream(node_wide, std::ios::binary) << in.rdbuf();
+  }
+  ASSERT_EQ(::chmod(node_wide.c_str(), 0604), 0);
+  AgentRefuses("ckpt-agent", {n1.ca, n1.cert, node_wide}, "readable by every user");
+  if (::geteuid() == 0) {
+    ASSERT_EQ(::chmod(node_wide.c_str(), 0600), 0);
+    ASSERT_EQ(::chown(node_wide.c_str(), 65534, 65534), 0);
+    AgentRefuses("ckpt-agent", {n1.ca, n1.cert, node_wide}, "is owned by uid 65534");
+  }
+  const TlsFilePaths admin = TestPki::Shared().Client(pki::Role::kAdmin, "alice");
+  const std::string admin_wide = P("admin-wide.key");
+  {
+    std::ifstream in(admin.key, std::ios::binary);
+    std::ofstream(admin_wide, std::ios::binary) << in.rdbuf();
+  }
+  ASSERT_EQ(::chmod(admin_wide.c_str(), 0644), 0);
+  RunResult r = Run({testing::BinaryPath("ckptctl"), "--meta", "127.0.0.1:1", "--timeout", "1", "--tls-ca", admin.ca,
+                     "--tls-cert", admin.cert, "--tls-key", admin_wide, "nodes"});
+  EXPECT_TRUE(r.status.exited() && r.status.exit_code() == 2) << r.status << "\n" << r.stderr_text;
+  EXPECT_THAT(r.stderr_text, HasSubstr("readable by every user"));
 }
 
 TEST_F(TlsStartupTest, CkptctlRefusesBadFilesAndSaysACertificateIsMissingWhenOnlyTheCaIsGiven) {

@@ -47,7 +47,7 @@ trap 'rm -f "${summary}"' EXIT
 failed_excerpts() {
   awk -v half="$1" '
     function flush() { if (name != "") { print "== " half ": FAILED " name; for (i = (n > 40 ? n - 39 : 1); i <= n; i++) print "   | " buf[i]; } name = ""; n = 0 }
-    /^ *[0-9]+\/[0-9]+ Test +#[0-9]+:/ { flush(); if ($0 ~ /\*\*\*(Failed|Timeout|Exception|Not Run)/) name = $0; next }
+    /^ *[0-9]+\/[0-9]+ Test +#[0-9]+:/ { flush(); if ($0 ~ /\*\*\*(Failed|Timeout|Exception|Not Run)/ && $0 !~ /Disabled/) name = $0; next }
     /^ *Start +[0-9]+:/ || /^[0-9]+% tests passed/ { flush(); next }
     name != "" { buf[++n] = $0 }
     END { flush() }' "$2"

@@ -15,18 +15,39 @@ and AdamW's two moments of every parameter: 148 x 3 tensors by default, about
   load_into     client.load_into(step, targets) into the live tensors
   memcpy        one numpy copy of as many bytes (this machine's limit)
 
-The tensors of each load are dropped before the next (so the allocator is as
-warm for one as for the other). Prints each mode's median, min and max, and
-the medians as ratios to torch.load and to memcpy. Each c.load result is
-checked equal to the saved state once.
+The tensors of each load are dropped before the next. Both loads allocate
+their tensors with glibc's malloc, so in one process what they cost depends
+mostly on whether malloc hands back memory this process has touched before
+(no page faults) or fresh pages (a fault per 4 KiB page, each zeroed by the
+kernel), and that depends on glibc's heap state (its dynamic trim and mmap
+thresholds), which changes from run to run. --allocator fixes it
+(GLIBC_TUNABLES; the script re-runs itself):
+
+  warm      (default) freed memory is kept (trim threshold 1 TiB, tensors up
+            to 32 MiB from the heap): a trainer that held its state before
+  default   glibc's own thresholds (results vary between runs)
+
+With --fresh, each load instead runs in a new process that does just that
+load, as a trainer's resume after a restart does (c.load through a client
+made before the timing; torch.load of bytes read from a file before the
+timing), --runs processes of each kind, alternating: every byte lands in
+memory the process never touched, with glibc's own thresholds.
+
+Prints each mode's median, min and max, the medians as ratios to torch.load
+and to memcpy, and the page faults each took. Each c.load result is checked
+equal to the saved state once.
 
   PYTHONPATH=build/python CKPT_BUILD_DIR=build /usr/bin/python3 bench/load_bench.py \\
-      [--d-model 640] [--layers 12] [--vocab 50257] [--runs 7]
+      [--fresh | --allocator warm|default] [--d-model 640] [--layers 12] [--vocab 50257] [--runs 7]
 """
 import argparse
 import gc
 import io
+import os
+import resource
 import statistics
+import subprocess
+import sys
 import time
 
 import numpy as np
@@ -35,6 +56,10 @@ import torch
 from bench_daemons import memcpy_seconds, running  # bench/ (this script's directory)
 
 MiB = 1 << 20
+TUNABLES = {
+    "warm": "glibc.malloc.trim_threshold=1099511627776:glibc.malloc.mmap_threshold=33554432",
+    "default": "",
+}
 
 
 def gpt2_like(d, layers, vocab, ctx=1024):
@@ -64,13 +89,51 @@ def same(a, b):
     return all(torch.equal(a[p][k], b[p][k]) for p in a for k in a[p])
 
 
+# One load in a process of its own (--fresh): prints "seconds faults".
+FRESH_CHILD = r"""
+import io, resource, sys, time
+import torch
+import ckpt
+mode, meta, socket, path = sys.argv[1:5]
+if mode == "c.load":
+    c = ckpt.Client(job="load-bench", rank=0, world_size=1, meta=meta, agent_socket=socket)
+    load = lambda: c.load(1)
+else:
+    data = open(path, "rb").read()
+    load = lambda: torch.load(io.BytesIO(data))
+f0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+t = time.perf_counter()
+state = load()
+print(time.perf_counter() - t, resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0)
+"""
+
+
+def fresh_loads(d, path, runs, times, faults):
+    for _ in range(runs):
+        for mode in ("c.load", "torch.load"):
+            out = subprocess.run([sys.executable, "-c", FRESH_CHILD, mode, d.meta, str(d.socket), path],
+                                 capture_output=True, text=True)
+            if out.returncode != 0:
+                raise SystemExit(f"load_bench.py: the {mode} process failed:\n{out.stderr[-3000:]}")
+            seconds, n = out.stdout.split()[-2:]
+            times[mode].append(float(seconds))
+            faults[mode].append(int(n))
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--d-model", type=int, default=640)
     ap.add_argument("--layers", type=int, default=12)
     ap.add_argument("--vocab", type=int, default=50257)
     ap.add_argument("--runs", type=int, default=7)
+    ap.add_argument("--allocator", choices=sorted(TUNABLES), default="warm")
+    ap.add_argument("--fresh", action="store_true", help="each load in a new process (a resume)")
     a = ap.parse_args()
+    if a.fresh:
+        a.allocator = "default"
+    if os.environ.get("GLIBC_TUNABLES", "") != TUNABLES[a.allocator]:
+        os.execve(sys.executable, [sys.executable, *sys.argv],
+                  {**os.environ, "GLIBC_TUNABLES": TUNABLES[a.allocator]})
 
     state = gpt2_like(a.d_model, a.layers, a.vocab)
     total = nbytes(state)
@@ -80,40 +143,61 @@ def main():
     blob = buf.getvalue()
     targets = {f"{p}/{k}": t for p, part in state.items() for k, t in part.items()}
 
-    times = {m: [] for m in ("c.load", "torch.load", "load_into", "memcpy")}
+    modes = ("c.load", "torch.load") if a.fresh else ("c.load", "torch.load", "load_into")
+    times = {m: [] for m in (*modes, "memcpy")}
+    faults = {m: [] for m in times}
+
+    def timed(mode, fn):
+        gc.collect()
+        f0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+        t = time.perf_counter()
+        out = fn()
+        times[mode].append(time.perf_counter() - t)
+        faults[mode].append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0)
+        return out
+
     with running(f"{(3 * total + (512 * MiB)) // MiB}MiB", "load") as d:
+        # Saved by one client, loaded by another, as a restarted trainer
+        # would (a client that saves also warms the agent's pool in the
+        # background for its next save, which would compete with the loads).
+        saver = d.client("load-bench")
+        saver.save(1, state)
+        saver.wait(1, "staged")
+        saver = None
+        gc.collect()
         c = d.client("load-bench")
-        c.save(1, state)
-        c.wait(1, "staged")
         back = c.load(1)
         if not same(state, back):
             raise SystemExit("load_bench.py: c.load returned other values than were saved")
         del back
-        for _ in range(a.runs):
+        if a.fresh:
+            c = None
             gc.collect()
-            t = time.perf_counter()
-            got = c.load(1)
-            times["c.load"].append(time.perf_counter() - t)
+            path = str(d.root / "state.pt")
+            with open(path, "wb") as f:
+                f.write(blob)
+            fresh_loads(d, path, a.runs, times, faults)
+        for _ in range(0 if a.fresh else a.runs):
+            got = timed("c.load", lambda: c.load(1))
             del got
-            gc.collect()
-            t = time.perf_counter()
-            got = torch.load(io.BytesIO(blob))
-            times["torch.load"].append(time.perf_counter() - t)
+            got = timed("torch.load", lambda: torch.load(io.BytesIO(blob)))
             del got
-            gc.collect()
-            t = time.perf_counter()
-            c.load_into(1, targets)
-            times["load_into"].append(time.perf_counter() - t)
-            times["memcpy"].append(memcpy_seconds(total) if not times["memcpy"] else times["memcpy"][0])
+            timed("load_into", lambda: c.load_into(1, targets))
+        times["memcpy"].append(memcpy_seconds(total))
+        faults["memcpy"].append(0)
+        c = None  # its last shard closes before the daemons stop
+        gc.collect()
 
     med = {m: statistics.median(v) for m, v in times.items()}
     print(f"load_bench.py: {tensors} tensors, {total / MiB:.0f} MiB (GPT-2 shapes, d_model {a.d_model}, "
-          f"{a.layers} layers, vocab {a.vocab}), {a.runs} runs each, torch {torch.__version__}, "
-          f"numpy {np.__version__}")
-    print(f"{'mode':<12} {'median s':>9} {'min s':>7} {'max s':>7} {'GB/s':>6} {'/ torch.load':>12} {'/ memcpy':>9}")
+          f"{a.layers} layers, vocab {a.vocab}), {a.runs} runs each, "
+          f"{'each load in a fresh process' if a.fresh else 'allocator ' + a.allocator}, "
+          f"torch {torch.__version__}, numpy {np.__version__}")
+    print(f"{'mode':<12} {'median s':>9} {'min s':>7} {'max s':>7} {'GB/s':>6} {'/ torch.load':>12} {'/ memcpy':>9} "
+          f"{'page faults':>11}")
     for m, v in times.items():
         print(f"{m:<12} {med[m]:9.3f} {min(v):7.3f} {max(v):7.3f} {total / med[m] / 1e9:6.2f} "
-              f"{med[m] / med['torch.load']:11.2f}x {med[m] / med['memcpy']:8.2f}x")
+              f"{med[m] / med['torch.load']:11.2f}x {med[m] / med['memcpy']:8.2f}x {statistics.median(faults[m]):11.0f}")
 
 
 if __name__ == "__main__":

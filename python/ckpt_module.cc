@@ -706,6 +706,10 @@ py::object Empty(PyObject* from_dlpack, const LoadedItem& it, std::span<std::byt
   }
   auto o = std::make_unique<Owned>();
   // malloc's alignment (16) is numpy's; memalign is several times slower.
+  // No huge pages (numpy's madvise for large arrays): a trainer's first
+  // restore, into fresh memory, took twice as long with them here
+  // (bench/load_bench.py --fresh), the kernel zeroing each 2 MiB page in the
+  // fault on one core where the 4 KiB faults spread over the copy threads.
   o->data = std::malloc(std::max<size_t>(it.length_bytes, 1));
   if (o->data == nullptr) throw std::bad_alloc();
   o->shape.assign(it.shape.begin(), it.shape.end());
@@ -775,13 +779,19 @@ class Unflattener {
     }
   }
 
-  // Copies every item (GIL released by the caller). The first error.
+  // Copies every item, on every copy thread (GIL released by the caller).
+  // The first error.
   absl::Status Copy(const LoadedShard& shard) const {
+    std::vector<size_t> index;
+    std::vector<std::span<std::byte>> dst;
+    index.reserve(items_->size());
+    dst.reserve(items_->size());
     for (size_t i = 0; i < items_->size(); ++i) {
       if (dst_[i].data() == nullptr && (*items_)[i].length_bytes != 0) continue;  // containers
-      if (absl::Status s = shard.CopyItem(i, dst_[i]); !s.ok()) return s;
+      index.push_back(i);
+      dst.push_back(dst_[i]);
     }
-    return absl::OkStatus();
+    return shard.CopyItems(index, dst);
   }
 
   // Builds the nested state (GIL held).
@@ -1346,8 +1356,9 @@ class PyClient {
           }
         },
         [&](const LoadedShard& s) -> absl::Status {
-          for (size_t i = 0; i < dst.size(); ++i) CKPT_RETURN_IF_ERROR(s.CopyItem(i, dst[i]));
-          return absl::OkStatus();
+          std::vector<size_t> index(dst.size());
+          for (size_t i = 0; i < index.size(); ++i) index[i] = i;
+          return s.CopyItems(index, dst);
         });
     py::list out;
     const std::vector<LoadedItem>& items = shard.items();

@@ -735,6 +735,35 @@ absl::Status LoadedShard::CopyItem(size_t index, std::span<std::byte> dst) const
   return absl::OkStatus();
 }
 
+absl::Status LoadedShard::CopyItems(std::span<const size_t> index, std::span<const std::span<std::byte>> dst) const {
+  if (impl_ == nullptr || impl_->opened->closed) {
+    return absl::FailedPreconditionError("LoadedShard is closed");
+  }
+  if (index.size() != dst.size()) {
+    return absl::InvalidArgumentError(absl::StrCat(index.size(), " item indexes for ", dst.size(), " buffers"));
+  }
+  std::vector<client::ItemRead> reads;
+  reads.reserve(index.size());
+  for (size_t k = 0; k < index.size(); ++k) {
+    if (index[k] >= impl_->items.size()) {
+      return absl::OutOfRangeError(absl::StrCat("item index ", index[k], " is out of range: the shard has ",
+                                                impl_->items.size(), " items"));
+    }
+    const LoadedItem& item = impl_->items[index[k]];
+    if (dst[k].size() != item.length_bytes) {
+      return absl::InvalidArgumentError(absl::StrCat("buffer for item ", QuoteForMessage(item.name), " is ",
+                                                     dst[k].size(), " bytes, the item is ", item.length_bytes));
+    }
+    reads.push_back(client::ItemRead{RegionsOf(item), item.offset_bytes, dst[k]});
+  }
+  const std::vector<uint32_t> crcs = client::CopyItemsFromShard(reads);
+  for (size_t k = 0; k < index.size(); ++k) {
+    const LoadedItem& item = impl_->items[index[k]];
+    if (crcs[k] != item.crc32c) return absl::DataLossError(ItemMismatch(item.name, item.crc32c, crcs[k]));
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::span<const std::byte>> LoadedShard::View(const std::string& name) {
   if (impl_ == nullptr || impl_->opened->closed) {
     return absl::FailedPreconditionError("LoadedShard is closed");
@@ -958,10 +987,15 @@ absl::Status LoadIntoOpened(const std::shared_ptr<ClientCore>& core, uint64_t st
       plan.emplace_back(&it->second, buf);
     }
     std::string mismatch;
+    std::vector<client::ItemRead> reads;
+    reads.reserve(plan.size());
     for (const auto& [item, buf] : plan) {
-      const uint32_t crc = client::CopyFromShard(RegionsFor(**opened, *bases, item->ref_step), item->offset_bytes, buf);
-      if (crc != item->crc32c) {
-        mismatch = ItemMismatch(std::string(item->name), item->crc32c, crc);
+      reads.push_back(client::ItemRead{RegionsFor(**opened, *bases, item->ref_step), item->offset_bytes, buf});
+    }
+    const std::vector<uint32_t> crcs = client::CopyItemsFromShard(reads);
+    for (size_t k = 0; k < plan.size(); ++k) {
+      if (crcs[k] != plan[k].first->crc32c) {
+        mismatch = ItemMismatch(std::string(plan[k].first->name), plan[k].first->crc32c, crcs[k]);
         break;
       }
     }

@@ -122,6 +122,56 @@ uint32_t CopyFromShard(std::span<const ShardRegion> regions, uint64_t offset,
   return crc;
 }
 
+std::vector<uint32_t> CopyItemsFromShard(std::span<const ItemRead> items, unsigned threads) {
+  const unsigned k = threads == 0 ? CopyThreadCount() : threads;
+  std::vector<uint32_t> crcs(items.size(), 0);
+  // starts[i]: where item i begins in the stream of all items' bytes.
+  std::vector<uint64_t> starts(items.size() + 1, 0);
+  for (size_t i = 0; i < items.size(); ++i) starts[i + 1] = starts[i] + items[i].dst.size();
+  const uint64_t total = starts.back();
+  // Stream bytes [begin, end) of item i, from the calling thread.
+  auto copy = [&](size_t i, uint64_t begin, uint64_t end) {
+    uint32_t crc = 0;
+    ForEachPiece(items[i].regions, items[i].offset + begin, end - begin, [&](std::byte* p, uint64_t n, uint64_t done) {
+      crc = Crc32cCopy(items[i].dst.data() + begin + done, p, n, crc);
+    });
+    return crc;
+  };
+  if (k == 1 || total < kParallelCopyMinBytes) {
+    for (size_t i = 0; i < items.size(); ++i) crcs[i] = copy(i, 0, items[i].dst.size());
+    return crcs;
+  }
+  // Part t is stream bytes [t * part, (t + 1) * part): the pieces of the
+  // items it overlaps, with their crcs, combined in stream order at the end.
+  const uint64_t part = ((total + k - 1) / k + kCopyAlign - 1) / kCopyAlign * kCopyAlign;
+  struct Piece {
+    size_t item;
+    uint64_t length;
+    uint32_t crc;
+  };
+  std::vector<std::vector<Piece>> pieces(k);
+  auto run = [&](unsigned t) {
+    const uint64_t begin = std::min(total, t * part), end = std::min(total, begin + part);
+    if (begin == end) return;
+    // The first item that ends after `begin` (empty items are skipped).
+    size_t i = static_cast<size_t>(std::upper_bound(starts.begin(), starts.end(), begin) - starts.begin()) - 1;
+    for (; i < items.size() && starts[i] < end; ++i) {
+      const uint64_t from = std::max(begin, starts[i]) - starts[i];
+      const uint64_t to = std::min(end, starts[i + 1]) - starts[i];
+      if (from < to) pieces[t].push_back(Piece{i, to - from, copy(i, from, to)});
+    }
+  };
+  std::vector<std::thread> helpers;
+  helpers.reserve(k - 1);
+  for (unsigned t = 1; t < k; ++t) helpers.emplace_back(run, t);
+  run(0);
+  for (std::thread& h : helpers) h.join();
+  for (const std::vector<Piece>& list : pieces) {
+    for (const Piece& p : list) crcs[p.item] = Crc32cCombine(crcs[p.item], p.crc, p.length);
+  }
+  return crcs;
+}
+
 std::vector<CopiedItem> CopyItemsToShard(std::span<const ShardRegion> regions, std::span<const ItemCopy> items,
                                          unsigned threads) {
   const unsigned kThreads = threads == 0 ? CopyThreadCount() : threads;

@@ -85,6 +85,25 @@ std::vector<CopiedItem> CopyItemsToShard(std::span<const ShardRegion> regions, s
 uint32_t CopyFromShard(std::span<const ShardRegion> regions, uint64_t offset,
                        std::span<std::byte> dst);
 
+// One item of a load for CopyItemsFromShard: where its bytes are (each item
+// may come from another shard: an incremental version's references) and
+// where they go.
+struct ItemRead {
+  std::span<const ShardRegion> regions;
+  uint64_t offset = 0;
+  std::span<std::byte> dst;
+};
+
+// Copies every item's shard bytes to its dst and returns each item's
+// CRC-32C, computed while copying. The items' bytes, taken as one stream,
+// are split into `threads` equal parts (the caller's thread among them):
+// a model's hundreds of tensors of a few MiB each, too short for
+// ParallelCrc32cCopy to split, then load on every core, and an item that
+// straddles two parts gets its crc combined from both. Below 8 MiB in all,
+// or with `threads` 1, the calling thread copies them in order. `threads`
+// as for ParallelCrc32cCopy (0: CopyThreadCount()).
+std::vector<uint32_t> CopyItemsFromShard(std::span<const ItemRead> items, unsigned threads = 0);
+
 // The CRC-32C of shard bytes [offset, offset + n) (the calling thread).
 uint32_t ShardRangeCrc(std::span<const ShardRegion> regions, uint64_t offset, uint64_t n);
 

@@ -193,6 +193,70 @@ TEST(RegionIo, ManyItemsCopyOnSeveralThreadsAsOneByOneWould) {
   CopyManyItemsOn(0);
 }
 
+// A load's items from two shards (an incremental version's own items and a
+// base's), each over scattered regions: empty items, hundreds of small ones
+// and one of several MiB that straddles the threads' parts, into
+// destinations with guard bytes around each. Every byte and crc as the
+// item's own, on each thread count (forced: 3 and 4 never run on 2 cores by
+// default) and below the parallel threshold.
+void ReadManyItemsOn(unsigned threads, uint64_t big_item) {
+  SCOPED_TRACE(::testing::Message() << threads << " threads, big item " << big_item);
+  std::vector<std::vector<std::byte>> shards(2);
+  std::vector<std::vector<ShardRegion>> regions(2);
+  std::vector<std::vector<std::byte>> contents(2);
+  struct Item {
+    int shard;
+    uint64_t offset, length;
+  };
+  std::vector<Item> items;
+  std::vector<uint64_t> at = {0, 0};
+  for (int i = 0; i < 700; ++i) {
+    const int shard = i % 3 == 0 ? 1 : 0;
+    const uint64_t length = i == 350 ? big_item : (i % 50 == 0 ? 0 : 100 + (i * 7919) % 20000);
+    items.push_back(Item{shard, at[shard], length});
+    at[shard] += length + (i % 2 == 0 ? 0 : 64);
+  }
+  for (int k = 0; k < 2; ++k) {
+    contents[k] = Pattern(at[k], k + 1);
+    // Three regions, in another order in memory than in the shard.
+    const uint64_t a = at[k] / 3, b = at[k] / 3;
+    shards[k].assign(at[k] + 2 * 4096, std::byte{0xEE});
+    std::byte* mem = shards[k].data();
+    std::memcpy(mem + b + 4096, contents[k].data(), a);  // [0, a)
+    std::memcpy(mem, contents[k].data() + a, b);          // [a, a + b)
+    std::memcpy(mem + b + a + 8192, contents[k].data() + a + b, at[k] - a - b);
+    regions[k] = {{mem + b + 4096, a, 0}, {mem, b, a}, {mem + b + a + 8192, at[k] - a - b, a + b}};
+    ASSERT_TRUE(CheckCoverage(regions[k], at[k]).ok());
+  }
+  constexpr size_t kGuard = 16;
+  std::vector<std::vector<std::byte>> dst;
+  std::vector<ItemRead> reads;
+  for (const Item& it : items) dst.emplace_back(it.length + 2 * kGuard, std::byte{0x5A});
+  for (size_t i = 0; i < items.size(); ++i) {
+    reads.push_back(ItemRead{regions[items[i].shard], items[i].offset,
+                             std::span<std::byte>(dst[i].data() + kGuard, items[i].length)});
+  }
+  const std::vector<uint32_t> crcs = CopyItemsFromShard(reads, threads);
+  ASSERT_EQ(crcs.size(), items.size());
+  for (size_t i = 0; i < items.size(); ++i) {
+    const std::byte* want = contents[items[i].shard].data() + items[i].offset;
+    ASSERT_EQ(std::memcmp(dst[i].data() + kGuard, want, items[i].length), 0) << "item " << i;
+    EXPECT_EQ(crcs[i], Crc32c(std::span<const std::byte>(want, items[i].length))) << "item " << i;
+    for (size_t g = 0; g < kGuard; ++g) {
+      ASSERT_EQ(dst[i][g], std::byte{0x5A}) << "item " << i;
+      ASSERT_EQ(dst[i][kGuard + items[i].length + g], std::byte{0x5A}) << "item " << i;
+    }
+  }
+}
+
+TEST(RegionIo, ManyItemsLoadOnSeveralThreadsWithTheirOwnCrcs) {
+  for (unsigned threads : {1u, 2u, 3u, 4u, 0u}) {
+    ReadManyItemsOn(threads, 9 << 20);  // about 16 MiB in all: split
+    ReadManyItemsOn(threads, 1 << 10);  // about 7 MiB: one thread copies
+  }
+  EXPECT_TRUE(CopyItemsFromShard({}, 2).empty());
+}
+
 TEST(RegionIo, ContiguousRangeOnlyWhenAdjacentInMemory) {
   Scattered s;
   EXPECT_EQ(ContiguousRange(s.regions, 5, 90), s.backing.data() + 605);

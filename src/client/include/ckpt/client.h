@@ -332,6 +332,13 @@ class LoadedShard {
   // kDataLoss (the bytes do not match the item's crc32c; dst then holds
   // them anyway).
   absl::Status CopyItem(size_t index, std::span<std::byte> dst) const;
+  // CopyItem for many items at once: items()[index[k]] into dst[k], for
+  // every k, on every copy thread (client/region_io.h CopyItemsFromShard:
+  // a state of many tensors of a few MiB each loads on every core). Sizes
+  // and indexes are checked before anything is copied. Errors: those of
+  // CopyItem; kDataLoss names the first item (in `index` order) whose bytes
+  // do not match, after every item was copied.
+  absl::Status CopyItems(std::span<const size_t> index, std::span<const std::span<std::byte>> dst) const;
 
   // The item's bytes, read-only. Zero copy: a view into the agent's memory
   // tier, unless the item straddles two regions that are not adjacent in this

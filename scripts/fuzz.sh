@@ -6,7 +6,7 @@
 # corpus; exits 1 if any target crashed, leaked or timed out (the input is
 # kept as build-fuzz/fuzz/artifacts/TARGET/crash-*: add it to the seed corpus
 # as a regression input once fixed).
-#   scripts/fuzz.sh                          # all six, 30 s each
+#   scripts/fuzz.sh                          # all of them, 30 s each
 #   scripts/fuzz.sh --seconds 600 fuzz_manifest
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
@@ -22,7 +22,7 @@ while [ $# -gt 0 ]; do
     *) targets+=("$1"); shift ;;
   esac
 done
-all=(fuzz_manifest fuzz_durable_manifest fuzz_agent_record fuzz_peer_wire fuzz_greeting fuzz_config fuzz_trainer_tokens)
+all=(fuzz_manifest fuzz_durable_manifest fuzz_durable_version fuzz_agent_record fuzz_peer_wire fuzz_greeting fuzz_config fuzz_trainer_tokens)
 [ ${#targets[@]} -gt 0 ] || targets=("${all[@]}")
 "${root}/scripts/setup-deps.sh"  # clang and libclang-rt-14-dev among them
 command -v clang++ >/dev/null || { echo "fuzz.sh: clang++ not found (apt-get install clang libclang-rt-14-dev)" >&2; exit 2; }

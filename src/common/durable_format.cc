@@ -926,8 +926,11 @@ absl::StatusOr<DurableShard> MaterializeShard(FileSystem* fs, const DurableShard
     dense.items.push_back(std::move(placed));
   }
   dense.size_bytes = std::max<uint64_t>(end, 1);
-  out->assign(dense.size_bytes, std::byte{0});
+  // Every item inside its file before anything is allocated: a damaged
+  // manifest that claims more bytes than the files hold is DataLoss, not an
+  // allocation of what it claims.
   std::map<std::string, std::unique_ptr<ReadableFile>> files;  // path -> open file
+  std::vector<ReadableFile*> file_of_item(shard.items.size(), nullptr);
   for (size_t i = 0; i < shard.items.size(); ++i) {
     const ManifestItem& item = shard.items[i];
     if (item.length_bytes == 0) continue;
@@ -936,6 +939,19 @@ absl::StatusOr<DurableShard> MaterializeShard(FileSystem* fs, const DurableShard
     if (file == nullptr) {
       CKPT_ASSIGN_OR_RETURN(file, fs->NewReadableFile(path));
     }
+    if (item.offset_bytes > file->Size() || item.length_bytes > file->Size() - item.offset_bytes) {
+      return absl::DataLossError(absl::StrCat("'", path, "' (", file->Size(), " bytes) ends before item ",
+                                              QuoteForMessage(item.name), " [", item.offset_bytes, ", +",
+                                              item.length_bytes, ")"));
+    }
+    file_of_item[i] = file.get();
+  }
+  out->assign(dense.size_bytes, std::byte{0});
+  for (size_t i = 0; i < shard.items.size(); ++i) {
+    const ManifestItem& item = shard.items[i];
+    if (item.length_bytes == 0) continue;
+    const std::string path = file_of(item);
+    ReadableFile* const file = file_of_item[i];
     std::span<std::byte> dst(out->data() + dense.items[i].offset_bytes, item.length_bytes);
     CKPT_ASSIGN_OR_RETURN(size_t n, file->PositionedRead(item.offset_bytes, dst));
     if (n != dst.size()) {

@@ -64,9 +64,12 @@ absl::StatusOr<std::vector<std::byte>> ReadItem(FileSystem* fs, const std::strin
   }
   const std::string path = DurableRankFilePath(dir, rank);
   CKPT_ASSIGN_OR_RETURN(std::unique_ptr<ReadableFile> file, fs->NewReadableFile(path));
-  std::vector<std::byte> bytes(item.length_bytes);
+  // Inside the file before it is allocated: a damaged manifest's claim is
+  // DataLoss, not an allocation of its size.
+  const bool inside = item.offset_bytes <= file->Size() && item.length_bytes <= file->Size() - item.offset_bytes;
+  std::vector<std::byte> bytes(inside ? item.length_bytes : 0);
   CKPT_ASSIGN_OR_RETURN(size_t n, file->PositionedRead(item.offset_bytes, bytes));
-  if (n != bytes.size()) {
+  if (!inside || n != bytes.size()) {
     return absl::DataLossError(absl::StrCat(path, " ends before item ", QuoteForMessage(item.name), " [",
                                             item.offset_bytes, ", +", item.length_bytes, ")"));
   }

@@ -73,6 +73,7 @@ testing::AssertionResult HasError(const absl::StatusOr<T>& result, absl::StatusC
 
 constexpr int kF32 = 1;
 constexpr int kBF16 = 3;
+constexpr int kU8 = 9;
 constexpr char kRoot[] = "/durable";
 constexpr char kDir[] = "/durable/gpt/7";
 
@@ -455,6 +456,39 @@ TEST_F(DurableFormatTest, IncrementalVersionsReferToOlderVersionsFiles) {
                        absl::StatusCode::kDataLoss, {"no item with a \"ref_step\""}));
   std::string later = absl::StrReplaceAll(Read(&mem_, dir9 + "/manifest.json"), {{"\"ref_step\":7", "\"ref_step\":9"}});
   EXPECT_TRUE(HasError(ParseDurableManifest(later), absl::StatusCode::kDataLoss, {"not older"}));
+}
+
+// A damaged manifest claiming an item of 1 TiB in a 100-byte file: DataLoss
+// naming the file, before anything the size of the claim is allocated (it
+// was allocated first: bad_alloc, or an ASan allocation-size error).
+TEST_F(DurableFormatTest, AClaimBeyondTheFileIsDataLossNotAnAllocation) {
+  const std::string path = "/ckpt/claims/rank-00000.bin";
+  ASSERT_TRUE(IsOk(mem_.CreateDirs("/ckpt/claims")));
+  ASSERT_TRUE(IsOk(WriteStringToFileAtomically(&mem_, path, std::string(100, 'x'))));
+  DurableShard shard;
+  shard.rank = 0;
+  shard.file = RankFileName(0);
+  ManifestItem small = Item("small", kU8, {64}, 0, 64);
+  small.crc32c = Crc32c(std::string(64, 'x'));
+  ManifestItem huge = Item("huge", kU8, {uint64_t{1} << 40}, 64, uint64_t{1} << 40);
+  shard.items = {small, huge};
+  shard.size_bytes = (uint64_t{1} << 40) + 64;
+  std::vector<std::byte> out;
+  EXPECT_TRUE(HasError(MaterializeShard(&mem_, shard, [&](const ManifestItem&) { return path; }, &out),
+                       absl::StatusCode::kDataLoss, {path, "(100 bytes) ends before item \"huge\""}));
+  EXPECT_TRUE(out.empty());
+  // Past the end by one byte, as well.
+  shard.items = {small, Item("edge", kU8, {37}, 64, 37)};
+  shard.size_bytes = 101;
+  EXPECT_TRUE(HasError(MaterializeShard(&mem_, shard, [&](const ManifestItem&) { return path; }, &out),
+                       absl::StatusCode::kDataLoss, {"ends before item \"edge\""}));
+  shard.items[1] = Item("edge", kU8, {36}, 64, 36);
+  shard.items[1].crc32c = Crc32c(std::string(36, 'x'));
+  shard.size_bytes = 100;
+  absl::StatusOr<DurableShard> dense =
+      MaterializeShard(&mem_, shard, [&](const ManifestItem&) { return path; }, &out);
+  ASSERT_TRUE(IsOk(dense));
+  EXPECT_EQ(out.size(), dense->size_bytes);
 }
 
 TEST_F(DurableFormatTest, ReadsItemsAcrossChunkBoundaries) {

@@ -5,10 +5,14 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
+#include "common/crc32c.h"
 #include "common/durable_format.h"
+#include "common/global_tensor.h"
 #include "common/manifest.h"
 #include "common/names.h"
 #include "server/agent/arena.h"
@@ -56,6 +60,106 @@ std::vector<ckpt::ManifestItem> Items() {
   b.length_bytes = 8;
   b.attributes = {{"torch.dtype", "int64"}};
   return {a, b};
+}
+
+// fuzz_durable_version's records (fuzz_durable_version.cc): a tag, a 2-byte
+// little-endian length, the bytes.
+std::string Record(char tag, const std::string& bytes) {
+  std::string out(1, tag);
+  out += static_cast<char>(bytes.size() & 0xFF);
+  out += static_cast<char>((bytes.size() >> 8) & 0xFF);
+  return out + bytes;
+}
+
+// A rank file and its shard: f32 items of `shapes`, each 64-byte aligned,
+// filled with a pattern; `global` gives an item's (global name, global
+// shape, offsets), or none.
+struct SeedItem {
+  std::string name;
+  std::vector<uint64_t> shape;
+  std::string global_name;
+  std::vector<uint64_t> global_shape, offsets;
+  std::optional<uint64_t> ref_step;  // a reference: placed as in `base`
+};
+std::pair<ckpt::DurableShard, std::string> RankFile(uint32_t rank, const std::vector<SeedItem>& items,
+                                                    const ckpt::DurableShard* base = nullptr) {
+  ckpt::DurableShard shard;
+  shard.rank = rank;
+  shard.file = ckpt::RankFileName(rank);
+  std::string bytes;
+  for (const SeedItem& s : items) {
+    ckpt::ManifestItem item;
+    item.name = s.name;
+    item.dtype = 1;  // f32
+    item.shape = s.shape;
+    item.length_bytes = 4;
+    for (uint64_t d : s.shape) item.length_bytes *= d;
+    if (!s.global_shape.empty() || !s.global_name.empty()) {
+      item.attributes = ckpt::GlobalAttributes(s.name, s.global_name.empty() ? s.name : s.global_name,
+                                               s.global_shape, s.offsets);
+    }
+    if (s.ref_step) {
+      for (const ckpt::ManifestItem& b : base->items) {
+        if (b.name == s.name) {
+          item.offset_bytes = b.offset_bytes;
+          item.crc32c = b.crc32c;
+        }
+      }
+      item.ref_step = s.ref_step;
+      shard.items.push_back(item);
+      continue;
+    }
+    bytes.resize((bytes.size() + 63) / 64 * 64, '\0');
+    item.offset_bytes = bytes.size();
+    for (uint64_t i = 0; i < item.length_bytes; ++i) bytes += static_cast<char>((i * 31 + rank * 7 + s.name.size()) & 0xFF);
+    item.crc32c = ckpt::Crc32c(bytes.data() + item.offset_bytes, item.length_bytes);
+    shard.items.push_back(item);
+  }
+  if (bytes.empty()) bytes.assign(1, '\0');
+  shard.size_bytes = bytes.size();
+  shard.crc32c = ckpt::Crc32c(bytes.data(), bytes.size());
+  shard.items = ckpt::SortedByOffset(shard.items);
+  shard.manifest_digest = ckpt::ManifestDigest(shard.items);
+  return {shard, bytes};
+}
+
+ckpt::DurableManifest Version(uint64_t step, std::vector<ckpt::DurableShard> shards) {
+  ckpt::DurableManifest m;
+  m.job_id = "job";
+  m.step = step;
+  m.world_size = static_cast<uint32_t>(shards.size());
+  m.writer = "fuzz_seeds";
+  m.shards = std::move(shards);
+  for (const ckpt::DurableShard& s : m.shards) {
+    if (!ckpt::RefSteps(s.items).empty()) m.format_version = 2;
+  }
+  return m;
+}
+
+std::string Json(const ckpt::DurableManifest& m) {
+  absl::StatusOr<std::string> json = ckpt::EncodeDurableManifest(m);
+  if (!json.ok()) {
+    std::fprintf(stderr, "fuzz_seeds: %s\n", json.status().ToString().c_str());
+    std::exit(1);
+  }
+  return *json;
+}
+
+void DurableVersionSeeds(const std::filesystem::path& dir) {
+  // 0: one rank, a tensor whole and a rank's own item.
+  auto [r0, b0] = RankFile(0, {{"w", {4, 3}, "", {4, 3}, {0, 0}, {}}, {"own", {5}, "", {}, {}, {}}});
+  Write(dir, "fuzz_durable_version", 0, Record('M', Json(Version(9, {r0}))) + Record('R', b0));
+  // 1: two ranks: "w" split by rows, "b" replicated on both.
+  auto [s0, c0] = RankFile(0, {{"w.0", {2, 3}, "w", {4, 3}, {0, 0}, {}}, {"b", {3}, "", {3}, {0}, {}}});
+  auto [s1, c1] = RankFile(1, {{"w.1", {2, 3}, "w", {4, 3}, {2, 0}, {}}, {"b", {3}, "", {3}, {0}, {}}});
+  Write(dir, "fuzz_durable_version", 1,
+        Record('M', Json(Version(9, {s0, s1}))) + Record('R', c0) + Record('R', c1));
+  // 2: an incremental version: "w" from version 7, "b" its own.
+  auto [o0, d0] = RankFile(0, {{"w", {4, 3}, "", {4, 3}, {0, 0}, {}}, {"b", {3}, "", {}, {}, {}}});
+  auto [n0, e0] = RankFile(0, {{"b", {3}, "", {}, {}, {}}, {"w", {4, 3}, "", {4, 3}, {0, 0}, 7}}, &o0);
+  Write(dir, "fuzz_durable_version", 2,
+        Record('m', Json(Version(7, {o0}))) + Record('r', d0) + Record('M', Json(Version(9, {n0}))) +
+            Record('R', e0));
 }
 
 }  // namespace
@@ -182,5 +286,6 @@ int main(int argc, char** argv) {
   Write(dir, "fuzz_config", 0,
         "listen: 127.0.0.1:7400\nmemory: 4GiB\nlease_ms: 5s\nlog_json: true\ndata_rate: 0\n");
   Write(dir, "fuzz_config", 1, "agent:\n  memory: 1GiB\n  peer_timeout_ms: 30000\n");
+  DurableVersionSeeds(dir);
   return 0;
 }

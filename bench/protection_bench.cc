@@ -25,7 +25,12 @@
 // --insecure: no TLS, no data-plane key, nothing authenticated; what ckpt
 // did before issue 34). Rows are named <policy>/<mode>.
 //
-//   protection_bench [--size 512MiB] [--tls tcp|default] [--policies ring,ec] [--security mac]
+// --pin true runs the agents on half of the CPUs (ckpt-agent --cpus) and
+// the bench, which plays every trainer, on the other half (rows named
+// <policy>/<mode>/pinned): how much of the save's blocking is the agents
+// taking the trainers' CPUs.
+//
+//   protection_bench [--size 512MiB] [--tls tcp|default] [--policies ring,ec] [--security mac] [--pin true]
 #include <signal.h>
 #include <sys/mman.h>
 #include <unistd.h>
@@ -47,6 +52,7 @@
 #include "bench/bench_support.h"
 #include "ckpt/client.h"
 #include "common/config.h"
+#include "common/cpu_affinity.h"
 #include "integration/agent_process.h"
 #include "integration/meta_process.h"
 #include "support/temp_dir.h"
@@ -110,6 +116,10 @@ struct Cluster {
   }
 };
 
+// --pin: the CPUs the agents run on (ckpt-agent --cpus); the bench itself,
+// which plays every trainer, runs on the others.
+std::string g_agent_cpus;
+
 std::unique_ptr<Cluster> StartCluster(int n, uint64_t memory, const std::string& security) {
   const bool insecure = security == "off";
   if (insecure) {
@@ -141,6 +151,7 @@ std::unique_ptr<Cluster> StartCluster(int n, uint64_t memory, const std::string&
     o.extra_args = {"--log-level", level != nullptr ? level : "warn"};
     o.insecure = insecure;
     if (security == "encrypt") o.extra_args.insert(o.extra_args.end(), {"--data-encryption", "true"});
+    if (!g_agent_cpus.empty()) o.extra_args.insert(o.extra_args.end(), {"--cpus", g_agent_cpus});
     c->shm_dirs.push_back(o.memory_dir);
     absl::StatusOr<std::unique_ptr<AgentProcess>> a = AgentProcess::Start(o);
     Die(a.status(), "start ckpt-agent");
@@ -165,7 +176,7 @@ std::string Ratio(double r, const char* of) { return r > 0 ? absl::StrFormat("%.
 
 void RunPolicy(const std::string& policy, const std::string& security, Protection protection, int nodes,
                uint64_t size, double memcpy_s, double perf_gbps) {
-  const std::string name = absl::StrCat(policy, "/", security);
+  const std::string name = absl::StrCat(policy, "/", security, g_agent_cpus.empty() ? "" : "/pinned");
   const bool ec = protection.kind == Protection::Kind::kErasureCode;
   // Room for two versions in flight plus their redundancy plus a restore.
   const double redundancy = ec ? static_cast<double>(protection.parity_m) / protection.data_k
@@ -289,6 +300,29 @@ int main(int argc, char** argv) {
       tls = value;
     } else if (flag == "--policies") {
       policies = absl::StrSplit(value, ',');
+    } else if (flag == "--pin") {
+      if (value != "true" && value != "false") {
+        std::fprintf(stderr, "protection_bench: --pin takes true or false\n");
+        return 2;
+      }
+      if (value == "true") {
+        // The trainers (this process) on the first half of the CPUs it may
+        // use, the agents on the rest: 0 and 1 on a 2-core machine.
+        const std::vector<int> cpus = ckpt::AllowedCpus();
+        if (cpus.size() < 2) {
+          std::fprintf(stderr, "protection_bench: --pin needs 2 CPUs or more\n");
+          return 2;
+        }
+        const size_t half = cpus.size() / 2;
+        ckpt::g_agent_cpus = ckpt::FormatCpuList(std::vector<int>(cpus.begin() + half, cpus.end()));
+        const std::vector<int> mine(cpus.begin(), cpus.begin() + half);
+        if (absl::Status st = ckpt::ConfineToCpus(mine); !st.ok()) {
+          std::fprintf(stderr, "protection_bench: %s\n", st.ToString().c_str());
+          return 1;
+        }
+        std::printf("protection_bench: trainers on CPUs %s, agents on %s (--pin)\n",
+                    ckpt::FormatCpuList(mine).c_str(), ckpt::g_agent_cpus.c_str());
+      }
     } else if (flag == "--security") {
       security = absl::StrSplit(value, ',');
       for (const std::string& s : security) {
@@ -300,7 +334,7 @@ int main(int argc, char** argv) {
     } else {
       std::fprintf(stderr,
                    "usage: protection_bench [--size 512MiB] [--tls tcp|default] [--policies ring,ec] "
-                   "[--security off,mac,encrypt]\n");
+                   "[--security off,mac,encrypt] [--pin false|true]\n");
       return 2;
     }
   }

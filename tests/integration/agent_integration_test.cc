@@ -10,12 +10,14 @@
 
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <random>
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include "absl/strings/str_cat.h"
+#include "common/cpu_affinity.h"
 #include "common/crc32c.h"
 #include "common/durable_format.h"
 #include "support/hex_id.h"
@@ -231,6 +233,56 @@ TEST_F(AgentIntegrationTest, RanksSaveMetaSeesStagedFlushWritesDurableFilesPersi
 // Most tests end with SIGKILL; this one stops both daemons the way systemd and Kubernetes
 // do, after a save and a flush, and expects exit code 0. Under ASan/UBSan that exit is
 // where the daemons check for leaks, so a leak on these paths fails here.
+// ckpt-agent --cpus: every thread of a running agent (transport, gRPC,
+// flush, logging) runs on the CPU named only, and it serves as any other; a
+// CPU the agent may not use is a usage error naming those it may.
+TEST_F(AgentIntegrationTest, CpusConfinesEveryThreadOfTheAgent) {
+  const std::vector<int> allowed = AllowedCpus();
+  ASSERT_FALSE(allowed.empty());
+  const std::string cpu = std::to_string(allowed.back());
+  AgentProcessOptions o;
+  o.node_id = "node-pinned";
+  o.meta_address = meta_->address();
+  o.dir = *dir_->Sub("pinned");
+  o.memory = "16MiB";
+  o.extra_args = {"--cpus", cpu};
+  absl::StatusOr<std::unique_ptr<AgentProcess>> pinned = AgentProcess::Start(o);
+  ASSERT_TRUE(pinned.ok()) << pinned.status();
+  const pid_t pid = (*pinned)->proc()->pid();
+  int threads = 0;
+  for (const auto& task : std::filesystem::directory_iterator("/proc/" + std::to_string(pid) + "/task")) {
+    std::ifstream in(task.path() / "status");
+    std::string line, name, list;
+    while (std::getline(in, line)) {
+      if (line.rfind("Name:", 0) == 0) name = line.substr(6);
+      if (line.rfind("Cpus_allowed_list:", 0) == 0) list = line.substr(line.find_first_not_of(" \t", 18));
+    }
+    if (list.empty()) continue;  // the thread ended meanwhile
+    ++threads;
+    EXPECT_EQ(list, cpu) << "thread " << task.path().filename() << " (" << name << ")";
+  }
+  EXPECT_GT(threads, 3);  // gRPC's, the transport's and the agent's own
+  EXPECT_THAT((*pinned)->proc()->LogTail(65536), HasSubstr("runs on CPUs " + cpu + " only (--cpus)"));
+  ExpectCleanStop(*(*pinned)->proc());
+
+  const std::string run = *dir_->Sub("refused");
+  testing::SubprocessOptions bad;
+  bad.argv = {testing::BinaryPath("ckpt-agent"), "--node-id", "node-refused", "--meta", meta_->address(), "--listen",
+              "127.0.0.1:0", "--data-listen", "127.0.0.1:0", "--run-dir", run + "/run", "--memory-dir",
+              run + "/mem", "--memory", "16MiB", "--cpus", "1023"};
+  absl::StatusOr<testing::RunResult> r = testing::RunToCompletion(bad, absl::Seconds(60));
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_TRUE(r->status.exited() && r->status.exit_code() == 2) << r->status << "\n" << r->stderr_text;
+  EXPECT_THAT(r->stderr_text, HasSubstr("--cpus 1023: CPU 1023 is not one this agent may run on (it may use " +
+                                        FormatCpuList(allowed) + ")"));
+  bad.argv.back() = "2-1";
+  r = testing::RunToCompletion(bad, absl::Seconds(60));
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_TRUE(r->status.exited() && r->status.exit_code() == 2) << r->status;
+  EXPECT_THAT(r->stderr_text, HasSubstr("range 2-1 ends below its start"));
+  EXPECT_FALSE(std::filesystem::exists(run + "/mem"));
+}
+
 TEST_F(AgentIntegrationTest, AfterAWorkloadBothDaemonsStopCleanlyOnSigterm) {
   ASSERT_TRUE(CreateJob("stop", 2, 1).ok());
   const std::vector<std::string> data = {Pattern(300000, 7), Pattern(4000, 8)};

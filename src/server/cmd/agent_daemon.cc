@@ -20,6 +20,7 @@
 #include <CLI/CLI.hpp>
 #include <grpcpp/grpcpp.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
@@ -39,6 +40,7 @@
 #include "absl/synchronization/mutex.h"
 #include "common/clock.h"
 #include "common/config.h"
+#include "common/cpu_affinity.h"
 #include "common/file_system.h"
 #include "common/log.h"
 #include "common/status_macros.h"
@@ -78,7 +80,7 @@ const std::set<std::string>& KnownKeys() {
       "data_transport", "data_chunk", "data_rate", "data_in_flight", "peer_timeout_ms", "session_grace_ms",
       "advertise_host", "tls_ca", "tls_cert", "tls_key", "tls_reload_seconds", "tls_crl_dir", "token_file",
       "admin_token_file", "socket_group", "peer_membership", "host_node", "insecure",
-      "data_encryption",
+      "data_encryption", "cpus",
   };
   return *keys;
 }
@@ -101,6 +103,7 @@ struct Settings {
   bool insecure = false;  // --insecure: plaintext on loopback only, no caller identities
   std::string meta_token;  // sent with every call to ckpt-meta (--token-file)
   std::string admin_token;  // calls on the TCP endpoint need it (--admin-token-file); empty: open
+  std::vector<int> cpus;  // --cpus: the only CPUs the agent's threads run on (empty: all it may use)
 };
 
 using daemon::AgentFlavor;
@@ -156,6 +159,19 @@ absl::StatusOr<Settings> LoadSettings(const std::string& config_file, const std:
   absl::StatusOr<bool> membership = config->GetBoolOr("peer_membership", true);
   if (!membership.ok()) return membership.status();
   out.agent.check_peer_membership = *membership;
+  if (const std::string cpus = config->GetStringOr("cpus", ""); !cpus.empty()) {
+    absl::StatusOr<std::vector<int>> list = ParseCpuList(cpus);
+    if (!list.ok()) return absl::InvalidArgumentError(absl::StrCat("--cpus: ", list.status().message()));
+    const std::vector<int> allowed = AllowedCpus();
+    for (int c : *list) {
+      if (!std::binary_search(allowed.begin(), allowed.end(), c)) {
+        return absl::InvalidArgumentError(absl::StrCat("--cpus ", cpus, ": CPU ", c,
+                                                       " is not one this agent may run on (it may use ",
+                                                       FormatCpuList(allowed), ")"));
+      }
+    }
+    out.cpus = *std::move(list);
+  }
   out.metrics_listen = config->GetStringOr("metrics_listen", kDefaultMetricsListen);
   if (absl::Status s = daemon::ValidateHostPort("metrics_listen", out.metrics_listen); !s.ok()) return s;
   out.run_dir = config->GetStringOr("run_dir", kDefaultRunDir);
@@ -509,6 +525,10 @@ int RunAgentDaemon(int argc, char** argv, const AgentFlavor& flavor) {
   option("--data-in-flight", "Chunks in flight per peer.", "N", "4");
   option("--data-rate", "Per-peer send limit in bytes per second (e.g. 2GiB); 0: unlimited.", "SIZE", "0");
   option("--peer-timeout-ms", "How long a peer may take to answer one step of a transfer.", "MS", "30000");
+  option("--cpus",
+         "The only CPUs the agent's threads run on, as taskset -c takes them (e.g. 6-7), so that the trainers keep "
+         "the others; default: every CPU the agent may use.",
+         "LIST");
   option("--data-encryption",
          "true: payloads this agent sends to peers travel encrypted (AES-256-GCM under a key of the connection); "
          "false: authenticated only (every message is, whenever the data plane has a key). Peers take either.",
@@ -571,6 +591,14 @@ int RunAgentDaemon(int argc, char** argv, const AgentFlavor& flavor) {
                  std::string(settings.status().message()).c_str());
     return kExitUsage;
   }
+  // Before logging and gRPC start their threads (those running already are
+  // moved too).
+  if (!settings->cpus.empty()) {
+    if (absl::Status s = ConfineToCpus(settings->cpus); !s.ok()) {
+      std::fprintf(stderr, "%s: --cpus: %s\n", kProgram, std::string(s.message()).c_str());
+      return kExitUsage;
+    }
+  }
   log::Options log_options;
   log_options.level = settings->log_level;
   log_options.json = settings->log_json;
@@ -578,6 +606,7 @@ int RunAgentDaemon(int argc, char** argv, const AgentFlavor& flavor) {
   log_options.name = kProgram;
   sigset_t signals;
   if (int rc = daemon::InitLoggingAndSignals(kProgram, log_options, &signals); rc != kExitOk) return rc;
+  if (!settings->cpus.empty()) log::Info("{}: runs on CPUs {} only (--cpus)", kProgram, FormatCpuList(settings->cpus));
   return Serve(*settings, signals, flavor);
 }
 

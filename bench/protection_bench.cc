@@ -119,6 +119,24 @@ struct Cluster {
 // --pin: the CPUs the agents run on (ckpt-agent --cpus); the bench itself,
 // which plays every trainer, runs on the others.
 std::string g_agent_cpus;
+std::vector<int> g_trainer_cpus;
+
+// While alive (with --pin), this process's threads run on g_trainer_cpus
+// only; the agents, started before, keep theirs.
+class PinTrainers {
+ public:
+  PinTrainers() {
+    if (g_trainer_cpus.empty()) return;
+    all_ = AllowedCpus();
+    Die(SetAffinityOfEveryThread(g_trainer_cpus), "pin the trainers");
+  }
+  ~PinTrainers() {
+    if (!all_.empty()) (void)SetAffinityOfEveryThread(all_);
+  }
+
+ private:
+  std::vector<int> all_;
+};
 
 std::unique_ptr<Cluster> StartCluster(int n, uint64_t memory, const std::string& security) {
   const bool insecure = security == "off";
@@ -184,6 +202,7 @@ void RunPolicy(const std::string& policy, const std::string& security, Protectio
   const uint64_t memory = static_cast<uint64_t>((2 * (1 + redundancy) + 1.2) * size) + (64 << 20);
   std::unique_ptr<Cluster> c = StartCluster(nodes, memory, security);
   g_cleanup = [&c] { c.reset(); };
+  PinTrainers pinned;
 
   std::vector<std::unique_ptr<Buffer>> src;
   for (int r = 0; r < nodes; ++r) {
@@ -306,8 +325,9 @@ int main(int argc, char** argv) {
         return 2;
       }
       if (value == "true") {
-        // The trainers (this process) on the first half of the CPUs it may
-        // use, the agents on the rest: 0 and 1 on a 2-core machine.
+        // The trainers (this process, while a policy runs) on the first
+        // half of the CPUs it may use, the agents on the rest: 0 and 1 on a
+        // 2-core machine.
         const std::vector<int> cpus = ckpt::AllowedCpus();
         if (cpus.size() < 2) {
           std::fprintf(stderr, "protection_bench: --pin needs 2 CPUs or more\n");
@@ -315,13 +335,9 @@ int main(int argc, char** argv) {
         }
         const size_t half = cpus.size() / 2;
         ckpt::g_agent_cpus = ckpt::FormatCpuList(std::vector<int>(cpus.begin() + half, cpus.end()));
-        const std::vector<int> mine(cpus.begin(), cpus.begin() + half);
-        if (absl::Status st = ckpt::ConfineToCpus(mine); !st.ok()) {
-          std::fprintf(stderr, "protection_bench: %s\n", st.ToString().c_str());
-          return 1;
-        }
+        ckpt::g_trainer_cpus.assign(cpus.begin(), cpus.begin() + half);
         std::printf("protection_bench: trainers on CPUs %s, agents on %s (--pin)\n",
-                    ckpt::FormatCpuList(mine).c_str(), ckpt::g_agent_cpus.c_str());
+                    ckpt::FormatCpuList(ckpt::g_trainer_cpus).c_str(), ckpt::g_agent_cpus.c_str());
       }
     } else if (flag == "--security") {
       security = absl::StrSplit(value, ',');

@@ -88,9 +88,16 @@ absl::Status ConfineToCpus(const std::vector<int>& cpus) {
                                                      FormatCpuList(allowed), ")"));
     }
   }
+  return SetAffinityOfEveryThread(cpus);
+}
+
+absl::Status SetAffinityOfEveryThread(const std::vector<int>& cpus) {
   cpu_set_t set;
   CPU_ZERO(&set);
-  for (int c : cpus) CPU_SET(c, &set);
+  for (int c : cpus) {
+    if (c < 0 || c > kMaxCpu) return absl::InvalidArgumentError(absl::StrCat("CPU ", c, " is out of range"));
+    CPU_SET(c, &set);
+  }
   // Every thread there is now; those started later inherit the mask.
   DIR* dir = ::opendir("/proc/self/task");
   if (dir == nullptr) {

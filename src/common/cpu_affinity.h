@@ -41,4 +41,10 @@ std::vector<int> AllowedCpus();
 // changed when a CPU is refused.
 absl::Status ConfineToCpus(const std::vector<int>& cpus);
 
+// Sets every thread's affinity to `cpus` without ConfineToCpus's check
+// against the current set, so that a process can also widen its set again
+// within what its cpuset allows (a benchmark that pins its trainers for a
+// while). The kernel's error if it refuses.
+absl::Status SetAffinityOfEveryThread(const std::vector<int>& cpus);
+
 }  // namespace ckpt

@@ -287,9 +287,18 @@ echo "   failure phase took $(elapsed "${t0}") s"
 
 # A surviving node that holds no copy of the victim's shard: its restore must cross the network.
 ctl --json inspect "${run_job}" "${crash_at}" >"${work}/inspect.json"
-target="$("${py}" - "${work}/inspect.json" "${victim}" "${world}" <<'EOF'
-import json, sys
+target="$("${py}" - "${work}/inspect.json" "${victim}" "${world}" "${protection}" <<'EOF'
+import collections, json, sys
 d = json.load(open(sys.argv[1])); victim = int(sys.argv[2]); world = int(sys.argv[3])
+if sys.argv[4].startswith("ec:"):
+    # An erasure-coded version lists its stripes' segments (ckptctl inspect).
+    segments = d.get("segments") or []
+    if not segments:
+        sys.exit(f"FAILED: ckptctl inspect shows no EC segments for step {d['step']}")
+    states = collections.Counter(s["state"].lower() for s in segments)
+    nodes = {s["holder_node_id"] for s in segments}
+    print(f"   step {d['step']}: {len(segments)} EC segments on {len(nodes)} nodes (" +
+          ", ".join(f"{n} {st}" for st, n in sorted(states.items())) + ")", file=sys.stderr)
 shard = next(s for s in d["shards"] if s["rank"] == victim)
 holders = {c["node_id"] for c in shard["copies"] if c["state"].lower() == "valid"}
 free = [n for n in range(world) if n != victim and f"node-{n}" not in holders]

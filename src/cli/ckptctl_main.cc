@@ -286,6 +286,22 @@ Json VersionJson(const v1::VersionInfo& v, bool with_shards) {
                             {"durable_written", s.durable().written()}});
     }
     out["shards"] = shards;
+    // EC versions: every segment of every stripe, where it is and its state.
+    if (v.segments_size() > 0) {
+      Json segments = Json::array();
+      for (const v1::SegmentInfo& seg : v.segments()) {
+        segments.push_back(Json{{"group", seg.key().group_index()},
+                                {"stripe", seg.key().stripe_index()},
+                                {"position", seg.key().position()},
+                                {"kind", EnumName(v1::SegmentKind_Name(seg.kind()), "SEGMENT_KIND_")},
+                                {"owner_node_id", seg.owner_node_id()},
+                                {"holder_node_id", seg.holder_node_id()},
+                                {"state", CopyStateName(seg.state())},
+                                {"length_bytes", seg.length_bytes()},
+                                {"detail", seg.detail()}});
+      }
+      out["segments"] = segments;
+    }
   }
   return out;
 }
@@ -660,6 +676,19 @@ class Ctl {
     }
     std::cout << "\n";
     PrintTable({"RANK", "SIZE", "CRC32C", "COPIES", "DURABLE"}, rows);
+    if (v.segments_size() > 0) {
+      std::vector<std::vector<std::string>> segs;
+      for (const v1::SegmentInfo& seg : v.segments()) {
+        const std::string kind = EnumName(v1::SegmentKind_Name(seg.kind()), "SEGMENT_KIND_");
+        segs.push_back({absl::StrCat(seg.key().group_index(), "/", seg.key().stripe_index(), "/", seg.key().position()),
+                        kind == "data" ? absl::StrCat("data of ", seg.owner_node_id()) : kind,
+                        seg.holder_node_id(), FormatBytes(seg.length_bytes()),
+                        seg.detail().empty() ? CopyStateName(seg.state())
+                                             : absl::StrCat(CopyStateName(seg.state()), " (", seg.detail(), ")")});
+      }
+      std::cout << "\n";
+      PrintTable({"SEGMENT", "KIND", "HOLDER", "SIZE", "STATE"}, segs);
+    }
     return kExitOk;
   }
 

@@ -283,6 +283,62 @@ TEST_F(ClientLargeShardTest, VerifiedLoadsOnTheSessionUpTo64MiBAndOverGrpcBeyond
 // meta: it works with meta down, byte-exact, on both load paths. A version
 // the agent was not told about still asks meta (Locate). An agent restarted
 // with its tier is told again of what it holds.
+// LoadedShard::CopyItems: 400 items (about 13 MiB, so the copy is split
+// over the copy threads, items straddling the parts) come back byte for
+// byte; a bad call is refused before anything is copied; a flipped byte is
+// DataLoss naming its item.
+TEST_F(ClientIntegrationTest, CopyItemsLoadsManyItemsAndRefusesBadCallsFirst) {
+  absl::StatusOr<Client> c = Client::Connect(Options("many", 0, 1));
+  ASSERT_TRUE(c.ok()) << c.status();
+  std::vector<std::vector<float>> tensors;
+  SaveBuilder s = c->BeginSave(1);
+  for (int i = 0; i < 400; ++i) {
+    tensors.push_back(Tensor(1 + (i * 7919) % 16384, i));
+    ASSERT_TRUE(s.Add(absl::StrCat("t", i), Bytes(tensors.back()), DType::kF32, {tensors.back().size()}).ok());
+  }
+  ASSERT_TRUE(s.Commit().ok());
+  ASSERT_TRUE(c->WaitVersion(1, Level::kStaged, absl::Now() + absl::Seconds(30)).ok());
+  LoadOptions unchecked;
+  unchecked.verify = false;
+  absl::StatusOr<LoadedShard> shard = c->Load(1, unchecked);
+  ASSERT_TRUE(shard.ok()) << shard.status();
+  ASSERT_EQ(shard->items().size(), tensors.size());
+  std::vector<std::vector<float>> into(tensors.size());
+  std::vector<size_t> index;
+  std::vector<std::span<std::byte>> dst;
+  for (size_t i = 0; i < shard->items().size(); ++i) {
+    const LoadedItem& item = shard->items()[i];
+    const int t = std::stoi(item.name.substr(1));
+    into[t].assign(item.length_bytes / sizeof(float), -1.0f);
+    index.push_back(i);
+    dst.push_back(std::as_writable_bytes(std::span<float>(into[t])));
+  }
+  // Refused before anything is copied: the buffers keep their -1s.
+  EXPECT_EQ(shard->CopyItems(std::span(index).first(3), dst).code(), absl::StatusCode::kInvalidArgument);
+  std::vector<size_t> beyond = index;
+  beyond.back() = index.size();
+  EXPECT_EQ(shard->CopyItems(beyond, dst).code(), absl::StatusCode::kOutOfRange);
+  std::vector<std::span<std::byte>> short_dst = dst;
+  short_dst.back() = short_dst.back().first(short_dst.back().size() - 1);
+  absl::Status bad = shard->CopyItems(index, short_dst);
+  EXPECT_EQ(bad.code(), absl::StatusCode::kInvalidArgument) << bad;
+  EXPECT_TRUE(absl::StrContains(bad.message(), "bytes, the item is")) << bad;
+  for (const auto& v : into) ASSERT_EQ(v.front(), -1.0f);
+  // All of them.
+  absl::Status copied = shard->CopyItems(index, dst);
+  ASSERT_TRUE(copied.ok()) << copied;
+  for (size_t t = 0; t < tensors.size(); ++t) ASSERT_EQ(into[t], tensors[t]) << "t" << t;
+  // One byte flipped in the agent's memory tier under item t123.
+  {
+    absl::StatusOr<std::span<const std::byte>> v = shard->View("t123");
+    ASSERT_TRUE(v.ok()) << v.status();
+    const_cast<std::byte*>(v->data())[v->size() / 2] ^= std::byte{0x01};
+  }
+  absl::Status lost = shard->CopyItems(index, dst);
+  EXPECT_TRUE(absl::IsDataLoss(lost)) << lost;
+  EXPECT_TRUE(absl::StrContains(lost.message(), "\"t123\"")) << lost;
+}
+
 TEST_F(ClientIntegrationTest, ALocalCopyMetaSaidIsStagedLoadsWithoutAskingMeta) {
   absl::StatusOr<Client> c = Client::Connect(Options("told", 0, 1));
   ASSERT_TRUE(c.ok()) << c.status();

@@ -79,15 +79,20 @@ std::vector<int> AllowedCpus() {
   return out;
 }
 
-absl::Status ConfineToCpus(const std::vector<int>& cpus) {
-  if (cpus.empty()) return absl::InvalidArgumentError("no CPU to run on: name at least one");
+absl::Status CheckCpusAllowed(const std::vector<int>& cpus, const std::string& who) {
   const std::vector<int> allowed = AllowedCpus();
   for (int c : cpus) {
     if (!std::binary_search(allowed.begin(), allowed.end(), c)) {
-      return absl::InvalidArgumentError(absl::StrCat("CPU ", c, " is not one this process may run on (it may use ",
-                                                     FormatCpuList(allowed), ")"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("CPU ", c, " is not one ", who, " may run on (it may use ", FormatCpuList(allowed), ")"));
     }
   }
+  return absl::OkStatus();
+}
+
+absl::Status ConfineToCpus(const std::vector<int>& cpus) {
+  if (cpus.empty()) return absl::InvalidArgumentError("no CPU to run on: name at least one");
+  if (absl::Status s = CheckCpusAllowed(cpus); !s.ok()) return s;
   return SetAffinityOfEveryThread(cpus);
 }
 

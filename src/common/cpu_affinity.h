@@ -34,6 +34,10 @@ std::string FormatCpuList(const std::vector<int>& cpus);
 // The CPUs this process may run on now (sched_getaffinity).
 std::vector<int> AllowedCpus();
 
+// OK if every CPU of `cpus` is one this process may run on now; else
+// InvalidArgument "CPU N is not one <who> may run on (it may use 0-3)".
+absl::Status CheckCpusAllowed(const std::vector<int>& cpus, const std::string& who = "this process");
+
 // Moves every thread of this process onto `cpus` (and so every thread it
 // starts later). InvalidArgument if a CPU is not one this process may run
 // on (the message lists those it may: a container's cpuset, taskset, the

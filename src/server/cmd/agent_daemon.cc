@@ -20,7 +20,6 @@
 #include <CLI/CLI.hpp>
 #include <grpcpp/grpcpp.h>
 
-#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
@@ -162,13 +161,8 @@ absl::StatusOr<Settings> LoadSettings(const std::string& config_file, const std:
   if (const std::string cpus = config->GetStringOr("cpus", ""); !cpus.empty()) {
     absl::StatusOr<std::vector<int>> list = ParseCpuList(cpus);
     if (!list.ok()) return absl::InvalidArgumentError(absl::StrCat("--cpus: ", list.status().message()));
-    const std::vector<int> allowed = AllowedCpus();
-    for (int c : *list) {
-      if (!std::binary_search(allowed.begin(), allowed.end(), c)) {
-        return absl::InvalidArgumentError(absl::StrCat("--cpus ", cpus, ": CPU ", c,
-                                                       " is not one this agent may run on (it may use ",
-                                                       FormatCpuList(allowed), ")"));
-      }
+    if (absl::Status s = CheckCpusAllowed(*list, "this agent"); !s.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("--cpus ", cpus, ": ", s.message()));
     }
     out.cpus = *std::move(list);
   }

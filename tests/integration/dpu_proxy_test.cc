@@ -70,8 +70,12 @@ class DpuProxyTest : public testing::ClusterTest {
     absl::StatusOr<std::unique_ptr<testing::Subprocess>> p = testing::Subprocess::Start(o);
     EXPECT_TRUE(p.ok()) << p.status();
     if (!p.ok()) return socket;
+    // Ready once the socket is open to the group: the proxy binds it 0600
+    // and opens it (0660) before it listens; a test that looked as soon as
+    // the file appeared saw 0600 (CI, under ASan).
     for (const absl::Time until = absl::Now() + kLong; absl::Now() < until && (*p)->IsRunning();) {
-      if (::access(socket.c_str(), F_OK) == 0) break;
+      struct stat st {};
+      if (::stat(socket.c_str(), &st) == 0 && (st.st_mode & 0777) == 0660) break;
       absl::SleepFor(absl::Milliseconds(10));  // bounded poll of a real process
     }
     EXPECT_EQ(::access(socket.c_str(), F_OK), 0) << (*p)->LogTail();

@@ -295,13 +295,17 @@ class Engine {
   // member whose encode task had finished.
   void RestartEncodesBuiltOn(const std::string& node_id);
   // `node_id`'s inventory came in (it came back, or meta restarted): each EC
-  // group it belongs to that was never encoded (a data segment still
-  // PENDING) and whose encode failed for good on some member encodes again
-  // on every member without an encode running, if every member is usable and
-  // holds its primaries (meta's view). The encodes failed while a member was
-  // away, and no stripe has k segments to rebuild from. Returns the versions
-  // it changed.
+  // group it belongs to with a stripe never built (HasUnbuiltStripe) and
+  // whose encode failed for good on some member encodes again on every
+  // member without an encode running, if every member is usable and holds
+  // its primaries (meta's view). The encodes failed while a member was
+  // away, and the stripe has too few segments to rebuild from. Returns the
+  // versions it changed.
   std::vector<Version*> ResumeStalledEncodes(const std::string& node_id);
+  // Whether a stripe of `g` has a data segment that is not VALID (never
+  // pushed, or LOST with a member that died mid-encode) and fewer than k
+  // readable segments: only an encode builds it.
+  bool HasUnbuiltStripe(const Version& v, const EcGroup& g) const;
   // A replicate or EC encode task used up its attempts (task `t`, now
   // FAILED): pushes from its node to its targets (to "" for an encode) are
   // held off for push_retry_backoff, and its version is recomputed, so that

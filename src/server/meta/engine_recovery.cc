@@ -509,6 +509,21 @@ void Engine::RestartEncodesBuiltOn(const std::string& node_id) {
   }
 }
 
+bool Engine::HasUnbuiltStripe(const Version& v, const EcGroup& g) const {
+  std::map<int, int> readable;  // stripe -> usable segments on usable nodes
+  std::set<int> unpushed;       // stripes with a data segment not VALID
+  for (const Segment& seg : v.segments) {
+    if (seg.key.group != g.index) continue;
+    if (Usable(seg.state) && IsUsable(seg.holder_node_id)) ++readable[seg.key.stripe];
+    if (seg.kind == SegmentKind::kData && seg.state != CopyState::kValid && seg.length_bytes > 0) {
+      unpushed.insert(seg.key.stripe);
+    }
+  }
+  for (int stripe : unpushed)
+    if (readable[stripe] < g.data_k) return true;
+  return false;
+}
+
 std::vector<Version*> Engine::ResumeStalledEncodes(const std::string& node_id) {
   std::vector<Version*> changed;
   const int64_t now = NowMs();
@@ -535,12 +550,10 @@ std::vector<Version*> Engine::ResumeStalledEncodes(const std::string& node_id) {
       for (const EcGroup& g : v.plan.groups) {
         const std::set<std::string> members(g.members.begin(), g.members.end());
         if (!failed.count(g.index) || !members.count(node_id)) continue;
-        bool never_built = false;
-        for (const Segment& seg : v.segments) {
-          never_built = never_built || (seg.key.group == g.index && seg.kind == SegmentKind::kData &&
-                                        seg.state == CopyState::kPending && seg.length_bytes > 0);
-        }
-        if (!never_built) continue;
+        // A stripe never built: a data segment of it not VALID (never
+        // pushed, or LOST with a member that died mid-encode and came back
+        // with its shard) and too few readable segments to rebuild it from.
+        if (!HasUnbuiltStripe(v, g)) continue;
         bool ready = true;
         for (const std::string& m : g.members) ready = ready && IsUsable(m);
         for (const auto& [rank, sh] : v.shards) {

@@ -554,9 +554,16 @@ class Layout:
     when the size does not divide); a name not in `split` is replicated. shapes={name:
     global shape}: needed only when a split does not divide evenly (otherwise the local
     shape times tp_size). Every data-parallel rank holds the same tensors: save_sharded
-    stores each piece once (dedup)."""
+    stores each piece once (dedup).
 
-    def __init__(self, tp=(0, 1), dp=(0, 1), split=None, shapes=None):
+    zero=True: the optimizer's state is partitioned over the data-parallel ranks as ZeRO
+    stages 1 and 2 do: the optimizer steps one flat 1-D parameter, this rank's part
+    (zero_range) of the concatenation of the model's trainable parameters (this rank's
+    tensor-parallel pieces, in named_parameters order, each flattened row-major). Its
+    state is saved as slices of the same per-parameter global tensors a layout without
+    zero saves, so either kind of layout restores the other's."""
+
+    def __init__(self, tp=(0, 1), dp=(0, 1), split=None, shapes=None, zero=False):
         self.tp_rank, self.tp_size = (int(v) for v in tp)
         self.dp_rank, self.dp_size = (int(v) for v in dp)
         from . import InvalidArgumentError
@@ -564,6 +571,7 @@ class Layout:
             raise InvalidArgumentError(f"bad layout: tp={tp} dp={dp} (rank, size) with 0 <= rank < size")
         self.split = dict(split or {})
         self.shapes = {k: [int(d) for d in v] for k, v in (shapes or {}).items()}
+        self.zero = bool(zero)
 
     @property
     def rank(self):
@@ -590,6 +598,80 @@ class Layout:
         if dim is not None:
             offsets[dim], lengths[dim] = _chunk(global_shape[dim], tp_rank, self.tp_size)
         return offsets, lengths
+
+    def zero_range(self, model):
+        """(start, stop): the elements of the flat vector of `model`'s trainable parameters
+        (named_parameters order, each flattened row-major) whose optimizer state this
+        data-parallel rank holds with zero=True: part dp_rank of dp_size, the first parts
+        one longer when the total does not divide (as torch.tensor_split)."""
+        total = sum(p.numel() for _, p in _flat_params(model))
+        start, length = _chunk(total, self.dp_rank, self.dp_size)
+        return start, start + length
+
+
+def _flat_params(model):
+    """[(name, parameter)]: the trainable parameters in the order a ZeRO layout flattens
+    them (named_parameters, tied ones once)."""
+    return [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+
+
+def _flat_boxes(shape, lo, hi):
+    """Elements [lo, hi) of a tensor of `shape` in row-major order as boxes [(offsets,
+    lengths)], in that order: each box's elements are the next ones of the range."""
+    if lo >= hi:
+        return []
+    if not shape:
+        return [([], [])]
+    inner = 1
+    for d in shape[1:]:
+        inner *= d
+    rest = list(shape[1:])
+    out = []
+    head = -(-lo // inner)  # the first whole row
+    if lo % inner:
+        row = lo // inner
+        stop = min(hi, (row + 1) * inner)
+        out += [([row] + o, [1] + n) for o, n in _flat_boxes(rest, lo - row * inner, stop - row * inner)]
+        if stop == hi:
+            return out
+    tail = hi // inner  # rows [head, tail) are whole
+    if tail > head:
+        out.append(([head] + [0] * len(rest), [tail - head] + rest))
+    if hi % inner:
+        out += [([tail] + o, [1] + n) for o, n in _flat_boxes(rest, 0, hi - tail * inner)]
+    return out
+
+
+def _zero_parts(model, layout, start, stop):
+    """The parameters' parts in the flat range [start, stop): [(name, parameter, flat
+    offset in the range, local offsets, lengths)], in order, boxes of the parameter's
+    local (tensor-parallel) tensor."""
+    out, at = [], 0
+    for name, p in _flat_params(model):
+        n = p.numel()
+        lo, hi = max(start, at), min(stop, at + n)
+        for offsets, lengths in _flat_boxes(list(p.shape), lo - at, hi - at):
+            out.append((name, p, lo - start, offsets, lengths))
+            size = 1
+            for d in lengths:
+                size *= d
+            lo += size
+        at += n
+    return out
+
+
+def _zero_flat(optimizer, layout, model):
+    """The optimizer's one flat parameter, checked against `layout`'s zero_range."""
+    from . import InvalidArgumentError
+    params = [p for g in optimizer.param_groups for p in g["params"]]
+    start, stop = layout.zero_range(model)
+    if len(params) != 1 or params[0].dim() != 1 or params[0].numel() != stop - start:
+        shapes = [list(p.shape) for p in params]
+        raise InvalidArgumentError(
+            f"a zero layout needs an optimizer over one flat parameter of {stop - start} elements "
+            f"(elements [{start}, {stop}) of the model's {sum(p.numel() for _, p in _flat_params(model))}); "
+            f"this optimizer has parameters of shapes {shapes}")
+    return params[0], start, stop
 
 
 def _json_array(value, what):
@@ -647,6 +729,38 @@ def _owners(pieces, layout):
     return owners
 
 
+def _zero_state(model, optimizer, layout, pieces, places):
+    """A zero layout's optimizer state: [(global name, tensor, global shape, offsets)] of
+    the boxes of the per-parameter tensors this rank's flat state holds (its own: no other
+    rank holds them; of a parameter tensor-parallel ranks replicate, tensor-parallel rank
+    0's), and the scalars (AdamW's step) added to `pieces` and `places` as replicated
+    tensors of every parameter, saved once like any replica."""
+    _, start, stop = _zero_flat(optimizer, layout, model)
+    state = optimizer.state_dict()["state"].get(0, {})
+    own = []
+    for key, v in sorted(state.items()):
+        if not _is_tensor(v):
+            continue
+        v = v.detach()
+        if tuple(v.shape) != (stop - start,):
+            for name, _ in _flat_params(model):
+                gname = f"optimizer/{name}/{key}"
+                pieces.append((v.element_size() * v.numel(), gname, None))
+                places.append((gname, None, v, list(v.shape), [0] * v.dim()))
+            continue
+        for name, p, at, offsets, lengths in _zero_parts(model, layout, start, stop):
+            if name not in layout.split and layout.tp_rank != 0:
+                continue
+            gshape = layout.global_shape(name, p.shape)
+            base, _ = layout.box(name, gshape)
+            n = 1
+            for d in lengths:
+                n *= d
+            own.append((f"optimizer/{name}/{key}", v[at:at + n].view(lengths), gshape,
+                        [b + o for b, o in zip(base, offsets)]))
+    return own
+
+
 def save_sharded(client, step, model, optimizer=None, layout=None, extra=None, dedup=True, lazy=False):
     """Saves this rank's part of a model split as `layout` says (a ckpt.torch.Layout), every
     parameter, buffer and optimizer tensor as a slice of its global tensor, so that
@@ -656,7 +770,7 @@ def save_sharded(client, step, model, optimizer=None, layout=None, extra=None, d
     and the optimizer's param_groups are stored once. Returns what Client.save returns."""
     from . import GlobalSlice
     layout = layout or Layout()
-    tensors = _sharded_tensors(model, optimizer, layout)
+    tensors = _sharded_tensors(model, None if layout.zero else optimizer, layout)
     pieces, places = [], []
     for gname, key, t in tensors:
         gshape = layout.global_shape(key, t.shape) if key is not None else list(t.shape)
@@ -673,6 +787,7 @@ def save_sharded(client, step, model, optimizer=None, layout=None, extra=None, d
                 n *= d
             pieces.append((n, gname, i))
         places.append((gname, piece, t, gshape, offsets))
+    own = _zero_state(model, optimizer, layout, pieces, places) if layout.zero and optimizer is not None else []
     replicated = {"optimizer/param_groups": None, "extra": None}
     if optimizer is not None:
         groups = [{k: v for k, v in g.items() if k != "params"} for g in optimizer.state_dict()["param_groups"]]
@@ -690,6 +805,8 @@ def save_sharded(client, step, model, optimizer=None, layout=None, extra=None, d
             continue
         kind, _, rest = gname.partition("/")
         state[kind][rest] = GlobalSlice(t, gname, gshape, offsets)
+    for j, (gname, t, gshape, offsets) in enumerate(own):
+        state["optimizer"][f"{gname.partition('/')[2]}/{j}"] = GlobalSlice(t, gname, gshape, offsets)
     for gname, arr in replicated.items():
         if arr is not None and (owners is None or owners[(gname, None)] == layout.rank):
             state["global"][gname] = GlobalSlice(arr, gname, [arr.size])
@@ -712,6 +829,38 @@ def _empty(dtype, shape):
     arr = np.empty(shape, _DTYPE_TO_NUMPY[dtype])
     t = torch.from_numpy(arr)
     return t.view(torch.bfloat16) if dtype == DType.BF16 else t
+
+
+def _zero_slices(model, optimizer, layout, index, by_param, slices):
+    """A zero layout's optimizer state, to be filled by `slices` (appended to): {0: {key:
+    tensor}}, each elementwise tensor the flat vector of this rank's part, made of boxes of
+    the per-parameter global tensors; the scalars from the first parameter's."""
+    from . import NotFoundError
+    _, start, stop = _zero_flat(optimizer, layout, model)
+    flat = _flat_params(model)
+    if not flat:
+        return {}
+    first = flat[0][0]
+    state = {}
+    for key, gname in by_param.get(first, []):
+        dtype, gshape, _ = index[gname]
+        if gshape != index[f"model/{first}"][1]:
+            t = _empty(dtype, list(gshape))
+            slices.append((gname, [0] * len(gshape), list(gshape), t))
+            state[key] = t
+            continue
+        t = _empty(dtype, [stop - start])
+        for name, p, at, offsets, lengths in _zero_parts(model, layout, start, stop):
+            part = f"optimizer/{name}/{key}"
+            if part not in index:
+                raise NotFoundError(f"the version holds no global tensor {part!r}")
+            base, _ = layout.box(name, index[f"model/{name}"][1])
+            n = 1
+            for d in lengths:
+                n *= d
+            slices.append((part, [b + o for b, o in zip(base, offsets)], lengths, t[at:at + n].view(lengths)))
+        state[key] = t
+    return {0: state} if state else {}
 
 
 def load_sharded(client, step, model, optimizer=None, layout=None):
@@ -758,6 +907,9 @@ def load_sharded(client, step, model, optimizer=None, layout=None):
             if kind == "optimizer" and pname:
                 by_param.setdefault(pname, []).append((key, gname))
         params = [p for g in optimizer.param_groups for p in g["params"]]
+        if layout.zero:
+            state = _zero_slices(model, optimizer, layout, index, by_param, slices)
+            params = []
         for i, p in enumerate(params):
             for key, gname in by_param.get(names[id(p)], []):
                 dtype, gshape, _ = index[gname]
@@ -777,6 +929,16 @@ def load_sharded(client, step, model, optimizer=None, layout=None):
     client.load_slices(step, slices)
     for target, staging in after:
         target.copy_(staging)
+    if optimizer is not None and layout.zero:
+        # The flat parameter the optimizer steps is this rank's part of the parameters.
+        flat, start, stop = _zero_flat(optimizer, layout, model)
+        with torch.no_grad():
+            for _, p, at, offsets, lengths in _zero_parts(model, layout, start, stop):
+                n = 1
+                for d in lengths:
+                    n *= d
+                box = p.detach()[tuple(slice(o, o + k) for o, k in zip(offsets, lengths))]
+                flat[at:at + n].copy_(box.reshape(-1))
     if optimizer is not None:
         current = optimizer.state_dict()["param_groups"]
         if "optimizer/param_groups" in blobs:

@@ -887,6 +887,89 @@ def test_example_trainer_lazy_crash_and_resume_ends_where_an_uninterrupted_run_d
     assert resumed[-1]["final_sha256"] == plain[-1]["final_sha256"]
 
 
+def test_example_trainer_tensor_parallel_zero_resumes_into_other_splits(cluster2, job, tmp_path):
+    """train_gpt.py --tp 2 --zero on 4 ranks (tensor parallel 2 x data parallel 2, ZeRO-1
+    AdamW state), sharded saves; the run is SIGKILLed after its step-10 save. Resumed in the
+    same split it ends where an uninterrupted run does, bit for bit; resumed at tp=1 x dp=2
+    with ZeRO (the same data-parallel ranks) its losses follow the uninterrupted run's (only
+    the order of the tensor-parallel sums differs); resumed at tp=2 x dp=1 without ZeRO its
+    first loss, on the restored weights and data-parallel rank 0's batch, is the
+    uninterrupted run's."""
+    import json
+    import os
+    import subprocess
+    import sys
+    example = pathlib.Path(__file__).resolve().parents[2] / "examples" / "train_gpt.py"
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    env["PYTHONPATH"] = os.pathsep.join([str(BUILD_DIR / "python"), env.get("PYTHONPATH", "")])
+
+    runs = iter(range(100))
+
+    def run(job_id, world, *extra, steps=14):
+        """[(exit status, events, stderr, {step: loss})] of each rank."""
+        port = free_ports(1)[0]
+        logs = tmp_path / f"run{next(runs)}"
+        logs.mkdir()
+        procs = [subprocess.Popen([sys.executable, str(example), "--meta", cluster2.meta,
+                                   "--agent-socket", str(cluster2.sockets[r % 2]), "--job", job_id,
+                                   "--rank", str(r), "--world-size", str(world), "--dist-port", str(port),
+                                   "--steps", str(steps), "--every", "5", "--protection", "replicate:2",
+                                   "--log", str(logs / f"loss-{r}.jsonl"), *extra], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+                 for r in range(world)]
+        out = []
+        try:
+            for p in procs:
+                o, e = p.communicate(timeout=300)
+                events = [json.loads(line) for line in o.splitlines() if line.startswith("{")]
+                out.append((p.returncode, events, e))
+            for r in range(world):
+                path = logs / f"loss-{r}.jsonl"
+                lines = path.read_text().splitlines() if path.exists() else []
+                out[r] += ({d["step"]: d["loss"] for d in map(json.loads, lines)},)
+        finally:
+            for p in procs:
+                if p.poll() is None:
+                    p.kill()
+                    p.wait()
+        return out
+
+    whole = run(job + "-whole", 4, "--tp", "2", "--zero")
+    for rc, events, err, _ in whole:
+        assert rc == 0, err
+    crashed = run(job, 4, "--tp", "2", "--zero", "--crash-at", "10")
+    for rc, events, err, _ in crashed:
+        assert rc == -signal.SIGKILL, err
+        assert [e["step"] for e in events if e["event"] == "save"] == [5, 10]
+
+    same = run(job, 4, "--tp", "2", "--zero", "--resume")
+    for r, ((rc, events, err, loss), (_, ref, _, ref_loss)) in enumerate(zip(same, whole)):
+        assert rc == 0, err
+        assert [e["step"] for e in events if e["event"] == "resume"] == [10]
+        assert events[-1]["final_sha256"] == ref[-1]["final_sha256"], f"rank {r}"
+        assert {s: v for s, v in ref_loss.items() if s > 10} == loss, f"rank {r}"
+
+    # tp=1 x dp=2 with ZeRO: rank r is data-parallel rank r, as ranks 2r and 2r+1 were.
+    narrow = run(job, 2, "--tp", "1", "--zero", "--resume")
+    for r, (rc, events, err, loss) in enumerate(narrow):
+        assert rc == 0, err
+        resumed = [e for e in events if e["event"] == "resume"]
+        assert [e["step"] for e in resumed] == [10]
+        assert resumed[0]["saved_layout"] == {"tp": 2, "dp": 2, "zero": True}
+        ref = whole[2 * r][3]
+        assert sorted(loss) == [11, 12, 13, 14]
+        for s, v in loss.items():
+            assert abs(v - ref[s]) <= 1e-4 * abs(ref[s]), (r, s, v, ref[s])
+    print(f"\nresumed at tp=1 x dp=2: losses {narrow[0][3]}; uninterrupted at tp=2 x dp=2: "
+          f"{ {s: v for s, v in whole[0][3].items() if s > 10} }")
+
+    # tp=2 x dp=1 without ZeRO: both ranks draw data-parallel rank 0's batches.
+    wide = run(job, 2, "--tp", "2", "--resume", steps=11)
+    for rc, events, err, loss in wide:
+        assert rc == 0, err
+        assert [e["step"] for e in events if e["event"] == "resume"] == [10]
+        assert abs(loss[11] - whole[0][3][11]) <= 1e-5 * abs(loss[11]), (loss[11], whole[0][3][11])
+
+
 def test_pause_holds_protection_back_and_resume_finishes_it(cluster2, job):
     c = cluster2.client(job, protection="replicate:2")
     w = np.arange(1 << 20, dtype=np.float32)

@@ -511,7 +511,20 @@ void PeerServer::ServeRead(PeerId from, ReadReq req) {
       if (req.offset <= total) {
         source = pin->bytes->Pieces(req.offset, std::min(req.length, total - req.offset));
       }
-      if (req.offset == 0 && req.length == total) whole_crc = pin->rec->crc32c;
+      if (req.offset == 0 && req.length == total) {
+        whole_crc = pin->rec->crc32c;
+      } else if (!d_.holdings->Verified(pin->rec->id)) {
+        // Part of the copy: its crc32c says nothing of the part, so the
+        // whole copy is checked against the shard's first (once: the mark
+        // stays until the copy changes), and the part sent is what was saved.
+        std::string bad;
+        if (absl::Status s = CheckShardBytes(*pin->rec, *pin->bytes, nullptr, &bad); !s.ok()) {
+          d_.holdings->Quarantine(*pin, std::string(s.message()));
+          st = absl::DataLossError(absl::StrCat("node \"", options_.node_id, "\": ", s.message()));
+        } else {
+          d_.holdings->MarkVerified(*pin);
+        }
+      }
       pins.push_back(*std::move(pin));
     }
   } else {

@@ -27,6 +27,22 @@ bool Decides(const absl::StatusOr<OpenResult>& local) {
   return local.ok() || !(absl::IsNotFound(local.status()) || absl::IsDataLoss(local.status()));
 }
 
+// OpenRequest::ranges against meta's record of the shard.
+absl::Status CheckRanges(const std::vector<ByteRange>& ranges, const ShardRecord& shard) {
+  if (ranges.size() > kMaxOpenRanges) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(ranges.size(), " byte ranges asked of ", ShardIdString(shard.id), "; at most ", kMaxOpenRanges));
+  }
+  for (const ByteRange& r : ranges) {
+    if (r.length == 0 || r.offset > shard.size_bytes || r.length > shard.size_bytes - r.offset) {
+      return absl::InvalidArgumentError(absl::StrCat("byte range [", r.offset, ", +", r.length, ") of ",
+                                                     ShardIdString(shard.id), " is empty or beyond its ",
+                                                     shard.size_bytes, " bytes"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 // The source meta listed that a caller's `named` source stands for: a copy
 // on the same node, the same owner's EC stripes, the same durable file. Null
 // when meta lists none (the named source is then refused).
@@ -182,10 +198,12 @@ struct Restorer::Attempt {
 // The sources of one open, read one after another or side by side. Shared by
 // the caller and the attempts' threads: an attempt may outlive the open.
 struct Restorer::Race {
-  Race(ShardRecord e, ClientRef c, int64_t t) : expected(std::move(e)), client(std::move(c)), ttl_ms(t) {}
+  Race(ShardRecord e, ClientRef c, int64_t t, std::vector<ByteRange> r)
+      : expected(std::move(e)), client(std::move(c)), ttl_ms(t), ranges(std::move(r)) {}
   const ShardRecord expected;
   const ClientRef client;
   const int64_t ttl_ms;
+  const std::vector<ByteRange> ranges;  // OpenRequest::ranges
   absl::Mutex mu;
   std::deque<Attempt> attempts ABSL_GUARDED_BY(mu);  // (a deque: addresses stay)
   std::optional<size_t> winner ABSL_GUARDED_BY(mu);   // slot
@@ -216,6 +234,10 @@ absl::StatusOr<OpenResult> Restorer::ReadSource(const ShardSource& src, const Sh
                                                 const std::shared_ptr<Race>& race, Attempt* attempt) {
   switch (src.kind) {
     case ShardSource::Kind::kReplica:
+      if (race != nullptr && !race->ranges.empty()) {
+        if (absl::StatusOr<OpenResult> held = OpenLocal(expected.id, false, client, ttl_ms); Decides(held)) return held;
+        return RangesFromPeer(src.holder, race, attempt);
+      }
       return FromPeerFor(expected, src.holder, client, ttl_ms, race, attempt);
     case ShardSource::Kind::kEcDecode:
       return ByDecode(expected, src.ec, client, ttl_ms);
@@ -237,7 +259,8 @@ absl::StatusOr<OpenOutcome> Restorer::Open(const OpenRequest& req) {
     // shard (restorer.h). One Locate per open; none when the local copy
     // served.
     CKPT_ASSIGN_OR_RETURN(LocatedShard located, AskMeta(req.id, req.sources));
-    auto race = std::make_shared<Race>(located.shard, req.client, req.ttl_ms);
+    CKPT_RETURN_IF_ERROR(CheckRanges(req.ranges, located.shard));
+    auto race = std::make_shared<Race>(located.shard, req.client, req.ttl_ms, req.ranges);
     size_t next = 0;
     bool any_vouched = false;
     // Starts the next named source meta vouches for (refusing the others);
@@ -458,6 +481,80 @@ absl::StatusOr<OpenResult> Restorer::FromPeerFor(const ShardRecord& expected, co
   }
   d_.metrics->peer_restores->Increment();
   return Adopt(expected, std::move(bytes), "", absl::StrCat("node \"", holder.node_id, "\""), client, ttl_ms);
+}
+
+absl::StatusOr<OpenResult> Restorer::RangesFromPeer(const PeerEndpoint& holder, const std::shared_ptr<Race>& race,
+                                                    Attempt* attempt) {
+  const ShardRecord& expected = race->expected;
+  if (d_.peers == nullptr) return absl::UnavailableError("this agent has no data plane");
+  uint64_t total = 0;
+  for (const ByteRange& r : race->ranges) total += r.length;  // (CheckRanges: each inside the shard)
+  absl::StatusOr<ReservationPtr> reserved = d_.arena->Reserve(std::max<uint64_t>(total, 1));
+  if (!reserved.ok()) return absl::ResourceExhaustedError(d_.budget_message(total));
+  ReservationPtr bytes = *std::move(reserved);
+  const int64_t connect_timeout_ms = attempt != nullptr ? attempt->connect_timeout_ms : 0;
+  uint64_t at = 0;
+  uint32_t crc = 0;
+  for (const ByteRange& r : race->ranges) {
+    ReadReq req;
+    req.what = ReadWhat::kShard;
+    req.job_id = expected.id.job_id;
+    req.step = expected.id.step;
+    req.rank = expected.id.rank;
+    req.offset = r.offset;
+    req.length = r.length;
+    // As FromPeerFor: the read keeps `bytes` alive while payloads may land.
+    absl::StatusOr<uint64_t> id =
+        d_.peers->StartRead(holder, req, bytes->MutablePieces(at, r.length), bytes, connect_timeout_ms);
+    absl::StatusOr<uint32_t> sent = absl::UnknownError("not read");
+    if (!id.ok()) {
+      sent = id.status();
+    } else {
+      bool cancelled = false;
+      if (attempt != nullptr) {
+        CheckedLock lock(&race->mu);
+        attempt->read_id = *id;
+        cancelled = attempt->cancelled;
+      }
+      if (cancelled) d_.peers->Cancel(*id, absl::CancelledError("another source served the restore first"));
+      sent = d_.peers->FinishRead(*id);
+    }
+    // Every chunk was checked as it landed; the holder's crc32c of the whole
+    // range (of its copy, checked against the shard's first) is checked too.
+    const uint32_t landed = sent.ok() ? bytes->Crc(at, r.length) : 0;
+    if (sent.ok() && *sent != landed) {
+      log::Warn("restore of {}: bytes [{}, +{}) read from node \"{}\" have crc32c {:#010x}, its holder sent {:#010x}",
+                ShardIdString(expected.id), r.offset, r.length, holder.node_id, landed, *sent);
+      sent = absl::DataLossError(absl::StrFormat("bytes read from node \"%s\" do not match what it sent",
+                                                 holder.node_id));
+    }
+    if (!sent.ok()) {
+      d_.metrics->peer_errors->Increment();
+      return sent.status();
+    }
+    crc = Crc32cCombine(crc, landed, r.length);
+    at += r.length;
+  }
+  d_.metrics->peer_restores->Increment();
+  auto rec = std::make_shared<ShardRecord>();
+  rec->id = expected.id;
+  rec->role = CopyRole::kRestored;
+  rec->size_bytes = total;
+  rec->crc32c = crc;
+  rec->extents = bytes->extents();
+  const absl::Duration ttl = !race->client.session_id.empty()
+                                 ? absl::InfiniteDuration()
+                                 : absl::Milliseconds(race->ttl_ms > 0 ? race->ttl_ms : d_.default_handle_ttl_ms);
+  OpenResult out;
+  out.ranges_only = true;
+  out.verified = true;
+  out.shard.record = rec;
+  out.shard.regions = RegionsOf(d_.arena->pool_path(), rec->extents, total);
+  out.expires_in_ms = ttl == absl::InfiniteDuration() ? 0 : absl::ToInt64Milliseconds(ttl);
+  out.handle_id = d_.leases->OpenHandle(expected.id, Pin{rec, std::move(bytes)}, race->client, ttl);
+  log::Debug("read {} byte range(s), {} bytes, of {} from node \"{}\"", race->ranges.size(), total,
+             ShardIdString(expected.id), holder.node_id);
+  return out;
 }
 
 absl::StatusOr<OpenResult> Restorer::ByDecode(const ShardRecord& expected, const EcDecodeSource& src,

@@ -68,7 +68,11 @@ struct ShardView {
 
 struct OpenResult {
   std::string handle_id;
+  // With OpenRequest::ranges served from a peer (ranges_only): a record of
+  // the ranges alone (size_bytes their total, crc32c theirs, no items) and
+  // the regions of their bytes, back to back in the order asked.
   ShardView shard;
+  bool ranges_only = false;
   bool verified = false;
   int64_t expires_in_ms = 0;
   // A local copy of a version meta said is restorable (Agent::Open only).
@@ -77,6 +81,14 @@ struct OpenResult {
 
 // (ShardSource, a restore source: meta_link.h.)
 const char* SourceKindName(ShardSource::Kind kind);
+
+// Bytes [offset, offset + length) of a shard.
+struct ByteRange {
+  uint64_t offset = 0;
+  uint64_t length = 0;
+};
+// At most this many ranges in one open.
+inline constexpr size_t kMaxOpenRanges = 4096;
 
 struct OpenRequest {
   ShardId id;
@@ -94,6 +106,15 @@ struct OpenRequest {
   // The sources the caller wants tried, in order; each must be one meta's
   // Locate lists for `id` (else it is refused and listed as failed).
   std::vector<ShardSource> sources;
+  // Not empty: the caller needs only these bytes of the shard (a slice of a
+  // global tensor). A peer's replica then sends only them (its holder
+  // checks its whole copy against the shard's crc32c first, once: the bytes
+  // sent are the saved ones) into a fresh reservation that only the handle
+  // keeps (no copy is recorded here); the local copy, a decode and the
+  // durable tier serve the whole shard as without ranges. Each range must
+  // be non-empty and inside meta's record of the shard, at most
+  // kMaxOpenRanges of them (InvalidArgument).
+  std::vector<ByteRange> ranges;
 };
 
 struct SourceAttempt {
@@ -172,6 +193,10 @@ class Restorer {
   absl::StatusOr<OpenResult> FromPeerFor(const ShardRecord& expected, const PeerEndpoint& holder,
                                          const ClientRef& client, int64_t ttl_ms, const std::shared_ptr<Race>& race,
                                          Attempt* attempt);
+  // The race's ranges from `holder`, one read each, into one reservation
+  // that the handle alone keeps (ranges_only).
+  absl::StatusOr<OpenResult> RangesFromPeer(const PeerEndpoint& holder, const std::shared_ptr<Race>& race,
+                                            Attempt* attempt);
   // Meta's Locate for `id`, with the caller-facing error when it fails
   // (meta's own message goes to the log).
   absl::StatusOr<LocatedShard> AskMeta(const ShardId& id, const std::vector<ShardSource>& named);

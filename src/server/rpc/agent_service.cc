@@ -184,6 +184,12 @@ grpc::Status AgentServiceImpl::OpenChecked(const v1::OpenShardRequest* req, v1::
     if (!s.ok()) return ToGrpcStatus(s.status());
     open.sources.push_back(*std::move(s));
   }
+  if (static_cast<size_t>(req->ranges_size()) > agent::kMaxOpenRanges) {
+    return Invalid(absl::StrCat(req->ranges_size(), " byte ranges; at most ", agent::kMaxOpenRanges));
+  }
+  if (!agent_->delivers()) {
+    for (const v1::ByteRange& r : req->ranges()) open.ranges.push_back(agent::ByteRange{r.offset(), r.length()});
+  }
   absl::StatusOr<agent::OpenOutcome> r = agent_->Open(open);
   if (!r.ok()) return ToGrpcStatus(r.status());
   for (const agent::SourceAttempt& a : r->failed) {
@@ -208,6 +214,7 @@ grpc::Status AgentServiceImpl::OpenChecked(const v1::OpenShardRequest* req, v1::
     for (const agent::Region& region : o.shard.regions) RegionToProto(region, resp->add_regions());
   }
   resp->set_verified(o.verified);
+  resp->set_ranges_only(o.ranges_only);
   resp->set_expires_in_ms(o.expires_in_ms);
   resp->set_version_staged(o.version_staged);
   return grpc::Status::OK;

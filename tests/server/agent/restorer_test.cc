@@ -338,6 +338,64 @@ TEST_F(RestorerTest, APeersBadCopyIsDataLossAndADeadPeerUnavailable) {
   EXPECT_EQ(reader_.tier().arena().free_bytes(), reader_.tier().arena().capacity_bytes());
 }
 
+// A slice of a global tensor needs part of a shard: a peer's replica sends
+// only the ranges asked, into a reservation the handle alone keeps (no
+// RESTORED copy here, nothing reported to meta), back to back in the order
+// asked. The holder checks its whole copy first, once.
+TEST_F(RestorerTest, ByteRangesAreReadFromAPeerAloneAndKeptByTheHandleOnly) {
+  PeerNode holder("holder", {});
+  ASSERT_TRUE(holder.tier().AddShard(kId, content_, /*verified=*/false, CopyRole::kReplica).ok());
+  meta_.located.sources = {Replica(holder.endpoint())};
+  const uint64_t free_before = reader_.tier().arena().free_bytes();
+  OpenRequest req = Request(meta_.located.sources);
+  req.ranges = {{kArenaPageBytes + 5, 3000}, {17, 40}, {content_.size() - 9, 9}};
+  absl::StatusOr<OpenOutcome> o = restorer_->Open(req);
+  ASSERT_TRUE(o.ok()) << o.status();
+  ASSERT_TRUE(o->result.ranges_only);
+  EXPECT_EQ(HandleBytes(o->result), content_.substr(kArenaPageBytes + 5, 3000) + content_.substr(17, 40) +
+                                        content_.substr(content_.size() - 9));
+  EXPECT_EQ(o->result.shard.record->size_bytes, 3049u);
+  EXPECT_EQ(o->result.shard.record->crc32c, Crc32c(HandleBytes(o->result)));
+  EXPECT_EQ(o->result.shard.regions.size() >= 1, true);
+  EXPECT_EQ(holder.tier().metrics().peer_sent_bytes->Value(), 3049.0);  // not the shard's 12 KiB
+  EXPECT_FALSE(reader_.holdings().Holds(kId));
+  EXPECT_TRUE(RestoredReports().empty());
+  EXPECT_TRUE(holder.holdings().Verified(kId));  // checked whole before the first part left
+  leases_.CloseHandle(o->result.handle_id);
+  EXPECT_EQ(reader_.tier().arena().free_bytes(), free_before);
+  // A local copy serves the whole shard (mapping it costs nothing).
+  ASSERT_TRUE(reader_.tier().AddShard(kId, content_).ok());
+  o = restorer_->Open(req);
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_FALSE(o->result.ranges_only);
+  EXPECT_EQ(HandleBytes(o->result), content_);
+  leases_.CloseHandle(o->result.handle_id);
+}
+
+TEST_F(RestorerTest, ByteRangesOfARottenCopyAreDataLossAndBadRangesRefusedUnread) {
+  PeerNode holder("holder", {});
+  std::string rotten = content_;
+  rotten[3 * kArenaPageBytes] ^= 2;  // outside the range asked
+  ASSERT_TRUE(holder.holdings().Add(record_, holder.tier().Hold(rotten), /*verified=*/false, false).ok());
+  meta_.located.sources = {Replica(holder.endpoint())};
+  OpenRequest req = Request(meta_.located.sources);
+  req.ranges = {{0, 100}};
+  absl::StatusOr<OpenOutcome> o = restorer_->Open(req);
+  EXPECT_EQ(o.status().code(), absl::StatusCode::kDataLoss) << o.status();
+  EXPECT_FALSE(holder.holdings().HoldsValid(kId));  // quarantined by the holder's check
+  EXPECT_EQ(holder.tier().metrics().peer_sent_bytes->Value(), 0.0);
+  EXPECT_EQ(reader_.tier().arena().free_bytes(), reader_.tier().arena().capacity_bytes());
+  // Ranges outside meta's record of the shard, empty or too many: refused
+  // before anything is read.
+  for (const std::vector<ByteRange>& bad :
+       {std::vector<ByteRange>{{content_.size() - 1, 2}}, std::vector<ByteRange>{{5, 0}},
+        std::vector<ByteRange>{{content_.size() + 1, 1}}, std::vector<ByteRange>(kMaxOpenRanges + 1, {0, 1})}) {
+    req.ranges = bad;
+    o = restorer_->Open(req);
+    EXPECT_EQ(o.status().code(), absl::StatusCode::kInvalidArgument) << o.status();
+  }
+}
+
 // A holder that goes silent (SIGSTOP, overload) before its first byte or in
 // the middle of the read (three chunks sent, then nothing) holds a restore
 // up for the hedge delay, not the peer timeout (20 s here): the next

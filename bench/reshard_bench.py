@@ -14,10 +14,12 @@ Each of the 3 ranks (a thread each: load_slices releases the GIL; rank i on node
 its rows of every tensor with Client.load_slices, from step 1 (resharding: its rows lie in
 two of the old ranks' shards) and from step 2 (its own shard), every byte checked. Then
 steps 3 and 4 are saved, which evicts steps 1 and 2 from memory (it keeps 2), and both
-loads run again from the durable tier. Reported per mode: the bytes each rank read (the
-shards it opened, whole: a shard is fetched and verified whole) against the bytes it needs,
-the bytes the agents received from peers, and the slowest rank's time, resharding against
-same-layout; and memcpy of a rank's part for scale. Every byte loaded is compared.
+loads run again from the durable tier. Reported per mode: the bytes each rank read against
+the bytes it needs (from memory: the shards on its own node, mapped and verified whole, plus
+what its agent received from peers, which send only the byte ranges a slice needs; from
+the durable tier: the shards it opened, each read and verified whole), the bytes the agents
+received from peers, and the slowest rank's time, resharding against same-layout; and
+memcpy of a rank's part for scale. Every byte loaded is compared.
 
   PYTHONPATH=build/python CKPT_BUILD_DIR=build /usr/bin/python3 bench/reshard_bench.py [--gib 1]
 """
@@ -62,14 +64,15 @@ def save(clients, step, world, total_rows):
 
 
 def load(clients, step, total_rows):
-    """(seconds of the slowest rank, [bytes of the shards each rank opened]); checks every byte."""
+    """(seconds of the slowest rank, [{old rank: shard bytes} of the shards each rank's slices
+    overlap]); checks every byte."""
     world = len(clients)
     index = clients[0].global_tensors(step)
     sizes = {}
     for name, (_, _, pieces) in index.items():
         for r, _, _, lengths in pieces:
             sizes[r] = sizes.get(r, 0) + lengths[0] * lengths[1] * 4
-    times, opened, errors = [0.0] * world, [0] * world, []
+    times, opened, errors = [0.0] * world, [{} for _ in range(world)], []
 
     def one(r):
         o, n = rows_of(r, world, total_rows)
@@ -85,7 +88,7 @@ def load(clients, step, total_rows):
             if not np.array_equal(outs[t], value(t, o, n)):
                 errors.append(f"rank {r} tensor {t} differs")
         src = {p for name in index for p, _, off, ln in index[name][2] if off[0] < o + n and o < off[0] + ln[0]}
-        opened[r] = sum(sizes[p] for p in src)
+        opened[r] = {p: sizes[p] for p in src}
 
     threads = [threading.Thread(target=one, args=(r,)) for r in range(world)]
     for t in threads:
@@ -121,10 +124,15 @@ def main():
                 save(three, 3, 3, total_rows)
                 save(three, 4, 3, total_rows)
             for step, what in ((1, "4 -> 3 ranks"), (2, "same layout")):
-                received = d.metric("ckpt_agent_peer_received_bytes_total")
+                before = [d.metric("ckpt_agent_peer_received_bytes_total", agent=a) for a in range(4)]
                 seconds, opened = load(three, step, total_rows)
-                rows.append((source, what, seconds, opened,
-                             d.metric("ckpt_agent_peer_received_bytes_total") - received))
+                got = [d.metric("ckpt_agent_peer_received_bytes_total", agent=a) - before[a] for a in range(4)]
+                if source == "memory":
+                    # Rank r's node holds old rank r's shard (step 1) and its own (step 2).
+                    read = [o.get(r, 0) + got[r] for r, o in enumerate(opened)]
+                else:
+                    read = [sum(o.values()) for o in opened]
+                rows.append((source, what, seconds, read, sum(got)))
     need = [rows_of(r, 3, total_rows)[1] * COLS * 4 * TENSORS for r in range(3)]
     copy_s = memcpy_seconds(need[0])
     gib = float(1 << 30)

@@ -305,6 +305,36 @@ def test_saved_at_tp2_dp2_restores_into_other_layouts_after_a_node_is_lost(clust
         gc.collect()
 
 
+def test_a_slice_of_another_nodes_shard_reads_only_its_bytes(cluster2, job):
+    """A shard held only on another node is not pulled whole: its holder sends just the byte
+    ranges the slice needs (its whole copy checked against the shard's crc32c first), and
+    the loading node keeps no copy of it."""
+    w = np.arange(64 * 1024, dtype=np.float32).reshape(64, 1024)  # 256 KiB, rows split in two
+    pad = np.arange(1 << 20, dtype=np.uint8)  # rank 0's shard is mostly other bytes
+    c0 = cluster2.client(job, rank=0, world_size=2, agent=0, protection="none")
+    c1 = cluster2.client(job, rank=1, world_size=2, agent=1, protection="none")
+    h0 = c0.save(1, {"w": ckpt.GlobalSlice(w[:32], "w", [64, 1024], [0, 0]), "pad": pad})
+    h1 = c1.save(1, {"w": ckpt.GlobalSlice(w[32:], "w", [64, 1024], [32, 0])})
+    h0.wait("protected", timeout=60)
+    h1.wait("protected", timeout=60)
+    sent = cluster2.metric(0, "ckpt_agent_peer_sent_bytes_total")
+    held = cluster2.metric(1, "ckpt_agent_holdings")
+    out = np.zeros((3, 1000), np.float32)
+    c1.load_slices(1, [("w", [10, 5], [3, 1000], out)])
+    assert out.tobytes() == w[10:13, 5:1005].tobytes()
+    # Rows 10..12, from the first element wanted to the last: 2 rows and 1000 elements.
+    assert cluster2.metric(0, "ckpt_agent_peer_sent_bytes_total") - sent == (2 * 1024 + 1000) * 4
+    # Across both shards: rank 0's part (rows 30..31) from node 0, rank 1's from its own copy.
+    out = np.zeros((6, 1024), np.float32)
+    sent = cluster2.metric(0, "ckpt_agent_peer_sent_bytes_total")
+    c1.load_slices(1, [("w", [30, 0], [6, 1024], out)])
+    assert out.tobytes() == w[30:36].tobytes()
+    assert cluster2.metric(0, "ckpt_agent_peer_sent_bytes_total") - sent == 2 * 1024 * 4
+    # Node 1 kept no copy of rank 0's shard (a whole-shard restore would have).
+    assert cluster2.metric(1, "ckpt_agent_holdings") == held
+    del c0, c1
+
+
 def test_slice_errors_leave_the_target_untouched(cluster, job):
     c = cluster.client(job)
     w = np.arange(12, dtype=np.float32).reshape(3, 4)

@@ -269,6 +269,29 @@ absl::StatusOr<std::vector<ShardRegion>> MapRegions(
     ClientCore& core, const google::protobuf::RepeatedPtrField<v1::MemoryRegion>& regions,
     uint64_t size, MappedFile::Access access, std::vector<std::shared_ptr<MappedFile>>* keep);
 
+// Bytes [offset, offset + length) of a shard.
+struct ByteSpan {
+  uint64_t offset = 0;
+  uint64_t length = 0;
+};
+// Some bytes of a shard, read alone (OpenShardRanges): bytes[i] holds
+// ranges[i]. Valid while this object lives (it keeps the agent's handle and
+// the mappings, or copies of ranges whose bytes straddle regions).
+struct ShardRanges {
+  std::vector<std::span<const std::byte>> bytes;
+  std::shared_ptr<void> keep;
+  std::vector<std::vector<std::byte>> copies;
+};
+// Reads only `ranges` (in increasing offset order, not overlapping) of rank
+// `rank`'s shard of `step` when another node's replica serves it (Locate,
+// then OpenShard with byte ranges: the holder sends only them, checked
+// against its whole copy's crc32c first; this side checks their crc32c).
+// nullopt when the whole shard is the cheaper or only way (a copy on this
+// node, an EC decode, the durable tier, a pull-mode agent): the caller
+// loads it whole. Errors as Load's.
+absl::StatusOr<std::optional<ShardRanges>> OpenShardRanges(const std::shared_ptr<ClientCore>& core, uint64_t step,
+                                                           uint32_t rank, std::span<const ByteSpan> ranges);
+
 // Joins the job at meta (core.meta), retried while meta is unreachable
 // until `deadline`: rank 0 creates it or opens it if it exists with the same
 // spec (CreateJob, open_if_exists); other ranks wait for rank 0 to have

@@ -16,6 +16,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "ckpt/client.h"
@@ -1014,6 +1015,63 @@ absl::Status LoadIntoOpened(const std::shared_ptr<ClientCore>& core, uint64_t st
     first_mismatch = std::move(mismatch);
   }
   return absl::InternalError("unreachable");
+}
+
+absl::StatusOr<std::optional<ShardRanges>> OpenShardRanges(const std::shared_ptr<ClientCore>& core, uint64_t step,
+                                                           uint32_t rank, std::span<const ByteSpan> ranges) {
+  CKPT_ASSIGN_OR_RETURN(v1::LocateResponse located, Locate(*core, step, rank, /*omit_items=*/true));
+  if (located.sources_size() == 0 || located.sources(0).kind() != v1::SOURCE_KIND_REPLICA) return std::nullopt;
+  v1::OpenShardRequest req;
+  *req.mutable_key() = located.shard().key();
+  *req.mutable_sources() = located.sources();
+  *req.mutable_expected() = located.shard();
+  req.set_client_pid(static_cast<uint32_t>(::getpid()));
+  req.set_packed_manifest(true);
+  uint64_t total = 0;
+  for (const ByteSpan& r : ranges) {
+    v1::ByteRange* b = req.add_ranges();
+    b->set_offset(r.offset);
+    b->set_length(r.length);
+    total += r.length;
+  }
+  CKPT_ASSIGN_OR_RETURN(std::shared_ptr<client::AgentSession> session, client::OpenSession(*core));
+  req.set_session_id(session == nullptr ? std::string() : session->id());
+  v1::OpenShardResponse resp;
+  CKPT_RETURN_IF_ERROR(core->agent->OpenShard(req, &resp, core->options.load_timeout));
+  auto opened = std::make_shared<OpenedShard>();
+  opened->core = core;
+  opened->handle_id = resp.handle_id();  // closed when `opened` goes
+  opened->session_id = req.session_id();
+  if (!resp.ranges_only() || resp.deliver()) return std::nullopt;
+  if (resp.shard().size_bytes() != total) {
+    return absl::InternalError(absl::StrCat("OpenShard returned ", resp.shard().size_bytes(), " bytes for ranges of ",
+                                            total));
+  }
+  CKPT_ASSIGN_OR_RETURN(opened->regions, client::MapRegions(*core, resp.regions(), total,
+                                                            client::MappedFile::Access::kReadOnly, &opened->files));
+  ShardRanges out;
+  uint64_t at = 0;
+  uint32_t crc = 0;
+  for (const ByteSpan& r : ranges) {
+    if (const std::byte* p = client::ContiguousRange(opened->regions, at, r.length); p != nullptr) {
+      out.bytes.emplace_back(p, r.length);
+      crc = Crc32cCombine(crc, Crc32c(out.bytes.back()), r.length);
+    } else {
+      std::vector<std::byte>& copy = out.copies.emplace_back(r.length);
+      crc = Crc32cCombine(crc, client::CopyFromShard(opened->regions, at, copy), r.length);
+      out.bytes.emplace_back(copy.data(), copy.size());
+    }
+    at += r.length;
+  }
+  // The holder checked its copy against the shard's crc32c and the agent
+  // every byte that landed; this checks what is mapped here.
+  if (crc != resp.shard().crc32c()) {
+    return absl::DataLossError(absl::StrFormat("byte ranges of rank %d's shard of step %d: crc32c 0x%08x, the agent "
+                                               "read 0x%08x",
+                                               rank, step, crc, resp.shard().crc32c()));
+  }
+  out.keep = std::move(opened);
+  return out;
 }
 
 }  // namespace client

@@ -28,10 +28,18 @@
 namespace ckpt {
 namespace {
 
+// Where an item of a global tensor's piece is in its shard.
+struct ItemPlace {
+  uint64_t offset_bytes = 0;
+  uint64_t length_bytes = 0;
+  bool ref = false;  // a reference: its bytes are in an older version's shard
+};
+
 // What the client knows of a version's global tensors.
 struct Index {
   std::map<std::string, GlobalTensor> tensors;
   std::set<uint32_t> here;  // ranks with a VALID copy on this client's node (any role)
+  std::map<std::pair<uint32_t, std::string>, ItemPlace> items;  // (rank, item name) -> place
 };
 
 absl::StatusOr<Index> ReadIndex(const client::ClientCore& core, uint64_t step) {
@@ -72,6 +80,7 @@ absl::StatusOr<Index> ReadIndex(const client::ClientCore& core, uint64_t step) {
             DTypeName(static_cast<int>(t.dtype)), " shape [", absl::StrJoin(t.shape, ","), "]"));
       }
       t.pieces.push_back(GlobalPiece{rank, item.name(), std::move(p.offsets), shape});
+      index.items[{rank, item.name()}] = ItemPlace{item.offset_bytes(), item.length_bytes(), item.has_ref_step()};
     }
   }
   return index;
@@ -149,42 +158,106 @@ absl::Status Client::LoadSlices(uint64_t step, std::span<const SliceRequest> sli
     plans.push_back(std::move(uses));
     wants.push_back(std::move(want));
   }
-  // The shards, opened and verified in parallel (a few at a time).
+  // The byte ranges each piece's part needs. A shard no copy of which is on
+  // this node is read as those ranges alone (OpenShardRanges: only they
+  // cross the network) unless one of its pieces is a reference; the others
+  // (and any the agent serves whole: a decode, the durable tier) are loaded
+  // whole, their items verified.
+  std::map<uint32_t, std::vector<client::ByteSpan>> wanted;  // rank -> ranges, merged
+  std::set<uint32_t> whole;
+  for (size_t i = 0; i < plans.size(); ++i) {
+    const uint32_t element = DTypeElementSize(static_cast<int>(index.tensors.at(slices[i].name).dtype));
+    for (const Use& u : plans[i]) {
+      const uint32_t rank = u.piece->rank;
+      const ItemPlace& place = index.items.at({rank, u.piece->item});
+      if (place.ref || rank == core_->options.rank || index.here.count(rank) != 0) whole.insert(rank);
+      const auto [first, end] = ElementSpan(Box{u.piece->offsets, u.piece->lengths}, u.part);
+      wanted[rank].push_back(client::ByteSpan{place.offset_bytes + first * element, (end - first) * element});
+    }
+  }
+  for (auto& [rank, spans] : wanted) {
+    std::sort(spans.begin(), spans.end(), [](const client::ByteSpan& a, const client::ByteSpan& b) { return a.offset < b.offset; });
+    std::vector<client::ByteSpan> merged;
+    for (const client::ByteSpan& r : spans) {
+      if (!merged.empty() && r.offset <= merged.back().offset + merged.back().length) {
+        merged.back().length = std::max(merged.back().length, r.offset + r.length - merged.back().offset);
+      } else {
+        merged.push_back(r);
+      }
+    }
+    spans = std::move(merged);
+  }
+  // The shards, opened in parallel (a few at a time).
+  struct Opened {
+    absl::StatusOr<LoadedShard> shard = absl::UnknownError("not opened");
+    std::optional<client::ShardRanges> ranges;  // set: only wanted[rank] was read
+  };
   constexpr size_t kParallel = 4;
-  std::map<uint32_t, absl::StatusOr<LoadedShard>> shards;
-  for (uint32_t r : ranks) shards.emplace(r, absl::UnknownError("not opened"));
-  std::vector<std::map<uint32_t, absl::StatusOr<LoadedShard>>::iterator> order;
+  std::map<uint32_t, Opened> shards;
+  for (uint32_t r : ranks) shards.emplace(r, Opened{});
+  std::vector<std::map<uint32_t, Opened>::iterator> order;
   for (auto it = shards.begin(); it != shards.end(); ++it) order.push_back(it);
   for (size_t first = 0; first < order.size(); first += kParallel) {
     std::vector<std::thread> threads;
     for (size_t i = first; i < std::min(order.size(), first + kParallel); ++i) {
-      threads.emplace_back([this, step, it = order[i]] {
-        it->second = Load(step, LoadOptions{.verify = true, .rank = it->first});
+      threads.emplace_back([this, step, &wanted, &whole, it = order[i]] {
+        Opened& o = it->second;
+        if (whole.count(it->first) == 0) {
+          absl::StatusOr<std::optional<client::ShardRanges>> r =
+              client::OpenShardRanges(core_, step, it->first, wanted.at(it->first));
+          if (!r.ok()) {
+            o.shard = r.status();
+            return;
+          }
+          if (r->has_value()) {
+            o.ranges = **std::move(r);
+            o.shard = absl::UnknownError("read as ranges");
+            return;
+          }
+        }
+        o.shard = Load(step, LoadOptions{.verify = true, .rank = it->first});
       });
     }
     for (std::thread& t : threads) t.join();
   }
-  for (auto& [rank, shard] : shards) {
-    if (!shard.ok()) return Annotate(shard.status(), absl::StrCat("rank ", rank, "'s shard of step ", step));
+  for (auto& [rank, o] : shards) {
+    if (!o.ranges && !o.shard.ok()) {
+      return Annotate(o.shard.status(), absl::StrCat("rank ", rank, "'s shard of step ", step));
+    }
   }
   // Every piece's bytes (views; an item straddling regions is copied and
-  // checked here), before anything is written.
-  std::vector<std::vector<std::span<const std::byte>>> sources(plans.size());
+  // checked here), before anything is written: (bytes, the row-major index
+  // of the piece's element they begin with).
+  std::vector<std::vector<std::pair<std::span<const std::byte>, uint64_t>>> sources(plans.size());
   for (size_t i = 0; i < plans.size(); ++i) {
+    const uint32_t element = DTypeElementSize(static_cast<int>(index.tensors.at(slices[i].name).dtype));
     for (const Use& u : plans[i]) {
-      LoadedShard& shard = *shards.at(u.piece->rank);
-      CKPT_ASSIGN_OR_RETURN(std::span<const std::byte> bytes, shard.View(u.piece->item));
-      sources[i].push_back(bytes);
+      Opened& o = shards.at(u.piece->rank);
+      if (!o.ranges) {
+        CKPT_ASSIGN_OR_RETURN(std::span<const std::byte> bytes, o.shard->View(u.piece->item));
+        sources[i].emplace_back(bytes, 0);
+        continue;
+      }
+      const ItemPlace& place = index.items.at({u.piece->rank, u.piece->item});
+      const auto [first, end] = ElementSpan(Box{u.piece->offsets, u.piece->lengths}, u.part);
+      const uint64_t at = place.offset_bytes + first * element;
+      const std::vector<client::ByteSpan>& spans = wanted.at(u.piece->rank);
+      size_t k = 0;
+      while (k + 1 < spans.size() && spans[k + 1].offset <= at) ++k;  // the merged range holding it
+      sources[i].emplace_back(o.ranges->bytes[k].subspan(at - spans[k].offset, (end - first) * element), first);
     }
   }
   for (size_t i = 0; i < plans.size(); ++i) {
     const uint32_t element = DTypeElementSize(static_cast<int>(index.tensors.at(slices[i].name).dtype));
     for (size_t j = 0; j < plans[i].size(); ++j) {
       const Use& u = plans[i][j];
-      CopyBox(sources[i][j], Box{u.piece->offsets, u.piece->lengths}, slices[i].dst, wants[i], u.part, element);
+      CopyBox(sources[i][j].first, Box{u.piece->offsets, u.piece->lengths}, slices[i].dst, wants[i], u.part, element,
+              sources[i][j].second);
     }
   }
-  for (auto& [rank, shard] : shards) shard->CloseInBackground();
+  for (auto& [rank, o] : shards) {
+    if (o.shard.ok()) o.shard->CloseInBackground();
+  }
   return absl::OkStatus();
 }
 

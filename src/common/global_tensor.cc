@@ -116,8 +116,17 @@ std::optional<Box> Intersect(const Box& a, const Box& b) {
   return out;
 }
 
+std::pair<uint64_t, uint64_t> ElementSpan(const Box& box, const Box& part) {
+  uint64_t first = 0, last = 0;
+  for (size_t d = 0; d < box.lengths.size(); ++d) {
+    first = first * box.lengths[d] + (part.offsets[d] - box.offsets[d]);
+    last = last * box.lengths[d] + (part.offsets[d] + part.lengths[d] - 1 - box.offsets[d]);
+  }
+  return {first, last + 1};
+}
+
 void CopyBox(std::span<const std::byte> src, const Box& src_box, std::span<std::byte> dst, const Box& dst_box,
-             const Box& part, uint32_t element_bytes) {
+             const Box& part, uint32_t element_bytes, uint64_t src_first) {
   const size_t dims = part.offsets.size();
   if (dims == 0) {
     std::memcpy(dst.data(), src.data(), element_bytes);
@@ -146,7 +155,7 @@ void CopyBox(std::span<const std::byte> src, const Box& src_box, std::span<std::
       s += (at - src_box.offsets[d]) * src_stride[d];
       t += (at - dst_box.offsets[d]) * dst_stride[d];
     }
-    std::memcpy(dst.data() + t * element_bytes, src.data() + s * element_bytes, run);
+    std::memcpy(dst.data() + t * element_bytes, src.data() + (s - src_first) * element_bytes, run);
     size_t d = first;
     while (d > 0) {
       --d;

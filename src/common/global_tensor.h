@@ -24,6 +24,7 @@
 #include <functional>
 #include <map>
 #include <optional>
+#include <utility>
 #include <span>
 #include <string>
 #include <string_view>
@@ -78,8 +79,15 @@ std::optional<Box> Intersect(const Box& a, const Box& b);
 // as `dst_box`, `element_bytes` per element: contiguous runs of the last
 // dimension are copied at once. The caller guarantees the sizes
 // (src.size() == src_box.Elements() x element_bytes, the same for dst).
+// `src_first`: src holds src_box's elements from row-major index src_first
+// on (the part of an item read alone), and the part's elements lie there.
 void CopyBox(std::span<const std::byte> src, const Box& src_box, std::span<std::byte> dst, const Box& dst_box,
-             const Box& part, uint32_t element_bytes);
+             const Box& part, uint32_t element_bytes, uint64_t src_first = 0);
+
+// The row-major element indexes, within `box`, of the first and one past the
+// last element of `part` (a non-empty box inside it): every element of the
+// part lies in [first, end).
+std::pair<uint64_t, uint64_t> ElementSpan(const Box& box, const Box& part);
 
 // One stored piece of a global tensor, for PlanSlice: the rank whose shard
 // holds it, the slice it holds, and the caller's number for it.

@@ -493,9 +493,19 @@ absl::StatusOr<OpenResult> Restorer::RangesFromPeer(const PeerEndpoint& holder, 
   if (!reserved.ok()) return absl::ResourceExhaustedError(d_.budget_message(total));
   ReservationPtr bytes = *std::move(reserved);
   const int64_t connect_timeout_ms = attempt != nullptr ? attempt->connect_timeout_ms : 0;
-  uint64_t at = 0;
-  uint32_t crc = 0;
+  // The first range is read alone (the holder checks its whole copy then,
+  // once); the others are all started, then waited for: the holder sends
+  // them back to back.
+  std::vector<uint64_t> offsets;  // of each range in `bytes`
+  uint64_t total_at = 0;
   for (const ByteRange& r : race->ranges) {
+    offsets.push_back(total_at);
+    total_at += r.length;
+  }
+  absl::Status failed;
+  uint32_t crc = 0;
+  auto start = [&](size_t i) -> std::optional<uint64_t> {
+    const ByteRange& r = race->ranges[i];
     ReadReq req;
     req.what = ReadWhat::kShard;
     req.job_id = expected.id.job_id;
@@ -505,35 +515,45 @@ absl::StatusOr<OpenResult> Restorer::RangesFromPeer(const PeerEndpoint& holder, 
     req.length = r.length;
     // As FromPeerFor: the read keeps `bytes` alive while payloads may land.
     absl::StatusOr<uint64_t> id =
-        d_.peers->StartRead(holder, req, bytes->MutablePieces(at, r.length), bytes, connect_timeout_ms);
-    absl::StatusOr<uint32_t> sent = absl::UnknownError("not read");
+        d_.peers->StartRead(holder, req, bytes->MutablePieces(offsets[i], r.length), bytes, connect_timeout_ms);
     if (!id.ok()) {
-      sent = id.status();
-    } else {
-      bool cancelled = false;
-      if (attempt != nullptr) {
-        CheckedLock lock(&race->mu);
-        attempt->read_id = *id;
-        cancelled = attempt->cancelled;
-      }
-      if (cancelled) d_.peers->Cancel(*id, absl::CancelledError("another source served the restore first"));
-      sent = d_.peers->FinishRead(*id);
+      failed = id.status();
+      return std::nullopt;
     }
+    bool cancelled = false;
+    if (attempt != nullptr) {
+      CheckedLock lock(&race->mu);
+      attempt->read_id = *id;  // the racing caller watches the newest read's progress
+      cancelled = attempt->cancelled;
+    }
+    if (cancelled) failed = absl::CancelledError("another source served first");
+    return *id;
+  };
+  auto finish = [&](size_t i, uint64_t id) {
+    const ByteRange& r = race->ranges[i];
+    if (!failed.ok()) d_.peers->Cancel(id, failed);
+    absl::StatusOr<uint32_t> sent = d_.peers->FinishRead(id);
     // Every chunk was checked as it landed; the holder's crc32c of the whole
     // range (of its copy, checked against the shard's first) is checked too.
-    const uint32_t landed = sent.ok() ? bytes->Crc(at, r.length) : 0;
+    const uint32_t landed = sent.ok() ? bytes->Crc(offsets[i], r.length) : 0;
     if (sent.ok() && *sent != landed) {
       log::Warn("restore of {}: bytes [{}, +{}) read from node \"{}\" have crc32c {:#010x}, its holder sent {:#010x}",
                 ShardIdString(expected.id), r.offset, r.length, holder.node_id, landed, *sent);
       sent = absl::DataLossError(absl::StrFormat("bytes read from node \"%s\" do not match what it sent",
                                                  holder.node_id));
     }
-    if (!sent.ok()) {
-      d_.metrics->peer_errors->Increment();
-      return sent.status();
-    }
+    if (!sent.ok() && failed.ok()) failed = sent.status();
     crc = Crc32cCombine(crc, landed, r.length);
-    at += r.length;
+  };
+  if (std::optional<uint64_t> first = start(0)) finish(0, *first);
+  std::vector<std::pair<size_t, uint64_t>> started;
+  for (size_t i = 1; i < race->ranges.size() && failed.ok(); ++i) {
+    if (std::optional<uint64_t> id = start(i)) started.emplace_back(i, *id);
+  }
+  for (const auto& [i, id] : started) finish(i, id);
+  if (!failed.ok()) {
+    d_.metrics->peer_errors->Increment();
+    return failed;
   }
   d_.metrics->peer_restores->Increment();
   auto rec = std::make_shared<ShardRecord>();

@@ -462,6 +462,42 @@ def test_offline_reshard_from_the_durable_tier_reads_only_what_overlaps(cluster,
     assert (out == -7).all()
 
 
+def test_ckptctl_reshards_a_version_from_memory(cluster, job):
+    """`ckptctl restore JOB STEP --out DIR --world-size W --split ...`: a version still only in
+    the agents' memory (never flushed) written as a version directory of W ranks."""
+    import json
+    ranks = []
+    clients = [cluster.client(job, rank=r, world_size=2) for r in range(2)]
+    for r, c in enumerate(clients):
+        lay = layout(r, 2, 1)
+        m, opt = build(lay)
+        train(m, opt, lay, 1)
+        ranks.append((lay, m, opt))
+    for h in [save_sharded(c, STEP, m, opt, lay) for c, (lay, m, opt) in zip(clients, ranks)]:
+        h.wait("staged", timeout=60)
+    before = gather(ranks)
+    out_dir = cluster.root / f"{job}-mem-tp3"
+    splits = [f"{kind}{name}{key}={dim}" for name, dim in SPLIT.items()
+              for kind, key in (("model/", ""), ("optimizer/", "/exp_avg"), ("optimizer/", "/exp_avg_sq"))]
+    r = cluster.ctl("--json", "restore", job, str(STEP), "--out", str(out_dir), "--world-size", "3",
+                    *[a for sp in splits for a in ("--split", sp)])
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)  # one document: the resharded version's
+    assert doc["world_size"] == 3 and doc["from_world_size"] == 2 and doc["committed"], doc
+    assert [p.name for p in out_dir.iterdir() if p.name.startswith(".")] == []  # the staging copy is gone
+    new = []
+    for rank in range(3):
+        lay = layout(rank, 3, 1)
+        m, opt = build(lay, values=None)
+        load_sharded(ckpt.DurableVersion(out_dir), None, m, opt, lay)
+        new.append((lay, m, opt))
+    assert_same(gather(new), before)
+    bad = cluster.ctl("restore", job, str(STEP), "--out", str(out_dir), "--world-size", "3", "--rank", "1")
+    assert bad.returncode == 2 and "--rank does not go with it" in bad.stderr, bad.stderr
+    bad = cluster.ctl("restore", job, "999", "--out", str(cluster.root / f"{job}-none"), "--world-size", "3")
+    assert bad.returncode != 0 and not any((cluster.root / f"{job}-none").glob(".reshard-source-*")), bad.stderr
+
+
 def _items_with_offsets(path, rank):
     import json
     doc = json.loads((path / "manifest.json").read_text())

@@ -83,6 +83,25 @@ int UsageError(const std::string& message) {
   return 2;
 }
 
+// restore --world-size W [--split NAME=DIM ...]: checked and parsed into
+// `splits`; 0, or UsageError's exit status.
+int ParseReshard(uint32_t world_size, const std::vector<std::string>& split_args,
+                 std::map<std::string, uint32_t>* splits) {
+  if (world_size == 0 || world_size > kMaxWorldSize) {
+    return UsageError(absl::StrCat("restore: --world-size ", world_size, " is invalid: it must be 1..",
+                                   kMaxWorldSize, " (one rank file is written per rank)"));
+  }
+  for (const std::string& s : split_args) {
+    const size_t eq = s.rfind('=');
+    uint32_t dim = 0;
+    if (eq == std::string::npos || eq == 0 || !absl::SimpleAtoi(s.substr(eq + 1), &dim)) {
+      return UsageError(absl::StrCat("restore: --split wants NAME=DIM, got '", s, "'"));
+    }
+    (*splits)[s.substr(0, eq)] = dim;
+  }
+  return 0;
+}
+
 // --meta HOST (no port) means HOST:7400, as ckpt-meta's default --listen.
 // "[::1]" gets the port too; a bare IPv6 address ("::1") is refused by gRPC
 // as before, since its last group reads as a port.
@@ -1300,8 +1319,8 @@ int Main(int argc, char** argv) {
   std::optional<uint32_t> reshard_world;
   std::vector<std::string> reshard_splits;
   restore->add_option("--world-size", reshard_world,
-                      "With --from-dir: write the version resharded for this many ranks (its global tensors; "
-                      "docs/python.md \"Another layout\")");
+                      "Write the version resharded for this many ranks (its global tensors; docs/python.md "
+                      "\"Another layout\"): from --from-dir, or JOB STEP from the agents' memory");
   restore->add_option("--split", reshard_splits,
                       "With --world-size: NAME=DIM, split global tensor NAME along DIM over the ranks "
                       "(repeatable; a tensor not named is written whole to every rank)");
@@ -1399,27 +1418,21 @@ int Main(int argc, char** argv) {
         return UsageError("restore takes either JOB STEP or --from-dir, not both");
       }
       if (reshard_world) {
-        if (*reshard_world == 0 || *reshard_world > kMaxWorldSize) {
-          return UsageError(absl::StrCat("restore: --world-size ", *reshard_world, " is invalid: it must be 1..",
-                                         kMaxWorldSize, " (one rank file is written per rank)"));
-        }
         std::map<std::string, uint32_t> splits;
-        for (const std::string& s : reshard_splits) {
-          const size_t eq = s.rfind('=');
-          uint32_t dim = 0;
-          if (eq == std::string::npos || eq == 0 || !absl::SimpleAtoi(s.substr(eq + 1), &dim)) {
-            return UsageError(absl::StrCat("restore: --split wants NAME=DIM, got '", s, "'"));
-          }
-          splits[s.substr(0, eq)] = dim;
-        }
+        if (int rc = ParseReshard(*reshard_world, reshard_splits, &splits); rc != 0) return rc;
         return RestoreResharded(data, from_dir, out_dir, *reshard_world, splits);
       }
       if (!reshard_splits.empty()) return UsageError("restore: --split needs --world-size");
       return RestoreFromDir(data, from_dir, out_dir);
     }
-    if (reshard_world) return UsageError("restore: --world-size needs --from-dir (a flushed version)");
     if (job.empty() || restore_step->count() == 0) {
       return UsageError("restore needs JOB STEP (or --from-dir PATH)");
+    }
+    if (reshard_world) {
+      if (restore_rank) return UsageError("restore: --world-size writes every new rank; --rank does not go with it");
+      std::map<std::string, uint32_t> splits;
+      if (int rc = ParseReshard(*reshard_world, reshard_splits, &splits); rc != 0) return rc;
+      return RestoreOnlineResharded(data, job, step, out_dir, *reshard_world, splits);
     }
     return RestoreOnline(data, job, step, restore_rank, out_dir);
   }

@@ -765,6 +765,25 @@ int RestoreResharded(const DataOptions& o, const std::string& from_dir, const st
   return 0;
 }
 
+int RestoreOnlineResharded(const DataOptions& o, const std::string& job, uint64_t step, const std::string& out_dir,
+                           uint32_t world_size, const std::map<std::string, uint32_t>& splits) {
+  const std::string source = absl::StrCat(out_dir, "/.reshard-source-", ::getpid());
+  int rc = 0;
+  {
+    // With --json the staging restore's own result is not printed: one
+    // JSON document comes out, the resharded one.
+    std::ostringstream hidden;
+    std::streambuf* was = o.json ? std::cout.rdbuf(hidden.rdbuf()) : nullptr;
+    rc = RestoreOnline(o, job, step, std::nullopt, source);
+    if (was != nullptr) std::cout.rdbuf(was);
+  }
+  if (rc == 0) rc = RestoreResharded(o, source, out_dir, world_size, splits);
+  std::error_code ec;
+  std::filesystem::remove_all(source, ec);
+  if (ec) std::cerr << "ckptctl: cannot remove the staging directory " << source << ": " << ec.message() << "\n";
+  return rc;
+}
+
 int NodeHoldings(const DataOptions& o, const std::string& node, const std::string& job) {
   auto meta = v1::MetaService::NewStub(Channel(o, o.meta));
   absl::StatusOr<std::map<std::string, std::string>> addresses = NodeAddresses(o, meta.get());

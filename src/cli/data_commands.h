@@ -85,6 +85,15 @@ int RestoreFromDir(const DataOptions& o, const std::string& from_dir, const std:
 int RestoreResharded(const DataOptions& o, const std::string& from_dir, const std::string& out_dir,
                      uint32_t world_size, const std::map<std::string, uint32_t>& splits);
 
+// A version in memory (the agents holding it) into another world size:
+// RestoreOnline of every rank into a hidden directory in `out_dir`
+// (".reshard-source-<pid>": the old layout, every checksum verified), then
+// RestoreResharded from it into `out_dir`, then the hidden directory is
+// removed (also on failure). With --json only RestoreResharded's result is
+// printed. Needs the disk space of the version twice while it runs.
+int RestoreOnlineResharded(const DataOptions& o, const std::string& job, uint64_t step, const std::string& out_dir,
+                           uint32_t world_size, const std::map<std::string, uint32_t>& splits);
+
 // Asks every node holding copies of (job, step) to re-read and check them
 // (AgentService.Verify); prints each finding. Exit 1 if any copy is bad or a
 // holder cannot be asked.

@@ -402,14 +402,7 @@ def test_offline_reshard_from_the_durable_tier_reads_only_what_overlaps(cluster,
     before = gather(ranks)
     path = cluster.durable_root / job / str(STEP)
     for tp in (1, 3):
-        new = []
-        for r in range(tp):
-            v = ckpt.DurableVersion(path)
-            lay = layout(r, tp, 1)
-            m, opt = build(lay, values=None)
-            load_sharded(v, None, m, opt, lay)
-            new.append((lay, m, opt))
-        assert_same(gather(new), before)
+        assert_same(gather(load_dir(path, tp)), before)
     # Only the items a slice overlaps are read: rows 0..4 of fc1.weight are rank 0's.
     v = ckpt.DurableVersion(path)
     out = np.zeros((5, 6), np.float32)
@@ -427,13 +420,7 @@ def test_offline_reshard_from_the_durable_tier_reads_only_what_overlaps(cluster,
                     *[a for sp in splits for a in ("--split", sp)])
     assert r.returncode == 0, r.stderr
     assert "from 2 to 3 ranks" in r.stdout and "items of no global tensor left out" in r.stdout, r.stdout
-    new = []
-    for rank in range(3):
-        lay = layout(rank, 3, 1)
-        m, opt = build(lay, values=None)
-        load_sharded(ckpt.DurableVersion(out_dir), None, m, opt, lay)
-        new.append((lay, m, opt))
-    assert_same(gather(new), before)
+    assert_same(gather(load_dir(out_dir, 3)), before)
     pieces = ckpt.DurableVersion(out_dir).global_tensors()["model/fc1.weight"][2]
     assert [(p[0], p[2], p[3]) for p in pieces] == [(0, [0, 0], [4, 6]), (1, [4, 0], [3, 6]), (2, [7, 0], [3, 6])]
     bad = cluster.ctl("restore", "--from-dir", str(path), "--out", str(out_dir), "--world-size", "3",
@@ -485,17 +472,23 @@ def test_ckptctl_reshards_a_version_from_memory(cluster, job):
     doc = json.loads(r.stdout)  # one document: the resharded version's
     assert doc["world_size"] == 3 and doc["from_world_size"] == 2 and doc["committed"], doc
     assert [p.name for p in out_dir.iterdir() if p.name.startswith(".")] == []  # the staging copy is gone
-    new = []
-    for rank in range(3):
-        lay = layout(rank, 3, 1)
-        m, opt = build(lay, values=None)
-        load_sharded(ckpt.DurableVersion(out_dir), None, m, opt, lay)
-        new.append((lay, m, opt))
-    assert_same(gather(new), before)
+    assert_same(gather(load_dir(out_dir, 3)), before)
     bad = cluster.ctl("restore", job, str(STEP), "--out", str(out_dir), "--world-size", "3", "--rank", "1")
     assert bad.returncode == 2 and "--rank does not go with it" in bad.stderr, bad.stderr
     bad = cluster.ctl("restore", job, "999", "--out", str(cluster.root / f"{job}-none"), "--world-size", "3")
     assert bad.returncode != 0 and not any((cluster.root / f"{job}-none").glob(".reshard-source-*")), bad.stderr
+
+
+def load_dir(path, tp):
+    """Each of `tp` tensor-parallel ranks' (layout, model, optimizer) loaded from the version
+    directory at `path`."""
+    ranks = []
+    for rank in range(tp):
+        lay = layout(rank, tp, 1)
+        m, opt = build(lay, values=None)
+        load_sharded(ckpt.DurableVersion(path), None, m, opt, lay)
+        ranks.append((lay, m, opt))
+    return ranks
 
 
 def _items_with_offsets(path, rank):

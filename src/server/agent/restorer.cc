@@ -27,6 +27,18 @@ bool Decides(const absl::StatusOr<OpenResult>& local) {
   return local.ok() || !(absl::IsNotFound(local.status()) || absl::IsDataLoss(local.status()));
 }
 
+// A peer read of bytes [offset, offset + length) of shard `id`.
+ReadReq ShardRead(const ShardId& id, uint64_t offset, uint64_t length) {
+  ReadReq req;
+  req.what = ReadWhat::kShard;
+  req.job_id = id.job_id;
+  req.step = id.step;
+  req.rank = id.rank;
+  req.offset = offset;
+  req.length = length;
+  return req;
+}
+
 // OpenRequest::ranges against meta's record of the shard.
 absl::Status CheckRanges(const std::vector<ByteRange>& ranges, const ShardRecord& shard) {
   if (ranges.size() > kMaxOpenRanges) {
@@ -441,12 +453,7 @@ absl::StatusOr<OpenResult> Restorer::FromPeerFor(const ShardRecord& expected, co
   if (absl::StatusOr<OpenResult> held = OpenLocal(expected.id, false, client, ttl_ms); Decides(held)) return held;
   if (d_.peers == nullptr) return absl::UnavailableError("this agent has no data plane");
   CKPT_ASSIGN_OR_RETURN(ReservationPtr bytes, ReserveFor(expected));
-  ReadReq req;
-  req.what = ReadWhat::kShard;
-  req.job_id = expected.id.job_id;
-  req.step = expected.id.step;
-  req.rank = expected.id.rank;
-  req.length = expected.size_bytes;
+  const ReadReq req = ShardRead(expected.id, 0, expected.size_bytes);
   // The read keeps `bytes` alive while payloads may still land in them, so a
   // failure below only drops our reference.
   absl::StatusOr<uint32_t> crc = absl::UnknownError("not read");
@@ -506,13 +513,7 @@ absl::StatusOr<OpenResult> Restorer::RangesFromPeer(const PeerEndpoint& holder, 
   uint32_t crc = 0;
   auto start = [&](size_t i) -> std::optional<uint64_t> {
     const ByteRange& r = race->ranges[i];
-    ReadReq req;
-    req.what = ReadWhat::kShard;
-    req.job_id = expected.id.job_id;
-    req.step = expected.id.step;
-    req.rank = expected.id.rank;
-    req.offset = r.offset;
-    req.length = r.length;
+    const ReadReq req = ShardRead(expected.id, r.offset, r.length);
     // As FromPeerFor: the read keeps `bytes` alive while payloads may land.
     absl::StatusOr<uint64_t> id =
         d_.peers->StartRead(holder, req, bytes->MutablePieces(offsets[i], r.length), bytes, connect_timeout_ms);

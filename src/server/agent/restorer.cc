@@ -272,7 +272,26 @@ absl::StatusOr<OpenOutcome> Restorer::Open(const OpenRequest& req) {
     // served.
     CKPT_ASSIGN_OR_RETURN(LocatedShard located, AskMeta(req.id, req.sources));
     CKPT_RETURN_IF_ERROR(CheckRanges(req.ranges, located.shard));
-    auto race = std::make_shared<Race>(located.shard, req.client, req.ttl_ms, req.ranges);
+    std::vector<ByteRange> ranges = req.ranges;
+    if (!ranges.empty()) {
+      uint64_t wanted = 0;
+      for (const ByteRange& r : ranges) wanted += r.length;
+      CheckedLock lock(&ranged_mu_);
+      auto [it, added] = ranged_bytes_.try_emplace(req.id, 0);
+      if (added) ranged_order_.push_back(req.id);
+      if (it->second + wanted > located.shard.size_bytes / 2) {
+        ranges.clear();  // the whole shard, restored here for the node's ranks (restorer.h)
+        ranged_bytes_.erase(it);
+      } else {
+        it->second += wanted;
+      }
+      while (ranged_order_.size() > kMaxRangedShards || (!ranged_order_.empty() &&
+                                                         ranged_bytes_.count(ranged_order_.front()) == 0)) {
+        ranged_bytes_.erase(ranged_order_.front());
+        ranged_order_.pop_front();
+      }
+    }
+    auto race = std::make_shared<Race>(located.shard, req.client, req.ttl_ms, std::move(ranges));
     size_t next = 0;
     bool any_vouched = false;
     // Starts the next named source meta vouches for (refusing the others);

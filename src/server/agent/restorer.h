@@ -39,7 +39,9 @@
 #pragma once
 
 #include <cstdint>
+#include <deque>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -47,6 +49,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/clock.h"
 #include "common/file_system.h"
@@ -111,9 +114,13 @@ struct OpenRequest {
   // checks its whole copy against the shard's crc32c first, once: the bytes
   // sent are the saved ones) into a fresh reservation that only the handle
   // keeps (no copy is recorded here); the local copy, a decode and the
-  // durable tier serve the whole shard as without ranges. Each range must
-  // be non-empty and inside meta's record of the shard, at most
-  // kMaxOpenRanges of them (InvalidArgument).
+  // durable tier serve the whole shard as without ranges. So does a peer
+  // once the ranges read of the shard here (this open's included) would
+  // pass half its size: the node's ranks that need overlapping parts (data-
+  // parallel ranks needing the same slice) then share one RESTORED copy
+  // instead of each pulling its parts, and no node pulls more than about
+  // 1.5 times the shard. Each range must be non-empty and inside meta's
+  // record of the shard, at most kMaxOpenRanges of them (InvalidArgument).
   std::vector<ByteRange> ranges;
 };
 
@@ -207,6 +214,12 @@ class Restorer {
                                    const std::string& source, const ClientRef& client, int64_t ttl_ms);
 
   const Deps d_;
+  // Bytes read as ranges per shard (OpenRequest::ranges), until they pass
+  // half of it; forgotten oldest first beyond kMaxRangedShards shards.
+  static constexpr size_t kMaxRangedShards = 4096;
+  absl::Mutex ranged_mu_;
+  std::map<ShardId, uint64_t> ranged_bytes_ ABSL_GUARDED_BY(ranged_mu_);
+  std::deque<ShardId> ranged_order_ ABSL_GUARDED_BY(ranged_mu_);
 };
 
 }  // namespace ckpt::agent

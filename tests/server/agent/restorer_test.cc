@@ -363,12 +363,22 @@ TEST_F(RestorerTest, ByteRangesAreReadFromAPeerAloneAndKeptByTheHandleOnly) {
   EXPECT_TRUE(holder.holdings().Verified(kId));  // checked whole before the first part left
   leases_.CloseHandle(o->result.handle_id);
   EXPECT_EQ(reader_.tier().arena().free_bytes(), free_before);
-  // A local copy serves the whole shard (mapping it costs nothing).
-  ASSERT_TRUE(reader_.tier().AddShard(kId, content_).ok());
+  // Ranges that would take what this node read of the shard past half of
+  // it (other ranks here need parts too): the whole shard is restored here,
+  // as a RESTORED copy the node's ranks share.
+  req.ranges = {{0, 3200}};
   o = restorer_->Open(req);
   ASSERT_TRUE(o.ok()) << o.status();
   EXPECT_FALSE(o->result.ranges_only);
   EXPECT_EQ(HandleBytes(o->result), content_);
+  EXPECT_EQ(reader_.holdings().Infos("job", 5)[0].role, CopyRole::kRestored);
+  EXPECT_EQ(RestoredReports().size(), 1u);
+  leases_.CloseHandle(o->result.handle_id);
+  // And the local copy serves the next opens whole (mapping it costs nothing).
+  o = restorer_->Open(req);
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_FALSE(o->result.ranges_only);
+  EXPECT_FALSE(o->served_by.has_value());
   leases_.CloseHandle(o->result.handle_id);
 }
 

@@ -45,12 +45,20 @@ absl::Status CheckRanges(const std::vector<ByteRange>& ranges, const ShardRecord
     return absl::InvalidArgumentError(
         absl::StrCat(ranges.size(), " byte ranges asked of ", ShardIdString(shard.id), "; at most ", kMaxOpenRanges));
   }
+  uint64_t end = 0;  // of the previous range
   for (const ByteRange& r : ranges) {
     if (r.length == 0 || r.offset > shard.size_bytes || r.length > shard.size_bytes - r.offset) {
       return absl::InvalidArgumentError(absl::StrCat("byte range [", r.offset, ", +", r.length, ") of ",
                                                      ShardIdString(shard.id), " is empty or beyond its ",
                                                      shard.size_bytes, " bytes"));
     }
+    // In order and apart: together they are never more than the shard.
+    if (r.offset < end) {
+      return absl::InvalidArgumentError(absl::StrCat("byte range [", r.offset, ", +", r.length, ") of ",
+                                                     ShardIdString(shard.id), " begins before the previous one ends (",
+                                                     end, "): ranges must be in increasing order, apart"));
+    }
+    end = r.offset + r.length;
   }
   return absl::OkStatus();
 }

@@ -120,7 +120,9 @@ struct OpenRequest {
   // parallel ranks needing the same slice) then share one RESTORED copy
   // instead of each pulling its parts, and no node pulls more than about
   // 1.5 times the shard. Each range must be non-empty and inside meta's
-  // record of the shard, at most kMaxOpenRanges of them (InvalidArgument).
+  // record of the shard, the ranges in increasing order and apart (so they
+  // never add up to more than the shard), at most kMaxOpenRanges of them
+  // (InvalidArgument).
   std::vector<ByteRange> ranges;
 };
 

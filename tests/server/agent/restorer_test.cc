@@ -348,11 +348,11 @@ TEST_F(RestorerTest, ByteRangesAreReadFromAPeerAloneAndKeptByTheHandleOnly) {
   meta_.located.sources = {Replica(holder.endpoint())};
   const uint64_t free_before = reader_.tier().arena().free_bytes();
   OpenRequest req = Request(meta_.located.sources);
-  req.ranges = {{kArenaPageBytes + 5, 3000}, {17, 40}, {content_.size() - 9, 9}};
+  req.ranges = {{17, 40}, {kArenaPageBytes + 5, 3000}, {content_.size() - 9, 9}};
   absl::StatusOr<OpenOutcome> o = restorer_->Open(req);
   ASSERT_TRUE(o.ok()) << o.status();
   ASSERT_TRUE(o->result.ranges_only);
-  EXPECT_EQ(HandleBytes(o->result), content_.substr(kArenaPageBytes + 5, 3000) + content_.substr(17, 40) +
+  EXPECT_EQ(HandleBytes(o->result), content_.substr(17, 40) + content_.substr(kArenaPageBytes + 5, 3000) +
                                         content_.substr(content_.size() - 9));
   EXPECT_EQ(o->result.shard.record->size_bytes, 3049u);
   EXPECT_EQ(o->result.shard.record->crc32c, Crc32c(HandleBytes(o->result)));
@@ -399,7 +399,9 @@ TEST_F(RestorerTest, ByteRangesOfARottenCopyAreDataLossAndBadRangesRefusedUnread
   // before anything is read.
   for (const std::vector<ByteRange>& bad :
        {std::vector<ByteRange>{{content_.size() - 1, 2}}, std::vector<ByteRange>{{5, 0}},
-        std::vector<ByteRange>{{content_.size() + 1, 1}}, std::vector<ByteRange>(kMaxOpenRanges + 1, {0, 1})}) {
+        std::vector<ByteRange>{{content_.size() + 1, 1}}, std::vector<ByteRange>(kMaxOpenRanges + 1, {0, 1}),
+        std::vector<ByteRange>{{100, 50}, {120, 10}}, std::vector<ByteRange>{{100, 50}, {0, 10}},
+        std::vector<ByteRange>(2, {0, content_.size()})}) {
     req.ranges = bad;
     o = restorer_->Open(req);
     EXPECT_EQ(o.status().code(), absl::StatusCode::kInvalidArgument) << o.status();

@@ -1313,18 +1313,20 @@ class Soak:
         self.audit(f"after {label}")
         # Abandoned versions (a rank never saved, or aborted before protection)
         # and lost ones: the trainer gave up on them; an operator deletes them
-        # (meta keeps an ABORTED version's surviving copies until then).
+        # (meta keeps an ABORTED version's surviving copies until then), except
+        # one that newer versions still refer to (incremental saves): meta
+        # refuses that without --force, and retention frees it once they go.
         for job in self.jobs:
             for v in job.records.values():
                 if v.status in ("abandoned", "lost", "exempt_lost") and not getattr(v, "deleted", False):
-                    if self.ctl("delete", v.job.name, v.step, "--force", timeout=20, check=False) is not None:
+                    if self.ctl("delete", v.job.name, v.step, timeout=20, check=False) is not None:
                         v.deleted = True
                         self.inc("abandoned_versions_deleted", 1)
                     else:
                         err = self.ctl_error()
                         if "NOT_FOUND" in err:
                             v.deleted = True
-                        else:
+                        elif "refer to (incremental saves)" not in err:
                             self.log(f"  delete {v.key} failed: {err}", echo=False)
         if self.durable_mounted:
             self.wait_flush_caught_up(label)

@@ -325,6 +325,9 @@ class Engine {
   void ApplyRetention(Job& job);
   // Evicts every memory holding of the version (EvictTask per holder).
   void EvictVersion(Version& v);
+  // EvictVersion unless a newer version refers to its shards (incremental
+  // saves): an aborted base keeps serving them (Locate) until retention.
+  void EvictUnlessReferred(Version& v);
 
   // ---- placement: reads (engine_placement.cc)
   // Where the shard can be read, best first (MetaCore::Locate's order).

@@ -120,12 +120,17 @@ std::string StagedRanksText(const Version& v) {
   return text;
 }
 
-void Engine::AbortOpenVersion(Version& v, const std::string& reason) {
-  CancelVersionTasks(v);
+void Engine::EvictUnlessReferred(Version& v) {
   // Shards a newer version refers to (an incremental save whose base was this
   // version, on ranks that did save it) stay until nothing refers to them
-  // (ApplyRetention); the version itself is never offered.
+  // (ApplyRetention); the version itself is never offered, but Locate serves
+  // them to those loads.
   if (Dependents(v.job_id, v.step).empty()) EvictVersion(v);
+}
+
+void Engine::AbortOpenVersion(Version& v, const std::string& reason) {
+  CancelVersionTasks(v);
+  EvictUnlessReferred(v);
   SetState(v, VersionState::kAborted, reason).IgnoreError();  // a refusal is logged by SetState
 }
 
@@ -160,7 +165,7 @@ void Engine::Recompute(Version& v) {
             break;
           }
           CancelVersionTasks(v);
-          EvictVersion(v);  // the ranks that survive can never be restored: free them
+          EvictUnlessReferred(v);  // the ranks that survive can never be restored
           SetState(v, VersionState::kAborted,
                    absl::StrCat("rank ", rank, " was lost on node ", sh.primary_node_id,
                                 " before every rank was staged"))
@@ -190,7 +195,7 @@ void Engine::Recompute(Version& v) {
         return;
       }
       CancelVersionTasks(v);
-      EvictVersion(v);  // the other ranks' copies can never be restored: free them
+      EvictUnlessReferred(v);  // the other ranks' copies can never be restored
       SetState(v, VersionState::kAborted,
                absl::StrCat("data lost: rank ", rank, " has no readable copy left"))
           .IgnoreError();  // a refusal is logged by SetState

@@ -1126,6 +1126,41 @@ TEST_F(MetaCoreTest, AMemberLostMidEncodeThatReturnsBeforeTheOthersGiveUpHasItsS
   MemberLostMidEncodeReturns(/*before_the_others_give_up=*/true);
 }
 
+// The 20-minute chaos soak (seed 11) found an incremental version PROTECTED
+// whose base could no longer be read: the base lost a rank before it was
+// protected and was aborted (data lost), and the abort evicted every rank,
+// the ones the newer version refers to included. An aborted base keeps the
+// shards newer versions refer to, and Locate serves them.
+TEST_F(MetaCoreTest, ABaseAbortedForALostRankStillServesTheRanksANewerVersionRefersTo) {
+  for (const char* n : {"a", "b", "c"}) Register(n);
+  CreateJob("inc", 2, ProtectionPolicy::None());
+  ASSERT_TRUE(core_->BeginVersion("inc", 1, "").ok());
+  ASSERT_TRUE(Stage("a", "inc", 1, 0).ok());
+  ASSERT_TRUE(Stage("b", "inc", 1, 1).ok());
+  ASSERT_TRUE(core_->BeginVersion("inc", 2, "").ok());
+  ASSERT_TRUE(Stage("c", "inc", 2, 0).ok());  // rank 0 moved to c, saved in full
+  Shard refs = MakeShard(1, 4096);
+  Item ref = refs.items[0];
+  ref.name = "base";
+  ref.ref_step = 1;
+  ref.offset_bytes = 0;  // rank 1's bytes of version 1
+  refs.items.push_back(ref);
+  ASSERT_TRUE(StageShard("b", "inc", 2, refs).ok());
+  RunAgents();
+  ASSERT_EQ(StateOf("inc", 2), VersionState::kProtected);
+  Kill("a");  // version 1's rank 0 had its only copy there
+  PassLostCopyGrace();
+  ASSERT_EQ(StateOf("inc", 1), VersionState::kAborted);
+  auto base = core_->GetVersion("inc", 1, false);
+  ASSERT_TRUE(base.ok());
+  EXPECT_FALSE(base->evicted) << "version 2 refers to its rank 1";
+  auto loc = core_->Locate("inc", 1, 1, "c");
+  ASSERT_TRUE(loc.ok()) << loc.status();
+  EXPECT_FALSE(loc->sources.empty());
+  EXPECT_FALSE(core_->Locate("inc", 1, 0, "c").ok());  // the lost rank is not offered
+  EXPECT_EQ(StateOf("inc", 2), VersionState::kProtected);
+}
+
 // netns_soak (seed 9) found an EC version PROTECTED with a rank outside
 // every stripe: the version began while the rank's node was away, so the
 // plan's groups left it out, and the node came back and staged the rank. One
